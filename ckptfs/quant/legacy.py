@@ -1,0 +1,79 @@
+"""GGML's original 32-element block types: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q8_1.
+
+Layouts and formulas: FORMATS.md section B, checked against ggml-quants.c ``dequantize_row_q*``. ggml works
+in float32 — ``y = q*d`` or ``y = q*d + m`` with the integer q converted first — and every step here is a
+float32 numpy operation in that same order, so results are bit-identical to ggml's and gguf-py's.
+
+Q8_1 is ggml's current 36-byte block (d, s, qs[32]); gguf-py's size table still says 40 (a pre-2024 layout),
+so gguf-py is no reference for it. ``s`` (= d * sum(qs), an activation helper) is not needed to decode.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import Codec, register_codec
+from ._common import F32, bits_le, f16_field, field, nibbles, swap_u16_fields
+
+QK = 32
+# Signed integer value of every code, as float32: code - offset. Indexing this turns codes into floats in
+# one pass (the integer -> float conversion ggml does with ``(float)x``; exact for these small integers).
+_MINUS_8 = (np.arange(16) - 8).astype(F32)
+_MINUS_16 = (np.arange(32) - 16).astype(F32)
+_PLAIN_16 = np.arange(16).astype(F32)
+_PLAIN_32 = np.arange(32).astype(F32)
+
+
+def _scale(values: np.ndarray, d: np.ndarray, m: np.ndarray | None = None) -> np.ndarray:
+    """``values * d (+ m)`` in place, float32, in ggml's order (product rounded before the sum)."""
+    np.multiply(values, d, out=values)
+    if m is not None:
+        np.add(values, m, out=values)
+    return values
+
+
+def decode_q4_0(blocks: np.ndarray) -> np.ndarray:
+    return _scale(np.take(_MINUS_8, nibbles(field(blocks, 2, 16, "u1"))), f16_field(blocks, 0))
+
+
+def decode_q4_1(blocks: np.ndarray) -> np.ndarray:
+    values = np.take(_PLAIN_16, nibbles(field(blocks, 4, 16, "u1")))
+    return _scale(values, f16_field(blocks, 0), f16_field(blocks, 2))
+
+
+def _five_bit_codes(blocks: np.ndarray, qh_at: int, qs_at: int) -> np.ndarray:
+    """Q5 codes: nibble of element E, plus bit E of the 32-bit ``qh`` as bit 4."""
+    codes = nibbles(field(blocks, qs_at, 16, "u1"))
+    high = bits_le(blocks[:, qh_at:qh_at + 4])
+    np.left_shift(high, 4, out=high)
+    np.bitwise_or(codes, high, out=codes)
+    return codes
+
+
+def decode_q5_0(blocks: np.ndarray) -> np.ndarray:
+    return _scale(np.take(_MINUS_16, _five_bit_codes(blocks, 2, 6)), f16_field(blocks, 0))
+
+
+def decode_q5_1(blocks: np.ndarray) -> np.ndarray:
+    values = np.take(_PLAIN_32, _five_bit_codes(blocks, 4, 8))
+    return _scale(values, f16_field(blocks, 0), f16_field(blocks, 2))
+
+
+def _decode_q8(qs_at: int):
+    def decode(blocks: np.ndarray) -> np.ndarray:
+        values = field(blocks, qs_at, QK, "i1").astype(F32)
+        return _scale(values, f16_field(blocks, 0))
+
+    return decode
+
+
+decode_q8_0 = _decode_q8(2)
+decode_q8_1 = _decode_q8(4)
+
+_F32 = np.dtype(F32)
+register_codec(Codec("Q4_0", QK, 18, _F32, decode_q4_0, swap=swap_u16_fields(0)))
+register_codec(Codec("Q4_1", QK, 20, _F32, decode_q4_1))
+register_codec(Codec("Q5_0", QK, 22, _F32, decode_q5_0))
+register_codec(Codec("Q5_1", QK, 24, _F32, decode_q5_1))
+register_codec(Codec("Q8_0", QK, 34, _F32, decode_q8_0, swap=swap_u16_fields(0)))
+register_codec(Codec("Q8_1", QK, 36, _F32, decode_q8_1))
