@@ -1,0 +1,228 @@
+"""The library API: ``ckptfs.open(src)`` -> Checkpoint, a mapping of names to lazy Tensors.
+
+The API uses the very objects the mount serves from (``TensorData`` for values, ``NpyView`` for the header
+geometry, the same cache and sources), so what a test sees through the API is what ``NAME.npy`` holds.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import numpy as np
+
+from .blocks import TensorData
+from .cache import BlockCache
+from .descriptors import ParsedCheckpoint, TensorInfo
+from .errors import CheckpointError
+from .quant import DTYPE_MODES, codec_for, output_dtype
+from .source import SourcePool
+from .views import npy_header
+
+DEFAULT_CACHE_BYTES = 512 * 1024 * 1024
+
+
+class Tensor:
+    """A tensor whose values are decoded only for the parts asked for."""
+
+    def __init__(self, checkpoint: Checkpoint, info: TensorInfo, index: int):
+        self._ck = checkpoint
+        self.info = info
+        self.index = index
+        self.name = info.name
+        self.storage_type = info.storage_type
+        self.shape = info.shape
+        self.stored_nbytes = info.stored_nbytes
+        codec = codec_for(info.storage_type) if info.block_elements else None
+        if codec is not None and info.byte_order == ">" and codec.swap is None:
+            codec = None
+        self.codec = codec
+        self.dtype = output_dtype(codec, checkpoint.dtype_mode) if codec is not None else None
+        self._data: TensorData | None = None
+        self._meta: dict[str, Any] | None = None
+
+    @property
+    def decodable(self) -> bool:
+        """False for tensors served raw-only (unknown storage type, undecodable byte order)."""
+        return self.codec is not None
+
+    @property
+    def data(self) -> TensorData:
+        if self.codec is None:
+            raise CheckpointError(self.info.source, self.info.offset,
+                                  f"tensor {self.name!r}: cannot decode: {self.info.damaged or 'no codec'}")
+        if self._data is None:
+            self._data = TensorData(self.info, self.codec, self.dtype, self._ck.sources, self._ck.cache)
+        return self._data
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def size(self) -> int:
+        return self.info.n_elements
+
+    @property
+    def nbytes(self) -> int | None:
+        return None if self.dtype is None else self.size * self.dtype.itemsize
+
+    @property
+    def meta(self) -> dict[str, Any]:
+        """The dict NAME.meta.json holds."""
+        if self._meta is None:
+            info = self.info
+            meta: dict[str, Any] = {
+                "name": info.name,
+                "storage_type": info.storage_type,
+                "shape": list(info.shape),
+                "npy_dtype": self.dtype.str if self.dtype is not None else None,
+                "npy_data_offset": len(npy_header(info.shape, self.dtype)) if self.dtype is not None else None,
+                "npy_nbytes": self.nbytes,
+                "source": info.source,
+                "offset": info.offset,
+                "stored_nbytes": info.stored_nbytes,
+                "block_elements": info.block_elements,
+                "block_bytes": info.block_bytes,
+                "byte_order": "big" if info.byte_order == ">" else "little",
+            }
+            if info.gguf_dims is not None:
+                meta["gguf_dims"] = list(info.gguf_dims)
+            meta["damaged"] = info.damaged
+            self._meta = meta
+        return self._meta
+
+    def raw(self) -> bytes:
+        """The stored bytes (a copy: never a view that can fault if the file changes)."""
+        return self._ck.sources.get(self.info.source).pread(self.info.offset, self.info.stored_nbytes)
+
+    def numpy(self) -> np.ndarray:
+        """The whole tensor, decoded (a new, writable array)."""
+        values = self.data.read(0, self.size, use_cache=False)
+        if not values.flags.writeable:
+            values = values.copy()
+        return values.reshape(self.shape)
+
+    def __array__(self, dtype=None, copy=None) -> np.ndarray:
+        values = self.numpy()
+        return values if dtype is None else values.astype(dtype, copy=False)
+
+    def __len__(self) -> int:
+        if not self.shape:
+            raise TypeError("len() of a 0-d tensor")
+        return self.shape[0]
+
+    def __getitem__(self, key) -> np.ndarray:
+        """Index like numpy; only the rows of the first axis that the key touches are decoded."""
+        if not self.shape:
+            return self.numpy()[key]
+        first, rest = (key[0], key[1:]) if isinstance(key, tuple) and key else (key, ())
+        if first is Ellipsis:
+            return self.numpy()[key]
+        rows = self.shape[0]
+        row_elems = self.size // rows if rows else 0
+        if isinstance(first, (int, np.integer)):
+            i = int(first)
+            if not -rows <= i < rows:
+                raise IndexError(f"index {i} is out of bounds for axis 0 with size {rows}")
+            i %= rows
+            block = self.data.read(i * row_elems, (i + 1) * row_elems).reshape(self.shape[1:])
+            return np.array(block[rest] if rest else block)
+        if isinstance(first, slice):
+            start, stop, step = first.indices(rows)
+            picked = range(start, stop, step)
+            if len(picked) == 0:
+                block = np.empty((0,) + self.shape[1:], self.dtype)
+            else:
+                lo, hi = min(picked[0], picked[-1]), max(picked[0], picked[-1]) + 1
+                block = self.data.read(lo * row_elems, hi * row_elems).reshape((hi - lo,) + self.shape[1:])
+                if step != 1:
+                    block = block[np.asarray(picked) - lo]
+            return np.array(block[(slice(None),) + rest])
+        return self.numpy()[key]
+
+    def __repr__(self) -> str:
+        return (f"<ckptfs.Tensor {self.name!r} {self.storage_type} shape={self.shape} "
+                f"dtype={self.dtype}{' damaged' if self.info.damaged else ''}>")
+
+    def __reduce__(self):
+        return (_reopen_tensor, (self._ck.src, self._ck.dtype_mode, self.index))
+
+
+class Checkpoint(Mapping):
+    """An opened checkpoint: a read-only mapping of tensor name -> Tensor (the first of that name)."""
+
+    def __init__(self, parsed: ParsedCheckpoint, src: str, dtype: str = "auto",
+                 cache_bytes: int = DEFAULT_CACHE_BYTES, max_open_files: int = 64):
+        if dtype not in DTYPE_MODES:
+            raise ValueError(f"dtype must be one of {', '.join(DTYPE_MODES)}, not {dtype!r}")
+        self.parsed = parsed
+        self.src = src
+        self.dtype_mode = dtype
+        self.format = parsed.format
+        self.version = parsed.version
+        self.files = parsed.files
+        self.notes = parsed.notes
+        self.passthrough = parsed.passthrough
+        self.sources = SourcePool(max_open_files)
+        self.cache = BlockCache(cache_bytes)
+        self.tensors = [Tensor(self, info, i) for i, info in enumerate(parsed.tensors)]
+        self._by_name: dict[str, Tensor] = {}
+        for t in self.tensors:
+            self._by_name.setdefault(t.name, t)
+
+    @property
+    def metadata(self) -> Mapping[str, Any]:
+        return self.parsed.metadata
+
+    def __getitem__(self, name: str) -> Tensor:
+        try:
+            return self._by_name[name]
+        except KeyError:
+            raise KeyError(name) from None
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._by_name)
+
+    def __len__(self) -> int:
+        return len(self._by_name)
+
+    def damaged(self) -> list[Tensor]:
+        return [t for t in self.tensors if t.info.damaged]
+
+    def close(self) -> None:
+        self.sources.close()
+        self.cache.clear()
+
+    def __enter__(self) -> Checkpoint:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<ckptfs.Checkpoint {self.src!r} {self.format} tensors={len(self.tensors)}>"
+
+
+def open(src, dtype: str = "auto", cache_size: int = DEFAULT_CACHE_BYTES,
+         max_open_files: int = 64) -> Checkpoint:  # noqa: A001 - the public name CONTRACT.md fixes
+    """Open a checkpoint: a GGUF or safetensors file, a split-GGUF shard, a shard folder or an index file."""
+    from .formats.multi import read_checkpoint
+
+    src = str(src)
+    return Checkpoint(read_checkpoint(src), src, dtype=dtype, cache_bytes=cache_size,
+                      max_open_files=max_open_files)
+
+
+_reopened: dict[tuple[str, str], Checkpoint] = {}
+_reopen_lock = threading.Lock()
+
+
+def _reopen_tensor(src: str, dtype: str, index: int) -> Tensor:
+    """Unpickle a Tensor: reopen its checkpoint once per process (DataLoader workers unpickle many)."""
+    with _reopen_lock:
+        ck = _reopened.get((src, dtype))
+        if ck is None:
+            ck = _reopened[(src, dtype)] = open(src, dtype=dtype)
+    return ck.tensors[index]

@@ -1,0 +1,117 @@
+"""The ``ckptfs`` command: mount, umount, info, bench.
+
+Errors are one line on stderr, never a traceback (``-v`` adds it): exit 1 for a checkpoint or runtime error,
+2 for usage errors (click's own convention).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import traceback
+
+import click
+
+from .errors import CheckpointError
+from .sizes import parse_size
+
+
+class SizeType(click.ParamType):
+    name = "size"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, int):
+            return value
+        try:
+            return parse_size(value)
+        except ValueError as exc:
+            self.fail(str(exc), param, ctx)
+
+
+SIZE = SizeType()
+
+
+def _fail(exc: BaseException, verbose: bool) -> None:
+    if verbose:
+        traceback.print_exc()
+    message = str(exc) if isinstance(exc, (CheckpointError, OSError, ValueError)) else f"{type(exc).__name__}: {exc}"
+    click.echo(f"ckptfs: error: {message}".splitlines()[0], err=True)
+    sys.exit(1)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="ckptfs")
+def main() -> None:
+    """Mount LLM checkpoints (GGUF, safetensors) as read-only filesystems of lazy .npy views."""
+
+
+@main.command()
+@click.argument("src", type=click.Path())
+@click.argument("mountpoint", type=click.Path())
+@click.option("-f", "--foreground", is_flag=True, help="Stay in the foreground (log to stderr with -v).")
+@click.option("-o", "options", multiple=True, metavar="OPTS", help="FUSE mount options, comma-separated.")
+@click.option("--cache-size", type=SIZE, default="512M", show_default=True, help="Decoded-block cache bound.")
+@click.option("--dtype", type=click.Choice(["auto", "float32", "float16"]), default="auto", show_default=True)
+@click.option("--log-file", type=click.Path(), default=None, help="Log file (for the daemon).")
+@click.option("-v", "--verbose", is_flag=True, help="Verbose logging; tracebacks on errors.")
+def mount(src, mountpoint, foreground, options, cache_size, dtype, log_file, verbose):
+    """Mount checkpoint SRC read-only at MOUNTPOINT."""
+    from .fs.mount import MountError, MountRequest, run_mount
+
+    request = MountRequest(src=src, mountpoint=mountpoint, foreground=foreground,
+                           options=",".join(options), cache_size=cache_size, dtype=dtype,
+                           log_file=log_file, verbose=verbose)
+    try:
+        code = run_mount(request)
+    except (CheckpointError, MountError, OSError) as exc:
+        _fail(exc, verbose)
+    sys.exit(code)
+
+
+@main.command()
+@click.argument("mountpoint", type=click.Path())
+@click.option("-v", "--verbose", is_flag=True)
+def umount(mountpoint, verbose):
+    """Unmount a ckptfs mount (fusermount3, then fusermount, then lazy)."""
+    from .fs.mount import MountError, unmount
+
+    try:
+        unmount(mountpoint)
+    except (MountError, OSError) as exc:
+        _fail(exc, verbose)
+
+
+@main.command()
+@click.argument("src", type=click.Path())
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.option("-v", "--verbose", is_flag=True)
+def info(src, as_json, verbose):
+    """Summarize a checkpoint: format, tensors, storage types, metadata, damage."""
+    from . import open as open_checkpoint
+    from .info import render, summary
+
+    try:
+        with open_checkpoint(src) as ck:
+            data = summary(ck)
+    except Exception as exc:  # noqa: BLE001 - the CLI turns every failure into one line
+        _fail(exc, verbose)
+    click.echo(json.dumps(data, indent=2) if as_json else render(data))
+
+
+@main.command()
+@click.argument("src", type=click.Path())
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.option("--cache-size", type=SIZE, default="512M", show_default=True)
+@click.option("-v", "--verbose", is_flag=True)
+def bench(src, as_json, cache_size, verbose):
+    """Benchmark reads of SRC through a temporary mount, beside gguf-py/safetensors when installed."""
+    from .bench import run_bench
+
+    try:
+        sys.exit(run_bench(src, as_json=as_json, cache_size=cache_size, verbose=verbose))
+    except (CheckpointError, OSError) as exc:
+        _fail(exc, verbose)
+
+
+if __name__ == "__main__":
+    main()

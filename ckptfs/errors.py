@@ -1,0 +1,25 @@
+"""The one public exception.
+
+Every problem with a checkpoint, found at open (a header that cannot be right) or at read time (bytes that
+are missing or changed), is a ``CheckpointError``. It subclasses ``ValueError`` so callers that already guard
+against bad input catch it, and its message always names the file, the byte offset and what is wrong, so a
+user can act on a single line.
+"""
+
+from __future__ import annotations
+
+
+class CheckpointError(ValueError):
+    """A checkpoint is malformed, or data asked for is missing or damaged."""
+
+    def __init__(self, file: str | None, offset: int | None, reason: str):
+        self.file = file
+        self.offset = offset
+        self.reason = reason
+        where = str(file) if file is not None else "<checkpoint>"
+        if offset is not None:
+            where += f" @ byte {offset}"
+        super().__init__(f"{where}: {reason}")
+
+    def __reduce__(self):
+        return (CheckpointError, (self.file, self.offset, self.reason))

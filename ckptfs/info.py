@@ -1,0 +1,69 @@
+"""``ckptfs info``: a summary of a checkpoint without decoding any tensor data."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+import numpy as np
+
+from .checkpoint import Checkpoint
+from .jsonutil import to_jsonable
+from .sizes import format_size
+
+BIG_ARRAY = 16
+
+
+def _summarize(value: Any) -> Any:
+    """Big arrays (tokenizer vocabularies) as a one-line summary instead of their contents."""
+    if isinstance(value, np.ndarray) and value.size > BIG_ARRAY:
+        return f"<array of {value.size} {value.dtype}>"
+    if isinstance(value, list) and len(value) > BIG_ARRAY:
+        kind = type(value[0]).__name__ if value else "?"
+        return f"<array of {len(value)} {kind}>"
+    if isinstance(value, str) and len(value) > 200:
+        return value[:200] + f"... <{len(value)} chars>"
+    return to_jsonable(value)
+
+
+def summary(ck: Checkpoint) -> dict[str, Any]:
+    counts: Counter[str] = Counter()
+    stored: Counter[str] = Counter()
+    for t in ck.tensors:
+        counts[t.storage_type] += 1
+        stored[t.storage_type] += t.stored_nbytes
+    return {
+        "format": ck.format,
+        "version": ck.version,
+        "files": list(ck.files),
+        "tensor_count": len(ck.tensors),
+        "metadata": {k: _summarize(ck.metadata[k]) for k in ck.metadata},
+        "storage_types": {k: {"tensors": counts[k], "stored_bytes": stored[k]} for k in sorted(counts)},
+        "damaged": [{"name": t.name, "storage_type": t.storage_type, "reason": t.info.damaged}
+                    for t in ck.damaged()],
+        "notes": list(ck.notes),
+        "passthrough": sorted(ck.passthrough),
+    }
+
+
+def render(info: dict[str, Any]) -> str:
+    lines = [f"format: {info['format']}" + (f" v{info['version']}" if info["version"] is not None else ""),
+             f"files: {len(info['files'])}" + (f" ({info['files'][0]})" if len(info["files"]) == 1 else ""),
+             f"tensors: {info['tensor_count']}",
+             "storage types:"]
+    for name, row in info["storage_types"].items():
+        lines.append(f"  {name:<14} {row['tensors']:>6} tensors  {format_size(row['stored_bytes']):>12}")
+    lines.append(f"metadata: {len(info['metadata'])} keys")
+    for key, value in info["metadata"].items():
+        lines.append(f"  {key} = {value if isinstance(value, str) else repr(value)}")
+    if info["passthrough"]:
+        lines.append(f"other files: {', '.join(info['passthrough'])}")
+    for note in info["notes"]:
+        lines.append(f"note: {note}")
+    if info["damaged"]:
+        lines.append(f"damaged tensors: {len(info['damaged'])}")
+        for row in info["damaged"]:
+            lines.append(f"  {row['name']!r} ({row['storage_type']}): {row['reason']}")
+    else:
+        lines.append("damaged tensors: none")
+    return "\n".join(lines)

@@ -1,0 +1,125 @@
+"""Codec registry: one codec per storage type, found only by name.
+
+A codec turns whole stored blocks into values: ``dequantize(u8[n, block_bytes]) -> dtype[n, block_elements]``.
+That block-level contract is exactly the unit the block cache works in, so readers, the API and the mount
+never know how a type is laid out. Types are keyed by the name the formats use ("Q4_K", "BF16",
+"F8_E4M3"); names shared by GGUF and safetensors mean the same thing in both.
+
+Third-party packages add types with :func:`register_codec` or through the entry-point group
+``ckptfs.codecs`` (each entry point is a callable that registers its codecs when called, or a Codec).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+Decoder = Callable[[np.ndarray], np.ndarray]
+
+
+@dataclass(frozen=True)
+class Codec:
+    """How one storage type is laid out and decoded.
+
+    ``exact`` marks types whose stored bytes already are numpy values of ``dtype`` (F32, I8, C64...): their
+    ``.npy`` data can be the stored bytes themselves. ``swap`` turns big-endian block bytes into the
+    little-endian layout ``decode`` expects; None means big-endian files of this type cannot be decoded.
+    """
+
+    name: str
+    block_elements: int
+    block_bytes: int
+    dtype: np.dtype
+    decode: Decoder
+    exact: bool = False
+    swap: Decoder | None = None
+
+    def dequantize(self, blocks: np.ndarray) -> np.ndarray:
+        """Decode ``u8[n, block_bytes]`` (or a flat buffer of whole blocks) into ``dtype[n, block_elements]``."""
+        blocks = np.asarray(blocks, dtype=np.uint8)
+        if blocks.ndim == 1:
+            if blocks.size % self.block_bytes:
+                raise ValueError(f"{self.name}: {blocks.size} bytes is not a whole number of "
+                                 f"{self.block_bytes}-byte blocks")
+            blocks = blocks.reshape(-1, self.block_bytes)
+        if blocks.ndim != 2 or blocks.shape[1] != self.block_bytes:
+            raise ValueError(f"{self.name}: expected blocks of shape (n, {self.block_bytes}), got {blocks.shape}")
+        out = self.decode(blocks)
+        return out.reshape(blocks.shape[0], self.block_elements)
+
+
+_registry: dict[str, Codec] = {}
+_lock = threading.Lock()
+_builtins_loaded = False
+_plugins_loaded = False
+
+
+def register_codec(codec: Codec, *, replace: bool = False) -> Codec:
+    """Make ``codec`` the decoder of ``codec.name``. Refuses to silently replace an existing one."""
+    with _lock:
+        if codec.name in _registry and not replace:
+            raise ValueError(f"a codec for {codec.name!r} is already registered (pass replace=True)")
+        _registry[codec.name] = codec
+    return codec
+
+
+def _load_builtins() -> None:
+    global _builtins_loaded
+    if _builtins_loaded:
+        return
+    _builtins_loaded = True
+    from . import floats, legacy, kquants, iquants, ternary, fp4, lowbit  # noqa: F401  (self-registering)
+
+
+def _load_plugins() -> None:
+    """Import codecs other packages declare under the ``ckptfs.codecs`` entry-point group (once)."""
+    global _plugins_loaded
+    if _plugins_loaded:
+        return
+    _plugins_loaded = True
+    from importlib.metadata import entry_points
+
+    for ep in entry_points(group="ckptfs.codecs"):
+        obj = ep.load()
+        if isinstance(obj, Codec):
+            register_codec(obj, replace=True)
+        elif callable(obj):
+            obj()
+
+
+def codec_for(name: str) -> Codec | None:
+    """The codec registered for a storage-type name, or None if no codec knows it."""
+    _load_builtins()
+    codec = _registry.get(name)
+    if codec is None:
+        _load_plugins()
+        codec = _registry.get(name)
+    return codec
+
+
+def known_types() -> list[str]:
+    """Every storage-type name with a codec, built-ins and plugins."""
+    _load_builtins()
+    _load_plugins()
+    return sorted(_registry)
+
+
+DTYPE_MODES = ("auto", "float32", "float16")
+
+
+def output_dtype(codec: Codec, mode: str = "auto") -> np.dtype:
+    """The numpy dtype a tensor of this codec is served as, under the API/mount ``dtype`` setting.
+
+    auto: exact storage types keep their dtype, everything else is float32. float32: every floating tensor
+    is float32 (integers, bools and complex keep theirs). float16: decoded (non-exact) tensors are float16.
+    """
+    if mode not in DTYPE_MODES:
+        raise ValueError(f"dtype must be one of {', '.join(DTYPE_MODES)}, not {mode!r}")
+    if codec.exact:
+        if mode == "float32" and codec.dtype.kind == "f":
+            return np.dtype("<f4")
+        return codec.dtype.newbyteorder("<") if codec.dtype.byteorder == ">" else codec.dtype
+    return np.dtype("<f2") if mode == "float16" else np.dtype("<f4")
