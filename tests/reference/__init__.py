@@ -1,0 +1,1 @@
+"""Deliberately simple references for types no library decodes, kept apart from the vectorized codecs."""

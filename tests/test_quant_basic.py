@@ -1,0 +1,214 @@
+"""Codecs for plain types, small floats, legacy quants and K-quants, checked bit for bit against references.
+
+References: gguf-py's ``quants.dequantize`` (types it supports), ml_dtypes (F8/F6/F4/BF16 bit patterns), numpy
+(plain types, byte order), and a scalar transcription of ggml's loop for Q8_1/Q8_K (tests/reference). Random
+block bytes reach every value of every field (NaN/inf scales included); real quantized data comes from
+gguf-py's quantizer where it has one.
+"""
+
+from __future__ import annotations
+
+import types
+
+import ml_dtypes
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType
+from gguf.constants import GGML_QUANT_SIZES
+from gguf.quants import dequantize as gguf_dequantize
+from gguf.quants import quantize as gguf_quantize
+from gguf.scripts import gguf_convert_endian
+
+from ckptfs.quant import codec_for
+from reference import scalar_q8  # tests/reference (pytest puts tests/ on sys.path)
+
+GGUF_DECODABLE = ["F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"]
+GGUF_QUANTIZABLE = ["F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0"]
+PLAIN = {"F32": "f4", "F16": "f2", "F64": "f8", "I8": "i1", "I16": "i2", "I32": "i4", "I64": "i8",
+         "U8": "u1", "U16": "u2", "U32": "u4", "U64": "u8", "BOOL": "b1", "C64": "c8"}
+SMALL_FLOATS = {"F8_E4M3": ml_dtypes.float8_e4m3fn, "F8_E5M2": ml_dtypes.float8_e5m2,
+                "F8_E8M0": ml_dtypes.float8_e8m0fnu, "F8_E4M3FNUZ": ml_dtypes.float8_e4m3fnuz,
+                "F8_E5M2FNUZ": ml_dtypes.float8_e5m2fnuz}
+GGML_TYPES = ["F32", "F16", "F64", "I8", "I16", "I32", "I64", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0",
+              "Q8_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "Q8_K"]
+ALL_TYPES = sorted(set(GGML_TYPES) | set(PLAIN) | set(SMALL_FLOATS) | {"F4", "F6_E2M3", "F6_E3M2"})
+# gguf-py's endian converter: the block swappers it has, by type (a swap is its own inverse).
+GGUF_BLOCK_SWAPPERS = {"Q4_0": gguf_convert_endian.byteswap_q4_0, "Q8_0": gguf_convert_endian.byteswap_q8_0,
+                       "Q4_K": gguf_convert_endian.byteswap_q4_k, "Q6_K": gguf_convert_endian.byteswap_q6_k}
+
+
+def float_bits(values: np.ndarray) -> np.ndarray:
+    """float32 bit patterns with every NaN made one canonical NaN: equality is then bit-exact elsewhere
+    (signed zeros and infinities included) and NaN-aware."""
+    flat = np.ascontiguousarray(values, dtype=np.float32).reshape(-1)
+    bits = flat.view(np.uint32).copy()
+    bits[np.isnan(flat)] = 0x7FC00000
+    return bits
+
+
+def assert_same_floats(got: np.ndarray, want: np.ndarray) -> None:
+    assert got.size == want.size
+    np.testing.assert_array_equal(float_bits(got), float_bits(want))
+
+
+def random_blocks(name: str, n: int, seed: int) -> np.ndarray:
+    codec = codec_for(name)
+    return np.random.default_rng(seed).integers(0, 256, size=(n, codec.block_bytes), dtype=np.uint8)
+
+
+def reference_dequantize(raw: np.ndarray, name: str) -> np.ndarray:
+    with np.errstate(all="ignore"):
+        return gguf_dequantize(raw, GGMLQuantizationType[name])
+
+
+def decode(name: str, raw: np.ndarray) -> np.ndarray:
+    with np.errstate(all="ignore"):
+        return codec_for(name).dequantize(raw)
+
+
+@pytest.mark.parametrize("name", GGUF_DECODABLE)
+def test_random_blocks_match_gguf_py(name: str) -> None:
+    raw = random_blocks(name, 4000 if codec_for(name).block_elements > 1 else 200_000, seed=1)
+    got = decode(name, raw)
+    assert got.shape == (raw.shape[0], codec_for(name).block_elements)
+    assert_same_floats(got.astype(np.float32), reference_dequantize(raw, name))
+
+
+@pytest.mark.parametrize("name", GGUF_QUANTIZABLE)
+def test_quantized_data_matches_gguf_py(name: str) -> None:
+    rng = np.random.default_rng(2)
+    weights = (rng.standard_normal((64, 512)) * rng.uniform(1e-3, 10, size=(64, 1))).astype(np.float32)
+    weights[3] = 0.0                      # all-zero rows give d = 0 blocks
+    weights[5, ::7] = -0.0
+    raw = np.ascontiguousarray(gguf_quantize(weights, GGMLQuantizationType[name])).view(np.uint8)  # F16: float16
+    got = decode(name, raw.reshape(-1, codec_for(name).block_bytes))
+    assert_same_floats(got.astype(np.float32), reference_dequantize(raw, name))
+
+
+@pytest.mark.parametrize("name,scalar", [("Q8_1", scalar_q8.dequantize_q8_1), ("Q8_K", scalar_q8.dequantize_q8_k)])
+def test_q8_types_match_scalar_transcription(name: str, scalar) -> None:
+    raw = random_blocks(name, 300, seed=3)
+    with np.errstate(all="ignore"):
+        want = np.array(scalar(raw.tobytes()), dtype=np.float32)
+    assert_same_floats(decode(name, raw), want)
+
+
+@pytest.mark.parametrize("name", sorted(PLAIN))
+def test_plain_types_are_the_stored_values(name: str) -> None:
+    raw = random_blocks(name, 5000, seed=4)
+    got = decode(name, raw)
+    want = np.frombuffer(raw.tobytes(), dtype="<" + PLAIN[name])
+    assert codec_for(name).exact and got.dtype == want.dtype
+    assert got.reshape(-1).tobytes() == want.tobytes()
+
+
+@pytest.mark.parametrize("name", sorted(SMALL_FLOATS))
+def test_f8_every_bit_pattern_matches_ml_dtypes(name: str) -> None:
+    codes = np.arange(256, dtype=np.uint8)
+    assert_same_floats(decode(name, codes.reshape(-1, 1)), codes.view(SMALL_FLOATS[name]).astype(np.float32))
+
+
+def test_bf16_matches_ml_dtypes() -> None:
+    codes = np.arange(1 << 16, dtype="<u2")
+    got = decode("BF16", codes.view(np.uint8).reshape(-1, 2))
+    assert_same_floats(got, codes.view(ml_dtypes.bfloat16).astype(np.float32))
+
+
+def test_f4_every_byte_low_nibble_first() -> None:
+    codes = np.arange(256, dtype=np.uint8)
+    got = decode("F4", codes.reshape(-1, 1))
+    fp4 = lambda c: c.astype(np.uint8).view(ml_dtypes.float4_e2m1fn).astype(np.float32)  # noqa: E731
+    want = np.stack([fp4(codes & 15), fp4(codes >> 4)], axis=1)   # element 2i: low nibble of byte i
+    assert_same_floats(got, want)
+
+
+@pytest.mark.parametrize("name,ml_type", [("F6_E2M3", ml_dtypes.float6_e2m3fn), ("F6_E3M2", ml_dtypes.float6_e3m2fn)])
+def test_f6_every_code_in_every_position(name: str, ml_type) -> None:
+    # Every 6-bit code at each of the 4 positions, next to random neighbours.
+    rng = np.random.default_rng(5)
+    words = [(code << (6 * pos)) | (int(rng.integers(0, 1 << 24)) & ~(63 << (6 * pos)))
+             for pos in range(4) for code in range(64)]
+    raw = np.array([list(w.to_bytes(3, "little")) for w in words], dtype=np.uint8)
+    # The documented packing, written the simple way: element k = bits 6k..6k+5 of the little-endian word.
+    codes = np.array([[(int.from_bytes(bytes(block), "little") >> (6 * k)) & 63 for k in range(4)] for block in raw],
+                     dtype=np.uint8)
+    assert_same_floats(decode(name, raw), codes.view(ml_type).astype(np.float32))
+
+
+@pytest.mark.parametrize("name", ALL_TYPES)
+def test_zero_blocks(name: str) -> None:
+    codec = codec_for(name)
+    out = codec.dequantize(np.empty((0, codec.block_bytes), dtype=np.uint8))
+    assert out.shape == (0, codec.block_elements) and out.dtype == codec.dtype
+
+
+@pytest.mark.parametrize("name", ALL_TYPES)
+def test_decode_leaves_input_untouched(name: str) -> None:
+    raw = random_blocks(name, 64, seed=6)
+    before = raw.copy()
+    decode(name, raw)
+    np.testing.assert_array_equal(raw, before)
+
+
+@pytest.mark.parametrize("name", ALL_TYPES)
+def test_output_dtype(name: str) -> None:
+    codec = codec_for(name)
+    out = decode(name, random_blocks(name, 8, seed=7))
+    assert out.dtype == codec.dtype
+    assert codec.exact == (name in PLAIN)
+    assert codec.exact or codec.dtype == np.float32
+
+
+@pytest.mark.parametrize("name", GGML_TYPES)
+def test_geometry_matches_ggml(name: str) -> None:
+    codec = codec_for(name)
+    block_elements, block_bytes = GGML_QUANT_SIZES[GGMLQuantizationType[name]]
+    if name == "Q8_1":
+        block_bytes = 36          # ggml's current block; gguf-py's table still has the old 40-byte layout
+    assert (codec.block_elements, codec.block_bytes) == (block_elements, block_bytes)
+
+
+@pytest.mark.parametrize("name,bits", [("BOOL", 8), ("U8", 8), ("U16", 16), ("U32", 32), ("U64", 64), ("C64", 64),
+                                       ("F8_E4M3", 8), ("F8_E5M2", 8), ("F8_E8M0", 8), ("F8_E4M3FNUZ", 8),
+                                       ("F8_E5M2FNUZ", 8), ("F4", 4), ("F6_E2M3", 6), ("F6_E3M2", 6)])
+def test_geometry_of_safetensors_types(name: str, bits: int) -> None:
+    codec = codec_for(name)
+    assert codec.block_bytes * 8 == codec.block_elements * bits
+
+
+@pytest.mark.parametrize("name", sorted(set(PLAIN) | {"BF16"}))
+def test_plain_swap_matches_numpy_byte_order(name: str) -> None:
+    codec = codec_for(name)
+    le = random_blocks(name, 1000, seed=8)
+    dt = np.dtype("u2") if name == "BF16" else np.dtype(PLAIN[name])
+    be = np.frombuffer(le.tobytes(), dtype=dt.newbyteorder("<")).astype(dt.newbyteorder(">"))
+    be_blocks = np.frombuffer(be.tobytes(), dtype=np.uint8).reshape(le.shape)
+    swapped = codec.swap(be_blocks)
+    assert swapped.tobytes() == le.tobytes()
+    assert decode(name, swapped).tobytes() == decode(name, le).tobytes()
+
+
+@pytest.mark.parametrize("name", sorted(GGUF_BLOCK_SWAPPERS))
+def test_quant_swap_matches_gguf_endian_converter(name: str) -> None:
+    codec = codec_for(name)
+    le = random_blocks(name, 300, seed=9)
+    tensor = types.SimpleNamespace(data=le.reshape(-1).copy())
+    for block in range(le.shape[0]):          # gguf-py's own per-block swapper turns LE into BE
+        GGUF_BLOCK_SWAPPERS[name](tensor, block * codec.block_bytes)
+    be = tensor.data.reshape(le.shape)
+    assert be.tobytes() != le.tobytes()
+    assert codec.swap(be).tobytes() == le.tobytes()
+    assert_same_floats(decode(name, codec.swap(be)), decode(name, le))
+
+
+@pytest.mark.parametrize("name", ["Q4_1", "Q5_0", "Q5_1", "Q8_1", "Q2_K", "Q3_K", "Q5_K", "Q8_K", "F4", "F6_E2M3"])
+def test_no_swap_where_no_big_endian_layout_is_defined(name: str) -> None:
+    assert codec_for(name).swap is None
+
+
+def test_flat_buffer_and_partial_block_handling() -> None:
+    codec = codec_for("Q4_0")
+    raw = random_blocks("Q4_0", 10, seed=10)
+    np.testing.assert_array_equal(float_bits(codec.dequantize(raw.reshape(-1))), float_bits(decode("Q4_0", raw)))
+    with pytest.raises(ValueError):
+        codec.dequantize(raw.reshape(-1)[:-1])
