@@ -49,15 +49,23 @@ class FileSource:
     def is_open(self) -> bool:
         return self._fd is not None
 
+    def _reopen_locked(self) -> None:
+        if self._fd is None:
+            fd = self._open_fd()
+            st = os.fstat(fd)
+            if (st.st_dev, st.st_ino) != self._identity or (st.st_size, st.st_mtime_ns) != self._stamp:
+                os.close(fd)
+                raise CheckpointError(self.path, None, "the file was replaced or changed since it was opened")
+            self._fd = fd
+
+    def ensure_open(self) -> None:
+        """Reopen the descriptor if the pool closed it, refusing a file that is no longer the same."""
+        with self._lock:
+            self._reopen_locked()
+
     def _acquire_fd(self) -> int:
         with self._lock:
-            if self._fd is None:
-                fd = self._open_fd()
-                st = os.fstat(fd)
-                if (st.st_dev, st.st_ino) != self._identity or (st.st_size, st.st_mtime_ns) != self._stamp:
-                    os.close(fd)
-                    raise CheckpointError(self.path, None, "the file was replaced or changed since it was opened")
-                self._fd = fd
+            self._reopen_locked()
             self._users += 1
             return self._fd
 
@@ -136,6 +144,7 @@ class SourcePool:
             if src is None:
                 src = FileSource(path)
                 self._sources[path] = src
+            src.ensure_open()
             self._recent[path] = None
             self._recent.move_to_end(path)
             self._trim()
