@@ -78,3 +78,13 @@ def nibbles(packed: np.ndarray) -> np.ndarray:
 def bits_le(packed: np.ndarray) -> np.ndarray:
     """Bit ``i`` of a little-endian bit string, for every block: ``u8[n, k] -> u8[n, 8k]`` of 0/1."""
     return np.unpackbits(packed, axis=1, bitorder="little")
+
+
+def offset_codes(codes: np.ndarray, offset: int) -> np.ndarray:
+    """``codes - offset`` as int8, computed in place on a fresh u8 code array.
+
+    uint8 subtraction wraps modulo 256, which is exactly the int8 bit pattern of the signed result, so the
+    signed codes cost one cheap byte pass instead of a float pass (their float32 conversion is then exact).
+    """
+    np.subtract(codes, np.uint8(offset), out=codes)
+    return codes.view(np.int8)

@@ -15,22 +15,19 @@ from __future__ import annotations
 import numpy as np
 
 from . import Codec, register_codec
-from ._common import F32, f16_field, f32_field, field, swap_u16_fields
+from ._common import F32, f16_field, f32_field, field, offset_codes, swap_u16_fields
 
 QK_K = 256
 _SHIFT_2BIT = np.array([0, 2, 4, 6], dtype=np.uint8).reshape(4, 1)
-# Q3_K: 3-bit code (2 low bits | high bit << 2) -> signed value; a clear high bit means "minus 4".
-_Q3_VALUES = (np.arange(8) - 4).astype(F32)
-_PLAIN_64 = np.arange(64).astype(F32)
-_Q6_VALUES = (np.arange(64) - 32).astype(F32)
 
 
-def _scaled(codes: np.ndarray, table: np.ndarray, scale: np.ndarray, minimum: np.ndarray | None = None) -> np.ndarray:
-    """``scale * table[codes] (- minimum)`` per sub-block, float32, scale/min broadcast along the last axis.
+def _scaled(codes: np.ndarray, scale: np.ndarray, minimum: np.ndarray | None = None) -> np.ndarray:
+    """``scale * q (- minimum)`` per sub-block, float32, with scale/min broadcast along the last axis.
 
-    ``codes``: u8[n, subblocks, per_subblock]; ``scale``/``minimum``: f32[n, subblocks].
+    ``codes``: the integer q as u8/i8[n, subblocks, per_subblock] (small integers: the float32 conversion is
+    exact, as ggml's implicit int -> float is); ``scale``/``minimum``: f32[n, subblocks].
     """
-    values = np.take(table, codes)
+    values = codes.astype(F32)
     np.multiply(values, scale[:, :, None], out=values)
     if minimum is not None:
         np.subtract(values, minimum[:, :, None], out=values)
@@ -45,7 +42,7 @@ def decode_q2_k(blocks: np.ndarray) -> np.ndarray:
     d, dmin = f16_field(blocks, 80), f16_field(blocks, 82)
     scale = d * (scales & 15).astype(F32)
     minimum = dmin * (scales >> 4).astype(F32)
-    return _scaled(codes.reshape(n, 16, 16), _PLAIN_64, scale, minimum)
+    return _scaled(codes.reshape(n, 16, 16), scale, minimum)
 
 
 # Q3_K 6-bit scale i: low 4 bits from nibble i//8 of byte i%8, high 2 bits from bits 2(i//4) of byte 8 + i%4.
@@ -67,9 +64,9 @@ def decode_q3_k(blocks: np.ndarray) -> np.ndarray:
     qs = field(blocks, 32, 64, "u1").reshape(n, 2, 1, 32)
     codes = (qs >> _SHIFT_2BIT) & 3                        # (n, h, j, 16k + l)
     high = (hmask >> _Q3_HMASK_SHIFT) & 1
-    codes |= high << 2
+    codes |= high << 2                                     # a clear high bit means "minus 4":
     scale = f16_field(blocks, 108) * _q3_scales(field(blocks, 96, 12, "u1")).astype(F32)
-    return _scaled(codes.reshape(n, 16, 16), _Q3_VALUES, scale)
+    return _scaled(offset_codes(codes, 4).reshape(n, 16, 16), scale)
 
 
 def scale_min_k4(packed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -104,7 +101,7 @@ def decode_q4_k(blocks: np.ndarray) -> np.ndarray:
     n = blocks.shape[0]
     scale, minimum = _k4_scale_min(blocks)
     codes = _k4_nibbles(field(blocks, 16, 128, "u1"))
-    return _scaled(codes.reshape(n, 8, 32), _PLAIN_64, scale, minimum)
+    return _scaled(codes.reshape(n, 8, 32), scale, minimum)
 
 
 _Q5_QH_SHIFT = np.arange(8, dtype=np.uint8).reshape(4, 2, 1)   # bit 2c + t
@@ -116,7 +113,7 @@ def decode_q5_k(blocks: np.ndarray) -> np.ndarray:
     codes = _k4_nibbles(field(blocks, 48, 128, "u1"))
     qh = field(blocks, 16, 32, "u1").reshape(n, 1, 1, 32)
     codes |= ((qh >> _Q5_QH_SHIFT) & 1) << 4
-    return _scaled(codes.reshape(n, 8, 32), _PLAIN_64, scale, minimum)
+    return _scaled(codes.reshape(n, 8, 32), scale, minimum)
 
 
 _Q6_QH_SHIFT = np.array([0, 2, 4, 6], dtype=np.uint8).reshape(1, 4, 1)   # bits 2r
@@ -132,7 +129,7 @@ def decode_q6_k(blocks: np.ndarray) -> np.ndarray:
     qh = field(blocks, 128, 64, "u1").reshape(n, 2, 1, 32)
     codes |= ((qh >> _Q6_QH_SHIFT) & 3) << 4
     scale = f16_field(blocks, 208) * field(blocks, 192, 16, "i1").astype(F32)
-    return _scaled(codes.reshape(n, 16, 16), _Q6_VALUES, scale)
+    return _scaled(offset_codes(codes, 32).reshape(n, 16, 16), scale)
 
 
 def decode_q8_k(blocks: np.ndarray) -> np.ndarray:

@@ -13,19 +13,17 @@ from __future__ import annotations
 import numpy as np
 
 from . import Codec, register_codec
-from ._common import F32, bits_le, f16_field, field, nibbles, swap_u16_fields
+from ._common import F32, bits_le, f16_field, field, nibbles, offset_codes, swap_u16_fields
 
 QK = 32
-# Signed integer value of every code, as float32: code - offset. Indexing this turns codes into floats in
-# one pass (the integer -> float conversion ggml does with ``(float)x``; exact for these small integers).
-_MINUS_8 = (np.arange(16) - 8).astype(F32)
-_MINUS_16 = (np.arange(32) - 16).astype(F32)
-_PLAIN_16 = np.arange(16).astype(F32)
-_PLAIN_32 = np.arange(32).astype(F32)
 
 
-def _scale(values: np.ndarray, d: np.ndarray, m: np.ndarray | None = None) -> np.ndarray:
-    """``values * d (+ m)`` in place, float32, in ggml's order (product rounded before the sum)."""
+def _scale(codes: np.ndarray, d: np.ndarray, m: np.ndarray | None = None) -> np.ndarray:
+    """``q * d (+ m)`` per block in float32, in ggml's order (the product is rounded before the sum).
+
+    ``codes`` holds the integer q (u8/i8[n, 32]); its float32 conversion is exact, as ggml's ``(float)x`` is.
+    """
+    values = codes.astype(F32)
     np.multiply(values, d, out=values)
     if m is not None:
         np.add(values, m, out=values)
@@ -33,12 +31,11 @@ def _scale(values: np.ndarray, d: np.ndarray, m: np.ndarray | None = None) -> np
 
 
 def decode_q4_0(blocks: np.ndarray) -> np.ndarray:
-    return _scale(np.take(_MINUS_8, nibbles(field(blocks, 2, 16, "u1"))), f16_field(blocks, 0))
+    return _scale(offset_codes(nibbles(field(blocks, 2, 16, "u1")), 8), f16_field(blocks, 0))
 
 
 def decode_q4_1(blocks: np.ndarray) -> np.ndarray:
-    values = np.take(_PLAIN_16, nibbles(field(blocks, 4, 16, "u1")))
-    return _scale(values, f16_field(blocks, 0), f16_field(blocks, 2))
+    return _scale(nibbles(field(blocks, 4, 16, "u1")), f16_field(blocks, 0), f16_field(blocks, 2))
 
 
 def _five_bit_codes(blocks: np.ndarray, qh_at: int, qs_at: int) -> np.ndarray:
@@ -51,18 +48,16 @@ def _five_bit_codes(blocks: np.ndarray, qh_at: int, qs_at: int) -> np.ndarray:
 
 
 def decode_q5_0(blocks: np.ndarray) -> np.ndarray:
-    return _scale(np.take(_MINUS_16, _five_bit_codes(blocks, 2, 6)), f16_field(blocks, 0))
+    return _scale(offset_codes(_five_bit_codes(blocks, 2, 6), 16), f16_field(blocks, 0))
 
 
 def decode_q5_1(blocks: np.ndarray) -> np.ndarray:
-    values = np.take(_PLAIN_32, _five_bit_codes(blocks, 4, 8))
-    return _scale(values, f16_field(blocks, 0), f16_field(blocks, 2))
+    return _scale(_five_bit_codes(blocks, 4, 8), f16_field(blocks, 0), f16_field(blocks, 2))
 
 
 def _decode_q8(qs_at: int):
     def decode(blocks: np.ndarray) -> np.ndarray:
-        values = field(blocks, qs_at, QK, "i1").astype(F32)
-        return _scale(values, f16_field(blocks, 0))
+        return _scale(field(blocks, qs_at, QK, "i1"), f16_field(blocks, 0))
 
     return decode
 
