@@ -10,19 +10,24 @@ from gguf-py's quantizer where it has one (TQ1_0, TQ2_0, MXFP4).
 
 from __future__ import annotations
 
+import types
+
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType
 from gguf import quants as gguf_quants
 from gguf.constants import GGML_QUANT_SIZES
+from gguf.scripts import gguf_convert_endian
 
 from ckptfs.quant import codec_for, iq_tables
 from reference import scalar_lowbit  # tests/reference (pytest puts tests/ on sys.path)
 
-GGUF_DECODABLE = ["IQ4_NL", "IQ4_XS"]
-GGUF_QUANTIZABLE: list[str] = []
-SCALAR_REFERENCE: dict[str, object] = {}
+GGUF_DECODABLE = ["IQ4_NL", "IQ4_XS", "TQ1_0", "TQ2_0", "MXFP4", "NVFP4"]
+GGUF_QUANTIZABLE = ["TQ1_0", "TQ2_0", "MXFP4"]
+SCALAR_REFERENCE = {"Q1_0": scalar_lowbit.dequantize_q1_0, "Q2_0": scalar_lowbit.dequantize_q2_0}
 ALL_TYPES = GGUF_DECODABLE + sorted(SCALAR_REFERENCE)
+# CONTRACT.md: big-endian MXFP4/NVFP4 are decodable "as gguf-py's converter does"; it swaps nothing for them.
+BYTE_ONLY_TYPES = {"MXFP4": gguf_convert_endian.byteswap_noop, "NVFP4": gguf_convert_endian.byteswap_noop}
 
 # Byte offsets of the fp16 scale in each block (IQ1_M scatters its scale: handled in with_scales).
 FP16_SCALE_AT = {"IQ4_NL": 0, "IQ4_XS": 0, "IQ2_XXS": 0, "IQ2_XS": 0, "IQ2_S": 0, "IQ3_XXS": 0, "IQ3_S": 0,
@@ -94,9 +99,9 @@ def test_random_blocks_match_gguf_py(name: str) -> None:
     assert_same_floats(got, gguf_dequantize(raw, name))
 
 
-@pytest.mark.parametrize("name", GGUF_DECODABLE)
+@pytest.mark.parametrize("name", [t for t in ALL_TYPES if t in FP16_SCALE_AT or t == "IQ1_M"])
 def test_scale_cases_are_present(name: str) -> None:
-    """Guard for the fixture itself: the random blocks do contain finite, infinite and NaN outputs."""
+    """Guard for the fixture itself: the fp16 scales do produce finite, infinite and NaN outputs."""
     got = decode(name, random_blocks(name, 600, seed=3))
     assert np.isfinite(got).any() and np.isinf(got).any() and np.isnan(got).any()
 
@@ -116,8 +121,28 @@ def test_quantized_data_matches_gguf_py(name: str) -> None:
 def test_random_blocks_match_scalar_reference(name: str) -> None:
     raw = random_blocks(name, 300, seed=11)
     got = decode(name, raw)
-    want = np.array(SCALAR_REFERENCE[name](raw.tobytes()), dtype=np.float32)
+    with np.errstate(all="ignore"):
+        want = np.array(SCALAR_REFERENCE[name](raw.tobytes()), dtype=np.float32)
     assert_same_floats(got, want)
+
+
+@pytest.mark.parametrize("name", sorted(BYTE_ONLY_TYPES))
+def test_byte_only_swap_matches_gguf_endian_converter(name: str) -> None:
+    codec = codec_for(name)
+    le = random_blocks(name, 50, seed=9)
+    assert gguf_convert_endian.byteswap_tensors[GGMLQuantizationType[name]] is BYTE_ONLY_TYPES[name]
+    tensor = types.SimpleNamespace(data=le.reshape(-1).copy())
+    for block in range(le.shape[0]):          # gguf-py's own per-block swapper turns LE into BE
+        BYTE_ONLY_TYPES[name](tensor, block * codec.block_bytes)
+    be = tensor.data.reshape(le.shape)
+    assert codec.swap is not None
+    assert codec.swap(be).tobytes() == le.tobytes()
+    assert_same_floats(decode(name, codec.swap(be)), decode(name, le))
+
+
+@pytest.mark.parametrize("name", [t for t in ALL_TYPES if t not in BYTE_ONLY_TYPES])
+def test_no_swap_where_no_big_endian_layout_is_defined(name: str) -> None:
+    assert codec_for(name).swap is None
 
 
 @pytest.mark.parametrize("name", ALL_TYPES)

@@ -13,19 +13,21 @@ catch its bugs.
 
 from __future__ import annotations
 
-import struct
-
 import numpy as np
 
 BLOCK_BYTES = 18
+
+
+def _fp16_at(data: bytes, offset: int) -> np.float32:
+    """GGML_FP16_TO_FP32 of the little-endian half at ``offset`` (exact widening; NaN payloads kept)."""
+    return np.float32(np.frombuffer(data, dtype="<f2", count=1, offset=offset)[0])
 
 
 def dequantize_q1_0(data: bytes) -> list[np.float32]:
     """Q1_0: 18-byte blocks (d@0 fp16, qs[16]@2) -> 128 values each."""
     out = []
     for start in range(0, len(data), BLOCK_BYTES):
-        (d_half,) = struct.unpack_from("<e", data, start)
-        d = np.float32(d_half)
+        d = _fp16_at(data, start)
         neg_d = -d
         for j in range(128):
             byte = data[start + 2 + j // 8]
@@ -38,8 +40,7 @@ def dequantize_q2_0(data: bytes) -> list[np.float32]:
     """Q2_0: 18-byte blocks (d@0 fp16, qs[16]@2) -> 64 values each."""
     out = []
     for start in range(0, len(data), BLOCK_BYTES):
-        (d_half,) = struct.unpack_from("<e", data, start)
-        d = np.float32(d_half)
+        d = _fp16_at(data, start)
         for j in range(64):
             byte = data[start + 2 + j // 4]
             q = (byte >> (2 * (j % 4))) & 3
