@@ -8,7 +8,11 @@ gguf-py's quantizer where it has one.
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import types
+from collections.abc import Callable
 
 import ml_dtypes
 import numpy as np
@@ -19,7 +23,7 @@ from gguf.quants import dequantize as gguf_dequantize
 from gguf.quants import quantize as gguf_quantize
 from gguf.scripts import gguf_convert_endian
 
-from ckptfs.quant import codec_for
+from ckptfs.quant import codec_for, kquants, legacy, native
 from reference import scalar_q8  # tests/reference (pytest puts tests/ on sys.path)
 
 GGUF_DECODABLE = ["F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"]
@@ -33,6 +37,13 @@ GGML_TYPES = ["F32", "F16", "F64", "I8", "I16", "I32", "I64", "BF16", "Q4_0", "Q
               "Q8_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "Q8_K"]
 ALL_TYPES = sorted(set(GGML_TYPES) | set(PLAIN) | set(SMALL_FLOATS) | {"F4", "F6_E2M3", "F6_E3M2"})
 # gguf-py's endian converter: the block swappers it has, by type (a swap is its own inverse).
+# The numpy reference decoders; where the optional C extension is built, the registry uses its kernels instead
+# and every quant test runs through all three paths.
+NUMPY_DECODERS = {"Q4_0": legacy.decode_q4_0, "Q4_1": legacy.decode_q4_1, "Q5_0": legacy.decode_q5_0,
+                  "Q5_1": legacy.decode_q5_1, "Q8_0": legacy.decode_q8_0, "Q8_1": legacy.decode_q8_1,
+                  "Q2_K": kquants.decode_q2_k, "Q3_K": kquants.decode_q3_k, "Q4_K": kquants.decode_q4_k,
+                  "Q5_K": kquants.decode_q5_k, "Q6_K": kquants.decode_q6_k, "Q8_K": kquants.decode_q8_k}
+PATHS = ("registry", "numpy", "native")
 GGUF_BLOCK_SWAPPERS = {"Q4_0": gguf_convert_endian.byteswap_q4_0, "Q8_0": gguf_convert_endian.byteswap_q8_0,
                        "Q4_K": gguf_convert_endian.byteswap_q4_k, "Q6_K": gguf_convert_endian.byteswap_q6_k}
 
@@ -61,36 +72,71 @@ def reference_dequantize(raw: np.ndarray, name: str) -> np.ndarray:
         return gguf_dequantize(raw, GGMLQuantizationType[name])
 
 
-def decode(name: str, raw: np.ndarray) -> np.ndarray:
+def decode(name: str, raw: np.ndarray, path: str = "registry") -> np.ndarray:
+    """Decode through the registry (what readers use), or explicitly through the numpy or the native path."""
+    codec = codec_for(name)
+    if path == "registry":
+        fn: Callable[[np.ndarray], np.ndarray] = codec.dequantize
+    elif path == "numpy":
+        fn = NUMPY_DECODERS[name]
+    else:
+        fn = native.kernel(name, codec.block_elements)
+        if fn is None:
+            pytest.skip("native kernels not built (python setup.py build_ext --inplace) or CKPTFS_NO_NATIVE set")
     with np.errstate(all="ignore"):
-        return codec_for(name).dequantize(raw)
+        return fn(raw).reshape(raw.shape[0], codec.block_elements)
 
 
-@pytest.mark.parametrize("name", GGUF_DECODABLE)
-def test_random_blocks_match_gguf_py(name: str) -> None:
+def with_paths(names: list[str]) -> list[tuple[str, str]]:
+    return [(name, path) for name in names for path in (PATHS if name in NUMPY_DECODERS else ("registry",))]
+
+
+@pytest.mark.parametrize("name,path", with_paths(GGUF_DECODABLE))
+def test_random_blocks_match_gguf_py(name: str, path: str) -> None:
     raw = random_blocks(name, 4000 if codec_for(name).block_elements > 1 else 200_000, seed=1)
-    got = decode(name, raw)
+    got = decode(name, raw, path)
     assert got.shape == (raw.shape[0], codec_for(name).block_elements)
     assert_same_floats(got.astype(np.float32), reference_dequantize(raw, name))
 
 
-@pytest.mark.parametrize("name", GGUF_QUANTIZABLE)
-def test_quantized_data_matches_gguf_py(name: str) -> None:
+@pytest.mark.parametrize("name,path", with_paths(GGUF_QUANTIZABLE))
+def test_quantized_data_matches_gguf_py(name: str, path: str) -> None:
     rng = np.random.default_rng(2)
     weights = (rng.standard_normal((64, 512)) * rng.uniform(1e-3, 10, size=(64, 1))).astype(np.float32)
     weights[3] = 0.0                      # all-zero rows give d = 0 blocks
     weights[5, ::7] = -0.0
     raw = np.ascontiguousarray(gguf_quantize(weights, GGMLQuantizationType[name])).view(np.uint8)  # F16: float16
-    got = decode(name, raw.reshape(-1, codec_for(name).block_bytes))
+    got = decode(name, raw.reshape(-1, codec_for(name).block_bytes), path)
     assert_same_floats(got.astype(np.float32), reference_dequantize(raw, name))
 
 
+@pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("name,scalar", [("Q8_1", scalar_q8.dequantize_q8_1), ("Q8_K", scalar_q8.dequantize_q8_k)])
-def test_q8_types_match_scalar_transcription(name: str, scalar) -> None:
+def test_q8_types_match_scalar_transcription(name: str, scalar, path: str) -> None:
     raw = random_blocks(name, 300, seed=3)
     with np.errstate(all="ignore"):
         want = np.array(scalar(raw.tobytes()), dtype=np.float32)
-    assert_same_floats(decode(name, raw), want)
+    assert_same_floats(decode(name, raw, path), want)
+
+
+@pytest.mark.parametrize("name", sorted(NUMPY_DECODERS))
+def test_native_and_numpy_paths_are_bit_identical(name: str) -> None:
+    """Exact bits, NaN payloads included: the C loops must do the numpy path's float32 operations."""
+    raw = random_blocks(name, 3000, seed=11)
+    assert decode(name, raw, "native").tobytes() == decode(name, raw, "numpy").tobytes()
+    odd_view = np.concatenate([raw, raw], axis=1)[:, : raw.shape[1]]        # not contiguous
+    assert decode(name, odd_view, "native").tobytes() == decode(name, raw, "numpy").tobytes()
+    readonly = np.frombuffer(raw.tobytes(), dtype=np.uint8).reshape(raw.shape)
+    assert decode(name, readonly, "native").tobytes() == decode(name, raw, "numpy").tobytes()
+    assert decode(name, raw[:0], "native").shape == (0, codec_for(name).block_elements)
+
+
+def test_no_native_environment_variable_forces_numpy() -> None:
+    probe = ("from ckptfs.quant import codec_for, legacy, kquants; "
+             "assert codec_for('Q4_0').decode is legacy.decode_q4_0; "
+             "assert codec_for('Q6_K').decode is kquants.decode_q6_k")
+    env = dict(os.environ, CKPTFS_NO_NATIVE="1")
+    subprocess.run([sys.executable, "-c", probe], env=env, check=True)
 
 
 @pytest.mark.parametrize("name", sorted(PLAIN))
@@ -142,11 +188,11 @@ def test_zero_blocks(name: str) -> None:
     assert out.shape == (0, codec.block_elements) and out.dtype == codec.dtype
 
 
-@pytest.mark.parametrize("name", ALL_TYPES)
-def test_decode_leaves_input_untouched(name: str) -> None:
+@pytest.mark.parametrize("name,path", with_paths(ALL_TYPES))
+def test_decode_leaves_input_untouched(name: str, path: str) -> None:
     raw = random_blocks(name, 64, seed=6)
     before = raw.copy()
-    decode(name, raw)
+    decode(name, raw, path)
     np.testing.assert_array_equal(raw, before)
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import Codec, register_codec
+from .native import accelerated
 from ._common import F32, f16_field, f32_field, field, offset_codes, swap_u16_fields
 
 QK_K = 256
@@ -139,9 +140,9 @@ def decode_q8_k(blocks: np.ndarray) -> np.ndarray:
 
 
 _F32 = np.dtype(F32)
-register_codec(Codec("Q2_K", QK_K, 84, _F32, decode_q2_k))
-register_codec(Codec("Q3_K", QK_K, 110, _F32, decode_q3_k))
-register_codec(Codec("Q4_K", QK_K, 144, _F32, decode_q4_k, swap=swap_u16_fields(0, 2)))
-register_codec(Codec("Q5_K", QK_K, 176, _F32, decode_q5_k))
-register_codec(Codec("Q6_K", QK_K, 210, _F32, decode_q6_k, swap=swap_u16_fields(208)))
-register_codec(Codec("Q8_K", QK_K, 292, _F32, decode_q8_k))
+register_codec(Codec("Q2_K", QK_K, 84, _F32, accelerated("Q2_K", QK_K, decode_q2_k)))
+register_codec(Codec("Q3_K", QK_K, 110, _F32, accelerated("Q3_K", QK_K, decode_q3_k)))
+register_codec(Codec("Q4_K", QK_K, 144, _F32, accelerated("Q4_K", QK_K, decode_q4_k), swap=swap_u16_fields(0, 2)))
+register_codec(Codec("Q5_K", QK_K, 176, _F32, accelerated("Q5_K", QK_K, decode_q5_k)))
+register_codec(Codec("Q6_K", QK_K, 210, _F32, accelerated("Q6_K", QK_K, decode_q6_k), swap=swap_u16_fields(208)))
+register_codec(Codec("Q8_K", QK_K, 292, _F32, accelerated("Q8_K", QK_K, decode_q8_k)))

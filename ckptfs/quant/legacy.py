@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import Codec, register_codec
+from .native import accelerated
 from ._common import F32, bits_le, f16_field, field, nibbles, offset_codes, swap_u16_fields
 
 QK = 32
@@ -66,9 +67,9 @@ decode_q8_0 = _decode_q8(2)
 decode_q8_1 = _decode_q8(4)
 
 _F32 = np.dtype(F32)
-register_codec(Codec("Q4_0", QK, 18, _F32, decode_q4_0, swap=swap_u16_fields(0)))
-register_codec(Codec("Q4_1", QK, 20, _F32, decode_q4_1))
-register_codec(Codec("Q5_0", QK, 22, _F32, decode_q5_0))
-register_codec(Codec("Q5_1", QK, 24, _F32, decode_q5_1))
-register_codec(Codec("Q8_0", QK, 34, _F32, decode_q8_0, swap=swap_u16_fields(0)))
-register_codec(Codec("Q8_1", QK, 36, _F32, decode_q8_1))
+register_codec(Codec("Q4_0", QK, 18, _F32, accelerated("Q4_0", QK, decode_q4_0), swap=swap_u16_fields(0)))
+register_codec(Codec("Q4_1", QK, 20, _F32, accelerated("Q4_1", QK, decode_q4_1)))
+register_codec(Codec("Q5_0", QK, 22, _F32, accelerated("Q5_0", QK, decode_q5_0)))
+register_codec(Codec("Q5_1", QK, 24, _F32, accelerated("Q5_1", QK, decode_q5_1)))
+register_codec(Codec("Q8_0", QK, 34, _F32, accelerated("Q8_0", QK, decode_q8_0), swap=swap_u16_fields(0)))
+register_codec(Codec("Q8_1", QK, 36, _F32, accelerated("Q8_1", QK, decode_q8_1)))

@@ -1,0 +1,286 @@
+/*
+ * Optional C kernels for the hottest GGML block types (legacy Q4_0..Q8_1 and the K-quants).
+ *
+ * Why: the numpy decoders spend most of their time in per-block bookkeeping (numpy iterates 16- to
+ * 64-element inner loops once per block) and in extra passes over the float32 output; one pass in C writes
+ * each output value once. Results must be bit-identical to the numpy path (ckptfs/quant/legacy.py,
+ * kquants.py), which stays the reference and the fallback: every value is computed in float32 in the same
+ * order (integer code -> float, then `scale * q`, then `- min` / `+ m`), and the module must be compiled
+ * with -ffp-contract=off so that no multiply-add is fused into one rounding.
+ *
+ * Interface: dequantize(type_name: str, src: bytes-like, dst: writable float32 buffer, n_blocks: int).
+ * The GIL is released while decoding.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <string.h>
+
+/* IEEE half -> float, exact for every pattern (subnormals normalized; inf/NaN keep sign and payload). */
+static inline float half_to_float(const uint8_t *p) {
+    uint32_t h = (uint32_t)p[0] | ((uint32_t)p[1] << 8);
+    uint32_t sign = (h & 0x8000u) << 16, exp = (h >> 10) & 0x1fu, man = h & 0x3ffu, bits;
+    if (exp == 0x1fu) {
+        bits = sign | 0x7f800000u | (man << 13);
+    } else if (exp != 0) {
+        bits = sign | ((exp + 112u) << 23) | (man << 13);
+    } else if (man == 0) {
+        bits = sign;
+    } else {
+        uint32_t e = 113u;
+        while (!(man & 0x400u)) { man <<= 1; e--; }
+        bits = sign | (e << 23) | ((man & 0x3ffu) << 13);
+    }
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+static inline float float_at(const uint8_t *p) {
+    uint32_t bits = (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) | ((uint32_t)p[3] << 24);
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+static inline uint32_t u32_at(const uint8_t *p) {
+    return (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) | ((uint32_t)p[3] << 24);
+}
+
+/* ---- legacy 32-element blocks ---- */
+
+static void q4_0(const uint8_t *restrict x, float *restrict y, Py_ssize_t nb) {
+    for (Py_ssize_t i = 0; i < nb; i++, x += 18, y += 32) {
+        const float d = half_to_float(x);
+        const uint8_t *qs = x + 2;
+        for (int j = 0; j < 16; j++) {
+            y[j] = (float)((qs[j] & 15) - 8) * d;
+            y[j + 16] = (float)((qs[j] >> 4) - 8) * d;
+        }
+    }
+}
+
+static void q4_1(const uint8_t *restrict x, float *restrict y, Py_ssize_t nb) {
+    for (Py_ssize_t i = 0; i < nb; i++, x += 20, y += 32) {
+        const float d = half_to_float(x), m = half_to_float(x + 2);
+        const uint8_t *qs = x + 4;
+        for (int j = 0; j < 16; j++) {
+            y[j] = (float)(qs[j] & 15) * d + m;
+            y[j + 16] = (float)(qs[j] >> 4) * d + m;
+        }
+    }
+}
+
+static void q5_0(const uint8_t *restrict x, float *restrict y, Py_ssize_t nb) {
+    for (Py_ssize_t i = 0; i < nb; i++, x += 22, y += 32) {
+        const float d = half_to_float(x);
+        const uint32_t qh = u32_at(x + 2);
+        const uint8_t *qs = x + 6;
+        for (int j = 0; j < 16; j++) {
+            const int lo = (int)((qs[j] & 15) | (((qh >> j) & 1u) << 4));
+            const int hi = (int)((qs[j] >> 4) | (((qh >> (j + 16)) & 1u) << 4));
+            y[j] = (float)(lo - 16) * d;
+            y[j + 16] = (float)(hi - 16) * d;
+        }
+    }
+}
+
+static void q5_1(const uint8_t *restrict x, float *restrict y, Py_ssize_t nb) {
+    for (Py_ssize_t i = 0; i < nb; i++, x += 24, y += 32) {
+        const float d = half_to_float(x), m = half_to_float(x + 2);
+        const uint32_t qh = u32_at(x + 4);
+        const uint8_t *qs = x + 8;
+        for (int j = 0; j < 16; j++) {
+            const int lo = (int)((qs[j] & 15) | (((qh >> j) & 1u) << 4));
+            const int hi = (int)((qs[j] >> 4) | (((qh >> (j + 16)) & 1u) << 4));
+            y[j] = (float)lo * d + m;
+            y[j + 16] = (float)hi * d + m;
+        }
+    }
+}
+
+static inline void q8_block(const uint8_t *restrict qs, float d, float *restrict y, int count) {
+    for (int j = 0; j < count; j++) y[j] = (float)(int8_t)qs[j] * d;
+}
+
+static void q8_0(const uint8_t *restrict x, float *restrict y, Py_ssize_t nb) {
+    for (Py_ssize_t i = 0; i < nb; i++, x += 34, y += 32) q8_block(x + 2, half_to_float(x), y, 32);
+}
+
+static void q8_1(const uint8_t *restrict x, float *restrict y, Py_ssize_t nb) {
+    for (Py_ssize_t i = 0; i < nb; i++, x += 36, y += 32) q8_block(x + 4, half_to_float(x), y, 32);
+}
+
+/* ---- K-quants: 256-element super-blocks ---- */
+
+static void q2_k(const uint8_t *restrict x, float *restrict y, Py_ssize_t nb) {
+    for (Py_ssize_t i = 0; i < nb; i++, x += 84, y += 256) {
+        const uint8_t *scales = x, *qs = x + 16;
+        const float d = half_to_float(x + 80), dmin = half_to_float(x + 82);
+        for (int h = 0; h < 2; h++)
+            for (int j = 0; j < 4; j++)
+                for (int k = 0; k < 2; k++) {
+                    const uint8_t s = scales[8 * h + 2 * j + k];
+                    const float dl = d * (float)(s & 15), ml = dmin * (float)(s >> 4);
+                    const uint8_t *q = qs + 32 * h + 16 * k;
+                    float *out = y + 128 * h + 32 * j + 16 * k;
+                    for (int l = 0; l < 16; l++) out[l] = dl * (float)((q[l] >> (2 * j)) & 3) - ml;
+                }
+    }
+}
+
+static void q3_k(const uint8_t *restrict x, float *restrict y, Py_ssize_t nb) {
+    for (Py_ssize_t i = 0; i < nb; i++, x += 110, y += 256) {
+        const uint8_t *hmask = x, *qs = x + 32, *sc = x + 96;
+        const float d = half_to_float(x + 108);
+        for (int h = 0; h < 2; h++)
+            for (int j = 0; j < 4; j++)
+                for (int k = 0; k < 2; k++) {
+                    const int s = 8 * h + 2 * j + k;
+                    const int six = ((sc[s % 8] >> (4 * (s / 8))) & 15) | (((sc[8 + s % 4] >> (2 * (s / 4))) & 3) << 4);
+                    const float dl = d * (float)(six - 32);
+                    const uint8_t *q = qs + 32 * h + 16 * k, *hm = hmask + 16 * k;
+                    float *out = y + 128 * h + 32 * j + 16 * k;
+                    for (int l = 0; l < 16; l++) {
+                        const int low = (q[l] >> (2 * j)) & 3;
+                        const int hb = (hm[l] >> (4 * h + j)) & 1;
+                        out[l] = dl * (float)(low - (hb ? 0 : 4));
+                    }
+                }
+    }
+}
+
+/* ggml's get_scale_min_k4 for sub-block j of the 12 packed scale bytes. */
+static inline void scale_min_k4(int j, const uint8_t *s, int *sc, int *mn) {
+    if (j < 4) {
+        *sc = s[j] & 63;
+        *mn = s[j + 4] & 63;
+    } else {
+        *sc = (s[j + 4] & 15) | ((s[j - 4] >> 6) << 4);
+        *mn = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+    }
+}
+
+static void q4_k(const uint8_t *restrict x, float *restrict y, Py_ssize_t nb) {
+    for (Py_ssize_t i = 0; i < nb; i++, x += 144, y += 256) {
+        const float d = half_to_float(x), dmin = half_to_float(x + 2);
+        const uint8_t *scales = x + 4, *qs = x + 16;
+        for (int c = 0; c < 4; c++)
+            for (int t = 0; t < 2; t++) {
+                int sc, mn;
+                scale_min_k4(2 * c + t, scales, &sc, &mn);
+                const float d1 = d * (float)sc, m1 = dmin * (float)mn;
+                const uint8_t *q = qs + 32 * c;
+                float *out = y + 64 * c + 32 * t;
+                for (int l = 0; l < 32; l++) out[l] = d1 * (float)((q[l] >> (4 * t)) & 15) - m1;
+            }
+    }
+}
+
+static void q5_k(const uint8_t *restrict x, float *restrict y, Py_ssize_t nb) {
+    for (Py_ssize_t i = 0; i < nb; i++, x += 176, y += 256) {
+        const float d = half_to_float(x), dmin = half_to_float(x + 2);
+        const uint8_t *scales = x + 4, *qh = x + 16, *qs = x + 48;
+        for (int c = 0; c < 4; c++)
+            for (int t = 0; t < 2; t++) {
+                int sc, mn;
+                scale_min_k4(2 * c + t, scales, &sc, &mn);
+                const float d1 = d * (float)sc, m1 = dmin * (float)mn;
+                const uint8_t *q = qs + 32 * c;
+                const int bit = 2 * c + t;
+                float *out = y + 64 * c + 32 * t;
+                for (int l = 0; l < 32; l++) {
+                    const int v = ((q[l] >> (4 * t)) & 15) | (((qh[l] >> bit) & 1) << 4);
+                    out[l] = d1 * (float)v - m1;
+                }
+            }
+    }
+}
+
+static void q6_k(const uint8_t *restrict x, float *restrict y, Py_ssize_t nb) {
+    for (Py_ssize_t i = 0; i < nb; i++, x += 210, y += 256) {
+        const uint8_t *ql = x, *qh = x + 128;
+        const int8_t *scales = (const int8_t *)(x + 192);
+        const float d = half_to_float(x + 208);
+        for (int h = 0; h < 2; h++)
+            for (int r = 0; r < 4; r++) {
+                const uint8_t *lo = ql + 64 * h + 32 * (r & 1), *hi = qh + 32 * h;
+                const int shift = 4 * (r >> 1);
+                float *out = y + 128 * h + 32 * r;
+                for (int half = 0; half < 2; half++) {
+                    const float s = d * (float)scales[8 * h + 2 * r + half];
+                    for (int l = 16 * half; l < 16 * half + 16; l++) {
+                        const int q = (((lo[l] >> shift) & 15) | (((hi[l] >> (2 * r)) & 3) << 4)) - 32;
+                        out[l] = s * (float)q;
+                    }
+                }
+            }
+    }
+}
+
+static void q8_k(const uint8_t *restrict x, float *restrict y, Py_ssize_t nb) {
+    for (Py_ssize_t i = 0; i < nb; i++, x += 292, y += 256) q8_block(x + 4, float_at(x), y, 256);
+}
+
+typedef void (*kernel_fn)(const uint8_t *, float *, Py_ssize_t);
+
+static const struct {
+    const char *name;
+    Py_ssize_t block_bytes, block_elements;
+    kernel_fn fn;
+} KERNELS[] = {
+    {"Q4_0", 18, 32, q4_0}, {"Q4_1", 20, 32, q4_1}, {"Q5_0", 22, 32, q5_0}, {"Q5_1", 24, 32, q5_1},
+    {"Q8_0", 34, 32, q8_0}, {"Q8_1", 36, 32, q8_1},
+    {"Q2_K", 84, 256, q2_k}, {"Q3_K", 110, 256, q3_k}, {"Q4_K", 144, 256, q4_k}, {"Q5_K", 176, 256, q5_k},
+    {"Q6_K", 210, 256, q6_k}, {"Q8_K", 292, 256, q8_k},
+};
+#define N_KERNELS (sizeof KERNELS / sizeof KERNELS[0])
+
+static PyObject *dequantize(PyObject *self, PyObject *args) {
+    const char *name;
+    Py_buffer src, dst;
+    Py_ssize_t nb;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "sy*w*n", &name, &src, &dst, &nb)) return NULL;
+    PyObject *result = NULL;
+    size_t k = 0;
+    while (k < N_KERNELS && strcmp(KERNELS[k].name, name) != 0) k++;
+    if (k == N_KERNELS) {
+        PyErr_Format(PyExc_KeyError, "no native kernel for %s", name);
+    } else if (nb < 0 || src.len < nb * KERNELS[k].block_bytes ||
+               dst.len < nb * KERNELS[k].block_elements * (Py_ssize_t)sizeof(float)) {
+        PyErr_SetString(PyExc_ValueError, "buffer too small for the number of blocks");
+    } else {
+        Py_BEGIN_ALLOW_THREADS
+        KERNELS[k].fn((const uint8_t *)src.buf, (float *)dst.buf, nb);
+        Py_END_ALLOW_THREADS
+        result = Py_None;
+        Py_INCREF(result);
+    }
+    PyBuffer_Release(&src);
+    PyBuffer_Release(&dst);
+    return result;
+}
+
+static PyObject *types(PyObject *self, PyObject *unused) {
+    (void)self; (void)unused;
+    PyObject *out = PyTuple_New(N_KERNELS);
+    if (!out) return NULL;
+    for (size_t k = 0; k < N_KERNELS; k++) {
+        PyObject *s = PyUnicode_FromString(KERNELS[k].name);
+        if (!s) { Py_DECREF(out); return NULL; }
+        PyTuple_SET_ITEM(out, k, s);
+    }
+    return out;
+}
+
+static PyMethodDef METHODS[] = {
+    {"dequantize", dequantize, METH_VARARGS,
+     "dequantize(type_name, src, dst, n_blocks): decode n_blocks little-endian blocks into float32 dst."},
+    {"types", types, METH_NOARGS, "Names of the storage types with a native kernel."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef MODULE = {PyModuleDef_HEAD_INIT, "_native", NULL, -1, METHODS, NULL, NULL, NULL, NULL};
+
+PyMODINIT_FUNC PyInit__native(void) { return PyModule_Create(&MODULE); }

@@ -1,0 +1,51 @@
+"""Optional C kernels (``_native``) for the legacy and K-quant block types, with the numpy code as fallback.
+
+The numpy decoders are the reference: the C loops compute the same float32 operations in the same order
+(built with -ffp-contract=off), and the tests compare both paths bit for bit. The extension is optional:
+without a C compiler at install time, or with ``CKPTFS_NO_NATIVE=1`` in the environment (read at import),
+every type decodes through numpy. Measured gains are in docs/performance.md.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+
+import numpy as np
+
+try:
+    from . import _native
+except ImportError:  # not built (no compiler at install time, or a source checkout): numpy only
+    _native = None
+
+Decoder = Callable[[np.ndarray], np.ndarray]
+
+DISABLED = os.environ.get("CKPTFS_NO_NATIVE", "") not in ("", "0")
+
+
+def native_types() -> frozenset[str]:
+    """Types the built extension can decode (empty when it is not built or disabled)."""
+    if _native is None or DISABLED:
+        return frozenset()
+    return frozenset(_native.types())
+
+
+def kernel(name: str, block_elements: int) -> Decoder | None:
+    """The native decoder for ``name`` (same contract as a codec's ``decode``), or None."""
+    if name not in native_types():
+        return None
+    dequantize = _native.dequantize
+
+    def decode(blocks: np.ndarray) -> np.ndarray:
+        blocks = np.ascontiguousarray(blocks)          # the C side needs one flat buffer
+        out = np.empty((blocks.shape[0], block_elements), dtype=np.float32)
+        dequantize(name, blocks, out, blocks.shape[0])
+        return out
+
+    decode.__name__ = f"native_{name.lower()}"
+    return decode
+
+
+def accelerated(name: str, block_elements: int, fallback: Decoder) -> Decoder:
+    """The native decoder when available, else ``fallback`` (the numpy reference)."""
+    return kernel(name, block_elements) or fallback

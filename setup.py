@@ -1,0 +1,14 @@
+"""Build hook for the optional C kernels; all other metadata lives in pyproject.toml.
+
+The extension is ``optional``: if it fails to compile, installation continues and ckptfs decodes with numpy.
+-ffp-contract=off keeps the compiler from fusing multiply-adds, which would change float32 rounding and
+break bit-exactness with ggml and with the numpy path.
+"""
+
+import sys
+
+from setuptools import Extension, setup
+
+flags = [] if sys.platform == "win32" else ["-O2", "-ffp-contract=off"]
+setup(ext_modules=[Extension("ckptfs.quant._native", ["ckptfs/quant/_native.c"],
+                             extra_compile_args=flags, optional=True)])
