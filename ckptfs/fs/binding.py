@@ -1,0 +1,126 @@
+"""Which Python FUSE binding, on which libfuse: chosen once, when a mount is asked for.
+
+mfusepy is preferred (maintained; speaks libfuse 3 and 2; registers only the callbacks we define). When both
+libfuse 3 and libfuse 2 are installed, mfusepy 3.x loads libfuse 2 (``find_library("fuse")`` first) unless
+``FUSE_LIBRARY_NAME`` / ``FUSE_LIBRARY_PATH`` say otherwise, so we point it at libfuse 3 — measured faster
+(docs/mount.md) and the only one current distributions still ship by default. A user's own
+``FUSE_LIBRARY_*`` setting wins. fusepy (``import fuse``, libfuse 2 only, unmaintained) is the fallback, and
+``CKPTFS_FUSE_BINDING=mfusepy|fusepy`` forces one (the tests run the same checks through both).
+
+Nothing else in ckptfs imports a binding: the library API must work where libfuse is missing.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+from collections.abc import Callable
+from ctypes.util import find_library
+from dataclasses import dataclass
+from typing import Any
+
+from .errors import MountError
+
+BINDING_ENV = "CKPTFS_FUSE_BINDING"
+BINDINGS = ("mfusepy", "fusepy")
+
+LIBFUSE3_HINT = "install fuse3 and libfuse3-3 (Debian/Ubuntu: apt-get install fuse3 libfuse3-3)"
+LIBFUSE2_HINT = "install libfuse2 (Debian: apt-get install libfuse2 fuse3; Ubuntu 24.04: libfuse2t64)"
+
+
+@dataclass(frozen=True)
+class Binding:
+    """A loaded binding: how to run a filesystem with it, and on which libfuse."""
+
+    name: str
+    libfuse_major: int
+    library: str
+    fuse_class: type
+    adapt: Callable[[Any], Any]
+
+    @property
+    def fusermount(self) -> str:
+        """The setuid helper libfuse uses for unprivileged mounts and for ``auto_unmount``."""
+        return "fusermount3" if self.libfuse_major == 3 else "fusermount"
+
+    def describe(self) -> str:
+        return f"{self.name} on libfuse{self.libfuse_major} ({self.library})"
+
+    def serve(self, operations: Any, mountpoint: str, options: dict[str, str | bool]) -> None:
+        """Run the filesystem until unmounted or signalled (SIGINT/SIGTERM/SIGHUP: libfuse's handlers).
+
+        Always in the foreground and multithreaded: daemonizing is done by us before any thread exists
+        (see ``daemon.py``), never by libfuse.
+        """
+        self.fuse_class(self.adapt(operations), mountpoint, foreground=True, nothreads=False, **options)
+
+
+class _FusepyAdapter:
+    """fusepy calls ``operations(name, *args)`` and probes callbacks with ``getattr``; mfusepy calls
+    methods directly (and warns about callable operation objects), so only fusepy gets this wrapper."""
+
+    def __init__(self, operations: Any):
+        self._operations = operations
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._operations, name)
+
+    def __call__(self, op: str, *args: Any) -> Any:
+        return getattr(self._operations, op)(*args)
+
+
+def _import_mfusepy():
+    if "mfusepy" in sys.modules or os.environ.get("FUSE_LIBRARY_PATH") or os.environ.get("FUSE_LIBRARY_NAME"):
+        return importlib.import_module("mfusepy")
+    prefer3 = find_library("fuse3") is not None
+    if prefer3:
+        os.environ["FUSE_LIBRARY_NAME"] = "fuse3"
+    try:
+        return importlib.import_module("mfusepy")
+    finally:
+        if prefer3:
+            del os.environ["FUSE_LIBRARY_NAME"]
+
+
+def _load_mfusepy() -> Binding | None:
+    try:
+        module = _import_mfusepy()
+    except ImportError:
+        return None
+    except (OSError, AttributeError) as exc:  # mfusepy raises these when libfuse is missing or unusable
+        raise MountError(f"libfuse not usable ({exc}): {LIBFUSE3_HINT}") from None
+    library = str(getattr(module, "_libfuse_path", "") or "libfuse")
+    return Binding("mfusepy", int(module.fuse_version_major), library, module.FUSE, lambda ops: ops)
+
+
+def _load_fusepy() -> Binding | None:
+    try:
+        module = importlib.import_module("fuse")
+    except ImportError:
+        return None
+    except (OSError, AttributeError) as exc:  # fusepy raises EnvironmentError without libfuse2
+        raise MountError(f"libfuse2 not usable by fusepy ({exc}): {LIBFUSE2_HINT}") from None
+    if not hasattr(module, "FUSE") or not hasattr(module, "fuse_operations"):
+        return None  # another package named "fuse" (python-fuse), not fusepy
+    library = str(getattr(module, "_libfuse_path", "") or "libfuse")
+    return Binding("fusepy", 2, library, module.FUSE, _FusepyAdapter)
+
+
+def load_binding(choice: str | None = None) -> Binding:
+    """The binding to mount with: ``choice``, else $CKPTFS_FUSE_BINDING, else mfusepy, else fusepy."""
+    choice = choice or os.environ.get(BINDING_ENV) or "auto"
+    if choice not in BINDINGS + ("auto",):
+        raise MountError(f"{BINDING_ENV}={choice!r}: use one of {', '.join(BINDINGS)}", exit_code=2)
+    if choice in ("auto", "mfusepy"):
+        binding = _load_mfusepy()
+        if binding is not None:
+            return binding
+        if choice == "mfusepy":
+            raise MountError("the FUSE binding mfusepy is not installed: pip install mfusepy")
+    binding = _load_fusepy()
+    if binding is not None:
+        return binding
+    if choice == "fusepy":
+        raise MountError("the FUSE binding fusepy is not installed: pip install fusepy")
+    raise MountError("no FUSE binding installed: pip install mfusepy")

@@ -1,0 +1,184 @@
+"""``ckptfs mount`` / ``ckptfs umount``: checks, daemon or foreground, logging, exit codes.
+
+Everything that can be checked before forking is (options, mountpoint, /dev/fuse, the binding, opening the
+checkpoint itself), so the usual mistakes are one line and a non-zero exit at once. Opening the checkpoint
+starts no thread, so the parent's open checkpoint is handed to the daemon through fork rather than parsed
+twice.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import threading
+from dataclasses import dataclass
+
+from ..checkpoint import DEFAULT_CACHE_BYTES, open as open_checkpoint
+from ..tree import MountTree
+from .binding import Binding, load_binding
+from .daemon import ReadinessPipe, StderrCapture, detach
+from .errors import MountError
+from .mountpoint import check_fuse_device, check_mountpoint, unmount
+from .operations import CkptOperations
+from .options import MountOptions, parse_options
+
+__all__ = ["MountRequest", "MountError", "run_mount", "unmount"]
+
+log = logging.getLogger("ckptfs.mount")
+LOG_FORMAT = "%(asctime)s %(process)d %(levelname)s %(name)s: %(message)s"
+
+
+@dataclass
+class MountRequest:
+    """What ``ckptfs mount`` was asked for (``options``: every ``-o`` value, comma-joined)."""
+
+    src: str
+    mountpoint: str
+    foreground: bool = False
+    options: str = ""
+    cache_size: int = DEFAULT_CACHE_BYTES
+    dtype: str = "auto"
+    log_file: str | None = None
+    verbose: bool = False
+
+
+@dataclass(frozen=True)
+class _Plan:
+    request: MountRequest
+    mountpoint: str
+    options: MountOptions
+    binding: Binding
+    tree: MountTree
+    log_fd: int | None
+
+
+def run_mount(request: MountRequest) -> int:
+    """Mount and return the exit code: in the foreground once unmounted, else once the daemon is ready.
+
+    Usage errors (refused options) print one line and return 2; other failures raise MountError or
+    CheckpointError, which the CLI prints as one line with exit 1.
+    """
+    try:
+        options = parse_options(request.options)
+        binding = load_binding()
+    except MountError as exc:
+        if exc.exit_code == 1:
+            raise
+        print(f"ckptfs: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    mountpoint = check_mountpoint(request.mountpoint, allow_nonempty=options.nonempty)
+    check_fuse_device(binding.fusermount)
+    log_fd = _open_log(request.log_file)
+    checkpoint = open_checkpoint(request.src, dtype=request.dtype, cache_size=request.cache_size)
+    plan = _Plan(request, mountpoint, options, binding, MountTree(checkpoint), log_fd)
+    if request.foreground:
+        return _run_foreground(plan)
+    detach(lambda pipe: _run_daemon(plan, pipe))
+    return 0
+
+
+def _open_log(path: str | None) -> int | None:
+    if path is None:
+        return None
+    try:
+        return os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
+    except OSError as exc:
+        raise MountError(f"cannot open log file {path}: {exc.strerror}") from None
+
+
+def _configure_logging(level: int, extra_fd: int | None) -> None:
+    """Log to stderr (fd 2: the terminal, or the daemon's log file), and to ``extra_fd`` if given."""
+    root = logging.getLogger()
+    for handler in list(root.handlers):
+        root.removeHandler(handler)
+    handlers: list[logging.Handler] = [logging.StreamHandler(sys.stderr)]
+    if extra_fd is not None:
+        handlers.append(logging.StreamHandler(open(extra_fd, "a", buffering=1, closefd=False)))
+    for handler in handlers:
+        handler.setFormatter(logging.Formatter(LOG_FORMAT))
+        root.addHandler(handler)
+    root.setLevel(level)
+
+
+def _serve(plan: _Plan, on_ready) -> BaseException | None:
+    """Run FUSE until unmounted; the exception it ended with, if any."""
+    operations = CkptOperations(plan.tree, on_ready, describe={
+        "binding": plan.binding.name, "libfuse": plan.binding.libfuse_major, "mountpoint": plan.mountpoint})
+    try:
+        plan.binding.serve(operations, plan.mountpoint,
+                           plan.options.for_libfuse(os.path.abspath(plan.request.src), plan.binding.libfuse_major))
+    except Exception as exc:  # noqa: BLE001 - turned into a one-line reason or an exit code by the caller
+        return exc
+    return None
+
+
+def _describe(plan: _Plan) -> str:
+    return f"{plan.request.src} at {plan.mountpoint} ({plan.binding.describe()})"
+
+
+def _failure_reason(capture: StderrCapture, error: BaseException | None) -> str:
+    """libfuse's own last message if it printed one (its RuntimeError only carries a status number)."""
+    return capture.last_line() or (str(error) if error is not None else "") or "FUSE exited before the mount was ready"
+
+
+def _run_foreground(plan: _Plan) -> int:
+    request = plan.request
+    _configure_logging(logging.DEBUG if request.verbose else logging.WARNING, plan.log_fd)
+    capture = StderrCapture()
+    mounted = threading.Event()
+
+    def on_ready() -> None:
+        capture.release()
+        mounted.set()
+        log.info("mounted %s", _describe(plan))
+
+    error = _serve(plan, on_ready)
+    if not mounted.is_set():
+        reason = _failure_reason(capture, error)
+        capture.release(replay=request.verbose)
+        raise MountError(reason)
+    return _exit_code(plan, error)
+
+
+def _run_daemon(plan: _Plan, pipe: ReadinessPipe) -> int:
+    """The detached child: serve until unmounted or signalled; its exit code."""
+    devnull = os.open(os.devnull, os.O_RDWR)
+    os.dup2(devnull, 0)
+    os.dup2(devnull, 1)
+    after_start = plan.log_fd if plan.log_fd is not None else devnull
+    capture = StderrCapture()
+    _configure_logging(logging.DEBUG if plan.request.verbose else logging.INFO, None)
+
+    def on_ready() -> None:
+        capture.release(after_start)
+        log.info("mounted %s", _describe(plan))
+        pipe.ok()
+
+    try:
+        error = _serve(plan, on_ready)
+        if not pipe.sent:
+            pipe.error(_failure_reason(capture, error))
+            capture.release(after_start)
+            return 1
+        return _exit_code(plan, error)
+    except BaseException as exc:  # noqa: BLE001 - the daemon must always answer its parent
+        pipe.error(f"{type(exc).__name__}: {exc}")
+        return 1
+    finally:
+        logging.shutdown()
+
+
+# fuse_main_real's status when its session loop ended non-zero. libfuse 3 ends the loop that way after its
+# SIGINT/SIGTERM/SIGHUP handler ran (the session's error is the signal number); libfuse 2 returns 0 there.
+LIBFUSE3_LOOP_ENDED = 8
+
+
+def _exit_code(plan: _Plan, error: BaseException | None) -> int:
+    """After a successful mount: 0 for an unmount or a termination signal, 1 for a FUSE failure."""
+    if error is None or (isinstance(error, RuntimeError) and error.args == (LIBFUSE3_LOOP_ENDED,)
+                         and plan.binding.libfuse_major == 3):
+        log.info("unmounted %s", plan.mountpoint)
+        return 0
+    log.error("FUSE stopped: %s: %s", type(error).__name__, error)
+    return 1

@@ -1,0 +1,237 @@
+"""The FUSE callbacks: a thin map from paths to the views of a ``MountTree``.
+
+The class follows the calling convention mfusepy and fusepy share (paths as str, ``OSError(errno)`` for
+failures, ``use_ns`` times) and imports neither, so it can be unit-tested without libfuse.
+
+Every callback catches everything. An ``OSError`` we raise on purpose (ENOENT, EROFS, ...) passes through;
+a ``CheckpointError`` (stored bytes missing or changed) becomes EIO with one log line naming the file and the
+byte range; anything else is a bug: logged (traceback at debug level) and answered with EIO — left
+uncaught, the bindings would answer EINVAL, which tools misreport as a bad argument.
+
+The mount is read-only by construction: the kernel sees ``ro`` and answers most writes with EROFS itself;
+the write callbacks are still registered so that whatever reaches us gets EROFS, never ENOSYS.
+"""
+
+from __future__ import annotations
+
+import errno
+import functools
+import itertools
+import json
+import logging
+import os
+import stat
+from collections.abc import Callable
+from typing import Any
+
+from ..errors import CheckpointError
+from ..tree import MountTree
+from ..views import View
+
+log = logging.getLogger(__name__)
+
+STATS_XATTR = "user.ckptfs.stats"
+BLOCK_SIZE = 128 * 1024  # st_blksize: the kernel's readahead request size; cp/cat size their buffers by it
+FILE_MODE = stat.S_IFREG | 0o444
+DIR_MODE = stat.S_IFDIR | 0o555
+ENOATTR = getattr(errno, "ENOATTR", errno.ENODATA)
+_WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_TRUNC
+
+
+class FsError(OSError):
+    """An answer we chose (ENOENT, EROFS, ...), passed to the kernel as is."""
+
+    def __init__(self, code: int):
+        super().__init__(code, os.strerror(code))
+
+
+def _guarded(method: Callable) -> Callable:
+    """Map every failure of a callback to an errno (see the module docstring)."""
+
+    @functools.wraps(method)
+    def callback(self: CkptOperations, path: str | None, *args: Any) -> Any:
+        try:
+            return method(self, path, *args)
+        except FsError:
+            raise
+        except CheckpointError as exc:
+            log.error("EIO: %s%s: %s", path, _describe_range(method.__name__, args), exc)
+            raise FsError(errno.EIO) from None
+        except Exception as exc:  # noqa: BLE001 - a bug must not become EINVAL or kill the daemon
+            log.debug("unexpected failure in %s(%r, %r)", method.__name__, path, args, exc_info=True)
+            log.error("EIO: %s(%s): unexpected %s: %s", method.__name__, path, type(exc).__name__, exc)
+            raise FsError(errno.EIO) from None
+
+    return callback
+
+
+def _describe_range(name: str, args: tuple) -> str:
+    if name == "read" and len(args) >= 2:
+        size, offset = args[0], args[1]
+        return f" bytes {offset}..{offset + size}"
+    return ""
+
+
+def _read_only(method: Callable) -> Callable:
+    """A write operation: always EROFS, whatever its arguments."""
+
+    @functools.wraps(method)
+    def callback(self: CkptOperations, *args: Any) -> Any:
+        raise FsError(errno.EROFS)
+
+    return callback
+
+
+class CkptOperations:
+    """Serves one ``MountTree``; ``on_ready`` is called once libfuse has mounted (its ``init``)."""
+
+    use_ns = True  # times as integer nanoseconds (both bindings)
+
+    def __init__(self, tree: MountTree, on_ready: Callable[[], None] | None = None,
+                 describe: dict[str, Any] | None = None):
+        self.tree = tree
+        self._on_ready = on_ready
+        self._describe = dict(describe or {})
+        self._uid, self._gid = os.getuid(), os.getgid()
+        mtime_ns = int(tree.mtime * 1_000_000_000)
+        self._times = {"st_atime": mtime_ns, "st_mtime": mtime_ns, "st_ctime": mtime_ns}
+        self._root_attrs = self._attrs(DIR_MODE, 0, nlink=2)
+        self._listing = [".", "..", *tree.names()]
+        self._file_attrs: dict[str, dict[str, int]] = {}
+        self._handles: dict[int, View] = {}
+        self._next_handle = itertools.count(1)
+        self._stored_bytes = sum(os.stat(f).st_size for f in tree.checkpoint.files)
+
+    # -- lookups -----------------------------------------------------------------------------------
+
+    def _attrs(self, mode: int, size: int, nlink: int = 1) -> dict[str, int]:
+        return {"st_mode": mode, "st_nlink": nlink, "st_size": size, "st_uid": self._uid, "st_gid": self._gid,
+                "st_blksize": BLOCK_SIZE, "st_blocks": -(-size // 512), **self._times}
+
+    def _view(self, path: str | None) -> View:
+        """The view of ``/<name>``; nothing else resolves (no subdirectories, so nothing outside the tree)."""
+        if not path or path[0] != "/" or "/" in path[1:]:
+            raise FsError(errno.ENOENT)
+        view = self.tree.view(path[1:])
+        if view is None:
+            raise FsError(errno.ENOENT)
+        return view
+
+    # -- the read-only callbacks --------------------------------------------------------------------
+
+    def init(self, path: str) -> None:
+        # Never raises: the bindings pass an exception from init to libfuse, which cannot report it.
+        try:
+            if self._on_ready is not None:
+                self._on_ready()
+        except Exception:  # noqa: BLE001
+            log.exception("reporting readiness failed")
+
+    @_guarded
+    def getattr(self, path: str | None, fh: int | None = None) -> dict[str, int]:
+        if path == "/":
+            return self._root_attrs
+        attrs = self._file_attrs.get(path)
+        if attrs is None:
+            # The size is exact from the first lookup: mmap and the page cache trust it.
+            attrs = self._file_attrs[path] = self._attrs(FILE_MODE, self._view(path).size)
+        return attrs
+
+    @_guarded
+    def readdir(self, path: str | None, fh: int = 0) -> list[str]:
+        if path != "/":
+            raise FsError(errno.ENOENT)  # the kernel sends readdir only for directories; "/" is the only one
+        return self._listing
+
+    @_guarded
+    def open(self, path: str | None, flags: int) -> int:
+        if flags & _WRITE_FLAGS:
+            raise FsError(errno.EROFS)
+        view = self._view(path)
+        handle = next(self._next_handle)
+        self._handles[handle] = view
+        return handle
+
+    @_guarded
+    def read(self, path: str | None, size: int, offset: int, fh: int) -> bytes:
+        view = self._handles.get(fh)
+        if view is None:
+            view = self._view(path)
+        return view.read(offset, size)
+
+    @_guarded
+    def release(self, path: str | None, fh: int) -> int:
+        self._handles.pop(fh, None)
+        return 0
+
+    @_guarded
+    def statfs(self, path: str | None) -> dict[str, int]:
+        return {"f_bsize": BLOCK_SIZE, "f_frsize": 4096, "f_blocks": -(-self._stored_bytes // 4096),
+                "f_bfree": 0, "f_bavail": 0, "f_files": len(self.tree) + 1, "f_ffree": 0, "f_favail": 0,
+                "f_namemax": 255}
+
+    @_guarded
+    def getxattr(self, path: str | None, name: str, position: int = 0) -> bytes:
+        if path == "/" and name == STATS_XATTR:
+            return json.dumps(self.stats()).encode()
+        if path != "/":
+            self._view(path)
+        raise FsError(ENOATTR)
+
+    @_guarded
+    def listxattr(self, path: str | None) -> list[str]:
+        if path == "/":
+            return [STATS_XATTR]
+        self._view(path)
+        return []
+
+    def stats(self) -> dict[str, Any]:
+        """What ``user.ckptfs.stats`` on the root holds: the tree's counters, the daemon's pid, the binding."""
+        return {**self.tree.stats(), "pid": os.getpid(), "open_handles": len(self._handles), **self._describe}
+
+    # -- every write operation: EROFS ---------------------------------------------------------------
+
+    @_read_only
+    def write(self, path, data, offset, fh): ...
+
+    @_read_only
+    def create(self, path, mode, flags=0): ...
+
+    @_read_only
+    def mkdir(self, path, mode): ...
+
+    @_read_only
+    def mknod(self, path, mode, dev): ...
+
+    @_read_only
+    def rmdir(self, path): ...
+
+    @_read_only
+    def unlink(self, path): ...
+
+    @_read_only
+    def rename(self, old, new): ...
+
+    @_read_only
+    def link(self, target, source): ...
+
+    @_read_only
+    def symlink(self, target, source): ...
+
+    @_read_only
+    def chmod(self, path, mode): ...
+
+    @_read_only
+    def chown(self, path, uid, gid): ...
+
+    @_read_only
+    def truncate(self, path, length, fh=None): ...
+
+    @_read_only
+    def utimens(self, path, times=None): ...
+
+    @_read_only
+    def setxattr(self, path, name, value, options, position=0): ...
+
+    @_read_only
+    def removexattr(self, path, name): ...

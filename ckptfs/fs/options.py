@@ -1,0 +1,78 @@
+"""FUSE mount options: ours, fixed for immutable data, plus what the user passes with ``-o``.
+
+Ours: ``ro`` and ``auto_unmount`` always (a killed daemon leaves no dead mount); ``kernel_cache`` and long
+entry/attr/negative timeouts, because the data never changes while mounted — without ``kernel_cache`` every
+open() drops the file's cached pages (np.load opens a file three times); ``default_permissions`` so the kernel
+checks the 0444/0555 modes itself (with ``allow_other``, every user may read). Never ``direct_io``: it makes a
+shared mmap of the file fail (np.load with mmap_mode) and bypasses the page cache.
+
+``nonempty`` is ours to handle (libfuse 3 dropped it): it only relaxes our own mountpoint check.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .errors import MountError
+
+CACHE_TIMEOUT = "86400"  # seconds; the tree never changes during a mount
+
+REFUSED = {
+    "rw": "ckptfs mounts are read-only (checkpoint data cannot be written through the mount)",
+    "direct_io": "direct_io breaks mmap (np.load(..., mmap_mode='r')) and the page cache",
+}
+
+
+@dataclass(frozen=True)
+class MountOptions:
+    """The user's ``-o`` options, checked: ``extra`` goes to libfuse, ``nonempty`` is ours."""
+
+    extra: dict[str, str | bool] = field(default_factory=dict)
+    nonempty: bool = False
+
+    def for_libfuse(self, src: str, libfuse_major: int) -> dict[str, str | bool]:
+        """Ours, then the user's (which win: libfuse takes the last value of an option)."""
+        return {**fixed_options(src, libfuse_major), **self.extra}
+
+
+def _escape(value: str) -> str:
+    """libfuse splits -o on commas; a backslash escapes one inside a value (a path with a comma)."""
+    return value.replace("\\", "\\\\").replace(",", "\\,")
+
+
+def fixed_options(src: str, libfuse_major: int) -> dict[str, str | bool]:
+    options: dict[str, str | bool] = {
+        "ro": True,
+        "auto_unmount": True,
+        "default_permissions": True,
+        "kernel_cache": True,
+        "entry_timeout": CACHE_TIMEOUT,
+        "attr_timeout": CACHE_TIMEOUT,
+        "negative_timeout": CACHE_TIMEOUT,
+        "fsname": _escape(f"ckptfs:{src}"),
+        "subtype": "ckptfs",
+    }
+    if libfuse_major >= 3:
+        # libfuse 3.14 passes an unset idle-thread limit (UINT_MAX) to its own range check, which prints
+        # "Ignoring invalid max threads value"; keeping up to 10 idle workers is its documented default.
+        options["max_idle_threads"] = "10"
+    return options
+
+
+def parse_options(text: str) -> MountOptions:
+    """The comma-joined ``-o`` values, checked; MountError (a usage error) for a refused one."""
+    options: dict[str, str | bool] = {}
+    nonempty = False
+    for item in (part.strip() for part in text.split(",")):
+        if not item:
+            continue
+        key, eq, value = item.partition("=")
+        if key in REFUSED:
+            raise MountError(f"-o {key} refused: {REFUSED[key]}", exit_code=2)
+        if key == "nonempty":
+            nonempty = True
+        elif key == "ro":
+            continue
+        else:
+            options[key] = value if eq else True
+    return MountOptions(options, nonempty)
