@@ -1,7 +1,18 @@
-"""Which files form a checkpoint, given what the user named (a file, for now).
+"""Which files form a checkpoint, given what the user named: a file, a split-GGUF shard, an index or a folder.
 
-Multi-file checkpoints (shard folders, index files, split GGUF) resolve here to one ParsedCheckpoint whose
-descriptors each point at their own file.
+The answer is one ParsedCheckpoint whose descriptors each point at their own file (docs/multifile.md has
+the whole set of rules):
+
+- a ``*.index.json`` file: the shards its weight_map names (read as safetensors), plus the folder's other
+  files passed through;
+- a folder: its ``*.safetensors.index.json`` if it holds exactly one; otherwise its only checkpoint — one
+  ``.gguf``/``.safetensors`` file or one ``PREFIX-NNNNN-of-NNNNN`` set — plus its other files passed through.
+  Several candidates (quantizations side by side, an mmproj file, consolidated.safetensors beside shards)
+  are refused with the list, because guessing would serve a different model than the one meant;
+- a file: that file; a split-GGUF shard brings its siblings. No pass-through for a named file: naming a
+  file says "this checkpoint", not "this model folder".
+
+Paths are joined to what the user gave and never resolved (Hugging Face snapshots are links into blobs/).
 """
 
 from __future__ import annotations
@@ -11,11 +22,109 @@ import os
 from ..descriptors import ParsedCheckpoint
 from ..errors import CheckpointError
 from . import read_file
+from ._common import only_checkpoint_errors
+from .safetensors_set import read_index, read_safetensors_set
+from .shards import Candidate, FolderScan, name_list, parse_shard_name, scan_folder
+from .split_gguf import read_split_gguf, split_keys
+
+INDEX_NAME_SUFFIX = ".index.json"
 
 
+@only_checkpoint_errors
 def read_checkpoint(src: str) -> ParsedCheckpoint:
+    """Read whatever ``src`` names into one ParsedCheckpoint (see the module docstring)."""
     if os.path.isdir(src):
-        raise CheckpointError(src, None, "is a directory; multi-file checkpoints are not supported yet")
+        return _read_folder(src)
     if not os.path.exists(src):
-        raise CheckpointError(src, None, "no such file")
-    return read_file(src)
+        raise CheckpointError(src, None, "no such file or directory")
+    if os.path.basename(src).endswith(INDEX_NAME_SUFFIX):
+        return _read_indexed(src, _scan(os.path.dirname(src)))
+    return read_named_file(src)
+
+
+def read_named_file(src: str) -> ParsedCheckpoint:
+    """One file; a split-GGUF shard brings its whole set."""
+    parsed = read_file(src)
+    base = os.path.basename(src)
+    shard = parse_shard_name(base)
+    if parsed.format == "gguf":
+        keys = split_keys(src, parsed)
+        if keys is not None and keys.count > 1:
+            return read_split_gguf(src, parsed, keys)
+        if shard is not None and shard.count > 1:
+            parsed.notes.append(f"{base} is named like shard {shard.number} of {shard.count} but has no split "
+                                f"keys: served alone")
+    elif shard is not None and shard.count > 1:
+        parsed.notes.append(f"{base} is shard {shard.number} of {shard.count} by its name: only it is served "
+                            f"(name the folder or its index file to open the whole set)")
+    return parsed
+
+
+def _scan(folder: str) -> FolderScan:
+    try:
+        return scan_folder(folder)
+    except OSError as exc:
+        raise CheckpointError(folder or ".", None, f"cannot list the folder: {exc.strerror or exc}") from None
+
+
+def _read_folder(folder: str) -> ParsedCheckpoint:
+    scan = _scan(folder)
+    if len(scan.indexes) > 1:
+        raise CheckpointError(folder, None, f"holds {len(scan.indexes)} index files ({', '.join(scan.indexes)}): "
+                                            f"name the one to open")
+    if scan.indexes:
+        return _read_indexed(scan.path(scan.indexes[0]), scan)
+    if not scan.candidates:
+        raise CheckpointError(folder, None, "holds no checkpoint (*.gguf, *.safetensors or "
+                                            "*.safetensors.index.json)")
+    if len(scan.candidates) > 1:
+        labels = "; ".join(c.label for c in scan.candidates)
+        raise CheckpointError(folder, None, f"holds {len(scan.candidates)} checkpoints ({labels}): name one file "
+                                            f"(a shard of a split GGUF stands for its set) or an index file")
+    parsed = _read_candidate(scan.candidates[0])
+    _add_passthrough(parsed, scan, index=None)
+    return parsed
+
+
+def _read_candidate(candidate: Candidate) -> ParsedCheckpoint:
+    shard = candidate.shard
+    if shard is None or shard.ext == "gguf":
+        parsed = read_named_file(candidate.paths[0])
+        left_out = [os.path.basename(p) for p in candidate.paths if p not in parsed.files]
+        if left_out:
+            raise CheckpointError(candidate.paths[0], None, f"does not form a split set with {name_list(left_out)} "
+                                                            f"(no split keys): name one file")
+        return parsed
+    folder = os.path.dirname(candidate.paths[0])
+    present = set(candidate.paths)
+    siblings = [os.path.join(folder, shard.sibling(n)) for n in range(1, shard.count + 1)]
+    return read_safetensors_set(candidate.paths, [p for p in siblings if p not in present])
+
+
+def _read_indexed(index_path: str, scan: FolderScan) -> ParsedCheckpoint:
+    index = read_index(index_path)
+    present, missing = [], []
+    for file in index.shard_files():
+        path = index.shard_path(file)
+        (present if os.path.isfile(path) else missing).append(path)
+    parsed = read_safetensors_set(present, missing, index)
+    _add_passthrough(parsed, scan, index=os.path.basename(index_path))
+    return parsed
+
+
+def _add_passthrough(parsed: ParsedCheckpoint, scan: FolderScan, index: str | None) -> None:
+    """The folder's other regular files, under their own names; other checkpoints are left out, and said so.
+
+    The chosen index file is passed through too: tools that read a model folder look for it (it describes the
+    original shards, which the mount shows as tensors). Hidden files and sub-folders are not.
+    """
+    used = {os.path.normpath(p) for p in parsed.files}
+    names = list(scan.others) + ([index] if index is not None else [])
+    parsed.passthrough.update({name: scan.path(name) for name in names})
+    ignored = [os.path.basename(p) for c in scan.candidates for p in c.paths if os.path.normpath(p) not in used]
+    ignored += [name for name in scan.indexes if name != index]
+    if ignored:
+        parsed.notes.append(f"other checkpoint files in the folder, not part of this checkpoint and not passed "
+                            f"through: {name_list(ignored)}")
+    if scan.broken:
+        parsed.notes.append(f"not passed through (broken links or not regular files): {name_list(list(scan.broken))}")

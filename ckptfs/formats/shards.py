@@ -1,0 +1,137 @@
+"""Which files of a folder belong together, decided by their names alone.
+
+Formats are detected by content (``formats.read_file``), but which files form one checkpoint can only come
+from names: a safetensors shard carries nothing that names its siblings, and a split-GGUF shard knows its
+number and the count but not the name of its set. Both ecosystems use one pattern, ``PREFIX-NNNNN-of-NNNNN.EXT``
+(numbers 1-based, zero-padded to five digits), written by huggingface_hub and llama.cpp's gguf-split.
+
+Everything here works on the names as listed in the folder the user named, joined with that folder's path as
+given: Hugging Face cache snapshots are folders of symlinks into a ``blobs/`` folder of hash-named files, so
+resolving a link first would lose every name.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+CHECKPOINT_EXTENSIONS = ("gguf", "safetensors")
+INDEX_SUFFIX = ".safetensors.index.json"
+
+_SHARD_RE = re.compile(r"^(?P<prefix>.+)-(?P<number>\d{5,})-of-(?P<count>\d{5,})\.(?P<ext>gguf|safetensors)$")
+_DIGITS_RE = re.compile(r"(\d+)")
+
+
+@dataclass(frozen=True)
+class ShardName:
+    """A file name of the form ``PREFIX-NNNNN-of-NNNNN.EXT``; ``number`` is 1-based."""
+
+    prefix: str
+    number: int
+    count: int
+    ext: str
+
+    def sibling(self, number: int) -> str:
+        """The file name of shard ``number`` (1-based) of the same set."""
+        return f"{self.prefix}-{number:05d}-of-{self.count:05d}.{self.ext}"
+
+    @property
+    def set_label(self) -> str:
+        """How messages name the whole set."""
+        return f"{self.prefix}-NNNNN-of-{self.count:05d}.{self.ext}"
+
+
+def parse_shard_name(name: str) -> ShardName | None:
+    """The shard pattern of ``name``, or None when it is not a shard name (numbers outside 1..count too)."""
+    match = _SHARD_RE.match(name)
+    if match is None:
+        return None
+    number, count = int(match["number"]), int(match["count"])
+    if not 1 <= number <= count:
+        return None
+    return ShardName(match["prefix"], number, count, match["ext"])
+
+
+def is_index_name(name: str) -> bool:
+    return name.endswith(INDEX_SUFFIX) and len(name) > len(INDEX_SUFFIX)
+
+
+def is_checkpoint_name(name: str) -> bool:
+    return name.rpartition(".")[2] in CHECKPOINT_EXTENSIONS
+
+
+def natural_key(name: str) -> list:
+    """Sort key that orders ``shard-2`` before ``shard-10`` (zero-padded names sort the same either way)."""
+    return [(0, int(part), part) if part.isdigit() else (1, 0, part) for part in _DIGITS_RE.split(name)]
+
+
+def name_list(items: Sequence[str], limit: int = 8) -> str:
+    """Items for a one-line message: the first ``limit``, then how many more (notes must stay short)."""
+    shown = ", ".join(items[:limit])
+    return shown + (f", ... ({len(items) - limit} more)" if len(items) > limit else "")
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One checkpoint a folder could mean: a single file, or the present members of one shard set."""
+
+    paths: tuple[str, ...]
+    shard: ShardName | None
+
+    @property
+    def label(self) -> str:
+        if self.shard is None:
+            return os.path.basename(self.paths[0])
+        return f"{self.shard.set_label} ({len(self.paths)} of {self.shard.count} files)"
+
+
+@dataclass(frozen=True)
+class FolderScan:
+    """A folder's visible entries, sorted by kind. Hidden entries and sub-folders are not looked at."""
+
+    folder: str
+    indexes: tuple[str, ...]
+    candidates: tuple[Candidate, ...]
+    others: tuple[str, ...]
+    broken: tuple[str, ...]
+
+    def path(self, name: str) -> str:
+        return os.path.join(self.folder, name)
+
+
+def scan_folder(folder: str) -> FolderScan:
+    """List ``folder`` (never recursing) into index files, checkpoint candidates and other regular files.
+
+    A regular file is anything ``os.path.isfile`` accepts, symlinks to files included (HF snapshots); an
+    entry that is neither a file nor a folder (a dangling link, a socket) is reported as broken.
+    """
+    names = sorted((n for n in os.listdir(folder or ".") if not n.startswith(".")), key=natural_key)
+    indexes: list[str] = []
+    singles: list[str] = []
+    sets: dict[tuple[str, int, str], list[str]] = {}
+    others: list[str] = []
+    broken: list[str] = []
+    for name in names:
+        path = os.path.join(folder, name)
+        if os.path.isdir(path):
+            continue
+        if not os.path.isfile(path):
+            broken.append(name)
+        elif is_index_name(name):
+            indexes.append(name)
+        elif is_checkpoint_name(name):
+            shard = parse_shard_name(name)
+            if shard is None:
+                singles.append(name)
+            else:
+                sets.setdefault((shard.prefix, shard.count, shard.ext), []).append(name)
+        else:
+            others.append(name)
+    candidates = [Candidate((os.path.join(folder, n),), None) for n in singles]
+    for members in sets.values():
+        members.sort(key=lambda n: parse_shard_name(n).number)
+        candidates.append(Candidate(tuple(os.path.join(folder, n) for n in members), parse_shard_name(members[0])))
+    candidates.sort(key=lambda c: natural_key(os.path.basename(c.paths[0])))
+    return FolderScan(folder, tuple(indexes), tuple(candidates), tuple(others), tuple(broken))
