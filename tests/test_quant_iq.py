@@ -22,7 +22,8 @@ from gguf.scripts import gguf_convert_endian
 from ckptfs.quant import codec_for, iq_tables
 from reference import scalar_lowbit  # tests/reference (pytest puts tests/ on sys.path)
 
-GGUF_DECODABLE = ["IQ4_NL", "IQ4_XS", "TQ1_0", "TQ2_0", "MXFP4", "NVFP4"]
+GGUF_DECODABLE = ["IQ1_S", "IQ1_M", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ4_NL", "IQ4_XS",
+                  "TQ1_0", "TQ2_0", "MXFP4", "NVFP4"]
 GGUF_QUANTIZABLE = ["TQ1_0", "TQ2_0", "MXFP4"]
 SCALAR_REFERENCE = {"Q1_0": scalar_lowbit.dequantize_q1_0, "Q2_0": scalar_lowbit.dequantize_q2_0}
 ALL_TYPES = GGUF_DECODABLE + sorted(SCALAR_REFERENCE)
