@@ -47,7 +47,7 @@ def combine(fmt: str, version: int | None, parts: Sequence[ShardPart], metadata:
     """One ParsedCheckpoint over ``parts`` (in shard order); ``notes`` are the set-level notes so far."""
     tensors: list[TensorInfo] = []
     shard_notes: list[str] = []
-    first_holder: dict[str, str] = {}
+    first_holder: dict[str, ShardPart] = {}
     duplicates: list[str] = []
     for part in parts:
         shard_notes.extend(f"{part.name}: {note}" for note in part.notes)
@@ -57,9 +57,9 @@ def combine(fmt: str, version: int | None, parts: Sequence[ShardPart], metadata:
             if info.name in names_here:
                 continue  # a duplicate inside one file is that file's reader's business
             names_here.add(info.name)
-            holder = first_holder.setdefault(info.name, part.name)
-            if holder != part.name:
-                duplicates.append(f"{info.name!r} ({holder} and {part.name})")
+            holder = first_holder.setdefault(info.name, part)
+            if holder is not part:
+                duplicates.append(f"{info.name!r} ({holder.name} and {part.name})")
     if duplicates:
         notes.append(f"{len(duplicates)} tensor name(s) stored in more than one shard, all copies listed "
                      f"(the mount numbers later copies ~2, ~3; ck[name] is the first): {name_list(duplicates)}")

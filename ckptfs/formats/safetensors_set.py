@@ -117,7 +117,8 @@ def read_safetensors_set(present: Sequence[str], missing: Sequence[str],
     for path in present:
         parsed = read_file(path)
         require_format(path, parsed, "safetensors", "the sharded checkpoint")
-        version = version if parts else parsed.version
+        if not parts:
+            version = parsed.version
         parts.append(ShardPart.of(path, parsed))
         shard_metadata.append((os.path.basename(path), parsed.metadata))
     notes: list[str] = list(index.notes) if index is not None else []
