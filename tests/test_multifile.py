@@ -6,8 +6,10 @@ dequantize) shard by shard; the decisions checked here are the ones docs/multifi
 
 from __future__ import annotations
 
+import io
 import json
 import os
+import pickle
 import shutil
 from pathlib import Path
 
@@ -51,6 +53,12 @@ def assert_gguf_equal(ck: ckptfs.Checkpoint, paths: list[str]) -> None:
         assert tensor.raw() == stored, name
 
 
+def npy_bytes(array: np.ndarray) -> bytes:
+    buf = io.BytesIO()
+    np.save(buf, array)
+    return buf.getvalue()
+
+
 def info_text(src: str) -> str:
     result = CliRunner().invoke(cli_main, ["info", str(src)])
     assert result.exit_code == 0, result.output
@@ -91,6 +99,14 @@ def test_safetensors_folder_with_index(st_folder):
         assert ck.passthrough == expected
 
 
+def test_tensors_of_a_folder_pickle(st_folder):
+    with ckptfs.open(st_folder) as ck:
+        tensor = ck.tensors[-1]
+        back = pickle.loads(pickle.dumps(tensor))  # reopens the folder, as a DataLoader worker would
+        assert back.info == tensor.info
+        assert np.asarray(back).tobytes() == np.asarray(tensor).tobytes()
+
+
 def test_index_file_named_directly(st_folder):
     with ckptfs.open(st_folder / INDEX) as ck:
         assert list(ck.files) == st_paths(st_folder)
@@ -120,9 +136,8 @@ def test_one_safetensors_shard_named_is_served_alone(st_folder):
 def test_index_metadata_wins_and_conflicts_are_noted(tmp_path):
     folder = tmp_path / "m"
     write_safetensors_set(folder, safetensors_tensors(2), index=False)
-    index = {"metadata": {"format": "pt", "total_size": 1},
-             "weight_map": {name: file for name, _, file in
-                            [(n, a, os.path.basename(f)) for n, a, f in safetensors_reference(st_paths(folder, 2))]}}
+    weight_map = {name: os.path.basename(path) for name, _, path in safetensors_reference(st_paths(folder, 2))}
+    index = {"metadata": {"format": "pt", "total_size": 1}, "weight_map": weight_map}
     (folder / INDEX).write_text(json.dumps(index))
     with ckptfs.open(folder) as ck:
         assert ck.metadata["format"] == "pt"
@@ -335,14 +350,7 @@ def test_tensor_in_two_shards_is_listed_twice(tmp_path):
         assert "more than one shard" in note and repr(dup) in note
         tree = MountTree(ck)
         stem = dup.replace("/", "%2F")
-        assert tree.view(f"{stem}~2.npy").read(0, 1 << 16) == tree_npy_bytes(np.arange(6, dtype=np.int16))
-
-
-def tree_npy_bytes(array: np.ndarray) -> bytes:
-    import io
-    buf = io.BytesIO()
-    np.save(buf, array)
-    return buf.getvalue()
+        assert tree.view(f"{stem}~2.npy").read(0, 1 << 16) == npy_bytes(np.arange(6, dtype=np.int16))
 
 
 def test_missing_numbered_shard_without_index(tmp_path):

@@ -61,11 +61,13 @@ def read_index(path: str) -> ShardIndex:
     """Parse and validate an index file; CheckpointError if it cannot say which files form the checkpoint."""
     try:
         with open(path, "rb") as f:
-            data = f.read(MAX_INDEX_BYTES + 1)
+            size = os.fstat(f.fileno()).st_size
+            if size > MAX_INDEX_BYTES:
+                raise CheckpointError(path, None, f"is {size} bytes, more than an index can be "
+                                                  f"({MAX_INDEX_BYTES}): not a shard index")
+            data = f.read()  # read(n) would allocate n bytes up front, whatever the file's size
     except OSError as exc:
         raise CheckpointError(path, None, f"cannot read the index: {exc.strerror or exc}") from None
-    if len(data) > MAX_INDEX_BYTES:
-        raise CheckpointError(path, None, f"is larger than {MAX_INDEX_BYTES} bytes: not a shard index")
     try:
         doc = json.loads(data.decode("utf-8"))
     except UnicodeDecodeError as exc:
