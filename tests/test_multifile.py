@@ -236,6 +236,13 @@ def test_relative_paths_stay_relative(split_folder, monkeypatch):
         assert list(ck.files) == [os.path.join(".", shard_name("model", i, 3, "gguf")) for i in (1, 2, 3)]
 
 
+def test_trailing_slashes_on_a_folder(split_folder, st_folder):
+    with ckptfs.open(f"{split_folder}//") as ck:
+        assert list(ck.files) == split_paths(split_folder) and ck.notes == []
+    with ckptfs.open(f"{st_folder}/") as ck:
+        assert list(ck.files) == st_paths(st_folder) and ck.notes == []
+
+
 # --- choosing among candidates -------------------------------------------------------------------------------
 
 def test_several_quantizations_and_mmproj_are_refused_with_the_list(tmp_path):

@@ -68,6 +68,7 @@ def _scan(folder: str) -> FolderScan:
 
 
 def _read_folder(folder: str) -> ParsedCheckpoint:
+    folder = folder.rstrip(os.sep) or os.sep  # "dir//" and "dir" must join to the same shard paths
     scan = _scan(folder)
     if len(scan.indexes) > 1:
         raise CheckpointError(folder, None, f"holds {len(scan.indexes)} index files ({', '.join(scan.indexes)}): "
@@ -90,7 +91,8 @@ def _read_candidate(candidate: Candidate) -> ParsedCheckpoint:
     shard = candidate.shard
     if shard is None or shard.ext == "gguf":
         parsed = read_named_file(candidate.paths[0])
-        left_out = [os.path.basename(p) for p in candidate.paths if p not in parsed.files]
+        used = {os.path.normpath(p) for p in parsed.files}
+        left_out = [os.path.basename(p) for p in candidate.paths if os.path.normpath(p) not in used]
         if left_out:
             raise CheckpointError(candidate.paths[0], None, f"does not form a split set with {name_list(left_out)} "
                                                             f"(no split keys): name one file")
