@@ -129,35 +129,35 @@ class SourcePool:
     """The files of one checkpoint, opened lazily, with a bound on descriptors held open at once.
 
     A checkpoint of hundreds of shards must not hold hundreds of descriptors; the least recently used idle
-    ones are closed and reopened (identity-checked) when needed again.
+    ones are closed and reopened (identity-checked) when needed again. Only open sources are tracked in
+    the LRU order, so a lookup costs O(1) however many shards there are.
     """
 
     def __init__(self, max_open: int = 64):
         self.max_open = max(1, max_open)
         self._sources: dict[str, FileSource] = {}
-        self._recent: OrderedDict[str, None] = OrderedDict()
+        self._open_lru: OrderedDict[str, FileSource] = OrderedDict()
         self._lock = threading.Lock()
 
     def get(self, path: str) -> FileSource:
         with self._lock:
             src = self._sources.get(path)
             if src is None:
-                src = FileSource(path)
-                self._sources[path] = src
-            src.ensure_open()
-            self._recent[path] = None
-            self._recent.move_to_end(path)
-            self._trim()
+                src = self._sources[path] = FileSource(path)
+            else:
+                src.ensure_open()
+            self._open_lru[path] = src
+            self._open_lru.move_to_end(path)
+            if len(self._open_lru) > self.max_open:
+                self._trim()
             return src
 
     def _trim(self) -> None:
-        open_paths = [p for p in self._recent if self._sources[p].is_open]
-        excess = len(open_paths) - self.max_open
-        for path in open_paths[:-1]:
-            if excess <= 0:
+        for path, src in list(self._open_lru.items())[:-1]:
+            if len(self._open_lru) <= self.max_open:
                 break
-            if self._sources[path].close_if_idle():
-                excess -= 1
+            if src.close_if_idle():
+                del self._open_lru[path]
 
     def open_count(self) -> int:
         with self._lock:
@@ -168,4 +168,4 @@ class SourcePool:
             for src in self._sources.values():
                 src.close()
             self._sources.clear()
-            self._recent.clear()
+            self._open_lru.clear()
