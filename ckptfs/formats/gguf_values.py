@@ -142,22 +142,27 @@ class ValueWalker:
     def skip_strings(self, offset: int, count: int, what: str) -> int:
         """End of ``count`` back-to-back strings at ``offset``: only their lengths are read.
 
-        This is the hot loop of opening a file with a big vocabulary, so it runs over the loaded bytes with
-        nothing but an unpack and an add per string; bounds are checked when it runs out of loaded bytes.
+        This is the hot loop of opening a file with a big vocabulary, so its body is a single unpack and add
+        per string; the bound check is the unpack itself, which fails once a length field lies beyond the
+        loaded bytes (then more is loaded, or the file is too short). A string body that ends beyond the file
+        is caught the same way by the next length, and for the last string by the final check.
         """
         unpack = self._u64.unpack_from
         size = self.prefix.size
         pos, left = offset, count
         while left:
             data = self.prefix.data
-            limit = len(data) - 8
-            while left and pos <= limit:
-                pos += 8 + unpack(data, pos)[0]
-                left -= 1
-            if left:
+            done = 0
+            try:
+                for done in range(left):  # noqa: B007 - ``done`` counts the strings read before a failure
+                    pos += 8 + unpack(data, pos)[0]
+            except (struct.error, OverflowError):
+                left -= done
                 if pos + 8 > size:
                     self._raise_bad_string(offset, count, what)
                 self.prefix.need(pos + 8)
+                continue
+            left = 0
         if pos > size:
             self._raise_bad_string(offset, count, what)
         return pos
