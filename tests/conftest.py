@@ -141,14 +141,16 @@ class Mounts:
         self._made: list[tuple[Path, int | None, subprocess.Popen | None]] = []
 
     def mount(self, src: str | os.PathLike, *cli_args: str, binding: str | None = None,
-              foreground: bool = False, mountpoint: str | os.PathLike | None = None) -> Path:
+              foreground: bool = False, mountpoint: str | os.PathLike | None = None,
+              env: dict[str, str] | None = None) -> Path:
+        """Mount ``src``; ``env``: extra environment for the CLI (FUSE_LIBRARY_NAME=fuse: mfusepy on libfuse2)."""
         require_fuse(binding)
         mnt = Path(mountpoint) if mountpoint is not None else self._make_dir()
         command = [*ckptfs_cli(), "mount", str(src), str(mnt), *cli_args]
         if foreground:
-            return self._mount_foreground(command, mnt, binding)
-        result = subprocess.run(command, env=cli_env(binding), stdin=subprocess.DEVNULL, capture_output=True,
-                                text=True, timeout=READY_TIMEOUT + 30)
+            return self._mount_foreground(command, mnt, cli_env(binding, **(env or {})))
+        result = subprocess.run(command, env=cli_env(binding, **(env or {})), stdin=subprocess.DEVNULL,
+                                capture_output=True, text=True, timeout=READY_TIMEOUT + 30)
         if result.returncode != 0:
             pytest.fail(f"ckptfs mount failed ({result.returncode}): {result.stderr.strip()}")
         try:
@@ -158,16 +160,16 @@ class Mounts:
         self._made.append((mnt, pid, None))
         return mnt
 
-    def _mount_foreground(self, command: list[str], mnt: Path, binding: str | None) -> Path:
-        log = open(mnt.parent / f"{mnt.name}.foreground.log", "w+")
-        proc = subprocess.Popen([*command[:4], "-f", *command[4:]], env=cli_env(binding),
-                                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
+    def _mount_foreground(self, command: list[str], mnt: Path, env: dict[str, str]) -> Path:
+        log_path = mnt.parent / f"{mnt.name}.foreground.log"
+        with open(log_path, "w") as log:
+            proc = subprocess.Popen([*command, "-f"], env=env, stdin=subprocess.DEVNULL, stdout=log,
+                                    stderr=subprocess.STDOUT)
         self._made.append((mnt, proc.pid, proc))
         if not wait_until(lambda: is_mounted(mnt) or proc.poll() is not None, timeout=READY_TIMEOUT):
             pytest.fail("foreground mount not ready in time")
         if proc.poll() is not None:
-            log.seek(0)
-            pytest.fail(f"ckptfs mount -f exited with {proc.returncode}: {log.read().strip()}")
+            pytest.fail(f"ckptfs mount -f exited with {proc.returncode}: {log_path.read_text().strip()}")
         return mnt
 
     def unmount_all(self) -> None:

@@ -19,7 +19,7 @@ from ..tree import MountTree
 from .binding import Binding, load_binding
 from .daemon import ReadinessPipe, StderrCapture, detach
 from .errors import MountError
-from .mountpoint import check_fuse_device, check_mountpoint, unmount
+from .mountpoint import check_dev_fuse, check_fusermount, check_mountpoint, unmount
 from .operations import CkptOperations
 from .options import MountOptions, parse_options
 
@@ -60,22 +60,28 @@ def run_mount(request: MountRequest) -> int:
     CheckpointError, which the CLI prints as one line with exit 1.
     """
     try:
-        options = parse_options(request.options)
-        binding = load_binding()
+        plan = _prepare(request)
     except MountError as exc:
         if exc.exit_code == 1:
             raise
         print(f"ckptfs: error: {exc}", file=sys.stderr)
         return exc.exit_code
-    mountpoint = check_mountpoint(request.mountpoint, allow_nonempty=options.nonempty)
-    check_fuse_device(binding.fusermount)
-    log_fd = _open_log(request.log_file)
-    checkpoint = open_checkpoint(request.src, dtype=request.dtype, cache_size=request.cache_size)
-    plan = _Plan(request, mountpoint, options, binding, MountTree(checkpoint), log_fd)
     if request.foreground:
         return _run_foreground(plan)
     detach(lambda pipe: _run_daemon(plan, pipe))
     return 0
+
+
+def _prepare(request: MountRequest) -> _Plan:
+    """Every check that can be made before forking, cheapest and most likely first."""
+    options = parse_options(request.options)
+    mountpoint = check_mountpoint(request.mountpoint, allow_nonempty=options.nonempty)
+    check_dev_fuse()
+    binding = load_binding()
+    check_fusermount(binding.fusermount)
+    log_fd = _open_log(request.log_file)
+    checkpoint = open_checkpoint(request.src, dtype=request.dtype, cache_size=request.cache_size)
+    return _Plan(request, mountpoint, options, binding, MountTree(checkpoint), log_fd)
 
 
 def _open_log(path: str | None) -> int | None:

@@ -6,6 +6,7 @@ mounted, not empty, no /dev/fuse) are reported at once instead of by a daemon th
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import stat
@@ -44,6 +45,10 @@ def is_mount_point(path: str) -> bool:
     return os.path.ismount(path) or path in mount_points()
 
 
+def _dead_mount(path: str, reason: str) -> MountError:
+    return MountError(f"mountpoint {path} is a dead mount ({reason}): run 'ckptfs umount {path}' first")
+
+
 def check_mountpoint(path: str, allow_nonempty: bool) -> str:
     """The absolute mountpoint, or MountError saying in one line why it cannot be mounted on."""
     path = os.path.abspath(path)
@@ -53,29 +58,33 @@ def check_mountpoint(path: str, allow_nonempty: bool) -> str:
         raise MountError(f"mountpoint {path} does not exist") from None
     except OSError as exc:
         if path in mount_points():
-            raise MountError(f"mountpoint {path} is a dead mount ({exc.strerror}): "
-                             f"run 'ckptfs umount {path}' first") from None
+            raise _dead_mount(path, exc.strerror) from None
         raise MountError(f"mountpoint {path}: {exc.strerror}") from None
     if not stat.S_ISDIR(st.st_mode):
         raise MountError(f"mountpoint {path} is not a directory")
+    try:
+        with os.scandir(path) as entries:
+            nonempty = any(True for _ in entries)
+    except OSError as exc:
+        # A dead FUSE mount may still stat (cached attributes) but cannot be listed.
+        if exc.errno == errno.ENOTCONN:
+            raise _dead_mount(path, exc.strerror) from None
+        raise MountError(f"mountpoint {path}: {exc.strerror}") from None
     if is_mount_point(path):
         raise MountError(f"mountpoint {path} is already a mount point")
-    if not allow_nonempty:
-        try:
-            with os.scandir(path) as entries:
-                nonempty = any(True for _ in entries)
-        except OSError as exc:
-            raise MountError(f"mountpoint {path}: {exc.strerror}") from None
-        if nonempty:
-            raise MountError(f"mountpoint {path} is not empty (add -o nonempty to mount over its contents)")
+    if nonempty and not allow_nonempty:
+        raise MountError(f"mountpoint {path} is not empty (add -o nonempty to mount over its contents)")
     return path
 
 
-def check_fuse_device(fusermount: str) -> None:
-    """/dev/fuse and the setuid helper (needed for unprivileged mounts and for auto_unmount)."""
+def check_dev_fuse() -> None:
     if not os.path.exists("/dev/fuse"):
         raise MountError("/dev/fuse is missing: load the fuse kernel module (modprobe fuse), "
                          "or in a container pass --device /dev/fuse --cap-add SYS_ADMIN")
+
+
+def check_fusermount(fusermount: str) -> None:
+    """The setuid helper libfuse needs for unprivileged mounts and for ``auto_unmount``."""
     if shutil.which(fusermount) is None and not os.path.exists(f"/usr/bin/{fusermount}"):
         package = "fuse3" if fusermount == "fusermount3" else "fuse (or fuse3 with libfuse2)"
         raise MountError(f"{fusermount} not found: install {package}")
