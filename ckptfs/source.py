@@ -24,10 +24,15 @@ from .errors import CheckpointError
 
 
 class FileSource:
-    """One local file, read with pread and pinned to its state at first open."""
+    """One local file, read with pread and pinned to its state at first open.
 
-    def __init__(self, path: str):
+    ``path`` names the file in messages; ``open_path`` (default: ``path``) is what is opened, so that a
+    relative name can be opened from the directory it was given in (see ``SourcePool``).
+    """
+
+    def __init__(self, path: str, open_path: str | None = None):
         self.path = path
+        self._open_path = open_path if open_path is not None else path
         self._lock = threading.Lock()
         self._fd: int | None = None
         self._users = 0
@@ -41,7 +46,7 @@ class FileSource:
 
     def _open_fd(self) -> int:
         try:
-            return os.open(self.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+            return os.open(self._open_path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
         except OSError as exc:
             raise CheckpointError(self.path, None, f"cannot open: {exc.strerror}") from None
 
@@ -131,10 +136,19 @@ class SourcePool:
     A checkpoint of hundreds of shards must not hold hundreds of descriptors; the least recently used idle
     ones are closed and reopened (identity-checked) when needed again. Only open sources are tracked in
     the LRU order, so a lookup costs O(1) however many shards there are.
+
+    Relative paths are opened from the working directory the pool was made in: files are opened lazily, and
+    by then the process may have moved (libfuse puts a mount daemon in ``/``; a program may ``chdir``), so
+    ``model.gguf`` given in the model's folder must still name that file. The path stays as given everywhere
+    else (messages, ``source`` in meta.json).
     """
 
     def __init__(self, max_open: int = 64):
         self.max_open = max(1, max_open)
+        try:
+            self._base: str | None = os.getcwd()
+        except OSError:  # the working directory was deleted: only absolute paths can be opened anyway
+            self._base = None
         self._sources: dict[str, FileSource] = {}
         self._open_lru: OrderedDict[str, FileSource] = OrderedDict()
         self._lock = threading.Lock()
@@ -143,7 +157,8 @@ class SourcePool:
         with self._lock:
             src = self._sources.get(path)
             if src is None:
-                src = self._sources[path] = FileSource(path)
+                open_path = os.path.join(self._base, path) if self._base is not None else path
+                src = self._sources[path] = FileSource(path, open_path)
             else:
                 src.ensure_open()
             self._open_lru[path] = src
