@@ -89,7 +89,7 @@ def _add_tensor(out: Expected, stem: str, ref, exact: dict[str, str], mode: str,
     else:
         values = ref.array if ref.storage_type in exact else np.asarray(ref.array).astype(np.float32)
         with np.errstate(over="ignore"):  # float16 mode: large F8_E8M0 values become inf, as in any cast
-            array = np.ascontiguousarray(values.astype(dtype))
+            array = np.array(values.astype(dtype), order="C")  # (ascontiguousarray makes 0-d 1-d)
         out.arrays[stem + ".npy"] = array
         out.data[stem + ".npy"] = npy_bytes(array)
     out.json[stem + ".meta.json"] = {
