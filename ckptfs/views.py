@@ -16,6 +16,7 @@ import numpy as np
 
 from .blocks import TensorData
 from .descriptors import TensorInfo
+from .errors import CheckpointError
 from .source import SourcePool
 
 
@@ -81,7 +82,11 @@ class RawView(View):
         offset, size = self._clip(offset, size)
         if size == 0:
             return b""
-        return self._sources.get(self.info.source).pread(self.info.offset + offset, size)
+        try:
+            return self._sources.get(self.info.source).pread(self.info.offset + offset, size)
+        except CheckpointError as exc:
+            # the source only knows byte ranges; the one log line of a failed read must say which tensor
+            raise CheckpointError(exc.file, exc.offset, f"tensor {self.info.name!r}: {exc.reason}") from None
 
 
 class FileView(View):
