@@ -81,8 +81,14 @@ class Written:
 # ---------------------------------------------------------------------------------------------- GGUF
 
 
+def type_name(storage_type: str | GGMLQuantizationType) -> str:
+    """A storage type given as a name ("Q4_K") or as gguf-py's enum, as its name."""
+    return storage_type.name if isinstance(storage_type, GGMLQuantizationType) else storage_type
+
+
 def random_blocks(storage_type: str, n_blocks: int, rng: np.random.Generator) -> np.ndarray:
     """``u8[n_blocks, block_bytes]`` of random blocks whose scale fields are finite (no inf/NaN blow-ups)."""
+    storage_type = type_name(storage_type)
     _, block_bytes = GGML_GEOMETRY[storage_type]
     blocks = rng.integers(0, 256, size=(n_blocks, block_bytes), dtype=np.uint8)
     for offset in _FP16_FIELDS.get(storage_type, ()):
@@ -108,6 +114,7 @@ def quantized(storage_type: str, shape: tuple[int, ...], rng: np.random.Generato
 
     Quantized by gguf-py where it can (from random floats), random blocks otherwise.
     """
+    storage_type = type_name(storage_type)
     block_elements, block_bytes = GGML_GEOMETRY[storage_type]
     if shape[-1] % block_elements:
         raise ValueError(f"{storage_type}: last dimension {shape[-1]} is not a multiple of {block_elements}")
@@ -148,7 +155,7 @@ def write_gguf(path: str | Path, tensors: Mapping[str, tuple[np.ndarray, str]],
                alignment: int | None = None, big_vocab: bool = False, arch: str = "test") -> Written:
     """Write a GGUF with gguf-py's writer.
 
-    ``tensors``: name -> (values, storage type name). Values are a numpy array of the logical (numpy-order)
+    ``tensors``: name -> (values, storage type name or ``GGMLQuantizationType``). Values are a numpy array of the logical (numpy-order)
     shape: plain types (F32, F16, F64, I8..I64) are stored as given; BF16 and quantized types are quantized
     by gguf-py from float values where it can. A ``uint8`` array for a non-plain type is taken as the
     stored bytes themselves, byte shape ``(*shape[:-1], row_bytes)`` (see :func:`quantized`). A storage type
@@ -175,7 +182,7 @@ def write_gguf(path: str | Path, tensors: Mapping[str, tuple[np.ndarray, str]],
         out.metadata[key] = expected_value(value, vtype, sub_type)
     for name, (values, storage_type) in tensors.items():
         ref, stored, type_id, logical_shape = _prepare_tensor(name, values, storage_type, big_endian)
-        if storage_type in _PLAIN_GGML and not big_endian:
+        if ref.storage_type in _PLAIN_GGML and not big_endian:
             writer.add_tensor(name, stored)
         else:
             # any bytes, any id: int8 data skips gguf-py's size table and its byte swapping
@@ -197,6 +204,7 @@ def _prepare_tensor(name: str, values: np.ndarray, storage_type: str,
                     big_endian: bool) -> tuple[RefTensor, np.ndarray, int, tuple[int, ...]]:
     """(reference, bytes to store, type id, numpy shape) for one tensor of :func:`write_gguf`."""
     values = np.asarray(values)
+    storage_type = type_name(storage_type)
     if storage_type.startswith("GGML_TYPE_"):
         stored = values.astype(np.uint8).reshape(1, -1)
         ref = RefTensor(name, storage_type, (stored.size,), stored.tobytes(), None)
@@ -224,6 +232,7 @@ def _prepare_tensor(name: str, values: np.ndarray, storage_type: str,
 
 def quantized_from_values(storage_type: str, values: np.ndarray) -> np.ndarray:
     """gguf-py's quantization of float ``values`` (byte shape), for the types it implements."""
+    storage_type = type_name(storage_type)
     if storage_type not in _GGUF_PY_QUANTIZES:
         raise ValueError(f"gguf-py cannot quantize {storage_type}: pass stored bytes (see quantized())")
     return gguf_quants.quantize(values.astype(np.float32), Q[storage_type]).view(np.uint8)

@@ -144,7 +144,7 @@ def test_custom_alignment(tmp_path, alignment):
     rng = np.random.default_rng(alignment)
     written = write_gguf(tmp_path / "a.gguf", {
         "a": (rng.standard_normal(3).astype(np.float32), "F32"),
-        "b": (quantized("Q8_0", (1, 32), rng), "Q8_0"),
+        "b": (quantized("Q8_0", (1, 32), rng), gguf.GGMLQuantizationType.Q8_0),  # enum or name: both work
         "c": (rng.standard_normal(5).astype(np.float32), "F16"),
     }, alignment=alignment)
     compare_with_gguf_py(written.path, written)
