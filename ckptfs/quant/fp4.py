@@ -6,16 +6,20 @@ halves the scale instead: ``ggml_e8m0_to_fp32_half(e)`` = 2^(e-128) built from b
 for e < 2: float32 subnormals; e = 255 is 2^127, not NaN), ``ggml_ue4m3_to_fp32(x)`` = 0.5 * E4M3 without
 sign (0x00 and 0x7F give 0, bit 7 is ignored). Each value is ``(float)kvalue * scale`` in float32.
 
-Both scales are bytes, so every possible (scale byte, quant byte) pair has a precomputed pair of results
-(the low nibble's and the high nibble's value, each the same float32 product ggml forms, overflow to inf
-included). A block then costs one 8-byte gather per quant byte and a transpose into ggml's order (low
-nibbles first, then high nibbles, per 32 / 16 elements).
+Both scales are bytes, so every (scale byte, a | b << 4) pair of nibbles has a precomputed pair of results
+``(kvalue[a] * s, kvalue[b] * s)``, each the same float32 product ggml forms (overflow to inf included).
+Two output-adjacent nibbles (ggml's order: per 32 / 16 elements the low nibbles, then the high ones) are
+packed into one byte with uint64 shifts and masks, the scale byte goes above it, and one 8-byte gather per
+two values produces the output with no multiply. Blocks are decoded in chunks whose temporaries stay in the
+CPU cache.
 
 Big-endian: gguf-py's converter swaps nothing for these types (they hold only bytes), so ``swap`` is the
 identity.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import numpy as np
 
@@ -47,31 +51,58 @@ def _pair_table(scales: np.ndarray) -> np.ndarray:
     kv = KVALUES_FP4.astype(F32)
     with np.errstate(over="ignore"):
         pairs = np.stack([kv[b & 15][None, :] * scales[:, None], kv[b >> 4][None, :] * scales[:, None]], axis=-1)
-    return np.ascontiguousarray(pairs, dtype=F32).view(np.float64).reshape(256 * 256)
+    return np.ascontiguousarray(pairs, dtype=F32).view(np.uint64).reshape(256 * 256)
 
 
 _MXFP4_PAIRS = _pair_table(_e8m0_half())
 _NVFP4_PAIRS = _pair_table(_ue4m3_half())
+_NIBBLES = np.uint64(0x0F0F0F0F0F0F0F0F)
+_EVEN_BYTES = np.uint64(0x00FF00FF00FF00FF)
+CHUNK_ELEMENTS = 1 << 17                # values per chunk: its temporaries fit in a 1-2 MiB L2 cache
 
 
-def _gather_pairs(table: np.ndarray, scale: np.ndarray, quants: np.ndarray) -> np.ndarray:
-    """Values of u8 ``quants`` [..., k] under byte ``scale`` [..., 1]: float32 [..., 2, k] (lo nibbles, hi)."""
-    idx = (scale.astype(np.uint16) << np.uint16(8)) | quants
-    pairs = np.take(table, idx).view(F32).reshape(*quants.shape, 2)
-    out = np.empty((*quants.shape[:-1], 2, quants.shape[-1]), dtype=F32)
-    np.copyto(out, np.swapaxes(pairs, -1, -2))
-    return out
+def _chunked(kernel: Callable[[np.ndarray, np.ndarray], None], block_elements: int) -> Callable[[np.ndarray], np.ndarray]:
+    """decode(blocks) that runs ``kernel(blocks, out)`` over cache-sized runs of blocks into one output."""
+    step = CHUNK_ELEMENTS // block_elements
+
+    def decode(blocks: np.ndarray) -> np.ndarray:
+        out = np.empty((blocks.shape[0], block_elements), dtype=F32)
+        for start in range(0, blocks.shape[0], step):
+            kernel(blocks[start:start + step], out[start:start + step])
+        return out
+
+    return decode
 
 
-def decode_mxfp4(blocks: np.ndarray) -> np.ndarray:
-    return _gather_pairs(_MXFP4_PAIRS, field(blocks, 0, 1, "u1"), field(blocks, 1, 16, "u1")).reshape(-1, 32)
+def _scaled_pairs(table: np.ndarray, quants: np.ndarray, scales: np.ndarray, group: int, out: np.ndarray) -> None:
+    """``out`` = values of u8 ``quants[n, k]`` in groups of ``group`` bytes (each: its low nibbles, then its
+    high nibbles) under the byte ``scales[n, k / group]``: float32 [n, 2k]."""
+    n, width = quants.shape
+    words = np.ascontiguousarray(quants).view(np.uint64)
+    codes = np.empty((2, n, width // 8), dtype=np.uint64)     # low nibbles, high nibbles
+    np.bitwise_and(words, _NIBBLES, out=codes[0])
+    np.right_shift(words, np.uint64(4), out=codes[1])
+    np.bitwise_and(codes[1], _NIBBLES, out=codes[1])
+    # Byte 2i of each word becomes nibble 2i | nibble 2i+1 << 4, byte 2i+1 is cleared for the scale.
+    np.bitwise_or(codes, codes >> np.uint64(4), out=codes)
+    np.bitwise_and(codes, _EVEN_BYTES, out=codes)
+    lanes = codes.view(np.uint16).reshape(2, n, width // group, group // 2)
+    np.bitwise_or(lanes, scales.astype(np.uint16)[:, :, None] << np.uint16(8), out=lanes)
+    # Every u16 index is inside the 65536-entry table, so mode="clip" only skips numpy's buffered bounds check.
+    np.take(table, lanes.transpose(1, 2, 0, 3), out=out.view(np.uint64).reshape(n, width // group, 2, group // 2),
+            mode="clip")
 
 
-def decode_nvfp4(blocks: np.ndarray) -> np.ndarray:
-    n = blocks.shape[0]
-    scales = field(blocks, 0, 4, "u1").reshape(n, 4, 1)
-    quants = field(blocks, 4, 32, "u1").reshape(n, 4, 8)          # sub-block s: elements 16s + j / 16s + 8 + j
-    return _gather_pairs(_NVFP4_PAIRS, scales, quants).reshape(n, 64)
+def _mxfp4_into(blocks: np.ndarray, out: np.ndarray) -> None:
+    _scaled_pairs(_MXFP4_PAIRS, field(blocks, 1, 16, "u1"), field(blocks, 0, 1, "u1"), 16, out)
+
+
+def _nvfp4_into(blocks: np.ndarray, out: np.ndarray) -> None:
+    _scaled_pairs(_NVFP4_PAIRS, field(blocks, 4, 32, "u1"), field(blocks, 0, 4, "u1"), 8, out)
+
+
+decode_mxfp4 = _chunked(_mxfp4_into, 32)
+decode_nvfp4 = _chunked(_nvfp4_into, 64)
 
 
 def _byte_only_swap(blocks: np.ndarray) -> np.ndarray:

@@ -11,10 +11,19 @@ Signs are applied to gathered rows without a table per (grid row, sign pattern):
 sign bit is set) negates a byte by ``(g ^ m) + (m & 1)``; every grid byte is >= 1, so ``g ^ 0xFF`` <= 0xFE and
 the ``+1`` never carries into the next byte, which lets all 8 bytes of a row be negated in one uint64 step.
 
+IQ4_NL / IQ4_XS: two output-adjacent nibbles are packed into one byte with uint64 shifts and masks, and that
+byte indexes a table of float32 value pairs, so a gather moves two converted values at a time.
+
+numpy pays ~20 ns per inner loop, so every step is laid out to run over long contiguous rows, and blocks are
+decoded in chunks whose temporaries stay in the CPU cache instead of streaming the whole tensor through memory
+once per step.
+
 No type here has a defined big-endian layout (gguf-py's converter refuses them), so ``swap`` is None.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import numpy as np
 
@@ -26,6 +35,20 @@ from .iq_tables import (IQ1S_GRID, IQ2S_GRID, IQ2XS_GRID, IQ2XXS_GRID, IQ3S_GRID
 QK_K = 256
 _F32 = np.dtype(F32)
 _U64 = np.dtype("<u8")
+CHUNK_ELEMENTS = 1 << 17                # values per chunk: its temporaries fit in a 1-2 MiB L2 cache
+
+
+def _chunked(kernel: Callable[[np.ndarray, np.ndarray], None], block_elements: int) -> Callable[[np.ndarray], np.ndarray]:
+    """decode(blocks) that runs ``kernel(blocks, out)`` over cache-sized runs of blocks into one output."""
+    step = CHUNK_ELEMENTS // block_elements
+
+    def decode(blocks: np.ndarray) -> np.ndarray:
+        out = np.empty((blocks.shape[0], block_elements), dtype=F32)
+        for start in range(0, blocks.shape[0], step):
+            kernel(blocks[start:start + step], out[start:start + step])
+        return out
+
+    return decode
 
 
 def _rows(grid: np.ndarray) -> np.ndarray:
@@ -58,29 +81,46 @@ _SHIFTS_3 = np.array([0, 3, 6, 9], dtype=np.uint16)
 _NIBBLE_SHIFTS = np.array([0, 4], dtype=np.uint8)
 _BIT_SHIFTS = np.arange(8, dtype=np.uint8)
 
-_IQ4NL_VALUES = KVALUES_IQ4NL.astype(F32)
+# IQ4: byte (a | b << 4) -> the float32 pair (kvalues[a], kvalues[b]) as one 8-byte item.
+_BYTE = np.arange(256)
+_IQ4_PAIRS = np.stack([KVALUES_IQ4NL[_BYTE & 15], KVALUES_IQ4NL[_BYTE >> 4]], axis=1).astype(F32)
+_IQ4_PAIRS = _IQ4_PAIRS.view(_U64).reshape(256)
+_NIBBLES = np.uint64(0x0F0F0F0F0F0F0F0F)
+_EVEN_BYTES = np.uint64(0x00FF00FF00FF00FF)
 # IQ4_XS 6-bit sub-block scale -> (ls - 32) as float32 (ggml: ``d * (ls - 32)``, int converted first).
 _IQ4XS_SCALES = (np.arange(64) - 32).astype(F32)
 _IQ4XS_SH_SHIFT = (2 * np.arange(8)).astype(np.uint16)
 
 
-def decode_iq4_nl(blocks: np.ndarray) -> np.ndarray:
-    values = np.take(_IQ4NL_VALUES, nibbles(field(blocks, 2, 16, "u1")))
-    np.multiply(values, f16_field(blocks, 0), out=values)
-    return values
+def _iq4_values(qs: np.ndarray) -> np.ndarray:
+    """kvalues of the nibbles of u8 ``qs[n, 16g]`` in ggml's order (per 16 bytes: the 16 low nibbles, then
+    the 16 high ones): f32[n, 32g]."""
+    n, width = qs.shape
+    words = np.ascontiguousarray(qs).view(_U64)
+    pairs = np.empty((2, n, width // 8), dtype=_U64)          # low nibbles, high nibbles
+    np.bitwise_and(words, _NIBBLES, out=pairs[0])
+    np.right_shift(words, np.uint64(4), out=pairs[1])
+    np.bitwise_and(pairs[1], _NIBBLES, out=pairs[1])
+    # Byte 2i of each word becomes nibble 2i | nibble 2i+1 << 4 (the odd bytes are cleared): a pair index.
+    np.bitwise_or(pairs, pairs >> np.uint64(4), out=pairs)
+    np.bitwise_and(pairs, _EVEN_BYTES, out=pairs)
+    order = pairs.view(np.uint16).reshape(2, n, width // 16, 8).transpose(1, 2, 0, 3)
+    return np.take(_IQ4_PAIRS, order).view(F32).reshape(n, 2 * width)
 
 
-def decode_iq4_xs(blocks: np.ndarray) -> np.ndarray:
+def _iq4_nl_into(blocks: np.ndarray, out: np.ndarray) -> None:
+    np.multiply(_iq4_values(field(blocks, 2, 16, "u1")), f16_field(blocks, 0), out=out)
+
+
+def _iq4_xs_into(blocks: np.ndarray, out: np.ndarray) -> None:
     n = blocks.shape[0]
     scales_l = nibbles(field(blocks, 4, 4, "u1")).reshape(n, 2, 4).transpose(0, 2, 1).reshape(n, 8)
     scales_h = (field(blocks, 2, 1, "<u2") >> _IQ4XS_SH_SHIFT) & 3
     ls = scales_l | (scales_h.astype(np.uint8) << 4)
     dl = np.take(_IQ4XS_SCALES, ls)
     np.multiply(dl, f16_field(blocks, 0), out=dl)
-    codes = nibbles(field(blocks, 8, 128, "u1").reshape(n * 8, 16))
-    values = np.take(_IQ4NL_VALUES, codes).reshape(n, 8, 32)
-    np.multiply(values, dl[:, :, None], out=values)
-    return values.reshape(n, QK_K)
+    values = _iq4_values(field(blocks, 8, 128, "u1")).reshape(n, 8, 32)
+    np.multiply(values, dl[:, :, None], out=out.reshape(n, 8, 32))
 
 
 def _apply_signs(rows: np.ndarray, masks: np.ndarray) -> np.ndarray:
@@ -91,11 +131,9 @@ def _apply_signs(rows: np.ndarray, masks: np.ndarray) -> np.ndarray:
     return rows
 
 
-def _scaled(values: np.ndarray, scale: np.ndarray) -> np.ndarray:
-    """float32 ``scale * values`` for int8 ``values`` (the grid bytes, converted exactly)."""
-    out = np.empty(values.shape, dtype=F32)
-    np.multiply(values, scale, out=out, casting="unsafe")
-    return out
+def _scaled(values: np.ndarray, scale: np.ndarray, out: np.ndarray) -> None:
+    """``out = scale * values`` in float32 for int8 ``values`` (the grid bytes, converted exactly)."""
+    np.multiply(values, scale, out=out.reshape(values.shape))
 
 
 def _iq2_scales(blocks: np.ndarray, d: np.ndarray, at: int) -> np.ndarray:
@@ -107,7 +145,7 @@ def _iq2_scales(blocks: np.ndarray, d: np.ndarray, at: int) -> np.ndarray:
     return db
 
 
-def decode_iq2_xxs(blocks: np.ndarray) -> np.ndarray:
+def _iq2_xxs_into(blocks: np.ndarray, out: np.ndarray) -> None:
     n = blocks.shape[0]
     aux = field(blocks, 2, 16, "<u4").reshape(n, 8, 2)          # per sub-block: grid bytes, signs + scale
     rows = np.take(_IQ2XXS_ROWS, field(blocks, 2, 64, "u1").reshape(n, 8, 8)[:, :, :4])
@@ -116,20 +154,20 @@ def decode_iq2_xxs(blocks: np.ndarray) -> np.ndarray:
     db = np.take(_HALF_PLUS, aux[:, :, 1] >> 28)
     np.multiply(db, f16_field(blocks, 0), out=db)
     np.multiply(db, F32(0.25), out=db)
-    return _scaled(rows.view(np.int8).reshape(n, 8, 32), db[:, :, None]).reshape(n, QK_K)
+    _scaled(rows.view(np.int8).reshape(n, 8, 32), db[:, :, None], out)
 
 
-def decode_iq2_xs(blocks: np.ndarray) -> np.ndarray:
+def _iq2_xs_into(blocks: np.ndarray, out: np.ndarray) -> None:
     n = blocks.shape[0]
     w = field(blocks, 2, 32, "<u2")
     rows = np.take(_IQ2XS_ROWS, w & 511)
     masks = np.take(_KSIGN_MASKS, w >> 9)
     _apply_signs(rows, masks)
     db = _iq2_scales(blocks, f16_field(blocks, 0), 66)
-    return _scaled(rows.view(np.int8).reshape(n, 8, 2, 16), db[:, :, :, None]).reshape(n, QK_K)
+    _scaled(rows.view(np.int8).reshape(n, 8, 2, 16), db[:, :, :, None], out)
 
 
-def decode_iq2_s(blocks: np.ndarray) -> np.ndarray:
+def _iq2_s_into(blocks: np.ndarray, out: np.ndarray) -> None:
     n = blocks.shape[0]
     high = (field(blocks, 66, 8, "u1")[:, :, None] >> _SHIFTS_2) & 3
     idx = field(blocks, 2, 32, "u1").reshape(n, 8, 4) | (high.astype(np.uint16) << 8)
@@ -137,10 +175,10 @@ def decode_iq2_s(blocks: np.ndarray) -> np.ndarray:
     masks = np.take(_SIGN_MASKS, field(blocks, 34, 32, "u1").reshape(n, 8, 4))
     _apply_signs(rows, masks)
     db = _iq2_scales(blocks, f16_field(blocks, 0), 74)
-    return _scaled(rows.view(np.int8).reshape(n, 8, 2, 16), db[:, :, :, None]).reshape(n, QK_K)
+    _scaled(rows.view(np.int8).reshape(n, 8, 2, 16), db[:, :, :, None], out)
 
 
-def decode_iq3_xxs(blocks: np.ndarray) -> np.ndarray:
+def _iq3_xxs_into(blocks: np.ndarray, out: np.ndarray) -> None:
     n = blocks.shape[0]
     # Group l of sub-block b: bytes j < 4 from grid[qs[8b + 2l]], j >= 4 from grid[qs[8b + 2l + 1]].
     rows = np.take(_IQ3XXS_ROWS, field(blocks, 2, 64, "u1")).view(_U64).reshape(n, 8, 4)
@@ -150,10 +188,10 @@ def decode_iq3_xxs(blocks: np.ndarray) -> np.ndarray:
     db = np.take(_HALF_PLUS, aux >> 28)
     np.multiply(db, f16_field(blocks, 0), out=db)
     np.multiply(db, F32(0.5), out=db)
-    return _scaled(rows.view(np.int8).reshape(n, 8, 32), db[:, :, None]).reshape(n, QK_K)
+    _scaled(rows.view(np.int8).reshape(n, 8, 32), db[:, :, None], out)
 
 
-def decode_iq3_s(blocks: np.ndarray) -> np.ndarray:
+def _iq3_s_into(blocks: np.ndarray, out: np.ndarray) -> None:
     n = blocks.shape[0]
     high = (field(blocks, 66, 8, "u1")[:, :, None] >> _BIT_SHIFTS) & 1           # bit k of qh[b] -> index k
     idx = field(blocks, 2, 64, "u1").reshape(n, 8, 8) | (high.astype(np.uint16) << 8)
@@ -163,10 +201,10 @@ def decode_iq3_s(blocks: np.ndarray) -> np.ndarray:
     s = (field(blocks, 106, 4, "u1")[:, :, None] >> _NIBBLE_SHIFTS) & 15          # sub-block 2i + k
     db = np.take(_ODD, s.reshape(n, 8))
     np.multiply(db, f16_field(blocks, 0), out=db)
-    return _scaled(rows.view(np.int8).reshape(n, 8, 32), db[:, :, None]).reshape(n, QK_K)
+    _scaled(rows.view(np.int8).reshape(n, 8, 32), db[:, :, None], out)
 
 
-def decode_iq1_s(blocks: np.ndarray) -> np.ndarray:
+def _iq1_s_into(blocks: np.ndarray, out: np.ndarray) -> None:
     n = blocks.shape[0]
     qh = field(blocks, 34, 8, "<u2")
     idx = field(blocks, 2, 32, "u1").reshape(n, 8, 4) | (((qh[:, :, None] >> _SHIFTS_3) & 7) << 8)
@@ -175,10 +213,10 @@ def decode_iq1_s(blocks: np.ndarray) -> np.ndarray:
     np.multiply(dl, f16_field(blocks, 0), out=dl)
     np.multiply(dl, _F32_EIGHTH, out=dl)
     rows = np.take(_IQ1_ROWS, idx)
-    return _scaled(rows.view(np.int8).reshape(n, 8, 32), dl[:, :, None]).reshape(n, QK_K)
+    _scaled(rows.view(np.int8).reshape(n, 8, 32), dl[:, :, None], out)
 
 
-def decode_iq1_m(blocks: np.ndarray) -> np.ndarray:
+def _iq1_m_into(blocks: np.ndarray, out: np.ndarray) -> None:
     n = blocks.shape[0]
     sc = field(blocks, 48, 4, "<u2")
     d_bits = (sc[:, 0] >> 12) | ((sc[:, 1] >> 8) & 0x00F0) | ((sc[:, 2] >> 4) & 0x0F00) | (sc[:, 3] & 0xF000)
@@ -193,8 +231,18 @@ def decode_iq1_m(blocks: np.ndarray) -> np.ndarray:
     np.multiply(dl, d[:, None, None], out=dl)
     np.multiply(dl, _F32_EIGHTH, out=dl)
     rows = np.take(_IQ1_ROWS, idx)
-    return _scaled(rows.view(np.int8).reshape(n, 8, 2, 16), dl[:, :, :, None]).reshape(n, QK_K)
+    _scaled(rows.view(np.int8).reshape(n, 8, 2, 16), dl[:, :, :, None], out)
 
+
+decode_iq1_s = _chunked(_iq1_s_into, QK_K)
+decode_iq1_m = _chunked(_iq1_m_into, QK_K)
+decode_iq2_xxs = _chunked(_iq2_xxs_into, QK_K)
+decode_iq2_xs = _chunked(_iq2_xs_into, QK_K)
+decode_iq2_s = _chunked(_iq2_s_into, QK_K)
+decode_iq3_xxs = _chunked(_iq3_xxs_into, QK_K)
+decode_iq3_s = _chunked(_iq3_s_into, QK_K)
+decode_iq4_nl = _chunked(_iq4_nl_into, 32)
+decode_iq4_xs = _chunked(_iq4_xs_into, QK_K)
 
 register_codec(Codec("IQ1_S", QK_K, 50, _F32, decode_iq1_s))
 register_codec(Codec("IQ1_M", QK_K, 56, _F32, decode_iq1_m))

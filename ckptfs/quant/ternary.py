@@ -1,16 +1,25 @@
 """GGML's ternary types TQ1_0 and TQ2_0 (BitNet b1.58 / TriLM weights): values in {-1, 0, +1} times d.
 
 Layouts and formulas: FORMATS.md section B, checked against ggml-quants.c ``dequantize_row_tq1_0`` /
-``dequantize_row_tq2_0``, which write ``(float)(q - 1) * d``. Every stored byte is decoded through a table
-of its already converted ``(float)(q - 1)`` values (one row per byte value), so a block costs one gather and
-one float32 multiply per element, the same operation ggml does.
+``dequantize_row_tq2_0``, which write ``(float)(q - 1) * d``: the small integer is converted exactly, then
+multiplied in float32, which is what the last two numpy steps here do.
 
-TQ1_0 packs 5 trits per byte as a base-3 fraction: trit n of byte b is ``((b * 3^n mod 256) * 3) >> 8``.
-TQ2_0 packs 4 two-bit codes per byte. Neither has a defined big-endian layout (gguf-py's converter refuses
-them), so ``swap`` is None.
+TQ1_0 packs 5 trits per byte as a base-3 fraction: trit n of byte b is ``((b * 3^n mod 256) * 3) >> 8``,
+i.e. 0, 1 or 2 as ``b * 3^n mod 256`` is below 86, below 171, or not (two uint8 comparisons). TQ2_0 packs
+4 two-bit codes per byte (E = 128g + 32l + m is bits 2l of byte 32g + m).
+
+Why the code looks the way it does: numpy pays ~20 ns per inner loop, so whole-array steps over runs of 4 to
+32 bytes (the natural shapes here) cost more than the arithmetic. Each block's bytes are therefore first
+copied into output order in 16-byte units (one ``np.take`` of complex128 items: byte runs of 32 / 16 bytes
+repeated once per trit or code position), after which every step runs over whole 256-byte rows. Blocks are
+processed in chunks whose temporaries stay in the CPU cache.
+
+Neither type has a defined big-endian layout (gguf-py's converter refuses them), so ``swap`` is None.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import numpy as np
 
@@ -19,35 +28,54 @@ from ._common import F32, f16_field, field
 
 QK_K = 256
 _F32 = np.dtype(F32)
-_BYTES = np.arange(256, dtype=np.uint16)
+CHUNK_BLOCKS = 512                      # 128 Ki values: a chunk's temporaries fit in a 1-2 MiB L2 cache
 
-# _TRITS[b, n] = (float)(trit n of byte b - 1), n < 5: the uint8 product wraps mod 256 as in ggml.
-_TRITS = np.stack([((((_BYTES * 3 ** n) & 0xFF) * 3) >> 8).astype(np.int16) - 1 for n in range(5)], axis=1).astype(F32)
-# _CODES2[b, l] = (float)(((b >> 2l) & 3) - 1); one byte's 4 floats viewed as one complex128 item, because
-# np.take moves one 16-byte item about as fast as one 4-byte item.
-_CODES2 = np.stack([((_BYTES >> (2 * l)) & 3).astype(np.int16) - 1 for l in range(4)], axis=1).astype(F32)
-_CODES2_ROWS = _CODES2.view(np.complex128).reshape(256)
+# TQ1_0: 16-byte units of output order: qs[0:32] five times, qs[32:48] five times, qh[0:4] four times (unit 3
+# of the source row); _TQ1_POW3 is 3^n for the trit each output byte holds.
+_TQ1_UNITS = np.array([0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 2, 2, 2, 2, 2, 3])
+_TQ1_POW3 = np.concatenate([np.repeat(np.array([1, 3, 9, 27, 81]), width) for width in (32, 16)]
+                           + [np.repeat(np.array([1, 3, 9, 27]), 4)]).astype(np.uint8)
+# TQ2_0: qs[0:32] four times then qs[32:64] four times; the code of each byte is then at bits 2l, shifted down
+# 8 bytes at a time (bits that cross into a neighbouring byte land above bit 1 and are masked off).
+_TQ2_UNITS = np.array([0, 1, 0, 1, 0, 1, 0, 1, 2, 3, 2, 3, 2, 3, 2, 3])
+_TQ2_SHIFTS = np.tile(np.repeat(np.array([0, 2, 4, 6], dtype=np.uint64), 4), 2)
+_LOW_2BITS = np.uint64(0x0303030303030303)
 
 
-def decode_tq1_0(blocks: np.ndarray) -> np.ndarray:
+def _chunked(kernel: Callable[[np.ndarray, np.ndarray], None]) -> Callable[[np.ndarray], np.ndarray]:
+    """decode(blocks) that runs ``kernel(blocks, out)`` over cache-sized runs of blocks into one output."""
+    def decode(blocks: np.ndarray) -> np.ndarray:
+        out = np.empty((blocks.shape[0], QK_K), dtype=F32)
+        for start in range(0, blocks.shape[0], CHUNK_BLOCKS):
+            kernel(blocks[start:start + CHUNK_BLOCKS], out[start:start + CHUNK_BLOCKS])
+        return out
+
+    return decode
+
+
+def _tq1_0_into(blocks: np.ndarray, out: np.ndarray) -> None:
     n = blocks.shape[0]
-    d = f16_field(blocks, 52)[:, :, None]
-    trits = np.take(_TRITS, field(blocks, 0, 52, "u1"), axis=0)          # (n, byte, trit n)
-    out = np.empty((n, QK_K), dtype=F32)
-    # E = 32n + m from qs[m] (m < 32); E = 160 + 16n + m from qs[32 + m] (m < 16); E = 240 + 4n + m from qh[m].
-    np.multiply(trits[:, 0:32].transpose(0, 2, 1), d, out=out[:, 0:160].reshape(n, 5, 32))
-    np.multiply(trits[:, 32:48].transpose(0, 2, 1), d, out=out[:, 160:240].reshape(n, 5, 16))
-    np.multiply(trits[:, 48:52, :4].transpose(0, 2, 1), d, out=out[:, 240:256].reshape(n, 4, 4))
-    return out
+    units = np.empty((n, 4), dtype=np.complex128)            # qs[0:48], then qh[0:4] repeated 4 times
+    raw = units.view(np.uint8)
+    raw[:, :48] = field(blocks, 0, 48, "u1")
+    raw[:, 48:].view("<u4")[:] = field(blocks, 48, 1, "<u4")
+    scaled = np.take(units, _TQ1_UNITS, axis=1).view(np.uint8)
+    np.multiply(scaled, _TQ1_POW3, out=scaled)                # b * 3^n mod 256
+    trits = np.subtract((scaled >= np.uint8(171)).view(np.int8), (scaled < np.uint8(86)).view(np.int8))
+    np.copyto(out, trits, casting="unsafe")                   # (float)(trit - 1), exact
+    np.multiply(out, f16_field(blocks, 52), out=out)
 
 
-def decode_tq2_0(blocks: np.ndarray) -> np.ndarray:
-    n = blocks.shape[0]
-    values = np.take(_CODES2_ROWS, field(blocks, 0, 64, "u1")).view(F32).reshape(n, 2, 32, 4)  # (n, g, m, l)
-    out = np.empty((n, 2, 4, 32), dtype=F32)                                   # E = 128g + 32l + m
-    np.multiply(values.transpose(0, 1, 3, 2), f16_field(blocks, 64)[:, :, None, None], out=out)
-    return out.reshape(n, QK_K)
+def _tq2_0_into(blocks: np.ndarray, out: np.ndarray) -> None:
+    words = np.take(field(blocks, 0, 4, "c16"), _TQ2_UNITS, axis=1).view(np.uint64)
+    np.right_shift(words, _TQ2_SHIFTS, out=words)
+    np.bitwise_and(words, _LOW_2BITS, out=words)
+    np.subtract(words.view(np.uint8), F32(1), out=out, dtype=F32)
+    np.multiply(out, f16_field(blocks, 64), out=out)
 
+
+decode_tq1_0 = _chunked(_tq1_0_into)
+decode_tq2_0 = _chunked(_tq2_0_into)
 
 register_codec(Codec("TQ1_0", QK_K, 54, _F32, decode_tq1_0))
 register_codec(Codec("TQ2_0", QK_K, 66, _F32, decode_tq2_0))
