@@ -78,15 +78,15 @@ def _scaled_pairs(table: np.ndarray, quants: np.ndarray, scales: np.ndarray, gro
     """``out`` = values of u8 ``quants[n, k]`` in groups of ``group`` bytes (each: its low nibbles, then its
     high nibbles) under the byte ``scales[n, k / group]``: float32 [n, 2k]."""
     n, width = quants.shape
-    words = np.ascontiguousarray(quants).view(np.uint64)
-    codes = np.empty((2, n, width // 8), dtype=np.uint64)     # low nibbles, high nibbles
+    words = np.ascontiguousarray(quants).view("<u8")
+    codes = np.empty((2, n, width // 8), dtype="<u8")         # low nibbles, high nibbles
     np.bitwise_and(words, _NIBBLES, out=codes[0])
     np.right_shift(words, np.uint64(4), out=codes[1])
     np.bitwise_and(codes[1], _NIBBLES, out=codes[1])
     # Byte 2i of each word becomes nibble 2i | nibble 2i+1 << 4, byte 2i+1 is cleared for the scale.
     np.bitwise_or(codes, codes >> np.uint64(4), out=codes)
     np.bitwise_and(codes, _EVEN_BYTES, out=codes)
-    lanes = codes.view(np.uint16).reshape(2, n, width // group, group // 2)
+    lanes = codes.view("<u2").reshape(2, n, width // group, group // 2)
     np.bitwise_or(lanes, scales.astype(np.uint16)[:, :, None] << np.uint16(8), out=lanes)
     # Every u16 index is inside the 65536-entry table, so mode="clip" only skips numpy's buffered bounds check.
     np.take(table, lanes.transpose(1, 2, 0, 3), out=out.view(np.uint64).reshape(n, width // group, 2, group // 2),

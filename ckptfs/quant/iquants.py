@@ -104,7 +104,7 @@ def _iq4_values(qs: np.ndarray) -> np.ndarray:
     # Byte 2i of each word becomes nibble 2i | nibble 2i+1 << 4 (the odd bytes are cleared): a pair index.
     np.bitwise_or(pairs, pairs >> np.uint64(4), out=pairs)
     np.bitwise_and(pairs, _EVEN_BYTES, out=pairs)
-    order = pairs.view(np.uint16).reshape(2, n, width // 16, 8).transpose(1, 2, 0, 3)
+    order = pairs.view("<u2").reshape(2, n, width // 16, 8).transpose(1, 2, 0, 3)
     return np.take(_IQ4_PAIRS, order).view(F32).reshape(n, 2 * width)
 
 

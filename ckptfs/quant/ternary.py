@@ -67,7 +67,7 @@ def _tq1_0_into(blocks: np.ndarray, out: np.ndarray) -> None:
 
 
 def _tq2_0_into(blocks: np.ndarray, out: np.ndarray) -> None:
-    words = np.take(field(blocks, 0, 4, "c16"), _TQ2_UNITS, axis=1).view(np.uint64)
+    words = np.take(field(blocks, 0, 4, "c16"), _TQ2_UNITS, axis=1).view("<u8")
     np.right_shift(words, _TQ2_SHIFTS, out=words)
     np.bitwise_and(words, _LOW_2BITS, out=words)
     np.subtract(words.view(np.uint8), F32(1), out=out, dtype=F32)
