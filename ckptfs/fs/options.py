@@ -53,8 +53,9 @@ def fixed_options(src: str, libfuse_major: int) -> dict[str, str | bool]:
         "subtype": "ckptfs",
     }
     if libfuse_major >= 3:
-        # libfuse 3.14 passes an unset idle-thread limit (UINT_MAX) to its own range check, which prints
-        # "Ignoring invalid max threads value"; keeping up to 10 idle workers is its documented default.
+        # libfuse 3.14's fuse_main passes its "unset" idle-thread limit (UINT_MAX) to a range check that
+        # prints "Ignoring invalid max threads value" on every mount. 10 is also the default max_threads,
+        # so no idle worker is ever destroyed, as libfuse's own default intends.
         options["max_idle_threads"] = "10"
     return options
 
