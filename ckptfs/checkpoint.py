@@ -166,6 +166,11 @@ class Checkpoint(Mapping):
         self.notes = parsed.notes
         self.passthrough = parsed.passthrough
         self.sources = SourcePool(max_open_files)
+        # Pin every file now, while its header is fresh (sources otherwise open at the first read): a file
+        # replaced or rewritten after that must give errors, or the old bytes, never new bytes read at the
+        # old header's offsets.
+        for path in parsed.files:
+            self.sources.get(path)
         self.cache = BlockCache(cache_bytes)
         self.tensors = [Tensor(self, info, i) for i, info in enumerate(parsed.tensors)]
         self._by_name: dict[str, Tensor] = {}
