@@ -36,7 +36,7 @@ def _fail(exc: BaseException, verbose: bool) -> None:
         traceback.print_exc()
     message = str(exc) if isinstance(exc, (CheckpointError, OSError, ValueError)) else f"{type(exc).__name__}: {exc}"
     click.echo(f"ckptfs: error: {message}".splitlines()[0], err=True)
-    sys.exit(1)
+    sys.exit(getattr(exc, "exit_code", 1))
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})

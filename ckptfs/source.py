@@ -39,7 +39,6 @@ class FileSource:
         fd = self._open_fd()
         st = os.fstat(fd)
         self.size = st.st_size
-        self.mtime = st.st_mtime
         self._identity = (st.st_dev, st.st_ino)
         self._stamp = (st.st_size, st.st_mtime_ns)
         self._fd = fd

@@ -43,7 +43,7 @@ class MountTree:
                 n += 1
                 final = _numbered(name, n)
             self._entries[final] = ("file", path)
-        self.mtime = max((os.stat(f).st_mtime for f in checkpoint.files), default=0.0)
+        self.mtime_ns = max((os.stat(f).st_mtime_ns for f in checkpoint.files), default=0)
         self._views: dict[str, View] = {}
         self._lock = threading.Lock()
 

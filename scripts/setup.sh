@@ -25,6 +25,10 @@ install_system_packages() {
     fi
     $SUDO apt-get install -y -qq fuse3 libfuse3-3 "$fuse2" python3 python3-venv python3-pip \
         attr util-linux coreutils >/dev/null
+    # Debian's udev rule makes /dev/fuse 0666 so that users can mount; some containers and VMs leave 0600.
+    if [ -c /dev/fuse ] && [ "$(stat -c %a /dev/fuse)" != 666 ]; then
+        $SUDO chmod 0666 /dev/fuse || true
+    fi
 }
 
 make_venv() {  # make_venv DIR PIP-ARGS...

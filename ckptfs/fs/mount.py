@@ -56,16 +56,10 @@ class _Plan:
 def run_mount(request: MountRequest) -> int:
     """Mount and return the exit code: in the foreground once unmounted, else once the daemon is ready.
 
-    Usage errors (refused options) print one line and return 2; other failures raise MountError or
-    CheckpointError, which the CLI prints as one line with exit 1.
+    Failures raise MountError (its ``exit_code`` is 2 for refused options) or CheckpointError, which the
+    CLI prints as one line.
     """
-    try:
-        plan = _prepare(request)
-    except MountError as exc:
-        if exc.exit_code == 1:
-            raise
-        print(f"ckptfs: error: {exc}", file=sys.stderr)
-        return exc.exit_code
+    plan = _prepare(request)
     if request.foreground:
         return _run_foreground(plan)
     detach(lambda pipe: _run_daemon(plan, pipe))

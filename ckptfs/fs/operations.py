@@ -93,7 +93,7 @@ class CkptOperations:
         self._on_ready = on_ready
         self._describe = dict(describe or {})
         self._uid, self._gid = os.getuid(), os.getgid()
-        mtime_ns = int(tree.mtime * 1_000_000_000)
+        mtime_ns = tree.mtime_ns
         self._times = {"st_atime": mtime_ns, "st_mtime": mtime_ns, "st_ctime": mtime_ns}
         self._root_attrs = self._attrs(DIR_MODE, 0, nlink=2)
         self._listing = [".", "..", *tree.names()]
