@@ -21,6 +21,7 @@ from gguf.constants import GGML_QUANT_SIZES
 from gguf.scripts import gguf_convert_endian
 
 from ckptfs.quant import codec_for, iq_tables
+from ckptfs.quant._common import CHUNK_ELEMENTS
 from reference import scalar_lowbit  # tests/reference (pytest puts tests/ on sys.path)
 
 GGUF_DECODABLE = ["IQ1_S", "IQ1_M", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ4_NL", "IQ4_XS",
@@ -174,7 +175,7 @@ def test_split_decoding_matches_whole(name: str) -> None:
     """Codecs decode in cache-sized chunks internally: any split of the blocks gives the same values, and
     decoding a non-contiguous (strided) block array equals decoding its contiguous copy."""
     codec = codec_for(name)
-    n = 5 * (1 << 17) // (2 * codec.block_elements) + 3        # 2.5 internal chunks and a ragged tail
+    n = 5 * CHUNK_ELEMENTS // (2 * codec.block_elements) + 3        # 2.5 internal chunks and a ragged tail
     raw = random_blocks(name, n, seed=13)
     whole = decode(name, raw)
     for cut in (1, n // 3, n - 1):

@@ -19,12 +19,10 @@ identity.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import numpy as np
 
 from . import Codec, register_codec
-from ._common import F32, field
+from ._common import F32, chunked, field
 from .iq_tables import KVALUES_FP4
 
 _F32 = np.dtype(F32)
@@ -58,20 +56,6 @@ _MXFP4_PAIRS = _pair_table(_e8m0_half())
 _NVFP4_PAIRS = _pair_table(_ue4m3_half())
 _NIBBLES = np.uint64(0x0F0F0F0F0F0F0F0F)
 _EVEN_BYTES = np.uint64(0x00FF00FF00FF00FF)
-CHUNK_ELEMENTS = 1 << 17                # values per chunk: its temporaries fit in a 1-2 MiB L2 cache
-
-
-def _chunked(kernel: Callable[[np.ndarray, np.ndarray], None], block_elements: int) -> Callable[[np.ndarray], np.ndarray]:
-    """decode(blocks) that runs ``kernel(blocks, out)`` over cache-sized runs of blocks into one output."""
-    step = CHUNK_ELEMENTS // block_elements
-
-    def decode(blocks: np.ndarray) -> np.ndarray:
-        out = np.empty((blocks.shape[0], block_elements), dtype=F32)
-        for start in range(0, blocks.shape[0], step):
-            kernel(blocks[start:start + step], out[start:start + step])
-        return out
-
-    return decode
 
 
 def _scaled_pairs(table: np.ndarray, quants: np.ndarray, scales: np.ndarray, group: int, out: np.ndarray) -> None:
@@ -101,8 +85,8 @@ def _nvfp4_into(blocks: np.ndarray, out: np.ndarray) -> None:
     _scaled_pairs(_NVFP4_PAIRS, field(blocks, 4, 32, "u1"), field(blocks, 0, 4, "u1"), 8, out)
 
 
-decode_mxfp4 = _chunked(_mxfp4_into, 32)
-decode_nvfp4 = _chunked(_nvfp4_into, 64)
+decode_mxfp4 = chunked(_mxfp4_into, 32)
+decode_nvfp4 = chunked(_nvfp4_into, 64)
 
 
 def _byte_only_swap(blocks: np.ndarray) -> np.ndarray:

@@ -23,32 +23,16 @@ No type here has a defined big-endian layout (gguf-py's converter refuses them),
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import numpy as np
 
 from . import Codec, register_codec
-from ._common import F32, f16_field, field, nibbles
+from ._common import F32, chunked, f16_field, field, nibbles
 from .iq_tables import (IQ1S_GRID, IQ2S_GRID, IQ2XS_GRID, IQ2XXS_GRID, IQ3S_GRID, IQ3XXS_GRID, KSIGNS_IQ2XS,
                         KVALUES_IQ4NL)
 
 QK_K = 256
 _F32 = np.dtype(F32)
 _U64 = np.dtype("<u8")
-CHUNK_ELEMENTS = 1 << 17                # values per chunk: its temporaries fit in a 1-2 MiB L2 cache
-
-
-def _chunked(kernel: Callable[[np.ndarray, np.ndarray], None], block_elements: int) -> Callable[[np.ndarray], np.ndarray]:
-    """decode(blocks) that runs ``kernel(blocks, out)`` over cache-sized runs of blocks into one output."""
-    step = CHUNK_ELEMENTS // block_elements
-
-    def decode(blocks: np.ndarray) -> np.ndarray:
-        out = np.empty((blocks.shape[0], block_elements), dtype=F32)
-        for start in range(0, blocks.shape[0], step):
-            kernel(blocks[start:start + step], out[start:start + step])
-        return out
-
-    return decode
 
 
 def _rows(grid: np.ndarray) -> np.ndarray:
@@ -234,15 +218,15 @@ def _iq1_m_into(blocks: np.ndarray, out: np.ndarray) -> None:
     _scaled(rows.view(np.int8).reshape(n, 8, 2, 16), dl[:, :, :, None], out)
 
 
-decode_iq1_s = _chunked(_iq1_s_into, QK_K)
-decode_iq1_m = _chunked(_iq1_m_into, QK_K)
-decode_iq2_xxs = _chunked(_iq2_xxs_into, QK_K)
-decode_iq2_xs = _chunked(_iq2_xs_into, QK_K)
-decode_iq2_s = _chunked(_iq2_s_into, QK_K)
-decode_iq3_xxs = _chunked(_iq3_xxs_into, QK_K)
-decode_iq3_s = _chunked(_iq3_s_into, QK_K)
-decode_iq4_nl = _chunked(_iq4_nl_into, 32)
-decode_iq4_xs = _chunked(_iq4_xs_into, QK_K)
+decode_iq1_s = chunked(_iq1_s_into, QK_K)
+decode_iq1_m = chunked(_iq1_m_into, QK_K)
+decode_iq2_xxs = chunked(_iq2_xxs_into, QK_K)
+decode_iq2_xs = chunked(_iq2_xs_into, QK_K)
+decode_iq2_s = chunked(_iq2_s_into, QK_K)
+decode_iq3_xxs = chunked(_iq3_xxs_into, QK_K)
+decode_iq3_s = chunked(_iq3_s_into, QK_K)
+decode_iq4_nl = chunked(_iq4_nl_into, 32)
+decode_iq4_xs = chunked(_iq4_xs_into, QK_K)
 
 register_codec(Codec("IQ1_S", QK_K, 50, _F32, decode_iq1_s))
 register_codec(Codec("IQ1_M", QK_K, 56, _F32, decode_iq1_m))

@@ -19,16 +19,13 @@ Neither type has a defined big-endian layout (gguf-py's converter refuses them),
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import numpy as np
 
 from . import Codec, register_codec
-from ._common import F32, f16_field, field
+from ._common import F32, chunked, f16_field, field
 
 QK_K = 256
 _F32 = np.dtype(F32)
-CHUNK_BLOCKS = 512                      # 128 Ki values: a chunk's temporaries fit in a 1-2 MiB L2 cache
 
 # TQ1_0: 16-byte units of output order: qs[0:32] five times, qs[32:48] five times, qh[0:4] four times (unit 3
 # of the source row); _TQ1_POW3 is 3^n for the trit each output byte holds.
@@ -40,17 +37,6 @@ _TQ1_POW3 = np.concatenate([np.repeat(np.array([1, 3, 9, 27, 81]), width) for wi
 _TQ2_UNITS = np.array([0, 1, 0, 1, 0, 1, 0, 1, 2, 3, 2, 3, 2, 3, 2, 3])
 _TQ2_SHIFTS = np.tile(np.repeat(np.array([0, 2, 4, 6], dtype=np.uint64), 4), 2)
 _LOW_2BITS = np.uint64(0x0303030303030303)
-
-
-def _chunked(kernel: Callable[[np.ndarray, np.ndarray], None]) -> Callable[[np.ndarray], np.ndarray]:
-    """decode(blocks) that runs ``kernel(blocks, out)`` over cache-sized runs of blocks into one output."""
-    def decode(blocks: np.ndarray) -> np.ndarray:
-        out = np.empty((blocks.shape[0], QK_K), dtype=F32)
-        for start in range(0, blocks.shape[0], CHUNK_BLOCKS):
-            kernel(blocks[start:start + CHUNK_BLOCKS], out[start:start + CHUNK_BLOCKS])
-        return out
-
-    return decode
 
 
 def _tq1_0_into(blocks: np.ndarray, out: np.ndarray) -> None:
@@ -74,8 +60,8 @@ def _tq2_0_into(blocks: np.ndarray, out: np.ndarray) -> None:
     np.multiply(out, f16_field(blocks, 64), out=out)
 
 
-decode_tq1_0 = _chunked(_tq1_0_into)
-decode_tq2_0 = _chunked(_tq2_0_into)
+decode_tq1_0 = chunked(_tq1_0_into, QK_K)
+decode_tq2_0 = chunked(_tq2_0_into, QK_K)
 
 register_codec(Codec("TQ1_0", QK_K, 54, _F32, decode_tq1_0))
 register_codec(Codec("TQ2_0", QK_K, 66, _F32, decode_tq2_0))
