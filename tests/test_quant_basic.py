@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 import types
+import warnings
 from collections.abc import Callable
 
 import ml_dtypes
@@ -23,7 +24,7 @@ from gguf.quants import dequantize as gguf_dequantize
 from gguf.quants import quantize as gguf_quantize
 from gguf.scripts import gguf_convert_endian
 
-from ckptfs.quant import codec_for, kquants, legacy, native
+from ckptfs.quant import Codec, codec_for, kquants, legacy, native
 from reference import scalar_q8  # tests/reference (pytest puts tests/ on sys.path)
 
 GGUF_DECODABLE = ["F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"]
@@ -261,5 +262,45 @@ def test_flat_buffer_and_partial_block_handling() -> None:
     codec = codec_for("Q4_0")
     raw = random_blocks("Q4_0", 10, seed=10)
     np.testing.assert_array_equal(float_bits(codec.dequantize(raw.reshape(-1))), float_bits(decode("Q4_0", raw)))
+    np.testing.assert_array_equal(float_bits(codec.dequantize(raw.tobytes())), float_bits(decode("Q4_0", raw)))
     with pytest.raises(ValueError):
         codec.dequantize(raw.reshape(-1)[:-1])
+
+
+@pytest.mark.parametrize("name", ["F32", "I8", "Q4_0", "Q6_K", "BF16"])
+def test_wrong_block_shapes_raise(name: str) -> None:
+    """The fast argument path of dequantize must still refuse every shape that is not (n, block_bytes)."""
+    codec = codec_for(name)
+    raw = random_blocks(name, 6, seed=12)
+    bad = [raw[:, :-1], np.concatenate([raw, raw[:, :1]], axis=1), raw.reshape(2, 3, -1), np.zeros((), dtype=np.uint8)]
+    if codec.block_bytes > 1:
+        bad += [raw.reshape(-1, 1), raw.reshape(-1)[:-1], raw.tobytes()[:-1]]
+    for blocks in bad:
+        with pytest.raises(ValueError):
+            codec.dequantize(blocks)
+
+
+@pytest.mark.parametrize("name", sorted(PLAIN))
+def test_plain_types_are_zero_copy_views(name: str) -> None:
+    raw = random_blocks(name, 100, seed=13)
+    got = codec_for(name).dequantize(raw)
+    assert got.shape == (100, 1) and np.shares_memory(got, raw)
+    reversed_bytes = raw[:, ::-1]                       # a strided last axis cannot be viewed: decoded from a copy
+    want = np.frombuffer(np.ascontiguousarray(reversed_bytes).tobytes(), dtype="<" + PLAIN[name])
+    assert codec_for(name).dequantize(reversed_bytes).reshape(-1).tobytes() == want.tobytes()
+
+
+@pytest.mark.parametrize("name", sorted(NUMPY_DECODERS))
+def test_nan_and_inf_scales_decode_without_warnings(name: str) -> None:
+    """Random blocks hold NaN/inf scales, which ggml decodes to NaN/inf: dequantize must not let numpy's
+    RuntimeWarnings about them reach users. The bare numpy decoder does warn (so the check can fail)."""
+    raw = random_blocks(name, 3000, seed=14)
+    registry = codec_for(name)
+    numpy_codec = Codec(name, registry.block_elements, registry.block_bytes, registry.dtype, NUMPY_DECODERS[name])
+    with np.errstate(all="warn"):
+        with pytest.warns(RuntimeWarning):
+            NUMPY_DECODERS[name](raw)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            for codec in (registry, numpy_codec):
+                assert not np.isfinite(codec.dequantize(raw)).all()

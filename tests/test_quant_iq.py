@@ -12,6 +12,7 @@ chunk sizes, so chunk boundaries and ragged last chunks are exercised too.
 from __future__ import annotations
 
 import types
+import warnings
 
 import numpy as np
 import pytest
@@ -107,6 +108,15 @@ def test_scale_cases_are_present(name: str) -> None:
     """Guard for the fixture itself: the fp16 scales do produce finite, infinite and NaN outputs."""
     got = decode(name, random_blocks(name, 600, seed=3))
     assert np.isfinite(got).any() and np.isinf(got).any() and np.isnan(got).any()
+
+
+@pytest.mark.parametrize("name", [t for t in ALL_TYPES if t in FP16_SCALE_AT or t == "IQ1_M"])
+def test_nan_and_inf_scales_decode_without_warnings(name: str) -> None:
+    """NaN/inf scales decode to NaN/inf as in ggml; numpy's RuntimeWarnings about them must not reach users."""
+    raw = random_blocks(name, 600, seed=3)
+    with np.errstate(all="warn"), warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert not np.isfinite(codec_for(name).dequantize(raw)).all()
 
 
 @pytest.mark.parametrize("name", GGUF_QUANTIZABLE)

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 Decoder = Callable[[np.ndarray], np.ndarray]
+_U8 = np.dtype(np.uint8)
 
 
 @dataclass(frozen=True)
@@ -38,7 +39,31 @@ class Codec:
     swap: Decoder | None = None
 
     def dequantize(self, blocks: np.ndarray) -> np.ndarray:
-        """Decode ``u8[n, block_bytes]`` (or a flat buffer of whole blocks) into ``dtype[n, block_elements]``."""
+        """Decode ``u8[n, block_bytes]`` (or a flat buffer of whole blocks) into ``dtype[n, block_elements]``.
+
+        Exact types decode to a zero-copy view in a fraction of a microsecond, so the argument checks must
+        cost less than that: the usual input (a uint8 ndarray of the right shape) is recognised from its
+        shape and dtype alone, and anything else goes through the converting, validating ``_as_blocks``.
+        Non-exact decodes run with floating-point warnings off: NaN/inf scales in random or hostile blocks
+        produce the same NaN/inf values ggml does, which are data, not errors (exact types do no arithmetic).
+        """
+        shape = blocks.shape if type(blocks) is np.ndarray and blocks.dtype is _U8 else ()
+        if len(shape) != 2 or shape[1] != self.block_bytes:
+            blocks = self._as_blocks(blocks)
+            shape = blocks.shape
+        if self.exact:
+            out = self.decode(blocks)
+        else:
+            with np.errstate(all="ignore"):
+                out = self.decode(blocks)
+        if out.shape != (shape[0], self.block_elements):   # decode may return the values flat
+            out = out.reshape(shape[0], self.block_elements)
+        return out
+
+    def _as_blocks(self, blocks: object) -> np.ndarray:
+        """Any array or bytes-like input as ``u8[n, block_bytes]``, or ValueError."""
+        if isinstance(blocks, (bytes, bytearray, memoryview)):
+            blocks = np.frombuffer(blocks, dtype=np.uint8)
         blocks = np.asarray(blocks, dtype=np.uint8)
         if blocks.ndim == 1:
             if blocks.size % self.block_bytes:
@@ -46,9 +71,11 @@ class Codec:
                                  f"{self.block_bytes}-byte blocks")
             blocks = blocks.reshape(-1, self.block_bytes)
         if blocks.ndim != 2 or blocks.shape[1] != self.block_bytes:
-            raise ValueError(f"{self.name}: expected blocks of shape (n, {self.block_bytes}), got {blocks.shape}")
-        out = self.decode(blocks)
-        return out.reshape(blocks.shape[0], self.block_elements)
+            raise self._shape_error(blocks.shape)
+        return blocks
+
+    def _shape_error(self, shape: tuple[int, ...]) -> ValueError:
+        return ValueError(f"{self.name}: expected blocks of shape (n, {self.block_bytes}), got {shape}")
 
 
 _registry: dict[str, Codec] = {}

@@ -27,8 +27,13 @@ _PLAIN = {
 
 
 def _view_as(dtype: np.dtype) -> Callable[[np.ndarray], np.ndarray]:
+    """decode for a plain type: ``u8[n, itemsize]`` viewed as ``dtype[n, 1]`` (one numpy call when the bytes
+    of each block are contiguous, which they always are for what the block engine passes; else a copy)."""
     def decode(blocks: np.ndarray) -> np.ndarray:
-        return np.ascontiguousarray(blocks).view(dtype).reshape(-1)
+        try:
+            return blocks.view(dtype)
+        except ValueError:          # the last axis is strided: no view can reinterpret its bytes
+            return np.ascontiguousarray(blocks).view(dtype)
 
     return decode
 
