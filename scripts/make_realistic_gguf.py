@@ -1,0 +1,172 @@
+#!/usr/bin/env python3
+"""Write a GGUF shaped like a real small model, for ``ckptfs bench`` (and scripts/make_bench_safetensors.py).
+
+Real GGUFs are not made of a few big tensors: a 262,144-entry tokenizer vocabulary (tokens, scores, token
+types) dominates the header, and a quantized file mixes types because K-quants need rows that are whole
+256-element blocks. This file copies the shapes of Gemma-3 270M (hidden 640, FFN 2048, 4 query heads and 1
+KV head of 256, a 262144 x 640 embedding) and the type choice llama.cpp's Q4_K_M makes for them: rows of
+640 values cannot be K-quants, so those matrices fall back to Q5_0 / Q8_0, while the 1024- and 2048-long
+rows (attn_output, ffn_down) get Q4_K / Q6_K, and every norm is F32. The layer count (default 26) and an
+untied ``output.weight`` bring the file to about 0.5 GB, large enough that streaming it takes seconds.
+
+The tensor bytes are random but valid: random bytes everywhere, then every fp16 scale overwritten with a
+finite value of realistic size (quantizing with gguf-py takes minutes and it cannot make K-quants; the read
+path's speed does not depend on the weights). Deterministic for a given --seed. Generates in ~10 s.
+
+Usage: python scripts/make_realistic_gguf.py [OUT.gguf] [--layers 26] [--vocab 262144] [--no-output]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+import numpy as np
+
+try:
+    import gguf
+except ImportError:  # pragma: no cover - a script dependency, not the package's
+    sys.exit("make_realistic_gguf.py needs gguf-py: pip install gguf (or pip install 'ckptfs[bench]')")
+
+DEFAULT_OUT = "/tmp/ckptfs-bench/realistic.gguf"
+HIDDEN, FFN, HEADS, KV_HEADS, HEAD_DIM = 640, 2048, 4, 1, 256
+
+# (elements per block, bytes per block, byte offsets of fp16 scale fields) — FORMATS.md block layouts.
+LAYOUTS = {
+    "Q8_0": (32, 34, (0,)),
+    "Q5_0": (32, 22, (0,)),
+    "Q4_K": (256, 144, (0, 2)),
+    "Q6_K": (256, 210, (208,)),
+}
+
+
+def random_blocks(storage_type: str, n_elements: int, rng: np.random.Generator) -> np.ndarray:
+    """Valid block bytes ``u8[n_blocks, block_bytes]``: random payload, finite fp16 scales of ~1e-3."""
+    block_elements, block_bytes, scale_offsets = LAYOUTS[storage_type]
+    n_blocks = n_elements // block_elements
+    raw = rng.integers(0, 256, size=(n_blocks, block_bytes), dtype=np.uint8)
+    for offset in scale_offsets:
+        scale = (rng.uniform(2e-4, 4e-3, n_blocks) * rng.choice([-1.0, 1.0], n_blocks)).astype("<f2")
+        raw[:, offset:offset + 2] = scale.view(np.uint8).reshape(n_blocks, 2)
+    return raw
+
+
+def layer_tensors(i: int) -> list[tuple[str, tuple[int, int] | tuple[int], str]]:
+    """One Gemma-3 block: (name, numpy shape (rows, cols), storage type) as Q4_K_M assigns them."""
+    p = f"blk.{i}."
+    q, kv = HEADS * HEAD_DIM, KV_HEADS * HEAD_DIM
+    return [
+        (p + "attn_norm.weight", (HIDDEN,), "F32"),
+        (p + "attn_q.weight", (q, HIDDEN), "Q5_0"),
+        (p + "attn_k.weight", (kv, HIDDEN), "Q5_0"),
+        (p + "attn_v.weight", (kv, HIDDEN), "Q8_0"),
+        (p + "attn_q_norm.weight", (HEAD_DIM,), "F32"),
+        (p + "attn_k_norm.weight", (HEAD_DIM,), "F32"),
+        (p + "attn_output.weight", (HIDDEN, q), "Q4_K"),
+        (p + "post_attention_norm.weight", (HIDDEN,), "F32"),
+        (p + "ffn_norm.weight", (HIDDEN,), "F32"),
+        (p + "ffn_gate.weight", (FFN, HIDDEN), "Q5_0"),
+        (p + "ffn_up.weight", (FFN, HIDDEN), "Q5_0"),
+        (p + "ffn_down.weight", (HIDDEN, FFN), "Q6_K" if i % 2 == 0 else "Q4_K"),
+        (p + "post_ffw_norm.weight", (HIDDEN,), "F32"),
+    ]
+
+
+def model_tensors(layers: int, vocab: int, untied_output: bool) -> list[tuple[str, tuple[int, ...], str]]:
+    tensors: list[tuple[str, tuple[int, ...], str]] = [("token_embd.weight", (vocab, HIDDEN), "Q8_0")]
+    for i in range(layers):
+        tensors += layer_tensors(i)
+    tensors.append(("output_norm.weight", (HIDDEN,), "F32"))
+    if untied_output:
+        tensors.append(("output.weight", (vocab, HIDDEN), "Q8_0"))
+    return tensors
+
+
+def vocabulary(n: int, rng: np.random.Generator) -> tuple[list[str], np.ndarray, np.ndarray]:
+    """A SentencePiece-like vocabulary: control tokens, 256 byte tokens, then word pieces of 1-12 letters."""
+    control = ["<pad>", "<eos>", "<bos>", "<unk>", "<mask>", "[multimodal]"]
+    tokens = control + [f"<0x{b:02X}>" for b in range(256)]
+    letters = np.frombuffer(b"abcdefghijklmnopqrstuvwxyzetaoinshrdlu", np.uint8)
+    lengths = rng.integers(1, 13, n)
+    codes = letters[rng.integers(0, len(letters), int(lengths.sum()))].tobytes().decode()
+    pos, seen = 0, set(tokens)
+    for length in lengths:
+        if len(tokens) >= n:
+            break
+        piece = ("\u2581" if length % 3 else "") + codes[pos:pos + length]
+        pos += length
+        if piece in seen:
+            piece = f"{piece}{len(tokens)}"
+        seen.add(piece)
+        tokens.append(piece)
+    while len(tokens) < n:
+        tokens.append(f"<unused{len(tokens)}>")
+    scores = -np.arange(n, dtype=np.float32)
+    types = np.full(n, 1, np.int32)  # NORMAL
+    types[:len(control)] = 3  # CONTROL
+    types[len(control):len(control) + 256] = 6  # BYTE
+    return tokens, scores, types
+
+
+def write(out: str, layers: int, vocab: int, untied_output: bool, seed: int) -> int:
+    rng = np.random.default_rng(seed)
+    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+    writer = gguf.GGUFWriter(out, "gemma3")
+    writer.add_name("ckptfs realistic bench model")
+    writer.add_context_length(32768)
+    writer.add_embedding_length(HIDDEN)
+    writer.add_block_count(layers)
+    writer.add_feed_forward_length(FFN)
+    writer.add_head_count(HEADS)
+    writer.add_head_count_kv(KV_HEADS)
+    writer.add_key_length(HEAD_DIM)
+    writer.add_value_length(HEAD_DIM)
+    writer.add_rope_freq_base(1_000_000.0)
+    writer.add_layer_norm_rms_eps(1e-6)
+    writer.add_file_type(15)  # MOSTLY_Q4_K_M
+    tokens, scores, types = vocabulary(vocab, rng)
+    writer.add_tokenizer_model("llama")
+    writer.add_tokenizer_pre("default")
+    writer.add_token_list(tokens)
+    writer.add_token_scores(scores.tolist())  # the writer wants sequences, not arrays
+    writer.add_token_types(types.tolist())
+    writer.add_bos_token_id(2)
+    writer.add_eos_token_id(1)
+    writer.add_unk_token_id(3)
+    writer.add_pad_token_id(0)
+    writer.add_add_bos_token(True)
+    writer.add_chat_template("{{ bos_token }}{% for m in messages %}<start_of_turn>{{ m['role'] }}\n"
+                             "{{ m['content'] }}<end_of_turn>\n{% endfor %}<start_of_turn>model\n")
+    for name, shape, storage_type in model_tensors(layers, vocab, untied_output):
+        n = int(np.prod(shape))
+        if storage_type == "F32":
+            writer.add_tensor(name, (1.0 + 0.1 * rng.standard_normal(n, dtype=np.float32)).reshape(shape))
+            continue
+        blocks = random_blocks(storage_type, n, rng)
+        rows = blocks.reshape(shape[0], -1)
+        writer.add_tensor(name, rows, raw_dtype=gguf.GGMLQuantizationType[storage_type])
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return os.path.getsize(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("out", nargs="?", default=DEFAULT_OUT)
+    parser.add_argument("--layers", type=int, default=26)
+    parser.add_argument("--vocab", type=int, default=262144)
+    parser.add_argument("--no-output", action="store_true", help="tie the output to the embedding")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    start = time.perf_counter()
+    size = write(args.out, args.layers, args.vocab, not args.no_output, args.seed)
+    print(f"{args.out}: {size / 2**20:.0f} MiB, {time.perf_counter() - start:.1f} s", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
