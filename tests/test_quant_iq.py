@@ -6,7 +6,8 @@ tests/reference/scalar_lowbit.py. Block bytes are uniformly random, so every val
 (e=255 MXFP4 scales, 0x7F/0xFF NVFP4 scales, every grid row and sign pattern); fp16 scales are additionally
 forced to finite values in some blocks and to NaN/inf/zero/subnormal in others. Real quantized data comes
 from gguf-py's quantizer where it has one (TQ1_0, TQ2_0, MXFP4). Block counts exceed the codecs' internal
-chunk sizes, so chunk boundaries and ragged last chunks are exercised too.
+chunk sizes, so chunk boundaries and ragged last chunks are exercised too. TQ1_0/TQ2_0 also have C kernels:
+their tests run on the numpy and the native path, and the two are compared bit for bit.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from gguf import quants as gguf_quants
 from gguf.constants import GGML_QUANT_SIZES
 from gguf.scripts import gguf_convert_endian
 
-from ckptfs.quant import codec_for, iq_tables
+from ckptfs.quant import codec_for, iq_tables, native, ternary
 from ckptfs.quant._common import CHUNK_ELEMENTS
 from reference import scalar_lowbit  # tests/reference (pytest puts tests/ on sys.path)
 
@@ -32,6 +33,10 @@ SCALAR_REFERENCE = {"Q1_0": scalar_lowbit.dequantize_q1_0, "Q2_0": scalar_lowbit
 ALL_TYPES = GGUF_DECODABLE + sorted(SCALAR_REFERENCE)
 # CONTRACT.md: big-endian MXFP4/NVFP4 are decodable "as gguf-py's converter does"; it swaps nothing for them.
 BYTE_ONLY_TYPES = {"MXFP4": gguf_convert_endian.byteswap_noop, "NVFP4": gguf_convert_endian.byteswap_noop}
+
+# The numpy decoders of the types the optional C extension also decodes: every test of them runs on each path.
+NUMPY_DECODERS = {"TQ1_0": ternary.decode_tq1_0, "TQ2_0": ternary.decode_tq2_0}
+PATHS = ("registry", "numpy", "native")
 
 # Byte offsets of the fp16 scale in each block (IQ1_M scatters its scale: handled in with_scales).
 FP16_SCALE_AT = {"IQ4_NL": 0, "IQ4_XS": 0, "IQ2_XXS": 0, "IQ2_XS": 0, "IQ2_S": 0, "IQ3_XXS": 0, "IQ3_S": 0,
@@ -84,9 +89,23 @@ def random_blocks(name: str, n: int, seed: int) -> np.ndarray:
     return with_scales(raw, name, seed + 1000)
 
 
-def decode(name: str, raw: np.ndarray) -> np.ndarray:
+def decode(name: str, raw: np.ndarray, path: str = "registry") -> np.ndarray:
+    """Decode through the registry (what readers use), or explicitly through the numpy or the native path."""
+    codec = codec_for(name)
+    if path == "registry":
+        fn = codec.dequantize
+    elif path == "numpy":
+        fn = NUMPY_DECODERS[name]
+    else:
+        fn = native.kernel(name, codec.block_elements)
+        if fn is None:
+            pytest.skip("native kernels not built (python setup.py build_ext --inplace) or CKPTFS_NO_NATIVE set")
     with np.errstate(all="ignore"):
-        return codec_for(name).dequantize(raw)
+        return fn(raw).reshape(raw.shape[0], codec.block_elements)
+
+
+def with_paths(names: list[str]) -> list[tuple[str, str]]:
+    return [(name, path) for name in names for path in (PATHS if name in NUMPY_DECODERS else ("registry",))]
 
 
 def gguf_dequantize(raw: np.ndarray, name: str) -> np.ndarray:
@@ -94,11 +113,11 @@ def gguf_dequantize(raw: np.ndarray, name: str) -> np.ndarray:
         return gguf_quants.dequantize(raw, GGMLQuantizationType[name])
 
 
-@pytest.mark.parametrize("name", GGUF_DECODABLE)
-def test_random_blocks_match_gguf_py(name: str) -> None:
+@pytest.mark.parametrize("name,path", with_paths(GGUF_DECODABLE))
+def test_random_blocks_match_gguf_py(name: str, path: str) -> None:
     codec = codec_for(name)
     raw = random_blocks(name, 6000 if codec.block_elements <= 64 else 1500, seed=7)
-    got = decode(name, raw)
+    got = decode(name, raw, path)
     assert got.shape == (raw.shape[0], codec.block_elements)
     assert_same_floats(got, gguf_dequantize(raw, name))
 
@@ -119,15 +138,29 @@ def test_nan_and_inf_scales_decode_without_warnings(name: str) -> None:
         assert not np.isfinite(codec_for(name).dequantize(raw)).all()
 
 
-@pytest.mark.parametrize("name", GGUF_QUANTIZABLE)
-def test_quantized_data_matches_gguf_py(name: str) -> None:
+@pytest.mark.parametrize("name,path", with_paths(GGUF_QUANTIZABLE))
+def test_quantized_data_matches_gguf_py(name: str, path: str) -> None:
     rng = np.random.default_rng(2)
     weights = (rng.standard_normal((32, 1024)) * rng.uniform(1e-3, 10, size=(32, 1))).astype(np.float32)
     weights[0] = 0.0
     raw = gguf_quants.quantize(weights, GGMLQuantizationType[name])
     codec = codec_for(name)
-    got = decode(name, raw.reshape(-1, codec.block_bytes))
+    got = decode(name, raw.reshape(-1, codec.block_bytes), path)
     assert_same_floats(got, gguf_dequantize(raw, name))
+
+
+@pytest.mark.parametrize("name", sorted(NUMPY_DECODERS))
+def test_native_and_numpy_paths_are_bit_identical(name: str) -> None:
+    """The C loops must do the numpy path's float32 operations: same bits, NaN payloads included (each value
+    is one multiply with at most one NaN operand), on contiguous, strided and read-only inputs."""
+    raw = random_blocks(name, 3000, seed=11)
+    want = decode(name, raw, "numpy").view(np.uint32)
+    np.testing.assert_array_equal(decode(name, raw, "native").view(np.uint32), want)
+    odd_view = np.concatenate([raw, raw], axis=1)[:, : raw.shape[1]]        # not contiguous
+    np.testing.assert_array_equal(decode(name, odd_view, "native").view(np.uint32), want)
+    readonly = np.frombuffer(raw.tobytes(), dtype=np.uint8).reshape(raw.shape)
+    np.testing.assert_array_equal(decode(name, readonly, "native").view(np.uint32), want)
+    assert decode(name, raw[:0], "native").shape == (0, codec_for(name).block_elements)
 
 
 @pytest.mark.parametrize("name", sorted(SCALAR_REFERENCE))

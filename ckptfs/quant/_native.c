@@ -1,11 +1,12 @@
 /*
- * Optional C kernels for the hottest GGML block types (legacy Q4_0..Q8_1 and the K-quants).
+ * Optional C kernels for the hottest GGML block types (legacy Q4_0..Q8_1, the K-quants, TQ1_0/TQ2_0) and
+ * for BF16 -> float32.
  *
  * Why: the numpy decoders spend most of their time in per-block bookkeeping (numpy iterates 16- to
  * 64-element inner loops once per block) and in extra passes over the float32 output; one pass in C writes
- * each output value once. Results must be bit-identical to the numpy path (ckptfs/quant/legacy.py,
- * kquants.py), which stays the reference and the fallback: every value is computed in float32 in the same
- * order (integer code -> float, then `scale * q`, then `- min` / `+ m`), and the module must be compiled
+ * each output value once. Results must be bit-identical to the numpy path (ckptfs/quant/legacy.py, kquants.py,
+ * ternary.py, floats.py), which stays the reference and the fallback: every value is computed in float32 in the
+ * same order (integer code -> float, then `scale * q`, then `- min` / `+ m`), and the module must be compiled
  * with -ffp-contract=off so that no multiply-add is fused into one rounding.
  *
  * Interface: dequantize(type_name: str, src: bytes-like, dst: writable float32 buffer, n_blocks: int).
@@ -229,6 +230,67 @@ static void q8_k(const uint8_t *restrict x, float *restrict y, Py_ssize_t nb) {
     for (Py_ssize_t i = 0; i < nb; i++, x += 292, y += 256) q8_block(x + 4, float_at(x), y, 256);
 }
 
+/* ---- ternary types (FORMATS.md: y = (t - 1) * d, the small integer converted first) ---- */
+
+/* Trit n of a TQ1_0 byte b: ((b * 3^n mod 256) * 3) >> 8, i.e. 0, 1, 2. */
+static inline int trit(uint8_t b, uint8_t pow3) {
+    const uint8_t scaled = (uint8_t)(b * pow3);
+    return ((int)scaled * 3) >> 8;
+}
+
+static const uint8_t POW3[5] = {1, 3, 9, 27, 81};
+
+/* Elements 32n + m: trit n of qs[m] (m < 32); 160 + 16n + m: trit n of qs[32 + m]; 240 + 4n + m: of qh[m]. */
+static void tq1_0(const uint8_t *restrict x, float *restrict y, Py_ssize_t nb) {
+    for (Py_ssize_t i = 0; i < nb; i++, x += 54, y += 256) {
+        const uint8_t *qs = x, *qh = x + 48;
+        const float d = half_to_float(x + 52);
+        for (int n = 0; n < 5; n++) {
+            const uint8_t p = POW3[n];
+            float *out = y + 32 * n;
+            for (int m = 0; m < 32; m++) out[m] = (float)(trit(qs[m], p) - 1) * d;
+        }
+        for (int n = 0; n < 5; n++) {
+            const uint8_t p = POW3[n];
+            float *out = y + 160 + 16 * n;
+            for (int m = 0; m < 16; m++) out[m] = (float)(trit(qs[32 + m], p) - 1) * d;
+        }
+        for (int n = 0; n < 4; n++) {
+            const uint8_t p = POW3[n];
+            float *out = y + 240 + 4 * n;
+            for (int m = 0; m < 4; m++) out[m] = (float)(trit(qh[m], p) - 1) * d;
+        }
+    }
+}
+
+/* Element 128g + 32l + m: q = (qs[32g + m] >> 2l) & 3. */
+static void tq2_0(const uint8_t *restrict x, float *restrict y, Py_ssize_t nb) {
+    for (Py_ssize_t i = 0; i < nb; i++, x += 66, y += 256) {
+        const float d = half_to_float(x + 64);
+        for (int g = 0; g < 2; g++)
+            for (int l = 0; l < 4; l++) {
+                const uint8_t *qs = x + 32 * g;
+                float *out = y + 128 * g + 32 * l;
+                for (int m = 0; m < 32; m++) out[m] = (float)(((qs[m] >> (2 * l)) & 3) - 1) * d;
+            }
+    }
+}
+
+/* ---- bfloat16: the top half of a float32 (one "block" per value) ---- */
+
+static void bf16(const uint8_t *restrict x, float *restrict y, Py_ssize_t nb) {
+    Py_ssize_t i = 0;
+    for (; i + 16 <= nb; i += 16)                   /* a fixed-length inner loop: gcc -O2 vectorizes it */
+        for (int k = 0; k < 16; k++) {
+            const uint32_t bits = ((uint32_t)x[2 * (i + k)] | ((uint32_t)x[2 * (i + k) + 1] << 8)) << 16;
+            memcpy(y + i + k, &bits, sizeof bits);
+        }
+    for (; i < nb; i++) {
+        const uint32_t bits = ((uint32_t)x[2 * i] | ((uint32_t)x[2 * i + 1] << 8)) << 16;
+        memcpy(y + i, &bits, sizeof bits);
+    }
+}
+
 typedef void (*kernel_fn)(const uint8_t *, float *, Py_ssize_t);
 
 static const struct {
@@ -240,6 +302,7 @@ static const struct {
     {"Q8_0", 34, 32, q8_0}, {"Q8_1", 36, 32, q8_1},
     {"Q2_K", 84, 256, q2_k}, {"Q3_K", 110, 256, q3_k}, {"Q4_K", 144, 256, q4_k}, {"Q5_K", 176, 256, q5_k},
     {"Q6_K", 210, 256, q6_k}, {"Q8_K", 292, 256, q8_k},
+    {"TQ1_0", 54, 256, tq1_0}, {"TQ2_0", 66, 256, tq2_0}, {"BF16", 2, 1, bf16},
 };
 #define N_KERNELS (sizeof KERNELS / sizeof KERNELS[0])
 

@@ -1,4 +1,4 @@
-"""Optional C kernels (``_native``) for the legacy and K-quant block types, with the numpy code as fallback.
+"""Optional C kernels (``_native``) for the legacy, K-quant and ternary block types and BF16, numpy as fallback.
 
 The numpy decoders are the reference: the C loops compute the same float32 operations in the same order
 (built with -ffp-contract=off), and the tests compare both paths bit for bit. The extension is optional:

@@ -12,7 +12,9 @@ Why the code looks the way it does: numpy pays ~20 ns per inner loop, so whole-a
 32 bytes (the natural shapes here) cost more than the arithmetic. Each block's bytes are therefore first
 copied into output order in 16-byte units (one ``np.take`` of complex128 items: byte runs of 32 / 16 bytes
 repeated once per trit or code position), after which every step runs over whole 256-byte rows. Blocks are
-processed in chunks whose temporaries stay in the CPU cache.
+processed in chunks whose temporaries stay in the CPU cache. That still reads every value back several times
+(1.3-2x gguf-py for TQ2_0, whose own decoder is a few whole-array steps), so where the optional C extension is
+built it decodes both types in one pass instead (same float32 operations; see native.py).
 
 Neither type has a defined big-endian layout (gguf-py's converter refuses them), so ``swap`` is None.
 """
@@ -23,6 +25,7 @@ import numpy as np
 
 from . import Codec, register_codec
 from ._common import F32, chunked, f16_field, field
+from .native import accelerated
 
 QK_K = 256
 _F32 = np.dtype(F32)
@@ -63,5 +66,5 @@ def _tq2_0_into(blocks: np.ndarray, out: np.ndarray) -> None:
 decode_tq1_0 = chunked(_tq1_0_into, QK_K)
 decode_tq2_0 = chunked(_tq2_0_into, QK_K)
 
-register_codec(Codec("TQ1_0", QK_K, 54, _F32, decode_tq1_0))
-register_codec(Codec("TQ2_0", QK_K, 66, _F32, decode_tq2_0))
+register_codec(Codec("TQ1_0", QK_K, 54, _F32, accelerated("TQ1_0", QK_K, decode_tq1_0)))
+register_codec(Codec("TQ2_0", QK_K, 66, _F32, accelerated("TQ2_0", QK_K, decode_tq2_0)))
