@@ -159,6 +159,7 @@ class Progress:
     def close(self) -> None:
         if not self._enabled:
             return
+        self._enabled = False
         if self._bar is not None:
             self._bar.close()
         else:
@@ -191,22 +192,33 @@ def _drop_page_cache(paths: tuple[str, ...]) -> None:
 
 
 class BenchMount:
-    """``ckptfs mount`` by the real CLI on a fresh directory; ``close`` always unmounts and removes it."""
+    """``ckptfs mount`` by the real CLI on a fresh directory; use through :func:`bench_mount`, which always
+    unmounts and removes it."""
 
     def __init__(self, src: str, workdir: str, label: str, cache_size: int, env: dict[str, str] | None = None):
         self.path = os.path.join(workdir, label)
         self.log = os.path.join(workdir, label + ".log")
+        self.pid: int | None = None
+        self.ready_s = float("nan")
+        self._command = [sys.executable, "-m", "ckptfs.cli", "mount", src, self.path, "--cache-size",
+                         str(cache_size), "--log-file", self.log]
+        self._env = {**os.environ, **(env or {})}
         os.mkdir(self.path)
-        command = [sys.executable, "-m", "ckptfs.cli", "mount", src, self.path, "--cache-size", str(cache_size),
-                   "--log-file", self.log]
+
+    def start(self) -> None:
+        """Run ``ckptfs mount`` (it returns once the mount is ready); MountFailed with its reason."""
         start = time.perf_counter()
-        result = subprocess.run(command, stdin=subprocess.DEVNULL, capture_output=True, text=True,
-                                env={**os.environ, **(env or {})}, timeout=MOUNT_TIMEOUT)
+        process = subprocess.Popen(self._command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                   stderr=subprocess.PIPE, text=True, env=self._env)
+        try:
+            _, err = process.communicate(timeout=MOUNT_TIMEOUT)
+        except BaseException:
+            # Interrupted: let the CLI finish, so a mount it is making exists when close() looks for it.
+            process.wait(timeout=MOUNT_TIMEOUT)
+            raise
         self.ready_s = time.perf_counter() - start
-        if result.returncode != 0:
-            os.rmdir(self.path)
-            reason = (result.stderr.strip().splitlines() or [f"exit status {result.returncode}"])[-1]
-            raise MountFailed(reason)
+        if process.returncode != 0:
+            raise MountFailed((err.strip().splitlines() or [f"exit status {process.returncode}"])[-1])
         self.pid = int(self.stats()["pid"])
 
     def stats(self) -> dict[str, Any]:
@@ -226,12 +238,23 @@ class BenchMount:
             print(f"ckptfs bench: could not unmount {self.path}: {exc}", file=sys.stderr)
             return
         deadline = time.monotonic() + 5.0
-        while _alive(self.pid) and time.monotonic() < deadline:
+        while self.pid is not None and _alive(self.pid) and time.monotonic() < deadline:
             time.sleep(0.02)
         try:
             os.rmdir(self.path)
         except OSError:
             pass
+
+
+@contextmanager
+def bench_mount(src: str, workdir: str, label: str, cache_size: int,
+                env: dict[str, str] | None = None) -> Iterator[BenchMount]:
+    mount = BenchMount(src, workdir, label, cache_size, env)
+    try:
+        mount.start()
+        yield mount
+    finally:
+        mount.close()
 
 
 def _alive(pid: int) -> bool:
@@ -541,15 +564,31 @@ def _percentile(times: np.ndarray, q: float) -> float:
 def _measure_mount(plan: Plan, workdir: str, cache_size: int, progress: Progress, with_reference: bool,
                    results: dict[str, Any]) -> Reference | None:
     """Everything on the first fresh daemon, the reference workloads while it is still mounted (their
-    values are compared with the files it served), then the .npy scan again without prefetch."""
-    rng = np.random.default_rng(0)
+    values are compared with the files it served), then the .npy scan again on a daemon without prefetch."""
     m: dict[str, Any] = results["mount"]
+    reference = None
     progress.step("mount (cold page cache)")
     _drop_page_cache(plan.files)
-    mount = BenchMount(plan.src, workdir, "mnt", cache_size)
-    reference = None
+    with bench_mount(plan.src, workdir, "mnt", cache_size) as mount:
+        _mount_workloads(plan, mount, progress, m)
+        if with_reference:
+            reference = (gguf_reference if plan.format == "gguf" else safetensors_reference)(plan, mount, progress)
+    progress.step("scan every .npy with prefetch off (a fresh daemon)")
+    with bench_mount(plan.src, workdir, "mnt-noprefetch", cache_size, env={"CKPTFS_PREFETCH": "0"}) as plain:
+        sampler = AnonMemorySampler(plain.pid)
+        try:
+            m["npy_noprefetch_bytes"], m["npy_noprefetch_s"] = scan([plain.file(f.file) for f in plan.npy],
+                                                                    progress)
+        finally:
+            m["daemon_peak_rss_anon_noprefetch"] = sampler.stop()
+    return reference
+
+
+def _mount_workloads(plan: Plan, mount: BenchMount, progress: Progress, m: dict[str, Any]) -> None:
+    """The user-side workloads, in an order that keeps each one cold where it claims to be."""
+    rng = np.random.default_rng(0)
+    sampler = AnonMemorySampler(mount.pid)
     try:
-        sampler = AnonMemorySampler(mount.pid)
         m["ready_s"] = mount.ready_s
         m["listdir_s"], names = _timed(lambda: os.listdir(mount.path))
         m["files"] = len(names)
@@ -564,7 +603,7 @@ def _measure_mount(plan: Plan, workdir: str, cache_size: int, progress: Progress
                             "shape": list(largest.shape), "nbytes": largest.nbytes}
         progress.step("metadata.json, ls -l")
         if "metadata.json" in names:
-            m["metadata_json_first_s"], size = _timed(lambda: len(open(mount.file("metadata.json"), "rb").read()))
+            m["metadata_json_first_s"], size = _timed(lambda: len(_read_file(mount.file("metadata.json"))))
             m["metadata_json_bytes"] = size
         m["stat_all_s"], _ = _timed(lambda: [os.stat(mount.file(n)) for n in names])
         if largest is not None:
@@ -587,21 +626,14 @@ def _measure_mount(plan: Plan, workdir: str, cache_size: int, progress: Progress
         m["npy_bytes"], m["npy_s"] = scan([mount.file(f.file) for f in plan.npy], progress)
         progress.step("scan every .raw")
         m["raw_bytes"], m["raw_s"] = scan([mount.file(n) for n in plan.raw], progress)
-        m["daemon_peak_rss_anon"] = sampler.stop()
         m["cache"] = mount.stats()["cache"]
-        if with_reference:
-            reference = (gguf_reference if plan.format == "gguf" else safetensors_reference)(plan, mount, progress)
     finally:
-        mount.close()
-    progress.step("scan every .npy with prefetch off (a fresh daemon)")
-    plain = BenchMount(plan.src, workdir, "mnt-noprefetch", cache_size, env={"CKPTFS_PREFETCH": "0"})
-    try:
-        sampler = AnonMemorySampler(plain.pid)
-        m["npy_noprefetch_bytes"], m["npy_noprefetch_s"] = scan([plain.file(f.file) for f in plan.npy], progress)
-        m["daemon_peak_rss_anon_noprefetch"] = sampler.stop()
-    finally:
-        plain.close()
-    return reference
+        m["daemon_peak_rss_anon"] = sampler.stop()
+
+
+def _read_file(path: str) -> bytes:
+    with open(path, "rb") as f:
+        return f.read()
 
 
 def _random_offsets(f: NpyFile, n: int, rng: np.random.Generator) -> np.ndarray:
@@ -790,20 +822,20 @@ def run_bench(src: str, as_json: bool = False, cache_size: int = 512 << 20, verb
                                "tensors": plan.tensors, "stored_bytes": plan.stored_bytes, "cache_size": cache_size,
                                "machine": _machine(), "mount": {}}
     workdir = tempfile.mkdtemp(prefix="ckptfs-bench-")
-    try:
-        with _sigterm_as_interrupt():
+    with _sigterm_as_interrupt():
+        try:
             reference = _measure_mount(plan, workdir, cache_size, progress, with_reference, results)
-    except KeyboardInterrupt:
-        progress.close()
-        print("ckptfs bench: interrupted (mounts cleaned up)", file=sys.stderr)
-        return 130
-    except MountFailed as exc:
-        progress.close()
-        print(f"ckptfs: error: mount failed: {exc}", file=sys.stderr)
-        return 1
-    finally:
-        progress.close()
-        _remove_workdir(workdir)
+        except KeyboardInterrupt:
+            progress.close()
+            print("ckptfs bench: interrupted (mounts cleaned up)", file=sys.stderr)
+            return 130
+        except MountFailed as exc:
+            progress.close()
+            print(f"ckptfs: error: mount failed: {exc}", file=sys.stderr)
+            return 1
+        finally:
+            progress.close()
+            _remove_workdir(workdir)
     results["machine"]["load_average_after"] = list(os.getloadavg())
     _summarize(results, reference, cache_size)
     print(json.dumps(results, indent=2) if as_json else render(results))
