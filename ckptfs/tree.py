@@ -14,9 +14,19 @@ import threading
 from .checkpoint import Checkpoint, Tensor
 from .jsonutil import dumps_bytes
 from .names import assign_stems
-from .views import BytesView, FileView, NpyView, RawView, View
+from .views import BytesView, FileView, NpyView, RawView, View, npy_header
 
 METADATA_FILE = "metadata.json"
+#: A file's size is a signed 64-bit off_t.
+MAX_FILE_BYTES = (1 << 63) - 1
+
+
+def _npy_fits_in_a_file(tensor: Tensor) -> bool:
+    """False for a tensor that decodes to more than a file can hold (a hostile header: say 2^62 Q4_0 elements
+    are 2^64 bytes of float32). Its .npy is left out: listed, its size would wrap around to the header's."""
+    if tensor.nbytes < 1 << 62:
+        return True
+    return len(npy_header(tensor.shape, tensor.dtype)) + tensor.nbytes <= MAX_FILE_BYTES
 
 
 def _numbered(name: str, n: int) -> str:
@@ -32,7 +42,7 @@ class MountTree:
         self._entries: dict[str, tuple[str, object]] = {}
         stems = assign_stems([t.name for t in checkpoint.tensors])
         for tensor, stem in zip(checkpoint.tensors, stems):
-            if tensor.decodable:
+            if tensor.decodable and _npy_fits_in_a_file(tensor):
                 self._entries[stem + ".npy"] = ("npy", tensor)
             self._entries[stem + ".raw"] = ("raw", tensor)
             self._entries[stem + ".meta.json"] = ("meta", tensor)
