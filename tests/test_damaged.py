@@ -595,3 +595,37 @@ def test_info_lists_damaged_tensors_and_why(gguf_case, tmp_path):
     start = lines.index(f"damaged tensors: {len(expected)}")
     assert lines[start + 1:start + 1 + len(expected)] == [
         f"  {row['name']!r} ({row['storage_type']}): {row['reason']}" for row in expected]
+
+
+# --------------------------------------------------------------------------- a tensor too big for a file
+
+def test_tensor_decoding_to_more_than_a_file_holds(mounted, tmp_path):
+    """2^62 Q4_0 elements: 2^64 bytes of float32, more than a file's size (a signed 64-bit off_t) can say.
+    Its .npy is left out (listed, its size would wrap around to the header's 128 bytes); its .raw is listed at
+    its stored size (18 bytes per 32 elements, past the end of the file: every read fails); the rest serves."""
+    def string(text: bytes) -> bytes:
+        return struct.pack("<Q", len(text)) + text
+
+    header = b"GGUF" + struct.pack("<IQQ", 3, 2, 0)
+    header += string(b"huge") + struct.pack("<IQIQ", 1, 2**62, 2, 0)     # Q4_0 (type 2) at data offset 0
+    header += string(b"ok") + struct.pack("<IQIQ", 1, 4, 0, 0)           # F32, the 16 bytes that exist
+    values = np.array([1, 2, 3, 4], "<f4")
+    path = tmp_path / "huge.gguf"
+    path.write_bytes(header + bytes(-len(header) % 32) + values.tobytes())
+
+    with ckptfs.open(str(path)) as ck:
+        assert ck["huge"].nbytes == 2**64 and ck["huge"].info.damaged.startswith("truncated")
+        assert set(MountTree(ck).names()) == {"huge.raw", "huge.meta.json", "ok.npy", "ok.raw", "ok.meta.json",
+                                              "metadata.json"}
+    mnt = mounted(path)
+    assert sorted(os.listdir(mnt)) == ["huge.meta.json", "huge.raw", "metadata.json", "ok.meta.json", "ok.npy",
+                                       "ok.raw"]
+    assert os.stat(mnt / "huge.raw").st_size == 2**62 // 32 * 18
+    fd = os.open(mnt / "huge.raw", os.O_RDONLY)
+    try:
+        with pytest.raises(OSError) as info:
+            os.pread(fd, 10, 0)
+    finally:
+        os.close(fd)
+    assert info.value.errno == errno.EIO
+    assert (mnt / "ok.npy").read_bytes() == npy_bytes(values)
