@@ -629,3 +629,14 @@ def test_tensor_decoding_to_more_than_a_file_holds(mounted, tmp_path):
         os.close(fd)
     assert info.value.errno == errno.EIO
     assert (mnt / "ok.npy").read_bytes() == npy_bytes(values)
+
+
+def test_safetensors_trailing_bytes_are_a_note_not_damage(st_case, tmp_path):
+    written, layout = st_case
+    path = tmp_path / "trailing.safetensors"
+    path.write_bytes(written.path.read_bytes() + b"\x00" * 100)
+    size = path.stat().st_size
+    with ckptfs.open(str(path)) as ck:
+        assert ck.damaged() == []
+        assert any("100 trailing bytes" in note for note in ck.notes), ck.notes
+    check_library(path, layout, written.metadata, size)
