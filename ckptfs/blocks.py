@@ -75,8 +75,7 @@ class TensorData:
         if b1 > self.available_blocks():
             raise self._missing(max(b0, self.available_blocks()), b1)
         if self.direct:
-            bb = self.info.block_bytes
-            raw = self.source.pread(self.info.offset + b0 * bb, (b1 - b0) * bb)
+            raw = self._pread_blocks(b0, b1)
             return np.frombuffer(raw, self.dtype)[e0 - b0 * be: e1 - b0 * be]
         if not use_cache:
             return self._decode_uncached(b0, b1)[e0 - b0 * be: e1 - b0 * be]
@@ -95,9 +94,11 @@ class TensorData:
             pos += stop - start
         return out
 
+    def _key(self, g: int) -> tuple:
+        return (self.info.source, self.info.offset, self.info.storage_type, self.dtype.str, self.group_blocks, g)
+
     def _group(self, g: int) -> np.ndarray:
-        key = (self.info.source, self.info.offset, self.info.storage_type, self.dtype.str, self.group_blocks, g)
-        return self._cache.get_or_load(key, lambda: self._decode_group(g))
+        return self._cache.get_or_load(self._key(g), lambda: self._decode_group(g))
 
     def _decode_group(self, g: int) -> np.ndarray:
         b0 = g * self.group_blocks
@@ -114,7 +115,7 @@ class TensorData:
 
     def _decode_blocks(self, b0: int, b1: int) -> np.ndarray:
         bb = self.info.block_bytes
-        raw = self.source.pread(self.info.offset + b0 * bb, (b1 - b0) * bb)
+        raw = self._pread_blocks(b0, b1)
         blocks = np.frombuffer(raw, np.uint8).reshape(b1 - b0, bb)
         if self.info.byte_order == ">":
             blocks = self.codec.swap(blocks)
@@ -123,10 +124,26 @@ class TensorData:
             values = values.astype(self.dtype)
         return values
 
+    def _pread_blocks(self, b0: int, b1: int) -> bytes:
+        """The stored bytes of blocks [b0, b1); a source error (the file changed) says which tensor it hit."""
+        bb = self.info.block_bytes
+        try:
+            return self.source.pread(self.info.offset + b0 * bb, (b1 - b0) * bb)
+        except CheckpointError as exc:
+            raise CheckpointError(exc.file, exc.offset, f"tensor {self.info.name!r}: {exc.reason}") from None
+
     def prefetch_group(self, g: int) -> None:
-        """Decode group ``g`` into the cache if it is not there (for background read-ahead)."""
-        if not self.direct and g * self.group_blocks < self.available_blocks():
+        """Decode group ``g`` into the cache if it is not there (for background read-ahead). A group already
+        cached is left alone without a lookup, so read-ahead does not count as cache hits."""
+        if not self.direct and g * self.group_blocks < self.available_blocks() and self._key(g) not in self._cache:
             self._group(g)
+
+    def stored_range(self, e0: int, e1: int) -> tuple[int, int]:
+        """(file offset, size) of the stored blocks behind elements [e0, e1), clipped to the tensor (for
+        telling the kernel which source bytes are about to be read)."""
+        be, bb = self.info.block_elements, self.info.block_bytes
+        b0, b1 = max(0, e0) // be, min(-(-e1 // be), self.n_blocks)
+        return self.info.offset + b0 * bb, max(0, b1 - b0) * bb
 
     def group_of_element(self, e: int) -> int:
         return (e // self.info.block_elements) // self.group_blocks
