@@ -264,18 +264,25 @@ def test_backing_file_changed_under_a_live_mount(mounted, model, bystander, tmp_
 
 def test_rewritten_file_is_detected_not_served(mounted, model, tmp_path):
     """The sharpest case: same size, every data byte different, nothing read before. Only EIO can come back
-    for tensor data (no cache holds mount-time bytes), and nothing in the mount is lost besides."""
+    for tensor data (no cache holds mount-time bytes), each logged naming the tensor, and nothing in the mount
+    is lost besides."""
     written, files = model
     path = tmp_path / "model.gguf"
     path.write_bytes(written.path.read_bytes())
-    mnt = mounted(path)
+    log = tmp_path / "daemon.log"
+    mnt = mounted(path, "--log-file", str(log))
     pid = mount_stats(mnt)["pid"]
     time.sleep(0.05)  # a later mtime tick for the rewrite (file timestamps are coarse-grained)
     rewrite_in_place(path, data_start(written))
     for name in sorted(files):
+        before = log.stat().st_size
         with pytest.raises(OSError) as info:
             whole(mnt / name)
         assert info.value.errno == errno.EIO, name
+        lines = log.read_bytes()[before:].decode().splitlines()
+        tensor = name.rsplit(".", 1)[0]
+        assert lines and all(f"EIO: /{name} bytes " in line and f"tensor {tensor!r}: the file changed since it "
+                             "was opened" in line for line in lines), lines
     check_alive_and_whole(mnt, written, files, pid)
 
 
