@@ -16,10 +16,10 @@ the ckptfs/reference ratio.
   call, timed over many calls, instead of a meaningless MB/s), ``.astype(float32)`` of that view for F16
   served as float32, ml_dtypes' ``astype(float32)`` for BF16 and F8.
 
-Input bytes are random but realistic: random bytes everywhere, then every fp16/f32 scale field overwritten
-with a finite value of a realistic size (gguf-py cannot quantize most of these types, and quantizing big
-tensors with it takes minutes). Decoding speed does not depend on the weights' values, except that
-NaN/inf scales would trigger numpy's floating-point error handling, which real files do not.
+Input bytes are random but realistic: random bytes everywhere, then every fp16/f32/E8M0 scale field
+overwritten with a finite value of a realistic size (gguf-py cannot quantize most of these types, and
+quantizing big tensors with it takes minutes). Decoding speed does not depend on the weights' values, except
+that NaN/inf scales and subnormal products would slow float arithmetic, which real files do not exercise.
 
 Usage: python scripts/bench_dequant.py [--quick] [--types Q4_0,Q4_K,F16>F32] [--repeat 3]
 Set CKPTFS_NO_NATIVE=1 to time the pure-numpy path when the optional C kernel is built.
@@ -55,6 +55,9 @@ F16_SCALES = {"Q4_0": [0], "Q4_1": [0, 2], "Q5_0": [0], "Q5_1": [0, 2], "Q8_0": 
               "IQ1_S": [0], "IQ2_XXS": [0], "IQ2_XS": [0], "IQ2_S": [0], "IQ3_XXS": [0], "IQ3_S": [0],
               "IQ4_NL": [0], "IQ4_XS": [0], "TQ1_0": [52], "TQ2_0": [64], "Q1_0": [0], "Q2_0": [0]}
 F32_SCALES = {"Q8_K": [0]}
+# MXFP4's E8M0 scale byte: random bytes would make 1 block in 10 produce float32 subnormals (e < 24), which
+# slow down float multiplies (gguf-py's) but not table lookups (ckptfs's): keep it realistic, 2^-10 .. 2^2.
+E8M0_SCALES = {"MXFP4": [0]}
 ZERO_COPY_CALLS = 2000          # a view costs ~1 us: time many calls to measure it at all
 
 
@@ -119,6 +122,8 @@ def make_blocks(name: str, n_elements: int, rng: np.random.Generator) -> np.ndar
         raw[:, offset:offset + 2] = scales().view(np.uint8).reshape(n_blocks, 2)
     for offset in F32_SCALES.get(name, []):
         raw[:, offset:offset + 4] = rng.uniform(1e-4, 2e-2, n_blocks).astype("<f4").view(np.uint8).reshape(n_blocks, 4)
+    for offset in E8M0_SCALES.get(name, []):
+        raw[:, offset] = rng.integers(127 - 10, 127 + 3, n_blocks, dtype=np.uint8)
     if name == "IQ1_M":
         set_iq1_m_scale(raw, scales().view(np.uint16))
     return raw
