@@ -121,7 +121,8 @@ class TensorData:
             blocks = self.codec.swap(blocks)
         values = self.codec.dequantize(blocks).reshape(-1)
         if values.dtype != self.dtype:
-            values = values.astype(self.dtype)
+            with np.errstate(over="ignore"):  # float16 mode: values beyond its range become inf, silently
+                values = values.astype(self.dtype)
         return values
 
     def _pread_blocks(self, b0: int, b1: int) -> bytes:
