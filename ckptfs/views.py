@@ -124,9 +124,6 @@ class NpyView(View):
         if offset < hlen:
             parts.append(self.header[offset: min(end, hlen)])
         if end > hlen:
-            d0, d1 = max(offset, hlen) - hlen, end - hlen
-            e0, e1 = d0 // self.itemsize, -(-d1 // self.itemsize)
-            values = self.data.read(e0, e1)
-            skip = d0 - e0 * self.itemsize
-            parts.append(values.view(np.uint8)[skip: skip + (d1 - d0)].tobytes())
-        return parts[0] if len(parts) == 1 else b"".join(parts)
+            parts += self.data.byte_segments(max(offset, hlen) - hlen, end - hlen)
+        # one copy into the answer; none when the answer already is one bytes object (a direct type)
+        return parts[0] if len(parts) == 1 and isinstance(parts[0], bytes) else b"".join(parts)

@@ -25,6 +25,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..errors import CheckpointError
+from ..prefetch import Prefetcher
 from ..tree import MountTree
 from ..views import View
 
@@ -99,6 +100,7 @@ class CkptOperations:
         self._listing = [".", "..", *tree.names()]
         self._file_attrs: dict[str, dict[str, int]] = {}
         self._handles: dict[int, View] = {}
+        self._prefetch = Prefetcher.for_daemon(tree.checkpoint.sources, tree.checkpoint.cache.capacity)
         self._next_handle = itertools.count(1)
         self._stored_bytes = sum(os.stat(f).st_size for f in tree.checkpoint.files)
 
@@ -127,6 +129,11 @@ class CkptOperations:
         except Exception:  # noqa: BLE001
             log.exception("reporting readiness failed")
 
+    def init_with_config(self, conn: Any, config: Any) -> None:
+        """mfusepy's ``init`` with the connection info: read-ahead raises the mount's kernel readahead."""
+        self._prefetch.tune_connection(conn, self._describe.get("mountpoint"))
+        self.init("/")
+
     @_guarded
     def getattr(self, path: str | None, fh: int | None = None) -> dict[str, int]:
         if path == "/":
@@ -150,6 +157,7 @@ class CkptOperations:
         view = self._view(path)
         handle = next(self._next_handle)
         self._handles[handle] = view
+        self._prefetch.opened(handle, view)
         return handle
 
     @_guarded
@@ -157,11 +165,13 @@ class CkptOperations:
         view = self._handles.get(fh)
         if view is None:
             view = self._view(path)
+        self._prefetch.on_read(fh, offset, size)
         return view.read(offset, size)
 
     @_guarded
     def release(self, path: str | None, fh: int) -> int:
         self._handles.pop(fh, None)
+        self._prefetch.released(fh)
         return 0
 
     @_guarded
