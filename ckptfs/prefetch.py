@@ -199,9 +199,11 @@ class Prefetcher:
                     self._pool = ThreadPoolExecutor(self._workers, thread_name_prefix="ckptfs-prefetch")
         return self._pool
 
-    def close(self) -> None:
+    def close(self, wait: bool = False) -> None:
+        """Stop the workers: drop queued work, or with ``wait`` finish it first."""
         if self._pool is not None:
-            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool.shutdown(wait=wait, cancel_futures=not wait)
+            self._pool = None
 
 
 # -- daemon-wide settings ------------------------------------------------------------------------------------

@@ -1,0 +1,143 @@
+"""Read-ahead (ckptfs/prefetch.py) without FUSE: the hooks the FUSE operations call, driven by hand.
+
+A sequential reader gets the groups ahead of it decoded into the cache (so its next reads are hits), within
+the cache fraction; random access, a disabled prefetcher and direct types decode nothing ahead; raw streams
+and stored ranges are advised to the kernel; the mount's device is found in /proc/self/mountinfo.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+import ckptfs
+from ckptfs import prefetch
+from ckptfs.prefetch import Prefetcher
+from ckptfs.source import FileSource
+from ckptfs.tree import MountTree
+
+from fixtures import quantized, write_gguf
+
+pytest.importorskip("gguf")
+
+ROWS, COLS = 1024, 512  # Q8_0 -> 2 MiB of float32 = 8 groups of 256 KiB
+GROUP = 256 * 1024
+
+
+@pytest.fixture(scope="module")
+def gguf_path(tmp_path_factory):
+    rng = np.random.default_rng(3)
+    path = tmp_path_factory.mktemp("prefetch") / "p.gguf"
+    write_gguf(path, {"q": (quantized("Q8_0", (ROWS, COLS), rng), "Q8_0"),
+                      "f": (rng.standard_normal((256, 1024)).astype(np.float32), "F32")})
+    return path
+
+
+def setup(path, cache_size=32 << 20, enabled=True):
+    ck = ckptfs.open(path, cache_size=cache_size)
+    tree = MountTree(ck)
+    return ck, tree, Prefetcher(ck.sources, ck.cache.capacity, enabled=enabled)
+
+
+def test_sequential_reads_decode_the_next_groups(gguf_path):
+    ck, tree, pf = setup(gguf_path)
+    view = tree.view("q.npy")
+    pf.opened(1, view)
+    step = 128 * 1024
+    pf.on_read(1, 0, step)
+    view.read(0, step)
+    assert ck.cache.stats().entries == 1  # one read is not a stream yet: nothing ahead
+    pf.on_read(1, step, step)
+    view.read(step, step)
+    pf.close(wait=True)
+    # 4 MiB ahead (1/8 of 32 MiB) covers the rest of the 2 MiB tensor: every group is now cached
+    assert ck.cache.stats().entries == -(-ROWS * COLS * 4 // GROUP)
+    misses = ck.cache.stats().misses
+    expected = np.asarray(ck["q"]).tobytes()
+    header = len(view.header)
+    assert view.read(header, len(expected)) == expected  # what was decoded ahead is what is served
+    assert ck.cache.stats().misses == misses
+
+
+def test_read_ahead_stays_within_the_cache_fraction(gguf_path):
+    ck, tree, pf = setup(gguf_path, cache_size=1 << 20)  # 1/4 in flight = 256 KiB: one group at a time
+    view = tree.view("q.npy")
+    pf.opened(1, view)
+    for i in range(3):
+        pf.on_read(1, i * 4096, 4096)
+    pf.close(wait=True)
+    assert ck.cache.stats().entries <= 1
+
+
+def test_random_access_and_disabled_prefetch_decode_nothing_ahead(gguf_path):
+    ck, tree, pf = setup(gguf_path)
+    view = tree.view("q.npy")
+    pf.opened(1, view)
+    for offset in (1_500_000, 200_000, 900_000, 40_000):
+        pf.on_read(1, offset, 4096)
+    pf.close(wait=True)
+    assert ck.cache.stats().entries == 0
+    ck, tree, off = setup(gguf_path, enabled=False)
+    off.opened(1, tree.view("q.npy"))
+    for i in range(4):
+        off.on_read(1, i * 65536, 65536)
+    off.close(wait=True)
+    assert ck.cache.stats().entries == 0 and ck.cache.stats().misses == 0
+
+
+def test_released_handle_is_forgotten(gguf_path):
+    ck, tree, pf = setup(gguf_path)
+    pf.opened(7, tree.view("q.npy"))
+    pf.released(7)
+    for i in range(4):
+        pf.on_read(7, i * 65536, 65536)
+    pf.close(wait=True)
+    assert ck.cache.stats().entries == 0
+
+
+def test_streams_are_advised_to_the_kernel(gguf_path, monkeypatch):
+    calls = []
+    monkeypatch.setattr(FileSource, "advise", lambda self, offset, size, sequential=False:
+                        calls.append((offset, size, sequential)))
+    ck, tree, pf = setup(gguf_path)
+    raw = tree.view("f.raw")
+    pf.opened(1, raw)
+    pf.on_read(1, 0, 65536)
+    pf.on_read(1, 65536, 65536)
+    info = raw.info
+    assert calls and calls[0][2] is True  # SEQUENTIAL once, when the stream is recognized
+    assert all(info.offset <= o and o + n <= info.offset + info.stored_nbytes for o, n, _ in calls)
+    assert calls[0][0] == info.offset + 2 * 65536  # from where the reader will be next
+    calls.clear()
+    npy = tree.view("q.npy")
+    pf.opened(2, npy)
+    pf.on_read(2, 0, 65536)
+    pf.on_read(2, 65536, 65536)
+    pf.close(wait=True)
+    q = ck["q"].info
+    assert calls and all(q.offset <= o and o + n <= q.offset + q.stored_nbytes for o, n, _ in calls)
+
+
+def test_direct_types_are_only_advised(gguf_path):
+    ck, tree, pf = setup(gguf_path)
+    view = tree.view("f.npy")  # F32 served as float32: bytes straight from the file, nothing to decode
+    pf.opened(1, view)
+    for i in range(4):
+        pf.on_read(1, i * 65536, 65536)
+    pf.close(wait=True)
+    assert ck.cache.stats().misses == 0
+
+
+def test_mount_device_of_root_matches_stat():
+    st = os.stat("/")
+    assert prefetch.mount_device("/") == f"{os.major(st.st_dev)}:{os.minor(st.st_dev)}"
+    assert prefetch._unescape(r"/tmp/a\040b\134c") == "/tmp/a b\\c"
+    assert prefetch.mount_device("/no/such/mount/point") is None
+
+
+@pytest.mark.parametrize("value, enabled", [("0", False), ("off", False), ("1", True), ("", True)])
+def test_env_switch(monkeypatch, value, enabled):
+    monkeypatch.setenv(prefetch.PREFETCH_ENV, value)
+    assert prefetch.enabled_from_env() is enabled
