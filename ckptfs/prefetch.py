@@ -21,8 +21,10 @@ Two daemon-wide settings belong to the same concern:
   worker) and freed by whichever evicts them; with glibc's arena per thread, memory freed into another
   thread's arena is kept there, and the daemon's anonymous memory grows well past ``--cache-size``.
 
-``CKPTFS_PREFETCH=0`` turns all of it off (for measuring its gain); ``CKPTFS_READAHEAD_KB`` sets the mount's
-readahead (0 leaves the kernel's). Knows nothing of FUSE: it sees file handles, views and byte ranges.
+``CKPTFS_PREFETCH=0`` turns the read-ahead off (for measuring its gain; the arena setting stays),
+``CKPTFS_PREFETCH=kernel`` keeps only the kernel's part (readahead and advice, no background decoding: no
+worker thread, no decoded data ahead in memory); ``CKPTFS_READAHEAD_KB`` sets the mount's readahead (0
+leaves the kernel's). Knows nothing of FUSE: it sees file handles, views and byte ranges.
 """
 
 from __future__ import annotations
@@ -56,6 +58,10 @@ def enabled_from_env() -> bool:
     return os.environ.get(PREFETCH_ENV, "1").strip().lower() not in ("0", "false", "no", "off")
 
 
+def decode_ahead_from_env() -> bool:
+    return enabled_from_env() and os.environ.get(PREFETCH_ENV, "").strip().lower() != "kernel"
+
+
 @dataclass
 class _Stream:
     """What one open file handle has read, and how far ahead of it work is scheduled."""
@@ -72,10 +78,13 @@ class _Stream:
 class Prefetcher:
     """Per-handle sequential detection and bounded background decoding (see the module docstring)."""
 
-    def __init__(self, sources: SourcePool, cache_capacity: int, enabled: bool = True, workers: int = WORKERS):
-        self.enabled = enabled and cache_capacity > 0
+    def __init__(self, sources: SourcePool, cache_capacity: int, enabled: bool = True, workers: int = WORKERS,
+                 decode_ahead: bool = True):
+        self.enabled = enabled
+        self.decode_ahead = decode_ahead and cache_capacity > 0
         self._sources = sources
-        self._ahead = min(MAX_AHEAD_BYTES, cache_capacity // STREAM_SHARE)
+        # decoded data ahead must fit the cache; advice alone costs no memory of ours
+        self._ahead = min(MAX_AHEAD_BYTES, cache_capacity // STREAM_SHARE) if self.decode_ahead else MAX_AHEAD_BYTES
         self._budget = cache_capacity // TOTAL_SHARE
         self._in_flight = 0
         self._streams: dict[int, _Stream] = {}
@@ -85,11 +94,10 @@ class Prefetcher:
 
     @classmethod
     def for_daemon(cls, sources: SourcePool, cache_capacity: int) -> Prefetcher:
-        """The mount daemon's prefetcher, configured from the environment; also limits malloc to one arena."""
-        enabled = enabled_from_env()
-        if enabled:
-            use_one_malloc_arena()
-        return cls(sources, cache_capacity, enabled)
+        """The mount daemon's prefetcher, configured from the environment; also limits malloc to one arena
+        (always: that is a memory bound, not a speed-up to switch off)."""
+        use_one_malloc_arena()
+        return cls(sources, cache_capacity, enabled_from_env(), decode_ahead=decode_ahead_from_env())
 
     # -- the hooks the FUSE operations call ------------------------------------------------------------
 
@@ -165,7 +173,7 @@ class Prefetcher:
             return
         offset, nbytes = data.stored_range(e0, e1)
         self._advise(data.info.source, offset, nbytes, first)
-        if data.direct:
+        if data.direct or not self.decode_ahead:
             stream.ahead_until = stop
             return
         group_elements = data.group_blocks * data.info.block_elements

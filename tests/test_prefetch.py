@@ -137,7 +137,22 @@ def test_mount_device_of_root_matches_stat():
     assert prefetch.mount_device("/no/such/mount/point") is None
 
 
-@pytest.mark.parametrize("value, enabled", [("0", False), ("off", False), ("1", True), ("", True)])
-def test_env_switch(monkeypatch, value, enabled):
+def test_kernel_only_mode_advises_without_decoding(gguf_path, monkeypatch):
+    calls = []
+    monkeypatch.setattr(FileSource, "advise", lambda self, offset, size, sequential=False:
+                        calls.append((offset, size)))
+    ck = ckptfs.open(gguf_path, cache_size=32 << 20)
+    pf = Prefetcher(ck.sources, ck.cache.capacity, decode_ahead=False)
+    pf.opened(1, MountTree(ck).view("q.npy"))
+    for i in range(4):
+        pf.on_read(1, i * 65536, 65536)
+    pf.close(wait=True)
+    assert calls and ck.cache.stats().misses == 0
+
+
+@pytest.mark.parametrize("value, enabled, decode", [("0", False, False), ("off", False, False), ("1", True, True),
+                                                    ("", True, True), ("kernel", True, False)])
+def test_env_switch(monkeypatch, value, enabled, decode):
     monkeypatch.setenv(prefetch.PREFETCH_ENV, value)
     assert prefetch.enabled_from_env() is enabled
+    assert prefetch.decode_ahead_from_env() is decode
