@@ -147,6 +147,7 @@ def fd_count(pid: int) -> int:
 
 # ------------------------------------------------------------------------------------------------ test
 
+@pytest.mark.timeout(STRESS_SECONDS + 300)  # a long CKPTFS_STRESS_SECONDS must not hit the per-test limit
 def test_many_readers_small_cache(mounted, model):
     written, refs = model
     mnt = mounted(written.path, "--cache-size", "2M")

@@ -49,6 +49,7 @@ def _report(target: str, code: int, output: str, findings: list[Path]) -> str:
     return "\n".join(lines)
 
 
+@pytest.mark.timeout(FUZZ_SECONDS + 300)  # a long CKPTFS_FUZZ_SECONDS must not hit the suite's per-test limit
 @pytest.mark.parametrize("target", sorted(TARGETS))
 def test_coverage_guided_fuzzing(tmp_path, target):
     if importlib.util.find_spec("atheris") is None:
