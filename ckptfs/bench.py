@@ -40,10 +40,10 @@ import numpy as np
 
 from . import __version__
 from .checkpoint import Checkpoint, open as open_checkpoint
+from .fs.operations import STATS_XATTR  # the daemon's counters on the mount root (imports no FUSE binding)
 from .names import assign_stems
 from .sizes import format_size
 
-STATS_XATTR = "user.ckptfs.stats"  # the daemon's counters on the mount root (fs/operations.py)
 SCAN_READ = 1 << 20
 PAGE = 4096
 RANDOM_READS = 200
@@ -87,12 +87,14 @@ class Plan:
 
     @property
     def sample(self) -> NpyFile | None:
-        """A block-sized tensor for the cold/warm fetch: the largest .npy of at most 64 MiB."""
+        """The tensor for the cold/warm fetch: a layer-sized one, the largest .npy of at most 64 MiB."""
         fitting = [f for f in self.npy if f.nbytes <= SAMPLE_TENSOR_MAX and f is not self.largest]
         return max(fitting, key=lambda f: f.nbytes, default=self.largest)
 
 
 def make_plan(ck: Checkpoint, src: str) -> Plan:
+    """What the mount will serve, from the checkpoint opened in-process (the same name assignment as the
+    mount's tree). Damaged tensors are left out of the reads: their missing bytes fail by design."""
     stems = assign_stems([t.name for t in ck.tensors])
     npy, raw = [], []
     for tensor, stem in zip(ck.tensors, stems):
