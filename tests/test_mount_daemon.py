@@ -250,7 +250,7 @@ def test_dead_mount_is_reported_and_umount_clears_it(big_gguf, mountpoint):
     assert wait_until(lambda: not pid_alive(pid), timeout=10)
     with pytest.raises(OSError) as info:
         os.listdir(mountpoint)
-    assert info.value.errno == errno.ENOTCONN
+    assert info.value.errno in (errno.ENOTCONN, errno.ECONNABORTED)
     assert_one_line_error(run_cli("mount", str(big_gguf.path), str(mountpoint)), 1, "dead mount", "umount")
     assert run_cli("umount", str(mountpoint)).returncode == 0
     assert not is_mounted(mountpoint) and os.listdir(mountpoint) == []

@@ -45,6 +45,10 @@ def is_mount_point(path: str) -> bool:
     return os.path.ismount(path) or path in mount_points()
 
 
+# What a FUSE mount whose daemon died answers: ENOTCONN, or ECONNABORTED once the kernel aborted the connection.
+DEAD_MOUNT_ERRNOS = (errno.ENOTCONN, errno.ECONNABORTED)
+
+
 def _dead_mount(path: str, reason: str) -> MountError:
     return MountError(f"mountpoint {path} is a dead mount ({reason}): run 'ckptfs umount {path}' first")
 
@@ -67,7 +71,7 @@ def check_mountpoint(path: str, allow_nonempty: bool) -> str:
             nonempty = any(True for _ in entries)
     except OSError as exc:
         # A dead FUSE mount may still stat (cached attributes) but cannot be listed.
-        if exc.errno == errno.ENOTCONN:
+        if exc.errno in DEAD_MOUNT_ERRNOS:
             raise _dead_mount(path, exc.strerror) from None
         raise MountError(f"mountpoint {path}: {exc.strerror}") from None
     if is_mount_point(path):
