@@ -90,8 +90,13 @@ class MountTree:
             tensor: Tensor = target
             return BytesView(lambda: dumps_bytes(tensor.meta))
         if kind == "metadata":
-            return BytesView(lambda: dumps_bytes(dict(ck.metadata)))
+            return BytesView(self._metadata_json)
         return FileView(target, ck.sources)
+
+    def _metadata_json(self) -> bytes:
+        metadata = self.checkpoint.metadata
+        value_of = getattr(metadata, "peek", metadata.__getitem__)  # lazy mappings: don't keep decoded copies
+        return dumps_bytes({key: value_of(key) for key in metadata})
 
     def stats(self) -> dict:
         """Counters for monitoring and benchmarks (cache hits/misses, open files)."""

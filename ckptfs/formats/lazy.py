@@ -36,6 +36,14 @@ class LazyMetadata(Mapping[str, Any], Generic[E]):
             self._cache[key] = value
         return _fresh(value)
 
+    def peek(self, key: str) -> Any:
+        """The value of ``key`` without keeping it: for one-off consumers such as a mount's metadata.json,
+        which holds its own JSON copy, so keeping a 262,144-string vocabulary decoded too would only double
+        the daemon's memory."""
+        if key in self._cache:
+            return _fresh(self._cache[key])
+        return self._decode(self._entries[key])
+
     def __contains__(self, key: object) -> bool:
         return key in self._entries
 
