@@ -61,6 +61,14 @@ class TensorData:
                                f"tensor {self.info.name!r}: stored bytes {start}..{end} are missing "
                                f"(file has {self.source.size} bytes)")
 
+    def _present_blocks(self, e0: int, e1: int) -> tuple[int, int]:
+        """The blocks [b0, b1) covering elements [e0, e1), or CheckpointError if any of them is missing."""
+        be = self.info.block_elements
+        b0, b1 = e0 // be, -(-e1 // be)
+        if b1 > self.available_blocks():
+            raise self._missing(max(b0, self.available_blocks()), b1)
+        return b0, b1
+
     def read(self, e0: int, e1: int, use_cache: bool = True) -> np.ndarray:
         """Elements [e0, e1) of the flattened (C-order) tensor as a 1-D array of ``self.dtype``.
 
@@ -71,9 +79,7 @@ class TensorData:
         if e1 <= e0:
             return np.empty(0, self.dtype)
         be = self.info.block_elements
-        b0, b1 = e0 // be, -(-e1 // be)
-        if b1 > self.available_blocks():
-            raise self._missing(max(b0, self.available_blocks()), b1)
+        b0, b1 = self._present_blocks(e0, e1)
         if self.direct:
             raw = self._pread_blocks(b0, b1)
             return np.frombuffer(raw, self.dtype)[e0 - b0 * be: e1 - b0 * be]
@@ -92,9 +98,7 @@ class TensorData:
         if e1 <= e0:
             return []
         be = self.info.block_elements
-        b0, b1 = e0 // be, -(-e1 // be)
-        if b1 > self.available_blocks():
-            raise self._missing(max(b0, self.available_blocks()), b1)
+        b0, b1 = self._present_blocks(e0, e1)
         if self.direct:
             raw = self._pread_blocks(b0, b1)
             skip = d0 - b0 * be * item

@@ -5,7 +5,6 @@ mount or temporary directory behind (also when stopped with SIGTERM). No timing 
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import time

@@ -13,7 +13,6 @@ import subprocess
 import sys
 import types
 import warnings
-from collections.abc import Callable
 
 import ml_dtypes
 import numpy as np
@@ -24,7 +23,8 @@ from gguf.quants import dequantize as gguf_dequantize
 from gguf.quants import quantize as gguf_quantize
 from gguf.scripts import gguf_convert_endian
 
-from ckptfs.quant import Codec, codec_for, floats, kquants, legacy, native
+from ckptfs.quant import Codec, codec_for, floats, kquants, legacy
+from quant_paths import PATHS, decode_via, with_paths as paths_for
 from reference import scalar_q8  # tests/reference (pytest puts tests/ on sys.path)
 
 GGUF_DECODABLE = ["F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"]
@@ -45,7 +45,6 @@ NUMPY_DECODERS = {"Q4_0": legacy.decode_q4_0, "Q4_1": legacy.decode_q4_1, "Q5_0"
                   "Q2_K": kquants.decode_q2_k, "Q3_K": kquants.decode_q3_k, "Q4_K": kquants.decode_q4_k,
                   "Q5_K": kquants.decode_q5_k, "Q6_K": kquants.decode_q6_k, "Q8_K": kquants.decode_q8_k,
                   "BF16": floats.decode_bf16}
-PATHS = ("registry", "numpy", "native")
 GGUF_BLOCK_SWAPPERS = {"Q4_0": gguf_convert_endian.byteswap_q4_0, "Q8_0": gguf_convert_endian.byteswap_q8_0,
                        "Q4_K": gguf_convert_endian.byteswap_q4_k, "Q6_K": gguf_convert_endian.byteswap_q6_k}
 
@@ -75,22 +74,11 @@ def reference_dequantize(raw: np.ndarray, name: str) -> np.ndarray:
 
 
 def decode(name: str, raw: np.ndarray, path: str = "registry") -> np.ndarray:
-    """Decode through the registry (what readers use), or explicitly through the numpy or the native path."""
-    codec = codec_for(name)
-    if path == "registry":
-        fn: Callable[[np.ndarray], np.ndarray] = codec.dequantize
-    elif path == "numpy":
-        fn = NUMPY_DECODERS[name]
-    else:
-        fn = native.kernel(name, codec.block_elements)
-        if fn is None:
-            pytest.skip("native kernels not built (python setup.py build_ext --inplace) or CKPTFS_NO_NATIVE set")
-    with np.errstate(all="ignore"):
-        return fn(raw).reshape(raw.shape[0], codec.block_elements)
+    return decode_via(name, raw, path, NUMPY_DECODERS)
 
 
 def with_paths(names: list[str]) -> list[tuple[str, str]]:
-    return [(name, path) for name in names for path in (PATHS if name in NUMPY_DECODERS else ("registry",))]
+    return paths_for(names, NUMPY_DECODERS)
 
 
 @pytest.mark.parametrize("name,path", with_paths(GGUF_DECODABLE))

@@ -22,8 +22,9 @@ from gguf import quants as gguf_quants
 from gguf.constants import GGML_QUANT_SIZES
 from gguf.scripts import gguf_convert_endian
 
-from ckptfs.quant import codec_for, iq_tables, native, ternary
+from ckptfs.quant import codec_for, iq_tables, ternary
 from ckptfs.quant._common import CHUNK_ELEMENTS
+from quant_paths import decode_via, with_paths as paths_for
 from reference import scalar_lowbit  # tests/reference (pytest puts tests/ on sys.path)
 
 GGUF_DECODABLE = ["IQ1_S", "IQ1_M", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ4_NL", "IQ4_XS",
@@ -36,7 +37,6 @@ BYTE_ONLY_TYPES = {"MXFP4": gguf_convert_endian.byteswap_noop, "NVFP4": gguf_con
 
 # The numpy decoders of the types the optional C extension also decodes: every test of them runs on each path.
 NUMPY_DECODERS = {"TQ1_0": ternary.decode_tq1_0, "TQ2_0": ternary.decode_tq2_0}
-PATHS = ("registry", "numpy", "native")
 
 # Byte offsets of the fp16 scale in each block (IQ1_M scatters its scale: handled in with_scales).
 FP16_SCALE_AT = {"IQ4_NL": 0, "IQ4_XS": 0, "IQ2_XXS": 0, "IQ2_XS": 0, "IQ2_S": 0, "IQ3_XXS": 0, "IQ3_S": 0,
@@ -90,22 +90,11 @@ def random_blocks(name: str, n: int, seed: int) -> np.ndarray:
 
 
 def decode(name: str, raw: np.ndarray, path: str = "registry") -> np.ndarray:
-    """Decode through the registry (what readers use), or explicitly through the numpy or the native path."""
-    codec = codec_for(name)
-    if path == "registry":
-        fn = codec.dequantize
-    elif path == "numpy":
-        fn = NUMPY_DECODERS[name]
-    else:
-        fn = native.kernel(name, codec.block_elements)
-        if fn is None:
-            pytest.skip("native kernels not built (python setup.py build_ext --inplace) or CKPTFS_NO_NATIVE set")
-    with np.errstate(all="ignore"):
-        return fn(raw).reshape(raw.shape[0], codec.block_elements)
+    return decode_via(name, raw, path, NUMPY_DECODERS)
 
 
 def with_paths(names: list[str]) -> list[tuple[str, str]]:
-    return [(name, path) for name in names for path in (PATHS if name in NUMPY_DECODERS else ("registry",))]
+    return paths_for(names, NUMPY_DECODERS)
 
 
 def gguf_dequantize(raw: np.ndarray, name: str) -> np.ndarray:
