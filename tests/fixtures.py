@@ -12,6 +12,7 @@ Import as ``from fixtures import ...`` (the tests directory is on ``sys.path`` u
 from __future__ import annotations
 
 import json
+import math
 import struct
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -445,3 +446,16 @@ def all_dtype_tensors(rng: np.random.Generator | None = None) -> dict[str, Any]:
 def write_all_dtypes_safetensors(path: str | Path) -> Written:
     """A safetensors file with every dtype (see :func:`all_dtype_tensors`) and some ``__metadata__``."""
     return write_safetensors(path, all_dtype_tensors(), {"format": "pt", "note": "ünïcode ✓"})
+
+
+def jsonable(value: Any) -> Any:
+    """A metadata value as its JSON (parsed) form: arrays as lists, non-finite floats as strings."""
+    if isinstance(value, np.ndarray):
+        return [jsonable(v) for v in value.tolist()]
+    if isinstance(value, (list, tuple)):
+        return [jsonable(v) for v in value]
+    if isinstance(value, dict):
+        return {k: jsonable(v) for k, v in value.items()}
+    if isinstance(value, float) and not math.isfinite(value):
+        return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
+    return value

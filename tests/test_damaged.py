@@ -28,7 +28,7 @@ import gguf
 import numpy as np
 import pytest
 from conftest import ckptfs_cli, cli_env, mount_stats, pid_alive
-from fixtures import GGML_GEOMETRY, Written, quantized, write_gguf, write_safetensors
+from fixtures import GGML_GEOMETRY, Written, jsonable, quantized, write_gguf, write_safetensors
 
 import ckptfs
 import ckptfs.quant
@@ -168,18 +168,6 @@ def npy_pages(ref: RefLayout, file_size: int) -> list[tuple[int, int, bool]]:
             present = -(-e1 // ref.block_elements) <= available
         pages.append((p, q, present))
     return pages
-
-
-def jsonable(value: Any) -> Any:
-    if isinstance(value, np.ndarray):
-        return [jsonable(v) for v in value.tolist()]
-    if isinstance(value, (list, tuple)):
-        return [jsonable(v) for v in value]
-    if isinstance(value, dict):
-        return {k: jsonable(v) for k, v in value.items()}
-    if isinstance(value, float) and not math.isfinite(value):
-        return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
-    return value
 
 
 def same_metadata(actual: Any, expected: Any) -> bool:

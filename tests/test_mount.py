@@ -11,7 +11,6 @@ import errno
 import hashlib
 import io
 import json
-import math
 import os
 import shutil
 import stat
@@ -26,7 +25,8 @@ import gguf
 import numpy as np
 import pytest
 from conftest import mount_stats, skip_or_fail
-from fixtures import GGML_GEOMETRY, Written, quantized, write_all_dtypes_safetensors, write_gguf, write_mixed_gguf
+from fixtures import (GGML_GEOMETRY, Written, jsonable, quantized, write_all_dtypes_safetensors, write_gguf,
+                      write_mixed_gguf)
 
 # ------------------------------------------------------------------------------------------ expectations
 
@@ -51,19 +51,6 @@ def npy_bytes(array: np.ndarray) -> bytes:
 
 def npy_header_length(shape: tuple[int, ...], dtype: np.dtype) -> int:
     return len(npy_bytes(np.zeros(shape, dtype))) - int(np.prod(shape)) * dtype.itemsize
-
-
-def jsonable(value: Any) -> Any:
-    """A metadata value as its JSON (parsed) form: arrays as lists, non-finite floats as strings."""
-    if isinstance(value, np.ndarray):
-        return [jsonable(v) for v in value.tolist()]
-    if isinstance(value, (list, tuple)):
-        return [jsonable(v) for v in value]
-    if isinstance(value, dict):
-        return {k: jsonable(v) for k, v in value.items()}
-    if isinstance(value, float) and not math.isfinite(value):
-        return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
-    return value
 
 
 @dataclass

@@ -24,7 +24,7 @@ from gguf.quants import quantize as gguf_quantize
 from gguf.scripts import gguf_convert_endian
 
 from ckptfs.quant import Codec, codec_for, floats, kquants, legacy
-from quant_paths import PATHS, decode_via, with_paths as paths_for
+from quant_checks import PATHS, assert_same_floats, decode_via, float_bits, with_paths as paths_for
 from reference import scalar_q8  # tests/reference (pytest puts tests/ on sys.path)
 
 GGUF_DECODABLE = ["F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"]
@@ -47,20 +47,6 @@ NUMPY_DECODERS = {"Q4_0": legacy.decode_q4_0, "Q4_1": legacy.decode_q4_1, "Q5_0"
                   "BF16": floats.decode_bf16}
 GGUF_BLOCK_SWAPPERS = {"Q4_0": gguf_convert_endian.byteswap_q4_0, "Q8_0": gguf_convert_endian.byteswap_q8_0,
                        "Q4_K": gguf_convert_endian.byteswap_q4_k, "Q6_K": gguf_convert_endian.byteswap_q6_k}
-
-
-def float_bits(values: np.ndarray) -> np.ndarray:
-    """float32 bit patterns with every NaN made one canonical NaN: equality is then bit-exact elsewhere
-    (signed zeros and infinities included) and NaN-aware."""
-    flat = np.ascontiguousarray(values, dtype=np.float32).reshape(-1)
-    bits = flat.view(np.uint32).copy()
-    bits[np.isnan(flat)] = 0x7FC00000
-    return bits
-
-
-def assert_same_floats(got: np.ndarray, want: np.ndarray) -> None:
-    assert got.size == want.size
-    np.testing.assert_array_equal(float_bits(got), float_bits(want))
 
 
 def random_blocks(name: str, n: int, seed: int) -> np.ndarray:

@@ -24,7 +24,7 @@ from gguf.scripts import gguf_convert_endian
 
 from ckptfs.quant import codec_for, iq_tables, ternary
 from ckptfs.quant._common import CHUNK_ELEMENTS
-from quant_paths import decode_via, with_paths as paths_for
+from quant_checks import assert_same_floats, decode_via, with_paths as paths_for
 from reference import scalar_lowbit  # tests/reference (pytest puts tests/ on sys.path)
 
 GGUF_DECODABLE = ["IQ1_S", "IQ1_M", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ4_NL", "IQ4_XS",
@@ -43,21 +43,6 @@ FP16_SCALE_AT = {"IQ4_NL": 0, "IQ4_XS": 0, "IQ2_XXS": 0, "IQ2_XS": 0, "IQ2_S": 0
                  "IQ1_S": 0, "TQ1_0": 52, "TQ2_0": 64, "Q1_0": 0, "Q2_0": 0}
 # inf, -inf, NaN, negative NaN, +0, -0, smallest subnormal, a negative subnormal, largest finite.
 SPECIAL_HALVES = np.array([0x7C00, 0xFC00, 0x7E00, 0xFE01, 0x0000, 0x8000, 0x0001, 0x83FF, 0x7BFF], dtype=np.uint16)
-
-
-def float_bits(values: np.ndarray) -> np.ndarray:
-    """float32 bit patterns with every NaN made one canonical NaN: equality is then bit-exact elsewhere
-    (signed zeros and infinities included) and NaN-aware."""
-    flat = np.ascontiguousarray(values, dtype=np.float32).reshape(-1)
-    bits = flat.view(np.uint32).copy()
-    bits[np.isnan(flat)] = 0x7FC00000
-    return bits
-
-
-def assert_same_floats(got: np.ndarray, want: np.ndarray) -> None:
-    assert got.dtype == np.float32
-    assert got.size == np.asarray(want).size
-    np.testing.assert_array_equal(float_bits(got), float_bits(np.asarray(want, dtype=np.float32)))
 
 
 def with_scales(raw: np.ndarray, name: str, seed: int) -> np.ndarray:

@@ -1,5 +1,5 @@
-"""Decoding one storage type through each of its paths, for the codec tests: the registry (what readers
-use), the pure-numpy decoder, and the optional C kernel."""
+"""Shared by the codec tests: decoding one storage type through each of its paths (the registry, which
+readers use; the pure-numpy decoder; the optional C kernel) and bit-exact, NaN-aware float comparison."""
 
 from __future__ import annotations
 
@@ -32,3 +32,19 @@ def decode_via(name: str, raw: np.ndarray, path: str, numpy_decoders: dict[str, 
 def with_paths(names: list[str], numpy_decoders: dict[str, Decoder]) -> list[tuple[str, str]]:
     """(type, path) pairs: every path for types with their own numpy decoder, else the registry only."""
     return [(name, path) for name in names for path in (PATHS if name in numpy_decoders else ("registry",))]
+
+
+def float_bits(values: np.ndarray) -> np.ndarray:
+    """float32 bit patterns with every NaN made one canonical NaN: equality is then bit-exact elsewhere
+    (signed zeros and infinities included) and NaN-aware."""
+    flat = np.ascontiguousarray(values, dtype=np.float32).reshape(-1)
+    bits = flat.view(np.uint32).copy()
+    bits[np.isnan(flat)] = 0x7FC00000
+    return bits
+
+
+def assert_same_floats(got: np.ndarray, want: np.ndarray) -> None:
+    """``got`` (float32) equals ``want`` bit for bit, any NaN matching any NaN."""
+    assert got.dtype == np.float32
+    assert got.size == np.asarray(want).size
+    np.testing.assert_array_equal(float_bits(got), float_bits(np.asarray(want, dtype=np.float32)))
