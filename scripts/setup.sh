@@ -23,8 +23,9 @@ install_system_packages() {
     if ! apt-cache show libfuse2 >/dev/null 2>&1 && apt-cache show libfuse2t64 >/dev/null 2>&1; then
         fuse2=libfuse2t64
     fi
+    # gcc + python3-dev build the optional C dequantization kernels (without them numpy is used).
     $SUDO apt-get install -y -qq fuse3 libfuse3-3 "$fuse2" python3 python3-venv python3-pip \
-        attr util-linux coreutils >/dev/null
+        gcc python3-dev attr util-linux coreutils >/dev/null
     # Debian's udev rule makes /dev/fuse 0666 so that users can mount; some containers and VMs leave 0600.
     if [ -c /dev/fuse ] && [ "$(stat -c %a /dev/fuse)" != 666 ]; then
         $SUDO chmod 0666 /dev/fuse || true
