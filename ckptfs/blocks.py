@@ -120,7 +120,11 @@ class TensorData:
         return segments
 
     def _key(self, g: int) -> tuple:
-        return (self.info.source, self.info.offset, self.info.storage_type, self.dtype.str, self.group_blocks, g)
+        # The key names the decoded blocks [b0, b1) themselves: tensors sharing a data offset (deduplicated
+        # data) share their groups, but a shorter tensor's last group, cut at its end, is not the longer one's.
+        b0 = g * self.group_blocks
+        b1 = min(b0 + self.group_blocks, self.available_blocks())
+        return (self.info.source, self.info.offset, self.info.storage_type, self.dtype.str, b0, b1)
 
     def _group(self, g: int) -> np.ndarray:
         return self._cache.get_or_load(self._key(g), lambda: self._decode_group(g))

@@ -1,0 +1,59 @@
+"""Regressions found by a pre-release review of the read path, each compared against a reference
+(gguf-py's reader and dequantizer, numpy indexing of the reference array, np.save)."""
+
+from __future__ import annotations
+
+import struct
+
+import numpy as np
+import pytest
+from fixtures import write_gguf
+from gguf import GGUFReader
+from gguf.quants import dequantize
+
+import ckptfs
+
+RNG = np.random.default_rng(20240611)
+
+
+def _gguf_tensor_offset_field(reader: GGUFReader, name: str) -> int:
+    """File position of the u64 relative data offset in ``name``'s tensor-info record (GGUF layout: name as
+    u64 length + bytes, u32 n_dims, n_dims u64 dims, u32 type, u64 offset)."""
+    tensor = next(t for t in reader.tensors if t.name == name)
+    return tensor.field.offset + 8 + len(name.encode()) + 4 + 8 * len(tensor.shape) + 4
+
+
+def _gguf_reference(path) -> dict[str, np.ndarray]:
+    reader = GGUFReader(str(path))
+    return {t.name: np.asarray(dequantize(t.data, t.tensor_type), dtype=np.float32)
+            .reshape(tuple(int(d) for d in reversed(t.shape))) for t in reader.tensors}
+
+
+@pytest.fixture(scope="module")
+def shared_offset_gguf(tmp_path_factory):
+    """A GGUF whose tensor "long" starts at the same data offset as the shorter "short" (files that
+    deduplicate data do this), so the two overlap: "long" covers "short" and more."""
+    path = tmp_path_factory.mktemp("shared") / "shared.gguf"
+    write_gguf(path, {"short": (RNG.standard_normal((2, 64)).astype(np.float32), "Q8_0"),
+                      "long": (RNG.standard_normal((5, 64)).astype(np.float32), "Q8_0")})
+    reader = GGUFReader(str(path))
+    data = bytearray(path.read_bytes())
+    short_offset = struct.unpack_from("<Q", data, _gguf_tensor_offset_field(reader, "short"))[0]
+    struct.pack_into("<Q", data, _gguf_tensor_offset_field(reader, "long"), short_offset)
+    del reader
+    path.write_bytes(bytes(data))
+    return path
+
+
+@pytest.mark.parametrize("first", ["short", "long"])
+def test_tensors_sharing_a_data_offset_decode_their_own_blocks(shared_offset_gguf, first):
+    """Both tensors' groups start at the same file offset; the shorter tensor's (shorter) group must not be
+    served for the longer one, nor the other way round."""
+    ref = _gguf_reference(shared_offset_gguf)
+    assert next(t.data_offset for t in GGUFReader(str(shared_offset_gguf)).tensors if t.name == "long") == \
+        next(t.data_offset for t in GGUFReader(str(shared_offset_gguf)).tensors if t.name == "short")
+    second = "long" if first == "short" else "short"
+    with ckptfs.open(shared_offset_gguf) as ck:
+        for name in (first, second):
+            np.testing.assert_array_equal(ck[name][:], ref[name])
+            np.testing.assert_array_equal(ck[name][1], ref[name][1])
