@@ -118,7 +118,7 @@ class Tensor:
         if not self.shape:
             return self.numpy()[key]
         first, rest = (key[0], key[1:]) if isinstance(key, tuple) and key else (key, ())
-        if first is Ellipsis:
+        if first is Ellipsis or isinstance(first, bool):  # numpy reads a bool as a 0-d mask, not as 0/1
             return self.numpy()[key]
         rows = self.shape[0]
         row_elems = self.size // rows if rows else 0

@@ -57,3 +57,30 @@ def test_tensors_sharing_a_data_offset_decode_their_own_blocks(shared_offset_ggu
         for name in (first, second):
             np.testing.assert_array_equal(ck[name][:], ref[name])
             np.testing.assert_array_equal(ck[name][1], ref[name][1])
+
+
+@pytest.fixture(scope="module")
+def index_gguf(tmp_path_factory):
+    path = tmp_path_factory.mktemp("index") / "index.gguf"
+    written = write_gguf(path, {"q3": (RNG.standard_normal((3, 4, 64)).astype(np.float32), "Q8_0"),
+                                "f3": (RNG.standard_normal((3, 4, 64)).astype(np.float32), "F32"),
+                                "q1": (RNG.standard_normal(64).astype(np.float32), "Q4_0")})
+    return path, {name: ref.array for name, ref in written.tensors.items()}
+
+
+def _assert_indexes_like_numpy(tensor, reference: np.ndarray, key) -> None:
+    expected = reference[key]
+    got = tensor[key]
+    assert type(got) is type(expected), key
+    assert np.shape(got) == np.shape(expected), key
+    np.testing.assert_array_equal(got, expected)
+
+
+@pytest.mark.parametrize("name", ["q3", "f3", "q1"])
+@pytest.mark.parametrize("key", [True, False, (True,), (True, 0)], ids=repr)
+def test_a_python_bool_index_is_a_mask_not_row_one(index_gguf, name, key):
+    """numpy reads a Python bool as a 0-d mask (a new axis of length 1 or 0), not as the integer 1 or 0,
+    although ``bool`` is a subclass of ``int``."""
+    path, refs = index_gguf
+    with ckptfs.open(path) as ck:
+        _assert_indexes_like_numpy(ck[name], refs[name], key)
