@@ -127,8 +127,10 @@ class Tensor:
             if not -rows <= i < rows:
                 raise IndexError(f"index {i} is out of bounds for axis 0 with size {rows}")
             i %= rows
-            block = self.data.read(i * row_elems, (i + 1) * row_elems).reshape(self.shape[1:])
-            return np.array(block[rest] if rest else block)
+            # index a one-row array with 0 in place of i: the integer stays an (advanced) index where it
+            # was, so axis order and scalar results are numpy's (a[0, :, [1, 2]] is not a[0][:, [1, 2]])
+            block = self.data.read(i * row_elems, (i + 1) * row_elems).reshape((1,) + self.shape[1:])
+            return block[(0,) + rest].copy()
         if isinstance(first, slice):
             start, stop, step = first.indices(rows)
             picked = range(start, stop, step)

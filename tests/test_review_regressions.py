@@ -84,3 +84,25 @@ def test_a_python_bool_index_is_a_mask_not_row_one(index_gguf, name, key):
     path, refs = index_gguf
     with ckptfs.open(path) as ck:
         _assert_indexes_like_numpy(ck[name], refs[name], key)
+
+
+@pytest.mark.parametrize("name", ["q3", "f3"])
+@pytest.mark.parametrize("key", [(0, slice(None), [1, 2]), (-1, Ellipsis, [3]), (1, slice(None), np.array([0, 5])),
+                                 (2, slice(1, 3), np.array([True] * 32 + [False] * 32))],
+                         ids=["0,:,list", "-1,...,list", "1,:,array", "2,1:3,mask"])
+def test_an_integer_first_index_with_a_later_array_index_orders_axes_like_numpy(index_gguf, name, key):
+    """An integer is an advanced index too: with an array index beyond a slice, numpy puts the broadcast
+    axes first (``a[0, :, [1, 2]]`` has shape (2, 4)), which indexing the row ``a[0]`` afterwards does not."""
+    path, refs = index_gguf
+    with ckptfs.open(path) as ck:
+        _assert_indexes_like_numpy(ck[name], refs[name], key)
+
+
+@pytest.mark.parametrize("name, key", [("q1", 0), ("q1", -1), ("q3", (0, 1, 2)), ("f3", (2, -1, 63)),
+                                       ("q1", (5, Ellipsis)), ("f3", (0, 1, 2, Ellipsis))], ids=repr)
+def test_a_full_integer_index_gives_a_numpy_scalar(index_gguf, name, key):
+    """numpy returns a scalar (hashable, ``isinstance(x, np.floating)``) for one element, and a 0-d array
+    only where an Ellipsis is in the key."""
+    path, refs = index_gguf
+    with ckptfs.open(path) as ck:
+        _assert_indexes_like_numpy(ck[name], refs[name], key)
