@@ -6,6 +6,7 @@ geometry, the same cache and sources), so what a test sees through the API is wh
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -149,7 +150,7 @@ class Tensor:
                 f"dtype={self.dtype}{' damaged' if self.info.damaged else ''}>")
 
     def __reduce__(self):
-        return (_reopen_tensor, (self._ck.src, self._ck.dtype_mode, self.index))
+        return (_reopen_tensor, (self._ck._reopen_src, self._ck.dtype_mode, self.index))
 
 
 class Checkpoint(Mapping):
@@ -161,6 +162,7 @@ class Checkpoint(Mapping):
             raise ValueError(f"dtype must be one of {', '.join(DTYPE_MODES)}, not {dtype!r}")
         self.parsed = parsed
         self.src = src
+        self._reopen_src = _as_reopenable(src)
         self.dtype_mode = dtype
         self.format = parsed.format
         self.version = parsed.version
@@ -220,6 +222,18 @@ def open(src, dtype: str = "auto", cache_size: int = DEFAULT_CACHE_BYTES,
     src = str(src)
     return Checkpoint(read_checkpoint(src), src, dtype=dtype, cache_bytes=cache_size,
                       max_open_files=max_open_files)
+
+
+def _as_reopenable(src: str) -> str:
+    """``src`` as a pickled Tensor must name it: a relative path joined to the directory it was opened from
+    (the unpickling process may have moved, as the sources' own reopening allows for); joined, not
+    normalized, so that ``..`` after a link keeps its meaning."""
+    if os.path.isabs(src):
+        return src
+    try:
+        return os.path.join(os.getcwd(), src)
+    except OSError:  # the working directory was deleted: nothing better to name
+        return src
 
 
 _reopened: dict[tuple[str, str], Checkpoint] = {}

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import pickle
 import struct
 
 import numpy as np
@@ -106,3 +107,19 @@ def test_a_full_integer_index_gives_a_numpy_scalar(index_gguf, name, key):
     path, refs = index_gguf
     with ckptfs.open(path) as ck:
         _assert_indexes_like_numpy(ck[name], refs[name], key)
+
+
+def test_a_tensor_of_a_relative_path_unpickles_after_a_chdir(index_gguf, tmp_path, monkeypatch):
+    """The open checkpoint keeps reading its relative path after a ``chdir`` (its sources remember where
+    they were opened); a pickled tensor must too (spawned workers start in the parent's current directory,
+    which tools such as Hydra move)."""
+    import pickle
+
+    path, refs = index_gguf
+    monkeypatch.chdir(path.parent)
+    with ckptfs.open(path.name) as ck:
+        pickled = pickle.dumps(ck["q3"])
+    monkeypatch.chdir(tmp_path)
+    clone = pickle.loads(pickled)
+    assert clone.name == "q3"
+    np.testing.assert_array_equal(np.asarray(clone), refs["q3"])
