@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import io
+import os
 import pickle
 import struct
 
@@ -123,3 +125,18 @@ def test_a_tensor_of_a_relative_path_unpickles_after_a_chdir(index_gguf, tmp_pat
     clone = pickle.loads(pickled)
     assert clone.name == "q3"
     np.testing.assert_array_equal(np.asarray(clone), refs["q3"])
+
+
+def test_a_mount_serves_tensors_sharing_a_data_offset(shared_offset_gguf, mounted):
+    """Through FUSE: each .npy is np.save of gguf-py's values, whichever is read first; reads past the end
+    and larger than the file are short only at the end."""
+    ref = _gguf_reference(shared_offset_gguf)
+    mnt = mounted(shared_offset_gguf)
+    for name in ("short", "long", "short"):
+        expected = io.BytesIO()
+        np.save(expected, ref[name])
+        data = expected.getvalue()
+        with open(mnt / f"{name}.npy", "rb", buffering=0) as f:
+            assert f.read(len(data) + (1 << 20)) == data
+            assert os.pread(f.fileno(), 4096, len(data) + 10) == b""
+            assert os.pread(f.fileno(), 1 << 20, len(data) - 7) == data[-7:]
