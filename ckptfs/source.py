@@ -178,8 +178,9 @@ class SourcePool:
             return sum(1 for s in self._sources.values() if s.is_open)
 
     def close(self) -> None:
+        """Close every descriptor. The sources stay known: a later read reopens one identity-checked, as
+        after any close, instead of pinning whatever file has the name by then."""
         with self._lock:
             for src in self._sources.values():
                 src.close()
-            self._sources.clear()
             self._open_lru.clear()

@@ -15,6 +15,7 @@ from gguf import GGUFReader
 from gguf.quants import dequantize
 
 import ckptfs
+from ckptfs.errors import CheckpointError
 
 RNG = np.random.default_rng(20240611)
 
@@ -140,3 +141,20 @@ def test_a_mount_serves_tensors_sharing_a_data_offset(shared_offset_gguf, mounte
             assert f.read(len(data) + (1 << 20)) == data
             assert os.pread(f.fileno(), 4096, len(data) + 10) == b""
             assert os.pread(f.fileno(), 1 << 20, len(data) - 7) == data[-7:]
+
+
+def test_a_closed_checkpoint_read_again_still_refuses_a_replaced_file(tmp_path):
+    """Reading after ``close()`` reopens the file; like any reopening it must be checked against the file
+    as opened, so a replacement's bytes are never served at the old header's offsets."""
+    path = tmp_path / "model.gguf"
+    old = write_gguf(path, {"w": (RNG.standard_normal((4, 64)).astype(np.float32), "Q8_0")})
+    ck = ckptfs.open(path)
+    np.testing.assert_array_equal(ck["w"][:], old.tensors["w"].array)
+    new = write_gguf(tmp_path / "new.gguf", {"w": (RNG.standard_normal((4, 64)).astype(np.float32), "Q8_0")})
+    assert new.tensors["w"].raw != old.tensors["w"].raw
+    (tmp_path / "new.gguf").replace(path)
+    ck.close()
+    with pytest.raises(CheckpointError, match="replaced"):
+        ck["w"][:]
+    with pytest.raises(CheckpointError, match="replaced"):
+        ck["w"].raw()
