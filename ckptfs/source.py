@@ -36,6 +36,7 @@ class FileSource:
         self._lock = threading.Lock()
         self._fd: int | None = None
         self._users = 0
+        self._close_when_idle = False
         fd = self._open_fd()
         st = os.fstat(fd)
         self.size = st.st_size
@@ -76,13 +77,21 @@ class FileSource:
     def _release_fd(self) -> None:
         with self._lock:
             self._users -= 1
+            if self._users == 0 and self._close_when_idle:
+                self._close_locked()
+
+    def _close_locked(self) -> None:
+        # Only with no read in progress: a descriptor closed under a pread could be reused by another open.
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+        self._close_when_idle = False
 
     def close_if_idle(self) -> bool:
         """Close the descriptor unless a read is using it; True if it is closed now."""
         with self._lock:
-            if self._fd is not None and self._users == 0:
-                os.close(self._fd)
-                self._fd = None
+            if self._users == 0:
+                self._close_locked()
             return self._fd is None
 
     def pread(self, offset: int, size: int) -> bytes:
@@ -112,21 +121,30 @@ class FileSource:
         return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
     def advise(self, offset: int, size: int, sequential: bool = False) -> None:
-        """Tell the kernel these bytes are wanted soon (best effort; never fails)."""
-        if self._fd is None or not hasattr(os, "posix_fadvise"):
+        """Tell the kernel these bytes are wanted soon (best effort; never fails, never reopens)."""
+        if not hasattr(os, "posix_fadvise"):
             return
+        with self._lock:
+            if self._fd is None:
+                return
+            fd = self._fd
+            self._users += 1
         try:
             if sequential:
-                os.posix_fadvise(self._fd, offset, size, os.POSIX_FADV_SEQUENTIAL)
-            os.posix_fadvise(self._fd, offset, size, os.POSIX_FADV_WILLNEED)
+                os.posix_fadvise(fd, offset, size, os.POSIX_FADV_SEQUENTIAL)
+            os.posix_fadvise(fd, offset, size, os.POSIX_FADV_WILLNEED)
         except OSError:
             pass
+        finally:
+            self._release_fd()
 
     def close(self) -> None:
+        """Close the descriptor now, or as soon as the reads using it are done."""
         with self._lock:
-            if self._fd is not None:
-                os.close(self._fd)
-                self._fd = None
+            if self._users:
+                self._close_when_idle = True
+            else:
+                self._close_locked()
 
 
 class SourcePool:

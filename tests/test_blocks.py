@@ -3,6 +3,8 @@ the bytes of the blocks it needs, and serves around missing data."""
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 
@@ -171,3 +173,18 @@ def test_pool_bounds_open_descriptors(tmp_path):
             assert pool.open_count() <= 3
     pool.close()
     assert pool.open_count() == 0
+
+
+def test_close_waits_for_reads_in_progress(tmp_path):
+    """A descriptor is never closed under a pread (its number could be reused by another open)."""
+    path = tmp_path / "f.bin"
+    path.write_bytes(b"x" * 4096)
+    src = FileSource(str(path))
+    fd = src._acquire_fd()  # a read in progress
+    src.close()
+    assert src.is_open and os.fstat(fd)
+    src._release_fd()  # the read ends: now it closes
+    assert not src.is_open
+    with pytest.raises(OSError):
+        os.fstat(fd)
+    assert src.pread(0, 1) == b"x"  # reopened, identity-checked
