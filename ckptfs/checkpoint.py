@@ -106,6 +106,8 @@ class Tensor:
         return values.reshape(self.shape)
 
     def __array__(self, dtype=None, copy=None) -> np.ndarray:
+        if copy is False:  # numpy 2's protocol: say so when a copy cannot be avoided (values are decoded anew)
+            raise ValueError("a ckptfs Tensor has no array to share: its values are decoded on each request")
         values = self.numpy()
         return values if dtype is None else values.astype(dtype, copy=False)
 

@@ -176,3 +176,12 @@ def test_bad_file_is_a_checkpoint_error(tmp_path):
     with pytest.raises(ckptfs.CheckpointError, match="junk.bin"):
         ckptfs.open(path)
     assert issubclass(ckptfs.CheckpointError, ValueError)
+
+
+def test_asarray_copy_false_is_refused_on_numpy2(gguf_path):
+    with ckptfs.open(gguf_path) as ck:
+        t = ck["f32"]
+        if np.lib.NumpyVersion(np.__version__) >= "2.0.0":
+            with pytest.raises(ValueError):
+                np.asarray(t, copy=False)
+        assert np.array(t, copy=True).shape == t.shape
