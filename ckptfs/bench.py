@@ -38,7 +38,7 @@ from typing import Any
 
 import numpy as np
 
-from . import __version__
+from . import __version__, procinfo
 from .checkpoint import Checkpoint, open as open_checkpoint
 from .fs.operations import STATS_XATTR  # the daemon's counters on the mount root (imports no FUSE binding)
 from .names import assign_stems
@@ -240,7 +240,7 @@ class BenchMount:
             print(f"ckptfs bench: could not unmount {self.path}: {exc}", file=sys.stderr)
             return
         deadline = time.monotonic() + 5.0
-        while self.pid is not None and _alive(self.pid) and time.monotonic() < deadline:
+        while self.pid is not None and procinfo.alive(self.pid) and time.monotonic() < deadline:
             time.sleep(0.02)
         try:
             os.rmdir(self.path)
@@ -259,45 +259,7 @@ def bench_mount(src: str, workdir: str, label: str, cache_size: int,
         mount.close()
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:  # a zombie of ours is not alive (the daemon is not our child: its parent exited)
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rpartition(")")[2].split()[0] != "Z"
-    except OSError:
-        return False
-
-
 # -- the daemon's memory ------------------------------------------------------------------------------------
-
-def _children(pid: int) -> list[int]:
-    found = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    if int(f.read().rpartition(")")[2].split()[1]) == pid:
-                        found.append(int(entry))
-            except (OSError, ValueError, IndexError):
-                continue
-    return found
-
-
-def _rss_anon(pid: int) -> int:
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith("RssAnon:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 0
-
 
 class AnonMemorySampler:
     """Peak RssAnon of a process and its children, sampled every 10 ms in a background thread.
@@ -318,8 +280,8 @@ class AnonMemorySampler:
         while not self._stop.is_set():
             now = time.monotonic()
             if now - refreshed > 0.5:
-                pids, refreshed = [self.pid, *_children(self.pid)], now
-            self.peak = max(self.peak, sum(_rss_anon(p) for p in pids))
+                pids, refreshed = [self.pid, *procinfo.children(self.pid)], now
+            self.peak = max(self.peak, sum(procinfo.rss_anon(p) or 0 for p in pids))
             self._stop.wait(SAMPLE_INTERVAL)
 
     def stop(self) -> int:

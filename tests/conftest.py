@@ -29,6 +29,8 @@ from pathlib import Path
 
 import pytest
 
+from ckptfs import procinfo
+
 REPO = Path(__file__).resolve().parents[1]
 READY_TIMEOUT = 60.0
 
@@ -125,12 +127,7 @@ def mount_stats(mnt: str | os.PathLike) -> dict:
     return json.loads(os.getxattr(str(mnt), "user.ckptfs.stats"))
 
 
-def pid_alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().split(") ")[-1][:1] != "Z"
-    except FileNotFoundError:
-        return False
+pid_alive = procinfo.alive
 
 
 class Mounts:

@@ -21,6 +21,8 @@ from conftest import (REPO, ckptfs_cli, cli_env, force_unmount, is_mounted, moun
 from fixtures import Written, write_gguf
 from test_mount import big_tensors, expected_gguf, read_direct
 
+from ckptfs import procinfo
+
 CLI = " ".join(shlex.quote(c) for c in ckptfs_cli())
 NOBODY = 65534
 AS_NOBODY = ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups"]
@@ -224,25 +226,12 @@ def test_sigkill_leaves_no_dead_mount(big_gguf, mountpoint):
     assert os.listdir(mountpoint) == [] and os.path.isdir(mountpoint)
 
 
-def _children(pid: int) -> list[int]:
-    found = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as fh:
-                    if int(fh.read().rsplit(") ", 1)[1].split()[1]) == pid:
-                        found.append(int(entry))
-            except (OSError, IndexError):
-                pass
-    return found
-
-
 def test_dead_mount_is_reported_and_umount_clears_it(big_gguf, mountpoint):
     """Kill the auto_unmount helper first, then the daemon: a dead mount. mount refuses it in one line;
     umount clears it."""
     assert run_cli("mount", str(big_gguf.path), str(mountpoint)).returncode == 0
     pid = daemon_pid(mountpoint)
-    helpers = _children(pid)
+    helpers = procinfo.children(pid)
     assert helpers, "no fusermount helper under the daemon"
     for helper in helpers:
         os.kill(helper, signal.SIGKILL)

@@ -26,6 +26,8 @@ import pytest
 from conftest import cli_env, mount_stats, pid_alive
 from fixtures import Written, quantized, write_gguf
 
+from ckptfs.procinfo import rss_anon
+
 STRESS_SECONDS = float(os.environ.get("CKPTFS_STRESS_SECONDS", "15"))
 CACHE_BYTES = 2 * 1024 * 1024
 #: What the daemon may use besides its cache: the interpreter, numpy, libfuse and its worker threads, the
@@ -128,17 +130,6 @@ class Sampler(threading.Thread):
             value = rss_anon(self.pid)
             if value is not None:
                 self.samples.append(value)
-
-
-def rss_anon(pid: int) -> int | None:
-    try:
-        with open(f"/proc/{pid}/status") as fh:
-            for line in fh:
-                if line.startswith("RssAnon:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        return None
-    return None
 
 
 def fd_count(pid: int) -> int:
