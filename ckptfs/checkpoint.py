@@ -141,9 +141,13 @@ class Tensor:
                 block = np.empty((0,) + self.shape[1:], self.dtype)
             else:
                 lo, hi = min(picked[0], picked[-1]), max(picked[0], picked[-1]) + 1
-                block = self.data.read(lo * row_elems, hi * row_elems).reshape((hi - lo,) + self.shape[1:])
-                if step != 1:
-                    block = block[np.asarray(picked) - lo]
+                if hi - lo <= 2 * len(picked):  # dense enough: decode the span once, then pick
+                    block = self.data.read(lo * row_elems, hi * row_elems).reshape((hi - lo,) + self.shape[1:])
+                    if step != 1:
+                        block = block[np.asarray(picked) - lo]
+                else:  # t[::1000]: decode only the picked rows, not everything between them
+                    block = np.stack([self.data.read(r * row_elems, (r + 1) * row_elems) for r in picked])
+                    block = block.reshape((len(picked),) + self.shape[1:])
             return np.array(block[(slice(None),) + rest])
         return self.numpy()[key]
 

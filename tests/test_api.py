@@ -185,3 +185,13 @@ def test_asarray_copy_false_is_refused_on_numpy2(gguf_path):
             with pytest.raises(ValueError):
                 np.asarray(t, copy=False)
         assert np.array(t, copy=True).shape == t.shape
+
+
+def test_a_sparse_stepped_slice_decodes_only_the_picked_rows(gguf_path, monkeypatch):
+    monkeypatch.setattr("ckptfs.blocks.GROUP_TARGET_BYTES", 1024)  # 8 Q4_0 blocks = one row of 256
+    ref = reference_arrays(gguf_path)["q4_0"]
+    with ckptfs.open(gguf_path) as ck:
+        t = ck["q4_0"]
+        assert np.array_equal(t[::20], ref[::20]) and np.array_equal(t[60:0:-25, 3:9], ref[60:0:-25, 3:9])
+        stats = ck.cache.stats()
+        assert stats.misses == len(range(0, 64, 20)) + len(range(60, 0, -25))  # one group per picked row
