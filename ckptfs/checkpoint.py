@@ -149,6 +149,15 @@ class Tensor:
                     block = np.stack([self.data.read(r * row_elems, (r + 1) * row_elems) for r in picked])
                     block = block.reshape((len(picked),) + self.shape[1:])
             return np.array(block[(slice(None),) + rest])
+        picked_rows = _row_list(first, rows)
+        if picked_rows is not None and not any(_is_array_index(k) for k in rest):
+            # t[token_ids]: an embedding lookup decodes the rows it names, once each, not the whole table.
+            # With only basic indexes after it, a[ids, rest] is a[ids][:, rest] in numpy too.
+            unique, inverse = np.unique(picked_rows, return_inverse=True)
+            if unique.size <= rows // 2:
+                found = np.stack([self.data.read(r * row_elems, (r + 1) * row_elems) for r in unique.tolist()])
+                block = found[inverse.reshape(-1)].reshape((picked_rows.size,) + self.shape[1:])
+                return np.array(block[(slice(None),) + rest])
         return self.numpy()[key]
 
     def __repr__(self) -> str:
@@ -157,6 +166,25 @@ class Tensor:
 
     def __reduce__(self):
         return (_reopen_tensor, (self._ck._reopen_src, self._ck.dtype_mode, self.index))
+
+
+def _is_array_index(key) -> bool:
+    return isinstance(key, (list, np.ndarray, bool, np.bool_))
+
+
+def _row_list(key, rows: int) -> np.ndarray | None:
+    """A non-empty 1-D list or array of integer row numbers as non-negative int64 (IndexError when one is out
+    of range, as numpy says it); None for any other kind of index."""
+    if not isinstance(key, (list, np.ndarray)):
+        return None
+    picked = np.asarray(key)
+    if picked.ndim != 1 or picked.size == 0 or picked.dtype.kind not in "iu":
+        return None
+    picked = picked.astype(np.int64)
+    bad = (picked < -rows) | (picked >= rows)
+    if bad.any():
+        raise IndexError(f"index {picked[bad][0]} is out of bounds for axis 0 with size {rows}")
+    return picked % rows if rows else picked
 
 
 class Checkpoint(Mapping):

@@ -196,3 +196,25 @@ def test_a_sparse_stepped_slice_decodes_only_the_picked_rows(gguf_path, monkeypa
         stats = ck.cache.stats()
         picked = set(range(0, 64, 20)) | set(range(60, 0, -25))  # one group per picked row (row 60 twice)
         assert (stats.misses, stats.entries, stats.bytes) == (len(picked), len(picked), len(picked) * 1024)
+
+
+@pytest.mark.parametrize("key", [[5], [3, 1, 3, -1], np.array([0, 63, 7], np.int32), np.array([2, 2], np.uint8),
+                                 ([4, 9], slice(10, 20)), ([4, -9], 7), ([1, 2], None), ([6, 0], Ellipsis, 3),
+                                 ([1, 2], [3, 4]), ([[1, 2], [3, 4]],), [True] * 64])
+def test_row_lists_index_like_numpy(gguf_path, key):
+    ref = reference_arrays(gguf_path)["q4_0"]
+    with ckptfs.open(gguf_path) as ck:
+        got = ck["q4_0"][key]
+        want = ref[key]
+        assert got.shape == want.shape and np.array_equal(got, want)
+        with pytest.raises(IndexError):
+            ck["q4_0"][[0, 64]]
+
+
+def test_an_embedding_lookup_decodes_only_the_named_rows(gguf_path, monkeypatch):
+    monkeypatch.setattr("ckptfs.blocks.GROUP_TARGET_BYTES", 1024)  # 8 Q4_0 blocks = one row of 256
+    ref = reference_arrays(gguf_path)["q4_0"]
+    ids = [17, 3, 17, 50, 3]
+    with ckptfs.open(gguf_path) as ck:
+        assert np.array_equal(ck["q4_0"][ids], ref[ids])
+        assert ck.cache.stats().misses == len(set(ids))
