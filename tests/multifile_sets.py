@@ -114,6 +114,14 @@ def write_split_gguf(folder: Path, tensors: list[tuple[str, np.ndarray, Q]], per
     writer.add_string("general.name", "split test")
     writer.add_uint32("llama.block_count", len(tensors))
     writer.add_array("tokenizer.ggml.tokens", [f"tok{i}" for i in range(40)])
+    _add_and_write(writer, tensors)
+    paths = sorted(folder.glob(f"{prefix}-*-of-*.gguf"))
+    assert paths, "gguf-py did not split"
+    return paths
+
+
+def _add_and_write(writer: GGUFWriter, tensors: list[tuple[str, np.ndarray, Q]]) -> None:
+    """Add the tensors (plain types as arrays, quantized ones as their stored bytes) and write the file(s)."""
     for name, stored, qtype in tensors:
         if qtype in (Q.F32, Q.F16):
             writer.add_tensor(name, stored)
@@ -123,9 +131,6 @@ def write_split_gguf(folder: Path, tensors: list[tuple[str, np.ndarray, Q]], per
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-    paths = sorted(folder.glob(f"{prefix}-*-of-*.gguf"))
-    assert paths, "gguf-py did not split"
-    return paths
 
 
 def write_gguf_by_hand(path: Path, tensors: list[tuple[str, np.ndarray, Q]], split: tuple[int, int, int] | None,
@@ -139,15 +144,7 @@ def write_gguf_by_hand(path: Path, tensors: list[tuple[str, np.ndarray, Q]], spl
         writer.add_uint16("split.no", no)
         writer.add_uint16("split.count", count)
         writer.add_int32("split.tensors.count", total)
-    for name, stored, qtype in tensors:
-        if qtype in (Q.F32, Q.F16):
-            writer.add_tensor(name, stored)
-        else:
-            writer.add_tensor(name, stored, raw_dtype=qtype)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    _add_and_write(writer, tensors)
 
 
 def gguf_reference(paths: list[str]) -> list[tuple[str, np.ndarray, bytes, str]]:
