@@ -20,7 +20,7 @@ from .cache import BlockCache
 from .descriptors import TensorInfo
 from .errors import CheckpointError
 from .quant import Codec
-from .source import SourcePool
+from .sources import SourcePool
 
 GROUP_TARGET_BYTES = 256 * 1024
 UNCACHED_STEP_BYTES = 16 * 1024 * 1024

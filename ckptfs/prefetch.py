@@ -39,7 +39,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from .blocks import TensorData
-from .source import SourcePool
+from .sources import SourcePool
 from .views import NpyView, RawView, View
 
 log = logging.getLogger(__name__)

@@ -17,7 +17,7 @@ import numpy as np
 from .blocks import TensorData
 from .descriptors import TensorInfo
 from .errors import CheckpointError
-from .source import SourcePool
+from .sources import SourcePool
 
 
 class View:

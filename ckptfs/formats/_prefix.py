@@ -1,43 +1,43 @@
-"""Reading the front of a checkpoint file with plain ``pread`` calls, growing the buffer only as needed.
+"""Reading the front of a checkpoint file through its byte source, growing the buffer only as needed.
 
-Headers are parsed from an in-memory ``bytes``/``bytearray`` prefix rather than an mmap: a file that is
-truncated while we parse it would make an mmap raise SIGBUS, whereas a short ``pread`` is just an error we
-can report. The prefix grows geometrically, so a header of any size costs O(size) reads, and a hostile
-length field can never make us read (or allocate) past the real end of the file: every request is checked
-against the file size first, and the caller turns the refusal into a ``CheckpointError`` that names the
-field.
+Headers are parsed from an in-memory ``bytearray`` prefix rather than an mmap: a file that is truncated
+while we parse it would make an mmap raise SIGBUS, whereas a failed ``pread`` is just an error we can
+report. The prefix grows geometrically, so a header of any size costs O(log size) reads — which matters
+most for remote sources, where each read is a round trip: their first read is larger (``initial_read`` of
+the source, a few MiB), so a 262,144-token vocabulary or a 94,000-tensor header arrives in a few requests.
+A hostile length field can never make us read (or allocate) past the real end of the file: every request is
+checked against the file size first, and the caller turns the refusal into a ``CheckpointError`` that names
+the field.
 """
 
 from __future__ import annotations
 
-import os
-
 from ..errors import CheckpointError
+from ..sources import ByteSource, open_source
 
-#: First read size: large enough for most headers without a regrowth, small enough to be free for tiny files.
+#: First read size for a local file: most headers in one read, free for tiny files.
 INITIAL_READ = 256 * 1024
 
 
 class FilePrefix:
-    """The bytes ``[0, len(self.data))`` of one file, read on demand; ``size`` is the file size at open."""
+    """The bytes ``[0, len(self.data))`` of one file, read on demand; ``size`` is the file size at open.
 
-    def __init__(self, path: str):
+    ``source`` may be given (an already open ByteSource, which the prefix then does not close); otherwise
+    ``path`` is opened through ``ckptfs.sources.open_source``.
+    """
+
+    def __init__(self, path: str, source: ByteSource | None = None):
         self.path = path
-        try:
-            self._fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-        except OSError as exc:
-            raise CheckpointError(path, None, f"cannot open: {exc.strerror or exc}") from None
-        try:
-            self.size = os.fstat(self._fd).st_size
-        except OSError as exc:
-            self.close()
-            raise CheckpointError(path, None, f"cannot stat: {exc.strerror or exc}") from None
+        self._owned = source is None
+        self.source = open_source(path) if source is None else source
+        self.size = self.source.size
+        self._initial = max(INITIAL_READ, getattr(self.source, "initial_read", 0))
         self.data = bytearray()
 
     def close(self) -> None:
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
+        if self._owned and self.source is not None:
+            self.source.close()
+        self.source = None
 
     def __enter__(self) -> FilePrefix:
         return self
@@ -54,36 +54,24 @@ class FilePrefix:
         have = len(self.data)
         if end <= have:
             return
-        target = min(self.size, max(end, 2 * have, INITIAL_READ))
-        self._read_into(have, target)
-        if len(self.data) < end:
-            raise CheckpointError(self.path, len(self.data),
-                                  f"file shrank while reading its header (has {len(self.data)} bytes, "
-                                  f"needed {end})")
+        target = min(self.size, max(end, 2 * have, self._initial))
+        self.data += self._pread(have, target - have)
 
     def read_at(self, offset: int, size: int) -> bytes:
-        """``size`` bytes at ``offset`` without keeping them (for data beyond the header)."""
-        out = bytearray()
-        while len(out) < size:
-            chunk = self._pread(size - len(out), offset + len(out))
-            if not chunk:
-                break
-            out += chunk
-        return bytes(out)
+        """Up to ``size`` bytes at ``offset`` (fewer at the end of the file), not kept."""
+        size = max(0, min(size, self.size - offset))
+        have = len(self.data)
+        if offset + size <= have:
+            return bytes(self.data[offset: offset + size])
+        return self._pread(offset, size)
 
-    def _read_into(self, start: int, end: int) -> None:
-        while start < end:
-            chunk = self._pread(end - start, start)
-            if not chunk:
-                return
-            self.data += chunk
-            start += len(chunk)
-
-    def _pread(self, size: int, offset: int) -> bytes:
+    def _pread(self, offset: int, size: int) -> bytes:
+        if size <= 0:
+            return b""
         try:
-            return os.pread(self._fd, min(size, 1 << 30), offset)
-        except OSError as exc:
-            raise CheckpointError(self.path, offset, f"cannot read: {exc.strerror or exc}") from None
+            return self.source.pread(offset, size)
+        except CheckpointError as exc:
+            raise CheckpointError(self.path, exc.offset, f"cannot read the header: {exc.reason}") from None
 
     def snapshot(self, end: int) -> bytes:
         """An immutable copy of the first ``end`` loaded bytes, for values decoded after the file is closed."""

@@ -21,6 +21,7 @@ import os
 
 from ..descriptors import ParsedCheckpoint
 from ..errors import CheckpointError
+from ..sources import Folder, LocalFolder, is_file, is_url, normalize, open_folder
 from . import read_file
 from ._common import only_checkpoint_errors
 from .safetensors_set import read_index, read_safetensors_set
@@ -33,9 +34,10 @@ INDEX_NAME_SUFFIX = ".index.json"
 @only_checkpoint_errors
 def read_checkpoint(src: str) -> ParsedCheckpoint:
     """Read whatever ``src`` names into one ParsedCheckpoint (see the module docstring)."""
-    if os.path.isdir(src):
-        return _read_folder(src)
-    if not os.path.exists(src):
+    folder = open_folder(src)
+    if folder is not None:
+        return _read_folder(folder)
+    if not is_url(src) and not os.path.exists(src):
         raise CheckpointError(src, None, "no such file or directory")
     if os.path.basename(src).endswith(INDEX_NAME_SUFFIX):
         return _read_indexed(src, _scan(os.path.dirname(src)))
@@ -60,16 +62,21 @@ def read_named_file(src: str) -> ParsedCheckpoint:
     return parsed
 
 
-def _scan(folder: str) -> FolderScan:
+def _scan(folder: str | Folder) -> FolderScan:
+    if isinstance(folder, str):
+        folder = open_folder(folder) or LocalFolder(folder)
     try:
         return scan_folder(folder)
     except OSError as exc:
-        raise CheckpointError(folder or ".", None, f"cannot list the folder: {exc.strerror or exc}") from None
+        raise CheckpointError(folder.name or ".", None, f"cannot list the folder: {exc.strerror or exc}") from None
 
 
-def _read_folder(folder: str) -> ParsedCheckpoint:
-    folder = folder.rstrip(os.sep) or os.sep  # "dir//" and "dir" must join to the same shard paths
-    scan = _scan(folder)
+def _read_folder(found: Folder) -> ParsedCheckpoint:
+    folder = found.name
+    if isinstance(found, LocalFolder):
+        folder = folder.rstrip(os.sep) or os.sep  # "dir//" and "dir" must join to the same shard paths
+        found = LocalFolder(folder)
+    scan = _scan(found)
     if len(scan.indexes) > 1:
         raise CheckpointError(folder, None, f"holds {len(scan.indexes)} index files ({', '.join(scan.indexes)}): "
                                             f"name the one to open")
@@ -91,8 +98,8 @@ def _read_candidate(candidate: Candidate) -> ParsedCheckpoint:
     shard = candidate.shard
     if shard is None or shard.ext == "gguf":
         parsed = read_named_file(candidate.paths[0])
-        used = {os.path.normpath(p) for p in parsed.files}
-        left_out = [os.path.basename(p) for p in candidate.paths if os.path.normpath(p) not in used]
+        used = {normalize(p) for p in parsed.files}
+        left_out = [os.path.basename(p) for p in candidate.paths if normalize(p) not in used]
         if left_out:
             raise CheckpointError(candidate.paths[0], None, f"does not form a split set with {name_list(left_out)} "
                                                             f"(no split keys): name one file")
@@ -108,7 +115,7 @@ def _read_indexed(index_path: str, scan: FolderScan) -> ParsedCheckpoint:
     present, missing = [], []
     for file in index.shard_files():
         path = index.shard_path(file)
-        (present if os.path.isfile(path) else missing).append(path)
+        (present if is_file(path) else missing).append(path)
     parsed = read_safetensors_set(present, missing, index)
     _add_passthrough(parsed, scan, index=os.path.basename(index_path))
     return parsed
@@ -120,10 +127,10 @@ def _add_passthrough(parsed: ParsedCheckpoint, scan: FolderScan, index: str | No
     The chosen index file is passed through too: tools that read a model folder look for it (it describes the
     original shards, which the mount shows as tensors). Hidden files and sub-folders are not.
     """
-    used = {os.path.normpath(p) for p in parsed.files}
+    used = {normalize(p) for p in parsed.files}
     names = list(scan.others) + ([index] if index is not None else [])
     parsed.passthrough.update({name: scan.path(name) for name in names})
-    ignored = [os.path.basename(p) for c in scan.candidates for p in c.paths if os.path.normpath(p) not in used]
+    ignored = [os.path.basename(p) for c in scan.candidates for p in c.paths if normalize(p) not in used]
     ignored += [name for name in scan.indexes if name != index]
     if ignored:
         parsed.notes.append(f"other checkpoint files in the folder, not part of this checkpoint and not passed "

@@ -27,6 +27,7 @@ from typing import Any
 
 from ..descriptors import ParsedCheckpoint
 from ..errors import CheckpointError
+from ..sources import open_source
 from . import read_file
 from .combine import ShardPart, combine, require_format
 from .shards import name_list, natural_key
@@ -60,14 +61,16 @@ class ShardIndex:
 def read_index(path: str) -> ShardIndex:
     """Parse and validate an index file; CheckpointError if it cannot say which files form the checkpoint."""
     try:
-        with open(path, "rb") as f:
-            size = os.fstat(f.fileno()).st_size
-            if size > MAX_INDEX_BYTES:
-                raise CheckpointError(path, None, f"is {size} bytes, more than an index can be "
-                                                  f"({MAX_INDEX_BYTES}): not a shard index")
-            data = f.read()  # read(n) would allocate n bytes up front, whatever the file's size
-    except OSError as exc:
-        raise CheckpointError(path, None, f"cannot read the index: {exc.strerror or exc}") from None
+        source = open_source(path)
+    except CheckpointError as exc:
+        raise CheckpointError(path, None, f"cannot read the index: {exc.reason}") from None
+    try:
+        if source.size > MAX_INDEX_BYTES:
+            raise CheckpointError(path, None, f"is {source.size} bytes, more than an index can be "
+                                              f"({MAX_INDEX_BYTES}): not a shard index")
+        data = source.pread(0, source.size)
+    finally:
+        source.close()
     try:
         doc = json.loads(data.decode("utf-8"))
     except UnicodeDecodeError as exc:

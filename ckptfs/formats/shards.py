@@ -17,6 +17,8 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from ..sources import Folder, LocalFolder
+
 CHECKPOINT_EXTENSIONS = ("gguf", "safetensors")
 INDEX_SUFFIX = ".safetensors.index.json"
 
@@ -101,25 +103,25 @@ class FolderScan:
         return os.path.join(self.folder, name)
 
 
-def scan_folder(folder: str) -> FolderScan:
+def scan_folder(folder: str | Folder) -> FolderScan:
     """List ``folder`` (never recursing) into index files, checkpoint candidates and other regular files.
 
-    A regular file is anything ``os.path.isfile`` accepts, symlinks to files included (HF snapshots); an
+    ``folder`` is a ``ckptfs.sources.Folder`` (a local directory, or a remote model folder) or a local path.
+    A regular file is anything the folder lists as one, symlinks to files included (HF snapshots); an
     entry that is neither a file nor a folder (a dangling link, a socket) is reported as broken.
     """
-    names = sorted((n for n in os.listdir(folder or ".") if not n.startswith(".")), key=natural_key)
+    if isinstance(folder, str):
+        folder = LocalFolder(folder)
+    files = folder.list()
+    names = sorted(files, key=natural_key)
+    broken: list[str] = sorted(folder.broken(), key=natural_key)
     indexes: list[str] = []
     singles: list[str] = []
     sets: dict[tuple[str, int, str], list[str]] = {}
     others: list[str] = []
-    broken: list[str] = []
+    join = folder.join
     for name in names:
-        path = os.path.join(folder, name)
-        if os.path.isdir(path):
-            continue
-        if not os.path.isfile(path):
-            broken.append(name)
-        elif is_index_name(name):
+        if is_index_name(name):
             indexes.append(name)
         elif is_checkpoint_name(name):
             shard = parse_shard_name(name)
@@ -129,9 +131,9 @@ def scan_folder(folder: str) -> FolderScan:
                 sets.setdefault((shard.prefix, shard.count, shard.ext), []).append(name)
         else:
             others.append(name)
-    candidates = [Candidate((os.path.join(folder, n),), None) for n in singles]
+    candidates = [Candidate((join(n),), None) for n in singles]
     for members in sets.values():
         members.sort(key=lambda n: parse_shard_name(n).number)
-        candidates.append(Candidate(tuple(os.path.join(folder, n) for n in members), parse_shard_name(members[0])))
+        candidates.append(Candidate(tuple(join(n) for n in members), parse_shard_name(members[0])))
     candidates.sort(key=lambda c: natural_key(os.path.basename(c.paths[0])))
-    return FolderScan(folder, tuple(indexes), tuple(candidates), tuple(others), tuple(broken))
+    return FolderScan(folder.name, tuple(indexes), tuple(candidates), tuple(others), tuple(broken))

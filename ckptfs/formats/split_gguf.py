@@ -23,6 +23,7 @@ from ..descriptors import ParsedCheckpoint
 from ..errors import CheckpointError
 from . import read_file
 from .combine import ShardPart, combine, require_format
+from ..sources import is_file
 from .shards import parse_shard_name
 
 KEY_NO = "split.no"
@@ -89,7 +90,7 @@ def read_split_gguf(src: str, parsed: ParsedCheckpoint, keys: SplitKeys) -> Pars
         path = os.path.join(folder, name.sibling(number))
         if number == name.number:
             shard = parsed
-        elif not os.path.isfile(path):
+        elif not is_file(path):
             missing.append(name.sibling(number))
             continue
         else:

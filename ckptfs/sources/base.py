@@ -1,0 +1,74 @@
+"""The byte-source protocol: what every reader of stored bytes talks to.
+
+Readers (headers), multi-file discovery, the block engine and the views never open files themselves: they ask
+a ``ByteSource`` for exact byte ranges. A local file is one implementation (``local.FileSource``); a remote
+object (HTTP range requests, S3, the Hugging Face Hub) is another, registered by URL scheme in
+``ckptfs.sources``; wrappers (checked reads against a manifest, mirrors) are ByteSources around ByteSources.
+
+The contract every implementation keeps:
+
+- ``size`` and ``identity`` are fixed at open. A later answer from the medium with another identity is an
+  error for that read, never bytes of another version.
+- ``pread(offset, size)`` returns exactly ``size`` bytes or raises ``CheckpointError`` (the mount answers
+  EIO); never a short result, never a hang past the source's own timeout.
+- ``content_id()`` is what caches shared between processes and pickles key on (see ``identity``).
+- ``advise`` is a hint and never fails; ``close`` releases what the source holds (a later read may reopen,
+  identity-checked).
+"""
+
+from __future__ import annotations
+
+
+class ByteSource:
+    """Base class with the optional parts of the protocol filled in (see the module docstring)."""
+
+    name: str
+    size: int
+    identity: tuple
+
+    def pread(self, offset: int, size: int) -> bytes:  # pragma: no cover - interface
+        raise NotImplementedError
+
+    def content_id(self) -> str:  # pragma: no cover - interface
+        raise NotImplementedError
+
+    def advise(self, offset: int, size: int, sequential: bool = False) -> None:
+        """Say these bytes are wanted soon (best effort)."""
+
+    @property
+    def is_open(self) -> bool:
+        """Whether the source holds an OS resource now (the pool bounds descriptors by this)."""
+        return False
+
+    def ensure_open(self) -> None:
+        """Reacquire what ``close`` released, refusing a medium that is no longer the same."""
+
+    def close_if_idle(self) -> bool:
+        """Release held resources unless a read is using them; True if released."""
+        self.close()
+        return True
+
+    def stats(self) -> dict:
+        """Counters (remote sources: requests, bytes, retries, failovers)."""
+        return {}
+
+    def close(self) -> None:
+        """Release held resources."""
+
+
+class Folder:
+    """A model folder: the regular files directly in it, by name, and how to name one as a source."""
+
+    name: str
+
+    def list(self) -> dict[str, int]:  # pragma: no cover - interface
+        """Regular files directly in the folder (hidden ones excluded): name -> size (-1 if unknown)."""
+        raise NotImplementedError
+
+    def broken(self) -> list[str]:
+        """Entries that are neither files nor folders (dangling links, sockets): reported, not served."""
+        return []
+
+    def join(self, name: str) -> str:  # pragma: no cover - interface
+        """The source string (path or URL) of the file ``name`` in this folder."""
+        raise NotImplementedError

@@ -1,0 +1,37 @@
+"""Content identity: the one key that caches shared between processes, and pickles, use for a file.
+
+Identity in order of strength (one place computes it, so caches and pickles never disagree):
+
+1. ``sha256:<hex>`` — the file's SHA-256 where it is known without reading the file (a manifest, the
+   Hub's LFS oid, an S3 checksum): the same bytes anywhere have the same identity.
+2. ``etag:<etag>:<size>:<url>`` — a remote object's ETag with its size and URL.
+3. ``local:<host>:<dev>:<ino>:<size>:<mtime_ns>:<ctime_ns>`` — a local file as this machine sees it. The host
+   name keeps entries under it from ever being shared across machines; ctime changes on every write, so an
+   in-place rewrite that restores the mtime still gets a new identity.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import socket
+
+_HOST = socket.gethostname()
+
+
+def local_content_id(identity: tuple) -> str:
+    return "local:" + _HOST + ":" + ":".join(str(part) for part in identity)
+
+
+def remote_content_id(etag: str | None, size: int, url: str) -> str:
+    return f"etag:{etag or ''}:{size}:{url}"
+
+
+def sha256_content_id(hexdigest: str) -> str:
+    return "sha256:" + hexdigest.lower()
+
+
+def checkpoint_content_id(file_ids: list[str]) -> str:
+    """One identity for a checkpoint made of several files (order matters: it is the files' order)."""
+    if len(file_ids) == 1:
+        return file_ids[0]
+    return "set:" + hashlib.sha256("\n".join(file_ids).encode()).hexdigest()

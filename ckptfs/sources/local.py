@@ -1,0 +1,196 @@
+"""The local-file byte source: one file read with ``pread``, pinned to its state at open.
+
+Reads use ``pread`` on a file descriptor opened once, never a long-lived mmap: a mounted checkpoint can be
+truncated or rewritten under a live daemon, and touching an mmap'd page past the new end of file raises
+SIGBUS, which would kill the daemon and leave a dead mount. With pread a vanished byte is just a short read,
+which becomes a ``CheckpointError`` (EIO at the mount).
+
+Every read is pinned to the file as it was when first opened: the size is fixed then, and a change of size
+or mtime seen after a read turns that read into an error — a reader gets the bytes as of open time or an
+error, never other bytes. A replaced or deleted file keeps serving its old bytes through the open
+descriptor. When the descriptor had to be closed (the pool bounds open files), reopening checks that the
+path still names the same file.
+
+Identity: ``(dev, ino, size, mtime_ns, ctime_ns)`` fixed at open. Each read re-checks size and mtime (a
+``chmod`` changes only ctime and must not break a mount); ctime is part of the *content identity* that
+caches shared across processes key on, so an in-place rewrite that restores the mtime (``rsync --inplace
+-t``) still gets a new identity at the next open.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import threading
+
+from ..errors import CheckpointError
+from .base import ByteSource, Folder
+from .identity import local_content_id
+
+
+class FileSource(ByteSource):
+    """One local file, read with pread and pinned to its state at first open.
+
+    ``path`` names the file in messages; ``open_path`` (default: ``path``) is what is opened, so that a
+    relative name can be opened from the directory it was given in (see ``SourcePool``).
+    """
+
+    def __init__(self, path: str, open_path: str | None = None):
+        self.path = self.name = path
+        self._open_path = open_path if open_path is not None else path
+        self._lock = threading.Lock()
+        self._fd: int | None = None
+        self._users = 0
+        self._close_when_idle = False
+        fd = self._open_fd()
+        st = os.fstat(fd)
+        self.size = st.st_size
+        self._identity = (st.st_dev, st.st_ino)
+        self._stamp = (st.st_size, st.st_mtime_ns)
+        self.identity = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+        self._fd = fd
+
+    def content_id(self) -> str:
+        """The machine-local content identity (see ``ckptfs.sources.identity``)."""
+        return local_content_id(self.identity)
+
+    def _open_fd(self) -> int:
+        try:
+            return os.open(self._open_path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        except OSError as exc:
+            raise CheckpointError(self.path, None, f"cannot open: {exc.strerror}") from None
+
+    @property
+    def is_open(self) -> bool:
+        return self._fd is not None
+
+    def _reopen_locked(self) -> None:
+        if self._fd is None:
+            fd = self._open_fd()
+            st = os.fstat(fd)
+            if (st.st_dev, st.st_ino) != self._identity or (st.st_size, st.st_mtime_ns) != self._stamp:
+                os.close(fd)
+                raise CheckpointError(self.path, None, "the file was replaced or changed since it was opened")
+            self._fd = fd
+
+    def ensure_open(self) -> None:
+        """Reopen the descriptor if the pool closed it, refusing a file that is no longer the same."""
+        with self._lock:
+            self._reopen_locked()
+
+    def _acquire_fd(self) -> int:
+        with self._lock:
+            self._reopen_locked()
+            self._users += 1
+            return self._fd
+
+    def _release_fd(self) -> None:
+        with self._lock:
+            self._users -= 1
+            if self._users == 0 and self._close_when_idle:
+                self._close_locked()
+
+    def _close_locked(self) -> None:
+        # Only with no read in progress: a descriptor closed under a pread could be reused by another open.
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+        self._close_when_idle = False
+
+    def close_if_idle(self) -> bool:
+        """Close the descriptor unless a read is using it; True if it is closed now."""
+        with self._lock:
+            if self._users == 0:
+                self._close_locked()
+            return self._fd is None
+
+    def pread(self, offset: int, size: int) -> bytes:
+        """Exactly ``size`` bytes at ``offset``, as the file was at open, or CheckpointError."""
+        if size <= 0:
+            return b""
+        if offset < 0 or offset + size > self.size:
+            raise CheckpointError(self.path, max(offset, self.size),
+                                  f"bytes {offset}..{offset + size} lie past the end of the file ({self.size} bytes)")
+        fd = self._acquire_fd()
+        try:
+            chunks = []
+            done = 0
+            while done < size:
+                chunk = os.pread(fd, size - done, offset + done)
+                if not chunk:
+                    break
+                chunks.append(chunk)
+                done += len(chunk)
+            st = os.fstat(fd)
+        except OSError as exc:
+            raise CheckpointError(self.path, offset, f"read failed: {exc.strerror}") from None
+        finally:
+            self._release_fd()
+        if done < size or (st.st_size, st.st_mtime_ns) != self._stamp:
+            raise CheckpointError(self.path, offset, "the file changed since it was opened (truncated or rewritten)")
+        return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+    def advise(self, offset: int, size: int, sequential: bool = False) -> None:
+        """Tell the kernel these bytes are wanted soon (best effort; never fails, never reopens)."""
+        if not hasattr(os, "posix_fadvise"):
+            return
+        with self._lock:
+            if self._fd is None:
+                return
+            fd = self._fd
+            self._users += 1
+        try:
+            if sequential:
+                os.posix_fadvise(fd, offset, size, os.POSIX_FADV_SEQUENTIAL)
+            os.posix_fadvise(fd, offset, size, os.POSIX_FADV_WILLNEED)
+        except OSError:
+            pass
+        finally:
+            self._release_fd()
+
+    def close(self) -> None:
+        """Close the descriptor now, or as soon as the reads using it are done."""
+        with self._lock:
+            if self._users:
+                self._close_when_idle = True
+            else:
+                self._close_locked()
+
+
+class LocalFolder(Folder):
+    """A local directory as a model folder. Names are joined to the path as given, never resolved: Hugging
+    Face cache snapshots are folders of links into ``blobs/``, and resolving would lose every name."""
+
+    def __init__(self, path: str):
+        self.name = path
+        self._broken: list[str] = []
+
+    def list(self) -> dict[str, int]:
+        files: dict[str, int] = {}
+        self._broken = []
+        for name in os.listdir(self.name or "."):
+            if name.startswith("."):
+                continue
+            path = os.path.join(self.name, name)
+            try:
+                st = os.stat(path)  # follows links: a link to a file is a file
+            except OSError:
+                self._broken.append(name)
+                continue
+            if stat.S_ISDIR(st.st_mode):
+                continue
+            if stat.S_ISREG(st.st_mode):
+                files[name] = st.st_size
+            else:
+                self._broken.append(name)
+        return files
+
+    def broken(self) -> list[str]:
+        return list(self._broken)
+
+    def join(self, name: str) -> str:
+        return os.path.join(self.name, name)
+
+
+def open_local_folder(path: str) -> LocalFolder | None:
+    return LocalFolder(path) if os.path.isdir(path) else None

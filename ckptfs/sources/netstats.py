@@ -1,0 +1,53 @@
+"""Process-wide counters of remote-source traffic: what ``user.ckptfs.stats`` shows under ``source``.
+
+One set of counters per process (a mount daemon serves one checkpoint; a library user wants the total), kept
+per scheme and per request outcome as well so the Prometheus names ``ckptfs_source_requests_total{scheme,
+outcome}`` and ``ckptfs_source_bytes_total{scheme}`` can be served from the same numbers. Outcomes are
+``ok`` (an answer used), ``retry`` (a failed attempt that was tried again), ``error`` (a failed attempt that
+ended the read) and ``timeout`` (an attempt abandoned for stalling or for the read's deadline).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+
+OUTCOMES = ("ok", "retry", "error", "timeout")
+
+
+class SourceCounters:
+    """Thread-safe counters: requests sent, payload bytes received, retries, mirror failovers."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._requests: Counter = Counter()  # (scheme, outcome) -> n
+        self._bytes: Counter = Counter()  # scheme -> n
+        self.retries = 0
+        self.failovers = 0
+
+    def request(self, scheme: str, outcome: str, nbytes: int = 0) -> None:
+        with self._lock:
+            self._requests[(scheme, outcome)] += 1
+            self._bytes[scheme] += nbytes
+            if outcome == "retry":
+                self.retries += 1
+
+    def failover(self) -> None:
+        with self._lock:
+            self.failovers += 1
+
+    def snapshot(self) -> dict:
+        """``{"requests", "bytes", "retries", "failovers", "by_scheme": {scheme: {"requests": {outcome: n},
+        "bytes": n}}}``."""
+        with self._lock:
+            by_scheme: dict[str, dict] = {}
+            for (scheme, outcome), n in self._requests.items():
+                entry = by_scheme.setdefault(scheme, {"requests": {}, "bytes": 0})
+                entry["requests"][outcome] = n
+            for scheme, n in self._bytes.items():
+                by_scheme.setdefault(scheme, {"requests": {}, "bytes": 0})["bytes"] = n
+            return {"requests": sum(self._requests.values()), "bytes": sum(self._bytes.values()),
+                    "retries": self.retries, "failovers": self.failovers, "by_scheme": by_scheme}
+
+
+COUNTERS = SourceCounters()
