@@ -13,12 +13,12 @@ from typing import Any
 
 import numpy as np
 
-from .blocks import TensorData
+from .blocks import UNCACHED_STEP_BYTES, TensorData
 from .cache import BlockCache
 from .descriptors import ParsedCheckpoint, TensorInfo
 from .errors import CheckpointError
 from .quant import DTYPE_MODES, codec_for, output_dtype
-from .source import SourcePool
+from .sources import SourcePool
 from .views import npy_header
 
 DEFAULT_CACHE_BYTES = 512 * 1024 * 1024
@@ -117,48 +117,52 @@ class Tensor:
         return self.shape[0]
 
     def __getitem__(self, key) -> np.ndarray:
-        """Index like numpy; only the rows of the first axis that the key touches are decoded."""
+        """Index like numpy; only the rows of the first axis that the key touches are decoded.
+
+        Rows are decoded from their own blocks straight into the result, never kept as whole cached groups
+        (see ``_rows``): a picked row costs its row, and memory peaks at the result plus one bounded step.
+        """
         if not self.shape:
             return self.numpy()[key]
         first, rest = (key[0], key[1:]) if isinstance(key, tuple) and key else (key, ())
         if first is Ellipsis or isinstance(first, bool):  # numpy reads a bool as a 0-d mask, not as 0/1
             return self.numpy()[key]
         rows = self.shape[0]
-        row_elems = self.size // rows if rows else 0
         if isinstance(first, (int, np.integer)):
             i = int(first)
             if not -rows <= i < rows:
                 raise IndexError(f"index {i} is out of bounds for axis 0 with size {rows}")
-            i %= rows
             # index a one-row array with 0 in place of i: the integer stays an (advanced) index where it
             # was, so axis order and scalar results are numpy's (a[0, :, [1, 2]] is not a[0][:, [1, 2]])
-            block = self.data.read(i * row_elems, (i + 1) * row_elems).reshape((1,) + self.shape[1:])
-            return block[(0,) + rest].copy()
+            return self._rows(np.array([i % rows]))[(0,) + rest].copy()
         if isinstance(first, slice):
-            start, stop, step = first.indices(rows)
-            picked = range(start, stop, step)
-            if len(picked) == 0:
-                block = np.empty((0,) + self.shape[1:], self.dtype)
-            else:
-                lo, hi = min(picked[0], picked[-1]), max(picked[0], picked[-1]) + 1
-                if hi - lo <= 2 * len(picked):  # dense enough: decode the span once, then pick
-                    block = self.data.read(lo * row_elems, hi * row_elems).reshape((hi - lo,) + self.shape[1:])
-                    if step != 1:
-                        block = block[np.asarray(picked) - lo]
-                else:  # t[::1000]: decode only the picked rows, not everything between them
-                    block = np.stack([self.data.read(r * row_elems, (r + 1) * row_elems) for r in picked])
-                    block = block.reshape((len(picked),) + self.shape[1:])
-            return np.array(block[(slice(None),) + rest])
+            return _rest_of(self._rows(np.arange(*first.indices(rows), dtype=np.int64)), rest)
         picked_rows = _row_list(first, rows)
         if picked_rows is not None and not any(_is_array_index(k) for k in rest):
             # t[token_ids]: an embedding lookup decodes the rows it names, once each, not the whole table.
             # With only basic indexes after it, a[ids, rest] is a[ids][:, rest] in numpy too.
-            unique, inverse = np.unique(picked_rows, return_inverse=True)
-            if unique.size <= rows // 2:
-                found = np.stack([self.data.read(r * row_elems, (r + 1) * row_elems) for r in unique.tolist()])
-                block = found[inverse.reshape(-1)].reshape((picked_rows.size,) + self.shape[1:])
-                return np.array(block[(slice(None),) + rest])
+            return _rest_of(self._rows(picked_rows), rest)
         return self.numpy()[key]
+
+    def _rows(self, picked: np.ndarray) -> np.ndarray:
+        """Rows ``picked`` (int64 in range, any order, repeats allowed) as a new array ``(n, *shape[1:])``.
+
+        Nearby rows are decoded together in windows (at most twice the rows they hold, at most
+        ``UNCACHED_STEP_BYTES``), each straight from its blocks into the result, bypassing the cache: a view
+        into a cached group would keep the whole group alive per row (t[::16] of an embedding then peaked at
+        gigabytes), and decoding a group for one row costs the group. Repeated rows are decoded once.
+        """
+        data = self.data
+        row_elems = self.size // self.shape[0] if self.shape[0] else 0
+        out = np.empty((picked.size, row_elems), self.dtype)
+        if picked.size and row_elems:
+            order = np.argsort(picked, kind="stable")
+            ordered = picked[order]
+            max_rows = max(1, UNCACHED_STEP_BYTES // (row_elems * self.dtype.itemsize))
+            for k0, k1, lo, hi in _windows(ordered.tolist(), max_rows):
+                values = data.read(lo * row_elems, hi * row_elems, use_cache=False).reshape(hi - lo, row_elems)
+                out[order[k0:k1]] = values[ordered[k0:k1] - lo]
+        return out.reshape((picked.size,) + self.shape[1:])
 
     def __repr__(self) -> str:
         return (f"<ckptfs.Tensor {self.name!r} {self.storage_type} shape={self.shape} "
@@ -166,6 +170,29 @@ class Tensor:
 
     def __reduce__(self):
         return (_reopen_tensor, (self._ck._reopen_src, self._ck.dtype_mode, self.index))
+
+
+def _rest_of(block: np.ndarray, rest: tuple) -> np.ndarray:
+    """``block[:, *rest]`` as an array of its own (no view keeping the larger block alive)."""
+    return np.array(block[(slice(None),) + rest]) if rest else block
+
+
+def _windows(ordered: list[int], max_rows: int) -> Iterator[tuple[int, int, int, int]]:
+    """Split sorted row numbers into windows ``(k0, k1, lo, hi)``: ``ordered[k0:k1]`` lie in rows [lo, hi),
+    which span at most ``max_rows`` rows and at most twice the distinct rows picked in them (t[::2] decodes
+    its span once; t[::1000] decodes only its rows)."""
+    k0, n = 0, len(ordered)
+    while k0 < n:
+        lo = ordered[k0]
+        hi, distinct, k1 = lo + 1, 1, k0 + 1
+        while k1 < n:
+            row = ordered[k1]
+            more = distinct + (row >= hi)
+            if row + 1 - lo > max_rows or row + 1 - lo > 2 * more:
+                break
+            hi, distinct, k1 = row + 1, more, k1 + 1
+        yield k0, k1, lo, hi
+        k0 = k1
 
 
 def _is_array_index(key) -> bool:
@@ -254,8 +281,16 @@ def open(src, dtype: str = "auto", cache_size: int = DEFAULT_CACHE_BYTES,
     from .formats.multi import read_checkpoint
 
     src = str(src)
+    cache_size = _cache_bytes(cache_size)
     return Checkpoint(read_checkpoint(src), src, dtype=dtype, cache_bytes=cache_size,
                       max_open_files=max_open_files)
+
+
+def _cache_bytes(value) -> int:
+    """``cache_size`` checked: a whole number of bytes >= 0 (0: no decoded groups are kept, each read decodes)."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
+        raise ValueError(f"cache_size must be a whole number of bytes >= 0 (0 keeps nothing), not {value!r}")
+    return int(value)
 
 
 def _as_reopenable(src: str) -> str:
