@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .cache import BlockCache
+from .cache import BlockCache, TieredCache, cache_key
 from .descriptors import TensorInfo
 from .errors import CheckpointError
 from .quant import Codec
@@ -30,7 +30,7 @@ class TensorData:
     """Decoded values of one tensor, by element range."""
 
     def __init__(self, info: TensorInfo, codec: Codec, dtype: np.dtype, sources: SourcePool,
-                 cache: BlockCache):
+                 cache: TieredCache | BlockCache):
         self.info = info
         self.codec = codec
         self.dtype = np.dtype(dtype)
@@ -42,6 +42,7 @@ class TensorData:
         out_block_bytes = info.block_elements * self.dtype.itemsize
         self.group_blocks = max(1, GROUP_TARGET_BYTES // max(1, out_block_bytes))
         self._available_blocks: int | None = None
+        self._content_id: str | None = None
 
     @property
     def source(self):
@@ -119,12 +120,12 @@ class TensorData:
             segments.append(self._group(g)[max(e0 - first, 0): e1 - first])
         return segments
 
-    def _key(self, g: int) -> tuple:
-        # The key names the decoded blocks [b0, b1) themselves: tensors sharing a data offset (deduplicated
-        # data) share their groups, but a shorter tensor's last group, cut at its end, is not the longer one's.
+    def _key(self, g: int) -> str:
+        if self._content_id is None:
+            self._content_id = self.source.content_id()
         b0 = g * self.group_blocks
         b1 = min(b0 + self.group_blocks, self.available_blocks())
-        return (self.info.source, self.info.offset, self.info.storage_type, self.dtype.str, b0, b1)
+        return cache_key(self._content_id, self.info.offset, self.info.storage_type, self.dtype.str, b0, b1)
 
     def _group(self, g: int) -> np.ndarray:
         return self._cache.get_or_load(self._key(g), lambda: self._decode_group(g))

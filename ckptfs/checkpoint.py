@@ -8,17 +8,17 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import numpy as np
 
 from .blocks import UNCACHED_STEP_BYTES, TensorData
-from .cache import BlockCache
+from .cache import BlockCache, TieredCache
 from .descriptors import ParsedCheckpoint, TensorInfo
 from .errors import CheckpointError
 from .quant import DTYPE_MODES, codec_for, output_dtype
-from .sources import SourcePool
+from .sources import ByteSource, SourcePool, checkpoint_content_id, is_url
 from .views import npy_header
 
 DEFAULT_CACHE_BYTES = 512 * 1024 * 1024
@@ -169,7 +169,7 @@ class Tensor:
                 f"dtype={self.dtype}{' damaged' if self.info.damaged else ''}>")
 
     def __reduce__(self):
-        return (_reopen_tensor, (self._ck._reopen_src, self._ck.dtype_mode, self.index))
+        return (_reopen_tensor, (self._ck._reopen_src, self._ck.dtype_mode, self.index, self._ck.content_id))
 
 
 def _rest_of(block: np.ndarray, rest: tuple) -> np.ndarray:
@@ -218,7 +218,11 @@ class Checkpoint(Mapping):
     """An opened checkpoint: a read-only mapping of tensor name -> Tensor (the first of that name)."""
 
     def __init__(self, parsed: ParsedCheckpoint, src: str, dtype: str = "auto",
-                 cache_bytes: int = DEFAULT_CACHE_BYTES, max_open_files: int = 64):
+                 cache_bytes: int = DEFAULT_CACHE_BYTES, max_open_files: int = 64, *,
+                 cache: TieredCache | None = None,
+                 source_wrapper: Callable[[ByteSource], ByteSource] | None = None):
+        """``cache``: the tiers decoded groups go to (default: a memory tier of ``cache_bytes``);
+        ``source_wrapper``: applied to every byte source as it is opened (checked reads, mirrors)."""
         if dtype not in DTYPE_MODES:
             raise ValueError(f"dtype must be one of {', '.join(DTYPE_MODES)}, not {dtype!r}")
         self.parsed = parsed
@@ -230,13 +234,14 @@ class Checkpoint(Mapping):
         self.files = parsed.files
         self.notes = parsed.notes
         self.passthrough = parsed.passthrough
-        self.sources = SourcePool(max_open_files)
+        self.sources = SourcePool(max_open_files, wrapper=source_wrapper)
         # Pin every file now, while its header is fresh (sources otherwise open at the first read): a file
         # replaced or rewritten after that must give errors, or the old bytes, never new bytes read at the
         # old header's offsets.
-        for path in parsed.files:
-            self.sources.get(path)
-        self.cache = BlockCache(cache_bytes)
+        pinned = [self.sources.get(path) for path in parsed.files]
+        #: What caches shared between processes and pickled tensors key on (``ckptfs.sources.identity``).
+        self.content_id = checkpoint_content_id([source.content_id() for source in pinned])
+        self.cache = cache if cache is not None else TieredCache([BlockCache(cache_bytes)])
         self.tensors = [Tensor(self, info, i) for i, info in enumerate(parsed.tensors)]
         self._by_name: dict[str, Tensor] = {}
         for t in self.tensors:
@@ -262,8 +267,10 @@ class Checkpoint(Mapping):
         return [t for t in self.tensors if t.info.damaged]
 
     def close(self) -> None:
+        """Release the sources' descriptors and connections and the cache tiers (the memory tier's entries
+        are dropped; shared tiers keep theirs)."""
         self.sources.close()
-        self.cache.clear()
+        self.cache.close()
 
     def __enter__(self) -> Checkpoint:
         return self
@@ -296,8 +303,8 @@ def _cache_bytes(value) -> int:
 def _as_reopenable(src: str) -> str:
     """``src`` as a pickled Tensor must name it: a relative path joined to the directory it was opened from
     (the unpickling process may have moved, as the sources' own reopening allows for); joined, not
-    normalized, so that ``..`` after a link keeps its meaning."""
-    if os.path.isabs(src):
+    normalized, so that ``..`` after a link keeps its meaning. A URL stays as it is."""
+    if is_url(src) or os.path.isabs(src):
         return src
     try:
         return os.path.join(os.getcwd(), src)
@@ -309,10 +316,18 @@ _reopened: dict[tuple[str, str], Checkpoint] = {}
 _reopen_lock = threading.Lock()
 
 
-def _reopen_tensor(src: str, dtype: str, index: int) -> Tensor:
-    """Unpickle a Tensor: reopen its checkpoint once per process (DataLoader workers unpickle many)."""
+def _reopen_tensor(src: str, dtype: str, index: int, content_id: str | None = None) -> Tensor:
+    """Unpickle a Tensor: reopen its checkpoint once per process (DataLoader workers unpickle many).
+
+    The pickle carries the checkpoint's content identity: a checkpoint replaced since (an HF snapshot
+    updated under a running DataLoader) is an error, never another tensor served silently under the old
+    index. A checkpoint this process reopened earlier is reopened again if its identity no longer matches.
+    """
     with _reopen_lock:
         ck = _reopened.get((src, dtype))
-        if ck is None:
+        if ck is None or (content_id is not None and ck.content_id != content_id):
             ck = _reopened[(src, dtype)] = open(src, dtype=dtype)
+    if content_id is not None and ck.content_id != content_id:
+        raise CheckpointError(src, None, "the checkpoint changed since this tensor was pickled "
+                                         "(its files were replaced or rewritten): reopen it")
     return ck.tensors[index]
