@@ -1,0 +1,248 @@
+"""The disk tier on real file systems: corrupt entries, a full tmpfs, a read-only or deleted folder, killed
+writers, several processes filling the same entries at once, the size bound.
+
+Every failure must read as a miss (the caller decodes), never raise and never return other bytes than were
+stored; each kind of trouble is logged once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import multiprocessing
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from ckptfs.tiers import entry
+from ckptfs.tiers.disk import DiskStore, DiskTier
+
+
+def values(seed: int, n: int = 4096, dtype=np.float32) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal(n).astype(dtype)
+
+
+def tmp_files(root: Path) -> list[Path]:
+    return [p for p in root.rglob(".tmp.*")]
+
+
+@contextlib.contextmanager
+def tmpfs(path: Path, size: str):
+    """A real tmpfs of ``size`` mounted at ``path`` (root only), unmounted at exit."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    path.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], check=True)
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], check=False)
+
+
+def test_round_trip_keeps_dtype_and_values(tmp_path):
+    tier = DiskTier(tmp_path, 1 << 30)
+    for i, dtype in enumerate((np.float32, np.float16, np.int8)):
+        tier.put(f"k{i}", values(i, dtype=dtype))
+    for i, dtype in enumerate((np.float32, np.float16, np.int8)):
+        got = tier.get(f"k{i}")
+        assert got.dtype == np.dtype(dtype) and not got.flags.writeable
+        np.testing.assert_array_equal(got, values(i, dtype=dtype))
+    assert tier.get("absent") is None
+    stats = tier.stats()
+    assert (stats["hits"], stats["misses"], stats["stored"]) == (3, 1, 3)
+
+
+def test_namespaces_share_the_folder_and_the_bound(tmp_path):
+    blocks = DiskTier(tmp_path, 1 << 30)
+    raw = DiskStore(tmp_path, 1 << 30, "bytes")
+    blocks.put("same key", values(1))
+    raw.put("same key", b"remote bytes")
+    assert raw.get("same key") == b"remote bytes"
+    np.testing.assert_array_equal(blocks.get("same key"), values(1))
+    usage = raw.usage()
+    assert usage["blocks"]["files"] == 1 and usage["bytes"]["files"] == 1
+    assert (tmp_path / "blocks").is_dir() and (tmp_path / "bytes").is_dir()
+
+
+def _damage_payload(p: Path) -> None:
+    data = bytearray(p.read_bytes())
+    data[entry.HEADER_SIZE + 10] ^= 0x40
+    p.write_bytes(data)
+
+
+def _damage_header_length(p: Path) -> None:
+    data = bytearray(p.read_bytes())
+    data[16] ^= 0x01
+    p.write_bytes(data)
+
+
+def _truncate(p: Path) -> None:
+    os.truncate(p, p.stat().st_size - 100)
+
+
+def _garbage(p: Path) -> None:
+    p.write_bytes(os.urandom(5000))
+
+
+def _empty(p: Path) -> None:
+    p.write_bytes(b"")
+
+
+@pytest.mark.parametrize("damage", [_damage_payload, _damage_header_length, _truncate, _garbage, _empty])
+def test_a_corrupt_entry_is_a_miss_deleted_and_logged_once(tmp_path, caplog, damage):
+    tier = DiskTier(tmp_path, 1 << 30)
+    for k in ("a", "b"):
+        tier.put(k, values(7))
+        damage(tier.store.path_for(k))
+    with caplog.at_level(logging.WARNING, logger="ckptfs.tiers.disk"):
+        assert tier.get("a") is None
+        assert tier.get("b") is None
+    assert not tier.store.path_for("a").exists() and not tier.store.path_for("b").exists()
+    assert tier.stats()["corrupt"] == 2
+    assert len([r for r in caplog.records if "corrupt entry" in r.getMessage()]) == 1
+    tier.put("a", values(8))  # decoded again and stored again
+    np.testing.assert_array_equal(tier.get("a"), values(8))
+
+
+def test_an_entry_under_another_keys_name_is_refused(tmp_path):
+    tier = DiskTier(tmp_path, 1 << 30)
+    tier.put("first", values(1))
+    tier.put("second", values(2))
+    target = tier.store.path_for("second")
+    shutil.copyfile(tier.store.path_for("first"), target)  # a valid entry, but for another key
+    assert tier.get("second") is None
+    assert tier.stats()["corrupt"] == 1
+
+
+def test_a_killed_writer_leaves_nothing_that_reads_as_valid(tmp_path):
+    code = f"""
+import sys, time, numpy as np
+sys.path.insert(0, {str(Path(__file__).resolve().parents[1])!r})
+from ckptfs.tiers.disk import DiskStore
+store = DiskStore({str(tmp_path)!r}, 1 << 30, "blocks")
+def chunks():
+    yield np.ones(1 << 16, np.float32)
+    print("half", flush=True)
+    time.sleep(60)
+    yield np.ones(1 << 16, np.float32)
+store.write_chunks("key", np.float32, 1 << 19, chunks())
+"""
+    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "half"
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait(10)
+    store = DiskStore(tmp_path, 1 << 30, "blocks")
+    leftovers = tmp_files(tmp_path)
+    assert leftovers, "the killed writer's temporary file should exist (else this test tests nothing)"
+    assert store.get_array("key") is None and not store.contains("key")
+    old = time.time() - 7200
+    for p in leftovers:
+        os.utime(p, (old, old))
+    assert store.prune()["files"] == len(leftovers)
+    assert tmp_files(tmp_path) == []
+
+
+def test_a_full_file_system_costs_storage_never_a_read(tmp_path, caplog):
+    with tmpfs(tmp_path / "small", "1m") as root:
+        tier = DiskTier(root, 1 << 30)
+        tier.put("early", values(1, 1024))
+        with caplog.at_level(logging.WARNING, logger="ckptfs.tiers.disk"):
+            for i in range(12):  # 12 x 256 KiB entries into 1 MiB: most cannot be written
+                tier.put(f"big{i}", values(i, 64 * 1024))
+                tier.store._paused_until = 0.0  # try each, as writes after the pause would
+        np.testing.assert_array_equal(tier.get("early"), values(1, 1024))
+        stored = [i for i in range(12) if tier.get(f"big{i}") is not None]
+        for i in stored:
+            np.testing.assert_array_equal(tier.get(f"big{i}"), values(i, 64 * 1024))
+        assert len(stored) < 12
+        assert tier.stats()["errors"] >= 12 - len(stored)
+        assert len([r for r in caplog.records if "file system is full" in r.getMessage()]) == 1
+        assert tmp_files(root) == []
+
+
+def test_a_read_only_folder_serves_what_it_has(tmp_path, caplog):
+    with tmpfs(tmp_path / "ro", "4m") as root:
+        tier = DiskTier(root, 1 << 30)
+        tier.put("kept", values(3))
+        subprocess.run(["mount", "-o", "remount,ro", str(root)], check=True)
+        with caplog.at_level(logging.WARNING, logger="ckptfs.tiers.disk"):
+            tier.put("new", values(4))
+            tier.put("new2", values(5))
+        np.testing.assert_array_equal(tier.get("kept"), values(3))
+        assert tier.get("new") is None
+        assert len([r for r in caplog.records if "not writable" in r.getMessage()]) == 1
+
+
+def test_a_deleted_folder_is_made_again(tmp_path, caplog):
+    root = tmp_path / "cache"
+    tier = DiskTier(root, 1 << 30)
+    tier.put("a", values(1))
+    shutil.rmtree(root)
+    assert tier.get("a") is None
+    tier.put("a", values(2))
+    np.testing.assert_array_equal(tier.get("a"), values(2))
+
+
+def _fill(root: str, worker: int, keys: int, barrier) -> None:
+    store = DiskStore(root, 1 << 30, "blocks")
+    barrier.wait()
+    for k in range(keys):
+        store.put_array(f"key{k}", values(k, 32 * 1024))
+        got = store.get_array(f"key{(k * 7 + worker) % keys}")
+        if got is not None:
+            np.testing.assert_array_equal(got, values((k * 7 + worker) % keys, 32 * 1024))
+
+
+def test_several_processes_fill_the_same_entries_at_once(tmp_path):
+    ctx = multiprocessing.get_context("fork")
+    barrier = ctx.Barrier(4)
+    procs = [ctx.Process(target=_fill, args=(str(tmp_path), w, 40, barrier)) for w in range(4)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(120)
+    assert [p.exitcode for p in procs] == [0, 0, 0, 0]
+    store = DiskStore(tmp_path, 1 << 30, "blocks")
+    for k in range(40):
+        np.testing.assert_array_equal(store.get_array(f"key{k}"), values(k, 32 * 1024))
+    assert store.stats()["corrupt"] == 0
+    assert tmp_files(tmp_path) == []
+    assert store.usage()["blocks"]["files"] == 40
+
+
+def test_the_bound_removes_least_recently_used_entries(tmp_path):
+    entry_bytes = entry.HEADER_SIZE + 4096 * 4
+    store = DiskStore(tmp_path, 10 * entry_bytes, "blocks")
+    now = time.time()
+    for k in range(16):
+        store.put_array(f"key{k}", values(k))
+        os.utime(store.path_for(f"key{k}"), (now - 1000 + k, now - 1000 + k))
+    os.utime(store.path_for("key0"), (now, now))  # used most recently: must survive
+    result = store.prune()
+    assert result["total"] <= 9 * entry_bytes
+    left = {k for k in range(16) if store.contains(f"key{k}")}
+    assert 0 in left
+    assert left == {0} | set(range(16 - len(left) + 1, 16))
+    assert store.clear()["total"] == 0 and store.usage() == {}
+
+
+def test_writes_past_the_bound_prune_in_the_background(tmp_path):
+    entry_bytes = entry.HEADER_SIZE + 64 * 1024 * 4
+    store = DiskStore(tmp_path, 8 * entry_bytes, "blocks")
+    for k in range(60):
+        store.put_array(f"key{k}", values(k, 64 * 1024))
+    deadline = time.monotonic() + 30
+    while store._pruning and time.monotonic() < deadline:
+        time.sleep(0.05)
+    # no explicit prune was called: only the background passes (one per 4 MiB written) removed entries
+    assert store.usage()["blocks"]["files"] < 30
+    assert store.contains("key59")
