@@ -1,0 +1,276 @@
+"""The ``redis`` cache tier (``--redis redis://HOST:PORT/DB``): decoded block groups shared across machines.
+
+A Redis that is slow, dead, full or holding garbage must cost a decode, never a failed read or a hang:
+
+- **Short timeouts, no retries.** 0.2 s to connect, 0.5 s per command, and redis-py's own retry loop
+  switched off (its default retries ten times with backoff: seconds of stall per read).
+- **A circuit breaker.** The first failed command marks Redis down: lookups are then answered "miss" at once,
+  without a socket, while one background thread pings it after 1 s, then 2, 4 ... up to 30 s, and marks it
+  up again once it answers. So an outage costs each reader at most one timeout, not one per read. The pool's
+  connections are dropped on failure: a late reply on a timed-out connection is never taken for the next one.
+- **Full is not down.** A write refused for memory (``maxmemory`` with ``noeviction``: "OOM command not
+  allowed") pauses writes only; lookups go on.
+- **Checked values.** A value is the same checksummed entry a disk file holds (``entry.py``), including a
+  digest of its cache key, whose text carries the checkpoint's content identity: a value overwritten with
+  garbage, or written for another key, is deleted and decoded again. Redis keys are ``ckptfs:e1:<blake2b of
+  the cache key>``: fixed-length, one namespace for ckptfs on a shared server.
+- **Batches.** ``get_many`` asks for several groups in one MGET round trip (a sequential reader's next
+  groups).
+
+Each kind of trouble is logged once per outage (down, full, bad value). redis-py is imported only when the
+tier is first used, so ``import ckptfs`` never imports it; the client is made lazily too, so a daemon's
+fork happens before any connection or thread exists.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Sequence
+from urllib.parse import urlsplit
+
+import numpy as np
+
+from . import entry
+
+log = logging.getLogger(__name__)
+
+KEY_PREFIX = "ckptfs:e1:"
+CONNECT_TIMEOUT_S = 0.2
+OP_TIMEOUT_S = 0.5
+BACKOFF_S = (1.0, 30.0)
+
+
+def check_url(url: str) -> str:
+    """``url`` if it is a Redis URL, else ValueError with a one-line reason (for the CLI)."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("redis", "rediss", "unix"):
+        raise ValueError(f"--redis wants redis://HOST:PORT/DB, not {url!r}")
+    if parts.scheme != "unix" and not parts.hostname:
+        raise ValueError(f"--redis {url!r} names no host")
+    return url
+
+
+def redis_key(key: str) -> str:
+    return KEY_PREFIX + entry.key_digest(key).hex()
+
+
+class RedisTier:
+    """Get/put decoded groups in Redis; every method returns quickly whatever the server does."""
+
+    name = "redis"
+
+    def __init__(self, url: str, connect_timeout: float = CONNECT_TIMEOUT_S, op_timeout: float = OP_TIMEOUT_S,
+                 backoff: tuple[float, float] = BACKOFF_S):
+        self.url = check_url(url)
+        try:
+            import redis  # noqa: F401 - say now, in one line, what is missing (not at the first read)
+        except ImportError:
+            raise ValueError("--redis needs redis-py: pip install 'ckptfs[redis]' (or: pip install redis)") from None
+        self._timeouts = (connect_timeout, op_timeout)
+        self._backoff_min, self._backoff_max = backoff
+        self._backoff = self._backoff_min
+        self._client = None
+        self._lock = threading.Lock()
+        self._down_until = 0.0      # monotonic: while now < this, Redis is not asked
+        self._down = False
+        self._writes_paused_until = 0.0
+        self._reconnecting = False
+        self._closed = False
+        self._warned: set[str] = set()
+        self._counts = {"hits": 0, "misses": 0, "hit_bytes": 0, "stored": 0, "stored_bytes": 0,
+                        "corrupt": 0, "errors": 0, "skipped": 0}
+
+    # -- the client ----------------------------------------------------------------------------------
+
+    def _redis(self):
+        with self._lock:
+            if self._client is None:
+                import redis
+                from redis.backoff import NoBackoff
+                from redis.retry import Retry
+
+                connect_timeout, op_timeout = self._timeouts
+                self._client = redis.Redis.from_url(
+                    self.url, socket_connect_timeout=connect_timeout, socket_timeout=op_timeout,
+                    retry=Retry(NoBackoff(), 0), retry_on_timeout=False, health_check_interval=0)
+            return self._client
+
+    def _available(self) -> bool:
+        if self._closed or time.monotonic() < self._down_until:
+            self._count(skipped=1)
+            return False
+        return True
+
+    # -- lookups -------------------------------------------------------------------------------------
+
+    def get(self, key: str) -> np.ndarray | None:
+        return self.get_many([key])[0]
+
+    def get_many(self, keys: Sequence[str]) -> list[np.ndarray | None]:
+        """Values for ``keys`` in one round trip (None for each missing, bad or unreachable one)."""
+        if not keys:
+            return []
+        found: list[np.ndarray | None] = [None] * len(keys)
+        if not self._available():
+            self._count(misses=len(keys))
+            return found
+        names = [redis_key(k) for k in keys]
+        try:
+            raw = self._redis().mget(names)
+        except Exception as exc:  # noqa: BLE001 - any client or server failure is a miss, never an error
+            self._failed(exc)
+            self._count(misses=len(keys))
+            return found
+        self._succeeded()
+        bad = []
+        for i, (key, data) in enumerate(zip(keys, raw)):
+            if data is None:
+                self._count(misses=1)
+                continue
+            try:
+                found[i] = entry.decode(key, data)
+            except entry.BadEntry as exc:
+                bad.append(names[i])
+                self._count(misses=1, corrupt=1)
+                self._warn_once("corrupt", "redis %s: bad value for %s (%s): deleted, decoding instead "
+                                "(further bad values are counted, not logged)", self._where(), names[i], exc)
+                continue
+            self._count(hits=1, hit_bytes=found[i].nbytes)
+        if bad:
+            self._quietly(lambda r: r.delete(*bad))
+        return found
+
+    def contains(self, key: str) -> bool:
+        if not self._available():
+            return False
+        return bool(self._quietly(lambda r: r.exists(redis_key(key))))
+
+    # -- writes --------------------------------------------------------------------------------------
+
+    def put(self, key: str, value: np.ndarray) -> None:
+        """Store ``value``; a down or full Redis makes this a no-op (counted, logged once)."""
+        if time.monotonic() < self._writes_paused_until or not self._available():
+            return
+        header, payload = entry.encode(key, value.reshape(-1))
+        try:
+            self._redis().set(redis_key(key), header + payload)
+        except Exception as exc:  # noqa: BLE001
+            if _is_oom(exc):
+                self._writes_paused_until = time.monotonic() + self._backoff_max
+                self._count(errors=1)
+                self._warn_once("full", "redis %s is full (%s): not storing for %.0f s, lookups go on",
+                                self._where(), exc, self._backoff_max)
+            else:
+                self._failed(exc)
+            return
+        self._succeeded()
+        self._count(stored=1, stored_bytes=payload.nbytes)
+
+    # -- the breaker ---------------------------------------------------------------------------------
+
+    def _quietly(self, command):
+        try:
+            result = command(self._redis())
+        except Exception as exc:  # noqa: BLE001
+            self._failed(exc)
+            return None
+        self._succeeded()
+        return result
+
+    def _failed(self, exc: BaseException) -> None:
+        import redis  # importable: __init__ checked
+
+        self._count(errors=1)
+        if isinstance(exc, redis.ResponseError) and not _is_oom(exc):
+            self._warn_once(f"response:{exc}", "redis %s: %s", self._where(), exc)
+            return  # the server answered: it is up
+        with self._lock:
+            client = self._client
+            self._down_until = time.monotonic() + self._backoff
+            first = not self._down
+            self._down = True
+            start = not self._reconnecting and not self._closed
+            self._reconnecting = self._reconnecting or start
+        if client is not None:
+            try:
+                client.connection_pool.disconnect()
+            except Exception:  # noqa: BLE001, S110 - dropping dead sockets must not fail
+                pass
+        if first:
+            log.warning("redis %s unreachable (%s: %s): decoding instead, reconnecting in the background",
+                        self._where(), type(exc).__name__, exc)
+        if start:
+            threading.Thread(target=self._reconnect, name="ckptfs-redis-reconnect", daemon=True).start()
+
+    def _succeeded(self) -> None:
+        if self._down:
+            with self._lock:
+                was_down, self._down = self._down, False
+                self._down_until = 0.0
+                self._backoff = self._backoff_min
+            if was_down:
+                log.warning("redis %s is back", self._where())
+
+    def _reconnect(self) -> None:
+        """Ping after each backoff interval until Redis answers (then lookups resume) or the tier closes."""
+        try:
+            while not self._closed:
+                with self._lock:
+                    wait = self._down_until - time.monotonic()
+                if wait > 0:
+                    time.sleep(min(wait, 0.25))
+                    continue
+                try:
+                    self._redis().ping()
+                except Exception:  # noqa: BLE001
+                    with self._lock:
+                        self._backoff = min(self._backoff * 2, self._backoff_max)
+                        self._down_until = time.monotonic() + self._backoff
+                    continue
+                self._succeeded()
+                return
+        finally:
+            with self._lock:
+                self._reconnecting = False
+
+    # -- the rest ------------------------------------------------------------------------------------
+
+    def _where(self) -> str:
+        parts = urlsplit(self.url)
+        return f"{parts.hostname}:{parts.port or 6379}" if parts.scheme != "unix" else parts.path
+
+    def _warn_once(self, kind: str, message: str, *args) -> None:
+        with self._lock:
+            if kind in self._warned:
+                return
+            self._warned.add(kind)
+        log.warning(message, *args)
+
+    def _count(self, **deltas: int) -> None:
+        with self._lock:
+            for name, delta in deltas.items():
+                self._counts[name] += delta
+
+    def stats(self) -> dict:
+        """This process's counters; ``bytes`` are the bytes served from Redis, ``up`` its state."""
+        with self._lock:
+            return {**self._counts, "bytes": self._counts["hit_bytes"], "up": not self._down}
+
+    def close(self) -> None:
+        self._closed = True
+        with self._lock:
+            client, self._client = self._client, None
+        if client is not None:
+            try:
+                client.close()
+            except Exception:  # noqa: BLE001, S110
+                pass
+
+
+def _is_oom(exc: BaseException) -> bool:
+    import redis
+
+    return isinstance(exc, redis.ResponseError) and (isinstance(exc, getattr(redis.exceptions, "OutOfMemoryError", ()))
+                                                     or str(exc).startswith("OOM"))

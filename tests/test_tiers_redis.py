@@ -1,0 +1,165 @@
+"""The Redis tier against a real redis-server on loopback: killed mid-stream, paused (DEBUG SLEEP), full
+(maxmemory + noeviction), values overwritten with garbage or with another key's entry.
+
+Whatever the server does, a lookup returns the stored values or None (a miss: the caller decodes), and
+returns: each call runs in a thread joined with a generous bound, so a hang fails the test instead of
+stalling it. The bound is a hang guard, not a speed assertion.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+import numpy as np
+import pytest
+from redis_server import RedisServer, require_redis_server
+
+pytest.importorskip("redis")
+
+from ckptfs.tiers.redis import RedisTier, redis_key  # noqa: E402
+
+HANG_GUARD_S = 10.0
+
+
+def values(seed: int, n: int = 8192) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal(n).astype(np.float32)
+
+
+def returns(call, *args):
+    """``call(*args)``'s result; fails the test if it has not returned within HANG_GUARD_S."""
+    box: list = []
+    worker = threading.Thread(target=lambda: box.append(call(*args)), daemon=True)
+    worker.start()
+    worker.join(HANG_GUARD_S)
+    assert box, f"{call.__name__} did not return within {HANG_GUARD_S} s"
+    return box[0]
+
+
+def wait_until(predicate, timeout: float = 20.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.05)
+    return predicate()
+
+
+@pytest.fixture
+def server():
+    require_redis_server()
+    srv = RedisServer().start()
+    try:
+        yield srv
+    finally:
+        srv.stop()
+
+
+@pytest.fixture
+def tier(server):
+    t = RedisTier(server.url, backoff=(0.2, 1.0))
+    yield t
+    t.close()
+
+
+def test_round_trip_and_batched_lookups(tier):
+    for k in range(5):
+        tier.put(f"key{k}", values(k))
+    got = tier.get_many([f"key{k}" for k in range(6)])
+    for k in range(5):
+        np.testing.assert_array_equal(got[k], values(k))
+        assert not got[k].flags.writeable
+    assert got[5] is None
+    np.testing.assert_array_equal(tier.get("key3"), values(3))
+    stats = tier.stats()
+    assert (stats["hits"], stats["misses"], stats["stored"]) == (6, 1, 5)
+
+
+def test_garbage_and_foreign_values_are_deleted_and_decoded_again(server, tier, caplog):
+    tier.put("a", values(1))
+    tier.put("b", values(2))
+    assert server.command("SET", redis_key("a"), "garbage" * 100) == b"+OK"
+    client = tier._redis()
+    client.set(redis_key("b"), client.get(redis_key("a")))  # now also garbage, under b's name
+    tier.put("c", values(3))
+    client.set(redis_key("a"), client.get(redis_key("c")))  # a valid entry, but for key c
+    with caplog.at_level(logging.WARNING, logger="ckptfs.tiers.redis"):
+        assert tier.get_many(["a", "b"]) == [None, None]
+    assert server.command("EXISTS", redis_key("a")) == b":0"
+    assert tier.stats()["corrupt"] == 2
+    assert len([r for r in caplog.records if "bad value" in r.getMessage()]) == 1
+    np.testing.assert_array_equal(tier.get("c"), values(3))
+
+
+def test_killed_mid_stream_then_back(server, tier, caplog):
+    for k in range(20):
+        tier.put(f"key{k}", values(k))
+    with caplog.at_level(logging.WARNING, logger="ckptfs.tiers.redis"):
+        for k in range(10):
+            np.testing.assert_array_equal(returns(tier.get, f"key{k}"), values(k))
+        server.kill()
+        for k in range(10, 20):  # the first lookup fails (connection refused), the rest skip Redis
+            assert returns(tier.get, f"key{k}") is None
+            returns(tier.put, f"new{k}", values(k))
+    stats = tier.stats()
+    assert not stats["up"] and stats["skipped"] >= 9
+    assert len([r for r in caplog.records if "unreachable" in r.getMessage()]) == 1
+    restarted = RedisServer(port=server.port).start()  # same port: the background reconnect finds it
+    try:
+        assert wait_until(lambda: tier.stats()["up"])
+        assert returns(tier.get, "key0") is None  # a fresh server: empty, not stale
+        tier.put("key0", values(0))
+        np.testing.assert_array_equal(tier.get("key0"), values(0))
+    finally:
+        restarted.stop()
+
+
+def test_paused_server_costs_one_timeout_then_lookups_skip_it(server, tier):
+    for k in range(5):
+        tier.put(f"key{k}", values(k))
+    server.pause(3)
+    time.sleep(0.1)
+    results = [returns(tier.get, f"key{k}") for k in range(5)]
+    assert results == [None] * 5
+    stats = tier.stats()
+    assert stats["errors"] == 1 and stats["skipped"] == 4  # one timed-out command, then the breaker
+    assert wait_until(lambda: tier.stats()["up"], timeout=30)
+    for k in range(5):  # no reply meant for a timed-out command is taken for a later one
+        np.testing.assert_array_equal(returns(tier.get, f"key{k}"), values(k))
+
+
+def test_full_server_refuses_writes_but_serves_lookups(caplog):
+    require_redis_server()
+    with RedisServer("--maxmemory", "3mb", "--maxmemory-policy", "noeviction") as server:
+        tier = RedisTier(server.url)
+        try:
+            with caplog.at_level(logging.WARNING, logger="ckptfs.tiers.redis"):
+                for k in range(80):  # 80 x 32 KiB > 3 MiB
+                    returns(tier.put, f"key{k}", values(k))
+            stats = tier.stats()
+            assert 0 < stats["stored"] < 80 and stats["up"]
+            assert len([r for r in caplog.records if "is full" in r.getMessage()]) == 1
+            np.testing.assert_array_equal(returns(tier.get, "key0"), values(0))
+            assert tier.stats()["hits"] == 1
+        finally:
+            tier.close()
+
+
+def test_an_unreachable_url_is_a_miss_not_an_error():
+    require_redis_server()
+    from redis_server import free_port
+
+    tier = RedisTier(f"redis://127.0.0.1:{free_port()}/0")
+    try:
+        assert returns(tier.get, "k") is None
+        returns(tier.put, "k", values(1))
+        assert returns(tier.get_many, ["a", "b"]) == [None, None]
+        assert not tier.stats()["up"]
+    finally:
+        tier.close()
+
+
+def test_bad_urls_are_one_line_errors():
+    with pytest.raises(ValueError, match="redis://HOST:PORT/DB"):
+        RedisTier("http://localhost:6379")
