@@ -80,7 +80,7 @@ NOT_CHECKPOINTS = {
     "short": (b"GGU", "starts with b'GGU'"),
     "8 bytes": (struct.pack("<Q", 2), "not a GGUF or safetensors file"),
     "length 1": (struct.pack("<Q", 1) + b"{", "not a GGUF or safetensors file"),
-    "length over cap": (struct.pack("<Q", 100_000_001) + b"{}", "not a GGUF or safetensors file"),
+    "length over cap, no JSON after it": (struct.pack("<Q", 100_000_001) + b"xy", "not a GGUF or safetensors file"),
     "whitespace then not object": (struct.pack("<Q", 4) + b"  []", "not a GGUF or safetensors file"),
     "all whitespace": (struct.pack("<Q", 70) + b" " * 70, "not a GGUF or safetensors file"),
     "empty": (b"", "empty file"),
@@ -100,6 +100,17 @@ def test_not_a_checkpoint(tmp_path, case):
         assert str(path) in str(info.value)
         assert expected in str(info.value)
         assert "not a GGUF or safetensors file" in str(info.value)
+
+
+def test_safetensors_header_length_over_the_cap_says_so(tmp_path):
+    """A JSON object after an absurd length field is a safetensors file the format's 100 MB cap forbids."""
+    path = tmp_path / "huge-header"
+    path.write_bytes(struct.pack("<Q", 100_000_001) + b"{}")
+    for call in (detect, read_file):
+        with pytest.raises(CheckpointError, match="header length 100000001 exceeds the safetensors limit of "
+                                                  "100000000 bytes") as info:
+            call(str(path))
+        assert "not a GGUF or safetensors file" not in str(info.value)
 
 
 def test_zip_message_shows_the_magic(tmp_path):

@@ -47,7 +47,8 @@ def detect(path: str) -> str:
 
     GGUF: the magic ``GGUF``. safetensors: an 8-byte little-endian header length between 2 and the format's
     100 MB cap, followed by JSON whose first non-whitespace byte is ``{``. A length larger than the file is
-    still recognised (the reader then reports the cut-short header precisely).
+    still recognised (the reader then reports the cut-short header precisely); a length beyond the cap
+    before a ``{`` is a safetensors file whose header the format forbids, and the error says so.
     """
     with FilePrefix(path) as prefix:
         head = prefix.read_at(0, 64)
@@ -55,10 +56,25 @@ def detect(path: str) -> str:
             return "gguf"
         if len(head) >= 9 and _looks_like_safetensors(prefix, head):
             return "safetensors"
+        over_cap = _over_cap_safetensors(head)
+        if over_cap is not None:
+            raise CheckpointError(path, 0, f"safetensors header length {over_cap} exceeds the safetensors limit of "
+                                           f"{MAX_HEADER_SIZE} bytes")
     if not head:
         raise CheckpointError(path, 0, "empty file: not a GGUF or safetensors file")
     hint = next((f" ({what})" for magic, what in _HINTS if head.startswith(magic)), "")
     raise CheckpointError(path, 0, f"not a GGUF or safetensors file: starts with {head[:8]!r}{hint}")
+
+
+def _over_cap_safetensors(head: bytes) -> int | None:
+    """The header length when ``head`` is a safetensors start (a JSON object after the length field) whose
+    length is beyond the format's cap, else None."""
+    if len(head) < 9:
+        return None
+    (length,) = struct.unpack_from("<Q", head, 0)
+    if length <= MAX_HEADER_SIZE or not head[8:].lstrip(_JSON_WHITESPACE).startswith(b"{"):
+        return None
+    return length
 
 
 def _looks_like_safetensors(prefix: FilePrefix, head: bytes) -> bool:

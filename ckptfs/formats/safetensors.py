@@ -7,8 +7,11 @@ The header rules are those of the reference implementation, safetensors 0.8.0, e
 hand-made files (tests/test_safetensors_reader.py keeps that comparison alive): a file 0.8.0 refuses, we
 refuse; a file it accepts, we accept - including its leniencies (leading whitespace, duplicate tensor
 names where the last entry wins, misaligned offsets, unknown extra fields, ``"__metadata__": null``).
-The one place we differ on purpose is data missing at the end of the file: 0.8.0 refuses the whole file,
-ckptfs serves the tensors whose bytes are present and marks the others damaged (CONTRACT.md).
+We differ on purpose in two places (CONTRACT.md, damage rules): data missing at the end of the file (0.8.0
+refuses the whole file, ckptfs serves the tensors whose bytes are present and marks the others damaged), and
+a dtype name 0.8.0 does not know (it refuses the file; ckptfs lists that tensor raw-only with the reason in
+``damaged``, its size taken from ``data_offsets``): newer safetensors versions add dtypes, and one tensor of a
+new type must not hide the others. A dtype that is not a string is still refused (a broken header).
 """
 
 from __future__ import annotations
@@ -186,7 +189,7 @@ class _Header:
         if missing:
             raise self.fail(f"tensor {name!r}: missing field {missing[0]!r}")
         dtype, shape, offsets = fields["dtype"], fields["shape"], fields["data_offsets"]
-        if not isinstance(dtype, str) or dtype not in DTYPE_BITS:
+        if not isinstance(dtype, str):
             raise self.fail(f"tensor {name!r}: unknown dtype {dtype!r}")
         if not isinstance(shape, list) or not all(_is_usize(d) for d in shape):
             raise self.fail(f"tensor {name!r}: shape must be a list of non-negative integers, got {shape!r}")
@@ -218,6 +221,8 @@ class _Header:
                 count *= dim
                 if count >= _USIZE_LIMIT:
                     raise self.fail(f"tensor {name!r}: shape {list(entry.shape)} overflows 64 bits")
+            if entry.dtype not in DTYPE_BITS:  # a dtype we do not know: its bytes are whatever the offsets say
+                continue
             bits = count * DTYPE_BITS[entry.dtype]
             if bits >= _USIZE_LIMIT:
                 raise self.fail(f"tensor {name!r}: size of shape {list(entry.shape)} overflows 64 bits")
@@ -231,10 +236,12 @@ class _Header:
     def _describe(self, name: str, entry: _Entry) -> TensorInfo:
         offset = self.data_start + entry.begin
         stored = entry.end - entry.begin
-        codec = codec_for(entry.dtype)
+        known = entry.dtype in DTYPE_BITS
+        codec = codec_for(entry.dtype) if known else None  # never a GGUF type that happens to share the name
         damaged = truncation_reason(offset, offset + stored, self.file_size)
         if codec is None:
-            damaged = f"no codec for dtype {entry.dtype}: served raw only" + (f"; {damaged}" if damaged else "")
+            why = f"no codec for dtype {entry.dtype}" if known else f"unknown dtype {entry.dtype!r}"
+            damaged = f"{why}: served raw only" + (f"; {damaged}" if damaged else "")
         return TensorInfo(
             name=name,
             storage_type=entry.dtype,
