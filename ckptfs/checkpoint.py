@@ -17,9 +17,9 @@ from .blocks import UNCACHED_STEP_BYTES, TensorData
 from .cache import BlockCache, TieredCache
 from .descriptors import ParsedCheckpoint, TensorInfo
 from .errors import CheckpointError
+from .meta import tensor_meta
 from .quant import DTYPE_MODES, codec_for, output_dtype
 from .sources import ByteSource, SourcePool, checkpoint_content_id, is_url
-from .views import npy_header
 
 DEFAULT_CACHE_BYTES = 512 * 1024 * 1024
 
@@ -73,25 +73,7 @@ class Tensor:
     def meta(self) -> dict[str, Any]:
         """The dict NAME.meta.json holds."""
         if self._meta is None:
-            info = self.info
-            meta: dict[str, Any] = {
-                "name": info.name,
-                "storage_type": info.storage_type,
-                "shape": list(info.shape),
-                "npy_dtype": self.dtype.str if self.dtype is not None else None,
-                "npy_data_offset": len(npy_header(info.shape, self.dtype)) if self.dtype is not None else None,
-                "npy_nbytes": self.nbytes,
-                "source": info.source,
-                "offset": info.offset,
-                "stored_nbytes": info.stored_nbytes,
-                "block_elements": info.block_elements,
-                "block_bytes": info.block_bytes,
-                "byte_order": "big" if info.byte_order == ">" else "little",
-            }
-            if info.gguf_dims is not None:
-                meta["gguf_dims"] = list(info.gguf_dims)
-            meta["damaged"] = info.damaged
-            self._meta = meta
+            self._meta = tensor_meta(self)
         return self._meta
 
     def raw(self) -> bytes:
@@ -104,6 +86,19 @@ class Tensor:
         if not values.flags.writeable:
             values = values.copy()
         return values.reshape(self.shape)
+
+    def to_torch(self, device="cpu", dtype=None, *, rows: slice | None = None):
+        """This tensor as a torch.Tensor on ``device`` (CUDA: dequantized there); ``rows=slice(a, b)``
+        decodes only those rows. dtype None: the storage dtype where torch holds it exactly, else float32.
+        Needs torch (imported here, never by ``import ckptfs``); see ckptfs.torchio."""
+        from .torchio.api import to_torch
+        return to_torch(self, device, dtype, rows=rows)
+
+    def shared(self) -> np.ndarray:
+        """The whole tensor, read-only, decoded once per machine into the cache folder and mapped: every
+        process calling this maps the same pages (one copy for N workers; see ckptfs.tiers.shared)."""
+        from .tiers.shared import shared_array
+        return shared_array(self)
 
     def __array__(self, dtype=None, copy=None) -> np.ndarray:
         if copy is False:  # numpy 2's protocol: say so when a copy cannot be avoided (values are decoded anew)
@@ -169,7 +164,8 @@ class Tensor:
                 f"dtype={self.dtype}{' damaged' if self.info.damaged else ''}>")
 
     def __reduce__(self):
-        return (_reopen_tensor, (self._ck._reopen_src, self._ck.dtype_mode, self.index, self._ck.content_id))
+        return (_reopen_tensor, (self._ck._reopen_src, self._ck.dtype_mode, self.index, self._ck.content_id,
+                                 getattr(self._ck, "tier_options", None) or None))
 
 
 def _rest_of(block: np.ndarray, rest: tuple) -> np.ndarray:
@@ -283,14 +279,26 @@ class Checkpoint(Mapping):
 
 
 def open(src, dtype: str = "auto", cache_size: int = DEFAULT_CACHE_BYTES,
-         max_open_files: int = 64) -> Checkpoint:  # noqa: A001 - the public name CONTRACT.md fixes
-    """Open a checkpoint: a GGUF or safetensors file, a split-GGUF shard, a shard folder or an index file."""
+         max_open_files: int = 64, *, cache_dir: str | None = None, cache_dir_size: int | None = None,
+         redis: str | None = None) -> Checkpoint:  # noqa: A001 - the public name CONTRACT.md fixes
+    """Open a checkpoint: a GGUF or safetensors file, a split-GGUF shard, a shard folder or an index file.
+
+    ``cache_dir`` (bounded by ``cache_dir_size``, default 10G) and ``redis`` (``redis://HOST:PORT/DB``) add
+    decoded-group tiers shared with other processes and machines below the memory cache (ckptfs.tiers)."""
     from .formats.multi import read_checkpoint
 
-    src = str(src)
+    src = src if isinstance(src, str) else os.fsdecode(os.fspath(src))  # str, bytes or os.PathLike
     cache_size = _cache_bytes(cache_size)
-    return Checkpoint(read_checkpoint(src), src, dtype=dtype, cache_bytes=cache_size,
-                      max_open_files=max_open_files)
+    tier_options = {k: v for k, v in (("cache_dir", cache_dir), ("cache_dir_size", cache_dir_size),
+                                      ("redis", redis)) if v is not None}
+    cache = None
+    if cache_dir or redis:
+        from .tiers import build_tiers
+        cache = build_tiers(cache_size, **tier_options)
+    ck = Checkpoint(read_checkpoint(src), src, dtype=dtype, cache_bytes=cache_size,
+                    max_open_files=max_open_files, cache=cache)
+    ck.tier_options = tier_options  # pickled tensors reopen with the same shared tiers
+    return ck
 
 
 def _cache_bytes(value) -> int:
@@ -316,7 +324,8 @@ _reopened: dict[tuple[str, str], Checkpoint] = {}
 _reopen_lock = threading.Lock()
 
 
-def _reopen_tensor(src: str, dtype: str, index: int, content_id: str | None = None) -> Tensor:
+def _reopen_tensor(src: str, dtype: str, index: int, content_id: str | None = None,
+                   tier_options: dict | None = None) -> Tensor:
     """Unpickle a Tensor: reopen its checkpoint once per process (DataLoader workers unpickle many).
 
     The pickle carries the checkpoint's content identity: a checkpoint replaced since (an HF snapshot
@@ -326,7 +335,7 @@ def _reopen_tensor(src: str, dtype: str, index: int, content_id: str | None = No
     with _reopen_lock:
         ck = _reopened.get((src, dtype))
         if ck is None or (content_id is not None and ck.content_id != content_id):
-            ck = _reopened[(src, dtype)] = open(src, dtype=dtype)
+            ck = _reopened[(src, dtype)] = open(src, dtype=dtype, **(tier_options or {}))
     if content_id is not None and ck.content_id != content_id:
         raise CheckpointError(src, None, "the checkpoint changed since this tensor was pickled "
                                          "(its files were replaced or rewritten): reopen it")

@@ -1,24 +1,51 @@
-"""The files a mount shows: file name -> View, built from a Checkpoint. Knows nothing of FUSE.
+"""The files a mount shows: paths -> Views, built from a Checkpoint by *providers*. Knows nothing of FUSE.
 
-For every tensor: ``STEM.raw`` and ``STEM.meta.json``, and ``STEM.npy`` when the tensor can be decoded
-(unknown storage types are raw-only); then ``metadata.json``; then a model folder's other files, passed
-through. Tensor files win a name clash; a clashing pass-through file gets ``~2``, ``~3``... before its
-extension, so nothing is dropped. Views are created on first lookup; JSON is built on first access.
+A provider is a function ``provider(checkpoint) -> iterable of Entry``: one kind of file, such as the three
+files of every tensor, ``metadata.json``, a model folder's pass-through files, or a virtual folder (``hf/``)
+that an opt-in feature adds. :class:`MountTree` composes them; a new kind of file is one provider. Paths may
+hold ``/``: folders are created implicitly, so a provider can add a whole folder.
+
+Default content: for every tensor ``STEM.raw`` and ``STEM.meta.json``, and ``STEM.npy`` when the tensor can be
+decoded (unknown storage types are raw-only; a virtual tensor — a GPTQ/AWQ view — has no ``.raw``); then
+``metadata.json``; then a model folder's other files, passed through. Tensor files win a name clash with a
+pass-through file, which then gets ``~2``, ``~3``... before its extension, so nothing the folder holds is
+dropped. For every later provider the earlier entry wins and the clashing one is left out with a log line.
+Views are created on first lookup; JSON is built on first access.
 """
 
 from __future__ import annotations
 
-import os
+import functools
+import logging
 import threading
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 
 from .checkpoint import Checkpoint, Tensor
 from .jsonutil import dumps_bytes
 from .names import assign_stems
 from .views import BytesView, FileView, NpyView, RawView, View, npy_header
 
+log = logging.getLogger(__name__)
+
 METADATA_FILE = "metadata.json"
 #: A file's size is a signed 64-bit off_t.
 MAX_FILE_BYTES = (1 << 63) - 1
+#: Suffixes of the files of one tensor, by kind.
+TENSOR_SUFFIXES = {"npy": ".npy", "raw": ".raw", "json": ".meta.json"}
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One file of a mount: where it is, what kind it is (a metrics label: npy, raw, json, file, hf), and
+    how to make its view (called once, on first lookup)."""
+
+    path: str
+    kind: str
+    make_view: Callable[[], View]
+
+
+Provider = Callable[[Checkpoint], Iterable[Entry]]
 
 
 def _npy_fits_in_a_file(tensor: Tensor) -> bool:
@@ -29,76 +56,145 @@ def _npy_fits_in_a_file(tensor: Tensor) -> bool:
     return len(npy_header(tensor.shape, tensor.dtype)) + tensor.nbytes <= MAX_FILE_BYTES
 
 
+def _npy_view(tensor: Tensor) -> View:
+    return NpyView(tensor.data)
+
+
+def _raw_view(ck: Checkpoint, tensor: Tensor) -> View:
+    return RawView(tensor.info, ck.sources)
+
+
+def _meta_view(tensor: Tensor) -> View:
+    return BytesView(lambda: dumps_bytes(tensor.meta))
+
+
+def tensor_stems(ck: Checkpoint) -> list[str]:
+    """The file stem of every tensor of ``ck``, in order (names.assign_stems: escaped, numbered, capped)."""
+    return assign_stems([t.name for t in ck.tensors])
+
+
+def tensor_files(ck: Checkpoint, stems: Sequence[str] | None = None) -> Iterable[Entry]:
+    """``STEM.npy`` (decodable tensors), ``STEM.raw`` (stored tensors) and ``STEM.meta.json`` of every tensor;
+    ``stems`` may place them elsewhere (a tree layout passes stems with folders)."""
+    for tensor, stem in zip(ck.tensors, stems if stems is not None else tensor_stems(ck)):
+        if tensor.decodable and _npy_fits_in_a_file(tensor):
+            yield Entry(stem + ".npy", "npy", functools.partial(_npy_view, tensor))
+        if not getattr(tensor, "virtual", False):
+            yield Entry(stem + ".raw", "raw", functools.partial(_raw_view, ck, tensor))
+        yield Entry(stem + ".meta.json", "json", functools.partial(_meta_view, tensor))
+
+
+def metadata_file(ck: Checkpoint) -> Iterable[Entry]:
+    def build() -> View:
+        metadata = ck.metadata
+        value_of = getattr(metadata, "peek", metadata.__getitem__)  # lazy mappings: don't keep decoded copies
+        return BytesView(lambda: dumps_bytes({key: value_of(key) for key in metadata}))
+
+    yield Entry(METADATA_FILE, "json", build)
+
+
+def passthrough_files(ck: Checkpoint) -> Iterable[Entry]:
+    """A model folder's other files under their own names (the tree numbers a clashing one)."""
+    for name, path in sorted(ck.passthrough.items()):
+        yield Entry(name, "file", functools.partial(FileView, path, ck.sources))
+
+
+DEFAULT_PROVIDERS: tuple[Provider, ...] = (tensor_files, metadata_file, passthrough_files)
+
+
 def _numbered(name: str, n: int) -> str:
     stem, dot, ext = name.rpartition(".")
     return f"{stem}~{n}.{ext}" if dot and stem else f"{name}~{n}"
 
 
 class MountTree:
-    """A flat directory of views over one checkpoint."""
+    """Folders of views over one checkpoint, composed from providers (see the module docstring).
 
-    def __init__(self, checkpoint: Checkpoint):
+    ``extra`` providers come after the defaults (opt-in folders such as ``hf/``); ``providers`` replaces the
+    defaults altogether.
+    """
+
+    def __init__(self, checkpoint: Checkpoint, providers: Sequence[Provider] | None = None,
+                 extra: Sequence[Provider] = ()):
         self.checkpoint = checkpoint
-        self._entries: dict[str, tuple[str, object]] = {}
-        stems = assign_stems([t.name for t in checkpoint.tensors])
-        for tensor, stem in zip(checkpoint.tensors, stems):
-            if tensor.decodable and _npy_fits_in_a_file(tensor):
-                self._entries[stem + ".npy"] = ("npy", tensor)
-            self._entries[stem + ".raw"] = ("raw", tensor)
-            self._entries[stem + ".meta.json"] = ("meta", tensor)
-        self._entries[METADATA_FILE] = ("metadata", None)
-        for name, path in sorted(checkpoint.passthrough.items()):
-            final, n = name, 1
-            while final in self._entries:
-                n += 1
-                final = _numbered(name, n)
-            self._entries[final] = ("file", path)
-        self.mtime_ns = max((os.stat(f).st_mtime_ns for f in checkpoint.files), default=0)
+        self._entries: dict[str, tuple[str, Callable[[], View]]] = {}
+        self._dirs: dict[str, list[str]] = {"": []}
+        for provider in (list(providers) if providers is not None else list(DEFAULT_PROVIDERS)) + list(extra):
+            renumber = provider is passthrough_files
+            for entry in provider(checkpoint):
+                self._add(entry, renumber)
+        self.mtime_ns = max((s.mtime_ns for s in checkpoint.sources.sources()), default=0)
         self._views: dict[str, View] = {}
         self._lock = threading.Lock()
 
-    def names(self) -> list[str]:
-        return list(self._entries)
+    def _add(self, entry: Entry, renumber: bool) -> None:
+        path = entry.path
+        if renumber and (path in self._entries or path in self._dirs):
+            n = 1
+            while path in self._entries or path in self._dirs:
+                n += 1
+                path = _numbered(entry.path, n)
+        parent, _, name = path.rpartition("/")
+        if path in self._entries or path in self._dirs or not name or not self._make_dirs(parent):
+            log.warning("left out %s: the name is taken", path)
+            return
+        self._entries[path] = (entry.kind, entry.make_view)
+        self._dirs[parent].append(name)
 
-    def __contains__(self, name: str) -> bool:
-        return name in self._entries
+    def _make_dirs(self, folder: str) -> bool:
+        """Create ``folder`` and its parents; False if a file already has one of their names."""
+        if folder in self._dirs:
+            return True
+        if folder in self._entries:
+            return False
+        parent, _, name = folder.rpartition("/")
+        if not name or not self._make_dirs(parent):
+            return False
+        self._dirs[folder] = []
+        self._dirs[parent].append(name)
+        return True
+
+    def names(self) -> list[str]:
+        """The names in the mount's root folder."""
+        return list(self._dirs[""])
+
+    def listdir(self, folder: str) -> list[str] | None:
+        """The names in ``folder`` ("" is the root), or None if it is not a folder."""
+        names = self._dirs.get(folder)
+        return None if names is None else list(names)
+
+    def is_dir(self, path: str) -> bool:
+        return path in self._dirs
+
+    def kind(self, path: str) -> str | None:
+        entry = self._entries.get(path)
+        return entry[0] if entry is not None else None
+
+    def __contains__(self, path: str) -> bool:
+        return path in self._entries
 
     def __len__(self) -> int:
+        """How many files (not folders) the mount holds."""
         return len(self._entries)
 
-    def view(self, name: str) -> View | None:
-        """The view serving file ``name``, or None if there is no such file."""
-        view = self._views.get(name)
+    def view(self, path: str) -> View | None:
+        """The view serving file ``path`` (relative to the root, ``/``-separated), or None if there is none."""
+        view = self._views.get(path)
         if view is not None:
             return view
-        entry = self._entries.get(name)
+        entry = self._entries.get(path)
         if entry is None:
             return None
         with self._lock:
-            view = self._views.get(name)
+            view = self._views.get(path)
             if view is None:
-                view = self._views[name] = self._make_view(*entry)
+                view = self._views[path] = entry[1]()
         return view
 
-    def _make_view(self, kind: str, target) -> View:
-        ck = self.checkpoint
-        if kind == "npy":
-            return NpyView(target.data)
-        if kind == "raw":
-            return RawView(target.info, ck.sources)
-        if kind == "meta":
-            tensor: Tensor = target
-            return BytesView(lambda: dumps_bytes(tensor.meta))
-        if kind == "metadata":
-            return BytesView(self._metadata_json)
-        return FileView(target, ck.sources)
-
-    def _metadata_json(self) -> bytes:
-        metadata = self.checkpoint.metadata
-        value_of = getattr(metadata, "peek", metadata.__getitem__)  # lazy mappings: don't keep decoded copies
-        return dumps_bytes({key: value_of(key) for key in metadata})
-
     def stats(self) -> dict:
-        """Counters for monitoring and benchmarks (cache hits/misses, open files)."""
-        return {"cache": self.checkpoint.cache.stats().as_dict(), "open_files": self.checkpoint.sources.open_count(),
-                "files": len(self._entries)}
+        """Counters for monitoring and benchmarks: the memory cache (``cache``, as always), every configured
+        tier (``tiers``), the decoder's output (``decoded_bytes``), open files."""
+        cache = self.checkpoint.cache
+        return {"cache": cache.stats().as_dict(), "tiers": cache.tier_stats(),
+                "decoded_bytes": cache.decoded_bytes,
+                "open_files": self.checkpoint.sources.open_count(), "files": len(self._entries)}

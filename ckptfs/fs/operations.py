@@ -97,12 +97,13 @@ class CkptOperations:
         mtime_ns = tree.mtime_ns
         self._times = {"st_atime": mtime_ns, "st_mtime": mtime_ns, "st_ctime": mtime_ns}
         self._root_attrs = self._attrs(DIR_MODE, 0, nlink=2)
-        self._listing = [".", "..", *tree.names()]
+        self._listings: dict[str, list[str]] = {}
+        self._dir_attrs = self._attrs(DIR_MODE, 0, nlink=2)
         self._file_attrs: dict[str, dict[str, int]] = {}
         self._handles: dict[int, View] = {}
         self._prefetch = Prefetcher.for_daemon(tree.checkpoint.sources, tree.checkpoint.cache.capacity)
         self._next_handle = itertools.count(1)
-        self._stored_bytes = sum(os.stat(f).st_size for f in tree.checkpoint.files)
+        self._stored_bytes = sum(tree.checkpoint.sources.get(f).size for f in tree.checkpoint.files)
 
     # -- lookups -----------------------------------------------------------------------------------
 
@@ -111,12 +112,12 @@ class CkptOperations:
                 "st_blksize": BLOCK_SIZE, "st_blocks": -(-size // 512), **self._times}
 
     def _view(self, path: str | None) -> View:
-        """The view of ``/<name>``; nothing else resolves (no subdirectories, so nothing outside the tree)."""
-        if not path or path[0] != "/" or "/" in path[1:]:
+        """The view of the file ``/<path>``; only the tree's own paths resolve (nothing outside the tree)."""
+        if not path or path[0] != "/":
             raise FsError(errno.ENOENT)
         view = self.tree.view(path[1:])
         if view is None:
-            raise FsError(errno.ENOENT)
+            raise FsError(errno.EISDIR if self.tree.is_dir(path[1:]) else errno.ENOENT)
         return view
 
     # -- the read-only callbacks --------------------------------------------------------------------
@@ -140,15 +141,21 @@ class CkptOperations:
             return self._root_attrs
         attrs = self._file_attrs.get(path)
         if attrs is None:
+            if path and self.tree.is_dir(path[1:]):
+                return self._dir_attrs
             # The size is exact from the first lookup: mmap and the page cache trust it.
             attrs = self._file_attrs[path] = self._attrs(FILE_MODE, self._view(path).size)
         return attrs
 
     @_guarded
     def readdir(self, path: str | None, fh: int = 0) -> list[str]:
-        if path != "/":
-            raise FsError(errno.ENOENT)  # the kernel sends readdir only for directories; "/" is the only one
-        return self._listing
+        listing = self._listings.get(path)
+        if listing is None:
+            names = self.tree.listdir(path[1:]) if path and path[0] == "/" else None
+            if names is None:
+                raise FsError(errno.ENOTDIR if path and self.tree.kind(path[1:]) else errno.ENOENT)
+            listing = self._listings[path] = [".", "..", *names]
+        return listing
 
     @_guarded
     def open(self, path: str | None, flags: int) -> int:

@@ -25,6 +25,8 @@ class ByteSource:
     name: str
     size: int
     identity: tuple
+    #: Modification time shown as the mount's times (0 when the medium does not say).
+    mtime_ns: int = 0
 
     def pread(self, offset: int, size: int) -> bytes:  # pragma: no cover - interface
         raise NotImplementedError

@@ -48,6 +48,7 @@ class FileSource(ByteSource):
         self._identity = (st.st_dev, st.st_ino)
         self._stamp = (st.st_size, st.st_mtime_ns)
         self.identity = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+        self.mtime_ns = st.st_mtime_ns
         self._fd = fd
 
     def content_id(self) -> str:
