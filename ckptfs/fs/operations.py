@@ -135,6 +135,15 @@ class CkptOperations:
         self._prefetch.tune_connection(conn, self._describe.get("mountpoint"))
         self.init("/")
 
+    def destroy(self, path: str | None) -> None:
+        """Unmount: stop read-ahead, then close the cache tiers and the sources (never raises: libfuse is
+        tearing the session down and cannot report an error)."""
+        try:
+            self._prefetch.close(wait=False)
+            self.tree.checkpoint.close()
+        except Exception:  # noqa: BLE001
+            log.exception("closing the checkpoint at unmount failed")
+
     @_guarded
     def getattr(self, path: str | None, fh: int | None = None) -> dict[str, int]:
         if path == "/":
