@@ -12,4 +12,18 @@ from .quant import Codec, register_codec
 
 __version__ = "0.1.0"
 
-__all__ = ["open", "Checkpoint", "Tensor", "CheckpointError", "Codec", "register_codec", "__version__"]
+__all__ = ["open", "load", "load_batch", "Checkpoint", "Tensor", "CheckpointError", "Codec", "register_codec",
+           "__version__"]
+
+
+def load(src, names=None, *, device="cpu", dtype=None):
+    """``{name: torch.Tensor}`` of a checkpoint (path or open Checkpoint); needs torch, imported only now.
+    See ckptfs.torchio.api.load."""
+    from .torchio.api import load as load_torch
+    return load_torch(src, names, device=device, dtype=dtype)
+
+
+def load_batch(src, names, *, stack=False):
+    """Tensors decoded into one contiguous numpy buffer (numpy only). See ckptfs.torchio.batch.load_batch."""
+    from .torchio.batch import load_batch as load_into_one
+    return load_into_one(src, names, stack=stack)
