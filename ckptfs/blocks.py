@@ -161,7 +161,7 @@ class TensorData:
         try:
             return self.source.pread(self.info.offset + b0 * bb, (b1 - b0) * bb)
         except CheckpointError as exc:
-            raise CheckpointError(exc.file, exc.offset, f"tensor {self.info.name!r}: {exc.reason}") from None
+            raise exc.about_tensor(self.info.name) from None
 
     def prefetch_group(self, g: int) -> None:
         """Decode group ``g`` into the cache if it is not there (for background read-ahead). A group already

@@ -22,4 +22,17 @@ class CheckpointError(ValueError):
         super().__init__(f"{where}: {reason}")
 
     def __reduce__(self):
-        return (CheckpointError, (self.file, self.offset, self.reason))
+        return (type(self), (self.file, self.offset, self.reason))
+
+    def about_tensor(self, name: str) -> CheckpointError:
+        """The same error (same class) with the tensor named in front, unless the reason names it already."""
+        prefix = f"tensor {name!r}: "
+        if self.reason.startswith(prefix):
+            return self
+        return type(self)(self.file, self.offset, prefix + self.reason)
+
+
+class IntegrityError(CheckpointError):
+    """Stored bytes that are present but differ from what a manifest recorded for them (bit rot, an in-place
+    rewrite). A CheckpointError, so every layer that turns a failed read into EIO or tries a mirror treats it
+    as one; its own class, so a caller can tell changed bytes from missing ones."""

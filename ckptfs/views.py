@@ -86,7 +86,7 @@ class RawView(View):
             return self._sources.get(self.info.source).pread(self.info.offset + offset, size)
         except CheckpointError as exc:
             # the source only knows byte ranges; the one log line of a failed read must say which tensor
-            raise CheckpointError(exc.file, exc.offset, f"tensor {self.info.name!r}: {exc.reason}") from None
+            raise exc.about_tensor(self.info.name) from None
 
 
 class FileView(View):

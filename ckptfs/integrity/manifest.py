@@ -1,0 +1,386 @@
+"""Manifests ("ckptfs-manifest/1"): the hashes of a checkpoint's stored bytes, built in one pass, loaded checked.
+
+A manifest records, per file, its size and sha256 (the value the Hugging Face Hub shows as the LFS oid) and,
+per tensor, where its stored bytes are and their crc32, sha256 and the crc32 of each ``chunk_size`` slice
+counted from the tensor's start, so that a checked read needs only the chunks it covers.
+
+Building reads each byte once. Per file, the whole-file sha256 runs in a side thread while the reading
+thread feeds the same buffer to the tensors it holds (their sha256 and chunk crc32s; the tensor's crc32 is
+combined from its chunks, not computed again); several files are hashed at once. hashlib and zlib release
+the GIL on large buffers, so the threads use separate cores.
+
+File names are relative to the checkpoint's root, the longest common folder of its files (a single file:
+its base name), so a manifest stays valid when the model folder moves.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import re
+import threading
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import CheckpointError
+from .crc import crc32, crc32_combine
+
+FORMAT = "ckptfs-manifest/1"
+CHUNK_SIZE = 1 << 20
+#: Bytes read at a time: large enough that per-call costs vanish, small enough to keep memory flat.
+READ_SIZE = 8 << 20
+_SHA256_HEX = re.compile(r"[0-9a-f]{64}")
+
+Progress = Callable[[int], None]
+
+
+@dataclass(frozen=True)
+class FileEntry:
+    name: str
+    size: int
+    sha256: str
+
+
+@dataclass(frozen=True)
+class TensorEntry:
+    name: str
+    file: str
+    offset: int
+    stored_nbytes: int
+    crc32: int
+    sha256: str
+    chunks_crc32: tuple[int, ...]
+
+    @property
+    def end(self) -> int:
+        return self.offset + self.stored_nbytes
+
+
+@dataclass(frozen=True)
+class Manifest:
+    files: tuple[FileEntry, ...]
+    tensors: tuple[TensorEntry, ...]
+    chunk_size: int = CHUNK_SIZE
+
+    def file(self, name: str) -> FileEntry | None:
+        return next((f for f in self.files if f.name == name), None)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "format": FORMAT,
+            "chunk_size": self.chunk_size,
+            "files": [{"name": f.name, "size": f.size, "sha256": f.sha256} for f in self.files],
+            "tensors": [{"name": t.name, "file": t.file, "offset": t.offset, "stored_nbytes": t.stored_nbytes,
+                         "crc32": t.crc32, "sha256": t.sha256, "chunks_crc32": list(t.chunks_crc32)}
+                        for t in self.tensors],
+        }
+
+    def dumps(self) -> str:
+        """JSON text with one file or tensor per line (diffable, and quick to write for 100k chunks)."""
+        data = self.to_json()
+        lines = ["{", f'  "format": {json.dumps(FORMAT)},', f'  "chunk_size": {self.chunk_size},']
+        for key in ("files", "tensors"):
+            items = [json.dumps(item, ensure_ascii=False) for item in data[key]]
+            body = ",\n    ".join(items)
+            lines.append(f'  "{key}": [\n    {body}\n  ]' if items else f'  "{key}": []')
+            lines[-1] += "," if key == "files" else ""
+        lines.append("}")
+        return "\n".join(lines) + "\n"
+
+
+# ------------------------------------------------------------------------------------------------ names
+
+def root_of(paths: Sequence[str]) -> str:
+    """The common folder prefix (ending in "/", or empty) of a checkpoint's file paths or URLs."""
+    if not paths:
+        return ""
+    prefix = os.path.commonprefix([p[: p.rfind("/") + 1] for p in paths])
+    return prefix[: prefix.rfind("/") + 1]
+
+
+def file_names(paths: Sequence[str]) -> dict[str, str]:
+    """Each path -> its name in a manifest: the path relative to the checkpoint's root."""
+    root = root_of(paths)
+    return {p: p[len(root):] for p in paths}
+
+
+# ---------------------------------------------------------------------------------------------- building
+
+class _TensorHasher:
+    """The running hashes of one tensor's stored bytes, fed in order, in pieces of any size.
+
+    The sha256 and the crc32s are fed separately (``feed_sha``, ``feed_crc``) so that they can run in
+    different threads; each of the two must see the pieces in order.
+    """
+
+    __slots__ = ("name", "start", "end", "chunk_size", "sha", "crc", "chunk_crc", "chunk_fill", "chunks")
+
+    def __init__(self, name: str, start: int, end: int, chunk_size: int):
+        self.name, self.start, self.end, self.chunk_size = name, start, end, chunk_size
+        self.sha = hashlib.sha256()
+        self.crc = 0
+        self.chunk_crc = 0
+        self.chunk_fill = 0
+        self.chunks: list[int] = []
+
+    def feed_sha(self, piece: memoryview) -> None:
+        self.sha.update(piece)
+
+    def feed_crc(self, piece: memoryview) -> None:
+        pos, n = 0, len(piece)
+        while pos < n:
+            take = min(self.chunk_size - self.chunk_fill, n - pos)
+            self.chunk_crc = crc32(piece[pos:pos + take], self.chunk_crc)
+            self.chunk_fill += take
+            pos += take
+            if self.chunk_fill == self.chunk_size:
+                self._close_chunk()
+
+    def _close_chunk(self) -> None:
+        self.crc = crc32_combine(self.crc, self.chunk_crc, self.chunk_fill) if self.chunks else self.chunk_crc
+        self.chunks.append(self.chunk_crc)
+        self.chunk_crc = 0
+        self.chunk_fill = 0
+
+    def entry(self, file: str) -> TensorEntry:
+        if self.chunk_fill:
+            self._close_chunk()
+        return TensorEntry(self.name, file, self.start, self.end - self.start, self.crc, self.sha.hexdigest(),
+                           tuple(self.chunks))
+
+
+@dataclass
+class FileJob:
+    """One file to hash: its source (anything with ``size`` and ``pread``) and the tensors stored in it."""
+
+    path: str
+    name: str
+    source: Any
+    tensors: list[tuple[str, int, int]]  # (tensor name, offset, stored bytes), in manifest order
+
+
+#: Buffers read ahead of the hashing threads (bounds memory to about this many READ_SIZE buffers).
+IN_FLIGHT = 4
+
+
+def _feed_sha(pieces: list[tuple[_TensorHasher, memoryview]]) -> None:
+    for hasher, piece in pieces:
+        hasher.feed_sha(piece)
+
+
+def _feed_crc(pieces: list[tuple[_TensorHasher, memoryview]]) -> None:
+    for hasher, piece in pieces:
+        hasher.feed_crc(piece)
+
+
+def _hash_file(job: FileJob, chunk_size: int, progress: Progress | None) -> tuple[FileEntry, list[TensorEntry]]:
+    """One pass over a file. The reading thread hands each buffer to three ordered streams, each a thread of
+    its own (the file's sha256, the tensors' sha256s, the tensors' crc32s), so the work, about 2.5 hash
+    passes, spreads over the cores there are while every hash still sees its bytes in order."""
+    size = job.source.size
+    for name, offset, nbytes in job.tensors:
+        if offset + nbytes > size:
+            raise CheckpointError(job.path, offset, f"tensor {name!r}: stored bytes {offset}..{offset + nbytes} "
+                                                    f"lie past the end of the file ({size} bytes)")
+    hashers = [_TensorHasher(name, offset, offset + nbytes, chunk_size) for name, offset, nbytes in job.tensors]
+    pending = sorted((h for h in hashers if h.end > h.start), key=lambda h: h.start, reverse=True)
+    active: list[_TensorHasher] = []
+    file_sha = hashlib.sha256()
+    streams = [ThreadPoolExecutor(1, thread_name_prefix="ckptfs-hash") for _ in range(3)]
+    in_flight: list[list] = []
+    try:
+        for pos in range(0, size, READ_SIZE):
+            buffer = memoryview(job.source.pread(pos, min(READ_SIZE, size - pos)))
+            end = pos + len(buffer)
+            while pending and pending[-1].start < end:
+                active.append(pending.pop())
+            pieces = [(h, buffer[max(h.start, pos) - pos:min(h.end, end) - pos]) for h in active]
+            active = [h for h in active if h.end > end]
+            if len(in_flight) >= IN_FLIGHT:
+                for future in in_flight.pop(0):
+                    future.result()
+            in_flight.append([streams[0].submit(file_sha.update, buffer), streams[1].submit(_feed_sha, pieces),
+                              streams[2].submit(_feed_crc, pieces)])
+            if progress is not None:
+                progress(len(buffer))
+        for futures in in_flight:
+            for future in futures:
+                future.result()
+    finally:
+        for stream in streams:
+            stream.shutdown(wait=True, cancel_futures=True)
+    return FileEntry(job.name, size, file_sha.hexdigest()), [h.entry(job.name) for h in hashers]
+
+
+def hash_files(jobs: Sequence[FileJob], *, chunk_size: int = CHUNK_SIZE, progress: Progress | None = None,
+               workers: int | None = None) -> Manifest:
+    """Hash every file of ``jobs`` (several at once) into a Manifest; tensors in the jobs' order."""
+    if progress is not None:
+        lock = threading.Lock()
+        report = progress
+
+        def progress(n: int) -> None:
+            with lock:
+                report(n)
+
+    if workers is None:  # each file keeps about two cores busy (2.5 hash passes in three threads)
+        workers = max(1, (os.cpu_count() or 2) // 2)
+    workers = max(1, min(workers, len(jobs)))
+    if workers == 1:
+        results = [_hash_file(job, chunk_size, progress) for job in jobs]
+    else:
+        with ThreadPoolExecutor(workers, thread_name_prefix="ckptfs-hash") as pool:
+            results = list(pool.map(lambda job: _hash_file(job, chunk_size, progress), jobs))
+    return Manifest(files=tuple(f for f, _ in results), tensors=tuple(t for _, ts in results for t in ts),
+                    chunk_size=chunk_size)
+
+
+def jobs_for(checkpoint) -> list[FileJob]:
+    """One FileJob per file of an opened Checkpoint, its tensors in file order (duplicates kept)."""
+    names = file_names(list(checkpoint.files))
+    by_file: dict[str, list[tuple[str, int, int]]] = {path: [] for path in checkpoint.files}
+    order = {path: k for k, path in enumerate(checkpoint.files)}
+    for info in sorted(checkpoint.parsed.tensors, key=lambda i: (order[i.source], i.offset)):
+        by_file[info.source].append((info.name, info.offset, info.stored_nbytes))
+    return [FileJob(path, names[path], checkpoint.sources.get(path), by_file[path]) for path in checkpoint.files]
+
+
+def build_manifest(checkpoint, *, progress: Progress | None = None, workers: int | None = None,
+                   chunk_size: int = CHUNK_SIZE) -> Manifest:
+    """The manifest of an opened Checkpoint: every byte of every file read once."""
+    return hash_files(jobs_for(checkpoint), chunk_size=chunk_size, progress=progress, workers=workers)
+
+
+def total_bytes(checkpoint) -> int:
+    return sum(checkpoint.sources.get(path).size for path in checkpoint.files)
+
+
+# ----------------------------------------------------------------------------------------------- loading
+
+def load_manifest(path: str) -> Manifest:
+    """Read and check a manifest file; CheckpointError with one line naming the first problem."""
+    path = os.fspath(path)
+    try:
+        with open(path, "rb") as f:
+            text = f.read()
+    except OSError as exc:
+        raise CheckpointError(path, None, f"cannot read the manifest: {exc.strerror}") from None
+    try:
+        data = json.loads(text)
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+        detail = exc.msg if isinstance(exc, json.JSONDecodeError) else type(exc).__name__
+        raise CheckpointError(path, None, f"not a ckptfs manifest: not JSON ({detail})") from None
+    return parse_manifest(data, path)
+
+
+def is_manifest(path: str) -> bool:
+    """True when ``path`` is a file whose JSON says it is a ckptfs manifest (for ``diff A B``)."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(256).lstrip()
+    except OSError:
+        return False
+    return head.startswith(b"{") and b'"format"' in head and FORMAT.encode() in head
+
+
+def parse_manifest(data: Any, where: str) -> Manifest:
+    """A Manifest from decoded JSON, every field checked (types, ranges, one chunk crc per chunk)."""
+    check = _Checker(where)
+    if not isinstance(data, dict):
+        raise check.fail(f"must be a JSON object, not {type(data).__name__}")
+    if data.get("format") != FORMAT:
+        raise check.fail(f"format is {data.get('format')!r}, expected {FORMAT!r}")
+    chunk_size = check.uint(data.get("chunk_size"), "chunk_size")
+    if chunk_size == 0:
+        raise check.fail("chunk_size must be positive")
+    files = tuple(_file_entry(check, i, item) for i, item in enumerate(check.array(data.get("files"), "files")))
+    sizes = {}
+    for f in files:
+        if f.name in sizes:
+            raise check.fail(f"file {f.name!r} is listed twice")
+        sizes[f.name] = f.size
+    tensors = tuple(_tensor_entry(check, i, item, sizes, chunk_size)
+                    for i, item in enumerate(check.array(data.get("tensors"), "tensors")))
+    return Manifest(files, tensors, chunk_size)
+
+
+class _Checker:
+    def __init__(self, where: str):
+        self.where = where
+
+    def fail(self, reason: str) -> CheckpointError:
+        return CheckpointError(self.where, None, f"not a valid ckptfs manifest: {reason}")
+
+    def uint(self, value: Any, what: str, limit: int = 1 << 64) -> int:
+        if type(value) is not int or not 0 <= value < limit:
+            raise self.fail(f"{what} must be a non-negative integer{' below 2^32' if limit == 1 << 32 else ''}, "
+                            f"got {_short(value)}")
+        return value
+
+    def string(self, value: Any, what: str) -> str:
+        if not isinstance(value, str) or not value:
+            raise self.fail(f"{what} must be a non-empty string, got {_short(value)}")
+        return value
+
+    def sha256(self, value: Any, what: str) -> str:
+        if not isinstance(value, str) or not _SHA256_HEX.fullmatch(value):
+            raise self.fail(f"{what} must be 64 lower-case hex digits, got {_short(value)}")
+        return value
+
+    def array(self, value: Any, what: str) -> list:
+        if not isinstance(value, list):
+            raise self.fail(f"{what} must be a list, got {_short(value)}")
+        return value
+
+    def obj(self, value: Any, what: str) -> dict:
+        if not isinstance(value, dict):
+            raise self.fail(f"{what} must be an object, got {_short(value)}")
+        return value
+
+
+def _file_entry(check: _Checker, i: int, item: Any) -> FileEntry:
+    item = check.obj(item, f"files[{i}]")
+    name = check.string(item.get("name"), f"files[{i}].name")
+    return FileEntry(name, check.uint(item.get("size"), f"files[{i}].size"),
+                     check.sha256(item.get("sha256"), f"files[{i}].sha256"))
+
+
+def _tensor_entry(check: _Checker, i: int, item: Any, sizes: dict[str, int], chunk_size: int) -> TensorEntry:
+    item = check.obj(item, f"tensors[{i}]")
+    name = item.get("name")
+    if not isinstance(name, str):
+        raise check.fail(f"tensors[{i}].name must be a string, got {_short(name)}")
+    label = f"tensors[{i}] ({name!r})"
+    file = check.string(item.get("file"), f"{label}.file")
+    if file not in sizes:
+        raise check.fail(f"{label}: file {file!r} is not in files")
+    offset = check.uint(item.get("offset"), f"{label}.offset")
+    nbytes = check.uint(item.get("stored_nbytes"), f"{label}.stored_nbytes")
+    if offset + nbytes > sizes[file]:
+        raise check.fail(f"{label}: bytes {offset}..{offset + nbytes} lie past the end of {file!r} "
+                         f"({sizes[file]} bytes)")
+    crc = check.uint(item.get("crc32"), f"{label}.crc32", 1 << 32)
+    sha = check.sha256(item.get("sha256"), f"{label}.sha256")
+    chunks = check.array(item.get("chunks_crc32"), f"{label}.chunks_crc32")
+    expected = math.ceil(nbytes / chunk_size)
+    if len(chunks) != expected:
+        raise check.fail(f"{label}: chunks_crc32 has {len(chunks)} entries, {expected} expected for {nbytes} bytes")
+    for k, c in enumerate(chunks):
+        check.uint(c, f"{label}.chunks_crc32[{k}]", 1 << 32)
+    return TensorEntry(name, file, offset, nbytes, crc, sha, tuple(chunks))
+
+
+def _short(value: Any) -> str:
+    text = json.dumps(value) if not isinstance(value, (bytes, bytearray)) else repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def tensors_by_file(entries: Iterable[TensorEntry]) -> dict[str, list[TensorEntry]]:
+    grouped: dict[str, list[TensorEntry]] = {}
+    for t in entries:
+        grouped.setdefault(t.file, []).append(t)
+    return grouped

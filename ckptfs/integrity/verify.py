@@ -1,0 +1,162 @@
+"""``ckptfs verify``: compare a checkpoint's stored bytes with a manifest, or check its structure.
+
+With a manifest, the checkpoint is hashed exactly as ``ckptfs manifest`` does (one pass, every hash) and the
+two are compared: every file and tensor that is missing, extra, moved or whose bytes differ is one
+``Mismatch`` (for changed bytes, which chunks differ, so a user can see a flipped bit from a rewrite).
+
+Without one, what can be known from the checkpoint alone: every tensor's byte range lies inside its file,
+no two tensors' bytes overlap (both formats' reference loaders refuse that: safetensors needs contiguous
+ranges, llama.cpp expects each tensor where the previous one ended), and where a source knows its content's
+sha256 (a Hub file's LFS oid, ``content_id()`` "sha256:<hex>") that the bytes hash to it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+
+from .manifest import FileJob, Manifest, Progress, TensorEntry, file_names, hash_files, jobs_for
+
+#: How many differing chunks a mismatch line lists by number before it only counts them.
+LISTED_CHUNKS = 8
+
+
+@dataclass(frozen=True)
+class Mismatch:
+    file: str | None
+    tensor: str | None
+    what: str
+
+    def line(self) -> str:
+        where = self.file or "<checkpoint>"
+        return f"{where}: tensor {self.tensor!r}: {self.what}" if self.tensor is not None else f"{where}: {self.what}"
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def verify(checkpoint, manifest: Manifest | None = None, *, progress: Progress | None = None,
+           workers: int | None = None) -> list[Mismatch]:
+    """Every mismatch between ``checkpoint`` and ``manifest`` (or, without one, its structural problems)."""
+    if manifest is None:
+        return check_structure(checkpoint, progress=progress, workers=workers)
+    actual = hash_files(jobs_for(checkpoint), chunk_size=manifest.chunk_size, progress=progress, workers=workers)
+    return compare(manifest, actual)
+
+
+def compare(expected: Manifest, actual: Manifest) -> list[Mismatch]:
+    """What differs between a manifest and a checkpoint's freshly built one (same chunk size)."""
+    actual = _renamed_single_file(expected, actual)
+    found: list[Mismatch] = []
+    actual_files = {f.name: f for f in actual.files}
+    for e in expected.files:
+        a = actual_files.pop(e.name, None)
+        if a is None:
+            found.append(Mismatch(e.name, None, "missing: the manifest lists it, the checkpoint has no such file"))
+        elif a.size != e.size:
+            found.append(Mismatch(e.name, None, f"size {a.size} bytes, the manifest says {e.size}"))
+        elif a.sha256 != e.sha256:
+            found.append(Mismatch(e.name, None, f"sha256 {a.sha256}, the manifest says {e.sha256}"))
+    found += [Mismatch(name, None, "not in the manifest") for name in actual_files]
+    actual_tensors = _by_occurrence(actual.tensors)
+    for key, e in _by_occurrence(expected.tensors).items():
+        a = actual_tensors.pop(key, None)
+        if a is None:
+            found.append(Mismatch(e.file, e.name, "missing: the manifest lists it, the checkpoint does not"))
+        elif (a.file, a.offset, a.stored_nbytes) != (e.file, e.offset, e.stored_nbytes):
+            found.append(Mismatch(a.file, e.name, f"stored at {a.file} bytes {a.offset}..{a.end}, the manifest "
+                                                  f"says {e.file} bytes {e.offset}..{e.end}"))
+        elif a.sha256 != e.sha256 or a.crc32 != e.crc32:
+            found.append(Mismatch(a.file, e.name, _changed_bytes(e, a, expected.chunk_size)))
+    found += [Mismatch(a.file, a.name, "not in the manifest") for a in actual_tensors.values()]
+    return found
+
+
+def _renamed_single_file(expected: Manifest, actual: Manifest) -> Manifest:
+    """A one-file checkpoint checked against a one-file manifest is that file, whatever it is called now."""
+    if len(expected.files) != 1 or len(actual.files) != 1 or expected.files[0].name == actual.files[0].name:
+        return actual
+    old, new = actual.files[0].name, expected.files[0].name
+    from dataclasses import replace
+
+    return Manifest(tuple(replace(f, name=new) for f in actual.files),
+                    tuple(replace(t, file=new) if t.file == old else t for t in actual.tensors), actual.chunk_size)
+
+
+def _by_occurrence(tensors: Sequence[TensorEntry]) -> dict[tuple[str, int], TensorEntry]:
+    """Tensors keyed by (name, how many of that name came before): duplicates pair up in file order."""
+    seen: dict[str, int] = {}
+    keyed = {}
+    for t in tensors:
+        k = seen.get(t.name, 0)
+        seen[t.name] = k + 1
+        keyed[(t.name, k)] = t
+    return keyed
+
+
+def _changed_bytes(expected: TensorEntry, actual: TensorEntry, chunk_size: int) -> str:
+    bad = [k for k, (x, y) in enumerate(zip(expected.chunks_crc32, actual.chunks_crc32)) if x != y]
+    n = len(expected.chunks_crc32)
+    if bad:
+        listed = ", ".join(f"{k} (bytes {expected.offset + k * chunk_size}.."
+                           f"{min(expected.end, expected.offset + (k + 1) * chunk_size)})" for k in bad[:LISTED_CHUNKS])
+        more = f" and {len(bad) - LISTED_CHUNKS} more" if len(bad) > LISTED_CHUNKS else ""
+        where = f"{len(bad)} of {n} chunks differ: {listed}{more}"
+    else:  # the chunk crc32s agree, the sha256 does not: a change crc32 cannot see
+        where = "sha256 differs though every chunk crc32 matches"
+    return f"stored bytes differ from the manifest: {where}"
+
+
+def check_structure(checkpoint, *, progress: Progress | None = None, workers: int | None = None) -> list[Mismatch]:
+    """Problems visible without a manifest (see the module docstring)."""
+    names = file_names(list(checkpoint.files))
+    found: list[Mismatch] = []
+    by_file: dict[str, list] = {path: [] for path in checkpoint.files}
+    for info in checkpoint.parsed.tensors:
+        by_file[info.source].append(info)
+    for path, infos in by_file.items():
+        size = checkpoint.sources.get(path).size
+        reach_end, reach_name = 0, None
+        for info in sorted(infos, key=lambda i: (i.offset, i.offset + i.stored_nbytes)):
+            end = info.offset + info.stored_nbytes
+            if end > size:
+                found.append(Mismatch(names[path], info.name, f"stored bytes {info.offset}..{end} lie past the end "
+                                                              f"of the file ({size} bytes)"))
+            if info.stored_nbytes and info.offset < reach_end:
+                found.append(Mismatch(names[path], info.name, f"stored bytes {info.offset}..{end} overlap those of "
+                                                              f"tensor {reach_name!r} (up to byte {reach_end})"))
+            if end > reach_end:
+                reach_end, reach_name = end, info.name
+    found += _check_known_hashes(checkpoint, names, progress, workers)
+    return found
+
+
+def _check_known_hashes(checkpoint, names: dict[str, str], progress: Progress | None,
+                        workers: int | None) -> list[Mismatch]:
+    """Files whose source knows their sha256 (the Hub's LFS oid) hashed and compared."""
+    known: dict[str, str] = {}
+    for path in checkpoint.files:
+        content_id = getattr(checkpoint.sources.get(path), "content_id", None)
+        ident = content_id() if callable(content_id) else ""
+        if isinstance(ident, str) and ident.startswith("sha256:"):
+            known[path] = ident[len("sha256:"):]
+    if not known:
+        return []
+    jobs = [FileJob(path, names[path], checkpoint.sources.get(path), []) for path in known]
+    hashed = hash_files(jobs, progress=progress, workers=workers)
+    return [Mismatch(f.name, None, f"sha256 {f.sha256}, the source's recorded sha256 (LFS oid) is {known[job.path]}")
+            for job, f in zip(jobs, hashed.files) if f.sha256 != known[job.path]]
+
+
+def bytes_to_check(checkpoint, manifest: Manifest | None) -> int:
+    """How many bytes ``verify`` reads (for a progress bar)."""
+    if manifest is not None:
+        return sum(checkpoint.sources.get(path).size for path in checkpoint.files)
+    total = 0
+    for path in checkpoint.files:
+        source = checkpoint.sources.get(path)
+        content_id = getattr(source, "content_id", None)
+        ident = content_id() if callable(content_id) else ""
+        if isinstance(ident, str) and ident.startswith("sha256:"):
+            total += source.size
+    return total

@@ -1,0 +1,123 @@
+#!/usr/bin/env python
+"""Manifest and verify throughput against plain ``hashlib.sha256`` over the same bytes, side by side.
+
+    python scripts/bench_integrity.py [FILE] [--size-mib 384] [--rounds 3] [--json]
+
+Without FILE, a safetensors file of ``--size-mib`` MiB is generated (a mix like a real model's: large
+matrices, middle-sized ones and many small norm vectors, random bytes) in a temporary folder. The file is
+read once to warm the page cache; then, in rounds, interleaved in one process:
+
+- ``sha256``: ``hashlib.sha256`` over the file read in 8 MiB pieces (the baseline: one hash, one thread);
+- ``manifest``: what ``ckptfs manifest`` runs: open the checkpoint and build the manifest (file sha256,
+  every tensor's sha256, crc32 and 1 MiB chunk crc32s);
+- ``verify``: what ``ckptfs verify --manifest`` runs: the same hashing plus the comparison.
+
+Each is reported as MB/s (median of the rounds) and as a ratio of the baseline measured in the same round.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+import ckptfs
+from ckptfs.integrity.manifest import build_manifest
+from ckptfs.integrity.verify import verify
+
+PIECE = 8 << 20
+
+
+def make_file(path: str, size_mib: int) -> None:
+    """A safetensors file of about ``size_mib`` MiB: per 'layer' 4 big, 2 middle and 2 small tensors."""
+    from safetensors.numpy import save_file
+
+    rng = np.random.default_rng(0)
+    tensors: dict[str, np.ndarray] = {}
+    total, layer = 0, 0
+    while total < size_mib << 20:
+        for name, nbytes in (("q", 6 << 20), ("k", 6 << 20), ("v", 6 << 20), ("o", 6 << 20),
+                             ("up", 5 << 20 | 12345), ("down", 3 << 20 | 999), ("norm1", 8192), ("norm2", 8192)):
+            tensors[f"layers.{layer}.{name}"] = rng.integers(0, 256, nbytes, dtype=np.uint8)
+            total += nbytes
+        layer += 1
+    save_file(tensors, path)
+
+
+def sha256_file(path: str) -> str:
+    sha = hashlib.sha256()
+    buffer = bytearray(PIECE)
+    view = memoryview(buffer)
+    with open(path, "rb", buffering=0) as f:
+        while n := f.readinto(buffer):
+            sha.update(view[:n])
+    return sha.hexdigest()
+
+
+def timed(fn) -> tuple[float, object]:
+    start = time.perf_counter()
+    result = fn()
+    return time.perf_counter() - start, result
+
+
+def manifest_of(path: str):
+    with ckptfs.open(path) as ck:
+        return build_manifest(ck)
+
+
+def verify_against(path: str, manifest) -> list:
+    with ckptfs.open(path) as ck:
+        return verify(ck, manifest)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("file", nargs="?")
+    parser.add_argument("--size-mib", type=int, default=384)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        path = args.file or os.path.join(tmp, "bench.safetensors")
+        if not args.file:
+            make_file(path, args.size_mib)
+        size = os.path.getsize(path)
+        expected = sha256_file(path)  # also warms the page cache
+        rows: dict[str, list[float]] = {"sha256": [], "manifest": [], "verify": []}
+        ratios: dict[str, list[float]] = {"manifest": [], "verify": []}
+        manifest = None
+        for _ in range(args.rounds):
+            base, digest = timed(lambda: sha256_file(path))
+            built, manifest = timed(lambda: manifest_of(path))
+            checked, mismatches = timed(lambda: verify_against(path, manifest))
+            assert digest == expected and manifest.files[0].sha256 == expected and mismatches == []
+            for key, seconds in (("sha256", base), ("manifest", built), ("verify", checked)):
+                rows[key].append(size / seconds / 1e6)
+            ratios["manifest"].append(base / built)
+            ratios["verify"].append(base / checked)
+    result = {
+        "file_bytes": size, "tensors": len(manifest.tensors), "rounds": args.rounds, "cpus": os.cpu_count(),
+        "load_average": os.getloadavg()[0],
+        "mb_per_s": {k: round(statistics.median(v), 1) for k, v in rows.items()},
+        "ratio_to_sha256": {k: round(statistics.median(v), 3) for k, v in ratios.items()},
+    }
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        print(f"{size / 2**20:.0f} MiB, {result['tensors']} tensors, {args.rounds} rounds, "
+              f"{result['cpus']} CPUs, load {result['load_average']:.2f}")
+        for key, value in result["mb_per_s"].items():
+            ratio = result["ratio_to_sha256"].get(key)
+            print(f"  {key:9s} {value:8.1f} MB/s" + (f"   {ratio:.0%} of sha256" if ratio else ""))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
