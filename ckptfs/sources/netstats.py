@@ -25,11 +25,13 @@ class SourceCounters:
         self.retries = 0
         self.failovers = 0
 
-    def request(self, scheme: str, outcome: str, nbytes: int = 0) -> None:
+    def request(self, scheme: str, outcome: str, nbytes: int = 0, retried: bool = False) -> None:
+        """One request ended with ``outcome``; ``retried``: it is tried again (a stalled attempt is a
+        ``timeout`` and a retry)."""
         with self._lock:
             self._requests[(scheme, outcome)] += 1
             self._bytes[scheme] += nbytes
-            if outcome == "retry":
+            if retried or outcome == "retry":
                 self.retries += 1
 
     def failover(self) -> None:

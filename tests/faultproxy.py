@@ -1,0 +1,221 @@
+"""A loopback HTTP proxy in front of a real server that misbehaves on request, for the remote-source tests.
+
+``FaultProxy(upstream_url)`` forwards GET/HEAD (with their Range) to the upstream and relays the answer.
+``plan(*faults)`` queues faults applied to the next requests, one each; ``always(fault)`` applies one to
+every request until ``always(None)``. Faults:
+
+- ``"refuse:SECONDS"``: drop this connection without an answer and stop listening for SECONDS (new
+  connections are refused);
+- ``"reset"``: send the status line, headers and half the body, then reset the connection (RST);
+- ``"500"``, ``"503"``, ``"429"`` (optionally ``"429:SECONDS"``/``"503:SECONDS"`` for ``Retry-After``): that
+  status with a small body instead of forwarding;
+- ``"slow:SECONDS"``: send the body in 16 pieces, sleeping SECONDS/16 between them;
+- ``"stall:SECONDS"``: send headers and half the body, then send nothing for SECONDS;
+- ``"short"``: announce the full Content-Length, send half the body, close;
+- ``"etag"``: relay the answer with another ETag (as after the file was replaced);
+- ``"norange"``: forward without the Range header (the upstream answers 200 with the whole file).
+
+``requests`` counts forwarded requests by method.
+"""
+
+from __future__ import annotations
+
+import http.client
+import http.server
+import select
+import socket
+import struct
+import threading
+import time
+from collections import Counter, deque
+from urllib.parse import urlsplit
+
+
+class FaultProxy:
+    def __init__(self, upstream_url: str):
+        parts = urlsplit(upstream_url)
+        self.upstream = (parts.hostname, parts.port or 80)
+        self._faults: deque[str] = deque()
+        self._always: str | None = None
+        self._lock = threading.Lock()
+        self._listener: socket.socket | None = None
+        self._refuse_until = 0.0
+        self._running = False
+        self._thread: threading.Thread | None = None
+        self.requests: Counter = Counter()
+        self.faults_used: list[str] = []
+        self.port = 0
+        self.url = ""
+
+    # -- control ---------------------------------------------------------------------------------------
+    def plan(self, *faults: str) -> None:
+        with self._lock:
+            self._faults.extend(faults)
+
+    def always(self, fault: str | None) -> None:
+        with self._lock:
+            self._always = fault
+
+    def pending(self) -> int:
+        with self._lock:
+            return len(self._faults)
+
+    def _next_fault(self) -> str | None:
+        with self._lock:
+            fault = self._faults.popleft() if self._faults else self._always
+            if fault is not None:
+                self.faults_used.append(fault)
+            return fault
+
+    # -- serving ---------------------------------------------------------------------------------------
+    def start(self) -> FaultProxy:
+        self._listen(0)
+        self.port = self._listener.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        self._running = True
+        self._thread = threading.Thread(target=self._accept_loop, daemon=True)
+        self._thread.start()
+        return self
+
+    def _listen(self, port: int) -> None:
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(("127.0.0.1", port))
+        sock.listen(64)
+        self._listener = sock
+
+    def _accept_loop(self) -> None:
+        while self._running:
+            if self._listener is None:
+                if time.monotonic() >= self._refuse_until:
+                    self._listen(self.port)
+                else:
+                    time.sleep(0.02)
+                    continue
+            if self._refuse_until > time.monotonic():
+                self._listener.close()
+                self._listener = None
+                continue
+            ready, _, _ = select.select([self._listener], [], [], 0.05)
+            if not ready:
+                continue
+            try:
+                conn, addr = self._listener.accept()
+            except OSError:
+                continue
+            threading.Thread(target=self._serve_connection, args=(conn, addr), daemon=True).start()
+
+    def _serve_connection(self, conn: socket.socket, addr) -> None:
+        proxy = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args) -> None:
+                pass
+
+            def do_GET(self) -> None:
+                proxy._relay(self, "GET")
+
+            def do_HEAD(self) -> None:
+                proxy._relay(self, "HEAD")
+
+        try:
+            Handler(conn, addr, None)
+        except Exception:  # noqa: BLE001 - a fault that broke the connection on purpose
+            pass
+        finally:
+            try:
+                conn.close()
+            except OSError:
+                pass
+
+    def stop(self) -> None:
+        self._running = False
+        if self._thread is not None:
+            self._thread.join(5)
+        if self._listener is not None:
+            self._listener.close()
+            self._listener = None
+
+    def __enter__(self) -> FaultProxy:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    # -- one request -----------------------------------------------------------------------------------
+    def _relay(self, req, method: str) -> None:
+        self.requests[method] += 1
+        fault = self._next_fault()
+        kind, _, arg = (fault or "").partition(":")
+        if kind == "refuse":
+            self._refuse_until = time.monotonic() + float(arg or 0.5)
+            _reset(req.connection)
+            req.close_connection = True
+            return
+        if kind in ("500", "503", "429"):
+            body = b"injected failure\n"
+            req.send_response(int(kind))
+            if arg:
+                req.send_header("Retry-After", arg)
+            req.send_header("Content-Length", str(len(body)))
+            req.end_headers()
+            req.wfile.write(body)
+            return
+        headers = {k: v for k, v in req.headers.items() if k.lower() not in ("host", "connection")}
+        if kind == "norange":
+            headers.pop("Range", None)
+            headers.pop("range", None)
+        upstream = http.client.HTTPConnection(*self.upstream, timeout=30)
+        try:
+            upstream.request(method, req.path, headers=headers)
+            resp = upstream.getresponse()
+            body = resp.read()
+            status, reason, resp_headers = resp.status, resp.reason, resp.getheaders()
+        finally:
+            upstream.close()
+        req.send_response(status, reason)
+        for k, v in resp_headers:
+            if k.lower() in ("connection", "keep-alive", "server", "date"):
+                continue
+            if kind == "etag" and k.lower() == "etag":
+                v = '"replaced-' + v.strip('"') + '"'
+            req.send_header(k, v)
+        req.end_headers()
+        if method == "HEAD":
+            return
+        half = len(body) // 2
+        if kind == "reset":
+            req.wfile.write(body[:half])
+            req.wfile.flush()
+            _reset(req.connection)
+            req.close_connection = True
+        elif kind == "short":
+            req.wfile.write(body[:half])
+            req.wfile.flush()
+            req.connection.shutdown(socket.SHUT_WR)
+            req.close_connection = True
+        elif kind == "stall":
+            req.wfile.write(body[:half])
+            req.wfile.flush()
+            time.sleep(float(arg or 5))
+            req.close_connection = True
+        elif kind == "slow":
+            pieces = 16
+            step = max(1, -(-len(body) // pieces))
+            for i in range(0, len(body), step):
+                req.wfile.write(body[i:i + step])
+                req.wfile.flush()
+                time.sleep(float(arg or 1) / pieces)
+        else:
+            req.wfile.write(body)
+
+
+def _reset(conn: socket.socket) -> None:
+    """Close with RST (SO_LINGER 0), as a crashed peer or a middlebox does."""
+    try:
+        conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        conn.close()
+    except OSError:
+        pass

@@ -1,0 +1,314 @@
+"""Real servers on loopback for the remote-source tests, started and stopped by the tests.
+
+- ``Nginx(root)``: Debian's nginx serving a folder with Range, ETag and Last-Modified (as a non-daemon child
+  with a generated config in a temporary directory).
+- ``MotoS3()``: moto's standalone S3 server (``python -m moto.server``).
+- ``HubStandIn(cdn_url, repos)``: a small http.server that answers as the Hugging Face Hub does for what
+  ckptfs and ``huggingface_hub`` ask of it: ``/ORG/REPO/resolve/REV/PATH`` (302 to the CDN host for LFS
+  files, with ``ETag``, ``X-Linked-Etag``, ``X-Linked-Size``, ``X-Repo-Commit``; small files answered
+  directly), ``/api/models/ORG/REPO/tree/REV[/PATH]`` and ``/api/models/ORG/REPO[/revision/REV]``.
+
+Every wait is bounded; ``stop()`` kills what was started (by its own pid) and waits for it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import http.server
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from urllib.parse import quote, unquote, urlsplit
+
+NGINX = "/usr/sbin/nginx"
+START_TIMEOUT = 20.0
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_for_port(port: int, proc: subprocess.Popen | None = None, timeout: float = START_TIMEOUT) -> None:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode} before listening on {port}")
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+            return
+        except OSError:
+            time.sleep(0.05)
+    raise RuntimeError(f"nothing listens on 127.0.0.1:{port} after {timeout:g} s")
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+
+
+class Nginx:
+    """nginx serving ``root`` on a free loopback port (``url``); use as a context manager."""
+
+    def __init__(self, root: str | os.PathLike):
+        self.root = str(Path(root).resolve())
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self._dir = tempfile.mkdtemp(prefix="ckptfs-nginx-")
+        self._proc: subprocess.Popen | None = None
+
+    def _config(self) -> str:
+        user = "user root root;\n" if os.geteuid() == 0 else ""
+        return f"""{user}daemon off;
+master_process off;
+worker_processes 1;
+pid {self._dir}/nginx.pid;
+error_log {self._dir}/error.log warn;
+events {{ worker_connections 256; }}
+http {{
+    access_log {self._dir}/access.log;
+    client_body_temp_path {self._dir}/body;
+    proxy_temp_path {self._dir}/proxy;
+    fastcgi_temp_path {self._dir}/fastcgi;
+    uwsgi_temp_path {self._dir}/uwsgi;
+    scgi_temp_path {self._dir}/scgi;
+    types {{ }}
+    default_type application/octet-stream;
+    sendfile on;
+    keepalive_requests 100000;
+    server {{
+        listen 127.0.0.1:{self.port};
+        root {self.root};
+        location / {{ }}
+    }}
+}}
+"""
+
+    def start(self) -> Nginx:
+        conf = Path(self._dir) / "nginx.conf"
+        conf.write_text(self._config())
+        self._proc = subprocess.Popen([NGINX, "-p", self._dir, "-c", str(conf)], stdin=subprocess.DEVNULL,
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        try:
+            wait_for_port(self.port, self._proc)
+        except RuntimeError:
+            err = self._proc.stderr.read().decode(errors="replace") if self._proc.poll() is not None else ""
+            self.stop()
+            raise RuntimeError(f"nginx did not start: {err.strip()}") from None
+        return self
+
+    def access_log(self) -> list[str]:
+        path = Path(self._dir) / "access.log"
+        return path.read_text().splitlines() if path.exists() else []
+
+    def stop(self) -> None:
+        if self._proc is not None:
+            _stop(self._proc)
+            if self._proc.stderr is not None:
+                self._proc.stderr.close()
+            self._proc = None
+        shutil.rmtree(self._dir, ignore_errors=True)
+
+    def __enter__(self) -> Nginx:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+class MotoS3:
+    """moto's standalone S3 server on a free loopback port (``endpoint``)."""
+
+    def __init__(self):
+        self.port = free_port()
+        self.endpoint = f"http://127.0.0.1:{self.port}"
+        self._proc: subprocess.Popen | None = None
+
+    def start(self) -> MotoS3:
+        self._proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
+                                      stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        wait_for_port(self.port, self._proc, timeout=60.0)
+        return self
+
+    def env(self) -> dict[str, str]:
+        """The standard AWS environment pointing at this server (dummy credentials: moto accepts any)."""
+        return {"AWS_ENDPOINT_URL": self.endpoint, "AWS_ACCESS_KEY_ID": "testing-key-id",
+                "AWS_SECRET_ACCESS_KEY": "testing-secret-never-printed", "AWS_DEFAULT_REGION": "us-east-1"}
+
+    def stop(self) -> None:
+        if self._proc is not None:
+            _stop(self._proc)
+            self._proc = None
+
+    def __enter__(self) -> MotoS3:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+LFS_MIN_SIZE = 1024  # files at least this large are "LFS" files: the Hub redirects them to its CDN
+
+
+class HubStandIn:
+    """A loopback stand-in for the Hub's resolve and tree endpoints over a folder per repository.
+
+    ``repos`` maps ``"ORG/REPO"`` to a folder; ``cdn_url`` is an nginx serving ``cdn_root``, into which LFS
+    files are copied by sha256 (as the Hub's CDN stores them). Requests are recorded in ``requests`` (method,
+    path, Authorization header present).
+    """
+
+    commit = "0123456789abcdef0123456789abcdef01234567"
+
+    def __init__(self, repos: dict[str, str | os.PathLike], cdn_root: str | os.PathLike, cdn_url: str,
+                 token: str | None = None):
+        self.repos = {name: Path(folder) for name, folder in repos.items()}
+        self.cdn_root = Path(cdn_root)
+        self.cdn_url = cdn_url.rstrip("/")
+        self.token = token
+        self.requests: list[tuple[str, str, bool]] = []
+        self.files: dict[tuple[str, str], dict] = {}
+        for name, folder in self.repos.items():
+            for path in sorted(folder.rglob("*")):
+                if path.is_file():
+                    self._add(name, path.relative_to(folder).as_posix(), path)
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self._server: http.server.ThreadingHTTPServer | None = None
+
+    def _add(self, repo: str, rel: str, path: Path) -> None:
+        data = path.read_bytes()
+        sha = hashlib.sha256(data).hexdigest()
+        info = {"size": len(data), "sha256": sha, "oid": hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest(),
+                "lfs": len(data) >= LFS_MIN_SIZE, "path": path}
+        if info["lfs"]:
+            shutil.copyfile(path, self.cdn_root / sha)
+        self.files[(repo, rel)] = info
+
+    def start(self) -> HubStandIn:
+        hub = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args) -> None:
+                pass
+
+            def do_HEAD(self) -> None:
+                hub._handle(self, head=True)
+
+            def do_GET(self) -> None:
+                hub._handle(self, head=False)
+
+        self._server = http.server.ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
+        self._server.daemon_threads = True
+        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+        wait_for_port(self.port)
+        return self
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+
+    def __enter__(self) -> HubStandIn:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    # -- answers -------------------------------------------------------------------------------------------
+    def _handle(self, req, head: bool) -> None:
+        path = unquote(urlsplit(req.path).path)
+        self.requests.append((req.command, path, "authorization" in {k.lower() for k in req.headers}))
+        if self.token is not None and req.headers.get("authorization") != f"Bearer {self.token}":
+            return self._send(req, 401, {"X-Error-Code": "RepoNotFound"}, b'{"error":"unauthorized"}', head)
+        parts = path.strip("/").split("/")
+        if len(parts) >= 5 and parts[2] == "resolve":
+            return self._resolve(req, "/".join(parts[:2]), parts[3], "/".join(parts[4:]), head)
+        if len(parts) >= 5 and parts[:2] == ["api", "models"] and parts[4] == "tree":
+            return self._tree(req, "/".join(parts[2:4]), parts[5] if len(parts) > 5 else "main",
+                              "/".join(parts[6:]), head)
+        if len(parts) >= 4 and parts[:2] == ["api", "models"]:
+            return self._model_info(req, "/".join(parts[2:4]), head)
+        self._send(req, 404, {"X-Error-Code": "EntryNotFound"}, b'{"error":"not found"}', head)
+
+    def _send(self, req, status: int, headers: dict, body: bytes, head: bool) -> None:
+        req.send_response(status)
+        for k, v in headers.items():
+            req.send_header(k, v)
+        req.send_header("Content-Length", str(len(body)))
+        req.end_headers()
+        if not head:
+            req.wfile.write(body)
+
+    def _resolve(self, req, repo: str, rev: str, rel: str, head: bool) -> None:
+        info = self.files.get((repo, rel))
+        if repo not in self.repos or info is None:
+            code = "RepoNotFound" if repo not in self.repos else "EntryNotFound"
+            return self._send(req, 404, {"X-Error-Code": code}, b'{"error":"not found"}', head)
+        common = {"X-Repo-Commit": self.commit, "Accept-Ranges": "bytes"}
+        if info["lfs"]:
+            headers = {**common, "ETag": f'"{info["sha256"]}"', "X-Linked-Etag": f'"{info["sha256"]}"',
+                       "X-Linked-Size": str(info["size"]), "Location": f"{self.cdn_url}/{info['sha256']}"}
+            return self._send(req, 302, headers, b"", head)
+        data = info["path"].read_bytes()
+        headers = {**common, "ETag": f'"{info["oid"]}"', "Content-Type": "application/octet-stream"}
+        rng = req.headers.get("range")
+        if rng and rng.startswith("bytes="):
+            a, _, b = rng[6:].partition("-")
+            start, end = int(a), min(int(b) if b else len(data) - 1, len(data) - 1)
+            if start >= len(data):
+                return self._send(req, 416, {**headers, "Content-Range": f"bytes */{len(data)}"}, b"", head)
+            headers["Content-Range"] = f"bytes {start}-{end}/{len(data)}"
+            return self._send(req, 206, headers, data[start:end + 1], head)
+        self._send(req, 200, headers, data, head)
+
+    def _entries(self, repo: str, prefix: str) -> list[dict]:
+        out, dirs = [], set()
+        for (name, rel), info in sorted(self.files.items()):
+            if name != repo or not rel.startswith(prefix):
+                continue
+            rest = rel[len(prefix):]
+            if "/" in rest:
+                dirs.add(prefix + rest.split("/")[0])
+                continue
+            entry = {"type": "file", "oid": info["oid"], "size": info["size"], "path": rel}
+            if info["lfs"]:
+                entry["lfs"] = {"oid": info["sha256"], "size": info["size"], "pointerSize": 134}
+            out.append(entry)
+        out += [{"type": "directory", "oid": "0" * 40, "size": 0, "path": d} for d in sorted(dirs)]
+        return out
+
+    def _tree(self, req, repo: str, rev: str, rel: str, head: bool) -> None:
+        if repo not in self.repos:
+            return self._send(req, 404, {"X-Error-Code": "RepoNotFound"}, b'{"error":"not found"}', head)
+        prefix = rel.strip("/") + "/" if rel.strip("/") else ""
+        body = json.dumps(self._entries(repo, prefix)).encode()
+        self._send(req, 200, {"Content-Type": "application/json"}, body, head)
+
+    def _model_info(self, req, repo: str, head: bool) -> None:
+        if repo not in self.repos:
+            return self._send(req, 404, {"X-Error-Code": "RepoNotFound"}, b'{"error":"not found"}', head)
+        siblings = [{"rfilename": rel} for (name, rel) in sorted(self.files) if name == repo]
+        body = json.dumps({"id": repo, "modelId": repo, "sha": self.commit, "siblings": siblings,
+                           "private": False}).encode()
+        self._send(req, 200, {"Content-Type": "application/json"}, body, head)
+
+
+def quote_path(path: str) -> str:
+    return quote(path, safe="/")

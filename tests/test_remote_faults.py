@@ -1,0 +1,148 @@
+"""http:// sources against a misbehaving network: each fault gives the right bytes after retries, or a
+CheckpointError within the read's timeout — never wrong bytes, never a hang.
+
+The bytes come from Debian's nginx on loopback through ``faultproxy.FaultProxy`` (refused connections,
+resets mid-body, 5xx/429 with Retry-After, slow/stalled/short bodies, a changed ETag, a server that ignores
+Range). Timeouts are short (``timeout`` 4 s, ``stall_timeout`` 1 s); the elapsed-time checks are generous
+upper bounds that only a hang would break.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+
+pytest.importorskip("urllib3")
+
+from ckptfs.errors import CheckpointError  # noqa: E402
+from ckptfs.sources import open_source  # noqa: E402
+from ckptfs.sources.netstats import COUNTERS  # noqa: E402
+from ckptfs.sources.remote import RemoteOptions, using  # noqa: E402
+from faultproxy import FaultProxy  # noqa: E402
+from servers import Nginx  # noqa: E402
+
+SIZE = 6 * 1024 * 1024 + 12345
+TIMEOUT, STALL = 4.0, 1.0
+HANG_BOUND = TIMEOUT + 6.0  # a read must end by its timeout; this slack only absorbs a loaded machine
+
+
+@pytest.fixture(scope="module")
+def upstream(tmp_path_factory):
+    if not os.path.exists("/usr/sbin/nginx"):
+        pytest.skip("nginx is not installed")
+    root = tmp_path_factory.mktemp("www")
+    data = os.urandom(SIZE)
+    (root / "blob.bin").write_bytes(data)
+    with Nginx(root) as server:
+        yield server, data
+
+
+@pytest.fixture
+def proxy(upstream):
+    server, _ = upstream
+    with FaultProxy(server.url) as p:
+        yield p
+
+
+def _open(proxy, timeout=TIMEOUT, stall=STALL, retries=4):
+    with using(RemoteOptions(timeout=timeout, stall_timeout=stall, max_retries=retries)):
+        return open_source(proxy.url + "/blob.bin")
+
+
+# offsets past the bytes fetched at open, so every read below is a request
+OFFSET, LENGTH = 3 * 1024 * 1024 + 777, 600_000
+
+
+@pytest.mark.parametrize("fault", ["500", "503", "429", "reset", "short", "stall:3", "slow:0.5", "refuse:0.2"])
+def test_transient_fault_then_right_bytes(upstream, proxy, fault):
+    _, data = upstream
+    src = _open(proxy)
+    retries_before = COUNTERS.snapshot()["retries"]
+    proxy.plan(fault)
+    got = src.pread(OFFSET, LENGTH)
+    assert got == data[OFFSET:OFFSET + LENGTH]
+    assert proxy.pending() == 0
+    if not fault.startswith("slow"):  # a slow body is no failure: nothing to retry
+        assert COUNTERS.snapshot()["retries"] > retries_before
+
+
+def test_retry_after_is_honoured(upstream, proxy):
+    _, data = upstream
+    src = _open(proxy, timeout=8.0)
+    proxy.plan("429:1")
+    start = time.monotonic()
+    assert src.pread(OFFSET, 1000) == data[OFFSET:OFFSET + 1000]
+    assert time.monotonic() - start >= 0.95  # waited as the server asked, not the ~0.1 s backoff
+
+
+def test_retry_after_beyond_the_deadline_fails_at_once(upstream, proxy):
+    src = _open(proxy, timeout=2.0)
+    proxy.plan("503:60")
+    start = time.monotonic()
+    with pytest.raises(CheckpointError, match="HTTP 503"):
+        src.pread(OFFSET, 1000)
+    assert time.monotonic() - start < 2.0 + 3.0
+
+
+@pytest.mark.parametrize("fault, message", [("503", "HTTP 503"), ("reset", "connection"),
+                                            ("stall:30", "stall|timed out|deadline"), ("short", "short|broken")])
+def test_persistent_fault_is_an_error_within_the_timeout(upstream, proxy, fault, message):
+    src = _open(proxy, retries=50)
+    proxy.always(fault)
+    start = time.monotonic()
+    with pytest.raises(CheckpointError, match=message):
+        src.pread(OFFSET, LENGTH)
+    assert time.monotonic() - start < HANG_BOUND
+    proxy.always(None)
+
+
+def test_changed_etag_fails_the_read(upstream, proxy):
+    src = _open(proxy)
+    proxy.plan("etag")
+    with pytest.raises(CheckpointError, match="changed since it was opened"):
+        src.pread(OFFSET, 1000)
+
+
+def test_server_ignoring_range_is_refused_at_open(upstream, proxy):
+    proxy.always("norange")
+    with pytest.raises(CheckpointError, match="does not support Range"):
+        _open(proxy)
+
+
+def test_server_ignoring_range_later_fails_that_read(upstream, proxy):
+    src = _open(proxy)
+    proxy.plan("norange")
+    with pytest.raises(CheckpointError, match="does not support Range"):
+        src.pread(OFFSET, 1000)
+
+
+def test_many_faults_in_a_row_never_give_wrong_bytes(upstream, proxy):
+    _, data = upstream
+    src = _open(proxy, timeout=10.0)
+    faults = ["reset", "503", "short", "500", "reset", "short", "429"]
+    for i, fault in enumerate(faults):
+        proxy.plan(fault)
+        offset = 2 * 1024 * 1024 + i * 500_000
+        assert src.pread(offset, 400_000) == data[offset:offset + 400_000]
+
+
+def test_unreachable_server_is_one_line_at_open(tmp_path):
+    from servers import free_port
+
+    port = free_port()
+    with using(RemoteOptions(timeout=2.0, stall_timeout=0.5)):
+        with pytest.raises(CheckpointError, match="cannot open: connection failed") as info:
+            open_source(f"http://127.0.0.1:{port}/model.gguf")
+    assert "\n" not in str(info.value)
+
+
+def test_reads_are_range_requests(upstream, proxy):
+    """Without a fault the proxy forwards Range untouched and nginx answers 206 with only those bytes."""
+    server, data = upstream
+    src = _open(proxy)
+    before = len(server.access_log())
+    assert src.pread(OFFSET, 1000) == data[OFFSET:OFFSET + 1000]
+    new = server.access_log()[before:]
+    assert len(new) == 1 and '" 206 262144 ' in new[0]  # one aligned 256 KiB chunk, not the file
