@@ -135,12 +135,27 @@ class TensorData:
         return self._decode_blocks(b0, min(b0 + self.group_blocks, self.available_blocks()))
 
     def _decode_uncached(self, b0: int, b1: int) -> np.ndarray:
+        if getattr(self._cache, "shared_tiers", False):
+            return self._from_shared_tiers(b0, b1)
         out = np.empty((b1 - b0) * self.info.block_elements, self.dtype)
         step = max(1, UNCACHED_STEP_BYTES // (self.info.block_elements * self.dtype.itemsize))
         for start in range(b0, b1, step):
             stop = min(start + step, b1)
             out[(start - b0) * self.info.block_elements:(stop - b0) * self.info.block_elements] = \
                 self._decode_blocks(start, stop)
+        return out
+
+    def _from_shared_tiers(self, b0: int, b1: int) -> np.ndarray:
+        """Blocks [b0, b1) group by group through the disk/Redis tiers (what another process decoded is not
+        decoded again; what is decoded here is stored there), not kept in the memory LRU. The groups at
+        both ends are decoded whole, at most two groups more than asked."""
+        be, gsize = self.info.block_elements, self.group_blocks
+        out = np.empty((b1 - b0) * be, self.dtype)
+        for g in range(b0 // gsize, (b1 - 1) // gsize + 1):
+            values = self._cache.get_or_load(self._key(g), lambda g=g: self._decode_group(g), memory=False)
+            first = g * gsize
+            lo, hi = max(b0, first), min(b1, first + gsize)
+            out[(lo - b0) * be:(hi - b0) * be] = values[(lo - first) * be:(hi - first) * be]
         return out
 
     def _decode_blocks(self, b0: int, b1: int) -> np.ndarray:

@@ -177,10 +177,18 @@ class TieredCache:
     def capacity(self) -> int:
         return self.memory.capacity
 
-    def get_or_load(self, key: Hashable, loader: Callable[[], np.ndarray]) -> np.ndarray:
-        value = self.memory.get(key)
-        if value is not None:
-            return value
+    @property
+    def shared_tiers(self) -> bool:
+        """Whether tiers below memory are configured (whole-tensor reads then go through them too)."""
+        return bool(self._lower)
+
+    def get_or_load(self, key: Hashable, loader: Callable[[], np.ndarray], memory: bool = True) -> np.ndarray:
+        """``memory=False``: look in and fill the lower tiers only (a whole-tensor read through the API finds
+        what other processes decoded without churning this process's LRU with groups read once)."""
+        if memory:
+            value = self.memory.get(key)
+            if value is not None:
+                return value
         with self._lock:
             pending = self._inflight.get(key)
             owner = pending is None
@@ -192,7 +200,7 @@ class TieredCache:
                 raise pending.error
             return pending.value
         try:
-            value = self._load(key, loader)
+            value = self._load(key, loader, 0 if memory else 1)
             pending.value = value
             return value
         except BaseException as exc:
@@ -203,19 +211,19 @@ class TieredCache:
                 self._inflight.pop(key, None)
             pending.done.set()
 
-    def _load(self, key: Hashable, loader: Callable[[], np.ndarray]) -> np.ndarray:
+    def _load(self, key: Hashable, loader: Callable[[], np.ndarray], first: int = 0) -> np.ndarray:
         for depth, tier in enumerate(self._lower, start=1):
             value = self._guard(tier, "get", key)
             if value is not None:
                 value.setflags(write=False)
-                for upper in self.tiers[:depth]:
+                for upper in self.tiers[first:depth]:
                     self._guard(upper, "put", key, value)
                 return value
         value = loader()
         value.setflags(write=False)
         with self._lock:
             self.decoded_bytes += value.nbytes
-        for tier in self.tiers:
+        for tier in self.tiers[first:]:
             self._guard(tier, "put", key, value)
         return value
 

@@ -14,6 +14,7 @@ import click
 
 from .errors import CheckpointError
 from .sizes import parse_size
+from .tiers.commands import cache_group, prefetch, tier_options
 
 
 class SizeType(click.ParamType):
@@ -53,14 +54,16 @@ def main() -> None:
 @click.option("--cache-size", type=SIZE, default="512M", show_default=True, help="Decoded-block cache bound.")
 @click.option("--dtype", type=click.Choice(["auto", "float32", "float16"]), default="auto", show_default=True)
 @click.option("--log-file", type=click.Path(), default=None, help="Log file (for the daemon).")
+@tier_options
 @click.option("-v", "--verbose", is_flag=True, help="Verbose logging; tracebacks on errors.")
-def mount(src, mountpoint, foreground, options, cache_size, dtype, log_file, verbose):
+def mount(src, mountpoint, foreground, options, cache_size, dtype, log_file, verbose, **tiers):
     """Mount checkpoint SRC read-only at MOUNTPOINT."""
     from .fs.mount import MountError, MountRequest, run_mount
 
     request = MountRequest(src=src, mountpoint=mountpoint, foreground=foreground,
                            options=",".join(options), cache_size=cache_size, dtype=dtype,
-                           log_file=log_file, verbose=verbose)
+                           log_file=log_file, verbose=verbose,
+                           **tiers)
     try:
         code = run_mount(request)
     except (CheckpointError, MountError, OSError) as exc:
@@ -111,6 +114,10 @@ def bench(src, as_json, cache_size, verbose):
         sys.exit(run_bench(src, as_json=as_json, cache_size=cache_size, verbose=verbose))
     except (CheckpointError, OSError) as exc:
         _fail(exc, verbose)
+
+
+main.add_command(cache_group)
+main.add_command(prefetch)
 
 
 if __name__ == "__main__":

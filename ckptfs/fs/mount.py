@@ -38,6 +38,9 @@ class MountRequest:
     foreground: bool = False
     options: str = ""
     cache_size: int = DEFAULT_CACHE_BYTES
+    cache_dir: str | None = None  # --cache-dir: the disk tier (ckptfs.tiers)
+    cache_dir_size: int | None = None  # its bound (None: the default, 10G)
+    redis: str | None = None  # --redis URL: the Redis tier
     dtype: str = "auto"
     log_file: str | None = None
     verbose: bool = False
@@ -74,7 +77,9 @@ def _prepare(request: MountRequest) -> _Plan:
     binding = load_binding()
     check_fusermount(binding.fusermount)
     log_fd = _open_log(request.log_file)
-    checkpoint = open_checkpoint(request.src, dtype=request.dtype, cache_size=request.cache_size)
+    checkpoint = open_checkpoint(request.src, dtype=request.dtype, cache_size=request.cache_size,
+                                 cache_dir=request.cache_dir, cache_dir_size=request.cache_dir_size,
+                                 redis=request.redis)
     return _Plan(request, mountpoint, options, binding, MountTree(checkpoint), log_fd)
 
 

@@ -44,6 +44,7 @@ from . import entry
 log = logging.getLogger(__name__)
 
 NAMESPACES = ("blocks", "bytes", "tensors")
+DEFAULT_CACHE_DIR_SIZE = 10 << 30  # --cache-dir-size
 TOUCH_AFTER_S = 60.0          # a hit refreshes the mtime (the LRU clock) when it is older than this
 STALE_TMP_S = 3600.0          # a temporary file this old belongs to a killed writer
 PAUSE_S = {"full": 30.0, "read-only": 60.0, "error": 30.0}

@@ -256,7 +256,7 @@ class RedisTier:
     def stats(self) -> dict:
         """This process's counters; ``bytes`` are the bytes served from Redis, ``up`` its state."""
         with self._lock:
-            return {**self._counts, "bytes": self._counts["hit_bytes"], "up": not self._down}
+            return {**self._counts, "bytes": self._counts["hit_bytes"], "up": int(not self._down)}
 
     def close(self) -> None:
         self._closed = True
