@@ -1,0 +1,68 @@
+"""The service counters of a mount: ``decoded_bytes``, ``tiers`` and ``source`` (README "Running as a service").
+
+One builder serves both readers of them, the root xattr ``user.ckptfs.stats`` (``ckptfs stats MNT``) and the
+Prometheus exporter, so the two always agree. It takes what the checkpoint has: the cache's per-tier stats
+(a ``TieredCache`` gives ``{"memory": {...}, "disk": {...}}``; a lone LRU gives one ``CacheStats``, shown
+as the ``memory`` tier), and the process's remote-source counters (all zero when every source is local).
+Every tier has at least ``hits``, ``misses`` and ``bytes``; ``source`` always has ``requests``, ``bytes``,
+``retries`` and ``failovers``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+TIER_KEYS = ("hits", "misses", "bytes")
+SOURCE_KEYS = ("requests", "bytes", "retries", "failovers")
+
+
+def tier_stats(cache: Any) -> dict[str, dict[str, int]]:
+    """``{"memory": {"hits", "misses", "bytes", ...}, ...}`` from whatever cache object serves the blocks."""
+    if cache is None:
+        return {"memory": dict.fromkeys(TIER_KEYS, 0)}
+    raw = cache.stats()
+    if hasattr(raw, "as_dict"):  # one BlockCache: the memory tier alone
+        raw = {"memory": raw.as_dict()}
+    tiers: dict[str, dict[str, int]] = {}
+    for name, values in raw.items():
+        if isinstance(values, dict):
+            tiers[name] = {**dict.fromkeys(TIER_KEYS, 0), **values}
+    tiers.setdefault("memory", dict.fromkeys(TIER_KEYS, 0))
+    return tiers
+
+
+def source_stats() -> dict[str, Any]:
+    """The process's remote-source counters; zeros (and no schemes) when no remote source was read."""
+    try:
+        from ..sources.netstats import COUNTERS
+    except ImportError:  # an installation without remote sources
+        return {**dict.fromkeys(SOURCE_KEYS, 0), "by_scheme": {}}
+    snapshot = COUNTERS.snapshot()
+    return {**dict.fromkeys(SOURCE_KEYS, 0), "by_scheme": {}, **snapshot}
+
+
+def service_stats(checkpoint: Any, decoded_bytes: int) -> dict[str, Any]:
+    return {"decoded_bytes": int(decoded_bytes), "tiers": tier_stats(getattr(checkpoint, "cache", None)),
+            "source": source_stats()}
+
+
+def render_table(stats: dict[str, Any]) -> str:
+    """``ckptfs stats MNT`` without ``--json``: the service counters as aligned text, then the rest."""
+    from ..sizes import format_size
+
+    lines = [f"decoded: {format_size(int(stats.get('decoded_bytes', 0)))}", "",
+             f"{'tier':<8} {'hits':>12} {'misses':>12} {'hit ratio':>9} {'bytes':>10}"]
+    for name, tier in stats.get("tiers", {}).items():
+        hits, misses = int(tier.get("hits", 0)), int(tier.get("misses", 0))
+        ratio = f"{hits / (hits + misses):.1%}" if hits + misses else "-"
+        lines.append(f"{name:<8} {hits:>12} {misses:>12} {ratio:>9} {format_size(int(tier.get('bytes', 0))):>10}")
+    source = stats.get("source", {})
+    lines += ["", "source: " + ", ".join(
+        f"{key} {format_size(int(source.get(key, 0))) if key == 'bytes' else int(source.get(key, 0))}"
+        for key in SOURCE_KEYS)]
+    skip = {"decoded_bytes", "tiers", "source", "cache"}
+    other = [(k, v) for k, v in stats.items() if k not in skip and not isinstance(v, (dict, list))]
+    if other:
+        lines.append("")
+        lines += [f"{key}: {value}" for key, value in other]
+    return "\n".join(lines)
