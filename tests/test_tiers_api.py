@@ -244,7 +244,7 @@ def test_cache_command_usage_errors(model, tmp_path):
     missing = run_cli("prefetch", str(path), "nope", "--cache-dir", str(tmp_path / "c"))
     assert missing.returncode == 2 and "nope" in missing.stderr
     bad = run_cli("prefetch", str(path), "--redis", "http://x")
-    assert bad.returncode == 2 and "redis://" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
+    assert bad.returncode == 2 and "redis://HOST:PORT/DB" in bad.stderr
     env_dir = run_cli("cache", "stats", env_extra={"CKPTFS_CACHE_DIR": str(tmp_path / "env")})
     assert env_dir.returncode == 0, env_dir.stderr
 
