@@ -20,7 +20,8 @@ def tier_stats(cache: Any) -> dict[str, dict[str, int]]:
     """``{"memory": {"hits", "misses", "bytes", ...}, ...}`` from whatever cache object serves the blocks."""
     if cache is None:
         return {"memory": dict.fromkeys(TIER_KEYS, 0)}
-    raw = cache.stats()
+    # a TieredCache's stats() is its memory tier's (the "cache" key); tier_stats() has every configured tier
+    raw = cache.tier_stats() if hasattr(cache, "tier_stats") else cache.stats()
     if hasattr(raw, "as_dict"):  # one BlockCache: the memory tier alone
         raw = {"memory": raw.as_dict()}
     tiers: dict[str, dict[str, int]] = {}
