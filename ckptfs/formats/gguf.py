@@ -17,7 +17,7 @@ from functools import partial
 
 from ..descriptors import ParsedCheckpoint, TensorInfo
 from ..errors import CheckpointError
-from ..quant import Codec, codec_for
+from ..quant import codec_for, geometry
 from ._common import INT64_MAX, join_reasons, only_checkpoint_errors, raw_extent, truncation_reason
 from ._prefix import FilePrefix
 from .gguf_values import UNSIGNED_TYPES, ValueEntry, ValueWalker, decode_value, describe, type_name
@@ -181,21 +181,26 @@ class _Parser:
         n_elements = self._element_count(info)
         type_name_ = GGML_TYPE_NAMES.get(info.type_id)
         codec = codec_for(type_name_) if type_name_ is not None else None
+        known = geometry(type_name_) if type_name_ is not None else None
         offset = data_start + info.relative_offset
+        if known is not None:  # the exact extent from the type's block layout, with or without a codec
+            stored = self._stored_nbytes(info, n_elements, type_name_, *known)
+            truncated = truncation_reason(offset, offset + stored, self.size)
+        else:
+            stored = raw_extent(offset, sorted_offsets, self.size)
+            truncated = f"starts past the end of the file (byte {offset}, file has {self.size})" \
+                if offset > self.size else None
         if codec is not None:
-            stored = self._stored_nbytes(info, n_elements, codec)
-            damaged = truncation_reason(offset, offset + stored, self.size)
+            damaged = truncated
             if order == ">" and codec.swap is None:
                 damaged = join_reasons(f"big-endian {type_name_} cannot be decoded: served raw only", damaged)
             block_elements, block_bytes = codec.block_elements, codec.block_bytes
         else:
-            stored = raw_extent(offset, sorted_offsets, self.size)
             if type_name_ is None:
                 reason = f"unknown storage type {info.type_id}: served raw only"
             else:
                 reason = f"no codec for storage type {type_name_}: served raw only"
-            past_end = f"starts past the end of the file (byte {offset}, file has {self.size})"
-            damaged = join_reasons(reason, past_end if offset > self.size else None)
+            damaged = join_reasons(reason, truncated)
             block_elements = block_bytes = 0
         return TensorInfo(
             name=info.name,
@@ -223,12 +228,13 @@ class _Parser:
                                                   "elements than int64 can count")
         return count
 
-    def _stored_nbytes(self, info: _RawInfo, n_elements: int, codec: Codec) -> int:
+    def _stored_nbytes(self, info: _RawInfo, n_elements: int, type_name: str, block_elements: int,
+                       block_bytes: int) -> int:
         first = info.dims[0] if info.dims else 1
-        if first % codec.block_elements:
+        if first % block_elements:
             raise self.fail(info.info_offset, f"tensor {info.name!r}: first dimension {first} is not a multiple "
-                                              f"of the {codec.name} block size {codec.block_elements}")
-        stored = n_elements // codec.block_elements * codec.block_bytes
+                                              f"of the {type_name} block size {block_elements}")
+        stored = n_elements // block_elements * block_bytes
         if stored > INT64_MAX:
             raise self.fail(info.info_offset, f"tensor {info.name!r}: {stored} bytes overflows int64")
         return stored

@@ -17,6 +17,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .geometry import GEOMETRY, geometry  # noqa: F401 - re-exported
+
 Decoder = Callable[[np.ndarray], np.ndarray]
 _U8 = np.dtype(np.uint8)
 
@@ -85,7 +87,12 @@ _plugins_loaded = False
 
 
 def register_codec(codec: Codec, *, replace: bool = False) -> Codec:
-    """Make ``codec`` the decoder of ``codec.name``. Refuses to silently replace an existing one."""
+    """Make ``codec`` the decoder of ``codec.name``. Refuses to silently replace an existing one, and a codec
+    whose block geometry contradicts the table (``geometry.GEOMETRY``) of a type ckptfs knows."""
+    known = geometry(codec.name)
+    if known is not None and known != (codec.block_elements, codec.block_bytes):
+        raise ValueError(f"a {codec.name} block is {known[0]} elements in {known[1]} bytes, not "
+                         f"{codec.block_elements} in {codec.block_bytes}")
     with _lock:
         if codec.name in _registry and not replace:
             raise ValueError(f"a codec for {codec.name!r} is already registered (pass replace=True)")
