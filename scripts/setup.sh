@@ -24,8 +24,17 @@ install_system_packages() {
         fuse2=libfuse2t64
     fi
     # gcc + python3-dev build the optional C dequantization kernels (without them numpy is used).
+    # nginx (HTTP range server) and redis-server are started by the tests on loopback ports, never as
+    # system services; they are test tools, not runtime dependencies.
     $SUDO apt-get install -y -qq fuse3 libfuse3-3 "$fuse2" python3 python3-venv python3-pip \
-        gcc python3-dev attr util-linux coreutils >/dev/null
+        gcc python3-dev attr util-linux coreutils nginx redis-server >/dev/null
+    # Debian starts both services on install; the tests run their own instances, so stop the system ones.
+    if command -v systemctl >/dev/null && [ -d /run/systemd/system ]; then
+        $SUDO systemctl disable --now nginx redis-server >/dev/null 2>&1 || true
+    else
+        $SUDO service nginx stop >/dev/null 2>&1 || true
+        $SUDO service redis-server stop >/dev/null 2>&1 || true
+    fi
     # Debian's udev rule makes /dev/fuse 0666 so that users can mount; some containers and VMs leave 0600.
     if [ -c /dev/fuse ] && [ "$(stat -c %a /dev/fuse)" != 666 ]; then
         $SUDO chmod 0666 /dev/fuse || true
@@ -41,9 +50,23 @@ make_venv() {  # make_venv DIR PIP-ARGS...
     "$dir/bin/python" -m pip install -q "$@"
 }
 
+install_torch_cpu() {  # install_torch_cpu DIR: a CPU build of torch, never the multi-GB CUDA default
+    local py=$1/bin/python
+    "$py" -c "import torch" 2>/dev/null && return
+    if [ -n "${CKPTFS_TORCH_SPEC:-}" ]; then
+        "$py" -m pip install -q $CKPTFS_TORCH_SPEC
+    elif ls /opt/wheels/torch-*+cpu-* >/dev/null 2>&1; then
+        "$py" -m pip install -q "torch==2.13.0"      # this machine's local CPU wheel
+    else
+        "$py" -m pip install -q torch --index-url https://download.pytorch.org/whl/cpu
+    fi
+}
+
 install_system_packages
-log "venv .venv (numpy 2.x) with ckptfs and its test extra"
+log "venv .venv (numpy 2.x) with ckptfs, its test extra and every optional extra"
 make_venv "$ROOT/.venv" -e "$ROOT[test]"
+install_torch_cpu "$ROOT/.venv"
+"$ROOT/.venv/bin/python" -m pip install -q -e "$ROOT[test,remote,redis,metrics,torch,hf,test-wave2]"
 log "venv .venv-np1 (numpy 1.26) for the dequantization tests"
 make_venv "$ROOT/.venv-np1" "numpy==1.26.*" -e "$ROOT[test]"
 
