@@ -18,28 +18,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import ckptfs_cli, cli_env
-from fixtures import quantized, write_gguf
 from redis_server import RedisServer, require_redis_server
+from tier_models import write_model
 
 import ckptfs
 
-SHAPES = {"blk.0.q4k": ((64, 4096), "Q4_K"), "blk.0.q8": ((32, 2048), "Q8_0"), "norm": ((4096,), "F32")}
-
-
-def write_model(path: Path, seed: int):
-    rng = np.random.default_rng(seed)
-    tensors = {}
-    for name, (shape, kind) in SHAPES.items():
-        if kind == "F32":
-            tensors[name] = (rng.standard_normal(shape).astype(np.float32), kind)
-        else:
-            tensors[name] = (quantized(kind, shape, rng), kind)
-    written = write_gguf(path, tensors)
-    return {name: ref.array for name, ref in written.tensors.items()}
-
 
 def read_by_rows(ck) -> dict[str, np.ndarray]:
-    """Every tensor through the group path (slices of rows), the way a mount streams them."""
+    """Every tensor by windows of rows (whole-range reads: through the shared tiers when configured)."""
     out = {}
     for name, t in ck.items():
         out[name] = np.concatenate([t[i:i + 8].reshape(-1) for i in range(0, t.shape[0], 8)]).reshape(t.shape)

@@ -1,0 +1,141 @@
+"""Real FUSE mounts with ``--cache-dir`` and ``--redis``: a second daemon streams what the first decoded
+without decoding it again; a Redis killed mid-stream, a cache folder deleted or corrupted under a live
+mount, a full cache file system and a checkpoint rewritten between two mounts all still serve exactly
+np.save of gguf-py's values.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import mount_stats
+from redis_server import RedisServer, require_redis_server
+from tier_models import write_model
+
+from ckptfs.tiers.entry import HEADER_SIZE
+
+
+def npy_bytes(array: np.ndarray) -> bytes:
+    buf = io.BytesIO()
+    np.save(buf, array, allow_pickle=False)
+    return buf.getvalue()
+
+
+def expected_files(refs: dict) -> dict[str, bytes]:
+    return {f"{name}.npy": npy_bytes(ref.astype(np.float32)) for name, ref in refs.items()}
+
+
+def read_all(mnt: Path, expected: dict[str, bytes], chunk: int = 64 * 1024) -> int:
+    """Read every expected file in ``chunk`` steps and compare; the bytes read. The kernel's cached pages of
+    each file are dropped first, so the daemon (and its tiers) answers every read, not the page cache."""
+    total = 0
+    for name, want in expected.items():
+        with open(mnt / name, "rb") as fh:
+            os.posix_fadvise(fh.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+            got = b"".join(iter(lambda: fh.read(chunk), b""))
+        assert got == want, name
+        total += len(got)
+    return total
+
+
+@pytest.fixture
+def model(tmp_path):
+    path = tmp_path / "model.gguf"
+    return path, write_model(path, seed=11)
+
+
+def test_a_second_daemon_on_the_same_cache_dir_decodes_nothing(mounted, model, tmp_path):
+    path, refs = model
+    expected = expected_files(refs)
+    cache = str(tmp_path / "cache")
+    first = mounted(path, "--cache-dir", cache, "--cache-size", "0")
+    read_all(first, expected)
+    assert mount_stats(first)["tiers"]["disk"]["stored"] > 0
+    second = mounted(path, "--cache-dir", cache, "--cache-size", "0")
+    streamed = read_all(second, expected)
+    stats = mount_stats(second)
+    assert stats["decoded_bytes"] <= 0.01 * streamed
+    assert stats["tiers"]["disk"]["hits"] > 0 and set(stats["tiers"]) == {"memory", "disk"}
+
+
+def test_a_second_daemon_on_the_same_redis_decodes_nothing(mounted, model):
+    require_redis_server()
+    pytest.importorskip("redis")
+    path, refs = model
+    expected = expected_files(refs)
+    with RedisServer() as server:
+        read_all(mounted(path, "--redis", server.url, "--cache-size", "0"), expected)
+        second = mounted(path, "--redis", server.url, "--cache-size", "0")
+        streamed = read_all(second, expected)
+        stats = mount_stats(second)
+        assert stats["decoded_bytes"] <= 0.01 * streamed
+        assert stats["tiers"]["redis"]["hits"] > 0 and set(stats["tiers"]) == {"memory", "redis"}
+
+
+def test_redis_killed_mid_stream_every_read_is_answered(mounted, model):
+    require_redis_server()
+    pytest.importorskip("redis")
+    path, refs = model
+    expected = expected_files(refs)
+    with RedisServer() as server:
+        read_all(mounted(path, "--redis", server.url, "--cache-size", "0"), expected)  # Redis holds it all
+        mnt = mounted(path, "--redis", server.url, "--cache-size", "0")
+        name = "blk.0.q4k.npy"
+        with open(mnt / name, "rb") as fh:
+            head = fh.read(len(expected[name]) // 2)
+            server.kill()
+            tail = fh.read()
+        assert head + tail == expected[name]
+        read_all(mnt, expected)
+        stats = mount_stats(mnt)
+        assert stats["tiers"]["redis"]["up"] == 0 and stats["decoded_bytes"] > 0
+
+
+def test_cache_dir_deleted_or_corrupted_under_a_live_mount(mounted, model, tmp_path):
+    path, refs = model
+    expected = expected_files(refs)
+    cache = tmp_path / "cache"
+    mnt = mounted(path, "--cache-dir", str(cache), "--cache-size", "0")
+    read_all(mnt, expected)
+    shutil.rmtree(cache)
+    read_all(mnt, expected)  # decoded again, and the folder made again
+    entries = list((cache / "blocks").rglob("*.e"))
+    assert entries
+    for entry in entries:  # flip one payload byte in each
+        data = bytearray(entry.read_bytes())
+        data[HEADER_SIZE + 5] ^= 0x10
+        entry.write_bytes(data)
+    read_all(mnt, expected)
+    stats = mount_stats(mnt)
+    assert stats["tiers"]["disk"]["corrupt"] >= len(entries)
+
+
+def test_a_full_cache_file_system_costs_storage_not_reads(mounted, model, tmp_path):
+    path, refs = model
+    expected = expected_files(refs)
+    cache = tmp_path / "small"
+    cache.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=512k", "tmpfs", str(cache)], check=True)
+    try:
+        mnt = mounted(path, "--cache-dir", str(cache), "--cache-size", "0")
+        read_all(mnt, expected)
+        read_all(mnt, expected)
+        assert mount_stats(mnt)["tiers"]["disk"]["errors"] > 0
+    finally:
+        subprocess.run(["umount", "-l", str(cache)], check=False)
+
+
+def test_a_checkpoint_rewritten_between_two_mounts_gets_new_values(mounted, model, tmp_path):
+    path, refs = model
+    cache = str(tmp_path / "cache")
+    read_all(mounted(path, "--cache-dir", cache), expected_files(refs))
+    new_refs = write_model(path, seed=12)
+    mnt = mounted(path, "--cache-dir", cache)
+    read_all(mnt, expected_files(new_refs))
+    assert mount_stats(mnt)["tiers"]["disk"]["hits"] == 0
