@@ -21,6 +21,7 @@ import json
 import logging
 import os
 import stat
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -28,6 +29,9 @@ from ..errors import CheckpointError
 from ..prefetch import Prefetcher
 from ..tree import MountTree
 from ..views import View
+from .counters import MountCounters, instrument_decoding
+from .logs import OncePerCause
+from .stats import service_stats
 
 log = logging.getLogger(__name__)
 
@@ -47,23 +51,43 @@ class FsError(OSError):
 
 
 def _guarded(method: Callable) -> Callable:
-    """Map every failure of a callback to an errno (see the module docstring)."""
+    """Map every failure of a callback to an errno (see the module docstring); time it under --metrics."""
+    op = method.__name__
 
     @functools.wraps(method)
     def callback(self: CkptOperations, path: str | None, *args: Any) -> Any:
+        timer = self.counters.request_seconds
+        if timer is None:
+            return _answer(self, method, op, path, args)
+        start = time.perf_counter()
         try:
-            return method(self, path, *args)
-        except FsError:
-            raise
-        except CheckpointError as exc:
-            log.error("EIO: %s%s: %s", path, _describe_range(method.__name__, args), exc)
-            raise FsError(errno.EIO) from None
-        except Exception as exc:  # noqa: BLE001 - a bug must not become EINVAL or kill the daemon
-            log.debug("unexpected failure in %s(%r, %r)", method.__name__, path, args, exc_info=True)
-            log.error("EIO: %s(%s): unexpected %s: %s", method.__name__, path, type(exc).__name__, exc)
-            raise FsError(errno.EIO) from None
+            return _answer(self, method, op, path, args)
+        finally:
+            timer.observe(op, time.perf_counter() - start)
 
     return callback
+
+
+def _answer(self: CkptOperations, method: Callable, op: str, path: str | None, args: tuple) -> Any:
+    """The callback's answer; every failure counted per errno, and an EIO logged once per cause (logs.py)."""
+    try:
+        return method(self, path, *args)
+    except FsError as exc:
+        self.counters.errors.add((op, exc.errno))
+        raise
+    except CheckpointError as exc:
+        self.counters.errors.add((op, errno.EIO))
+        if self._causes.first((path, str(exc))):
+            log.error("EIO: %s%s: %s", path, _describe_range(op, args), exc,
+                      extra={"op": op, "path": path, "errno": "EIO"})
+        raise FsError(errno.EIO) from None
+    except Exception as exc:  # noqa: BLE001 - a bug must not become EINVAL or kill the daemon
+        self.counters.errors.add((op, errno.EIO))
+        if self._causes.first((op, path, type(exc).__name__, str(exc))):
+            log.debug("unexpected failure in %s(%r, %r)", op, path, args, exc_info=True)
+            log.error("EIO: %s(%s): unexpected %s: %s", op, path, type(exc).__name__, exc,
+                      extra={"op": op, "path": path, "errno": "EIO"})
+        raise FsError(errno.EIO) from None
 
 
 def _describe_range(name: str, args: tuple) -> str:
@@ -78,6 +102,7 @@ def _read_only(method: Callable) -> Callable:
 
     @functools.wraps(method)
     def callback(self: CkptOperations, *args: Any) -> Any:
+        self.counters.errors.add((method.__name__, errno.EROFS))
         raise FsError(errno.EROFS)
 
     return callback
@@ -89,8 +114,12 @@ class CkptOperations:
     use_ns = True  # times as integer nanoseconds (both bindings)
 
     def __init__(self, tree: MountTree, on_ready: Callable[[], None] | None = None,
-                 describe: dict[str, Any] | None = None):
+                 describe: dict[str, Any] | None = None, counters: MountCounters | None = None):
         self.tree = tree
+        self.counters = counters if counters is not None else MountCounters()
+        self._causes = OncePerCause()
+        self._kinds: dict[str, str] = {}
+        instrument_decoding(tree.checkpoint, self.counters.decode)
         self._on_ready = on_ready
         self._describe = dict(describe or {})
         self._uid, self._gid = os.getuid(), os.getgid()
@@ -182,7 +211,17 @@ class CkptOperations:
         if view is None:
             view = self._view(path)
         self._prefetch.on_read(fh, offset, size)
-        return view.read(offset, size)
+        data = view.read(offset, size)
+        if self.counters.timed:
+            self.counters.read_bytes.add(self._kind(path), len(data))
+        return data
+
+    def _kind(self, path: str | None) -> str:
+        """The file kind of ``path`` (``ckptfs_read_bytes_total{kind}``), remembered per path."""
+        kind = self._kinds.get(path)
+        if kind is None:
+            kind = self._kinds[path] = (path and self.tree.kind(path[1:])) or "file"
+        return kind
 
     @_guarded
     def release(self, path: str | None, fh: int) -> int:
@@ -211,9 +250,14 @@ class CkptOperations:
         self._view(path)
         return []
 
+    def describe(self, key: str, value: Any) -> None:
+        """Add a fact about the mount to the stats (the exporter's address once it listens)."""
+        self._describe[key] = value
+
     def stats(self) -> dict[str, Any]:
         """What ``user.ckptfs.stats`` on the root holds: the tree's counters, the daemon's pid, the binding."""
-        return {**self.tree.stats(), "pid": os.getpid(), "open_handles": len(self._handles), **self._describe}
+        return {**self.tree.stats(), **service_stats(self.tree.checkpoint, self.counters.decode.total_bytes()),
+                "pid": os.getpid(), "open_handles": len(self._handles), **self._describe}
 
     # -- every write operation: EROFS ---------------------------------------------------------------
 
