@@ -6,7 +6,6 @@ geometry, the same cache and sources), so what a test sees through the API is wh
 
 from __future__ import annotations
 
-import contextlib
 import os
 import threading
 from collections.abc import Callable, Iterator, Mapping
@@ -43,11 +42,6 @@ class Tensor:
         self.dtype = output_dtype(codec, checkpoint.dtype_mode) if codec is not None else None
         self._data: TensorData | None = None
         self._meta: dict[str, Any] | None = None
-        #: extra keys for NAME.meta.json from features that look at several tensors (``packed_view``)
-        self.annotations: dict[str, Any] = {}
-
-    #: True for a tensor computed from other stored tensors (a GPTQ/AWQ view): .npy and .meta.json only
-    virtual = False
 
     @property
     def decodable(self) -> bool:
@@ -79,7 +73,7 @@ class Tensor:
     def meta(self) -> dict[str, Any]:
         """The dict NAME.meta.json holds."""
         if self._meta is None:
-            self._meta = {**tensor_meta(self), **self.annotations}
+            self._meta = tensor_meta(self)
         return self._meta
 
     def raw(self) -> bytes:
@@ -222,11 +216,9 @@ class Checkpoint(Mapping):
     def __init__(self, parsed: ParsedCheckpoint, src: str, dtype: str = "auto",
                  cache_bytes: int = DEFAULT_CACHE_BYTES, max_open_files: int = 64, *,
                  cache: TieredCache | None = None,
-                 source_wrapper: Callable[[ByteSource], ByteSource] | None = None,
-                 source_opener: Callable[[str, str | None], ByteSource] | None = None):
+                 source_wrapper: Callable[[ByteSource], ByteSource] | None = None):
         """``cache``: the tiers decoded groups go to (default: a memory tier of ``cache_bytes``);
-        ``source_wrapper``: applied to every byte source as it is opened (checked reads, mirrors);
-        ``source_opener``: opens them (default ``ckptfs.sources.open_source``; remote options)."""
+        ``source_wrapper``: applied to every byte source as it is opened (checked reads, mirrors)."""
         if dtype not in DTYPE_MODES:
             raise ValueError(f"dtype must be one of {', '.join(DTYPE_MODES)}, not {dtype!r}")
         self.parsed = parsed
@@ -238,7 +230,7 @@ class Checkpoint(Mapping):
         self.files = parsed.files
         self.notes = parsed.notes
         self.passthrough = parsed.passthrough
-        self.sources = SourcePool(max_open_files, opener=source_opener, wrapper=source_wrapper)
+        self.sources = SourcePool(max_open_files, wrapper=source_wrapper)
         # Pin every file now, while its header is fresh (sources otherwise open at the first read): a file
         # replaced or rewritten after that must give errors, or the old bytes, never new bytes read at the
         # old header's offsets.
@@ -250,10 +242,6 @@ class Checkpoint(Mapping):
         self._by_name: dict[str, Tensor] = {}
         for t in self.tensors:
             self._by_name.setdefault(t.name, t)
-        self.packed_views: list[dict[str, Any]] = []
-        if any(name in parsed.passthrough for name in ("config.json", "quantize_config.json")):
-            from .packed import attach  # GPTQ/AWQ/compressed-tensors views; a plain file never imports it
-            attach(self)
 
     @property
     def metadata(self) -> Mapping[str, Any]:
@@ -270,11 +258,6 @@ class Checkpoint(Mapping):
 
     def __len__(self) -> int:
         return len(self._by_name)
-
-    def add_virtual(self, tensor: Tensor) -> None:
-        """Append a virtual tensor (``tensor.index`` must be its position); a stored name always wins."""
-        self.tensors.append(tensor)
-        self._by_name.setdefault(tensor.name, tensor)
 
     def damaged(self) -> list[Tensor]:
         return [t for t in self.tensors if t.info.damaged]
@@ -297,18 +280,13 @@ class Checkpoint(Mapping):
 
 def open(src, dtype: str = "auto", cache_size: int = DEFAULT_CACHE_BYTES,
          max_open_files: int = 64, *, cache_dir: str | None = None, cache_dir_size: int | None = None,
-         redis: str | None = None, manifest=None, mirrors=None, timeout: float | None = None,
-         stall_timeout: float | None = None) -> Checkpoint:  # noqa: A001 - the public name CONTRACT.md fixes
+         redis: str | None = None, manifest=None) -> Checkpoint:  # noqa: A001 - the public name CONTRACT.md fixes
     """Open a checkpoint: a GGUF or safetensors file, a split-GGUF shard, a shard folder or an index file.
 
     ``cache_dir`` (bounded by ``cache_dir_size``, default 10G) and ``redis`` (``redis://HOST:PORT/DB``) add
     decoded-group tiers shared with other processes and machines below the memory cache (ckptfs.tiers).
     ``manifest`` (a ``ckptfs manifest`` file or a loaded Manifest): every read of tensor bytes is checked
-    against its chunk crc32s on first access (ckptfs.integrity.checked).
-    ``src`` may be a URL (``http(s)://``, ``s3://``, ``hf://``); ``mirrors``: byte-identical copies read when a
-    read from ``src`` fails; ``timeout`` (default 30 s) bounds every remote read, failover included, and
-    ``stall_timeout`` (default 10 s) each attempt's wait for bytes; ``cache_dir`` also keeps fetched remote
-    bytes (ckptfs.sources.plan)."""
+    against its chunk crc32s on first access (ckptfs.integrity.checked)."""
     from .formats.multi import read_checkpoint
 
     src = src if isinstance(src, str) else os.fsdecode(os.fspath(src))  # str, bytes or os.PathLike
@@ -319,22 +297,13 @@ def open(src, dtype: str = "auto", cache_size: int = DEFAULT_CACHE_BYTES,
     if cache_dir or redis:
         from .tiers import build_tiers
         cache = build_tiers(cache_size, **tier_options)
-    plan = None
-    if is_url(src) or mirrors or timeout is not None or stall_timeout is not None:
-        from .sources.plan import SourcePlan
-        plan = SourcePlan(src, mirrors, timeout=timeout, stall_timeout=stall_timeout, cache_dir=cache_dir,
-                          cache_dir_size=cache_dir_size)
-    with plan.opening() if plan is not None else contextlib.nullcontext():
-        parsed = read_checkpoint(src)
+    parsed = read_checkpoint(src)
     wrapper = None
     if manifest is not None:
         from .integrity.checked import checked_wrapper
         wrapper = checked_wrapper(manifest, parsed)
-    if plan is not None:
-        wrapper = plan.wrapper(wrapper)
     ck = Checkpoint(parsed, src, dtype=dtype, cache_bytes=cache_size,
-                    max_open_files=max_open_files, cache=cache, source_wrapper=wrapper,
-                    source_opener=plan.opener if plan is not None else None)
+                    max_open_files=max_open_files, cache=cache, source_wrapper=wrapper)
     ck.tier_options = tier_options  # pickled tensors reopen with the same shared tiers
     return ck
 

@@ -1,25 +1,19 @@
 """The ``ckptfs`` command: mount, umount, info, bench.
 
 Errors are one line on stderr, never a traceback (``-v`` adds it): exit 1 for a checkpoint or runtime error,
-2 for usage errors (click's own convention). click prints a usage error as a block of usage, hint and error;
-``OneLineGroup`` prints it as one line ending with the hint to ``--help``. Names in messages are escaped
-(``oneline``), so a path or tensor name holding a newline cannot split the line.
+2 for usage errors (click's own convention).
 """
 
 from __future__ import annotations
 
-import errno
 import json
-import os
 import sys
 import traceback
 
 import click
 
 from .errors import CheckpointError
-from .oneline import one_line
 from .sizes import parse_size
-from .sources.commands import remote_options
 from .tiers.commands import cache_group, prefetch, tier_options
 
 
@@ -42,81 +36,36 @@ def _fail(exc: BaseException, verbose: bool) -> None:
     if verbose:
         traceback.print_exc()
     message = str(exc) if isinstance(exc, (CheckpointError, OSError, ValueError)) else f"{type(exc).__name__}: {exc}"
-    click.echo(one_line(f"ckptfs: error: {message}"), err=True)
+    click.echo(f"ckptfs: error: {message}".splitlines()[0], err=True)
     sys.exit(getattr(exc, "exit_code", 1))
 
 
-_NO_ARGS_IS_HELP = getattr(click.exceptions, "NoArgsIsHelpError", ())  # click >= 8.2
-
-
-class OneLineGroup(click.Group):
-    """click, with its usage errors (missing argument, bad choice, unknown option or command) printed as one
-    line, exit code 2 kept. Help (``--help``, or no command at all) is printed in full as usual."""
-
-    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
-        if not standalone_mode:
-            return super().main(args, prog_name, complete_var, standalone_mode, **extra)
-        try:
-            result = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
-        except _NO_ARGS_IS_HELP as exc:  # `ckptfs` alone: the full help, as click shows it
-            exc.show()
-            sys.exit(exc.exit_code)
-        except click.UsageError as exc:
-            hint = f" (see '{exc.ctx.command_path} --help')" if exc.ctx is not None else ""
-            click.echo(one_line(f"ckptfs: usage error: {exc.format_message()}") + hint, err=True)
-            sys.exit(exc.exit_code)
-        except click.ClickException as exc:
-            click.echo(one_line(f"ckptfs: error: {exc.format_message()}"), err=True)
-            sys.exit(exc.exit_code)
-        except click.Abort:
-            click.echo("ckptfs: aborted", err=True)
-            sys.exit(1)
-        sys.exit(result if isinstance(result, int) else 0)
-
-
-DTYPE_HELP = ("auto: exact types keep their dtype, the rest float32; float32: every floating tensor float32; "
-              "float16: decoded tensors (quantized, BF16, F8...) float16, while F32, F64 and F16 tensors keep "
-              "their stored dtype.")
-
-
-@click.group(cls=OneLineGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="ckptfs")
 def main() -> None:
     """Mount LLM checkpoints (GGUF, safetensors) as read-only filesystems of lazy .npy views."""
 
 
 @main.command()
-@click.argument("src")
-@click.argument("mountpoint")
+@click.argument("src", type=click.Path())
+@click.argument("mountpoint", type=click.Path())
 @click.option("-f", "--foreground", is_flag=True, help="Stay in the foreground (log to stderr with -v).")
 @click.option("-o", "options", multiple=True, metavar="OPTS", help="FUSE mount options, comma-separated.")
-@click.option("--cache-size", type=SIZE, default="512M", show_default=True,
-              help="Decoded-block cache bound, binary units (64M = 64 MiB; 0: no cache).")
-@click.option("--dtype", type=click.Choice(["auto", "float32", "float16"]), default="auto", show_default=True,
-              help=DTYPE_HELP)
+@click.option("--cache-size", type=SIZE, default="512M", show_default=True, help="Decoded-block cache bound.")
+@click.option("--dtype", type=click.Choice(["auto", "float32", "float16"]), default="auto", show_default=True)
 @click.option("--log-file", type=click.Path(), default=None, help="Log file (for the daemon).")
-@click.option("--log-format", type=click.Choice(["text", "json"]), default="text", show_default=True,
-              help="Log lines as text or as one JSON object per line (for log shippers).")
-@click.option("--metrics", default=None, metavar="[HOST:]PORT",
-              help="Serve Prometheus metrics at http://HOST:PORT/metrics (HOST: 127.0.0.1; needs ckptfs[metrics]).")
 @tier_options
-@remote_options
 @click.option("--manifest", type=click.Path(dir_okay=False), default=None,
               help="Check every read against this `ckptfs manifest` file (a mismatch: EIO and one log line).")
-@click.option("--hf", is_flag=True, help="Add hf/: the GGUF as a Hugging Face model folder (needs ckptfs[hf]).")
-@click.option("--hf-dtype", type=click.Choice(["bfloat16", "float16", "float32"]), default="bfloat16",
-              show_default=True, help="dtype of hf/model.safetensors.")
 @click.option("-v", "--verbose", is_flag=True, help="Verbose logging; tracebacks on errors.")
-def mount(src, mountpoint, foreground, options, cache_size, dtype, log_file, log_format, metrics, hf, hf_dtype,
-          manifest, verbose, mirrors, timeout, stall_timeout, **tiers):
+def mount(src, mountpoint, foreground, options, cache_size, dtype, log_file, manifest, verbose, **tiers):
     """Mount checkpoint SRC read-only at MOUNTPOINT."""
     from .fs.mount import MountError, MountRequest, run_mount
 
     request = MountRequest(src=src, mountpoint=mountpoint, foreground=foreground,
                            options=",".join(options), cache_size=cache_size, dtype=dtype,
-                           log_file=log_file, verbose=verbose, log_format=log_format, metrics=metrics,
-                           hf=hf, hf_dtype=hf_dtype, manifest=manifest, mirrors=mirrors, timeout=timeout,
-                           stall_timeout=stall_timeout, **tiers)
+                           log_file=log_file, verbose=verbose, manifest=manifest,
+                           **tiers)
     try:
         code = run_mount(request)
     except (CheckpointError, MountError, OSError) as exc:
@@ -125,7 +74,7 @@ def mount(src, mountpoint, foreground, options, cache_size, dtype, log_file, log
 
 
 @main.command()
-@click.argument("mountpoint")
+@click.argument("mountpoint", type=click.Path())
 @click.option("-v", "--verbose", is_flag=True)
 def umount(mountpoint, verbose):
     """Unmount a ckptfs mount (fusermount3, then fusermount, then lazy)."""
@@ -138,17 +87,16 @@ def umount(mountpoint, verbose):
 
 
 @main.command()
-@click.argument("src")
+@click.argument("src", type=click.Path())
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-@remote_options
 @click.option("-v", "--verbose", is_flag=True)
-def info(src, as_json, verbose, mirrors, timeout, stall_timeout):
+def info(src, as_json, verbose):
     """Summarize a checkpoint: format, tensors, storage types, metadata, damage."""
     from . import open as open_checkpoint
     from .info import render, summary
 
     try:
-        with open_checkpoint(src, mirrors=mirrors, timeout=timeout, stall_timeout=stall_timeout) as ck:
+        with open_checkpoint(src) as ck:
             data = summary(ck)
     except Exception as exc:  # noqa: BLE001 - the CLI turns every failure into one line
         _fail(exc, verbose)
@@ -156,7 +104,7 @@ def info(src, as_json, verbose, mirrors, timeout, stall_timeout):
 
 
 @main.command()
-@click.argument("src")
+@click.argument("src", type=click.Path())
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.option("--cache-size", type=SIZE, default="512M", show_default=True)
 @click.option("-v", "--verbose", is_flag=True)
@@ -167,40 +115,6 @@ def bench(src, as_json, cache_size, verbose):
     try:
         sys.exit(run_bench(src, as_json=as_json, cache_size=cache_size, verbose=verbose))
     except (CheckpointError, OSError) as exc:
-        _fail(exc, verbose)
-
-
-@main.command()
-@click.argument("mountpoint")
-@click.option("--json", "as_json", is_flag=True, help="The stats JSON as the mount serves it.")
-@click.option("-v", "--verbose", is_flag=True)
-def stats(mountpoint, as_json, verbose):
-    """Show a mount's counters: cache tiers, decoded bytes, source requests (the root xattr)."""
-    from .fs.operations import STATS_XATTR
-    from .fs.stats import render_table
-
-    try:
-        data = json.loads(os.getxattr(mountpoint, STATS_XATTR))
-    except OSError as exc:
-        if exc.errno in (errno.ENODATA, getattr(errno, "ENOATTR", errno.ENODATA), errno.ENOTSUP):
-            exc = ValueError(f"{mountpoint} is not a ckptfs mount root (no {STATS_XATTR})")
-        _fail(exc, verbose)
-    except ValueError as exc:
-        _fail(ValueError(f"{mountpoint}: {STATS_XATTR} is not JSON: {exc}"), verbose)
-    click.echo(json.dumps(data, indent=2) if as_json else render_table(data))
-
-
-@main.command("install-mount-helper")
-@click.option("--target", default=None, metavar="PATH",
-              help="Where to write it (default /sbin/mount.fuse.ckptfs, where mount(8) looks).")
-@click.option("-v", "--verbose", is_flag=True)
-def install_mount_helper(target, verbose):
-    """Write the helper mount(8) runs for `mount -t fuse.ckptfs` and fstab lines (runs this ckptfs)."""
-    from .fs.fstab import HELPER_PATH, install_helper
-
-    try:
-        click.echo(install_helper(target or HELPER_PATH))
-    except OSError as exc:
         _fail(exc, verbose)
 
 

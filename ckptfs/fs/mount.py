@@ -10,26 +10,23 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import threading
-import urllib.parse
 from dataclasses import dataclass
 
 from ..checkpoint import DEFAULT_CACHE_BYTES, open as open_checkpoint
 from ..tree import MountTree
 from .binding import Binding, load_binding
-from . import logs
-from .counters import MountCounters
-from .daemon import READY_TIMEOUT, ReadinessPipe, StderrCapture, detach
+from .daemon import ReadinessPipe, StderrCapture, detach
 from .errors import MountError
-from .mountpoint import (MountpointLock, check_answers, check_dev_fuse, check_fusermount, check_mountpoint,
-                         unmount)
+from .mountpoint import check_dev_fuse, check_fusermount, check_mountpoint, unmount
 from .operations import CkptOperations
 from .options import MountOptions, parse_options
 
 __all__ = ["MountRequest", "MountError", "run_mount", "unmount"]
 
 log = logging.getLogger("ckptfs.mount")
-ANSWER_TIMEOUT = 10.0  # seconds for a new mount's root to answer before the mount counts as failed
+LOG_FORMAT = "%(asctime)s %(process)d %(levelname)s %(name)s: %(message)s"
 
 
 @dataclass
@@ -47,14 +44,7 @@ class MountRequest:
     dtype: str = "auto"
     log_file: str | None = None
     verbose: bool = False
-    log_format: str = "text"
-    metrics: str | None = None  # [HOST:]PORT of the Prometheus exporter
-    hf: bool = False  # add hf/ (a Hugging Face folder) to a GGUF mount
-    hf_dtype: str = "bfloat16"  # dtype of hf/model.safetensors
     manifest: str | None = None  # --manifest: reads checked against it (ckptfs.integrity.checked)
-    mirrors: tuple[str, ...] = ()  # --mirror: byte-identical copies read when the primary fails
-    timeout: float | None = None  # --timeout: every remote read answered within it (None: 30 s)
-    stall_timeout: float | None = None  # --stall-timeout: a stalled attempt abandoned after it (None: 10 s)
 
 
 @dataclass(frozen=True)
@@ -64,12 +54,7 @@ class _Plan:
     options: MountOptions
     binding: Binding
     tree: MountTree
-    log_file: logs.LogFile | None
-    metrics: tuple[str, int] | None
-
-    @property
-    def log_fd(self) -> int | None:
-        return None if self.log_file is None else self.log_file.fd
+    log_fd: int | None
 
 
 def run_mount(request: MountRequest) -> int:
@@ -78,13 +63,10 @@ def run_mount(request: MountRequest) -> int:
     Failures raise MountError (its ``exit_code`` is 2 for refused options) or CheckpointError, which the
     CLI prints as one line.
     """
-    # One mount at a time per mountpoint: a second waits for the first, then finds the place taken.
-    with MountpointLock(request.mountpoint, READY_TIMEOUT) as lock:
-        plan = _prepare(request)
-        if request.foreground:
-            return _run_foreground(plan, lock)
-        detach(lambda pipe: _run_daemon(plan, pipe), in_child=lock.close_inherited,
-               verify=lambda pid: check_answers(plan.mountpoint, pid, ANSWER_TIMEOUT))
+    plan = _prepare(request)
+    if request.foreground:
+        return _run_foreground(plan)
+    detach(lambda pipe: _run_daemon(plan, pipe))
     return 0
 
 
@@ -95,84 +77,46 @@ def _prepare(request: MountRequest) -> _Plan:
     check_dev_fuse()
     binding = load_binding()
     check_fusermount(binding.fusermount)
-    metrics = _metrics_address(request.metrics)
-    log_file = _open_log(request.log_file)
+    log_fd = _open_log(request.log_file)
     checkpoint = open_checkpoint(request.src, dtype=request.dtype, cache_size=request.cache_size,
                                  cache_dir=request.cache_dir, cache_dir_size=request.cache_dir_size,
-                                 redis=request.redis, manifest=request.manifest, mirrors=request.mirrors,
-                                 timeout=request.timeout, stall_timeout=request.stall_timeout)
-    return _Plan(request, mountpoint, options, binding, MountTree(checkpoint, extra=_virtual_files(request)),
-                 log_file, metrics)
+                                 redis=request.redis, manifest=request.manifest)
+    return _Plan(request, mountpoint, options, binding, MountTree(checkpoint), log_fd)
 
 
-def _virtual_files(request: MountRequest) -> list:
-    """Providers after the defaults: model.gguf of a split GGUF set, and hf/ when asked for (issue 17)."""
-    from ..hf.provider import hf_provider, merged_gguf
-
-    return [merged_gguf] + ([hf_provider(request.hf_dtype)] if request.hf else [])
-
-
-def _metrics_address(spec: str | None) -> tuple[str, int] | None:
-    """``--metrics``, checked before forking: the address, and prometheus-client importable (one line if not)."""
-    if spec is None:
-        return None
-    try:
-        from .metrics import parse_address
-    except ImportError:
-        raise MountError("--metrics needs prometheus-client: pip install 'ckptfs[metrics]'") from None
-    return parse_address(spec)
-
-
-def _open_log(path: str | None) -> logs.LogFile | None:
+def _open_log(path: str | None) -> int | None:
     if path is None:
         return None
     try:
-        return logs.LogFile(path)
+        return os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
     except OSError as exc:
         raise MountError(f"cannot open log file {path}: {exc.strerror}") from None
 
 
+def _configure_logging(level: int, extra_fd: int | None) -> None:
+    """Log to stderr (fd 2: the terminal, or the daemon's log file), and to ``extra_fd`` if given."""
+    root = logging.getLogger()
+    for handler in list(root.handlers):
+        root.removeHandler(handler)
+    handlers: list[logging.Handler] = [logging.StreamHandler(sys.stderr)]
+    if extra_fd is not None:
+        handlers.append(logging.StreamHandler(open(extra_fd, "a", buffering=1, closefd=False)))
+    for handler in handlers:
+        handler.setFormatter(logging.Formatter(LOG_FORMAT))
+        root.addHandler(handler)
+    root.setLevel(level)
+
+
 def _serve(plan: _Plan, on_ready) -> BaseException | None:
     """Run FUSE until unmounted; the exception it ended with, if any."""
-    describe = {"binding": plan.binding.name, "libfuse": plan.binding.libfuse_major, "mountpoint": plan.mountpoint}
-    operations = CkptOperations(plan.tree, on_ready, describe=describe,
-                                counters=MountCounters(timed=plan.metrics is not None))
-    if plan.log_file is not None:
-        plan.log_file.reopen_on_signal()
-    if plan.metrics is not None:
-        error = _start_exporter(plan, operations)
-        if error is not None:
-            return error
+    operations = CkptOperations(plan.tree, on_ready, describe={
+        "binding": plan.binding.name, "libfuse": plan.binding.libfuse_major, "mountpoint": plan.mountpoint})
     try:
         plan.binding.serve(operations, plan.mountpoint,
                            plan.options.for_libfuse(os.path.abspath(plan.request.src), plan.binding.libfuse_major))
     except Exception as exc:  # noqa: BLE001 - turned into a one-line reason or an exit code by the caller
         return exc
     return None
-
-
-def _start_exporter(plan: _Plan, operations: CkptOperations) -> MountError | None:
-    """The Prometheus exporter, in the process that serves (after the fork); its address goes into the stats."""
-    from .. import __version__
-    from ..sources import scheme_of
-    from .metrics import start_exporter
-
-    src = plan.request.src
-    scheme = scheme_of(src)
-    info = {"version": __version__, "binding": plan.binding.describe(),
-            "source": _without_credentials(src) if scheme else src, "scheme": scheme or "file"}
-    try:
-        host, port = start_exporter(*plan.metrics, operations, info)
-    except MountError as exc:
-        return exc
-    operations.describe("metrics", f"[{host}]:{port}" if ":" in host else f"{host}:{port}")
-    return None
-
-
-def _without_credentials(url: str) -> str:
-    """A URL as a metric label may show it: no user:password, no query (a presigned URL's signature)."""
-    parts = urllib.parse.urlsplit(url)
-    return parts._replace(netloc=parts.netloc.rpartition("@")[2], query="", fragment="").geturl()
 
 
 def _describe(plan: _Plan) -> str:
@@ -184,47 +128,22 @@ def _failure_reason(capture: StderrCapture, error: BaseException | None) -> str:
     return capture.last_line() or (str(error) if error is not None else "") or "FUSE exited before the mount was ready"
 
 
-def _run_foreground(plan: _Plan, lock: MountpointLock | None = None) -> int:
+def _run_foreground(plan: _Plan) -> int:
     request = plan.request
-    logs.configure(logging.DEBUG if request.verbose else logging.WARNING, request.log_format, plan.log_fd)
+    _configure_logging(logging.DEBUG if request.verbose else logging.WARNING, plan.log_fd)
     capture = StderrCapture()
     mounted = threading.Event()
-    failed: list[str] = []
-
-    def check() -> None:
-        """init was called; the mount is ready once its root answers (asked from a thread: not from init,
-        whose reply the kernel is still waiting for). If it does not, unmount: the session ends, exit 1."""
-        try:
-            check_answers(plan.mountpoint, os.getpid(), ANSWER_TIMEOUT)
-        except MountError as exc:
-            failed.append(str(exc))  # raised once the session has ended: the CLI prints it as one line
-            try:
-                unmount(plan.mountpoint)  # fails harmlessly when libfuse has already given up
-            except MountError:
-                pass
-            return
-        capture.release()
-        if lock is not None:
-            lock.release()
-        log.info("mounted %s", _describe(plan))
-
-    checker = threading.Thread(target=check, name="ckptfs-check-mount", daemon=True)
 
     def on_ready() -> None:
+        capture.release()
         mounted.set()
-        checker.start()
+        log.info("mounted %s", _describe(plan))
 
     error = _serve(plan, on_ready)
     if not mounted.is_set():
         reason = _failure_reason(capture, error)
         capture.release(replay=request.verbose)
         raise MountError(reason)
-    if checker.ident is not None:
-        checker.join(ANSWER_TIMEOUT)  # libfuse may end the session before the check has its answer
-    if failed:
-        said = capture.last_line()  # libfuse's own reason, when it printed one
-        capture.release(replay=request.verbose)
-        raise MountError(f"{failed[0]}" + (f" ({said})" if said else ""))
     return _exit_code(plan, error)
 
 
@@ -235,7 +154,7 @@ def _run_daemon(plan: _Plan, pipe: ReadinessPipe) -> int:
     os.dup2(devnull, 1)
     after_start = plan.log_fd if plan.log_fd is not None else devnull
     capture = StderrCapture()
-    logs.configure(logging.DEBUG if plan.request.verbose else logging.INFO, plan.request.log_format)
+    _configure_logging(logging.DEBUG if plan.request.verbose else logging.INFO, None)
 
     def on_ready() -> None:
         capture.release(after_start)
