@@ -163,3 +163,33 @@ def test_an_unreachable_url_is_a_miss_not_an_error():
 def test_bad_urls_are_one_line_errors():
     with pytest.raises(ValueError, match="redis://HOST:PORT/DB"):
         RedisTier("http://localhost:6379")
+
+
+def group_key(b0: int, b1: int) -> str:
+    from ckptfs.cache import cache_key
+
+    return cache_key("sha256:" + "ab" * 32, 4096, "Q4_K", "<f4", b0, b1)
+
+
+def test_a_sequential_reader_gets_several_groups_per_round_trip(tier):
+    spans = [(b, min(b + 16, 300)) for b in range(0, 300, 16)]  # 19 groups, the last one cut short
+    for i, (b0, b1) in enumerate(spans):
+        tier.put(group_key(b0, b1), values(i, 1024))
+    before = tier.stats()["round_trips"]
+    for i, (b0, b1) in enumerate(spans):
+        np.testing.assert_array_equal(tier.get(group_key(b0, b1)), values(i, 1024))
+    stats = tier.stats()
+    assert stats["hits"] == len(spans) and stats["misses"] == 0
+    assert stats["round_trips"] - before <= 5  # not 19: the first two alone, then 8 groups per MGET
+
+
+def test_a_random_reader_fetches_only_what_it_asks(tier):
+    spans = [(b, b + 16) for b in range(0, 320, 16)]
+    for i, (b0, b1) in enumerate(spans):
+        tier.put(group_key(b0, b1), values(i, 1024))
+    order = [7, 2, 15, 0, 11, 19, 4]
+    before = tier.stats()["round_trips"]
+    for i in order:
+        np.testing.assert_array_equal(tier.get(group_key(*spans[i])), values(i, 1024))
+    assert tier.stats()["round_trips"] - before == len(order)
+    assert not tier._ahead

@@ -14,8 +14,11 @@ A Redis that is slow, dead, full or holding garbage must cost a decode, never a 
   digest of its cache key, whose text carries the checkpoint's content identity: a value overwritten with
   garbage, or written for another key, is deleted and decoded again. Redis keys are ``ckptfs:e1:<blake2b of
   the cache key>``: fixed-length, one namespace for ckptfs on a shared server.
-- **Batches.** ``get_many`` asks for several groups in one MGET round trip (a sequential reader's next
-  groups).
+- **Batches.** A lookup that continues the previous one of the same tensor (its block range starts where
+  the last one ended) asks in the same MGET round trip for the next ``READ_AHEAD_GROUPS`` groups too
+  (keys as ``cache_key`` lays them out, the same width); they wait in a small buffer for the reader. A
+  sequential stream then costs one round trip per ``READ_AHEAD_GROUPS + 1`` groups; a random reader
+  costs one per group and fetches nothing it did not ask for. ``get_many`` is the batch lookup itself.
 
 Each kind of trouble is logged once per outage (down, full, bad value). redis-py is imported only when the
 tier is first used, so ``import ckptfs`` never imports it; the client is made lazily too, so a daemon's
@@ -27,6 +30,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Sequence
 from urllib.parse import urlsplit
 
@@ -40,6 +44,9 @@ KEY_PREFIX = "ckptfs:e1:"
 CONNECT_TIMEOUT_S = 0.2
 OP_TIMEOUT_S = 0.5
 BACKOFF_S = (1.0, 30.0)
+READ_AHEAD_GROUPS = 7
+AHEAD_MAX_BYTES = 32 << 20   # groups fetched ahead and not yet asked for, at most
+_TRACKED_STREAMS = 256
 
 
 def check_url(url: str) -> str:
@@ -80,7 +87,10 @@ class RedisTier:
         self._closed = False
         self._warned: set[str] = set()
         self._counts = {"hits": 0, "misses": 0, "hit_bytes": 0, "stored": 0, "stored_bytes": 0,
-                        "corrupt": 0, "errors": 0, "skipped": 0}
+                        "corrupt": 0, "errors": 0, "skipped": 0, "round_trips": 0}
+        self._ahead: OrderedDict[str, np.ndarray] = OrderedDict()  # fetched with an earlier lookup
+        self._ahead_bytes = 0
+        self._stream_ends: OrderedDict[str, int] = OrderedDict()   # tensor key prefix -> last block end
 
     # -- the client ----------------------------------------------------------------------------------
 
@@ -106,38 +116,75 @@ class RedisTier:
     # -- lookups -------------------------------------------------------------------------------------
 
     def get(self, key: str) -> np.ndarray | None:
-        return self.get_many([key])[0]
+        with self._lock:
+            value = self._ahead.pop(key, None)
+            if value is not None:
+                self._ahead_bytes -= value.nbytes
+        if value is not None:
+            self._count(hits=1, hit_bytes=value.nbytes)
+            self._continues(key)
+            return value
+        ahead = following_keys(key, READ_AHEAD_GROUPS) if self._continues(key) else []
+        found = self._fetch([key, *ahead], counted=1)
+        with self._lock:
+            for extra_key, extra in zip(ahead, found[1:]):
+                if extra is not None and extra_key not in self._ahead:
+                    self._ahead[extra_key] = extra
+                    self._ahead_bytes += extra.nbytes
+            while self._ahead_bytes > AHEAD_MAX_BYTES:
+                _, dropped = self._ahead.popitem(last=False)
+                self._ahead_bytes -= dropped.nbytes
+        return found[0]
 
     def get_many(self, keys: Sequence[str]) -> list[np.ndarray | None]:
         """Values for ``keys`` in one round trip (None for each missing, bad or unreachable one)."""
+        return self._fetch(list(keys), counted=len(keys))
+
+    def _continues(self, key: str) -> bool:
+        """Whether ``key``'s block range starts where this tensor's previous lookup ended (and remember)."""
+        parsed = _split_range(key)
+        if parsed is None:
+            return False
+        prefix, b0, b1 = parsed
+        with self._lock:
+            sequential = self._stream_ends.pop(prefix, None) == b0
+            self._stream_ends[prefix] = b1
+            if len(self._stream_ends) > _TRACKED_STREAMS:
+                self._stream_ends.popitem(last=False)
+        return sequential
+
+    def _fetch(self, keys: list[str], counted: int) -> list[np.ndarray | None]:
+        """MGET ``keys``; the first ``counted`` are lookups (hits and misses), the rest read-ahead."""
         if not keys:
             return []
         found: list[np.ndarray | None] = [None] * len(keys)
         if not self._available():
-            self._count(misses=len(keys))
+            self._count(misses=counted)
             return found
         names = [redis_key(k) for k in keys]
         try:
             raw = self._redis().mget(names)
         except Exception as exc:  # noqa: BLE001 - any client or server failure is a miss, never an error
             self._failed(exc)
-            self._count(misses=len(keys))
+            self._count(misses=counted)
             return found
         self._succeeded()
+        self._count(round_trips=1)
         bad = []
         for i, (key, data) in enumerate(zip(keys, raw)):
-            if data is None:
-                self._count(misses=1)
-                continue
-            try:
-                found[i] = entry.decode(key, data)
-            except entry.BadEntry as exc:
-                bad.append(names[i])
-                self._count(misses=1, corrupt=1)
-                self._warn_once("corrupt", "redis %s: bad value for %s (%s): deleted, decoding instead "
-                                "(further bad values are counted, not logged)", self._where(), names[i], exc)
-                continue
-            self._count(hits=1, hit_bytes=found[i].nbytes)
+            if data is not None:
+                try:
+                    found[i] = entry.decode(key, data)
+                except entry.BadEntry as exc:
+                    bad.append(names[i])
+                    self._count(corrupt=1)
+                    self._warn_once("corrupt", "redis %s: bad value for %s (%s): deleted, decoding instead "
+                                    "(further bad values are counted, not logged)", self._where(), names[i], exc)
+            if i < counted:
+                if found[i] is None:
+                    self._count(misses=1)
+                else:
+                    self._count(hits=1, hit_bytes=found[i].nbytes)
         if bad:
             self._quietly(lambda r: r.delete(*bad))
         return found
@@ -267,6 +314,26 @@ class RedisTier:
                 client.close()
             except Exception:  # noqa: BLE001, S110
                 pass
+
+
+def _split_range(key: str) -> tuple[str, int, int] | None:
+    """(tensor prefix, b0, b1) of a key laid out as ``cache_key`` does (``...|b0-b1``), else None."""
+    prefix, sep, span = key.rpartition("|")
+    b0, dash, b1 = span.partition("-")
+    if not sep or not dash or not b0.isdigit() or not b1.isdigit():
+        return None
+    return prefix, int(b0), int(b1)
+
+
+def following_keys(key: str, n: int) -> list[str]:
+    """The keys of the ``n`` groups after ``key``'s, of the same width (a tensor's last group may be cut
+    shorter: its guessed key then simply finds nothing)."""
+    parsed = _split_range(key)
+    if parsed is None:
+        return []
+    prefix, b0, b1 = parsed
+    width = b1 - b0
+    return [f"{prefix}|{b1 + i * width}-{b1 + (i + 1) * width}" for i in range(n)] if width > 0 else []
 
 
 def _is_oom(exc: BaseException) -> bool:
