@@ -1,0 +1,110 @@
+"""AWQ (AutoAWQ checkpoints, 4-bit with zero points): ``qweight``, ``qzeros``, ``scales`` per layer.
+
+Two packings, named by the ``version`` setting:
+
+- GEMM: ``qweight`` int32 ``[in, out / 8]``, ``qzeros`` int32 ``[groups, out / 8]``, ``scales`` fp16
+  ``[groups, out]``. Nibble ``k`` (bits ``4k..4k+3``) of word ``c`` holds output column ``8c + ORDER[k]``,
+  ``ORDER = [0, 2, 4, 6, 1, 3, 5, 7]`` (AutoAWQ's ``WQLinear_GEMM.from_linear``), so column ``8c + j`` is
+  nibble ``REVERSE_ORDER[j]``, ``REVERSE_ORDER = [0, 4, 1, 5, 2, 6, 3, 7]`` (its ``reverse_awq_order``).
+- GEMV: ``qweight`` int32 ``[out, in / 8]`` with nibble ``k`` of word ``c`` = input column ``8c + k`` (the
+  natural order), ``qzeros`` int32 ``[out, W]`` and ``scales`` fp16 ``[out, 8 W]`` where ``W`` is the groups
+  rounded up (``calculate_zeros_width``): the first ``groups`` entries of each row are used.
+
+``W[o, i] = (q - z) * s`` for the group ``i // group_size``, computed in fp16 as AutoAWQ's
+``dequantize_gemm`` does (GEMV has no dequantizer of its own: its values are defined the same way).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from ..descriptors import TensorInfo
+from .bits import round_to, scale_to_f32, unpack_fields
+from .layout import (INT32_TYPES, SCALE_TYPES, Absent, Layout, Parts, check_ndim, check_shape, check_type,
+                     group_index_fast, int_setting, require)
+
+ROLES = ("qweight", "qzeros", "scales")
+REVERSE_ORDER = np.array([0, 4, 1, 5, 2, 6, 3, 7])
+VERSIONS = ("gemm", "gemv")
+
+
+def build(prefix: str, parts: Mapping[str, TensorInfo], settings: Mapping[str, Any]) -> Layout:
+    bits = int_setting(settings, "bits", "w_bit")
+    if bits != 4:
+        raise Absent(f"AWQ bits={bits} is not supported (4)")
+    group_size = int_setting(settings, "group_size", "q_group_size", default=-1)
+    if group_size == 0 or group_size < -1:
+        raise Absent(f"AWQ group_size={group_size} is not valid")
+    version = str(settings.get("version") or "gemm").lower()
+    if version not in VERSIONS:
+        raise Absent(f"AWQ version {version!r} is not supported (gemm or gemv)")
+    if not settings.get("zero_point", True):
+        raise Absent("AWQ without zero points (zero_point: false) is not supported")
+
+    qweight = require(parts, "qweight", prefix)
+    qzeros = require(parts, "qzeros", prefix)
+    scales = require(parts, "scales", prefix)
+    for info in (qweight, qzeros):
+        check_type(info, INT32_TYPES)
+        check_ndim(info, 2)
+    check_type(scales, SCALE_TYPES)
+    check_ndim(scales, 2)
+    if version == "gemm":
+        in_features, out = qweight.shape[0], qweight.shape[1] * 8
+    else:
+        out, in_features = qweight.shape[0], qweight.shape[1] * 8
+    if out == 0 or in_features == 0:
+        raise Absent(f"{qweight.name} has an empty shape {list(qweight.shape)}")
+    gsize = in_features if group_size == -1 else group_size
+    if in_features % gsize:
+        raise Absent(f"in_features {in_features} is not a multiple of group_size {group_size}")
+    groups = in_features // gsize
+    why = f"AWQ {version} group_size={group_size}"
+    parameters = {"bits": bits, "group_size": group_size, "groups": groups, "version": version,
+                  "zero_point": True}
+    used = {"qweight": qweight, "qzeros": qzeros, "scales": scales}
+    st = scales.storage_type
+
+    if version == "gemm":
+        check_shape(scales, (groups, out), why)
+        check_shape(qzeros, (groups, out // 8), why)
+
+        def decode(reader: Parts, o0: int, o1: int) -> np.ndarray:
+            def zeros_t() -> np.ndarray:
+                return np.ascontiguousarray(_gemm_columns(reader.whole("qzeros")).T.astype(np.int16))
+
+            def scales_t() -> np.ndarray:
+                return np.ascontiguousarray(scale_to_f32(reader.whole("scales"), st).T)
+
+            z = reader.derived("awq-gemm:zeros_t", ("qzeros",), (out, groups), zeros_t)[o0:o1].astype(np.float32)
+            s = reader.derived("scales_t", ("scales",), (out, groups), scales_t)[o0:o1]
+            q = _gemm_columns(reader.whole("qweight")[:, o0 // 8: -(-o1 // 8)])   # [in, columns]
+            q = q[:, o0 - o0 // 8 * 8:][:, :o1 - o0].T
+            return round_to(group_index_fast(q, z, s, gsize), st)
+
+        return Layout("awq", parameters, out, in_features, used, st, decode, row_align=8)
+
+    width = qzeros.shape[1]
+    if width * 8 < groups:
+        raise Absent(f"{qzeros.name} has shape {list(qzeros.shape)}, too narrow for {groups} groups ({why})")
+    check_shape(qzeros, (out, width), why)
+    if scales.shape[0] != out or scales.shape[1] < groups:
+        raise Absent(f"{scales.name} has shape {list(scales.shape)}, {why} expects [{out}, >= {groups}]")
+
+    def decode_gemv(reader: Parts, o0: int, o1: int) -> np.ndarray:
+        q = unpack_fields(reader.rows("qweight", o0, o1), 4, in_features)
+        z = unpack_fields(reader.rows("qzeros", o0, o1), 4, groups).astype(np.float32)
+        s = scale_to_f32(reader.rows("scales", o0, o1)[:, :groups], st)
+        return round_to(group_index_fast(q, z, s, gsize), st)
+
+    return Layout("awq", parameters, out, in_features, used, st, decode_gemv)
+
+
+def _gemm_columns(words: np.ndarray) -> np.ndarray:
+    """GEMM-packed ``int32[rows, c]`` as ``uint8[rows, 8c]`` in output-column order."""
+    rows, c = words.shape
+    nibbles = unpack_fields(words, 4, 8 * c).reshape(rows, c, 8)
+    return nibbles[:, :, REVERSE_ORDER].reshape(rows, 8 * c)

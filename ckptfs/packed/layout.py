@@ -1,0 +1,119 @@
+"""What every packed scheme provides: a validated layer layout that decodes rows of its weight.
+
+A scheme module (``gptq``, ``awq``, ``compressed``) turns one layer's stored parts and the checkpoint's
+quantization settings into a :class:`Layout`, or raises :class:`Absent` with the one-line reason the view
+cannot be offered (a shape that does not match the settings, a missing part, an unsupported parameter).
+Shapes are checked at open from the headers alone, so a view that is listed can be decoded.
+
+``Layout.decode_rows(parts, o0, o1)`` returns rows ``[o0, o1)`` of the weight in the layout transformers
+uses (``[out_features, in_features]``), as float32 holding exactly the values the scheme's reference
+implementation computes. ``parts`` is a :class:`PartReader`-like object (``ckptfs.packed.views``): whole
+parts and derived per-layer arrays come from the shared cache, row ranges straight from the source.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+
+from ..descriptors import TensorInfo
+
+
+class Absent(Exception):
+    """The view of a layer cannot be offered; ``str(exc)`` says why in one line."""
+
+
+class Parts(Protocol):  # what decode_rows reads through (ckptfs.packed.views.PartReader)
+    def whole(self, role: str) -> np.ndarray: ...
+    def rows(self, role: str, r0: int, r1: int) -> np.ndarray: ...
+    def derived(self, what: str, roles: tuple[str, ...], shape: tuple[int, ...],
+                build: Callable[[], np.ndarray]) -> np.ndarray: ...
+
+
+@dataclass
+class Layout:
+    """One quantized linear layer: its parts, its weight's shape and how to decode rows of it."""
+
+    scheme: str                                 # "gptq" | "awq" | "compressed-tensors"
+    parameters: dict[str, Any]                  # what meta.json shows: bits, group_size, ...
+    out_features: int
+    in_features: int
+    parts: dict[str, TensorInfo]                # role ("qweight", "scales", ...) -> stored tensor
+    scale_type: str                             # F16 | BF16 | F32: the dtype the reference computes in
+    decode: Callable[[Parts, int, int], np.ndarray]
+    row_align: int = 1                          # row tiles start at multiples of this
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.out_features, self.in_features
+
+    def decode_rows(self, parts: Parts, o0: int, o1: int) -> np.ndarray:
+        return self.decode(parts, o0, o1)
+
+
+# ------------------------------------------------------------------------------------------ header checks
+
+INT32_TYPES = ("I32", "U32")
+INT_TYPES = ("I8", "U8", "I16", "I32", "I64", "U16", "U32", "U64")
+SCALE_TYPES = ("F16", "BF16", "F32")
+
+
+def require(parts: Mapping[str, TensorInfo], role: str, prefix: str) -> TensorInfo:
+    info = parts.get(role)
+    if info is None:
+        raise Absent(f"part {prefix}.{role} is missing")
+    if info.damaged:
+        raise Absent(f"part {info.name} is damaged: {info.damaged}")
+    return info
+
+
+def check_type(info: TensorInfo, allowed: tuple[str, ...]) -> None:
+    if info.storage_type not in allowed:
+        raise Absent(f"{info.name} is stored as {info.storage_type} (expected {' or '.join(allowed)})")
+    if info.byte_order != "<":
+        raise Absent(f"{info.name} is big-endian")
+
+
+def check_shape(info: TensorInfo, expected: tuple[int, ...], why: str) -> None:
+    if tuple(info.shape) != tuple(expected):
+        raise Absent(f"{info.name} has shape {list(info.shape)}, {why} expects {list(expected)}")
+
+
+def check_ndim(info: TensorInfo, ndim: int) -> None:
+    if len(info.shape) != ndim:
+        raise Absent(f"{info.name} has shape {list(info.shape)} (expected {ndim} dimensions)")
+
+
+def int_setting(settings: Mapping[str, Any], *keys: str, default: Any = None) -> int:
+    """The first of ``keys`` present in ``settings``, as an int (Absent when it is not one)."""
+    for key in keys:
+        if key in settings and settings[key] is not None:
+            value = settings[key]
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or int(value) != value:
+                raise Absent(f"quantization setting {key}={value!r} is not an integer")
+            return int(value)
+    if default is None:
+        raise Absent(f"quantization setting {keys[0]} is missing")
+    return default
+
+
+def group_index_fast(q: np.ndarray, zeros: np.ndarray, scales: np.ndarray, group_size: int) -> np.ndarray:
+    """``(q - zeros[:, i // gs]) * scales[:, i // gs]`` for ``q[rows, in]`` and per-group ``zeros``/``scales``
+    ``[rows, groups]`` (float32), without materializing the per-column gathers (the last group may be short)."""
+    rows, width = q.shape
+    groups = zeros.shape[1]
+    out = np.empty((rows, width), np.float32)
+    full = width // group_size
+    if full:
+        body = q[:, :full * group_size].reshape(rows, full, group_size).astype(np.float32)
+        body -= zeros[:, :full, None]
+        body *= scales[:, :full, None]
+        out[:, :full * group_size] = body.reshape(rows, full * group_size)
+    if full < groups and full * group_size < width:
+        tail = q[:, full * group_size:].astype(np.float32)
+        out[:, full * group_size:] = (tail - zeros[:, full, None]) * scales[:, full, None]
+    return out

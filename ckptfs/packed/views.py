@@ -1,0 +1,246 @@
+"""A packed layer's dequantized weight as a tensor-like object, decoded by tiles of output rows.
+
+:class:`PackedTensor` is what ``checkpoint.tensors`` and ``checkpoint[PREFIX + ".weight"]`` hold for a view:
+a ``ckptfs.Tensor`` (indexing, ``numpy()``, pickling) marked ``virtual`` (the mount gives it ``.npy`` and
+``.meta.json``, no ``.raw``). Its :class:`PackedData` offers what ``NpyView`` and the read-ahead use from a
+``TensorData``: ``read``, ``byte_segments``, and groups (here: tiles of rows) to decode ahead.
+
+A tile is ``rows_per_tile`` whole rows of the weight (about ``TILE_TARGET_BYTES`` of output), so a read
+decodes only the tiles its bytes cover. Tiles go to the checkpoint's cache like GGUF block groups; so do
+the per-layer pieces a tile needs whatever its rows (a whole ``qweight`` whose rows are input features, the
+unpacked zero points, the float32 scales), under keys built from the content identity of the files that
+hold the parts. Row-major parts (compressed-tensors, AWQ GEMV) are read row range by row range instead.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from ..checkpoint import Tensor
+from ..descriptors import TensorInfo
+from ..errors import CheckpointError
+from ..views import npy_header
+from .layout import Absent, Layout
+
+TILE_TARGET_BYTES = 256 * 1024
+WHOLE_STEP_BYTES = 16 * 1024 * 1024
+
+#: numpy dtype of each stored part type (BF16 scales stay raw 16-bit patterns; ``bits`` widens them).
+PART_DTYPES = {"I8": "i1", "U8": "u1", "I16": "<i2", "U16": "<u2", "I32": "<i4", "U32": "<u4", "I64": "<i8",
+               "U64": "<u8", "F16": "<f2", "F32": "<f4", "BF16": "<u2"}
+
+
+class PartReader:
+    """Reads one layer's stored parts: whole (cached), by row range (not cached), and derived arrays."""
+
+    def __init__(self, checkpoint, layout: Layout, name: str):
+        self._ck = checkpoint
+        self._layout = layout
+        self._name = name
+        self._ids: dict[str, str] = {}
+
+    def ident(self, roles) -> str:
+        """The content identity of the parts ``roles`` (file identity and offset of each)."""
+        out = []
+        for role in roles:
+            key = self._ids.get(role)
+            if key is None:
+                info = self._layout.parts[role]
+                source_id = self._ck.sources.get(info.source).content_id()
+                key = self._ids[role] = f"{source_id}@{info.offset}:{info.stored_nbytes}:{info.storage_type}"
+            out.append(key)
+        return "+".join(out)
+
+    def _pread(self, info: TensorInfo, offset: int, size: int) -> bytes:
+        try:
+            return self._ck.sources.get(info.source).pread(info.offset + offset, size)
+        except CheckpointError as exc:
+            raise exc.about_tensor(f"{self._name} (part {info.name})") from None
+
+    def whole(self, role: str) -> np.ndarray:
+        info = self._layout.parts[role]
+        key = f"{self.ident([role])}|packed-part"
+        flat = self._ck.cache.get_or_load(
+            key, lambda: np.frombuffer(self._pread(info, 0, info.stored_nbytes), PART_DTYPES[info.storage_type]))
+        return flat.reshape(info.shape)
+
+    def rows(self, role: str, r0: int, r1: int) -> np.ndarray:
+        info = self._layout.parts[role]
+        width = math.prod(info.shape[1:])
+        dtype = np.dtype(PART_DTYPES[info.storage_type])
+        raw = self._pread(info, r0 * width * dtype.itemsize, (r1 - r0) * width * dtype.itemsize)
+        return np.frombuffer(raw, dtype).reshape((r1 - r0,) + tuple(info.shape[1:]))
+
+    def derived(self, what: str, roles: tuple[str, ...], shape: tuple[int, ...],
+                build: Callable[[], np.ndarray]) -> np.ndarray:
+        key = f"{self.ident(roles)}|packed:{what}"
+        return self._ck.cache.get_or_load(key, lambda: np.ascontiguousarray(build()).reshape(-1)).reshape(shape)
+
+
+class PackedData:
+    """Decoded values of a packed layer's weight, by element range (the ``TensorData`` read interface)."""
+
+    direct = False
+    group_blocks = 1  # read-ahead groups: one tile each (``info.block_elements`` is a tile's elements)
+
+    def __init__(self, info: TensorInfo, layout: Layout, reader: PartReader, dtype: np.dtype, cache):
+        self.info = info
+        self.layout = layout
+        self.dtype = np.dtype(dtype)
+        self.n_elements = info.n_elements
+        self.row_elements = layout.in_features
+        self.rows_per_tile = info.block_elements // layout.in_features
+        self._reader = reader
+        self._cache = cache
+        self._key_prefix: str | None = None
+
+    @property
+    def n_tiles(self) -> int:
+        return -(-self.layout.out_features // self.rows_per_tile)
+
+    def _decode(self, o0: int, o1: int) -> np.ndarray:
+        try:
+            values = self.layout.decode_rows(self._reader, o0, o1)
+        except Absent as exc:  # a fact only the stored values reveal (a g_idx out of range)
+            marker = next(iter(self.layout.parts.values()))
+            raise CheckpointError(marker.source, marker.offset, f"tensor {self.info.name!r}: {exc}") from None
+        if values.dtype != self.dtype:
+            with np.errstate(over="ignore"):
+                values = values.astype(self.dtype)
+        return values.reshape(-1)
+
+    def _key(self, t: int) -> str:
+        if self._key_prefix is None:
+            self._key_prefix = (f"{self._reader.ident(tuple(self.layout.parts))}|packed:{self.layout.scheme}|"
+                                f"{self.dtype.str}|{self.rows_per_tile}")
+        return f"{self._key_prefix}|{t}"
+
+    def _tile(self, t: int) -> np.ndarray:
+        o0 = t * self.rows_per_tile
+        o1 = min(o0 + self.rows_per_tile, self.layout.out_features)
+        return self._cache.get_or_load(self._key(t), lambda: self._decode(o0, o1))
+
+    def _segments(self, e0: int, e1: int) -> list[np.ndarray]:
+        tile_elements = self.info.block_elements
+        segments = []
+        for t in range(e0 // tile_elements, (e1 - 1) // tile_elements + 1):
+            first = t * tile_elements
+            segments.append(self._tile(t)[max(e0 - first, 0): e1 - first])
+        return segments
+
+    def read(self, e0: int, e1: int, use_cache: bool = True) -> np.ndarray:
+        """Elements [e0, e1) of the flattened weight; ``use_cache=False`` (whole-tensor reads) decodes in
+        large aligned steps straight into the result instead of filling the cache with tiles."""
+        e0, e1 = max(0, e0), min(e1, self.n_elements)
+        if e1 <= e0:
+            return np.empty(0, self.dtype)
+        if use_cache:
+            segments = self._segments(e0, e1)
+            return segments[0] if len(segments) == 1 else np.concatenate(segments)
+        row, align = self.row_elements, self.layout.row_align
+        r0, r1 = e0 // row // align * align, -(-e1 // row)
+        step = max(align, WHOLE_STEP_BYTES // (row * self.dtype.itemsize) // align * align)
+        out = np.empty((r1 - r0) * row, self.dtype)
+        for start in range(r0, r1, step):
+            stop = min(start + step, r1)
+            out[(start - r0) * row:(stop - r0) * row] = self._decode(start, stop)
+        return out[e0 - r0 * row: e1 - r0 * row]
+
+    def byte_segments(self, d0: int, d1: int) -> list:
+        """Bytes [d0, d1) of the values as zero-copy slices of the cached tiles (see ``TensorData``)."""
+        item = self.dtype.itemsize
+        e0, e1 = max(0, d0) // item, min(-(-d1 // item), self.n_elements)
+        if e1 <= e0:
+            return []
+        views = [memoryview(segment.view(np.uint8)) for segment in self._segments(e0, e1)]
+        skip, tail = d0 - e0 * item, e1 * item - d1
+        views[0] = views[0][skip:]
+        views[-1] = views[-1][:len(views[-1]) - tail]
+        return views
+
+    # read-ahead (ckptfs.prefetch) treats tiles as block groups
+    def group_of_element(self, e: int) -> int:
+        return e // self.info.block_elements
+
+    def prefetch_group(self, g: int) -> None:
+        if 0 <= g < self.n_tiles and self._key(g) not in self._cache:
+            self._tile(g)
+
+    def stored_range(self, e0: int, e1: int) -> tuple[int, int]:
+        """(file offset, size) of the marker part's bytes in proportion to the rows asked for: a hint for the
+        kernel's read-ahead only (the transposed layouts need the whole part, which is then cached)."""
+        info = self.layout.parts[next(iter(self.layout.parts))]
+        frac0, frac1 = max(0, e0) / max(1, self.n_elements), min(e1, self.n_elements) / max(1, self.n_elements)
+        start = int(info.stored_nbytes * frac0)
+        return info.offset + start, max(0, int(info.stored_nbytes * frac1) - start)
+
+
+class PackedTensor(Tensor):
+    """The dequantized ``[out_features, in_features]`` weight of one packed layer (a virtual tensor)."""
+
+    virtual = True
+
+    def __init__(self, checkpoint, layout: Layout, name: str, index: int, origin: str):
+        self._ck = checkpoint
+        self.layout = layout
+        self.index = index
+        self.name = name
+        self.origin = origin
+        self.storage_type = layout.scheme
+        self.shape = layout.shape
+        self.codec = None
+        self.dtype = np.dtype("<f2") if checkpoint.dtype_mode == "float16" else np.dtype("<f4")
+        marker = next(iter(layout.parts.values()))
+        rows = max(layout.row_align, TILE_TARGET_BYTES // max(1, layout.in_features * self.dtype.itemsize)
+                   // layout.row_align * layout.row_align)
+        self.stored_nbytes = sum(p.stored_nbytes for p in layout.parts.values())
+        self.info = TensorInfo(name, layout.scheme, layout.shape, marker.source, marker.offset, self.stored_nbytes,
+                               block_elements=rows * layout.in_features, block_bytes=0)
+        self.extra_meta: dict[str, Any] = {}
+        self._data: PackedData | None = None
+        self._meta: dict[str, Any] | None = None
+
+    @property
+    def decodable(self) -> bool:
+        return True
+
+    @property
+    def data(self) -> PackedData:
+        if self._data is None:
+            reader = PartReader(self._ck, self.layout, self.name)
+            self._data = PackedData(self.info, self.layout, reader, self.dtype, self._ck.cache)
+        return self._data
+
+    @property
+    def meta(self) -> dict[str, Any]:
+        if self._meta is None:
+            layout = self.layout
+            self._meta = {
+                "name": self.name,
+                "virtual": True,
+                "scheme": layout.scheme,
+                "parameters": dict(layout.parameters),
+                "config": self.origin,
+                "shape": list(self.shape),
+                "npy_dtype": self.dtype.str,
+                "npy_data_offset": len(npy_header(self.shape, self.dtype)),
+                "npy_nbytes": self.nbytes,
+                "computed_in": layout.scale_type,
+                "parts": {role: {"name": p.name, "storage_type": p.storage_type, "shape": list(p.shape),
+                                 "source": p.source, "offset": p.offset, "stored_nbytes": p.stored_nbytes}
+                          for role, p in layout.parts.items()},
+                "damaged": None,
+            }
+        return self._meta
+
+    def raw(self) -> bytes:
+        raise CheckpointError(self.info.source, None, f"tensor {self.name!r} is a view of packed parts "
+                                                      f"({', '.join(p.name for p in self.layout.parts.values())}): "
+                                                      f"it has no stored bytes of its own")
+
+    def __repr__(self) -> str:
+        return f"<ckptfs.Tensor {self.name!r} {self.layout.scheme} view shape={self.shape} dtype={self.dtype}>"
