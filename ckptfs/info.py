@@ -29,21 +29,32 @@ def _summarize(value: Any) -> Any:
 def summary(ck: Checkpoint) -> dict[str, Any]:
     counts: Counter[str] = Counter()
     stored: Counter[str] = Counter()
-    for t in ck.tensors:
+    stored_tensors = [t for t in ck.tensors if not t.virtual]  # views of packed parts have no bytes of their own
+    for t in stored_tensors:
         counts[t.storage_type] += 1
         stored[t.storage_type] += t.stored_nbytes
     return {
         "format": ck.format,
         "version": ck.version,
         "files": list(ck.files),
-        "tensor_count": len(ck.tensors),
+        "tensor_count": len(stored_tensors),
         "metadata": {k: _summarize(ck.metadata[k]) for k in ck.metadata},
         "storage_types": {k: {"tensors": counts[k], "stored_bytes": stored[k]} for k in sorted(counts)},
         "damaged": [{"name": t.name, "storage_type": t.storage_type, "reason": t.info.damaged}
                     for t in ck.damaged()],
         "notes": list(ck.notes),
         "passthrough": sorted(ck.passthrough),
+        "packed_views": _packed_views(ck),
     }
+
+
+def _packed_views(ck: Checkpoint) -> dict[str, Any] | None:
+    """GPTQ/AWQ/compressed-tensors layers: how many views, and why any layer has none (None: no such layers)."""
+    rows = ck.packed_views
+    if not rows:
+        return None
+    return {"schemes": sorted({r["scheme"] for r in rows}), "views": sum(1 for r in rows if r["present"]),
+            "absent": [{"name": r["name"], "reason": r["reason"]} for r in rows if not r["present"]]}
 
 
 def render(info: dict[str, Any]) -> str:
@@ -58,6 +69,12 @@ def render(info: dict[str, Any]) -> str:
         lines.append(f"  {key} = {value if isinstance(value, str) else repr(value)}")
     if info["passthrough"]:
         lines.append(f"other files: {', '.join(info['passthrough'])}")
+    packed = info.get("packed_views")
+    if packed:
+        lines.append(f"packed views ({', '.join(packed['schemes'])}): {packed['views']}, "
+                     f"absent: {len(packed['absent'])}")
+        for row in packed["absent"]:
+            lines.append(f"  no view {row['name']!r}: {row['reason']}")
     for note in info["notes"]:
         lines.append(f"note: {note}")
     if info["damaged"]:
