@@ -137,12 +137,12 @@ class TensorData:
     def _decode_uncached(self, b0: int, b1: int) -> np.ndarray:
         if getattr(self._cache, "shared_tiers", False):
             return self._from_shared_tiers(b0, b1)
-        out = np.empty((b1 - b0) * self.info.block_elements, self.dtype)
-        step = max(1, UNCACHED_STEP_BYTES // (self.info.block_elements * self.dtype.itemsize))
+        be = self.info.block_elements
+        out = np.empty((b1 - b0) * be, self.dtype)
+        step = max(1, UNCACHED_STEP_BYTES // (be * self.dtype.itemsize))
         for start in range(b0, b1, step):
             stop = min(start + step, b1)
-            out[(start - b0) * self.info.block_elements:(stop - b0) * self.info.block_elements] = \
-                self._decode_blocks(start, stop)
+            self._decode_blocks(start, stop, out[(start - b0) * be:(stop - b0) * be])
         return out
 
     def _from_shared_tiers(self, b0: int, b1: int) -> np.ndarray:
@@ -158,17 +158,24 @@ class TensorData:
             out[(lo - b0) * be:(hi - b0) * be] = values[(lo - first) * be:(hi - first) * be]
         return out
 
-    def _decode_blocks(self, b0: int, b1: int) -> np.ndarray:
+    def _decode_blocks(self, b0: int, b1: int, out: np.ndarray | None = None) -> np.ndarray:
+        """Blocks [b0, b1) decoded into ``out`` (a new array when None). Where the codec's output already is
+        the served dtype, the decoder writes into ``out`` itself (no intermediate array, no copy)."""
         bb = self.info.block_bytes
         raw = self._pread_blocks(b0, b1)
         blocks = np.frombuffer(raw, np.uint8).reshape(b1 - b0, bb)
         if self.info.byte_order == ">":
             blocks = self.codec.swap(blocks)
+        if self.codec.dtype == self.dtype:
+            if out is None:
+                out = np.empty((b1 - b0) * self.info.block_elements, self.dtype)
+            return self.codec.dequantize_into(blocks, out)
         values = self.codec.dequantize(blocks).reshape(-1)
-        if values.dtype != self.dtype:
-            with np.errstate(over="ignore"):  # float16 mode: values beyond its range become inf, silently
-                values = values.astype(self.dtype)
-        return values
+        with np.errstate(over="ignore"):  # float16 mode: values beyond its range become inf, silently
+            if out is None:
+                return values.astype(self.dtype)
+            out[...] = values
+        return out
 
     def _pread_blocks(self, b0: int, b1: int) -> bytes:
         """The stored bytes of blocks [b0, b1); a source error (the file changed) says which tensor it hit."""

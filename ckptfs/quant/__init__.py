@@ -40,8 +40,36 @@ class Codec:
     exact: bool = False
     swap: Decoder | None = None
 
-    def dequantize(self, blocks: np.ndarray) -> np.ndarray:
+    def decoder(self, backend: str | None = None) -> Decoder:
+        """The decode function of ``backend``: None or "auto" (the C kernel where built, else numpy),
+        "numpy" (the reference), "native" (the C kernel; ValueError where there is none)."""
+        if backend in (None, "auto"):
+            return self.decode
+        reference = getattr(self.decode, "reference", None)
+        if backend == "numpy":
+            return reference or self.decode
+        if backend == "native":
+            if reference is None:
+                raise ValueError(f"{self.name}: no native kernel (not built, disabled, or none for this type)")
+            return self.decode
+        raise ValueError(f"unknown decode backend {backend!r} (auto, numpy, native)")
+
+    def dequantize_into(self, blocks: np.ndarray, out: np.ndarray, backend: str | None = None) -> np.ndarray:
+        """Decode whole blocks into ``out`` (``dtype``, C-contiguous, ``n * block_elements`` values) and return
+        it: the C kernels write there directly, so a decoded group lands in its destination without a copy;
+        the numpy decoders' result is copied in once."""
+        decode = self.decoder(backend)
+        if (getattr(decode, "writes_into", False) and out.dtype == self.dtype and out.flags.c_contiguous
+                and type(blocks) is np.ndarray and blocks.dtype is _U8 and blocks.ndim == 2
+                and blocks.shape[1] == self.block_bytes and out.size == blocks.shape[0] * self.block_elements):
+            decode(blocks, out.reshape(blocks.shape[0], self.block_elements))
+            return out
+        out.reshape(-1)[...] = self.dequantize(blocks, backend).reshape(-1)
+        return out
+
+    def dequantize(self, blocks: np.ndarray, backend: str | None = None) -> np.ndarray:
         """Decode ``u8[n, block_bytes]`` (or a flat buffer of whole blocks) into ``dtype[n, block_elements]``.
+        ``backend``: see :meth:`decoder`.
 
         Exact types decode to a zero-copy view in a fraction of a microsecond, so the argument checks must
         cost less than that: the usual input (a uint8 ndarray of the right shape) is recognised from its
@@ -53,11 +81,12 @@ class Codec:
         if len(shape) != 2 or shape[1] != self.block_bytes:
             blocks = self._as_blocks(blocks)
             shape = blocks.shape
+        decode = self.decode if backend is None else self.decoder(backend)
         if self.exact:
-            out = self.decode(blocks)
+            out = decode(blocks)
         else:
             with np.errstate(all="ignore"):
-                out = self.decode(blocks)
+                out = decode(blocks)
         if out.shape != (shape[0], self.block_elements):   # decode may return the values flat
             out = out.reshape(shape[0], self.block_elements)
         return out

@@ -36,16 +36,23 @@ def kernel(name: str, block_elements: int) -> Decoder | None:
         return None
     dequantize = _native.dequantize
 
-    def decode(blocks: np.ndarray) -> np.ndarray:
+    def decode(blocks: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
         blocks = np.ascontiguousarray(blocks)          # the C side needs one flat buffer
-        out = np.empty((blocks.shape[0], block_elements), dtype=np.float32)
+        if out is None:
+            out = np.empty((blocks.shape[0], block_elements), dtype=np.float32)
         dequantize(name, blocks, out, blocks.shape[0])
         return out
 
     decode.__name__ = f"native_{name.lower()}"
+    decode.writes_into = True
     return decode
 
 
 def accelerated(name: str, block_elements: int, fallback: Decoder) -> Decoder:
-    """The native decoder when available, else ``fallback`` (the numpy reference)."""
-    return kernel(name, block_elements) or fallback
+    """The native decoder when available, else ``fallback`` (the numpy reference). The native one carries
+    the reference as ``.reference``, so a caller can choose the backend per call."""
+    native = kernel(name, block_elements)
+    if native is None:
+        return fallback
+    native.reference = fallback
+    return native
