@@ -6,6 +6,7 @@ geometry, the same cache and sources), so what a test sees through the API is wh
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 from collections.abc import Callable, Iterator, Mapping
@@ -216,9 +217,11 @@ class Checkpoint(Mapping):
     def __init__(self, parsed: ParsedCheckpoint, src: str, dtype: str = "auto",
                  cache_bytes: int = DEFAULT_CACHE_BYTES, max_open_files: int = 64, *,
                  cache: TieredCache | None = None,
-                 source_wrapper: Callable[[ByteSource], ByteSource] | None = None):
+                 source_wrapper: Callable[[ByteSource], ByteSource] | None = None,
+                 source_opener: Callable[[str, str | None], ByteSource] | None = None):
         """``cache``: the tiers decoded groups go to (default: a memory tier of ``cache_bytes``);
-        ``source_wrapper``: applied to every byte source as it is opened (checked reads, mirrors)."""
+        ``source_wrapper``: applied to every byte source as it is opened (checked reads, mirrors);
+        ``source_opener``: opens them (default ``ckptfs.sources.open_source``; remote options)."""
         if dtype not in DTYPE_MODES:
             raise ValueError(f"dtype must be one of {', '.join(DTYPE_MODES)}, not {dtype!r}")
         self.parsed = parsed
@@ -230,7 +233,7 @@ class Checkpoint(Mapping):
         self.files = parsed.files
         self.notes = parsed.notes
         self.passthrough = parsed.passthrough
-        self.sources = SourcePool(max_open_files, wrapper=source_wrapper)
+        self.sources = SourcePool(max_open_files, opener=source_opener, wrapper=source_wrapper)
         # Pin every file now, while its header is fresh (sources otherwise open at the first read): a file
         # replaced or rewritten after that must give errors, or the old bytes, never new bytes read at the
         # old header's offsets.
@@ -280,13 +283,18 @@ class Checkpoint(Mapping):
 
 def open(src, dtype: str = "auto", cache_size: int = DEFAULT_CACHE_BYTES,
          max_open_files: int = 64, *, cache_dir: str | None = None, cache_dir_size: int | None = None,
-         redis: str | None = None, manifest=None) -> Checkpoint:  # noqa: A001 - the public name CONTRACT.md fixes
+         redis: str | None = None, manifest=None, mirrors=None, timeout: float | None = None,
+         stall_timeout: float | None = None) -> Checkpoint:  # noqa: A001 - the public name CONTRACT.md fixes
     """Open a checkpoint: a GGUF or safetensors file, a split-GGUF shard, a shard folder or an index file.
 
     ``cache_dir`` (bounded by ``cache_dir_size``, default 10G) and ``redis`` (``redis://HOST:PORT/DB``) add
     decoded-group tiers shared with other processes and machines below the memory cache (ckptfs.tiers).
     ``manifest`` (a ``ckptfs manifest`` file or a loaded Manifest): every read of tensor bytes is checked
-    against its chunk crc32s on first access (ckptfs.integrity.checked)."""
+    against its chunk crc32s on first access (ckptfs.integrity.checked).
+    ``src`` may be a URL (``http(s)://``, ``s3://``, ``hf://``); ``mirrors``: byte-identical copies read when a
+    read from ``src`` fails; ``timeout`` (default 30 s) bounds every remote read, failover included, and
+    ``stall_timeout`` (default 10 s) each attempt's wait for bytes; ``cache_dir`` also keeps fetched remote
+    bytes (ckptfs.sources.plan)."""
     from .formats.multi import read_checkpoint
 
     src = src if isinstance(src, str) else os.fsdecode(os.fspath(src))  # str, bytes or os.PathLike
@@ -297,13 +305,22 @@ def open(src, dtype: str = "auto", cache_size: int = DEFAULT_CACHE_BYTES,
     if cache_dir or redis:
         from .tiers import build_tiers
         cache = build_tiers(cache_size, **tier_options)
-    parsed = read_checkpoint(src)
+    plan = None
+    if is_url(src) or mirrors or timeout is not None or stall_timeout is not None:
+        from .sources.plan import SourcePlan
+        plan = SourcePlan(src, mirrors, timeout=timeout, stall_timeout=stall_timeout, cache_dir=cache_dir,
+                          cache_dir_size=cache_dir_size)
+    with plan.opening() if plan is not None else contextlib.nullcontext():
+        parsed = read_checkpoint(src)
     wrapper = None
     if manifest is not None:
         from .integrity.checked import checked_wrapper
         wrapper = checked_wrapper(manifest, parsed)
+    if plan is not None:
+        wrapper = plan.wrapper(wrapper)
     ck = Checkpoint(parsed, src, dtype=dtype, cache_bytes=cache_size,
-                    max_open_files=max_open_files, cache=cache, source_wrapper=wrapper)
+                    max_open_files=max_open_files, cache=cache, source_wrapper=wrapper,
+                    source_opener=plan.opener if plan is not None else None)
     ck.tier_options = tier_options  # pickled tensors reopen with the same shared tiers
     return ck
 

@@ -14,6 +14,7 @@ import click
 
 from .errors import CheckpointError
 from .sizes import parse_size
+from .sources.commands import remote_options
 from .tiers.commands import cache_group, prefetch, tier_options
 
 
@@ -55,17 +56,19 @@ def main() -> None:
 @click.option("--dtype", type=click.Choice(["auto", "float32", "float16"]), default="auto", show_default=True)
 @click.option("--log-file", type=click.Path(), default=None, help="Log file (for the daemon).")
 @tier_options
+@remote_options
 @click.option("--manifest", type=click.Path(dir_okay=False), default=None,
               help="Check every read against this `ckptfs manifest` file (a mismatch: EIO and one log line).")
 @click.option("-v", "--verbose", is_flag=True, help="Verbose logging; tracebacks on errors.")
-def mount(src, mountpoint, foreground, options, cache_size, dtype, log_file, manifest, verbose, **tiers):
+def mount(src, mountpoint, foreground, options, cache_size, dtype, log_file, manifest, verbose, mirrors, timeout,
+          stall_timeout, **tiers):
     """Mount checkpoint SRC read-only at MOUNTPOINT."""
     from .fs.mount import MountError, MountRequest, run_mount
 
     request = MountRequest(src=src, mountpoint=mountpoint, foreground=foreground,
                            options=",".join(options), cache_size=cache_size, dtype=dtype,
-                           log_file=log_file, verbose=verbose, manifest=manifest,
-                           **tiers)
+                           log_file=log_file, verbose=verbose, manifest=manifest, mirrors=mirrors,
+                           timeout=timeout, stall_timeout=stall_timeout, **tiers)
     try:
         code = run_mount(request)
     except (CheckpointError, MountError, OSError) as exc:
@@ -89,14 +92,15 @@ def umount(mountpoint, verbose):
 @main.command()
 @click.argument("src", type=click.Path())
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@remote_options
 @click.option("-v", "--verbose", is_flag=True)
-def info(src, as_json, verbose):
+def info(src, as_json, verbose, mirrors, timeout, stall_timeout):
     """Summarize a checkpoint: format, tensors, storage types, metadata, damage."""
     from . import open as open_checkpoint
     from .info import render, summary
 
     try:
-        with open_checkpoint(src) as ck:
+        with open_checkpoint(src, mirrors=mirrors, timeout=timeout, stall_timeout=stall_timeout) as ck:
             data = summary(ck)
     except Exception as exc:  # noqa: BLE001 - the CLI turns every failure into one line
         _fail(exc, verbose)

@@ -45,6 +45,9 @@ class MountRequest:
     log_file: str | None = None
     verbose: bool = False
     manifest: str | None = None  # --manifest: reads checked against it (ckptfs.integrity.checked)
+    mirrors: tuple[str, ...] = ()  # --mirror: byte-identical copies read when the primary fails
+    timeout: float | None = None  # --timeout: every remote read answered within it (None: 30 s)
+    stall_timeout: float | None = None  # --stall-timeout: a stalled attempt abandoned after it (None: 10 s)
 
 
 @dataclass(frozen=True)
@@ -80,7 +83,8 @@ def _prepare(request: MountRequest) -> _Plan:
     log_fd = _open_log(request.log_file)
     checkpoint = open_checkpoint(request.src, dtype=request.dtype, cache_size=request.cache_size,
                                  cache_dir=request.cache_dir, cache_dir_size=request.cache_dir_size,
-                                 redis=request.redis, manifest=request.manifest)
+                                 redis=request.redis, manifest=request.manifest, mirrors=request.mirrors,
+                                 timeout=request.timeout, stall_timeout=request.stall_timeout)
     return _Plan(request, mountpoint, options, binding, MountTree(checkpoint), log_fd)
 
 

@@ -8,6 +8,8 @@ URL of theirs is first opened, so ``import ckptfs`` and a local mount never load
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import importlib
 import os
 import re
@@ -69,14 +71,32 @@ def _scheme_openers(scheme: str) -> tuple[SourceOpener, FolderOpener | None]:
     return entry
 
 
+_open_wrapper: contextvars.ContextVar[Callable[[ByteSource], ByteSource] | None] = contextvars.ContextVar(
+    "ckptfs_open_wrapper", default=None)
+
+
+@contextlib.contextmanager
+def wrapping(wrapper: Callable[[ByteSource], ByteSource] | None):
+    """Sources opened inside pass through ``wrapper``: ``ckptfs.open`` reads headers this way through the same
+    wrapper its pool applies later (mirrors), so a truncated local primary is parsed at its mirror's size."""
+    token = _open_wrapper.set(wrapper)
+    try:
+        yield
+    finally:
+        _open_wrapper.reset(token)
+
+
 def open_source(src: str, base_dir: str | None = None) -> ByteSource:
     """A byte source for ``src``: a URL by its scheme, else a local file (a relative path is opened from
     ``base_dir`` when given, while messages keep the name as given)."""
     scheme = scheme_of(src)
     if scheme is None:
         open_path = os.path.join(base_dir, src) if base_dir is not None else src
-        return FileSource(src, open_path)
-    return _scheme_openers(scheme)[0](src)
+        source = FileSource(src, open_path)
+    else:
+        source = _scheme_openers(scheme)[0](src)
+    wrapper = _open_wrapper.get()
+    return wrapper(source) if wrapper is not None else source
 
 
 def open_folder(src: str) -> Folder | None:

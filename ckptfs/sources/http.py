@@ -246,7 +246,10 @@ class HttpSource(RemoteSource):
         return probe
 
     def _probe_once(self, deadline: float) -> Probe:
-        answer = self._client.send("GET", self.url, {"Range": f"bytes=0-{self.initial_read - 1}"}, deadline, self.url)
+        # With a --cache-dir the header's bytes may be there already: ask for one byte, only to learn the size
+        # and identity (a remount then sends no request for bytes it fetched before).
+        first = 1 if self.options.cache_dir else self.initial_read
+        answer = self._client.send("GET", self.url, {"Range": f"bytes=0-{first - 1}"}, deadline, self.url)
         resp, headers = answer.resp, answer.resp.headers
         linked = _linked_sha256(answer.hops) or _linked_sha256([headers])
         if resp.status == 416:
@@ -264,7 +267,7 @@ class HttpSource(RemoteSource):
             head = self._read_body(resp, end + 1 - start, deadline)
         elif resp.status == 200:
             length = headers.get("content-length")
-            if length is None or not length.isdigit() or int(length) > self.initial_read:
+            if length is None or not length.isdigit() or int(length) > first:
                 _discard(resp)
                 raise CheckpointError(self.name, None, "the server does not support Range requests (it answered "
                                                        "200 with the whole file to a Range request)")

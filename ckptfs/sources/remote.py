@@ -97,6 +97,20 @@ def deadline_scope(timeout: float):
         _deadline.reset(token)
 
 
+_fallback: contextvars.ContextVar[bool] = contextvars.ContextVar("ckptfs_read_fallback", default=False)
+
+
+@contextlib.contextmanager
+def fallback_scope(has_fallback: bool = True):
+    """Reads inside have another copy to turn to (a mirror): a stalled attempt gives up at once and other
+    failures are retried once, so the deadline is left for the next copy."""
+    token = _fallback.set(has_fallback)
+    try:
+        yield
+    finally:
+        _fallback.reset(token)
+
+
 def read_deadline(timeout: float) -> float:
     end = time.monotonic() + timeout
     outer = _deadline.get()
@@ -173,6 +187,8 @@ class RemoteSource(ByteSource):
     def _keep_prefix(self, data: bytes) -> None:
         """Cache the whole chunks of bytes fetched from offset 0 at open (the header read's start)."""
         full = len(data) if len(data) == self.size else len(data) - len(data) % CHUNK
+        if full and self._cache.has(chunk_key(self._content_id, 0)):
+            return  # an open memoized from an earlier one: its bytes are in already
         for i in range(0, full, CHUNK):
             self._cache.put(chunk_key(self._content_id, i // CHUNK), bytes(data[i: i + CHUNK]))
 
@@ -286,6 +302,8 @@ class RemoteSource(ByteSource):
         """``attempt()`` until it succeeds, retrying Retryable failures with backoff (counted here), at most
         ``max_retries`` times and never past ``deadline``; ``what`` prefixes the final error's reason."""
         tries = 0
+        fallback = _fallback.get()
+        max_retries = min(1, self.options.max_retries) if fallback else self.options.max_retries
         while True:
             if time.monotonic() >= deadline:
                 raise self._timeout_error(offset)
@@ -294,7 +312,8 @@ class RemoteSource(ByteSource):
             except Retryable as exc:
                 tries += 1
                 delay = exc.retry_after if exc.retry_after is not None else backoff_delay(tries)
-                give_up = tries > self.options.max_retries or time.monotonic() + delay >= deadline
+                give_up = (tries > max_retries or time.monotonic() + delay >= deadline
+                           or (fallback and exc.timeout))
                 COUNTERS.request(self.scheme, "timeout" if exc.timeout else ("error" if give_up else "retry"),
                                  retried=not give_up)
                 if give_up:

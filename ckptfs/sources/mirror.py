@@ -1,0 +1,186 @@
+"""Mirrors: byte-identical copies of a checkpoint's files, read when the primary fails (``--mirror SRC``).
+
+``MirrorSet(src, mirrors)`` is a source wrapper: for each file of the checkpoint it opens the same file in
+every mirror (``mirror_name``: the mirror given for ``src`` itself, or the file's name relative to the
+checkpoint's folder joined to the mirror's) and returns a :class:`MirrorSource`. Opening refuses, with one
+line, a mirror that is not the same file: one whose first bytes (the header) differ, or that is smaller
+than the primary. A primary that is shorter than its mirrors is a truncated download: the source takes the
+mirrors' size, and bytes past the primary's end come from a mirror.
+
+A read tries the primary, then each mirror in order, on any ``CheckpointError`` (connection errors and
+5xx/429 after retries, a stalled attempt, short or missing bytes, a local I/O error, a manifest mismatch
+when each member is a checked source). One deadline (``--timeout``) covers the whole read, failover
+included; a member with a fallback after it gives up a stalled attempt at once instead of retrying, so the
+next one gets its turn. After a failover the mirror that answered is asked first for ``PREFER_SECONDS``, so
+a dead primary does not cost every read a timeout.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+
+from ..errors import CheckpointError
+from .base import ByteSource
+from .netstats import COUNTERS
+from .remote import REMOTE_INITIAL_READ, current_options, deadline_scope, fallback_scope, using
+
+log = logging.getLogger(__name__)
+
+#: How many leading bytes must be equal for a mirror to count as the same file (the header, or its start).
+CHECK_BYTES = REMOTE_INITIAL_READ
+PREFER_SECONDS = 30.0
+
+
+class MirrorSource(ByteSource):
+    """A primary source with byte-identical mirrors (see the module docstring)."""
+
+    def __init__(self, primary: ByteSource, mirrors: list[ByteSource], timeout: float):
+        self.primary = primary
+        self.mirrors = list(mirrors)
+        self.name = primary.name
+        self.timeout = timeout
+        self.identity = getattr(primary, "identity", ())
+        self.size = primary.size
+        for mirror in self.mirrors:
+            self._check_same(mirror)
+        if self.mirrors:
+            self.size = max(primary.size, self.mirrors[0].size)
+        self._preferred: ByteSource | None = None
+        self._preferred_until = 0.0
+        self._lock = threading.Lock()
+
+    def _check_same(self, mirror: ByteSource) -> None:
+        reference = self.mirrors[0] if mirror is not self.mirrors[0] else None
+        if mirror.size < self.primary.size:
+            raise CheckpointError(mirror.name, None, f"refused as a mirror of {self.primary.name}: it has "
+                                                     f"{mirror.size} bytes, the primary {self.primary.size}")
+        if reference is not None and mirror.size != reference.size:
+            raise CheckpointError(mirror.name, None, f"refused as a mirror of {self.primary.name}: it has "
+                                                     f"{mirror.size} bytes, mirror {reference.name} {reference.size}")
+        n = min(CHECK_BYTES, self.primary.size, mirror.size)
+        if n and self.primary.pread(0, n) != mirror.pread(0, n):
+            raise CheckpointError(mirror.name, None, f"refused as a mirror of {self.primary.name}: its first "
+                                                     f"{n} bytes (the header) differ")
+
+    def content_id(self) -> str:
+        return self.primary.content_id()
+
+    def _order(self) -> list[ByteSource]:
+        members = [self.primary, *self.mirrors]
+        with self._lock:
+            preferred = self._preferred if time.monotonic() < self._preferred_until else None
+        if preferred is not None:
+            members.remove(preferred)
+            members.insert(0, preferred)
+        return members
+
+    def pread(self, offset: int, size: int) -> bytes:
+        if size <= 0:
+            return b""
+        if offset < 0 or offset + size > self.size:
+            raise CheckpointError(self.name, max(offset, self.size),
+                                  f"bytes {offset}..{offset + size} lie past the end of the file ({self.size} bytes)")
+        members = self._order()
+        failures: list[str] = []
+        with deadline_scope(self.timeout):
+            for k, member in enumerate(members):
+                last = k + 1 == len(members)
+                if offset + size > member.size:
+                    failures.append(f"{member.name}: has only {member.size} bytes")
+                    continue
+                try:
+                    with fallback_scope(not last):
+                        data = member.pread(offset, size)
+                except CheckpointError as exc:
+                    failures.append(str(exc))
+                    if not last:
+                        COUNTERS.failover()
+                        log.warning("read of %s @ %d failed (%s): trying %s", member.name, offset, exc.reason,
+                                    members[k + 1].name)
+                    continue
+                if k:
+                    with self._lock:
+                        self._preferred, self._preferred_until = member, time.monotonic() + PREFER_SECONDS
+                return data
+        raise CheckpointError(self.name, offset, "every copy failed: " + "; ".join(failures))
+
+    def advise(self, offset: int, size: int, sequential: bool = False) -> None:
+        member = self._order()[0]
+        if offset + size <= member.size:
+            member.advise(offset, size, sequential)
+
+    @property
+    def is_open(self) -> bool:
+        return self.primary.is_open
+
+    def ensure_open(self) -> None:
+        self.primary.ensure_open()
+
+    def close_if_idle(self) -> bool:
+        return self.primary.close_if_idle()
+
+    def close(self) -> None:
+        for member in (self.primary, *self.mirrors):
+            member.close()
+
+
+def _is_url(name: str) -> bool:
+    return "://" in name
+
+
+def _parent(name: str) -> str:
+    return name.rstrip("/").rsplit("/", 1)[0] if _is_url(name) else os.path.dirname(name)
+
+
+def _join(base: str, rel: str) -> str:
+    return base.rstrip("/") + "/" + rel if _is_url(base) else os.path.join(base, rel)
+
+
+class MirrorSet:
+    """The ``source_wrapper`` that gives every file of the checkpoint ``src`` its mirrors.
+
+    ``member_wrapper(source, path)`` (optional) wraps each member, the primary under its own name and each
+    mirror under the primary's name (checked reads against a manifest).
+    """
+
+    def __init__(self, src: str, mirrors: list[str], is_folder: bool,
+                 member_wrapper: Callable[[ByteSource, str], ByteSource] | None = None, options=None):
+        self.src = src.rstrip("/") if is_folder and _is_url(src) else src
+        self.mirrors = [str(m) for m in mirrors]
+        self.is_folder = is_folder
+        self.member_wrapper = member_wrapper
+        self.options = options or current_options()
+
+    def mirror_name(self, name: str, mirror: str) -> str:
+        """The name in ``mirror`` of the checkpoint file ``name``."""
+        if name == self.src or (not self.is_folder and os.path.normpath(name) == os.path.normpath(self.src)):
+            return mirror
+        base = self.src if self.is_folder else _parent(self.src)
+        mirror_base = mirror if self.is_folder else _parent(mirror)
+        if _is_url(name):
+            rel = name[len(base):].lstrip("/") if name.startswith(base) else name.rsplit("/", 1)[-1]
+        else:
+            rel = os.path.relpath(name, base or ".")
+        return _join(mirror_base, rel)
+
+    def __call__(self, source: ByteSource) -> ByteSource:
+        from . import open_source, wrapping
+
+        members = []
+        for mirror in self.mirrors:
+            name = self.mirror_name(source.name, mirror)
+            try:
+                with using(self.options), wrapping(None):
+                    opened = open_source(name)
+            except CheckpointError as exc:
+                raise CheckpointError(name, None, f"mirror of {source.name} cannot be used: {exc.reason}") from None
+            members.append(opened)
+        primary = source
+        if self.member_wrapper is not None:
+            primary = self.member_wrapper(source, source.name)
+            members = [self.member_wrapper(m, source.name) for m in members]
+        return MirrorSource(primary, members, self.options.timeout)

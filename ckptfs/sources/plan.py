@@ -1,0 +1,71 @@
+"""How one checkpoint's byte sources are opened: remote options (timeouts, cache directory) and mirrors.
+
+``ckptfs.open`` makes one ``SourcePlan`` per checkpoint when a URL, a mirror or a remote option is involved
+(a plain local open never imports this). The plan is applied in both places sources are opened: while the
+headers are read (``opening()``: header readers and folder discovery call ``open_source`` themselves), and
+by the checkpoint's pool afterwards (``opener`` and ``wrapper``), so the same options and mirrors hold for
+every read of the checkpoint, in the mount daemon too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Callable
+
+from .base import ByteSource
+from .remote import DEFAULT_CACHE_DIR_SIZE, DEFAULT_STALL_TIMEOUT, DEFAULT_TIMEOUT, RemoteOptions, using
+
+_FILE_SUFFIXES = (".gguf", ".safetensors", ".json")
+
+
+def names_folder(src: str) -> bool:
+    """Whether ``src`` names a model folder (CONTRACT "Sources": a URL whose path does not end in
+    ``.gguf``/``.safetensors``/``.json``, or ends in ``/``; a local directory)."""
+    if "://" not in src:
+        return os.path.isdir(src)
+    return src.endswith("/") or not src.rsplit("/", 1)[-1].lower().endswith(_FILE_SUFFIXES)
+
+
+class SourcePlan:
+    def __init__(self, src: str, mirrors=(), timeout: float | None = None, stall_timeout: float | None = None,
+                 cache_dir: str | None = None, cache_dir_size: int | None = None):
+        for name, value in (("timeout", timeout), ("stall_timeout", stall_timeout)):
+            if value is not None and not value > 0:
+                raise ValueError(f"{name} must be a number of seconds > 0, not {value!r}")
+        self.options = RemoteOptions(
+            timeout=float(timeout) if timeout is not None else DEFAULT_TIMEOUT,
+            stall_timeout=float(stall_timeout) if stall_timeout is not None else DEFAULT_STALL_TIMEOUT,
+            cache_dir=os.fspath(cache_dir) if cache_dir else None,
+            cache_dir_size=int(cache_dir_size) if cache_dir_size is not None else DEFAULT_CACHE_DIR_SIZE)
+        self.src = src
+        self.mirrors = [os.fspath(m) if not isinstance(m, str) else m for m in (mirrors or ())]
+        self._folder = names_folder(src) if self.mirrors else False
+
+    def _mirror_set(self, member_wrapper=None):
+        if not self.mirrors:
+            return None
+        from .mirror import MirrorSet
+
+        return MirrorSet(self.src, self.mirrors, self._folder, member_wrapper, self.options)
+
+    @contextlib.contextmanager
+    def opening(self):
+        """Sources opened inside (the header readers') get the options and the mirrors."""
+        from . import wrapping
+
+        with using(self.options), wrapping(self._mirror_set()):
+            yield
+
+    def opener(self, name: str, base_dir: str | None = None) -> ByteSource:
+        """The pool's opener: ``open_source`` under these options."""
+        from . import open_source
+
+        with using(self.options):
+            return open_source(name, base_dir)
+
+    def wrapper(self, checked=None) -> Callable[[ByteSource], ByteSource] | None:
+        """The pool's source wrapper: mirrors (each member checked when ``checked`` — a ManifestCheck — is
+        given, so a manifest mismatch fails over), else ``checked`` alone."""
+        mirror_set = self._mirror_set(checked.wrap if checked is not None else None)
+        return mirror_set if mirror_set is not None else checked

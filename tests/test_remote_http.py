@@ -1,0 +1,186 @@
+"""http:// checkpoints served by Debian's nginx on loopback: the library API and real FUSE mounts read them
+lazily with range requests, and every value equals what gguf-py / safetensors read from the local file.
+
+Request and byte counts come from nginx's own access log (what the server saw), not from ckptfs's counters.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("urllib3")
+
+import ckptfs  # noqa: E402
+from ckptfs.errors import CheckpointError  # noqa: E402
+from conftest import REPO, mount_stats  # noqa: E402
+from faultproxy import FaultProxy  # noqa: E402
+from fixtures import big_vocab_gguf, write_gguf, write_mixed_gguf, quantized  # noqa: E402
+from servers import Nginx  # noqa: E402
+
+MiB = 1 << 20
+_LOG_LINE = re.compile(r'"(?P<method>[A-Z]+) (?P<path>\S+) [^"]*" (?P<status>\d+) (?P<bytes>\d+)')
+
+
+def requests_since(server: Nginx, before: int, path: str | None = None) -> list[tuple[str, int, int]]:
+    """(path, status, body bytes) of each request nginx logged after the first ``before`` lines."""
+    out = []
+    for line in server.access_log()[before:]:
+        m = _LOG_LINE.search(line)
+        if m and (path is None or m["path"] == path):
+            out.append((m["path"], int(m["status"]), int(m["bytes"])))
+    return out
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory):
+    if not os.path.exists("/usr/sbin/nginx"):
+        pytest.skip("nginx is not installed")
+    root = tmp_path_factory.mktemp("www")
+    mixed = write_mixed_gguf(root / "mixed.gguf")
+    big_vocab_gguf(root / "vocab.gguf")
+    rng = np.random.default_rng(5)
+    write_gguf(root / "big.gguf", {"big.q4k": (quantized("Q4_K", (4096, 4096), rng), "Q4_K"),
+                                   "small.f32": (rng.standard_normal(100).astype(np.float32), "F32")})
+    with Nginx(root) as server:
+        yield server, root, mixed
+
+
+def _values(ck) -> dict[str, np.ndarray]:
+    return {t.name: np.asarray(t) for t in ck.tensors if t.decodable}
+
+
+def test_open_url_equals_local(site):
+    server, root, written = site
+    with ckptfs.open(server.url + "/mixed.gguf", timeout=5, stall_timeout=1) as remote, \
+            ckptfs.open(root / "mixed.gguf") as local:
+        assert [t.name for t in remote.tensors] == [t.name for t in local.tensors]
+        for t in remote.tensors:
+            assert t.raw() == written.tensors[t.name].raw  # the bytes gguf-py wrote
+            if t.decodable:
+                np.testing.assert_array_equal(np.asarray(t), np.asarray(local[t.name]))
+        assert remote.tensors[0].meta["source"] == server.url + "/mixed.gguf"
+        assert json.dumps(remote.metadata.get("general.architecture")) == json.dumps(
+            local.metadata.get("general.architecture"))
+
+
+def test_vocabulary_header_in_few_requests(site):
+    """A 262,144-token vocabulary (a 6.2 MiB header) opens and lists in at most 4 range requests, fetching at
+    most twice the header + 2 MiB."""
+    server, root, _ = site
+    from gguf import GGUFReader
+
+    header_end = min(t.data_offset for t in GGUFReader(root / "vocab.gguf").tensors)
+    before = len(server.access_log())
+    with ckptfs.open(server.url + "/vocab.gguf") as ck:
+        assert len(ck.metadata["tokenizer.ggml.tokens"]) == 262_144
+        names = list(ck)
+    assert names
+    seen = requests_since(server, before)
+    assert 1 <= len(seen) <= 4, seen
+    assert all(status == 206 for _, status, _ in seen)
+    assert sum(n for _, _, n in seen) <= 2 * header_end + 2 * MiB
+
+
+def test_random_small_read_fetches_one_block_group(site):
+    server, _, _ = site
+    with ckptfs.open(server.url + "/big.gguf") as ck:
+        t = ck["big.q4k"]
+        before = len(server.access_log())
+        row = t[3000]
+        seen = requests_since(server, before)
+    assert row.shape == (4096,)
+    assert len(seen) == 1 and seen[0][2] <= MiB, seen
+
+
+def test_missing_url_is_one_line(site):
+    server, _, _ = site
+    with pytest.raises(CheckpointError, match=r"not found \(HTTP 404\)") as info:
+        ckptfs.open(server.url + "/nope.gguf", timeout=5)
+    assert "\n" not in str(info.value)
+
+
+def test_cli_info_of_a_url(site):
+    server, root, _ = site
+    out = subprocess.run([sys.executable, "-m", "ckptfs.cli", "info", "--json", "--timeout", "5",
+                          server.url + "/mixed.gguf"], capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout)
+    assert data["format"] == "gguf"
+    missing = subprocess.run([sys.executable, "-m", "ckptfs.cli", "info", server.url + "/none.gguf"],
+                             capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert missing.returncode == 1
+    assert missing.stderr.strip().count("\n") == 0 and "HTTP 404" in missing.stderr
+
+
+def test_warm_cache_dir_sends_no_data_request(site, tmp_path):
+    """A second process with the same --cache-dir reads the bytes the first fetched from the disk store: its
+    only request is the one-byte identity check at open."""
+    server, _, _ = site
+    url = server.url + "/big.gguf"
+    script = ("import sys, numpy as np, ckptfs\n"
+              "ck = ckptfs.open(sys.argv[1], cache_dir=sys.argv[2])\n"
+              "t = ck['big.q4k']\n"
+              "print(float(np.asarray(t[100:140]).sum()), float(np.asarray(ck['small.f32']).sum()))\n")
+    run = lambda: subprocess.run([sys.executable, "-c", script, url, str(tmp_path / "cache")],  # noqa: E731
+                                 capture_output=True, text=True, timeout=120, cwd=REPO)
+    first = run()
+    assert first.returncode == 0, first.stderr
+    before = len(server.access_log())
+    second = run()
+    assert second.returncode == 0, second.stderr
+    assert second.stdout == first.stdout
+    seen = requests_since(server, before)
+    assert seen and all(n <= 1 for _, _, n in seen), seen
+
+
+def test_mount_http_serves_the_same_files(site, mounted):
+    server, root, _ = site
+    mnt = mounted(server.url + "/mixed.gguf", "--timeout", "5", "--stall-timeout", "1")
+    local = ckptfs.open(root / "mixed.gguf")
+    try:
+        names = sorted(os.listdir(mnt))
+        assert "metadata.json" in names
+        npys = [n for n in names if n.endswith(".npy")]
+        assert len(npys) == sum(1 for t in local.tensors if t.decodable)
+        for name in npys:
+            meta = json.loads((mnt / (name[:-4] + ".meta.json")).read_text())
+            got = np.load(mnt / name)
+            np.testing.assert_array_equal(got, np.asarray(local[meta["name"]]))
+            assert meta["source"] == server.url + "/mixed.gguf"
+        stats = mount_stats(mnt)["source"]
+        assert stats["requests"] >= 1 and stats["bytes"] > 0
+    finally:
+        local.close()
+
+
+def test_mount_read_fails_with_eio_when_the_server_fails_then_recovers(site, mounted):
+    server, root, _ = site
+    with FaultProxy(server.url) as proxy:
+        mnt = mounted(proxy.url + "/big.gguf", "--timeout", "3", "--stall-timeout", "1")
+        npy = next(p for p in Path(mnt).iterdir() if p.name.startswith("big.q4k") and p.name.endswith(".npy"))
+        proxy.always("503")
+        start = time.monotonic()
+        with open(npy, "rb") as fh:
+            fh.seek(48 * MiB)  # stored bytes far past what the open fetched
+            with pytest.raises(OSError) as info:
+                fh.read(4096)
+        assert info.value.errno == errno.EIO
+        assert time.monotonic() - start < 3 + 10  # answered by the timeout, not hung
+        proxy.always(None)
+        with ckptfs.open(root / "big.gguf") as local:
+            want = np.asarray(local["big.q4k"]).tobytes()
+        with open(npy, "rb") as fh:
+            data = fh.read()
+        header = len(data) - len(want)
+        assert data[header:] == want  # the daemon lived on and serves the right bytes once the server does
+        assert mount_stats(mnt)["source"]["retries"] > 0
