@@ -89,8 +89,10 @@ class MirrorSource(ByteSource):
         with deadline_scope(self.timeout):
             for k, member in enumerate(members):
                 last = k + 1 == len(members)
-                if offset + size > member.size:
+                if offset + size > member.size:  # a truncated primary: these bytes are only in the mirrors
                     failures.append(f"{member.name}: has only {member.size} bytes")
+                    if not last:
+                        COUNTERS.failover()
                     continue
                 try:
                     with fallback_scope(not last):
