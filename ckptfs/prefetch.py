@@ -10,48 +10,34 @@ bytes those groups will read (``POSIX_FADV_WILLNEED``; ``SEQUENTIAL`` once per s
 skipped. Read-ahead never holds more than a fraction of the cache: at most 1/8 of it ahead of one stream
 and 1/4 in flight over all streams, so it cannot evict what readers are using.
 
-Two daemon-wide settings belong to the same concern:
+What lies ahead is the view's to say (``View.ahead``): the stored bytes to advise and the decoding jobs
+(block groups) that cover the next bytes of the file, so a new kind of view gets read-ahead by answering it.
+The kernel's side (the mount's readahead, the allocator) is ``ckptfs.fs.kernel``'s.
 
-- the mount's kernel readahead. Page-cache reads of a FUSE file arrive as requests of the backing device's
-  ``read_ahead_kb`` (128 KiB by default) however large the reader's ``read`` is, and every request costs a
-  FUSE round trip through Python. Raising it to 1 MiB for this mount's own device (``/sys/class/bdi/<dev>``,
-  root only; it disappears with the mount) makes a stream 8x fewer requests. Small random reads are not
-  affected (the kernel reads those as they are); an mmap fault reads around it by that much.
-- one malloc arena. Decoded groups are allocated by whichever thread decodes them (a FUSE thread or a
-  worker) and freed by whichever evicts them; with glibc's arena per thread, memory freed into another
-  thread's arena is kept there, and the daemon's anonymous memory grows well past ``--cache-size``.
-
-``CKPTFS_PREFETCH=0`` turns the read-ahead off (for measuring its gain; the arena setting stays),
-``CKPTFS_PREFETCH=kernel`` keeps only the kernel's part (readahead and advice, no background decoding: no
-worker thread, no decoded data ahead in memory); ``CKPTFS_READAHEAD_KB`` sets the mount's readahead (0
-leaves the kernel's). Knows nothing of FUSE: it sees file handles, views and byte ranges.
+``CKPTFS_PREFETCH=0`` turns the read-ahead off (for measuring its gain), ``CKPTFS_PREFETCH=kernel`` keeps
+only the advice (no background decoding: no worker thread, no decoded data ahead in memory). Knows nothing
+of FUSE: it sees file handles, views and byte ranges.
 """
 
 from __future__ import annotations
 
-import ctypes
 import logging
 import os
-import platform
-import re
 import threading
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from .blocks import TensorData
 from .sources import SourcePool
-from .views import NpyView, RawView, View
+from .views import View
 
 log = logging.getLogger(__name__)
 
 PREFETCH_ENV = "CKPTFS_PREFETCH"
-READAHEAD_ENV = "CKPTFS_READAHEAD_KB"
-DEFAULT_READAHEAD_KB = 1024
 MAX_AHEAD_BYTES = 8 << 20
 STREAM_SHARE = 8  # ahead of one stream: at most capacity / 8
 TOTAL_SHARE = 4  # in flight over all streams: at most capacity / 4
 WORKERS = 1
-M_ARENA_MAX = -8  # glibc's mallopt parameter number
 
 
 def enabled_from_env() -> bool:
@@ -93,33 +79,12 @@ class Prefetcher:
         self._pool: ThreadPoolExecutor | None = None  # started on first use: never before a fork
 
     @classmethod
-    def for_daemon(cls, sources: SourcePool, cache_capacity: int) -> Prefetcher:
-        """The mount daemon's prefetcher, configured from the environment; also limits malloc to one arena
-        (always: that is a memory bound, not a speed-up to switch off)."""
-        use_one_malloc_arena()
+    def from_env(cls, sources: SourcePool, cache_capacity: int) -> Prefetcher:
+        """A prefetcher configured by ``CKPTFS_PREFETCH`` (the mount daemon's)."""
         return cls(sources, cache_capacity, enabled_from_env(), decode_ahead=decode_ahead_from_env())
 
-    # -- the hooks the FUSE operations call ------------------------------------------------------------
-
-    def tune_connection(self, conn: object | None, mountpoint: str | None) -> None:
-        """Raise this mount's kernel readahead; called from ``init`` (libfuse's, before its reply to the
-        kernel's INIT). The kernel keeps the smaller of the device's ``read_ahead_kb`` and the
-        ``max_readahead`` of the reply, so both are raised here: the device's now, the reply's through the
-        connection info (``conn``, from mfusepy's ``init_with_config``; None leaves the kernel default).
-        Never raises: nothing may keep the mount from reporting ready."""
-        kib = _readahead_from_env()
-        if not self.enabled or not kib or conn is None or not mountpoint:
-            return
-        try:
-            if not set_mount_readahead(mountpoint, kib):
-                log.debug("kernel readahead of %s left as it is (not root, or no sysfs)", mountpoint)
-                return
-            conn.max_readahead = max(int(conn.max_readahead), kib * 1024)
-        except Exception:  # noqa: BLE001
-            log.debug("raising the readahead of %s failed", mountpoint, exc_info=True)
-
     def opened(self, fh: int, view: View) -> None:
-        if self.enabled and isinstance(view, (NpyView, RawView)):
+        if self.enabled and view.reads_ahead:
             with self._lock:
                 self._streams[fh] = _Stream(view)
 
@@ -159,42 +124,29 @@ class Prefetcher:
     # -- scheduling ---------------------------------------------------------------------------------------
 
     def _schedule(self, stream: _Stream, start: int, stop: int, generation: int, first: bool) -> None:
-        view = stream.view
-        if isinstance(view, RawView):
-            self._advise(view.info.source, view.info.offset + start, stop - start, first)
+        plan = stream.view.ahead(start, stop)
+        for name, offset, nbytes in plan.advise:
+            self._advise(name, offset, nbytes, first)
+        if not self.decode_ahead or not plan.decode:
             stream.ahead_until = stop
             return
-        data: TensorData = view.data
-        hlen, item = len(view.header), view.itemsize
-        e0 = max(0, start - hlen) // item
-        e1 = min(data.n_elements, -(-max(0, stop - hlen) // item))
-        if e1 <= e0:
-            stream.ahead_until = stop
-            return
-        offset, nbytes = data.stored_range(e0, e1)
-        self._advise(data.info.source, offset, nbytes, first)
-        if data.direct or not self.decode_ahead:
-            stream.ahead_until = stop
-            return
-        group_elements = data.group_blocks * data.info.block_elements
-        group_bytes = group_elements * item
-        for g in range(data.group_of_element(e0), data.group_of_element(e1 - 1) + 1):
+        for until, nbytes, job in plan.decode:
             with self._lock:
-                if self._in_flight + group_bytes > self._budget:
+                if self._in_flight + nbytes > self._budget:
                     return  # over budget: try again on a later read
-                self._in_flight += group_bytes
-            stream.ahead_until = hlen + (g + 1) * group_elements * item
-            self._pool_started().submit(self._decode, stream, generation, data, g, group_bytes)
+                self._in_flight += nbytes
+            stream.ahead_until = until
+            self._pool_started().submit(self._run, stream, generation, job, nbytes)
 
-    def _decode(self, stream: _Stream, generation: int, data: TensorData, g: int, group_bytes: int) -> None:
+    def _run(self, stream: _Stream, generation: int, job: Callable[[], None], nbytes: int) -> None:
         try:
             if not stream.closed and stream.generation == generation:
-                data.prefetch_group(g)
+                job()
         except Exception:  # noqa: BLE001 - a failing group fails the read that needs it, with its own error
-            log.debug("prefetch of group %d of %r failed", g, data.info.name, exc_info=True)
+            log.debug("read-ahead job %r failed", job, exc_info=True)
         finally:
             with self._lock:
-                self._in_flight -= group_bytes
+                self._in_flight -= nbytes
 
     def _advise(self, path: str, offset: int, nbytes: int, sequential: bool) -> None:
         if nbytes > 0:
@@ -212,57 +164,3 @@ class Prefetcher:
         if self._pool is not None:
             self._pool.shutdown(wait=wait, cancel_futures=not wait)
             self._pool = None
-
-
-# -- daemon-wide settings ------------------------------------------------------------------------------------
-
-def _readahead_from_env() -> int:
-    try:
-        return max(0, int(os.environ.get(READAHEAD_ENV, DEFAULT_READAHEAD_KB)))
-    except ValueError:
-        return DEFAULT_READAHEAD_KB
-
-
-def _unescape(field: str) -> str:
-    """/proc/self/mountinfo writes space, tab, newline and backslash in paths as octal escapes."""
-    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
-
-
-def mount_device(mountpoint: str) -> str | None:
-    """``major:minor`` of the filesystem mounted at ``mountpoint`` (the last one stacked there), read from
-    /proc/self/mountinfo — never by stat (nor realpath, which stats): from ``init`` that would ask the
-    FUSE daemon itself for the attributes of its root before it has answered INIT, and hang."""
-    target = os.path.normpath(os.path.abspath(mountpoint))  # not realpath: it would stat the mount root
-    device = None
-    try:
-        with open("/proc/self/mountinfo", encoding="utf-8", errors="surrogateescape") as f:
-            for line in f:
-                fields = line.split()
-                if len(fields) > 4 and _unescape(fields[4]) == target:
-                    device = fields[2]
-    except OSError:
-        return None
-    return device
-
-
-def set_mount_readahead(mountpoint: str, kib: int) -> bool:
-    """Set the kernel readahead of the mount's own backing device; False where that is not possible."""
-    device = mount_device(mountpoint)
-    if device is None:
-        return False
-    try:
-        with open(f"/sys/class/bdi/{device}/read_ahead_kb", "w") as f:
-            f.write(str(kib))
-    except OSError:
-        return False
-    return True
-
-
-def use_one_malloc_arena() -> bool:
-    """Make every thread of this process allocate from one glibc arena (see the module docstring)."""
-    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
-        return False
-    try:
-        return bool(ctypes.CDLL(None).mallopt(M_ARENA_MAX, 1))
-    except (OSError, AttributeError):
-        return False

@@ -8,9 +8,11 @@ the Python API's tests and the mount.
 
 from __future__ import annotations
 
+import functools
 import io
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -20,11 +22,30 @@ from .errors import CheckpointError
 from .sources import SourcePool
 
 
+@dataclass(frozen=True)
+class Ahead:
+    """What lies ahead of a sequential reader of a view, as the view knows it (for ``ckptfs.prefetch``):
+    stored byte ranges to advise their source about (``(source name, offset, nbytes)``), and decoding jobs
+    that warm the cache (``(view offset the job covers up to, bytes of output, job)``), in file order."""
+
+    advise: tuple[tuple[str, int, int], ...] = ()
+    decode: tuple[tuple[int, int, Callable[[], None]], ...] = ()
+
+
+NOTHING_AHEAD = Ahead()
+
+
 class View:
     size: int
+    #: Whether a sequential reader of this view gains from read-ahead (``ahead`` says what lies ahead).
+    reads_ahead = False
 
     def read(self, offset: int, size: int) -> bytes:  # pragma: no cover - interface
         raise NotImplementedError
+
+    def ahead(self, start: int, stop: int) -> Ahead:
+        """What bytes [start, stop) of this file will need: see :class:`Ahead`."""
+        return NOTHING_AHEAD
 
     def _clip(self, offset: int, size: int) -> tuple[int, int]:
         offset = max(0, offset)
@@ -73,10 +94,15 @@ class BytesView(View):
 class RawView(View):
     """A tensor's stored bytes, exactly as in its source file."""
 
+    reads_ahead = True
+
     def __init__(self, info: TensorInfo, sources: SourcePool):
         self.info = info
         self.size = info.stored_nbytes
         self._sources = sources
+
+    def ahead(self, start: int, stop: int) -> Ahead:
+        return Ahead(advise=((self.info.source, self.info.offset + start, stop - start),))
 
     def read(self, offset: int, size: int) -> bytes:
         offset, size = self._clip(offset, size)
@@ -108,11 +134,31 @@ class NpyView(View):
     Only the elements under the requested bytes are decoded (through ``TensorData``, block by block).
     """
 
+    reads_ahead = True
+
     def __init__(self, data: TensorData):
         self.data = data
         self.header = npy_header(data.info.shape, data.dtype)
         self.itemsize = data.dtype.itemsize
         self.size = len(self.header) + data.n_elements * self.itemsize
+
+    def ahead(self, start: int, stop: int) -> Ahead:
+        """The stored blocks behind bytes [start, stop), and their block groups as decoding jobs (none for a
+        type served as its stored bytes)."""
+        data, hlen, item = self.data, len(self.header), self.itemsize
+        e0 = max(0, start - hlen) // item
+        e1 = min(data.n_elements, -(-max(0, stop - hlen) // item))
+        if e1 <= e0:
+            return NOTHING_AHEAD
+        offset, nbytes = data.stored_range(e0, e1)
+        advise = ((data.info.source, offset, nbytes),)
+        if data.direct:
+            return Ahead(advise)
+        group_elements = data.group_blocks * data.info.block_elements
+        group_bytes = group_elements * item
+        jobs = tuple((hlen + (g + 1) * group_bytes, group_bytes, functools.partial(data.prefetch_group, g))
+                     for g in range(data.group_of_element(e0), data.group_of_element(e1 - 1) + 1))
+        return Ahead(advise, jobs)
 
     def read(self, offset: int, size: int) -> bytes:
         offset, size = self._clip(offset, size)

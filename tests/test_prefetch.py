@@ -14,6 +14,8 @@ import pytest
 
 import ckptfs
 from ckptfs import prefetch
+from ckptfs.fs import kernel
+from ckptfs.fs.mountpoint import unescape
 from ckptfs.prefetch import Prefetcher
 from ckptfs.source import FileSource
 from ckptfs.tree import MountTree
@@ -132,9 +134,9 @@ def test_direct_types_are_only_advised(gguf_path):
 
 def test_mount_device_of_root_matches_stat():
     st = os.stat("/")
-    assert prefetch.mount_device("/") == f"{os.major(st.st_dev)}:{os.minor(st.st_dev)}"
-    assert prefetch._unescape(r"/tmp/a\040b\134c") == "/tmp/a b\\c"
-    assert prefetch.mount_device("/no/such/mount/point") is None
+    assert kernel.mount_device("/") == f"{os.major(st.st_dev)}:{os.minor(st.st_dev)}"
+    assert unescape(r"/tmp/a\040b\134c") == "/tmp/a b\\c"
+    assert kernel.mount_device("/no/such/mount/point") is None
 
 
 def test_kernel_only_mode_advises_without_decoding(gguf_path, monkeypatch):

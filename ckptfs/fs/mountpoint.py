@@ -2,22 +2,36 @@
 
 Checks happen in the parent before it forks, so that the common mistakes (missing directory, already
 mounted, not empty, no /dev/fuse) are reported at once instead of by a daemon that has already detached.
+
+A mountpoint is named by its real path (``realpath``) everywhere, as the kernel records it: ``mount`` and
+``umount`` through a symlink name the same mount. ``MountpointLock`` makes two ``ckptfs mount`` at one
+mountpoint take turns, so the second sees the first's mount instead of stacking a hidden one on it.
+``check_answers`` is what "ready" means: the new mount's root answers, as this daemon. ``unmount`` removes
+only ckptfs mounts (``fuse.ckptfs``, or a FUSE mount whose source names ckptfs), never another filesystem.
 """
 
 from __future__ import annotations
 
 import errno
+import fcntl
+import json
 import os
 import shutil
 import stat
 import subprocess
+import threading
+import time
+from dataclasses import dataclass
 
 from .errors import MountError
 
 MOUNTINFO = "/proc/self/mountinfo"
+STATS_XATTR = "user.ckptfs.stats"  # the root's stats (operations.py serves it): names the daemon's pid
+FSTYPE = "fuse.ckptfs"             # what the kernel records for our mounts (subtype=ckptfs)
+FSNAME_PREFIX = "ckptfs:"          # our mounts' source field (fsname=ckptfs:SRC)
 
 
-def _unescape(field: str) -> str:
+def unescape(field: str) -> str:
     """mountinfo writes space, tab, newline and backslash in a path as octal escapes (\\040 ...)."""
     out, i = [], 0
     while i < len(field):
@@ -30,18 +44,60 @@ def _unescape(field: str) -> str:
     return "".join(out)
 
 
-def mount_points() -> set[str]:
-    """Every mount point of this process's mount namespace (empty where /proc is missing)."""
+@dataclass(frozen=True)
+class MountEntry:
+    """One line of mountinfo: where, what filesystem type, and its source field."""
+
+    path: str
+    fstype: str
+    source: str
+    device: str = ""  # major:minor
+
+    @property
+    def is_ckptfs(self) -> bool:
+        return self.fstype == FSTYPE or (self.fstype.startswith("fuse") and self.source.startswith(FSNAME_PREFIX))
+
+
+def mount_entries() -> list[MountEntry]:
+    """The mounts of this process's mount namespace, in mount order (empty where /proc is missing)."""
+    entries = []
     try:
         with open(MOUNTINFO, encoding="utf-8", errors="surrogateescape") as fh:
-            return {_unescape(line.split()[4]) for line in fh if len(line.split()) > 4}
+            for line in fh:
+                fields = line.split()
+                if " - " not in line or len(fields) < 5:
+                    continue
+                after = line.split(" - ", 1)[1].split()
+                fstype, source = (after + ["", ""])[:2]
+                entries.append(MountEntry(unescape(fields[4]), unescape(fstype), unescape(source), fields[2]))
     except OSError:
-        return set()
+        pass
+    return entries
+
+
+def mount_points() -> set[str]:
+    """Every mount point of this process's mount namespace (empty where /proc is missing)."""
+    return {entry.path for entry in mount_entries()}
+
+
+def mount_entry(path: str) -> MountEntry | None:
+    """The mount visible at ``path`` (the last one mounted there), or None."""
+    path = real_mountpoint(path)
+    found = [entry for entry in mount_entries() if entry.path == path]
+    return found[-1] if found else None
+
+
+def real_mountpoint(path: str) -> str:
+    """``path`` as the kernel names a mount on it: absolute, symlinks resolved (a dead FUSE mount, which
+    cannot be stat'ed, is kept as it is rather than failing)."""
+    if not path:
+        raise MountError("the mountpoint is an empty string: name a directory", exit_code=2)
+    return os.path.realpath(path)
 
 
 def is_mount_point(path: str) -> bool:
     """True for live mounts and for dead FUSE mounts (whose stat fails with ENOTCONN, fooling ismount)."""
-    path = os.path.abspath(path)
+    path = real_mountpoint(path)
     return os.path.ismount(path) or path in mount_points()
 
 
@@ -54,8 +110,8 @@ def _dead_mount(path: str, reason: str) -> MountError:
 
 
 def check_mountpoint(path: str, allow_nonempty: bool) -> str:
-    """The absolute mountpoint, or MountError saying in one line why it cannot be mounted on."""
-    path = os.path.abspath(path)
+    """The real path of the mountpoint, or MountError saying in one line why it cannot be mounted on."""
+    path = real_mountpoint(path)
     try:
         st = os.stat(path)
     except FileNotFoundError:
@@ -105,11 +161,15 @@ def _unmount_commands(path: str) -> list[list[str]]:
 def unmount(mountpoint: str) -> None:
     """Unmount cleanly if possible (fusermount3 -u, fusermount -u), lazily if busy (umount -l, -uz).
 
-    The daemon notices the unmount and exits by itself.
+    Only a ckptfs mount: anything else (a tmpfs, another FUSE filesystem) is refused, since ``umount -l`` as
+    root would remove it. The daemon notices the unmount and exits by itself.
     """
-    path = os.path.abspath(mountpoint)
-    if not is_mount_point(path):
+    path = real_mountpoint(mountpoint)
+    entry = mount_entry(path)
+    if entry is None:
         raise MountError(f"{path} is not a mount point")
+    if not entry.is_ckptfs:
+        raise MountError(f"{path} is a {entry.fstype} mount, not a ckptfs mount: not unmounting it")
     reason = "no fusermount3, fusermount or umount found"
     for command in _unmount_commands(path):
         result = subprocess.run(command, stdin=subprocess.DEVNULL, capture_output=True, text=True)
@@ -118,3 +178,76 @@ def unmount(mountpoint: str) -> None:
         lines = (result.stderr or result.stdout).strip().splitlines()
         reason = lines[-1] if lines else f"{command[0]} exited with status {result.returncode}"
     raise MountError(f"cannot unmount {path}: {reason}")
+
+
+class MountpointLock:
+    """An exclusive ``flock`` on the mountpoint directory, held while one ``ckptfs mount`` checks, mounts and
+    verifies it. A second mount at the same place waits, then finds it mounted and says so.
+
+    The lock is on the directory under the mount (opened before mounting); a daemon forked meanwhile must
+    ``close_inherited()`` its copy, or the lock would last as long as the daemon.
+    """
+
+    def __init__(self, path: str, timeout: float):
+        path = real_mountpoint(path)
+        try:
+            self.fd: int | None = os.open(path, os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_CLOEXEC", 0))
+        except OSError:
+            self.fd = None  # missing, not a directory, dead mount: check_mountpoint says why in one line
+            return
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return
+            except OSError as exc:
+                if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
+                    return  # no locking here (some network filesystems): mount unserialized
+            if time.monotonic() > deadline:
+                self.release()
+                raise MountError(f"mountpoint {path} is being mounted by another ckptfs (waited {timeout:.0f} s)")
+            time.sleep(0.05)
+
+    def close_inherited(self) -> None:
+        """In a forked child: drop this process's descriptor (the parent's keeps the lock)."""
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+    def release(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)  # closing the last descriptor of the open file drops the flock
+            self.fd = None
+
+    def __enter__(self) -> MountpointLock:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+def check_answers(path: str, pid: int, timeout: float) -> None:
+    """MountError unless the mount at ``path`` is served by daemon ``pid``: its root's stats xattr must
+    answer and name that pid. libfuse can call ``init`` and then give up (``-o max_read`` on libfuse 3), and
+    options such as ``modules=subdir`` leave a root that answers nothing; neither is a working mount. Asked
+    from a thread, so a mount that never answers costs ``timeout`` seconds, not a hang."""
+    answer: dict[str, object] = {}
+
+    def ask() -> None:
+        try:
+            answer["stats"] = json.loads(os.getxattr(path, STATS_XATTR))
+        except (OSError, ValueError) as exc:
+            answer["error"] = exc
+
+    thread = threading.Thread(target=ask, name="ckptfs-check-mount", daemon=True)
+    thread.start()
+    thread.join(timeout)
+    if thread.is_alive():
+        raise MountError(f"the mount at {path} did not answer within {timeout:.0f} s")
+    error = answer.get("error")
+    if error is not None:
+        reason = getattr(error, "strerror", None) or str(error)
+        raise MountError(f"the mount at {path} does not answer at its root ({reason}): not mounted")
+    stats = answer.get("stats")
+    if not isinstance(stats, dict) or stats.get("pid") != pid:
+        raise MountError(f"the mount at {path} is not served by this ckptfs daemon (pid {pid}): not mounted")

@@ -29,6 +29,7 @@ from ..errors import CheckpointError
 from ..prefetch import Prefetcher
 from ..tree import MountTree
 from ..views import View
+from .kernel import tune_connection, use_one_malloc_arena
 from .counters import MountCounters, instrument_decoding
 from .logs import OncePerCause
 from .stats import service_stats
@@ -130,7 +131,8 @@ class CkptOperations:
         self._dir_attrs = self._attrs(DIR_MODE, 0, nlink=2)
         self._file_attrs: dict[str, dict[str, int]] = {}
         self._handles: dict[int, View] = {}
-        self._prefetch = Prefetcher.for_daemon(tree.checkpoint.sources, tree.checkpoint.cache.capacity)
+        use_one_malloc_arena()  # a memory bound, not a speed-up to switch off (fs/kernel.py)
+        self._prefetch = Prefetcher.from_env(tree.checkpoint.sources, tree.checkpoint.cache.capacity)
         self._next_handle = itertools.count(1)
         self._stored_bytes = sum(tree.checkpoint.sources.get(f).size for f in tree.checkpoint.files)
 
@@ -161,7 +163,7 @@ class CkptOperations:
 
     def init_with_config(self, conn: Any, config: Any) -> None:
         """mfusepy's ``init`` with the connection info: read-ahead raises the mount's kernel readahead."""
-        self._prefetch.tune_connection(conn, self._describe.get("mountpoint"))
+        tune_connection(conn, self._describe.get("mountpoint"))
         self.init("/")
 
     def destroy(self, path: str | None) -> None:
