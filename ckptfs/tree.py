@@ -99,7 +99,22 @@ def passthrough_files(ck: Checkpoint) -> Iterable[Entry]:
         yield Entry(name, "file", functools.partial(FileView, path, ck.sources))
 
 
-DEFAULT_PROVIDERS: tuple[Provider, ...] = (tensor_files, metadata_file, passthrough_files)
+def checkpoint_files(ck: Checkpoint) -> Iterable[Entry]:
+    """A mounted model folder (or index file) also serves its checkpoint files (shards, GGUF files) under
+    their own names, so tools that load the folder (``from_pretrained``, vLLM, llama.cpp) load it through the
+    mount; naming one file mounts that checkpoint alone, without it."""
+    import os
+
+    from .sources.plan import names_folder
+
+    if not (names_folder(ck.src) or ck.src.endswith(".index.json")):
+        return
+    for path in ck.files:
+        name = path.rstrip("/").rsplit("/", 1)[-1] if "://" in path else os.path.basename(path)
+        yield Entry(name, "file", functools.partial(FileView, path, ck.sources))
+
+
+DEFAULT_PROVIDERS: tuple[Provider, ...] = (tensor_files, metadata_file, passthrough_files, checkpoint_files)
 
 
 def _numbered(name: str, n: int) -> str:

@@ -79,7 +79,9 @@ pid {self._dir}/nginx.pid;
 error_log {self._dir}/error.log warn;
 events {{ worker_connections 256; }}
 http {{
-    access_log {self._dir}/access.log;
+    log_format withauth '$remote_addr - - [$time_local] "$request" $status $body_bytes_sent '
+                        '"$http_referer" "$http_user_agent" auth="$http_authorization"';
+    access_log {self._dir}/access.log withauth;
     client_body_temp_path {self._dir}/body;
     proxy_temp_path {self._dir}/proxy;
     fastcgi_temp_path {self._dir}/fastcgi;
@@ -160,7 +162,10 @@ class MotoS3:
         self.stop()
 
 
-LFS_MIN_SIZE = 1024  # files at least this large are "LFS" files: the Hub redirects them to its CDN
+# As a model repository's .gitattributes has it: weights, and any large file, are LFS files, which the Hub
+# redirects to its CDN; small text files are answered directly.
+LFS_SUFFIXES = (".safetensors", ".gguf", ".bin", ".model")
+LFS_MIN_SIZE = 10 * 1024 * 1024
 
 
 class HubStandIn:
@@ -193,7 +198,7 @@ class HubStandIn:
         data = path.read_bytes()
         sha = hashlib.sha256(data).hexdigest()
         info = {"size": len(data), "sha256": sha, "oid": hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest(),
-                "lfs": len(data) >= LFS_MIN_SIZE, "path": path}
+                "lfs": rel.endswith(LFS_SUFFIXES) or len(data) >= LFS_MIN_SIZE, "path": path}
         if info["lfs"]:
             shutil.copyfile(path, self.cdn_root / sha)
         self.files[(repo, rel)] = info

@@ -54,7 +54,7 @@ def test_safetensors_model_folder_mounts_as_one_tree(st_folder, module_mounted):
     mnt = module_mounted(st_folder)
     shards = [str(st_folder / shard_name("model", i, 4, "safetensors")) for i in range(1, 5)]
     ref = safetensors_reference(shards)
-    expected = {"metadata.json", INDEX, *MODEL_FILES}
+    expected = {"metadata.json", INDEX, *MODEL_FILES, *(os.path.basename(s) for s in shards)}
     for name, _, _ in ref:
         expected |= {f"{name}.npy", f"{name}.raw", f"{name}.meta.json"}
     assert set(os.listdir(mnt)) == expected
@@ -66,6 +66,8 @@ def test_safetensors_model_folder_mounts_as_one_tree(st_folder, module_mounted):
     for name, data in MODEL_FILES.items():
         assert read(mnt / name) == data, name
     assert read(mnt / INDEX) == (st_folder / INDEX).read_bytes()
+    for shard in shards:  # the original shards pass through too: the mount is a loadable model folder
+        assert read(mnt / os.path.basename(shard)) == Path(shard).read_bytes()
     metadata = json.loads(read(mnt / "metadata.json"))
     assert metadata["total_size"] == json.loads((st_folder / INDEX).read_text())["metadata"]["total_size"]
     assert metadata["format"] == "np"

@@ -214,6 +214,7 @@ class Probe:
     sha256: str | None
     head: bytes
     at: float
+    mtime_ns: int = 0  # from Last-Modified: the mount's file times
 
 
 class HttpSource(RemoteSource):
@@ -222,15 +223,16 @@ class HttpSource(RemoteSource):
     scheme = "http"
 
     def __init__(self, url: str, credentials: Credentials = NO_CREDENTIALS, options: RemoteOptions | None = None,
-                 name: str | None = None):
+                 name: str | None = None, scheme: str | None = None):
         super().__init__(name or url, options)
         self.url = url
-        self.scheme = urlsplit(url).scheme.lower() or "http"
+        self.scheme = scheme or urlsplit(url).scheme.lower() or "http"  # the counters' label
         self.credentials = credentials
         self._client = HttpClient(self.scheme, credentials, self.options)
         probe = self._probe()
         self._location = probe.location
         self._set_identity(probe.size, probe.validator, url, probe.sha256)
+        self.mtime_ns = probe.mtime_ns
         self._keep_prefix(probe.head)
 
     # -- opening ---------------------------------------------------------------------------------------
@@ -257,7 +259,7 @@ class HttpSource(RemoteSource):
             _finish_small(resp)
             if match and int(match[1]) == 0:
                 COUNTERS.request(self.scheme, "ok")
-                return Probe(0, _validator(headers), answer.url, linked, b"", time.monotonic())
+                return Probe(0, _validator(headers), answer.url, linked, b"", time.monotonic(), _mtime_ns(headers))
             raise CheckpointError(self.name, 0, "the server refused the first byte range (HTTP 416)")
         if resp.status == 206:
             start, end, total = _content_range(headers, self.name)
@@ -279,7 +281,7 @@ class HttpSource(RemoteSource):
             _finish_small(resp)
             raise error
         COUNTERS.request(self.scheme, "ok", len(head))
-        return Probe(total, _validator(headers), answer.url, linked, head, time.monotonic())
+        return Probe(total, _validator(headers), answer.url, linked, head, time.monotonic(), _mtime_ns(headers))
 
     # -- reading ---------------------------------------------------------------------------------------
     def _attempt(self, start: int, end: int, deadline: float) -> bytes:
@@ -364,6 +366,13 @@ class HttpSource(RemoteSource):
             raise Retryable(f"long body: more than {expected} bytes")
         resp.release_conn()
         return bytes(buf)
+
+
+def _mtime_ns(headers) -> int:
+    try:
+        return int(email.utils.parsedate_to_datetime(headers.get("last-modified", "")).timestamp() * 1e9)
+    except (TypeError, ValueError):
+        return 0
 
 
 def _validator(headers) -> str | None:

@@ -44,6 +44,7 @@ class MirrorSource(ByteSource):
         self.name = primary.name
         self.timeout = timeout
         self.identity = getattr(primary, "identity", ())
+        self.mtime_ns = getattr(primary, "mtime_ns", 0)
         self.size = primary.size
         for mirror in self.mirrors:
             self._check_same(mirror)
