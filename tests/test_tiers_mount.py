@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import mount_stats
+from conftest import mount_stats, wait_until
 from redis_server import RedisServer, require_redis_server
 from tier_models import write_model
 
@@ -44,6 +44,12 @@ def read_all(mnt: Path, expected: dict[str, bytes], chunk: int = 64 * 1024) -> i
     return total
 
 
+def settled(mnt: Path, tier: str) -> dict:
+    """The mount's stats once its background writes to ``tier`` are done (bounded wait)."""
+    assert wait_until(lambda: mount_stats(mnt)["tiers"][tier]["pending"] == 0, timeout=60)
+    return mount_stats(mnt)
+
+
 @pytest.fixture
 def model(tmp_path):
     path = tmp_path / "model.gguf"
@@ -56,7 +62,7 @@ def test_a_second_daemon_on_the_same_cache_dir_decodes_nothing(mounted, model, t
     cache = str(tmp_path / "cache")
     first = mounted(path, "--cache-dir", cache, "--cache-size", "0")
     read_all(first, expected)
-    assert mount_stats(first)["tiers"]["disk"]["stored"] > 0
+    assert settled(first, "disk")["tiers"]["disk"]["stored"] > 0
     second = mounted(path, "--cache-dir", cache, "--cache-size", "0")
     streamed = read_all(second, expected)
     stats = mount_stats(second)
@@ -72,7 +78,9 @@ def test_a_second_daemon_on_the_same_redis_decodes_nothing(mounted, model):
     path, refs = model
     expected = expected_files(refs)
     with RedisServer() as server:
-        read_all(mounted(path, "--redis", server.url, "--cache-size", "0"), expected)
+        first = mounted(path, "--redis", server.url, "--cache-size", "0")
+        read_all(first, expected)
+        settled(first, "redis")
         second = mounted(path, "--redis", server.url, "--cache-size", "0")
         streamed = read_all(second, expected)
         stats = mount_stats(second)
@@ -87,7 +95,9 @@ def test_redis_killed_mid_stream_every_read_is_answered(mounted, model):
     path, refs = model
     expected = expected_files(refs)
     with RedisServer() as server:
-        read_all(mounted(path, "--redis", server.url, "--cache-size", "0"), expected)  # Redis holds it all
+        first = mounted(path, "--redis", server.url, "--cache-size", "0")
+        read_all(first, expected)
+        settled(first, "redis")  # Redis holds it all
         mnt = mounted(path, "--redis", server.url, "--cache-size", "0")
         name = "blk.0.q4k.npy"
         with open(mnt / name, "rb") as fh:
@@ -106,8 +116,11 @@ def test_cache_dir_deleted_or_corrupted_under_a_live_mount(mounted, model, tmp_p
     cache = tmp_path / "cache"
     mnt = mounted(path, "--cache-dir", str(cache), "--cache-size", "0")
     read_all(mnt, expected)
-    shutil.rmtree(cache)
+    settled(mnt, "disk")
+    shutil.rmtree(cache, ignore_errors=True)  # (a size check running meanwhile may recreate .lock)
+    assert not list(cache.rglob("*.e"))
     read_all(mnt, expected)  # decoded again, and the folder made again
+    settled(mnt, "disk")
     entries = list((cache / "blocks").rglob("*.e"))
     assert entries
     for entry in entries:  # flip one payload byte in each
@@ -137,7 +150,9 @@ def test_a_full_cache_file_system_costs_storage_not_reads(mounted, model, tmp_pa
 def test_a_checkpoint_rewritten_between_two_mounts_gets_new_values(mounted, model, tmp_path):
     path, refs = model
     cache = str(tmp_path / "cache")
-    read_all(mounted(path, "--cache-dir", cache), expected_files(refs))
+    first = mounted(path, "--cache-dir", cache)
+    read_all(first, expected_files(refs))
+    settled(first, "disk")
     new_refs = write_model(path, seed=12)
     mnt = mounted(path, "--cache-dir", cache)
     read_all(mnt, expected_files(new_refs))

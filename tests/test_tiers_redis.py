@@ -66,6 +66,7 @@ def tier(server):
 def test_round_trip_and_batched_lookups(tier):
     for k in range(5):
         tier.put(f"key{k}", values(k))
+    assert tier.flush()
     got = tier.get_many([f"key{k}" for k in range(6)])
     for k in range(5):
         np.testing.assert_array_equal(got[k], values(k))
@@ -79,10 +80,12 @@ def test_round_trip_and_batched_lookups(tier):
 def test_garbage_and_foreign_values_are_deleted_and_decoded_again(server, tier, caplog):
     tier.put("a", values(1))
     tier.put("b", values(2))
+    tier.flush()
     assert server.command("SET", redis_key("a"), "garbage" * 100) == b"+OK"
     client = tier._redis()
     client.set(redis_key("b"), client.get(redis_key("a")))  # now also garbage, under b's name
     tier.put("c", values(3))
+    tier.flush()
     client.set(redis_key("a"), client.get(redis_key("c")))  # a valid entry, but for key c
     with caplog.at_level(logging.WARNING, logger="ckptfs.tiers.redis"):
         assert tier.get_many(["a", "b"]) == [None, None]
@@ -95,6 +98,7 @@ def test_garbage_and_foreign_values_are_deleted_and_decoded_again(server, tier, 
 def test_killed_mid_stream_then_back(server, tier, caplog):
     for k in range(20):
         tier.put(f"key{k}", values(k))
+    tier.flush()
     with caplog.at_level(logging.WARNING, logger="ckptfs.tiers.redis"):
         for k in range(10):
             np.testing.assert_array_equal(returns(tier.get, f"key{k}"), values(k))
@@ -110,6 +114,7 @@ def test_killed_mid_stream_then_back(server, tier, caplog):
         assert wait_until(lambda: tier.stats()["up"])
         assert returns(tier.get, "key0") is None  # a fresh server: empty, not stale
         tier.put("key0", values(0))
+        tier.flush()
         np.testing.assert_array_equal(tier.get("key0"), values(0))
     finally:
         restarted.stop()
@@ -118,6 +123,7 @@ def test_killed_mid_stream_then_back(server, tier, caplog):
 def test_paused_server_costs_one_timeout_then_lookups_skip_it(server, tier):
     for k in range(5):
         tier.put(f"key{k}", values(k))
+    tier.flush()
     server.pause(3)
     time.sleep(0.1)
     results = [returns(tier.get, f"key{k}") for k in range(5)]
@@ -137,6 +143,7 @@ def test_full_server_refuses_writes_but_serves_lookups(caplog):
             with caplog.at_level(logging.WARNING, logger="ckptfs.tiers.redis"):
                 for k in range(80):  # 80 x 32 KiB > 3 MiB
                     returns(tier.put, f"key{k}", values(k))
+                assert returns(tier.flush)
             stats = tier.stats()
             assert 0 < stats["stored"] < 80 and stats["up"]
             assert len([r for r in caplog.records if "is full" in r.getMessage()]) == 1
@@ -154,6 +161,7 @@ def test_an_unreachable_url_is_a_miss_not_an_error():
     try:
         assert returns(tier.get, "k") is None
         returns(tier.put, "k", values(1))
+        assert returns(tier.flush)
         assert returns(tier.get_many, ["a", "b"]) == [None, None]
         assert not tier.stats()["up"]
     finally:
@@ -175,6 +183,7 @@ def test_a_sequential_reader_gets_several_groups_per_round_trip(tier):
     spans = [(b, min(b + 16, 300)) for b in range(0, 300, 16)]  # 19 groups, the last one cut short
     for i, (b0, b1) in enumerate(spans):
         tier.put(group_key(b0, b1), values(i, 1024))
+    tier.flush()
     before = tier.stats()["round_trips"]
     for i, (b0, b1) in enumerate(spans):
         np.testing.assert_array_equal(tier.get(group_key(b0, b1)), values(i, 1024))
@@ -187,6 +196,7 @@ def test_a_random_reader_fetches_only_what_it_asks(tier):
     spans = [(b, b + 16) for b in range(0, 320, 16)]
     for i, (b0, b1) in enumerate(spans):
         tier.put(group_key(b0, b1), values(i, 1024))
+    tier.flush()
     order = [7, 2, 15, 0, 11, 19, 4]
     before = tier.stats()["round_trips"]
     for i in order:

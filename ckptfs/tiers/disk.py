@@ -40,6 +40,7 @@ from pathlib import Path
 import numpy as np
 
 from . import entry
+from .writer import BackgroundWriter
 
 log = logging.getLogger(__name__)
 
@@ -415,24 +416,40 @@ def _write_at(fd: int, data, offset: int) -> None:
 
 
 class DiskTier:
-    """The ``disk`` cache tier: decoded block groups in a ``DiskStore`` under namespace ``blocks``."""
+    """The ``disk`` cache tier: decoded block groups in a ``DiskStore`` under namespace ``blocks``, written
+    by a background thread (``writer.py``) so that a read never waits for the disk after decoding."""
 
     name = "disk"
 
-    def __init__(self, root: str | os.PathLike, max_bytes: int):
+    def __init__(self, root: str | os.PathLike, max_bytes: int, background: bool = True):
         self.store = DiskStore(root, max_bytes, "blocks")
+        self._writer = BackgroundWriter(self.store.put_array, "disk") if background else None
 
     def get(self, key: str) -> np.ndarray | None:
+        if self._writer is not None:
+            queued = self._writer.lookup(key)
+            if queued is not None:
+                self.store._count(hits=1, hit_bytes=queued.nbytes)
+                return queued
         return self.store.get_array(key)
 
     def put(self, key: str, value: np.ndarray) -> None:
-        self.store.put_array(key, value)
+        if self._writer is None:
+            self.store.put_array(key, value)
+        else:
+            self._writer.submit(key, value)
 
     def contains(self, key: str) -> bool:
-        return self.store.contains(key)
+        return (self._writer is not None and self._writer.lookup(key) is not None) or self.store.contains(key)
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Wait for the queued writes (True when all are done)."""
+        return True if self._writer is None else self._writer.flush(timeout)
 
     def stats(self) -> dict:
-        return self.store.stats()
+        extra = {} if self._writer is None else {"pending": self._writer.pending, "dropped": self._writer.dropped}
+        return {**self.store.stats(), **extra}
 
     def close(self) -> None:
-        pass
+        if self._writer is not None:
+            self._writer.close()

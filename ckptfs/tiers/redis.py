@@ -37,6 +37,7 @@ from urllib.parse import urlsplit
 import numpy as np
 
 from . import entry
+from .writer import BackgroundWriter
 
 log = logging.getLogger(__name__)
 
@@ -91,6 +92,7 @@ class RedisTier:
         self._ahead: OrderedDict[str, np.ndarray] = OrderedDict()  # fetched with an earlier lookup
         self._ahead_bytes = 0
         self._stream_ends: OrderedDict[str, int] = OrderedDict()   # tensor key prefix -> last block end
+        self._writer = BackgroundWriter(self._put_now, "redis")
 
     # -- the client ----------------------------------------------------------------------------------
 
@@ -116,6 +118,10 @@ class RedisTier:
     # -- lookups -------------------------------------------------------------------------------------
 
     def get(self, key: str) -> np.ndarray | None:
+        queued = self._writer.lookup(key)
+        if queued is not None:
+            self._count(hits=1, hit_bytes=queued.nbytes)
+            return queued
         with self._lock:
             value = self._ahead.pop(key, None)
             if value is not None:
@@ -197,7 +203,17 @@ class RedisTier:
     # -- writes --------------------------------------------------------------------------------------
 
     def put(self, key: str, value: np.ndarray) -> None:
-        """Store ``value``; a down or full Redis makes this a no-op (counted, logged once)."""
+        """Queue ``value`` for the background writer (the read that decoded it does not wait for Redis); a
+        down or full Redis makes this a no-op (counted, logged once)."""
+        if time.monotonic() < self._writes_paused_until or self._closed or time.monotonic() < self._down_until:
+            return
+        self._writer.submit(key, value)
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Wait for the queued writes (True when all are done)."""
+        return self._writer.flush(timeout)
+
+    def _put_now(self, key: str, value: np.ndarray) -> None:
         if time.monotonic() < self._writes_paused_until or not self._available():
             return
         header, payload = entry.encode(key, value.reshape(-1))
@@ -303,9 +319,11 @@ class RedisTier:
     def stats(self) -> dict:
         """This process's counters; ``bytes`` are the bytes served from Redis, ``up`` its state."""
         with self._lock:
-            return {**self._counts, "bytes": self._counts["hit_bytes"], "up": int(not self._down)}
+            counts = {**self._counts, "bytes": self._counts["hit_bytes"], "up": int(not self._down)}
+        return {**counts, "pending": self._writer.pending, "dropped": self._writer.dropped}
 
     def close(self) -> None:
+        self._writer.close(timeout=2.0)
         self._closed = True
         with self._lock:
             client, self._client = self._client, None

@@ -68,6 +68,10 @@ def warm(checkpoint, tensors, progress: bool = False) -> WarmReport:
     finally:
         if bar is not None:
             bar.__exit__(None, None, None)
+    for tier in getattr(checkpoint.cache, "tiers", ()):
+        flush = getattr(tier, "flush", None)
+        if flush is not None:
+            flush()  # the background writers: everything decoded is stored before the report (and exit)
     report.decoded_bytes = getattr(checkpoint.cache, "decoded_bytes", 0) - decoded_before
     tier_stats = getattr(checkpoint.cache, "tier_stats", None)
     report.tiers = tier_stats() if tier_stats is not None else {}

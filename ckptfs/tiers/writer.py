@@ -1,0 +1,114 @@
+"""Writes to a lower tier off the read path: one background thread per tier, a bounded queue.
+
+A read that had to decode should not also wait for a disk write (a few ms on a busy disk) or a Redis SET
+(up to its timeout when Redis is slow): the decoded group is handed to this writer and the read returns.
+When the queue holds ``max_bytes`` already (the tier is slower than the decoder), further groups are
+dropped, not queued: the tier is a cache, and the next reader decodes what it lacks.
+
+The thread starts with the first write, so opening a checkpoint starts none (the daemon forks after
+opening); a process forked after it started gets a fresh writer of its own. ``flush`` waits for the queue
+to drain (``ckptfs prefetch`` before it exits, tests), ``close`` drains with a bound and stops the thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+
+import numpy as np
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MAX_BYTES = 64 << 20
+
+
+class BackgroundWriter:
+    def __init__(self, write: Callable[[str, np.ndarray], None], name: str, max_bytes: int = DEFAULT_MAX_BYTES):
+        self._write = write
+        self._name = name
+        self._max_bytes = max_bytes
+        self.dropped = 0
+        self._reset()
+
+    def _reset(self) -> None:
+        self._pid = os.getpid()
+        self._cond = threading.Condition()
+        self._queue: deque[tuple[str, np.ndarray]] = deque()
+        self._waiting: dict[str, np.ndarray] = {}  # queued or being written: lookups find them here
+        self._queued_bytes = 0
+        self._busy = False
+        self._thread: threading.Thread | None = None
+        self._closed = False
+
+    def submit(self, key: str, value: np.ndarray) -> bool:
+        """Queue ``value`` for writing; False (dropped) when the queue is full or the writer closed."""
+        if self._pid != os.getpid():
+            self._reset()
+        with self._cond:
+            if self._closed or self._queued_bytes + value.nbytes > self._max_bytes:
+                self.dropped += 1
+                return False
+            self._queue.append((key, value))
+            self._waiting[key] = value
+            self._queued_bytes += value.nbytes
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name=f"ckptfs-{self._name}-writer", daemon=True)
+                self._thread.start()
+            self._cond.notify()
+        return True
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._queue and not self._closed:
+                    self._cond.wait()
+                if not self._queue:
+                    return
+                key, value = self._queue.popleft()
+                self._busy = True
+            try:
+                self._write(key, value)
+            except Exception as exc:  # noqa: BLE001 - the tier logs its own trouble; a bug must not stop us
+                log.warning("cache tier %s: write failed: %s: %s", self._name, type(exc).__name__, exc)
+            finally:
+                with self._cond:
+                    self._queued_bytes -= value.nbytes
+                    if self._waiting.get(key) is value:
+                        del self._waiting[key]
+                    self._busy = False
+                    self._cond.notify_all()
+
+    def lookup(self, key: str) -> np.ndarray | None:
+        """The value queued for ``key`` and not yet written, if any."""
+        if self._pid != os.getpid():
+            return None
+        with self._cond:
+            return self._waiting.get(key)
+
+    @property
+    def pending(self) -> int:
+        with self._cond:
+            return len(self._queue) + self._busy
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Wait until every queued write is done; False if ``timeout`` passed first."""
+        if self._pid != os.getpid():
+            return True
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._cond:
+            while self._queue or self._busy:
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    return False
+                self._cond.wait(left)
+        return True
+
+    def close(self, timeout: float = 5.0) -> None:
+        self.flush(timeout)
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
