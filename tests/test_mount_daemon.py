@@ -19,7 +19,7 @@ import pytest
 from conftest import (REPO, ckptfs_cli, cli_env, force_unmount, is_mounted, mount_stats, pid_alive,
                       require_fuse, skip_or_fail, wait_until)
 from fixtures import Written, write_gguf
-from test_mount import big_tensors, expected_gguf, read_direct
+from mount_expect import big_tensors, expected_gguf, read_direct
 
 from ckptfs import procinfo
 

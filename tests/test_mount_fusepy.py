@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from conftest import ckptfs_cli, cli_env, is_mounted, mount_stats, pid_alive, require_fuse, wait_until
 from fixtures import Written, write_all_dtypes_safetensors, write_gguf, write_mixed_gguf
-from test_mount import (WRITE_ATTEMPTS, big_tensors, check_np_load, check_tree, expected_gguf,
+from mount_expect import (WRITE_ATTEMPTS, big_tensors, check_np_load, check_tree, expected_gguf,
                         expected_safetensors, odd_ranges, read_direct)
 
 #: (id, CKPTFS_FUSE_BINDING, extra environment, expected stats)

@@ -14,15 +14,14 @@ from __future__ import annotations
 import io
 import json
 import os
-import random
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import numpy as np
 import pytest
+from stress_reader import hammer
 from conftest import cli_env, mount_stats, pid_alive
 from fixtures import Written, quantized, write_gguf
 
@@ -36,7 +35,6 @@ OVERHEAD_BYTES = 150 * 1024 * 1024
 THREADS = 6
 PROCESSES = 3
 OPEN_CLOSE_CYCLES = 5000
-MAX_READ = 256 * 1024
 
 #: gguf-py decodes every one of these (the reference); block layouts of each family.
 TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS",
@@ -80,37 +78,8 @@ def model(tmp_path_factory) -> tuple[Written, Path]:
 
 # ---------------------------------------------------------------------------------------------- readers
 
-def hammer(mnt: str, refs: str, seconds: float, seed: int) -> dict:
-    """Random reads until ``seconds`` have passed; every byte compared. Runs in threads and in processes."""
-    rng = random.Random(seed)
-    reference = {p.name: p.read_bytes() for p in Path(refs).iterdir()}
-    names = sorted(reference)
-    reads = nbytes = 0
-    wrong: list[str] = []
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        name = rng.choice(names)
-        data = reference[name]
-        size = rng.choice((1, 7, 4096, 65536, MAX_READ, rng.randrange(1, MAX_READ)))
-        offset = rng.randrange(0, len(data))
-        direct = rng.random() < 0.7  # O_DIRECT: the request reaches the daemon (FUSE takes any offset, size)
-        fd = os.open(os.path.join(mnt, name), os.O_RDONLY | (os.O_DIRECT if direct else 0))
-        try:
-            got = os.pread(fd, size, offset)
-        except OSError as exc:
-            wrong.append(f"{name}[{offset}:+{size}] direct={direct}: {exc!r}")
-            got = None
-        finally:
-            os.close(fd)
-        if got is not None and got != data[offset:offset + size]:
-            wrong.append(f"{name}[{offset}:+{size}] direct={direct}: {len(got)} bytes, not the reference's")
-        reads += 1
-        nbytes += len(got or b"")
-    return {"reads": reads, "bytes": nbytes, "wrong": wrong[:20]}
-
-
 def start_process(mnt: Path, refs: Path, seconds: float, seed: int) -> subprocess.Popen:
-    code = (f"import json, sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); from test_stress import hammer; "
+    code = (f"import json, sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); from stress_reader import hammer; "
             f"print(json.dumps(hammer({str(mnt)!r}, {str(refs)!r}, {seconds!r}, {seed!r})))")
     return subprocess.Popen([sys.executable, "-c", code], env=cli_env(), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
