@@ -17,6 +17,10 @@ the rest of the package), the same workloads run through it: opening the file as
 the largest tensor, and decoding every tensor in-process — whose values are compared with what the mount
 served in the same run, so a fast wrong answer fails the bench (exit 1). Figures are single measurements on
 whatever machine this is; the ratios between them, taken minutes apart, are the meaningful numbers.
+
+A damaged checkpoint is benched on what is intact: damaged tensors (``ckptfs info`` lists them) are left out
+of every read and listed with their reason; a reference library that cannot read the damaged file is
+reported, not fatal; and a read that fails anyway names the phase, the file and the tensor.
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ from . import __version__, procinfo
 from .checkpoint import Checkpoint, open as open_checkpoint
 from .fs.operations import STATS_XATTR  # the daemon's counters on the mount root (imports no FUSE binding)
 from .names import assign_stems
+from .oneline import one_line
 from .sizes import format_size
 
 SCAN_READ = 1 << 20
@@ -80,6 +85,8 @@ class Plan:
     tensors: int
     npy: tuple[NpyFile, ...]
     raw: tuple[str, ...]
+    damaged: tuple[tuple[str, str], ...] = ()   # (tensor name, reason): left out of every read
+    tensor_of: dict[str, str] = field(default_factory=dict, compare=False)  # mount file name -> tensor name
 
     @property
     def largest(self) -> NpyFile | None:
@@ -94,17 +101,21 @@ class Plan:
 
 def make_plan(ck: Checkpoint, src: str) -> Plan:
     """What the mount will serve, from the checkpoint opened in-process (the same name assignment as the
-    mount's tree). Damaged tensors are left out of the reads: their missing bytes fail by design."""
+    mount's tree). Damaged tensors are left out of the reads (their missing bytes fail by design) and listed."""
     stems = assign_stems([t.name for t in ck.tensors])
-    npy, raw = [], []
+    npy, raw, damaged, tensor_of = [], [], [], {}
     for tensor, stem in zip(ck.tensors, stems):
+        tensor_of.update({stem + ".raw": tensor.name, stem + ".npy": tensor.name})
+        if tensor.info.damaged:
+            damaged.append((tensor.name, tensor.info.damaged))
+            continue
         raw.append(stem + ".raw")
-        if tensor.decodable and not tensor.info.damaged:
+        if tensor.decodable:
             npy.append(NpyFile(stem + ".npy", tensor.name, tensor.storage_type, tuple(tensor.shape),
                                int(tensor.nbytes), int(tensor.meta["npy_data_offset"])))
     files = tuple(ck.files)
     return Plan(src, ck.format, files, sum(os.path.getsize(f) for f in files), len(ck.tensors),
-                tuple(npy), tuple(raw))
+                tuple(npy), tuple(raw), tuple(damaged), tensor_of)
 
 
 # -- progress ---------------------------------------------------------------------------------------------
@@ -139,6 +150,10 @@ class Progress:
         if self._log_phases:
             print(f"ckptfs bench: {time.perf_counter() - self._start:7.1f} s  {label}", file=sys.stderr)
         self._draw(label)
+
+    @property
+    def phase(self) -> str:
+        return self._label
 
     def detail(self, text: str) -> None:
         self._draw(f"{self._label}: {text}")
@@ -350,12 +365,15 @@ def scan(paths: list[str], progress: Progress) -> tuple[int, float]:
     total = 0
     start = time.perf_counter()
     for i, path in enumerate(paths):
-        with open(path, "rb", buffering=0) as f:
-            while True:
-                n = f.readinto(view)
-                if not n:
-                    break
-                total += n
+        try:
+            with open(path, "rb", buffering=0) as f:
+                while True:
+                    n = f.readinto(view)
+                    if not n:
+                        break
+                    total += n
+        except OSError as exc:  # a read error carries no file name: add it, for the one-line report
+            raise OSError(exc.errno, exc.strerror, path) from None
         if i % 16 == 0:
             progress.detail(f"{i + 1}/{len(paths)} files, {format_size(total)}")
     return total, time.perf_counter() - start
@@ -536,7 +554,11 @@ def _measure_mount(plan: Plan, workdir: str, cache_size: int, progress: Progress
     with bench_mount(plan.src, workdir, "mnt", cache_size) as mount:
         _mount_workloads(plan, mount, progress, m)
         if with_reference:
-            reference = (gguf_reference if plan.format == "gguf" else safetensors_reference)(plan, mount, progress)
+            try:
+                reference = (gguf_reference if plan.format == "gguf" else safetensors_reference)(plan, mount,
+                                                                                                 progress)
+            except Exception as exc:  # noqa: BLE001 - a reference that cannot read the file is a finding
+                results["reference_error"] = one_line(f"{type(exc).__name__}: {exc}")
     progress.step("scan every .npy with prefetch off (a fresh daemon)")
     with bench_mount(plan.src, workdir, "mnt-noprefetch", cache_size, env={"CKPTFS_PREFETCH": "0"}) as plain:
         sampler = AnonMemorySampler(plain.pid)
@@ -719,6 +741,11 @@ def render(results: dict[str, Any]) -> str:
     header = f"{'':<{width}}  {'ckptfs':>18}  {ref_name:>22}  {'ratio':>7}"
     lines = [_title(results), header, "-" * len(header)]
     lines += [f"{a:<{width}}  {b:>18}  {c:>22}  {d:>7}" for a, b, c, d in rows]
+    if results.get("damaged"):
+        lines.append(f"damaged tensors, left out of every read: {len(results['damaged'])}")
+        lines += [one_line(f"  {d['name']!r}: {d['reason']}") for d in results["damaged"]]
+    if results.get("reference_error"):
+        lines.append(f"reference library could not read the checkpoint: {results['reference_error']}")
     if r:
         verdict = ("equal" if r["bytes_equal"] else f"DIFFERENT in {len(r['mismatches'])}: "
                    + ", ".join(r["mismatches"][:5]))
@@ -774,6 +801,17 @@ def _sigterm_as_interrupt() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
+class ReadFailed(OSError):
+    """A read through the mount failed: which phase, file and tensor."""
+
+
+def _read_failed(progress: Progress, plan: Plan, exc: OSError) -> ReadFailed:
+    name = os.path.basename(exc.filename) if isinstance(exc.filename, str) else None
+    tensor = plan.tensor_of.get(name) if name else None
+    where = f"{name}" + (f" (tensor {tensor!r})" if tensor is not None else "") if name else "the mount"
+    return ReadFailed(one_line(f"{progress.phase}: reading {where} failed: {exc.strerror or exc}"))
+
+
 def run_bench(src: str, as_json: bool = False, cache_size: int = 512 << 20, verbose: bool = False) -> int:
     """Run every workload on ``src``; print the table (or JSON); the exit code: 0, or 1 when the mount
     failed or the reference library decoded different values."""
@@ -784,7 +822,8 @@ def run_bench(src: str, as_json: bool = False, cache_size: int = 512 << 20, verb
     progress = Progress(steps, enabled=sys.stderr.isatty() and not verbose, log_phases=verbose)
     results: dict[str, Any] = {"checkpoint": src, "format": plan.format, "files": len(plan.files),
                                "tensors": plan.tensors, "stored_bytes": plan.stored_bytes, "cache_size": cache_size,
-                               "machine": _machine(), "mount": {}}
+                               "machine": _machine(), "mount": {},
+                               "damaged": [{"name": name, "reason": reason} for name, reason in plan.damaged]}
     workdir = tempfile.mkdtemp(prefix="ckptfs-bench-")
     with _sigterm_as_interrupt():
         try:
@@ -796,6 +835,10 @@ def run_bench(src: str, as_json: bool = False, cache_size: int = 512 << 20, verb
         except MountFailed as exc:
             progress.close()
             print(f"ckptfs: error: mount failed: {exc}", file=sys.stderr)
+            return 1
+        except OSError as exc:
+            progress.close()
+            print(f"ckptfs: error: {_read_failed(progress, plan, exc)}", file=sys.stderr)
             return 1
         finally:
             progress.close()

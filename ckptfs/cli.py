@@ -1,7 +1,9 @@
 """The ``ckptfs`` command: mount, umount, info, bench.
 
 Errors are one line on stderr, never a traceback (``-v`` adds it): exit 1 for a checkpoint or runtime error,
-2 for usage errors (click's own convention).
+2 for usage errors (click's own convention). click prints a usage error as a block of usage, hint and error;
+``OneLineGroup`` prints it as one line ending with the hint to ``--help``. Names in messages are escaped
+(``oneline``), so a path or tensor name holding a newline cannot split the line.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import traceback
 import click
 
 from .errors import CheckpointError
+from .oneline import one_line
 from .sizes import parse_size
 from .sources.commands import remote_options
 from .tiers.commands import cache_group, prefetch, tier_options
@@ -37,23 +40,58 @@ def _fail(exc: BaseException, verbose: bool) -> None:
     if verbose:
         traceback.print_exc()
     message = str(exc) if isinstance(exc, (CheckpointError, OSError, ValueError)) else f"{type(exc).__name__}: {exc}"
-    click.echo(f"ckptfs: error: {message}".splitlines()[0], err=True)
+    click.echo(one_line(f"ckptfs: error: {message}"), err=True)
     sys.exit(getattr(exc, "exit_code", 1))
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+_NO_ARGS_IS_HELP = getattr(click.exceptions, "NoArgsIsHelpError", ())  # click >= 8.2
+
+
+class OneLineGroup(click.Group):
+    """click, with its usage errors (missing argument, bad choice, unknown option or command) printed as one
+    line, exit code 2 kept. Help (``--help``, or no command at all) is printed in full as usual."""
+
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, standalone_mode, **extra)
+        try:
+            result = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        except _NO_ARGS_IS_HELP as exc:  # `ckptfs` alone: the full help, as click shows it
+            exc.show()
+            sys.exit(exc.exit_code)
+        except click.UsageError as exc:
+            hint = f" (see '{exc.ctx.command_path} --help')" if exc.ctx is not None else ""
+            click.echo(one_line(f"ckptfs: usage error: {exc.format_message()}") + hint, err=True)
+            sys.exit(exc.exit_code)
+        except click.ClickException as exc:
+            click.echo(one_line(f"ckptfs: error: {exc.format_message()}"), err=True)
+            sys.exit(exc.exit_code)
+        except click.Abort:
+            click.echo("ckptfs: aborted", err=True)
+            sys.exit(1)
+        sys.exit(result if isinstance(result, int) else 0)
+
+
+DTYPE_HELP = ("auto: exact types keep their dtype, the rest float32; float32: every floating tensor float32; "
+              "float16: decoded tensors (quantized, BF16, F8...) float16, while F32, F64 and F16 tensors keep "
+              "their stored dtype.")
+
+
+@click.group(cls=OneLineGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="ckptfs")
 def main() -> None:
     """Mount LLM checkpoints (GGUF, safetensors) as read-only filesystems of lazy .npy views."""
 
 
 @main.command()
-@click.argument("src", type=click.Path())
-@click.argument("mountpoint", type=click.Path())
+@click.argument("src")
+@click.argument("mountpoint")
 @click.option("-f", "--foreground", is_flag=True, help="Stay in the foreground (log to stderr with -v).")
 @click.option("-o", "options", multiple=True, metavar="OPTS", help="FUSE mount options, comma-separated.")
-@click.option("--cache-size", type=SIZE, default="512M", show_default=True, help="Decoded-block cache bound.")
-@click.option("--dtype", type=click.Choice(["auto", "float32", "float16"]), default="auto", show_default=True)
+@click.option("--cache-size", type=SIZE, default="512M", show_default=True,
+              help="Decoded-block cache bound, binary units (64M = 64 MiB; 0: no cache).")
+@click.option("--dtype", type=click.Choice(["auto", "float32", "float16"]), default="auto", show_default=True,
+              help=DTYPE_HELP)
 @click.option("--log-file", type=click.Path(), default=None, help="Log file (for the daemon).")
 @tier_options
 @remote_options
@@ -77,7 +115,7 @@ def mount(src, mountpoint, foreground, options, cache_size, dtype, log_file, man
 
 
 @main.command()
-@click.argument("mountpoint", type=click.Path())
+@click.argument("mountpoint")
 @click.option("-v", "--verbose", is_flag=True)
 def umount(mountpoint, verbose):
     """Unmount a ckptfs mount (fusermount3, then fusermount, then lazy)."""
@@ -90,7 +128,7 @@ def umount(mountpoint, verbose):
 
 
 @main.command()
-@click.argument("src", type=click.Path())
+@click.argument("src")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @remote_options
 @click.option("-v", "--verbose", is_flag=True)
@@ -108,7 +146,7 @@ def info(src, as_json, verbose, mirrors, timeout, stall_timeout):
 
 
 @main.command()
-@click.argument("src", type=click.Path())
+@click.argument("src")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.option("--cache-size", type=SIZE, default="512M", show_default=True)
 @click.option("-v", "--verbose", is_flag=True)

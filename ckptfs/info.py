@@ -1,4 +1,7 @@
-"""``ckptfs info``: a summary of a checkpoint without decoding any tensor data."""
+"""``ckptfs info``: a summary of a checkpoint without decoding any tensor data.
+
+The text form is one line per item: control characters in names and values are escaped (``oneline``).
+"""
 
 from __future__ import annotations
 
@@ -9,6 +12,7 @@ import numpy as np
 
 from .checkpoint import Checkpoint
 from .jsonutil import to_jsonable
+from .oneline import one_line
 from .sizes import format_size
 
 BIG_ARRAY = 16
@@ -83,4 +87,4 @@ def render(info: dict[str, Any]) -> str:
             lines.append(f"  {row['name']!r} ({row['storage_type']}): {row['reason']}")
     else:
         lines.append("damaged tensors: none")
-    return "\n".join(lines)
+    return "\n".join(one_line(line) for line in lines)  # a newline in a name or value must not split a line

@@ -8,15 +8,31 @@ References: gguf-py's dequantize for values, tracemalloc for memory, /proc/self/
 
 from __future__ import annotations
 
+import errno
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
 import tracemalloc
+from collections.abc import Iterator
+from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import (ckptfs_cli, cli_env, force_unmount, is_mounted, mount_stats, pid_alive, require_fuse,
+                      skip_or_fail, wait_until)
+from fixtures import random_blocks, write_gguf
 from gguf import GGMLQuantizationType as Q
 from gguf.quants import dequantize
 
 import ckptfs
-from fixtures import random_blocks, write_gguf
+
+NOBODY = 65534
 
 ROWS, COLS = 8192, 1024                       # Q8_0: 32 blocks (1088 bytes) per row, 4 KiB decoded
 ROW_BYTES = COLS * 4
@@ -97,3 +113,361 @@ def test_cache_size_zero_keeps_nothing(table):
         assert np.array_equal(ck["emb"][10:20], ref[10:20])
         stats = ck.cache.stats()
     assert (stats.entries, stats.bytes) == (0, 0)
+
+
+# -- command-line plumbing shared by the items below ---------------------------------------------------------
+
+
+def run_cli(*args: str, timeout: float = 90, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run([*ckptfs_cli(), *args], env=cli_env(**env), stdin=subprocess.DEVNULL,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def one_error_line(result: subprocess.CompletedProcess, code: int, *words: str) -> str:
+    """The single stderr line of a failed command, checked for its exit code and words."""
+    err = result.stderr.strip()
+    assert result.returncode == code, (result.returncode, err)
+    assert err and "\n" not in err and "Traceback" not in err and err.startswith("ckptfs: "), err
+    for word in words:
+        assert word in err, err
+    return err
+
+
+def mounts_at(path) -> int:
+    """How many mounts the mount table has at ``path`` (a stacked one counts twice)."""
+    real = os.path.realpath(path)
+    with open("/proc/self/mountinfo", encoding="utf-8", errors="surrogateescape") as fh:
+        points = [re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), line.split()[4]) for line in fh]
+    return points.count(real)
+
+
+@pytest.fixture(scope="module")
+def small(tmp_path_factory):
+    rng = np.random.default_rng(3)
+    return write_gguf(tmp_path_factory.mktemp("small") / "small.gguf",
+                      {"q": (rng.standard_normal((64, 256)).astype(np.float32), "Q8_0"),
+                       "f": (np.arange(32, dtype=np.float32), "F32")}, {"general.name": "small"})
+
+
+@pytest.fixture
+def mountpoint(tmp_path) -> Iterator[Path]:
+    """An empty directory for tests that run the CLI themselves; every mount there undone at the end."""
+    require_fuse()
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    yield mnt
+    for _ in range(4):  # stacked mounts, if a test made some
+        if not is_mounted(mnt):
+            break
+        try:
+            pid = mount_stats(mnt)["pid"]
+        except OSError:
+            pid = None
+        force_unmount(mnt)
+        if pid is not None and not wait_until(lambda: not pid_alive(pid), timeout=10):
+            os.kill(pid, signal.SIGKILL)
+
+
+# -- 4. "mounted" means a working mount ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("options, word", [("max_read=131072", "max_read"), ("max_read=4096", "max_read"),
+                                           ("modules=subdir,subdir=/x", "modules"), ("subtype=x", "subtype")])
+@pytest.mark.parametrize("foreground", [False, True])
+def test_options_that_break_the_mount_are_refused(small, mountpoint, options, word, foreground):
+    args = ["mount", str(small.path), str(mountpoint), "-o", options] + (["-f"] if foreground else [])
+    one_error_line(run_cli(*args), 2, word)
+    assert mounts_at(mountpoint) == 0
+
+
+# The refusals above, lifted, to reach the check behind them: readiness is the root answering as our daemon.
+_WITHOUT_REFUSALS = ("import sys, ckptfs.fs.options as o\n"
+                     "for k in ('max_read', 'modules', 'subdir'): o.REFUSED.pop(k)\n"
+                     "from ckptfs.cli import main\nmain(sys.argv[1:])\n")
+
+
+@pytest.mark.parametrize("options", ["max_read=131072", "modules=subdir,subdir=/x"])
+@pytest.mark.parametrize("foreground", [False, True])
+def test_a_mount_whose_root_does_not_answer_is_a_failure(small, mountpoint, options, foreground):
+    args = ["mount", str(small.path), str(mountpoint), "-o", options] + (["-f"] if foreground else [])
+    result = subprocess.run([sys.executable, "-c", _WITHOUT_REFUSALS, *args], env=cli_env(), capture_output=True,
+                            text=True, timeout=90, stdin=subprocess.DEVNULL)
+    one_error_line(result, 1, "does not answer", "not mounted")
+    assert wait_until(lambda: mounts_at(mountpoint) == 0, timeout=10)
+
+
+# -- 5. umount unmounts only ckptfs --------------------------------------------------------------------------
+
+
+def test_umount_refuses_a_mount_that_is_not_ckptfs(tmp_path):
+    if os.geteuid() != 0:
+        skip_or_fail("mounting a tmpfs needs root")
+    target = tmp_path / "tmpfs"
+    target.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "tmpfs", str(target)], check=True)
+    try:
+        one_error_line(run_cli("umount", str(target)), 1, "tmpfs", "not a ckptfs mount")
+        assert mounts_at(target) == 1
+    finally:
+        subprocess.run(["umount", str(target)], check=True)
+
+
+def test_umount_through_a_symlink_as_mount_does(small, mountpoint, tmp_path):
+    link = tmp_path / "link"
+    link.symlink_to(mountpoint)
+    assert run_cli("mount", str(small.path), str(link)).returncode == 0
+    assert mounts_at(mountpoint) == 1 and "q.npy" in os.listdir(link)
+    result = run_cli("umount", str(link))
+    assert result.returncode == 0, result.stderr
+    assert mounts_at(mountpoint) == 0
+
+
+# -- 6. special files are refused without blocking ----------------------------------------------------------------
+
+
+def _special_files(tmp_path) -> list[Path]:
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    sock_path = tmp_path / "sock"
+    sock = socket.socket(socket.AF_UNIX)
+    sock.bind(str(sock_path))
+    sock.close()
+    return [fifo, sock_path]
+
+
+def test_info_refuses_a_fifo_or_a_socket_without_blocking(tmp_path):
+    for path, kind in zip(_special_files(tmp_path), ("FIFO", "socket")):
+        one_error_line(run_cli("info", str(path), timeout=30), 1, str(path), kind)  # before: blocked in open()
+
+
+def test_mount_refuses_a_fifo_without_blocking(tmp_path, mountpoint):
+    fifo = _special_files(tmp_path)[0]
+    one_error_line(run_cli("mount", str(fifo), str(mountpoint), timeout=30), 1, "FIFO")
+    assert mounts_at(mountpoint) == 0
+
+
+def test_the_api_refuses_a_fifo(tmp_path):
+    fifo = _special_files(tmp_path)[0]
+    code = f"import ckptfs\ntry:\n    ckptfs.open({str(fifo)!r})\nexcept ckptfs.CheckpointError as e:\n    print(e)\n"
+    out = subprocess.run([sys.executable, "-c", code], env=cli_env(), capture_output=True, text=True, timeout=30)
+    assert "is a FIFO" in out.stdout, out
+
+
+# -- 7. one mount per mountpoint, also when started at once ----------------------------------------------------------
+
+
+def test_simultaneous_mounts_at_one_mountpoint_make_one_mount(small, mountpoint):
+    command = [*ckptfs_cli(), "mount", str(small.path), str(mountpoint)]
+    procs = [subprocess.Popen(command, env=cli_env(), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for _ in range(4)]
+    results = [(p.wait(timeout=90), p.stderr.read().strip()) for p in procs]
+    for p in procs:
+        p.stdout.close()
+        p.stderr.close()
+    assert sorted(code for code, _ in results) == [0, 1, 1, 1], results
+    assert all("already a mount point" in err for code, err in results if code), results
+    assert mounts_at(mountpoint) == 1  # before: several stacked mounts, only the top one visible
+
+
+# -- 8. path errors say the real reason ---------------------------------------------------------------------------
+
+
+def test_a_symlink_loop_and_a_long_name_say_so(tmp_path):
+    (tmp_path / "a").symlink_to(tmp_path / "b")
+    (tmp_path / "b").symlink_to(tmp_path / "a")
+    one_error_line(run_cli("info", str(tmp_path / "a")), 1, "too many levels of symbolic links")
+    one_error_line(run_cli("info", str(tmp_path / ("x" * 300))), 1, "file name too long")
+
+
+def _in_a_fork_as_nobody(fn) -> tuple[int, str]:
+    """Run ``fn()`` in a forked child as user nobody (no exec: this process's modules stay usable): its exit
+    code (SystemExit's, 0 when it returns) and what it wrote to stdout and stderr."""
+    if os.geteuid() != 0:
+        skip_or_fail("acting as another user needs root")
+    with tempfile.TemporaryFile() as out:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:
+            code = 0
+            try:
+                os.dup2(out.fileno(), 1)
+                os.dup2(out.fileno(), 2)
+                sys.stdout = open(1, "w", closefd=False)  # not pytest's capture objects
+                sys.stderr = open(2, "w", closefd=False)
+                os.setgroups([])
+                os.setgid(NOBODY)
+                os.setuid(NOBODY)
+                try:
+                    fn()
+                except SystemExit as exc:
+                    code = exc.code if isinstance(exc.code, int) else 1
+            except BaseException as exc:  # noqa: BLE001 - report it to the parent
+                print(f"{type(exc).__name__}: {exc}")
+                code = 99
+            finally:
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        out.seek(0)
+        return os.waitstatus_to_exitcode(status), out.read().decode()
+
+
+def test_permission_denied_on_a_parent_folder_says_so(small, tmp_path):
+    locked = tmp_path / "locked"
+    (locked / "sub").mkdir(parents=True)
+    shutil.copy(small.path, locked / "sub" / "m.gguf")
+    tmp_path.chmod(0o755)
+    locked.chmod(0o700)  # root's: nobody cannot pass through it
+
+    def open_it():
+        try:
+            ckptfs.open(str(locked / "sub" / "m.gguf"))
+        except ckptfs.CheckpointError as exc:
+            print(exc)
+
+    code, out = _in_a_fork_as_nobody(open_it)
+    assert code == 0 and "permission denied" in out and "no such file" not in out, out
+
+
+def test_an_unreadable_file_is_one_line_not_a_usage_block(small, tmp_path):
+    from ckptfs.cli import main
+
+    path = tmp_path / "unreadable.gguf"
+    shutil.copy(small.path, path)
+    tmp_path.chmod(0o755)
+    path.chmod(0o600)
+    code, out = _in_a_fork_as_nobody(lambda: main(["info", str(path)], prog_name="ckptfs"))
+    lines = out.strip().splitlines()
+    assert code == 1 and len(lines) == 1 and "permission denied" in lines[0].lower(), out
+
+
+def test_bytes_and_pathlike_paths(small):
+    for src in (bytes(small.path), small.path, os.fsencode(str(small.path))):
+        with ckptfs.open(src) as ck:
+            assert ck.src == str(small.path) and np.array_equal(ck["f"][:], np.arange(32, dtype=np.float32))
+    with pytest.raises(ckptfs.CheckpointError) as info:
+        ckptfs.open(b"/nonexistent/m.gguf")
+    assert str(info.value).startswith("/nonexistent/m.gguf: no such file")
+
+
+# -- 9. usage errors are one line -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("args, words", [
+    (["info"], ["Missing argument"]), (["mount", "SRC"], ["Missing argument"]),
+    (["info", "SRC", "--dtype", "bf16"], ["--dtype"]), (["mount", "SRC", "MNT", "--dtype", "bf16"], ["bf16"]),
+    (["mount", "SRC", "MNT", "--cache-size", "10X"], ["10X"]), (["mount", "SRC", "MNT", "--bad"], ["--bad"]),
+    (["bogus"], ["bogus"]), (["bench", "SRC", "--cache-size", "64MB"], ["64MB", "ambiguous"]),
+])
+def test_usage_errors_are_one_line_with_exit_code_2(args, words):
+    err = one_error_line(run_cli(*args), 2, *words)
+    assert "--help" in err
+
+
+def test_help_is_still_whole():
+    result = run_cli("mount", "--help")
+    assert result.returncode == 0 and "Usage:" in result.stdout and "--cache-size" in result.stdout
+    assert "keep their stored dtype" in " ".join(result.stdout.split())  # item 12: --dtype float16, said plainly
+
+
+# -- 10. control characters never split a line ----------------------------------------------------------------------
+
+
+def test_info_escapes_control_characters_in_names_and_values(tmp_path):
+    template = "{% for m in messages %}\n{{ m.content }}\r\n{% endfor %}"
+    path = tmp_path / "odd.gguf"
+    write_gguf(path, {"bad\nname": (np.ones((4, 32), np.float32), "Q8_0")},
+               {"tokenizer.chat_template": template, "odd\nkey\x1b[31m": "v\tw"})
+    os.truncate(path, path.stat().st_size - 60)  # the tensor is damaged: info lists its name
+    result = run_cli("info", str(path))
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert "  tokenizer.chat_template = {% for m in messages %}\\n{{ m.content }}\\r\\n{% endfor %}" in lines
+    assert "  odd\\nkey\\x1b[31m = v\\tw" in lines
+    assert any(line.startswith("  'bad\\nname' (Q8_0): truncated") for line in lines), lines
+    assert "\x1b" not in result.stdout and "\r" not in result.stdout
+
+
+def test_an_error_naming_a_path_with_a_newline_stays_one_line(tmp_path):
+    one_error_line(run_cli("info", str(tmp_path / "two\nlines.gguf")), 1, "two\\nlines.gguf", "no such file")
+
+
+def test_the_eio_log_entry_escapes_a_tensor_name(tmp_path, mountpoint):
+    path = tmp_path / "odd.gguf"
+    write_gguf(path, {"bad\nname": (np.ones((64, 256), np.float32), "F32")})
+    os.truncate(path, path.stat().st_size - 4096)
+    log = tmp_path / "daemon.log"
+    assert run_cli("mount", str(path), str(mountpoint), "--log-file", str(log)).returncode == 0
+    before = len(log.read_text().splitlines())
+    with pytest.raises(OSError) as info:
+        with open(mountpoint / "bad\nname.npy", "rb", buffering=0) as f:
+            f.read()
+    assert info.value.errno == errno.EIO
+    new = log.read_text().splitlines()[before:]
+    # one entry per failed range the kernel asked for, each whole on its line (before: split at the newline)
+    assert new and all(" ERROR " in line and "EIO: /bad\\nname.npy bytes " in line for line in new), new
+
+
+# -- 11. bench on a damaged checkpoint ------------------------------------------------------------------------------
+
+
+def test_bench_serves_what_is_intact_and_marks_what_is_damaged(tmp_path):
+    pytest.importorskip("gguf")
+    rng = np.random.default_rng(5)
+    path = tmp_path / "dmg.gguf"
+    write_gguf(path, {"a": (rng.standard_normal((64, 256)).astype(np.float32), "Q8_0"),
+                      "b": (rng.standard_normal((64, 256)).astype(np.float32), "Q8_0")})
+    os.truncate(path, path.stat().st_size - 3000)  # cuts into b
+    result = run_cli("bench", str(path), "--json", "--cache-size", "8M", timeout=300)
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert [d["name"] for d in data["damaged"]] == ["b"] and "truncated" in data["damaged"][0]["reason"]
+    assert data["mount"]["npy_bytes"] > 0 and data["mount"]["files"] == 7
+    text = run_cli("bench", str(path), "--cache-size", "8M", timeout=300)
+    assert text.returncode == 0 and "damaged tensors, left out of every read: 1" in text.stdout, text.stderr
+
+
+def test_bench_names_the_file_and_tensor_when_a_read_fails(small, monkeypatch, capsys):
+    """A read failing anyway (a file changed under the mount) names the phase, the file and the tensor."""
+    require_fuse()
+    from ckptfs import bench
+
+    def failing_scan(paths, progress):
+        raise OSError(errno.EIO, "Input/output error", paths[0])
+
+    monkeypatch.setattr(bench, "scan", failing_scan)
+    monkeypatch.setenv("PYTHONPATH", cli_env()["PYTHONPATH"])
+    assert bench.run_bench(str(small.path), cache_size=8 << 20) == 1
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith("ckptfs: error: scan every .npy: reading ") and "Input/output error" in err, err
+    assert "(tensor " in err and ".npy" in err, err
+
+
+# -- 12. sizes, an empty mountpoint --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("text, size", [("512M", 512 << 20), ("64MiB", 64 << 20), ("1.5G", 3 << 29), ("0", 0),
+                                        ("4096", 4096), ("1P", 1 << 50), ("7E", 7 << 60), ("2k", 2048)])
+def test_sizes_in_binary_units(text, size):
+    from ckptfs.sizes import parse_size
+
+    assert parse_size(text) == size
+
+
+@pytest.mark.parametrize("text, words", [("64MB", "ambiguous"), ("1GB", "ambiguous"), ("99999999999T", "too large"),
+                                         ("8E", "too large"), ("-1", "not a size"), ("10X", "not a size")])
+def test_sizes_refused(text, words):
+    from ckptfs.sizes import parse_size
+
+    with pytest.raises(ValueError, match=words):
+        parse_size(text)
+
+
+def test_an_empty_mountpoint_is_refused(small, tmp_path):
+    require_fuse()
+    result = subprocess.run([*ckptfs_cli(), "mount", str(small.path), ""], env=cli_env(), cwd=tmp_path,
+                            capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+    one_error_line(result, 2, "empty")
+    assert mounts_at(tmp_path) == 0

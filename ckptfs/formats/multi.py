@@ -18,6 +18,7 @@ Paths are joined to what the user gave and never resolved (Hugging Face snapshot
 from __future__ import annotations
 
 import os
+import stat
 
 from ..descriptors import ParsedCheckpoint
 from ..errors import CheckpointError
@@ -37,11 +38,29 @@ def read_checkpoint(src: str) -> ParsedCheckpoint:
     folder = open_folder(src)
     if folder is not None:
         return _read_folder(folder)
-    if not is_url(src) and not os.path.exists(src):
-        raise CheckpointError(src, None, "no such file or directory")
+    if not is_url(src):
+        _check_local_file(src)
     if os.path.basename(src).endswith(INDEX_NAME_SUFFIX):
         return _read_indexed(src, _scan(os.path.dirname(src)))
     return read_named_file(src)
+
+
+_NOT_FILES = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"))
+
+
+def _check_local_file(src: str) -> None:
+    """A local ``src`` that is not a folder must be a file we can read without blocking: the real reason
+    otherwise (permission denied on a parent, a symlink loop, a name too long: not "no such file"), and a
+    FIFO, socket or character device is refused before anything opens it (opening a FIFO waits for a
+    writer forever). Block devices pass: a checkpoint may be written to a raw device."""
+    try:
+        mode = os.stat(src).st_mode
+    except OSError as exc:
+        reason = exc.strerror or str(exc)
+        raise CheckpointError(src, None, reason[:1].lower() + reason[1:]) from None
+    for test, kind in _NOT_FILES:
+        if test(mode):
+            raise CheckpointError(src, None, f"is {kind}, not a checkpoint file or folder")
 
 
 def read_named_file(src: str) -> ParsedCheckpoint:

@@ -4,8 +4,10 @@ libfuse can daemonize by itself, but it forks inside C while Python (and OpenBLA
 its parent exits before any mount error is known. Instead the parent forks in Python while it is the only
 thread (numpy's OpenBLAS stops its pool in a pthread_atfork handler, checked in tests), the child detaches
 (setsid, stdio away from the terminal so ``$(ckptfs mount ...)`` returns) and runs FUSE in the foreground,
-and libfuse's ``init`` callback — called once the kernel has the mount — writes ``ok`` to a pipe. The parent
-returns only then (``ckptfs mount a b && ls b`` works), or prints the child's one-line reason.
+and libfuse's ``init`` callback — called once the kernel has the mount — writes ``ok`` to a pipe. ``init``
+is not yet a working mount (libfuse may give up right after it, or an option may leave a root that answers
+nothing), so the parent then checks that the mount answers (``verify``) and stops the daemon if it does not.
+The parent returns only then (``ckptfs mount a b && ls b`` works), or prints the child's one-line reason.
 
 libfuse writes its own errors ("fuse: ...", fusermount3's) to fd 2, so fd 2 is captured in a temporary
 file until the mount is ready: the last line is the reason when mounting fails; on success the capture is
@@ -136,11 +138,15 @@ def _await_ready(read_fd: int, pid: int, timeout: float) -> None:
     raise MountError(f"the mount daemon {how} before the mount was ready")
 
 
-def detach(run_child: Callable[[ReadinessPipe], int], timeout: float = READY_TIMEOUT) -> None:
-    """Fork; the child runs ``run_child(pipe)`` and exits with its result; return once it reports ``ok``.
+def detach(run_child: Callable[[ReadinessPipe], int], timeout: float = READY_TIMEOUT,
+           verify: Callable[[int], None] | None = None, in_child: Callable[[], None] | None = None) -> None:
+    """Fork; the child runs ``run_child(pipe)`` and exits with its result; return once it reports ``ok``
+    and ``verify(child_pid)`` (if given) accepts the mount.
 
-    Raises MountError (with the child's reason) if it does not. Must be called while this process has no
-    other Python thread: a forked child would inherit their locks but not the threads.
+    Raises MountError (with the child's reason) if it does not; a child that said ``ok`` but failed
+    ``verify`` is stopped first. ``in_child`` runs first thing in the child (to drop what the parent holds,
+    such as the mountpoint lock). Must be called while this process has no other Python thread: a forked
+    child would inherit their locks but not the threads.
     """
     if threading.active_count() > 1:
         raise MountError("internal error: cannot daemonize with threads running "
@@ -153,12 +159,32 @@ def detach(run_child: Callable[[ReadinessPipe], int], timeout: float = READY_TIM
         code = 1
         try:
             os.close(read_fd)
+            if in_child is not None:
+                in_child()
             os.setsid()
             code = run_child(ReadinessPipe(write_fd))
         finally:
             os._exit(code)
     os.close(write_fd)
     _await_ready(read_fd, pid, timeout)
+    if verify is not None:
+        try:
+            verify(pid)
+        except MountError:
+            _stop(pid)
+            raise
+
+
+def _stop(pid: int) -> None:
+    """End a daemon whose mount does not work: SIGTERM (libfuse unmounts), SIGKILL if it lingers (then
+    ``auto_unmount`` removes the mount)."""
+    try:
+        os.kill(pid, signal.SIGTERM)
+        if _wait_child(pid) is None:
+            os.kill(pid, signal.SIGKILL)
+            _wait_child(pid)
+    except (ProcessLookupError, ChildProcessError):
+        pass
 
 
 def redirect_stdio(stderr_target: str | None) -> int:

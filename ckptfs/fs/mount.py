@@ -17,15 +17,17 @@ from dataclasses import dataclass
 from ..checkpoint import DEFAULT_CACHE_BYTES, open as open_checkpoint
 from ..tree import MountTree
 from .binding import Binding, load_binding
-from .daemon import ReadinessPipe, StderrCapture, detach
+from .daemon import READY_TIMEOUT, ReadinessPipe, StderrCapture, detach
 from .errors import MountError
-from .mountpoint import check_dev_fuse, check_fusermount, check_mountpoint, unmount
+from .mountpoint import (MountpointLock, check_answers, check_dev_fuse, check_fusermount, check_mountpoint,
+                         unmount)
 from .operations import CkptOperations
 from .options import MountOptions, parse_options
 
 __all__ = ["MountRequest", "MountError", "run_mount", "unmount"]
 
 log = logging.getLogger("ckptfs.mount")
+ANSWER_TIMEOUT = 10.0  # seconds for a new mount's root to answer before the mount counts as failed
 LOG_FORMAT = "%(asctime)s %(process)d %(levelname)s %(name)s: %(message)s"
 
 
@@ -66,10 +68,13 @@ def run_mount(request: MountRequest) -> int:
     Failures raise MountError (its ``exit_code`` is 2 for refused options) or CheckpointError, which the
     CLI prints as one line.
     """
-    plan = _prepare(request)
-    if request.foreground:
-        return _run_foreground(plan)
-    detach(lambda pipe: _run_daemon(plan, pipe))
+    # One mount at a time per mountpoint: a second waits for the first, then finds the place taken.
+    with MountpointLock(request.mountpoint, READY_TIMEOUT) as lock:
+        plan = _prepare(request)
+        if request.foreground:
+            return _run_foreground(plan, lock)
+        detach(lambda pipe: _run_daemon(plan, pipe), in_child=lock.close_inherited,
+               verify=lambda pid: check_answers(plan.mountpoint, pid, ANSWER_TIMEOUT))
     return 0
 
 
@@ -132,22 +137,47 @@ def _failure_reason(capture: StderrCapture, error: BaseException | None) -> str:
     return capture.last_line() or (str(error) if error is not None else "") or "FUSE exited before the mount was ready"
 
 
-def _run_foreground(plan: _Plan) -> int:
+def _run_foreground(plan: _Plan, lock: MountpointLock | None = None) -> int:
     request = plan.request
     _configure_logging(logging.DEBUG if request.verbose else logging.WARNING, plan.log_fd)
     capture = StderrCapture()
     mounted = threading.Event()
+    failed: list[str] = []
+
+    def check() -> None:
+        """init was called; the mount is ready once its root answers (asked from a thread: not from init,
+        whose reply the kernel is still waiting for). If it does not, unmount: the session ends, exit 1."""
+        try:
+            check_answers(plan.mountpoint, os.getpid(), ANSWER_TIMEOUT)
+        except MountError as exc:
+            failed.append(str(exc))  # raised once the session has ended: the CLI prints it as one line
+            try:
+                unmount(plan.mountpoint)  # fails harmlessly when libfuse has already given up
+            except MountError:
+                pass
+            return
+        capture.release()
+        if lock is not None:
+            lock.release()
+        log.info("mounted %s", _describe(plan))
+
+    checker = threading.Thread(target=check, name="ckptfs-check-mount", daemon=True)
 
     def on_ready() -> None:
-        capture.release()
         mounted.set()
-        log.info("mounted %s", _describe(plan))
+        checker.start()
 
     error = _serve(plan, on_ready)
     if not mounted.is_set():
         reason = _failure_reason(capture, error)
         capture.release(replay=request.verbose)
         raise MountError(reason)
+    if checker.ident is not None:
+        checker.join(ANSWER_TIMEOUT)  # libfuse may end the session before the check has its answer
+    if failed:
+        said = capture.last_line()  # libfuse's own reason, when it printed one
+        capture.release(replay=request.verbose)
+        raise MountError(f"{failed[0]}" + (f" ({said})" if said else ""))
     return _exit_code(plan, error)
 
 

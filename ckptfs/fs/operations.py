@@ -26,6 +26,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..errors import CheckpointError
+from ..oneline import one_line
 from ..prefetch import Prefetcher
 from ..tree import MountTree
 from ..views import View
@@ -79,14 +80,15 @@ def _answer(self: CkptOperations, method: Callable, op: str, path: str | None, a
     except CheckpointError as exc:
         self.counters.errors.add((op, errno.EIO))
         if self._causes.first((path, str(exc))):
-            log.error("EIO: %s%s: %s", path, _describe_range(op, args), exc,
+            # one line whatever the names hold: a tensor or file name may contain a newline
+            log.error("EIO: %s%s: %s", one_line(path), _describe_range(op, args), one_line(exc),
                       extra={"op": op, "path": path, "errno": "EIO"})
         raise FsError(errno.EIO) from None
     except Exception as exc:  # noqa: BLE001 - a bug must not become EINVAL or kill the daemon
         self.counters.errors.add((op, errno.EIO))
         if self._causes.first((op, path, type(exc).__name__, str(exc))):
             log.debug("unexpected failure in %s(%r, %r)", op, path, args, exc_info=True)
-            log.error("EIO: %s(%s): unexpected %s: %s", op, path, type(exc).__name__, exc,
+            log.error("EIO: %s(%s): unexpected %s: %s", op, one_line(path), type(exc).__name__, one_line(exc),
                       extra={"op": op, "path": path, "errno": "EIO"})
         raise FsError(errno.EIO) from None
 
