@@ -80,7 +80,7 @@ error_log {self._dir}/error.log warn;
 events {{ worker_connections 256; }}
 http {{
     log_format withauth '$remote_addr - - [$time_local] "$request" $status $body_bytes_sent '
-                        '"$http_referer" "$http_user_agent" auth="$http_authorization"';
+                        '"$http_referer" "$http_user_agent" auth="$http_authorization" range="$http_range"';
     access_log {self._dir}/access.log withauth;
     client_body_temp_path {self._dir}/body;
     proxy_temp_path {self._dir}/proxy;

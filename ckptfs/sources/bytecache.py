@@ -120,7 +120,13 @@ class ChunkCache:
         return data
 
     def has(self, key: str) -> bool:
-        return key in self.memory
+        """In memory or on disk (read-ahead must not fetch what the disk store holds)."""
+        if key in self.memory:
+            return True
+        try:
+            return self.disk is not None and bool(self.disk.contains(key))
+        except Exception:  # noqa: BLE001 - see the module docstring
+            return False
 
     def put(self, key: str, data: bytes, persist: bool = True) -> None:
         self.memory.put(key, data)

@@ -217,9 +217,6 @@ class RemoteSource(ByteSource):
             if end > offset >= 0:
                 self._readahead.prefetch(offset // CHUNK, (end - 1) // CHUNK + 1)
 
-    def cached(self, index: int) -> bool:
-        return self._cache.has(chunk_key(self._content_id, index)) or index in self._inflight
-
     def _get_chunks(self, c0: int, c1: int, deadline: float) -> list[bytes]:
         found: dict[int, bytes] = {}
         mine: list[int] = []
