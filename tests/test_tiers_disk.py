@@ -275,3 +275,24 @@ def test_writes_wait_in_the_background_and_lookups_see_them(tmp_path):
     assert tier.flush(timeout=10)
     assert tier.store.path_for("slow").exists() and tier.stats()["pending"] == 0
     np.testing.assert_array_equal(tier.store.get_array("slow"), values(9))
+
+
+def test_a_full_write_queue_holds_readers_back_then_drops():
+    import threading
+
+    from ckptfs.tiers.writer import BackgroundWriter
+
+    gate, written = threading.Event(), []
+    writer = BackgroundWriter(lambda k, v: (gate.wait(10), written.append(k)), "test", max_bytes=3 * 4096 * 4,
+                              max_wait=0.2)
+    for k in range(3):
+        assert writer.submit(f"k{k}", values(k, 4096))
+    assert not writer.submit("over", values(9, 4096))  # full, and nothing drains within max_wait
+    assert writer.dropped == 1
+    later = threading.Thread(target=lambda: written.append(("queued", writer.submit("late", values(8, 4096)))))
+    writer._max_wait = 10.0
+    later.start()
+    gate.set()  # the writer drains: the waiting submit gets its room
+    later.join(10)
+    assert writer.flush(timeout=10)
+    assert ("queued", True) in written and "late" in written and "over" not in written

@@ -50,6 +50,7 @@ TOUCH_AFTER_S = 60.0          # a hit refreshes the mtime (the LRU clock) when i
 STALE_TMP_S = 3600.0          # a temporary file this old belongs to a killed writer
 PAUSE_S = {"full": 30.0, "read-only": 60.0, "error": 30.0}
 LOW_WATER = 0.9               # a prune deletes down to this fraction of the bound
+DISK_WRITE_WAIT_S = 10.0      # a reader waits this long for room in a full write queue (then drops)
 _SUFFIX = ".e"
 
 
@@ -423,7 +424,7 @@ class DiskTier:
 
     def __init__(self, root: str | os.PathLike, max_bytes: int, background: bool = True):
         self.store = DiskStore(root, max_bytes, "blocks")
-        self._writer = BackgroundWriter(self.store.put_array, "disk") if background else None
+        self._writer = BackgroundWriter(self.store.put_array, "disk", max_wait=DISK_WRITE_WAIT_S) if background else None
 
     def get(self, key: str) -> np.ndarray | None:
         if self._writer is not None:

@@ -92,7 +92,7 @@ class RedisTier:
         self._ahead: OrderedDict[str, np.ndarray] = OrderedDict()  # fetched with an earlier lookup
         self._ahead_bytes = 0
         self._stream_ends: OrderedDict[str, int] = OrderedDict()   # tensor key prefix -> last block end
-        self._writer = BackgroundWriter(self._put_now, "redis")
+        self._writer = BackgroundWriter(self._put_now, "redis", max_wait=op_timeout)
 
     # -- the client ----------------------------------------------------------------------------------
 

@@ -2,8 +2,11 @@
 
 A read that had to decode should not also wait for a disk write (a few ms on a busy disk) or a Redis SET
 (up to its timeout when Redis is slow): the decoded group is handed to this writer and the read returns.
-When the queue holds ``max_bytes`` already (the tier is slower than the decoder), further groups are
-dropped, not queued: the tier is a cache, and the next reader decodes what it lacks.
+When the queue holds ``max_bytes`` already (the tier is slower than the decoder), the reader waits up to
+``max_wait`` for room (back-pressure: a tier that keeps up only slowly still gets every group, and another
+process finds all of them), then drops the group: the tier is a cache, and the next reader decodes what
+it lacks. The disk tier waits long (a local disk is slow, not stuck); the Redis tier waits at most its
+command timeout, so a Redis that stalls costs a reader that much once, never a hang.
 
 The thread starts with the first write, so opening a checkpoint starts none (the daemon forks after
 opening); a process forked after it started gets a fresh writer of its own. ``flush`` waits for the queue
@@ -27,10 +30,12 @@ DEFAULT_MAX_BYTES = 64 << 20
 
 
 class BackgroundWriter:
-    def __init__(self, write: Callable[[str, np.ndarray], None], name: str, max_bytes: int = DEFAULT_MAX_BYTES):
+    def __init__(self, write: Callable[[str, np.ndarray], None], name: str, max_bytes: int = DEFAULT_MAX_BYTES,
+                 max_wait: float = 0.0):
         self._write = write
         self._name = name
         self._max_bytes = max_bytes
+        self._max_wait = max_wait
         self.dropped = 0
         self._reset()
 
@@ -49,7 +54,15 @@ class BackgroundWriter:
         if self._pid != os.getpid():
             self._reset()
         with self._cond:
-            if self._closed or self._queued_bytes + value.nbytes > self._max_bytes:
+            deadline = None
+            while self._queued_bytes and self._queued_bytes + value.nbytes > self._max_bytes and not self._closed:
+                if deadline is None:
+                    deadline = time.monotonic() + self._max_wait
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self._cond.wait(left)
+            if self._closed or (self._queued_bytes and self._queued_bytes + value.nbytes > self._max_bytes):
                 self.dropped += 1
                 return False
             self._queue.append((key, value))
