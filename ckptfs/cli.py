@@ -8,7 +8,9 @@ Errors are one line on stderr, never a traceback (``-v`` adds it): exit 1 for a 
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 import sys
 import traceback
 
@@ -97,15 +99,22 @@ def main() -> None:
 @remote_options
 @click.option("--manifest", type=click.Path(dir_okay=False), default=None,
               help="Check every read against this `ckptfs manifest` file (a mismatch: EIO and one log line).")
+@click.option("--log-format", type=click.Choice(["text", "json"]), default="text", show_default=True,
+              help="Log lines as text or as one JSON object per line (for log shippers).")
+@click.option("--layout", type=click.Choice(["flat", "tree"]), default="flat", show_default=True,
+              help="tree: dotted tensor names as folders (blk/0/attn_q.weight.npy).")
+@click.option("--metrics", default=None, metavar="[HOST:]PORT",
+              help="Serve Prometheus metrics at http://HOST:PORT/metrics (HOST: 127.0.0.1; needs ckptfs[metrics]).")
 @click.option("-v", "--verbose", is_flag=True, help="Verbose logging; tracebacks on errors.")
-def mount(src, mountpoint, foreground, options, cache_size, dtype, log_file, manifest, verbose, mirrors, timeout,
-          stall_timeout, **tiers):
+def mount(src, mountpoint, foreground, options, cache_size, dtype, log_file, log_format, layout, metrics, manifest,
+          verbose, mirrors, timeout, stall_timeout, **tiers):
     """Mount checkpoint SRC read-only at MOUNTPOINT."""
     from .fs.mount import MountError, MountRequest, run_mount
 
     request = MountRequest(src=src, mountpoint=mountpoint, foreground=foreground,
                            options=",".join(options), cache_size=cache_size, dtype=dtype,
-                           log_file=log_file, verbose=verbose, manifest=manifest, mirrors=mirrors,
+                           log_file=log_file, verbose=verbose, log_format=log_format, metrics=metrics,
+                           layout=layout, manifest=manifest, mirrors=mirrors,
                            timeout=timeout, stall_timeout=stall_timeout, **tiers)
     try:
         code = run_mount(request)
@@ -163,6 +172,39 @@ def bench(src, as_json, cache_size, verbose):
 main.add_command(cache_group)
 main.add_command(prefetch)
 
+
+@main.command()
+@click.argument("mountpoint")
+@click.option("--json", "as_json", is_flag=True, help="The stats JSON as the mount serves it.")
+@click.option("-v", "--verbose", is_flag=True)
+def stats(mountpoint, as_json, verbose):
+    """Show a mount's counters: cache tiers, decoded bytes, source requests (the root xattr)."""
+    from .fs.operations import STATS_XATTR
+    from .fs.stats import render_table
+
+    try:
+        data = json.loads(os.getxattr(mountpoint, STATS_XATTR))
+    except OSError as exc:
+        if exc.errno in (errno.ENODATA, getattr(errno, "ENOATTR", errno.ENODATA), errno.ENOTSUP):
+            exc = ValueError(f"{mountpoint} is not a ckptfs mount root (no {STATS_XATTR})")
+        _fail(exc, verbose)
+    except ValueError as exc:
+        _fail(ValueError(f"{mountpoint}: {STATS_XATTR} is not JSON: {exc}"), verbose)
+    click.echo(json.dumps(data, indent=2) if as_json else render_table(data))
+
+
+@main.command("install-mount-helper")
+@click.option("--target", default=None, metavar="PATH",
+              help="Where to write it (default /sbin/mount.fuse.ckptfs, where mount(8) looks).")
+@click.option("-v", "--verbose", is_flag=True)
+def install_mount_helper(target, verbose):
+    """Write the helper mount(8) runs for `mount -t fuse.ckptfs` and fstab lines (runs this ckptfs)."""
+    from .fs.fstab import HELPER_PATH, install_helper
+
+    try:
+        click.echo(install_helper(target or HELPER_PATH))
+    except OSError as exc:
+        _fail(exc, verbose)
 
 from .integrity.cli import diff_command, manifest_command, verify_command  # noqa: E402 - registered last
 

@@ -2,11 +2,12 @@
 
 Standard library only, so a mount without ``--metrics`` pays for nothing it does not use:
 
-- ``Histogram``: fixed buckets, one lock, one ``bisect`` per observation (about a microsecond), kept per label
-  value; the exporter reads them at scrape time. Used only for what must be observed per event: FUSE request
-  seconds per operation and decode seconds per storage type.
+- ``Histogram``: fixed buckets, one ``bisect`` and two additions per observation into a store of the
+  observing thread (no lock), kept per label value; the exporter merges the stores at scrape time. Used only
+  for what must be observed per event: FUSE request seconds per operation and decode seconds per storage
+  type.
 - ``LabelledCounter``: exact integer counters per label value (bytes returned to readers per file kind,
-  errors per operation and errno). Exact under FUSE's many threads: a ``+=`` on a shared dict is not atomic.
+  errors per operation and errno), per thread in the same way: exact under FUSE's many threads.
 - ``TimedCodec``: wraps a codec so each ``dequantize`` counts its output bytes (``decoded_bytes`` in the
   stats, always on: one clock read and one addition per decoded block group of about 256 KiB) and, when a
   histogram is given, its duration.
@@ -25,16 +26,37 @@ from typing import Any
 
 #: Seconds. From 5 µs (a cached 4 KiB read; a small exact-type decode) to 60 s (a remote read retried
 #: until its timeout), roughly x2.5 per step, so p50/p99 resolve at both ends.
+_get_ident = threading.get_ident
+_bisect = bisect.bisect_left
+
 LATENCY_BUCKETS = (5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 5e-2, 0.1,
                    0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 
 
-class _Series:
-    __slots__ = ("counts", "sum")
+class _PerThread:
+    """One store per thread, written only by its thread: counting needs no lock (a ``+=`` on shared data
+    would lose updates between threads; a lock would cost more than the counting). Readers merge the stores;
+    ``list(d.items())`` copies a dict in one step under the GIL, so a reader never sees it mid-change.
 
-    def __init__(self, n: int):
-        self.counts = [0] * n
-        self.sum = 0.0
+    Stores are keyed by thread id: an id is reused only after its thread ended, so each store still has a
+    single writer, and their number stays bounded by the threads alive at once (libfuse's pool)."""
+
+    def __init__(self) -> None:
+        self.stores: dict[int, dict] = {}
+        self._lock = threading.Lock()
+
+    def mine(self) -> dict:
+        """This thread's store (callers on the hot path look it up in ``stores`` themselves first)."""
+        store = self.stores.get(_get_ident())
+        if store is None:
+            with self._lock:
+                store = self.stores.setdefault(_get_ident(), {})
+        return store
+
+    def all_items(self) -> list[list[tuple]]:
+        with self._lock:
+            stores = list(self.stores.values())
+        return [list(store.items()) for store in stores]
 
 
 class Histogram:
@@ -42,50 +64,56 @@ class Histogram:
 
     def __init__(self, buckets: Iterable[float] = LATENCY_BUCKETS):
         self.buckets = tuple(sorted(buckets))
-        self._series: dict[str, _Series] = {}
-        self._lock = threading.Lock()
+        self._threads = _PerThread()
+        self._stores = self._threads.stores
 
     def observe(self, label: str, seconds: float) -> None:
-        i = bisect.bisect_left(self.buckets, seconds)
-        with self._lock:
-            series = self._series.get(label)
-            if series is None:
-                series = self._series[label] = _Series(len(self.buckets) + 1)
-            series.counts[i] += 1
-            series.sum += seconds
+        store = self._stores.get(_get_ident()) or self._threads.mine()
+        series = store.get(label)
+        if series is None:
+            series = store[label] = [0] * (len(self.buckets) + 1) + [0.0]  # bucket counts, then the sum
+        series[_bisect(self.buckets, seconds)] += 1
+        series[-1] += seconds
 
     def snapshot(self) -> dict[str, tuple[list[int], float]]:
         """label -> (cumulative counts per bucket, +Inf last; sum): Prometheus' histogram shape."""
-        with self._lock:
-            raw = {label: (list(s.counts), s.sum) for label, s in self._series.items()}
+        merged: dict[str, list] = {}
+        for items in self._threads.all_items():
+            for label, series in items:
+                series = list(series)
+                total = merged.setdefault(label, [0] * len(series))
+                for i, v in enumerate(series):
+                    total[i] += v
         out = {}
-        for label, (counts, total) in raw.items():
+        for label, series in merged.items():
             running, cumulative = 0, []
-            for c in counts:
+            for c in series[:-1]:
                 running += c
                 cumulative.append(running)
-            out[label] = (cumulative, total)
+            out[label] = (cumulative, series[-1])
         return out
 
 
 class LabelledCounter:
-    """Exact integer counters keyed by a label value (or a tuple of them)."""
+    """Exact integer counters keyed by a label value (or a tuple of them), one store per thread."""
 
     def __init__(self) -> None:
-        self._values: dict[Any, int] = {}
-        self._lock = threading.Lock()
+        self._threads = _PerThread()
+        self._stores = self._threads.stores
 
     def add(self, key: Any, amount: int = 1) -> None:
-        with self._lock:
-            self._values[key] = self._values.get(key, 0) + amount
+        store = self._stores.get(_get_ident()) or self._threads.mine()
+        store[key] = store.get(key, 0) + amount
 
     def snapshot(self) -> dict[Any, int]:
-        with self._lock:
-            return dict(self._values)
+        merged: dict[Any, int] = {}
+        for items in self._threads.all_items():
+            for key, n in items:
+                merged[key] = merged.get(key, 0) + n
+        return merged
 
     def total(self) -> int:
-        with self._lock:
-            return sum(self._values.values())
+        return sum(self.snapshot().values())
 
 
 class DecodeCounters:
@@ -103,9 +131,10 @@ class DecodeCounters:
 
 
 class TimedCodec:
-    """A codec that reports each ``dequantize`` to ``DecodeCounters``; every other attribute is the codec's.
+    """A codec that reports each ``dequantize`` / ``dequantize_into`` to ``DecodeCounters``; every other
+    attribute is the codec's.
 
-    The block engine calls ``dequantize`` once per decoded block group, so this costs one clock read and one
+    The block engine calls one of them once per decoded block group, so this costs one clock read and one
     locked addition per group. Exact types served straight from the source never call it: nothing is
     decoded for them, and nothing is counted."""
 
@@ -117,15 +146,23 @@ class TimedCodec:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._codec, name)
 
-    def dequantize(self, blocks: Any) -> Any:
+    def dequantize(self, blocks: Any, *args: Any, **kwargs: Any) -> Any:
         start = time.perf_counter()
-        out = self._codec.dequantize(blocks)
-        elapsed = time.perf_counter() - start
-        counters = self._counters
-        counters.bytes.add(self._label, out.nbytes)
-        if counters.histogram is not None:
-            counters.histogram.observe(self._label, elapsed)
+        out = self._codec.dequantize(blocks, *args, **kwargs)
+        self._record(out.nbytes, time.perf_counter() - start)
         return out
+
+    def dequantize_into(self, blocks: Any, out: Any, *args: Any, **kwargs: Any) -> Any:
+        start = time.perf_counter()
+        result = self._codec.dequantize_into(blocks, out, *args, **kwargs)
+        self._record(result.nbytes, time.perf_counter() - start)
+        return result
+
+    def _record(self, nbytes: int, seconds: float) -> None:
+        counters = self._counters
+        counters.bytes.add(self._label, nbytes)
+        if counters.histogram is not None:
+            counters.histogram.observe(self._label, seconds)
 
 
 def instrument_decoding(checkpoint: Any, counters: DecodeCounters) -> None:

@@ -10,13 +10,16 @@ from __future__ import annotations
 
 import logging
 import os
-import sys
 import threading
+import urllib.parse
 from dataclasses import dataclass
 
 from ..checkpoint import DEFAULT_CACHE_BYTES, open as open_checkpoint
+from ..layout import tensor_providers
 from ..tree import MountTree
 from .binding import Binding, load_binding
+from . import logs
+from .counters import MountCounters
 from .daemon import READY_TIMEOUT, ReadinessPipe, StderrCapture, detach
 from .errors import MountError
 from .mountpoint import (MountpointLock, check_answers, check_dev_fuse, check_fusermount, check_mountpoint,
@@ -28,7 +31,6 @@ __all__ = ["MountRequest", "MountError", "run_mount", "unmount"]
 
 log = logging.getLogger("ckptfs.mount")
 ANSWER_TIMEOUT = 10.0  # seconds for a new mount's root to answer before the mount counts as failed
-LOG_FORMAT = "%(asctime)s %(process)d %(levelname)s %(name)s: %(message)s"
 
 
 @dataclass
@@ -46,6 +48,9 @@ class MountRequest:
     dtype: str = "auto"
     log_file: str | None = None
     verbose: bool = False
+    log_format: str = "text"
+    metrics: str | None = None  # [HOST:]PORT of the Prometheus exporter
+    layout: str = "flat"  # --layout: "tree" makes dotted tensor names folders (ckptfs.layout)
     manifest: str | None = None  # --manifest: reads checked against it (ckptfs.integrity.checked)
     mirrors: tuple[str, ...] = ()  # --mirror: byte-identical copies read when the primary fails
     timeout: float | None = None  # --timeout: every remote read answered within it (None: 30 s)
@@ -59,7 +64,12 @@ class _Plan:
     options: MountOptions
     binding: Binding
     tree: MountTree
-    log_fd: int | None
+    log_file: logs.LogFile | None
+    metrics: tuple[str, int] | None
+
+    @property
+    def log_fd(self) -> int | None:
+        return None if self.log_file is None else self.log_file.fd
 
 
 def run_mount(request: MountRequest) -> int:
@@ -85,47 +95,77 @@ def _prepare(request: MountRequest) -> _Plan:
     check_dev_fuse()
     binding = load_binding()
     check_fusermount(binding.fusermount)
-    log_fd = _open_log(request.log_file)
+    metrics = _metrics_address(request.metrics)
+    log_file = _open_log(request.log_file)
     checkpoint = open_checkpoint(request.src, dtype=request.dtype, cache_size=request.cache_size,
                                  cache_dir=request.cache_dir, cache_dir_size=request.cache_dir_size,
                                  redis=request.redis, manifest=request.manifest, mirrors=request.mirrors,
                                  timeout=request.timeout, stall_timeout=request.stall_timeout)
-    return _Plan(request, mountpoint, options, binding, MountTree(checkpoint), log_fd)
+    return _Plan(request, mountpoint, options, binding,
+                 MountTree(checkpoint, providers=tensor_providers(request.layout)), log_file, metrics)
 
 
-def _open_log(path: str | None) -> int | None:
+def _metrics_address(spec: str | None) -> tuple[str, int] | None:
+    """``--metrics``, checked before forking: the address, and prometheus-client importable (one line if not)."""
+    if spec is None:
+        return None
+    try:
+        from .metrics import parse_address
+    except ImportError:
+        raise MountError("--metrics needs prometheus-client: pip install 'ckptfs[metrics]'") from None
+    return parse_address(spec)
+
+
+def _open_log(path: str | None) -> logs.LogFile | None:
     if path is None:
         return None
     try:
-        return os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
+        return logs.LogFile(path)
     except OSError as exc:
         raise MountError(f"cannot open log file {path}: {exc.strerror}") from None
 
 
-def _configure_logging(level: int, extra_fd: int | None) -> None:
-    """Log to stderr (fd 2: the terminal, or the daemon's log file), and to ``extra_fd`` if given."""
-    root = logging.getLogger()
-    for handler in list(root.handlers):
-        root.removeHandler(handler)
-    handlers: list[logging.Handler] = [logging.StreamHandler(sys.stderr)]
-    if extra_fd is not None:
-        handlers.append(logging.StreamHandler(open(extra_fd, "a", buffering=1, closefd=False)))
-    for handler in handlers:
-        handler.setFormatter(logging.Formatter(LOG_FORMAT))
-        root.addHandler(handler)
-    root.setLevel(level)
-
-
 def _serve(plan: _Plan, on_ready) -> BaseException | None:
     """Run FUSE until unmounted; the exception it ended with, if any."""
-    operations = CkptOperations(plan.tree, on_ready, describe={
-        "binding": plan.binding.name, "libfuse": plan.binding.libfuse_major, "mountpoint": plan.mountpoint})
+    describe = {"binding": plan.binding.name, "libfuse": plan.binding.libfuse_major, "mountpoint": plan.mountpoint}
+    operations = CkptOperations(plan.tree, on_ready, describe=describe,
+                                counters=MountCounters(timed=plan.metrics is not None))
+    if plan.log_file is not None:
+        plan.log_file.reopen_on_signal()
+    if plan.metrics is not None:
+        error = _start_exporter(plan, operations)
+        if error is not None:
+            return error
     try:
         plan.binding.serve(operations, plan.mountpoint,
                            plan.options.for_libfuse(os.path.abspath(plan.request.src), plan.binding.libfuse_major))
     except Exception as exc:  # noqa: BLE001 - turned into a one-line reason or an exit code by the caller
         return exc
     return None
+
+
+def _start_exporter(plan: _Plan, operations: CkptOperations) -> MountError | None:
+    """The Prometheus exporter, in the process that serves (after the fork); its address goes into the stats."""
+    from .. import __version__
+    from ..sources import scheme_of
+    from .metrics import start_exporter
+
+    src = plan.request.src
+    scheme = scheme_of(src)
+    info = {"version": __version__, "binding": plan.binding.describe(),
+            "source": _without_credentials(src) if scheme else src, "scheme": scheme or "file"}
+    try:
+        host, port = start_exporter(*plan.metrics, operations, info)
+    except MountError as exc:
+        return exc
+    operations.describe("metrics", f"[{host}]:{port}" if ":" in host else f"{host}:{port}")
+    return None
+
+
+def _without_credentials(url: str) -> str:
+    """A URL as a metric label may show it: no user:password, no query (a presigned URL's signature)."""
+    parts = urllib.parse.urlsplit(url)
+    return parts._replace(netloc=parts.netloc.rpartition("@")[2], query="", fragment="").geturl()
 
 
 def _describe(plan: _Plan) -> str:
@@ -139,7 +179,7 @@ def _failure_reason(capture: StderrCapture, error: BaseException | None) -> str:
 
 def _run_foreground(plan: _Plan, lock: MountpointLock | None = None) -> int:
     request = plan.request
-    _configure_logging(logging.DEBUG if request.verbose else logging.WARNING, plan.log_fd)
+    logs.configure(logging.DEBUG if request.verbose else logging.WARNING, request.log_format, plan.log_fd)
     capture = StderrCapture()
     mounted = threading.Event()
     failed: list[str] = []
@@ -188,7 +228,7 @@ def _run_daemon(plan: _Plan, pipe: ReadinessPipe) -> int:
     os.dup2(devnull, 1)
     after_start = plan.log_fd if plan.log_fd is not None else devnull
     capture = StderrCapture()
-    _configure_logging(logging.DEBUG if plan.request.verbose else logging.INFO, None)
+    logs.configure(logging.DEBUG if plan.request.verbose else logging.INFO, plan.request.log_format)
 
     def on_ready() -> None:
         capture.release(after_start)
