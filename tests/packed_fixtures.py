@@ -199,7 +199,9 @@ def compressed_layer(rng: np.random.Generator, out: int, in_features: int, bits:
                                                          packed_dim=0).numpy()
     gsize = group_size if strategy == "group" else in_features
     g = np.arange(in_features) // gsize
-    full = lambda a: np.broadcast_to(a, (out, groups))[:, g]  # noqa: E731
+    def full(per_group: np.ndarray) -> np.ndarray:
+        return np.broadcast_to(per_group, (out, groups))[:, g]
+
     return Layer(tensors, q, full(z), full(scales.astype(np.float32)),
                  {"scheme": compressed_scheme(bits, strategy, group_size, symmetric)})
 
@@ -272,7 +274,7 @@ def _load_module(package: str, relative: str, as_name: str):
     spec = importlib.util.find_spec(package)
     if spec is None or not spec.submodule_search_locations:
         raise ImportError(f"{package} is not installed")
-    path = Path(list(spec.submodule_search_locations)[0]) / relative
+    path = Path(next(iter(spec.submodule_search_locations))) / relative
     module_spec = importlib.util.spec_from_file_location(as_name, path)
     module = importlib.util.module_from_spec(module_spec)
     module_spec.loader.exec_module(module)

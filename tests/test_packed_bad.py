@@ -46,8 +46,11 @@ def assert_parts_raw(ck, folder, prefix: str) -> None:
 
 
 def info_of(folder) -> tuple[dict, str]:
-    run = lambda *a: subprocess.run([*ckptfs_cli(), "info", str(folder), *a], env=cli_env(), capture_output=True,  # noqa: E731
-                                    text=True, timeout=120, check=True).stdout
+    """``ckptfs info --json`` and the text form, by the real CLI."""
+    def run(*args: str) -> str:
+        return subprocess.run([*ckptfs_cli(), "info", str(folder), *args], env=cli_env(), capture_output=True,
+                              text=True, timeout=120, check=True).stdout
+
     return json.loads(run("--json")), run()
 
 

@@ -53,6 +53,27 @@ def test_view_equals_autogptq(tmp_path, bits, group_size, desc_act):
         assert view.meta["parameters"]["bits"] == bits and view.meta["scheme"] == "gptq"
 
 
+@pytest.mark.parametrize("scale", [3e-6, 5000.0])
+def test_subnormal_and_overflowing_products(tmp_path, scale):
+    """Scales whose products fall below float16's normal range (subnormals) or beyond it (inf), as the
+    reference's fp16 arithmetic gives them."""
+    require_package("auto_gptq")
+    layer = gptq_layer(np.random.default_rng(4), 64, 128, 4, 32, zero_range=(0, 16))
+    layer.tensors["scales"] = (layer.tensors["scales"].astype(np.float32) / 0.05 * scale).astype(np.float16)
+    layer.scales = layer.tensors["scales"].astype(np.float32)[layer.extra["g_idx"]].T.copy()
+    oracle = autogptq_dequantize(layer.tensors, 4, 32)
+    expected = layer.expected()
+    finite = np.isfinite(oracle)  # the identity matmul turns a column holding inf into NaN (inf * 0)
+    assert np.array_equal(oracle[finite], expected[finite])
+    t = layer.tensors
+    assert same_bits(scalar_packed.gptq_dequantize(t["qweight"], t["qzeros"], t["scales"], t["g_idx"], 4, False),
+                     expected)
+    assert (np.isinf(expected).any() if scale > 1 else ((expected != 0) & (np.abs(expected) < 2 ** -14)).any())
+    folder = write_folder(tmp_path / "m", {PREFIX: layer.tensors}, gptq_config(4, 32))
+    with ckptfs.open(folder) as ck:
+        assert same_bits(ck[PREFIX + ".weight"].numpy(), expected)
+
+
 def test_v2_zero_points_are_stored_as_is(tmp_path):
     """gptq_v2 stores z itself: the same weights packed v1 (z - 1) and v2 (z) give the same view, equal to
     AutoGPTQ's v1 reading and to the scalar transcription of the v2 unpack."""

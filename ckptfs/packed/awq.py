@@ -24,7 +24,7 @@ import numpy as np
 from ..descriptors import TensorInfo
 from .bits import round_to, scale_to_f32, unpack_fields
 from .layout import (INT32_TYPES, SCALE_TYPES, Absent, Layout, Parts, check_ndim, check_shape, check_type,
-                     group_index_fast, int_setting, require)
+                     f16_fast, group_index_fast, int_setting, require)
 
 ROLES = ("qweight", "qzeros", "scales")
 REVERSE_ORDER = np.array([0, 4, 1, 5, 2, 6, 3, 7])
@@ -74,16 +74,18 @@ def build(prefix: str, parts: Mapping[str, TensorInfo], settings: Mapping[str, A
 
         def decode(reader: Parts, o0: int, o1: int) -> np.ndarray:
             def zeros_t() -> np.ndarray:
-                return np.ascontiguousarray(_gemm_columns(reader.whole("qzeros")).T.astype(np.int16))
+                return _gemm_rows(np.ascontiguousarray(reader.whole("qzeros").T)).astype(np.int16)
 
             def scales_t() -> np.ndarray:
                 return np.ascontiguousarray(scale_to_f32(reader.whole("scales"), st).T)
 
             z = reader.derived("awq-gemm:zeros_t", ("qzeros",), (out, groups), zeros_t)[o0:o1].astype(np.float32)
             s = reader.derived("scales_t", ("scales",), (out, groups), scales_t)[o0:o1]
-            q = _gemm_columns(reader.whole("qweight")[:, o0 // 8: -(-o1 // 8)])   # [in, columns]
-            q = q[:, o0 - o0 // 8 * 8:][:, :o1 - o0].T
-            return round_to(group_index_fast(q, z, s, gsize), st)
+            # qweight's columns pack the weight's rows: transposed once per layer (cached, see gptq)
+            words = reader.derived("qweight_t", ("qweight",), (out // 8, in_features),
+                                   lambda: reader.read_whole("qweight").T)[o0 // 8: -(-o1 // 8)]
+            q = _gemm_rows(words)[o0 - o0 // 8 * 8:][:o1 - o0]
+            return round_to(group_index_fast(q, z, s, gsize), st, f16_fast(reader, "scales", st, 16))
 
         return Layout("awq", parameters, out, in_features, used, st, decode, row_align=8)
 
@@ -98,13 +100,14 @@ def build(prefix: str, parts: Mapping[str, TensorInfo], settings: Mapping[str, A
         q = unpack_fields(reader.rows("qweight", o0, o1), 4, in_features)
         z = unpack_fields(reader.rows("qzeros", o0, o1), 4, groups).astype(np.float32)
         s = scale_to_f32(reader.rows("scales", o0, o1)[:, :groups], st)
-        return round_to(group_index_fast(q, z, s, gsize), st)
+        return round_to(group_index_fast(q, z, s, gsize), st, f16_fast(reader, "scales", st, 16))
 
     return Layout("awq", parameters, out, in_features, used, st, decode_gemv)
 
 
-def _gemm_columns(words: np.ndarray) -> np.ndarray:
-    """GEMM-packed ``int32[rows, c]`` as ``uint8[rows, 8c]`` in output-column order."""
-    rows, c = words.shape
-    nibbles = unpack_fields(words, 4, 8 * c).reshape(rows, c, 8)
-    return nibbles[:, :, REVERSE_ORDER].reshape(rows, 8 * c)
+def _gemm_rows(words_t: np.ndarray) -> np.ndarray:
+    """GEMM-packed words, transposed (``int32[c, n]``: word ``c`` of each of ``n`` inputs or groups), as the
+    weight's rows ``uint8[8c, n]``: row ``8c + j`` is nibble ``REVERSE_ORDER[j]`` of each word ``c``."""
+    c, n = words_t.shape
+    nibbles = unpack_fields(words_t, 4, 8 * n).reshape(c, n, 8)[:, :, REVERSE_ORDER]
+    return np.ascontiguousarray(nibbles.transpose(0, 2, 1)).reshape(8 * c, n)

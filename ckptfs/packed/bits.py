@@ -14,6 +14,8 @@ float is exact in float32, so one float32 multiply followed by one rounding to t
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 
 #: Storage types a scale may have, and how its bytes become float32 (exactly).
@@ -28,11 +30,14 @@ def unpack_fields(words: np.ndarray, bits: int, count: int) -> np.ndarray:
         words = words.astype("<u4")
     lead, n = words.shape[:-1], words.shape[-1]
     mask = (1 << bits) - 1
-    if 32 % bits == 0:  # fields never straddle a word: shift each word by every field position at once
-        per = 32 // bits
-        shifts = np.arange(0, 32, bits, dtype=np.uint32)
-        fields = (words[..., :, None] >> shifts) & np.uint32(mask)
-        return fields.reshape(*lead, n * per)[..., :count].astype(np.uint8)
+    if 8 % bits == 0:  # fields never straddle a byte: split the words' bytes (little-endian order)
+        raw = np.ascontiguousarray(words).view(np.uint8)
+        if bits == 8:
+            return raw[..., :count].copy()
+        per = 8 // bits  # field k of each byte, stacked last: contiguous passes beat strided writes
+        fields = [raw & mask if k == 0 else (raw >> (bits * k)) & mask for k in range(per - 1)]
+        fields.append(raw >> (bits * (per - 1)))
+        return np.stack(fields, axis=-1).reshape(*lead, n * 4 * per)[..., :count]
     starts = np.arange(count, dtype=np.int64) * bits
     index, offset = starts // 32, (starts % 32).astype(np.uint64)
     padded = np.concatenate([words, np.zeros((*lead, 1), np.uint32)], axis=-1).astype(np.uint64)
@@ -54,17 +59,61 @@ def scale_to_f32(values: np.ndarray, storage_type: str) -> np.ndarray:
     raise ValueError(f"scales stored as {storage_type} (expected one of {', '.join(SCALE_TYPES)})")
 
 
-def round_to(values: np.ndarray, storage_type: str) -> np.ndarray:
-    """float32 ``values`` rounded (nearest, ties to even) to the scale type's precision, kept as float32."""
+def round_to(values: np.ndarray, storage_type: str, f16_normal: bool = False) -> np.ndarray:
+    """float32 ``values`` (new arrays the caller owns: rounded in place where possible) rounded to nearest,
+    ties to even, at the scale type's precision, kept as float32.
+
+    For F16 the rounding is done on the float32 bits (numpy's float16 conversion costs several times more)
+    when ``f16_normal`` says every value is zero or of a normal float16 magnitude (:func:`f16_normal`);
+    otherwise by numpy's conversion, which also handles subnormals and overflow.
+    """
     if storage_type == "F16":
+        if f16_normal:
+            return _round_mantissa(values, 13)
         with np.errstate(over="ignore"):
             return values.astype(np.float16).astype(np.float32)
     if storage_type == "BF16":
-        bits = values.view(np.uint32)
-        rounded = (bits + np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1))) & np.uint32(0xFFFF0000)
-        out = rounded.view(np.float32)
-        nan = np.isnan(values)
-        if nan.any():  # the carry of rounding must not turn a NaN's payload into an infinity
-            out = np.where(nan, values, out)
+        nan = np.isnan(values.max()) if values.size else False
+        original = values.copy() if nan else None
+        out = _round_mantissa(values, 16)
+        if nan:  # the carry of rounding must not turn a NaN's payload into an infinity
+            out = np.where(np.isnan(original), original, out)
         return out
     return values
+
+
+_scratch = threading.local()
+
+
+def _round_mantissa(values: np.ndarray, drop: int) -> np.ndarray:
+    """Round float32 ``values`` in place to ``23 - drop`` mantissa bits (nearest, ties to even).
+
+    The carry goes through a per-thread scratch buffer: a fresh temporary per tile costs more in page faults
+    than the arithmetic (decoded tiles stay in the cache, so the heap keeps growing)."""
+    u = np.ascontiguousarray(values).reshape(-1).view(np.uint32)
+    buffer = getattr(_scratch, "buffer", None)
+    if buffer is None or buffer.size < u.size:
+        buffer = _scratch.buffer = np.empty(max(u.size, 1 << 16), np.uint32)
+    carry = buffer[:u.size]
+    np.right_shift(u, drop, out=carry)  # (Python int operands: numpy scalar ones cost several times more)
+    carry &= 1
+    carry += (1 << (drop - 1)) - 1
+    u += carry
+    u &= (0xFFFFFFFF >> drop) << drop
+    return u.view(np.float32).reshape(values.shape)
+
+
+F16_MIN_NORMAL = 2.0 ** -14
+F16_MAX = 65504.0
+
+
+def f16_normal(scales: np.ndarray, max_factor: int) -> bool:
+    """Whether every ``k * scale`` (integer ``|k| <= max_factor``) is zero or a normal float16 magnitude: then
+    :func:`round_to` may round on the bits. Checked once per layer on all its scales."""
+    if scales.size == 0:
+        return True
+    mags = np.abs(scales)
+    if not np.isfinite(mags).all() or mags.max() * max_factor >= F16_MAX:
+        return False
+    nonzero = mags[mags > 0]
+    return nonzero.size == 0 or nonzero.min() >= F16_MIN_NORMAL

@@ -23,7 +23,7 @@ import numpy as np
 from ..descriptors import TensorInfo
 from .bits import packed_words, round_to, scale_to_f32, unpack_fields
 from .layout import (INT32_TYPES, INT_TYPES, SCALE_TYPES, Absent, Layout, Parts, check_ndim, check_shape,
-                     check_type, group_index_fast, int_setting, require)
+                     check_type, f16_fast, group_index_fast, int_setting, require)
 
 ROLES = ("weight_packed", "weight_scale", "weight_zero_point", "weight_shape", "weight_g_idx")
 FORMAT = "pack-quantized"
@@ -161,7 +161,7 @@ def build(prefix: str, parts: Mapping[str, TensorInfo], settings: Mapping[str, A
             s, z = s[o0:o1], z[o0:o1]
         else:
             s, z = np.broadcast_to(s, (o1 - o0, 1)), np.broadcast_to(z, (o1 - o0, 1))
-        return round_to(group_index_fast(q, z, s, group_size), st)
+        return round_to(group_index_fast(q, z, s, group_size), st, f16_fast(reader, "weight_scale", st, 1 << bits))
 
     return Layout("compressed-tensors", parameters, out, in_features, used, st, decode)
 

@@ -26,7 +26,7 @@ import numpy as np
 from ..descriptors import TensorInfo
 from .bits import packed_words, round_to, scale_to_f32, unpack_fields
 from .layout import (INT32_TYPES, INT_TYPES, SCALE_TYPES, Absent, Layout, Parts, check_ndim, check_shape,
-                     check_type, group_index_fast, int_setting, require)
+                     check_type, f16_fast, group_index_fast, int_setting, require)
 
 ROLES = ("qweight", "qzeros", "scales", "g_idx")
 BITS = (2, 3, 4, 8)
@@ -92,14 +92,17 @@ def build(prefix: str, parts: Mapping[str, TensorInfo], settings: Mapping[str, A
 
         z = reader.derived(tag + ":zeros_t", ("qzeros",), (out, groups), zeros_t)[o0:o1].astype(np.float32)
         s = reader.derived("scales_t", ("scales",), (out, groups), scales_t)[o0:o1]
-        words = reader.whole("qweight")[:, o0:o1].T                          # [o1 - o0, packed in]
+        # qweight's columns are the weight's rows: transposed once per layer (cached), so that a tile of rows
+        # is contiguous instead of one word from each of thousands of rows
+        words = reader.derived("qweight_t", ("qweight",), (out, rows),
+                               lambda: reader.read_whole("qweight").T)[o0:o1]   # [o1 - o0, packed in]
         q = unpack_fields(words, bits, in_features)                          # [o1 - o0, in] uint8
         g = _group_index(reader, g_idx, in_features, gsize, groups)
         if g is None:
             values = group_index_fast(q, z, s, gsize)
         else:
             values = (q.astype(np.float32) - z[:, g]) * s[:, g]
-        return round_to(values, scales.storage_type)
+        return round_to(values, scales.storage_type, f16_fast(reader, "scales", scales.storage_type, 1 << bits))
 
     return Layout("gptq", parameters, out, in_features, used, scales.storage_type, decode)
 

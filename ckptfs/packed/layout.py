@@ -20,6 +20,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from ..descriptors import TensorInfo
+from .bits import f16_normal, scale_to_f32
 
 
 class Absent(Exception):
@@ -28,6 +29,7 @@ class Absent(Exception):
 
 class Parts(Protocol):  # what decode_rows reads through (ckptfs.packed.views.PartReader)
     def whole(self, role: str) -> np.ndarray: ...
+    def read_whole(self, role: str) -> np.ndarray: ...
     def rows(self, role: str, r0: int, r1: int) -> np.ndarray: ...
     def derived(self, what: str, roles: tuple[str, ...], shape: tuple[int, ...],
                 build: Callable[[], np.ndarray]) -> np.ndarray: ...
@@ -106,8 +108,13 @@ def group_index_fast(q: np.ndarray, zeros: np.ndarray, scales: np.ndarray, group
     ``[rows, groups]`` (float32), without materializing the per-column gathers (the last group may be short)."""
     rows, width = q.shape
     groups = zeros.shape[1]
-    out = np.empty((rows, width), np.float32)
     full = width // group_size
+    if full == groups and full * group_size == width:  # the usual case: whole groups, no copy at the end
+        body = q.reshape(rows, full, group_size).astype(np.float32)
+        body -= zeros[:, :, None]
+        body *= scales[:, :, None]
+        return body.reshape(rows, width)
+    out = np.empty((rows, width), np.float32)
     if full:
         body = q[:, :full * group_size].reshape(rows, full, group_size).astype(np.float32)
         body -= zeros[:, :full, None]
@@ -117,3 +124,13 @@ def group_index_fast(q: np.ndarray, zeros: np.ndarray, scales: np.ndarray, group
         tail = q[:, full * group_size:].astype(np.float32)
         out[:, full * group_size:] = (tail - zeros[:, full, None]) * scales[:, full, None]
     return out
+
+
+def f16_fast(parts: Parts, role: str, storage_type: str, max_factor: int) -> bool:
+    """Whether ``round_to`` may round this layer's values on their bits (``bits.f16_normal`` of all its
+    scales, checked once per layer and cached)."""
+    if storage_type != "F16":
+        return False
+    flag = parts.derived(f"f16-normal:{max_factor}", (role,), (1,), lambda: np.array(
+        [f16_normal(scale_to_f32(parts.whole(role), storage_type), max_factor)], np.int8))
+    return bool(flag[0])

@@ -27,7 +27,7 @@ from ..views import npy_header
 from .layout import Absent, Layout
 
 TILE_TARGET_BYTES = 256 * 1024
-WHOLE_STEP_BYTES = 16 * 1024 * 1024
+WHOLE_STEP_BYTES = 1024 * 1024
 
 #: numpy dtype of each stored part type (BF16 scales stay raw 16-bit patterns; ``bits`` widens them).
 PART_DTYPES = {"I8": "i1", "U8": "u1", "I16": "<i2", "U16": "<u2", "I32": "<i4", "U32": "<u4", "I64": "<i8",
@@ -62,11 +62,16 @@ class PartReader:
             raise exc.about_tensor(f"{self._name} (part {info.name})") from None
 
     def whole(self, role: str) -> np.ndarray:
+        """A whole (small) part, cached: zero points, scales, g_idx."""
         info = self._layout.parts[role]
         key = f"{self.ident([role])}|packed-part"
-        flat = self._ck.cache.get_or_load(
-            key, lambda: np.frombuffer(self._pread(info, 0, info.stored_nbytes), PART_DTYPES[info.storage_type]))
-        return flat.reshape(info.shape)
+        return self._ck.cache.get_or_load(key, lambda: self.read_whole(role).reshape(-1)).reshape(info.shape)
+
+    def read_whole(self, role: str) -> np.ndarray:
+        """A whole part, read now and not cached (what a derived array is built from)."""
+        info = self._layout.parts[role]
+        raw = self._pread(info, 0, info.stored_nbytes)
+        return np.frombuffer(raw, PART_DTYPES[info.storage_type]).reshape(info.shape)
 
     def rows(self, role: str, r0: int, r1: int) -> np.ndarray:
         info = self._layout.parts[role]
