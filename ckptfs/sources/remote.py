@@ -331,6 +331,12 @@ class RemoteSource(ByteSource):
         CheckpointError."""
         raise NotImplementedError
 
+    def close_if_idle(self) -> bool:
+        return True  # holds no descriptor: the pool's bound on open files does not apply
+
+    def ensure_open(self) -> None:
+        self._closed = False
+
     def close(self) -> None:
         self._closed = True
 
