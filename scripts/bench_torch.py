@@ -3,7 +3,7 @@
 
 Paths, each timed in a fresh subprocess that has already imported torch, numpy, gguf and ckptfs (so every
 one starts from the same baseline), one after the other, ``--rounds`` times interleaved; the best time of each
-is reported:
+is reported (best-of ratios), and the median of the ratios within each round (steadier on a loaded machine):
 
   ckptfs           ckptfs.load(path): open, coalesced reads, decoding on every core into the tensors
   ckptfs-bf16      the same into bfloat16 (no whole-tensor float32 copy)
@@ -177,11 +177,16 @@ def main(argv: list[str] | None = None) -> int:
         for other in ("gguf-py", "gguf-py-decode"):
             if other in best:
                 summary[f"speedup_vs_{other}"] = best[other]["seconds"] / ours["seconds"]
+                # a loaded machine slows whole rounds: the ratio within each round is the steadier figure
+                per_round = [b["seconds"] / a["seconds"] for a, b in zip(runs["ckptfs"], runs[other])]
+                summary[f"round_speedups_vs_{other}"] = per_round
+                summary[f"median_round_speedup_vs_{other}"] = float(np.median(per_round))
     print(f"\n{'mode':15s} {'best s':>8s} {'MB/s out':>9s} {'RSS growth':>11s}")
     for mode, m in best.items():
         print(f"{mode:15s} {m['seconds']:8.2f} {m['float32_bytes'] / 1e6 / m['seconds']:9.0f} "
               f"{m['rss_growth'] / 2**20:8.0f} MiB")
-    for key in ("speedup_vs_gguf-py", "speedup_vs_gguf-py-decode", "rss_growth_over_output"):
+    for key in ("speedup_vs_gguf-py", "median_round_speedup_vs_gguf-py", "speedup_vs_gguf-py-decode",
+                "median_round_speedup_vs_gguf-py-decode", "rss_growth_over_output"):
         if key in summary:
             print(f"{key}: {summary[key]:.2f}")
     if args.json:
