@@ -2,8 +2,8 @@
 covers and no further, a chunk found good is not read again for checking while the file keeps its identity,
 a mismatch is an IntegrityError naming the tensor, and through a real FUSE mount it is EIO with one log line.
 
-Not here yet: a mismatch served from a mirror whose bytes match, and a mirror that is also corrupt (mirrors
-come with issue 12; ``IntegrityError`` is a ``CheckpointError`` so that layer takes it as a failed read).
+With mirrors (``mirrors=`` / ``--mirror``) each copy is checked on its own: a mismatch in the primary is
+served from a mirror whose bytes match, and when every copy is corrupt the read fails naming each of them.
 """
 
 from __future__ import annotations
@@ -123,6 +123,42 @@ def test_a_renamed_single_file_still_matches(tmp_path, big):
         np.testing.assert_array_equal(ck["big.weight"].numpy(), tensors["big.weight"])
 
 
+# ------------------------------------------------------------------------------------------------ mirrors
+
+@pytest.fixture
+def mirrored(big, tmp_path):
+    """A corrupt primary (a byte of big.weight's third chunk flipped, past the 2 MiB the mirror layer compares
+    at open) and an intact mirror, both written by the reference writer."""
+    path, tensors, manifest, offsets = big
+    mirror = tmp_path / "mirror" / "big.safetensors"
+    mirror.parent.mkdir()
+    big_safetensors(mirror)
+    start, _ = offsets["big.weight"]
+    flip(path, start + 2 * MIB + 5)
+    return path, mirror, tensors, manifest, start
+
+
+def test_mismatch_served_from_a_mirror_that_matches(mirrored):
+    path, mirror, tensors, manifest, _ = mirrored
+    with ckptfs.open(path, manifest=manifest, mirrors=[str(mirror)]) as ck:
+        np.testing.assert_array_equal(ck["big.weight"].numpy(), tensors["big.weight"])
+    with ckptfs.open(path, manifest=manifest) as ck, pytest.raises(IntegrityError):
+        ck["big.weight"].numpy()  # the same read without the mirror
+
+
+def test_mirror_also_corrupt(mirrored):
+    path, mirror, tensors, manifest, start = mirrored
+    flip(mirror, start + 2 * MIB + 9)
+    with ckptfs.open(path, manifest=manifest, mirrors=[str(mirror)]) as ck:
+        with pytest.raises(CheckpointError) as info:
+            ck["big.weight"].numpy()
+        message = str(info.value)
+        assert "tensor 'big.weight'" in message and "\n" not in message
+        for copy in (path, mirror):  # each copy's own mismatch is named
+            assert f"{copy} @ byte {start + 2 * MIB}: tensor 'big.weight': stored bytes {start + 2 * MIB}.." in message
+        np.testing.assert_array_equal(ck["big.weight"][:512], tensors["big.weight"][:512])  # intact chunks serve
+
+
 # ------------------------------------------------------------------------------------------ a real mount
 
 def test_mount_serves_exact_bytes_and_eio_with_one_log_line(tmp_path, mounted):
@@ -157,6 +193,16 @@ def test_mount_serves_exact_bytes_and_eio_with_one_log_line(tmp_path, mounted):
     with pytest.raises(OSError) as info:
         (mnt / "q4_k.mat.npy").read_bytes()
     assert info.value.errno == errno.EIO
+
+
+def test_mount_with_a_mirror_serves_the_matching_copy(mirrored, mounted):
+    path, mirror, tensors, manifest, _ = mirrored
+    manifest_file = path.parent / "big.manifest.json"
+    manifest_file.write_text(manifest.dumps())
+    mnt = mounted(path, "--manifest", str(manifest_file), "--mirror", str(mirror))
+    expected = io.BytesIO()
+    np.save(expected, tensors["big.weight"])
+    assert (mnt / "big.weight.npy").read_bytes() == expected.getvalue()
 
 
 def test_mount_refuses_a_malformed_or_foreign_manifest_in_one_line(tmp_path):
