@@ -158,12 +158,25 @@ def info(src, as_json, verbose, mirrors, timeout, stall_timeout):
 @click.argument("src")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.option("--cache-size", type=SIZE, default="512M", show_default=True)
+@click.option("--local", "local", default=None, metavar="PATH",
+              help="For a URL: a local copy of the same checkpoint, benchmarked beside it.")
+@remote_options
 @click.option("-v", "--verbose", is_flag=True)
-def bench(src, as_json, cache_size, verbose):
-    """Benchmark reads of SRC through a temporary mount, beside gguf-py/safetensors when installed."""
-    from .bench import run_bench
+def bench(src, as_json, cache_size, local, mirrors, timeout, stall_timeout, verbose):
+    """Benchmark reads of SRC through a temporary mount, beside gguf-py/safetensors when installed (for a
+    URL: requests, bytes fetched, header bytes, first-read latency and stream throughput, beside --local)."""
+    from .sources import is_url
 
     try:
+        if is_url(src):
+            from .benchremote import run_remote_bench
+
+            args = [f"--mirror={m}" for m in mirrors] + ["--cache-size", str(cache_size)]
+            args += [f"--timeout={timeout}"] if timeout is not None else []
+            args += [f"--stall-timeout={stall_timeout}"] if stall_timeout is not None else []
+            sys.exit(run_remote_bench(src, local=local, as_json=as_json, mount_args=tuple(args)))
+        from .bench import run_bench
+
         sys.exit(run_bench(src, as_json=as_json, cache_size=cache_size, verbose=verbose))
     except (CheckpointError, OSError) as exc:
         _fail(exc, verbose)

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Remote checkpoints over loopback http: requests, bytes, header bytes, cold first-read latency and stream
+"""Remote checkpoints over loopback http (``ckptfs bench URL``'s workloads, plus the server's own counts): requests, bytes, header bytes, cold first-read latency and stream
 throughput, beside the same file mounted locally — the figures of docs/remote.md.
 
 Serves the files with Debian's nginx on 127.0.0.1 (the test suite's ``tests/servers.py``), mounts each
@@ -26,34 +26,17 @@ import re
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
 
-from servers import Nginx  # noqa: E402
+from servers import Nginx
+
+from ckptfs.benchremote import BenchMount, header_bytes, stream, timed_read
 
 MiB = 1 << 20
 _LOG = re.compile(r'"(?P<method>[A-Z]+) (?P<path>\S+) [^"]*" (?P<status>\d+) (?P<bytes>\d+)')
-
-
-def cli(*args: str, check: bool = True) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "ckptfs.cli", *args], capture_output=True, text=True,
-                          timeout=600, check=check, cwd=REPO)
-
-
-class Mount:
-    def __init__(self, src: str, *args: str):
-        self.mnt = Path(tempfile.mkdtemp(prefix="ckptfs-bench-remote-mnt-"))
-        start = time.perf_counter()
-        cli("mount", src, str(self.mnt), *args)
-        self.names = sorted(os.listdir(self.mnt))
-        self.seconds = time.perf_counter() - start
-
-    def close(self) -> None:
-        cli("umount", str(self.mnt), check=False)
-        os.rmdir(self.mnt)
 
 
 def log_since(server: Nginx, before: int) -> list[tuple[int, int]]:
@@ -63,13 +46,6 @@ def log_since(server: Nginx, before: int) -> list[tuple[int, int]]:
         if m:
             out.append((int(m["status"]), int(m["bytes"])))
     return out
-
-
-def header_bytes(path: Path) -> int:
-    import ckptfs
-
-    with ckptfs.open(path) as ck:
-        return min(t.info.offset for t in ck.tensors)
 
 
 def write_70b_header(path: Path) -> None:
@@ -110,39 +86,23 @@ def write_70b_header(path: Path) -> None:
 def measure_header(server: Nginx, root: Path, name: str) -> dict:
     url = f"{server.url}/{name}"
     before = len(server.access_log())
-    remote = Mount(url, "--timeout", "30")
+    remote = BenchMount(url, "--timeout", "30")
     seen = log_since(server, before)
     remote.close()
-    local = Mount(str(root / name))
+    local = BenchMount(str(root / name))
     local.close()
-    header = header_bytes(root / name)
+    header = header_bytes(str(root / name))
     return {"file": name, "header_bytes": header, "requests": len(seen), "bytes": sum(n for _, n in seen),
             "bytes_limit": 2 * header + 2 * MiB, "mount_list_s": round(remote.seconds, 3),
             "local_mount_list_s": round(local.seconds, 3), "ratio": round(remote.seconds / local.seconds, 2)}
 
 
-def npy_files(mount: Mount) -> list[str]:
+def npy_files(mount: BenchMount) -> list[str]:
     return [n for n in mount.names if n.endswith(".npy")]
 
 
 def first_read(mnt: Path, name: str, offset: int = 0) -> float:
-    start = time.perf_counter()
-    with open(mnt / name, "rb") as fh:
-        fh.seek(offset)
-        fh.read(4096)
-    return time.perf_counter() - start
-
-
-def stream(mnt: Path, names: list[str]) -> tuple[int, float]:
-    total, start = 0, time.perf_counter()
-    for name in names:
-        with open(mnt / name, "rb", buffering=0) as fh:
-            while True:
-                chunk = fh.read(MiB)
-                if not chunk:
-                    break
-                total += len(chunk)
-    return total, time.perf_counter() - start
+    return timed_read(mnt / name, offset)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -165,8 +125,8 @@ def main(argv: list[str] | None = None) -> int:
         url = f"{server.url}/{model.name}"
         results["headers"] = [measure_header(server, root, model.name), measure_header(server, root, "header70b.gguf")]
 
-        remote = Mount(url, "--timeout", "30")
-        local = Mount(str(model))
+        remote = BenchMount(url, "--timeout", "30")
+        local = BenchMount(str(model))
         try:
             names = npy_files(local)
             sizes = {n: os.path.getsize(local.mnt / n) for n in names}
@@ -187,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
         rows = []
         for _ in range(args.rounds):  # alternate, so load on the shared machine hits both alike
             for kind, src in (("local", str(model)), ("remote", url)):
-                m = Mount(src, *(["--timeout", "30"] if kind == "remote" else []))
+                m = BenchMount(src, *(["--timeout", "30"] if kind == "remote" else []))
                 try:
                     before = len(server.access_log())
                     n, secs = stream(m.mnt, npy_files(m))
@@ -204,14 +164,14 @@ def main(argv: list[str] | None = None) -> int:
 
         cache = Path(tempfile.mkdtemp(prefix="ckptfs-bench-remote-cache-"))
         try:
-            first = Mount(url, "--cache-dir", str(cache))
+            first = BenchMount(url, "--cache-dir", str(cache))
             try:
                 some = npy_files(first)[:8]
                 stream(first.mnt, some)
             finally:
                 first.close()
             before = len(server.access_log())
-            second = Mount(url, "--cache-dir", str(cache))
+            second = BenchMount(url, "--cache-dir", str(cache))
             try:
                 stream(second.mnt, some)
             finally:

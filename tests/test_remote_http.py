@@ -184,3 +184,23 @@ def test_mount_read_fails_with_eio_when_the_server_fails_then_recovers(site, mou
         header = len(data) - len(want)
         assert data[header:] == want  # the daemon lived on and serves the right bytes once the server does
         assert mount_stats(mnt)["source"]["retries"] > 0
+
+
+def test_cli_bench_of_a_url_beside_the_local_file(site):
+    """``ckptfs bench URL --local PATH``: the remote workloads beside the local file, counts from the daemon."""
+    from conftest import require_fuse
+    from gguf import GGUFReader
+
+    require_fuse()
+    server, root, _ = site
+    out = subprocess.run([sys.executable, "-m", "ckptfs.cli", "bench", server.url + "/mixed.gguf", "--local",
+                          str(root / "mixed.gguf"), "--json", "--timeout", "10"],
+                         capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout)
+    assert data["header_bytes"] == min(t.data_offset for t in GGUFReader(root / "mixed.gguf").tensors)
+    remote, local = data["remote"], data["local"]
+    assert remote["mount_list"]["requests"] >= 1 and remote["mount_list"]["bytes"] > 0
+    assert local["mount_list"]["requests"] == 0
+    assert remote["stream"]["npy_bytes"] == local["stream"]["npy_bytes"] > 0
+    assert "stream_ratio" in data

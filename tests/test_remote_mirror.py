@@ -7,7 +7,6 @@ the primary has to fail). Values are compared with what gguf-py / safetensors re
 
 from __future__ import annotations
 
-import errno  # noqa: F401 - kept for symmetry with the mount tests
 import os
 import shutil
 import time
