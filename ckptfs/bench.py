@@ -109,7 +109,8 @@ def make_plan(ck: Checkpoint, src: str) -> Plan:
         if tensor.info.damaged:
             damaged.append((tensor.name, tensor.info.damaged))
             continue
-        raw.append(stem + ".raw")
+        if not tensor.virtual:  # a view of packed parts (GPTQ/AWQ) has .npy and .meta.json only
+            raw.append(stem + ".raw")
         if tensor.decodable:
             npy.append(NpyFile(stem + ".npy", tensor.name, tensor.storage_type, tuple(tensor.shape),
                                int(tensor.nbytes), int(tensor.meta["npy_data_offset"])))

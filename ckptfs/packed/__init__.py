@@ -34,17 +34,16 @@ def attach(checkpoint) -> None:
     config = read_config(checkpoint.passthrough, lambda path: _read_small(checkpoint, path))
     if config is None:
         return
-    by_name = {}
-    for t in checkpoint.tensors:
-        by_name.setdefault(t.name, t)
-    for prefix, roles in find_layers([t.name for t in checkpoint.tensors], config).items():
+    tensors = checkpoint.tensors
+    names = tensors.names() if hasattr(tensors, "names") else [t.name for t in tensors]  # no Tensor made
+    for prefix, roles in find_layers(names, config).items():
         view_name = f"{prefix}.weight"
-        parts = {role: by_name[name].info for role, name in roles.items()}
+        parts = {role: checkpoint[name].info for role, name in roles.items()}
         scheme = config.method or "unknown"
         try:
             if config.problem is not None:
                 raise Absent(config.problem)
-            if view_name in by_name:
+            if view_name in checkpoint:
                 raise Absent(f"a stored tensor is named {view_name!r}; it is served instead of the view")
             layout = _build(scheme, prefix, parts, config, checkpoint)
         except Absent as exc:
@@ -59,7 +58,7 @@ def attach(checkpoint) -> None:
             note = {"name": view_name, "scheme": scheme, "present": True}
         checkpoint.packed_views.append(row)
         for name in roles.values():
-            by_name[name].annotations["packed_view"] = note
+            checkpoint[name].annotations["packed_view"] = note
 
 
 def _build(scheme: str, prefix: str, parts, config: QuantConfig, checkpoint) -> Layout:

@@ -24,6 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import torch
 
+from ..quant import codec_for
 from . import batch, kernels
 
 #: Storage types torch holds exactly: ``dtype=None`` keeps them; every other type becomes float32.
@@ -81,7 +82,8 @@ def resolve_dtype(dtype) -> torch.dtype | None:
 
 def output_dtype(tensor, dtype: torch.dtype | None) -> torch.dtype:
     """The torch dtype ``tensor`` is loaded as (``dtype`` given, else the storage's own where exact)."""
-    storage = STORAGE_DTYPES.get(tensor.storage_type) if tensor.info.block_elements == 1 else None
+    exact = not getattr(tensor, "virtual", False) and tensor.info.block_elements == 1
+    storage = STORAGE_DTYPES.get(tensor.storage_type) if exact else None
     if dtype is None:
         return storage or torch.float32
     if storage is not None and storage.is_complex and not dtype.is_complex:
@@ -173,8 +175,8 @@ def _fill(ck, plans, dev: torch.device, on_device: bool) -> list[torch.Tensor]:
     results, requests = [], []
     for t, e0, e1, shape, out_dtype in plans:
         results.append(_allocate(shape, out_dtype, dev, t.name))
-        requests.append(batch.Request(t, e0, e1, TorchDestination(results[-1].view(-1))))
-    pieces = batch.plan(requests)
+        requests.append(_request(t, e0, e1, results[-1].view(-1)))
+    pieces = batch.plan(batch.decode_virtual(requests))
     if on_device:
         _decode_on_device(pieces, ck.sources, dev)
     else:
@@ -182,6 +184,14 @@ def _fill(ck, plans, dev: torch.device, on_device: bool) -> list[torch.Tensor]:
     if dev.type == "cuda":
         torch.cuda.synchronize(dev)
     return results
+
+
+def _request(tensor, e0: int, e1: int, flat: torch.Tensor) -> batch.Request:
+    """The batch request filling ``flat``. BF16 storage into bfloat16 is a copy of the 16-bit words (the
+    I16 codec, into an int16 view): exact, NaN payloads included, where float32 and back would not be."""
+    if flat.dtype == torch.bfloat16 and tensor.storage_type == "BF16" and not getattr(tensor, "virtual", False):
+        return batch.Request(tensor, e0, e1, TorchDestination(flat.view(torch.int16)), codec=codec_for("I16"))
+    return batch.Request(tensor, e0, e1, TorchDestination(flat))
 
 
 def _release(dev: torch.device) -> None:
@@ -241,13 +251,13 @@ def _decode_on_device(pieces: Sequence[batch.Piece], sources, device: torch.devi
 
 
 def _device_decodable(run: batch.Run) -> bool:
-    return kernels.has_kernel(run.info.storage_type) and run.info.byte_order == "<"
+    return kernels.has_kernel(run.request.codec.name) and run.info.byte_order == "<"
 
 
 def _device_run(run: batch.Run, stored: torch.Tensor) -> None:
     info, req = run.info, run.request
     be = info.block_elements
-    values = kernels.dequantize(info.storage_type, stored.view(run.b1 - run.b0, info.block_bytes)).reshape(-1)
+    values = kernels.dequantize(req.codec.name, stored.view(run.b1 - run.b0, info.block_bytes)).reshape(-1)
     first = run.b0 * be
     e0, e1 = max(first, req.e0), min(run.b1 * be, req.e1)
     req.dest.flat[e0 - req.e0:e1 - req.e0].copy_(values[e0 - first:e1 - first])

@@ -64,6 +64,12 @@ class Request:
     e0: int                            # elements [e0, e1) of the flattened tensor
     e1: int
     dest: Destination                  # element e0 of the tensor is element 0 of dest
+    codec: object = None               # decode the stored blocks with this codec instead of the tensor's own
+                                       # (api.py: BF16 storage into a bfloat16 tensor is copied as 16-bit words)
+
+    def __post_init__(self):
+        if self.codec is None:
+            self.codec = getattr(self.tensor, "codec", None)
 
 
 @dataclass
@@ -91,6 +97,19 @@ class Piece:
     offset: int
     size: int
     runs: list[Run] = field(default_factory=list)
+
+
+def decode_virtual(requests: Sequence[Request]) -> list[Request]:
+    """Decode the requests of virtual tensors (views of packed layers, ckptfs.packed, which read and decode
+    their own parts) into their destinations now; return the others, for :func:`plan`."""
+    stored = []
+    for req in requests:
+        if getattr(req.tensor, "virtual", False):
+            for e in range(req.e0, req.e1, RUN_ELEMENTS):     # bounded runs, as for stored tensors
+                req.dest.put(e - req.e0, req.tensor.data.read(e, min(e + RUN_ELEMENTS, req.e1), use_cache=False))
+        else:
+            stored.append(req)
+    return stored
 
 
 def plan(requests: Sequence[Request]) -> list[Piece]:
@@ -125,7 +144,7 @@ def plan(requests: Sequence[Request]) -> list[Piece]:
 def decode_run(run: Run, raw: memoryview | bytes) -> None:
     """Decode the run's stored bytes ``raw`` into its destination."""
     req, info = run.request, run.info
-    codec, be = req.tensor.codec, info.block_elements
+    codec, be = req.codec, info.block_elements
     blocks = np.frombuffer(raw, np.uint8).reshape(run.b1 - run.b0, info.block_bytes)
     first, last = run.b0 * be, run.b1 * be                       # the elements these blocks hold
     e0, e1 = max(first, req.e0), min(last, req.e1)
@@ -233,7 +252,7 @@ def load_batch(src, names: Sequence[str], *, stack: bool = False):
             buffer = np.empty(total, np.uint8)
             arrays = [buffer[o:o + t.nbytes].view(t.dtype).reshape(t.shape) for o, t in zip(offsets, tensors)]
         requests = [Request(t, 0, t.size, ArrayDestination(a.reshape(-1))) for t, a in zip(tensors, arrays)]
-        run(plan(requests), ck.sources)
+        run(plan(decode_virtual(requests)), ck.sources)
     finally:
         if opened:
             ck.close()
