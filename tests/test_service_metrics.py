@@ -5,7 +5,8 @@ per file kind, exactly the bytes the test's reads returned: O_DIRECT reads (each
 request of exactly that range) and whole-file reads of files read for the first time (the page cache asks for
 every byte of the file exactly once). The other families are checked against the mount's stats xattr (one
 builder serves both), gguf-py's tensor list (storage types decoded) and getrusage's own counters (faults).
-The dashboard's queries are checked against the same scrape: every metric they name is served.
+The dashboard's queries are checked against the same scrape (every metric they name is served) and run in a
+real Prometheus scraping the mount (each is valid PromQL and the main panels get data).
 """
 
 from __future__ import annotations
@@ -14,15 +15,19 @@ import errno
 import json
 import os
 import re
+import shutil
+import socket
 import subprocess
 import threading
+import time
+import urllib.parse
 import urllib.request
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from conftest import REPO, ckptfs_cli, cli_env, mount_stats, require_fuse
+from conftest import REPO, ckptfs_cli, cli_env, mount_stats, require_fuse, skip_or_fail, wait_until
 from fixtures import quantized, write_gguf
 
 parser = pytest.importorskip("prometheus_client.parser")
@@ -196,6 +201,63 @@ def test_dashboard_queries_name_only_served_contract_metrics(mnt):
                    "ckptfs_fuse_request_seconds_bucket", "ckptfs_fuse_errors_total", "ckptfs_source_requests_total",
                    "ckptfs_mirror_failovers_total", "ckptfs_page_faults_total"):
         assert needed in used, needed
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def prometheus_query(port: int, query: str) -> dict:
+    url = f"http://127.0.0.1:{port}/api/v1/query?" + urllib.parse.urlencode({"query": query})
+    try:
+        with urllib.request.urlopen(url, timeout=10) as response:
+            return json.loads(response.read())
+    except urllib.error.HTTPError as exc:  # a bad query: Prometheus answers 400 with the reason
+        return json.loads(exc.read())
+
+
+def test_dashboard_queries_run_in_a_real_prometheus(mnt, tmp_path):
+    """Prometheus itself scrapes the mount and evaluates every dashboard query (Grafana's variables filled
+    in): the exposition parses, every query is valid PromQL, and the main panels get data."""
+    if shutil.which("prometheus") is None:
+        skip_or_fail("prometheus is not installed (Debian: apt-get install prometheus)")
+    port = free_port()
+    config = tmp_path / "prometheus.yml"
+    config.write_text("global:\n  scrape_interval: 1s\nscrape_configs:\n  - job_name: ckptfs\n"
+                      f"    static_configs:\n      - targets: ['{mount_stats(mnt)['metrics']}']\n")
+    log = open(tmp_path / "prometheus.log", "w")
+    server = subprocess.Popen(["prometheus", f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'data'}",
+                               f"--web.listen-address=127.0.0.1:{port}"], stdout=log, stderr=subprocess.STDOUT,
+                              stdin=subprocess.DEVNULL)
+    try:
+        def scraped_enough() -> bool:
+            try:
+                (mnt / "blk.0.attn_q.weight.npy").read_bytes()  # reads and decodes keep happening meanwhile
+                os.path.exists(mnt / "no-such-file")
+                result = prometheus_query(port, 'count_over_time(up{job="ckptfs"}[1m])')["data"]["result"]
+                return bool(result) and float(result[0]["value"][1]) >= 5
+            except (OSError, KeyError, ValueError):
+                return False
+
+        assert wait_until(scraped_enough, timeout=60, interval=0.5), (tmp_path / "prometheus.log").read_text()[-2000:]
+        assert prometheus_query(port, 'up{job="ckptfs"}')["data"]["result"][0]["value"][1] == "1"
+        empty = []
+        for query in dashboard_queries():
+            if query.startswith("label_values("):  # Grafana's own function: what it asks Prometheus for
+                query = query[len("label_values("):].split(",")[0]
+            promql = query.replace("$__rate_interval", "30s").replace("$instance", ".*")
+            answer = prometheus_query(port, promql)
+            assert answer["status"] == "success", (promql, answer.get("error"))
+            if not answer["data"]["result"]:
+                empty.append(promql)
+        # only what this mount never did may be empty: remote sources, failovers, EIO
+        assert all(any(k in q for k in ("source", "failover", 'errno="EIO"')) for q in empty), empty
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+        log.close()
 
 
 def test_exporter_is_loopback_and_bad_addresses_are_one_line(tmp_path, source, mnt):

@@ -147,7 +147,8 @@ def start_exporter(host: str, port: int, operations: Any, info: dict[str, str]) 
     registry = CollectorRegistry(auto_describe=False)
     registry.register(CkptfsCollector(operations, info))
     try:
-        server, _thread = start_http_server(port, addr=host, registry=registry)
+        started = start_http_server(port, addr=host, registry=registry)
     except OSError as exc:
         raise MountError(f"--metrics {host}:{port}: cannot listen: {exc.strerror or exc}") from None
-    return host, int(server.server_port)
+    # prometheus-client >= 0.17 returns (server, thread): the port a port of 0 was given
+    return host, int(started[0].server_port) if started else port
