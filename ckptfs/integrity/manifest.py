@@ -179,8 +179,9 @@ def _feed_crc(pieces: list[tuple[_TensorHasher, memoryview]]) -> None:
 
 def _hash_file(job: FileJob, chunk_size: int, progress: Progress | None) -> tuple[FileEntry, list[TensorEntry]]:
     """One pass over a file. The reading thread hands each buffer to three ordered streams, each a thread of
-    its own (the file's sha256, the tensors' sha256s, the tensors' crc32s), so the work, about 2.5 hash
-    passes, spreads over the cores there are while every hash still sees its bytes in order."""
+    its own (the file's sha256, the tensors' sha256s, the tensors' crc32s), so the work (two sha256 passes
+    and a crc32 pass) spreads over the cores there are while every hash still sees its bytes in order. At
+    most IN_FLIGHT buffers are alive per file (32 MiB)."""
     size = job.source.size
     for name, offset, nbytes in job.tensors:
         if offset + nbytes > size:
@@ -227,7 +228,7 @@ def hash_files(jobs: Sequence[FileJob], *, chunk_size: int = CHUNK_SIZE, progres
             with lock:
                 report(n)
 
-    if workers is None:  # each file keeps about two cores busy (2.5 hash passes in three threads)
+    if workers is None:  # each file keeps about two cores busy (two sha256 passes in their own threads)
         workers = max(1, (os.cpu_count() or 2) // 2)
     workers = max(1, min(workers, len(jobs)))
     if workers == 1:
