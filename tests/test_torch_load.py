@@ -301,3 +301,13 @@ def test_big_endian_file_loads_the_same_values(tmp_path, mixed):
         for name, ref in big.tensors.items():
             if ref.array is not None:
                 assert same_bits(got[name], little[name]), name
+
+
+@pytest.mark.parametrize("use_kernels", [False, True])
+def test_bf16_storage_into_bfloat16_keeps_every_bit_pattern(tmp_path, use_kernels):
+    words = np.array([0x7F81, 0xFFC1, 0x7FC0, 0x0001, 0x8000, 0x7F80, 0x3F80, 0xFFFF], dtype="<u2")
+    written = write_safetensors(tmp_path / "bf16.safetensors", {"w": (words.tobytes(), "BF16", (2, 4))})
+    for dtype in (None, torch.bfloat16):
+        got = api.load(written.path, dtype=dtype, use_kernels=use_kernels)["w"]
+        assert got.dtype == torch.bfloat16
+        assert got.view(torch.int16).numpy().view("<u2").tolist() == words.reshape(2, 4).tolist()
