@@ -43,6 +43,11 @@ class Tensor:
         self.dtype = output_dtype(codec, checkpoint.dtype_mode) if codec is not None else None
         self._data: TensorData | None = None
         self._meta: dict[str, Any] | None = None
+        #: extra keys for NAME.meta.json from features that look at several tensors (``packed_view``)
+        self.annotations: dict[str, Any] = {}
+
+    #: True for a tensor computed from other stored tensors (a GPTQ/AWQ view): .npy and .meta.json only
+    virtual = False
 
     @property
     def decodable(self) -> bool:
@@ -74,7 +79,7 @@ class Tensor:
     def meta(self) -> dict[str, Any]:
         """The dict NAME.meta.json holds."""
         if self._meta is None:
-            self._meta = tensor_meta(self)
+            self._meta = {**tensor_meta(self), **self.annotations}
         return self._meta
 
     def raw(self) -> bytes:
@@ -245,6 +250,10 @@ class Checkpoint(Mapping):
         self._by_name: dict[str, Tensor] = {}
         for t in self.tensors:
             self._by_name.setdefault(t.name, t)
+        self.packed_views: list[dict[str, Any]] = []
+        if any(name in parsed.passthrough for name in ("config.json", "quantize_config.json")):
+            from .packed import attach  # GPTQ/AWQ/compressed-tensors views; a plain file never imports it
+            attach(self)
 
     @property
     def metadata(self) -> Mapping[str, Any]:
@@ -261,6 +270,11 @@ class Checkpoint(Mapping):
 
     def __len__(self) -> int:
         return len(self._by_name)
+
+    def add_virtual(self, tensor: Tensor) -> None:
+        """Append a virtual tensor (``tensor.index`` must be its position); a stored name always wins."""
+        self.tensors.append(tensor)
+        self._by_name.setdefault(tensor.name, tensor)
 
     def damaged(self) -> list[Tensor]:
         return [t for t in self.tensors if t.info.damaged]
