@@ -26,7 +26,7 @@ from collections.abc import Callable
 from ..errors import CheckpointError
 from .base import ByteSource
 from .netstats import COUNTERS
-from .remote import REMOTE_INITIAL_READ, current_options, deadline_scope, fallback_scope, using
+from .remote import REMOTE_INITIAL_READ, check_range, current_options, deadline_scope, fallback_scope, using
 
 log = logging.getLogger(__name__)
 
@@ -80,11 +80,8 @@ class MirrorSource(ByteSource):
         return members
 
     def pread(self, offset: int, size: int) -> bytes:
-        if size <= 0:
+        if not check_range(self, offset, size):
             return b""
-        if offset < 0 or offset + size > self.size:
-            raise CheckpointError(self.name, max(offset, self.size),
-                                  f"bytes {offset}..{offset + size} lie past the end of the file ({self.size} bytes)")
         members = self._order()
         failures: list[str] = []
         with deadline_scope(self.timeout):

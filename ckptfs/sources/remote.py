@@ -117,6 +117,16 @@ def read_deadline(timeout: float) -> float:
     return end if outer is None else min(outer, end)
 
 
+def check_range(source: ByteSource, offset: int, size: int) -> bool:
+    """False for an empty read; CheckpointError for bytes outside the source as opened."""
+    if size <= 0:
+        return False
+    if offset < 0 or offset + size > source.size:
+        raise CheckpointError(source.name, max(offset, source.size), f"bytes {offset}..{offset + size} lie past "
+                                                                     f"the end of the file ({source.size} bytes)")
+    return True
+
+
 class Retryable(Exception):
     """One attempt failed in a way another attempt may not (``retry_after``: the server's wish, seconds)."""
 
@@ -195,11 +205,8 @@ class RemoteSource(ByteSource):
     # -- reading ---------------------------------------------------------------------------------------
     def pread(self, offset: int, size: int) -> bytes:
         """Exactly ``size`` bytes at ``offset`` (as the object was at open), or CheckpointError."""
-        if size <= 0:
+        if not check_range(self, offset, size):
             return b""
-        if offset < 0 or offset + size > self.size:
-            raise CheckpointError(self.name, max(offset, self.size),
-                                  f"bytes {offset}..{offset + size} lie past the end of the file ({self.size} bytes)")
         deadline = read_deadline(self.options.timeout)
         c0, c1 = offset // CHUNK, (offset + size - 1) // CHUNK + 1
         chunks = self._get_chunks(c0, c1, deadline)
