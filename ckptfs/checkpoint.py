@@ -9,14 +9,14 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 from .blocks import UNCACHED_STEP_BYTES, TensorData
 from .cache import BlockCache, TieredCache
-from .descriptors import ParsedCheckpoint, TensorInfo
+from .descriptors import ParsedCheckpoint, TensorInfo, TensorTable, tensor_names
 from .errors import CheckpointError
 from .meta import tensor_meta
 from .quant import DTYPE_MODES, codec_for, output_dtype
@@ -216,6 +216,60 @@ def _row_list(key, rows: int) -> np.ndarray | None:
     return picked % rows if rows else picked
 
 
+class TensorList(Sequence):
+    """``Checkpoint.tensors``: every tensor in file order, each :class:`Tensor` made on first access.
+
+    A checkpoint of 94,000 tensors is opened to read a few of them; making every Tensor (codec lookup,
+    output dtype) up front cost more than parsing the header. Virtual tensors (GPTQ/AWQ views) are appended
+    after the stored ones.
+    """
+
+    def __init__(self, checkpoint: Checkpoint, infos: Sequence[TensorInfo]):
+        self._ck = checkpoint
+        self._infos = infos
+        self._made: list[Tensor | None] = [None] * len(infos)
+        self._extra: list[Tensor] = []
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self._infos) + len(self._extra)
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        stored = len(self._infos)
+        if index < 0:
+            index += len(self)
+        if not 0 <= index < len(self):
+            raise IndexError("tensor index out of range")
+        if index >= stored:
+            return self._extra[index - stored]
+        tensor = self._made[index]
+        if tensor is None:
+            with self._lock:
+                tensor = self._made[index]
+                if tensor is None:
+                    tensor = self._made[index] = Tensor(self._ck, self._infos[index], index)
+        return tensor
+
+    def __iter__(self) -> Iterator[Tensor]:
+        return (self[i] for i in range(len(self)))
+
+    def append(self, tensor: Tensor) -> None:
+        self._extra.append(tensor)
+
+    def names(self) -> list[str]:
+        """Every tensor's name in order, without making Tensor objects."""
+        return [*tensor_names(self._infos), *(t.name for t in self._extra)]
+
+    def damaged_indices(self) -> list[int]:
+        if isinstance(self._infos, TensorTable):
+            stored = sorted(self._infos.damaged)
+        else:
+            stored = [i for i, info in enumerate(self._infos) if info.damaged]
+        return stored + [len(self._infos) + i for i, t in enumerate(self._extra) if t.info.damaged]
+
+
 class Checkpoint(Mapping):
     """An opened checkpoint: a read-only mapping of tensor name -> Tensor (the first of that name)."""
 
@@ -246,10 +300,10 @@ class Checkpoint(Mapping):
         #: What caches shared between processes and pickled tensors key on (``ckptfs.sources.identity``).
         self.content_id = checkpoint_content_id([source.content_id() for source in pinned])
         self.cache = cache if cache is not None else TieredCache([BlockCache(cache_bytes)])
-        self.tensors = [Tensor(self, info, i) for i, info in enumerate(parsed.tensors)]
-        self._by_name: dict[str, Tensor] = {}
-        for t in self.tensors:
-            self._by_name.setdefault(t.name, t)
+        self.tensors = TensorList(self, parsed.tensors)
+        self._by_name: dict[str, int] = {}
+        for i, name in enumerate(self.tensors.names()):
+            self._by_name.setdefault(name, i)
         self.packed_views: list[dict[str, Any]] = []
         if any(name in parsed.passthrough for name in ("config.json", "quantize_config.json")):
             from .packed import attach  # GPTQ/AWQ/compressed-tensors views; a plain file never imports it
@@ -261,9 +315,12 @@ class Checkpoint(Mapping):
 
     def __getitem__(self, name: str) -> Tensor:
         try:
-            return self._by_name[name]
+            return self.tensors[self._by_name[name]]
         except KeyError:
             raise KeyError(name) from None
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._by_name
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._by_name)
@@ -274,10 +331,10 @@ class Checkpoint(Mapping):
     def add_virtual(self, tensor: Tensor) -> None:
         """Append a virtual tensor (``tensor.index`` must be its position); a stored name always wins."""
         self.tensors.append(tensor)
-        self._by_name.setdefault(tensor.name, tensor)
+        self._by_name.setdefault(tensor.name, tensor.index)
 
     def damaged(self) -> list[Tensor]:
-        return [t for t in self.tensors if t.info.damaged]
+        return [self.tensors[i] for i in self.tensors.damaged_indices()]
 
     def close(self) -> None:
         """Release the sources' descriptors and connections and the cache tiers (the memory tier's entries

@@ -8,7 +8,7 @@ structures, so a new format or a remote source plugs in by producing the same va
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,6 +44,55 @@ class TensorInfo:
         return self.n_elements // self.block_elements if self.block_elements else 0
 
 
+class TensorTable(Sequence):
+    """The descriptors of one file's tensors as columns, a :class:`TensorInfo` built only when one is asked
+    for: a 94,000-tensor header must not cost 94,000 objects of eleven fields before anything is read.
+
+    Columns: ``names``, ``storage_types``, ``shapes``, ``offsets``, ``stored`` (one entry per tensor), the
+    block geometry per storage type, and the reasons of the few damaged tensors by index. Everything that
+    reads descriptors one by one works unchanged (it is a Sequence of TensorInfo); what needs only a column
+    (the tensor names for an index or a listing) reads the column.
+    """
+
+    __slots__ = ("source", "names", "storage_types", "shapes", "offsets", "stored", "geometry", "damaged",
+                 "byte_order")
+
+    def __init__(self, source: str, names: list[str], storage_types: list[str], shapes: list[tuple[int, ...]],
+                 offsets: list[int], stored: list[int], geometry: Mapping[str, tuple[int, int]],
+                 damaged: Mapping[int, str] | None = None, byte_order: str = "<"):
+        self.source = source
+        self.names = names
+        self.storage_types = storage_types
+        self.shapes = shapes
+        self.offsets = offsets
+        self.stored = stored
+        self.geometry = geometry
+        self.damaged = dict(damaged or {})
+        self.byte_order = byte_order
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        if index < 0:
+            index += len(self)
+        storage_type = self.storage_types[index]
+        block_elements, block_bytes = self.geometry.get(storage_type, (0, 0))
+        return TensorInfo(self.names[index], storage_type, self.shapes[index], self.source, self.offsets[index],
+                          self.stored[index], block_elements, block_bytes, self.byte_order,
+                          None, self.damaged.get(index))
+
+    def __iter__(self) -> Iterator[TensorInfo]:
+        return (self[i] for i in range(len(self)))
+
+
+def tensor_names(tensors: Sequence[TensorInfo]) -> list[str]:
+    """The names of ``tensors`` in order, from the column when they are a TensorTable."""
+    return tensors.names if isinstance(tensors, TensorTable) else [t.name for t in tensors]
+
+
 @dataclass
 class ParsedCheckpoint:
     """The result of reading one checkpoint (one file, or a set of shards seen as one).
@@ -56,7 +105,7 @@ class ParsedCheckpoint:
     format: str
     version: int | None
     files: tuple[str, ...]
-    tensors: list[TensorInfo]
+    tensors: Sequence[TensorInfo]  # a list, or a TensorTable for a file read by the columnar fast path
     metadata: Mapping[str, Any]
     notes: list[str] = field(default_factory=list)
     passthrough: dict[str, str] = field(default_factory=dict)
