@@ -393,6 +393,8 @@ def open(src, dtype: str = "auto", cache_size: int = DEFAULT_CACHE_BYTES,
                     max_open_files=max_open_files, cache=cache, source_wrapper=wrapper,
                     source_opener=plan.opener if plan is not None else None)
     ck.tier_options = tier_options  # pickled tensors reopen with the same shared tiers
+    if plan is not None:
+        ck.read_scope = plan.read_scope  # a mount bounds each FUSE read by --timeout
     return ck
 
 

@@ -127,6 +127,8 @@ class CkptOperations:
         self._on_ready = on_ready
         self._describe = dict(describe or {})
         self._uid, self._gid = os.getuid(), os.getgid()
+        # remote checkpoints: one --timeout for a whole FUSE read, however many source reads it takes
+        self._read_scope = getattr(tree.checkpoint, "read_scope", None)
         mtime_ns = tree.mtime_ns
         self._times = {"st_atime": mtime_ns, "st_mtime": mtime_ns, "st_ctime": mtime_ns}
         self._root_attrs = self._attrs(DIR_MODE, 0, nlink=2)
@@ -216,7 +218,11 @@ class CkptOperations:
         if view is None:
             view = self._view(path)
         self._prefetch.on_read(fh, offset, size)
-        data = view.read(offset, size)
+        if self._read_scope is None:
+            data = view.read(offset, size)
+        else:
+            with self._read_scope():
+                data = view.read(offset, size)
         if self.counters.timed:
             self.counters.read_bytes.add(self._kind(path), len(data))
         return data

@@ -14,7 +14,8 @@ import os
 from collections.abc import Callable
 
 from .base import ByteSource
-from .remote import DEFAULT_CACHE_DIR_SIZE, DEFAULT_STALL_TIMEOUT, DEFAULT_TIMEOUT, RemoteOptions, using
+from .remote import (DEFAULT_CACHE_DIR_SIZE, DEFAULT_STALL_TIMEOUT, DEFAULT_TIMEOUT, RemoteOptions, deadline_scope,
+                     using)
 
 _FILE_SUFFIXES = (".gguf", ".safetensors", ".json")
 
@@ -56,6 +57,10 @@ class SourcePlan:
 
         with using(self.options), wrapping(self._mirror_set()):
             yield
+
+    def read_scope(self):
+        """A context in which every remote read ends by the timeout (a mount wraps each FUSE read in one)."""
+        return deadline_scope(self.options.timeout)
 
     def opener(self, name: str, base_dir: str | None = None) -> ByteSource:
         """The pool's opener: ``open_source`` under these options."""
