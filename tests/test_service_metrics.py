@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import REPO, ckptfs_cli, cli_env, mount_stats, require_fuse, skip_or_fail, wait_until
+from conftest import REPO, ckptfs_cli, cli_env, force_unmount, mount_stats, require_fuse, skip_or_fail, wait_until
 from fixtures import quantized, write_gguf
 
 parser = pytest.importorskip("prometheus_client.parser")
@@ -278,3 +278,42 @@ def test_a_mount_without_metrics_never_imports_prometheus_client():
     code = ("import sys, ckptfs, ckptfs.cli, ckptfs.fs.mount, ckptfs.fs.operations; "
             "assert 'prometheus_client' not in sys.modules, 'imported'")
     subprocess.run([os.sys.executable, "-c", code], env=cli_env(), check=True, timeout=60)
+
+
+def test_stats_command_table_and_json(mnt):
+    (mnt / "blk.0.ffn_up.weight.npy").read_bytes()
+    as_json = subprocess.run([*ckptfs_cli(), "stats", str(mnt), "--json"], env=cli_env(), capture_output=True,
+                             text=True, timeout=60)
+    assert as_json.returncode == 0, as_json.stderr
+    data = json.loads(as_json.stdout)
+    assert set(data["source"]) >= {"requests", "bytes", "retries", "failovers"} and data["decoded_bytes"] > 0
+    memory = data["tiers"]["memory"]
+    assert {"hits", "misses", "bytes"} <= set(memory) and data["pid"] == mount_stats(mnt)["pid"]
+    table = subprocess.run([*ckptfs_cli(), "stats", str(mnt)], env=cli_env(), capture_output=True, text=True,
+                           timeout=60)
+    assert table.returncode == 0, table.stderr
+    row = next(line.split() for line in table.stdout.splitlines() if line.startswith("memory "))
+    assert int(row[2]) >= memory["misses"] > 0  # (the counters only grow between the two commands)
+    assert "source: requests 0" in table.stdout
+    not_a_mount = subprocess.run([*ckptfs_cli(), "stats", str(REPO)], env=cli_env(), capture_output=True,
+                                 text=True, timeout=60)
+    assert not_a_mount.returncode == 1 and "not a ckptfs mount" in not_a_mount.stderr
+    assert len(not_a_mount.stderr.strip().splitlines()) == 1
+
+
+def test_every_configured_tier_is_served(mounted, source, tmp_path):
+    """--cache-dir adds the disk tier: a second mount of the same checkpoint is served from it, and its hits
+    show under tier="disk" in the scrape and the stats."""
+    cache_dir = tmp_path / "cache"
+    name = "blk.0.attn_q.weight.npy"
+    first = mounted(source.path, "--cache-dir", str(cache_dir), "--metrics", "127.0.0.1:0")
+    data = (first / name).read_bytes()
+    samples = scrape(first)
+    assert value(samples, "ckptfs_cache_misses_total", tier="disk") > 0
+    assert set(mount_stats(first)["tiers"]) == {"memory", "disk"}
+    force_unmount(first)  # written to the disk tier by now (unmount flushes it)
+    second = mounted(source.path, "--cache-dir", str(cache_dir), "--metrics", "127.0.0.1:0")
+    assert (second / name).read_bytes() == data
+    samples, stats = scrape(second), mount_stats(second)
+    assert value(samples, "ckptfs_cache_hits_total", tier="disk") == stats["tiers"]["disk"]["hits"] > 0
+    assert value(samples, "ckptfs_cache_bytes", tier="disk") == stats["tiers"]["disk"]["bytes"] > 0
