@@ -21,10 +21,14 @@ _FILE_SUFFIXES = (".gguf", ".safetensors", ".json")
 
 
 def names_folder(src: str) -> bool:
-    """Whether ``src`` names a model folder (CONTRACT "Sources": a URL whose path does not end in
-    ``.gguf``/``.safetensors``/``.json``, or ends in ``/``; a local directory)."""
-    if "://" not in src:
+    """Whether ``src`` names a model folder (CONTRACT "Sources": an ``hf://`` or ``s3://`` URL whose path does
+    not end in ``.gguf``/``.safetensors``/``.json``, or ends in ``/``; a local directory). An ``http(s)://``
+    URL always names a file: plain HTTP has no listing."""
+    scheme, sep, _ = src.partition("://")
+    if not sep:
         return os.path.isdir(src)
+    if scheme.lower() not in ("hf", "s3"):
+        return False
     return src.endswith("/") or not src.rsplit("/", 1)[-1].lower().endswith(_FILE_SUFFIXES)
 
 

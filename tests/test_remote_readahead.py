@@ -1,0 +1,77 @@
+"""Remote read-ahead over loopback nginx: a sequential reader's bytes arrive in few, large range requests
+fetched ahead of it; a random reader fetches only the 256 KiB chunks covering its reads. Counts come from
+nginx's access log (with the Range header of each request)."""
+
+from __future__ import annotations
+
+import os
+import re
+
+import numpy as np
+import pytest
+
+pytest.importorskip("urllib3")
+
+from ckptfs.sources import open_source  # noqa: E402
+from ckptfs.sources.bytecache import CHUNK  # noqa: E402
+from ckptfs.sources.remote import RemoteOptions, using  # noqa: E402
+from servers import Nginx  # noqa: E402
+
+MiB = 1 << 20
+_RANGE = re.compile(r'" 206 (\d+) .*range="bytes=(\d+)-(\d+)"')
+
+
+@pytest.fixture(scope="module")
+def blob(tmp_path_factory):
+    if not os.path.exists("/usr/sbin/nginx"):
+        pytest.skip("nginx is not installed")
+    root = tmp_path_factory.mktemp("www")
+    data = os.urandom(48 * MiB)
+    (root / "blob.bin").write_bytes(data)
+    with Nginx(root) as server:
+        yield server, data
+
+
+def _ranges(server: Nginx, before: int) -> list[tuple[int, int]]:
+    out = []
+    for line in server.access_log()[before:]:
+        m = _RANGE.search(line)
+        if m:
+            out.append((int(m[2]), int(m[3]) + 1))
+    return out
+
+
+def _open(server: Nginx):
+    with using(RemoteOptions(timeout=10, stall_timeout=2)):
+        return open_source(server.url + "/blob.bin")
+
+
+def test_sequential_reads_are_fetched_ahead_in_large_requests(blob):
+    server, data = blob
+    source = _open(server)
+    before = len(server.access_log())
+    start, step, reads = 4 * MiB, 128 * 1024, 160  # 20 MiB in 128 KiB reads, as the kernel sends them
+    for i in range(reads):
+        offset = start + i * step
+        assert source.pread(offset, step) == data[offset:offset + step]
+    ranges = _ranges(server, before)
+    assert len(ranges) < reads // 4, ranges  # one request per read would be 160
+    assert max(end - begin for begin, end in ranges) >= 2 * MiB
+    covered = sorted(ranges)
+    assert covered[0][0] <= start and max(end for _, end in covered) >= start + reads * step
+
+
+def test_random_reads_fetch_only_their_chunks(blob):
+    server, data = blob
+    source = _open(server)
+    before = len(server.access_log())
+    rng = np.random.default_rng(3)
+    offsets = sorted(int(o) for o in rng.integers(4 * MiB, 47 * MiB, 12))
+    for offset in rng.permutation(offsets):
+        offset = int(offset)
+        assert source.pread(offset, 4096) == data[offset:offset + 4096]
+    ranges = _ranges(server, before)
+    assert len(ranges) <= len(offsets)
+    for begin, end in ranges:
+        assert begin % CHUNK == 0 and end - begin <= 2 * CHUNK
+        assert any(begin <= o < end for o in offsets)
