@@ -6,6 +6,7 @@ np.save of gguf-py's values.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import shutil
@@ -56,37 +57,27 @@ def model(tmp_path):
     return path, write_model(path, seed=11)
 
 
-def test_a_second_daemon_on_the_same_cache_dir_decodes_nothing(mounted, model, tmp_path):
+@pytest.mark.parametrize("tier", ["disk", "redis"])
+def test_a_second_daemon_on_the_same_tier_decodes_nothing(mounted, model, tmp_path, tier):
     path, refs = model
     expected = expected_files(refs)
-    cache = str(tmp_path / "cache")
-    first = mounted(path, "--cache-dir", cache, "--cache-size", "0")
-    read_all(first, expected)
-    assert settled(first, "disk")["tiers"]["disk"]["stored"] > 0
-    second = mounted(path, "--cache-dir", cache, "--cache-size", "0")
-    streamed = read_all(second, expected)
-    stats = mount_stats(second)
-    # a group is decoded only when every lower tier missed it: no disk miss, no decode
-    assert stats["tiers"]["disk"]["misses"] == 0 and stats["tiers"]["disk"]["hits"] > 0
-    assert stats["decoded_bytes"] <= 0.01 * streamed
-    assert set(stats["tiers"]) == {"memory", "disk"}
-
-
-def test_a_second_daemon_on_the_same_redis_decodes_nothing(mounted, model):
-    require_redis_server()
-    pytest.importorskip("redis")
-    path, refs = model
-    expected = expected_files(refs)
-    with RedisServer() as server:
-        first = mounted(path, "--redis", server.url, "--cache-size", "0")
+    with contextlib.ExitStack() as stack:
+        if tier == "redis":
+            require_redis_server()
+            pytest.importorskip("redis")
+            args = ["--redis", stack.enter_context(RedisServer()).url]
+        else:
+            args = ["--cache-dir", str(tmp_path / "cache")]
+        first = mounted(path, *args, "--cache-size", "0")
         read_all(first, expected)
-        settled(first, "redis")
-        second = mounted(path, "--redis", server.url, "--cache-size", "0")
+        assert settled(first, tier)["tiers"][tier]["stored"] > 0
+        second = mounted(path, *args, "--cache-size", "0")
         streamed = read_all(second, expected)
         stats = mount_stats(second)
-        assert stats["tiers"]["redis"]["misses"] == 0 and stats["tiers"]["redis"]["hits"] > 0
+        # a group is decoded only when every lower tier missed it: no miss, no decode
+        assert stats["tiers"][tier]["misses"] == 0 and stats["tiers"][tier]["hits"] > 0
         assert stats["decoded_bytes"] <= 0.01 * streamed
-        assert set(stats["tiers"]) == {"memory", "redis"}
+        assert set(stats["tiers"]) == {"memory", tier}
 
 
 def test_redis_killed_mid_stream_every_read_is_answered(mounted, model):

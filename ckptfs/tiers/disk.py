@@ -40,6 +40,7 @@ from pathlib import Path
 import numpy as np
 
 from . import entry
+from .counters import TierCounters
 from .writer import BackgroundWriter
 
 log = logging.getLogger(__name__)
@@ -70,9 +71,9 @@ class DiskStore:
         self._checked_once = False
         self._pruning = False
         self._paused_until = 0.0
-        self._warned: set[str] = set()
-        self._counts = {"hits": 0, "misses": 0, "hit_bytes": 0, "stored": 0, "stored_bytes": 0,
-                        "corrupt": 0, "errors": 0}
+        self._counters = TierCounters(log, ("hits", "misses", "hit_bytes", "stored", "stored_bytes", "corrupt",
+                                            "errors"))
+        self._count, self._warn_once = self._counters.add, self._counters.warn_once
         self._folder_bytes = 0
 
     # -- names ---------------------------------------------------------------------------------------
@@ -315,23 +316,12 @@ class DiskStore:
             self._warn_once(f"read-{kind}", "cache dir %s: cannot read an entry (%s): decoding instead",
                             self.root, exc.strerror or exc)
 
-    def _warn_once(self, kind: str, message: str, *args) -> None:
-        with self._lock:
-            if kind in self._warned:
-                return
-            self._warned.add(kind)
-        log.warning(message, *args)
-
-    def _count(self, **deltas: int) -> None:
-        with self._lock:
-            for name, delta in deltas.items():
-                self._counts[name] += delta
-
     def stats(self) -> dict:
         """This process's counters; ``folder_bytes`` is the folder's size as last measured plus what this
         process wrote since (the whole folder, every namespace)."""
+        counts = self._counters.snapshot()
         with self._lock:
-            return {**self._counts, "bytes": self._counts["hit_bytes"], "folder_bytes": self._folder_bytes,
+            return {**counts, "bytes": counts["hit_bytes"], "folder_bytes": self._folder_bytes,
                     "max_bytes": self.max_bytes}
 
 

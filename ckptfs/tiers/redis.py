@@ -37,6 +37,7 @@ from urllib.parse import urlsplit
 import numpy as np
 
 from . import entry
+from .counters import TierCounters
 from .writer import BackgroundWriter
 
 log = logging.getLogger(__name__)
@@ -86,9 +87,9 @@ class RedisTier:
         self._writes_paused_until = 0.0
         self._reconnecting = False
         self._closed = False
-        self._warned: set[str] = set()
-        self._counts = {"hits": 0, "misses": 0, "hit_bytes": 0, "stored": 0, "stored_bytes": 0,
-                        "corrupt": 0, "errors": 0, "skipped": 0, "round_trips": 0}
+        self._counters = TierCounters(log, ("hits", "misses", "hit_bytes", "stored", "stored_bytes", "corrupt",
+                                            "errors", "skipped", "round_trips"))
+        self._count, self._warn_once = self._counters.add, self._counters.warn_once
         self._ahead: OrderedDict[str, np.ndarray] = OrderedDict()  # fetched with an earlier lookup
         self._ahead_bytes = 0
         self._stream_ends: OrderedDict[str, int] = OrderedDict()   # tensor key prefix -> last block end
@@ -304,23 +305,11 @@ class RedisTier:
         parts = urlsplit(self.url)
         return f"{parts.hostname}:{parts.port or 6379}" if parts.scheme != "unix" else parts.path
 
-    def _warn_once(self, kind: str, message: str, *args) -> None:
-        with self._lock:
-            if kind in self._warned:
-                return
-            self._warned.add(kind)
-        log.warning(message, *args)
-
-    def _count(self, **deltas: int) -> None:
-        with self._lock:
-            for name, delta in deltas.items():
-                self._counts[name] += delta
-
     def stats(self) -> dict:
         """This process's counters; ``bytes`` are the bytes served from Redis, ``up`` its state."""
-        with self._lock:
-            counts = {**self._counts, "bytes": self._counts["hit_bytes"], "up": int(not self._down)}
-        return {**counts, "pending": self._writer.pending, "dropped": self._writer.dropped}
+        counts = self._counters.snapshot()
+        return {**counts, "bytes": counts["hit_bytes"], "up": int(not self._down), "pending": self._writer.pending,
+                "dropped": self._writer.dropped}
 
     def close(self) -> None:
         self._writer.close(timeout=2.0)
