@@ -10,9 +10,13 @@ read once to warm the page cache; then, in rounds, interleaved in one process:
 - ``sha256``: ``hashlib.sha256`` over the file read in 8 MiB pieces (the baseline: one hash, one thread);
 - ``manifest``: what ``ckptfs manifest`` runs: open the checkpoint and build the manifest (file sha256,
   every tensor's sha256, crc32 and 1 MiB chunk crc32s);
-- ``verify``: what ``ckptfs verify --manifest`` runs: the same hashing plus the comparison.
+- ``verify``: what ``ckptfs verify --manifest`` runs: the same hashing plus the comparison;
+- checked reads: every tensor's stored bytes read through the API (``Tensor.raw()``) without a manifest,
+  with one on a fresh open (every chunk checked on first access), and again on the same open (chunks known
+  good: no checking).
 
-Each is reported as MB/s (median of the rounds) and as a ratio of the baseline measured in the same round.
+Each is reported as MB/s (median of the rounds); the hashing ones also as a ratio of the baseline measured in
+the same round.
 """
 
 from __future__ import annotations
@@ -84,6 +88,21 @@ def verify_against(path: str, manifest) -> list:
         return verify(ck, manifest)
 
 
+def read_all(ck) -> int:
+    return sum(len(t.raw()) for t in ck.tensors)
+
+
+def checked_reads(path: str, manifest) -> dict[str, float]:
+    """Seconds to read every tensor's bytes: unchecked, checked on a fresh open, checked again."""
+    seconds = {}
+    with ckptfs.open(path) as ck:
+        seconds["unchecked"], _ = timed(lambda: read_all(ck), "unchecked")
+    with ckptfs.open(path, manifest=manifest) as ck:
+        seconds["checked, first"], _ = timed(lambda: read_all(ck), "checked, first")
+        seconds["checked, again"], _ = timed(lambda: read_all(ck), "checked, again")
+    return seconds
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("file", nargs="?")
@@ -98,6 +117,7 @@ def main() -> int:
         size = os.path.getsize(path)
         expected = sha256_file(path)  # also warms the page cache
         rows: dict[str, list[float]] = {"sha256": [], "manifest": [], "verify": []}
+        read_rows: dict[str, list[float]] = {}
         ratios: dict[str, list[float]] = {"manifest": [], "verify": []}
         manifest = None
         for _ in range(args.rounds):
@@ -109,6 +129,9 @@ def main() -> int:
                 rows[key].append(size / seconds / 1e6)
             ratios["manifest"].append(base / built)
             ratios["verify"].append(base / checked)
+            tensor_bytes = sum(t.stored_nbytes for t in manifest.tensors)
+            for key, seconds in checked_reads(path, manifest).items():
+                read_rows.setdefault(key, []).append(tensor_bytes / seconds / 1e6)
     result = {
         "file_bytes": size, "tensors": len(manifest.tensors), "rounds": args.rounds, "cpus": os.cpu_count(),
         "load_average": os.getloadavg()[0],
@@ -116,6 +139,7 @@ def main() -> int:
         "ratio_to_sha256": {k: round(statistics.median(v), 3) for k, v in ratios.items()},
         "ratio_range": {k: [round(min(v), 3), round(max(v), 3)] for k, v in ratios.items()},
         # CPU seconds per byte relative to the baseline's: the work done, whatever the cores available
+        "tensor_reads_mb_per_s": {k: round(statistics.median(v), 1) for k, v in read_rows.items()},
         "cpu_work_vs_sha256": {k: round(statistics.median(CPU_SECONDS[k]) / statistics.median(CPU_SECONDS["sha256"]), 2)
                                for k in ("manifest", "verify")},
     }
@@ -130,6 +154,9 @@ def main() -> int:
             spread = result["ratio_range"].get(key)
             print(f"  {key:9s} {value:8.1f} MB/s" + (f"   {ratio:.0%} of sha256 (rounds {spread[0]:.0%}-{spread[1]:.0%}), "
                                                       f"{work:.2f}x its CPU time" if ratio else ""))
+        print("  reads of every tensor (Tensor.raw()):")
+        for key, value in result["tensor_reads_mb_per_s"].items():
+            print(f"    {key:15s} {value:8.1f} MB/s")
     return 0
 
 
