@@ -70,6 +70,7 @@ class DiskStore:
         self._written_since_check = 0
         self._checked_once = False
         self._pruning = False
+        self._pruner_pid = os.getpid()  # a child forked during a prune has no pruning thread
         self._paused_until = 0.0
         self._counters = TierCounters(log, ("hits", "misses", "hit_bytes", "stored", "stored_bytes", "corrupt",
                                             "errors"))
@@ -228,9 +229,12 @@ class DiskStore:
             self._written_since_check += size
             self._folder_bytes += size
             due = not self._checked_once or self._written_since_check >= self._check_every
+            if self._pruning and self._pruner_pid != os.getpid():
+                self._pruning = False
             if not due or self._pruning:
                 return
             self._pruning = True
+            self._pruner_pid = os.getpid()
             self._checked_once = True
             self._written_since_check = 0
         threading.Thread(target=self._background_prune, name="ckptfs-cache-prune", daemon=True).start()

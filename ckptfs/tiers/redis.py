@@ -28,6 +28,7 @@ fork happens before any connection or thread exists.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections import OrderedDict
@@ -86,6 +87,7 @@ class RedisTier:
         self._down = False
         self._writes_paused_until = 0.0
         self._reconnecting = False
+        self._reconnector_pid = os.getpid()  # a child forked during an outage has no reconnect thread
         self._closed = False
         self._counters = TierCounters(log, ("hits", "misses", "hit_bytes", "stored", "stored_bytes", "corrupt",
                                             "errors", "skipped", "round_trips"))
@@ -255,8 +257,11 @@ class RedisTier:
             self._down_until = time.monotonic() + self._backoff
             first = not self._down
             self._down = True
+            if self._reconnecting and self._reconnector_pid != os.getpid():
+                self._reconnecting = False
             start = not self._reconnecting and not self._closed
             self._reconnecting = self._reconnecting or start
+            self._reconnector_pid = os.getpid() if start else self._reconnector_pid
         if client is not None:
             try:
                 client.connection_pool.disconnect()
