@@ -157,12 +157,24 @@ class Tensor:
         row_elems = self.size // self.shape[0] if self.shape[0] else 0
         out = np.empty((picked.size, row_elems), self.dtype)
         if picked.size and row_elems:
-            order = np.argsort(picked, kind="stable")
-            ordered = picked[order]
             max_rows = max(1, UNCACHED_STEP_BYTES // (row_elems * self.dtype.itemsize))
-            for k0, k1, lo, hi in _windows(ordered.tolist(), max_rows):
+            ascending = bool(np.all(picked[1:] > picked[:-1]))  # t[a:b], t[::k], sorted ids: no reordering
+            order = None if ascending else np.argsort(picked, kind="stable")
+            ordered = picked if order is None else picked[order]
+            if ascending and int(picked[-1] - picked[0]) == picked.size - 1:  # one run of rows: fixed windows
+                first = int(picked[0])
+                windows = ((k, min(k + max_rows, picked.size), first + k, first + min(k + max_rows, picked.size))
+                           for k in range(0, picked.size, max_rows))
+            else:
+                windows = _windows(ordered.tolist(), max_rows)
+            for k0, k1, lo, hi in windows:
                 values = data.read(lo * row_elems, hi * row_elems, use_cache=False).reshape(hi - lo, row_elems)
-                out[order[k0:k1]] = values[ordered[k0:k1] - lo]
+                if not (ascending and k1 - k0 == hi - lo):  # else every row of the window, in order
+                    values = values[ordered[k0:k1] - lo]
+                if order is None:
+                    out[k0:k1] = values
+                else:
+                    out[order[k0:k1]] = values
         return out.reshape((picked.size,) + self.shape[1:])
 
     def __repr__(self) -> str:
