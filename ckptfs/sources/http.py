@@ -338,34 +338,36 @@ class HttpSource(RemoteSource):
 
     def _read_body(self, resp, expected: int, deadline: float) -> bytes:
         """Exactly ``expected`` body bytes; each wait bounded by the stall timeout, the whole by ``deadline``."""
-        buf = bytearray()
+        parts: list[bytes] = []
+        got = 0
         sock = getattr(getattr(resp, "connection", None), "sock", None)
         try:
-            while len(buf) < expected:
+            while got < expected:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
-                    raise Retryable(f"read deadline reached after {len(buf)} of {expected} bytes", timeout=True)
+                    raise Retryable(f"read deadline reached after {got} of {expected} bytes", timeout=True)
                 if sock is not None:
                     sock.settimeout(min(self.options.stall_timeout, remaining))
                 try:
-                    chunk = resp.read1(min(1 << 20, expected - len(buf)), decode_content=False)
+                    chunk = resp.read1(min(1 << 20, expected - got), decode_content=False)
                 except (urllib3.exceptions.TimeoutError, socket.timeout):
                     raise Retryable(f"the body stalled (no data for {self.options.stall_timeout:g} s)",
                                     timeout=True) from None
                 except (urllib3.exceptions.HTTPError, OSError) as exc:
-                    raise Retryable(f"connection broken after {len(buf)} of {expected} bytes: "
+                    raise Retryable(f"connection broken after {got} of {expected} bytes: "
                                     f"{_reason(exc)}") from None
                 if not chunk:
-                    raise Retryable(f"short body: {len(buf)} of {expected} bytes")
-                buf += chunk
+                    raise Retryable(f"short body: {got} of {expected} bytes")
+                parts.append(chunk)
+                got += len(chunk)
         except BaseException:
             _discard(resp)
             raise
-        if len(buf) > expected:
+        if got > expected:
             _discard(resp)
             raise Retryable(f"long body: more than {expected} bytes")
         resp.release_conn()
-        return bytes(buf)
+        return parts[0] if len(parts) == 1 else b"".join(parts)
 
 
 def _mtime_ns(headers) -> int:

@@ -211,11 +211,16 @@ class RemoteSource(ByteSource):
         c0, c1 = offset // CHUNK, (offset + size - 1) // CHUNK + 1
         chunks = self._get_chunks(c0, c1, deadline)
         self._readahead.observe(offset, size)
-        data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
         skip = offset - c0 * CHUNK
-        if skip == 0 and len(data) == size:
-            return data
-        return data[skip: skip + size]
+        if len(chunks) == 1:
+            data = chunks[0]
+            return data if skip == 0 and len(data) == size else data[skip: skip + size]
+        # one copy: the covering slices of the chunks, joined
+        tail = offset + size - (c1 - 1) * CHUNK
+        views = [memoryview(c) for c in chunks]
+        views[0] = views[0][skip:]
+        views[-1] = views[-1][:tail]
+        return b"".join(views)
 
     def advise(self, offset: int, size: int, sequential: bool = False) -> None:
         """Fetch the chunks covering these bytes in the background (best effort)."""
