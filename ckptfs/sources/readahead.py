@@ -31,9 +31,9 @@ from .bytecache import CHUNK
 log = logging.getLogger(__name__)
 
 MIN_WINDOW = 1 << 20
-MAX_WINDOW = 16 << 20
-PIECE = 4 << 20
-MAX_IN_FLIGHT = 32 << 20
+MAX_WINDOW = 32 << 20
+PIECE = 8 << 20
+MAX_IN_FLIGHT = 64 << 20
 WORKERS = 4
 #: A read starting this close to where the previous one ended still counts as sequential (the kernel sends
 #: neighbouring readahead requests out of order).
