@@ -12,7 +12,7 @@ from .quant import Codec, register_codec
 
 __version__ = "0.1.0"
 
-__all__ = ["open", "load", "load_batch", "Checkpoint", "Tensor", "CheckpointError", "Codec", "register_codec",
+__all__ = ["open", "load", "load_batch", "hf_folder", "Checkpoint", "Tensor", "CheckpointError", "Codec", "register_codec",
            "__version__"]
 
 
@@ -27,3 +27,10 @@ def load_batch(src, names, *, stack=False):
     """Tensors decoded into one contiguous numpy buffer (numpy only). See ckptfs.torchio.batch.load_batch."""
     from .torchio.batch import load_batch as load_into_one
     return load_into_one(src, names, stack=stack)
+
+
+def hf_folder(src, dtype="bfloat16", **open_kwargs):
+    """A GGUF (file, split-set shard or open Checkpoint) as a Hugging Face model folder: file name -> View,
+    ``.read(name)``, ``.write_to(dir)``. Needs ckptfs[hf], imported only now. See ckptfs.hf.hf_folder."""
+    from .hf import hf_folder as make_folder
+    return make_folder(src, dtype=dtype, **open_kwargs)

@@ -105,15 +105,18 @@ def main() -> None:
               help="tree: dotted tensor names as folders (blk/0/attn_q.weight.npy).")
 @click.option("--metrics", default=None, metavar="[HOST:]PORT",
               help="Serve Prometheus metrics at http://HOST:PORT/metrics (HOST: 127.0.0.1; needs ckptfs[metrics]).")
+@click.option("--hf", is_flag=True, help="Add hf/: the GGUF as a Hugging Face model folder (needs ckptfs[hf]).")
+@click.option("--hf-dtype", type=click.Choice(["bfloat16", "float16", "float32"]), default="bfloat16",
+              show_default=True, help="dtype of hf/model.safetensors.")
 @click.option("-v", "--verbose", is_flag=True, help="Verbose logging; tracebacks on errors.")
-def mount(src, mountpoint, foreground, options, cache_size, dtype, log_file, log_format, layout, metrics, manifest,
+def mount(src, mountpoint, foreground, options, cache_size, dtype, log_file, hf, hf_dtype, log_format, layout, metrics, manifest,
           verbose, mirrors, timeout, stall_timeout, **tiers):
     """Mount checkpoint SRC read-only at MOUNTPOINT."""
     from .fs.mount import MountError, MountRequest, run_mount
 
     request = MountRequest(src=src, mountpoint=mountpoint, foreground=foreground,
                            options=",".join(options), cache_size=cache_size, dtype=dtype,
-                           log_file=log_file, verbose=verbose, log_format=log_format, metrics=metrics,
+                           log_file=log_file, hf=hf, hf_dtype=hf_dtype, verbose=verbose, log_format=log_format, metrics=metrics,
                            layout=layout, manifest=manifest, mirrors=mirrors,
                            timeout=timeout, stall_timeout=stall_timeout, **tiers)
     try:

@@ -48,6 +48,7 @@ def summary(ck: Checkpoint) -> dict[str, Any]:
                     for t in ck.damaged()],
         "notes": list(ck.notes),
         "passthrough": sorted(ck.passthrough),
+        "hf": _hf_folder(ck),
         "packed_views": _packed_views(ck),
     }
 
@@ -59,6 +60,16 @@ def _packed_views(ck: Checkpoint) -> dict[str, Any] | None:
         return None
     return {"schemes": sorted({r["scheme"] for r in rows}), "views": sum(1 for r in rows if r["present"]),
             "absent": [{"name": r["name"], "reason": r["reason"]} for r in rows if not r["present"]]}
+
+
+def _hf_folder(ck: Checkpoint) -> str | None:
+    """For a GGUF: whether a mount with --hf gets an hf/ folder, and if not, why (None for other formats)."""
+    if ck.format != "gguf":
+        return None
+    from .hf import unavailable_reason
+
+    reason = unavailable_reason(ck)
+    return "available (mount with --hf)" if reason is None else f"none: {reason}"
 
 
 def render(info: dict[str, Any]) -> str:
@@ -73,6 +84,8 @@ def render(info: dict[str, Any]) -> str:
         lines.append(f"  {key} = {value if isinstance(value, str) else repr(value)}")
     if info["passthrough"]:
         lines.append(f"other files: {', '.join(info['passthrough'])}")
+    if info.get("hf"):
+        lines.append(f"hf/: {info['hf']}")
     packed = info.get("packed_views")
     if packed:
         lines.append(f"packed views ({', '.join(packed['schemes'])}): {packed['views']}, "

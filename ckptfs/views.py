@@ -162,14 +162,17 @@ class NpyView(View):
 
     def read(self, offset: int, size: int) -> bytes:
         offset, size = self._clip(offset, size)
-        if size == 0:
-            return b""
-        end = offset + size
-        hlen = len(self.header)
-        parts = []
-        if offset < hlen:
-            parts.append(self.header[offset: min(end, hlen)])
-        if end > hlen:
-            parts += self.data.byte_segments(max(offset, hlen) - hlen, end - hlen)
-        # one copy into the answer; none when the answer already is one bytes object (a direct type)
-        return parts[0] if len(parts) == 1 and isinstance(parts[0], bytes) else b"".join(parts)
+        return header_and_body(self.header, offset, offset + size, self.data.byte_segments) if size else b""
+
+
+def header_and_body(header: bytes, offset: int, end: int, body: Callable[[int, int], list]) -> bytes:
+    """Bytes [offset, end) of a file that is ``header`` then a body whose bytes [d0, d1) ``body(d0, d1)`` gives
+    as buffers (a .npy, a virtual safetensors file). One copy into the answer; none when the answer already
+    is one bytes object (a type served as its stored bytes)."""
+    hlen = len(header)
+    parts = []
+    if offset < hlen:
+        parts.append(header[offset: min(end, hlen)])
+    if end > hlen:
+        parts += body(max(offset, hlen) - hlen, end - hlen)
+    return parts[0] if len(parts) == 1 and isinstance(parts[0], bytes) else b"".join(parts)

@@ -48,6 +48,8 @@ class MountRequest:
     dtype: str = "auto"
     log_file: str | None = None
     verbose: bool = False
+    hf: bool = False  # add hf/ (a Hugging Face folder) to a GGUF mount
+    hf_dtype: str = "bfloat16"  # dtype of hf/model.safetensors
     log_format: str = "text"
     metrics: str | None = None  # [HOST:]PORT of the Prometheus exporter
     layout: str = "flat"  # --layout: "tree" makes dotted tensor names folders (ckptfs.layout)
@@ -102,7 +104,15 @@ def _prepare(request: MountRequest) -> _Plan:
                                  redis=request.redis, manifest=request.manifest, mirrors=request.mirrors,
                                  timeout=request.timeout, stall_timeout=request.stall_timeout)
     return _Plan(request, mountpoint, options, binding,
-                 MountTree(checkpoint, providers=tensor_providers(request.layout)), log_file, metrics)
+                 MountTree(checkpoint, providers=tensor_providers(request.layout),
+                           extra=_virtual_files(request)), log_file, metrics)
+
+
+def _virtual_files(request: MountRequest) -> list:
+    """Providers after the defaults: model.gguf of a split GGUF set, and hf/ when asked for (issue 17)."""
+    from ..hf.provider import hf_provider, merged_gguf
+
+    return [merged_gguf] + ([hf_provider(request.hf_dtype)] if request.hf else [])
 
 
 def _metrics_address(spec: str | None) -> tuple[str, int] | None:

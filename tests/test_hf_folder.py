@@ -1,0 +1,162 @@
+"""hf/ in a real mount (--hf) of generated llama, qwen2 and gemma3 GGUFs, against transformers' own GGUF loader.
+
+The oracle is ``from_pretrained(dir, gguf_file=...)`` (gguf-py's reader and dequantizer, transformers' tensor
+processors): the mount's folder must give the same config, the same tokenizer ids on a varied corpus, the
+same parameters and bit-identical float32 logits; every file must be readable with cat, and the weights
+with safetensors' own ``safe_open``.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+pytest.importorskip("sentencepiece")
+pytest.importorskip("tokenizers")
+pytest.importorskip("accelerate")  # transformers needs it for gguf_file=
+
+from hf_models import byte_level_vocab, probe_texts, sentencepiece_vocab, write_model  # noqa: E402
+from safetensors import safe_open  # noqa: E402
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer  # noqa: E402
+
+ARCHS = ("llama", "qwen2", "gemma3")
+HF_FILES = {"config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json", "model.safetensors"}
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    """arch -> (folder, file name) of each generated GGUF (one folder each, as a Hub repo would hold it)."""
+    out = {}
+    for arch in ARCHS:
+        folder = tmp_path_factory.mktemp(f"gguf-{arch}")
+        vocab = (byte_level_vocab() if arch == "qwen2"
+                 else sentencepiece_vocab(folder / "spm", gemma=arch == "gemma3"))
+        write_model(folder / f"{arch}.gguf", arch, vocab)
+        out[arch] = (folder, f"{arch}.gguf", vocab.specials)
+    return out
+
+
+@pytest.fixture(scope="module")
+def reference(models):
+    """arch -> (tokenizer, float32 model) loaded by transformers from the GGUF itself."""
+    refs = {}
+    for arch, (folder, name, _) in models.items():
+        tok = AutoTokenizer.from_pretrained(str(folder), gguf_file=name)
+        model = AutoModelForCausalLM.from_pretrained(str(folder), gguf_file=name, dtype=torch.float32)
+        refs[arch] = (tok, model.eval())
+    return refs
+
+
+@pytest.fixture(scope="module")
+def f32_mounts(module_mounted, models):
+    return {arch: module_mounted(str(folder / name), "--hf", "--hf-dtype", "float32")
+            for arch, (folder, name, _) in models.items()}
+
+
+def _without_names(config: dict) -> dict:
+    return {k: v for k, v in config.items() if k not in ("_name_or_path", "dtype", "transformers_version")}
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_every_file_reads_with_cat_and_safe_open(arch, f32_mounts, reference):
+    hf = f32_mounts[arch] / "hf"
+    assert set(p.name for p in hf.iterdir()) == HF_FILES
+    for path in hf.iterdir():
+        catted = subprocess.run(["cat", str(path)], capture_output=True, check=True).stdout
+        assert len(catted) == path.stat().st_size
+        assert catted == path.read_bytes()
+    for name in HF_FILES - {"model.safetensors"}:
+        json.loads((hf / name).read_text(encoding="utf-8"))
+    expected = reference[arch][1].state_dict()
+    with safe_open(str(hf / "model.safetensors"), framework="pt") as f:
+        keys = set(f.keys())
+        for key in keys:
+            assert torch.equal(f.get_tensor(key), expected[key]), key
+    tied = {"lm_head.weight"} if reference[arch][1].config.tie_word_embeddings else set()
+    assert keys == set(expected) - tied
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_config_equals_transformers_gguf_config(arch, f32_mounts, models):
+    folder, name, _ = models[arch]
+    mine = AutoConfig.from_pretrained(str(f32_mounts[arch] / "hf")).to_dict()
+    theirs = AutoConfig.from_pretrained(str(folder), gguf_file=name).to_dict()
+    assert _without_names(mine) == _without_names(theirs)
+    assert mine["dtype"] == "float32"
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_tokenizer_ids_equal(arch, f32_mounts, models, reference):
+    ref_tok = reference[arch][0]
+    tok = AutoTokenizer.from_pretrained(str(f32_mounts[arch] / "hf"))
+    texts = probe_texts(models[arch][2])
+    for text in texts:
+        assert tok(text)["input_ids"] == ref_tok(text)["input_ids"], repr(text)
+    ids = tok("\n".join(texts))["input_ids"]
+    assert tok.decode(ids) == ref_tok.decode(ids)
+    assert (tok.bos_token, tok.eos_token, tok.unk_token) == (ref_tok.bos_token, ref_tok.eos_token, ref_tok.unk_token)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_logits_bit_identical_in_float32(arch, f32_mounts, models, reference):
+    ref_tok, ref_model = reference[arch]
+    model = AutoModelForCausalLM.from_pretrained(str(f32_mounts[arch] / "hf")).eval()
+    assert model.dtype == torch.float32
+    batch = ref_tok(probe_texts(models[arch][2])[:6], return_tensors="pt", padding=True) \
+        if ref_tok.pad_token is not None else None
+    inputs = [ref_tok(text, return_tensors="pt")["input_ids"] for text in ("Hello world naïve 日本", "def f(x):\n\treturn x")]
+    with torch.no_grad():
+        for ids in inputs:
+            assert torch.equal(model(ids).logits, ref_model(ids).logits)
+        if batch is not None:
+            assert torch.equal(model(**batch).logits, ref_model(**batch).logits)
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+def test_bfloat16_default_rounds_as_torch(arch, module_mounted, models, reference):
+    """The default --hf-dtype: every parameter is the float32 reference .to(torch.bfloat16), bit for bit."""
+    folder, name, _ = models[arch]
+    hf = module_mounted(str(folder / name), "--hf") / "hf"
+    expected = reference[arch][1].state_dict()
+    with safe_open(str(hf / "model.safetensors"), framework="pt") as f:
+        for key in f.keys():
+            got = f.get_tensor(key)
+            assert got.dtype == torch.bfloat16
+            assert torch.equal(got.view(torch.int16), expected[key].to(torch.bfloat16).view(torch.int16)), key
+    assert json.loads((hf / "config.json").read_text())["dtype"] == "bfloat16"
+    model = AutoModelForCausalLM.from_pretrained(str(hf))
+    assert model.dtype == torch.bfloat16
+
+
+def test_float16(module_mounted, models, reference):
+    folder, name, _ = models["qwen2"]
+    hf = module_mounted(str(folder / name), "--hf", "--hf-dtype", "float16") / "hf"
+    expected = reference["qwen2"][1].state_dict()
+    with safe_open(str(hf / "model.safetensors"), framework="pt") as f:
+        for key in f.keys():
+            assert torch.equal(f.get_tensor(key).view(torch.int16), expected[key].to(torch.float16).view(torch.int16))
+
+
+def test_generation_config_takes_the_tokenizer_ids(f32_mounts, reference):
+    hf = f32_mounts["qwen2"] / "hf"
+    generation = json.loads((hf / "generation_config.json").read_text())
+    tok = reference["qwen2"][0]
+    assert generation["eos_token_id"] == tok.convert_tokens_to_ids("<|im_end|>")
+    assert generation["pad_token_id"] == tok.convert_tokens_to_ids("<|endoftext|>")
+
+
+def test_api_folder_equals_the_mount(f32_mounts, models, tmp_path):
+    import ckptfs
+
+    folder, name, _ = models["llama"]
+    hf = ckptfs.hf_folder(str(folder / name), dtype="float32")
+    try:
+        saved = hf.write_to(tmp_path / "saved")
+        for file in HF_FILES:
+            assert (saved / file).read_bytes() == (f32_mounts["llama"] / "hf" / file).read_bytes(), file
+    finally:
+        hf.close()

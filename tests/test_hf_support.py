@@ -1,0 +1,95 @@
+"""hf/ around the edges: rounding as torch rounds, architectures transformers cannot map, no transformers
+installed, and a mount without --hf that never loads torch."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from conftest import cli_env, ckptfs_cli, mount_stats
+from fixtures import write_gguf
+from hf_models import sentencepiece_vocab, write_model
+
+#: runs the ckptfs CLI as if transformers were not installed
+NO_TRANSFORMERS = [sys.executable, "-c",
+                   "import sys; sys.modules['transformers'] = None; from ckptfs.cli import main; main()"]
+
+
+def test_bfloat16_and_float16_round_as_torch():
+    torch = pytest.importorskip("torch")
+    from ckptfs.hf.safetensors_view import convert
+
+    rng = np.random.default_rng(3)
+    special = np.array([0x3F808000, 0x3F818000, 0x3F80FFFF, 0x00000001, 0x807FFFFF, 0x7F7FFFFF, 0xFF7FFFFF,
+                        0x00000000, 0x80000000, 0x7F800000, 0xFF800000, 0x7FC00000, 0xFFC00001, 0x33800000,
+                        0x477FF000, 0x477FEFFF, 0x38800000], np.uint32)
+    bits = np.concatenate([special, rng.integers(0, 2**32, 100_000, dtype=np.uint64).astype(np.uint32)])
+    values = bits.view(np.float32)
+    for name, dtype in (("bfloat16", torch.bfloat16), ("float16", torch.float16)):
+        expected = torch.from_numpy(values.copy()).to(dtype).view(torch.int16).numpy().view(np.uint16)
+        assert np.array_equal(convert(values, name).view(np.uint16), expected), name
+
+
+def test_an_architecture_transformers_cannot_map(mounted, tmp_path):
+    pytest.importorskip("transformers")
+    path = tmp_path / "rwkv.gguf"
+    write_gguf(path, {"token_embd.weight": (np.zeros((8, 32), np.float32), "F32")}, arch="rwkv7")
+    info = subprocess.run([*ckptfs_cli(), "info", "--json", str(path)], env=cli_env(), capture_output=True,
+                          text=True, check=True)
+    assert json.loads(info.stdout)["hf"] == "none: transformers has no GGUF mapping for architecture 'rwkv7'"
+    text = subprocess.run([*ckptfs_cli(), "info", str(path)], env=cli_env(), capture_output=True, text=True,
+                          check=True).stdout
+    assert "hf/: none: transformers has no GGUF mapping for architecture 'rwkv7'" in text.splitlines()
+    mnt = mounted(str(path), "--hf")
+    assert not (mnt / "hf").exists()
+    assert (mnt / "token_embd.weight.npy").exists()
+
+
+def test_a_processor_that_reshapes_is_refused_with_its_reason(tmp_path):
+    pytest.importorskip("transformers")
+    import ckptfs
+    from ckptfs.hf import Unsupported
+
+    path = tmp_path / "bloom.gguf"
+    write_gguf(path, {"token_embd.weight": (np.zeros((8, 32), np.float32), "F32")}, arch="bloom")
+    with ckptfs.open(str(path)) as ck:
+        with pytest.raises(Unsupported, match="BloomTensorProcessor"):
+            ckptfs.hf_folder(ck)
+
+
+def test_without_transformers_one_line_and_no_folder(mounted, tmp_path):
+    vocab = sentencepiece_vocab(tmp_path / "spm", gemma=False)
+    path = write_model(tmp_path / "llama.gguf", "llama", vocab).path
+    info = subprocess.run([*NO_TRANSFORMERS, "info", "--json", str(path)], env=cli_env(), capture_output=True,
+                          text=True, check=True)
+    assert json.loads(info.stdout)["hf"] == ("none: transformers not installed: pip install 'ckptfs[hf]' "
+                                             "(transformers, torch and gguf)")
+    mnt = mounted(str(path), "--hf", cli=NO_TRANSFORMERS, foreground=True)
+    assert not (mnt / "hf").exists()
+    assert (mnt / "token_embd.weight.npy").exists()
+    log = (mnt.parent / f"{mnt.name}.foreground.log").read_text()
+    lines = [line for line in log.splitlines() if "hf/" in line]
+    assert lines == ["no hf/ folder: transformers not installed: pip install 'ckptfs[hf]' (transformers, torch "
+                     "and gguf)"], log
+
+
+def _maps(pid: int) -> str:
+    with open(f"/proc/{pid}/maps") as f:
+        return f.read()
+
+
+def test_torch_is_loaded_only_with_hf(mounted, tmp_path):
+    pytest.importorskip("transformers")
+    vocab = sentencepiece_vocab(tmp_path / "spm", gemma=False)
+    path = write_model(tmp_path / "llama.gguf", "llama", vocab).path
+    plain = mounted(str(path))
+    assert "libtorch" not in _maps(mount_stats(plain)["pid"])
+    with_hf = mounted(str(path), "--hf")
+    assert "libtorch" in _maps(mount_stats(with_hf)["pid"])
+    assert (with_hf / "hf" / "model.safetensors").stat().st_size > 0
+    code = "import sys, ckptfs; print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'transformers')))"
+    out = subprocess.run([sys.executable, "-c", code], env=cli_env(), capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
