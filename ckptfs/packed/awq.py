@@ -72,7 +72,7 @@ def build(prefix: str, parts: Mapping[str, TensorInfo], settings: Mapping[str, A
         check_shape(scales, (groups, out), why)
         check_shape(qzeros, (groups, out // 8), why)
 
-        def decode(reader: Parts, o0: int, o1: int) -> np.ndarray:
+        def decode(reader: Parts, o0: int, o1: int, dest: np.ndarray | None) -> np.ndarray:
             def zeros_t() -> np.ndarray:
                 return _gemm_rows(np.ascontiguousarray(reader.whole("qzeros").T)).astype(np.int16)
 
@@ -85,7 +85,7 @@ def build(prefix: str, parts: Mapping[str, TensorInfo], settings: Mapping[str, A
             words = reader.derived("qweight_t", ("qweight",), (out // 8, in_features),
                                    lambda: reader.read_whole("qweight").T)[o0 // 8: -(-o1 // 8)]
             q = _gemm_rows(words)[o0 - o0 // 8 * 8:][:o1 - o0]
-            return round_to(group_index_fast(q, z, s, gsize), st, f16_fast(reader, "scales", st, 16))
+            return round_to(group_index_fast(q, z, s, gsize, dest), st, f16_fast(reader, "scales", st, 16))
 
         return Layout("awq", parameters, out, in_features, used, st, decode, row_align=8)
 
@@ -96,11 +96,11 @@ def build(prefix: str, parts: Mapping[str, TensorInfo], settings: Mapping[str, A
     if scales.shape[0] != out or scales.shape[1] < groups:
         raise Absent(f"{scales.name} has shape {list(scales.shape)}, {why} expects [{out}, >= {groups}]")
 
-    def decode_gemv(reader: Parts, o0: int, o1: int) -> np.ndarray:
+    def decode_gemv(reader: Parts, o0: int, o1: int, dest: np.ndarray | None) -> np.ndarray:
         q = unpack_fields(reader.rows("qweight", o0, o1), 4, in_features)
         z = unpack_fields(reader.rows("qzeros", o0, o1), 4, groups).astype(np.float32)
         s = scale_to_f32(reader.rows("scales", o0, o1)[:, :groups], st)
-        return round_to(group_index_fast(q, z, s, gsize), st, f16_fast(reader, "scales", st, 16))
+        return round_to(group_index_fast(q, z, s, gsize, dest), st, f16_fast(reader, "scales", st, 16))
 
     return Layout("awq", parameters, out, in_features, used, st, decode_gemv)
 

@@ -139,7 +139,7 @@ def build(prefix: str, parts: Mapping[str, TensorInfo], settings: Mapping[str, A
                   group_size if strategy == "group" else None, "groups": groups, "format": FORMAT}
     rows_of_params = out if strategy != "tensor" else 1
 
-    def decode(reader: Parts, o0: int, o1: int) -> np.ndarray:
+    def decode(reader: Parts, o0: int, o1: int, dest: np.ndarray | None) -> np.ndarray:
         def scales_t() -> np.ndarray:
             return scale_to_f32(reader.whole("weight_scale"), st).reshape(rows_of_params, groups)
 
@@ -161,7 +161,8 @@ def build(prefix: str, parts: Mapping[str, TensorInfo], settings: Mapping[str, A
             s, z = s[o0:o1], z[o0:o1]
         else:
             s, z = np.broadcast_to(s, (o1 - o0, 1)), np.broadcast_to(z, (o1 - o0, 1))
-        return round_to(group_index_fast(q, z, s, group_size), st, f16_fast(reader, "weight_scale", st, 1 << bits))
+        fast = f16_fast(reader, "weight_scale", st, 1 << bits)
+        return round_to(group_index_fast(q, z, s, group_size, dest), st, fast)
 
     return Layout("compressed-tensors", parameters, out, in_features, used, st, decode)
 

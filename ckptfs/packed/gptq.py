@@ -26,7 +26,7 @@ import numpy as np
 from ..descriptors import TensorInfo
 from .bits import packed_words, round_to, scale_to_f32, unpack_fields
 from .layout import (INT32_TYPES, INT_TYPES, SCALE_TYPES, Absent, Layout, Parts, check_ndim, check_shape,
-                     check_type, f16_fast, group_index_fast, int_setting, require)
+                     check_type, f16_fast, gathered, group_index_fast, int_setting, require)
 
 ROLES = ("qweight", "qzeros", "scales", "g_idx")
 BITS = (2, 3, 4, 8)
@@ -82,7 +82,7 @@ def build(prefix: str, parts: Mapping[str, TensorInfo], settings: Mapping[str, A
 
     tag = f"gptq:b{bits}:{'v1' if v1 else 'v2'}"
 
-    def decode(reader: Parts, o0: int, o1: int) -> np.ndarray:
+    def decode(reader: Parts, o0: int, o1: int, dest: np.ndarray | None) -> np.ndarray:
         def zeros_t() -> np.ndarray:  # [out, groups]: each output row's zero point per group
             fields = unpack_fields(reader.whole("qzeros"), bits, out).astype(np.int16)
             return np.ascontiguousarray((fields + 1 if v1 else fields).T)
@@ -98,10 +98,7 @@ def build(prefix: str, parts: Mapping[str, TensorInfo], settings: Mapping[str, A
                                lambda: reader.read_whole("qweight").T)[o0:o1]   # [o1 - o0, packed in]
         q = unpack_fields(words, bits, in_features)                          # [o1 - o0, in] uint8
         g = _group_index(reader, g_idx, in_features, gsize, groups)
-        if g is None:
-            values = group_index_fast(q, z, s, gsize)
-        else:
-            values = (q.astype(np.float32) - z[:, g]) * s[:, g]
+        values = group_index_fast(q, z, s, gsize, dest) if g is None else gathered(q, z, s, g, dest)
         return round_to(values, scales.storage_type, f16_fast(reader, "scales", scales.storage_type, 1 << bits))
 
     return Layout("gptq", parameters, out, in_features, used, scales.storage_type, decode)

@@ -45,7 +45,7 @@ class Layout:
     in_features: int
     parts: dict[str, TensorInfo]                # role ("qweight", "scales", ...) -> stored tensor
     scale_type: str                             # F16 | BF16 | F32: the dtype the reference computes in
-    decode: Callable[[Parts, int, int], np.ndarray]
+    decode: Callable[[Parts, int, int, np.ndarray | None], np.ndarray]
     row_align: int = 1                          # row tiles start at multiples of this
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -53,8 +53,10 @@ class Layout:
     def shape(self) -> tuple[int, int]:
         return self.out_features, self.in_features
 
-    def decode_rows(self, parts: Parts, o0: int, o1: int) -> np.ndarray:
-        return self.decode(parts, o0, o1)
+    def decode_rows(self, parts: Parts, o0: int, o1: int, out: np.ndarray | None = None) -> np.ndarray:
+        """Rows [o0, o1) as float32 ``[o1 - o0, in_features]``, written into ``out`` (float32, that many
+        elements) when given and possible (the result may still be a new array: check)."""
+        return self.decode(parts, o0, o1, out)
 
 
 # ------------------------------------------------------------------------------------------ header checks
@@ -103,27 +105,35 @@ def int_setting(settings: Mapping[str, Any], *keys: str, default: Any = None) ->
     return default
 
 
-def group_index_fast(q: np.ndarray, zeros: np.ndarray, scales: np.ndarray, group_size: int) -> np.ndarray:
+def group_index_fast(q: np.ndarray, zeros: np.ndarray, scales: np.ndarray, group_size: int,
+                     out: np.ndarray | None = None) -> np.ndarray:
     """``(q - zeros[:, i // gs]) * scales[:, i // gs]`` for ``q[rows, in]`` and per-group ``zeros``/``scales``
-    ``[rows, groups]`` (float32), without materializing the per-column gathers (the last group may be short)."""
+    ``[rows, groups]`` (float32), without materializing the per-column gathers (the last group may be short);
+    into ``out`` (float32, ``rows * in`` elements) when given."""
     rows, width = q.shape
     groups = zeros.shape[1]
     full = width // group_size
-    if full == groups and full * group_size == width:  # the usual case: whole groups, no copy at the end
-        body = q.reshape(rows, full, group_size).astype(np.float32)
-        body -= zeros[:, :, None]
-        body *= scales[:, :, None]
-        return body.reshape(rows, width)
-    out = np.empty((rows, width), np.float32)
+    result = out.reshape(rows, width) if out is not None else np.empty((rows, width), np.float32)
     if full:
-        body = q[:, :full * group_size].reshape(rows, full, group_size).astype(np.float32)
+        body = result[:, :full * group_size].reshape(rows, full, group_size)
+        np.copyto(body, q[:, :full * group_size].reshape(rows, full, group_size))
         body -= zeros[:, :full, None]
         body *= scales[:, :full, None]
-        out[:, :full * group_size] = body.reshape(rows, full * group_size)
     if full < groups and full * group_size < width:
-        tail = q[:, full * group_size:].astype(np.float32)
-        out[:, full * group_size:] = (tail - zeros[:, full, None]) * scales[:, full, None]
-    return out
+        tail = result[:, full * group_size:]
+        np.copyto(tail, q[:, full * group_size:])
+        tail -= zeros[:, full, None]
+        tail *= scales[:, full, None]
+    return result
+
+
+def gathered(q: np.ndarray, zeros: np.ndarray, scales: np.ndarray, g: np.ndarray,
+             out: np.ndarray | None = None) -> np.ndarray:
+    """``(q - zeros[:, g]) * scales[:, g]`` for any group index ``g[in]`` (GPTQ's ``desc_act``)."""
+    result = out.reshape(q.shape) if out is not None else np.empty(q.shape, np.float32)
+    np.subtract(q, zeros[:, g], out=result)
+    result *= scales[:, g]
+    return result
 
 
 def f16_fast(parts: Parts, role: str, storage_type: str, max_factor: int) -> bool:

@@ -1,15 +1,16 @@
 """A packed layer's dequantized weight as a tensor-like object, decoded by tiles of output rows.
 
 :class:`PackedTensor` is what ``checkpoint.tensors`` and ``checkpoint[PREFIX + ".weight"]`` hold for a view:
-a ``ckptfs.Tensor`` (indexing, ``numpy()``, pickling) marked ``virtual`` (the mount gives it ``.npy`` and
-``.meta.json``, no ``.raw``). Its :class:`PackedData` offers what ``NpyView`` and the read-ahead use from a
-``TensorData``: ``read``, ``byte_segments``, and groups (here: tiles of rows) to decode ahead.
+a ``ckptfs.Tensor`` (indexing, ``numpy()``, pickling, ``to_torch``) marked ``virtual`` (the mount gives it
+``.npy`` and ``.meta.json``, no ``.raw``). Its :class:`PackedData` offers what ``NpyView`` and the read-ahead
+use from a ``TensorData``: ``read``, ``byte_segments``, and groups (here: tiles of rows) to decode ahead.
 
 A tile is ``rows_per_tile`` whole rows of the weight (about ``TILE_TARGET_BYTES`` of output), so a read
-decodes only the tiles its bytes cover. Tiles go to the checkpoint's cache like GGUF block groups; so do
-the per-layer pieces a tile needs whatever its rows (a whole ``qweight`` whose rows are input features, the
-unpacked zero points, the float32 scales), under keys built from the content identity of the files that
-hold the parts. Row-major parts (compressed-tensors, AWQ GEMV) are read row range by row range instead.
+decodes only the tiles its bytes cover. Tiles go to the checkpoint's cache like GGUF block groups; so do the
+per-layer arrays every tile needs (zero points unpacked, scales as float32, GPTQ's g_idx, and for GPTQ and
+AWQ GEMM the ``qweight`` transposed: its columns are the weight's rows), under keys that start with the
+content identity of the files holding the parts. Row-major parts (compressed-tensors, AWQ GEMV) are read
+row range by row range instead.
 """
 
 from __future__ import annotations
@@ -107,16 +108,24 @@ class PackedData:
     def n_tiles(self) -> int:
         return -(-self.layout.out_features // self.rows_per_tile)
 
-    def _decode(self, o0: int, o1: int) -> np.ndarray:
+    def _decode(self, o0: int, o1: int, out: np.ndarray | None = None) -> np.ndarray:
+        """Rows [o0, o1) as flat ``self.dtype`` values, into ``out`` when given."""
         try:
-            values = self.layout.decode_rows(self._reader, o0, o1)
+            direct = out if out is not None and self.dtype == np.float32 else None
+            values = self.layout.decode_rows(self._reader, o0, o1, direct)
         except Absent as exc:  # a fact only the stored values reveal (a g_idx out of range)
             marker = next(iter(self.layout.parts.values()))
             raise CheckpointError(marker.source, marker.offset, f"tensor {self.info.name!r}: {exc}") from None
-        if values.dtype != self.dtype:
+        values = values.reshape(-1)
+        if out is None:
+            if values.dtype != self.dtype:
+                with np.errstate(over="ignore"):
+                    values = values.astype(self.dtype)
+            return values
+        if not np.may_share_memory(values, out):  # a new array (float16 mode, or a fallback rounding)
             with np.errstate(over="ignore"):
-                values = values.astype(self.dtype)
-        return values.reshape(-1)
+                np.copyto(out, values, casting="unsafe")  # float16 mode: beyond its range becomes inf
+        return out
 
     def _key(self, t: int) -> str:
         if self._key_prefix is None:
@@ -152,7 +161,7 @@ class PackedData:
         out = np.empty((r1 - r0) * row, self.dtype)
         for start in range(r0, r1, step):
             stop = min(start + step, r1)
-            out[(start - r0) * row:(stop - r0) * row] = self._decode(start, stop)
+            self._decode(start, stop, out=out[(start - r0) * row:(stop - r0) * row])
         return out[e0 - r0 * row: e1 - r0 * row]
 
     def byte_segments(self, d0: int, d1: int) -> list:
