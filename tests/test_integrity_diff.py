@@ -95,5 +95,8 @@ def test_against_a_manifest(tmp_path, pair):
     data = json.loads(run_diff(str(a), str(manifest), "--json").stdout)
     assert (data["only_in_a"], data["only_in_b"], data["same"]) == (["gone"], ["new"], 2)  # shapes not in a manifest
     assert {c["name"]: c["what"] for c in data["changed"]} == {"requant": ["size", "bytes"], "changed": ["bytes"]}
+    reordered = tmp_path / "reordered.json"  # another writer's key order: "format" last, no line layout
+    reordered.write_text(json.dumps(dict(reversed(list(json.loads(manifest.read_text()).items())))))
+    assert json.loads(run_diff(str(a), str(reordered), "--json").stdout) == data
     usage = run_diff(str(a), str(manifest), "--values")
     assert usage.returncode == 2 and "--values needs two checkpoints" in usage.stderr

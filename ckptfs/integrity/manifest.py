@@ -279,13 +279,17 @@ def load_manifest(path: str) -> Manifest:
 
 
 def is_manifest(path: str) -> bool:
-    """True when ``path`` is a file whose JSON says it is a ckptfs manifest (for ``diff A B``)."""
+    """True when ``path`` is a file of JSON whose ``format`` is the manifest's (for ``diff A B``, where either
+    side may be a manifest); a checkpoint (binary) or a shard index (JSON of another shape) is not."""
     try:
         with open(path, "rb") as f:
-            head = f.read(256).lstrip()
-    except OSError:
+            if not f.read(64).lstrip().startswith(b"{"):
+                return False
+            f.seek(0)
+            data = json.loads(f.read())
+    except (OSError, ValueError, RecursionError):
         return False
-    return head.startswith(b"{") and b'"format"' in head and FORMAT.encode() in head
+    return isinstance(data, dict) and data.get("format") == FORMAT
 
 
 def parse_manifest(data: Any, where: str) -> Manifest:
