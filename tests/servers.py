@@ -31,6 +31,14 @@ NGINX = "/usr/sbin/nginx"
 START_TIMEOUT = 20.0
 
 
+def require_nginx() -> None:
+    """Skip a test that needs nginx where it is not installed — fail under CI=true (conftest.skip_or_fail)."""
+    if not os.path.exists(NGINX):
+        from conftest import skip_or_fail
+
+        skip_or_fail(f"nginx is not installed ({NGINX}; Debian: apt-get install nginx-light)")
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

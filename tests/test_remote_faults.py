@@ -21,7 +21,7 @@ from ckptfs.sources import open_source  # noqa: E402
 from ckptfs.sources.netstats import COUNTERS  # noqa: E402
 from ckptfs.sources.remote import RemoteOptions, using  # noqa: E402
 from faultproxy import FaultProxy  # noqa: E402
-from servers import Nginx  # noqa: E402
+from servers import Nginx, require_nginx  # noqa: E402
 
 SIZE = 6 * 1024 * 1024 + 12345
 TIMEOUT, STALL = 4.0, 1.0
@@ -30,8 +30,7 @@ HANG_BOUND = TIMEOUT + 6.0  # a read must end by its timeout; this slack only ab
 
 @pytest.fixture(scope="module")
 def upstream(tmp_path_factory):
-    if not os.path.exists("/usr/sbin/nginx"):
-        pytest.skip("nginx is not installed")
+    require_nginx()
     root = tmp_path_factory.mktemp("www")
     data = os.urandom(SIZE)
     (root / "blob.bin").write_bytes(data)

@@ -23,15 +23,14 @@ from ckptfs.sources import open_source  # noqa: E402
 from fixtures import write_mixed_gguf  # noqa: E402
 from multifile_sets import MODEL_FILES, safetensors_tensors, write_model_files, write_safetensors_set  # noqa: E402
 from safetensors.numpy import load_file  # noqa: E402
-from servers import HubStandIn, Nginx  # noqa: E402
+from servers import HubStandIn, Nginx, require_nginx  # noqa: E402
 
 TOKEN = "hf_loopback_secret_token"
 
 
 @pytest.fixture(scope="module")
 def hub(tmp_path_factory):
-    if not os.path.exists("/usr/sbin/nginx"):
-        pytest.skip("nginx is not installed")
+    require_nginx()
     base = tmp_path_factory.mktemp("hub")
     gguf_repo, st_repo, cdn = base / "gguf", base / "st", base / "cdn"
     for d in (gguf_repo, st_repo, cdn):
@@ -134,8 +133,7 @@ def test_wrong_token_is_named_but_not_printed(hub, monkeypatch):
 
 def test_hf_resolve_paths_served_by_nginx(tmp_path, monkeypatch):
     """HF_ENDPOINT may be any server with the resolve layout: here nginx alone (no redirect)."""
-    if not os.path.exists("/usr/sbin/nginx"):
-        pytest.skip("nginx is not installed")
+    require_nginx()
     folder = tmp_path / "www" / "acme" / "tiny" / "resolve" / "v1"
     folder.mkdir(parents=True)
     write_mixed_gguf(folder / "mixed.gguf")

@@ -25,7 +25,7 @@ from ckptfs.errors import CheckpointError  # noqa: E402
 from conftest import REPO, mount_stats  # noqa: E402
 from faultproxy import FaultProxy  # noqa: E402
 from fixtures import big_vocab_gguf, write_gguf, write_mixed_gguf, quantized  # noqa: E402
-from servers import Nginx  # noqa: E402
+from servers import Nginx, require_nginx  # noqa: E402
 
 MiB = 1 << 20
 _LOG_LINE = re.compile(r'"(?P<method>[A-Z]+) (?P<path>\S+) [^"]*" (?P<status>\d+) (?P<bytes>\d+)')
@@ -43,8 +43,7 @@ def requests_since(server: Nginx, before: int, path: str | None = None) -> list[
 
 @pytest.fixture(scope="module")
 def site(tmp_path_factory):
-    if not os.path.exists("/usr/sbin/nginx"):
-        pytest.skip("nginx is not installed")
+    require_nginx()
     root = tmp_path_factory.mktemp("www")
     mixed = write_mixed_gguf(root / "mixed.gguf")
     big_vocab_gguf(root / "vocab.gguf")

@@ -7,7 +7,6 @@ the primary has to fail). Values are compared with what gguf-py / safetensors re
 
 from __future__ import annotations
 
-import os
 import shutil
 import time
 
@@ -23,15 +22,14 @@ from faultproxy import FaultProxy  # noqa: E402
 from fixtures import quantized, write_gguf  # noqa: E402
 from multifile_sets import safetensors_tensors, write_safetensors_set  # noqa: E402
 from safetensors.numpy import load_file  # noqa: E402
-from servers import Nginx  # noqa: E402
+from servers import Nginx, require_nginx  # noqa: E402
 
 MiB = 1 << 20
 
 
 @pytest.fixture(scope="module")
 def site(tmp_path_factory):
-    if not os.path.exists("/usr/sbin/nginx"):
-        pytest.skip("nginx is not installed")
+    require_nginx()
     root = tmp_path_factory.mktemp("www")
     rng = np.random.default_rng(11)
     write_gguf(root / "model.gguf", {"w.q8": (quantized("Q8_0", (1024, 2048), rng), "Q8_0"),

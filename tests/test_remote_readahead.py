@@ -15,7 +15,7 @@ pytest.importorskip("urllib3")
 from ckptfs.sources import open_source  # noqa: E402
 from ckptfs.sources.bytecache import CHUNK  # noqa: E402
 from ckptfs.sources.remote import RemoteOptions, using  # noqa: E402
-from servers import Nginx  # noqa: E402
+from servers import Nginx, require_nginx  # noqa: E402
 
 MiB = 1 << 20
 _RANGE = re.compile(r'" 206 (\d+) .*range="bytes=(\d+)-(\d+)"')
@@ -23,8 +23,7 @@ _RANGE = re.compile(r'" 206 (\d+) .*range="bytes=(\d+)-(\d+)"')
 
 @pytest.fixture(scope="module")
 def blob(tmp_path_factory):
-    if not os.path.exists("/usr/sbin/nginx"):
-        pytest.skip("nginx is not installed")
+    require_nginx()
     root = tmp_path_factory.mktemp("www")
     data = os.urandom(48 * MiB)
     (root / "blob.bin").write_bytes(data)

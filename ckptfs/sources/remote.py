@@ -248,14 +248,22 @@ class RemoteSource(ByteSource):
         for start, stop in _runs(mine):
             found.update(self._fetch_chunks(start, stop, deadline))
         for i, flight in waits.items():
-            if not flight.done.wait(max(0.0, deadline - time.monotonic())):
-                raise self._timeout_error(i * CHUNK)
-            if flight.data is not None:
+            # Another reader's (or read-ahead's) fetch of this chunk: wait for it as long as for a stalled
+            # attempt; past that, fetch the chunk ourselves — or, with a mirror to turn to, give it the time.
+            patience = min(deadline, time.monotonic() + self.options.stall_timeout) - time.monotonic()
+            done = flight.done.wait(max(0.0, patience))
+            if done and flight.data is not None:
                 found[i] = flight.data
-            else:  # the fetch we waited for failed (perhaps on a shorter deadline): try once ourselves
-                with self._lock:
-                    self._inflight.setdefault(i, _Flight())
-                found.update(self._fetch_chunks(i, i + 1, deadline))
+                continue
+            if done and _fallback.get():
+                error = flight.error
+                reason = error.reason if isinstance(error, CheckpointError) else str(error)
+                raise CheckpointError(self.name, i * CHUNK, reason)
+            if _fallback.get() or time.monotonic() >= deadline:
+                raise self._timeout_error(i * CHUNK)
+            data = self._fetch(i * CHUNK, min(self.size, (i + 1) * CHUNK), deadline)
+            self._cache.put(chunk_key(self._content_id, i), data)
+            found[i] = data
         return [found[i] for i in range(c0, c1)]
 
     def claim(self, c0: int, c1: int) -> list[tuple[int, int]]:
