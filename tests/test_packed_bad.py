@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -126,7 +127,20 @@ def test_a_group_index_out_of_range_fails_the_read(tmp_path):
         t["g_idx"][5] = 9
     folder, _ = two_layers(tmp_path, GPTQ, edit)
     with ckptfs.open(folder) as ck:
-        with pytest.raises(ckptfs.CheckpointError, match=rf"tensor '{B}.weight': {B}.g_idx holds group 9, outside 0..3"):
+        expected = rf"tensor '{B}.weight': {B}.g_idx holds group 9, outside 0..3"
+        with pytest.raises(ckptfs.CheckpointError, match=expected):
             ck[B + ".weight"].numpy()
         with pytest.raises(ckptfs.CheckpointError):
             ck[B + ".weight"][0]
+
+
+def test_a_plain_file_never_imports_the_package(tmp_path):
+    """Only a folder with a config file looks for packed layers: opening a plain safetensors file (even one
+    holding GPTQ parts) leaves ckptfs.packed unimported, and the parts are just tensors."""
+    folder, _ = two_layers(tmp_path, GPTQ)
+    code = ("import sys, ckptfs; ck = ckptfs.open(sys.argv[1]); "
+            f"assert {A + '.weight'!r} not in ck and {A + '.qweight'!r} in ck; "
+            "print('ckptfs.packed' in sys.modules)")
+    result = subprocess.run([sys.executable, "-c", code, str(folder / "model.safetensors")], env=cli_env(),
+                            capture_output=True, text=True, timeout=120, check=True)
+    assert result.stdout.strip() == "False"
