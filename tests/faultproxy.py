@@ -13,7 +13,9 @@ every request until ``always(None)``. Faults:
 - ``"stall:SECONDS"``: send headers and half the body, then send nothing for SECONDS;
 - ``"short"``: announce the full Content-Length, send half the body, close;
 - ``"etag"``: relay the answer with another ETag (as after the file was replaced);
-- ``"norange"``: forward without the Range header (the upstream answers 200 with the whole file).
+- ``"norange"``: forward without the Range header (the upstream answers 200 with the whole file);
+- ``"403"``: access denied, as a server that wants credentials answers;
+- ``"loop"``: a 302 back to the same URL (a redirect loop).
 
 ``requests`` counts forwarded requests by method.
 """
@@ -154,7 +156,13 @@ class FaultProxy:
             _reset(req.connection)
             req.close_connection = True
             return
-        if kind in ("500", "503", "429"):
+        if kind == "loop":
+            req.send_response(302)
+            req.send_header("Location", req.path)
+            req.send_header("Content-Length", "0")
+            req.end_headers()
+            return
+        if kind in ("500", "503", "429", "403"):
             body = b"injected failure\n"
             req.send_response(int(kind))
             if arg:

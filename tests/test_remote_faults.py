@@ -45,9 +45,13 @@ def proxy(upstream):
         yield p
 
 
-def _open(proxy, timeout=TIMEOUT, stall=STALL, retries=4):
+def _open_url(url: str, timeout=TIMEOUT, stall=STALL, retries=4):
     with using(RemoteOptions(timeout=timeout, stall_timeout=stall, max_retries=retries)):
-        return open_source(proxy.url + "/blob.bin")
+        return open_source(url)
+
+
+def _open(proxy, **options):
+    return _open_url(proxy.url + "/blob.bin", **options)
 
 
 # offsets past the bytes fetched at open, so every read below is a request
@@ -141,3 +145,30 @@ def test_reads_are_range_requests(upstream, proxy):
     assert src.pread(OFFSET, 1000) == data[OFFSET:OFFSET + 1000]
     new = server.access_log()[before:]
     assert len(new) == 1 and '" 206 262144 ' in new[0]  # one aligned 256 KiB chunk, not the file
+
+
+@pytest.mark.parametrize("fault, message", [("loop", r"redirect loop \(HTTP 302"),
+                                            ("403", r"access denied \(HTTP 403; sent no credentials\)")])
+def test_one_line_errors_at_open(upstream, proxy, fault, message):
+    proxy.always(fault)
+    with pytest.raises(CheckpointError, match=message) as info:
+        _open(proxy)
+    assert "\n" not in str(info.value)
+    assert proxy.requests["GET"] <= 2  # neither is retried
+
+
+def test_empty_and_small_files(upstream, tmp_path):
+    """An empty file (the server answers 416 to the first range) opens with size 0; a file smaller than the
+    first read comes whole in that one request."""
+    from servers import Nginx as Server
+
+    (tmp_path / "empty.bin").write_bytes(b"")
+    (tmp_path / "small.bin").write_bytes(b"0123456789")
+    with Server(tmp_path) as server:
+        empty = _open_url(server.url + "/empty.bin")
+        assert empty.size == 0 and empty.pread(0, 0) == b""
+        small = _open_url(server.url + "/small.bin")
+        assert small.size == 10 and small.pread(3, 4) == b"3456"
+        assert len(server.access_log()) == 2
+        with pytest.raises(CheckpointError, match="past the end"):
+            small.pread(8, 4)
