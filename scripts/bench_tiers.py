@@ -3,9 +3,9 @@
 
 1. **Second daemon.** For the disk tier (``--cache-dir``) and the Redis tier (``--redis``): a cold daemon
    streams every ``.npy`` of a realistic Q4_K_M-style GGUF (scripts/make_realistic_gguf.py) into an empty
-   tier, then a second daemon, mounted beside it, streams the same files. Per round, side by side: both
-   streams' MB/s, the ratio, and the bytes each decoded (what it stored in the tier: every decode is
-   offered to it; plus the mount's ``decoded_bytes``). Rounds alternate, medians are reported.
+   tier, then a second daemon, mounted beside it, streams the same files, then a daemon without any
+   tier does. Per round, side by side: the streams' MB/s, the ratios, and the bytes each decoded (what it
+   stored in the tier: every decode is offered to it; plus the mount's ``decoded_bytes``). Medians.
 2. **Redis stopped or paused during a stream.** A daemon whose groups are all in Redis streams with
    ``--cache-size 0``; a third of the way in, Redis is killed (SIGKILL) or paused (SIGSTOP: connections hang
    until the 0.5 s timeout). Every read's latency and result are recorded: failures, maximum, p99.
@@ -129,17 +129,25 @@ def second_daemon(model: Path, work: Path, tier: str, rounds: int, server) -> di
             if b is not None:
                 unmount(b)
             shutil.rmtree(cache_dir, ignore_errors=True)
-        assert cold_crc == warm_crc and cold_bytes == warm_bytes, "the two daemons served different bytes"
+        plain = mount(model, work / f"plain-{tier}-{r}", "--cache-size", "64M")
+        try:
+            plain_bytes, plain_s, plain_crc = stream(plain)
+        finally:
+            unmount(plain)
+        assert cold_crc == warm_crc == plain_crc and cold_bytes == warm_bytes, "the daemons served different bytes"
         rows.append({"streamed": warm_bytes, "cold_mb_s": cold_bytes / cold_s / 1e6,
+                     "plain_mb_s": plain_bytes / plain_s / 1e6, "ratio_plain": plain_s / warm_s,
                      "warm_mb_s": warm_bytes / warm_s / 1e6, "ratio": cold_s / warm_s,
                      "cold_decoded": cold_decoded, "warm_decoded": warm_decoded,
                      "warm_decoded_share": warm_decoded / warm_bytes,
                      "warm_tier_hits": st["tiers"][tier]["hits"], "warm_tier_misses": st["tiers"][tier]["misses"]})
-        print(f"  {tier} round {r + 1}: cold {rows[-1]['cold_mb_s']:.0f} MB/s, second daemon "
-              f"{rows[-1]['warm_mb_s']:.0f} MB/s (x{rows[-1]['ratio']:.2f}); decoded: cold "
+        print(f"  {tier} round {r + 1}: cold {rows[-1]['cold_mb_s']:.0f} MB/s (no tier: "
+              f"{rows[-1]['plain_mb_s']:.0f}), second daemon {rows[-1]['warm_mb_s']:.0f} MB/s "
+              f"(x{rows[-1]['ratio']:.2f}; x{rows[-1]['ratio_plain']:.2f} over no tier); decoded: cold "
               f"{cold_decoded / MIB:.1f} MiB, second {warm_decoded / MIB:.2f} MiB of {warm_bytes / MIB:.0f} MiB",
               flush=True)
     return {"rounds": rows, "median_ratio": statistics.median(r["ratio"] for r in rows),
+            "median_ratio_plain": statistics.median(r["ratio_plain"] for r in rows),
             "max_warm_decoded_share": max(r["warm_decoded_share"] for r in rows)}
 
 
