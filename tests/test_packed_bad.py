@@ -12,7 +12,7 @@ import sys
 import numpy as np
 import pytest
 from conftest import ckptfs_cli, cli_env
-from packed_fixtures import gptq_layer, write_folder
+from packed_fixtures import compressed_config, compressed_layer, gptq_layer, write_folder
 from safetensors.numpy import load_file
 
 import ckptfs
@@ -144,3 +144,25 @@ def test_a_plain_file_never_imports_the_package(tmp_path):
     result = subprocess.run([sys.executable, "-c", code, str(folder / "model.safetensors")], env=cli_env(),
                             capture_output=True, text=True, timeout=120, check=True)
     assert result.stdout.strip() == "False"
+
+
+@pytest.mark.parametrize("settings,reason", [
+    (dict(GPTQ, bits="4"), "quantization setting bits='4' is not an integer"),
+    (dict(GPTQ, group_size=[32]), "quantization setting group_size=[32] is not an integer"),
+    ({"quant_method": 7}, "config.json quantization_config names no quant_method"),
+])
+def test_hostile_settings_cost_the_view_only(tmp_path, settings, reason):
+    folder, _ = two_layers(tmp_path, settings)
+    with ckptfs.open(folder) as ck:
+        assert absent_reason(ck, A) == reason
+        assert_parts_raw(ck, folder, A)
+
+
+def test_a_bad_target_pattern(tmp_path):
+    layer = compressed_layer(np.random.default_rng(1), 32, 64, 4, "group", 32, True)
+    config = compressed_config({"g": dict(layer.extra["scheme"], targets=["re:("])})
+    folder = write_folder(tmp_path / "m", {A: layer.tensors}, config)
+    with ckptfs.open(folder) as ck:
+        assert absent_reason(ck, A) == ("target 're:(' is not a valid regular expression: "
+                                        "missing ), unterminated subpattern at position 0")
+        assert_parts_raw(ck, folder, A)

@@ -46,8 +46,8 @@ def attach(checkpoint) -> None:
             if view_name in checkpoint:
                 raise Absent(f"a stored tensor is named {view_name!r}; it is served instead of the view")
             layout = _build(scheme, prefix, parts, config, checkpoint)
-        except Absent as exc:
-            reason = str(exc)
+        except Exception as exc:  # noqa: BLE001 - a hostile config costs this layer its view, never the open
+            reason = str(exc) if isinstance(exc, Absent) else f"the quantization settings cannot be used: {exc}"
             row = {"name": view_name, "scheme": scheme, "parts": sorted(roles.values()), "present": False,
                    "reason": reason}
             note = {"name": view_name, "scheme": scheme, "present": False, "reason": reason}

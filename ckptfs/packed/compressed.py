@@ -39,14 +39,16 @@ def scheme_for(prefix: str, settings: Mapping[str, Any]) -> Mapping[str, Any]:
     groups = settings.get("config_groups")
     if not isinstance(groups, Mapping) or not groups:
         raise Absent("compressed-tensors config has no config_groups")
-    for pattern in settings.get("ignore") or ():
+    ignore = settings.get("ignore") or ()
+    for pattern in [ignore] if isinstance(ignore, str) else ignore:
         if _matches(str(pattern), prefix):
             raise Absent(f"layer is in the config's ignore list ({pattern})")
     by_name, by_class = [], []
     for name, group in groups.items():
         if not isinstance(group, Mapping):
             continue
-        for target in group.get("targets") or ():
+        targets = group.get("targets") or ()
+        for target in [targets] if isinstance(targets, str) else targets:
             target = str(target)
             if _matches(target, prefix):
                 by_name.append((name, group))
@@ -67,7 +69,10 @@ def scheme_for(prefix: str, settings: Mapping[str, Any]) -> Mapping[str, Any]:
 
 def _matches(target: str, prefix: str) -> bool:
     if target.startswith("re:"):
-        return re.match(target[3:], prefix) is not None
+        try:
+            return re.match(target[3:], prefix) is not None
+        except re.error as exc:
+            raise Absent(f"target {target!r} is not a valid regular expression: {exc}") from None
     return prefix == target or prefix.endswith("." + target)
 
 
