@@ -11,4 +11,7 @@ from setuptools import Extension, setup
 
 flags = [] if sys.platform == "win32" else ["-O2", "-ffp-contract=off"]
 setup(ext_modules=[Extension("ckptfs.quant._native", ["ckptfs/quant/_native.c"],
-                             extra_compile_args=flags, optional=True)])
+                             extra_compile_args=flags, optional=True),
+                   # the mount's folder listings handed to libfuse in one loop (fs/binding.py)
+                   Extension("ckptfs.fs._listing", ["ckptfs/fs/_listing.c"], extra_compile_args=flags,
+                             optional=True)])

@@ -19,10 +19,19 @@ from .cache import BlockCache, TieredCache
 from .descriptors import ParsedCheckpoint, TensorInfo, TensorTable, tensor_names
 from .errors import CheckpointError
 from .meta import tensor_meta
-from .quant import DTYPE_MODES, codec_for, output_dtype
+from .quant import DTYPE_MODES, Codec, codec_for, output_dtype
 from .sources import ByteSource, SourcePool, checkpoint_content_id, is_url
 
 DEFAULT_CACHE_BYTES = 512 * 1024 * 1024
+
+
+def decode_plan(info: TensorInfo, dtype_mode: str) -> tuple[Codec | None, np.dtype | None]:
+    """The codec that decodes a stored tensor and the dtype it is served as; (None, None) for a tensor served
+    raw only (unknown storage type, or a big-endian layout its codec cannot swap)."""
+    codec = codec_for(info.storage_type) if info.block_elements else None
+    if codec is not None and info.byte_order == ">" and codec.swap is None:
+        codec = None
+    return codec, (output_dtype(codec, dtype_mode) if codec is not None else None)
 
 
 class Tensor:
@@ -36,11 +45,7 @@ class Tensor:
         self.storage_type = info.storage_type
         self.shape = info.shape
         self.stored_nbytes = info.stored_nbytes
-        codec = codec_for(info.storage_type) if info.block_elements else None
-        if codec is not None and info.byte_order == ">" and codec.swap is None:
-            codec = None
-        self.codec = codec
-        self.dtype = output_dtype(codec, checkpoint.dtype_mode) if codec is not None else None
+        self.codec, self.dtype = decode_plan(info, checkpoint.dtype_mode)
         self._data: TensorData | None = None
         self._meta: dict[str, Any] | None = None
         #: extra keys for NAME.meta.json from features that look at several tensors (``packed_view``)
@@ -242,6 +247,7 @@ class TensorList(Sequence):
         self._made: list[Tensor | None] = [None] * len(infos)
         self._extra: list[Tensor] = []
         self._lock = threading.Lock()
+        self._hooks: list[Callable[[Tensor], None]] = []
 
     def __len__(self) -> int:
         return len(self._infos) + len(self._extra)
@@ -261,14 +267,38 @@ class TensorList(Sequence):
             with self._lock:
                 tensor = self._made[index]
                 if tensor is None:
-                    tensor = self._made[index] = Tensor(self._ck, self._infos[index], index)
+                    tensor = Tensor(self._ck, self._infos[index], index)
+                    for hook in self._hooks:
+                        hook(tensor)
+                    self._made[index] = tensor
         return tensor
+
+    def on_made(self, hook: Callable[[Tensor], None]) -> None:
+        """Call ``hook`` on every Tensor: those made already now, the others as they are made (a mount's
+        counters wrap each tensor's codec this way without making 94,000 Tensors up front)."""
+        with self._lock:
+            self._hooks.append(hook)
+            made = [t for t in self._made if t is not None] + self._extra
+        for tensor in made:
+            hook(tensor)
 
     def __iter__(self) -> Iterator[Tensor]:
         return (self[i] for i in range(len(self)))
 
     def append(self, tensor: Tensor) -> None:
+        for hook in self._hooks:
+            hook(tensor)
         self._extra.append(tensor)
+
+    def made(self, index: int) -> Tensor | None:
+        """The Tensor at ``index`` if it was made already (a virtual one always is), else None."""
+        stored = len(self._infos)
+        return self._extra[index - stored] if index >= stored else self._made[index]
+
+    def info(self, index: int) -> TensorInfo:
+        """The descriptor at ``index``, without making the Tensor."""
+        made = self.made(index)
+        return made.info if made is not None else self._infos[index]
 
     def names(self) -> list[str]:
         """Every tensor's name in order, without making Tensor objects."""

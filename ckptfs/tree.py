@@ -18,10 +18,10 @@ from __future__ import annotations
 import functools
 import logging
 import threading
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
-from .checkpoint import Checkpoint, Tensor
+from .checkpoint import Checkpoint, decode_plan
 from .jsonutil import dumps_bytes
 from .names import assign_stems
 from .views import BytesView, FileView, NpyView, RawView, View, npy_header
@@ -48,40 +48,65 @@ class Entry:
 Provider = Callable[[Checkpoint], Iterable[Entry]]
 
 
-def _npy_fits_in_a_file(tensor: Tensor) -> bool:
+def _npy_fits_in_a_file(shape: tuple[int, ...], dtype, nbytes: int) -> bool:
     """False for a tensor that decodes to more than a file can hold (a hostile header: say 2^62 Q4_0 elements
     are 2^64 bytes of float32). Its .npy is left out: listed, its size would wrap around to the header's."""
-    if tensor.nbytes < 1 << 62:
+    if nbytes < 1 << 62:
         return True
-    return len(npy_header(tensor.shape, tensor.dtype)) + tensor.nbytes <= MAX_FILE_BYTES
-
-
-def _npy_view(tensor: Tensor) -> View:
-    return NpyView(tensor.data)
-
-
-def _raw_view(ck: Checkpoint, tensor: Tensor) -> View:
-    return RawView(tensor.info, ck.sources)
-
-
-def _meta_view(tensor: Tensor) -> View:
-    return BytesView(lambda: dumps_bytes(tensor.meta))
+    return len(npy_header(shape, dtype)) + nbytes <= MAX_FILE_BYTES
 
 
 def tensor_stems(ck: Checkpoint) -> list[str]:
     """The file stem of every tensor of ``ck``, in order (names.assign_stems: escaped, numbered, capped)."""
-    return assign_stems([t.name for t in ck.tensors])
+    return assign_stems(ck.tensors.names())
 
 
-def tensor_files(ck: Checkpoint, stems: Sequence[str] | None = None) -> Iterable[Entry]:
-    """``STEM.npy`` (decodable tensors), ``STEM.raw`` (stored tensors) and ``STEM.meta.json`` of every tensor;
-    ``stems`` may place them elsewhere (a tree layout passes stems with folders)."""
-    for tensor, stem in zip(ck.tensors, stems if stems is not None else tensor_stems(ck)):
-        if tensor.decodable and _npy_fits_in_a_file(tensor):
-            yield Entry(stem + ".npy", "npy", functools.partial(_npy_view, tensor))
-        if not getattr(tensor, "virtual", False):
-            yield Entry(stem + ".raw", "raw", functools.partial(_raw_view, ck, tensor))
-        yield Entry(stem + ".meta.json", "json", functools.partial(_meta_view, tensor))
+class TensorFiles:
+    """What the tensor-files provider returns: ``STEM.npy`` (decodable tensors), ``STEM.raw`` (stored tensors)
+    and ``STEM.meta.json`` of every tensor, as one stem per tensor rather than an entry per file.
+
+    A 94,000-tensor checkpoint has 282,000 such files; the tree keeps a stem -> tensor index table and
+    resolves ``STEM + suffix`` on lookup, and names the files only when a folder is listed. Iterating gives
+    the same files as :class:`Entry` values, for anything that wants them one by one.
+    """
+
+    SUFFIXES = ((".npy", "npy"), (".raw", "raw"), (".meta.json", "json"))
+
+    def __init__(self, ck: Checkpoint, stems: Sequence[str] | None = None):
+        self.ck = ck
+        self.stems = list(stems) if stems is not None else tensor_stems(ck)
+
+    def kinds(self, index: int) -> tuple[str, ...]:
+        """The kinds of file tensor ``index`` has, in listing order."""
+        tensor = self.ck.tensors.made(index)
+        if tensor is not None:
+            npy = tensor.decodable and _npy_fits_in_a_file(tensor.shape, tensor.dtype, tensor.nbytes)
+            raw = not getattr(tensor, "virtual", False)
+        else:  # from the descriptor alone: listing 94k tensors makes no Tensor objects
+            info = self.ck.tensors.info(index)
+            _, dtype = decode_plan(info, self.ck.dtype_mode)
+            npy = dtype is not None and _npy_fits_in_a_file(info.shape, dtype, info.n_elements * dtype.itemsize)
+            raw = True
+        return ("npy",) * npy + ("raw",) * raw + ("json",)
+
+    def view(self, index: int, kind: str) -> View:
+        tensor = self.ck.tensors[index]
+        if kind == "npy":
+            return NpyView(tensor.data)
+        if kind == "raw":
+            return RawView(tensor.info, self.ck.sources)
+        return BytesView(lambda: dumps_bytes(tensor.meta))
+
+    def __iter__(self) -> Iterator[Entry]:
+        suffix = {kind: suffix for suffix, kind in self.SUFFIXES}
+        for index, stem in enumerate(self.stems):
+            for kind in self.kinds(index):
+                yield Entry(stem + suffix[kind], kind, functools.partial(self.view, index, kind))
+
+
+def tensor_files(ck: Checkpoint, stems: Sequence[str] | None = None) -> TensorFiles:
+    """Every tensor's files; ``stems`` may place them elsewhere (a tree layout passes stems with folders)."""
+    return TensorFiles(ck, stems)
 
 
 def metadata_file(ck: Checkpoint) -> Iterable[Entry]:
@@ -134,23 +159,56 @@ class MountTree:
         self.checkpoint = checkpoint
         self._entries: dict[str, tuple[str, Callable[[], View]]] = {}
         self._dirs: dict[str, list[str]] = {"": []}
+        self._tensor_files: TensorFiles | None = None
+        self._stem_index: dict[str, int] = {}        # tensor file stem (with folders) -> tensor index
+        self._members: dict[str, list[int]] = {}     # folder -> the tensors whose files it holds
+        self._tensor_file_count: int | None = None
         for provider in (list(providers) if providers is not None else list(DEFAULT_PROVIDERS)) + list(extra):
+            files = provider(checkpoint)
+            if isinstance(files, TensorFiles) and self._tensor_files is None:
+                self._add_tensor_files(files)
+                continue
             renumber = provider is passthrough_files
-            for entry in provider(checkpoint):
+            for entry in files:
                 self._add(entry, renumber)
         self.mtime_ns = max((s.mtime_ns for s in checkpoint.sources.sources()), default=0)
         self._views: dict[str, View] = {}
         self._lock = threading.Lock()
 
+    def _add_tensor_files(self, files: TensorFiles) -> None:
+        """Tensor files come first and always keep their names: only their stems are recorded."""
+        self._tensor_files = files
+        for index, stem in enumerate(files.stems):
+            self._stem_index[stem] = index
+            folder = stem.rpartition("/")[0]
+            if folder:
+                self._make_dirs(folder)
+            self._members.setdefault(folder, []).append(index)
+
+    def _tensor_file(self, path: str) -> tuple[int, str] | None:
+        """(tensor index, kind) when ``path`` is one of the tensors' files."""
+        if self._tensor_files is None:
+            return None
+        for suffix, kind in TensorFiles.SUFFIXES:
+            if path.endswith(suffix):
+                index = self._stem_index.get(path[:-len(suffix)])
+                if index is not None and kind in self._tensor_files.kinds(index):
+                    return index, kind
+                return None
+        return None
+
+    def _taken(self, path: str) -> bool:
+        return path in self._entries or path in self._dirs or self._tensor_file(path) is not None
+
     def _add(self, entry: Entry, renumber: bool) -> None:
         path = entry.path
-        if renumber and (path in self._entries or path in self._dirs):
+        if renumber and self._taken(path):
             n = 1
-            while path in self._entries or path in self._dirs:
+            while self._taken(path):
                 n += 1
                 path = _numbered(entry.path, n)
         parent, _, name = path.rpartition("/")
-        if path in self._entries or path in self._dirs or not name or not self._make_dirs(parent):
+        if self._taken(path) or not name or not self._make_dirs(parent):
             log.warning("left out %s: the name is taken", path)
             return
         self._entries[path] = (entry.kind, entry.make_view)
@@ -160,7 +218,7 @@ class MountTree:
         """Create ``folder`` and its parents; False if a file already has one of their names."""
         if folder in self._dirs:
             return True
-        if folder in self._entries:
+        if folder in self._entries or self._tensor_file(folder) is not None:
             return False
         parent, _, name = folder.rpartition("/")
         if not name or not self._make_dirs(parent):
@@ -171,26 +229,44 @@ class MountTree:
 
     def names(self) -> list[str]:
         """The names in the mount's root folder."""
-        return list(self._dirs[""])
+        return self.listdir("")
 
     def listdir(self, folder: str) -> list[str] | None:
-        """The names in ``folder`` ("" is the root), or None if it is not a folder."""
+        """The names in ``folder`` ("" is the root), or None if it is not a folder. Tensor files first, in
+        tensor order; then sub-folders and other files in the order they were added."""
         names = self._dirs.get(folder)
-        return None if names is None else list(names)
+        if names is None:
+            return None
+        listing = []
+        members = self._members.get(folder)
+        if members:
+            files = self._tensor_files
+            suffix = {kind: suffix for suffix, kind in TensorFiles.SUFFIXES}
+            for index in members:
+                leaf = files.stems[index].rpartition("/")[2]
+                listing += [leaf + suffix[kind] for kind in files.kinds(index)]
+        listing += names
+        return listing
 
     def is_dir(self, path: str) -> bool:
         return path in self._dirs
 
     def kind(self, path: str) -> str | None:
         entry = self._entries.get(path)
-        return entry[0] if entry is not None else None
+        if entry is not None:
+            return entry[0]
+        found = self._tensor_file(path)
+        return found[1] if found is not None else None
 
     def __contains__(self, path: str) -> bool:
-        return path in self._entries
+        return path in self._entries or self._tensor_file(path) is not None
 
     def __len__(self) -> int:
         """How many files (not folders) the mount holds."""
-        return len(self._entries)
+        if self._tensor_file_count is None:
+            files = self._tensor_files
+            self._tensor_file_count = 0 if files is None else sum(len(files.kinds(i)) for i in range(len(files.stems)))
+        return len(self._entries) + self._tensor_file_count
 
     def view(self, path: str) -> View | None:
         """The view serving file ``path`` (relative to the root, ``/``-separated), or None if there is none."""
@@ -199,11 +275,16 @@ class MountTree:
             return view
         entry = self._entries.get(path)
         if entry is None:
-            return None
+            found = self._tensor_file(path)
+            if found is None:
+                return None
+            make = functools.partial(self._tensor_files.view, *found)
+        else:
+            make = entry[1]
         with self._lock:
             view = self._views.get(path)
             if view is None:
-                view = self._views[path] = entry[1]()
+                view = self._views[path] = make()
         return view
 
     def stats(self) -> dict:
@@ -212,4 +293,4 @@ class MountTree:
         cache = self.checkpoint.cache
         return {"cache": cache.stats().as_dict(), "tiers": cache.tier_stats(),
                 "decoded_bytes": cache.decoded_bytes,
-                "open_files": self.checkpoint.sources.open_count(), "files": len(self._entries)}
+                "open_files": self.checkpoint.sources.open_count(), "files": len(self)}

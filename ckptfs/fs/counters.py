@@ -169,15 +169,17 @@ def instrument_decoding(checkpoint: Any, counters: DecodeCounters) -> None:
     """Route every tensor's decoding through ``counters`` (before any read: the block engine takes the
     tensor's codec when it first builds the tensor's data)."""
     wrapped: dict[int, TimedCodec] = {}
-    for tensor in checkpoint.tensors:
+
+    def wrap(tensor: Any) -> None:
         codec = getattr(tensor, "codec", None)
         if codec is None or getattr(tensor, "_data", None) is not None:
-            continue
+            return
         proxy = wrapped.get(id(codec))
         if proxy is None:
             proxy = wrapped[id(codec)] = counters.wrap(codec)
         tensor.codec = proxy
 
+    checkpoint.tensors.on_made(wrap)  # each Tensor as it is made: a mount of 94k tensors makes few
 
 class MountCounters:
     """What a mount counts: errors and decoded bytes always; with ``timed`` (``--metrics``) also request
