@@ -8,6 +8,20 @@ user can act on a single line.
 
 from __future__ import annotations
 
+import re
+
+# scheme://[userinfo@]host/path[?query][#fragment]
+_URL = re.compile(r"^(?P<scheme>[a-zA-Z][a-zA-Z0-9+.-]*://)(?:[^/?#@]*@)?(?P<rest>[^?#]*)(?P<query>[?#].*)?$", re.S)
+
+
+def public_name(src: str) -> str:
+    """``src`` as messages, logs and the mount table may show it: a URL without its user info and query (a
+    presigned URL's signature is a credential), a path as it is."""
+    match = _URL.match(src)
+    if match is None:
+        return src
+    return match["scheme"] + match["rest"] + ("?…" if match["query"] else "")
+
 
 class CheckpointError(ValueError):
     """A checkpoint is malformed, or data asked for is missing or damaged."""
@@ -16,7 +30,7 @@ class CheckpointError(ValueError):
         self.file = file
         self.offset = offset
         self.reason = reason
-        where = str(file) if file is not None else "<checkpoint>"
+        where = public_name(str(file)) if file is not None else "<checkpoint>"
         if offset is not None:
             where += f" @ byte {offset}"
         super().__init__(f"{where}: {reason}")

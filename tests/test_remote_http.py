@@ -203,3 +203,17 @@ def test_cli_bench_of_a_url_beside_the_local_file(site):
     assert local["mount_list"]["requests"] == 0
     assert remote["stream"]["npy_bytes"] == local["stream"]["npy_bytes"] > 0
     assert "stream_ratio" in data
+
+
+def test_a_presigned_urls_signature_is_never_shown(site, mounted):
+    """A presigned URL's query is a credential: errors and the world-readable mount table leave it out."""
+    server, root, _ = site
+    secret = "X-Amz-Signature=0123456789abcdefsecret"
+    with pytest.raises(CheckpointError) as info:
+        ckptfs.open(f"{server.url}/none.gguf?{secret}", timeout=5)
+    assert "HTTP 404" in str(info.value) and "secret" not in str(info.value)
+    mnt = mounted(f"{server.url}/mixed.gguf?{secret}", "--timeout", "5")
+    assert "metadata.json" in os.listdir(mnt)
+    with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as fh:
+        table = fh.read()
+    assert f"{server.url}/mixed.gguf".split("://", 1)[1] in table and "secret" not in table

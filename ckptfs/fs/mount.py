@@ -148,7 +148,7 @@ def _serve(plan: _Plan, on_ready) -> BaseException | None:
             return error
     try:
         plan.binding.serve(operations, plan.mountpoint,
-                           plan.options.for_libfuse(os.path.abspath(plan.request.src), plan.binding.libfuse_major))
+                           plan.options.for_libfuse(_mount_name(plan.request.src), plan.binding.libfuse_major))
     except Exception as exc:  # noqa: BLE001 - turned into a one-line reason or an exit code by the caller
         return exc
     return None
@@ -179,7 +179,13 @@ def _without_credentials(url: str) -> str:
 
 
 def _describe(plan: _Plan) -> str:
-    return f"{plan.request.src} at {plan.mountpoint} ({plan.binding.describe()})"
+    return f"{_mount_name(plan.request.src)} at {plan.mountpoint} ({plan.binding.describe()})"
+
+
+def _mount_name(src: str) -> str:
+    """The source as the mount table and the log show it: a path made absolute; a URL without its query or
+    user info (the mount table is world-readable, and a presigned URL's signature is a credential)."""
+    return _without_credentials(src) if "://" in src else os.path.abspath(src)
 
 
 def _failure_reason(capture: StderrCapture, error: BaseException | None) -> str:

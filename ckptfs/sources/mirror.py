@@ -23,7 +23,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from ..errors import CheckpointError
+from ..errors import CheckpointError, public_name
 from .base import ByteSource
 from .netstats import COUNTERS
 from .remote import REMOTE_INITIAL_READ, check_range, current_options, deadline_scope, fallback_scope, using
@@ -56,16 +56,16 @@ class MirrorSource(ByteSource):
 
     def _check_same(self, mirror: ByteSource) -> None:
         reference = self.mirrors[0] if mirror is not self.mirrors[0] else None
+        refused = f"refused as a mirror of {public_name(self.primary.name)}"
         if mirror.size < self.primary.size:
-            raise CheckpointError(mirror.name, None, f"refused as a mirror of {self.primary.name}: it has "
-                                                     f"{mirror.size} bytes, the primary {self.primary.size}")
+            raise CheckpointError(mirror.name, None, f"{refused}: it has {mirror.size} bytes, the primary "
+                                                     f"{self.primary.size}")
         if reference is not None and mirror.size != reference.size:
-            raise CheckpointError(mirror.name, None, f"refused as a mirror of {self.primary.name}: it has "
-                                                     f"{mirror.size} bytes, mirror {reference.name} {reference.size}")
+            raise CheckpointError(mirror.name, None, f"{refused}: it has {mirror.size} bytes, mirror "
+                                                     f"{public_name(reference.name)} {reference.size}")
         n = min(CHECK_BYTES, self.primary.size, mirror.size)
         if n and self.primary.pread(0, n) != mirror.pread(0, n):
-            raise CheckpointError(mirror.name, None, f"refused as a mirror of {self.primary.name}: its first "
-                                                     f"{n} bytes (the header) differ")
+            raise CheckpointError(mirror.name, None, f"{refused}: its first {n} bytes (the header) differ")
 
     def content_id(self) -> str:
         return self.primary.content_id()
@@ -88,7 +88,7 @@ class MirrorSource(ByteSource):
             for k, member in enumerate(members):
                 last = k + 1 == len(members)
                 if offset + size > member.size:  # a truncated primary: these bytes are only in the mirrors
-                    failures.append(f"{member.name}: has only {member.size} bytes")
+                    failures.append(f"{public_name(member.name)}: has only {member.size} bytes")
                     if not last:
                         COUNTERS.failover()
                     continue
@@ -99,8 +99,8 @@ class MirrorSource(ByteSource):
                     failures.append(str(exc))
                     if not last:
                         COUNTERS.failover()
-                        log.warning("read of %s @ %d failed (%s): trying %s", member.name, offset, exc.reason,
-                                    members[k + 1].name)
+                        log.warning("read of %s @ %d failed (%s): trying %s", public_name(member.name), offset,
+                                    exc.reason, public_name(members[k + 1].name))
                     continue
                 if k:
                     with self._lock:
@@ -177,7 +177,8 @@ class MirrorSet:
                 with using(self.options), wrapping(None):
                     opened = open_source(name)
             except CheckpointError as exc:
-                raise CheckpointError(name, None, f"mirror of {source.name} cannot be used: {exc.reason}") from None
+                raise CheckpointError(name, None, f"mirror of {public_name(source.name)} cannot be used: "
+                                                  f"{exc.reason}") from None
             members.append(opened)
         primary = source
         if self.member_wrapper is not None:
