@@ -217,3 +217,18 @@ def test_a_presigned_urls_signature_is_never_shown(site, mounted):
     with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as fh:
         table = fh.read()
     assert f"{server.url}/mixed.gguf".split("://", 1)[1] in table and "secret" not in table
+
+
+def test_a_second_mount_with_the_same_cache_dir_fetches_nothing_again(site, mounted, tmp_path):
+    server, root, _ = site
+    url = server.url + "/big.gguf"
+    cache = tmp_path / "cache"
+    first = mounted(url, "--cache-dir", str(cache), "--timeout", "10")
+    npys = sorted(n for n in os.listdir(first) if n.endswith(".npy"))
+    want = {n: (first / n).read_bytes() for n in npys}
+    before = len(server.access_log())
+    second = mounted(url, "--cache-dir", str(cache), "--timeout", "10")
+    for name in npys:
+        assert (second / name).read_bytes() == want[name]
+    seen = requests_since(server, before)
+    assert seen and all(n <= 1 for _, _, n in seen), seen  # only the one-byte identity check at open
