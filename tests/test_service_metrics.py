@@ -19,7 +19,6 @@ import shutil
 import socket
 import subprocess
 import threading
-import time
 import urllib.parse
 import urllib.request
 from pathlib import Path
@@ -116,10 +115,13 @@ def test_read_bytes_count_exactly_what_readers_got(mnt, source):
         scrapes.append(scrape(mnt))
     thread.join()
     after = scrape(mnt)
+    def read_bytes(samples, kind):
+        return value(samples, "ckptfs_read_bytes_total", kind=kind)
+
     for kind, n in got.items():
-        assert value(after, "ckptfs_read_bytes_total", kind=kind) - value(before, "ckptfs_read_bytes_total", kind=kind) == n, kind
-    assert value(after, "ckptfs_read_bytes_total", kind="file") == value(after, "ckptfs_read_bytes_total", kind="hf") == 0
-    series = [s for s in [before, *scrapes, after]]
+        assert read_bytes(after, kind) - read_bytes(before, kind) == n, kind
+    assert read_bytes(after, "file") == read_bytes(after, "hf") == 0
+    series = [before, *scrapes, after]
     for a, b in zip(series, series[1:]):
         for key in ("npy", "raw"):
             assert value(b, "ckptfs_read_bytes_total", kind=key) >= value(a, "ckptfs_read_bytes_total", kind=key)
@@ -139,9 +141,11 @@ def test_decode_cache_and_process_families(mnt, source):
     assert sum(v for (name, _), v in samples.items() if name == "ckptfs_decoded_bytes_total") == stats["decoded_bytes"]
     for storage_type in decoded_types:
         count = value(samples, "ckptfs_decode_seconds_count", storage_type=storage_type)
-        assert count >= 1 and value(samples, "ckptfs_decode_seconds_bucket", storage_type=storage_type, le="+Inf") == count
+        assert count >= 1
+        assert value(samples, "ckptfs_decode_seconds_bucket", storage_type=storage_type, le="+Inf") == count
         # buckets resolve microsecond decodes: the smallest bound is 5 us
-        assert ("ckptfs_decode_seconds_bucket", tuple(sorted({"storage_type": storage_type, "le": "5e-06"}.items()))) in samples
+        smallest = tuple(sorted({"storage_type": storage_type, "le": "5e-06"}.items()))
+        assert ("ckptfs_decode_seconds_bucket", smallest) in samples
     memory = stats["tiers"]["memory"]
     assert value(samples, "ckptfs_cache_misses_total", tier="memory") == memory["misses"] > 0
     assert value(samples, "ckptfs_cache_hits_total", tier="memory") == memory["hits"]
@@ -167,7 +171,8 @@ def test_errors_by_op_and_errno(mnt):
     after = scrape(mnt)
     assert value(after, "ckptfs_fuse_errors_total", op="getattr", errno="ENOENT") \
         == value(before, "ckptfs_fuse_errors_total", op="getattr", errno="ENOENT") + 1
-    assert set(k for (name, labels) in after if name == "ckptfs_fuse_errors_total" for k, _ in labels) == {"op", "errno"}
+    labels = {k for (name, pairs) in after if name == "ckptfs_fuse_errors_total" for k, _ in pairs}
+    assert labels == {"op", "errno"}
 
 
 def dashboard_queries() -> list[str]:
