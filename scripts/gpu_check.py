@@ -58,9 +58,14 @@ def build_native() -> dict:
     target = os.path.join(ROOT, "ckptfs", "quant", "_native" + suffix)
     source = os.path.join(ROOT, "ckptfs", "quant", "_native.c")
     cc = os.environ.get("CC") or sysconfig.get_config_var("CC") or "cc"
+    partial = f"{target}.{os.getpid()}.tmp"            # built aside, then renamed: a loaded copy stays intact
     cmd = [*cc.split()[:1], "-O2", "-ffp-contract=off", "-shared", "-fPIC",
-           f"-I{sysconfig.get_paths()['include']}", source, "-o", target]
+           f"-I{sysconfig.get_paths()['include']}", source, "-o", partial]
     proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode == 0:
+        os.replace(partial, target)
+    elif os.path.exists(partial):
+        os.unlink(partial)
     return {"ok": proc.returncode == 0, "command": " ".join(cmd), "error": proc.stderr.strip()[-2000:]}
 
 
