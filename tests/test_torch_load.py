@@ -246,6 +246,8 @@ def test_unknown_and_repeated_names(mixed):
         ckptfs.load(mixed.path, ["q8_0.mat", "no.such"])
     with pytest.raises(ValueError, match="twice"):
         ckptfs.load_batch(mixed.path, ["q8_0.mat", "q8_0.mat"])
+    with pytest.raises(TypeError, match="list of tensor names"):
+        ckptfs.load(mixed.path, "q8_0.mat")
 
 
 def test_out_of_memory_frees_what_was_loaded(mixed, monkeypatch):

@@ -285,7 +285,7 @@ def load(src, names: Sequence[str] | None = None, *, device="cpu", dtype=None,
     try:
         if names is None:
             names = [n for n in ck if ck[n].decodable and not ck[n].info.damaged]
-        names = list(names)
+        names = names if isinstance(names, str) else list(names)
         tensors = batch.tensors_named(ck, names)
         return dict(zip(names, load_tensors(ck, tensors, device, dtype, use_kernels=use_kernels)))
     finally:

@@ -210,6 +210,8 @@ def open_checkpoint(src):
 def tensors_named(ck, names: Sequence[str]) -> list:
     """The Tensors of ``names``, checked before anything is allocated or read: KeyError for an unknown name,
     ValueError for a name given twice, CheckpointError for a tensor that cannot be decoded."""
+    if isinstance(names, str):
+        raise TypeError(f"names must be a list of tensor names, not the string {names!r}")
     if len(set(names)) != len(names):
         raise ValueError("a tensor name is given twice")
     return check_decodable([ck[name] for name in names])
@@ -230,7 +232,7 @@ def load_batch(src, names: Sequence[str], *, stack: bool = False):
     ``(len(names), *shape)`` (every tensor must have the same shape and dtype: ValueError otherwise). ``src``
     is a path or an open Checkpoint (left open).
     """
-    names = list(names)
+    names = names if isinstance(names, str) else list(names)
     ck, opened = open_checkpoint(src)
     try:
         tensors = tensors_named(ck, names)
