@@ -300,6 +300,17 @@ class TensorList(Sequence):
         made = self.made(index)
         return made.info if made is not None else self._infos[index]
 
+    def layout(self, index: int) -> tuple[str, int, str, tuple[int, ...]]:
+        """(storage type, block elements, byte order, shape) of a stored tensor, from the columns when the
+        descriptors are a TensorTable (no TensorInfo made)."""
+        infos = self._infos
+        if isinstance(infos, TensorTable):
+            storage_type = infos.storage_types[index]
+            return (storage_type, infos.geometry.get(storage_type, (0, 0))[0], infos.byte_order,
+                    infos.shapes[index])
+        info = self.info(index)
+        return info.storage_type, info.block_elements, info.byte_order, info.shape
+
     def names(self) -> list[str]:
         """Every tensor's name in order, without making Tensor objects."""
         return [*tensor_names(self._infos), *(t.name for t in self._extra)]

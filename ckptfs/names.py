@@ -11,6 +11,7 @@ suffix; a name too long once ``.meta.json`` is added is cut to 200 bytes (on a c
 from __future__ import annotations
 
 import hashlib
+import re
 
 NAME_MAX = 255
 LONGEST_SUFFIX = ".meta.json"
@@ -22,8 +23,14 @@ def name_bytes(name: str) -> bytes:
     return name.encode("utf-8", "surrogateescape")
 
 
+#: What encode_name changes; most names hold none of it and are returned as they are (94k names quickly).
+_NEEDS_ESCAPE = re.compile("[%/\x00\ud800-\udfff]")
+
+
 def encode_name(name: str) -> str:
     """The escaped form of a tensor name (no length handling, no de-duplication)."""
+    if _NEEDS_ESCAPE.search(name) is None:
+        return name
     out = []
     for ch in name:
         code = ord(ch)
@@ -74,12 +81,13 @@ def assign_stems(names: list[str]) -> list[str]:
     """One distinct stem per tensor, in order: duplicates numbered, and no numbered stem equals another
     tensor's plain stem (a tensor literally named "a~2" beside two tensors named "a")."""
     taken: set[str] = set()
-    plain = {file_stem(n) for n in names}
+    firsts = [file_stem(n) for n in names]
+    plain = set(firsts)
     seen: dict[str, int] = {}
     stems = []
-    for name in names:
+    for name, first in zip(names, firsts):
         ordinal = seen.get(name, 0) + 1
-        stem = file_stem(name, ordinal)
+        stem = first if ordinal == 1 else file_stem(name, ordinal)
         while stem in taken or (ordinal > 1 and stem in plain):
             ordinal += 1
             stem = file_stem(name, ordinal)

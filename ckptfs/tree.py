@@ -17,9 +17,12 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
+
+import numpy as np
 
 from .checkpoint import Checkpoint, decode_plan
 from .jsonutil import dumps_bytes
@@ -75,6 +78,7 @@ class TensorFiles:
     def __init__(self, ck: Checkpoint, stems: Sequence[str] | None = None):
         self.ck = ck
         self.stems = list(stems) if stems is not None else tensor_stems(ck)
+        self._dtypes: dict[tuple[str, int, str], np.dtype | None] = {}  # served dtype by storage layout
 
     def kinds(self, index: int) -> tuple[str, ...]:
         """The kinds of file tensor ``index`` has, in listing order."""
@@ -82,10 +86,13 @@ class TensorFiles:
         if tensor is not None:
             npy = tensor.decodable and _npy_fits_in_a_file(tensor.shape, tensor.dtype, tensor.nbytes)
             raw = not getattr(tensor, "virtual", False)
-        else:  # from the descriptor alone: listing 94k tensors makes no Tensor objects
-            info = self.ck.tensors.info(index)
-            _, dtype = decode_plan(info, self.ck.dtype_mode)
-            npy = dtype is not None and _npy_fits_in_a_file(info.shape, dtype, info.n_elements * dtype.itemsize)
+        else:  # from the descriptor's columns: listing 94k tensors makes no Tensor (nor TensorInfo) objects
+            storage_type, block_elements, byte_order, shape = self.ck.tensors.layout(index)
+            key = (storage_type, block_elements, byte_order)
+            if key not in self._dtypes:
+                self._dtypes[key] = decode_plan(self.ck.tensors.info(index), self.ck.dtype_mode)[1]
+            dtype = self._dtypes[key]
+            npy = dtype is not None and _npy_fits_in_a_file(shape, dtype, math.prod(shape) * dtype.itemsize)
             raw = True
         return ("npy",) * npy + ("raw",) * raw + ("json",)
 

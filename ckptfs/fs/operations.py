@@ -132,7 +132,6 @@ class CkptOperations:
         mtime_ns = tree.mtime_ns
         self._times = {"st_atime": mtime_ns, "st_mtime": mtime_ns, "st_ctime": mtime_ns}
         self._root_attrs = self._attrs(DIR_MODE, 0, nlink=2)
-        self._listings: dict[str, list[str]] = {}
         self._dir_attrs = self._attrs(DIR_MODE, 0, nlink=2)
         self._file_attrs: dict[str, dict[str, int]] = {}
         self._handles: dict[int, View] = {}
@@ -194,13 +193,11 @@ class CkptOperations:
 
     @_guarded
     def readdir(self, path: str | None, fh: int = 0) -> list[str]:
-        listing = self._listings.get(path)
-        if listing is None:
-            names = self.tree.listdir(path[1:]) if path and path[0] == "/" else None
-            if names is None:
-                raise FsError(errno.ENOTDIR if path and self.tree.kind(path[1:]) else errno.ENOENT)
-            listing = self._listings[path] = [".", "..", *names]
-        return listing
+        # Not kept here: the mfusepy binding keeps each folder's listing once, encoded (fs/binding.py).
+        names = self.tree.listdir(path[1:]) if path and path[0] == "/" else None
+        if names is None:
+            raise FsError(errno.ENOTDIR if path and self.tree.kind(path[1:]) else errno.ENOENT)
+        return [".", "..", *names]
 
     @_guarded
     def open(self, path: str | None, flags: int) -> int:
