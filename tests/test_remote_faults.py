@@ -172,3 +172,17 @@ def test_empty_and_small_files(upstream, tmp_path):
         assert len(server.access_log()) == 2
         with pytest.raises(CheckpointError, match="past the end"):
             small.pread(8, 4)
+
+
+def test_a_failed_read_leaves_no_fetch_behind_for_later_readers(upstream, proxy):
+    """A read of two separate missing runs that fails on the first must not leave the second registered as
+    in flight: the next read of it is served at once, not after a stall."""
+    _, data = upstream
+    src = _open(proxy, retries=0)
+    near, far = 3 * 1024 * 1024, 5 * 1024 * 1024
+    src.pread(near + 300_000, 10)  # cached: the read below has two missing runs around it
+    proxy.plan("500")
+    with pytest.raises(CheckpointError, match="HTTP 500"):
+        src.pread(near, far - near + 10)
+    assert not src._inflight
+    assert src.pread(far, 10) == data[far:far + 10]

@@ -245,8 +245,14 @@ class RemoteSource(ByteSource):
                     mine.append(i)
                 else:
                     waits[i] = flight
-        for start, stop in _runs(mine):
-            found.update(self._fetch_chunks(start, stop, deadline))
+        try:
+            for start, stop in _runs(mine):
+                found.update(self._fetch_chunks(start, stop, deadline))
+        except BaseException as exc:  # the runs not tried yet: their waiters must not wait for us
+            for i in mine:
+                if i not in found:
+                    self._finish(i, None, exc)
+            raise
         for i, flight in waits.items():
             # Another reader's (or read-ahead's) fetch of this chunk: wait for it as long as for a stalled
             # attempt; past that, fetch the chunk ourselves — or, with a mirror to turn to, give it the time.
