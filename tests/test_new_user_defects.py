@@ -9,8 +9,10 @@ References: gguf-py's dequantize for values, tracemalloc for memory, /proc/self/
 from __future__ import annotations
 
 import errno
+import gc
 import json
 import os
+import pickle
 import re
 import shutil
 import signal
@@ -437,7 +439,7 @@ def test_bench_names_the_file_and_tensor_when_a_read_fails(small, monkeypatch, c
     def failing_scan(paths, progress):
         raise OSError(errno.EIO, "Input/output error", paths[0])
 
-    monkeypatch.setattr(bench, "scan", failing_scan)
+    monkeypatch.setattr(bench.run, "scan", failing_scan)  # the run looks scan up in its own module
     monkeypatch.setenv("PYTHONPATH", cli_env()["PYTHONPATH"])
     assert bench.run_bench(str(small.path), cache_size=8 << 20) == 1
     err = capsys.readouterr().err.strip().splitlines()[-1]
@@ -471,3 +473,72 @@ def test_an_empty_mountpoint_is_refused(small, tmp_path):
                             capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
     one_error_line(result, 2, "empty")
     assert mounts_at(tmp_path) == 0
+
+
+# -- 2. descriptors: released when a checkpoint is dropped, never reopened after close() ------------------------------
+
+
+def _descriptors_on(path) -> int:
+    """How many of this process's descriptors point at ``path``."""
+    target, count = os.path.realpath(path), 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            count += os.readlink(f"/proc/self/fd/{fd}") == target
+        except OSError:
+            pass
+    return count
+
+
+_OPEN_AND_DROP = """
+import gc, os, resource, sys
+import ckptfs
+gc.disable()  # released at once by reference counting, not by a later collection
+resource.setrlimit(resource.RLIMIT_NOFILE, (48, 48))
+for i in range(400):
+    ck = ckptfs.open(sys.argv[1])
+    row = ck["q"][i % 64]
+    first = ck.tensors[1][:2]
+    t = ck["q"]
+    del ck  # the tensor keeps its checkpoint; dropping both releases it
+    assert t[1].shape == (256,)
+    del t
+print("ok", len(os.listdir("/proc/self/fd")))
+"""
+
+
+def test_dropped_checkpoints_release_their_descriptors(small):
+    out = subprocess.run([sys.executable, "-c", _OPEN_AND_DROP, str(small.path)], env=cli_env(),
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.startswith("ok"), out.stderr[-2000:]  # before: Too many open files
+
+
+def test_a_tensor_keeps_its_checkpoint_until_it_is_dropped(small):
+    before = _descriptors_on(small.path)
+    t = ckptfs.open(small.path)["q"]
+    gc.collect()
+    assert np.array_equal(t[3], small.tensors["q"].array[3]) and _descriptors_on(small.path) == before + 1
+    del t
+    gc.collect()
+    assert _descriptors_on(small.path) == before
+
+
+def test_reads_after_close_are_refused_and_reopen_nothing(small):
+    before = _descriptors_on(small.path)
+    ck = ckptfs.open(small.path)
+    t = ck["q"]
+    assert np.array_equal(t[1:3], small.tensors["q"].array[1:3])
+    ck.close()
+    assert ck.closed and _descriptors_on(small.path) == before
+    for read in (lambda: t[0], lambda: t.raw(), lambda: np.asarray(ck["f"]), lambda: ck.tensors[1][:1]):
+        with pytest.raises(ckptfs.CheckpointError, match="checkpoint is closed"):
+            read()
+    assert _descriptors_on(small.path) == before  # before: each read reopened the file, never to close it
+    ck.close()  # closing twice is harmless
+    assert ck["q"].shape == (64, 256) and ck.metadata["general.name"] == "small"  # what needs no read still works
+
+
+def test_unpickled_tensors_work_after_their_origin_is_closed(small):
+    with ckptfs.open(small.path) as ck:
+        data = pickle.dumps(ck["q"])
+    t = pickle.loads(data)  # reopens in this process, as a worker would
+    assert np.array_equal(t[5], small.tensors["q"].array[5])
