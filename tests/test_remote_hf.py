@@ -145,3 +145,31 @@ def test_hf_resolve_paths_served_by_nginx(tmp_path, monkeypatch):
                 assert ck[t.name].raw() == t.raw()
         assert any(re.search(r'"GET /acme/tiny/resolve/v1/mixed.gguf HTTP/1.1" 206', line)
                    for line in server.access_log())
+
+
+def test_an_expired_cdn_location_is_resolved_again_through_the_hub(hub, tmp_path):
+    """Reads go straight to the CDN location the Hub redirected to; when it refuses (an expired signed URL)
+    the resolve URL is asked again, and another CDN's ETag for the same LFS sha256 is the same file."""
+    from faultproxy import FaultProxy
+
+    stand_in, cdn, gguf_repo, _ = hub
+    data = os.urandom(6 << 20)
+    (gguf_repo / "weights.bin").write_bytes(data)
+    stand_in._add("org/gguf-model", "weights.bin", gguf_repo / "weights.bin")
+    other_cdn = tmp_path / "cdn2"
+    other_cdn.mkdir()
+    sha = hashlib.sha256(data).hexdigest()
+    (other_cdn / sha).write_bytes(data)
+    os.utime(other_cdn / sha, (1_000_000_000, 1_000_000_000))  # another mtime: nginx gives another ETag
+    original = stand_in.cdn_url
+    with FaultProxy(cdn.url) as first_cdn, Nginx(other_cdn) as second_cdn:
+        stand_in.cdn_url = first_cdn.url
+        try:
+            source = open_source("hf://org/gguf-model/weights.bin")
+            assert source.pread(3 << 20, 1000) == data[3 << 20:(3 << 20) + 1000]
+            first_cdn.always("403")
+            stand_in.cdn_url = second_cdn.url
+            assert source.pread(5 << 20, 1000) == data[5 << 20:(5 << 20) + 1000]
+            assert second_cdn.access_log()
+        finally:
+            stand_in.cdn_url = original
