@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import time
 
+import numpy as np
 import pytest
 
 pytest.importorskip("urllib3")
@@ -186,3 +187,39 @@ def test_a_failed_read_leaves_no_fetch_behind_for_later_readers(upstream, proxy)
         src.pread(near, far - near + 10)
     assert not src._inflight
     assert src.pread(far, 10) == data[far:far + 10]
+
+
+def test_concurrent_readers_under_faults_get_the_right_bytes_or_an_error(upstream, proxy):
+    """Eight threads reading overlapping ranges while resets, short bodies and 503s come and go: every read
+    returns exactly the file's bytes or raises CheckpointError; nothing hangs."""
+    import threading
+
+    _, data = upstream
+    src = _open(proxy, timeout=6.0)
+    proxy.plan(*(["reset", "short", "503", "500"] * 6))
+    rng = np.random.default_rng(17)
+    jobs = [(int(o), int(n)) for o, n in zip(rng.integers(2 << 20, SIZE - (1 << 20), 64),
+                                             rng.integers(1, 700_000, 64))]
+    wrong, errors = [], []
+
+    def reader(part: list[tuple[int, int]]) -> None:
+        for offset, size in part:
+            size = min(size, SIZE - offset)
+            try:
+                got = src.pread(offset, size)
+            except CheckpointError as exc:
+                errors.append(exc)
+                continue
+            if got != data[offset:offset + size]:
+                wrong.append((offset, size))
+
+    threads = [threading.Thread(target=reader, args=(jobs[i::8],)) for i in range(8)]
+    start = time.monotonic()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not any(t.is_alive() for t in threads)
+    assert not wrong
+    assert len(errors) < len(jobs)  # retries carry most reads through
+    assert time.monotonic() - start < 60
