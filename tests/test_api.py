@@ -8,7 +8,8 @@ import ml_dtypes
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as Q, GGUFReader, GGUFWriter
-from gguf.quants import dequantize, quantize
+from gguf.quants import quantize
+from multifile_sets import gguf_reference
 from safetensors.numpy import save_file
 
 import ckptfs
@@ -38,13 +39,8 @@ def gguf_path(tmp_path_factory):
 
 
 def reference_arrays(path):
-    out = {}
-    for t in GGUFReader(str(path)).tensors:
-        if t.tensor_type in (Q.F32, Q.F16):
-            out[t.name] = np.asarray(t.data).reshape(tuple(reversed([int(d) for d in t.shape])))
-        else:
-            out[t.name] = dequantize(t.data, t.tensor_type)
-    return out
+    """name -> values as gguf-py decodes them (the one gguf-py reference helper, multifile_sets.py)."""
+    return {name: values for name, values, _raw, _file in gguf_reference([str(path)])}
 
 
 def test_gguf_tensors_equal_gguf_py(gguf_path):
