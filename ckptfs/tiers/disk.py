@@ -181,14 +181,16 @@ class DiskStore:
             os.close(fd)
             fd = -1
             os.replace(tmp, path)
+            tmp = None
         except OSError as exc:
             self._trouble("write", exc)
             return False
         finally:
             if fd >= 0:
                 os.close(fd)
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
+            if tmp is not None:  # anything but a completed rename leaves no temporary file behind
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp)
         self._count(stored=1, stored_bytes=nbytes)
         self._after_write(entry.HEADER_SIZE + nbytes)
         return True
