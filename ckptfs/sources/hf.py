@@ -100,8 +100,13 @@ class HfFolder(Folder):
         self.sha256: dict[str, str] = {}
 
     def list(self) -> dict[str, int]:
-        from huggingface_hub import HfApi
-        from huggingface_hub.errors import HfHubHTTPError, RepositoryNotFoundError, RevisionNotFoundError
+        try:
+            from huggingface_hub import HfApi
+            from huggingface_hub.errors import HfHubHTTPError, RepositoryNotFoundError, RevisionNotFoundError
+        except ImportError:
+            raise CheckpointError(self.name, None, "listing a Hub repository needs huggingface_hub (pip install "
+                                                   "'ckptfs[remote]'); hf:// files ending in .gguf, .safetensors "
+                                                   "or .json do not") from None
 
         creds = credentials()
         token = creds.headers[0][1].split(" ", 1)[1] if creds.headers else False
