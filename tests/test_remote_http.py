@@ -232,3 +232,25 @@ def test_a_second_mount_with_the_same_cache_dir_fetches_nothing_again(site, moun
         assert (second / name).read_bytes() == want[name]
     seen = requests_since(server, before)
     assert seen and all(n <= 1 for _, _, n in seen), seen  # only the one-byte identity check at open
+
+
+def test_a_94000_tensor_safetensors_header_in_two_requests(tmp_path):
+    """safetensors states its header length up front: the first 2 MiB, then the rest in one request."""
+    import struct
+
+    require_nginx()
+    entries, offset = {}, 0
+    for i in range(94_000):
+        entries[f"model.layers.{i // 100}.block.{i % 100}.weight"] = {"dtype": "F32", "shape": [4],
+                                                                      "data_offsets": [offset, offset + 16]}
+        offset += 16
+    header = json.dumps(entries).encode()
+    header += b" " * (-len(header) % 8)
+    data = np.random.default_rng(0).standard_normal(offset // 4).astype("<f4")
+    (tmp_path / "many.safetensors").write_bytes(struct.pack("<Q", len(header)) + header + data.tobytes())
+    with Nginx(tmp_path) as server:
+        with ckptfs.open(server.url + "/many.safetensors") as ck:
+            assert len(ck) == 94_000
+            seen = requests_since(server, 0)
+            assert len(seen) == 2 and sum(n for _, _, n in seen) <= 2 * (8 + len(header)) + 2 * MiB
+            np.testing.assert_array_equal(np.asarray(ck["model.layers.939.block.99.weight"]), data[-4:])
