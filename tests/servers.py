@@ -13,6 +13,7 @@ Every wait is bounded; ``stop()`` kills what was started (by its own pid) and wa
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import http.server
 import json
@@ -29,6 +30,21 @@ from urllib.parse import quote, unquote, urlsplit
 
 NGINX = "/usr/sbin/nginx"
 START_TIMEOUT = 20.0
+
+
+@contextlib.contextmanager
+def environment(values: dict[str, str]):
+    """``os.environ`` with ``values`` set, restored afterwards (for module-scoped server fixtures)."""
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def require_nginx() -> None:

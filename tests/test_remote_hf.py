@@ -23,7 +23,7 @@ from ckptfs.sources import open_source  # noqa: E402
 from fixtures import write_mixed_gguf  # noqa: E402
 from multifile_sets import MODEL_FILES, safetensors_tensors, write_model_files, write_safetensors_set  # noqa: E402
 from safetensors.numpy import load_file  # noqa: E402
-from servers import HubStandIn, Nginx, require_nginx  # noqa: E402
+from servers import HubStandIn, Nginx, environment, require_nginx  # noqa: E402
 
 TOKEN = "hf_loopback_secret_token"
 
@@ -42,17 +42,8 @@ def hub(tmp_path_factory):
     with Nginx(cdn) as cdn_server:
         stand_in = HubStandIn({"org/gguf-model": gguf_repo, "org/st-model": st_repo}, cdn, cdn_server.url,
                               token=TOKEN)
-        with stand_in:
-            saved = {k: os.environ.get(k) for k in ("HF_ENDPOINT", "HF_TOKEN")}
-            os.environ.update({"HF_ENDPOINT": stand_in.url, "HF_TOKEN": TOKEN})
-            try:
-                yield stand_in, cdn_server, gguf_repo, st_repo
-            finally:
-                for k, v in saved.items():
-                    if v is None:
-                        os.environ.pop(k, None)
-                    else:
-                        os.environ[k] = v
+        with stand_in, environment({"HF_ENDPOINT": stand_in.url, "HF_TOKEN": TOKEN}):
+            yield stand_in, cdn_server, gguf_repo, st_repo
 
 
 def test_the_stand_in_answers_huggingface_hub_itself(hub, tmp_path):

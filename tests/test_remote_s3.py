@@ -19,7 +19,7 @@ from ckptfs.sources.netstats import COUNTERS  # noqa: E402
 from fixtures import write_mixed_gguf  # noqa: E402
 from multifile_sets import MODEL_FILES, safetensors_tensors, write_model_files, write_safetensors_set  # noqa: E402
 from safetensors.numpy import load_file  # noqa: E402
-from servers import MotoS3  # noqa: E402
+from servers import MotoS3, environment  # noqa: E402
 
 BUCKET = "models"
 
@@ -31,23 +31,14 @@ def s3(tmp_path_factory):
     folder = root / "llama"
     write_safetensors_set(folder, safetensors_tensors(3, per_shard=2, seed=9))
     write_model_files(folder)
-    with MotoS3() as server:
-        saved = {k: os.environ.get(k) for k in server.env()}
-        os.environ.update(server.env())
-        try:
-            client = boto3.client("s3", endpoint_url=server.endpoint)
-            client.create_bucket(Bucket=BUCKET)
-            client.upload_file(str(root / "mixed.gguf"), BUCKET, "gguf/mixed.gguf")
-            for path in sorted(folder.iterdir()):
-                client.upload_file(str(path), BUCKET, f"llama/{path.name}")
-            client.put_object(Bucket=BUCKET, Key="llama/sub/ignored.json", Body=b"{}")
-            yield server, root, written
-        finally:
-            for k, v in saved.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
+    with MotoS3() as server, environment(server.env()):
+        client = boto3.client("s3", endpoint_url=server.endpoint)
+        client.create_bucket(Bucket=BUCKET)
+        client.upload_file(str(root / "mixed.gguf"), BUCKET, "gguf/mixed.gguf")
+        for path in sorted(folder.iterdir()):
+            client.upload_file(str(path), BUCKET, f"llama/{path.name}")
+        client.put_object(Bucket=BUCKET, Key="llama/sub/ignored.json", Body=b"{}")
+        yield server, root, written
 
 
 def test_s3_gguf_equals_the_written_file(s3):
