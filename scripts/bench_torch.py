@@ -17,7 +17,8 @@ baseline (VmHWM after ``clear_refs``, so import peaks do not count) <= 1.2x the 
 The checkpoint: ``--shapes SKELETON.json`` (a real GGUF's header skeleton: tensor names, types, gguf_dims)
 with every dim scaled by ``--scale`` and capped at ``--max-dim`` (row lengths stay whole blocks); without it,
 scripts/make_realistic_gguf.py's Gemma-3-270M Q4_K_M layout with the vocabulary cut to ``--vocab``. Random
-but valid block data (that script's random_blocks), written by gguf-py.
+but valid block data, written by gguf-py (that script's skeleton reader and writer; tensors only, no
+vocabulary).
 
 Usage: python scripts/bench_torch.py [--shapes S.json --scale 0.125] [--rounds 3] [--modes ...] [--json OUT]
 """
@@ -34,7 +35,7 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import make_realistic_gguf  # noqa: E402  (a sibling script: random_blocks, write, LAYOUTS)
+import make_realistic_gguf  # noqa: E402  (a sibling script: the skeleton reader and the writers)
 
 MODES = ("ckptfs", "ckptfs-bf16", "ckptfs-kernels", "gguf-py", "gguf-py-decode")
 DEFAULT_MODES = ("ckptfs", "ckptfs-bf16", "gguf-py", "gguf-py-decode")   # ckptfs-kernels is slow on a CPU
@@ -42,42 +43,6 @@ DEFAULT_OUT = "/tmp/ckptfs-bench/torch-bench.gguf"
 
 
 # ------------------------------------------------------------------------------------------ the checkpoint
-
-
-def skeleton_tensors(path: str, scale: float, max_dim: int) -> list[tuple[str, tuple[int, ...], str]]:
-    """(name, numpy shape, type) of every tensor of a header skeleton, dims scaled and capped."""
-    with open(path) as f:
-        skeleton = json.load(f)
-    tensors = []
-    for t in skeleton["tensors"]:
-        block = make_realistic_gguf.LAYOUTS[t["type"]][0] if t["type"] in make_realistic_gguf.LAYOUTS else 1
-        dims = []
-        for i, n in enumerate(t["gguf_dims"]):
-            m = min(max_dim, max(1, round(n * scale)))
-            dims.append(max(block, m // block * block) if i == 0 else m)
-        tensors.append((t["name"], tuple(reversed(dims)), t["type"]))
-    return tensors
-
-
-def write_skeleton_gguf(out: str, tensors, seed: int = 0) -> None:
-    import gguf
-
-    rng = np.random.default_rng(seed)
-    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
-    writer = gguf.GGUFWriter(out, "bench")
-    for name, shape, storage_type in tensors:
-        n = int(np.prod(shape))
-        if storage_type == "F32":
-            writer.add_tensor(name, (1.0 + 0.1 * rng.standard_normal(n, dtype=np.float32)).reshape(shape))
-        elif storage_type in make_realistic_gguf.LAYOUTS:
-            stored = make_realistic_gguf.random_blocks(storage_type, n, rng).reshape(*shape[:-1], -1)
-            writer.add_tensor(name, stored, raw_dtype=gguf.GGMLQuantizationType[storage_type])
-        else:
-            raise SystemExit(f"{name}: no random-block layout for {storage_type}")
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
 
 
 # ------------------------------------------------------------------------------------------ one measurement
@@ -152,8 +117,7 @@ def main(argv: list[str] | None = None) -> int:
 
     start = time.perf_counter()
     if args.shapes:
-        tensors = skeleton_tensors(args.shapes, args.scale, args.max_dim)
-        write_skeleton_gguf(args.out, tensors)
+        make_realistic_gguf.write_skeleton(args.out, args.shapes, args.scale, args.max_dim, with_metadata=False)
         what = f"{os.path.basename(args.shapes)} dims x{args.scale} (max {args.max_dim})"
     else:
         make_realistic_gguf.write(args.out, 26, args.vocab, False, 0)
