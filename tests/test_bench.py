@@ -50,7 +50,7 @@ def test_table(tiny_gguf: Path, tmp_path: Path):
     out = result.stdout
     for label in ("mount ready + os.listdir", "first 4 KiB read, fresh daemon (misses 0->", "random 4 KiB read p50",
                   "np.load(mmap_mode='r')", ".npy stream", ".raw stream", "prefetch off", "daemon peak RssAnon",
-                  "gguf-py", "targets:"):
+                  "gguf-py", "targets:", "by storage type", "  Q4_K ", "by size class", "  small <64 KiB "):
         assert label in out, f"{label!r} missing from:\n{out}"
     assert "values vs gguf-py" in out and ": equal (4 tensors)" in out
     assert_clean(tmp_path)
@@ -78,6 +78,17 @@ def test_json_gguf(tiny_gguf: Path, tmp_path: Path):
     assert ref["compared"] == 4 and ref["mismatches"] == [] and ref["all_bytes"] == expected_npy
     assert set(data["ratios"]) >= {"open", "first_read", "random_read_p50", "stream", "npy_over_raw", "prefetch_gain"}
     assert len(data["targets"]) == 4 and all(isinstance(t["met"], bool) for t in data["targets"])
+    groups = m["groups"]
+    types = groups["storage_type"]
+    assert sorted(types) == ["F32", "Q4_K", "Q5_0", "Q8_0"] and all(g["count"] == 1 for g in types.values())
+    assert types["Q8_0"]["npy_bytes"] > 300 * 64 * 4 and types["Q8_0"]["raw_bytes"] == 300 * 64 // 32 * 34
+    # decoded sizes: 76,800 and 65,536 bytes are medium, 16,384 and 256 small (< 64 KiB)
+    assert {k: g["count"] for k, g in groups["size_class"].items()} == {"small <64 KiB": 2, "medium": 2}
+    for axis in groups.values():
+        assert sum(g["npy_bytes"] for g in axis.values()) == m["npy_bytes"]
+        assert sum(g["raw_bytes"] for g in axis.values()) == m["raw_bytes"]
+        assert sum(g["reference_bytes"] for g in axis.values()) == ref["all_bytes"]
+        assert all(g["npy_mbs"] > 0 and g["raw_mbs"] > 0 and g["stream"] > 0 for g in axis.values())
     assert_clean(tmp_path)
 
 

@@ -36,6 +36,8 @@ class Plan:
     raw: tuple[str, ...]
     damaged: tuple[tuple[str, str], ...] = ()   # (tensor name, reason): left out of every read
     tensor_of: dict[str, str] = field(default_factory=dict, compare=False)  # mount file name -> tensor name
+    # mount file name (.npy and .raw) -> (storage type, the tensor's decoded bytes): the per-group figures
+    group_of: dict[str, tuple[str, int]] = field(default_factory=dict, compare=False)
 
     @property
     def largest(self) -> NpyFile | None:
@@ -53,11 +55,13 @@ def make_plan(ck: Checkpoint, src: str) -> Plan:
     names, the same .npy/.raw choice). Damaged tensors are left out of the reads (their missing bytes fail by
     design) and listed."""
     files_of = TensorFiles(ck)
-    npy, raw, damaged, tensor_of = [], [], [], {}
+    npy, raw, damaged, tensor_of, group_of = [], [], [], {}, {}
     for index, stem in enumerate(files_of.stems):
         tensor = ck.tensors[index]
         kinds = files_of.kinds(index)
         tensor_of.update({stem + ".raw": tensor.name, stem + ".npy": tensor.name})
+        size = tensor.nbytes if tensor.nbytes is not None else tensor.stored_nbytes
+        group_of[stem + ".raw"] = group_of[stem + ".npy"] = (tensor.storage_type, int(size))
         if tensor.info.damaged:
             damaged.append((tensor.name, tensor.info.damaged))
             continue
@@ -68,4 +72,4 @@ def make_plan(ck: Checkpoint, src: str) -> Plan:
                                int(tensor.nbytes), int(tensor.meta["npy_data_offset"])))
     files = tuple(ck.files)
     return Plan(src, ck.format, files, sum(ck.sources.get(f).size for f in files), len(ck.tensors),
-                tuple(npy), tuple(raw), tuple(damaged), tensor_of)
+                tuple(npy), tuple(raw), tuple(damaged), tensor_of, group_of)

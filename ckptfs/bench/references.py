@@ -31,6 +31,7 @@ class Reference:
     compared: int = 0
     mismatches: list[str] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
+    decoded_of: dict[str, tuple[int, float]] = field(default_factory=dict)  # .npy file -> (bytes, seconds)
 
     @property
     def all_mbs(self) -> float | None:
@@ -146,6 +147,7 @@ def _compare_all(ref: Reference, plan: Plan, mount: BenchMount, progress: Progre
         seconds, values = _timed(lambda: decode(f))
         ref.all_s += seconds
         ref.all_bytes += np.asarray(values).nbytes
+        ref.decoded_of[f.file] = (np.asarray(values).nbytes, seconds)
         if not equal_to_mount(values, mount.file(f.file)):
             ref.mismatches.append(f.tensor)
         ref.compared += 1

@@ -13,6 +13,50 @@ from .references import Reference
 
 TARGETS = {"open": 20.0, "random_read": 1000.0, "stream": 2.0}
 
+# Size classes of a tensor (its decoded bytes): real checkpoints mix norms of a few KiB, where per-file
+# costs (lookup, open, the first read) dominate, with layer matrices and embeddings of hundreds of MiB.
+SMALL_MAX, LARGE_MIN = 64 << 10, 16 << 20
+SIZE_CLASSES = ("small <64 KiB", "medium", "large >16 MiB")
+
+
+def size_class(nbytes: int) -> str:
+    return SIZE_CLASSES[0] if nbytes < SMALL_MAX else SIZE_CLASSES[2] if nbytes > LARGE_MIN else SIZE_CLASSES[1]
+
+
+def group_streams(group_of: dict[str, tuple[str, int]], npy: dict[str, tuple[int, float]],
+                  raw: dict[str, tuple[int, float]], reference: dict[str, tuple[int, float]] | None = None
+                  ) -> dict[str, dict[str, dict[str, Any]]]:
+    """The streams per storage type and per size class: ``{"storage_type"|"size_class": {group: {"count",
+    "npy_bytes", "npy_s", "npy_mbs", "raw_bytes", "raw_s", "raw_mbs", "reference_mbs", "stream"}}}``.
+
+    ``group_of``: mount file name -> (storage type, tensor bytes); ``npy``/``raw``: file -> (bytes, seconds)
+    as scanned; ``reference``: .npy file -> (bytes, seconds) of the reference library decoding its tensor."""
+    groups: dict[str, dict[str, dict[str, Any]]] = {"storage_type": {}, "size_class": {}}
+
+    def add(name: str, kind: str, nbytes: int, seconds: float, decoded: tuple[int, float] | None = None) -> None:
+        storage_type, tensor_bytes = group_of[name]
+        for axis, key in (("storage_type", storage_type), ("size_class", size_class(tensor_bytes))):
+            g = groups[axis].setdefault(key, {"count": 0, "npy_bytes": 0, "npy_s": 0.0, "raw_bytes": 0,
+                                              "raw_s": 0.0, "reference_bytes": 0, "reference_s": 0.0})
+            g["count"] += kind == "npy" or (kind == "raw" and name[:-4] + ".npy" not in npy)
+            g[kind + "_bytes"] += nbytes
+            g[kind + "_s"] += seconds
+            if decoded is not None:
+                g["reference_bytes"] += decoded[0]
+                g["reference_s"] += decoded[1]
+
+    for name, (nbytes, seconds) in npy.items():
+        add(name, "npy", nbytes, seconds, (reference or {}).get(name))
+    for name, (nbytes, seconds) in raw.items():
+        add(name, "raw", nbytes, seconds)
+    for axis in groups.values():
+        for g in axis.values():
+            for kind in ("npy", "raw", "reference"):
+                g[kind + "_mbs"] = g[kind + "_bytes"] / g[kind + "_s"] / 1e6 if g[kind + "_s"] > 0 else None
+            g["stream"] = _ratio(g["npy_mbs"], g["reference_mbs"])
+    groups["size_class"] = {k: groups["size_class"][k] for k in SIZE_CLASSES if k in groups["size_class"]}
+    return groups
+
 
 def _percentile(times: np.ndarray, q: float) -> float:
     return float(np.percentile(times, q)) if len(times) else float("nan")
@@ -128,6 +172,7 @@ def render(results: dict[str, Any]) -> str:
     header = f"{'':<{width}}  {'ckptfs':>18}  {ref_name:>22}  {'ratio':>7}"
     lines = [_title(results), header, "-" * len(header)]
     lines += [f"{a:<{width}}  {b:>18}  {c:>22}  {d:>7}" for a, b, c, d in rows]
+    lines += _render_groups(m.get("groups"), ref_name)
     if results.get("damaged"):
         lines.append(f"damaged tensors, left out of every read: {len(results['damaged'])}")
         lines += [one_line(f"  {d['name']!r}: {d['reason']}") for d in results["damaged"]]
@@ -144,6 +189,21 @@ def render(results: dict[str, Any]) -> str:
         goal = format_size(t["goal"]) if "RssAnon" in t["name"] else f">= {_times(t['goal'])}"
         lines.append(f"  {'met    ' if t['met'] else 'NOT MET'}  {t['name']}: {value} (goal {goal})")
     return "\n".join(lines)
+
+
+def _render_groups(groups: dict[str, dict[str, dict[str, Any]]] | None, ref_name: str) -> list[str]:
+    """The streams per storage type, then per size class: count, .npy MB/s beside the reference's, .raw."""
+    if not groups:
+        return []
+    header = (f"{'streams per group':<22} {'tensors':>7} {'.npy bytes':>10} {'.npy':>10} {ref_name[:12]:>12}"
+              f" {'ratio':>7} {'.raw':>10}")
+    lines = ["", header, "-" * len(header)]
+    for axis, title in (("storage_type", "by storage type"), ("size_class", "by size class (decoded)")):
+        lines.append(title)
+        for key, g in groups[axis].items():
+            lines.append(f"  {key:<20} {g['count']:>7} {format_size(g['npy_bytes']):>10} {_mbs(g['npy_mbs']):>10}"
+                         f" {_mbs(g['reference_mbs']):>12} {_times(g['stream']):>7} {_mbs(g['raw_mbs']):>10}")
+    return lines
 
 
 def _title(results: dict[str, Any]) -> str:

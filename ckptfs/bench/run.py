@@ -28,7 +28,7 @@ from .harness import (
 from .plan import Plan, make_plan
 from .progress import Progress
 from .references import Reference, gguf_reference, safetensors_reference
-from .report import _percentile, _summarize, render
+from .report import _percentile, _summarize, group_streams, render
 from .workloads import (
     _random_offsets,
     _read_file,
@@ -123,9 +123,13 @@ def _mount_workloads(plan: Plan, mount: BenchMount, progress: Progress, m: dict[
             m["mmap_open_s"], times = mmap_rows(mount.file(largest.file), rows)
             m["mmap_row_p50_s"], m["mmap_row_p99_s"] = _percentile(times, 50), _percentile(times, 99)
         progress.step("scan every .npy")
-        m["npy_bytes"], m["npy_s"] = scan([mount.file(f.file) for f in plan.npy], progress)
+        npy_files: list[tuple[int, float]] = []
+        m["npy_bytes"], m["npy_s"] = scan([mount.file(f.file) for f in plan.npy], progress, npy_files)
         progress.step("scan every .raw")
-        m["raw_bytes"], m["raw_s"] = scan([mount.file(n) for n in plan.raw], progress)
+        raw_files: list[tuple[int, float]] = []
+        m["raw_bytes"], m["raw_s"] = scan([mount.file(n) for n in plan.raw], progress, raw_files)
+        m["npy_files"] = dict(zip((f.file for f in plan.npy), npy_files))
+        m["raw_files"] = dict(zip(plan.raw, raw_files))
         m["cache"] = mount.stats()["cache"]
     finally:
         m["daemon_peak_rss_anon"] = sampler.stop()
@@ -205,6 +209,9 @@ def run_bench(src: str, as_json: bool = False, cache_size: int = 512 << 20, verb
             progress.close()
             _remove_workdir(workdir)
     results["machine"]["load_average_after"] = list(os.getloadavg())
+    m = results["mount"]
+    m["groups"] = group_streams(plan.group_of, m.pop("npy_files", {}), m.pop("raw_files", {}),
+                                reference.decoded_of if reference is not None else None)
     _summarize(results, reference, cache_size)
     print(json.dumps(results, indent=2) if as_json else render(results))
     if reference is not None and reference.mismatches:

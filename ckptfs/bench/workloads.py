@@ -70,13 +70,16 @@ def mmap_rows(path: str, rows: np.ndarray) -> tuple[float, np.ndarray]:
     return open_s, times
 
 
-def scan(paths: list[str], progress: Progress) -> tuple[int, float]:
-    """Read every file start to end with 1 MiB reads into one buffer (as ``cat`` does): bytes, seconds."""
+def scan(paths: list[str], progress: Progress,
+         per_file: list[tuple[int, float]] | None = None) -> tuple[int, float]:
+    """Read every file start to end with 1 MiB reads into one buffer (as ``cat`` does): bytes, seconds.
+    ``per_file`` gets (bytes, seconds) of each file in order, open to close (for the per-group figures)."""
     buffer = bytearray(SCAN_READ)
     view = memoryview(buffer)
     total = 0
     start = time.perf_counter()
     for i, path in enumerate(paths):
+        file_start, file_total = time.perf_counter(), total
         try:
             with open(path, "rb", buffering=0) as f:
                 while True:
@@ -86,6 +89,8 @@ def scan(paths: list[str], progress: Progress) -> tuple[int, float]:
                     total += n
         except OSError as exc:  # a read error carries no file name: add it, for the one-line report
             raise OSError(exc.errno, exc.strerror, path) from None
+        if per_file is not None:
+            per_file.append((total - file_total, time.perf_counter() - file_start))
         if i % 16 == 0:
             progress.detail(f"{i + 1}/{len(paths)} files, {format_size(total)}")
     return total, time.perf_counter() - start
