@@ -408,7 +408,7 @@ class Checkpoint(Mapping):
 def open(src, dtype: str = "auto", cache_size: int = DEFAULT_CACHE_BYTES,
          max_open_files: int = 64, *, cache_dir: str | None = None, cache_dir_size: int | None = None,
          redis: str | None = None, manifest=None, mirrors=None, timeout: float | None = None,
-         stall_timeout: float | None = None) -> Checkpoint:  # noqa: A001 - the public name CONTRACT.md fixes
+         stall_timeout: float | None = None) -> Checkpoint:  # noqa: A001 - the public name docs/interfaces.md fixes
     """Open a checkpoint: a GGUF or safetensors file, a split-GGUF shard, a shard folder or an index file.
 
     ``cache_dir`` (bounded by ``cache_dir_size``, default 10G) and ``redis`` (``redis://HOST:PORT/DB``) add
