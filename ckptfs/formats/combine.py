@@ -3,7 +3,7 @@
 Each shard is read on its own by ``formats.read_file`` (which closes the file once its header is parsed), so
 every descriptor already points at its own file with an absolute offset; combining them is concatenation.
 What combining adds is the one check only the whole set can make: a tensor name stored in more than one
-shard. Both copies stay listed (CONTRACT.md: ``ck.tensors`` lists duplicates, the mount numbers the later
+shard. Both copies stay listed (docs/interfaces.md: ``ck.tensors`` lists duplicates, the mount numbers the later
 ones ``~2``), and a note says so.
 """
 
