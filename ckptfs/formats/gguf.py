@@ -6,8 +6,8 @@ files keep the magic and store every other field big-endian; they are recognised
 by a version whose low 16 bits read as zero in little-endian.
 
 Only v2 and v3 are read (v1 used 32-bit counts and is no longer produced or read by ggml). What is refused
-and what is served around follows CONTRACT.md "Damage: refuse or serve"; each decision is recorded in
-docs/formats.md.
+and what is served around follows docs/interfaces.md, "Damage: refuse or serve"; each decision is
+recorded in docs/formats.md.
 """
 
 from __future__ import annotations
