@@ -7,7 +7,7 @@ The header rules are those of the reference implementation, safetensors 0.8.0, e
 hand-made files (tests/test_safetensors_reader.py keeps that comparison alive): a file 0.8.0 refuses, we
 refuse; a file it accepts, we accept - including its leniencies (leading whitespace, duplicate tensor
 names where the last entry wins, misaligned offsets, unknown extra fields, ``"__metadata__": null``).
-We differ on purpose in two places (CONTRACT.md, damage rules): data missing at the end of the file (0.8.0
+We differ on purpose in two places (docs/interfaces.md, damage rules): data missing at the end of the file (0.8.0
 refuses the whole file, ckptfs serves the tensors whose bytes are present and marks the others damaged), and
 a dtype name 0.8.0 does not know (it refuses the file; ckptfs lists that tensor raw-only with the reason in
 ``damaged``, its size taken from ``data_offsets``): newer safetensors versions add dtypes, and one tensor of a
