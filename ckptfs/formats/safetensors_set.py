@@ -3,7 +3,7 @@
 An index (``model.safetensors.index.json``, huggingface_hub's convention) is ``{"metadata": {...},
 "weight_map": {tensor name: shard file}}``. The index decides which files form the checkpoint; the shards'
 own headers decide what is actually there. Where they disagree, ckptfs serves what the shards hold and says
-what differs in notes (CONTRACT.md: refuse what is impossible, serve around what is missing):
+what differs in notes (docs/interfaces.md: refuse what is impossible, serve around what is missing):
 
 - a shard the index names but that is not there: the other shards are served; a note names the missing file
   and the tensors the index placed in it (they have no bytes, so no descriptor and no file in the mount).
