@@ -1,7 +1,7 @@
 """The integrity commands of ``ckptfs``: ``manifest``, ``verify`` and ``diff`` (registered in ckptfs.cli).
 
-Exit codes (CONTRACT.md): 0 when everything matches (``diff``: nothing differs), 3 when something does not,
-1 on a checkpoint or runtime error (one line on stderr), 2 on usage errors. Mismatches go to stdout, one per
+Exit codes (docs/interfaces.md, "Integrity"): 0 when everything matches (``diff``: nothing differs), 3 when
+something does not, 1 on a checkpoint or runtime error (one line on stderr), 2 on usage errors. Mismatches go to stdout, one per
 line; a progress bar is drawn on stderr only when stderr is a terminal, so pipes and logs stay clean.
 """
 
