@@ -2,7 +2,8 @@
 
 Exit codes (docs/interfaces.md, "Integrity"): 0 when everything matches (``diff``: nothing differs), 3 when
 something does not, 1 on a checkpoint or runtime error (one line on stderr), 2 on usage errors. Mismatches go
-to stdout, one per line; a progress bar is drawn on stderr only when stderr is a terminal, so pipes and logs stay clean.
+to stdout, one per line; a progress bar is drawn on stderr only when stderr is a terminal, so pipes and logs
+stay clean.
 """
 
 from __future__ import annotations
