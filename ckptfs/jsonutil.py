@@ -1,7 +1,7 @@
 """JSON as the mount serves it: UTF-8, indent=2, trailing newline, non-finite floats as strings.
 
 Metadata holds numpy scalars and arrays, bytes-like values and NaN/inf (GGUF scores, for instance); strict
-JSON has no NaN, so they become the strings "NaN", "Infinity", "-Infinity" (CONTRACT.md).
+JSON has no NaN, so they become the strings "NaN", "Infinity", "-Infinity" (docs/interfaces.md, "Mount layout").
 
 A tokenizer vocabulary is a list of hundreds of thousands of strings, and ``json.dumps(indent=2)`` runs in
 pure Python (the C encoder only serves ``indent=None``). :func:`dumps_bytes` writes the same text as
