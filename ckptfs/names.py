@@ -1,4 +1,4 @@
-"""Tensor names -> safe, distinct, reversible file names (CONTRACT.md "Mount layout").
+"""Tensor names -> safe, distinct, reversible file names (docs/interfaces.md, "Mount layout").
 
 A tensor name is arbitrary bytes in the formats; a file name cannot contain '/' or NUL, must be valid for the
 tools users point at a mount, and is at most NAME_MAX (255) bytes. Encoding: '%' -> %25, '/' -> %2F,
