@@ -1,4 +1,4 @@
-"""Human sizes for command-line options: 64M = 64 MiB (binary units, as CONTRACT.md fixes).
+"""Human sizes for command-line options: 64M = 64 MiB (binary units, as docs/interfaces.md fixes).
 
 Units are K, M, G, T, P, E (powers of 1024), optionally followed by ``iB`` (``64MiB``), or ``B`` alone for
 bytes. ``64MB`` is refused rather than guessed: people write it meaning both 64 * 10**6 and 64 * 2**20.
