@@ -22,8 +22,8 @@ _FILE_SUFFIXES = (".gguf", ".safetensors", ".json")
 
 def names_folder(src: str) -> bool:
     """Whether ``src`` names a model folder (docs/interfaces.md, "Sources": an ``hf://`` or ``s3://`` URL
-    whose path does not end in ``.gguf``/``.safetensors``/``.json``, or ends in ``/``; a local directory). An ``http(s)://``
-    URL always names a file: plain HTTP has no listing."""
+    whose path does not end in ``.gguf``/``.safetensors``/``.json``, or ends in ``/``; a local directory). An
+    ``http(s)://`` URL always names a file: plain HTTP has no listing."""
     scheme, sep, _ = src.partition("://")
     if not sep:
         return os.path.isdir(src)
