@@ -1,6 +1,6 @@
 """FP4 block types MXFP4 (OCP microscaling: E8M0 scale, 32 E2M1 values) and NVFP4 (4 UE4M3 scales, 64 E2M1).
 
-Layouts and formulas: FORMATS.md section B, checked against ggml-quants.c ``dequantize_row_mxfp4`` /
+Layouts and formulas: docs/block-formats.md, checked against ggml-quants.c ``dequantize_row_mxfp4`` /
 ``dequantize_row_nvfp4`` and ggml-impl.h. ggml keeps the E2M1 values doubled (``kvalues_mxfp4``, int8) and
 halves the scale instead: ``ggml_e8m0_to_fp32_half(e)`` = 2^(e-128) built from bits (``0x00200000 << e``
 for e < 2: float32 subnormals; e = 255 is 2^127, not NaN), ``ggml_ue4m3_to_fp32(x)`` = 0.5 * E4M3 without
