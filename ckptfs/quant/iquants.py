@@ -1,6 +1,6 @@
 """GGML's I-quants: IQ4_NL, IQ4_XS and the lattice-grid types IQ1_S, IQ1_M, IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S.
 
-Layouts and formulas: FORMATS.md section B, checked against ggml-quants.c ``dequantize_row_iq*``. ggml forms
+Layouts and formulas: docs/block-formats.md, checked against ggml-quants.c ``dequantize_row_iq*``. ggml forms
 one float32 scale per sub-block (e.g. IQ2_XXS ``db = d * (0.5f + s) * 0.25f``) and then writes
 ``db * grid[j] * (sign ? -1 : 1)``. Multiplying by +-1 is exact and IEEE rounding is symmetric, so
 ``db * (sign ? -grid[j] : grid[j])`` is the same float32 bit for bit (NaNs aside, whose sign bit ggml does not
