@@ -1,6 +1,6 @@
 """GGML's K-quants: 256-element super-blocks with per-sub-block scales (Q2_K..Q6_K) and Q8_K.
 
-Layouts and formulas: FORMATS.md section B, checked against ggml-quants.c ``dequantize_row_q*_K``. ggml forms
+Layouts and formulas: docs/block-formats.md, checked against ggml-quants.c ``dequantize_row_q*_K``. ggml forms
 each sub-block's float32 scale first (``d * sc``, and ``dmin * m`` for the mins) and then computes
 ``scale * q - min`` per element; the numpy code here keeps exactly that order, in float32, so the results
 are bit-identical. Every unpacking step works on whole arrays: the element index is split into axes
