@@ -1,6 +1,6 @@
 """GGML's original 32-element block types: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q8_1.
 
-Layouts and formulas: FORMATS.md section B, checked against ggml-quants.c ``dequantize_row_q*``. ggml works
+Layouts and formulas: docs/block-formats.md, checked against ggml-quants.c ``dequantize_row_q*``. ggml works
 in float32 — ``y = q*d`` or ``y = q*d + m`` with the integer q converted first — and every step here is a
 float32 numpy operation in that same order, so results are bit-identical to ggml's and gguf-py's.
 
