@@ -1,6 +1,6 @@
 """GGML's ternary types TQ1_0 and TQ2_0 (BitNet b1.58 / TriLM weights): values in {-1, 0, +1} times d.
 
-Layouts and formulas: FORMATS.md section B, checked against ggml-quants.c ``dequantize_row_tq1_0`` /
+Layouts and formulas: docs/block-formats.md, checked against ggml-quants.c ``dequantize_row_tq1_0`` /
 ``dequantize_row_tq2_0``, which write ``(float)(q - 1) * d``: the small integer is converted exactly, then
 multiplied in float32, which is what the last two numpy steps here do.
 
