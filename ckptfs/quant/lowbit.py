@@ -1,6 +1,6 @@
 """GGML's 1- and 2-bit types Q1_0 (128 elements: +-d) and Q2_0 (64 elements: (q - 1) * d).
 
-Layouts and formulas: FORMATS.md section B (Q2_0 is ggml type 42, added 2026-07), checked against
+Layouts and formulas: docs/block-formats.md (Q2_0 is ggml type 42, added 2026-07), checked against
 ggml-quants.c ``dequantize_row_q1_0`` / ``dequantize_row_q2_0``. Both blocks are ``{fp16 d, u8 qs[16]}``
 with element j in bit(s) j % 8 (j % 4) of byte j / 8 (j / 4), so one byte decodes to consecutive elements
 and a table row per byte value gives values already in output order.
