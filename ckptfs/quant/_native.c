@@ -230,7 +230,7 @@ static void q8_k(const uint8_t *restrict x, float *restrict y, Py_ssize_t nb) {
     for (Py_ssize_t i = 0; i < nb; i++, x += 292, y += 256) q8_block(x + 4, float_at(x), y, 256);
 }
 
-/* ---- ternary types (FORMATS.md: y = (t - 1) * d, the small integer converted first) ---- */
+/* ---- ternary types (docs/block-formats.md: y = (t - 1) * d, the small integer converted first) ---- */
 
 /* Trit n of a TQ1_0 byte b: ((b * 3^n mod 256) * 3) >> 8, i.e. 0, 1, 2. */
 static inline int trit(uint8_t b, uint8_t pow3) {
