@@ -241,19 +241,19 @@ class MountTree:
     def listdir(self, folder: str) -> list[str] | None:
         """The names in ``folder`` ("" is the root), or None if it is not a folder. Tensor files first, in
         tensor order; then sub-folders and other files in the order they were added."""
-        names = self._dirs.get(folder)
-        if names is None:
-            return None
-        listing = []
+        return None if folder not in self._dirs else list(self.iter_listdir(folder))
+
+    def iter_listdir(self, folder: str) -> Iterator[str]:
+        """The names of ``listdir`` one at a time (a listing of 282,000 names need not exist as a list)."""
         members = self._members.get(folder)
         if members:
             files = self._tensor_files
             suffix = {kind: suffix for suffix, kind in TensorFiles.SUFFIXES}
             for index in members:
                 leaf = files.stems[index].rpartition("/")[2]
-                listing += [leaf + suffix[kind] for kind in files.kinds(index)]
-        listing += names
-        return listing
+                for kind in files.kinds(index):
+                    yield leaf + suffix[kind]
+        yield from self._dirs.get(folder, ())
 
     def is_dir(self, path: str) -> bool:
         return path in self._dirs

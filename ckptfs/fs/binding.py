@@ -116,6 +116,9 @@ def _fast_listings(fuse_class: type, libfuse_major: int) -> type:
             decoded = None if path is None else path.decode(self.encoding, self.errors)
             cache = self.__dict__.setdefault("_ckptfs_listings", {})
             names = cache.get(decoded)
+            blob_of = getattr(self.operations, "listing_blob", None)
+            if names is None and _listing is not None and blob_of is not None and self.encoding == "utf-8":
+                names = cache[decoded] = blob_of(decoded)
             if names is None:
                 listing = self.operations.readdir(decoded, fip.contents.fh)
                 if any(not isinstance(item, str) for item in listing):
