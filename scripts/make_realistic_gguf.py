@@ -44,7 +44,7 @@ except ImportError:  # pragma: no cover - a script dependency, not the package's
 DEFAULT_OUT = "/tmp/ckptfs-bench/realistic.gguf"
 HIDDEN, FFN, HEADS, KV_HEADS, HEAD_DIM = 640, 2048, 4, 1, 256
 
-# (elements per block, bytes per block, byte offsets of fp16 scale fields) — FORMATS.md block layouts.
+# (elements per block, bytes per block, byte offsets of fp16 scale fields) — docs/block-formats.md.
 LAYOUTS = {
     "Q8_0": (32, 34, (0,)),
     "Q5_0": (32, 22, (0,)),
