@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The whole test suite (run scripts/setup.sh once first): everything on numpy 2.x, then the
-# dequantization tests again on numpy 1.26, whose float promotion rules differ (CONTRACT.md).
+# dequantization tests again on numpy 1.26, whose float promotion rules differ (docs/interfaces.md).
 #   sudo bash scripts/test.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
