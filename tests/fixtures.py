@@ -27,7 +27,7 @@ from gguf import quants as gguf_quants
 Q = GGMLQuantizationType
 VT = GGUFValueType
 
-#: Block geometry (elements, bytes) of the GGML types, transcribed from ggml-common.h via FORMATS.md. Not
+#: Block geometry (elements, bytes) of the GGML types, transcribed from ggml-common.h via docs/block-formats.md. Not
 #: gguf-py's table: it gives Q8_1 the pre-2024 40 bytes and lacks Q2_0 (id 42).
 GGML_GEOMETRY: dict[str, tuple[int, int]] = {
     "F32": (1, 4), "F16": (1, 2), "Q4_0": (32, 18), "Q4_1": (32, 20), "Q5_0": (32, 22), "Q5_1": (32, 24),
@@ -41,7 +41,7 @@ GGML_GEOMETRY: dict[str, tuple[int, int]] = {
 #: GGML type ids (ggml.h); Q2_0 is newer than gguf-py's enum.
 GGML_TYPE_IDS: dict[str, int] = {**{t.name: int(t) for t in Q}, "Q2_0": 42}
 
-#: Byte offsets of the fp16 scale fields in each block (FORMATS.md table): random blocks get finite values there.
+#: Byte offsets of the fp16 scale fields in each block (docs/block-formats.md): random blocks get finite values there.
 _FP16_FIELDS: dict[str, tuple[int, ...]] = {
     "Q4_0": (0,), "Q4_1": (0, 2), "Q5_0": (0,), "Q5_1": (0, 2), "Q8_0": (0,), "Q8_1": (0, 2),
     "Q2_K": (80, 82), "Q3_K": (108,), "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,),
@@ -100,7 +100,7 @@ def random_blocks(storage_type: str, n_blocks: int, rng: np.random.Generator) ->
     elif storage_type == "MXFP4":
         blocks[:, 0] = rng.integers(110, 140, n_blocks, dtype=np.uint8)
     elif storage_type == "IQ1_M":
-        # d is scattered over the top nibbles of the four u16 scales at byte 48 (FORMATS.md, IQ1_M)
+        # d is scattered over the top nibbles of the four u16 scales at byte 48 (docs/block-formats.md, IQ1_M)
         d = rng.uniform(0.01, 1.0, n_blocks).astype(np.float16).view(np.uint16)
         scales = blocks[:, 48:56].copy().view("<u2")
         for i in range(4):
@@ -248,7 +248,7 @@ def _value_spec(spec: Any) -> tuple[Any, GGUFValueType, GGUFValueType | None]:
 
 
 def expected_value(value: Any, vtype: GGUFValueType, sub_type: GGUFValueType | None = None) -> Any:
-    """What a reader must return for a value gguf-py wrote with this type (CONTRACT.md metadata rules)."""
+    """What a reader must return for a value gguf-py wrote with this type (docs/interfaces.md, "Library API")."""
     if vtype == VT.STRING:
         return value.decode("utf-8", "surrogateescape") if isinstance(value, (bytes, bytearray)) else value
     if vtype == VT.BOOL:
