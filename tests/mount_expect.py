@@ -29,7 +29,7 @@ ST_EXACT = {"BOOL": "|b1", "U8": "|u1", "I8": "|i1", "U16": "<u2", "I16": "<i2",
 
 
 def served_dtype(exact: dict[str, str], storage_type: str, mode: str) -> np.dtype:
-    """CONTRACT.md "dtype": what NAME.npy holds for this storage type under --dtype ``mode``."""
+    """docs/interfaces.md, "dtype": what NAME.npy holds for this storage type under --dtype ``mode``."""
     if storage_type in exact:
         dtype = np.dtype(exact[storage_type])
         return np.dtype("<f4") if mode == "float32" and dtype.kind == "f" else dtype
