@@ -1,4 +1,4 @@
-"""Damaged checkpoints are served around (CONTRACT.md "Damage: refuse or serve").
+"""Damaged checkpoints are served around (docs/interfaces.md, "Damage: refuse or serve").
 
 Truncated GGUF and safetensors files cut at many points, tensors whose offset or end lies past the end of the
 file, and storage types without a layout: the checkpoint opens and mounts, every tensor is listed, metadata is
