@@ -123,7 +123,7 @@ def test_big_endian_file_matches_gguf_py(tmp_path):
             assert t.damaged == f"big-endian {t.storage_type} cannot be decoded: served raw only"
         else:
             assert t.damaged is None
-    # the types CONTRACT.md calls swappable are decodable once their codecs say so
+    # the types docs/interfaces.md ("Codecs") calls swappable are decodable once their codecs say so
     swappable = {"F32", "F16", "BF16", "F64", "I8", "I16", "I32", "I64", "Q4_0", "Q8_0", "Q4_K", "Q6_K", "MXFP4"}
     assert swappable <= {t.storage_type for t in parsed.tensors if t.damaged is None}
 
