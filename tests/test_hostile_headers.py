@@ -1,7 +1,7 @@
 """A regression corpus of hand-made hostile headers: each is refused, quickly and in one line.
 
-CONTRACT.md "Damage: refuse or serve" lists what is refused at open: bad magic, a GGUF version other than 2/3,
-counts, lengths or strings larger than the file, a header cut short, an alignment of zero or not a power of
+docs/interfaces.md, "Damage: refuse or serve", lists what is refused at open: bad magic, a GGUF version other
+than 2/3, counts, lengths or strings larger than the file, a header cut short, an alignment of zero or not a power of
 two, shapes whose size overflows 64 bits, and the safetensors header rules. Every file here is built in code,
 byte by byte. For each one:
 
