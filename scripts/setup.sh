@@ -28,12 +28,15 @@ install_system_packages() {
     # system services; they are test tools, not runtime dependencies.
     $SUDO apt-get install -y -qq fuse3 libfuse3-3 "$fuse2" python3 python3-venv python3-pip \
         gcc python3-dev attr util-linux coreutils nginx redis-server >/dev/null
+    # prometheus: the dashboard test runs every query of docs/grafana-dashboard.json against a real one
+    $SUDO apt-get install -y -qq --no-install-recommends prometheus >/dev/null
     # Debian starts both services on install; the tests run their own instances, so stop the system ones.
     if command -v systemctl >/dev/null && [ -d /run/systemd/system ]; then
-        $SUDO systemctl disable --now nginx redis-server >/dev/null 2>&1 || true
+        $SUDO systemctl disable --now nginx redis-server prometheus >/dev/null 2>&1 || true
     else
         $SUDO service nginx stop >/dev/null 2>&1 || true
         $SUDO service redis-server stop >/dev/null 2>&1 || true
+        $SUDO service prometheus stop >/dev/null 2>&1 || true
     fi
     # Debian's udev rule makes /dev/fuse 0666 so that users can mount; some containers and VMs leave 0600.
     if [ -c /dev/fuse ] && [ "$(stat -c %a /dev/fuse)" != 666 ]; then
@@ -70,6 +73,8 @@ install_torch_cpu "$ROOT/.venv"
 # GPTQ/AWQ references for the packed-view tests: only their dequantization modules are loaded (their
 # package __init__ needs CUDA-era dependencies), so no dependencies; autoawq is an sdist built with this torch.
 "$ROOT/.venv/bin/python" -m pip install -q --no-deps --no-build-isolation "auto-gptq==0.7.1" "autoawq==0.2.9"
+# mount(8) runs /sbin/mount.fuse.ckptfs for `mount -t fuse.ckptfs` and fstab lines (empty PATH: absolute paths)
+$SUDO "$ROOT/.venv/bin/ckptfs" install-mount-helper >/dev/null
 log "venv .venv-np1 (numpy 1.26) for the dequantization tests"
 make_venv "$ROOT/.venv-np1" "numpy==1.26.*" -e "$ROOT[test]"
 
