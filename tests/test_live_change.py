@@ -1,6 +1,6 @@
 """The backing file changes under a live mount: the daemon survives, and reads give mount-time bytes or EIO.
 
-CONTRACT.md: "If the backing file changes under a mount, a read returns the bytes as of mount time or EIO —
+docs/interfaces.md: "If the backing file changes under a mount, a read returns the bytes as of mount time or EIO —
 never other bytes; the daemon never dies (no SIGBUS)." Each test mounts a fresh copy of a GGUF, reads part of
 it (so some pages sit in the kernel's page cache and some groups in the block cache: those may legitimately
 keep serving mount-time bytes, the mount uses ``kernel_cache``), then changes the file while reader threads
