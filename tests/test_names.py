@@ -1,4 +1,4 @@
-"""Tensor name -> file name encoding (CONTRACT.md "Mount layout")."""
+"""Tensor name -> file name encoding (docs/interfaces.md, "Mount layout")."""
 
 from __future__ import annotations
 
