@@ -32,7 +32,7 @@ GGUF_DECODABLE = ["IQ1_S", "IQ1_M", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ
 GGUF_QUANTIZABLE = ["TQ1_0", "TQ2_0", "MXFP4"]
 SCALAR_REFERENCE = {"Q1_0": scalar_lowbit.dequantize_q1_0, "Q2_0": scalar_lowbit.dequantize_q2_0}
 ALL_TYPES = GGUF_DECODABLE + sorted(SCALAR_REFERENCE)
-# CONTRACT.md: big-endian MXFP4/NVFP4 are decodable "as gguf-py's converter does"; it swaps nothing for them.
+# docs/interfaces.md: big-endian MXFP4/NVFP4 are decodable "as gguf-py's converter does"; it swaps nothing for them.
 BYTE_ONLY_TYPES = {"MXFP4": gguf_convert_endian.byteswap_noop, "NVFP4": gguf_convert_endian.byteswap_noop}
 
 # The numpy decoders of the types the optional C extension also decodes: every test of them runs on each path.
