@@ -2,7 +2,7 @@
 
 References: ``safetensors.deserialize`` and ``safe_open`` (0.8.x) for names, dtypes, shapes, the bytes of
 each tensor and ``__metadata__``; for every hand-made header in :data:`CASES` the reference's own verdict
-(accept or refuse) is computed at test time and ours must agree - except where CONTRACT.md makes ckptfs
+(accept or refuse) is computed at test time and ours must agree - except where docs/interfaces.md makes ckptfs
 serve a file the reference refuses (data cut short, trailing bytes), which is tested separately.
 """
 
@@ -197,15 +197,15 @@ CASES: dict[str, bytes] = {
     "F8_E8M0": st_blob({"a": entry("F8_E8M0", [1], (0, 1))}, b"\0"),
 }
 
-#: Refused by the reference, served by ckptfs (CONTRACT.md): only data at the end missing or left over.
+#: Refused by the reference, served by ckptfs (docs/interfaces.md): only data at the end missing or left over.
 SERVED_DIFFERENTLY = {
     "trailing data": (st_blob({"a": A}, b"\0" * 9), "note"),
     "data cut short": (st_blob({"a": A}, b"\0" * 7), "damaged"),
     "empty header, trailing data": (st_blob({}, b"xx"), "note"),
     "duplicate name, later shorter": (st_blob(None, Z8, raw=b'{"a":' + json.dumps(A).encode() + b',"a":'
                                               + json.dumps(entry("I32", [1], (0, 4))).encode() + b"}"), "note"),
-    # The reference refuses a dtype name it does not know; ckptfs lists that tensor raw-only (CONTRACT.md damage
-    # rules: newer safetensors versions add dtypes, and one such tensor must not hide the others).
+    # The reference refuses a dtype name it does not know; ckptfs lists that tensor raw-only (docs/interfaces.md
+    # damage rules: newer safetensors versions add dtypes, and one such tensor must not hide the others).
     "unknown dtype": (st_blob({"a": entry("F128"), "b": entry("F32", [2], (8, 16))}, Z8 + Z8), "raw-only"),
     "lowercase dtype": (st_blob({"a": entry("f32")}, Z8), "raw-only"),
     "GGUF type name as dtype": (st_blob({"a": entry("Q4_0", [32], (0, 18))}, bytes(18)), "raw-only"),
@@ -331,7 +331,7 @@ _BASE = st_blob({"__metadata__": {"k": "v"}, "w": entry("F16", [2, 2], (0, 8)), 
 @given(data=st.data())
 def test_mutated_headers_never_crash(tmp_path, data):
     """Random edits of a valid file: a parse or a CheckpointError, never another exception; we refuse only
-    what the reference refuses, read what it accepts identically, and accept more only as CONTRACT.md says."""
+    what the reference refuses, read what it accepts identically, and accept more only as docs/interfaces.md says."""
     blob = bytearray(_BASE)
     for _ in range(data.draw(st.integers(1, 4))):
         i = data.draw(st.integers(0, len(blob) - 1))
@@ -346,7 +346,7 @@ def test_mutated_headers_never_crash(tmp_path, data):
         return
     if reference_accepts(bytes(blob)):
         compare_with_reference(path)
-    else:  # only what CONTRACT.md serves on purpose: trailing bytes, or data cut short
+    else:  # only what docs/interfaces.md serves on purpose: trailing bytes, or data cut short
         assert parsed.notes or any(t.damaged for t in parsed.tensors)
 
 
