@@ -193,7 +193,7 @@ def test_dashboard_queries_name_only_served_contract_metrics(mnt):
     for query in queries:
         names = set(re.findall(r"\b(ckptfs_[a-z0-9_]+)", query))
         assert names, query
-        # any other series selector would be a metric outside the contract
+        # any other series selector would be a metric outside DOCUMENTED_METRICS
         selectors = set(re.findall(r"\b([a-zA-Z_:][a-zA-Z0-9_:]*)\s*(?:\{|\[)", query))
         assert selectors <= names, (query, selectors - names)
         used |= names
