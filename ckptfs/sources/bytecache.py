@@ -11,6 +11,7 @@ swallowed here (the store itself logs and counts them).
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from collections import OrderedDict
 
@@ -96,6 +97,17 @@ def disk_store(root: str | None, max_bytes: int):
                 store = False
             _stores[(root, max_bytes)] = store
     return store or None
+
+
+def _fresh_locks_in_child() -> None:
+    # a read-ahead thread of the parent may have held a lock at fork; in the child nobody would release it
+    global _stores_lock
+    MEMORY._lock = threading.Lock()
+    _stores_lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_fresh_locks_in_child)
 
 
 class ChunkCache:
