@@ -9,6 +9,7 @@ ended the read) and ``timeout`` (an attempt abandoned for stalling or for the re
 
 from __future__ import annotations
 
+import os
 import threading
 from collections import Counter
 
@@ -53,3 +54,11 @@ class SourceCounters:
 
 
 COUNTERS = SourceCounters()
+
+
+def _fresh_lock_in_child() -> None:
+    COUNTERS._lock = threading.Lock()  # a parent's thread may have held it at fork
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_fresh_lock_in_child)
