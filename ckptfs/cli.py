@@ -20,7 +20,7 @@ from .errors import CheckpointError
 from .oneline import one_line
 from .sizes import parse_size
 from .sources.commands import remote_options
-from .tiers.commands import cache_group, prefetch, tier_options
+from .tiers.commands import cache_dir_option, cache_dir_size_option, cache_group, prefetch, tier_options
 
 
 class SizeType(click.ParamType):
@@ -143,14 +143,17 @@ def umount(mountpoint, verbose):
 @click.argument("src")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @remote_options
+@cache_dir_option
+@cache_dir_size_option
 @click.option("-v", "--verbose", is_flag=True)
-def info(src, as_json, verbose, mirrors, timeout, stall_timeout):
+def info(src, as_json, verbose, mirrors, timeout, stall_timeout, cache_dir, cache_dir_size):
     """Summarize a checkpoint: format, tensors, storage types, metadata, damage."""
     from . import open as open_checkpoint
     from .info import render, summary
 
     try:
-        with open_checkpoint(src, mirrors=mirrors, timeout=timeout, stall_timeout=stall_timeout) as ck:
+        with open_checkpoint(src, mirrors=mirrors, timeout=timeout, stall_timeout=stall_timeout, cache_dir=cache_dir,
+                             cache_dir_size=cache_dir_size) as ck:
             data = summary(ck)
     except Exception as exc:  # noqa: BLE001 - the CLI turns every failure into one line
         _fail(exc, verbose)
@@ -164,8 +167,10 @@ def info(src, as_json, verbose, mirrors, timeout, stall_timeout):
 @click.option("--local", "local", default=None, metavar="PATH",
               help="For a URL: a local copy of the same checkpoint, benchmarked beside it.")
 @remote_options
+@cache_dir_option
+@cache_dir_size_option
 @click.option("-v", "--verbose", is_flag=True)
-def bench(src, as_json, cache_size, local, mirrors, timeout, stall_timeout, verbose):
+def bench(src, as_json, cache_size, local, mirrors, timeout, stall_timeout, cache_dir, cache_dir_size, verbose):
     """Benchmark reads of SRC through a temporary mount, beside gguf-py/safetensors when installed (for a
     URL: requests, bytes fetched, header bytes, first-read latency and stream throughput, beside --local)."""
     from .sources import is_url
@@ -177,6 +182,7 @@ def bench(src, as_json, cache_size, local, mirrors, timeout, stall_timeout, verb
             args = [f"--mirror={m}" for m in mirrors] + ["--cache-size", str(cache_size)]
             args += [f"--timeout={timeout}"] if timeout is not None else []
             args += [f"--stall-timeout={stall_timeout}"] if stall_timeout is not None else []
+            args += [f"--cache-dir={cache_dir}", f"--cache-dir-size={cache_dir_size}"] if cache_dir else []
             sys.exit(run_remote_bench(src, local=local, as_json=as_json, mount_args=tuple(args)))
         from .bench import run_bench
 

@@ -115,6 +115,13 @@ def test_cli_info_of_a_url(site):
     assert out.returncode == 0, out.stderr
     data = json.loads(out.stdout)
     assert data["format"] == "gguf"
+    cache = root.parent / "info-cache"
+    for _ in range(2):  # the second info reads the header from --cache-dir: only the one-byte identity check
+        before = len(server.access_log())
+        again = subprocess.run([sys.executable, "-m", "ckptfs.cli", "info", "--json", "--cache-dir", str(cache),
+                                server.url + "/vocab.gguf"], capture_output=True, text=True, timeout=120, cwd=REPO)
+        assert again.returncode == 0, again.stderr
+    assert all(n <= 1 for _, _, n in requests_since(server, before))
     missing = subprocess.run([sys.executable, "-m", "ckptfs.cli", "info", server.url + "/none.gguf"],
                              capture_output=True, text=True, timeout=120, cwd=REPO)
     assert missing.returncode == 1
