@@ -1,0 +1,302 @@
+#!/usr/bin/env python3
+"""The mount's ceiling: the ``.raw`` stream of the largest tensor beside a zero-work Python FUSE filesystem.
+
+The zero-work filesystem serves one file of the same size through the same binding (ckptfs's own choice:
+mfusepy on libfuse 3) with libfuse's default options; its ``read`` returns a preallocated buffer, so all it
+costs is libfuse's and the binding's per-request work. Streamed side by side in one run, fresh mounts every
+time, the configurations in rotating order over ``--rounds`` rounds (drifting background load spreads over
+all of them), each with 1 MiB ``pread`` calls (``cat``'s pattern; the page cache of a fresh mount is empty):
+
+  zero-work              libfuse defaults: the issue's reference
+  zero-work+ra1M         the same with the kernel readahead ckptfs sets for its mounts (1 MiB, fs/kernel.py):
+                         what a do-nothing daemon moves with ckptfs's request sizes
+  ckptfs                 NAME.raw of the largest tensor through ``ckptfs mount`` (the real CLI daemon)
+  ckptfs-ra-default      the same with CKPTFS_READAHEAD_KB=0 (the kernel's readahead left as it is)
+
+Each figure comes with the daemon's CPU seconds per GiB and the sizes of the READ requests the daemon
+answered, seen by the kernel's ``fuse:fuse_request_end`` tracepoint (a private ftrace instance filtered by
+the mount's connection; root and tracefs needed, else the sizes are left out). The target (issue 18):
+ckptfs >= 2x zero-work in every round.
+
+Usage: python scripts/bench_ceiling.py [CKPT.gguf] [--rounds 5] [--json OUT]
+       (without CKPT: the Gemma 3 270M skeleton in scripts/real-shapes/, full size, generated once)
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "scripts"))
+from bench_fuse_bindings import cpu_seconds, read_all  # noqa: E402  (sibling scripts)
+
+from ckptfs.bench import bench_mount, make_plan  # noqa: E402
+from ckptfs.checkpoint import open as open_checkpoint  # noqa: E402
+
+DEFAULT_SKELETON = REPO / "scripts" / "real-shapes" / "gemma3-270m-q4_k_m.json"
+DEFAULT_CKPT = "/tmp/ckptfs-bench/gemma3-270m-shaped.gguf"
+CONFIGS = ("zero-work", "zero-work+ra1M", "ckptfs", "ckptfs-ra-default")
+TRACEFS = "/sys/kernel/tracing"
+FUSE_READ, OUT_HEADER = 15, 16
+MOUNT_WAIT = 20.0
+
+
+# ------------------------------------------------------------------------------------------ zero-work FUSE
+
+
+class ZeroWork:
+    """One file ``/data`` of ``size`` bytes; ``read`` hands back a buffer made once per request size."""
+
+    def __init__(self, size: int, readahead_kib: int, mountpoint: str):
+        self.size, self.readahead_kib, self.mountpoint = size, readahead_kib, mountpoint
+        self.buffers: dict[int, bytes] = {}
+        now = time.time_ns()
+        self.dir = {"st_mode": 0o40555, "st_nlink": 2, "st_mtime": now, "st_atime": now, "st_ctime": now}
+        self.file = {"st_mode": 0o100444, "st_nlink": 1, "st_size": size, "st_mtime": now, "st_atime": now,
+                     "st_ctime": now}
+
+    use_ns = True
+
+    def init_with_config(self, conn, config) -> None:  # noqa: ANN001 - mfusepy's ctypes structures
+        if self.readahead_kib:  # what ckptfs does for its mounts (fs/kernel.py), nothing more
+            from ckptfs.fs.kernel import set_mount_readahead
+
+            if set_mount_readahead(self.mountpoint, self.readahead_kib) and conn is not None:
+                conn.max_readahead = max(int(conn.max_readahead), self.readahead_kib * 1024)
+
+    def getattr(self, path: str, fh: int | None = None) -> dict:
+        if path == "/":
+            return self.dir
+        if path == "/data":
+            return self.file
+        raise OSError(2, "no such file")
+
+    def readdir(self, path: str, fh: int) -> list[str]:
+        return [".", "..", "data"]
+
+    def open(self, path: str, flags: int) -> int:
+        return 0
+
+    def read(self, path: str, size: int, offset: int, fh: int) -> bytes:
+        n = max(0, min(size, self.size - offset))
+        buffer = self.buffers.get(n)
+        if buffer is None:
+            buffer = self.buffers[n] = bytes(n)
+        return buffer
+
+
+def serve_zero_work(mountpoint: str, size: int, readahead_kib: int) -> None:
+    """Run the zero-work filesystem in the foreground (this process) until unmounted."""
+    from ckptfs.fs.binding import load_binding
+
+    binding = load_binding("mfusepy")
+    binding.fuse_class(ZeroWork(size, readahead_kib, mountpoint), mountpoint, foreground=True, nothreads=False)
+
+
+class ZeroWorkMount:
+    """The zero-work filesystem in a child process (a daemon of its own, as ckptfs's is)."""
+
+    def __init__(self, workdir: str, size: int, readahead_kib: int):
+        self.path = tempfile.mkdtemp(dir=workdir)
+        self.process = subprocess.Popen([sys.executable, __file__, "--serve", self.path, str(size),
+                                         str(readahead_kib)], stdin=subprocess.DEVNULL)
+        deadline = time.monotonic() + MOUNT_WAIT
+        while not os.path.ismount(self.path):
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit("the zero-work filesystem did not mount")
+            time.sleep(0.02)
+        self.pid = self.process.pid
+
+    def file(self) -> str:
+        return os.path.join(self.path, "data")
+
+    def close(self) -> None:
+        subprocess.run(["fusermount3", "-u", self.path], check=False)
+        try:
+            self.process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+        os.rmdir(self.path)
+
+
+# ------------------------------------------------------------------------------------------ request sizes
+
+
+class RequestSizes:
+    """READ reply sizes of one FUSE connection, from the ``fuse`` tracepoints in a private ftrace instance."""
+
+    _line = re.compile(r"fuse_request_(send|end): connection (\d+) req (\d+) (?:opcode (\d+).*?)?len (\d+)")
+
+    def __init__(self, name: str):
+        self.instance = None
+        if not os.path.isdir(os.path.join(TRACEFS, "events", "fuse")):
+            subprocess.run(["mount", "-t", "tracefs", "nodev", TRACEFS], capture_output=True, check=False)
+        try:
+            self.instance = os.path.join(TRACEFS, "instances", name)
+            os.mkdir(self.instance)
+            self._write("buffer_size_kb", "8192")
+        except OSError:
+            self.instance = None
+
+    def _write(self, name: str, value: str) -> None:
+        with open(os.path.join(self.instance, name), "w") as f:
+            f.write(value)
+
+    def start(self, mountpoint: str) -> None:
+        if self.instance is None:
+            return
+        dev = os.stat(mountpoint).st_dev
+        self.connection = (os.major(dev) << 20) | os.minor(dev)  # the kernel's dev_t encoding
+        self._write("trace", "")
+        self._write("events/fuse/filter", f"connection == {self.connection}")
+        self._write("events/fuse/enable", "1")
+
+    def stop(self) -> collections.Counter | None:
+        """Reply bytes of each READ request (the header left out) since ``start``: size -> count."""
+        if self.instance is None:
+            return None
+        self._write("events/fuse/enable", "0")
+        opcodes, sizes = {}, collections.Counter()
+        with open(os.path.join(self.instance, "trace")) as f:
+            for line in f:
+                found = self._line.search(line)
+                if not found:
+                    continue
+                event, _, req, opcode, length = found.groups()
+                if event == "send":
+                    opcodes[req] = int(opcode)
+                elif opcodes.pop(req, None) == FUSE_READ:
+                    sizes[int(length) - OUT_HEADER] += 1
+        return sizes
+
+    def close(self) -> None:
+        if self.instance is not None:
+            self._write("events/fuse/enable", "0")
+            os.rmdir(self.instance)
+
+
+def describe_sizes(sizes: collections.Counter | None) -> dict | None:
+    if not sizes:
+        return None
+    n = sum(sizes.values())
+    common = sizes.most_common(1)[0][0]
+    return {"requests": n, "most_common_kib": common / 1024, "mean_kib": sum(k * v for k, v in sizes.items()) / n
+            / 1024, "largest_kib": max(sizes) / 1024}
+
+
+# ------------------------------------------------------------------------------------------ the run
+
+
+def ensure_fixture(src: str) -> None:
+    """The default checkpoint (the Gemma 3 270M skeleton, full size), generated when missing."""
+    if not os.path.exists(src):
+        import make_realistic_gguf
+
+        make_realistic_gguf.write_skeleton(src, str(DEFAULT_SKELETON))
+
+
+def largest_raw(src: str) -> tuple[str, int]:
+    """The mount file name of the largest tensor's stored bytes, and its size."""
+    with open_checkpoint(src) as ck:
+        plan = make_plan(ck, src)
+        largest = max(ck.tensors, key=lambda t: t.info.stored_nbytes)
+        name = next(f for f, t in plan.tensor_of.items() if t == largest.name and f.endswith(".raw"))
+        return name, int(largest.info.stored_nbytes)
+
+
+def stream(path: str, pid: int, trace: RequestSizes, mountpoint: str) -> dict:
+    trace.start(mountpoint)
+    cpu = cpu_seconds(pid)
+    seconds = read_all(Path(path), direct=False)
+    cpu = cpu_seconds(pid) - cpu
+    size = os.path.getsize(path)
+    return {"mbs": size / seconds / 1e6, "seconds": seconds, "daemon_cpu_s_per_gib": cpu * (1 << 30) / size,
+            "requests": describe_sizes(trace.stop()), "load": os.getloadavg()[0]}
+
+
+def measure(config: str, src: str, raw_name: str, size: int, workdir: str, trace: RequestSizes) -> dict:
+    if config.startswith("zero-work"):
+        mount = ZeroWorkMount(workdir, size, 1024 if config.endswith("ra1M") else 0)
+        try:
+            return stream(mount.file(), mount.pid, trace, mount.path)
+        finally:
+            mount.close()
+    env = {"CKPTFS_READAHEAD_KB": "0"} if config == "ckptfs-ra-default" else None
+    with bench_mount(src, workdir, f"mnt-{config}-{time.monotonic_ns()}", 512 << 20, env=env) as mount:
+        return stream(mount.file(raw_name), mount.pid, trace, mount.path)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("ckpt", nargs="?", help=f"a GGUF (default: {DEFAULT_CKPT}, generated from "
+                                                f"{DEFAULT_SKELETON.name})")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--configs", default=",".join(CONFIGS))
+    parser.add_argument("--json", help="write the results here too")
+    parser.add_argument("--serve", nargs=3, metavar=("MOUNTPOINT", "SIZE", "READAHEAD_KIB"), help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.serve:
+        serve_zero_work(args.serve[0], int(args.serve[1]), int(args.serve[2]))
+        return 0
+    src = args.ckpt or DEFAULT_CKPT
+    ensure_fixture(src)
+    raw_name, size = largest_raw(src)
+    read_all(Path(src), direct=False)  # the checkpoint in the page cache: measure FUSE, not the disk
+    configs = args.configs.split(",")
+    print(f"{src}: {raw_name}, {size / 1e6:.0f} MB; {args.rounds} rounds of {', '.join(configs)}; "
+          f"load {os.getloadavg()[0]:.2f}", file=sys.stderr)
+    runs: dict[str, list[dict]] = {c: [] for c in configs}
+    trace = RequestSizes(f"ckptfs-ceiling-{os.getpid()}")
+    try:
+        with tempfile.TemporaryDirectory(prefix="ckptfs-ceiling-") as workdir:
+            for r in range(args.rounds):
+                for config in configs[r % len(configs):] + configs[:r % len(configs)]:
+                    result = measure(config, src, raw_name, size, workdir, trace)
+                    runs[config].append(result)
+                    req = result["requests"]
+                    print(f"round {r + 1} {config:18s} {result['mbs']:6.0f} MB/s  daemon CPU "
+                          f"{result['daemon_cpu_s_per_gib']:.2f} s/GiB  "
+                          + (f"{req['requests']} READs, mostly {req['most_common_kib']:.0f} KiB" if req else "")
+                          + f"  load {result['load']:.2f}", file=sys.stderr, flush=True)
+    finally:
+        trace.close()
+    summary = {"checkpoint": src, "file": raw_name, "bytes": size, "rounds": args.rounds, "cpus": os.cpu_count(),
+               "runs": runs}
+    for config, rs in runs.items():
+        mbs = [x["mbs"] for x in rs]
+        summary[config] = {"best_mbs": max(mbs), "median_mbs": statistics.median(mbs),
+                           "median_cpu_s_per_gib": statistics.median(x["daemon_cpu_s_per_gib"] for x in rs)}
+    for ours in ("ckptfs", "ckptfs-ra-default"):
+        for base in ("zero-work", "zero-work+ra1M"):
+            if ours in runs and base in runs:
+                per_round = [a["mbs"] / b["mbs"] for a, b in zip(runs[ours], runs[base])]
+                summary[f"{ours}_over_{base}"] = {"per_round": per_round, "min": min(per_round),
+                                                  "median": statistics.median(per_round)}
+    print(f"\n{'config':18s} {'best MB/s':>9s} {'median':>7s} {'CPU s/GiB':>9s}")
+    for config in configs:
+        s = summary[config]
+        print(f"{config:18s} {s['best_mbs']:9.0f} {s['median_mbs']:7.0f} {s['median_cpu_s_per_gib']:9.2f}")
+    for key, value in summary.items():
+        if "_over_" in key:
+            print(f"{key}: per round {' '.join(f'{x:.2f}' for x in value['per_round'])}, min {value['min']:.2f}, "
+                  f"median {value['median']:.2f}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(summary, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
