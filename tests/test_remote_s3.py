@@ -113,3 +113,14 @@ def test_s3_error_names_the_credentials_but_never_the_secret(s3, monkeypatch):
         assert os.environ["AWS_ACCESS_KEY_ID"] not in message
     else:
         pytest.skip("this moto version does not enforce bucket policies")
+
+
+def test_s3_folder_mount(s3, mounted):
+    _, root, _ = s3
+    mnt = mounted(f"s3://{BUCKET}/llama/", "--timeout", "10", "--stall-timeout", "2")
+    names = set(os.listdir(mnt))
+    assert set(MODEL_FILES) <= names and "model.safetensors.index.json" in names
+    for path in sorted((root / "llama").glob("*.safetensors")):
+        assert (mnt / path.name).read_bytes() == path.read_bytes()  # the shards pass through
+        for name, values in load_file(str(path)).items():
+            np.testing.assert_array_equal(np.load(mnt / f"{name}.npy"), values)
