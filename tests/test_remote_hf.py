@@ -53,6 +53,8 @@ def test_the_stand_in_answers_huggingface_hub_itself(hub, tmp_path):
     assert set(entries) == {p.name for p in st_repo.iterdir()}
     shard = next(p for p in st_repo.iterdir() if p.suffix == ".safetensors")
     assert entries[shard.name].lfs.sha256 == hashlib.sha256(shard.read_bytes()).hexdigest()
+    info = api.model_info("org/st-model")
+    assert info.sha == stand_in.commit and {s.rfilename for s in info.siblings} == set(entries)
     got = huggingface_hub.hf_hub_download("org/gguf-model", "mixed.gguf", cache_dir=tmp_path, token=TOKEN,
                                           endpoint=stand_in.url)
     assert open(got, "rb").read() == (gguf_repo / "mixed.gguf").read_bytes()
