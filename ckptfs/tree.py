@@ -137,9 +137,13 @@ def checkpoint_files(ck: Checkpoint) -> Iterable[Entry]:
     mount; naming one file mounts that checkpoint alone, without it."""
     import os
 
-    from .sources.plan import names_folder
+    if "://" in ck.src:
+        from .sources.plan import names_folder  # the remote modules only for a remote checkpoint
 
-    if not (names_folder(ck.src) or ck.src.endswith(".index.json")):
+        folder = names_folder(ck.src)
+    else:
+        folder = os.path.isdir(ck.src)
+    if not (folder or ck.src.endswith(".index.json")):
         return
     for path in ck.files:
         name = path.rstrip("/").rsplit("/", 1)[-1] if "://" in path else os.path.basename(path)
