@@ -10,6 +10,10 @@ all of them), each with 1 MiB ``pread`` calls (``cat``'s pattern; the page cache
   zero-work              libfuse defaults: the issue's reference
   zero-work+ra1M         the same with the kernel readahead ckptfs sets for its mounts (1 MiB, fs/kernel.py):
                          what a do-nothing daemon moves with ckptfs's request sizes
+  pread+ra1M             a minimal filesystem serving the tensor's real bytes with one ``os.pread`` per request
+                         (1 MiB readahead): the least a Python daemon that copies the bytes can cost
+  splice+ra1M            the same bytes handed to libfuse as a file descriptor (``read_buf``) with
+                         FUSE_CAP_SPLICE_WRITE: no copy in user space at all (what "fewer copies" can gain)
   ckptfs                 NAME.raw of the largest tensor through ``ckptfs mount`` (the real CLI daemon)
   ckptfs-ra-default      the same with CKPTFS_READAHEAD_KB=0 (the kernel's readahead left as it is)
 
@@ -46,7 +50,7 @@ from ckptfs.checkpoint import open as open_checkpoint  # noqa: E402
 
 DEFAULT_SKELETON = REPO / "scripts" / "real-shapes" / "gemma3-270m-q4_k_m.json"
 DEFAULT_CKPT = "/tmp/ckptfs-bench/gemma3-270m-shaped.gguf"
-CONFIGS = ("zero-work", "zero-work+ra1M", "ckptfs", "ckptfs-ra-default")
+CONFIGS = ("zero-work", "zero-work+ra1M", "pread+ra1M", "splice+ra1M", "ckptfs", "ckptfs-ra-default")
 TRACEFS = "/sys/kernel/tracing"
 FUSE_READ, OUT_HEADER = 15, 16
 MOUNT_WAIT = 20.0
@@ -56,11 +60,18 @@ MOUNT_WAIT = 20.0
 
 
 class ZeroWork:
-    """One file ``/data`` of ``size`` bytes; ``read`` hands back a buffer made once per request size."""
+    """One file ``/data`` of ``size`` bytes; ``read`` hands back a buffer made once per request size.
 
-    def __init__(self, size: int, readahead_kib: int, mountpoint: str):
-        self.size, self.readahead_kib, self.mountpoint = size, readahead_kib, mountpoint
+    With ``source`` (path, offset), the file is those bytes of a real file instead: ``mode`` "pread" reads
+    them per request, "splice" hands libfuse the descriptor (see :class:`SpliceFUSE`)."""
+
+    def __init__(self, size: int, readahead_kib: int, mountpoint: str, mode: str = "zero",
+                 source: tuple[str, int] | None = None):
+        self.size, self.readahead_kib, self.mountpoint, self.mode = size, readahead_kib, mountpoint, mode
         self.buffers: dict[int, bytes] = {}
+        self.fd, self.base = (os.open(source[0], os.O_RDONLY), source[1]) if source else (-1, 0)
+        if mode == "splice":
+            self.read_buf = True  # mfusepy registers libfuse's read_buf (SpliceFUSE serves it)
         now = time.time_ns()
         self.dir = {"st_mode": 0o40555, "st_nlink": 2, "st_mtime": now, "st_atime": now, "st_ctime": now}
         self.file = {"st_mode": 0o100444, "st_nlink": 1, "st_size": size, "st_mtime": now, "st_atime": now,
@@ -74,6 +85,8 @@ class ZeroWork:
 
             if set_mount_readahead(self.mountpoint, self.readahead_kib) and conn is not None:
                 conn.max_readahead = max(int(conn.max_readahead), self.readahead_kib * 1024)
+        if self.mode == "splice" and conn is not None:
+            conn.want |= conn.capable & (FUSE_CAP_SPLICE_WRITE | FUSE_CAP_SPLICE_MOVE)
 
     def getattr(self, path: str, fh: int | None = None) -> dict:
         if path == "/":
@@ -90,27 +103,73 @@ class ZeroWork:
 
     def read(self, path: str, size: int, offset: int, fh: int) -> bytes:
         n = max(0, min(size, self.size - offset))
+        if self.mode == "pread":
+            return os.pread(self.fd, n, self.base + offset)
         buffer = self.buffers.get(n)
         if buffer is None:
             buffer = self.buffers[n] = bytes(n)
         return buffer
 
 
-def serve_zero_work(mountpoint: str, size: int, readahead_kib: int) -> None:
-    """Run the zero-work filesystem in the foreground (this process) until unmounted."""
+FUSE_CAP_SPLICE_WRITE, FUSE_CAP_SPLICE_MOVE = 1 << 7, 1 << 8
+FUSE_BUF_IS_FD, FUSE_BUF_FD_SEEK = 1 << 1, 1 << 2
+
+
+def splice_fuse_class(base: type) -> type:
+    """``base`` (mfusepy's FUSE class) answering ``read_buf`` with a descriptor buffer: libfuse splices the
+    bytes from the file into /dev/fuse (or, without splice, preads them itself, in C)."""
+    import ctypes
+
+    import mfusepy
+
+    libc = ctypes.CDLL(None)
+    libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
+
+    class Buf(ctypes.Structure):  # struct fuse_buf
+        _fields_ = [("size", ctypes.c_size_t), ("flags", ctypes.c_int), ("mem", ctypes.c_void_p),
+                    ("fd", ctypes.c_int), ("pos", ctypes.c_int64)]
+
+    class BufVec(ctypes.Structure):  # struct fuse_bufvec with its one inline buffer (libfuse frees it)
+        _fields_ = [("count", ctypes.c_size_t), ("idx", ctypes.c_size_t), ("off", ctypes.c_size_t),
+                    ("buf", Buf * 1)]
+
+    class SpliceFUSE(base):
+        def read_buf(self, path, bufpp, size, offset, fip):  # noqa: ANN001 - ctypes arguments
+            ops = self.operations
+            address = libc.malloc(ctypes.sizeof(BufVec))
+            if not address:
+                return -12  # ENOMEM
+            vec = BufVec.from_address(address)
+            vec.count, vec.idx, vec.off = 1, 0, 0
+            buf = vec.buf[0]
+            buf.size, buf.flags, buf.mem = max(0, min(size, ops.size - offset)), FUSE_BUF_IS_FD | FUSE_BUF_FD_SEEK, None
+            buf.fd, buf.pos = ops.fd, ops.base + offset
+            bufpp[0] = ctypes.cast(address, mfusepy.fuse_bufvec_p)
+            return 0
+
+    return SpliceFUSE
+
+
+def serve_zero_work(mountpoint: str, size: int, readahead_kib: int, mode: str, source: str, offset: int) -> None:
+    """Run the zero-work (or pread / splice) filesystem in the foreground (this process) until unmounted."""
     from ckptfs.fs.binding import load_binding
 
-    binding = load_binding("mfusepy")
-    binding.fuse_class(ZeroWork(size, readahead_kib, mountpoint), mountpoint, foreground=True, nothreads=False)
+    fuse_class = load_binding("mfusepy").fuse_class
+    if mode == "splice":
+        fuse_class = splice_fuse_class(fuse_class)
+    ops = ZeroWork(size, readahead_kib, mountpoint, mode, (source, offset) if mode != "zero" else None)
+    fuse_class(ops, mountpoint, foreground=True, nothreads=False)
 
 
 class ZeroWorkMount:
     """The zero-work filesystem in a child process (a daemon of its own, as ckptfs's is)."""
 
-    def __init__(self, workdir: str, size: int, readahead_kib: int):
+    def __init__(self, workdir: str, size: int, readahead_kib: int, mode: str = "zero",
+                 source: tuple[str, int] = ("", 0)):
         self.path = tempfile.mkdtemp(dir=workdir)
         self.process = subprocess.Popen([sys.executable, __file__, "--serve", self.path, str(size),
-                                         str(readahead_kib)], stdin=subprocess.DEVNULL)
+                                         str(readahead_kib), mode, source[0], str(source[1])],
+                                        stdin=subprocess.DEVNULL)
         deadline = time.monotonic() + MOUNT_WAIT
         while not os.path.ismount(self.path):
             if self.process.poll() is not None or time.monotonic() > deadline:
@@ -207,13 +266,13 @@ def ensure_fixture(src: str) -> None:
         make_realistic_gguf.write_skeleton(src, str(DEFAULT_SKELETON))
 
 
-def largest_raw(src: str) -> tuple[str, int]:
-    """The mount file name of the largest tensor's stored bytes, and its size."""
+def largest_raw(src: str) -> tuple[str, int, int]:
+    """The mount file name of the largest tensor's stored bytes, its size and its offset in ``src``."""
     with open_checkpoint(src) as ck:
         plan = make_plan(ck, src)
         largest = max(ck.tensors, key=lambda t: t.info.stored_nbytes)
         name = next(f for f, t in plan.tensor_of.items() if t == largest.name and f.endswith(".raw"))
-        return name, int(largest.info.stored_nbytes)
+        return name, int(largest.info.stored_nbytes), int(largest.info.offset)
 
 
 def stream(path: str, pid: int, trace: RequestSizes, mountpoint: str) -> dict:
@@ -226,9 +285,11 @@ def stream(path: str, pid: int, trace: RequestSizes, mountpoint: str) -> dict:
             "requests": describe_sizes(trace.stop()), "load": os.getloadavg()[0]}
 
 
-def measure(config: str, src: str, raw_name: str, size: int, workdir: str, trace: RequestSizes) -> dict:
-    if config.startswith("zero-work"):
-        mount = ZeroWorkMount(workdir, size, 1024 if config.endswith("ra1M") else 0)
+def measure(config: str, src: str, raw: tuple[str, int, int], workdir: str, trace: RequestSizes) -> dict:
+    raw_name, size, offset = raw
+    if not config.startswith("ckptfs"):
+        mode = config.split("+")[0].replace("zero-work", "zero")
+        mount = ZeroWorkMount(workdir, size, 1024 if config.endswith("ra1M") else 0, mode, (src, offset))
         try:
             return stream(mount.file(), mount.pid, trace, mount.path)
         finally:
@@ -245,14 +306,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--configs", default=",".join(CONFIGS))
     parser.add_argument("--json", help="write the results here too")
-    parser.add_argument("--serve", nargs=3, metavar=("MOUNTPOINT", "SIZE", "READAHEAD_KIB"), help=argparse.SUPPRESS)
+    parser.add_argument("--serve", nargs=6, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.serve:
-        serve_zero_work(args.serve[0], int(args.serve[1]), int(args.serve[2]))
+        mountpoint, size, readahead_kib, mode, source, offset = args.serve
+        serve_zero_work(mountpoint, int(size), int(readahead_kib), mode, source, int(offset))
         return 0
     src = args.ckpt or DEFAULT_CKPT
     ensure_fixture(src)
-    raw_name, size = largest_raw(src)
+    raw = raw_name, size, _ = largest_raw(src)
     read_all(Path(src), direct=False)  # the checkpoint in the page cache: measure FUSE, not the disk
     configs = args.configs.split(",")
     print(f"{src}: {raw_name}, {size / 1e6:.0f} MB; {args.rounds} rounds of {', '.join(configs)}; "
@@ -263,7 +325,7 @@ def main(argv: list[str] | None = None) -> int:
         with tempfile.TemporaryDirectory(prefix="ckptfs-ceiling-") as workdir:
             for r in range(args.rounds):
                 for config in configs[r % len(configs):] + configs[:r % len(configs)]:
-                    result = measure(config, src, raw_name, size, workdir, trace)
+                    result = measure(config, src, raw, workdir, trace)
                     runs[config].append(result)
                     req = result["requests"]
                     print(f"round {r + 1} {config:18s} {result['mbs']:6.0f} MB/s  daemon CPU "
@@ -278,7 +340,7 @@ def main(argv: list[str] | None = None) -> int:
         mbs = [x["mbs"] for x in rs]
         summary[config] = {"best_mbs": max(mbs), "median_mbs": statistics.median(mbs),
                            "median_cpu_s_per_gib": statistics.median(x["daemon_cpu_s_per_gib"] for x in rs)}
-    for ours in ("ckptfs", "ckptfs-ra-default"):
+    for ours in ("ckptfs", "ckptfs-ra-default", "splice+ra1M"):
         for base in ("zero-work", "zero-work+ra1M"):
             if ours in runs and base in runs:
                 per_round = [a["mbs"] / b["mbs"] for a, b in zip(runs[ours], runs[base])]
