@@ -133,7 +133,7 @@ def test_a_full_cache_file_system_costs_storage_not_reads(mounted, model, tmp_pa
         mnt = mounted(path, "--cache-dir", str(cache), "--cache-size", "0")
         read_all(mnt, expected)
         read_all(mnt, expected)
-        assert mount_stats(mnt)["tiers"]["disk"]["errors"] > 0
+        assert settled(mnt, "disk")["tiers"]["disk"]["errors"] > 0
     finally:
         subprocess.run(["umount", "-l", str(cache)], check=False)
 
