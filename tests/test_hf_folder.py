@@ -9,6 +9,7 @@ with safetensors' own ``safe_open``.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 
 import pytest
@@ -65,6 +66,9 @@ def _without_names(config: dict) -> dict:
 def test_every_file_reads_with_cat_and_safe_open(arch, f32_mounts, reference):
     hf = f32_mounts[arch] / "hf"
     assert set(p.name for p in hf.iterdir()) == HF_FILES
+    listing = subprocess.run(["ls", "-la", str(hf)], capture_output=True, text=True)  # xattrs of a folder too
+    assert (listing.returncode, listing.stderr) == (0, "")
+    assert os.listxattr(hf) == []
     for path in hf.iterdir():
         catted = subprocess.run(["cat", str(path)], capture_output=True, check=True).stdout
         assert len(catted) == path.stat().st_size

@@ -155,6 +155,11 @@ class CkptOperations:
             raise FsError(errno.EISDIR if self.tree.is_dir(path[1:]) else errno.ENOENT)
         return view
 
+    def _check_exists(self, path: str | None) -> None:
+        """ENOENT unless ``path`` is a file or a folder of the tree (xattr calls: a folder has none, no EISDIR)."""
+        if path != "/" and not (path and path[0] == "/" and self.tree.is_dir(path[1:])):
+            self._view(path)
+
     # -- the read-only callbacks --------------------------------------------------------------------
 
     def init(self, path: str) -> None:
@@ -260,15 +265,14 @@ class CkptOperations:
     def getxattr(self, path: str | None, name: str, position: int = 0) -> bytes:
         if path == "/" and name == STATS_XATTR:
             return json.dumps(self.stats()).encode()
-        if path != "/":
-            self._view(path)
+        self._check_exists(path)
         raise FsError(ENOATTR)
 
     @_guarded
     def listxattr(self, path: str | None) -> list[str]:
         if path == "/":
             return [STATS_XATTR]
-        self._view(path)
+        self._check_exists(path)
         return []
 
     def describe(self, key: str, value: Any) -> None:

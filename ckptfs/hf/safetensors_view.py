@@ -21,7 +21,8 @@ import struct
 
 import numpy as np
 
-from ..blocks import TensorData
+from ..blocks import GROUP_TARGET_BYTES, TensorData
+from ..cache import cache_key
 from ..checkpoint import Checkpoint
 from ..views import Ahead, View, header_and_body
 from .weights import ParamSource
@@ -56,7 +57,15 @@ def convert(values: np.ndarray, dtype: str) -> np.ndarray:
 
 
 class ParamData:
-    """The served bytes of one parameter, produced by row range."""
+    """The served bytes of one parameter, in cached groups of rows.
+
+    A parameter served as its float32 values untouched reads through the block engine like a .npy. Any other
+    (a transform, or bfloat16/float16) is produced in *served groups* of about ``GROUP_TARGET_BYTES``: whole
+    output rows, decoded (uncached: the float32 values are needed once), transformed, converted, and cached as
+    bytes under a key naming the dtype, the parameter and transformers' version. Reads then only slice cached
+    groups, and read-ahead (``SafetensorsView.ahead``) builds the next groups in the background, as it decodes
+    a .npy's block groups.
+    """
 
     def __init__(self, param: ParamSource, checkpoint: Checkpoint, dtype: str):
         self.param = param
@@ -64,40 +73,84 @@ class ParamData:
         self.st_dtype, self.itemsize = DTYPES[dtype]
         tensor = param.tensor
         self.data = TensorData(tensor.info, tensor.codec, np.float32, checkpoint.sources, checkpoint.cache)
+        self._cache = checkpoint.cache
         self.n_elements = tensor.info.n_elements
         self.nbytes = self.n_elements * self.itemsize
         self.rows = param.shape[0] if len(param.shape) > 1 else 1
         self.row_elements = self.n_elements // self.rows if self.rows else 0
         self.passthrough = (dtype == "float32" and param.row_order is None and param.value_map is None)
+        self.group_rows = max(1, GROUP_TARGET_BYTES // max(1, self.row_elements * self.itemsize))
+        self.group_bytes = self.group_rows * self.row_elements * self.itemsize
+        self._key_prefix: tuple | None = None
 
     def rows_f32(self, r0: int, r1: int) -> np.ndarray:
         """Output rows [r0, r1) in float32, flat, transforms applied."""
         c = self.row_elements
         order = self.param.row_order
         if order is None:
-            values = self.data.read(r0 * c, r1 * c)
+            values = self.data.read(r0 * c, r1 * c, use_cache=False)
         else:
             src = order[r0:r1]
             lo, hi = int(src.min()), int(src.max()) + 1
-            values = self.data.read(lo * c, hi * c).reshape(hi - lo, c)[src - lo].reshape(-1)
+            values = self.data.read(lo * c, hi * c, use_cache=False).reshape(hi - lo, c)[src - lo].reshape(-1)
         if self.param.value_map is not None:
             values = self.param.value_map(values.reshape(r1 - r0, c) if len(self.param.shape) > 1 else values)
             values = np.asarray(values, np.float32).reshape(-1)
         return values
 
+    def _key(self, g: int) -> str:
+        if self._key_prefix is None:
+            from transformers import __version__ as version
+
+            info = self.data.info
+            self._key_prefix = (self.data.source.content_id(), info.offset, info.storage_type,
+                                f"hf:{version}:{self.dtype}:{self.param.name}")
+        r0 = g * self.group_rows
+        return cache_key(*self._key_prefix, r0, min(self.rows, r0 + self.group_rows))
+
+    def _served_group(self, g: int) -> np.ndarray:
+        def build() -> np.ndarray:
+            r0 = g * self.group_rows
+            return convert(self.rows_f32(r0, min(self.rows, r0 + self.group_rows)), self.dtype).view(np.uint8)
+
+        return self._cache.get_or_load(self._key(g), build)
+
+    def prefetch_group(self, g: int) -> None:
+        """Build served group ``g`` into the cache unless it is there (read-ahead)."""
+        if self._key(g) not in self._cache:
+            self._served_group(g)
+
     def segments(self, b0: int, b1: int) -> list:
-        """Bytes [b0, b1) of the served values, as buffers to join."""
+        """Bytes [b0, b1) of the served values, as buffers to join (slices of cached groups)."""
         b0, b1 = max(0, b0), min(b1, self.nbytes)
         if b1 <= b0:
             return []
         if self.passthrough:
             return self.data.byte_segments(b0, b1)
-        item, c = self.itemsize, self.row_elements
-        e1 = -(-b1 // item)
-        r0, r1 = b0 // item // c, min(self.rows, -(-e1 // c))
-        served = convert(self.rows_f32(r0, r1), self.dtype)
-        start = b0 - r0 * c * item
-        return [memoryview(served.view(np.uint8))[start: start + b1 - b0]]
+        parts = []
+        for g in range(b0 // self.group_bytes, (b1 - 1) // self.group_bytes + 1):
+            base = g * self.group_bytes
+            parts.append(memoryview(self._served_group(g))[max(b0 - base, 0): b1 - base])
+        return parts
+
+    def ahead(self, d0: int, d1: int, at: int) -> tuple[list, list]:
+        """(ranges to advise, decoding jobs) for bytes [d0, d1) of this parameter, which starts at view
+        offset ``at`` (see ``ckptfs.views.Ahead``)."""
+        data = self.data
+        e0, e1 = d0 // self.itemsize, min(self.n_elements, -(-d1 // self.itemsize))
+        if e1 <= e0:
+            return [], []
+        advise = [(data.info.source, *data.stored_range(e0, e1))]
+        if self.passthrough:
+            if data.direct:
+                return advise, []
+            group = data.group_blocks * data.info.block_elements
+            return advise, [(at + min(self.nbytes, (g + 1) * group * 4), group * 4,
+                             functools.partial(data.prefetch_group, g))
+                            for g in range(data.group_of_element(e0), data.group_of_element(e1 - 1) + 1)]
+        return advise, [(at + min(self.nbytes, (g + 1) * self.group_bytes), self.group_bytes,
+                         functools.partial(self.prefetch_group, g))
+                        for g in range(d0 // self.group_bytes, (d1 - 1) // self.group_bytes + 1)]
 
 
 def build_header(params: list[ParamData], metadata: dict[str, str] | None = None) -> bytes:
@@ -148,20 +201,12 @@ class SafetensorsView(View):
         return header_and_body(self.header, offset, offset + size, self.body_segments) if size else b""
 
     def ahead(self, start: int, stop: int) -> Ahead:
-        """The stored blocks and the block groups behind bytes [start, stop) (see NpyView.ahead)."""
+        """The stored blocks behind bytes [start, stop), and the groups that serve them as decoding jobs."""
         hlen = len(self.header)
         advise, jobs = [], []
         for pstart, p in self._covering(max(0, start - hlen), max(0, stop - hlen)):
-            item, data = p.itemsize, p.data
-            e0 = max(0, start - hlen - pstart) // item
-            e1 = min(p.n_elements, -(-(stop - hlen - pstart) // item))
-            if e1 <= e0:
-                continue
-            advise.append((data.info.source, *data.stored_range(e0, e1)))
-            if data.direct:
-                continue
-            group_elements = data.group_blocks * data.info.block_elements
-            for g in range(data.group_of_element(e0), data.group_of_element(e1 - 1) + 1):
-                until = hlen + pstart + min(p.nbytes, (g + 1) * group_elements * item)
-                jobs.append((until, group_elements * 4, functools.partial(data.prefetch_group, g)))
+            more_advise, more_jobs = p.ahead(max(0, start - hlen - pstart), min(p.nbytes, stop - hlen - pstart),
+                                             hlen + pstart)
+            advise += more_advise
+            jobs += more_jobs
         return Ahead(tuple(advise), tuple(jobs))
