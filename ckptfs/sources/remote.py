@@ -209,7 +209,13 @@ class RemoteSource(ByteSource):
             return b""
         deadline = read_deadline(self.options.timeout)
         c0, c1 = offset // CHUNK, (offset + size - 1) // CHUNK + 1
-        chunks = self._get_chunks(c0, c1, deadline)
+        head = min(-(-self.size // CHUNK), self.initial_read // CHUNK)
+        if c0 == 0 and c1 < head and not self._cache.has(chunk_key(self._content_id, 0)):
+            # the first read of the header (after a one-byte open with --cache-dir): take the whole first
+            # read at once, as an open without a cache directory does, instead of one chunk now and more later
+            chunks = self._get_chunks(0, head, deadline)[:c1]
+        else:
+            chunks = self._get_chunks(c0, c1, deadline)
         self._readahead.observe(offset, size)
         skip = offset - c0 * CHUNK
         if len(chunks) == 1:
