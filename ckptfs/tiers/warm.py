@@ -36,8 +36,8 @@ class WarmReport:
         return not self.failures and not self.tier_errors
 
     def summary(self) -> str:
-        parts = [f"prefetched {self.tensors} tensors ({format_size(self.served_bytes)}; "
-                 f"decoded {format_size(self.decoded_bytes)}, the rest already cached)"]
+        parts = [f"prefetched {self.tensors} tensors ({format_size(self.served_bytes)}), "
+                 f"decoded {format_size(self.decoded_bytes)}"]
         for name, s in self.tiers.items():
             if name != "memory":
                 parts.append(f"{name}: {s.get('stored', 0)} entries stored, {s.get('hits', 0)} found")
