@@ -70,7 +70,8 @@ def test_a_second_daemon_on_the_same_tier_decodes_nothing(mounted, model, tmp_pa
             args = ["--cache-dir", str(tmp_path / "cache")]
         first = mounted(path, *args, "--cache-size", "0")
         read_all(first, expected)
-        assert settled(first, tier)["tiers"][tier]["stored"] > 0
+        first_stats = settled(first, tier)
+        assert first_stats["tiers"][tier]["stored"] > 0 and first_stats["decoded_bytes"] > 0
         second = mounted(path, *args, "--cache-size", "0")
         streamed = read_all(second, expected)
         stats = mount_stats(second)
