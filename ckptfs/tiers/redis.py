@@ -20,9 +20,13 @@ A Redis that is slow, dead, full or holding garbage must cost a decode, never a 
   sequential stream then costs one round trip per ``READ_AHEAD_GROUPS + 1`` groups; a random reader
   costs one per group and fetches nothing it did not ask for. ``get_many`` is the batch lookup itself.
 
-Each kind of trouble is logged once per outage (down, full, bad value). redis-py is imported only when the
-tier is first used, so ``import ckptfs`` never imports it; the client is made lazily too, so a daemon's
-fork happens before any connection or thread exists.
+- **Writes off the read path.** ``put`` queues the group for a background writer (``writer.py``); a full
+  queue holds the reader back for at most the command timeout, then drops the group.
+
+An outage is logged when it starts and when it ends; a full server and bad values once per process (then
+counted). redis-py is imported when a tier is made (``--redis`` given), never by ``import ckptfs``; the
+client and the writer thread are made at first use, so a daemon's fork happens before any connection or
+thread exists.
 """
 
 from __future__ import annotations
