@@ -43,6 +43,13 @@ class View:
     def read(self, offset: int, size: int) -> bytes:  # pragma: no cover - interface
         raise NotImplementedError
 
+    def read_parts(self, offset: int, size: int) -> list:
+        """What ``read`` returns, as a list of buffers whose concatenation it is. A consumer that copies the
+        bytes somewhere anyway (the FUSE binding, into libfuse's buffer) copies the parts there and saves
+        the join; views whose bytes come in pieces (``.npy``: header and cached groups) override it."""
+        data = self.read(offset, size)
+        return [data] if data else []
+
     def ahead(self, start: int, stop: int) -> Ahead:
         """What bytes [start, stop) of this file will need: see :class:`Ahead`."""
         return NOTHING_AHEAD
@@ -164,15 +171,25 @@ class NpyView(View):
         offset, size = self._clip(offset, size)
         return header_and_body(self.header, offset, offset + size, self.data.byte_segments) if size else b""
 
+    def read_parts(self, offset: int, size: int) -> list:
+        offset, size = self._clip(offset, size)
+        return header_and_parts(self.header, offset, offset + size, self.data.byte_segments) if size else []
 
-def header_and_body(header: bytes, offset: int, end: int, body: Callable[[int, int], list]) -> bytes:
+
+def header_and_parts(header: bytes, offset: int, end: int, body: Callable[[int, int], list]) -> list:
     """Bytes [offset, end) of a file that is ``header`` then a body whose bytes [d0, d1) ``body(d0, d1)`` gives
-    as buffers (a .npy, a virtual safetensors file). One copy into the answer; none when the answer already
-    is one bytes object (a type served as its stored bytes)."""
+    as buffers (a .npy, a virtual safetensors file), as those buffers: no copy."""
     hlen = len(header)
     parts = []
     if offset < hlen:
         parts.append(header[offset: min(end, hlen)])
     if end > hlen:
         parts += body(max(offset, hlen) - hlen, end - hlen)
+    return parts
+
+
+def header_and_body(header: bytes, offset: int, end: int, body: Callable[[int, int], list]) -> bytes:
+    """The same bytes (see :func:`header_and_parts`) joined: one copy into the answer; none when the answer
+    already is one bytes object (a type served as its stored bytes)."""
+    parts = header_and_parts(header, offset, end, body)
     return parts[0] if len(parts) == 1 and isinstance(parts[0], bytes) else b"".join(parts)
