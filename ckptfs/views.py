@@ -50,6 +50,18 @@ class View:
         data = self.read(offset, size)
         return [data] if data else []
 
+    def read_into(self, offset: int, target: memoryview) -> int:
+        """What ``read(offset, len(target))`` returns, written into ``target`` (a writable byte buffer: the
+        mount's reads fill libfuse's own buffer); the number of bytes written. Each part is copied once."""
+        done = 0
+        for part in self.read_parts(offset, len(target)):
+            if not isinstance(part, bytes):
+                part = memoryview(part).cast("B")
+            n = len(part)
+            target[done:done + n] = part
+            done += n
+        return done
+
     def ahead(self, start: int, stop: int) -> Ahead:
         """What bytes [start, stop) of this file will need: see :class:`Ahead`."""
         return NOTHING_AHEAD
@@ -120,6 +132,15 @@ class RawView(View):
         except CheckpointError as exc:
             # the source only knows byte ranges; the one log line of a failed read must say which tensor
             raise exc.about_tensor(self.info.name) from None
+
+    def read_into(self, offset: int, target: memoryview) -> int:
+        offset, size = self._clip(offset, len(target))
+        if size:
+            try:
+                self._sources.get(self.info.source).pread_into(self.info.offset + offset, target[:size])
+            except CheckpointError as exc:
+                raise exc.about_tensor(self.info.name) from None
+        return size
 
 
 class FileView(View):

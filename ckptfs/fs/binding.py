@@ -13,7 +13,6 @@ Nothing else in ckptfs imports a binding: the library API must work where libfus
 from __future__ import annotations
 
 import ctypes
-import errno
 import importlib
 import os
 import sys
@@ -99,36 +98,27 @@ def _load_mfusepy() -> Binding | None:
         raise MountError(f"libfuse not usable ({exc}): {LIBFUSE3_HINT}") from None
     library = str(getattr(module, "_libfuse_path", "") or "libfuse")
     major = int(module.fuse_version_major)
-    return Binding("mfusepy", major, library, _fast_listings(_reads_in_parts(module.FUSE), major), lambda ops: ops)
+    return Binding("mfusepy", major, library, _fast_listings(_reads_into_buffer(module.FUSE), major), lambda ops: ops)
 
 
-def _reads_in_parts(fuse_class: type) -> type:
-    """mfusepy's FUSE class copying a read's parts (``operations.read_parts``: the .npy header and slices of
-    cached decoded groups) straight into the buffer libfuse passes, instead of mfusepy's ``memmove`` of
-    the bytes our ``read`` joined from them first: one copy of every byte fewer. Operations without
-    ``read_parts`` are read as mfusepy does."""
-    import numpy as np  # the daemon has it loaded already; only for the address of a read-only buffer
+def _reads_into_buffer(fuse_class: type) -> type:
+    """mfusepy's FUSE class reading straight into the buffer libfuse passes (``operations.read_into``): a
+    ``.npy`` read copies its parts (header, slices of cached decoded groups) there once, a ``.raw`` read
+    preads there, instead of our ``read`` building bytes that mfusepy then copies: one copy of every byte
+    fewer. Operations without ``read_into`` are read as mfusepy does."""
 
-    class PartsReadFUSE(fuse_class):
+    class BufferReadFUSE(fuse_class):
         def read(self, path, buf, size, offset, fip):  # noqa: ANN001 - mfusepy's ctypes arguments
-            read_parts = getattr(self.operations, "read_parts", None)
-            if read_parts is None:
+            read_into = getattr(self.operations, "read_into", None)
+            if read_into is None:
                 return super().read(path, buf, size, offset, fip)
             fh = fip.contents if self.raw_fi else fip.contents.fh
-            parts = read_parts(None if path is None else path.decode(self.encoding, self.errors), size, offset, fh)
-            address = ctypes.cast(buf, ctypes.c_void_p).value
-            done = 0
-            for part in parts:
-                n = len(part)
-                if done + n > size:
-                    raise OSError(errno.EIO, "a read answered more bytes than asked")
-                source = part if isinstance(part, bytes) else np.frombuffer(part, np.uint8).ctypes.data
-                ctypes.memmove(address + done, source, n)
-                done += n
-            return done
+            target = memoryview((ctypes.c_char * size).from_address(ctypes.cast(buf, ctypes.c_void_p).value))
+            return read_into(None if path is None else path.decode(self.encoding, self.errors), target.cast("B"),
+                             offset, fh)
 
-    PartsReadFUSE.__name__ = PartsReadFUSE.__qualname__ = f"PartsRead{fuse_class.__name__}"
-    return PartsReadFUSE
+    BufferReadFUSE.__name__ = BufferReadFUSE.__qualname__ = f"BufferRead{fuse_class.__name__}"
+    return BufferReadFUSE
 
 
 def _fast_listings(fuse_class: type, libfuse_major: int) -> type:

@@ -97,6 +97,8 @@ def _answer(self: CkptOperations, method: Callable, op: str, path: str | None, a
 def _describe_range(name: str, args: tuple) -> str:
     if name == "read" and len(args) >= 2:
         size, offset = args[0], args[1]
+        if not isinstance(size, int):  # read_into: a buffer of the size asked for
+            size = len(size)
         return f" bytes {offset}..{offset + size}"
     return ""
 
@@ -229,29 +231,29 @@ class CkptOperations:
 
     @_guarded
     def read(self, path: str | None, size: int, offset: int, fh: int) -> bytes:
-        return self._serve(path, size, offset, fh, False)
+        return self._serve(path, size, offset, fh, None)
 
-    def _read_parts(self, path: str | None, size: int, offset: int, fh: int) -> list:
-        return self._serve(path, size, offset, fh, True)
+    def _read_into(self, path: str | None, target: memoryview, offset: int, fh: int) -> int:
+        return self._serve(path, len(target), offset, fh, target)
 
-    _read_parts.__name__ = "read"  # the same FUSE operation: metrics and error lines say "read"
-    #: ``read``'s bytes as buffers (``View.read_parts``): the mfusepy binding copies them straight into
-    #: libfuse's buffer, one copy fewer than joining them into bytes that mfusepy then copies (fs/binding.py).
-    read_parts = _guarded(_read_parts)
+    _read_into.__name__ = "read"  # the same FUSE operation: metrics and error lines say "read"
+    #: ``read`` into a writable buffer (``View.read_into``): the mfusepy binding passes libfuse's own, so the
+    #: bytes are copied there once, not joined into bytes that mfusepy copies again (fs/binding.py).
+    read_into = _guarded(_read_into)
 
-    def _serve(self, path: str | None, size: int, offset: int, fh: int, parts: bool) -> bytes | list:
+    def _serve(self, path: str | None, size: int, offset: int, fh: int,
+               target: memoryview | None) -> bytes | int:
         view = self._handles.get(fh)
         if view is None:
             view = self._view(path)
         self._prefetch.on_read(fh, offset, size)
-        read = view.read_parts if parts else view.read
         if self._read_scope is None:
-            data = read(offset, size)
+            data = view.read(offset, size) if target is None else view.read_into(offset, target)
         else:
             with self._read_scope():
-                data = read(offset, size)
+                data = view.read(offset, size) if target is None else view.read_into(offset, target)
         if self.counters.timed:
-            self.counters.read_bytes.add(self._kind(path), sum(map(len, data)) if parts else len(data))
+            self.counters.read_bytes.add(self._kind(path), len(data) if target is None else data)
         return data
 
     def _kind(self, path: str | None) -> str:

@@ -31,6 +31,12 @@ class ByteSource:
     def pread(self, offset: int, size: int) -> bytes:  # pragma: no cover - interface
         raise NotImplementedError
 
+    def pread_into(self, offset: int, target: memoryview) -> None:
+        """``pread`` of ``len(target)`` bytes into a writable byte buffer (the mount's reads fill libfuse's
+        buffer). This default copies ``pread``'s answer, so wrappers (checked, mirrored) keep their checks;
+        a source that can fill the buffer itself (a local file) overrides it, one copy fewer."""
+        target[:] = self.pread(offset, len(target))
+
     def content_id(self) -> str:  # pragma: no cover - interface
         raise NotImplementedError
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 import os
 import stat
 import threading
+from collections.abc import Callable
 
 from ..errors import CheckpointError
 from .base import ByteSource, Folder
@@ -109,19 +110,36 @@ class FileSource(ByteSource):
         """Exactly ``size`` bytes at ``offset``, as the file was at open, or CheckpointError."""
         if size <= 0:
             return b""
+        chunks = []
+
+        def read(fd: int, done: int) -> int:
+            chunk = os.pread(fd, size - done, offset + done)
+            chunks.append(chunk)
+            return len(chunk)
+
+        self._read_checked(offset, size, read)
+        return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+    def pread_into(self, offset: int, target: memoryview) -> None:
+        """``pread`` straight into ``target`` (a writable byte buffer): no intermediate bytes object."""
+        size = len(target)
+        if size > 0:
+            self._read_checked(offset, size, lambda fd, done: os.preadv(fd, [target[done:]], offset + done))
+
+    def _read_checked(self, offset: int, size: int, read: Callable[[int, int], int]) -> None:
+        """Run ``read(fd, bytes done so far) -> bytes read`` until ``size`` bytes at ``offset`` are read, then
+        check the file is as it was at open (size and mtime); CheckpointError otherwise."""
         if offset < 0 or offset + size > self.size:
             raise CheckpointError(self.path, max(offset, self.size),
                                   f"bytes {offset}..{offset + size} lie past the end of the file ({self.size} bytes)")
         fd = self._acquire_fd()
         try:
-            chunks = []
             done = 0
             while done < size:
-                chunk = os.pread(fd, size - done, offset + done)
-                if not chunk:
+                n = read(fd, done)
+                if not n:
                     break
-                chunks.append(chunk)
-                done += len(chunk)
+                done += n
             st = os.fstat(fd)
         except OSError as exc:
             raise CheckpointError(self.path, offset, f"read failed: {exc.strerror}") from None
@@ -129,7 +147,6 @@ class FileSource(ByteSource):
             self._release_fd()
         if done < size or (st.st_size, st.st_mtime_ns) != self._stamp:
             raise CheckpointError(self.path, offset, "the file changed since it was opened (truncated or rewritten)")
-        return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
     def advise(self, offset: int, size: int, sequential: bool = False) -> None:
         """Tell the kernel these bytes are wanted soon (best effort; never fails, never reopens)."""
