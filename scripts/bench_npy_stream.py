@@ -68,7 +68,7 @@ def ckptfs_stream(src: str, plan, workdir: str, label: str, profile_to: str | No
     with bench_mount(src, workdir, label, CACHE_SIZE) as mount:
         spy = None
         if profile_to:
-            spy = subprocess.Popen(["py-spy", "record", "-p", str(mount.pid), "-r", "250", "-f", "raw", "--threads",
+            spy = subprocess.Popen(["py-spy", "record", "-p", str(mount.pid), "-r", "500", "-f", "raw", "--threads",
                                     "-o", profile_to], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             time.sleep(1.0)  # py-spy attached
         before = daemon_counters(mount.pid)
@@ -95,23 +95,32 @@ def gguf_py_decode(reader, dequantize) -> dict:
     return {"mbs": total / seconds / 1e6, "seconds": seconds, "bytes": total, "load": os.getloadavg()[0]}
 
 
+IDLE_LEAVES = ("sigwait", "FUSE.__init__", "_worker")  # the signal thread, libfuse's main loop, an idle worker
+
+
 def summarize_profile(path: str) -> dict:
-    """py-spy's raw (collapsed) samples of the threads on a CPU (no idle ones): share per thread kind, and the
-    functions they were in (inclusive)."""
-    threads, functions, total = collections.Counter(), collections.Counter(), 0
+    """py-spy's raw (collapsed) samples: those of threads at work (idle leaves left out: the signal thread,
+    libfuse's main loop, an idle worker), per thread kind and per function where the sample was taken (self
+    time; ``Condition.wait`` in a FUSE read is waiting for a group that the read-ahead worker is decoding;
+    "libfuse" is a libfuse thread outside our callbacks: reading requests, writing replies)."""
+    threads, leaves, busy, total = collections.Counter(), collections.Counter(), 0, 0
     with open(path) as f:
         for line in f:
             stack, _, count = line.rstrip().rpartition(" ")
             frames, n = stack.split(";"), int(count)
             total += n
-            kind = ("prefetch worker" if "Prefetcher._run" in stack else "FUSE read" if "FUSE.read" in stack
-                    else "FUSE other" if "FUSE._wrapper" in stack else "other")
+            leaf = frames[-1].split(" (")[0]
+            leaf = "libfuse" if leaf == "thread" else leaf
+            if leaf.startswith(IDLE_LEAVES):
+                continue
+            busy += n
+            kind = ("prefetch worker" if "Prefetcher._run" in stack else "FUSE read" if "FUSE" in stack and
+                    ".read" in stack else "FUSE other" if "FUSE._wrapper" in stack else
+                    "libfuse" if leaf == "libfuse" else "other")
             threads[kind] += n
-            for frame in set(frames):
-                if "(" in frame and not frame.startswith("thread "):
-                    functions[frame.split(" (")[0]] += n
-    return {"samples": total, "threads": dict(threads.most_common()),
-            "functions": dict(functions.most_common(40))}
+            leaves[leaf] += n
+    return {"samples": total, "busy_samples": busy, "threads": dict(threads.most_common()),
+            "self": dict(leaves.most_common(15))}
 
 
 def run_phase(phase: str, src: str, plan, reader, dequantize, rounds: int, workdir: str,
@@ -179,7 +188,8 @@ def main(argv: list[str] | None = None) -> int:
               f"2x in every round: {'met' if min(ratios) >= 2 else 'NOT MET'}")
         if "profile" in r:
             p = r["profile"]
-            print(f"  profile ({p['samples']} samples): threads {p['threads']}")
+            print(f"  profile ({p['busy_samples']} of {p['samples']} samples at work, 500 Hz): {p['threads']}\n"
+                  f"  self: {p['self']}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=2)
