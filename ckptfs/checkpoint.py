@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
+import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -48,8 +49,12 @@ class Tensor:
         self.codec, self.dtype = decode_plan(info, checkpoint.dtype_mode)
         self._data: TensorData | None = None
         self._meta: dict[str, Any] | None = None
-        #: extra keys for NAME.meta.json from features that look at several tensors (``packed_view``)
-        self.annotations: dict[str, Any] = {}
+
+    @property
+    def annotations(self) -> dict[str, Any]:
+        """Extra keys for NAME.meta.json from features that look at several tensors (``packed_view``). Kept by
+        the checkpoint's tensor list, which holds Tensors weakly and may make this one again."""
+        return self._ck.tensors.annotations(self.index)
 
     #: True for a tensor computed from other stored tensors (a GPTQ/AWQ view): .npy and .meta.json only
     virtual = False
@@ -242,10 +247,14 @@ class TensorList(Sequence):
     """
 
     def __init__(self, checkpoint: Checkpoint, infos: Sequence[TensorInfo]):
-        self._ck = checkpoint
+        # A Tensor holds its checkpoint; the checkpoint holds its stored Tensors only weakly (and itself
+        # weakly here), so no reference cycle keeps a dropped checkpoint's descriptors open until a garbage
+        # collection: it is released at once (see Checkpoint.close). Virtual tensors are held strongly.
+        self._ck = weakref.ref(checkpoint)
         self._infos = infos
-        self._made: list[Tensor | None] = [None] * len(infos)
+        self._made: list[weakref.ref[Tensor] | None] = [None] * len(infos)
         self._extra: list[Tensor] = []
+        self._annotations: dict[int, dict[str, Any]] = {}
         self._lock = threading.Lock()
         self._hooks: list[Callable[[Tensor], None]] = []
 
@@ -262,23 +271,31 @@ class TensorList(Sequence):
             raise IndexError("tensor index out of range")
         if index >= stored:
             return self._extra[index - stored]
-        tensor = self._made[index]
+        tensor = self.made(index)
         if tensor is None:
             with self._lock:
-                tensor = self._made[index]
+                tensor = self.made(index)
                 if tensor is None:
-                    tensor = Tensor(self._ck, self._infos[index], index)
+                    checkpoint = self._ck()
+                    if checkpoint is None:
+                        raise CheckpointError(None, None, "the checkpoint of this tensor list was dropped")
+                    tensor = Tensor(checkpoint, self._infos[index], index)
                     for hook in self._hooks:
                         hook(tensor)
-                    self._made[index] = tensor
+                    self._made[index] = weakref.ref(tensor)
         return tensor
+
+    def annotations(self, index: int) -> dict[str, Any]:
+        """The extra meta.json keys of tensor ``index`` (kept here: its Tensor may be made again)."""
+        with self._lock:
+            return self._annotations.setdefault(index, {})
 
     def on_made(self, hook: Callable[[Tensor], None]) -> None:
         """Call ``hook`` on every Tensor: those made already now, the others as they are made (a mount's
         counters wrap each tensor's codec this way without making 94,000 Tensors up front)."""
         with self._lock:
             self._hooks.append(hook)
-            made = [t for t in self._made if t is not None] + self._extra
+            made = [t for t in (r() for r in self._made if r is not None) if t is not None] + self._extra
         for tensor in made:
             hook(tensor)
 
@@ -293,7 +310,10 @@ class TensorList(Sequence):
     def made(self, index: int) -> Tensor | None:
         """The Tensor at ``index`` if it was made already (a virtual one always is), else None."""
         stored = len(self._infos)
-        return self._extra[index - stored] if index >= stored else self._made[index]
+        if index >= stored:
+            return self._extra[index - stored]
+        made = self._made[index]
+        return None if made is None else made()
 
     def info(self, index: int) -> TensorInfo:
         """The descriptor at ``index``, without making the Tensor."""
@@ -353,6 +373,11 @@ class Checkpoint(Mapping):
         #: What caches shared between processes and pickled tensors key on (``ckptfs.sources.identity``).
         self.content_id = checkpoint_content_id([source.content_id() for source in pinned])
         self.cache = cache if cache is not None else TieredCache([BlockCache(cache_bytes)])
+        # Closed on collection: a checkpoint dropped without close() releases its descriptors, connections
+        # and tiers (issue 11). Not at interpreter exit: the process is ending, and a forked mount daemon's
+        # copy must not be closed by its parent's exit.
+        self._finalizer = weakref.finalize(self, _release, self.sources, self.cache)
+        self._finalizer.atexit = False
         self.tensors = TensorList(self, parsed.tensors)
         self._by_name: dict[str, int] = {}
         for i, name in enumerate(self.tensors.names()):
@@ -390,10 +415,15 @@ class Checkpoint(Mapping):
         return [self.tensors[i] for i in self.tensors.damaged_indices()]
 
     def close(self) -> None:
-        """Release the sources' descriptors and connections and the cache tiers (the memory tier's entries
-        are dropped; shared tiers keep theirs)."""
-        self.sources.close()
-        self.cache.close()
+        """Release the sources' descriptors and connections and the cache tiers now (the memory tier's entries
+        are dropped; shared tiers keep theirs). Afterwards every read raises CheckpointError ("the checkpoint
+        is closed") rather than reopening a descriptor nobody would close; names, shapes, metadata and meta
+        stay available. Closing again does nothing; a dropped checkpoint is closed on collection."""
+        self._finalizer()
+
+    @property
+    def closed(self) -> bool:
+        return not self._finalizer.alive
 
     def __enter__(self) -> Checkpoint:
         return self
@@ -458,6 +488,12 @@ def _cache_bytes(value) -> int:
     return int(value)
 
 
+def _release(sources: SourcePool, cache: TieredCache) -> None:
+    """What closing a checkpoint releases (a function of its parts, not of it: a finalizer must not hold it)."""
+    sources.close()
+    cache.close()
+
+
 def _as_reopenable(src: str) -> str:
     """``src`` as a pickled Tensor must name it: a relative path joined to the directory it was opened from
     (the unpickling process may have moved, as the sources' own reopening allows for); joined, not
@@ -484,7 +520,7 @@ def _reopen_tensor(src: str, dtype: str, index: int, content_id: str | None = No
     """
     with _reopen_lock:
         ck = _reopened.get((src, dtype))
-        if ck is None or (content_id is not None and ck.content_id != content_id):
+        if ck is None or ck.closed or (content_id is not None and ck.content_id != content_id):
             ck = _reopened[(src, dtype)] = open(src, dtype=dtype, **(tier_options or {}))
     if content_id is not None and ck.content_id != content_id:
         raise CheckpointError(src, None, "the checkpoint changed since this tensor was pickled "

@@ -436,7 +436,7 @@ def test_bench_names_the_file_and_tensor_when_a_read_fails(small, monkeypatch, c
     require_fuse()
     from ckptfs import bench
 
-    def failing_scan(paths, progress):
+    def failing_scan(paths, progress, *more):
         raise OSError(errno.EIO, "Input/output error", paths[0])
 
     monkeypatch.setattr(bench.run, "scan", failing_scan)  # the run looks scan up in its own module

@@ -7,6 +7,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable
 
+from ..errors import CheckpointError
 from .base import ByteSource
 
 
@@ -41,9 +42,12 @@ class SourcePool:
         self._sources: dict[str, ByteSource] = {}
         self._open_lru: OrderedDict[str, ByteSource] = OrderedDict()
         self._lock = threading.Lock()
+        self._closed = False
 
     def get(self, path: str) -> ByteSource:
         with self._lock:
+            if self._closed:
+                raise CheckpointError(path, None, "the checkpoint is closed (open it again to read)")
             src = self._sources.get(path)
             if src is None:
                 src = self._opener(path, self._base)
@@ -74,9 +78,10 @@ class SourcePool:
             return list(self._sources.values())
 
     def close(self) -> None:
-        """Close every descriptor. The sources stay known: a later read reopens one identity-checked, as
-        after any close, instead of pinning whatever file has the name by then."""
+        """Close every descriptor and connection, for good: a later ``get`` raises CheckpointError. Reopening
+        after close (as this pool once did) left a descriptor that nothing would ever close again."""
         with self._lock:
+            self._closed = True
             for src in self._sources.values():
                 src.close()
             self._open_lru.clear()
