@@ -542,3 +542,25 @@ def test_unpickled_tensors_work_after_their_origin_is_closed(small):
         data = pickle.dumps(ck["q"])
     t = pickle.loads(data)  # reopens in this process, as a worker would
     assert np.array_equal(t[5], small.tensors["q"].array[5])
+
+
+def test_a_block_device_is_read_as_a_checkpoint(small, tmp_path):
+    """Item 6's exception: block devices are not refused, and they work (their size is where they end)."""
+    if os.geteuid() != 0 or shutil.which("losetup") is None:
+        skip_or_fail("attaching a loop device needs root and losetup")
+    image = tmp_path / "image.bin"
+    data = small.path.read_bytes()
+    image.write_bytes(data + bytes(-len(data) % 4096))  # a loop device is a whole number of sectors
+    attached = subprocess.run(["losetup", "--find", "--show", "--read-only", str(image)], capture_output=True,
+                              text=True)
+    if attached.returncode != 0:
+        skip_or_fail(f"no loop device: {attached.stderr.strip()}")
+    device = attached.stdout.strip()
+    try:
+        with ckptfs.open(device) as ck:
+            assert np.array_equal(ck["q"][:], small.tensors["q"].array)  # before: "empty file"
+            assert np.array_equal(np.asarray(ck["f"]), small.tensors["f"].array)
+        result = run_cli("info", device)
+        assert result.returncode == 0 and "tensors: 2" in result.stdout, result.stderr
+    finally:
+        subprocess.run(["losetup", "--detach", device], check=True)

@@ -45,7 +45,8 @@ class FileSource(ByteSource):
         self._close_when_idle = False
         fd = self._open_fd()
         st = os.fstat(fd)
-        self.size = st.st_size
+        # a block device (a checkpoint written to a raw device) has st_size 0: its size is where it ends
+        self.size = os.lseek(fd, 0, os.SEEK_END) if stat.S_ISBLK(st.st_mode) else st.st_size
         self._identity = (st.st_dev, st.st_ino)
         self._stamp = (st.st_size, st.st_mtime_ns)
         self.identity = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
