@@ -24,7 +24,7 @@ import numpy as np
 from ..blocks import GROUP_TARGET_BYTES, TensorData
 from ..cache import cache_key
 from ..checkpoint import Checkpoint
-from ..views import Ahead, View, header_and_body
+from ..views import Ahead, View, header_and_body, header_and_parts
 from .weights import ParamSource
 
 #: --hf-dtype -> (safetensors dtype name, bytes per element)
@@ -199,6 +199,10 @@ class SafetensorsView(View):
     def read(self, offset: int, size: int) -> bytes:
         offset, size = self._clip(offset, size)
         return header_and_body(self.header, offset, offset + size, self.body_segments) if size else b""
+
+    def read_parts(self, offset: int, size: int) -> list:
+        offset, size = self._clip(offset, size)
+        return header_and_parts(self.header, offset, offset + size, self.body_segments) if size else []
 
     def ahead(self, start: int, stop: int) -> Ahead:
         """The stored blocks behind bytes [start, stop), and the groups that serve them as decoding jobs."""
