@@ -146,7 +146,9 @@ def umount(mountpoint, verbose):
 @cache_dir_option
 @cache_dir_size_option
 @click.option("-v", "--verbose", is_flag=True)
-def info(src, as_json, verbose, mirrors, timeout, stall_timeout, cache_dir, cache_dir_size):
+@click.option("--hf", "hf", is_flag=True,
+              help="Also say whether a mount with --hf gets hf/, or why not (imports transformers).")
+def info(src, as_json, hf, verbose, mirrors, timeout, stall_timeout, cache_dir, cache_dir_size):
     """Summarize a checkpoint: format, tensors, storage types, metadata, damage."""
     from . import open as open_checkpoint
     from .info import render, summary
@@ -154,7 +156,7 @@ def info(src, as_json, verbose, mirrors, timeout, stall_timeout, cache_dir, cach
     try:
         with open_checkpoint(src, mirrors=mirrors, timeout=timeout, stall_timeout=stall_timeout, cache_dir=cache_dir,
                              cache_dir_size=cache_dir_size) as ck:
-            data = summary(ck)
+            data = summary(ck, hf=hf)
     except Exception as exc:  # noqa: BLE001 - the CLI turns every failure into one line
         _fail(exc, verbose)
     click.echo(json.dumps(data, indent=2) if as_json else render(data))

@@ -30,7 +30,7 @@ def _summarize(value: Any) -> Any:
     return to_jsonable(value)
 
 
-def summary(ck: Checkpoint) -> dict[str, Any]:
+def summary(ck: Checkpoint, hf: bool = False) -> dict[str, Any]:
     counts: Counter[str] = Counter()
     stored: Counter[str] = Counter()
     stored_tensors = [t for t in ck.tensors if not t.virtual]  # views of packed parts have no bytes of their own
@@ -48,7 +48,7 @@ def summary(ck: Checkpoint) -> dict[str, Any]:
                     for t in ck.damaged()],
         "notes": list(ck.notes),
         "passthrough": sorted(ck.passthrough),
-        "hf": _hf_folder(ck),
+        "hf": _hf_folder(ck) if hf else None,
         "packed_views": _packed_views(ck),
     }
 

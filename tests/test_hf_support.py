@@ -37,12 +37,15 @@ def test_an_architecture_transformers_cannot_map(mounted, tmp_path):
     pytest.importorskip("transformers")
     path = tmp_path / "rwkv.gguf"
     write_gguf(path, {"token_embd.weight": (np.zeros((8, 32), np.float32), "F32")}, arch="rwkv7")
-    info = subprocess.run([*ckptfs_cli(), "info", "--json", str(path)], env=cli_env(), capture_output=True,
+    info = subprocess.run([*ckptfs_cli(), "info", "--hf", "--json", str(path)], env=cli_env(), capture_output=True,
                           text=True, check=True)
     assert json.loads(info.stdout)["hf"] == "none: transformers has no GGUF mapping for architecture 'rwkv7'"
-    text = subprocess.run([*ckptfs_cli(), "info", str(path)], env=cli_env(), capture_output=True, text=True,
+    text = subprocess.run([*ckptfs_cli(), "info", "--hf", str(path)], env=cli_env(), capture_output=True, text=True,
                           check=True).stdout
     assert "hf/: none: transformers has no GGUF mapping for architecture 'rwkv7'" in text.splitlines()
+    plain = subprocess.run([*ckptfs_cli(), "info", "--json", str(path)], env=cli_env(), capture_output=True,
+                           text=True, check=True)
+    assert json.loads(plain.stdout)["hf"] is None  # opt-in: the check imports transformers and torch
     mnt = mounted(str(path), "--hf")
     assert not (mnt / "hf").exists()
     assert (mnt / "token_embd.weight.npy").exists()
@@ -63,7 +66,7 @@ def test_a_processor_that_reshapes_is_refused_with_its_reason(tmp_path):
 def test_without_transformers_one_line_and_no_folder(mounted, tmp_path):
     vocab = sentencepiece_vocab(tmp_path / "spm", gemma=False)
     path = write_model(tmp_path / "llama.gguf", "llama", vocab).path
-    info = subprocess.run([*NO_TRANSFORMERS, "info", "--json", str(path)], env=cli_env(), capture_output=True,
+    info = subprocess.run([*NO_TRANSFORMERS, "info", "--hf", "--json", str(path)], env=cli_env(), capture_output=True,
                           text=True, check=True)
     assert json.loads(info.stdout)["hf"] == ("none: transformers not installed: pip install 'ckptfs[hf]' "
                                              "(transformers, torch and gguf)")
