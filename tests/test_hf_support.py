@@ -96,3 +96,18 @@ def test_torch_is_loaded_only_with_hf(mounted, tmp_path):
     code = "import sys, ckptfs; print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'transformers')))"
     out = subprocess.run([sys.executable, "-c", code], env=cli_env(), capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_api_closes_only_what_it_opened(tmp_path):
+    pytest.importorskip("transformers")
+    import ckptfs
+
+    path = write_model(tmp_path / "llama.gguf", "llama", sentencepiece_vocab(tmp_path / "spm", gemma=False)).path
+    with ckptfs.open(str(path)) as ck:
+        folder = ckptfs.hf_folder(ck, dtype="float32")
+        folder.close()
+        assert np.array_equal(ck["token_embd.weight"][0], ck["token_embd.weight"].numpy()[0])  # still open
+    own = ckptfs.hf_folder(str(path))
+    own.close()
+    with pytest.raises(ckptfs.CheckpointError):
+        own.read("model.safetensors")

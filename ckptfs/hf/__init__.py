@@ -53,7 +53,9 @@ def hf_folder(src, dtype: str = "bfloat16", **open_kwargs):
         raise Unsupported(f"{', '.join(missing)} not installed: {INSTALL_HINT}")
     checkpoint = src if hasattr(src, "tensors") else open_checkpoint(src, **open_kwargs)
     try:
-        return HfFolder(checkpoint, dtype)
+        folder = HfFolder(checkpoint, dtype)
+        folder.owns_checkpoint = checkpoint is not src
+        return folder
     except BaseException:
         if checkpoint is not src:
             checkpoint.close()

@@ -69,5 +69,8 @@ class HfFolder(Mapping):
                     f.write(view.read(offset, COPY_CHUNK))
         return out
 
+    owns_checkpoint = False  # hf_folder(path) opened it, so close() closes it; a Checkpoint passed in stays open
+
     def close(self) -> None:
-        self.checkpoint.close()
+        if self.owns_checkpoint:
+            self.checkpoint.close()
