@@ -80,7 +80,7 @@ def test_split_gguf_mounts_as_one_tree_from_any_shard(split_folder, module_mount
     mnt = module_mounted(shards[1])
     ref = gguf_reference(shards)
     assert len(ref) == 7
-    expected = {"metadata.json"}
+    expected = {"metadata.json", "model.gguf"}  # model.gguf: the set as one GGUF (tests/test_hf_merge.py)
     for name, _, _, _ in ref:
         expected |= {f"{name}.npy", f"{name}.raw", f"{name}.meta.json"}
     assert set(os.listdir(mnt)) == expected
