@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from ..descriptors import TensorInfo
+from . import native
 from .bits import round_to, scale_to_f32, unpack_fields
 from .layout import (INT32_TYPES, SCALE_TYPES, Absent, Layout, Parts, check_ndim, check_shape, check_type,
                      f16_fast, group_index_fast, int_setting, require)
@@ -72,22 +73,36 @@ def build(prefix: str, parts: Mapping[str, TensorInfo], settings: Mapping[str, A
         check_shape(scales, (groups, out), why)
         check_shape(qzeros, (groups, out // 8), why)
 
-        def decode(reader: Parts, o0: int, o1: int, dest: np.ndarray | None) -> np.ndarray:
+        def inputs(reader: Parts, o0: int, o1: int):
+            """Rows [o0, o1)'s zero points (int16) and scales (float32), cached per layer, shared by both
+            decoders."""
             def zeros_t() -> np.ndarray:
                 return _gemm_rows(np.ascontiguousarray(reader.whole("qzeros").T)).astype(np.int16)
 
             def scales_t() -> np.ndarray:
                 return np.ascontiguousarray(scale_to_f32(reader.whole("scales"), st).T)
 
-            z = reader.derived("awq-gemm:zeros_t", ("qzeros",), (out, groups), zeros_t)[o0:o1].astype(np.float32)
+            z = reader.derived("awq-gemm:zeros_t", ("qzeros",), (out, groups), zeros_t)[o0:o1]
             s = reader.derived("scales_t", ("scales",), (out, groups), scales_t)[o0:o1]
+            return z, s
+
+        def decode(reader: Parts, o0: int, o1: int, dest: np.ndarray | None) -> np.ndarray:
+            z, s = inputs(reader, o0, o1)
             # qweight's columns pack the weight's rows: transposed once per layer (cached, see gptq)
             words = reader.derived("qweight_t", ("qweight",), (out // 8, in_features),
                                    lambda: reader.read_whole("qweight").T)[o0 // 8: -(-o1 // 8)]
             q = _gemm_rows(words)[o0 - o0 // 8 * 8:][:o1 - o0]
-            return round_to(group_index_fast(q, z, s, gsize, dest), st, f16_fast(reader, "scales", st, 16))
+            return round_to(group_index_fast(q, z.astype(np.float32), s, gsize, dest), st,
+                            f16_fast(reader, "scales", st, 16))
 
-        return Layout("awq", parameters, out, in_features, used, st, decode, row_align=8)
+        def kernel(reader: Parts, o0: int, o1: int, dest: np.ndarray) -> bool:
+            z, s = inputs(reader, o0, o1)
+            # qweight as stored (cached whole): column c packs rows 8c..8c+7, word i of it is qweight[i, c]
+            words = reader.whole("qweight").reshape(-1)[o0 // 8:]
+            return native.dequantize_rows(dest, words, 4, in_features, z, s, gsize, st, awq_phase=o0 % 8,
+                                          row_step=1, word_step=out // 8)
+
+        return Layout("awq", parameters, out, in_features, used, st, decode, row_align=8, kernel=kernel)
 
     width = qzeros.shape[1]
     if width * 8 < groups:
@@ -102,7 +117,12 @@ def build(prefix: str, parts: Mapping[str, TensorInfo], settings: Mapping[str, A
         s = scale_to_f32(reader.rows("scales", o0, o1)[:, :groups], st)
         return round_to(group_index_fast(q, z, s, gsize, dest), st, f16_fast(reader, "scales", st, 16))
 
-    return Layout("awq", parameters, out, in_features, used, st, decode_gemv)
+    def kernel_gemv(reader: Parts, o0: int, o1: int, dest: np.ndarray) -> bool:
+        z = unpack_fields(reader.rows("qzeros", o0, o1), 4, groups).astype(np.int16)
+        s = scale_to_f32(reader.rows("scales", o0, o1)[:, :groups], st)
+        return native.dequantize_rows(dest, reader.rows("qweight", o0, o1), 4, in_features, z, s, gsize, st)
+
+    return Layout("awq", parameters, out, in_features, used, st, decode_gemv, kernel=kernel_gemv)
 
 
 def _gemm_rows(words_t: np.ndarray) -> np.ndarray:

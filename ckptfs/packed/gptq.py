@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from ..descriptors import TensorInfo
+from . import native
 from .bits import packed_words, round_to, scale_to_f32, unpack_fields
 from .layout import (INT32_TYPES, INT_TYPES, SCALE_TYPES, Absent, Layout, Parts, check_ndim, check_shape,
                      check_type, f16_fast, gathered, group_index_fast, int_setting, require)
@@ -82,7 +83,9 @@ def build(prefix: str, parts: Mapping[str, TensorInfo], settings: Mapping[str, A
 
     tag = f"gptq:b{bits}:{'v1' if v1 else 'v2'}"
 
-    def decode(reader: Parts, o0: int, o1: int, dest: np.ndarray | None) -> np.ndarray:
+    def inputs(reader: Parts, o0: int, o1: int):
+        """Rows [o0, o1)'s zero points (int16), scales (float32) and the group index (None: the default),
+        from the per-layer arrays both decoders share (cached)."""
         def zeros_t() -> np.ndarray:  # [out, groups]: each output row's zero point per group
             fields = unpack_fields(reader.whole("qzeros"), bits, out).astype(np.int16)
             return np.ascontiguousarray((fields + 1 if v1 else fields).T)
@@ -90,18 +93,29 @@ def build(prefix: str, parts: Mapping[str, TensorInfo], settings: Mapping[str, A
         def scales_t() -> np.ndarray:  # [out, groups] float32
             return np.ascontiguousarray(scale_to_f32(reader.whole("scales"), scales.storage_type).T)
 
-        z = reader.derived(tag + ":zeros_t", ("qzeros",), (out, groups), zeros_t)[o0:o1].astype(np.float32)
+        z = reader.derived(tag + ":zeros_t", ("qzeros",), (out, groups), zeros_t)[o0:o1]
         s = reader.derived("scales_t", ("scales",), (out, groups), scales_t)[o0:o1]
+        return z, s, _group_index(reader, g_idx, in_features, gsize, groups)
+
+    def decode(reader: Parts, o0: int, o1: int, dest: np.ndarray | None) -> np.ndarray:
+        z, s, g = inputs(reader, o0, o1)
+        z = z.astype(np.float32)
         # qweight's columns are the weight's rows: transposed once per layer (cached), so that a tile of rows
         # is contiguous instead of one word from each of thousands of rows
         words = reader.derived("qweight_t", ("qweight",), (out, rows),
                                lambda: reader.read_whole("qweight").T)[o0:o1]   # [o1 - o0, packed in]
         q = unpack_fields(words, bits, in_features)                          # [o1 - o0, in] uint8
-        g = _group_index(reader, g_idx, in_features, gsize, groups)
         values = group_index_fast(q, z, s, gsize, dest) if g is None else gathered(q, z, s, g, dest)
         return round_to(values, scales.storage_type, f16_fast(reader, "scales", scales.storage_type, 1 << bits))
 
-    return Layout("gptq", parameters, out, in_features, used, scales.storage_type, decode)
+    def kernel(reader: Parts, o0: int, o1: int, dest: np.ndarray) -> bool:
+        z, s, g = inputs(reader, o0, o1)
+        # qweight as stored (cached whole): row o's word k is qweight[k, o], one column stride apart
+        words = reader.whole("qweight").reshape(-1)[o0:]
+        return native.dequantize_rows(dest, words, bits, in_features, z, s, gsize, scales.storage_type, g,
+                                      row_step=1, word_step=out)
+
+    return Layout("gptq", parameters, out, in_features, used, scales.storage_type, decode, kernel=kernel)
 
 
 def _group_index(reader: Parts, g_idx: TensorInfo | None, in_features: int, gsize: int,

@@ -9,6 +9,8 @@ Shapes are checked at open from the headers alone, so a view that is listed can 
 uses (``[out_features, in_features]``), as float32 holding exactly the values the scheme's reference
 implementation computes. ``parts`` is a :class:`PartReader`-like object (``ckptfs.packed.views``): whole
 parts and derived per-layer arrays come from the shared cache, row ranges straight from the source.
+A scheme may also give a ``kernel``: the same rows through the optional C extension (``native.py``), chosen
+per call like ``ckptfs.quant``'s kernels (``backend`` auto, numpy or native).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import numpy as np
 
 from ..descriptors import TensorInfo
 from .bits import f16_normal, scale_to_f32
+from .native import use_kernel
 
 
 class Absent(Exception):
@@ -48,15 +51,34 @@ class Layout:
     decode: Callable[[Parts, int, int, np.ndarray | None], np.ndarray]
     row_align: int = 1                          # row tiles start at multiples of this
     extra: dict[str, Any] = field(default_factory=dict)
+    # the same rows through the C kernel, into a float32/float16 buffer; False when it cannot take the call
+    kernel: Callable[[Parts, int, int, np.ndarray], bool] | None = None
 
     @property
     def shape(self) -> tuple[int, int]:
         return self.out_features, self.in_features
 
-    def decode_rows(self, parts: Parts, o0: int, o1: int, out: np.ndarray | None = None) -> np.ndarray:
-        """Rows [o0, o1) as float32 ``[o1 - o0, in_features]``, written into ``out`` (float32, that many
-        elements) when given and possible (the result may still be a new array: check)."""
-        return self.decode(parts, o0, o1, out)
+    def decode_rows(self, parts: Parts, o0: int, o1: int, out: np.ndarray | None = None,
+                    backend: str | None = None) -> np.ndarray:
+        """Rows [o0, o1) as ``[o1 - o0, in_features]``: written into ``out`` (float32 or float16, that many
+        elements, C-contiguous) and returned as a view of it when given, else a new float32 array.
+
+        ``backend``: None or "auto" (the C kernel where built and the scheme has one, else numpy), "numpy"
+        (the reference), "native" (the kernel; ValueError where there is none). A call the kernel does not
+        take is decoded by numpy."""
+        shape = (o1 - o0, self.in_features)
+        if use_kernel(backend, self.kernel is not None):
+            dest = out if out is not None else np.empty(shape, np.float32)
+            if self.kernel(parts, o0, o1, dest):
+                return dest.reshape(shape)
+        direct = out if out is not None and out.dtype == np.float32 else None
+        values = self.decode(parts, o0, o1, direct)
+        if out is None:
+            return values
+        if not np.may_share_memory(values, out):  # a new array (float16 out, or a fallback rounding)
+            with np.errstate(over="ignore"):
+                np.copyto(out.reshape(shape), values.reshape(shape), casting="unsafe")  # beyond fp16: inf
+        return out.reshape(shape)
 
 
 # ------------------------------------------------------------------------------------------ header checks

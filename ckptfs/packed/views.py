@@ -92,6 +92,7 @@ class PackedData:
 
     direct = False
     group_blocks = 1  # read-ahead groups: one tile each (``info.block_elements`` is a tile's elements)
+    backend: str | None = None  # Layout.decode_rows' choice: None/"auto", "numpy" or "native"
 
     def __init__(self, info: TensorInfo, layout: Layout, reader: PartReader, dtype: np.dtype, cache):
         self.info = info
@@ -109,23 +110,16 @@ class PackedData:
         return -(-self.layout.out_features // self.rows_per_tile)
 
     def _decode(self, o0: int, o1: int, out: np.ndarray | None = None) -> np.ndarray:
-        """Rows [o0, o1) as flat ``self.dtype`` values, into ``out`` when given."""
+        """Rows [o0, o1) as flat ``self.dtype`` values, into ``out`` when given (a float16 view gets its
+        buffer here, so that the C kernel writes float16 straight into it)."""
+        if out is None and self.dtype != np.float32:
+            out = np.empty((o1 - o0) * self.row_elements, self.dtype)
         try:
-            direct = out if out is not None and self.dtype == np.float32 else None
-            values = self.layout.decode_rows(self._reader, o0, o1, direct)
+            values = self.layout.decode_rows(self._reader, o0, o1, out, self.backend)
         except Absent as exc:  # a fact only the stored values reveal (a g_idx out of range)
             marker = next(iter(self.layout.parts.values()))
             raise CheckpointError(marker.source, marker.offset, f"tensor {self.info.name!r}: {exc}") from None
-        values = values.reshape(-1)
-        if out is None:
-            if values.dtype != self.dtype:
-                with np.errstate(over="ignore"):
-                    values = values.astype(self.dtype)
-            return values
-        if not np.may_share_memory(values, out):  # a new array (float16 mode, or a fallback rounding)
-            with np.errstate(over="ignore"):
-                np.copyto(out, values, casting="unsafe")  # float16 mode: beyond its range becomes inf
-        return out
+        return values.reshape(-1)
 
     def _key(self, t: int) -> str:
         if self._key_prefix is None:

@@ -1,0 +1,326 @@
+/*
+ * Optional C kernel for the packed schemes' hottest path: rows of a GPTQ (2, 3, 4, 8 bits; g_idx or not; v1
+ * or v2 zero points) or AWQ (GEMM or GEMV order) weight, decoded in one pass straight into the caller's
+ * float32 or float16 buffer.
+ *
+ * Why: the numpy path (gptq.py, awq.py, bits.py) makes several passes over each tile (split fields, widen,
+ * subtract, multiply, round) through temporaries whose fresh pages cost more than the arithmetic; here each
+ * output value is written once. Results must be bit-identical to the numpy path, which stays the reference
+ * and the fallback:
+ *
+ * - value = (float)(q - z) * s in float32 (q - z is a small integer, s an exact float32 of the stored scale:
+ *   the product is the numpy path's, and for a 16-bit scale it is exact);
+ * - rounded once to the scale's storage type: F16 nearest-even with subnormals, overflow to infinity and NaN
+ *   kept (numpy's float32 -> float16 conversion); BF16 nearest-even on the bits, NaN kept; F32 unchanged;
+ * - a float16 output converts that float32 to float16 (nearest-even) as numpy's astype does.
+ *
+ * Each row's 2^bits possible values per group are computed once into a table when that is fewer than the
+ * row's values; the inner loop then only extracts fields and copies table entries. The zero points (the v1
+ * +1 already added), scales (as float32) and group indices come in as the per-layer arrays the numpy path
+ * caches, so both paths read the same inputs. Built with -ffp-contract=off (nothing to fuse here, but the
+ * project's kernels share the flags). The GIL is released while decoding; every index is checked against
+ * the buffers before anything is read or written.
+ *
+ * Interface: dequantize_rows(mode, words, row_step, word_step, bits, in_features, phase, zeros, scales,
+ * groups, g_idx, group_size, rounding, out, out_half, n_rows) and convert(src, dst, rounding, out_half) (the
+ * per-value finishing step over float32 values, for tests). Word k of row r (of 8-row block r for AWQ GEMM)
+ * is words[r * row_step + k * word_step]: the stored qweight is read as it is (its columns are the rows:
+ * row_step 1, word_step the column count), without the transposed copy the numpy path needs.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#if defined(__GNUC__)
+#define ALWAYS_INLINE static inline __attribute__((always_inline))
+#else
+#define ALWAYS_INLINE static inline
+#endif
+
+enum { MODE_DENSE = 0, MODE_AWQ_GEMM = 1 };
+enum { ROUND_NONE = 0, ROUND_F16 = 1, ROUND_BF16 = 2 };
+
+/* AutoAWQ GEMM: output column 8c + j of a word is its nibble REVERSE_ORDER[j]. */
+static const int AWQ_REVERSE_ORDER[8] = {0, 4, 1, 5, 2, 6, 3, 7};
+
+static inline uint32_t bits_of(float f) { uint32_t u; memcpy(&u, &f, sizeof u); return u; }
+static inline float float_of(uint32_t u) { float f; memcpy(&f, &u, sizeof f); return f; }
+
+/* float32 bits -> float16 bits, round to nearest even; subnormals, overflow to infinity; a NaN keeps its sign
+ * and top payload bits and stays a NaN (numpy's npy_floatbits_to_halfbits). */
+static inline uint16_t f32_to_f16(uint32_t f) {
+    const uint32_t sign = (f >> 16) & 0x8000u, a = f & 0x7fffffffu;
+    if (a >= 0x7f800000u) {
+        if (a == 0x7f800000u) return (uint16_t)(sign | 0x7c00u);
+        uint32_t nan = 0x7c00u + ((a & 0x7fffffu) >> 13);
+        if (nan == 0x7c00u) nan++;
+        return (uint16_t)(sign | nan);
+    }
+    if (a >= 0x47800000u) return (uint16_t)(sign | 0x7c00u);          /* >= 2^16: infinity */
+    if (a >= 0x38800000u) {                                             /* normal float16 range */
+        const uint32_t r = (a + 0x0fffu + ((a >> 13) & 1u)) >> 13;      /* a carry may reach 0x7c00 = inf */
+        return (uint16_t)(sign | (r - 0x1c000u));
+    }
+    if (a <= 0x33000000u) return (uint16_t)sign;                        /* <= 2^-25: rounds to zero */
+    const uint32_t e = a >> 23, m = (a & 0x7fffffu) | 0x800000u;        /* subnormal: units of 2^-24 */
+    const unsigned shift = 126u - e;                                    /* 14..24 */
+    uint32_t h = m >> shift;
+    const uint32_t rest = m & ((1u << shift) - 1u), half = 1u << (shift - 1u);
+    if (rest > half || (rest == half && (h & 1u))) h++;
+    return (uint16_t)(sign | h);
+}
+
+/* float16 bits -> float32 bits (exact). */
+static inline uint32_t f16_to_f32(uint16_t h) {
+    const uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
+    if (e == 0x1fu) return sign | 0x7f800000u | (m << 13);
+    if (e) return sign | ((e + 112u) << 23) | (m << 13);
+    return sign | bits_of((float)m * 0x1p-24f);                         /* zero or subnormal: exact */
+}
+
+/* The finished output bits of one float32 value: rounded to the scale's type, then as the output's type. */
+static inline uint32_t finish(float v, int rounding, int out_half) {
+    uint32_t u = bits_of(v);
+    if (rounding == ROUND_F16) {
+        /* zero, or a magnitude that stays a normal float16 once rounded (2^-14 <= |v| < 65520): rounding
+         * the float32 mantissa to 10 bits on the bits is the same nearest-even rounding, without the
+         * round trip through float16 bits */
+        if (!out_half && ((u & 0x7fffffffu) - 0x38800000u < 0x477ff000u - 0x38800000u || !(u & 0x7fffffffu)))
+            return (u + 0x0fffu + ((u >> 13) & 1u)) & 0xffffe000u;
+        const uint16_t h = f32_to_f16(u);
+        return out_half ? h : f16_to_f32(h);
+    }
+    if (rounding == ROUND_BF16 && (u & 0x7fffffffu) <= 0x7f800000u)
+        u = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+    return out_half ? f32_to_f16(u) : u;
+}
+
+typedef struct {
+    int mode, bits, rounding, out_half, phase;
+    Py_ssize_t in, row_step, word_step, groups, group_size, n_rows;
+    const uint32_t *words;
+    const int16_t *zeros;
+    const float *scales;
+    const int64_t *g_idx;       /* NULL: group i / group_size */
+    void *out;
+} Job;
+
+/* Field i of a row whose word k is w[k * step]: dense (field i at bit bits * i of the row's words read as
+ * one little-endian bit string) or AWQ GEMM (word i of the row's 8-row block, nibble `shift` / 4). `bits` is
+ * a constant in each caller. */
+ALWAYS_INLINE uint32_t field(const uint32_t *w, Py_ssize_t step, Py_ssize_t i, int bits, int awq,
+                             unsigned shift) {
+    if (awq) return (w[i * step] >> shift) & 15u;
+    const uint32_t mask = (1u << bits) - 1u;
+    if (32 % bits == 0) {
+        const int per = 32 / bits;
+        return (w[(i / per) * step] >> ((unsigned)(i % per) * (unsigned)bits)) & mask;
+    }
+    const uint64_t bit = (uint64_t)i * (uint64_t)bits;
+    const Py_ssize_t k = (Py_ssize_t)(bit >> 5);
+    const unsigned off = (unsigned)(bit & 31u);
+    uint64_t window = w[k * step];
+    if (off + (unsigned)bits > 32u) window |= (uint64_t)w[(k + 1) * step] << 32;
+    return (uint32_t)(window >> off) & mask;
+}
+
+ALWAYS_INLINE void store(void *out, Py_ssize_t i, uint32_t value, int out_half) {
+    if (out_half) ((uint16_t *)out)[i] = (uint16_t)value;
+    else ((uint32_t *)out)[i] = value;
+}
+
+/* One output row r of the job. `table` has room for groups << bits entries (NULL: compute each value). */
+ALWAYS_INLINE void decode_row(const Job *job, Py_ssize_t r, uint32_t *table, int bits, int awq, int out_half) {
+    const Py_ssize_t in = job->in, groups = job->groups, gs = job->group_size;
+    const int16_t *z = job->zeros + r * groups;
+    const float *s = job->scales + r * groups;
+    const int64_t *g_idx = job->g_idx;
+    const int nq = 1 << bits, rounding = job->rounding;
+    const Py_ssize_t step = job->word_step;
+    const uint32_t *w;
+    unsigned shift = 0;
+    if (awq) {
+        const Py_ssize_t row = job->phase + r;
+        w = job->words + (row / 8) * job->row_step;
+        shift = 4u * (unsigned)AWQ_REVERSE_ORDER[row % 8];
+    } else {
+        w = job->words + r * job->row_step;
+    }
+    void *out = (char *)job->out + r * in * (out_half ? 2 : 4);
+    if (table) {
+        for (Py_ssize_t g = 0; g < groups; g++)
+            for (int q = 0; q < nq; q++)
+                table[g * nq + q] = finish((float)(q - (int)z[g]) * s[g], rounding, out_half);
+        if (g_idx) {
+            for (Py_ssize_t i = 0; i < in; i++)
+                store(out, i, table[g_idx[i] * nq + field(w, step, i, bits, awq, shift)], out_half);
+        } else if (!awq && 32 % bits == 0 && gs % (32 / bits) == 0) {
+            /* whole words per group: each word loaded once, its fields split by constant shifts */
+            const int per = 32 / bits;
+            const uint32_t mask = (1u << bits) - 1u;
+            const Py_ssize_t full = in / per, group_words = gs / per;
+            for (Py_ssize_t k0 = 0, g = 0; k0 < full; k0 += group_words, g++) {
+                const uint32_t *t = table + g * nq;
+                const Py_ssize_t k1 = k0 + group_words < full ? k0 + group_words : full;
+                for (Py_ssize_t k = k0; k < k1; k++) {
+                    const uint32_t x = w[k * step];
+                    for (int j = 0; j < per; j++) store(out, k * per + j, t[(x >> (j * bits)) & mask], out_half);
+                }
+            }
+            for (Py_ssize_t i = full * per; i < in; i++)
+                store(out, i, table[(i / gs) * nq + field(w, step, i, bits, awq, shift)], out_half);
+        } else {
+            for (Py_ssize_t i0 = 0, g = 0; i0 < in; i0 += gs, g++) {
+                const uint32_t *t = table + g * nq;
+                const Py_ssize_t i1 = i0 + gs < in ? i0 + gs : in;
+                for (Py_ssize_t i = i0; i < i1; i++)
+                    store(out, i, t[field(w, step, i, bits, awq, shift)], out_half);
+            }
+        }
+        return;
+    }
+    for (Py_ssize_t i = 0; i < in; i++) {
+        const Py_ssize_t g = g_idx ? (Py_ssize_t)g_idx[i] : i / gs;
+        const int q = (int)field(w, step, i, bits, awq, shift);
+        store(out, i, finish((float)(q - (int)z[g]) * s[g], rounding, out_half), out_half);
+    }
+}
+
+ALWAYS_INLINE void decode_rows_as(const Job *job, uint32_t *table, int bits, int awq, int out_half) {
+    for (Py_ssize_t r = 0; r < job->n_rows; r++) decode_row(job, r, table, bits, awq, out_half);
+}
+
+static void run(const Job *job, uint32_t *table) {
+    const int h = job->out_half;
+    if (job->mode == MODE_AWQ_GEMM) {
+        if (h) decode_rows_as(job, table, 4, 1, 1); else decode_rows_as(job, table, 4, 1, 0);
+        return;
+    }
+    switch (job->bits) {
+    case 2: if (h) decode_rows_as(job, table, 2, 0, 1); else decode_rows_as(job, table, 2, 0, 0); break;
+    case 3: if (h) decode_rows_as(job, table, 3, 0, 1); else decode_rows_as(job, table, 3, 0, 0); break;
+    case 4: if (h) decode_rows_as(job, table, 4, 0, 1); else decode_rows_as(job, table, 4, 0, 0); break;
+    default: if (h) decode_rows_as(job, table, 8, 0, 1); else decode_rows_as(job, table, 8, 0, 0); break;
+    }
+}
+
+static int fail(const char *message) {
+    PyErr_SetString(PyExc_ValueError, message);
+    return 0;
+}
+
+/* Every index the job will touch lies inside its buffers (else a ValueError, nothing decoded). */
+static int check(const Job *job, const Py_buffer *words, const Py_buffer *zeros, const Py_buffer *scales,
+                 const Py_buffer *g_idx, const Py_buffer *out) {
+    const Py_ssize_t n = job->n_rows, in = job->in;
+    if (job->bits != 2 && job->bits != 3 && job->bits != 4 && job->bits != 8) return fail("bits must be 2, 3, 4 or 8");
+    if (job->mode != MODE_DENSE && job->mode != MODE_AWQ_GEMM) return fail("unknown packing mode");
+    if (job->mode == MODE_AWQ_GEMM && (job->bits != 4 || job->phase < 0 || job->phase > 7))
+        return fail("AWQ GEMM packing is 4-bit with a phase 0..7");
+    if (job->rounding < ROUND_NONE || job->rounding > ROUND_BF16) return fail("unknown rounding");
+    if (n < 0 || in <= 0 || job->groups <= 0 || job->group_size <= 0) return fail("empty or negative shape");
+    if (!job->g_idx && (in + job->group_size - 1) / job->group_size > job->groups)
+        return fail("fewer groups than in_features / group_size");
+    if (n > PY_SSIZE_T_MAX / in / 4 || job->groups > PY_SSIZE_T_MAX / 256 / 4) return fail("shape too large");
+    if (job->row_step < 0 || job->word_step <= 0 || job->row_step > PY_SSIZE_T_MAX / 4 / (n + 8) ||
+        job->word_step > PY_SSIZE_T_MAX / 4 / in)
+        return fail("bad word steps");
+    /* the last row (or 8-row block) and its last word, the highest index the job reads */
+    const Py_ssize_t last_row = job->mode == MODE_AWQ_GEMM ? (job->phase + n - 1) / 8 : n - 1;
+    const Py_ssize_t words_per_row = job->mode == MODE_AWQ_GEMM ? in : (in * job->bits + 31) / 32;
+    if (n && words->len / 4 <= last_row * job->row_step + (words_per_row - 1) * job->word_step)
+        return fail("words buffer too small");
+    if (zeros->len / 2 < n * job->groups) return fail("zeros buffer too small");
+    if (scales->len / 4 < n * job->groups) return fail("scales buffer too small");
+    if (out->len / (job->out_half ? 2 : 4) < n * in) return fail("output buffer too small");
+    if (job->g_idx) {
+        if (g_idx->len / 8 < in) return fail("g_idx buffer too small");
+        for (Py_ssize_t i = 0; i < in; i++)
+            if (job->g_idx[i] < 0 || job->g_idx[i] >= job->groups) return fail("g_idx holds a group out of range");
+    }
+    return 1;
+}
+
+static PyObject *dequantize_rows(PyObject *self, PyObject *args) {
+    Job job;
+    Py_buffer words, zeros, scales, g_idx = {0}, out;
+    PyObject *g_obj;
+    (void)self;
+    memset(&job, 0, sizeof job);
+    if (!PyArg_ParseTuple(args, "iy*nniniy*y*nOniw*in", &job.mode, &words, &job.row_step, &job.word_step,
+                          &job.bits, &job.in, &job.phase, &zeros, &scales, &job.groups, &g_obj, &job.group_size,
+                          &job.rounding, &out, &job.out_half, &job.n_rows))
+        return NULL;
+    PyObject *result = NULL;
+    int have_g = g_obj != Py_None;
+    if (have_g && PyObject_GetBuffer(g_obj, &g_idx, PyBUF_C_CONTIGUOUS) < 0) {
+        have_g = -1;
+    } else {
+        job.words = (const uint32_t *)words.buf;
+        job.zeros = (const int16_t *)zeros.buf;
+        job.scales = (const float *)scales.buf;
+        job.g_idx = have_g ? (const int64_t *)g_idx.buf : NULL;
+        job.out = out.buf;
+        job.out_half = job.out_half != 0;
+        if (check(&job, &words, &zeros, &scales, &g_idx, &out)) {
+            const Py_ssize_t entries = job.groups << job.bits;
+            uint32_t *table = NULL;
+            /* a table pays off when a row has more values than (groups x 2^bits) possible ones */
+            if (entries <= job.in && !(table = malloc((size_t)entries * sizeof *table))) {
+                PyErr_NoMemory();
+            } else {
+                Py_BEGIN_ALLOW_THREADS
+                run(&job, table);
+                Py_END_ALLOW_THREADS
+                free(table);
+                result = Py_None;
+                Py_INCREF(result);
+            }
+        }
+    }
+    if (have_g == 1) PyBuffer_Release(&g_idx);
+    PyBuffer_Release(&words);
+    PyBuffer_Release(&zeros);
+    PyBuffer_Release(&scales);
+    PyBuffer_Release(&out);
+    return result;
+}
+
+static PyObject *convert(PyObject *self, PyObject *args) {
+    Py_buffer src, dst;
+    int rounding, out_half;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "y*w*ii", &src, &dst, &rounding, &out_half)) return NULL;
+    PyObject *result = NULL;
+    const Py_ssize_t n = src.len / 4;
+    if (rounding < ROUND_NONE || rounding > ROUND_BF16) {
+        PyErr_SetString(PyExc_ValueError, "unknown rounding");
+    } else if (dst.len / (out_half ? 2 : 4) < n) {
+        PyErr_SetString(PyExc_ValueError, "output buffer too small");
+    } else {
+        const float *x = (const float *)src.buf;
+        Py_BEGIN_ALLOW_THREADS
+        for (Py_ssize_t i = 0; i < n; i++) store(dst.buf, i, finish(x[i], rounding, out_half != 0), out_half != 0);
+        Py_END_ALLOW_THREADS
+        result = Py_None;
+        Py_INCREF(result);
+    }
+    PyBuffer_Release(&src);
+    PyBuffer_Release(&dst);
+    return result;
+}
+
+static PyMethodDef METHODS[] = {
+    {"dequantize_rows", dequantize_rows, METH_VARARGS,
+     "dequantize_rows(mode, words, row_step, word_step, bits, in_features, phase, zeros, scales, groups, "
+     "g_idx, group_size, rounding, out, out_half, n_rows): decode n_rows rows of a packed weight into out."},
+    {"convert", convert, METH_VARARGS,
+     "convert(src_float32, dst, rounding, out_half): the kernel's per-value rounding and output conversion."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef MODULE = {PyModuleDef_HEAD_INIT, "_kernels", NULL, -1, METHODS, NULL, NULL, NULL, NULL};
+
+PyMODINIT_FUNC PyInit__kernels(void) { return PyModule_Create(&MODULE); }
