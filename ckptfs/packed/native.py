@@ -64,7 +64,9 @@ def dequantize_rows(out: np.ndarray, words: np.ndarray, bits: int, in_features: 
     if out.size != rows * in_features or scales.shape != (rows, groups):
         return False
     if row_step is None:
-        row_step = words.shape[-1] if words.ndim > 1 else 0
+        if words.ndim != 2:
+            raise ValueError("words without row_step must be [rows, words per row]")
+        row_step = words.shape[1]
     words = np.ascontiguousarray(words).reshape(-1).view(np.uint32)
     if g_idx is not None:
         g_idx = np.ascontiguousarray(g_idx, dtype=np.int64)
