@@ -4,10 +4,12 @@
 Issue 18's stream target: every ``.npy`` of a real-shaped Q4_K_M GGUF (default: the Gemma 3 270M skeleton in
 scripts/real-shapes/, full size, generated once by make_realistic_gguf.py) read through a fresh ``ckptfs
 mount`` with 1 MiB reads (``ckptfs bench``'s scan), at least 2x the MB/s of gguf-py decoding every tensor
-in-process (``gguf.quants.dequantize`` on a reader opened once, decode time only, as ``ckptfs bench``
-measures it; each round touches the file's mapping afresh, as a process decoding it once does, unless
-``--reference-mapped``) — in each of ``--rounds`` interleaved rounds, not only the best. Then the same
-rounds with one other busy process on the machine (``yes > /dev/null``, started and stopped here).
+in-process (``gguf.quants.dequantize`` of every tensor, decode time only, as ``ckptfs bench`` measures it,
+in a fresh process per round that opened the file untimed: what a user's process that decodes the file
+once gets; ``--reference-warm`` decodes in this long-lived process instead, whose allocator and mapping
+are warm after the first round: gguf-py's best case) — in each of ``--rounds`` interleaved rounds, not only
+the best. Then the same rounds with one other busy process on the machine (``yes > /dev/null``, started and
+stopped here).
 
 Besides MB/s, each stream records what the daemon did: its CPU seconds (user, system), context switches of
 all its threads (voluntary: it waited; involuntary: the scheduler took the CPU away), and its block cache's
@@ -16,7 +18,7 @@ read-ahead worker). With ``--profile DIR`` one extra stream per phase runs under
 py-spy``), and its samples are summarized per thread kind and per function.
 
 Usage: python scripts/bench_npy_stream.py [CKPT.gguf] [--rounds 5] [--phases quiet,busy] [--profile DIR]
-                                          [--json OUT]
+                                          [--reference-warm] [--json OUT]
 """
 
 from __future__ import annotations
@@ -25,7 +27,6 @@ import argparse
 import collections
 import glob
 import json
-import mmap
 import os
 import shutil
 import statistics
@@ -85,15 +86,8 @@ def ckptfs_stream(src: str, plan, workdir: str, label: str, profile_to: str | No
             **{k: after[k] - before[k] for k in before}}
 
 
-def gguf_py_decode(reader, dequantize, mapped: bool = False) -> dict:
-    """gguf-py decoding every tensor in-process: decode seconds summed (``ckptfs bench``'s definition).
-
-    Unless ``mapped``, the reader's mapping of the file is first dropped from this process's page tables
-    (``MADV_DONTNEED``; the pages stay in the page cache), so every round decodes as the first one after
-    opening the file does: touching each page of the mapping once (minor faults), as a user's process must.
-    ``mapped`` keeps the pages mapped from earlier rounds: gguf-py's best case, which no fresh process gets."""
-    if not mapped:
-        reader.data._mmap.madvise(mmap.MADV_DONTNEED)
+def gguf_py_decode(reader, dequantize) -> dict:
+    """gguf-py decoding every tensor in-process: decode seconds summed (``ckptfs bench``'s definition)."""
     total, seconds = 0, 0.0
     for t in reader.tensors:
         start = time.perf_counter()
@@ -102,6 +96,15 @@ def gguf_py_decode(reader, dequantize, mapped: bool = False) -> dict:
         total += values.nbytes
         del values
     return {"mbs": total / seconds / 1e6, "seconds": seconds, "bytes": total, "load": os.getloadavg()[0]}
+
+
+def gguf_py_fresh(src: str) -> dict:
+    """:func:`gguf_py_decode` in a new process (the reader opened there, untimed)."""
+    proc = subprocess.run([sys.executable, __file__, src, "--child-decode"], capture_output=True, text=True,
+                          check=False)
+    if proc.returncode != 0:
+        raise SystemExit(f"gguf-py in a fresh process failed:\n{proc.stderr}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 IDLE_LEAVES = ("sigwait", "FUSE.__init__", "_worker")  # the signal thread, libfuse's main loop, an idle worker
@@ -132,8 +135,7 @@ def summarize_profile(path: str) -> dict:
             "self": dict(leaves.most_common(15))}
 
 
-def run_phase(phase: str, src: str, plan, reader, dequantize, rounds: int, workdir: str,
-              profile_dir: str | None, mapped: bool) -> dict:
+def run_phase(phase: str, src: str, plan, reference, rounds: int, workdir: str, profile_dir: str | None) -> dict:
     burner = subprocess.Popen(["yes"], stdout=subprocess.DEVNULL) if phase == "busy" else None
     try:
         time.sleep(0.5 if burner else 0)
@@ -144,7 +146,7 @@ def run_phase(phase: str, src: str, plan, reader, dequantize, rounds: int, workd
                 if who == "ckptfs":
                     ours.append(ckptfs_stream(src, plan, workdir, f"{phase}-{r}"))
                 else:
-                    theirs.append(gguf_py_decode(reader, dequantize, mapped))
+                    theirs.append(reference())
             print(f"{phase} round {r + 1}: .npy stream {ours[-1]['mbs']:6.0f} MB/s, gguf-py {theirs[-1]['mbs']:6.0f} "
                   f"MB/s, ratio {ours[-1]['mbs'] / theirs[-1]['mbs']:.2f}; daemon CPU "
                   f"{ours[-1]['user_s'] + ours[-1]['system_s']:.2f} s, ctx switches {ours[-1]['voluntary']} vol / "
@@ -168,12 +170,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--phases", default="quiet,busy")
     parser.add_argument("--profile", metavar="DIR", help="profile one extra stream per phase with py-spy")
-    parser.add_argument("--reference-mapped", action="store_true",
-                        help="keep gguf-py's mapping of the file between rounds (its best case)")
+    parser.add_argument("--reference-warm", action="store_true",
+                        help="decode with gguf-py in this process, warm after the first round (its best case)")
+    parser.add_argument("--child-decode", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--json", help="write the results here too")
     args = parser.parse_args(argv)
     import gguf
     from gguf.quants import dequantize
+
+    if args.child_decode:
+        print(json.dumps(gguf_py_decode(gguf.GGUFReader(args.ckpt), dequantize)))
+        return 0
 
     ensure_fixture(args.ckpt)
     if args.profile:
@@ -182,16 +189,24 @@ def main(argv: list[str] | None = None) -> int:
         os.makedirs(args.profile, exist_ok=True)
     with open_checkpoint(args.ckpt) as ck:
         plan = make_plan(ck, args.ckpt)
-    start = time.perf_counter()
-    reader = gguf.GGUFReader(args.ckpt)
-    print(f"{args.ckpt}: {plan.tensors} tensors; GGUFReader open {time.perf_counter() - start:.1f} s; "
-          f"{os.cpu_count()} CPUs, load {os.getloadavg()[0]:.2f}", file=sys.stderr, flush=True)
+    if args.reference_warm:
+        start = time.perf_counter()
+        reader = gguf.GGUFReader(args.ckpt)
+        print(f"GGUFReader open {time.perf_counter() - start:.1f} s", file=sys.stderr)
+
+        def reference() -> dict:
+            return gguf_py_decode(reader, dequantize)
+    else:
+        def reference() -> dict:
+            return gguf_py_fresh(args.ckpt)
+    print(f"{args.ckpt}: {plan.tensors} tensors; {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.2f}",
+          file=sys.stderr, flush=True)
     results = {"checkpoint": args.ckpt, "tensors": plan.tensors, "cpus": os.cpu_count(),
-               "reference_mapped": args.reference_mapped, "phases": {}}
+               "reference": "warm" if args.reference_warm else "fresh process per round", "phases": {}}
     with tempfile.TemporaryDirectory(prefix="ckptfs-npy-stream-") as workdir:
         for phase in args.phases.split(","):
-            results["phases"][phase] = run_phase(phase, args.ckpt, plan, reader, dequantize, args.rounds, workdir,
-                                                 args.profile, args.reference_mapped)
+            results["phases"][phase] = run_phase(phase, args.ckpt, plan, reference, args.rounds, workdir,
+                                                 args.profile)
     for phase, r in results["phases"].items():
         ratios = r["ratios"]
         print(f"{phase}: ratios {' '.join(f'{x:.2f}' for x in ratios)} (min {min(ratios):.2f}, median "
