@@ -8,6 +8,7 @@ compared field by field, and values are checked against safetensors' own loader.
 from __future__ import annotations
 
 import json
+import os
 import struct
 
 import numpy as np
@@ -100,3 +101,21 @@ def test_a_checkpoint_makes_tensor_objects_only_when_asked(tmp_path):
         assert sum(t is not None for t in ck.tensors._made) == 1
         assert ck.tensors[-1] is ck[max(reference)]  # stored in name order (one dtype), made once
         assert [t.name for t in ck.tensors] == ck.tensors.names() and sorted(ck) == sorted(reference)
+
+
+def test_a_folder_of_many_names_lists_whole_and_once_each(tmp_path, mounted):
+    """A listing spans many READDIR replies (libfuse's offset mode, names handed over from C): every name
+    once, nothing lost at a reply's edge, the same again on a repeated listing."""
+    rng = np.random.default_rng(1)
+    names = [f"model.layers.{i}.mlp.experts.{j}.w" for i in range(10) for j in range(300)]
+    arrays = {name: rng.standard_normal(2).astype(np.float32) for name in names}
+    save_file(arrays, str(tmp_path / "m.safetensors"))
+    mnt = mounted(tmp_path / "m.safetensors")
+    expected = {f"{n}{suffix}" for n in names for suffix in (".npy", ".raw", ".meta.json")} | {"metadata.json"}
+    first = os.listdir(mnt)
+    assert len(first) == len(set(first)) == len(expected) and set(first) == expected
+    assert os.listdir(mnt) == first
+    with os.scandir(mnt) as entries:  # a slow reader: one entry at a time over the same replies
+        assert sorted(e.name for e in entries) == sorted(expected)
+    name = names[-1]
+    np.testing.assert_array_equal(np.load(mnt / f"{name}.npy"), arrays[name])
