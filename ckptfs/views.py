@@ -156,7 +156,26 @@ class FileView(View):
         return self._sources.get(self.path).pread(offset, size) if size else b""
 
 
-class NpyView(View):
+class HeaderBodyView(View):
+    """A file made of a header held in memory and a body produced on demand as buffers: ``body_segments(d0,
+    d1)`` gives the body's bytes [d0, d1) without copying them (a .npy, a virtual safetensors or GGUF file).
+    A read joins them once; a mount read copies them into libfuse's buffer (``read_parts``)."""
+
+    header: bytes
+
+    def body_segments(self, d0: int, d1: int) -> list:  # pragma: no cover - interface
+        raise NotImplementedError
+
+    def read(self, offset: int, size: int) -> bytes:
+        offset, size = self._clip(offset, size)
+        return header_and_body(self.header, offset, offset + size, self.body_segments) if size else b""
+
+    def read_parts(self, offset: int, size: int) -> list:
+        offset, size = self._clip(offset, size)
+        return header_and_parts(self.header, offset, offset + size, self.body_segments) if size else []
+
+
+class NpyView(HeaderBodyView):
     """A real .npy file of the decoded tensor: np.save's header, then the values in C order.
 
     Only the elements under the requested bytes are decoded (through ``TensorData``, block by block).
@@ -188,13 +207,8 @@ class NpyView(View):
                      for g in range(data.group_of_element(e0), data.group_of_element(e1 - 1) + 1))
         return Ahead(advise, jobs)
 
-    def read(self, offset: int, size: int) -> bytes:
-        offset, size = self._clip(offset, size)
-        return header_and_body(self.header, offset, offset + size, self.data.byte_segments) if size else b""
-
-    def read_parts(self, offset: int, size: int) -> list:
-        offset, size = self._clip(offset, size)
-        return header_and_parts(self.header, offset, offset + size, self.data.byte_segments) if size else []
+    def body_segments(self, d0: int, d1: int) -> list:
+        return self.data.byte_segments(d0, d1)
 
 
 def header_and_parts(header: bytes, offset: int, end: int, body: Callable[[int, int], list]) -> list:

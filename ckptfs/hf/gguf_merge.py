@@ -21,7 +21,7 @@ from ..descriptors import TensorInfo
 from ..formats._prefix import FilePrefix
 from ..formats.gguf import ALIGNMENT_KEY, DEFAULT_ALIGNMENT, GGML_TYPE_NAMES, MAGIC
 from ..formats.gguf_values import ValueWalker
-from ..views import View, header_and_body, header_and_parts
+from ..views import HeaderBodyView
 
 SPLIT_PREFIX = "split."
 MERGED_FILE = "model.gguf"
@@ -75,7 +75,7 @@ class _Piece:
     info: TensorInfo
 
 
-class MergedGgufView(View):
+class MergedGgufView(HeaderBodyView):
     """The merged GGUF file of a complete split set."""
 
     def __init__(self, ck: Checkpoint):
@@ -123,10 +123,3 @@ class MergedGgufView(View):
             i += 1
         return parts
 
-    def read(self, offset: int, size: int) -> bytes:
-        offset, size = self._clip(offset, size)
-        return header_and_body(self.header, offset, offset + size, self.body_segments) if size else b""
-
-    def read_parts(self, offset: int, size: int) -> list:
-        offset, size = self._clip(offset, size)
-        return header_and_parts(self.header, offset, offset + size, self.body_segments) if size else []

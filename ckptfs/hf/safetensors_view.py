@@ -24,7 +24,7 @@ import numpy as np
 from ..blocks import GROUP_TARGET_BYTES, TensorData
 from ..cache import cache_key
 from ..checkpoint import Checkpoint
-from ..views import Ahead, View, header_and_body, header_and_parts
+from ..views import Ahead, HeaderBodyView
 from .weights import ParamSource
 
 #: --hf-dtype -> (safetensors dtype name, bytes per element)
@@ -166,7 +166,7 @@ def build_header(params: list[ParamData], metadata: dict[str, str] | None = None
     return struct.pack("<Q", len(text)) + text
 
 
-class SafetensorsView(View):
+class SafetensorsView(HeaderBodyView):
     """model.safetensors of the hf/ folder."""
 
     reads_ahead = True
@@ -196,13 +196,6 @@ class SafetensorsView(View):
             parts += p.segments(max(d0, start) - start, min(d1, start + p.nbytes) - start)
         return parts
 
-    def read(self, offset: int, size: int) -> bytes:
-        offset, size = self._clip(offset, size)
-        return header_and_body(self.header, offset, offset + size, self.body_segments) if size else b""
-
-    def read_parts(self, offset: int, size: int) -> list:
-        offset, size = self._clip(offset, size)
-        return header_and_parts(self.header, offset, offset + size, self.body_segments) if size else []
 
     def ahead(self, start: int, stop: int) -> Ahead:
         """The stored blocks behind bytes [start, stop), and the groups that serve them as decoding jobs."""
