@@ -34,8 +34,6 @@ log = logging.getLogger(__name__)
 METADATA_FILE = "metadata.json"
 #: A file's size is a signed 64-bit off_t.
 MAX_FILE_BYTES = (1 << 63) - 1
-#: Suffixes of the files of one tensor, by kind.
-TENSOR_SUFFIXES = {"npy": ".npy", "raw": ".raw", "json": ".meta.json"}
 
 
 @dataclass(frozen=True)
@@ -74,6 +72,7 @@ class TensorFiles:
     """
 
     SUFFIXES = ((".npy", "npy"), (".raw", "raw"), (".meta.json", "json"))
+    SUFFIX_OF = {kind: suffix for suffix, kind in SUFFIXES}
 
     def __init__(self, ck: Checkpoint, stems: Sequence[str] | None = None):
         self.ck = ck
@@ -105,7 +104,7 @@ class TensorFiles:
         return BytesView(lambda: dumps_bytes(tensor.meta))
 
     def __iter__(self) -> Iterator[Entry]:
-        suffix = {kind: suffix for suffix, kind in self.SUFFIXES}
+        suffix = self.SUFFIX_OF
         for index, stem in enumerate(self.stems):
             for kind in self.kinds(index):
                 yield Entry(stem + suffix[kind], kind, functools.partial(self.view, index, kind))
@@ -252,7 +251,7 @@ class MountTree:
         members = self._members.get(folder)
         if members:
             files = self._tensor_files
-            suffix = {kind: suffix for suffix, kind in TensorFiles.SUFFIXES}
+            suffix = TensorFiles.SUFFIX_OF
             for index in members:
                 leaf = files.stems[index].rpartition("/")[2]
                 for kind in files.kinds(index):

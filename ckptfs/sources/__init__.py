@@ -123,14 +123,3 @@ def normalize(src: str) -> str:
     """A form of ``src`` for comparing names: ``os.path.normpath`` for a path; a URL as it is (normpath
     would fold its ``//``)."""
     return src if scheme_of(src) is not None else os.path.normpath(src)
-
-
-def read_whole(src: str, limit: int) -> bytes:
-    """A small file's bytes (an index, config.json); CheckpointError beyond ``limit`` bytes."""
-    source = open_source(src)
-    try:
-        if source.size > limit:
-            raise CheckpointError(src, None, f"is {source.size} bytes, more than the {limit} bytes read here")
-        return source.pread(0, source.size)
-    finally:
-        source.close()
