@@ -64,20 +64,27 @@ def tensor_bytes(shape: tuple[int, ...], dtype: str, is_norm: bool, rng: np.rand
     return (values.view("<u4") >> 16).astype("<u2").tobytes()  # BF16: the top half of each float32
 
 
-def write(out: str, layers: int, seed: int) -> int:
-    rng = np.random.default_rng(seed)
-    tensors = sorted(model_tensors(layers), key=lambda t: (-ITEMSIZE[t[2]], t[0]))
+def header_bytes(tensors: list[tuple[str, tuple[int, ...], str]], itemsize: dict[str, int]) -> tuple[bytes, int]:
+    """The 8-byte length and the JSON header of ``tensors`` (name, shape, dtype) laid out in the given order
+    (the reference writer's: decreasing element size, then name), padded to 8 bytes; and the data size."""
     header: dict[str, object] = {"__metadata__": {"format": "pt"}}
     position = 0
     for name, shape, dtype in tensors:
-        size = int(np.prod(shape)) * ITEMSIZE[dtype]
+        size = int(np.prod(shape, dtype=np.int64)) * itemsize[dtype]
         header[name] = {"dtype": dtype, "shape": list(shape), "data_offsets": [position, position + size]}
         position += size
     text = json.dumps(header, separators=(",", ":")).encode()
     text += b" " * (-len(text) % 8)
+    return struct.pack("<Q", len(text)) + text, position
+
+
+def write(out: str, layers: int, seed: int) -> int:
+    rng = np.random.default_rng(seed)
+    tensors = sorted(model_tensors(layers), key=lambda t: (-ITEMSIZE[t[2]], t[0]))
+    head, _ = header_bytes(tensors, ITEMSIZE)
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
     with open(out, "wb") as f:
-        f.write(struct.pack("<Q", len(text)) + text)
+        f.write(head)
         for name, shape, dtype in tensors:
             f.write(tensor_bytes(shape, dtype, name.endswith("norm.weight"), rng))
     return os.path.getsize(out)

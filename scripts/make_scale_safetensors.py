@@ -15,9 +15,11 @@ Usage: python scripts/make_scale_safetensors.py [OUT.safetensors] [--experts 256
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import struct
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from make_bench_safetensors import header_bytes  # noqa: E402  (a sibling script: one header writer)
 
 HIDDEN, MOE_FFN, DENSE_FFN, VOCAB = 7168, 2048, 18432, 129280
 Q_LORA, KV_LORA, ROPE, NOPE, V_HEAD, HEADS = 1536, 512, 64, 128, 128, 128
@@ -67,22 +69,12 @@ def model_tensors(experts: int = 256, blocks: int = 62, dense: int = 3) -> list[
 
 def write(path: str, tensors: list[tuple[str, str, tuple[int, ...]]]) -> int:
     """Header as the reference writer lays it out, then a sparse data section; returns the tensor count."""
-    order = sorted(tensors, key=lambda t: (-ITEMSIZE[t[1]], t[0]))
-    header: dict = {"__metadata__": {"format": "pt"}}
-    offset = 0
-    for name, dtype, shape in order:
-        n = ITEMSIZE[dtype]
-        for d in shape:
-            n *= d
-        header[name] = {"dtype": dtype, "shape": list(shape), "data_offsets": [offset, offset + n]}
-        offset += n
-    text = json.dumps(header, separators=(",", ":")).encode()
-    text += b" " * (-len(text) % 8)
+    order = sorted(((name, shape, dtype) for name, dtype, shape in tensors), key=lambda t: (-ITEMSIZE[t[2]], t[0]))
+    head, data_size = header_bytes(order, ITEMSIZE)
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(text)))
-        f.write(text)
-        f.truncate(8 + len(text) + offset)
+        f.write(head)
+        f.truncate(len(head) + data_size)
     return len(order)
 
 
