@@ -6,9 +6,9 @@ NAME.raw / NAME.meta.json files. Importing ckptfs never needs libfuse: only a mo
 
 from __future__ import annotations
 
-from .checkpoint import Checkpoint, Tensor, open
-from .errors import CheckpointError
-from .quant import Codec, register_codec
+from ckptfs.checkpoint import Checkpoint, Tensor, open
+from ckptfs.errors import CheckpointError
+from ckptfs.quant import Codec, register_codec
 
 __version__ = "0.1.0"
 
@@ -19,18 +19,18 @@ __all__ = ["open", "load", "load_batch", "hf_folder", "Checkpoint", "Tensor", "C
 def load(src, names=None, *, device="cpu", dtype=None):
     """``{name: torch.Tensor}`` of a checkpoint (path or open Checkpoint); needs torch, imported only now.
     See ckptfs.torchio.api.load."""
-    from .torchio.api import load as load_torch
+    from ckptfs.torchio.api import load as load_torch
     return load_torch(src, names, device=device, dtype=dtype)
 
 
 def load_batch(src, names, *, stack=False):
     """Tensors decoded into one contiguous numpy buffer (numpy only). See ckptfs.torchio.batch.load_batch."""
-    from .torchio.batch import load_batch as load_into_one
+    from ckptfs.torchio.batch import load_batch as load_into_one
     return load_into_one(src, names, stack=stack)
 
 
 def hf_folder(src, dtype="bfloat16", **open_kwargs):
     """A GGUF (file, split-set shard or open Checkpoint) as a Hugging Face model folder: file name -> View,
     ``.read(name)``, ``.write_to(dir)``. Needs ckptfs[hf], imported only now. See ckptfs.hf.hf_folder."""
-    from .hf import hf_folder as make_folder
+    from ckptfs.hf import hf_folder as make_folder
     return make_folder(src, dtype=dtype, **open_kwargs)

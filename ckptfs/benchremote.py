@@ -81,7 +81,7 @@ def stream(mnt: Path, names: list[str]) -> tuple[int, float]:
 
 
 def header_bytes(src: str) -> int | None:
-    from . import open as open_checkpoint
+    from ckptfs import open as open_checkpoint
 
     with open_checkpoint(src) as ck:
         offsets = [t.info.offset for t in ck.tensors if t.info.source == ck.files[0]]

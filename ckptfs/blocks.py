@@ -16,11 +16,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from .cache import BlockCache, TieredCache, cache_key
-from .descriptors import TensorInfo
-from .errors import CheckpointError
-from .quant import Codec
-from .sources import SourcePool
+from ckptfs.cache import BlockCache, TieredCache, cache_key
+from ckptfs.descriptors import TensorInfo
+from ckptfs.errors import CheckpointError
+from ckptfs.quant import Codec
+from ckptfs.sources import SourcePool
 
 GROUP_TARGET_BYTES = 256 * 1024
 UNCACHED_STEP_BYTES = 16 * 1024 * 1024

@@ -15,13 +15,13 @@ from typing import Any
 
 import numpy as np
 
-from .blocks import UNCACHED_STEP_BYTES, TensorData
-from .cache import BlockCache, TieredCache
-from .descriptors import ParsedCheckpoint, TensorInfo, TensorTable, tensor_names
-from .errors import CheckpointError
-from .meta import tensor_meta
-from .quant import DTYPE_MODES, Codec, codec_for, output_dtype
-from .sources import ByteSource, SourcePool, checkpoint_content_id, is_url
+from ckptfs.blocks import UNCACHED_STEP_BYTES, TensorData
+from ckptfs.cache import BlockCache, TieredCache
+from ckptfs.descriptors import ParsedCheckpoint, TensorInfo, TensorTable, tensor_names
+from ckptfs.errors import CheckpointError
+from ckptfs.meta import tensor_meta
+from ckptfs.quant import DTYPE_MODES, Codec, codec_for, output_dtype
+from ckptfs.sources import ByteSource, SourcePool, checkpoint_content_id, is_url
 
 DEFAULT_CACHE_BYTES = 512 * 1024 * 1024
 
@@ -107,13 +107,13 @@ class Tensor:
         """This tensor as a torch.Tensor on ``device`` (CUDA: dequantized there); ``rows=slice(a, b)``
         decodes only those rows. dtype None: the storage dtype where torch holds it exactly, else float32.
         Needs torch (imported here, never by ``import ckptfs``); see ckptfs.torchio."""
-        from .torchio.api import to_torch
+        from ckptfs.torchio.api import to_torch
         return to_torch(self, device, dtype, rows=rows)
 
     def shared(self) -> np.ndarray:
         """The whole tensor, read-only, decoded once per machine into the cache folder and mapped: every
         process calling this maps the same pages (one copy for N workers; see ckptfs.tiers.shared)."""
-        from .tiers.shared import shared_array
+        from ckptfs.tiers.shared import shared_array
         return shared_array(self)
 
     def __array__(self, dtype=None, copy=None) -> np.ndarray:
@@ -384,7 +384,7 @@ class Checkpoint(Mapping):
             self._by_name.setdefault(name, i)
         self.packed_views: list[dict[str, Any]] = []
         if any(name in parsed.passthrough for name in ("config.json", "quantize_config.json")):
-            from .packed import attach  # GPTQ/AWQ/compressed-tensors views; a plain file never imports it
+            from ckptfs.packed import attach  # GPTQ/AWQ/compressed-tensors views; a plain file never imports it
             attach(self)
 
     @property
@@ -449,7 +449,7 @@ def open(src, dtype: str = "auto", cache_size: int = DEFAULT_CACHE_BYTES,
     read from ``src`` fails; ``timeout`` (default 30 s) bounds every remote read, failover included, and
     ``stall_timeout`` (default 10 s) each attempt's wait for bytes; ``cache_dir`` also keeps fetched remote
     bytes (ckptfs.sources.plan)."""
-    from .formats.multi import read_checkpoint
+    from ckptfs.formats.multi import read_checkpoint
 
     src = src if isinstance(src, str) else os.fsdecode(os.fspath(src))  # str, bytes or os.PathLike
     cache_size = _cache_bytes(cache_size)
@@ -457,18 +457,18 @@ def open(src, dtype: str = "auto", cache_size: int = DEFAULT_CACHE_BYTES,
                                       ("redis", redis)) if v is not None}
     cache = None
     if cache_dir or redis:
-        from .tiers import build_tiers
+        from ckptfs.tiers import build_tiers
         cache = build_tiers(cache_size, **tier_options)
     plan = None
     if is_url(src) or mirrors or timeout is not None or stall_timeout is not None:
-        from .sources.plan import SourcePlan
+        from ckptfs.sources.plan import SourcePlan
         plan = SourcePlan(src, mirrors, timeout=timeout, stall_timeout=stall_timeout, cache_dir=cache_dir,
                           cache_dir_size=cache_dir_size)
     with plan.opening() if plan is not None else contextlib.nullcontext():
         parsed = read_checkpoint(src)
     wrapper = None
     if manifest is not None:
-        from .integrity.checked import checked_wrapper
+        from ckptfs.integrity.checked import checked_wrapper
         wrapper = checked_wrapper(manifest, parsed)
     if plan is not None:
         wrapper = plan.wrapper(wrapper)

@@ -16,11 +16,11 @@ import traceback
 
 import click
 
-from .errors import CheckpointError
-from .oneline import one_line
-from .sizes import parse_size
-from .sources.commands import remote_options
-from .tiers.commands import cache_dir_option, cache_dir_size_option, cache_group, prefetch, tier_options
+from ckptfs.errors import CheckpointError
+from ckptfs.oneline import one_line
+from ckptfs.sizes import parse_size
+from ckptfs.sources.commands import remote_options
+from ckptfs.tiers.commands import cache_dir_option, cache_dir_size_option, cache_group, prefetch, tier_options
 
 
 class SizeType(click.ParamType):
@@ -112,7 +112,7 @@ def main() -> None:
 def mount(src, mountpoint, foreground, options, cache_size, dtype, log_file, hf, hf_dtype, log_format, layout, metrics, manifest,
           verbose, mirrors, timeout, stall_timeout, **tiers):
     """Mount checkpoint SRC read-only at MOUNTPOINT."""
-    from .fs.mount import MountError, MountRequest, run_mount
+    from ckptfs.fs.mount import MountError, MountRequest, run_mount
 
     request = MountRequest(src=src, mountpoint=mountpoint, foreground=foreground,
                            options=",".join(options), cache_size=cache_size, dtype=dtype,
@@ -131,7 +131,7 @@ def mount(src, mountpoint, foreground, options, cache_size, dtype, log_file, hf,
 @click.option("-v", "--verbose", is_flag=True)
 def umount(mountpoint, verbose):
     """Unmount a ckptfs mount (fusermount3, then fusermount, then lazy)."""
-    from .fs.mount import MountError, unmount
+    from ckptfs.fs.mount import MountError, unmount
 
     try:
         unmount(mountpoint)
@@ -150,8 +150,8 @@ def umount(mountpoint, verbose):
               help="Also say whether a mount with --hf gets hf/, or why not (imports transformers).")
 def info(src, as_json, hf, verbose, mirrors, timeout, stall_timeout, cache_dir, cache_dir_size):
     """Summarize a checkpoint: format, tensors, storage types, metadata, damage."""
-    from . import open as open_checkpoint
-    from .info import render, summary
+    from ckptfs import open as open_checkpoint
+    from ckptfs.info import render, summary
 
     try:
         with open_checkpoint(src, mirrors=mirrors, timeout=timeout, stall_timeout=stall_timeout, cache_dir=cache_dir,
@@ -175,18 +175,18 @@ def info(src, as_json, hf, verbose, mirrors, timeout, stall_timeout, cache_dir, 
 def bench(src, as_json, cache_size, local, mirrors, timeout, stall_timeout, cache_dir, cache_dir_size, verbose):
     """Benchmark reads of SRC through a temporary mount, beside gguf-py/safetensors when installed (for a
     URL: requests, bytes fetched, header bytes, first-read latency and stream throughput, beside --local)."""
-    from .sources import is_url
+    from ckptfs.sources import is_url
 
     try:
         if is_url(src):
-            from .benchremote import run_remote_bench
+            from ckptfs.benchremote import run_remote_bench
 
             args = [f"--mirror={m}" for m in mirrors] + ["--cache-size", str(cache_size)]
             args += [f"--timeout={timeout}"] if timeout is not None else []
             args += [f"--stall-timeout={stall_timeout}"] if stall_timeout is not None else []
             args += [f"--cache-dir={cache_dir}", f"--cache-dir-size={cache_dir_size}"] if cache_dir else []
             sys.exit(run_remote_bench(src, local=local, as_json=as_json, mount_args=tuple(args)))
-        from .bench import run_bench
+        from ckptfs.bench import run_bench
 
         sys.exit(run_bench(src, as_json=as_json, cache_size=cache_size, verbose=verbose))
     except (CheckpointError, OSError) as exc:
@@ -203,8 +203,8 @@ main.add_command(prefetch)
 @click.option("-v", "--verbose", is_flag=True)
 def stats(mountpoint, as_json, verbose):
     """Show a mount's counters: cache tiers, decoded bytes, source requests (the root xattr)."""
-    from .fs.operations import STATS_XATTR
-    from .fs.stats import render_table
+    from ckptfs.fs.operations import STATS_XATTR
+    from ckptfs.fs.stats import render_table
 
     try:
         data = json.loads(os.getxattr(mountpoint, STATS_XATTR))
@@ -223,14 +223,14 @@ def stats(mountpoint, as_json, verbose):
 @click.option("-v", "--verbose", is_flag=True)
 def install_mount_helper(target, verbose):
     """Write the helper mount(8) runs for `mount -t fuse.ckptfs` and fstab lines (runs this ckptfs)."""
-    from .fs.fstab import HELPER_PATH, install_helper
+    from ckptfs.fs.fstab import HELPER_PATH, install_helper
 
     try:
         click.echo(install_helper(target or HELPER_PATH))
     except OSError as exc:
         _fail(exc, verbose)
 
-from .integrity.cli import diff_command, manifest_command, verify_command  # noqa: E402 - registered last
+from ckptfs.integrity.cli import diff_command, manifest_command, verify_command  # noqa: E402 - registered last
 
 main.add_command(manifest_command)
 main.add_command(verify_command)

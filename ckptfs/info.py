@@ -10,10 +10,10 @@ from typing import Any
 
 import numpy as np
 
-from .checkpoint import Checkpoint
-from .jsonutil import to_jsonable
-from .oneline import one_line
-from .sizes import format_size
+from ckptfs.checkpoint import Checkpoint
+from ckptfs.jsonutil import to_jsonable
+from ckptfs.oneline import one_line
+from ckptfs.sizes import format_size
 
 BIG_ARRAY = 16
 
@@ -66,7 +66,7 @@ def _hf_folder(ck: Checkpoint) -> str | None:
     """For a GGUF: whether a mount with --hf gets an hf/ folder, and if not, why (None for other formats)."""
     if ck.format != "gguf":
         return None
-    from .hf import unavailable_reason
+    from ckptfs.hf import unavailable_reason
 
     reason = unavailable_reason(ck)
     return "available (mount with --hf)" if reason is None else f"none: {reason}"

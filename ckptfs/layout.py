@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from .names import NAME_MAX, assign_stems, encode_name
+from ckptfs.names import NAME_MAX, assign_stems, encode_name
 
 LAYOUTS = ("flat", "tree")
 
@@ -58,7 +58,7 @@ def tensor_providers(layout: str) -> tuple | None:
         raise ValueError(f"layout must be one of {', '.join(LAYOUTS)}, not {layout!r}")
     if layout == "flat":
         return None
-    from .tree import DEFAULT_PROVIDERS, tensor_files
+    from ckptfs.tree import DEFAULT_PROVIDERS, tensor_files
 
     def tree_tensor_files(ck):
         return tensor_files(ck, tree_stems([t.name for t in ck.tensors]))

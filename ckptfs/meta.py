@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .views import npy_header
+from ckptfs.views import npy_header
 
 
 def tensor_meta(tensor) -> dict[str, Any]:

@@ -28,8 +28,8 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from .sources import SourcePool
-from .views import View
+from ckptfs.sources import SourcePool
+from ckptfs.views import View
 
 log = logging.getLogger(__name__)
 

@@ -1,3 +1,3 @@
 """Compatibility name: the byte sources moved to the package ``ckptfs.sources``."""
 
-from .sources import FileSource, SourcePool  # noqa: F401
+from ckptfs.sources import FileSource, SourcePool  # noqa: F401

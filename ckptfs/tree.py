@@ -24,10 +24,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .checkpoint import Checkpoint, decode_plan
-from .jsonutil import dumps_bytes
-from .names import assign_stems
-from .views import BytesView, FileView, NpyView, RawView, View, npy_header
+from ckptfs.checkpoint import Checkpoint, decode_plan
+from ckptfs.jsonutil import dumps_bytes
+from ckptfs.names import assign_stems
+from ckptfs.views import BytesView, FileView, NpyView, RawView, View, npy_header
 
 log = logging.getLogger(__name__)
 
@@ -137,7 +137,7 @@ def checkpoint_files(ck: Checkpoint) -> Iterable[Entry]:
     import os
 
     if "://" in ck.src:
-        from .sources.plan import names_folder  # the remote modules only for a remote checkpoint
+        from ckptfs.sources.plan import names_folder  # the remote modules only for a remote checkpoint
 
         folder = names_folder(ck.src)
     else:

@@ -16,10 +16,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .blocks import TensorData
-from .descriptors import TensorInfo
-from .errors import CheckpointError
-from .sources import SourcePool
+from ckptfs.blocks import TensorData
+from ckptfs.descriptors import TensorInfo
+from ckptfs.errors import CheckpointError
+from ckptfs.sources import SourcePool
 
 
 @dataclass(frozen=True)

@@ -29,12 +29,12 @@ The package: ``plan`` (what to read, from the mount tree), ``harness`` (the moun
 
 from __future__ import annotations
 
-from .harness import AnonMemorySampler, BenchMount, MountFailed, bench_mount
-from .plan import NpyFile, Plan, make_plan
-from .progress import Progress
-from .report import TARGETS, render
-from .run import run_bench
-from .workloads import mmap_rows, random_reads, scan, stat_open_read
+from ckptfs.bench.harness import AnonMemorySampler, BenchMount, MountFailed, bench_mount
+from ckptfs.bench.plan import NpyFile, Plan, make_plan
+from ckptfs.bench.progress import Progress
+from ckptfs.bench.report import TARGETS, render
+from ckptfs.bench.run import run_bench
+from ckptfs.bench.workloads import mmap_rows, random_reads, scan, stat_open_read
 
 __all__ = ["AnonMemorySampler", "BenchMount", "MountFailed", "NpyFile", "Plan", "Progress", "TARGETS",
            "bench_mount", "make_plan", "mmap_rows", "random_reads", "render", "run_bench", "scan",

@@ -13,8 +13,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from .. import procinfo
-from ..fs.operations import STATS_XATTR
+from ckptfs import procinfo
+from ckptfs.fs.operations import STATS_XATTR
 
 RSS_SLACK = 100 << 20
 
@@ -85,7 +85,7 @@ class BenchMount:
 
     def close(self) -> None:
         """Unmount (the daemon then exits by itself) and remove the mountpoint; never raises."""
-        from ..fs.mountpoint import is_mount_point, unmount
+        from ckptfs.fs.mountpoint import is_mount_point, unmount
 
         try:
             if is_mount_point(self.path):

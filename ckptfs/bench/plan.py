@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..checkpoint import Checkpoint
-from ..tree import TensorFiles
+from ckptfs.checkpoint import Checkpoint
+from ckptfs.tree import TensorFiles
 
 SAMPLE_TENSOR_MAX = 64 << 20
 

@@ -12,10 +12,10 @@ from typing import Any
 
 import numpy as np
 
-from .harness import BenchMount, _drop_page_cache
-from .plan import NpyFile, Plan
-from .progress import Progress
-from .workloads import _timed
+from ckptfs.bench.harness import BenchMount, _drop_page_cache
+from ckptfs.bench.plan import NpyFile, Plan
+from ckptfs.bench.progress import Progress
+from ckptfs.bench.workloads import _timed
 
 
 @dataclass

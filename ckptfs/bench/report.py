@@ -6,10 +6,10 @@ from typing import Any
 
 import numpy as np
 
-from ..oneline import one_line
-from ..sizes import format_size
-from .harness import RSS_SLACK
-from .references import Reference
+from ckptfs.oneline import one_line
+from ckptfs.sizes import format_size
+from ckptfs.bench.harness import RSS_SLACK
+from ckptfs.bench.references import Reference
 
 TARGETS = {"open": 20.0, "random_read": 1000.0, "stream": 2.0}
 

@@ -15,21 +15,21 @@ from typing import Any
 
 import numpy as np
 
-from .. import __version__
-from ..checkpoint import open as open_checkpoint
-from ..oneline import one_line
-from .harness import (
+from ckptfs import __version__
+from ckptfs.checkpoint import open as open_checkpoint
+from ckptfs.oneline import one_line
+from ckptfs.bench.harness import (
     AnonMemorySampler,
     BenchMount,
     MountFailed,
     _drop_page_cache,
     bench_mount,
 )
-from .plan import Plan, make_plan
-from .progress import Progress
-from .references import Reference, gguf_reference, safetensors_reference
-from .report import _percentile, _summarize, group_streams, render
-from .workloads import (
+from ckptfs.bench.plan import Plan, make_plan
+from ckptfs.bench.progress import Progress
+from ckptfs.bench.references import Reference, gguf_reference, safetensors_reference
+from ckptfs.bench.report import _percentile, _summarize, group_streams, render
+from ckptfs.bench.workloads import (
     _random_offsets,
     _read_file,
     _timed,

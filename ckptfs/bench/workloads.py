@@ -9,9 +9,9 @@ from typing import Any
 
 import numpy as np
 
-from ..sizes import format_size
-from .plan import NpyFile
-from .progress import Progress
+from ckptfs.sizes import format_size
+from ckptfs.bench.plan import NpyFile
+from ckptfs.bench.progress import Progress
 
 SCAN_READ = 1 << 20
 

@@ -12,13 +12,13 @@ import os
 import struct
 from collections.abc import Callable
 
-from ..descriptors import ParsedCheckpoint
-from ..errors import CheckpointError
-from ._common import only_checkpoint_errors
-from ._prefix import FilePrefix
-from .gguf import MAGIC as GGUF_MAGIC
-from .gguf import read_gguf
-from .safetensors import MAX_HEADER_SIZE, read_safetensors
+from ckptfs.descriptors import ParsedCheckpoint
+from ckptfs.errors import CheckpointError
+from ckptfs.formats._common import only_checkpoint_errors
+from ckptfs.formats._prefix import FilePrefix
+from ckptfs.formats.gguf import MAGIC as GGUF_MAGIC
+from ckptfs.formats.gguf import read_gguf
+from ckptfs.formats.safetensors import MAX_HEADER_SIZE, read_safetensors
 
 __all__ = ["detect", "read_file", "read_gguf", "read_safetensors", "READERS"]
 

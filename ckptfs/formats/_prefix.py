@@ -12,8 +12,8 @@ the field.
 
 from __future__ import annotations
 
-from ..errors import CheckpointError
-from ..sources import ByteSource, open_source
+from ckptfs.errors import CheckpointError
+from ckptfs.sources import ByteSource, open_source
 
 #: First read size for a local file: most headers in one read, free for tiny files.
 INITIAL_READ = 256 * 1024

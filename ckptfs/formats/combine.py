@@ -14,9 +14,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..descriptors import ParsedCheckpoint, TensorInfo
-from ..errors import CheckpointError
-from .shards import name_list
+from ckptfs.descriptors import ParsedCheckpoint, TensorInfo
+from ckptfs.errors import CheckpointError
+from ckptfs.formats.shards import name_list
 
 
 @dataclass(frozen=True)

@@ -15,13 +15,13 @@ from __future__ import annotations
 import struct
 from functools import partial
 
-from ..descriptors import ParsedCheckpoint, TensorInfo
-from ..errors import CheckpointError
-from ..quant import codec_for, geometry
-from ._common import INT64_MAX, join_reasons, only_checkpoint_errors, raw_extent, truncation_reason
-from ._prefix import FilePrefix
-from .gguf_values import UNSIGNED_TYPES, ValueEntry, ValueWalker, decode_value, describe, type_name
-from .lazy import LazyMetadata
+from ckptfs.descriptors import ParsedCheckpoint, TensorInfo
+from ckptfs.errors import CheckpointError
+from ckptfs.quant import codec_for, geometry
+from ckptfs.formats._common import INT64_MAX, join_reasons, only_checkpoint_errors, raw_extent, truncation_reason
+from ckptfs.formats._prefix import FilePrefix
+from ckptfs.formats.gguf_values import UNSIGNED_TYPES, ValueEntry, ValueWalker, decode_value, describe, type_name
+from ckptfs.formats.lazy import LazyMetadata
 
 MAGIC = b"GGUF"
 SUPPORTED_VERSIONS = (2, 3)

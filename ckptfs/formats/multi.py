@@ -20,14 +20,14 @@ from __future__ import annotations
 import os
 import stat
 
-from ..descriptors import ParsedCheckpoint
-from ..errors import CheckpointError
-from ..sources import Folder, LocalFolder, is_file, is_url, normalize, open_folder
-from . import read_file
-from ._common import only_checkpoint_errors
-from .safetensors_set import read_index, read_safetensors_set
-from .shards import Candidate, FolderScan, name_list, parse_shard_name, scan_folder
-from .split_gguf import read_split_gguf, split_keys
+from ckptfs.descriptors import ParsedCheckpoint
+from ckptfs.errors import CheckpointError
+from ckptfs.sources import Folder, LocalFolder, is_file, is_url, normalize, open_folder
+from ckptfs.formats import read_file
+from ckptfs.formats._common import only_checkpoint_errors
+from ckptfs.formats.safetensors_set import read_index, read_safetensors_set
+from ckptfs.formats.shards import Candidate, FolderScan, name_list, parse_shard_name, scan_folder
+from ckptfs.formats.split_gguf import read_split_gguf, split_keys
 
 INDEX_NAME_SUFFIX = ".index.json"
 

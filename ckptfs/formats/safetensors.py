@@ -24,11 +24,11 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
-from ..descriptors import ParsedCheckpoint, TensorInfo, TensorTable
-from ..errors import CheckpointError
-from ..quant import codec_for
-from ._common import only_checkpoint_errors, truncation_reason
-from ._prefix import FilePrefix
+from ckptfs.descriptors import ParsedCheckpoint, TensorInfo, TensorTable
+from ckptfs.errors import CheckpointError
+from ckptfs.quant import codec_for
+from ckptfs.formats._common import only_checkpoint_errors, truncation_reason
+from ckptfs.formats._prefix import FilePrefix
 
 #: dtype name -> bits per element (safetensors ``Dtype``, 0.8.0). Names are case-sensitive.
 DTYPE_BITS: dict[str, int] = {

@@ -25,12 +25,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..descriptors import ParsedCheckpoint
-from ..errors import CheckpointError
-from ..sources import open_source
-from . import read_file
-from .combine import ShardPart, combine, require_format
-from .shards import name_list, natural_key
+from ckptfs.descriptors import ParsedCheckpoint
+from ckptfs.errors import CheckpointError
+from ckptfs.sources import open_source
+from ckptfs.formats import read_file
+from ckptfs.formats.combine import ShardPart, combine, require_format
+from ckptfs.formats.shards import name_list, natural_key
 
 #: An index lists names and file names only; even 100k tensors make a few MB. Anything far larger is not one.
 MAX_INDEX_BYTES = 256 * 1024 * 1024

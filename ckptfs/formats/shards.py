@@ -17,7 +17,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ..sources import Folder, LocalFolder
+from ckptfs.sources import Folder, LocalFolder
 
 CHECKPOINT_EXTENSIONS = ("gguf", "safetensors")
 INDEX_SUFFIX = ".safetensors.index.json"

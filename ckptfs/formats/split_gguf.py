@@ -19,12 +19,12 @@ import operator
 import os
 from dataclasses import dataclass
 
-from ..descriptors import ParsedCheckpoint
-from ..errors import CheckpointError
-from . import read_file
-from .combine import ShardPart, combine, require_format
-from ..sources import is_file
-from .shards import parse_shard_name
+from ckptfs.descriptors import ParsedCheckpoint
+from ckptfs.errors import CheckpointError
+from ckptfs.formats import read_file
+from ckptfs.formats.combine import ShardPart, combine, require_format
+from ckptfs.sources import is_file
+from ckptfs.formats.shards import parse_shard_name
 
 KEY_NO = "split.no"
 KEY_COUNT = "split.count"

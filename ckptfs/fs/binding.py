@@ -21,10 +21,10 @@ from ctypes.util import find_library
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import MountError
+from ckptfs.fs.errors import MountError
 
 try:
-    from . import _listing  # optional C helper (setup.py); without it the loop is Python's
+    from ckptfs.fs import _listing  # optional C helper (setup.py); without it the loop is Python's
 except ImportError:
     _listing = None
 

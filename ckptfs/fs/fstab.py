@@ -143,8 +143,8 @@ def mount_arguments(call: HelperCall, command) -> tuple[list[str], list[str]]:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the installed helper: translate mount(8)'s call and run ``ckptfs mount``."""
-    from ..cli import main as cli_main
-    from ..cli import mount as mount_command
+    from ckptfs.cli import main as cli_main
+    from ckptfs.cli import mount as mount_command
 
     argv = sys.argv[1:] if argv is None else argv
     try:

@@ -18,8 +18,8 @@ import logging
 import os
 import platform
 
-from ..prefetch import enabled_from_env
-from .mountpoint import mount_entries
+from ckptfs.prefetch import enabled_from_env
+from ckptfs.fs.mountpoint import mount_entries
 
 log = logging.getLogger(__name__)
 

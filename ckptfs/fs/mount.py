@@ -14,18 +14,18 @@ import threading
 import urllib.parse
 from dataclasses import dataclass
 
-from ..checkpoint import DEFAULT_CACHE_BYTES, open as open_checkpoint
-from ..layout import tensor_providers
-from ..tree import MountTree
-from .binding import Binding, load_binding
-from . import logs
-from .counters import MountCounters
-from .daemon import READY_TIMEOUT, ReadinessPipe, StderrCapture, detach
-from .errors import MountError
-from .mountpoint import (MountpointLock, check_answers, check_dev_fuse, check_fusermount, check_mountpoint,
+from ckptfs.checkpoint import DEFAULT_CACHE_BYTES, open as open_checkpoint
+from ckptfs.layout import tensor_providers
+from ckptfs.tree import MountTree
+from ckptfs.fs.binding import Binding, load_binding
+from ckptfs.fs import logs
+from ckptfs.fs.counters import MountCounters
+from ckptfs.fs.daemon import READY_TIMEOUT, ReadinessPipe, StderrCapture, detach
+from ckptfs.fs.errors import MountError
+from ckptfs.fs.mountpoint import (MountpointLock, check_answers, check_dev_fuse, check_fusermount, check_mountpoint,
                          unmount)
-from .operations import CkptOperations
-from .options import MountOptions, parse_options
+from ckptfs.fs.operations import CkptOperations
+from ckptfs.fs.options import MountOptions, parse_options
 
 __all__ = ["MountRequest", "MountError", "run_mount", "unmount"]
 
@@ -110,7 +110,7 @@ def _prepare(request: MountRequest) -> _Plan:
 
 def _virtual_files(request: MountRequest) -> list:
     """Providers after the defaults: model.gguf of a split GGUF set, and hf/ when asked for (issue 17)."""
-    from ..hf.provider import hf_provider, merged_gguf
+    from ckptfs.hf.provider import hf_provider, merged_gguf
 
     return [merged_gguf] + ([hf_provider(request.hf_dtype)] if request.hf else [])
 
@@ -120,7 +120,7 @@ def _metrics_address(spec: str | None) -> tuple[str, int] | None:
     if spec is None:
         return None
     try:
-        from .metrics import parse_address
+        from ckptfs.fs.metrics import parse_address
     except ImportError:
         raise MountError("--metrics needs prometheus-client: pip install 'ckptfs[metrics]'") from None
     return parse_address(spec)
@@ -156,9 +156,9 @@ def _serve(plan: _Plan, on_ready) -> BaseException | None:
 
 def _start_exporter(plan: _Plan, operations: CkptOperations) -> MountError | None:
     """The Prometheus exporter, in the process that serves (after the fork); its address goes into the stats."""
-    from .. import __version__
-    from ..sources import scheme_of
-    from .metrics import start_exporter
+    from ckptfs import __version__
+    from ckptfs.sources import scheme_of
+    from ckptfs.fs.metrics import start_exporter
 
     src = plan.request.src
     scheme = scheme_of(src)

@@ -23,7 +23,7 @@ import threading
 import time
 from dataclasses import dataclass
 
-from .errors import MountError
+from ckptfs.fs.errors import MountError
 
 MOUNTINFO = "/proc/self/mountinfo"
 STATS_XATTR = "user.ckptfs.stats"  # the root's stats (operations.py serves it): names the daemon's pid

@@ -25,15 +25,15 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ..errors import CheckpointError
-from ..oneline import one_line
-from ..prefetch import Prefetcher
-from ..tree import MountTree
-from ..views import View
-from .kernel import tune_connection, use_one_malloc_arena
-from .counters import MountCounters, instrument_decoding
-from .logs import OncePerCause
-from .stats import service_stats
+from ckptfs.errors import CheckpointError
+from ckptfs.oneline import one_line
+from ckptfs.prefetch import Prefetcher
+from ckptfs.tree import MountTree
+from ckptfs.views import View
+from ckptfs.fs.kernel import tune_connection, use_one_malloc_arena
+from ckptfs.fs.counters import MountCounters, instrument_decoding
+from ckptfs.fs.logs import OncePerCause
+from ckptfs.fs.stats import service_stats
 
 log = logging.getLogger(__name__)
 _clock = time.perf_counter

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .errors import MountError
+from ckptfs.fs.errors import MountError
 
 CACHE_TIMEOUT = "86400"  # seconds; the tree never changes during a mount
 

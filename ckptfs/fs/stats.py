@@ -35,7 +35,7 @@ def tier_stats(cache: Any) -> dict[str, dict[str, int]]:
 def source_stats() -> dict[str, Any]:
     """The process's remote-source counters; zeros (and no schemes) when no remote source was read."""
     try:
-        from ..sources.netstats import COUNTERS
+        from ckptfs.sources.netstats import COUNTERS
     except ImportError:  # an installation without remote sources
         return {**dict.fromkeys(SOURCE_KEYS, 0), "by_scheme": {}}
     snapshot = COUNTERS.snapshot()
@@ -49,7 +49,7 @@ def service_stats(checkpoint: Any, decoded_bytes: int) -> dict[str, Any]:
 
 def render_table(stats: dict[str, Any]) -> str:
     """``ckptfs stats MNT`` without ``--json``: the service counters as aligned text, then the rest."""
-    from ..sizes import format_size
+    from ckptfs.sizes import format_size
 
     lines = [f"decoded: {format_size(int(stats.get('decoded_bytes', 0)))}", "",
              f"{'tier':<8} {'hits':>12} {'misses':>12} {'hit ratio':>9} {'bytes':>10}"]

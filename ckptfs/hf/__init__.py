@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib.util
 import sys
 
-from .config import Unsupported
+from ckptfs.hf.config import Unsupported
 
 INSTALL_HINT = "pip install 'ckptfs[hf]' (transformers, torch and gguf)"
 __all__ = ["HfFolder", "Unsupported", "hf_folder", "missing_packages", "unavailable_reason", "INSTALL_HINT"]
@@ -33,7 +33,7 @@ def unavailable_reason(checkpoint) -> str | None:
     missing = missing_packages()
     if missing:
         return f"{', '.join(missing)} not installed: {INSTALL_HINT}"
-    from .config import check_supported
+    from ckptfs.hf.config import check_supported
 
     try:
         check_supported(checkpoint.metadata)
@@ -45,8 +45,8 @@ def unavailable_reason(checkpoint) -> str | None:
 def hf_folder(src, dtype: str = "bfloat16", **open_kwargs):
     """``src`` (a GGUF file or any shard of a split set) as an HfFolder: file name -> View, ``.read(name)``,
     ``.write_to(directory)``. Raises Unsupported (one line) when transformers cannot map the architecture."""
-    from ..checkpoint import open as open_checkpoint
-    from .folder import HfFolder
+    from ckptfs.checkpoint import open as open_checkpoint
+    from ckptfs.hf.folder import HfFolder
 
     missing = missing_packages()
     if missing:
@@ -64,7 +64,7 @@ def hf_folder(src, dtype: str = "bfloat16", **open_kwargs):
 
 def __getattr__(name: str):
     if name == "HfFolder":
-        from .folder import HfFolder
+        from ckptfs.hf.folder import HfFolder
 
         return HfFolder
     raise AttributeError(name)

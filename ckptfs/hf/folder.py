@@ -11,12 +11,12 @@ import os
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
-from ..checkpoint import Checkpoint
-from ..views import BytesView, View
-from .config import Unsupported, check_supported, config_dict, config_files
-from .safetensors_view import DTYPES, SafetensorsView
-from .tokenizer import tokenizer_files
-from .weights import plan
+from ckptfs.checkpoint import Checkpoint
+from ckptfs.views import BytesView, View
+from ckptfs.hf.config import Unsupported, check_supported, config_dict, config_files
+from ckptfs.hf.safetensors_view import DTYPES, SafetensorsView
+from ckptfs.hf.tokenizer import tokenizer_files
+from ckptfs.hf.weights import plan
 
 WEIGHTS_FILE = "model.safetensors"
 COPY_CHUNK = 16 * 1024 * 1024

@@ -16,12 +16,12 @@ import bisect
 import struct
 from dataclasses import dataclass
 
-from ..checkpoint import Checkpoint
-from ..descriptors import TensorInfo
-from ..formats._prefix import FilePrefix
-from ..formats.gguf import ALIGNMENT_KEY, DEFAULT_ALIGNMENT, GGML_TYPE_NAMES, MAGIC
-from ..formats.gguf_values import ValueWalker
-from ..views import HeaderBodyView
+from ckptfs.checkpoint import Checkpoint
+from ckptfs.descriptors import TensorInfo
+from ckptfs.formats._prefix import FilePrefix
+from ckptfs.formats.gguf import ALIGNMENT_KEY, DEFAULT_ALIGNMENT, GGML_TYPE_NAMES, MAGIC
+from ckptfs.formats.gguf_values import ValueWalker
+from ckptfs.views import HeaderBodyView
 
 SPLIT_PREFIX = "split."
 MERGED_FILE = "model.gguf"

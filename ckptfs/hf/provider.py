@@ -11,10 +11,10 @@ import functools
 import logging
 from collections.abc import Iterable
 
-from ..checkpoint import Checkpoint
-from ..tree import Entry, Provider
-from . import Unsupported, unavailable_reason
-from .gguf_merge import MERGED_FILE, MergedGgufView, why_not_merged
+from ckptfs.checkpoint import Checkpoint
+from ckptfs.tree import Entry, Provider
+from ckptfs.hf import Unsupported, unavailable_reason
+from ckptfs.hf.gguf_merge import MERGED_FILE, MergedGgufView, why_not_merged
 
 log = logging.getLogger("ckptfs.hf")
 
@@ -29,7 +29,7 @@ def hf_provider(dtype: str = "bfloat16") -> Provider:
         if reason is not None:
             log.warning("no %s/ folder: %s", HF_DIR, reason)
             return []
-        from .folder import HfFolder
+        from ckptfs.hf.folder import HfFolder
 
         try:
             folder = HfFolder(ck, dtype)

@@ -21,11 +21,11 @@ import struct
 
 import numpy as np
 
-from ..blocks import GROUP_TARGET_BYTES, TensorData
-from ..cache import cache_key
-from ..checkpoint import Checkpoint
-from ..views import Ahead, HeaderBodyView
-from .weights import ParamSource
+from ckptfs.blocks import GROUP_TARGET_BYTES, TensorData
+from ckptfs.cache import cache_key
+from ckptfs.checkpoint import Checkpoint
+from ckptfs.views import Ahead, HeaderBodyView
+from ckptfs.hf.weights import ParamSource
 
 #: --hf-dtype -> (safetensors dtype name, bytes per element)
 DTYPES = {"bfloat16": ("BF16", 2), "float16": ("F16", 2), "float32": ("F32", 4)}

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from .config import Unsupported, reader_value
+from ckptfs.hf.config import Unsupported, reader_value
 
 #: transformers' special-token attribute -> the tokenizer.ggml key holding its id (as get_gguf_tokenizer)
 _SPECIAL_TOKENS = {"bos_token": "bos_token_id", "eos_token": "eos_token_id", "unk_token": "unknown_token_id",

@@ -23,8 +23,8 @@ from typing import Any
 
 import numpy as np
 
-from ..checkpoint import Checkpoint, Tensor
-from .config import ROW_LOCAL_PROCESSORS, Unsupported
+from ckptfs.checkpoint import Checkpoint, Tensor
+from ckptfs.hf.config import ROW_LOCAL_PROCESSORS, Unsupported
 
 ValueMap = Callable[[np.ndarray], np.ndarray]
 

@@ -13,9 +13,9 @@
 
 from __future__ import annotations
 
-from ..errors import IntegrityError
-from .manifest import CHUNK_SIZE, FORMAT, Manifest, build_manifest, load_manifest
-from .verify import Mismatch, verify
+from ckptfs.errors import IntegrityError
+from ckptfs.integrity.manifest import CHUNK_SIZE, FORMAT, Manifest, build_manifest, load_manifest
+from ckptfs.integrity.verify import Mismatch, verify
 
 __all__ = ["IntegrityError", "CHUNK_SIZE", "FORMAT", "Manifest", "build_manifest", "load_manifest", "Mismatch",
            "verify"]

@@ -21,11 +21,11 @@ from __future__ import annotations
 from bisect import bisect_left
 from collections.abc import Sequence
 
-from ..descriptors import ParsedCheckpoint
-from ..errors import CheckpointError, IntegrityError
-from ..sources.base import ByteSource
-from .crc import crc32
-from .manifest import Manifest, TensorEntry, file_names, load_manifest
+from ckptfs.descriptors import ParsedCheckpoint
+from ckptfs.errors import CheckpointError, IntegrityError
+from ckptfs.sources.base import ByteSource
+from ckptfs.integrity.crc import crc32
+from ckptfs.integrity.manifest import Manifest, TensorEntry, file_names, load_manifest
 
 
 class ManifestCheck:

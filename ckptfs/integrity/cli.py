@@ -30,7 +30,7 @@ def _progress(total: int, label: str):
 
 
 def _fail(exc: BaseException, verbose: bool) -> None:
-    from ..cli import _fail as fail  # the one place that turns an exception into the CLI's one line
+    from ckptfs.cli import _fail as fail  # the one place that turns an exception into the CLI's one line
 
     fail(exc, verbose)
 
@@ -57,8 +57,8 @@ def _write_atomically(path: str, text: str) -> None:
 def manifest_command(src, output, verbose):
     """Write the ckptfs-manifest/1 of SRC: each file's size and sha256 (the Hub's LFS oid), each tensor's
     place, crc32, sha256 and 1 MiB chunk crc32s. Every byte is read once; files are hashed in parallel."""
-    from ..checkpoint import open as open_checkpoint
-    from .manifest import build_manifest, total_bytes
+    from ckptfs.checkpoint import open as open_checkpoint
+    from ckptfs.integrity.manifest import build_manifest, total_bytes
 
     try:
         with open_checkpoint(src) as ck, _progress(total_bytes(ck), "hashing") as progress:
@@ -79,9 +79,9 @@ def manifest_command(src, output, verbose):
 @click.option("-v", "--verbose", is_flag=True)
 def verify_command(src, manifest_path, as_json, verbose):
     """Check SRC against a manifest (or its structure): exit 0 if it matches, 3 if not, one line per mismatch."""
-    from ..checkpoint import open as open_checkpoint
-    from .manifest import load_manifest
-    from .verify import bytes_to_check, verify
+    from ckptfs.checkpoint import open as open_checkpoint
+    from ckptfs.integrity.manifest import load_manifest
+    from ckptfs.integrity.verify import bytes_to_check, verify
 
     try:
         manifest = load_manifest(manifest_path) if manifest_path is not None else None
@@ -109,8 +109,8 @@ def verify_command(src, manifest_path, as_json, verbose):
 def diff_command(a, b, values, as_json, verbose):
     """What differs between checkpoints A and B (either may be a manifest): tensors only in one, other
     shape or type, other stored bytes; exit 0 if nothing differs, 3 if something does."""
-    from .diff import diff, open_side
-    from .manifest import is_manifest
+    from ckptfs.integrity.diff import diff, open_side
+    from ckptfs.integrity.manifest import is_manifest
 
     if values and (is_manifest(a) or is_manifest(b)):
         raise click.UsageError("--values needs two checkpoints: a manifest holds no values")

@@ -20,8 +20,8 @@ from typing import Any
 
 import numpy as np
 
-from .manifest import Manifest, Progress, build_manifest, is_manifest, load_manifest
-from .verify import _by_occurrence
+from ckptfs.integrity.manifest import Manifest, Progress, build_manifest, is_manifest, load_manifest
+from ckptfs.integrity.verify import _by_occurrence
 
 #: Decoded elements compared at a time (bounds memory for huge tensors).
 VALUE_WINDOW = 1 << 22
@@ -97,7 +97,7 @@ def open_side(src: str, progress: Progress | None = None) -> _Side:
     """A manifest file as it is, or a checkpoint opened and hashed."""
     if is_manifest(src):
         return _Side(load_manifest(src))
-    from ..checkpoint import open as open_checkpoint
+    from ckptfs.checkpoint import open as open_checkpoint
 
     ck = open_checkpoint(src)
     return _Side(build_manifest(ck, progress=progress), ck)

@@ -26,8 +26,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import CheckpointError
-from .crc import crc32, crc32_combine
+from ckptfs.errors import CheckpointError
+from ckptfs.integrity.crc import crc32, crc32_combine
 
 FORMAT = "ckptfs-manifest/1"
 CHUNK_SIZE = 1 << 20

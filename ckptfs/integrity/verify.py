@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
-from .manifest import FileJob, Manifest, Progress, TensorEntry, file_names, hash_files, jobs_for
+from ckptfs.integrity.manifest import FileJob, Manifest, Progress, TensorEntry, file_names, hash_files, jobs_for
 
 #: How many differing chunks a mismatch line lists by number before it only counts them.
 LISTED_CHUNKS = 8

@@ -17,8 +17,8 @@ from __future__ import annotations
 import importlib
 import numpy as np
 
-from .detect import SCHEMES, QuantConfig, find_layers, read_config
-from .layout import INT_TYPES, Absent, Layout
+from ckptfs.packed.detect import SCHEMES, QuantConfig, find_layers, read_config
+from ckptfs.packed.layout import INT_TYPES, Absent, Layout
 
 MAX_CONFIG_BYTES = 16 << 20
 
@@ -28,7 +28,7 @@ def attach(checkpoint) -> None:
 
     Sets ``checkpoint.packed_views``: one row per layer, ``{"name", "scheme", "parts", "present"}`` plus
     ``"reason"`` for an absent view (what ``ckptfs info`` lists)."""
-    from .views import PackedTensor
+    from ckptfs.packed.views import PackedTensor
 
     checkpoint.packed_views = []
     config = read_config(checkpoint.passthrough, lambda path: _read_small(checkpoint, path))
@@ -77,7 +77,7 @@ def _read_small(checkpoint, path: str) -> bytes:
 
 def _small_ints(checkpoint, info) -> tuple[int, ...]:
     """The values of a tiny integer tensor (compressed-tensors' ``weight_shape``), read at open."""
-    from .views import PART_DTYPES
+    from ckptfs.packed.views import PART_DTYPES
 
     if info.storage_type not in INT_TYPES or info.stored_nbytes > 64:
         raise Absent(f"{info.name} is not a small integer tensor")

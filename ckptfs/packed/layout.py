@@ -21,9 +21,9 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from ..descriptors import TensorInfo
-from .bits import f16_normal, scale_to_f32
-from .native import use_kernel
+from ckptfs.descriptors import TensorInfo
+from ckptfs.packed.bits import f16_normal, scale_to_f32
+from ckptfs.packed.native import use_kernel
 
 
 class Absent(Exception):

@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..quant.native import DISABLED
+from ckptfs.quant.native import DISABLED
 
 try:
-    from . import _kernels
+    from ckptfs.packed import _kernels
 except ImportError:  # not built (no compiler at install time, or a source checkout): numpy only
     _kernels = None
 

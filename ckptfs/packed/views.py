@@ -21,11 +21,11 @@ from typing import Any
 
 import numpy as np
 
-from ..checkpoint import Tensor
-from ..descriptors import TensorInfo
-from ..errors import CheckpointError
-from ..views import npy_header
-from .layout import Absent, Layout
+from ckptfs.checkpoint import Tensor
+from ckptfs.descriptors import TensorInfo
+from ckptfs.errors import CheckpointError
+from ckptfs.views import npy_header
+from ckptfs.packed.layout import Absent, Layout
 
 TILE_TARGET_BYTES = 256 * 1024
 WHOLE_STEP_BYTES = 1024 * 1024

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .geometry import GEOMETRY, geometry  # noqa: F401 - re-exported
+from ckptfs.quant.geometry import GEOMETRY, geometry  # noqa: F401 - re-exported
 
 Decoder = Callable[[np.ndarray], np.ndarray]
 _U8 = np.dtype(np.uint8)
@@ -134,7 +134,7 @@ def _load_builtins() -> None:
     if _builtins_loaded:
         return
     _builtins_loaded = True
-    from . import floats, legacy, kquants, iquants, ternary, fp4, lowbit  # noqa: F401  (self-registering)
+    from ckptfs.quant import floats, legacy, kquants, iquants, ternary, fp4, lowbit  # noqa: F401  (self-registering)
 
 
 def _load_plugins() -> None:

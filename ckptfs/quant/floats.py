@@ -13,9 +13,9 @@ from collections.abc import Callable
 
 import numpy as np
 
-from . import Codec, register_codec
-from ._common import F32, field, swap_elements
-from .native import accelerated
+from ckptfs.quant import Codec, register_codec
+from ckptfs.quant._common import F32, field, swap_elements
+from ckptfs.quant.native import accelerated
 
 # Plain little-endian numeric types: name -> numpy dtype. One element per "block".
 _PLAIN = {

@@ -21,9 +21,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import Codec, register_codec
-from ._common import F32, chunked, field
-from .iq_tables import KVALUES_FP4
+from ckptfs.quant import Codec, register_codec
+from ckptfs.quant._common import F32, chunked, field
+from ckptfs.quant.iq_tables import KVALUES_FP4
 
 _F32 = np.dtype(F32)
 

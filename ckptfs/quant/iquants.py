@@ -25,9 +25,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import Codec, register_codec
-from ._common import F32, chunked, f16_field, field, nibbles
-from .iq_tables import (IQ1S_GRID, IQ2S_GRID, IQ2XS_GRID, IQ2XXS_GRID, IQ3S_GRID, IQ3XXS_GRID, KSIGNS_IQ2XS,
+from ckptfs.quant import Codec, register_codec
+from ckptfs.quant._common import F32, chunked, f16_field, field, nibbles
+from ckptfs.quant.iq_tables import (IQ1S_GRID, IQ2S_GRID, IQ2XS_GRID, IQ2XXS_GRID, IQ3S_GRID, IQ3XXS_GRID, KSIGNS_IQ2XS,
                         KVALUES_IQ4NL)
 
 QK_K = 256

@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import Codec, register_codec
-from .native import accelerated
-from ._common import F32, f16_field, f32_field, field, offset_codes, swap_u16_fields
+from ckptfs.quant import Codec, register_codec
+from ckptfs.quant.native import accelerated
+from ckptfs.quant._common import F32, f16_field, f32_field, field, offset_codes, swap_u16_fields
 
 QK_K = 256
 _SHIFT_2BIT = np.array([0, 2, 4, 6], dtype=np.uint8).reshape(4, 1)

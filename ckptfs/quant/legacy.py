@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import Codec, register_codec
-from .native import accelerated
-from ._common import F32, bits_le, f16_field, field, nibbles, offset_codes, swap_u16_fields
+from ckptfs.quant import Codec, register_codec
+from ckptfs.quant.native import accelerated
+from ckptfs.quant._common import F32, bits_le, f16_field, field, nibbles, offset_codes, swap_u16_fields
 
 QK = 32
 

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import Codec, register_codec
-from ._common import F32, f16_field, field
+from ckptfs.quant import Codec, register_codec
+from ckptfs.quant._common import F32, f16_field, field
 
 _F32 = np.dtype(F32)
 _BYTES = np.arange(256, dtype=np.uint16)

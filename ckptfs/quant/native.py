@@ -14,7 +14,7 @@ from collections.abc import Callable
 import numpy as np
 
 try:
-    from . import _native
+    from ckptfs.quant import _native
 except ImportError:  # not built (no compiler at install time, or a source checkout): numpy only
     _native = None
 

@@ -23,9 +23,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import Codec, register_codec
-from ._common import F32, chunked, f16_field, field
-from .native import accelerated
+from ckptfs.quant import Codec, register_codec
+from ckptfs.quant._common import F32, chunked, f16_field, field
+from ckptfs.quant.native import accelerated
 
 QK_K = 256
 _F32 = np.dtype(F32)

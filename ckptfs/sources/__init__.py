@@ -16,11 +16,11 @@ import re
 import threading
 from collections.abc import Callable
 
-from ..errors import CheckpointError
-from .base import ByteSource, Folder
-from .identity import checkpoint_content_id, local_content_id, remote_content_id, sha256_content_id
-from .local import FileSource, LocalFolder, open_local_folder
-from .pool import SourcePool
+from ckptfs.errors import CheckpointError
+from ckptfs.sources.base import ByteSource, Folder
+from ckptfs.sources.identity import checkpoint_content_id, local_content_id, remote_content_id, sha256_content_id
+from ckptfs.sources.local import FileSource, LocalFolder, open_local_folder
+from ckptfs.sources.pool import SourcePool
 
 __all__ = ["ByteSource", "Folder", "FileSource", "LocalFolder", "SourcePool", "open_source", "open_folder",
            "register_scheme", "is_url", "scheme_of", "checkpoint_content_id", "local_content_id",

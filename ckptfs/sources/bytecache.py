@@ -89,7 +89,7 @@ def disk_store(root: str | None, max_bytes: int):
         store = _stores.get((root, max_bytes))
         if store is None:
             try:
-                from ..tiers.disk import DiskStore
+                from ckptfs.tiers.disk import DiskStore
 
                 store = DiskStore(root, max_bytes, namespace="bytes")
             except Exception as exc:  # noqa: BLE001 - a cache that cannot open costs speed, not the read

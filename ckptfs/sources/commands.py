@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from .remote import DEFAULT_STALL_TIMEOUT, DEFAULT_TIMEOUT
+from ckptfs.sources.remote import DEFAULT_STALL_TIMEOUT, DEFAULT_TIMEOUT
 
 SECONDS = click.FloatRange(min=0, min_open=True)
 

@@ -17,12 +17,12 @@ import os
 from dataclasses import dataclass
 from urllib.parse import quote
 
-from ..errors import CheckpointError
-from . import register_scheme
-from .base import Folder
-from .http import Credentials, HttpSource
-from .netstats import COUNTERS
-from .remote import current_options
+from ckptfs.errors import CheckpointError
+from ckptfs.sources import register_scheme
+from ckptfs.sources.base import Folder
+from ckptfs.sources.http import Credentials, HttpSource
+from ckptfs.sources.netstats import COUNTERS
+from ckptfs.sources.remote import current_options
 
 DEFAULT_ENDPOINT = "https://huggingface.co"
 _FILE_SUFFIXES = (".gguf", ".safetensors", ".json")

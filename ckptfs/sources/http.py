@@ -33,10 +33,10 @@ from urllib.parse import urljoin, urlsplit
 
 import urllib3
 
-from ..errors import CheckpointError
-from . import register_scheme
-from .netstats import COUNTERS
-from .remote import Changed, RemoteOptions, RemoteSource, Retryable, read_deadline
+from ckptfs.errors import CheckpointError
+from ckptfs.sources import register_scheme
+from ckptfs.sources.netstats import COUNTERS
+from ckptfs.sources.remote import Changed, RemoteOptions, RemoteSource, Retryable, read_deadline
 
 MAX_REDIRECTS = 10
 PROBE_MEMO_SECONDS = 60.0

@@ -24,9 +24,9 @@ import stat
 import threading
 from collections.abc import Callable
 
-from ..errors import CheckpointError
-from .base import ByteSource, Folder
-from .identity import local_content_id
+from ckptfs.errors import CheckpointError
+from ckptfs.sources.base import ByteSource, Folder
+from ckptfs.sources.identity import local_content_id
 
 
 class FileSource(ByteSource):

@@ -13,8 +13,8 @@ import contextlib
 import os
 from collections.abc import Callable
 
-from .base import ByteSource
-from .remote import (DEFAULT_CACHE_DIR_SIZE, DEFAULT_STALL_TIMEOUT, DEFAULT_TIMEOUT, RemoteOptions, deadline_scope,
+from ckptfs.sources.base import ByteSource
+from ckptfs.sources.remote import (DEFAULT_CACHE_DIR_SIZE, DEFAULT_STALL_TIMEOUT, DEFAULT_TIMEOUT, RemoteOptions, deadline_scope,
                      using)
 
 _FILE_SUFFIXES = (".gguf", ".safetensors", ".json")
@@ -50,14 +50,14 @@ class SourcePlan:
     def _mirror_set(self, member_wrapper=None):
         if not self.mirrors:
             return None
-        from .mirror import MirrorSet
+        from ckptfs.sources.mirror import MirrorSet
 
         return MirrorSet(self.src, self.mirrors, self._folder, member_wrapper, self.options)
 
     @contextlib.contextmanager
     def opening(self):
         """Sources opened inside (the header readers') get the options and the mirrors."""
-        from . import wrapping
+        from ckptfs.sources import wrapping
 
         with using(self.options), wrapping(self._mirror_set()):
             yield
@@ -68,7 +68,7 @@ class SourcePlan:
 
     def opener(self, name: str, base_dir: str | None = None) -> ByteSource:
         """The pool's opener: ``open_source`` under these options."""
-        from . import open_source
+        from ckptfs.sources import open_source
 
         with using(self.options):
             return open_source(name, base_dir)

@@ -26,7 +26,7 @@ import time
 import weakref
 from concurrent.futures import ThreadPoolExecutor
 
-from .bytecache import CHUNK
+from ckptfs.sources.bytecache import CHUNK
 
 log = logging.getLogger(__name__)
 

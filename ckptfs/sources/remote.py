@@ -27,11 +27,11 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from ..errors import CheckpointError
-from .base import ByteSource
-from .bytecache import CHUNK, ChunkCache, chunk_key, disk_store
-from .netstats import COUNTERS
-from .readahead import ReadAhead, quiet
+from ckptfs.errors import CheckpointError
+from ckptfs.sources.base import ByteSource
+from ckptfs.sources.bytecache import CHUNK, ChunkCache, chunk_key, disk_store
+from ckptfs.sources.netstats import COUNTERS
+from ckptfs.sources.readahead import ReadAhead, quiet
 
 log = logging.getLogger(__name__)
 
@@ -178,7 +178,7 @@ class RemoteSource(ByteSource):
 
     # -- opening ---------------------------------------------------------------------------------------
     def _set_identity(self, size: int, validator: str | None, url: str, sha256: str | None = None) -> None:
-        from .identity import remote_content_id, sha256_content_id
+        from ckptfs.sources.identity import remote_content_id, sha256_content_id
 
         self.size = size
         self.validator = validator

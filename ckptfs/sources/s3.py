@@ -25,11 +25,11 @@ import botocore.exceptions
 from botocore import UNSIGNED
 from botocore.config import Config
 
-from ..errors import CheckpointError
-from . import register_scheme
-from .base import Folder
-from .netstats import COUNTERS
-from .remote import Changed, RemoteOptions, RemoteSource, Retryable, read_deadline
+from ckptfs.errors import CheckpointError
+from ckptfs.sources import register_scheme
+from ckptfs.sources.base import Folder
+from ckptfs.sources.netstats import COUNTERS
+from ckptfs.sources.remote import Changed, RemoteOptions, RemoteSource, Retryable, read_deadline
 
 _FILE_SUFFIXES = (".gguf", ".safetensors", ".json")
 _RETRY_CODES = {"SlowDown", "ServiceUnavailable", "InternalError", "RequestTimeout", "ThrottlingException",
@@ -240,14 +240,14 @@ class S3Folder(Folder):
 
 
 def open_s3(src: str) -> S3Source:
-    from .remote import current_options
+    from ckptfs.sources.remote import current_options
 
     return S3Source(src, current_options())
 
 
 def open_s3_folder(src: str) -> S3Folder | None:
     """A folder for ``s3://BUCKET/PREFIX/`` (or a bucket); a key with a checkpoint suffix names a file."""
-    from .remote import current_options
+    from ckptfs.sources.remote import current_options
 
     bucket, key = split_url(src)
     if key.lower().endswith(_FILE_SUFFIXES):

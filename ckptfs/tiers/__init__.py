@@ -12,8 +12,8 @@ Redis tier is asked for.
 
 from __future__ import annotations
 
-from ..cache import BlockCache, TieredCache
-from .disk import DEFAULT_CACHE_DIR_SIZE
+from ckptfs.cache import BlockCache, TieredCache
+from ckptfs.tiers.disk import DEFAULT_CACHE_DIR_SIZE
 
 __all__ = ["build_tiers", "DEFAULT_CACHE_DIR_SIZE"]
 
@@ -27,11 +27,11 @@ def build_tiers(cache_size: int, cache_dir: str | None = None, cache_dir_size: i
     """
     tiers = [BlockCache(cache_size)]
     if cache_dir:
-        from .disk import DiskTier
+        from ckptfs.tiers.disk import DiskTier
 
         tiers.append(DiskTier(cache_dir, cache_dir_size))
     if redis:
-        from .redis import RedisTier
+        from ckptfs.tiers.redis import RedisTier
 
         tiers.append(RedisTier(redis))
     return TieredCache(tiers)

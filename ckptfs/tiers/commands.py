@@ -13,8 +13,8 @@ import sys
 
 import click
 
-from ..sizes import format_size, parse_size
-from .disk import DEFAULT_CACHE_DIR_SIZE, DiskStore
+from ckptfs.sizes import format_size, parse_size
+from ckptfs.tiers.disk import DEFAULT_CACHE_DIR_SIZE, DiskStore
 
 ENV_DIR = "CKPTFS_CACHE_DIR"
 
@@ -31,7 +31,7 @@ def _size(ctx, param, value):
 def _redis_url(ctx, param, value):
     if value is None:
         return None
-    from .redis import check_url
+    from ckptfs.tiers.redis import check_url
 
     try:
         check_url(value)
@@ -116,9 +116,9 @@ def cache_clear(cache_dir):
 @click.option("-v", "--verbose", is_flag=True)
 def prefetch(src, names, cache_dir, cache_dir_size, redis, dtype, verbose):
     """Decode tensors of SRC (all, or NAMES) into the shared tiers ahead of a deployment."""
-    from ..checkpoint import open as open_checkpoint
-    from ..errors import CheckpointError
-    from .warm import warm
+    from ckptfs.checkpoint import open as open_checkpoint
+    from ckptfs.errors import CheckpointError
+    from ckptfs.tiers.warm import warm
 
     if not cache_dir and not redis:
         raise click.UsageError("nothing to warm: give --cache-dir DIR and/or --redis URL")

@@ -41,9 +41,9 @@ from urllib.parse import urlsplit
 
 import numpy as np
 
-from . import entry
-from .counters import TierCounters
-from .writer import BackgroundWriter
+from ckptfs.tiers import entry
+from ckptfs.tiers.counters import TierCounters
+from ckptfs.tiers.writer import BackgroundWriter
 
 log = logging.getLogger(__name__)
 

@@ -24,8 +24,8 @@ import os
 
 import numpy as np
 
-from ..cache import cache_key
-from .disk import DEFAULT_CACHE_DIR_SIZE, DiskStore
+from ckptfs.cache import cache_key
+from ckptfs.tiers.disk import DEFAULT_CACHE_DIR_SIZE, DiskStore
 
 log = logging.getLogger(__name__)
 

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..errors import CheckpointError
-from ..sizes import format_size
+from ckptfs.errors import CheckpointError
+from ckptfs.sizes import format_size
 
 READ_STEP_BYTES = 16 << 20
 

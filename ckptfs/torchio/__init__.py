@@ -10,9 +10,9 @@ from __future__ import annotations
 
 def __getattr__(name):  # the public functions, imported only when asked for (torch stays unimported)
     if name == "load_batch":
-        from .batch import load_batch
+        from ckptfs.torchio.batch import load_batch
         return load_batch
     if name in ("load", "to_torch"):
-        from . import api
+        from ckptfs.torchio import api
         return getattr(api, name)
     raise AttributeError(name)

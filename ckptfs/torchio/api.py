@@ -24,8 +24,8 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import torch
 
-from ..quant import codec_for
-from . import batch, kernels
+from ckptfs.quant import codec_for
+from ckptfs.torchio import batch, kernels
 
 #: Storage types torch holds exactly: ``dtype=None`` keeps them; every other type becomes float32.
 STORAGE_DTYPES: dict[str, torch.dtype] = {

@@ -24,8 +24,8 @@ from typing import Protocol
 
 import numpy as np
 
-from ..errors import CheckpointError
-from ..quant import native
+from ckptfs.errors import CheckpointError
+from ckptfs.quant import native
 
 RUN_ELEMENTS = 1 << 20                 # decoded values per run: 4 MiB of float32 scratch at most
 RUN_STORED_BYTES = 8 << 20             # stored bytes per run (plain types: one run is one copy)
@@ -201,7 +201,7 @@ def run(pieces: Sequence[Piece], sources, threads: int | None = None) -> None:
 
 def open_checkpoint(src):
     """(checkpoint, whether we opened it): ``src`` is a path or an already-open Checkpoint."""
-    from ..checkpoint import Checkpoint, open as open_path
+    from ckptfs.checkpoint import Checkpoint, open as open_path
     if isinstance(src, Checkpoint):
         return src, False
     return open_path(src), True

@@ -23,9 +23,9 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from ..quant import codec_for
-from ..quant import floats as np_floats
-from ..quant.iq_tables import KVALUES_FP4, KVALUES_IQ4NL
+from ckptfs.quant import codec_for
+from ckptfs.quant import floats as np_floats
+from ckptfs.quant.iq_tables import KVALUES_FP4, KVALUES_IQ4NL
 
 Kernel = Callable[[torch.Tensor], torch.Tensor]
 QK_K = 256
