@@ -6,8 +6,8 @@ NAME.raw / NAME.meta.json files. Importing ckptfs never needs libfuse: only a mo
 
 from __future__ import annotations
 
-from ckptfs.checkpoint import Checkpoint, Tensor, open
-from ckptfs.errors import CheckpointError
+from ckptfs.checkpoint.tensors import Checkpoint, Tensor, open
+from ckptfs.core.errors import CheckpointError
 from ckptfs.quant import Codec, register_codec
 
 __version__ = "0.1.0"
@@ -24,13 +24,13 @@ def load(src, names=None, *, device="cpu", dtype=None):
 
 
 def load_batch(src, names, *, stack=False):
-    """Tensors decoded into one contiguous numpy buffer (numpy only). See ckptfs.torchio.batch.load_batch."""
-    from ckptfs.torchio.batch import load_batch as load_into_one
+    """Tensors decoded into one contiguous numpy buffer (numpy only). See ckptfs.engine.batch.load_batch."""
+    from ckptfs.engine.batch import load_batch as load_into_one
     return load_into_one(src, names, stack=stack)
 
 
 def hf_folder(src, dtype="bfloat16", **open_kwargs):
     """A GGUF (file, split-set shard or open Checkpoint) as a Hugging Face model folder: file name -> View,
-    ``.read(name)``, ``.write_to(dir)``. Needs ckptfs[hf], imported only now. See ckptfs.hf.hf_folder."""
-    from ckptfs.hf import hf_folder as make_folder
+    ``.read(name)``, ``.write_to(dir)``. Needs ckptfs[hf], imported only now. See ckptfs.hffolder.hf_folder."""
+    from ckptfs.hffolder import hf_folder as make_folder
     return make_folder(src, dtype=dtype, **open_kwargs)

@@ -8,7 +8,7 @@ the ckptfs/reference ratio.
 
 - ckptfs: ``codec.dequantize`` on the block matrix ``u8[n_blocks, block_bytes]`` (what the block engine
   hands it), then, where the served dtype differs from the codec's (``--dtype float32`` on an F16 tensor),
-  ``.astype`` exactly as ckptfs.blocks.TensorData does.
+  ``.astype`` exactly as ckptfs.engine.blocks.TensorData does.
 - gguf-py: ``gguf.quants.dequantize`` on the tensor's 2-D raw array ``u8[rows, row_bytes]`` — the shape of
   ``GGUFReader``'s ``tensor.data`` for quantized types; it dequantizes whole rows.
 - numpy's own conversion for plain types: ``np.frombuffer(raw, dtype).reshape(shape)`` for types served as

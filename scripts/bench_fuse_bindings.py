@@ -62,7 +62,7 @@ def read_all(path: Path, direct: bool) -> float:
 
 def cli(*args: str, env: dict[str, str]) -> None:
     full = {**os.environ, "PYTHONPATH": str(REPO), **env}
-    subprocess.run([sys.executable, "-m", "ckptfs.cli", *args], env=full, check=True)
+    subprocess.run([sys.executable, "-m", "ckptfs.commands.cli", *args], env=full, check=True)
 
 
 def cpu_seconds(pid: int) -> float:

@@ -84,13 +84,13 @@ def run_loader(args: list[str]) -> dict:
 
 def mount(src: Path, mnt: Path, *flags: str) -> float:
     start = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "ckptfs.cli", "mount", str(src), str(mnt), *flags], check=True,
+    subprocess.run([sys.executable, "-m", "ckptfs.commands.cli", "mount", str(src), str(mnt), *flags], check=True,
                    env={**os.environ, "PYTHONPATH": str(REPO)})
     return time.perf_counter() - start
 
 
 def umount(mnt: Path) -> None:
-    subprocess.run([sys.executable, "-m", "ckptfs.cli", "umount", str(mnt)], check=False,
+    subprocess.run([sys.executable, "-m", "ckptfs.commands.cli", "umount", str(mnt)], check=False,
                    env={**os.environ, "PYTHONPATH": str(REPO)})
 
 

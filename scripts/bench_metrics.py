@@ -33,7 +33,7 @@ import ckptfs
 from ckptfs.bench import Progress, make_plan, scan
 from ckptfs.fs.mountpoint import unmount
 from ckptfs.fs.operations import STATS_XATTR
-from ckptfs.sizes import parse_size
+from ckptfs.util.sizes import parse_size
 
 
 def cpu_seconds(pid: int) -> float:
@@ -46,7 +46,7 @@ def cpu_seconds(pid: int) -> float:
 def stream(src: str, mountpoint: str, cache_size: int, metrics: bool, files: list[str],
            scrape_interval: float) -> tuple[float, float, int]:
     """One fresh mount, every file streamed: (MB/s, daemon CPU seconds per GB, scrapes made)."""
-    command = [sys.executable, "-m", "ckptfs.cli", "mount", src, mountpoint, "--cache-size", str(cache_size)]
+    command = [sys.executable, "-m", "ckptfs.commands.cli", "mount", src, mountpoint, "--cache-size", str(cache_size)]
     if metrics:
         command += ["--metrics", "127.0.0.1:0"]
     subprocess.run(command, check=True, stdin=subprocess.DEVNULL, timeout=120)
@@ -90,7 +90,7 @@ def per_request_overhead(src: str, repeats: int = 15, calls: int = 5000) -> dict
 
     from ckptfs.fs.counters import MountCounters
     from ckptfs.fs.operations import CkptOperations
-    from ckptfs.tree import MountTree
+    from ckptfs.tree.mount_tree import MountTree
 
     saved = os.environ.get("CKPTFS_PREFETCH")
     os.environ["CKPTFS_PREFETCH"] = "0"

@@ -33,7 +33,7 @@ sys.path.insert(0, str(REPO / "tests"))
 
 from servers import Nginx
 
-from ckptfs.benchremote import BenchMount, header_bytes, stream, timed_read
+from ckptfs.bench.remote import BenchMount, header_bytes, stream, timed_read
 
 MiB = 1 << 20
 _LOG = re.compile(r'"(?P<method>[A-Z]+) (?P<path>\S+) [^"]*" (?P<status>\d+) (?P<bytes>\d+)')

@@ -52,12 +52,12 @@ def _timed(code: str, path: str) -> float:
 
 
 def _mount_and_list(path: str) -> dict:
-    from ckptfs.procinfo import rss_anon
+    from ckptfs.util.procinfo import rss_anon
 
     mnt = tempfile.mkdtemp(prefix="ckptfs-scale-")
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     t0 = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "ckptfs.cli", "mount", path, mnt], check=True, env=env,
+    subprocess.run([sys.executable, "-m", "ckptfs.commands.cli", "mount", path, mnt], check=True, env=env,
                    stdin=subprocess.DEVNULL)
     names = os.listdir(mnt)
     first = time.perf_counter() - t0
@@ -66,7 +66,7 @@ def _mount_and_list(path: str) -> dict:
     repeat = time.perf_counter() - t1
     stats = json.loads(os.getxattr(mnt, "user.ckptfs.stats"))
     rss = rss_anon(stats["pid"])
-    subprocess.run([sys.executable, "-m", "ckptfs.cli", "umount", mnt], check=True, env=env)
+    subprocess.run([sys.executable, "-m", "ckptfs.commands.cli", "umount", mnt], check=True, env=env)
     os.rmdir(mnt)
     assert again == len(names)
     return {"mount_and_first_listing_s": first, "repeated_listing_s": repeat, "names": len(names),

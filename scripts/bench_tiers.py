@@ -51,7 +51,7 @@ MIB = float(1 << 20)
 
 def mount(src: Path, mnt: Path, *args: str) -> Path:
     mnt.mkdir(parents=True, exist_ok=True)
-    subprocess.run([sys.executable, "-m", "ckptfs.cli", "mount", str(src), str(mnt), *args], check=True,
+    subprocess.run([sys.executable, "-m", "ckptfs.commands.cli", "mount", str(src), str(mnt), *args], check=True,
                    env={**os.environ, "PYTHONPATH": str(REPO)})
     return mnt
 
@@ -267,8 +267,8 @@ def write_big_tensor_gguf(path: Path, elements: int) -> None:
 
 def group_costs(model: Path, work: Path, redis_url: str) -> dict:
     import ckptfs
-    from ckptfs.tiers.disk import DiskTier
-    from ckptfs.tiers.redis import RedisTier
+    from ckptfs.cache.disk import DiskTier
+    from ckptfs.cache.redis_tier import RedisTier
 
     ck = ckptfs.open(model, cache_size=0)
     tensor = max((t for t in ck.tensors if t.storage_type == "Q4_K"), key=lambda t: t.size)

@@ -20,7 +20,7 @@ class Params:
     params: float = 70.55e9          # Llama-3-70B
     stored: float = 42.5 * GB        # its Q4_K_M GGUF
     out_itemsize: int = 2            # served as float16 (--dtype float16)
-    group_out: int = 256 * 1024      # one decoded block group (ckptfs/blocks.py GROUP_TARGET_BYTES)
+    group_out: int = 256 * 1024      # one decoded block group (ckptfs/engine/blocks.py GROUP_TARGET_BYTES)
     request: int = 4 * MIB           # remote read-ahead request size (sources/readahead.py PIECE)
     in_flight: int = 4               # concurrent requests per node (readahead WORKERS)
     s3_latency: float = 0.050        # s to first byte per request (assumed)

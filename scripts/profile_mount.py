@@ -31,7 +31,7 @@ import tempfile
 
 import ckptfs
 from ckptfs.bench import AnonMemorySampler, Progress, bench_mount, make_plan, scan
-from ckptfs.sizes import format_size, parse_size
+from ckptfs.util.sizes import format_size, parse_size
 
 
 def parse_config(text: str) -> tuple[str, dict[str, str]]:

@@ -5,7 +5,7 @@
 - ``skip_or_fail(reason)``: the same rule for any other must-run-in-CI test (fusepy, fuzzing).
 - fixtures ``mounted`` (per test) and ``module_mounted`` (per module, for read-only checks that can share a
   mount): each yields ``mount(src, *cli_args, binding=None, foreground=False) -> Path``, which mounts ``src``
-  with the real CLI (``python -m ckptfs.cli mount``; as a daemon, or ``-f`` in a child process), returns
+  with the real CLI (``python -m ckptfs.commands.cli mount``; as a daemon, or ``-f`` in a child process), returns
   once the mount is ready, and unmounts at teardown whatever happened in the test.
 - ``mount_stats(mnt)`` (the root's ``user.ckptfs.stats`` xattr: cache counters, daemon pid, binding),
   ``is_mounted(path)``, ``force_unmount(path)``, ``wait_until(predicate, timeout)``, ``ckptfs_cli()``,
@@ -29,7 +29,7 @@ from pathlib import Path
 
 import pytest
 
-from ckptfs import procinfo
+from ckptfs.util import procinfo
 
 REPO = Path(__file__).resolve().parents[1]
 READY_TIMEOUT = 60.0
@@ -75,7 +75,7 @@ def require_fuse(binding: str | None = None) -> None:
 
 def ckptfs_cli() -> list[str]:
     """The real CLI, run from this checkout whatever the installed copy is."""
-    return [sys.executable, "-m", "ckptfs.cli"]
+    return [sys.executable, "-m", "ckptfs.commands.cli"]
 
 
 def cli_env(binding: str | None = None, **extra: str) -> dict[str, str]:

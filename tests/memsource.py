@@ -15,7 +15,7 @@ import hashlib
 import os
 import sys
 
-from ckptfs.errors import CheckpointError
+from ckptfs.core.errors import CheckpointError
 from ckptfs.sources import ByteSource, Folder, register_scheme, sha256_content_id
 
 STORE: dict[str, bytes] = {}
@@ -80,7 +80,7 @@ def load_dir(root: str) -> None:
 if __name__ == "__main__":
     load_dir(sys.argv[1])
     register()
-    from ckptfs.cli import main
+    from ckptfs.commands.cli import main
 
     sys.argv = ["ckptfs", *sys.argv[2:]]
     main()

@@ -93,7 +93,7 @@ def test_row_slices_decode_only_what_they_cover(gguf_path):
 
 def _count_decoded_blocks(monkeypatch) -> list[int]:
     """Record every block range the tensors decode, as the list of block numbers decoded."""
-    from ckptfs.blocks import TensorData
+    from ckptfs.engine.blocks import TensorData
 
     decoded: list[int] = []
     original = TensorData._decode_blocks

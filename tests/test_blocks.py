@@ -8,12 +8,12 @@ import os
 import numpy as np
 import pytest
 
-from ckptfs.blocks import TensorData
-from ckptfs.cache import BlockCache
-from ckptfs.descriptors import TensorInfo
-from ckptfs.errors import CheckpointError
+from ckptfs.engine.blocks import TensorData
+from ckptfs.cache.tiered import BlockCache
+from ckptfs.core.descriptors import TensorInfo
+from ckptfs.core.errors import CheckpointError
 from ckptfs.quant import codec_for, known_types, output_dtype
-from ckptfs.source import FileSource, SourcePool
+from ckptfs.sources import FileSource, SourcePool
 
 
 class CountingPool(SourcePool):

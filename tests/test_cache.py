@@ -8,7 +8,7 @@ import time
 import numpy as np
 import pytest
 
-from ckptfs.cache import BlockCache
+from ckptfs.cache.tiered import BlockCache
 
 
 def loader(n: int, calls: list):

@@ -32,8 +32,8 @@ from fixtures import GGML_GEOMETRY, Written, jsonable, quantized, write_gguf, wr
 
 import ckptfs
 import ckptfs.quant
-from ckptfs.errors import CheckpointError
-from ckptfs.tree import MountTree
+from ckptfs.core.errors import CheckpointError
+from ckptfs.tree.mount_tree import MountTree
 
 PAGE = 4096
 GGUF_EXACT = {"F32": "<f4", "F16": "<f2", "F64": "<f8", "I8": "|i1", "I16": "<i2", "I32": "<i4", "I64": "<i8"}

@@ -17,7 +17,7 @@ import pytest
 import safetensors.numpy
 from fixtures import write_gguf, write_safetensors
 
-from ckptfs.errors import CheckpointError
+from ckptfs.core.errors import CheckpointError
 from ckptfs.formats import detect, read_file
 
 

@@ -22,7 +22,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import ckptfs.quant
-from ckptfs.errors import CheckpointError
+from ckptfs.core.errors import CheckpointError
 from ckptfs.formats import read_file
 from ckptfs.formats.gguf import GGML_TYPE_NAMES, MAX_DIMS, read_gguf
 from ckptfs.formats.gguf_values import MAX_ARRAY_DEPTH

@@ -15,12 +15,12 @@ from hf_models import sentencepiece_vocab, write_model
 
 #: runs the ckptfs CLI as if transformers were not installed
 NO_TRANSFORMERS = [sys.executable, "-c",
-                   "import sys; sys.modules['transformers'] = None; from ckptfs.cli import main; main()"]
+                   "import sys; sys.modules['transformers'] = None; from ckptfs.commands.cli import main; main()"]
 
 
 def test_bfloat16_and_float16_round_as_torch():
     torch = pytest.importorskip("torch")
-    from ckptfs.hf.safetensors_view import convert
+    from ckptfs.hffolder.safetensors_view import convert
 
     rng = np.random.default_rng(3)
     special = np.array([0x3F808000, 0x3F818000, 0x3F80FFFF, 0x00000001, 0x807FFFFF, 0x7F7FFFFF, 0xFF7FFFFF,
@@ -54,7 +54,7 @@ def test_an_architecture_transformers_cannot_map(mounted, tmp_path):
 def test_a_processor_that_reshapes_is_refused_with_its_reason(tmp_path):
     pytest.importorskip("transformers")
     import ckptfs
-    from ckptfs.hf import Unsupported
+    from ckptfs.hffolder import Unsupported
 
     path = tmp_path / "bloom.gguf"
     write_gguf(path, {"token_embd.weight": (np.zeros((8, 32), np.float32), "F32")}, arch="bloom")

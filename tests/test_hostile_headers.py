@@ -29,8 +29,8 @@ import pytest
 from conftest import ckptfs_cli, cli_env, fuse_problem, is_mounted, require_fuse
 
 import ckptfs
-from ckptfs.cli import main as cli_main
-from ckptfs.errors import CheckpointError
+from ckptfs.commands.cli import main as cli_main
+from ckptfs.core.errors import CheckpointError
 from ckptfs.formats import read_gguf, read_safetensors
 
 HANG_GUARD_SECONDS = 10.0

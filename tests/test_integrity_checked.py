@@ -21,7 +21,7 @@ from fixtures import write_mixed_gguf
 from integrity_fixtures import big_safetensors, flip, reference_tensors
 
 import ckptfs
-from ckptfs.errors import CheckpointError, IntegrityError
+from ckptfs.core.errors import CheckpointError, IntegrityError
 from ckptfs.formats.multi import read_checkpoint
 from ckptfs.integrity.checked import ManifestCheck
 from ckptfs.integrity.manifest import build_manifest, load_manifest

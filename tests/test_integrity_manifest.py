@@ -15,7 +15,7 @@ from fixtures import write_gguf, write_mixed_gguf
 from integrity_fixtures import big_safetensors, expected_entry, file_sha256, point_gguf_tensor_at, reference_tensors
 
 import ckptfs
-from ckptfs.errors import CheckpointError
+from ckptfs.core.errors import CheckpointError
 from ckptfs.integrity import manifest as manifest_module
 from ckptfs.integrity.crc import crc32_combine
 from ckptfs.integrity.manifest import FORMAT, build_manifest, load_manifest, parse_manifest

@@ -9,7 +9,7 @@ import math
 import numpy as np
 from hypothesis import given, settings, strategies as st
 
-from ckptfs.jsonutil import dumps_bytes
+from ckptfs.util.jsonutil import dumps_bytes
 
 scalars = st.one_of(st.none(), st.booleans(), st.integers(), st.floats(allow_nan=False, allow_infinity=False),
                     st.text())

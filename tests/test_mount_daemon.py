@@ -21,7 +21,7 @@ from conftest import (REPO, ckptfs_cli, cli_env, force_unmount, is_mounted, moun
 from fixtures import Written, write_gguf
 from mount_expect import big_tensors, expected_gguf, read_direct
 
-from ckptfs import procinfo
+from ckptfs.util import procinfo
 
 CLI = " ".join(shlex.quote(c) for c in ckptfs_cli())
 NOBODY = 65534
@@ -297,7 +297,7 @@ def test_fuse_unavailable_errors(big_gguf, mountpoint):
 def test_fork_happens_with_a_single_thread():
     """daemon.py forks after numpy is imported: numpy's OpenBLAS stops its threads in a pthread_atfork
     handler, so at the fork this process is single-threaded (threads restart lazily)."""
-    code = ("import os, ckptfs.checkpoint\npid = os.fork()\nif pid == 0: os._exit(0)\nos.waitpid(pid, 0)\n"
+    code = ("import os, ckptfs.checkpoint.tensors\npid = os.fork()\nif pid == 0: os._exit(0)\nos.waitpid(pid, 0)\n"
             "print(len(os.listdir('/proc/self/task')))")
     out = subprocess.run([sys.executable, "-c", code], env=cli_env(), capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "1"
@@ -348,7 +348,7 @@ def _python_for_nobody() -> tuple[list[str], dict[str, str]] | None:
     version = f"{sys.version_info.major}.{sys.version_info.minor}"
     for python in (sys.executable, shutil.which(f"python{version}") or "", "/usr/bin/python3"):
         if python and _as_nobody(python, "-c", "import ckptfs.fs.mount, mfusepy", env=env).returncode == 0:
-            return [python, "-m", "ckptfs.cli"], env
+            return [python, "-m", "ckptfs.commands.cli"], env
     return None
 
 

@@ -21,9 +21,9 @@ from multifile_sets import (MODEL_FILES, gguf_reference, gguf_tensors, hf_cache_
                             write_safetensors_set, write_split_gguf)
 
 import ckptfs
-from ckptfs.cli import main as cli_main
+from ckptfs.commands.cli import main as cli_main
 from ckptfs.formats.multi import read_checkpoint
-from ckptfs.tree import MountTree
+from ckptfs.tree.mount_tree import MountTree
 
 INDEX = "model.safetensors.index.json"
 

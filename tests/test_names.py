@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 
-from ckptfs.names import NAME_MAX, assign_stems, encode_name, file_stem
+from ckptfs.tree.names import NAME_MAX, assign_stems, encode_name, file_stem
 
 
 def test_plain_names_stay_as_they_are():

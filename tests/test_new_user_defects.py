@@ -185,7 +185,7 @@ def test_options_that_break_the_mount_are_refused(small, mountpoint, options, wo
 # The refusals above, lifted, to reach the check behind them: readiness is the root answering as our daemon.
 _WITHOUT_REFUSALS = ("import sys, ckptfs.fs.options as o\n"
                      "for k in ('max_read', 'modules', 'subdir'): o.REFUSED.pop(k)\n"
-                     "from ckptfs.cli import main\nmain(sys.argv[1:])\n")
+                     "from ckptfs.commands.cli import main\nmain(sys.argv[1:])\n")
 
 
 @pytest.mark.parametrize("options", ["max_read=131072", "modules=subdir,subdir=/x"])
@@ -334,7 +334,7 @@ def test_permission_denied_on_a_parent_folder_says_so(small, tmp_path):
 
 
 def test_an_unreadable_file_is_one_line_not_a_usage_block(small, tmp_path):
-    from ckptfs.cli import main
+    from ckptfs.commands.cli import main
 
     path = tmp_path / "unreadable.gguf"
     shutil.copy(small.path, path)
@@ -453,7 +453,7 @@ def test_bench_names_the_file_and_tensor_when_a_read_fails(small, monkeypatch, c
 @pytest.mark.parametrize("text, size", [("512M", 512 << 20), ("64MiB", 64 << 20), ("1.5G", 3 << 29), ("0", 0),
                                         ("4096", 4096), ("1P", 1 << 50), ("7E", 7 << 60), ("2k", 2048)])
 def test_sizes_in_binary_units(text, size):
-    from ckptfs.sizes import parse_size
+    from ckptfs.util.sizes import parse_size
 
     assert parse_size(text) == size
 
@@ -461,7 +461,7 @@ def test_sizes_in_binary_units(text, size):
 @pytest.mark.parametrize("text, words", [("64MB", "ambiguous"), ("1GB", "ambiguous"), ("99999999999T", "too large"),
                                          ("8E", "too large"), ("-1", "not a size"), ("10X", "not a size")])
 def test_sizes_refused(text, words):
-    from ckptfs.sizes import parse_size
+    from ckptfs.util.sizes import parse_size
 
     with pytest.raises(ValueError, match=words):
         parse_size(text)

@@ -1,4 +1,4 @@
-"""Read-ahead (ckptfs/prefetch.py) without FUSE: the hooks the FUSE operations call, driven by hand.
+"""Read-ahead (ckptfs/engine/prefetch.py) without FUSE: the hooks the FUSE operations call, driven by hand.
 
 A sequential reader gets the groups ahead of it decoded into the cache (so its next reads are hits), within
 the cache fraction; random access, a disabled prefetcher and direct types decode nothing ahead; raw streams
@@ -13,12 +13,12 @@ import numpy as np
 import pytest
 
 import ckptfs
-from ckptfs import prefetch
+from ckptfs.engine import prefetch
 from ckptfs.fs import kernel
 from ckptfs.fs.mountpoint import unescape
-from ckptfs.prefetch import Prefetcher
-from ckptfs.source import FileSource
-from ckptfs.tree import MountTree
+from ckptfs.engine.prefetch import Prefetcher
+from ckptfs.sources import FileSource
+from ckptfs.tree.mount_tree import MountTree
 
 from fixtures import quantized, write_gguf
 

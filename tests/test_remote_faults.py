@@ -17,10 +17,10 @@ import pytest
 
 pytest.importorskip("urllib3")
 
-from ckptfs.errors import CheckpointError  # noqa: E402
+from ckptfs.core.errors import CheckpointError  # noqa: E402
 from ckptfs.sources import open_source  # noqa: E402
 from ckptfs.sources.netstats import COUNTERS  # noqa: E402
-from ckptfs.sources.remote import RemoteOptions, using  # noqa: E402
+from ckptfs.sources.remote.transport import RemoteOptions, using  # noqa: E402
 from faultproxy import FaultProxy  # noqa: E402
 from servers import Nginx, require_nginx  # noqa: E402
 

@@ -18,7 +18,7 @@ pytest.importorskip("urllib3")
 huggingface_hub = pytest.importorskip("huggingface_hub")
 
 import ckptfs  # noqa: E402
-from ckptfs.errors import CheckpointError  # noqa: E402
+from ckptfs.core.errors import CheckpointError  # noqa: E402
 from ckptfs.sources import open_source  # noqa: E402
 from fixtures import write_mixed_gguf  # noqa: E402
 from multifile_sets import MODEL_FILES, safetensors_tensors, write_model_files, write_safetensors_set  # noqa: E402

@@ -21,7 +21,7 @@ import pytest
 pytest.importorskip("urllib3")
 
 import ckptfs  # noqa: E402
-from ckptfs.errors import CheckpointError  # noqa: E402
+from ckptfs.core.errors import CheckpointError  # noqa: E402
 from conftest import REPO, mount_stats  # noqa: E402
 from faultproxy import FaultProxy  # noqa: E402
 from fixtures import big_vocab_gguf, write_gguf, write_mixed_gguf, quantized  # noqa: E402
@@ -110,7 +110,7 @@ def test_missing_url_is_one_line(site):
 
 def test_cli_info_of_a_url(site):
     server, root, _ = site
-    out = subprocess.run([sys.executable, "-m", "ckptfs.cli", "info", "--json", "--timeout", "5",
+    out = subprocess.run([sys.executable, "-m", "ckptfs.commands.cli", "info", "--json", "--timeout", "5",
                           server.url + "/mixed.gguf"], capture_output=True, text=True, timeout=120, cwd=REPO)
     assert out.returncode == 0, out.stderr
     data = json.loads(out.stdout)
@@ -119,13 +119,13 @@ def test_cli_info_of_a_url(site):
     seen = []
     for _ in range(2):
         before = len(server.access_log())
-        again = subprocess.run([sys.executable, "-m", "ckptfs.cli", "info", "--json", "--cache-dir", str(cache),
+        again = subprocess.run([sys.executable, "-m", "ckptfs.commands.cli", "info", "--json", "--cache-dir", str(cache),
                                 server.url + "/vocab.gguf"], capture_output=True, text=True, timeout=120, cwd=REPO)
         assert again.returncode == 0, again.stderr
         seen.append(requests_since(server, before))
     assert len(seen[0]) <= 4  # cold: a one-byte identity check, then the header as without a cache directory
     assert all(n <= 1 for _, _, n in seen[1])  # warm: only the identity check
-    missing = subprocess.run([sys.executable, "-m", "ckptfs.cli", "info", server.url + "/none.gguf"],
+    missing = subprocess.run([sys.executable, "-m", "ckptfs.commands.cli", "info", server.url + "/none.gguf"],
                              capture_output=True, text=True, timeout=120, cwd=REPO)
     assert missing.returncode == 1
     assert missing.stderr.strip().count("\n") == 0 and "HTTP 404" in missing.stderr
@@ -202,7 +202,7 @@ def test_cli_bench_of_a_url_beside_the_local_file(site):
 
     require_fuse()
     server, root, _ = site
-    out = subprocess.run([sys.executable, "-m", "ckptfs.cli", "bench", server.url + "/mixed.gguf", "--local",
+    out = subprocess.run([sys.executable, "-m", "ckptfs.commands.cli", "bench", server.url + "/mixed.gguf", "--local",
                           str(root / "mixed.gguf"), "--json", "--timeout", "10"],
                          capture_output=True, text=True, timeout=300, cwd=REPO)
     assert out.returncode == 0, out.stderr

@@ -16,7 +16,7 @@ import pytest
 pytest.importorskip("urllib3")
 
 import ckptfs  # noqa: E402
-from ckptfs.errors import CheckpointError  # noqa: E402
+from ckptfs.core.errors import CheckpointError  # noqa: E402
 from ckptfs.sources.netstats import COUNTERS  # noqa: E402
 from faultproxy import FaultProxy  # noqa: E402
 from fixtures import quantized, write_gguf  # noqa: E402

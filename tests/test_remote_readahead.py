@@ -13,8 +13,8 @@ import pytest
 pytest.importorskip("urllib3")
 
 from ckptfs.sources import open_source  # noqa: E402
-from ckptfs.sources.bytecache import CHUNK  # noqa: E402
-from ckptfs.sources.remote import RemoteOptions, using  # noqa: E402
+from ckptfs.cache.chunks import CHUNK  # noqa: E402
+from ckptfs.sources.remote.transport import RemoteOptions, using  # noqa: E402
 from servers import Nginx, require_nginx  # noqa: E402
 
 MiB = 1 << 20

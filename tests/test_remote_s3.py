@@ -14,7 +14,7 @@ boto3 = pytest.importorskip("boto3")
 pytest.importorskip("moto")
 
 import ckptfs  # noqa: E402
-from ckptfs.errors import CheckpointError  # noqa: E402
+from ckptfs.core.errors import CheckpointError  # noqa: E402
 from ckptfs.sources.netstats import COUNTERS  # noqa: E402
 from fixtures import write_mixed_gguf  # noqa: E402
 from multifile_sets import MODEL_FILES, safetensors_tensors, write_model_files, write_safetensors_set  # noqa: E402

@@ -15,7 +15,7 @@ from gguf import GGUFReader
 from gguf.quants import dequantize
 
 import ckptfs
-from ckptfs.errors import CheckpointError
+from ckptfs.core.errors import CheckpointError
 
 RNG = np.random.default_rng(20240611)
 

@@ -22,7 +22,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import ckptfs.quant
-from ckptfs.errors import CheckpointError
+from ckptfs.core.errors import CheckpointError
 from ckptfs.formats import read_file
 from ckptfs.formats.safetensors import MAX_JSON_DEPTH, read_safetensors
 

@@ -16,7 +16,7 @@ import pytest
 from safetensors.numpy import load_file, save_file
 
 import ckptfs
-from ckptfs.descriptors import TensorTable
+from ckptfs.core.descriptors import TensorTable
 from ckptfs.formats import safetensors as st_reader
 from ckptfs.formats.safetensors import read_safetensors
 

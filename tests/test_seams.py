@@ -22,13 +22,13 @@ import pytest
 
 import ckptfs
 import memsource
-from ckptfs.cache import BlockCache, CacheTier, TieredCache
-from ckptfs.checkpoint import Checkpoint
-from ckptfs.errors import CheckpointError
+from ckptfs.cache.tiered import BlockCache, CacheTier, TieredCache
+from ckptfs.checkpoint.tensors import Checkpoint
+from ckptfs.core.errors import CheckpointError
 from ckptfs.formats.multi import read_checkpoint
 from ckptfs.fs.operations import CkptOperations
-from ckptfs.tree import Entry, MountTree
-from ckptfs.views import BytesView
+from ckptfs.tree.mount_tree import Entry, MountTree
+from ckptfs.engine.views import BytesView
 from conftest import REPO
 from fixtures import write_mixed_gguf
 from multifile_sets import (gguf_reference, gguf_tensors, safetensors_reference, safetensors_tensors,

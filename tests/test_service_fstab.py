@@ -21,8 +21,8 @@ from conftest import (ckptfs_cli, cli_env, force_unmount, is_mounted, mount_stat
                       skip_or_fail, wait_until)
 from fixtures import write_mixed_gguf
 
-from ckptfs.cli import mount as mount_command
-from ckptfs.fs.fstab import HELPER_MARK, HELPER_PATH, HelperError, mount_arguments, parse_helper_argv
+from ckptfs.commands.cli import mount as mount_command
+from ckptfs.commands.fstab import HELPER_MARK, HELPER_PATH, HelperError, mount_arguments, parse_helper_argv
 
 
 @pytest.fixture(scope="module")
@@ -80,7 +80,7 @@ def test_installed_helper_mounts_with_an_empty_environment(source, tmp_path):
     require_fuse()
     helper = install(tmp_path)
     text = helper.read_text()
-    assert HELPER_MARK in text and "PATH=" in text and " -I -m ckptfs.fs.fstab " in text
+    assert HELPER_MARK in text and "PATH=" in text and " -I -m ckptfs.commands.fstab " in text
     mnt = tmp_path / "mnt"
     mnt.mkdir()
     log = tmp_path / "daemon.log"

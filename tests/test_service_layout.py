@@ -1,5 +1,5 @@
 """``--layout tree``: a tensor name's last two dot-separated parts are the file stem, the parts before them
-folders (README "Running as a service", ckptfs/layout.py).
+folders (README "Running as a service", ckptfs/tree/layout.py).
 
 The expected paths come from the rule written out here, and every file's bytes from gguf-py and numpy
 (``expected_gguf``), so the tree mount is checked against the references, not against the flat mount.
@@ -17,7 +17,7 @@ import numpy as np
 from fixtures import quantized, write_gguf, write_safetensors
 from mount_expect import expected_gguf
 
-from ckptfs.layout import tree_stems
+from ckptfs.tree.layout import tree_stems
 
 NAMES = {
     "token_embd.weight": "Q8_0",          # two parts: stays in the root

@@ -281,7 +281,7 @@ def test_exporter_is_loopback_and_bad_addresses_are_one_line(tmp_path, source, m
 
 
 def test_a_mount_without_metrics_never_imports_prometheus_client():
-    code = ("import sys, ckptfs, ckptfs.cli, ckptfs.fs.mount, ckptfs.fs.operations; "
+    code = ("import sys, ckptfs, ckptfs.commands.cli, ckptfs.fs.mount, ckptfs.fs.operations; "
             "assert 'prometheus_client' not in sys.modules, 'imported'")
     subprocess.run([os.sys.executable, "-c", code], env=cli_env(), check=True, timeout=60)
 

@@ -25,7 +25,7 @@ from stress_reader import hammer
 from conftest import cli_env, mount_stats, pid_alive
 from fixtures import Written, quantized, write_gguf
 
-from ckptfs.procinfo import rss_anon
+from ckptfs.util.procinfo import rss_anon
 
 STRESS_SECONDS = float(os.environ.get("CKPTFS_STRESS_SECONDS", "15"))
 CACHE_BYTES = 2 * 1024 * 1024

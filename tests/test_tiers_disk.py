@@ -21,8 +21,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ckptfs.tiers import entry
-from ckptfs.tiers.disk import DiskStore, DiskTier
+from ckptfs.cache import entry
+from ckptfs.cache.disk import DiskStore, DiskTier
 
 
 def values(seed: int, n: int = 4096, dtype=np.float32) -> np.ndarray:
@@ -104,7 +104,7 @@ def test_a_corrupt_entry_is_a_miss_deleted_and_logged_once(tmp_path, caplog, dam
         tier.put(k, values(7))
         tier.flush()
         damage(tier.store.path_for(k))
-    with caplog.at_level(logging.WARNING, logger="ckptfs.tiers.disk"):
+    with caplog.at_level(logging.WARNING, logger="ckptfs.cache.disk"):
         assert tier.get("a") is None
         assert tier.get("b") is None
     assert not tier.store.path_for("a").exists() and not tier.store.path_for("b").exists()
@@ -130,7 +130,7 @@ def test_a_killed_writer_leaves_nothing_that_reads_as_valid(tmp_path):
     code = f"""
 import sys, time, numpy as np
 sys.path.insert(0, {str(Path(__file__).resolve().parents[1])!r})
-from ckptfs.tiers.disk import DiskStore
+from ckptfs.cache.disk import DiskStore
 store = DiskStore({str(tmp_path)!r}, 1 << 30, "blocks")
 def chunks():
     yield np.ones(1 << 16, np.float32)
@@ -161,7 +161,7 @@ def test_a_full_file_system_costs_storage_never_a_read(tmp_path, caplog):
         tier = DiskTier(root, 1 << 30)
         tier.put("early", values(1, 1024))
         tier.flush()
-        with caplog.at_level(logging.WARNING, logger="ckptfs.tiers.disk"):
+        with caplog.at_level(logging.WARNING, logger="ckptfs.cache.disk"):
             for i in range(12):  # 12 x 256 KiB entries into 1 MiB: most cannot be written
                 tier.put(f"big{i}", values(i, 64 * 1024))
                 tier.flush()
@@ -182,7 +182,7 @@ def test_a_read_only_folder_serves_what_it_has(tmp_path, caplog):
         tier.put("kept", values(3))
         tier.flush()
         subprocess.run(["mount", "-o", "remount,ro", str(root)], check=True)
-        with caplog.at_level(logging.WARNING, logger="ckptfs.tiers.disk"):
+        with caplog.at_level(logging.WARNING, logger="ckptfs.cache.disk"):
             tier.put("new", values(4))
             tier.put("new2", values(5))
             tier.flush()
@@ -280,7 +280,7 @@ def test_writes_wait_in_the_background_and_lookups_see_them(tmp_path):
 def test_a_full_write_queue_holds_readers_back_then_drops():
     import threading
 
-    from ckptfs.tiers.writer import BackgroundWriter
+    from ckptfs.cache.writer import BackgroundWriter
 
     gate, written = threading.Event(), []
     writer = BackgroundWriter(lambda k, v: (gate.wait(10), written.append(k)), "test", max_bytes=3 * 4096 * 4,

@@ -19,7 +19,7 @@ from conftest import mount_stats, wait_until
 from redis_server import RedisServer, require_redis_server
 from tier_models import write_model
 
-from ckptfs.tiers.entry import HEADER_SIZE
+from ckptfs.cache.entry import HEADER_SIZE
 
 
 def npy_bytes(array: np.ndarray) -> bytes:

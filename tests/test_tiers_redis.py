@@ -18,7 +18,7 @@ from redis_server import RedisServer, require_redis_server
 
 pytest.importorskip("redis")
 
-from ckptfs.tiers.redis import RedisTier, redis_key  # noqa: E402
+from ckptfs.cache.redis_tier import RedisTier, redis_key  # noqa: E402
 
 HANG_GUARD_S = 10.0
 
@@ -87,7 +87,7 @@ def test_garbage_and_foreign_values_are_deleted_and_decoded_again(server, tier, 
     tier.put("c", values(3))
     tier.flush()
     client.set(redis_key("a"), client.get(redis_key("c")))  # a valid entry, but for key c
-    with caplog.at_level(logging.WARNING, logger="ckptfs.tiers.redis"):
+    with caplog.at_level(logging.WARNING, logger="ckptfs.cache.redis_tier"):
         assert tier.get_many(["a", "b"]) == [None, None]
     assert server.command("EXISTS", redis_key("a")) == b":0"
     assert tier.stats()["corrupt"] == 2
@@ -99,7 +99,7 @@ def test_killed_mid_stream_then_back(server, tier, caplog):
     for k in range(20):
         tier.put(f"key{k}", values(k))
     tier.flush()
-    with caplog.at_level(logging.WARNING, logger="ckptfs.tiers.redis"):
+    with caplog.at_level(logging.WARNING, logger="ckptfs.cache.redis_tier"):
         for k in range(10):
             np.testing.assert_array_equal(returns(tier.get, f"key{k}"), values(k))
         server.kill()
@@ -140,7 +140,7 @@ def test_full_server_refuses_writes_but_serves_lookups(caplog):
     with RedisServer("--maxmemory", "3mb", "--maxmemory-policy", "noeviction") as server:
         tier = RedisTier(server.url)
         try:
-            with caplog.at_level(logging.WARNING, logger="ckptfs.tiers.redis"):
+            with caplog.at_level(logging.WARNING, logger="ckptfs.cache.redis_tier"):
                 for k in range(80):  # 80 x 32 KiB > 3 MiB
                     returns(tier.put, f"key{k}", values(k))
                 assert returns(tier.flush)
@@ -174,7 +174,7 @@ def test_bad_urls_are_one_line_errors():
 
 
 def group_key(b0: int, b1: int) -> str:
-    from ckptfs.cache import cache_key
+    from ckptfs.cache.tiered import cache_key
 
     return cache_key("sha256:" + "ab" * 32, 4096, "Q4_K", "<f4", b0, b1)
 

@@ -20,7 +20,8 @@ from fixtures import all_dtype_tensors, quantized, write_gguf, write_mixed_gguf,
 from quant_checks import assert_same_floats  # noqa: E402
 
 import ckptfs  # noqa: E402
-from ckptfs.torchio import api, batch  # noqa: E402
+from ckptfs.engine import batch  # noqa: E402
+from ckptfs.torchio import api  # noqa: E402
 
 STORAGE_TORCH = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16, "F64": torch.float64,
                  "I8": torch.int8, "I16": torch.int16, "I32": torch.int32, "I64": torch.int64}

@@ -25,7 +25,7 @@ SCRIPT = textwrap.dedent('''
 
     import numpy as np
     import ckptfs
-    from ckptfs.tree import MountTree
+    from ckptfs.tree.mount_tree import MountTree
 
     with ckptfs.open(sys.argv[1]) as ck:
         tree = MountTree(ck)
@@ -37,7 +37,7 @@ SCRIPT = textwrap.dedent('''
     assert not {"mfusepy", "fuse"} & set(sys.modules), sorted(m for m in sys.modules if "fuse" in m)
     print("tensors", len(ck.tensors), "elements", total)
 
-    from ckptfs.cli import main
+    from ckptfs.commands.cli import main
     try:
         main(["mount", sys.argv[1], sys.argv[2]])
     except SystemExit as exc:

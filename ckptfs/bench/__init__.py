@@ -1,6 +1,6 @@
 """``ckptfs bench CKPT``: what reading a checkpoint through a ckptfs mount costs, beside what users do today.
 
-The checkpoint is mounted by the real CLI (``python -m ckptfs.cli mount``, a daemon) on a temporary
+The checkpoint is mounted by the real CLI (``python -m ckptfs.commands.cli mount``, a daemon) on a temporary
 mountpoint that is always unmounted and removed, also on Ctrl-C or SIGTERM. Measured through the mount,
 from this process, the way a user's tools read it: mount-to-ready and ``os.listdir`` (whole processes, as a
 user waits for them), the first access to ``metadata.json``, an ``ls -l``-like stat of every file, the very

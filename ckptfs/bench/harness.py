@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from ckptfs import procinfo
+from ckptfs.util import procinfo
 from ckptfs.fs.operations import STATS_XATTR
 
 RSS_SLACK = 100 << 20
@@ -56,7 +56,7 @@ class BenchMount:
         self.log = os.path.join(workdir, label + ".log")
         self.pid: int | None = None
         self.ready_s = float("nan")
-        self._command = [sys.executable, "-m", "ckptfs.cli", "mount", src, self.path, "--cache-size",
+        self._command = [sys.executable, "-m", "ckptfs.commands.cli", "mount", src, self.path, "--cache-size",
                          str(cache_size), "--log-file", self.log]
         self._env = {**os.environ, **(env or {})}
         os.mkdir(self.path)

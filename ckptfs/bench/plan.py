@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ckptfs.checkpoint import Checkpoint
-from ckptfs.tree import TensorFiles
+from ckptfs.checkpoint.tensors import Checkpoint
+from ckptfs.tree.mount_tree import TensorFiles
 
 SAMPLE_TENSOR_MAX = 64 << 20
 

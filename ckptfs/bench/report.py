@@ -6,8 +6,8 @@ from typing import Any
 
 import numpy as np
 
-from ckptfs.oneline import one_line
-from ckptfs.sizes import format_size
+from ckptfs.util.oneline import one_line
+from ckptfs.util.sizes import format_size
 from ckptfs.bench.harness import RSS_SLACK
 from ckptfs.bench.references import Reference
 

@@ -16,8 +16,8 @@ from typing import Any
 import numpy as np
 
 from ckptfs import __version__
-from ckptfs.checkpoint import open as open_checkpoint
-from ckptfs.oneline import one_line
+from ckptfs.checkpoint.tensors import open as open_checkpoint
+from ckptfs.util.oneline import one_line
 from ckptfs.bench.harness import (
     AnonMemorySampler,
     BenchMount,

@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from ckptfs.sizes import format_size
+from ckptfs.util.sizes import format_size
 from ckptfs.bench.plan import NpyFile
 from ckptfs.bench.progress import Progress
 

@@ -2,7 +2,7 @@
 
 Detection looks at bytes, never at the file name: checkpoints are routinely renamed (``model.bin``,
 ``blob/sha256-...`` in caches), and a wrong extension must not send a file to the wrong parser. Both
-readers return a :class:`~ckptfs.descriptors.ParsedCheckpoint` for one file; multi-file checkpoints are
+readers return a :class:`~ckptfs.core.descriptors.ParsedCheckpoint` for one file; multi-file checkpoints are
 assembled from these elsewhere.
 """
 
@@ -12,8 +12,8 @@ import os
 import struct
 from collections.abc import Callable
 
-from ckptfs.descriptors import ParsedCheckpoint
-from ckptfs.errors import CheckpointError
+from ckptfs.core.descriptors import ParsedCheckpoint
+from ckptfs.core.errors import CheckpointError
 from ckptfs.formats._common import only_checkpoint_errors
 from ckptfs.formats._prefix import FilePrefix
 from ckptfs.formats.gguf import MAGIC as GGUF_MAGIC

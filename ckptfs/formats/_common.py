@@ -13,7 +13,7 @@ from bisect import bisect_right
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
-from ckptfs.errors import CheckpointError
+from ckptfs.core.errors import CheckpointError
 
 #: ggml stores element counts and byte sizes in int64: anything larger cannot come from a real writer.
 INT64_MAX = (1 << 63) - 1

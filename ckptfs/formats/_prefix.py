@@ -12,7 +12,7 @@ the field.
 
 from __future__ import annotations
 
-from ckptfs.errors import CheckpointError
+from ckptfs.core.errors import CheckpointError
 from ckptfs.sources import ByteSource, open_source
 
 #: First read size for a local file: most headers in one read, free for tiny files.

@@ -14,8 +14,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ckptfs.descriptors import ParsedCheckpoint, TensorInfo
-from ckptfs.errors import CheckpointError
+from ckptfs.core.descriptors import ParsedCheckpoint, TensorInfo
+from ckptfs.core.errors import CheckpointError
 from ckptfs.formats.shards import name_list
 
 

@@ -15,8 +15,8 @@ from __future__ import annotations
 import struct
 from functools import partial
 
-from ckptfs.descriptors import ParsedCheckpoint, TensorInfo
-from ckptfs.errors import CheckpointError
+from ckptfs.core.descriptors import ParsedCheckpoint, TensorInfo
+from ckptfs.core.errors import CheckpointError
 from ckptfs.quant import codec_for, geometry
 from ckptfs.formats._common import INT64_MAX, join_reasons, only_checkpoint_errors, raw_extent, truncation_reason
 from ckptfs.formats._prefix import FilePrefix

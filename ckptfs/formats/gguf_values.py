@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from ckptfs.errors import CheckpointError
+from ckptfs.core.errors import CheckpointError
 from ckptfs.formats._prefix import FilePrefix
 
 UINT8, INT8, UINT16, INT16, UINT32, INT32, FLOAT32, BOOL, STRING, ARRAY, UINT64, INT64, FLOAT64 = range(13)

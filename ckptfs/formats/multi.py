@@ -20,8 +20,8 @@ from __future__ import annotations
 import os
 import stat
 
-from ckptfs.descriptors import ParsedCheckpoint
-from ckptfs.errors import CheckpointError
+from ckptfs.core.descriptors import ParsedCheckpoint
+from ckptfs.core.errors import CheckpointError
 from ckptfs.sources import Folder, LocalFolder, is_file, is_url, normalize, open_folder
 from ckptfs.formats import read_file
 from ckptfs.formats._common import only_checkpoint_errors

@@ -24,8 +24,8 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
-from ckptfs.descriptors import ParsedCheckpoint, TensorInfo, TensorTable
-from ckptfs.errors import CheckpointError
+from ckptfs.core.descriptors import ParsedCheckpoint, TensorInfo, TensorTable
+from ckptfs.core.errors import CheckpointError
 from ckptfs.quant import codec_for
 from ckptfs.formats._common import only_checkpoint_errors, truncation_reason
 from ckptfs.formats._prefix import FilePrefix

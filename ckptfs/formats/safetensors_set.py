@@ -25,8 +25,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ckptfs.descriptors import ParsedCheckpoint
-from ckptfs.errors import CheckpointError
+from ckptfs.core.descriptors import ParsedCheckpoint
+from ckptfs.core.errors import CheckpointError
 from ckptfs.sources import open_source
 from ckptfs.formats import read_file
 from ckptfs.formats.combine import ShardPart, combine, require_format

@@ -19,8 +19,8 @@ import operator
 import os
 from dataclasses import dataclass
 
-from ckptfs.descriptors import ParsedCheckpoint
-from ckptfs.errors import CheckpointError
+from ckptfs.core.descriptors import ParsedCheckpoint
+from ckptfs.core.errors import CheckpointError
 from ckptfs.formats import read_file
 from ckptfs.formats.combine import ShardPart, combine, require_format
 from ckptfs.sources import is_file

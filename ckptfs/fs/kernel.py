@@ -18,7 +18,7 @@ import logging
 import os
 import platform
 
-from ckptfs.prefetch import enabled_from_env
+from ckptfs.engine.prefetch import enabled_from_env
 from ckptfs.fs.mountpoint import mount_entries
 
 log = logging.getLogger(__name__)

@@ -14,9 +14,9 @@ import threading
 import urllib.parse
 from dataclasses import dataclass
 
-from ckptfs.checkpoint import DEFAULT_CACHE_BYTES, open as open_checkpoint
-from ckptfs.layout import tensor_providers
-from ckptfs.tree import MountTree
+from ckptfs.checkpoint.tensors import DEFAULT_CACHE_BYTES, open as open_checkpoint
+from ckptfs.tree.layout import tensor_providers
+from ckptfs.tree.mount_tree import MountTree
 from ckptfs.fs.binding import Binding, load_binding
 from ckptfs.fs import logs
 from ckptfs.fs.counters import MountCounters
@@ -42,7 +42,7 @@ class MountRequest:
     foreground: bool = False
     options: str = ""
     cache_size: int = DEFAULT_CACHE_BYTES
-    cache_dir: str | None = None  # --cache-dir: the disk tier (ckptfs.tiers)
+    cache_dir: str | None = None  # --cache-dir: the disk tier (ckptfs.cache.build)
     cache_dir_size: int | None = None  # its bound (None: the default, 10G)
     redis: str | None = None  # --redis URL: the Redis tier
     dtype: str = "auto"
@@ -52,7 +52,7 @@ class MountRequest:
     hf_dtype: str = "bfloat16"  # dtype of hf/model.safetensors
     log_format: str = "text"
     metrics: str | None = None  # [HOST:]PORT of the Prometheus exporter
-    layout: str = "flat"  # --layout: "tree" makes dotted tensor names folders (ckptfs.layout)
+    layout: str = "flat"  # --layout: "tree" makes dotted tensor names folders (ckptfs.tree.layout)
     manifest: str | None = None  # --manifest: reads checked against it (ckptfs.integrity.checked)
     mirrors: tuple[str, ...] = ()  # --mirror: byte-identical copies read when the primary fails
     timeout: float | None = None  # --timeout: every remote read answered within it (None: 30 s)
@@ -110,7 +110,8 @@ def _prepare(request: MountRequest) -> _Plan:
 
 def _virtual_files(request: MountRequest) -> list:
     """Providers after the defaults: model.gguf of a split GGUF set, and hf/ when asked for (issue 17)."""
-    from ckptfs.hf.provider import hf_provider, merged_gguf
+    from ckptfs.ggufmerge.provider import merged_gguf
+    from ckptfs.hffolder.provider import hf_provider
 
     return [merged_gguf] + ([hf_provider(request.hf_dtype)] if request.hf else [])
 

@@ -25,11 +25,11 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ckptfs.errors import CheckpointError
-from ckptfs.oneline import one_line
-from ckptfs.prefetch import Prefetcher
-from ckptfs.tree import MountTree
-from ckptfs.views import View
+from ckptfs.core.errors import CheckpointError
+from ckptfs.util.oneline import one_line
+from ckptfs.engine.prefetch import Prefetcher
+from ckptfs.tree.mount_tree import MountTree
+from ckptfs.engine.views import View
 from ckptfs.fs.kernel import tune_connection, use_one_malloc_arena
 from ckptfs.fs.counters import MountCounters, instrument_decoding
 from ckptfs.fs.logs import OncePerCause

@@ -49,7 +49,7 @@ def service_stats(checkpoint: Any, decoded_bytes: int) -> dict[str, Any]:
 
 def render_table(stats: dict[str, Any]) -> str:
     """``ckptfs stats MNT`` without ``--json``: the service counters as aligned text, then the rest."""
-    from ckptfs.sizes import format_size
+    from ckptfs.util.sizes import format_size
 
     lines = [f"decoded: {format_size(int(stats.get('decoded_bytes', 0)))}", "",
              f"{'tier':<8} {'hits':>12} {'misses':>12} {'hit ratio':>9} {'bytes':>10}"]

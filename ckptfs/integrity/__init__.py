@@ -13,7 +13,7 @@
 
 from __future__ import annotations
 
-from ckptfs.errors import IntegrityError
+from ckptfs.core.errors import IntegrityError
 from ckptfs.integrity.manifest import CHUNK_SIZE, FORMAT, Manifest, build_manifest, load_manifest
 from ckptfs.integrity.verify import Mismatch, verify
 

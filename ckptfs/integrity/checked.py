@@ -21,8 +21,8 @@ from __future__ import annotations
 from bisect import bisect_left
 from collections.abc import Sequence
 
-from ckptfs.descriptors import ParsedCheckpoint
-from ckptfs.errors import CheckpointError, IntegrityError
+from ckptfs.core.descriptors import ParsedCheckpoint
+from ckptfs.core.errors import CheckpointError, IntegrityError
 from ckptfs.sources.base import ByteSource
 from ckptfs.integrity.crc import crc32
 from ckptfs.integrity.manifest import Manifest, TensorEntry, file_names, load_manifest

@@ -18,7 +18,7 @@ import importlib
 import numpy as np
 
 from ckptfs.packed.detect import SCHEMES, QuantConfig, find_layers, read_config
-from ckptfs.packed.layout import INT_TYPES, Absent, Layout
+from ckptfs.packed.base import INT_TYPES, Absent, Layout
 
 MAX_CONFIG_BYTES = 16 << 20
 

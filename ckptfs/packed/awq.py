@@ -21,10 +21,10 @@ from typing import Any
 
 import numpy as np
 
-from ckptfs.descriptors import TensorInfo
+from ckptfs.core.descriptors import TensorInfo
 from ckptfs.packed import native
 from ckptfs.packed.bits import round_to, scale_to_f32, unpack_fields
-from ckptfs.packed.layout import (INT32_TYPES, SCALE_TYPES, Absent, Layout, Parts, check_ndim, check_shape, check_type,
+from ckptfs.packed.base import (INT32_TYPES, SCALE_TYPES, Absent, Layout, Parts, check_ndim, check_shape, check_type,
                      f16_fast, group_index_fast, int_setting, require)
 
 ROLES = ("qweight", "qzeros", "scales")

@@ -20,9 +20,9 @@ from typing import Any
 
 import numpy as np
 
-from ckptfs.descriptors import TensorInfo
+from ckptfs.core.descriptors import TensorInfo
 from ckptfs.packed.bits import packed_words, round_to, scale_to_f32, unpack_fields
-from ckptfs.packed.layout import (INT32_TYPES, INT_TYPES, SCALE_TYPES, Absent, Layout, Parts, check_ndim, check_shape,
+from ckptfs.packed.base import (INT32_TYPES, INT_TYPES, SCALE_TYPES, Absent, Layout, Parts, check_ndim, check_shape,
                      check_type, f16_fast, group_index_fast, int_setting, require)
 
 ROLES = ("weight_packed", "weight_scale", "weight_zero_point", "weight_shape", "weight_g_idx")

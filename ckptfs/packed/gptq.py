@@ -23,10 +23,10 @@ from typing import Any
 
 import numpy as np
 
-from ckptfs.descriptors import TensorInfo
+from ckptfs.core.descriptors import TensorInfo
 from ckptfs.packed import native
 from ckptfs.packed.bits import packed_words, round_to, scale_to_f32, unpack_fields
-from ckptfs.packed.layout import (INT32_TYPES, INT_TYPES, SCALE_TYPES, Absent, Layout, Parts, check_ndim, check_shape,
+from ckptfs.packed.base import (INT32_TYPES, INT_TYPES, SCALE_TYPES, Absent, Layout, Parts, check_ndim, check_shape,
                      check_type, f16_fast, gathered, group_index_fast, int_setting, require)
 
 ROLES = ("qweight", "qzeros", "scales", "g_idx")

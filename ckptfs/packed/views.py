@@ -21,11 +21,11 @@ from typing import Any
 
 import numpy as np
 
-from ckptfs.checkpoint import Tensor
-from ckptfs.descriptors import TensorInfo
-from ckptfs.errors import CheckpointError
-from ckptfs.views import npy_header
-from ckptfs.packed.layout import Absent, Layout
+from ckptfs.checkpoint.tensors import Tensor
+from ckptfs.core.descriptors import TensorInfo
+from ckptfs.core.errors import CheckpointError
+from ckptfs.engine.views import npy_header
+from ckptfs.packed.base import Absent, Layout
 
 TILE_TARGET_BYTES = 256 * 1024
 WHOLE_STEP_BYTES = 1024 * 1024
@@ -170,7 +170,7 @@ class PackedData:
         views[-1] = views[-1][:len(views[-1]) - tail]
         return views
 
-    # read-ahead (ckptfs.prefetch) treats tiles as block groups
+    # read-ahead (ckptfs.engine.prefetch) treats tiles as block groups
     def group_of_element(self, e: int) -> int:
         return e // self.info.block_elements
 

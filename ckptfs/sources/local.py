@@ -24,7 +24,7 @@ import stat
 import threading
 from collections.abc import Callable
 
-from ckptfs.errors import CheckpointError
+from ckptfs.core.errors import CheckpointError
 from ckptfs.sources.base import ByteSource, Folder
 from ckptfs.sources.identity import local_content_id
 

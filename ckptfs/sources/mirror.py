@@ -23,10 +23,10 @@ import threading
 import time
 from collections.abc import Callable
 
-from ckptfs.errors import CheckpointError, public_name
+from ckptfs.core.errors import CheckpointError, public_name
 from ckptfs.sources.base import ByteSource
 from ckptfs.sources.netstats import COUNTERS
-from ckptfs.sources.remote import REMOTE_INITIAL_READ, check_range, current_options, deadline_scope, fallback_scope, using
+from ckptfs.sources.remote.transport import REMOTE_INITIAL_READ, check_range, current_options, deadline_scope, fallback_scope, using
 
 log = logging.getLogger(__name__)
 
@@ -168,7 +168,7 @@ class MirrorSet:
         return _join(mirror_base, rel)
 
     def __call__(self, source: ByteSource) -> ByteSource:
-        from ckptfs.sources import open_source, wrapping
+        from ckptfs.sources.registry import open_source, wrapping
 
         members = []
         for mirror in self.mirrors:

@@ -14,7 +14,7 @@ import os
 from collections.abc import Callable
 
 from ckptfs.sources.base import ByteSource
-from ckptfs.sources.remote import (DEFAULT_CACHE_DIR_SIZE, DEFAULT_STALL_TIMEOUT, DEFAULT_TIMEOUT, RemoteOptions, deadline_scope,
+from ckptfs.sources.remote.transport import (DEFAULT_CACHE_DIR_SIZE, DEFAULT_STALL_TIMEOUT, DEFAULT_TIMEOUT, RemoteOptions, deadline_scope,
                      using)
 
 _FILE_SUFFIXES = (".gguf", ".safetensors", ".json")
@@ -57,7 +57,7 @@ class SourcePlan:
     @contextlib.contextmanager
     def opening(self):
         """Sources opened inside (the header readers') get the options and the mirrors."""
-        from ckptfs.sources import wrapping
+        from ckptfs.sources.registry import wrapping
 
         with using(self.options), wrapping(self._mirror_set()):
             yield
@@ -68,7 +68,7 @@ class SourcePlan:
 
     def opener(self, name: str, base_dir: str | None = None) -> ByteSource:
         """The pool's opener: ``open_source`` under these options."""
-        from ckptfs.sources import open_source
+        from ckptfs.sources.registry import open_source
 
         with using(self.options):
             return open_source(name, base_dir)

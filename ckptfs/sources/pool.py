@@ -7,7 +7,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable
 
-from ckptfs.errors import CheckpointError
+from ckptfs.core.errors import CheckpointError
 from ckptfs.sources.base import ByteSource
 
 
@@ -31,7 +31,7 @@ class SourcePool:
     def __init__(self, max_open: int = 64, opener: Callable[[str, str | None], ByteSource] | None = None,
                  wrapper: Callable[[ByteSource], ByteSource] | None = None):
         if opener is None:
-            from ckptfs.sources import open_source as opener
+            from ckptfs.sources.registry import open_source as opener
         self._opener = opener
         self._wrapper = wrapper
         self.max_open = max(1, max_open)

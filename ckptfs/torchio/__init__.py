@@ -10,7 +10,7 @@ from __future__ import annotations
 
 def __getattr__(name):  # the public functions, imported only when asked for (torch stays unimported)
     if name == "load_batch":
-        from ckptfs.torchio.batch import load_batch
+        from ckptfs.engine.batch import load_batch
         return load_batch
     if name in ("load", "to_torch"):
         from ckptfs.torchio import api

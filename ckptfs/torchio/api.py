@@ -25,7 +25,8 @@ import numpy as np
 import torch
 
 from ckptfs.quant import codec_for
-from ckptfs.torchio import batch, kernels
+from ckptfs.engine import batch
+from ckptfs.torchio import kernels
 
 #: Storage types torch holds exactly: ``dtype=None`` keeps them; every other type becomes float32.
 STORAGE_DTYPES: dict[str, torch.dtype] = {

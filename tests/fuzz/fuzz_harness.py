@@ -22,9 +22,9 @@ from pathlib import Path
 from typing import Any
 
 import ckptfs
-from ckptfs.errors import CheckpointError
-from ckptfs.jsonutil import dumps_bytes
-from ckptfs.tree import MountTree
+from ckptfs.core.errors import CheckpointError
+from ckptfs.util.jsonutil import dumps_bytes
+from ckptfs.tree.mount_tree import MountTree
 
 READ_BYTES = 64 * 1024
 #: Per input, in CPU seconds: a well-behaved reader needs milliseconds for these small files.

@@ -1,0 +1,149 @@
+"""Fetched remote bytes, kept: a bounded in-memory LRU per process, and optionally the ``--cache-dir`` store.
+
+Remote bytes are cached in fixed, aligned chunks (``CHUNK`` bytes; the last chunk of a file may be shorter)
+keyed by the source's content identity and the chunk number, so a chunk can never be served for another
+file or another version of the same file. The memory LRU is shared by every remote source of the process;
+the disk store (``--cache-dir``, shared by every ckptfs process on the machine) makes a remount or a second
+process find the bytes without a request. A disk store that fails costs speed, never a read: its errors are
+swallowed here (the store itself logs and counts them).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections import OrderedDict
+
+log = logging.getLogger(__name__)
+
+#: Cache and fetch unit. A random read fetches only the chunks covering it (a block group of stored bytes is
+#: at most 256 KiB, so at most two chunks); a sequential reader's read-ahead fetches many in one request.
+CHUNK = 256 * 1024
+DEFAULT_MEMORY_BYTES = 128 * 1024 * 1024
+
+
+def chunk_key(content_id: str, index: int) -> str:
+    return f"{content_id}#{index}"
+
+
+class MemoryChunks:
+    """A bytes-bounded LRU of chunks (thread-safe)."""
+
+    def __init__(self, capacity: int = DEFAULT_MEMORY_BYTES):
+        self.capacity = capacity
+        self._items: OrderedDict[str, bytes] = OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()
+        self.hits = self.misses = 0
+
+    def get(self, key: str) -> bytes | None:
+        with self._lock:
+            data = self._items.get(key)
+            if data is None:
+                self.misses += 1
+                return None
+            self._items.move_to_end(key)
+            self.hits += 1
+            return data
+
+    def __contains__(self, key: str) -> bool:
+        with self._lock:
+            return key in self._items
+
+    def put(self, key: str, data: bytes) -> None:
+        if len(data) > self.capacity:
+            return
+        with self._lock:
+            old = self._items.pop(key, None)
+            if old is not None:
+                self._bytes -= len(old)
+            self._items[key] = data
+            self._bytes += len(data)
+            while self._bytes > self.capacity:
+                _, evicted = self._items.popitem(last=False)
+                self._bytes -= len(evicted)
+
+    def stats(self) -> dict:
+        with self._lock:
+            return {"hits": self.hits, "misses": self.misses, "bytes": self._bytes, "capacity": self.capacity}
+
+    def clear(self) -> None:
+        with self._lock:
+            self._items.clear()
+            self._bytes = 0
+
+
+MEMORY = MemoryChunks()
+
+_stores: dict[tuple[str, int], object] = {}
+_stores_lock = threading.Lock()
+
+
+def disk_store(root: str | None, max_bytes: int):
+    """The shared ``DiskStore(root, max_bytes, namespace="bytes")`` for ``--cache-dir`` (one per process and
+    directory), or None when no directory is set or the store cannot be made."""
+    if not root:
+        return None
+    with _stores_lock:
+        store = _stores.get((root, max_bytes))
+        if store is None:
+            try:
+                from ckptfs.cache.disk import DiskStore
+
+                store = DiskStore(root, max_bytes, namespace="bytes")
+            except Exception as exc:  # noqa: BLE001 - a cache that cannot open costs speed, not the read
+                log.warning("remote byte cache in %s not used: %s", root, exc)
+                store = False
+            _stores[(root, max_bytes)] = store
+    return store or None
+
+
+def _fresh_locks_in_child() -> None:
+    # a read-ahead thread of the parent may have held a lock at fork; in the child nobody would release it
+    global _stores_lock
+    MEMORY._lock = threading.Lock()
+    _stores_lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_fresh_locks_in_child)
+
+
+class ChunkCache:
+    """Memory first, then the disk store (when given); what is found on disk is promoted to memory."""
+
+    def __init__(self, disk=None, memory: MemoryChunks = MEMORY):
+        self.memory = memory
+        self.disk = disk
+
+    def get(self, key: str) -> bytes | None:
+        data = self.memory.get(key)
+        if data is not None or self.disk is None:
+            return data
+        try:
+            data = self.disk.get(key)
+        except Exception as exc:  # noqa: BLE001 - see the module docstring
+            log.debug("disk cache get failed: %s", exc)
+            return None
+        if data is not None:
+            data = bytes(data)
+            self.memory.put(key, data)
+        return data
+
+    def has(self, key: str) -> bool:
+        """In memory or on disk (read-ahead must not fetch what the disk store holds)."""
+        if key in self.memory:
+            return True
+        try:
+            return self.disk is not None and bool(self.disk.contains(key))
+        except Exception:  # noqa: BLE001 - see the module docstring
+            return False
+
+    def put(self, key: str, data: bytes, persist: bool = True) -> None:
+        self.memory.put(key, data)
+        if persist and self.disk is not None:
+            try:
+                self.disk.put(key, data)
+            except Exception as exc:  # noqa: BLE001 - see the module docstring
+                log.debug("disk cache put failed: %s", exc)

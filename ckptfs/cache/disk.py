@@ -1,0 +1,452 @@
+"""A persistent cache folder shared by every ckptfs process on a machine (``--cache-dir DIR``).
+
+``DiskStore(root, max_bytes, namespace)`` keeps entries under ``DIR/<namespace>/``: decoded block groups in
+``blocks`` (``DiskTier``), fetched remote bytes in ``bytes``, whole decoded tensors for worker processes in
+``tensors`` (``shared.py``). One bound, ``--cache-dir-size``, covers the whole folder.
+
+Why it is built this way:
+
+- **No index.** Processes come and go (mounts, DataLoader workers, ``ckptfs prefetch``) and any of them may
+  be killed, so there is no shared index to corrupt or to lock on every read. An entry is a file named by
+  the blake2b of its key, ``DIR/<namespace>/<2 hex>/<32 hex>.e``; its size and mtime are all the state.
+- **Crash-safe writes.** An entry is written to a ``.tmp.*`` file in the same folder and renamed into place
+  once complete, so a killed writer leaves only a temporary file (never read, removed by the next prune)
+  and concurrent writers of one key each rename a complete entry. There is no fsync: after a power loss a
+  renamed entry may come back short or zeroed, and the header and payload checksums (``entry.py``) reject
+  it like any other corrupt entry, which is then decoded again.
+- **Approximate LRU across processes.** A hit touches the entry's mtime (at most once a minute). Each
+  process sums the folder after its first write and again after every ``max_bytes / 64`` it writes; when
+  the sum is over the bound, the process holding ``DIR/.lock`` (``flock``; the others skip) deletes the
+  least recently used entries down to 90 % of the bound. The folder may exceed the bound by what the
+  writing processes wrote between two checks.
+- **Never a failed read.** A corrupt entry is deleted and counts as a miss; a full file system (ENOSPC), a
+  read-only or deleted folder pause writing for a while (a deleted folder is created again); each kind of
+  trouble is logged once per process. The caller then decodes, as without the tier.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import logging
+import os
+import threading
+import time
+import zlib
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+import numpy as np
+
+from ckptfs.cache import entry
+from ckptfs.cache.counters import TierCounters
+from ckptfs.cache.writer import BackgroundWriter
+
+log = logging.getLogger(__name__)
+
+NAMESPACES = ("blocks", "bytes", "tensors")
+DEFAULT_CACHE_DIR_SIZE = 10 << 30  # --cache-dir-size
+TOUCH_AFTER_S = 60.0          # a hit refreshes the mtime (the LRU clock) when it is older than this
+STALE_TMP_S = 3600.0          # a temporary file this old belongs to a killed writer
+PAUSE_S = {"full": 30.0, "read-only": 60.0, "error": 30.0}
+LOW_WATER = 0.9               # a prune deletes down to this fraction of the bound
+DISK_WRITE_WAIT_S = 10.0      # a reader waits this long for room in a full write queue (then drops)
+_SUFFIX = ".e"
+
+
+class DiskStore:
+    """Checksummed entries in ``root/namespace``; safe to share between threads and processes."""
+
+    def __init__(self, root: str | os.PathLike, max_bytes: int, namespace: str = "blocks"):
+        if "/" in namespace or namespace.startswith("."):
+            raise ValueError(f"bad cache namespace {namespace!r}")
+        self.root = Path(root)
+        self.namespace = namespace
+        self.dir = self.root / namespace
+        self.max_bytes = int(max_bytes)
+        self._check_every = max(4 << 20, self.max_bytes // 64)
+        self._lock = threading.Lock()
+        self._written_since_check = 0
+        self._checked_once = False
+        self._pruning = False
+        self._pruner_pid = os.getpid()  # a child forked during a prune has no pruning thread
+        self._paused_until = 0.0
+        self._counters = TierCounters(log, ("hits", "misses", "hit_bytes", "stored", "stored_bytes", "corrupt",
+                                            "errors"))
+        self._count, self._warn_once = self._counters.add, self._counters.warn_once
+        self._folder_bytes = 0
+
+    # -- names ---------------------------------------------------------------------------------------
+
+    def path_for(self, key: str) -> Path:
+        digest = entry.key_digest(key).hex()
+        return self.dir / digest[:2] / (digest + _SUFFIX)
+
+    # -- reads ---------------------------------------------------------------------------------------
+
+    def get(self, key: str) -> bytes | None:
+        """The bytes stored for ``key`` (as ``put`` got them), or None."""
+        values = self.get_array(key)
+        return None if values is None else values.tobytes()
+
+    def get_array(self, key: str) -> np.ndarray | None:
+        """The read-only array stored for ``key``, read into memory, or None (missing or bad: a miss)."""
+        return self._load(key, mapped=False)
+
+    def map_array(self, key: str) -> np.ndarray | None:
+        """Like ``get_array``, but a read-only view of the entry file mapped into memory: every process that
+        maps one entry shares the same page-cache pages (``shared.py``)."""
+        return self._load(key, mapped=True)
+
+    def contains(self, key: str) -> bool:
+        return self.path_for(key).exists()
+
+    def _load(self, key: str, mapped: bool) -> np.ndarray | None:
+        path = self.path_for(key)
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            self._count(misses=1)
+            return None
+        except OSError as exc:
+            self._trouble("read", exc)
+            self._count(misses=1)
+            return None
+        try:
+            st = os.fstat(fd)
+            if mapped:
+                data = _map(fd, st.st_size)
+            else:
+                data = _pread_all(fd, st.st_size)
+            values = entry.decode(key, data)
+            if time.time() - st.st_mtime > TOUCH_AFTER_S:
+                with contextlib.suppress(OSError):
+                    os.utime(fd)
+        except entry.BadEntry as exc:
+            self._drop(path, exc)
+            self._count(misses=1, corrupt=1)
+            return None
+        except OSError as exc:
+            self._trouble("read", exc)
+            self._count(misses=1)
+            return None
+        finally:
+            os.close(fd)
+        self._count(hits=1, hit_bytes=values.nbytes)
+        return values
+
+    def _drop(self, path: Path, why: Exception) -> None:
+        self._warn_once("corrupt", "cache dir %s: corrupt entry %s (%s): deleted, decoding instead "
+                        "(further corrupt entries are counted, not logged)", self.root, path.name, why)
+        with contextlib.suppress(OSError):
+            path.unlink()
+
+    # -- writes --------------------------------------------------------------------------------------
+
+    def put(self, key: str, data: bytes) -> None:
+        """Store ``data`` for ``key``; never raises for a full, read-only or deleted folder."""
+        self.put_array(key, np.frombuffer(data, np.uint8))
+
+    def put_array(self, key: str, values: np.ndarray) -> None:
+        header, payload = entry.encode(key, values.reshape(-1))
+        self.write_chunks(key, values.dtype, payload.nbytes, [payload], header=header)
+
+    def write_chunks(self, key: str, dtype: np.dtype | str, nbytes: int, chunks: Iterable,
+                     header: bytes | None = None) -> bool:
+        """Write an entry of ``nbytes`` payload bytes from ``chunks`` (buffers, produced lazily: a whole
+        tensor is decoded step by step, never held twice). True when the entry is in place."""
+        if time.monotonic() < self._paused_until:
+            return False
+        path = self.path_for(key)
+        tmp = path.with_name(f".tmp.{os.getpid()}.{threading.get_ident()}.{path.name}")
+        try:
+            fd = self._create(tmp)
+        except OSError as exc:
+            self._trouble("write", exc)
+            return False
+        try:
+            crc, written = 0, 0
+            _write_at(fd, bytes(entry.HEADER_SIZE) if header is None else header, 0)
+            for chunk in chunks:
+                view = memoryview(chunk).cast("B")
+                if header is None:
+                    crc = zlib.crc32(view, crc)
+                _write_at(fd, view, entry.HEADER_SIZE + written)
+                written += view.nbytes
+            if written != nbytes:
+                raise ValueError(f"entry for {key!r}: {written} bytes written, {nbytes} announced")
+            if header is None:
+                _write_at(fd, entry.make_header(key, dtype, nbytes, crc & 0xFFFFFFFF), 0)
+            os.close(fd)
+            fd = -1
+            os.replace(tmp, path)
+            tmp = None
+        except OSError as exc:
+            self._trouble("write", exc)
+            return False
+        finally:
+            if fd >= 0:
+                os.close(fd)
+            if tmp is not None:  # anything but a completed rename leaves no temporary file behind
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp)
+        self._count(stored=1, stored_bytes=nbytes)
+        self._after_write(entry.HEADER_SIZE + nbytes)
+        return True
+
+    def _create(self, tmp: Path) -> int:
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
+        try:
+            return os.open(tmp, flags, 0o644)
+        except FileNotFoundError:  # first write there, or the folder was deleted under us: make it again
+            tmp.parent.mkdir(parents=True, exist_ok=True)
+            return os.open(tmp, flags, 0o644)
+
+    @contextlib.contextmanager
+    def key_lock(self, key: str) -> Iterator[None]:
+        """An exclusive lock on ``key`` across processes (``flock``, released if the holder dies): one
+        process fills an expensive entry while the others wait for it. Unlocked if the folder is unusable."""
+        path = self.path_for(key).with_suffix(".lock")
+        try:
+            try:
+                fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            except FileNotFoundError:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        except OSError as exc:
+            self._trouble("lock", exc)
+            yield
+            return
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)
+
+    # -- the size bound ------------------------------------------------------------------------------
+
+    def _after_write(self, size: int) -> None:
+        with self._lock:
+            self._written_since_check += size
+            self._folder_bytes += size
+            due = not self._checked_once or self._written_since_check >= self._check_every
+            if self._pruning and self._pruner_pid != os.getpid():
+                self._pruning = False
+            if not due or self._pruning:
+                return
+            self._pruning = True
+            self._pruner_pid = os.getpid()
+            self._checked_once = True
+            self._written_since_check = 0
+        threading.Thread(target=self._background_prune, name="ckptfs-cache-prune", daemon=True).start()
+
+    def _background_prune(self) -> None:
+        try:
+            self.prune(wait=False)
+        except Exception as exc:  # noqa: BLE001 - a failed prune must not kill the process or a read
+            self._warn_once("prune", "cache dir %s: prune failed: %s", self.root, exc)
+        finally:
+            with self._lock:
+                self._pruning = False
+
+    def prune(self, max_bytes: int | None = None, wait: bool = True) -> dict[str, int]:
+        """Delete least-recently-used entries (every namespace) until the folder is at most 90 % of the bound
+        when it is over it, and temporary files of killed writers. ``wait=False`` gives up at once when
+        another process is pruning. Returns {"files", "bytes"} removed and "total" left."""
+        bound = self.max_bytes if max_bytes is None else int(max_bytes)
+        removed = {"files": 0, "bytes": 0, "total": 0}
+        with _folder_lock(self.root, wait) as locked:
+            if not locked:
+                return removed
+            now = time.time()
+            entries = []
+            for path, st in _walk(self.root):
+                if path.name.startswith(".tmp."):
+                    if now - st.st_mtime > STALE_TMP_S and _unlink(path):
+                        removed["files"] += 1
+                        removed["bytes"] += st.st_size
+                    continue
+                if path.name.endswith(_SUFFIX):
+                    entries.append((st.st_mtime, st.st_size, path))
+            total = sum(size for _, size, _ in entries)
+            if total > bound:
+                entries.sort()
+                for _, size, path in entries:
+                    if total <= bound * LOW_WATER:
+                        break
+                    if _unlink(path):
+                        total -= size
+                        removed["files"] += 1
+                        removed["bytes"] += size
+            removed["total"] = total
+        with self._lock:
+            self._folder_bytes = total
+        return removed
+
+    def clear(self) -> dict[str, int]:
+        """Delete every entry of every namespace (for ``ckptfs cache clear``)."""
+        return self.prune(max_bytes=0, wait=True) | {"total": 0}
+
+    def usage(self) -> dict[str, dict[str, int]]:
+        """{namespace: {"files", "bytes"}} of the whole folder, by one scan."""
+        found: dict[str, dict[str, int]] = {}
+        for path, st in _walk(self.root):
+            if path.name.endswith(_SUFFIX) and not path.name.startswith("."):
+                ns = found.setdefault(path.parent.parent.name, {"files": 0, "bytes": 0})
+                ns["files"] += 1
+                ns["bytes"] += st.st_size
+        return found
+
+    # -- trouble and counters ------------------------------------------------------------------------
+
+    def _trouble(self, op: str, exc: OSError) -> None:
+        code = exc.errno
+        if code in (errno.ENOSPC, errno.EDQUOT):
+            kind, what = "full", "the file system is full"
+        elif code in (errno.EROFS, errno.EACCES, errno.EPERM):
+            kind, what = "read-only", "the folder is not writable"
+        elif code == errno.ENOENT:
+            kind, what = "error", "the folder is gone"
+        else:
+            kind, what = "error", f"{errno.errorcode.get(code, code)}"
+        self._count(errors=1)
+        if op != "read":
+            self._paused_until = time.monotonic() + PAUSE_S[kind]
+            self._warn_once(kind, "cache dir %s: %s (%s: %s): not storing for %.0f s, decoding instead",
+                            self.root, what, op, exc.strerror or exc, PAUSE_S[kind])
+            if kind == "full":
+                with self._lock:
+                    self._checked_once = False  # the next successful write checks the bound again
+        else:
+            self._warn_once(f"read-{kind}", "cache dir %s: cannot read an entry (%s): decoding instead",
+                            self.root, exc.strerror or exc)
+
+    def stats(self) -> dict:
+        """This process's counters; ``folder_bytes`` is the folder's size as last measured plus what this
+        process wrote since (the whole folder, every namespace)."""
+        counts = self._counters.snapshot()
+        with self._lock:
+            return {**counts, "bytes": counts["hit_bytes"], "folder_bytes": self._folder_bytes,
+                    "max_bytes": self.max_bytes}
+
+
+@contextlib.contextmanager
+def _folder_lock(root: Path, wait: bool) -> Iterator[bool]:
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        fd = os.open(root / ".lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    except OSError:
+        yield True  # a read-only folder: nothing can be deleted anyway, but scanning is harmless
+        return
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+        except BlockingIOError:
+            yield False
+            return
+        yield True
+    finally:
+        os.close(fd)
+
+
+def _walk(root: Path) -> Iterator[tuple[Path, os.stat_result]]:
+    """(path, stat) of every file two levels under each namespace folder; vanishing files are skipped."""
+    for ns in _scandir(root):
+        if not ns.is_dir(follow_symlinks=False) or ns.name.startswith("."):
+            continue
+        for sub in _scandir(ns.path):
+            if not sub.is_dir(follow_symlinks=False):
+                continue
+            for item in _scandir(sub.path):
+                try:
+                    st = item.stat(follow_symlinks=False)
+                except OSError:
+                    continue
+                yield Path(item.path), st
+
+
+def _scandir(path) -> list[os.DirEntry]:
+    try:
+        with os.scandir(path) as it:
+            return list(it)
+    except OSError:
+        return []
+
+
+def _unlink(path: Path) -> bool:
+    try:
+        path.unlink()
+        return True
+    except OSError:
+        return False
+
+
+def _pread_all(fd: int, size: int) -> bytes:
+    data = os.pread(fd, size, 0)
+    if len(data) == size:
+        return data
+    parts = [data]
+    got = len(data)
+    while got < size:
+        more = os.pread(fd, size - got, got)
+        if not more:
+            break
+        parts.append(more)
+        got += len(more)
+    return b"".join(parts)
+
+
+def _map(fd: int, size: int):
+    import mmap
+
+    if size < entry.HEADER_SIZE:
+        raise entry.BadEntry(f"short file ({size} bytes)")
+    return mmap.mmap(fd, size, prot=mmap.PROT_READ)
+
+
+def _write_at(fd: int, data, offset: int) -> None:
+    view = memoryview(data).cast("B")
+    while view.nbytes:
+        n = os.pwrite(fd, view, offset)
+        view, offset = view[n:], offset + n
+
+
+class DiskTier:
+    """The ``disk`` cache tier: decoded block groups in a ``DiskStore`` under namespace ``blocks``, written
+    by a background thread (``writer.py``) so that a read never waits for the disk after decoding."""
+
+    name = "disk"
+
+    def __init__(self, root: str | os.PathLike, max_bytes: int, background: bool = True):
+        self.store = DiskStore(root, max_bytes, "blocks")
+        self._writer = BackgroundWriter(self.store.put_array, "disk", max_wait=DISK_WRITE_WAIT_S) if background else None
+
+    def get(self, key: str) -> np.ndarray | None:
+        if self._writer is not None:
+            queued = self._writer.lookup(key)
+            if queued is not None:
+                self.store._count(hits=1, hit_bytes=queued.nbytes)
+                return queued
+        return self.store.get_array(key)
+
+    def put(self, key: str, value: np.ndarray) -> None:
+        if self._writer is None:
+            self.store.put_array(key, value)
+        else:
+            self._writer.submit(key, value)
+
+    def contains(self, key: str) -> bool:
+        return (self._writer is not None and self._writer.lookup(key) is not None) or self.store.contains(key)
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Wait for the queued writes (True when all are done)."""
+        return True if self._writer is None else self._writer.flush(timeout)
+
+    def stats(self) -> dict:
+        extra = {} if self._writer is None else {"pending": self._writer.pending, "dropped": self._writer.dropped}
+        return {**self.store.stats(), **extra}
+
+    def close(self) -> None:
+        if self._writer is not None:
+            self._writer.close()

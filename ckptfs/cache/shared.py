@@ -1,0 +1,84 @@
+"""One copy of a decoded tensor for many worker processes: ``Tensor.shared()``.
+
+DataLoader workers, a multiprocessing pool or tensors pickled to other processes each decoding a tensor
+into private memory hold N copies. ``Tensor.shared()`` instead decodes the whole tensor once per machine
+into the cache folder (namespace ``tensors`` of the ``DiskStore``, next to the decoded groups and fetched
+bytes, under the same size bound) and returns a read-only ``np.memmap``-like view of that file. Every
+process mapping the same file maps the same page-cache pages, so the kernel holds one copy whatever N is
+(each process's PSS carries 1/N of it). The first process decodes while holding a per-entry ``flock``; the
+others wait for it rather than decode too, and a killed decoder releases the lock and leaves no entry.
+
+Where the file lives decides what "one copy" costs: a folder on a disk keeps it across reboots and lets
+the kernel evict it under memory pressure (it is read back from the disk); a folder on ``/dev/shm`` (tmpfs)
+keeps it in RAM until deleted (``ckptfs cache clear --cache-dir DIR``).
+
+The folder is the checkpoint's ``cache_dir`` (``ckptfs.open(src, cache_dir=DIR)``; pickled tensors carry
+it), else ``$CKPTFS_CACHE_DIR``. When the entry cannot be written (full, read-only) the tensor is decoded
+into private memory as ``numpy()`` does, read-only like a shared result, and the log says why once.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import numpy as np
+
+from ckptfs.cache.tiered import cache_key
+from ckptfs.cache.disk import DEFAULT_CACHE_DIR_SIZE, DiskStore
+
+log = logging.getLogger(__name__)
+
+NAMESPACE = "tensors"
+ENV_DIR = "CKPTFS_CACHE_DIR"
+DECODE_STEP_BYTES = 16 << 20  # the writer holds one step of decoded values at a time, never the tensor
+
+_stores: dict[tuple[str, int], DiskStore] = {}
+
+
+def tensor_store(checkpoint) -> DiskStore:
+    """The ``tensors`` store of ``checkpoint``'s cache folder (or ``$CKPTFS_CACHE_DIR``); ValueError if none."""
+    root, max_bytes = None, DEFAULT_CACHE_DIR_SIZE
+    for tier in getattr(checkpoint.cache, "tiers", ()):
+        store = getattr(tier, "store", None)
+        if isinstance(store, DiskStore):
+            root, max_bytes = str(store.root), store.max_bytes
+            break
+    if root is None:
+        root = os.environ.get(ENV_DIR) or None
+    if root is None:
+        raise ValueError("Tensor.shared() needs a cache folder: ckptfs.open(src, cache_dir=DIR) "
+                         f"or ${ENV_DIR}")
+    store = _stores.get((root, max_bytes))
+    if store is None:
+        store = _stores[(root, max_bytes)] = DiskStore(root, max_bytes, NAMESPACE)
+    return store
+
+
+def shared_array(tensor) -> np.ndarray:
+    """``tensor``'s values as a read-only array backed by a mapped file shared by every process."""
+    data = tensor.data
+    store = tensor_store(tensor._ck)
+    n_blocks = data.available_blocks()
+    key = cache_key(data.source.content_id(), tensor.info.offset, tensor.info.storage_type, data.dtype.str,
+                    0, n_blocks)
+    values = store.map_array(key)
+    if values is None:
+        with store.key_lock(key):
+            values = store.map_array(key)  # another process may have written it while we waited
+            if values is None:
+                nbytes = data.n_elements * data.dtype.itemsize
+                if store.write_chunks(key, data.dtype, nbytes, _decoded_steps(data)):
+                    values = store.map_array(key)
+    if values is None or values.size != data.n_elements or values.dtype != data.dtype:
+        log.warning("tensor %r: no shared copy in %s (see the cache log above): decoded privately",
+                    tensor.name, store.root)
+        values = tensor.numpy().reshape(-1)
+        values.setflags(write=False)
+    return values.reshape(tensor.shape)
+
+
+def _decoded_steps(data):
+    step = max(1, DECODE_STEP_BYTES // data.dtype.itemsize)
+    for e0 in range(0, data.n_elements, step):
+        yield data.read(e0, min(e0 + step, data.n_elements), use_cache=False)

@@ -1,0 +1,110 @@
+"""``ckptfs prefetch``: walk tensors group by group through the tiered cache so that the shared tiers hold
+them before the first mount asks.
+
+Each decoded group goes through the same ``TieredCache.get_or_load`` a mount uses, so the entries land
+under the same keys (content identity, storage type, output dtype, block range) a mount with the same
+``--dtype`` looks up. A group a lower tier already holds is found there and not decoded again. Tensors whose
+stored bytes are the served values (F32 served as F32) have no decoded groups; their bytes are read once,
+which warms the remote byte cache (``--cache-dir``) for remote sources and the page cache for local files.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ckptfs.core.errors import CheckpointError
+from ckptfs.util.sizes import format_size
+
+READ_STEP_BYTES = 16 << 20
+
+
+@dataclass
+class WarmReport:
+    tensors: int = 0
+    skipped: int = 0
+    served_bytes: int = 0
+    decoded_bytes: int = 0
+    failures: list[str] = field(default_factory=list)
+    tiers: dict = field(default_factory=dict)
+
+    @property
+    def tier_errors(self) -> dict[str, int]:
+        return {name: int(s.get("errors", 0)) for name, s in self.tiers.items() if s.get("errors")}
+
+    @property
+    def ok(self) -> bool:
+        return not self.failures and not self.tier_errors
+
+    def summary(self) -> str:
+        parts = [f"prefetched {self.tensors} tensors ({format_size(self.served_bytes)}), "
+                 f"decoded {format_size(self.decoded_bytes)}"]
+        for name, s in self.tiers.items():
+            if name != "memory":
+                parts.append(f"{name}: {s.get('stored', 0)} entries stored, {s.get('hits', 0)} found")
+        if self.skipped:
+            parts.append(f"{self.skipped} tensors not decodable (skipped)")
+        if self.tier_errors:
+            parts.append("tier errors: " + ", ".join(f"{k} {v}" for k, v in self.tier_errors.items())
+                         + " (see the log above)")
+        if self.failures:
+            parts.append(f"{len(self.failures)} tensors failed: " + "; ".join(self.failures[:3]))
+        return "; ".join(parts)
+
+
+def warm(checkpoint, tensors, progress: bool = False) -> WarmReport:
+    report = WarmReport()
+    todo = [t for t in tensors if t.decodable]
+    report.skipped = len(tensors) - len(todo)
+    total = sum(t.nbytes for t in todo)
+    decoded_before = getattr(checkpoint.cache, "decoded_bytes", 0)
+    bar = _progress(total) if progress else None
+    try:
+        for tensor in todo:
+            try:
+                report.served_bytes += _warm_tensor(tensor.data, bar)
+                report.tensors += 1
+            except CheckpointError as exc:
+                report.failures.append(f"{tensor.name}: {exc}")
+    finally:
+        if bar is not None:
+            bar.__exit__(None, None, None)
+    for tier in getattr(checkpoint.cache, "tiers", ()):
+        flush = getattr(tier, "flush", None)
+        if flush is not None:
+            flush()  # the background writers: everything decoded is stored before the report (and exit)
+    report.decoded_bytes = getattr(checkpoint.cache, "decoded_bytes", 0) - decoded_before
+    tier_stats = getattr(checkpoint.cache, "tier_stats", None)
+    report.tiers = tier_stats() if tier_stats is not None else {}
+    return report
+
+
+def _warm_tensor(data, bar) -> int:
+    item = data.dtype.itemsize
+    if data.direct:
+        step = max(1, READ_STEP_BYTES // item)
+        end = data.available_blocks() * data.info.block_elements
+        for e0 in range(0, end, step):
+            data.read(e0, min(e0 + step, end))
+            _advance(bar, (min(e0 + step, end) - e0) * item)
+        return end * item
+    group_elements = data.group_blocks * data.info.block_elements
+    n_groups = -(-data.available_blocks() // data.group_blocks)
+    for g in range(n_groups):
+        data.prefetch_group(g)
+        _advance(bar, min(group_elements, data.n_elements - g * group_elements) * item)
+    if data.available_blocks() < data.n_blocks:
+        data.read(0, data.n_elements)  # raises the CheckpointError naming the missing bytes
+    return data.n_elements * item
+
+
+def _progress(total: int):
+    import click
+
+    bar = click.progressbar(length=total, label="prefetch", file=click.get_text_stream("stderr"),
+                            show_percent=True, width=30)
+    return bar.__enter__()
+
+
+def _advance(bar, n: int) -> None:
+    if bar is not None:
+        bar.update(n)

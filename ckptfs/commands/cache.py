@@ -1,0 +1,137 @@
+"""The cache command line: the ``--cache-dir/--cache-dir-size/--redis`` options, ``ckptfs cache`` and
+``ckptfs prefetch``.
+
+``tier_options`` is the one definition of the three options, for every command that takes them (``mount``,
+``prefetch``, and the remote sources' byte cache, which shares ``--cache-dir``). ``--cache-dir`` defaults to
+``$CKPTFS_CACHE_DIR``, the folder ``Tensor.shared()`` falls back on too.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import click
+
+from ckptfs.util.sizes import format_size, parse_size
+from ckptfs.cache.disk import DEFAULT_CACHE_DIR_SIZE, DiskStore
+
+ENV_DIR = "CKPTFS_CACHE_DIR"
+
+
+def _size(ctx, param, value):
+    if value is None or isinstance(value, int):
+        return value
+    try:
+        return parse_size(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+
+
+def _redis_url(ctx, param, value):
+    if value is None:
+        return None
+    from ckptfs.cache.redis_tier import check_url
+
+    try:
+        check_url(value)
+        import redis  # noqa: F401 - a missing client is a usage error now, not a surprise in the daemon
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+    except ImportError:
+        raise click.BadParameter("needs redis-py: pip install 'ckptfs[redis]' (or: pip install redis)") from None
+    return value
+
+
+def cache_dir_option(f):
+    return click.option("--cache-dir", type=click.Path(file_okay=False), default=None, envvar=ENV_DIR,
+                        help=f"Persistent cache folder shared by the ckptfs processes of this machine "
+                             f"(decoded groups, fetched remote bytes; default ${ENV_DIR}).")(f)
+
+
+def cache_dir_size_option(f):
+    return click.option("--cache-dir-size", default="10G", show_default=True, callback=_size, metavar="SIZE",
+                        help="Bound of the --cache-dir folder (all processes together; LRU).")(f)
+
+
+def tier_options(f):
+    """--cache-dir, --cache-dir-size and --redis on one command (passed as cache_dir, cache_dir_size, redis)."""
+    f = click.option("--redis", default=None, metavar="URL", callback=_redis_url,
+                     help="Redis for decoded groups shared across machines (redis://HOST:PORT/DB; "
+                          "needs ckptfs[redis]).")(f)
+    return cache_dir_option(cache_dir_size_option(f))
+
+
+def _store(cache_dir: str | None, max_bytes: int = DEFAULT_CACHE_DIR_SIZE) -> DiskStore:
+    if not cache_dir:
+        raise click.UsageError(f"give --cache-dir DIR (or set ${ENV_DIR})")
+    return DiskStore(cache_dir, max_bytes, "blocks")
+
+
+@click.group("cache")
+def cache_group() -> None:
+    """Inspect or empty a --cache-dir folder."""
+
+
+@cache_group.command("stats")
+@cache_dir_option
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def cache_stats(cache_dir, as_json):
+    """Files and bytes per namespace (blocks: decoded groups, bytes: remote bytes, tensors: shared())."""
+    usage = _store(cache_dir).usage()
+    total = {"files": sum(v["files"] for v in usage.values()), "bytes": sum(v["bytes"] for v in usage.values())}
+    if as_json:
+        click.echo(json.dumps({"cache_dir": cache_dir, "namespaces": usage, "total": total}, indent=2))
+        return
+    click.echo(f"{'namespace':<10} {'files':>10} {'size':>12}")
+    for name in sorted(usage):
+        click.echo(f"{name:<10} {usage[name]['files']:>10} {format_size(usage[name]['bytes']):>12}")
+    click.echo(f"{'total':<10} {total['files']:>10} {format_size(total['bytes']):>12}")
+
+
+@cache_group.command("prune")
+@cache_dir_option
+@cache_dir_size_option
+def cache_prune(cache_dir, cache_dir_size):
+    """Delete least recently used entries down to 90% of --cache-dir-size (and killed writers' leftovers)."""
+    result = _store(cache_dir, cache_dir_size).prune()
+    click.echo(f"removed {result['files']} files ({format_size(result['bytes'])}); "
+               f"{format_size(result['total'])} left")
+
+
+@cache_group.command("clear")
+@cache_dir_option
+def cache_clear(cache_dir):
+    """Delete every entry (safe while mounts use the folder: they decode again)."""
+    result = _store(cache_dir).clear()
+    click.echo(f"removed {result['files']} files ({format_size(result['bytes'])})")
+
+
+@click.command("prefetch")
+@click.argument("src")
+@click.argument("names", nargs=-1)
+@tier_options
+@click.option("--dtype", type=click.Choice(["auto", "float32", "float16"]), default="auto", show_default=True,
+              help="The dtype the mounts that will read these entries use (it is part of every key).")
+@click.option("-v", "--verbose", is_flag=True)
+def prefetch(src, names, cache_dir, cache_dir_size, redis, dtype, verbose):
+    """Decode tensors of SRC (all, or NAMES) into the shared tiers ahead of a deployment."""
+    from ckptfs.checkpoint.tensors import open as open_checkpoint
+    from ckptfs.core.errors import CheckpointError
+    from ckptfs.cache.warm import warm
+
+    if not cache_dir and not redis:
+        raise click.UsageError("nothing to warm: give --cache-dir DIR and/or --redis URL")
+    try:
+        ck = open_checkpoint(src, dtype=dtype, cache_size=64 << 20, cache_dir=cache_dir,
+                             cache_dir_size=cache_dir_size, redis=redis)
+    except (CheckpointError, OSError, ValueError) as exc:
+        raise click.ClickException(str(exc)) from None
+    with ck:
+        try:
+            tensors = [ck[name] for name in names] if names else list(ck.tensors)
+        except KeyError as exc:
+            raise click.UsageError(f"no tensor {exc.args[0]!r} in {src}") from None
+        report = warm(ck, tensors, progress=sys.stderr.isatty())
+    click.echo(report.summary(), err=not report.ok)
+    sys.exit(0 if report.ok else 1)

@@ -1,0 +1,234 @@
+"""The ``ckptfs`` command: mount, umount, info, bench.
+
+Errors are one line on stderr, never a traceback (``-v`` adds it): exit 1 for a checkpoint or runtime error,
+2 for usage errors (click's own convention). click prints a usage error as a block of usage, hint and error;
+``OneLineGroup`` prints it as one line ending with the hint to ``--help``. Names in messages are escaped
+(``oneline``), so a path or tensor name holding a newline cannot split the line.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import sys
+
+import click
+
+from ckptfs.core.errors import CheckpointError
+from ckptfs.util.oneline import one_line
+from ckptfs.util.sizes import parse_size
+from ckptfs.commands.remote_options import remote_options
+from ckptfs.commands.failure import fail
+from ckptfs.commands.cache import cache_dir_option, cache_dir_size_option, cache_group, prefetch, tier_options
+
+
+class SizeType(click.ParamType):
+    name = "size"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, int):
+            return value
+        try:
+            return parse_size(value)
+        except ValueError as exc:
+            self.fail(str(exc), param, ctx)
+
+
+SIZE = SizeType()
+
+
+
+
+_NO_ARGS_IS_HELP = getattr(click.exceptions, "NoArgsIsHelpError", ())  # click >= 8.2
+
+
+class OneLineGroup(click.Group):
+    """click, with its usage errors (missing argument, bad choice, unknown option or command) printed as one
+    line, exit code 2 kept. Help (``--help``, or no command at all) is printed in full as usual."""
+
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, standalone_mode, **extra)
+        try:
+            result = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        except _NO_ARGS_IS_HELP as exc:  # `ckptfs` alone: the full help, as click shows it
+            exc.show()
+            sys.exit(exc.exit_code)
+        except click.UsageError as exc:
+            hint = f" (see '{exc.ctx.command_path} --help')" if exc.ctx is not None else ""
+            click.echo(one_line(f"ckptfs: usage error: {exc.format_message()}") + hint, err=True)
+            sys.exit(exc.exit_code)
+        except click.ClickException as exc:
+            click.echo(one_line(f"ckptfs: error: {exc.format_message()}"), err=True)
+            sys.exit(exc.exit_code)
+        except click.Abort:
+            click.echo("ckptfs: aborted", err=True)
+            sys.exit(1)
+        sys.exit(result if isinstance(result, int) else 0)
+
+
+DTYPE_HELP = ("auto: exact types keep their dtype, the rest float32; float32: every floating tensor float32; "
+              "float16: decoded tensors (quantized, BF16, F8...) float16, while F32, F64 and F16 tensors keep "
+              "their stored dtype.")
+
+
+@click.group(cls=OneLineGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="ckptfs")
+def main() -> None:
+    """Mount LLM checkpoints (GGUF, safetensors) as read-only filesystems of lazy .npy views."""
+
+
+@main.command()
+@click.argument("src")
+@click.argument("mountpoint")
+@click.option("-f", "--foreground", is_flag=True, help="Stay in the foreground (log to stderr with -v).")
+@click.option("-o", "options", multiple=True, metavar="OPTS", help="FUSE mount options, comma-separated.")
+@click.option("--cache-size", type=SIZE, default="512M", show_default=True,
+              help="Decoded-block cache bound, binary units (64M = 64 MiB; 0: no cache).")
+@click.option("--dtype", type=click.Choice(["auto", "float32", "float16"]), default="auto", show_default=True,
+              help=DTYPE_HELP)
+@click.option("--log-file", type=click.Path(), default=None, help="Log file (for the daemon).")
+@tier_options
+@remote_options
+@click.option("--manifest", type=click.Path(dir_okay=False), default=None,
+              help="Check every read against this `ckptfs manifest` file (a mismatch: EIO and one log line).")
+@click.option("--log-format", type=click.Choice(["text", "json"]), default="text", show_default=True,
+              help="Log lines as text or as one JSON object per line (for log shippers).")
+@click.option("--layout", type=click.Choice(["flat", "tree"]), default="flat", show_default=True,
+              help="tree: dotted tensor names as folders (blk/0/attn_q.weight.npy).")
+@click.option("--metrics", default=None, metavar="[HOST:]PORT",
+              help="Serve Prometheus metrics at http://HOST:PORT/metrics (HOST: 127.0.0.1; needs ckptfs[metrics]).")
+@click.option("--hf", is_flag=True, help="Add hf/: the GGUF as a Hugging Face model folder (needs ckptfs[hf]).")
+@click.option("--hf-dtype", type=click.Choice(["bfloat16", "float16", "float32"]), default="bfloat16",
+              show_default=True, help="dtype of hf/model.safetensors.")
+@click.option("-v", "--verbose", is_flag=True, help="Verbose logging; tracebacks on errors.")
+def mount(src, mountpoint, foreground, options, cache_size, dtype, log_file, hf, hf_dtype, log_format, layout, metrics, manifest,
+          verbose, mirrors, timeout, stall_timeout, **tiers):
+    """Mount checkpoint SRC read-only at MOUNTPOINT."""
+    from ckptfs.fs.mount import MountError, MountRequest, run_mount
+
+    request = MountRequest(src=src, mountpoint=mountpoint, foreground=foreground,
+                           options=",".join(options), cache_size=cache_size, dtype=dtype,
+                           log_file=log_file, hf=hf, hf_dtype=hf_dtype, verbose=verbose, log_format=log_format, metrics=metrics,
+                           layout=layout, manifest=manifest, mirrors=mirrors,
+                           timeout=timeout, stall_timeout=stall_timeout, **tiers)
+    try:
+        code = run_mount(request)
+    except (CheckpointError, MountError, OSError) as exc:
+        fail(exc, verbose)
+    sys.exit(code)
+
+
+@main.command()
+@click.argument("mountpoint")
+@click.option("-v", "--verbose", is_flag=True)
+def umount(mountpoint, verbose):
+    """Unmount a ckptfs mount (fusermount3, then fusermount, then lazy)."""
+    from ckptfs.fs.mount import MountError, unmount
+
+    try:
+        unmount(mountpoint)
+    except (MountError, OSError) as exc:
+        fail(exc, verbose)
+
+
+@main.command()
+@click.argument("src")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@remote_options
+@cache_dir_option
+@cache_dir_size_option
+@click.option("-v", "--verbose", is_flag=True)
+@click.option("--hf", "hf", is_flag=True,
+              help="Also say whether a mount with --hf gets hf/, or why not (imports transformers).")
+def info(src, as_json, hf, verbose, mirrors, timeout, stall_timeout, cache_dir, cache_dir_size):
+    """Summarize a checkpoint: format, tensors, storage types, metadata, damage."""
+    from ckptfs import open as open_checkpoint
+    from ckptfs.commands.info import render, summary
+
+    try:
+        with open_checkpoint(src, mirrors=mirrors, timeout=timeout, stall_timeout=stall_timeout, cache_dir=cache_dir,
+                             cache_dir_size=cache_dir_size) as ck:
+            data = summary(ck, hf=hf)
+    except Exception as exc:  # noqa: BLE001 - the CLI turns every failure into one line
+        fail(exc, verbose)
+    click.echo(json.dumps(data, indent=2) if as_json else render(data))
+
+
+@main.command()
+@click.argument("src")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.option("--cache-size", type=SIZE, default="512M", show_default=True)
+@click.option("--local", "local", default=None, metavar="PATH",
+              help="For a URL: a local copy of the same checkpoint, benchmarked beside it.")
+@remote_options
+@cache_dir_option
+@cache_dir_size_option
+@click.option("-v", "--verbose", is_flag=True)
+def bench(src, as_json, cache_size, local, mirrors, timeout, stall_timeout, cache_dir, cache_dir_size, verbose):
+    """Benchmark reads of SRC through a temporary mount, beside gguf-py/safetensors when installed (for a
+    URL: requests, bytes fetched, header bytes, first-read latency and stream throughput, beside --local)."""
+    from ckptfs.sources import is_url
+
+    try:
+        if is_url(src):
+            from ckptfs.bench.remote import run_remote_bench
+
+            args = [f"--mirror={m}" for m in mirrors] + ["--cache-size", str(cache_size)]
+            args += [f"--timeout={timeout}"] if timeout is not None else []
+            args += [f"--stall-timeout={stall_timeout}"] if stall_timeout is not None else []
+            args += [f"--cache-dir={cache_dir}", f"--cache-dir-size={cache_dir_size}"] if cache_dir else []
+            sys.exit(run_remote_bench(src, local=local, as_json=as_json, mount_args=tuple(args)))
+        from ckptfs.bench import run_bench
+
+        sys.exit(run_bench(src, as_json=as_json, cache_size=cache_size, verbose=verbose))
+    except (CheckpointError, OSError) as exc:
+        fail(exc, verbose)
+
+
+main.add_command(cache_group)
+main.add_command(prefetch)
+
+
+@main.command()
+@click.argument("mountpoint")
+@click.option("--json", "as_json", is_flag=True, help="The stats JSON as the mount serves it.")
+@click.option("-v", "--verbose", is_flag=True)
+def stats(mountpoint, as_json, verbose):
+    """Show a mount's counters: cache tiers, decoded bytes, source requests (the root xattr)."""
+    from ckptfs.fs.operations import STATS_XATTR
+    from ckptfs.fs.stats import render_table
+
+    try:
+        data = json.loads(os.getxattr(mountpoint, STATS_XATTR))
+    except OSError as exc:
+        if exc.errno in (errno.ENODATA, getattr(errno, "ENOATTR", errno.ENODATA), errno.ENOTSUP):
+            exc = ValueError(f"{mountpoint} is not a ckptfs mount root (no {STATS_XATTR})")
+        fail(exc, verbose)
+    except ValueError as exc:
+        fail(ValueError(f"{mountpoint}: {STATS_XATTR} is not JSON: {exc}"), verbose)
+    click.echo(json.dumps(data, indent=2) if as_json else render_table(data))
+
+
+@main.command("install-mount-helper")
+@click.option("--target", default=None, metavar="PATH",
+              help="Where to write it (default /sbin/mount.fuse.ckptfs, where mount(8) looks).")
+@click.option("-v", "--verbose", is_flag=True)
+def install_mount_helper(target, verbose):
+    """Write the helper mount(8) runs for `mount -t fuse.ckptfs` and fstab lines (runs this ckptfs)."""
+    from ckptfs.commands.fstab import HELPER_PATH, install_helper
+
+    try:
+        click.echo(install_helper(target or HELPER_PATH))
+    except OSError as exc:
+        fail(exc, verbose)
+
+from ckptfs.commands.integrity import diff_command, manifest_command, verify_command  # noqa: E402 - registered last
+
+main.add_command(manifest_command)
+main.add_command(verify_command)
+main.add_command(diff_command)
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,103 @@
+"""``ckptfs info``: a summary of a checkpoint without decoding any tensor data.
+
+The text form is one line per item: control characters in names and values are escaped (``oneline``).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+import numpy as np
+
+from ckptfs.checkpoint.tensors import Checkpoint
+from ckptfs.util.jsonutil import to_jsonable
+from ckptfs.util.oneline import one_line
+from ckptfs.util.sizes import format_size
+
+BIG_ARRAY = 16
+
+
+def _summarize(value: Any) -> Any:
+    """Big arrays (tokenizer vocabularies) as a one-line summary instead of their contents."""
+    if isinstance(value, np.ndarray) and value.size > BIG_ARRAY:
+        return f"<array of {value.size} {value.dtype}>"
+    if isinstance(value, list) and len(value) > BIG_ARRAY:
+        kind = type(value[0]).__name__ if value else "?"
+        return f"<array of {len(value)} {kind}>"
+    if isinstance(value, str) and len(value) > 200:
+        return value[:200] + f"... <{len(value)} chars>"
+    return to_jsonable(value)
+
+
+def summary(ck: Checkpoint, hf: bool = False) -> dict[str, Any]:
+    counts: Counter[str] = Counter()
+    stored: Counter[str] = Counter()
+    stored_tensors = [t for t in ck.tensors if not t.virtual]  # views of packed parts have no bytes of their own
+    for t in stored_tensors:
+        counts[t.storage_type] += 1
+        stored[t.storage_type] += t.stored_nbytes
+    return {
+        "format": ck.format,
+        "version": ck.version,
+        "files": list(ck.files),
+        "tensor_count": len(stored_tensors),
+        "metadata": {k: _summarize(ck.metadata[k]) for k in ck.metadata},
+        "storage_types": {k: {"tensors": counts[k], "stored_bytes": stored[k]} for k in sorted(counts)},
+        "damaged": [{"name": t.name, "storage_type": t.storage_type, "reason": t.info.damaged}
+                    for t in ck.damaged()],
+        "notes": list(ck.notes),
+        "passthrough": sorted(ck.passthrough),
+        "hf": _hf_folder(ck) if hf else None,
+        "packed_views": _packed_views(ck),
+    }
+
+
+def _packed_views(ck: Checkpoint) -> dict[str, Any] | None:
+    """GPTQ/AWQ/compressed-tensors layers: how many views, and why any layer has none (None: no such layers)."""
+    rows = ck.packed_views
+    if not rows:
+        return None
+    return {"schemes": sorted({r["scheme"] for r in rows}), "views": sum(1 for r in rows if r["present"]),
+            "absent": [{"name": r["name"], "reason": r["reason"]} for r in rows if not r["present"]]}
+
+
+def _hf_folder(ck: Checkpoint) -> str | None:
+    """For a GGUF: whether a mount with --hf gets an hf/ folder, and if not, why (None for other formats)."""
+    if ck.format != "gguf":
+        return None
+    from ckptfs.hffolder import unavailable_reason
+
+    reason = unavailable_reason(ck)
+    return "available (mount with --hf)" if reason is None else f"none: {reason}"
+
+
+def render(info: dict[str, Any]) -> str:
+    lines = [f"format: {info['format']}" + (f" v{info['version']}" if info["version"] is not None else ""),
+             f"files: {len(info['files'])}" + (f" ({info['files'][0]})" if len(info["files"]) == 1 else ""),
+             f"tensors: {info['tensor_count']}",
+             "storage types:"]
+    for name, row in info["storage_types"].items():
+        lines.append(f"  {name:<14} {row['tensors']:>6} tensors  {format_size(row['stored_bytes']):>12}")
+    lines.append(f"metadata: {len(info['metadata'])} keys")
+    for key, value in info["metadata"].items():
+        lines.append(f"  {key} = {value if isinstance(value, str) else repr(value)}")
+    if info["passthrough"]:
+        lines.append(f"other files: {', '.join(info['passthrough'])}")
+    if info.get("hf"):
+        lines.append(f"hf/: {info['hf']}")
+    packed = info.get("packed_views")
+    if packed:
+        lines.append(f"packed views ({', '.join(packed['schemes'])}): {packed['views']}, "
+                     f"absent: {len(packed['absent'])}")
+        for row in packed["absent"]:
+            lines.append(f"  no view {row['name']!r}: {row['reason']}")
+    for note in info["notes"]:
+        lines.append(f"note: {note}")
+    if info["damaged"]:
+        lines.append(f"damaged tensors: {len(info['damaged'])}")
+        for row in info["damaged"]:
+            lines.append(f"  {row['name']!r} ({row['storage_type']}): {row['reason']}")
+    else:
+        lines.append("damaged tensors: none")
+    return "\n".join(one_line(line) for line in lines)  # a newline in a name or value must not split a line

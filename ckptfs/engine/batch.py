@@ -1,0 +1,261 @@
+"""Many tensors (or row ranges) decoded at once: coalesced reads, decoding on every core, straight into place.
+
+A request is (tensor, element range, destination). The planner cuts each request into *runs* of whole blocks
+bounded in stored bytes and in decoded elements, then joins runs that lie back to back in one file (the many
+small norms and biases of a real model sit between the big matrices) into *pieces*: one ``pread`` each. A
+thread pool works through the pieces; the C kernels and numpy's loops release the GIL, so decoding spreads
+over the cores while other threads wait on reads.
+
+Each run is decoded into its destination directly where it can be (a float32 destination and a type with a
+C kernel: the kernel writes there), otherwise into a scratch array of at most ``RUN_ELEMENTS`` values that
+is then copied (and cast) into place. So the memory in flight is bounded by the number of workers times one
+run, never by the size of a tensor: a bfloat16 or float16 result never has a whole-tensor float32 copy.
+
+This module needs only numpy (``load_batch`` returns numpy arrays); api.py plugs torch destinations in.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+
+from ckptfs.core.errors import CheckpointError
+from ckptfs.quant import native
+
+RUN_ELEMENTS = 1 << 20                 # decoded values per run: 4 MiB of float32 scratch at most
+RUN_STORED_BYTES = 8 << 20             # stored bytes per run (plain types: one run is one copy)
+PIECE_BYTES = 8 << 20                  # a pread joins runs up to this many bytes ...
+MAX_GAP = 64 << 10                     # ... across gaps (padding, skipped tensors) of at most this
+ALIGN = 64                             # load_batch: each array starts on a cache line
+
+
+class Destination(Protocol):
+    """Where decoded elements of one request go (flat, C order, element 0 = the request's first element)."""
+
+    def direct(self, e0: int, e1: int) -> np.ndarray | None:
+        """A writable float32 array for elements [e0, e1) that a C kernel may decode into, or None."""
+
+    def put(self, e0: int, values: np.ndarray) -> None:
+        """Store ``values`` (the codec's output dtype) as elements [e0, e0 + len(values))."""
+
+
+class ArrayDestination:
+    """A flat numpy array: values are cast into it with numpy's rules (float16 overflow becomes inf)."""
+
+    def __init__(self, array: np.ndarray):
+        self.array = array
+
+    def direct(self, e0: int, e1: int) -> np.ndarray | None:
+        return self.array[e0:e1] if self.array.dtype == np.float32 else None
+
+    def put(self, e0: int, values: np.ndarray) -> None:
+        with np.errstate(over="ignore"):
+            self.array[e0:e0 + values.size] = values
+
+
+@dataclass
+class Request:
+    tensor: object                     # a ckptfs Tensor (decodable)
+    e0: int                            # elements [e0, e1) of the flattened tensor
+    e1: int
+    dest: Destination                  # element e0 of the tensor is element 0 of dest
+    codec: object = None               # decode the stored blocks with this codec instead of the tensor's own
+                                       # (api.py: BF16 storage into a bfloat16 tensor is copied as 16-bit words)
+
+    def __post_init__(self):
+        if self.codec is None:
+            self.codec = getattr(self.tensor, "codec", None)
+
+
+@dataclass
+class Run:
+    request: Request
+    b0: int                            # blocks [b0, b1) of the tensor
+    b1: int
+
+    @property
+    def info(self):
+        return self.request.tensor.info
+
+    @property
+    def offset(self) -> int:
+        return self.info.offset + self.b0 * self.info.block_bytes
+
+    @property
+    def size(self) -> int:
+        return (self.b1 - self.b0) * self.info.block_bytes
+
+
+@dataclass
+class Piece:
+    source: str
+    offset: int
+    size: int
+    runs: list[Run] = field(default_factory=list)
+
+
+def decode_virtual(requests: Sequence[Request]) -> list[Request]:
+    """Decode the requests of virtual tensors (views of packed layers, ckptfs.packed, which read and decode
+    their own parts) into their destinations now; return the others, for :func:`plan`."""
+    stored = []
+    for req in requests:
+        if getattr(req.tensor, "virtual", False):
+            for e in range(req.e0, req.e1, RUN_ELEMENTS):     # bounded runs, as for stored tensors
+                req.dest.put(e - req.e0, req.tensor.data.read(e, min(e + RUN_ELEMENTS, req.e1), use_cache=False))
+        else:
+            stored.append(req)
+    return stored
+
+
+def plan(requests: Sequence[Request]) -> list[Piece]:
+    """Runs of bounded size for every request, joined into one read where they lie close in one file.
+
+    Raises CheckpointError naming the tensor when blocks a request needs are missing from its file, before
+    anything is read.
+    """
+    runs: list[Run] = []
+    for req in requests:
+        if req.e1 <= req.e0:
+            continue
+        info = req.tensor.info
+        b0, b1 = req.tensor.data._present_blocks(req.e0, req.e1)   # CheckpointError if any are missing
+        step = max(1, min(RUN_ELEMENTS // info.block_elements, RUN_STORED_BYTES // info.block_bytes))
+        runs += [Run(req, s, min(s + step, b1)) for s in range(b0, b1, step)]
+    runs.sort(key=lambda r: (r.info.source, r.offset))
+    pieces: list[Piece] = []
+    for run in runs:
+        last = pieces[-1] if pieces else None
+        if (last is not None and last.source == run.info.source and run.offset >= last.offset
+                and run.offset - (last.offset + last.size) <= MAX_GAP
+                and run.offset + run.size - last.offset <= PIECE_BYTES):
+            last.size = max(last.size, run.offset + run.size - last.offset)
+        else:
+            last = Piece(run.info.source, run.offset, run.size)
+            pieces.append(last)
+        last.runs.append(run)
+    return pieces
+
+
+def decode_run(run: Run, raw: memoryview | bytes) -> None:
+    """Decode the run's stored bytes ``raw`` into its destination."""
+    req, info = run.request, run.info
+    codec, be = req.codec, info.block_elements
+    blocks = np.frombuffer(raw, np.uint8).reshape(run.b1 - run.b0, info.block_bytes)
+    first, last = run.b0 * be, run.b1 * be                       # the elements these blocks hold
+    e0, e1 = max(first, req.e0), min(last, req.e1)
+    if info.byte_order == ">":
+        blocks = codec.swap(blocks)
+    elif e0 == first and e1 == last and codec.name in native.native_types():
+        out = req.dest.direct(e0 - req.e0, e1 - req.e0)
+        if out is not None:                                      # the C kernel writes straight into place
+            native._native.dequantize(codec.name, blocks, out, blocks.shape[0])
+            return
+    values = codec.dequantize(blocks).reshape(-1)[e0 - first: e1 - first]
+    req.dest.put(e0 - req.e0, values)
+
+
+def workers() -> int:
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def read_piece(piece: Piece, sources) -> memoryview:
+    """The stored bytes of ``piece``; a source error (file changed, bytes missing) names a tensor in it."""
+    try:
+        return memoryview(sources.get(piece.source).pread(piece.offset, piece.size))
+    except CheckpointError as exc:
+        name = min(r.request.tensor.name for r in piece.runs)
+        raise CheckpointError(exc.file, exc.offset, f"tensor {name!r}: {exc.reason}") from None
+
+
+def run(pieces: Sequence[Piece], sources, threads: int | None = None) -> None:
+    """Read and decode every piece, spread over ``threads`` workers; the first error is raised (the rest
+    of the work is cancelled)."""
+    def work(piece: Piece) -> None:
+        raw = read_piece(piece, sources)
+        for r in piece.runs:
+            start = r.offset - piece.offset
+            decode_run(r, raw[start:start + r.size])
+
+    threads = min(threads or workers(), len(pieces))
+    if threads <= 1:
+        for piece in pieces:
+            work(piece)
+        return
+    with ThreadPoolExecutor(threads, thread_name_prefix="ckptfs-batch") as pool:
+        futures = [pool.submit(work, piece) for piece in pieces]
+        done, _ = wait(futures, return_when=FIRST_EXCEPTION)
+        failed = next((f for f in done if f.exception() is not None), None)
+        if failed is not None:
+            for f in futures:
+                f.cancel()
+            raise failed.exception()
+
+
+def open_checkpoint(src):
+    """(checkpoint, whether we opened it): ``src`` is a path or an already-open Checkpoint."""
+    from ckptfs.checkpoint.tensors import Checkpoint, open as open_path
+    if isinstance(src, Checkpoint):
+        return src, False
+    return open_path(src), True
+
+
+def tensors_named(ck, names: Sequence[str]) -> list:
+    """The Tensors of ``names``, checked before anything is allocated or read: KeyError for an unknown name,
+    ValueError for a name given twice, CheckpointError for a tensor that cannot be decoded."""
+    if isinstance(names, str):
+        raise TypeError(f"names must be a list of tensor names, not the string {names!r}")
+    if len(set(names)) != len(names):
+        raise ValueError("a tensor name is given twice")
+    return check_decodable([ck[name] for name in names])
+
+
+def check_decodable(tensors: list) -> list:
+    for t in tensors:
+        if not t.decodable:
+            reason = t.info.damaged or f"no codec for {t.storage_type}"
+            raise CheckpointError(t.info.source, t.info.offset, f"tensor {t.name!r}: cannot decode: {reason}")
+    return tensors
+
+
+def load_batch(src, names: Sequence[str], *, stack: bool = False):
+    """Tensors ``names`` decoded (dtype as ``Tensor.dtype``) into ONE new contiguous buffer.
+
+    Returns ``{name: array}``, each array a view into that buffer, or with ``stack=True`` one array of shape
+    ``(len(names), *shape)`` (every tensor must have the same shape and dtype: ValueError otherwise). ``src``
+    is a path or an open Checkpoint (left open).
+    """
+    names = names if isinstance(names, str) else list(names)
+    ck, opened = open_checkpoint(src)
+    try:
+        tensors = tensors_named(ck, names)
+        if stack:
+            kinds = {(t.shape, t.dtype) for t in tensors}
+            if len(kinds) > 1:
+                got = ", ".join(f"{t.name}: {t.shape} {t.dtype}" for t in tensors[:4])
+                raise ValueError(f"load_batch(stack=True) needs tensors of one shape and dtype, got {got}"
+                                 f"{' ...' if len(tensors) > 4 else ''}")
+            shape, dtype = kinds.pop() if kinds else ((), np.dtype(np.float32))
+            stacked = np.empty((len(tensors), *shape), dtype)
+            arrays = list(stacked) if tensors else []
+        else:
+            offsets, total = [], 0
+            for t in tensors:
+                total = -(-total // ALIGN) * ALIGN
+                offsets.append(total)
+                total += t.nbytes
+            buffer = np.empty(total, np.uint8)
+            arrays = [buffer[o:o + t.nbytes].view(t.dtype).reshape(t.shape) for o, t in zip(offsets, tensors)]
+        requests = [Request(t, 0, t.size, ArrayDestination(a.reshape(-1))) for t, a in zip(tensors, arrays)]
+        run(plan(decode_virtual(requests)), ck.sources)
+    finally:
+        if opened:
+            ck.close()
+    return stacked if stack else dict(zip(names, arrays))

@@ -1,0 +1,230 @@
+"""Files as byte ranges: every file a mount serves is a View with an exact ``size`` and ``read``.
+
+``read(offset, size)`` returns exactly ``min(size, self.size - offset)`` bytes (short only at end of file:
+in cached FUSE mode a short read is taken as end-of-file and would shrink the file), or raises
+``CheckpointError`` when the bytes it needs are missing. Views know nothing of FUSE; the same objects back
+the Python API's tests and the mount.
+"""
+
+from __future__ import annotations
+
+import functools
+import io
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from ckptfs.engine.blocks import TensorData
+from ckptfs.core.descriptors import TensorInfo
+from ckptfs.core.errors import CheckpointError
+from ckptfs.sources import SourcePool
+
+
+@dataclass(frozen=True)
+class Ahead:
+    """What lies ahead of a sequential reader of a view, as the view knows it (for ``ckptfs.engine.prefetch``):
+    stored byte ranges to advise their source about (``(source name, offset, nbytes)``), and decoding jobs
+    that warm the cache (``(view offset the job covers up to, bytes of output, job)``), in file order."""
+
+    advise: tuple[tuple[str, int, int], ...] = ()
+    decode: tuple[tuple[int, int, Callable[[], None]], ...] = ()
+
+
+NOTHING_AHEAD = Ahead()
+
+
+class View:
+    size: int
+    #: Whether a sequential reader of this view gains from read-ahead (``ahead`` says what lies ahead).
+    reads_ahead = False
+
+    def read(self, offset: int, size: int) -> bytes:  # pragma: no cover - interface
+        raise NotImplementedError
+
+    def read_parts(self, offset: int, size: int) -> list:
+        """What ``read`` returns, as a list of buffers whose concatenation it is. A consumer that copies the
+        bytes somewhere anyway (the FUSE binding, into libfuse's buffer) copies the parts there and saves
+        the join; views whose bytes come in pieces (``.npy``: header and cached groups) override it."""
+        data = self.read(offset, size)
+        return [data] if data else []
+
+    def read_into(self, offset: int, target: memoryview) -> int:
+        """What ``read(offset, len(target))`` returns, written into ``target`` (a writable byte buffer: the
+        mount's reads fill libfuse's own buffer); the number of bytes written. Each part is copied once."""
+        done = 0
+        for part in self.read_parts(offset, len(target)):
+            if not isinstance(part, bytes):
+                part = memoryview(part).cast("B")
+            n = len(part)
+            target[done:done + n] = part
+            done += n
+        return done
+
+    def ahead(self, start: int, stop: int) -> Ahead:
+        """What bytes [start, stop) of this file will need: see :class:`Ahead`."""
+        return NOTHING_AHEAD
+
+    def _clip(self, offset: int, size: int) -> tuple[int, int]:
+        offset = max(0, offset)
+        return offset, max(0, min(size, self.size - offset))
+
+
+def npy_header(shape: tuple[int, ...], dtype: np.dtype) -> bytes:
+    """The .npy header np.save writes for a C-order array of this shape and dtype (version 1.0, or 2.0
+    only when the header needs it), built with numpy's own writer so the bytes match np.save exactly."""
+    header = {"descr": np.lib.format.dtype_to_descr(np.dtype(dtype)), "fortran_order": False,
+              "shape": tuple(int(d) for d in shape)}
+    buf = io.BytesIO()
+    try:
+        np.lib.format.write_array_header_1_0(buf, header)
+    except ValueError:
+        buf = io.BytesIO()
+        np.lib.format.write_array_header_2_0(buf, header)
+    return buf.getvalue()
+
+
+class BytesView(View):
+    """A small file held in memory, built on first access (metadata.json, NAME.meta.json)."""
+
+    def __init__(self, build: Callable[[], bytes]):
+        self._build = build
+        self._data: bytes | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def data(self) -> bytes:
+        if self._data is None:
+            with self._lock:
+                if self._data is None:
+                    self._data = self._build()
+        return self._data
+
+    @property
+    def size(self) -> int:
+        return len(self.data)
+
+    def read(self, offset: int, size: int) -> bytes:
+        offset, size = self._clip(offset, size)
+        return self.data[offset: offset + size]
+
+
+class RawView(View):
+    """A tensor's stored bytes, exactly as in its source file."""
+
+    reads_ahead = True
+
+    def __init__(self, info: TensorInfo, sources: SourcePool):
+        self.info = info
+        self.size = info.stored_nbytes
+        self._sources = sources
+
+    def ahead(self, start: int, stop: int) -> Ahead:
+        return Ahead(advise=((self.info.source, self.info.offset + start, stop - start),))
+
+    def read(self, offset: int, size: int) -> bytes:
+        offset, size = self._clip(offset, size)
+        if size == 0:
+            return b""
+        try:
+            return self._sources.get(self.info.source).pread(self.info.offset + offset, size)
+        except CheckpointError as exc:
+            # the source only knows byte ranges; the one log line of a failed read must say which tensor
+            raise exc.about_tensor(self.info.name) from None
+
+    def read_into(self, offset: int, target: memoryview) -> int:
+        offset, size = self._clip(offset, len(target))
+        if size:
+            try:
+                self._sources.get(self.info.source).pread_into(self.info.offset + offset, target[:size])
+            except CheckpointError as exc:
+                raise exc.about_tensor(self.info.name) from None
+        return size
+
+
+class FileView(View):
+    """A whole non-tensor file passed through unchanged (config.json of a model folder)."""
+
+    def __init__(self, path: str, sources: SourcePool):
+        self.path = path
+        self._sources = sources
+        self.size = sources.get(path).size
+
+    def read(self, offset: int, size: int) -> bytes:
+        offset, size = self._clip(offset, size)
+        return self._sources.get(self.path).pread(offset, size) if size else b""
+
+
+class HeaderBodyView(View):
+    """A file made of a header held in memory and a body produced on demand as buffers: ``body_segments(d0,
+    d1)`` gives the body's bytes [d0, d1) without copying them (a .npy, a virtual safetensors or GGUF file).
+    A read joins them once; a mount read copies them into libfuse's buffer (``read_parts``)."""
+
+    header: bytes
+
+    def body_segments(self, d0: int, d1: int) -> list:  # pragma: no cover - interface
+        raise NotImplementedError
+
+    def read(self, offset: int, size: int) -> bytes:
+        offset, size = self._clip(offset, size)
+        return header_and_body(self.header, offset, offset + size, self.body_segments) if size else b""
+
+    def read_parts(self, offset: int, size: int) -> list:
+        offset, size = self._clip(offset, size)
+        return header_and_parts(self.header, offset, offset + size, self.body_segments) if size else []
+
+
+class NpyView(HeaderBodyView):
+    """A real .npy file of the decoded tensor: np.save's header, then the values in C order.
+
+    Only the elements under the requested bytes are decoded (through ``TensorData``, block by block).
+    """
+
+    reads_ahead = True
+
+    def __init__(self, data: TensorData):
+        self.data = data
+        self.header = npy_header(data.info.shape, data.dtype)
+        self.itemsize = data.dtype.itemsize
+        self.size = len(self.header) + data.n_elements * self.itemsize
+
+    def ahead(self, start: int, stop: int) -> Ahead:
+        """The stored blocks behind bytes [start, stop), and their block groups as decoding jobs (none for a
+        type served as its stored bytes)."""
+        data, hlen, item = self.data, len(self.header), self.itemsize
+        e0 = max(0, start - hlen) // item
+        e1 = min(data.n_elements, -(-max(0, stop - hlen) // item))
+        if e1 <= e0:
+            return NOTHING_AHEAD
+        offset, nbytes = data.stored_range(e0, e1)
+        advise = ((data.info.source, offset, nbytes),)
+        if data.direct:
+            return Ahead(advise)
+        group_elements = data.group_blocks * data.info.block_elements
+        group_bytes = group_elements * item
+        jobs = tuple((hlen + (g + 1) * group_bytes, group_bytes, functools.partial(data.prefetch_group, g))
+                     for g in range(data.group_of_element(e0), data.group_of_element(e1 - 1) + 1))
+        return Ahead(advise, jobs)
+
+    def body_segments(self, d0: int, d1: int) -> list:
+        return self.data.byte_segments(d0, d1)
+
+
+def header_and_parts(header: bytes, offset: int, end: int, body: Callable[[int, int], list]) -> list:
+    """Bytes [offset, end) of a file that is ``header`` then a body whose bytes [d0, d1) ``body(d0, d1)`` gives
+    as buffers (a .npy, a virtual safetensors file), as those buffers: no copy."""
+    hlen = len(header)
+    parts = []
+    if offset < hlen:
+        parts.append(header[offset: min(end, hlen)])
+    if end > hlen:
+        parts += body(max(offset, hlen) - hlen, end - hlen)
+    return parts
+
+
+def header_and_body(header: bytes, offset: int, end: int, body: Callable[[int, int], list]) -> bytes:
+    """The same bytes (see :func:`header_and_parts`) joined: one copy into the answer; none when the answer
+    already is one bytes object (a type served as its stored bytes)."""
+    parts = header_and_parts(header, offset, end, body)
+    return parts[0] if len(parts) == 1 and isinstance(parts[0], bytes) else b"".join(parts)

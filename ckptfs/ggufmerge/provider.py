@@ -1,0 +1,18 @@
+"""``model.gguf`` in the mount of a complete split GGUF set: the shards merged into one GGUF file (it needs
+nothing optional)."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Iterable
+
+from ckptfs.checkpoint.tensors import Checkpoint
+from ckptfs.ggufmerge.view import MERGED_FILE, MergedGgufView, why_not_merged
+from ckptfs.tree.mount_tree import Entry
+
+
+def merged_gguf(ck: Checkpoint) -> Iterable[Entry]:
+    """``model.gguf`` for a complete split GGUF set; nothing for anything else."""
+    if why_not_merged(ck) is not None:
+        return []
+    return [Entry(MERGED_FILE, "file", functools.partial(MergedGgufView, ck))]

@@ -1,0 +1,43 @@
+"""The mount-tree provider of ``hf/`` (opt-in, ``--hf``).
+
+``hf_provider(dtype)`` builds the folder when the mount is set up, so a GGUF that transformers cannot map,
+or a machine without transformers, gets no ``hf/`` and one log line saying why; it never stops the mount.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Iterable
+
+from ckptfs.checkpoint.tensors import Checkpoint
+from ckptfs.tree.mount_tree import Entry, Provider
+from ckptfs.hffolder import Unsupported, unavailable_reason
+
+log = logging.getLogger("ckptfs.hffolder")
+
+HF_DIR = "hf"
+
+
+def hf_provider(dtype: str = "bfloat16") -> Provider:
+    """A provider of ``hf/`` (config, tokenizer, model.safetensors in ``dtype``)."""
+
+    def provider(ck: Checkpoint) -> Iterable[Entry]:
+        reason = unavailable_reason(ck)
+        if reason is not None:
+            log.warning("no %s/ folder: %s", HF_DIR, reason)
+            return []
+        from ckptfs.hffolder.folder import HfFolder
+
+        try:
+            folder = HfFolder(ck, dtype)
+        except Unsupported as exc:
+            log.warning("no %s/ folder: %s", HF_DIR, exc)
+            return []
+        except Exception as exc:  # noqa: BLE001 - a bug in the optional folder must not stop the mount
+            log.debug("building %s/ failed", HF_DIR, exc_info=True)
+            log.error("no %s/ folder: unexpected %s: %s", HF_DIR, type(exc).__name__, exc)
+            return []
+        return [Entry(f"{HF_DIR}/{name}", "hf", functools.partial(folder.__getitem__, name)) for name in folder]
+
+    return provider

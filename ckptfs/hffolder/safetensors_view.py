@@ -1,0 +1,209 @@
+"""A virtual safetensors file: header from the GGUF header alone, data decoded per read.
+
+Layout (safetensors' format): u64 little-endian header length N, N bytes of JSON (padded with spaces to a
+multiple of 8, as the safetensors writer pads), then each tensor's bytes back to back, C order. The header
+is known without decoding anything: names, shapes and the served dtype fix every offset.
+
+A read of bytes [a, b) of one parameter decodes only the GGUF rows behind it (through the block engine and
+its cache), applies the parameter's row order and value map (weights.py) in float32 — transformers' loader
+works in float32 too — and converts to the served dtype: bfloat16 rounded to nearest-even exactly as
+``torch.Tensor.to(torch.bfloat16)`` does on CPU (NaN becomes 0xFFFF as torch writes it), float16 with
+numpy's IEEE rounding (torch's too; a NaN gets its quiet bit set, as torch sets it). A float32 parameter
+stored as F32 with no transform is served straight from the stored bytes, as a ``.npy`` is.
+"""
+
+from __future__ import annotations
+
+import bisect
+import functools
+import json
+import struct
+
+import numpy as np
+
+from ckptfs.engine.blocks import GROUP_TARGET_BYTES, TensorData
+from ckptfs.cache.tiered import cache_key
+from ckptfs.checkpoint.tensors import Checkpoint
+from ckptfs.engine.views import Ahead, HeaderBodyView
+from ckptfs.hffolder.weights import ParamSource
+
+#: --hf-dtype -> (safetensors dtype name, bytes per element)
+DTYPES = {"bfloat16": ("BF16", 2), "float16": ("F16", 2), "float32": ("F32", 4)}
+
+
+def bfloat16_bits(values: np.ndarray) -> np.ndarray:
+    """float32 -> bfloat16 bit patterns (uint16), round to nearest, ties to even; NaN -> 0xFFFF (torch CPU)."""
+    bits = np.ascontiguousarray(values, np.float32).view(np.uint32)
+    rounded = ((bits + (np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1)))) >> np.uint32(16))
+    out = rounded.astype(np.uint16)
+    nan = np.isnan(values)
+    if nan.any():
+        out[nan] = 0xFFFF
+    return out
+
+
+def convert(values: np.ndarray, dtype: str) -> np.ndarray:
+    """float32 values in the served dtype's bit layout (a contiguous array)."""
+    if dtype == "bfloat16":
+        return bfloat16_bits(values)
+    if dtype == "float16":
+        with np.errstate(over="ignore", invalid="ignore"):
+            half = values.astype(np.float16)
+        nan = np.isnan(values)
+        if nan.any():  # torch sets the quiet bit of a NaN (numpy keeps a signalling one signalling)
+            half.view(np.uint16)[nan] |= np.uint16(0x0200)
+        return half
+    return np.ascontiguousarray(values, np.float32)
+
+
+class ParamData:
+    """The served bytes of one parameter, in cached groups of rows.
+
+    A parameter served as its float32 values untouched reads through the block engine like a .npy. Any other
+    (a transform, or bfloat16/float16) is produced in *served groups* of about ``GROUP_TARGET_BYTES``: whole
+    output rows, decoded (uncached: the float32 values are needed once), transformed, converted, and cached as
+    bytes under a key naming the dtype, the parameter and transformers' version. Reads then only slice cached
+    groups, and read-ahead (``SafetensorsView.ahead``) builds the next groups in the background, as it decodes
+    a .npy's block groups.
+    """
+
+    def __init__(self, param: ParamSource, checkpoint: Checkpoint, dtype: str):
+        self.param = param
+        self.dtype = dtype
+        self.st_dtype, self.itemsize = DTYPES[dtype]
+        tensor = param.tensor
+        self.data = TensorData(tensor.info, tensor.codec, np.float32, checkpoint.sources, checkpoint.cache)
+        self._cache = checkpoint.cache
+        self.n_elements = tensor.info.n_elements
+        self.nbytes = self.n_elements * self.itemsize
+        self.rows = param.shape[0] if len(param.shape) > 1 else 1
+        self.row_elements = self.n_elements // self.rows if self.rows else 0
+        self.passthrough = (dtype == "float32" and param.row_order is None and param.value_map is None)
+        self.group_rows = max(1, GROUP_TARGET_BYTES // max(1, self.row_elements * self.itemsize))
+        self.group_bytes = self.group_rows * self.row_elements * self.itemsize
+        self._key_prefix: tuple | None = None
+
+    def rows_f32(self, r0: int, r1: int) -> np.ndarray:
+        """Output rows [r0, r1) in float32, flat, transforms applied."""
+        c = self.row_elements
+        order = self.param.row_order
+        if order is None:
+            values = self.data.read(r0 * c, r1 * c, use_cache=False)
+        else:
+            src = order[r0:r1]
+            lo, hi = int(src.min()), int(src.max()) + 1
+            values = self.data.read(lo * c, hi * c, use_cache=False).reshape(hi - lo, c)[src - lo].reshape(-1)
+        if self.param.value_map is not None:
+            values = self.param.value_map(values.reshape(r1 - r0, c) if len(self.param.shape) > 1 else values)
+            values = np.asarray(values, np.float32).reshape(-1)
+        return values
+
+    def _key(self, g: int) -> str:
+        if self._key_prefix is None:
+            from transformers import __version__ as version
+
+            info = self.data.info
+            self._key_prefix = (self.data.source.content_id(), info.offset, info.storage_type,
+                                f"hf:{version}:{self.dtype}:{self.param.name}")
+        r0 = g * self.group_rows
+        return cache_key(*self._key_prefix, r0, min(self.rows, r0 + self.group_rows))
+
+    def _served_group(self, g: int) -> np.ndarray:
+        def build() -> np.ndarray:
+            r0 = g * self.group_rows
+            return convert(self.rows_f32(r0, min(self.rows, r0 + self.group_rows)), self.dtype).view(np.uint8)
+
+        return self._cache.get_or_load(self._key(g), build)
+
+    def prefetch_group(self, g: int) -> None:
+        """Build served group ``g`` into the cache unless it is there (read-ahead)."""
+        if self._key(g) not in self._cache:
+            self._served_group(g)
+
+    def segments(self, b0: int, b1: int) -> list:
+        """Bytes [b0, b1) of the served values, as buffers to join (slices of cached groups)."""
+        b0, b1 = max(0, b0), min(b1, self.nbytes)
+        if b1 <= b0:
+            return []
+        if self.passthrough:
+            return self.data.byte_segments(b0, b1)
+        parts = []
+        for g in range(b0 // self.group_bytes, (b1 - 1) // self.group_bytes + 1):
+            base = g * self.group_bytes
+            parts.append(memoryview(self._served_group(g))[max(b0 - base, 0): b1 - base])
+        return parts
+
+    def ahead(self, d0: int, d1: int, at: int) -> tuple[list, list]:
+        """(ranges to advise, decoding jobs) for bytes [d0, d1) of this parameter, which starts at view
+        offset ``at`` (see ``ckptfs.engine.views.Ahead``)."""
+        data = self.data
+        e0, e1 = d0 // self.itemsize, min(self.n_elements, -(-d1 // self.itemsize))
+        if e1 <= e0:
+            return [], []
+        advise = [(data.info.source, *data.stored_range(e0, e1))]
+        if self.passthrough:
+            if data.direct:
+                return advise, []
+            group = data.group_blocks * data.info.block_elements
+            return advise, [(at + min(self.nbytes, (g + 1) * group * 4), group * 4,
+                             functools.partial(data.prefetch_group, g))
+                            for g in range(data.group_of_element(e0), data.group_of_element(e1 - 1) + 1)]
+        return advise, [(at + min(self.nbytes, (g + 1) * self.group_bytes), self.group_bytes,
+                         functools.partial(self.prefetch_group, g))
+                        for g in range(d0 // self.group_bytes, (d1 - 1) // self.group_bytes + 1)]
+
+
+def build_header(params: list[ParamData], metadata: dict[str, str] | None = None) -> bytes:
+    """The length prefix and JSON header; data offsets follow ``params`` in order."""
+    header: dict = {"__metadata__": dict(metadata or {"format": "pt"})}
+    offset = 0
+    for p in params:
+        header[p.param.name] = {"dtype": p.st_dtype, "shape": list(p.param.shape),
+                                "data_offsets": [offset, offset + p.nbytes]}
+        offset += p.nbytes
+    text = json.dumps(header, separators=(",", ":")).encode("utf-8")
+    text += b" " * (-len(text) % 8)
+    return struct.pack("<Q", len(text)) + text
+
+
+class SafetensorsView(HeaderBodyView):
+    """model.safetensors of the hf/ folder."""
+
+    reads_ahead = True
+
+    def __init__(self, params: list[ParamSource], checkpoint: Checkpoint, dtype: str):
+        if dtype not in DTYPES:
+            raise ValueError(f"hf dtype must be one of {', '.join(DTYPES)}, not {dtype!r}")
+        self.params = [ParamData(p, checkpoint, dtype) for p in params]
+        self.header = build_header(self.params)
+        self.starts = []  # where each parameter's bytes start in the body (after the header)
+        pos = 0
+        for p in self.params:
+            self.starts.append(pos)
+            pos += p.nbytes
+        self.size = len(self.header) + pos
+
+    def _covering(self, d0: int, d1: int):
+        """(body offset, ParamData) of the parameters overlapping body bytes [d0, d1)."""
+        i = max(0, bisect.bisect_right(self.starts, d0) - 1)
+        while i < len(self.params) and self.starts[i] < d1:
+            yield self.starts[i], self.params[i]
+            i += 1
+
+    def body_segments(self, d0: int, d1: int) -> list:
+        parts: list = []
+        for start, p in self._covering(d0, d1):
+            parts += p.segments(max(d0, start) - start, min(d1, start + p.nbytes) - start)
+        return parts
+
+
+    def ahead(self, start: int, stop: int) -> Ahead:
+        """The stored blocks behind bytes [start, stop), and the groups that serve them as decoding jobs."""
+        hlen = len(self.header)
+        advise, jobs = [], []
+        for pstart, p in self._covering(max(0, start - hlen), max(0, stop - hlen)):
+            more_advise, more_jobs = p.ahead(max(0, start - hlen - pstart), min(p.nbytes, stop - hlen - pstart),
+                                             hlen + pstart)
+            advise += more_advise
+            jobs += more_jobs
+        return Ahead(tuple(advise), tuple(jobs))

@@ -1,0 +1,419 @@
+"""``http://`` and ``https://`` sources: range GETs over pooled keep-alive connections (urllib3).
+
+Opening sends one GET for the first ``REMOTE_INITIAL_READ`` bytes (``Range: bytes=0-...``), not a HEAD: the
+answer fixes size (``Content-Range``) and identity (``ETag``, else ``Last-Modified``), and its bytes are the
+start of the header the reader is about to parse, so a checkpoint's first request is never wasted. (A
+presigned S3 URL is signed for GET only; a HEAD would be refused.) Opens are memoized per options object
+(one ``ckptfs.open`` or mount), because header detection, the header reader and the pool each open the file.
+
+Every later answer is checked against the identity fixed at open (``Content-Range`` total and the
+validator); another identity fails that read (``changed since it was opened``), never mixes bytes. A server
+that answers a Range request with the whole body (200) is refused with one line, unless the whole body is
+exactly the range asked for.
+
+Redirects are followed by hand (at most ``MAX_REDIRECTS``; a URL seen twice is a loop): credentials
+(``Authorization``) are sent only to the origin they were given for and dropped for good once a redirect
+leaves it. The final location of a redirected URL (the Hub's CDN) is remembered, so later range reads go
+straight there; a 4xx from a remembered location resolves the original URL again.
+
+Timeouts: connecting and every wait for body bytes are bounded by ``--stall-timeout`` (a stalled attempt is
+abandoned and retried), and the whole read by ``--timeout`` (see ``remote``).
+"""
+
+from __future__ import annotations
+
+import email.utils
+import os
+import re
+import socket
+import threading
+import time
+from dataclasses import dataclass
+from urllib.parse import urljoin, urlsplit
+
+import urllib3
+
+from ckptfs.core.errors import CheckpointError
+from ckptfs.sources.registry import register_scheme
+from ckptfs.sources.netstats import COUNTERS
+from ckptfs.sources.remote.transport import Changed, RemoteOptions, RemoteSource, Retryable, read_deadline
+
+MAX_REDIRECTS = 10
+PROBE_MEMO_SECONDS = 60.0
+_REDIRECTS = (301, 302, 303, 307, 308)
+_CONTENT_RANGE = re.compile(r"^\s*bytes\s+(\d+)-(\d+)/(\d+|\*)\s*$", re.IGNORECASE)
+_UNSATISFIED_RANGE = re.compile(r"^\s*bytes\s+\*/(\d+)\s*$", re.IGNORECASE)
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+
+_pool: urllib3.PoolManager | None = None
+_pool_lock = threading.Lock()
+
+
+def connection_pool() -> urllib3.PoolManager:
+    """One pool manager per process: keep-alive connections reused by every HTTP source."""
+    global _pool
+    with _pool_lock:
+        if _pool is None:
+            _pool = urllib3.PoolManager(num_pools=64, maxsize=16, block=False, retries=False)
+        return _pool
+
+
+def _forget_pool_in_child() -> None:
+    # The parent's keep-alive sockets must not be shared with a forked child: each process talks on its own.
+    global _pool, _pool_lock
+    _pool, _pool_lock = None, threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_pool_in_child)
+
+
+@dataclass(frozen=True)
+class Credentials:
+    """Headers that authenticate, and how to name them in messages (never their value)."""
+
+    headers: tuple[tuple[str, str], ...] = ()
+    description: str = "no credentials"
+
+
+NO_CREDENTIALS = Credentials()
+
+
+def _origin(url: str) -> tuple[str, str, int | None]:
+    parts = urlsplit(url)
+    return parts.scheme.lower(), (parts.hostname or "").lower(), parts.port
+
+
+def _retry_after(value: str | None) -> float | None:
+    """Seconds from a Retry-After header (delta-seconds or an HTTP date), None if absent or unreadable."""
+    if not value:
+        return None
+    value = value.strip()
+    if value.isdigit():
+        return float(value)
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    return max(0.0, when.timestamp() - time.time())
+
+
+def _discard(resp) -> None:
+    """Abandon a response without reading its body: close its connection (it cannot be reused)."""
+    try:
+        resp.close()
+    finally:
+        resp.release_conn()
+
+
+def _finish_small(resp) -> None:
+    """Drop a short error/redirect body and keep the connection when that is cheap, else close it."""
+    length = resp.headers.get("content-length")
+    if length is not None and length.isdigit() and int(length) <= 65536:
+        try:
+            resp.drain_conn()
+            resp.release_conn()
+            return
+        except Exception:  # noqa: BLE001 - fall back to closing
+            pass
+    _discard(resp)
+
+
+@dataclass
+class Answer:
+    """A response whose body is still unread, with the URL that gave it and the redirects on the way."""
+
+    resp: object
+    url: str
+    hops: list  # the redirect responses' headers, first hop first
+
+
+class HttpClient:
+    """Sends one request with redirects followed by hand (see the module docstring)."""
+
+    def __init__(self, scheme: str, credentials: Credentials, options: RemoteOptions):
+        self.scheme = scheme
+        self.credentials = credentials
+        self.options = options
+
+    def send(self, method: str, url: str, headers: dict, deadline: float, auth_origin: str) -> Answer:
+        seen = {url}
+        hops = []
+        send_auth = _origin(url) == _origin(auth_origin)
+        for _ in range(MAX_REDIRECTS + 1):
+            resp = self._one(method, url, headers, deadline, send_auth)
+            location = resp.headers.get("location")
+            if resp.status not in _REDIRECTS or not location:
+                return Answer(resp, url, hops)
+            hops.append(resp.headers)
+            _finish_small(resp)
+            COUNTERS.request(self.scheme, "ok")
+            target = urljoin(url, location)
+            if _origin(target) != _origin(url):
+                send_auth = False  # never again: credentials do not follow a redirect to another host
+            if target in seen:
+                raise CheckpointError(url, None, f"redirect loop (HTTP {resp.status} back to {_short(target)})")
+            seen.add(target)
+            url = target
+        raise CheckpointError(url, None, f"too many redirects (more than {MAX_REDIRECTS})")
+
+    def _one(self, method: str, url: str, headers: dict, deadline: float, send_auth: bool):
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise Retryable("read deadline reached", timeout=True)
+        wait = min(self.options.stall_timeout, remaining)
+        all_headers = {"Accept-Encoding": "identity", "User-Agent": "ckptfs", **headers}
+        if send_auth:
+            all_headers.update(self.credentials.headers)
+        try:
+            return connection_pool().request(method, url, headers=all_headers, preload_content=False,
+                                             decode_content=False, redirect=False, retries=False,
+                                             timeout=urllib3.Timeout(connect=wait, read=wait))
+        except urllib3.exceptions.NewConnectionError as exc:  # a subclass of the timeout error, but refused
+            raise Retryable(f"connection failed: {_reason(exc)}") from None
+        except (urllib3.exceptions.TimeoutError, socket.timeout):
+            raise Retryable(f"no answer within {wait:g} s (--stall-timeout)", timeout=True) from None
+        except (urllib3.exceptions.HTTPError, OSError) as exc:
+            raise Retryable(f"connection failed: {_reason(exc)}") from None
+
+
+def _reason(exc: BaseException) -> str:
+    """The innermost useful words of a urllib3 error (they nest the URL and the pool repeatedly)."""
+    inner = getattr(exc, "reason", None) or exc
+    text = str(inner)
+    text = re.sub(r"<urllib3[^>]*>:?\s*", "", text)
+    return text.splitlines()[0][:200] if text else type(inner).__name__
+
+
+def _short(url: str) -> str:
+    parts = urlsplit(url)
+    return f"{parts.scheme}://{parts.netloc}{parts.path}"  # no query: a presigned URL's signature stays out
+
+
+def status_error(name: str, offset: int | None, status: int, reason: str, credentials: Credentials,
+                 headers, scheme: str = "http") -> Exception:
+    """The exception for a non-success status: Retryable for 5xx and 429, else a one-line CheckpointError
+    (counted here: the retry loop counts only what it retries)."""
+    if status == 429 or status >= 500:
+        return Retryable(f"HTTP {status} {reason}".rstrip(), retry_after=_retry_after(headers.get("retry-after")))
+    COUNTERS.request(scheme, "error")
+    if status in (404, 410):
+        return CheckpointError(name, offset, f"not found (HTTP {status})")
+    if status in (401, 403):
+        return CheckpointError(name, offset, f"access denied (HTTP {status}; sent {credentials.description})")
+    return CheckpointError(name, offset, f"HTTP {status} {reason}".rstrip())
+
+
+@dataclass
+class Probe:
+    """What opening learned: size, validator, the URL that serves the bytes, and the first bytes."""
+
+    size: int
+    validator: str | None
+    location: str
+    sha256: str | None
+    head: bytes
+    at: float
+    mtime_ns: int = 0  # from Last-Modified: the mount's file times
+
+
+class HttpSource(RemoteSource):
+    """One object behind an http(s) URL (see the module docstring)."""
+
+    scheme = "http"
+
+    def __init__(self, url: str, credentials: Credentials = NO_CREDENTIALS, options: RemoteOptions | None = None,
+                 name: str | None = None, scheme: str | None = None):
+        super().__init__(name or url, options)
+        self.url = url
+        self.scheme = scheme or urlsplit(url).scheme.lower() or "http"  # the counters' label
+        self.credentials = credentials
+        self._client = HttpClient(self.scheme, credentials, self.options)
+        probe = self._probe()
+        self._location = probe.location
+        self._set_identity(probe.size, probe.validator, url, probe.sha256)
+        self._sha256 = probe.sha256
+        self.mtime_ns = probe.mtime_ns
+        self._keep_prefix(probe.head)
+
+    # -- opening ---------------------------------------------------------------------------------------
+    def _probe(self) -> Probe:
+        memo = self.options.probes
+        key = ("http", self.url, self.credentials)
+        found = memo.get(key)
+        if found is not None and time.monotonic() - found.at < PROBE_MEMO_SECONDS:
+            return found
+        deadline = read_deadline(self.options.timeout)
+        probe = self.retrying(lambda: self._probe_once(deadline), deadline, None, "cannot open: ")
+        memo[key] = probe
+        return probe
+
+    def _probe_once(self, deadline: float) -> Probe:
+        # With a --cache-dir the header's bytes may be there already: ask for one byte, only to learn the size
+        # and identity (a remount then sends no request for bytes it fetched before).
+        first = 1 if self.options.cache_dir else self.initial_read
+        answer = self._client.send("GET", self.url, {"Range": f"bytes=0-{first - 1}"}, deadline, self.url)
+        resp, headers = answer.resp, answer.resp.headers
+        linked = _linked_sha256(answer.hops) or _linked_sha256([headers])
+        if resp.status == 416:
+            match = _UNSATISFIED_RANGE.match(headers.get("content-range", ""))
+            _finish_small(resp)
+            if match and int(match[1]) == 0:
+                COUNTERS.request(self.scheme, "ok")
+                return Probe(0, _validator(headers), answer.url, linked, b"", time.monotonic(), _mtime_ns(headers))
+            raise CheckpointError(self.name, 0, "the server refused the first byte range (HTTP 416)")
+        if resp.status == 206:
+            start, end, total = _content_range(headers, self.name)
+            if start != 0 or total is None:
+                _discard(resp)
+                raise CheckpointError(self.name, 0, f"unusable Content-Range {headers.get('content-range')!r}")
+            head = self._read_body(resp, end + 1 - start, deadline)
+        elif resp.status == 200:
+            length = headers.get("content-length")
+            if length is None or not length.isdigit() or int(length) > first:
+                _discard(resp)
+                raise CheckpointError(self.name, None, "the server does not support Range requests (it answered "
+                                                       "200 with the whole file to a Range request)")
+            total = int(length)  # a file smaller than the first read: the whole body is the range
+            head = self._read_body(resp, total, deadline)
+        else:
+            error = status_error(self.name, None, resp.status, resp.reason or "", self.credentials, headers,
+                                 self.scheme)
+            _finish_small(resp)
+            raise error
+        COUNTERS.request(self.scheme, "ok", len(head))
+        return Probe(total, _validator(headers), answer.url, linked, head, time.monotonic(), _mtime_ns(headers))
+
+    # -- reading ---------------------------------------------------------------------------------------
+    def _attempt(self, start: int, end: int, deadline: float) -> bytes:
+        url = self._location
+        try:
+            return self._range_get(url, start, end, deadline)
+        except Retryable:
+            self._location = self.url  # a remembered CDN host that fails: the retry resolves the URL again
+            raise
+        except CheckpointError:
+            if url == self.url:
+                raise
+        # a remembered redirect target refused (an expired signed CDN URL): resolve the original URL again
+        self._location = self.url
+        return self._range_get(self.url, start, end, deadline)
+
+    def _range_get(self, url: str, start: int, end: int, deadline: float) -> bytes:
+        answer = self._client.send("GET", url, {"Range": f"bytes={start}-{end - 1}"}, deadline, self.url)
+        resp, headers = answer.resp, answer.resp.headers
+        if resp.status == 206:
+            got = _content_range(headers, self.name)
+            if got[2] is not None and got[2] != self.size:
+                _discard(resp)
+                raise Changed(f"its size is now {got[2]} bytes, was {self.size}")
+            self._check_validator(resp, headers, answer)
+            if got[0] != start or got[1] != end - 1:
+                _discard(resp)
+                raise CheckpointError(self.name, start, f"asked for bytes {start}-{end - 1}, the server sent "
+                                                        f"{got[0]}-{got[1]}")
+        elif resp.status == 200:
+            length = headers.get("content-length")
+            whole = length is not None and length.isdigit() and int(length) == self.size
+            if not (whole and start == 0 and end == self.size):
+                _discard(resp)
+                if whole or length is None:
+                    raise CheckpointError(self.name, start, "the server does not support Range requests "
+                                                            "(it answered 200 with the whole file)")
+                raise Changed(f"the server answered 200 with {length} bytes, the file had {self.size}")
+            self._check_validator(resp, headers, answer)
+        elif resp.status == 416:
+            _finish_small(resp)
+            raise Changed("the byte range is no longer satisfiable (HTTP 416)")
+        else:
+            error = status_error(self.name, start, resp.status, resp.reason or "", self.credentials, headers,
+                                 self.scheme)
+            _finish_small(resp)
+            raise error
+        if answer.url != url:
+            self._location = answer.url
+        return self._read_body(resp, end - start, deadline)
+
+    def _check_validator(self, resp, headers, answer: Answer) -> None:
+        now = _validator(headers)
+        if self.validator is None or now is None or now == self.validator:
+            return
+        if self._sha256 is not None and _linked_sha256(answer.hops) == self._sha256:
+            # Resolved again through the Hub, which vouches for the same content (its LFS sha256): another
+            # CDN's ETag for the same bytes. Later reads compare with this one.
+            self.validator = now
+            return
+        _discard(resp)
+        raise Changed(f"validator {now} differs from {self.validator}")
+
+    def _read_body(self, resp, expected: int, deadline: float) -> bytes:
+        """Exactly ``expected`` body bytes; each wait bounded by the stall timeout, the whole by ``deadline``."""
+        parts: list[bytes] = []
+        got = 0
+        sock = getattr(getattr(resp, "connection", None), "sock", None)
+        try:
+            while got < expected:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise Retryable(f"read deadline reached after {got} of {expected} bytes", timeout=True)
+                if sock is not None:
+                    sock.settimeout(min(self.options.stall_timeout, remaining))
+                try:
+                    chunk = resp.read1(min(1 << 20, expected - got), decode_content=False)
+                except (urllib3.exceptions.TimeoutError, socket.timeout):
+                    raise Retryable(f"the body stalled (no data for {self.options.stall_timeout:g} s)",
+                                    timeout=True) from None
+                except (urllib3.exceptions.HTTPError, OSError) as exc:
+                    raise Retryable(f"connection broken after {got} of {expected} bytes: "
+                                    f"{_reason(exc)}") from None
+                if not chunk:
+                    raise Retryable(f"short body: {got} of {expected} bytes")
+                parts.append(chunk)
+                got += len(chunk)
+        except BaseException:
+            _discard(resp)
+            raise
+        if got > expected:
+            _discard(resp)
+            raise Retryable(f"long body: more than {expected} bytes")
+        resp.release_conn()
+        return parts[0] if len(parts) == 1 else b"".join(parts)
+
+
+def _mtime_ns(headers) -> int:
+    try:
+        return int(email.utils.parsedate_to_datetime(headers.get("last-modified", "")).timestamp() * 1e9)
+    except (TypeError, ValueError):
+        return 0
+
+
+def _validator(headers) -> str | None:
+    return headers.get("etag") or headers.get("last-modified")
+
+
+def _linked_sha256(hop_headers) -> str | None:
+    """The Hub's LFS oid (``X-Linked-Etag``: the file's sha256) when a response carries one."""
+    for headers in hop_headers:
+        value = (headers.get("x-linked-etag") or "").strip().strip('"')
+        if value.startswith("W/"):
+            value = value[2:].strip('"')
+        if _SHA256.match(value.lower()):
+            return value.lower()
+    return None
+
+
+def _content_range(headers, name: str) -> tuple[int, int, int | None]:
+    match = _CONTENT_RANGE.match(headers.get("content-range", ""))
+    if not match:
+        raise CheckpointError(name, None, f"partial answer without a usable Content-Range "
+                                          f"({headers.get('content-range')!r})")
+    total = None if match[3] == "*" else int(match[3])
+    return int(match[1]), int(match[2]), total
+
+
+def open_http(src: str) -> HttpSource:
+    return HttpSource(src)
+
+
+register_scheme("http", open_http)
+register_scheme("https", open_http)

@@ -1,0 +1,261 @@
+"""``s3://BUCKET/KEY`` sources and ``s3://BUCKET/PREFIX/`` model folders (boto3, an optional extra).
+
+Endpoint, region and credentials come from the standard AWS environment (``AWS_ENDPOINT_URL``,
+``AWS_ENDPOINT_URL_S3``, ``AWS_DEFAULT_REGION``, ``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY``, profiles,
+instance roles: whatever boto3 finds); with no credentials at all, requests go unsigned (public buckets).
+An S3-compatible endpoint given by address (an IP or ``localhost``: MinIO, Ceph, moto) gets path-style
+requests, since virtual-host names cannot resolve there.
+
+Reads are ranged ``GetObject`` calls with ``If-Match`` on the ETag fixed at open, so the server itself
+refuses bytes of another version (HTTP 412 -> "changed since it was opened"). botocore's own retries are
+off: ``remote.RemoteSource`` retries (counted, with the read's deadline), and each socket wait is bounded
+by ``--stall-timeout``. A folder is listed with ``ListObjectsV2`` (one level, hidden names skipped).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import threading
+import time
+from urllib.parse import urlsplit
+
+import boto3
+import botocore.exceptions
+from botocore import UNSIGNED
+from botocore.config import Config
+
+from ckptfs.core.errors import CheckpointError
+from ckptfs.sources.registry import register_scheme
+from ckptfs.sources.base import Folder
+from ckptfs.sources.netstats import COUNTERS
+from ckptfs.sources.remote.transport import Changed, RemoteOptions, RemoteSource, Retryable, read_deadline
+
+_FILE_SUFFIXES = (".gguf", ".safetensors", ".json")
+_RETRY_CODES = {"SlowDown", "ServiceUnavailable", "InternalError", "RequestTimeout", "ThrottlingException",
+                "TooManyRequests", "RequestTimeTooSkewed"}
+_DENIED_CODES = {"AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "AllAccessDisabled",
+                 "ExpiredToken", "InvalidToken", "Forbidden", "403", "401"}
+_clients: dict[tuple, tuple] = {}
+_clients_lock = threading.Lock()
+
+
+def _forget_clients_in_child() -> None:
+    global _clients_lock
+    _clients.clear()
+    _clients_lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_clients_in_child)
+
+
+def split_url(url: str) -> tuple[str, str]:
+    parts = urlsplit(url)
+    if parts.scheme.lower() != "s3" or not parts.netloc:
+        raise CheckpointError(url, None, "not an s3://BUCKET/KEY URL")
+    return parts.netloc, parts.path.lstrip("/")
+
+
+def _endpoint() -> str | None:
+    return os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL") or None
+
+
+def _by_address(endpoint: str | None) -> bool:
+    host = urlsplit(endpoint).hostname if endpoint else None
+    if not host:
+        return False
+    if host == "localhost":
+        return True
+    try:
+        ipaddress.ip_address(host)
+        return True
+    except ValueError:
+        return False
+
+
+def client_for(stall_timeout: float):
+    """A boto3 S3 client for the current AWS environment and how its credentials are described."""
+    endpoint = _endpoint()
+    session = boto3.session.Session()
+    credentials = session.get_credentials()
+    key_id = credentials.access_key if credentials is not None else None
+    cache_key = (endpoint, session.region_name, key_id, getattr(credentials, "method", None), stall_timeout)
+    with _clients_lock:
+        found = _clients.get(cache_key)
+        if found is not None:
+            return found
+        settings = {"retries": {"total_max_attempts": 1}, "connect_timeout": stall_timeout,
+                    "read_timeout": stall_timeout, "max_pool_connections": 16}
+        if _by_address(endpoint):
+            settings["s3"] = {"addressing_style": "path"}
+        if credentials is None:
+            settings["signature_version"] = UNSIGNED
+            described = "no credentials (unsigned requests)"
+        else:
+            shown = f"{key_id[:4]}…" if key_id else "?"
+            described = f"AWS credentials from {credentials.method} (access key {shown})"
+        client = session.client("s3", endpoint_url=endpoint, config=Config(**settings))
+        _clients[cache_key] = (client, described)
+        return client, described
+
+
+def _error(exc: botocore.exceptions.ClientError) -> tuple[str, int]:
+    error = exc.response.get("Error", {})
+    status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
+    return str(error.get("Code", status)), int(status or 0)
+
+
+class S3Source(RemoteSource):
+    """One S3 object, read with ranged GetObject (see the module docstring)."""
+
+    scheme = "s3"
+
+    def __init__(self, url: str, options: RemoteOptions | None = None):
+        super().__init__(url, options)
+        self.bucket, self.key = split_url(url)
+        if not self.key:
+            raise CheckpointError(url, None, "names a bucket, not an object (a folder is s3://BUCKET/PREFIX/)")
+        self._client, self.credentials = client_for(self.options.stall_timeout)
+        deadline = read_deadline(self.options.timeout)
+        size, etag, head = self.retrying(lambda: self._probe(deadline), deadline, None, "cannot open: ")
+        self._set_identity(size, etag, url)
+        self._keep_prefix(head)
+
+    def _call(self, what: str, offset: int | None, **kwargs):
+        """One GetObject/HeadObject; failures mapped to Retryable / Changed / one-line CheckpointError."""
+        try:
+            return getattr(self._client, what)(Bucket=self.bucket, Key=self.key, **kwargs)
+        except botocore.exceptions.ClientError as exc:
+            code, status = _error(exc)
+            if code in ("PreconditionFailed", "412"):
+                raise Changed("the object's ETag is not the one it had at open") from None
+            if code in _RETRY_CODES or status == 429 or status >= 500:
+                raise Retryable(f"S3 {code} (HTTP {status})") from None
+            COUNTERS.request(self.scheme, "error")
+            if code in ("NoSuchKey", "NoSuchBucket", "404", "NotFound"):
+                raise CheckpointError(self.name, offset, f"not found (S3 {code})") from None
+            if code in _DENIED_CODES or status in (401, 403):
+                raise CheckpointError(self.name, offset, f"access denied (S3 {code}; sent {self.credentials})") from None
+            if code in ("InvalidRange", "416"):
+                raise Changed("the byte range is no longer satisfiable") from None
+            raise CheckpointError(self.name, offset, f"S3 {code} (HTTP {status})") from None
+        except (botocore.exceptions.ReadTimeoutError, botocore.exceptions.ConnectTimeoutError):
+            raise Retryable(f"no answer within {self.options.stall_timeout:g} s (--stall-timeout)",
+                            timeout=True) from None
+        except botocore.exceptions.NoCredentialsError:
+            raise CheckpointError(self.name, offset, "no AWS credentials found") from None
+        except (botocore.exceptions.EndpointConnectionError, botocore.exceptions.ConnectionError,
+                botocore.exceptions.HTTPClientError) as exc:
+            raise Retryable(f"connection failed: {exc}") from None
+
+    def _probe(self, deadline: float) -> tuple[int, str | None, bytes]:
+        first = 1 if self.options.cache_dir else self.initial_read
+        try:
+            resp = self._call("get_object", None, Range=f"bytes=0-{first - 1}")
+        except Changed:  # InvalidRange on the first byte: an empty object
+            head = self._call("head_object", None)
+            COUNTERS.request(self.scheme, "ok")
+            return int(head["ContentLength"]), head.get("ETag"), b""
+        total = _total(resp.get("ContentRange"), resp.get("ContentLength"))
+        data = self._read_body(resp["Body"], int(resp["ContentLength"]), deadline)
+        COUNTERS.request(self.scheme, "ok", len(data))
+        return total, resp.get("ETag"), data
+
+    def _attempt(self, start: int, end: int, deadline: float) -> bytes:
+        extra = {"IfMatch": self.validator} if self.validator else {}
+        resp = self._call("get_object", start, Range=f"bytes={start}-{end - 1}", **extra)
+        total = _total(resp.get("ContentRange"), None)
+        if total is not None and total != self.size:
+            resp["Body"].close()
+            raise Changed(f"its size is now {total} bytes, was {self.size}")
+        return self._read_body(resp["Body"], end - start, deadline)
+
+    def _read_body(self, body, expected: int, deadline: float) -> bytes:
+        buf = bytearray()
+        try:
+            while len(buf) < expected:
+                if time.monotonic() >= deadline:
+                    raise Retryable("read deadline reached", timeout=True)
+                chunk = body.read(min(64 * 1024, expected - len(buf)))
+                if not chunk:
+                    raise Retryable(f"short body: {len(buf)} of {expected} bytes")
+                buf += chunk
+        except (botocore.exceptions.ReadTimeoutError, TimeoutError):
+            body.close()
+            raise Retryable(f"the body stalled (no data for {self.options.stall_timeout:g} s)", timeout=True) from None
+        except (botocore.exceptions.BotoCoreError, OSError) as exc:
+            body.close()
+            raise Retryable(f"connection broken after {len(buf)} of {expected} bytes: {exc}") from None
+        except Retryable:
+            body.close()
+            raise
+        return bytes(buf)
+
+
+def _total(content_range: str | None, length) -> int:
+    if content_range and "/" in content_range:
+        tail = content_range.rsplit("/", 1)[1].strip()
+        if tail.isdigit():
+            return int(tail)
+    if length is not None:
+        return int(length)
+    return None
+
+
+class S3Folder(Folder):
+    """``s3://BUCKET/PREFIX/``: the objects directly under the prefix."""
+
+    def __init__(self, url: str, bucket: str, prefix: str, options: RemoteOptions | None = None):
+        self.name = url
+        self.bucket = bucket
+        self.prefix = prefix
+        stall = (options.stall_timeout if options is not None else None) or 10.0
+        self._client, self.credentials = client_for(stall)
+
+    def list(self) -> dict[str, int]:
+        files: dict[str, int] = {}
+        try:
+            for page in self._client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=self.prefix,
+                                                                                Delimiter="/"):
+                COUNTERS.request("s3", "ok")
+                for item in page.get("Contents", []):
+                    name = item["Key"][len(self.prefix):]
+                    if name and not name.startswith(".") and "/" not in name:
+                        files[name] = int(item["Size"])
+        except botocore.exceptions.ClientError as exc:
+            code, status = _error(exc)
+            COUNTERS.request("s3", "error")
+            if code in _DENIED_CODES or status in (401, 403):
+                raise CheckpointError(self.name, None, f"cannot list: access denied (S3 {code}; sent "
+                                                       f"{self.credentials})") from None
+            raise CheckpointError(self.name, None, f"cannot list: S3 {code} (HTTP {status})") from None
+        except botocore.exceptions.BotoCoreError as exc:
+            COUNTERS.request("s3", "error")
+            raise CheckpointError(self.name, None, f"cannot list: {exc}") from None
+        return files
+
+    def join(self, name: str) -> str:
+        return f"s3://{self.bucket}/{self.prefix}{name}"
+
+
+def open_s3(src: str) -> S3Source:
+    from ckptfs.sources.remote.transport import current_options
+
+    return S3Source(src, current_options())
+
+
+def open_s3_folder(src: str) -> S3Folder | None:
+    """A folder for ``s3://BUCKET/PREFIX/`` (or a bucket); a key with a checkpoint suffix names a file."""
+    from ckptfs.sources.remote.transport import current_options
+
+    bucket, key = split_url(src)
+    if key.lower().endswith(_FILE_SUFFIXES):
+        return None
+    if key and not key.endswith("/"):
+        folder = S3Folder(src.rstrip("/") + "/", bucket, key + "/", current_options())
+        return folder if folder.list() else None  # a key without a suffix: a folder only if it holds files
+    return S3Folder(src if src.endswith("/") else src + "/", bucket, key, current_options())
+
+
+register_scheme("s3", open_s3, open_s3_folder)

@@ -1,0 +1,384 @@
+"""What every remote byte source shares: options, deadlines, retries, chunked caching and single-flight fetches.
+
+A scheme module (``http``, ``s3``) subclasses :class:`RemoteSource` and supplies two things: opening (size
+and validator fixed at open, see ``_set_identity``) and one ranged fetch attempt (``_attempt``). This
+module turns those into the ByteSource contract:
+
+- ``pread`` maps a byte range to aligned cache chunks (``bytecache.CHUNK``); chunks found in memory or in
+  the ``--cache-dir`` store cost nothing, the missing ones are fetched as contiguous runs, one request per
+  run. Concurrent readers of a chunk wait for one fetch (single-flight), so the kernel's parallel readahead
+  requests and the read-ahead worker never fetch the same bytes twice.
+- Every read has a deadline (``--timeout``, the whole read; a mirror wrapper narrows it with
+  :func:`deadline_scope` so one deadline covers the primary and the mirrors). Failed attempts that may
+  succeed later (connection errors, stalls, 5xx, 429, short bodies) are retried with exponential backoff and
+  full jitter, honouring a server's ``Retry-After``; never past the deadline, and at most ``max_retries``
+  times so a mirror still gets its turn. Everything else (404, 403, another identity) ends the read at once.
+- Options (timeouts, cache directory) are taken from the context at open (:func:`using`), so
+  ``ckptfs.open(src, timeout=...)`` reaches the sources that header readers and the pool open for it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import logging
+import random
+import threading
+import time
+from dataclasses import dataclass, field
+
+from ckptfs.core.errors import CheckpointError
+from ckptfs.sources.base import ByteSource
+from ckptfs.cache.chunks import CHUNK, ChunkCache, chunk_key, disk_store
+from ckptfs.sources.netstats import COUNTERS
+from ckptfs.sources.remote.readahead import ReadAhead, quiet
+
+log = logging.getLogger(__name__)
+
+DEFAULT_TIMEOUT = 30.0
+DEFAULT_STALL_TIMEOUT = 10.0
+DEFAULT_CACHE_DIR_SIZE = 10 << 30
+#: First header read of a remote file. Header readers grow it geometrically (x2), so a header of H bytes
+#: costs at most log2(H / 2 MiB) + 1 requests and fetches at most max(2 MiB, 2 H): a 6.2 MiB vocabulary
+#: header is 3 requests, an 8.4 MiB one 4.
+REMOTE_INITIAL_READ = 2 * 1024 * 1024
+#: One request fetches at most this much; a longer run of missing chunks is several requests.
+MAX_REQUEST_BYTES = 16 * 1024 * 1024
+BACKOFF_BASE = 0.1
+BACKOFF_CAP = 2.0
+
+
+@dataclass
+class RemoteOptions:
+    """How remote sources behave; one object per ``ckptfs.open``/mount (``probes`` memoizes opens in it)."""
+
+    timeout: float = DEFAULT_TIMEOUT
+    stall_timeout: float = DEFAULT_STALL_TIMEOUT
+    cache_dir: str | None = None
+    cache_dir_size: int = DEFAULT_CACHE_DIR_SIZE
+    max_retries: int = 4
+    probes: dict = field(default_factory=dict, repr=False, compare=False)
+
+    def chunk_cache(self) -> ChunkCache:
+        return ChunkCache(disk_store(self.cache_dir, self.cache_dir_size))
+
+
+_options: contextvars.ContextVar[RemoteOptions | None] = contextvars.ContextVar("ckptfs_remote_options",
+                                                                                default=None)
+_default_options = RemoteOptions()
+_deadline: contextvars.ContextVar[float | None] = contextvars.ContextVar("ckptfs_read_deadline", default=None)
+
+
+def current_options() -> RemoteOptions:
+    return _options.get() or _default_options
+
+
+@contextlib.contextmanager
+def using(options: RemoteOptions | None):
+    """Sources opened inside take ``options`` (None: the defaults); reads inside fetch no read-ahead (this
+    wraps opening a checkpoint, see ``readahead.quiet``)."""
+    token = _options.set(options)
+    try:
+        with quiet():
+            yield
+    finally:
+        _options.reset(token)
+
+
+@contextlib.contextmanager
+def deadline_scope(timeout: float):
+    """Every remote read inside ends by ``timeout`` seconds from now (or an enclosing scope's end)."""
+    end = time.monotonic() + timeout
+    outer = _deadline.get()
+    token = _deadline.set(end if outer is None else min(outer, end))
+    try:
+        yield
+    finally:
+        _deadline.reset(token)
+
+
+_fallback: contextvars.ContextVar[bool] = contextvars.ContextVar("ckptfs_read_fallback", default=False)
+
+
+@contextlib.contextmanager
+def fallback_scope(has_fallback: bool = True):
+    """Reads inside have another copy to turn to (a mirror): a stalled attempt gives up at once and other
+    failures are retried once, so the deadline is left for the next copy."""
+    token = _fallback.set(has_fallback)
+    try:
+        yield
+    finally:
+        _fallback.reset(token)
+
+
+def read_deadline(timeout: float) -> float:
+    end = time.monotonic() + timeout
+    outer = _deadline.get()
+    return end if outer is None else min(outer, end)
+
+
+def check_range(source: ByteSource, offset: int, size: int) -> bool:
+    """False for an empty read; CheckpointError for bytes outside the source as opened."""
+    if size <= 0:
+        return False
+    if offset < 0 or offset + size > source.size:
+        raise CheckpointError(source.name, max(offset, source.size), f"bytes {offset}..{offset + size} lie past "
+                                                                     f"the end of the file ({source.size} bytes)")
+    return True
+
+
+class Retryable(Exception):
+    """One attempt failed in a way another attempt may not (``retry_after``: the server's wish, seconds)."""
+
+    def __init__(self, message: str, retry_after: float | None = None, timeout: bool = False):
+        super().__init__(message)
+        self.retry_after = retry_after
+        self.timeout = timeout
+
+
+class Changed(Exception):
+    """The medium answered with another identity than the one fixed at open."""
+
+
+def backoff_delay(attempt: int) -> float:
+    """Exponential backoff with full jitter (attempt 1, 2, ...)."""
+    return random.uniform(0.5, 1.0) * min(BACKOFF_CAP, BACKOFF_BASE * (2 ** (attempt - 1)))
+
+
+class _Flight:
+    """A chunk being fetched: readers of the same chunk wait on it."""
+
+    __slots__ = ("done", "data", "error")
+
+    def __init__(self) -> None:
+        self.done = threading.Event()
+        self.data: bytes | None = None
+        self.error: BaseException | None = None
+
+
+class RemoteSource(ByteSource):
+    """Base of the remote sources (see the module docstring). Subclasses call ``_set_identity`` while
+    opening and implement ``_attempt(start, end, deadline) -> bytes``."""
+
+    scheme = "remote"
+    initial_read = REMOTE_INITIAL_READ
+
+    def __init__(self, name: str, options: RemoteOptions | None = None):
+        self.name = name
+        self.options = options or current_options()
+        self.size = 0
+        self.identity: tuple = ()
+        self.validator: str | None = None
+        self._content_id = ""
+        self._cache = self.options.chunk_cache()
+        self._inflight: dict[int, _Flight] = {}
+        self._lock = threading.Lock()
+        self._readahead = ReadAhead(self)
+        self._closed = False
+
+    # -- opening ---------------------------------------------------------------------------------------
+    def _set_identity(self, size: int, validator: str | None, url: str, sha256: str | None = None) -> None:
+        from ckptfs.sources.identity import remote_content_id, sha256_content_id
+
+        self.size = size
+        self.validator = validator
+        self.identity = (size, validator, url)
+        if sha256:
+            self._content_id = sha256_content_id(sha256)
+        elif validator:
+            self._content_id = remote_content_id(validator, size, url)
+        else:  # nothing tells versions apart: never share these bytes beyond this open
+            self._content_id = remote_content_id(f"unvalidated-{id(self):x}-{time.time_ns()}", size, url)
+            self._cache = ChunkCache(None)
+
+    def content_id(self) -> str:
+        return self._content_id
+
+    def _keep_prefix(self, data: bytes) -> None:
+        """Cache the whole chunks of bytes fetched from offset 0 at open (the header read's start)."""
+        full = len(data) if len(data) == self.size else len(data) - len(data) % CHUNK
+        if full and self._cache.has(chunk_key(self._content_id, 0)):
+            return  # an open memoized from an earlier one: its bytes are in already
+        for i in range(0, full, CHUNK):
+            self._cache.put(chunk_key(self._content_id, i // CHUNK), bytes(data[i: i + CHUNK]))
+
+    # -- reading ---------------------------------------------------------------------------------------
+    def pread(self, offset: int, size: int) -> bytes:
+        """Exactly ``size`` bytes at ``offset`` (as the object was at open), or CheckpointError."""
+        if not check_range(self, offset, size):
+            return b""
+        deadline = read_deadline(self.options.timeout)
+        c0, c1 = offset // CHUNK, (offset + size - 1) // CHUNK + 1
+        head = min(-(-self.size // CHUNK), self.initial_read // CHUNK)
+        if c0 == 0 and c1 < head and not self._cache.has(chunk_key(self._content_id, 0)):
+            # the first read of the header (after a one-byte open with --cache-dir): take the whole first
+            # read at once, as an open without a cache directory does, instead of one chunk now and more later
+            chunks = self._get_chunks(0, head, deadline)[:c1]
+        else:
+            chunks = self._get_chunks(c0, c1, deadline)
+        self._readahead.observe(offset, size)
+        skip = offset - c0 * CHUNK
+        if len(chunks) == 1:
+            data = chunks[0]
+            return data if skip == 0 and len(data) == size else data[skip: skip + size]
+        # one copy: the covering slices of the chunks, joined
+        tail = offset + size - (c1 - 1) * CHUNK
+        views = [memoryview(c) for c in chunks]
+        views[0] = views[0][skip:]
+        views[-1] = views[-1][:tail]
+        return b"".join(views)
+
+    def advise(self, offset: int, size: int, sequential: bool = False) -> None:
+        """Fetch the chunks covering these bytes in the background (best effort)."""
+        if size > 0 and not self._closed:
+            end = min(self.size, offset + size)
+            if end > offset >= 0:
+                self._readahead.prefetch(offset // CHUNK, (end - 1) // CHUNK + 1)
+
+    def _get_chunks(self, c0: int, c1: int, deadline: float) -> list[bytes]:
+        found: dict[int, bytes] = {}
+        mine: list[int] = []
+        waits: dict[int, _Flight] = {}
+        for i in range(c0, c1):
+            data = self._cache.get(chunk_key(self._content_id, i))
+            if data is not None:
+                found[i] = data
+                continue
+            with self._lock:
+                flight = self._inflight.get(i)
+                if flight is None:
+                    self._inflight[i] = _Flight()
+                    mine.append(i)
+                else:
+                    waits[i] = flight
+        try:
+            for start, stop in _runs(mine):
+                found.update(self._fetch_chunks(start, stop, deadline))
+        except BaseException as exc:  # the runs not tried yet: their waiters must not wait for us
+            for i in mine:
+                if i not in found:
+                    self._finish(i, None, exc)
+            raise
+        for i, flight in waits.items():
+            # Another reader's (or read-ahead's) fetch of this chunk: wait for it as long as for a stalled
+            # attempt; past that, fetch the chunk ourselves — or, with a mirror to turn to, give it the time.
+            patience = min(deadline, time.monotonic() + self.options.stall_timeout) - time.monotonic()
+            done = flight.done.wait(max(0.0, patience))
+            if done and flight.data is not None:
+                found[i] = flight.data
+                continue
+            if done and _fallback.get():
+                error = flight.error
+                reason = error.reason if isinstance(error, CheckpointError) else str(error)
+                raise CheckpointError(self.name, i * CHUNK, reason)
+            if _fallback.get() or time.monotonic() >= deadline:
+                raise self._timeout_error(i * CHUNK)
+            data = self._fetch(i * CHUNK, min(self.size, (i + 1) * CHUNK), deadline)
+            self._cache.put(chunk_key(self._content_id, i), data)
+            found[i] = data
+        return [found[i] for i in range(c0, c1)]
+
+    def claim(self, c0: int, c1: int) -> list[tuple[int, int]]:
+        """Register flights for the chunks in [c0, c1) that nobody has or fetches; the runs claimed."""
+        claimed = []
+        for i in range(c0, c1):
+            if self._cache.has(chunk_key(self._content_id, i)):
+                continue
+            with self._lock:
+                if i in self._inflight:
+                    continue
+                self._inflight[i] = _Flight()
+            claimed.append(i)
+        return _runs(claimed)
+
+    def _fetch_chunks(self, c0: int, c1: int, deadline: float) -> dict[int, bytes]:
+        """Fetch chunks [c0, c1) (flights already registered by the caller), cache them, wake waiters."""
+        out: dict[int, bytes] = {}
+        try:
+            step = max(1, MAX_REQUEST_BYTES // CHUNK)
+            for first in range(c0, c1, step):
+                last = min(c1, first + step)
+                start, end = first * CHUNK, min(self.size, last * CHUNK)
+                data = self._fetch(start, end, deadline)
+                for i in range(first, last):
+                    piece = data[(i - first) * CHUNK: (i - first + 1) * CHUNK]
+                    self._cache.put(chunk_key(self._content_id, i), piece)
+                    out[i] = piece
+                    self._finish(i, piece, None)
+        except BaseException as exc:
+            for i in range(c0, c1):
+                if i not in out:
+                    self._finish(i, None, exc)
+            raise
+        return out
+
+    def _finish(self, i: int, data: bytes | None, error: BaseException | None) -> None:
+        with self._lock:
+            flight = self._inflight.pop(i, None)
+        if flight is not None:
+            flight.data, flight.error = data, error
+            flight.done.set()
+
+    def _fetch(self, start: int, end: int, deadline: float) -> bytes:
+        """Bytes [start, end) with retries (see the module docstring), or CheckpointError."""
+        data = self.retrying(lambda: self._attempt(start, end, deadline), deadline, start)
+        if len(data) != end - start:  # a scheme's _attempt must check this; never serve a short read
+            raise CheckpointError(self.name, start, f"got {len(data)} bytes for a {end - start}-byte range")
+        COUNTERS.request(self.scheme, "ok", len(data))
+        return data
+
+    def retrying(self, attempt, deadline: float, offset: int | None, what: str = ""):
+        """``attempt()`` until it succeeds, retrying Retryable failures with backoff (counted here), at most
+        ``max_retries`` times and never past ``deadline``; ``what`` prefixes the final error's reason."""
+        tries = 0
+        fallback = _fallback.get()
+        max_retries = min(1, self.options.max_retries) if fallback else self.options.max_retries
+        while True:
+            if time.monotonic() >= deadline:
+                raise self._timeout_error(offset)
+            try:
+                return attempt()
+            except Retryable as exc:
+                tries += 1
+                delay = exc.retry_after if exc.retry_after is not None else backoff_delay(tries)
+                give_up = (tries > max_retries or time.monotonic() + delay >= deadline
+                           or (fallback and exc.timeout))
+                COUNTERS.request(self.scheme, "timeout" if exc.timeout else ("error" if give_up else "retry"),
+                                 retried=not give_up)
+                if give_up:
+                    count = f"{tries} attempt{'s' if tries > 1 else ''}"
+                    raise CheckpointError(self.name, offset, f"{what}{exc} (gave up after {count})") from None
+                log.debug("%s @ %s: %s; retrying in %.2f s", self.name, offset, exc, delay)
+                time.sleep(delay)
+            except Changed as exc:
+                COUNTERS.request(self.scheme, "error")
+                raise CheckpointError(self.name, offset, f"changed since it was opened: {exc}") from None
+
+    def _timeout_error(self, offset: int | None) -> CheckpointError:
+        COUNTERS.request(self.scheme, "timeout")
+        return CheckpointError(self.name, offset, f"read timed out (--timeout {self.options.timeout:g} s)")
+
+    def _attempt(self, start: int, end: int, deadline: float) -> bytes:  # pragma: no cover - interface
+        """One request for bytes [start, end): exactly those bytes, or Retryable / Changed /
+        CheckpointError."""
+        raise NotImplementedError
+
+    def close_if_idle(self) -> bool:
+        return True  # holds no descriptor: the pool's bound on open files does not apply
+
+    def ensure_open(self) -> None:
+        self._closed = False
+
+    def close(self) -> None:
+        self._closed = True
+
+
+def _runs(indexes: list[int]) -> list[tuple[int, int]]:
+    """Sorted chunk numbers as contiguous [start, stop) runs."""
+    runs: list[tuple[int, int]] = []
+    for i in indexes:
+        if runs and runs[-1][1] == i:
+            runs[-1] = (runs[-1][0], i + 1)
+        else:
+            runs.append((i, i + 1))
+    return runs

@@ -1,0 +1,306 @@
+"""The files a mount shows: paths -> Views, built from a Checkpoint by *providers*. Knows nothing of FUSE.
+
+A provider is a function ``provider(checkpoint) -> iterable of Entry``: one kind of file, such as the three
+files of every tensor, ``metadata.json``, a model folder's pass-through files, or a virtual folder (``hf/``)
+that an opt-in feature adds. :class:`MountTree` composes them; a new kind of file is one provider. Paths may
+hold ``/``: folders are created implicitly, so a provider can add a whole folder.
+
+Default content: for every tensor ``STEM.raw`` and ``STEM.meta.json``, and ``STEM.npy`` when the tensor can be
+decoded (unknown storage types are raw-only; a virtual tensor — a GPTQ/AWQ view — has no ``.raw``); then
+``metadata.json``; then a model folder's other files, passed through. Tensor files win a name clash with a
+pass-through file, which then gets ``~2``, ``~3``... before its extension, so nothing the folder holds is
+dropped. For every later provider the earlier entry wins and the clashing one is left out with a log line.
+Views are created on first lookup; JSON is built on first access.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import math
+import threading
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from ckptfs.checkpoint.tensors import Checkpoint, decode_plan
+from ckptfs.util.jsonutil import dumps_bytes
+from ckptfs.tree.names import assign_stems
+from ckptfs.engine.views import BytesView, FileView, NpyView, RawView, View, npy_header
+
+log = logging.getLogger(__name__)
+
+METADATA_FILE = "metadata.json"
+#: A file's size is a signed 64-bit off_t.
+MAX_FILE_BYTES = (1 << 63) - 1
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One file of a mount: where it is, what kind it is (a metrics label: npy, raw, json, file, hf), and
+    how to make its view (called once, on first lookup)."""
+
+    path: str
+    kind: str
+    make_view: Callable[[], View]
+
+
+Provider = Callable[[Checkpoint], Iterable[Entry]]
+
+
+def _npy_fits_in_a_file(shape: tuple[int, ...], dtype, nbytes: int) -> bool:
+    """False for a tensor that decodes to more than a file can hold (a hostile header: say 2^62 Q4_0 elements
+    are 2^64 bytes of float32). Its .npy is left out: listed, its size would wrap around to the header's."""
+    if nbytes < 1 << 62:
+        return True
+    return len(npy_header(shape, dtype)) + nbytes <= MAX_FILE_BYTES
+
+
+def tensor_stems(ck: Checkpoint) -> list[str]:
+    """The file stem of every tensor of ``ck``, in order (names.assign_stems: escaped, numbered, capped)."""
+    return assign_stems(ck.tensors.names())
+
+
+class TensorFiles:
+    """What the tensor-files provider returns: ``STEM.npy`` (decodable tensors), ``STEM.raw`` (stored tensors)
+    and ``STEM.meta.json`` of every tensor, as one stem per tensor rather than an entry per file.
+
+    A 94,000-tensor checkpoint has 282,000 such files; the tree keeps a stem -> tensor index table and
+    resolves ``STEM + suffix`` on lookup, and names the files only when a folder is listed. Iterating gives
+    the same files as :class:`Entry` values, for anything that wants them one by one.
+    """
+
+    SUFFIXES = ((".npy", "npy"), (".raw", "raw"), (".meta.json", "json"))
+    SUFFIX_OF = {kind: suffix for suffix, kind in SUFFIXES}
+
+    def __init__(self, ck: Checkpoint, stems: Sequence[str] | None = None):
+        self.ck = ck
+        self.stems = list(stems) if stems is not None else tensor_stems(ck)
+        self._dtypes: dict[tuple[str, int, str], np.dtype | None] = {}  # served dtype by storage layout
+
+    def kinds(self, index: int) -> tuple[str, ...]:
+        """The kinds of file tensor ``index`` has, in listing order."""
+        tensor = self.ck.tensors.made(index)
+        if tensor is not None:
+            npy = tensor.decodable and _npy_fits_in_a_file(tensor.shape, tensor.dtype, tensor.nbytes)
+            raw = not getattr(tensor, "virtual", False)
+        else:  # from the descriptor's columns: listing 94k tensors makes no Tensor (nor TensorInfo) objects
+            storage_type, block_elements, byte_order, shape = self.ck.tensors.layout(index)
+            key = (storage_type, block_elements, byte_order)
+            if key not in self._dtypes:
+                self._dtypes[key] = decode_plan(self.ck.tensors.info(index), self.ck.dtype_mode)[1]
+            dtype = self._dtypes[key]
+            npy = dtype is not None and _npy_fits_in_a_file(shape, dtype, math.prod(shape) * dtype.itemsize)
+            raw = True
+        return ("npy",) * npy + ("raw",) * raw + ("json",)
+
+    def view(self, index: int, kind: str) -> View:
+        tensor = self.ck.tensors[index]
+        if kind == "npy":
+            return NpyView(tensor.data)
+        if kind == "raw":
+            return RawView(tensor.info, self.ck.sources)
+        return BytesView(lambda: dumps_bytes(tensor.meta))
+
+    def __iter__(self) -> Iterator[Entry]:
+        suffix = self.SUFFIX_OF
+        for index, stem in enumerate(self.stems):
+            for kind in self.kinds(index):
+                yield Entry(stem + suffix[kind], kind, functools.partial(self.view, index, kind))
+
+
+def tensor_files(ck: Checkpoint, stems: Sequence[str] | None = None) -> TensorFiles:
+    """Every tensor's files; ``stems`` may place them elsewhere (a tree layout passes stems with folders)."""
+    return TensorFiles(ck, stems)
+
+
+def metadata_file(ck: Checkpoint) -> Iterable[Entry]:
+    def build() -> View:
+        metadata = ck.metadata
+        value_of = getattr(metadata, "peek", metadata.__getitem__)  # lazy mappings: don't keep decoded copies
+        return BytesView(lambda: dumps_bytes({key: value_of(key) for key in metadata}))
+
+    yield Entry(METADATA_FILE, "json", build)
+
+
+def passthrough_files(ck: Checkpoint) -> Iterable[Entry]:
+    """A model folder's other files under their own names (the tree numbers a clashing one)."""
+    for name, path in sorted(ck.passthrough.items()):
+        yield Entry(name, "file", functools.partial(FileView, path, ck.sources))
+
+
+def checkpoint_files(ck: Checkpoint) -> Iterable[Entry]:
+    """A mounted model folder (or index file) also serves its checkpoint files (shards, GGUF files) under
+    their own names, so tools that load the folder (``from_pretrained``, vLLM, llama.cpp) load it through the
+    mount; naming one file mounts that checkpoint alone, without it."""
+    import os
+
+    if "://" in ck.src:
+        from ckptfs.sources.plan import names_folder  # the remote modules only for a remote checkpoint
+
+        folder = names_folder(ck.src)
+    else:
+        folder = os.path.isdir(ck.src)
+    if not (folder or ck.src.endswith(".index.json")):
+        return
+    for path in ck.files:
+        name = path.rstrip("/").rsplit("/", 1)[-1] if "://" in path else os.path.basename(path)
+        yield Entry(name, "file", functools.partial(FileView, path, ck.sources))
+
+
+DEFAULT_PROVIDERS: tuple[Provider, ...] = (tensor_files, metadata_file, passthrough_files, checkpoint_files)
+
+
+def _numbered(name: str, n: int) -> str:
+    stem, dot, ext = name.rpartition(".")
+    return f"{stem}~{n}.{ext}" if dot and stem else f"{name}~{n}"
+
+
+class MountTree:
+    """Folders of views over one checkpoint, composed from providers (see the module docstring).
+
+    ``extra`` providers come after the defaults (opt-in folders such as ``hf/``); ``providers`` replaces the
+    defaults altogether.
+    """
+
+    def __init__(self, checkpoint: Checkpoint, providers: Sequence[Provider] | None = None,
+                 extra: Sequence[Provider] = ()):
+        self.checkpoint = checkpoint
+        self._entries: dict[str, tuple[str, Callable[[], View]]] = {}
+        self._dirs: dict[str, list[str]] = {"": []}
+        self._tensor_files: TensorFiles | None = None
+        self._stem_index: dict[str, int] = {}        # tensor file stem (with folders) -> tensor index
+        self._members: dict[str, list[int]] = {}     # folder -> the tensors whose files it holds
+        self._tensor_file_count: int | None = None
+        for provider in (list(providers) if providers is not None else list(DEFAULT_PROVIDERS)) + list(extra):
+            files = provider(checkpoint)
+            if isinstance(files, TensorFiles) and self._tensor_files is None:
+                self._add_tensor_files(files)
+                continue
+            renumber = provider is passthrough_files
+            for entry in files:
+                self._add(entry, renumber)
+        self.mtime_ns = max((s.mtime_ns for s in checkpoint.sources.sources()), default=0)
+        self._views: dict[str, View] = {}
+        self._lock = threading.Lock()
+
+    def _add_tensor_files(self, files: TensorFiles) -> None:
+        """Tensor files come first and always keep their names: only their stems are recorded."""
+        self._tensor_files = files
+        for index, stem in enumerate(files.stems):
+            self._stem_index[stem] = index
+            folder = stem.rpartition("/")[0]
+            if folder:
+                self._make_dirs(folder)
+            self._members.setdefault(folder, []).append(index)
+
+    def _tensor_file(self, path: str) -> tuple[int, str] | None:
+        """(tensor index, kind) when ``path`` is one of the tensors' files."""
+        if self._tensor_files is None:
+            return None
+        for suffix, kind in TensorFiles.SUFFIXES:
+            if path.endswith(suffix):
+                index = self._stem_index.get(path[:-len(suffix)])
+                if index is not None and kind in self._tensor_files.kinds(index):
+                    return index, kind
+                return None
+        return None
+
+    def _taken(self, path: str) -> bool:
+        return path in self._entries or path in self._dirs or self._tensor_file(path) is not None
+
+    def _add(self, entry: Entry, renumber: bool) -> None:
+        path = entry.path
+        if renumber and self._taken(path):
+            n = 1
+            while self._taken(path):
+                n += 1
+                path = _numbered(entry.path, n)
+        parent, _, name = path.rpartition("/")
+        if self._taken(path) or not name or not self._make_dirs(parent):
+            log.warning("left out %s: the name is taken", path)
+            return
+        self._entries[path] = (entry.kind, entry.make_view)
+        self._dirs[parent].append(name)
+
+    def _make_dirs(self, folder: str) -> bool:
+        """Create ``folder`` and its parents; False if a file already has one of their names."""
+        if folder in self._dirs:
+            return True
+        if folder in self._entries or self._tensor_file(folder) is not None:
+            return False
+        parent, _, name = folder.rpartition("/")
+        if not name or not self._make_dirs(parent):
+            return False
+        self._dirs[folder] = []
+        self._dirs[parent].append(name)
+        return True
+
+    def names(self) -> list[str]:
+        """The names in the mount's root folder."""
+        return self.listdir("")
+
+    def listdir(self, folder: str) -> list[str] | None:
+        """The names in ``folder`` ("" is the root), or None if it is not a folder. Tensor files first, in
+        tensor order; then sub-folders and other files in the order they were added."""
+        return None if folder not in self._dirs else list(self.iter_listdir(folder))
+
+    def iter_listdir(self, folder: str) -> Iterator[str]:
+        """The names of ``listdir`` one at a time (a listing of 282,000 names need not exist as a list)."""
+        members = self._members.get(folder)
+        if members:
+            files = self._tensor_files
+            suffix = TensorFiles.SUFFIX_OF
+            for index in members:
+                leaf = files.stems[index].rpartition("/")[2]
+                for kind in files.kinds(index):
+                    yield leaf + suffix[kind]
+        yield from self._dirs.get(folder, ())
+
+    def is_dir(self, path: str) -> bool:
+        return path in self._dirs
+
+    def kind(self, path: str) -> str | None:
+        entry = self._entries.get(path)
+        if entry is not None:
+            return entry[0]
+        found = self._tensor_file(path)
+        return found[1] if found is not None else None
+
+    def __contains__(self, path: str) -> bool:
+        return path in self._entries or self._tensor_file(path) is not None
+
+    def __len__(self) -> int:
+        """How many files (not folders) the mount holds."""
+        if self._tensor_file_count is None:
+            files = self._tensor_files
+            self._tensor_file_count = 0 if files is None else sum(len(files.kinds(i)) for i in range(len(files.stems)))
+        return len(self._entries) + self._tensor_file_count
+
+    def view(self, path: str) -> View | None:
+        """The view serving file ``path`` (relative to the root, ``/``-separated), or None if there is none."""
+        view = self._views.get(path)
+        if view is not None:
+            return view
+        entry = self._entries.get(path)
+        if entry is None:
+            found = self._tensor_file(path)
+            if found is None:
+                return None
+            make = functools.partial(self._tensor_files.view, *found)
+        else:
+            make = entry[1]
+        with self._lock:
+            view = self._views.get(path)
+            if view is None:
+                view = self._views[path] = make()
+        return view
+
+    def stats(self) -> dict:
+        """Counters for monitoring and benchmarks: the memory cache (``cache``, as always), every configured
+        tier (``tiers``), the decoder's output (``decoded_bytes``), open files."""
+        cache = self.checkpoint.cache
+        return {"cache": cache.stats().as_dict(), "tiers": cache.tier_stats(),
+                "decoded_bytes": cache.decoded_bytes,
+                "open_files": self.checkpoint.sources.open_count(), "files": len(self)}
