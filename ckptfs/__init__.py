@@ -6,14 +6,15 @@ NAME.raw / NAME.meta.json files. Importing ckptfs never needs libfuse: only a mo
 
 from __future__ import annotations
 
-from ckptfs.checkpoint.tensors import Checkpoint, Tensor, open
+from ckptfs.checkpoint.api import Checkpoint, Tensor, open
 from ckptfs.core.errors import CheckpointError
+from ckptfs.core.options import OpenOptions
 from ckptfs.quant import Codec, register_codec
 
 __version__ = "0.1.0"
 
-__all__ = ["open", "load", "load_batch", "hf_folder", "Checkpoint", "Tensor", "CheckpointError", "Codec", "register_codec",
-           "__version__"]
+__all__ = ["open", "load", "load_batch", "hf_folder", "Checkpoint", "Tensor", "OpenOptions", "CheckpointError", "Codec",
+           "register_codec", "__version__"]
 
 
 def load(src, names=None, *, device="cpu", dtype=None):
@@ -25,8 +26,10 @@ def load(src, names=None, *, device="cpu", dtype=None):
 
 def load_batch(src, names, *, stack=False):
     """Tensors decoded into one contiguous numpy buffer (numpy only). See ckptfs.engine.batch.load_batch."""
+    from ckptfs.checkpoint.api import opened
     from ckptfs.engine.batch import load_batch as load_into_one
-    return load_into_one(src, names, stack=stack)
+    with opened(src) as ck:
+        return load_into_one(ck, names, stack=stack)
 
 
 def hf_folder(src, dtype="bfloat16", **open_kwargs):

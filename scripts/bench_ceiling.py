@@ -46,7 +46,7 @@ sys.path.insert(0, str(REPO / "scripts"))
 from bench_fuse_bindings import cpu_seconds, read_all  # noqa: E402  (sibling scripts)
 
 from ckptfs.bench import bench_mount, make_plan  # noqa: E402
-from ckptfs.checkpoint.tensors import open as open_checkpoint  # noqa: E402
+from ckptfs.checkpoint.api import open as open_checkpoint  # noqa: E402
 
 DEFAULT_SKELETON = REPO / "scripts" / "real-shapes" / "gemma3-270m-q4_k_m.json"
 DEFAULT_CKPT = "/tmp/ckptfs-bench/gemma3-270m-shaped.gguf"

@@ -42,7 +42,7 @@ sys.path.insert(0, str(REPO / "scripts"))
 from bench_ceiling import DEFAULT_CKPT, ensure_fixture  # noqa: E402  (sibling script)
 
 from ckptfs.bench import Progress, bench_mount, make_plan, scan  # noqa: E402
-from ckptfs.checkpoint.tensors import open as open_checkpoint  # noqa: E402
+from ckptfs.checkpoint.api import open as open_checkpoint  # noqa: E402
 
 CACHE_SIZE = 512 << 20
 

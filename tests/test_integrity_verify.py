@@ -17,7 +17,7 @@ from fixtures import _FP16_FIELDS, GGML_GEOMETRY, write_gguf, write_mixed_gguf
 from integrity_fixtures import big_safetensors, file_sha256, flip, point_gguf_tensor_at, reference_tensors
 
 import ckptfs
-from ckptfs.checkpoint.tensors import Checkpoint
+from ckptfs.checkpoint.api import Checkpoint
 from ckptfs.core.errors import CheckpointError, IntegrityError
 from ckptfs.formats.multi import read_checkpoint
 from ckptfs.integrity.manifest import build_manifest, load_manifest

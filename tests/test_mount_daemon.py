@@ -297,7 +297,7 @@ def test_fuse_unavailable_errors(big_gguf, mountpoint):
 def test_fork_happens_with_a_single_thread():
     """daemon.py forks after numpy is imported: numpy's OpenBLAS stops its threads in a pthread_atfork
     handler, so at the fork this process is single-threaded (threads restart lazily)."""
-    code = ("import os, ckptfs.checkpoint.tensors\npid = os.fork()\nif pid == 0: os._exit(0)\nos.waitpid(pid, 0)\n"
+    code = ("import os, ckptfs.checkpoint.api\npid = os.fork()\nif pid == 0: os._exit(0)\nos.waitpid(pid, 0)\n"
             "print(len(os.listdir('/proc/self/task')))")
     out = subprocess.run([sys.executable, "-c", code], env=cli_env(), capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "1"

@@ -23,7 +23,7 @@ import pytest
 import ckptfs
 import memsource
 from ckptfs.cache.tiered import BlockCache, CacheTier, TieredCache
-from ckptfs.checkpoint.tensors import Checkpoint
+from ckptfs.checkpoint.api import Checkpoint
 from ckptfs.core.errors import CheckpointError
 from ckptfs.formats.multi import read_checkpoint
 from ckptfs.fs.operations import CkptOperations

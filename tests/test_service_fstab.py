@@ -22,7 +22,8 @@ from conftest import (ckptfs_cli, cli_env, force_unmount, is_mounted, mount_stat
 from fixtures import write_mixed_gguf
 
 from ckptfs.commands.cli import mount as mount_command
-from ckptfs.commands.fstab import HELPER_MARK, HELPER_PATH, HelperError, mount_arguments, parse_helper_argv
+from ckptfs.commands.fstab import HelperError, mount_arguments, parse_helper_argv
+from ckptfs.commands.mount_helper import HELPER_MARK, HELPER_PATH
 
 
 @pytest.fixture(scope="module")

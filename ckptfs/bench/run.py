@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from ckptfs import __version__
-from ckptfs.checkpoint.tensors import open as open_checkpoint
+from ckptfs.checkpoint.api import open as open_checkpoint
 from ckptfs.util.oneline import one_line
 from ckptfs.bench.harness import (
     AnonMemorySampler,

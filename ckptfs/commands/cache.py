@@ -116,7 +116,7 @@ def cache_clear(cache_dir):
 @click.option("-v", "--verbose", is_flag=True)
 def prefetch(src, names, cache_dir, cache_dir_size, redis, dtype, verbose):
     """Decode tensors of SRC (all, or NAMES) into the shared tiers ahead of a deployment."""
-    from ckptfs.checkpoint.tensors import open as open_checkpoint
+    from ckptfs.checkpoint.api import open as open_checkpoint
     from ckptfs.core.errors import CheckpointError
     from ckptfs.cache.warm import warm
 

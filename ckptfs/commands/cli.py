@@ -17,6 +17,7 @@ import click
 
 from ckptfs.core.errors import CheckpointError
 from ckptfs.util.oneline import one_line
+from ckptfs.core.options import OpenOptions
 from ckptfs.util.sizes import parse_size
 from ckptfs.commands.remote_options import remote_options
 from ckptfs.commands.failure import fail
@@ -108,14 +109,14 @@ def mount(src, mountpoint, foreground, options, cache_size, dtype, log_file, hf,
     """Mount checkpoint SRC read-only at MOUNTPOINT."""
     from ckptfs.fs.mount import MountError, MountRequest, run_mount
 
-    request = MountRequest(src=src, mountpoint=mountpoint, foreground=foreground,
-                           options=",".join(options), cache_size=cache_size, dtype=dtype,
-                           log_file=log_file, hf=hf, hf_dtype=hf_dtype, verbose=verbose, log_format=log_format, metrics=metrics,
-                           layout=layout, manifest=manifest, mirrors=mirrors,
-                           timeout=timeout, stall_timeout=stall_timeout, **tiers)
     try:
+        open_options = OpenOptions.build(dtype=dtype, cache_size=cache_size, manifest=manifest, mirrors=mirrors,
+                                         timeout=timeout, stall_timeout=stall_timeout, **tiers)
+        request = MountRequest(src=src, mountpoint=mountpoint, foreground=foreground, options=",".join(options),
+                               open_options=open_options, log_file=log_file, hf=hf, hf_dtype=hf_dtype,
+                               verbose=verbose, log_format=log_format, metrics=metrics, layout=layout)
         code = run_mount(request)
-    except (CheckpointError, MountError, OSError) as exc:
+    except (CheckpointError, MountError, OSError, ValueError) as exc:
         fail(exc, verbose)
     sys.exit(code)
 
@@ -217,7 +218,7 @@ def stats(mountpoint, as_json, verbose):
 @click.option("-v", "--verbose", is_flag=True)
 def install_mount_helper(target, verbose):
     """Write the helper mount(8) runs for `mount -t fuse.ckptfs` and fstab lines (runs this ckptfs)."""
-    from ckptfs.commands.fstab import HELPER_PATH, install_helper
+    from ckptfs.commands.mount_helper import HELPER_PATH, install_helper
 
     try:
         click.echo(install_helper(target or HELPER_PATH))

@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from ckptfs.checkpoint.tensors import Checkpoint
+from ckptfs.checkpoint.api import Checkpoint
 from ckptfs.util.jsonutil import to_jsonable
 from ckptfs.util.oneline import one_line
 from ckptfs.util.sizes import format_size

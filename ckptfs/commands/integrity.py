@@ -31,9 +31,6 @@ def _progress(total: int, label: str):
         yield bar.update
 
 
-    fail(exc, verbose)
-
-
 def _write_atomically(path: str, text: str) -> None:
     """Write ``text`` to ``path`` through a temporary file renamed over it: never a half-written manifest."""
     folder = os.path.dirname(os.path.abspath(path))
@@ -56,7 +53,7 @@ def _write_atomically(path: str, text: str) -> None:
 def manifest_command(src, output, verbose):
     """Write the ckptfs-manifest/1 of SRC: each file's size and sha256 (the Hub's LFS oid), each tensor's
     place, crc32, sha256 and 1 MiB chunk crc32s. Every byte is read once; files are hashed in parallel."""
-    from ckptfs.checkpoint.tensors import open as open_checkpoint
+    from ckptfs.checkpoint.api import open as open_checkpoint
     from ckptfs.integrity.manifest import build_manifest, total_bytes
 
     try:
@@ -78,7 +75,7 @@ def manifest_command(src, output, verbose):
 @click.option("-v", "--verbose", is_flag=True)
 def verify_command(src, manifest_path, as_json, verbose):
     """Check SRC against a manifest (or its structure): exit 0 if it matches, 3 if not, one line per mismatch."""
-    from ckptfs.checkpoint.tensors import open as open_checkpoint
+    from ckptfs.checkpoint.api import open as open_checkpoint
     from ckptfs.integrity.manifest import load_manifest
     from ckptfs.integrity.verify import bytes_to_check, verify
 

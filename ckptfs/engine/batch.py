@@ -199,14 +199,6 @@ def run(pieces: Sequence[Piece], sources, threads: int | None = None) -> None:
             raise failed.exception()
 
 
-def open_checkpoint(src):
-    """(checkpoint, whether we opened it): ``src`` is a path or an already-open Checkpoint."""
-    from ckptfs.checkpoint.tensors import Checkpoint, open as open_path
-    if isinstance(src, Checkpoint):
-        return src, False
-    return open_path(src), True
-
-
 def tensors_named(ck, names: Sequence[str]) -> list:
     """The Tensors of ``names``, checked before anything is allocated or read: KeyError for an unknown name,
     ValueError for a name given twice, CheckpointError for a tensor that cannot be decoded."""
@@ -225,37 +217,32 @@ def check_decodable(tensors: list) -> list:
     return tensors
 
 
-def load_batch(src, names: Sequence[str], *, stack: bool = False):
+def load_batch(ck, names: Sequence[str], *, stack: bool = False):
     """Tensors ``names`` decoded (dtype as ``Tensor.dtype``) into ONE new contiguous buffer.
 
     Returns ``{name: array}``, each array a view into that buffer, or with ``stack=True`` one array of shape
-    ``(len(names), *shape)`` (every tensor must have the same shape and dtype: ValueError otherwise). ``src``
-    is a path or an open Checkpoint (left open).
+    ``(len(names), *shape)`` (every tensor must have the same shape and dtype: ValueError otherwise) of the
+    open checkpoint ``ck`` (``ckptfs.load_batch`` also takes a path).
     """
     names = names if isinstance(names, str) else list(names)
-    ck, opened = open_checkpoint(src)
-    try:
-        tensors = tensors_named(ck, names)
-        if stack:
-            kinds = {(t.shape, t.dtype) for t in tensors}
-            if len(kinds) > 1:
-                got = ", ".join(f"{t.name}: {t.shape} {t.dtype}" for t in tensors[:4])
-                raise ValueError(f"load_batch(stack=True) needs tensors of one shape and dtype, got {got}"
-                                 f"{' ...' if len(tensors) > 4 else ''}")
-            shape, dtype = kinds.pop() if kinds else ((), np.dtype(np.float32))
-            stacked = np.empty((len(tensors), *shape), dtype)
-            arrays = list(stacked) if tensors else []
-        else:
-            offsets, total = [], 0
-            for t in tensors:
-                total = -(-total // ALIGN) * ALIGN
-                offsets.append(total)
-                total += t.nbytes
-            buffer = np.empty(total, np.uint8)
-            arrays = [buffer[o:o + t.nbytes].view(t.dtype).reshape(t.shape) for o, t in zip(offsets, tensors)]
-        requests = [Request(t, 0, t.size, ArrayDestination(a.reshape(-1))) for t, a in zip(tensors, arrays)]
-        run(plan(decode_virtual(requests)), ck.sources)
-    finally:
-        if opened:
-            ck.close()
+    tensors = tensors_named(ck, names)
+    if stack:
+        kinds = {(t.shape, t.dtype) for t in tensors}
+        if len(kinds) > 1:
+            got = ", ".join(f"{t.name}: {t.shape} {t.dtype}" for t in tensors[:4])
+            raise ValueError(f"load_batch(stack=True) needs tensors of one shape and dtype, got {got}"
+                             f"{' ...' if len(tensors) > 4 else ''}")
+        shape, dtype = kinds.pop() if kinds else ((), np.dtype(np.float32))
+        stacked = np.empty((len(tensors), *shape), dtype)
+        arrays = list(stacked) if tensors else []
+    else:
+        offsets, total = [], 0
+        for t in tensors:
+            total = -(-total // ALIGN) * ALIGN
+            offsets.append(total)
+            total += t.nbytes
+        buffer = np.empty(total, np.uint8)
+        arrays = [buffer[o:o + t.nbytes].view(t.dtype).reshape(t.shape) for o, t in zip(offsets, tensors)]
+    requests = [Request(t, 0, t.size, ArrayDestination(a.reshape(-1))) for t, a in zip(tensors, arrays)]
+    run(plan(decode_virtual(requests)), ck.sources)
     return stacked if stack else dict(zip(names, arrays))

@@ -14,7 +14,7 @@ import threading
 import urllib.parse
 from dataclasses import dataclass
 
-from ckptfs.checkpoint.tensors import DEFAULT_CACHE_BYTES, open as open_checkpoint
+from ckptfs.checkpoint.api import OpenOptions, open_with
 from ckptfs.tree.layout import tensor_providers
 from ckptfs.tree.mount_tree import MountTree
 from ckptfs.fs.binding import Binding, load_binding
@@ -41,11 +41,8 @@ class MountRequest:
     mountpoint: str
     foreground: bool = False
     options: str = ""
-    cache_size: int = DEFAULT_CACHE_BYTES
-    cache_dir: str | None = None  # --cache-dir: the disk tier (ckptfs.cache.build)
-    cache_dir_size: int | None = None  # its bound (None: the default, 10G)
-    redis: str | None = None  # --redis URL: the Redis tier
-    dtype: str = "auto"
+    #: how the checkpoint is opened and read: dtype, cache tiers, manifest, mirrors, timeouts (ckptfs.core.options)
+    open_options: OpenOptions = OpenOptions()
     log_file: str | None = None
     verbose: bool = False
     hf: bool = False  # add hf/ (a Hugging Face folder) to a GGUF mount
@@ -53,10 +50,6 @@ class MountRequest:
     log_format: str = "text"
     metrics: str | None = None  # [HOST:]PORT of the Prometheus exporter
     layout: str = "flat"  # --layout: "tree" makes dotted tensor names folders (ckptfs.tree.layout)
-    manifest: str | None = None  # --manifest: reads checked against it (ckptfs.integrity.checked)
-    mirrors: tuple[str, ...] = ()  # --mirror: byte-identical copies read when the primary fails
-    timeout: float | None = None  # --timeout: every remote read answered within it (None: 30 s)
-    stall_timeout: float | None = None  # --stall-timeout: a stalled attempt abandoned after it (None: 10 s)
 
 
 @dataclass(frozen=True)
@@ -99,10 +92,7 @@ def _prepare(request: MountRequest) -> _Plan:
     check_fusermount(binding.fusermount)
     metrics = _metrics_address(request.metrics)
     log_file = _open_log(request.log_file)
-    checkpoint = open_checkpoint(request.src, dtype=request.dtype, cache_size=request.cache_size,
-                                 cache_dir=request.cache_dir, cache_dir_size=request.cache_dir_size,
-                                 redis=request.redis, manifest=request.manifest, mirrors=request.mirrors,
-                                 timeout=request.timeout, stall_timeout=request.stall_timeout)
+    checkpoint = open_with(request.src, request.open_options)
     return _Plan(request, mountpoint, options, binding,
                  MountTree(checkpoint, providers=tensor_providers(request.layout),
                            extra=_virtual_files(request)), log_file, metrics)

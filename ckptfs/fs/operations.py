@@ -130,7 +130,7 @@ class CkptOperations:
         self._describe = dict(describe or {})
         self._uid, self._gid = os.getuid(), os.getgid()
         # remote checkpoints: one --timeout for a whole FUSE read, however many source reads it takes
-        self._read_scope = getattr(tree.checkpoint, "read_scope", None)
+        self._read_scope = tree.checkpoint.read_scope
         mtime_ns = tree.mtime_ns
         self._times = {"st_atime": mtime_ns, "st_mtime": mtime_ns, "st_ctime": mtime_ns}
         self._root_attrs = self._attrs(DIR_MODE, 0, nlink=2)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Iterable
 
-from ckptfs.checkpoint.tensors import Checkpoint
+from ckptfs.checkpoint.api import Checkpoint
 from ckptfs.ggufmerge.view import MERGED_FILE, MergedGgufView, why_not_merged
 from ckptfs.tree.mount_tree import Entry
 

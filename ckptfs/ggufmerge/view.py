@@ -16,7 +16,7 @@ import bisect
 import struct
 from dataclasses import dataclass
 
-from ckptfs.checkpoint.tensors import Checkpoint
+from ckptfs.checkpoint.api import Checkpoint
 from ckptfs.core.descriptors import TensorInfo
 from ckptfs.formats._prefix import FilePrefix
 from ckptfs.formats.gguf import ALIGNMENT_KEY, DEFAULT_ALIGNMENT, GGML_TYPE_NAMES, MAGIC

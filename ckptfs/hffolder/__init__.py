@@ -45,7 +45,7 @@ def unavailable_reason(checkpoint) -> str | None:
 def hf_folder(src, dtype: str = "bfloat16", **open_kwargs):
     """``src`` (a GGUF file or any shard of a split set) as an HfFolder: file name -> View, ``.read(name)``,
     ``.write_to(directory)``. Raises Unsupported (one line) when transformers cannot map the architecture."""
-    from ckptfs.checkpoint.tensors import open as open_checkpoint
+    from ckptfs.checkpoint.api import open as open_checkpoint
     from ckptfs.hffolder.folder import HfFolder
 
     missing = missing_packages()

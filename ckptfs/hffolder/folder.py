@@ -11,7 +11,7 @@ import os
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
-from ckptfs.checkpoint.tensors import Checkpoint
+from ckptfs.checkpoint.api import Checkpoint
 from ckptfs.engine.views import BytesView, View
 from ckptfs.hffolder.config import Unsupported, check_supported, config_dict, config_files
 from ckptfs.hffolder.safetensors_view import DTYPES, SafetensorsView

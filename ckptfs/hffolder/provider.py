@@ -10,7 +10,7 @@ import functools
 import logging
 from collections.abc import Iterable
 
-from ckptfs.checkpoint.tensors import Checkpoint
+from ckptfs.checkpoint.api import Checkpoint
 from ckptfs.tree.mount_tree import Entry, Provider
 from ckptfs.hffolder import Unsupported, unavailable_reason
 

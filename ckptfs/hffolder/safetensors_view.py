@@ -23,7 +23,7 @@ import numpy as np
 
 from ckptfs.engine.blocks import GROUP_TARGET_BYTES, TensorData
 from ckptfs.cache.tiered import cache_key
-from ckptfs.checkpoint.tensors import Checkpoint
+from ckptfs.checkpoint.api import Checkpoint
 from ckptfs.engine.views import Ahead, HeaderBodyView
 from ckptfs.hffolder.weights import ParamSource
 

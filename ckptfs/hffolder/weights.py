@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from ckptfs.checkpoint.tensors import Checkpoint, Tensor
+from ckptfs.checkpoint.api import Checkpoint, Tensor
 from ckptfs.hffolder.config import ROW_LOCAL_PROCESSORS, Unsupported
 
 ValueMap = Callable[[np.ndarray], np.ndarray]

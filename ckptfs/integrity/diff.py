@@ -97,7 +97,7 @@ def open_side(src: str, progress: Progress | None = None) -> _Side:
     """A manifest file as it is, or a checkpoint opened and hashed."""
     if is_manifest(src):
         return _Side(load_manifest(src))
-    from ckptfs.checkpoint.tensors import open as open_checkpoint
+    from ckptfs.checkpoint.api import open as open_checkpoint
 
     ck = open_checkpoint(src)
     return _Side(build_manifest(ck, progress=progress), ck)

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from ckptfs.checkpoint.tensors import Tensor
+from ckptfs.checkpoint.api import Tensor
 from ckptfs.core.descriptors import TensorInfo
 from ckptfs.core.errors import CheckpointError
 from ckptfs.engine.views import npy_header

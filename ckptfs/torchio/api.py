@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from ckptfs.quant import codec_for
+from ckptfs.checkpoint.api import opened
 from ckptfs.engine import batch
 from ckptfs.torchio import kernels
 
@@ -282,16 +283,12 @@ def load(src, names: Sequence[str] | None = None, *, device="cpu", dtype=None,
     every core (CPU), or uploaded and dequantized on the GPU (CUDA)."""
     resolve_device(device)
     resolve_dtype(dtype)
-    ck, opened = batch.open_checkpoint(src)
-    try:
+    with opened(src) as ck:
         if names is None:
             names = [n for n in ck if ck[n].decodable and not ck[n].info.damaged]
         names = names if isinstance(names, str) else list(names)
         tensors = batch.tensors_named(ck, names)
         return dict(zip(names, load_tensors(ck, tensors, device, dtype, use_kernels=use_kernels)))
-    finally:
-        if opened:
-            ck.close()
 
 
 load_batch = batch.load_batch

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ckptfs.checkpoint.tensors import Checkpoint, decode_plan
+from ckptfs.checkpoint.api import Checkpoint, decode_plan
 from ckptfs.util.jsonutil import dumps_bytes
 from ckptfs.tree.names import assign_stems
 from ckptfs.engine.views import BytesView, FileView, NpyView, RawView, View, npy_header

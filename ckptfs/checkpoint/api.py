@@ -15,15 +15,18 @@ from typing import Any
 
 import numpy as np
 
-from ckptfs.engine.blocks import UNCACHED_STEP_BYTES, TensorData
 from ckptfs.cache.tiered import BlockCache, TieredCache
+from ckptfs.checkpoint.meta import tensor_meta
 from ckptfs.core.descriptors import ParsedCheckpoint, TensorInfo, TensorTable, tensor_names
 from ckptfs.core.errors import CheckpointError
-from ckptfs.checkpoint.meta import tensor_meta
+from ckptfs.core.features import feature
+from ckptfs.core.options import DEFAULT_CACHE_BYTES, OpenOptions, absolute
+from ckptfs.engine.blocks import UNCACHED_STEP_BYTES, TensorData
 from ckptfs.quant import DTYPE_MODES, Codec, codec_for, output_dtype
-from ckptfs.sources import ByteSource, SourcePool, checkpoint_content_id, is_url
+from ckptfs.sources import ByteSource, SourcePool, checkpoint_content_id
 
-DEFAULT_CACHE_BYTES = 512 * 1024 * 1024
+__all__ = ["open", "opened", "Checkpoint", "Tensor", "TensorList", "OpenOptions", "DEFAULT_CACHE_BYTES",
+           "decode_plan"]
 
 
 def decode_plan(info: TensorInfo, dtype_mode: str) -> tuple[Codec | None, np.dtype | None]:
@@ -107,8 +110,7 @@ class Tensor:
         """This tensor as a torch.Tensor on ``device`` (CUDA: dequantized there); ``rows=slice(a, b)``
         decodes only those rows. dtype None: the storage dtype where torch holds it exactly, else float32.
         Needs torch (imported here, never by ``import ckptfs``); see ckptfs.torchio."""
-        from ckptfs.torchio.api import to_torch
-        return to_torch(self, device, dtype, rows=rows)
+        return feature("to_torch")(self, device, dtype, rows=rows)
 
     def shared(self) -> np.ndarray:
         """The whole tensor, read-only, decoded once per machine into the cache folder and mapped: every
@@ -192,8 +194,8 @@ class Tensor:
                 f"dtype={self.dtype}{' damaged' if self.info.damaged else ''}>")
 
     def __reduce__(self):
-        return (_reopen_tensor, (self._ck._reopen_src, self._ck.dtype_mode, self.index, self._ck.content_id,
-                                 getattr(self._ck, "tier_options", None) or None))
+        # the options travel whole: the receiving process checks, fails over and shares tiers as this one
+        return (_reopen_tensor, (self._ck._reopen_src, self._ck.options, self.index, self._ck.content_id))
 
 
 def _rest_of(block: np.ndarray, rest: tuple) -> np.ndarray:
@@ -346,33 +348,38 @@ class TensorList(Sequence):
 class Checkpoint(Mapping):
     """An opened checkpoint: a read-only mapping of tensor name -> Tensor (the first of that name)."""
 
-    def __init__(self, parsed: ParsedCheckpoint, src: str, dtype: str = "auto",
-                 cache_bytes: int = DEFAULT_CACHE_BYTES, max_open_files: int = 64, *,
+    def __init__(self, parsed: ParsedCheckpoint, src: str, options: OpenOptions | None = None, *,
                  cache: TieredCache | None = None,
                  source_wrapper: Callable[[ByteSource], ByteSource] | None = None,
-                 source_opener: Callable[[str, str | None], ByteSource] | None = None):
-        """``cache``: the tiers decoded groups go to (default: a memory tier of ``cache_bytes``);
-        ``source_wrapper``: applied to every byte source as it is opened (checked reads, mirrors);
-        ``source_opener``: opens them (default ``ckptfs.sources.open_source``; remote options)."""
-        if dtype not in DTYPE_MODES:
-            raise ValueError(f"dtype must be one of {', '.join(DTYPE_MODES)}, not {dtype!r}")
+                 source_opener: Callable[[str, str | None], ByteSource] | None = None,
+                 read_scope: Callable[[], contextlib.AbstractContextManager] | None = None):
+        """``options``: how it was opened (kept whole, and carried by pickled tensors); ``cache``: the tiers
+        decoded groups go to (default: a memory tier of ``options.cache_size``); ``source_wrapper``: applied
+        to every byte source as it is opened (checked reads, mirrors); ``source_opener``: opens them (default
+        ``ckptfs.sources.open_source``; remote options); ``read_scope``: a context a mount enters around each
+        read (a remote checkpoint's deadline), or None."""
+        options = options if options is not None else OpenOptions()
+        if options.dtype not in DTYPE_MODES:
+            raise ValueError(f"dtype must be one of {', '.join(DTYPE_MODES)}, not {options.dtype!r}")
         self.parsed = parsed
         self.src = src
-        self._reopen_src = _as_reopenable(src)
-        self.dtype_mode = dtype
+        self.options = options
+        self.read_scope = read_scope
+        self._reopen_src = absolute(src)
+        self.dtype_mode = options.dtype
         self.format = parsed.format
         self.version = parsed.version
         self.files = parsed.files
         self.notes = parsed.notes
         self.passthrough = parsed.passthrough
-        self.sources = SourcePool(max_open_files, opener=source_opener, wrapper=source_wrapper)
+        self.sources = SourcePool(options.max_open_files, opener=source_opener, wrapper=source_wrapper)
         # Pin every file now, while its header is fresh (sources otherwise open at the first read): a file
         # replaced or rewritten after that must give errors, or the old bytes, never new bytes read at the
         # old header's offsets.
         pinned = [self.sources.get(path) for path in parsed.files]
         #: What caches shared between processes and pickled tensors key on (``ckptfs.sources.identity``).
         self.content_id = checkpoint_content_id([source.content_id() for source in pinned])
-        self.cache = cache if cache is not None else TieredCache([BlockCache(cache_bytes)])
+        self.cache = cache if cache is not None else TieredCache([BlockCache(options.cache_size)])
         # Closed on collection: a checkpoint dropped without close() releases its descriptors, connections
         # and tiers (issue 11). Not at interpreter exit: the process is ending, and a forked mount daemon's
         # copy must not be closed by its parent's exit.
@@ -384,8 +391,7 @@ class Checkpoint(Mapping):
             self._by_name.setdefault(name, i)
         self.packed_views: list[dict[str, Any]] = []
         if any(name in parsed.passthrough for name in ("config.json", "quantize_config.json")):
-            from ckptfs.packed import attach  # GPTQ/AWQ/compressed-tensors views; a plain file never imports it
-            attach(self)
+            feature("packed_views")(self)  # GPTQ/AWQ/compressed-tensors views; a plain file never imports them
 
     @property
     def metadata(self) -> Mapping[str, Any]:
@@ -435,57 +441,72 @@ class Checkpoint(Mapping):
         return f"<ckptfs.Checkpoint {self.src!r} {self.format} tensors={len(self.tensors)}>"
 
 
-def open(src, dtype: str = "auto", cache_size: int = DEFAULT_CACHE_BYTES,
-         max_open_files: int = 64, *, cache_dir: str | None = None, cache_dir_size: int | None = None,
-         redis: str | None = None, manifest=None, mirrors=None, timeout: float | None = None,
-         stall_timeout: float | None = None) -> Checkpoint:  # noqa: A001 - the public name docs/interfaces.md fixes
+_UNSET: Any = object()
+
+
+def open(src, dtype: str = _UNSET, cache_size: int = _UNSET, max_open_files: int = _UNSET, *,  # noqa: A001
+         cache_dir: str | None = None, cache_dir_size: int | None = None, redis: str | None = None,
+         manifest=None, mirrors=None, timeout: float | None = None, stall_timeout: float | None = None,
+         options: OpenOptions | None = None) -> Checkpoint:
     """Open a checkpoint: a GGUF or safetensors file, a split-GGUF shard, a shard folder or an index file.
 
-    ``cache_dir`` (bounded by ``cache_dir_size``, default 10G) and ``redis`` (``redis://HOST:PORT/DB``) add
-    decoded-group tiers shared with other processes and machines below the memory cache (ckptfs.cache.build).
-    ``manifest`` (a ``ckptfs manifest`` file or a loaded Manifest): every read of tensor bytes is checked
-    against its chunk crc32s on first access (ckptfs.integrity.checked).
-    ``src`` may be a URL (``http(s)://``, ``s3://``, ``hf://``); ``mirrors``: byte-identical copies read when a
-    read from ``src`` fails; ``timeout`` (default 30 s) bounds every remote read, failover included, and
+    ``dtype`` "auto" (default), "float32" or "float16"; ``cache_size`` bytes of decoded groups kept in memory
+    (default 512 MiB). ``cache_dir`` (bounded by ``cache_dir_size``, default 10G) and ``redis``
+    (``redis://HOST:PORT/DB``) add decoded-group tiers shared with other processes and machines below the
+    memory cache (ckptfs.cache). ``manifest`` (a ``ckptfs manifest`` file or a loaded Manifest): every read
+    of tensor bytes is checked against its chunk crc32s on first access (ckptfs.integrity.checked).
+    ``src`` may be a URL (``http(s)://``, ``s3://``, ``hf://``); ``mirrors``: byte-identical copies read when
+    a read from ``src`` fails; ``timeout`` (default 30 s) bounds every remote read, failover included, and
     ``stall_timeout`` (default 10 s) each attempt's wait for bytes; ``cache_dir`` also keeps fetched remote
-    bytes (ckptfs.sources.plan)."""
+    bytes (ckptfs.sources.plan). ``options``: an :class:`OpenOptions` to start from (the keywords given
+    change it); the checkpoint keeps the result as ``ck.options``, and its pickled tensors carry it."""
+    keywords = dict(dtype=dtype, cache_size=cache_size, max_open_files=max_open_files, cache_dir=cache_dir,
+                    cache_dir_size=cache_dir_size, redis=redis, manifest=manifest,
+                    mirrors=tuple(mirrors) if mirrors is not None and not isinstance(mirrors, (str, bytes))
+                    else mirrors, timeout=timeout, stall_timeout=stall_timeout)
+    return open_with(src, OpenOptions.build(options, **{k: v for k, v in keywords.items() if v is not _UNSET}))
+
+
+def open_with(src, options: OpenOptions) -> Checkpoint:
+    """Open ``src`` (a path, bytes or os.PathLike, or a URL) as ``options`` say."""
     from ckptfs.formats.multi import read_checkpoint
 
-    src = src if isinstance(src, str) else os.fsdecode(os.fspath(src))  # str, bytes or os.PathLike
-    cache_size = _cache_bytes(cache_size)
-    tier_options = {k: v for k, v in (("cache_dir", cache_dir), ("cache_dir_size", cache_dir_size),
-                                      ("redis", redis)) if v is not None}
+    src = src if isinstance(src, str) else os.fsdecode(os.fspath(src))
     cache = None
-    if cache_dir or redis:
+    if options.shared_tiers:
         from ckptfs.cache.build import build_tiers
-        cache = build_tiers(cache_size, **tier_options)
+        cache = build_tiers(options.cache_size, **{k: v for k, v in (
+            ("cache_dir", options.cache_dir), ("cache_dir_size", options.cache_dir_size),
+            ("redis", options.redis)) if v is not None})
     plan = None
-    if is_url(src) or mirrors or timeout is not None or stall_timeout is not None:
+    if options.needs_source_plan(src):
         from ckptfs.sources.plan import SourcePlan
-        plan = SourcePlan(src, mirrors, timeout=timeout, stall_timeout=stall_timeout, cache_dir=cache_dir,
-                          cache_dir_size=cache_dir_size)
+        plan = SourcePlan(src, options.mirrors, timeout=options.timeout, stall_timeout=options.stall_timeout,
+                          cache_dir=options.cache_dir, cache_dir_size=options.cache_dir_size)
     with plan.opening() if plan is not None else contextlib.nullcontext():
         parsed = read_checkpoint(src)
     wrapper = None
-    if manifest is not None:
-        from ckptfs.integrity.checked import checked_wrapper
-        wrapper = checked_wrapper(manifest, parsed)
+    if options.manifest is not None:
+        wrapper = feature("checked_reads")(options.manifest, parsed)
     if plan is not None:
         wrapper = plan.wrapper(wrapper)
-    ck = Checkpoint(parsed, src, dtype=dtype, cache_bytes=cache_size,
-                    max_open_files=max_open_files, cache=cache, source_wrapper=wrapper,
-                    source_opener=plan.opener if plan is not None else None)
-    ck.tier_options = tier_options  # pickled tensors reopen with the same shared tiers
-    if plan is not None:
-        ck.read_scope = plan.read_scope  # a mount bounds each FUSE read by --timeout
-    return ck
+    return Checkpoint(parsed, src, options, cache=cache, source_wrapper=wrapper,
+                      source_opener=plan.opener if plan is not None else None,
+                      read_scope=plan.read_scope if plan is not None else None)
 
 
-def _cache_bytes(value) -> int:
-    """``cache_size`` checked: a whole number of bytes >= 0 (0: no decoded groups are kept, each read decodes)."""
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
-        raise ValueError(f"cache_size must be a whole number of bytes >= 0 (0 keeps nothing), not {value!r}")
-    return int(value)
+@contextlib.contextmanager
+def opened(src) -> Iterator[Checkpoint]:
+    """``src`` as a Checkpoint: an open one as it is, a path or URL opened with the defaults and closed on
+    leaving (``ckptfs.load``, ``load_batch`` and ``hf_folder`` take either)."""
+    if isinstance(src, Checkpoint):
+        yield src
+        return
+    ck = open(src)
+    try:
+        yield ck
+    finally:
+        ck.close()
 
 
 def _release(sources: SourcePool, cache: TieredCache) -> None:
@@ -494,34 +515,26 @@ def _release(sources: SourcePool, cache: TieredCache) -> None:
     cache.close()
 
 
-def _as_reopenable(src: str) -> str:
-    """``src`` as a pickled Tensor must name it: a relative path joined to the directory it was opened from
-    (the unpickling process may have moved, as the sources' own reopening allows for); joined, not
-    normalized, so that ``..`` after a link keeps its meaning. A URL stays as it is."""
-    if is_url(src) or os.path.isabs(src):
-        return src
-    try:
-        return os.path.join(os.getcwd(), src)
-    except OSError:  # the working directory was deleted: nothing better to name
-        return src
-
-
-_reopened: dict[tuple[str, str], Checkpoint] = {}
+_reopened: dict[str, list[Checkpoint]] = {}
 _reopen_lock = threading.Lock()
 
 
-def _reopen_tensor(src: str, dtype: str, index: int, content_id: str | None = None,
-                   tier_options: dict | None = None) -> Tensor:
-    """Unpickle a Tensor: reopen its checkpoint once per process (DataLoader workers unpickle many).
+def _reopen_tensor(src: str, options: OpenOptions, index: int, content_id: str | None = None) -> Tensor:
+    """Unpickle a Tensor: reopen its checkpoint with the very same options, once per process (DataLoader
+    workers unpickle many).
 
     The pickle carries the checkpoint's content identity: a checkpoint replaced since (an HF snapshot
     updated under a running DataLoader) is an error, never another tensor served silently under the old
     index. A checkpoint this process reopened earlier is reopened again if its identity no longer matches.
     """
     with _reopen_lock:
-        ck = _reopened.get((src, dtype))
-        if ck is None or ck.closed or (content_id is not None and ck.content_id != content_id):
-            ck = _reopened[(src, dtype)] = open(src, dtype=dtype, **(tier_options or {}))
+        known = _reopened.setdefault(src, [])
+        ck = next((c for c in known if c.options == options and not c.closed), None)
+        if ck is None or (content_id is not None and ck.content_id != content_id):
+            if ck is not None:
+                known.remove(ck)
+            ck = open_with(src, options)
+            known.append(ck)
     if content_id is not None and ck.content_id != content_id:
         raise CheckpointError(src, None, "the checkpoint changed since this tensor was pickled "
                                          "(its files were replaced or rewritten): reopen it")
