@@ -446,14 +446,14 @@ _UNSET: Any = object()
 
 def open(src, dtype: str = _UNSET, cache_size: int = _UNSET, max_open_files: int = _UNSET, *,  # noqa: A001
          cache_dir: str | None = None, cache_dir_size: int | None = None, redis: str | None = None,
-         manifest=None, mirrors=None, timeout: float | None = None, stall_timeout: float | None = None,
+         cache_key_file: str | None = None, manifest=None, mirrors=None, timeout: float | None = None, stall_timeout: float | None = None,
          options: OpenOptions | None = None) -> Checkpoint:
     """Open a checkpoint: a GGUF or safetensors file, a split-GGUF shard, a shard folder or an index file.
 
     ``dtype`` "auto" (default), "float32" or "float16"; ``cache_size`` bytes of decoded groups kept in memory
     (default 512 MiB). ``cache_dir`` (bounded by ``cache_dir_size``, default 10G) and ``redis``
     (``redis://HOST:PORT/DB``) add decoded-group tiers shared with other processes and machines below the
-    memory cache (ckptfs.cache). ``manifest`` (a ``ckptfs manifest`` file or a loaded Manifest): every read
+    memory cache (ckptfs.cache), their entries authenticated with the key in ``cache_key_file``. ``manifest`` (a ``ckptfs manifest`` file or a loaded Manifest): every read
     of tensor bytes is checked against its chunk crc32s on first access (ckptfs.integrity.checked).
     ``src`` may be a URL (``http(s)://``, ``s3://``, ``hf://``); ``mirrors``: byte-identical copies read when
     a read from ``src`` fails; ``timeout`` (default 30 s) bounds every remote read, failover included, and
@@ -461,7 +461,7 @@ def open(src, dtype: str = _UNSET, cache_size: int = _UNSET, max_open_files: int
     bytes (ckptfs.sources.plan). ``options``: an :class:`OpenOptions` to start from (the keywords given
     change it); the checkpoint keeps the result as ``ck.options``, and its pickled tensors carry it."""
     keywords = dict(dtype=dtype, cache_size=cache_size, max_open_files=max_open_files, cache_dir=cache_dir,
-                    cache_dir_size=cache_dir_size, redis=redis, manifest=manifest,
+                    cache_dir_size=cache_dir_size, redis=redis, cache_key_file=cache_key_file, manifest=manifest,
                     mirrors=tuple(mirrors) if mirrors is not None and not isinstance(mirrors, (str, bytes))
                     else mirrors, timeout=timeout, stall_timeout=stall_timeout)
     return open_with(src, OpenOptions.build(options, **{k: v for k, v in keywords.items() if v is not _UNSET}))
@@ -477,7 +477,7 @@ def open_with(src, options: OpenOptions) -> Checkpoint:
         from ckptfs.cache.build import build_tiers
         cache = build_tiers(options.cache_size, **{k: v for k, v in (
             ("cache_dir", options.cache_dir), ("cache_dir_size", options.cache_dir_size),
-            ("redis", options.redis)) if v is not None})
+            ("redis", options.redis), ("cache_key_file", options.cache_key_file)) if v is not None})
     plan = None
     if options.needs_source_plan(src):
         from ckptfs.sources.plan import SourcePlan

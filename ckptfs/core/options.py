@@ -37,6 +37,7 @@ class OpenOptions:
     cache_dir: str | None = None            # the disk tier (ckptfs.cache.disk), also fetched remote bytes
     cache_dir_size: int | None = None       # its bound (None: ckptfs.cache.disk's default)
     redis: str | None = None                # the Redis tier's URL
+    cache_key_file: str | None = None       # the key authenticating shared-tier entries (ckptfs.cache)
     manifest: Any = None                    # a manifest file's path, or a loaded ckptfs.integrity Manifest
     mirrors: tuple[str, ...] = ()           # byte-identical copies read when a read from the source fails
     timeout: float | None = None            # every remote read answered within it (None: the default)
@@ -72,7 +73,8 @@ class OpenOptions:
             manifest = absolute(os.fsdecode(os.fspath(manifest)))
         return dataclasses.replace(
             self, manifest=manifest, mirrors=tuple(absolute(m) for m in self.mirrors),
-            cache_dir=absolute(os.fspath(self.cache_dir)) if self.cache_dir else None)
+            cache_dir=absolute(os.fspath(self.cache_dir)) if self.cache_dir else None,
+            cache_key_file=absolute(os.fspath(self.cache_key_file)) if self.cache_key_file else None)
 
     @property
     def shared_tiers(self) -> bool:
