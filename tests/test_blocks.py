@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from ckptfs.engine.blocks import TensorData
-from ckptfs.cache.tiered import BlockCache
+from ckptfs.cache.tiered import BlockCache, TieredCache
 from ckptfs.core.descriptors import TensorInfo
 from ckptfs.core.errors import CheckpointError
 from ckptfs.quant import codec_for, known_types, output_dtype
@@ -70,7 +70,7 @@ def test_any_range_equals_slice_of_whole_decode(tmp_path, type_name):
     whole = codec.dequantize(blocks).reshape(-1)
     whole = whole.astype(dtype) if whole.dtype != dtype else whole
     pool = CountingPool()
-    data = TensorData(info, codec, dtype, pool, BlockCache(1 << 20))
+    data = TensorData(info, codec, dtype, pool, TieredCache([BlockCache(1 << 20)]))
     data.group_blocks = 4  # small groups so ranges straddle group boundaries
     be, n = info.block_elements, info.n_elements
     ranges = [(0, n), (0, 1), (n - 1, n), (0, be), (be, 2 * be), (be - 1, be + 1), (3 * be + 1, 9 * be - 1),
@@ -87,7 +87,7 @@ def test_reads_only_the_blocks_needed(tmp_path, type_name):
         pytest.skip(f"{type_name} codec not registered")
     info, codec, _ = make_tensor(tmp_path, type_name, n_blocks=64)
     pool = CountingPool()
-    data = TensorData(info, codec, output_dtype(codec), pool, BlockCache(1 << 20))
+    data = TensorData(info, codec, output_dtype(codec), pool, TieredCache([BlockCache(1 << 20)]))
     data.group_blocks = 1 if not data.direct else data.group_blocks
     be, bb = info.block_elements, info.block_bytes
     e0, e1 = 10 * be + 1, 12 * be - 1
@@ -103,7 +103,7 @@ def test_truncated_tensor_serves_what_is_present(tmp_path):
     n_blocks, prefix = 40, 16
     cut = prefix + 25 * codec.block_bytes + 7  # 25 whole blocks, then part of the 26th
     info, codec, blocks = make_tensor(tmp_path, "Q8_0", n_blocks, prefix=prefix, truncate_to=cut)
-    data = TensorData(info, codec, np.dtype("<f4"), SourcePool(), BlockCache(1 << 20))
+    data = TensorData(info, codec, np.dtype("<f4"), SourcePool(), TieredCache([BlockCache(1 << 20)]))
     data.group_blocks = 8
     whole = codec.dequantize(blocks[:25]).reshape(-1)
     assert data.available_blocks() == 25

@@ -8,7 +8,7 @@ import time
 import numpy as np
 import pytest
 
-from ckptfs.cache.tiered import BlockCache
+from ckptfs.cache.tiered import BlockCache, TieredCache
 
 
 def loader(n: int, calls: list):
@@ -19,7 +19,7 @@ def loader(n: int, calls: list):
 
 
 def test_hits_misses_and_byte_bound():
-    cache = BlockCache(300)
+    cache = TieredCache([BlockCache(300)])
     calls: list = []
     for key in "abc":
         cache.get_or_load(key, loader(100, calls))
@@ -32,20 +32,20 @@ def test_hits_misses_and_byte_bound():
 
 
 def test_value_larger_than_capacity_is_returned_but_not_kept():
-    cache = BlockCache(10)
+    cache = TieredCache([BlockCache(10)])
     value = cache.get_or_load("big", loader(100, []))
     assert value.size == 100 and "big" not in cache and cache.stats().bytes == 0
 
 
 def test_cached_values_are_read_only():
-    cache = BlockCache(1000)
+    cache = TieredCache([BlockCache(1000)])
     value = cache.get_or_load("k", loader(10, []))
     with pytest.raises(ValueError):
         value[0] = 2
 
 
 def test_concurrent_misses_decode_once():
-    cache = BlockCache(1 << 20)
+    cache = TieredCache([BlockCache(1 << 20)])
     calls: list = []
 
     def slow():
@@ -62,7 +62,7 @@ def test_concurrent_misses_decode_once():
 
 
 def test_loader_error_reaches_every_waiter_and_is_not_cached():
-    cache = BlockCache(1000)
+    cache = TieredCache([BlockCache(1000)])
 
     def boom():
         raise RuntimeError("decode failed")

@@ -13,7 +13,9 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from collections import OrderedDict
+
+from ckptfs.cache.keys import CacheKey
+from ckptfs.cache.lru import BytesLRU
 
 log = logging.getLogger(__name__)
 
@@ -23,55 +25,20 @@ CHUNK = 256 * 1024
 DEFAULT_MEMORY_BYTES = 128 * 1024 * 1024
 
 
-def chunk_key(content_id: str, index: int) -> str:
-    return f"{content_id}#{index}"
+def chunk_key(content_id: str, index: int) -> CacheKey:
+    """The key of fetched chunk ``index`` (bytes ``index * CHUNK`` on) of the file ``content_id``."""
+    return CacheKey(content_id, 0, "bytes", "raw", index, index + 1)
 
 
-class MemoryChunks:
-    """A bytes-bounded LRU of chunks (thread-safe)."""
+class MemoryChunks(BytesLRU):
+    """Fetched chunks in memory: the package's one LRU (ckptfs.cache.lru), of ``bytes``."""
 
     def __init__(self, capacity: int = DEFAULT_MEMORY_BYTES):
-        self.capacity = capacity
-        self._items: OrderedDict[str, bytes] = OrderedDict()
-        self._bytes = 0
-        self._lock = threading.Lock()
-        self.hits = self.misses = 0
-
-    def get(self, key: str) -> bytes | None:
-        with self._lock:
-            data = self._items.get(key)
-            if data is None:
-                self.misses += 1
-                return None
-            self._items.move_to_end(key)
-            self.hits += 1
-            return data
-
-    def __contains__(self, key: str) -> bool:
-        with self._lock:
-            return key in self._items
-
-    def put(self, key: str, data: bytes) -> None:
-        if len(data) > self.capacity:
-            return
-        with self._lock:
-            old = self._items.pop(key, None)
-            if old is not None:
-                self._bytes -= len(old)
-            self._items[key] = data
-            self._bytes += len(data)
-            while self._bytes > self.capacity:
-                _, evicted = self._items.popitem(last=False)
-                self._bytes -= len(evicted)
+        super().__init__(capacity)
 
     def stats(self) -> dict:
-        with self._lock:
-            return {"hits": self.hits, "misses": self.misses, "bytes": self._bytes, "capacity": self.capacity}
-
-    def clear(self) -> None:
-        with self._lock:
-            self._items.clear()
-            self._bytes = 0
+        counts = super().stats()
+        return {"hits": counts.hits, "misses": counts.misses, "bytes": counts.bytes, "capacity": counts.capacity}
 
 
 MEMORY = MemoryChunks()
@@ -102,7 +69,7 @@ def disk_store(root: str | None, max_bytes: int):
 def _fresh_locks_in_child() -> None:
     # a read-ahead thread of the parent may have held a lock at fork; in the child nobody would release it
     global _stores_lock
-    MEMORY._lock = threading.Lock()
+    MEMORY.reset_lock()
     _stores_lock = threading.Lock()
 
 

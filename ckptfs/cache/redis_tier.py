@@ -43,6 +43,7 @@ import numpy as np
 
 from ckptfs.cache import entry
 from ckptfs.cache.counters import TierCounters
+from ckptfs.cache.keys import CacheKey
 from ckptfs.cache.writer import BackgroundWriter
 
 log = logging.getLogger(__name__)
@@ -137,7 +138,7 @@ class RedisTier:
             self._count(hits=1, hit_bytes=value.nbytes)
             self._continues(key)
             return value
-        ahead = following_keys(key, READ_AHEAD_GROUPS) if self._continues(key) else []
+        ahead = key.following(READ_AHEAD_GROUPS) if self._continues(key) else []
         found = self._fetch([key, *ahead], counted=1)
         with self._lock:
             for extra_key, extra in zip(ahead, found[1:]):
@@ -155,10 +156,9 @@ class RedisTier:
 
     def _continues(self, key: str) -> bool:
         """Whether ``key``'s block range starts where this tensor's previous lookup ended (and remember)."""
-        parsed = _split_range(key)
-        if parsed is None:
+        if not isinstance(key, CacheKey):
             return False
-        prefix, b0, b1 = parsed
+        prefix, b0, b1 = key.with_range(0, 0), key.start, key.stop
         with self._lock:
             sequential = self._stream_ends.pop(prefix, None) == b0
             self._stream_ends[prefix] = b1
@@ -330,26 +330,6 @@ class RedisTier:
                 client.close()
             except Exception:  # noqa: BLE001, S110
                 pass
-
-
-def _split_range(key: str) -> tuple[str, int, int] | None:
-    """(tensor prefix, b0, b1) of a key laid out as ``cache_key`` does (``...|b0-b1``), else None."""
-    prefix, sep, span = key.rpartition("|")
-    b0, dash, b1 = span.partition("-")
-    if not sep or not dash or not b0.isdigit() or not b1.isdigit():
-        return None
-    return prefix, int(b0), int(b1)
-
-
-def following_keys(key: str, n: int) -> list[str]:
-    """The keys of the ``n`` groups after ``key``'s, of the same width (a tensor's last group may be cut
-    shorter: its guessed key then simply finds nothing)."""
-    parsed = _split_range(key)
-    if parsed is None:
-        return []
-    prefix, b0, b1 = parsed
-    width = b1 - b0
-    return [f"{prefix}|{b1 + i * width}-{b1 + (i + 1) * width}" for i in range(n)] if width > 0 else []
 
 
 def _is_oom(exc: BaseException) -> bool:

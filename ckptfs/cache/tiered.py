@@ -7,9 +7,9 @@ Redis server shared by machines) implement the :class:`CacheTier` protocol. A lo
 lower tier in order, then the decoder; what was found lower is promoted to the tiers above it, and what was
 decoded is offered to every tier.
 
-Keys are strings built in one place (:func:`cache_key`) from the checkpoint file's *content identity*
-(``ckptfs.sources.identity``), the storage type, the output dtype and the decoded block range, so a tier
-shared by processes never serves one file's groups for another.
+Keys are :class:`ckptfs.cache.keys.CacheKey` values (the file's *content identity*, where the tensor is
+stored, its storage type, the served dtype and the decoded block range; their text form is derived, never
+parsed back), so a tier shared by processes never serves one file's groups for another.
 
 Concurrent readers asking for the same missing group wait for a single decode instead of each doing it
 (FUSE runs many reader threads, and the kernel's readahead sends neighbouring requests at once). Counters
@@ -24,22 +24,20 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections import OrderedDict
 from collections.abc import Callable, Hashable, Sequence
-from dataclasses import dataclass
 
 import numpy as np
 
+from ckptfs.cache.flight import SingleFlight
+from ckptfs.cache.keys import CacheKey, group_key
+from ckptfs.cache.lru import BytesLRU, CacheStats
+
+__all__ = ["CacheTier", "BlockCache", "TieredCache", "CacheStats", "CacheKey", "cache_key"]
+
 log = logging.getLogger(__name__)
 
-
-def cache_key(content_id: str, offset: int, storage_type: str, dtype: str, b0: int, b1: int) -> str:
-    """The key of decoded blocks [b0, b1) of the tensor stored at ``offset`` of the file ``content_id``.
-
-    The block range names the decoded blocks themselves: tensors sharing a data offset (deduplicated data)
-    share their groups, but a shorter tensor's last group, cut at its end, is not the longer one's.
-    """
-    return f"{content_id}|{offset}|{storage_type}|{dtype}|{b0}-{b1}"
+#: The key of decoded blocks [b0, b1) of a stored tensor (ckptfs.cache.keys.group_key).
+cache_key = group_key
 
 
 class CacheTier:
@@ -63,92 +61,13 @@ class CacheTier:
         """Release what the tier holds (connections, descriptors)."""
 
 
-@dataclass
-class CacheStats:
-    hits: int = 0
-    misses: int = 0
-    evictions: int = 0
-    entries: int = 0
-    bytes: int = 0
-    capacity: int = 0
-
-    def as_dict(self) -> dict[str, int]:
-        return dict(self.__dict__)
-
-
-class _InFlight:
-    """A decode in progress: other readers of the same key wait on it."""
-
-    def __init__(self) -> None:
-        self.done = threading.Event()
-        self.value: np.ndarray | None = None
-        self.error: BaseException | None = None
-
-
-class BlockCache(CacheTier):
-    """The memory tier: an LRU of read-only numpy arrays, bounded by the sum of their ``nbytes``."""
+class BlockCache(BytesLRU, CacheTier):
+    """The memory tier: the package's LRU (ckptfs.cache.lru) of read-only arrays, bounded by their ``nbytes``.
+    Used through a :class:`TieredCache` (which adds the single flight), never on its own."""
 
     name = "memory"
 
-    def __init__(self, capacity_bytes: int):
-        self.capacity = max(0, int(capacity_bytes))
-        self._entries: OrderedDict[Hashable, np.ndarray] = OrderedDict()
-        self._lock = threading.Lock()
-        self._bytes = 0
-        self._hits = 0
-        self._misses = 0
-        self._evictions = 0
-        self._single_flight = TieredCache([self])
-
-    def get(self, key: Hashable) -> np.ndarray | None:
-        with self._lock:
-            value = self._entries.get(key)
-            if value is None:
-                self._misses += 1
-                return None
-            self._entries.move_to_end(key)
-            self._hits += 1
-            return value
-
-    def put(self, key: Hashable, value: np.ndarray) -> None:
-        with self._lock:
-            self._insert(key, value)
-
-    def get_or_load(self, key: Hashable, loader: Callable[[], np.ndarray]) -> np.ndarray:
-        """The cached value for ``key``, or ``loader()``'s result, cached if it fits (this tier alone)."""
-        return self._single_flight.get_or_load(key, loader)
-
-    def _insert(self, key: Hashable, value: np.ndarray) -> None:
-        size = value.nbytes
-        if size > self.capacity:
-            return
-        old = self._entries.pop(key, None)
-        if old is not None:
-            self._bytes -= old.nbytes
-        while self._entries and self._bytes + size > self.capacity:
-            _, evicted = self._entries.popitem(last=False)
-            self._bytes -= evicted.nbytes
-            self._evictions += 1
-        self._entries[key] = value
-        self._bytes += size
-
-    def contains(self, key: Hashable) -> bool:
-        with self._lock:
-            return key in self._entries
-
-    __contains__ = contains
-
-    def stats(self) -> CacheStats:
-        with self._lock:
-            return CacheStats(self._hits, self._misses, self._evictions, len(self._entries), self._bytes,
-                              self.capacity)
-
-    def clear(self) -> None:
-        with self._lock:
-            self._entries.clear()
-            self._bytes = 0
-
-    close = clear
+    close = BytesLRU.clear
 
 
 def _tier_counters(tier: CacheTier) -> dict:
@@ -169,7 +88,7 @@ class TieredCache:
         self.tiers = list(tiers)
         self.memory = self.tiers[0]
         self._lower = self.tiers[1:]
-        self._inflight: dict[Hashable, _InFlight] = {}
+        self._flights = SingleFlight()
         self._lock = threading.Lock()
         self.decoded_bytes = 0
 
@@ -189,27 +108,7 @@ class TieredCache:
             value = self.memory.get(key)
             if value is not None:
                 return value
-        with self._lock:
-            pending = self._inflight.get(key)
-            owner = pending is None
-            if owner:
-                pending = self._inflight[key] = _InFlight()
-        if not owner:
-            pending.done.wait()
-            if pending.error is not None:
-                raise pending.error
-            return pending.value
-        try:
-            value = self._load(key, loader, 0 if memory else 1)
-            pending.value = value
-            return value
-        except BaseException as exc:
-            pending.error = exc
-            raise
-        finally:
-            with self._lock:
-                self._inflight.pop(key, None)
-            pending.done.set()
+        return self._flights.run(key, lambda: self._load(key, loader, 0 if memory else 1))
 
     def _load(self, key: Hashable, loader: Callable[[], np.ndarray], first: int = 0) -> np.ndarray:
         for depth, tier in enumerate(self._lower, start=1):

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ckptfs.cache.tiered import BlockCache, TieredCache, cache_key
+from ckptfs.cache.tiered import TieredCache, cache_key
 from ckptfs.core.descriptors import TensorInfo
 from ckptfs.core.errors import CheckpointError
 from ckptfs.quant import Codec
@@ -30,7 +30,7 @@ class TensorData:
     """Decoded values of one tensor, by element range."""
 
     def __init__(self, info: TensorInfo, codec: Codec, dtype: np.dtype, sources: SourcePool,
-                 cache: TieredCache | BlockCache):
+                 cache: TieredCache):
         self.info = info
         self.codec = codec
         self.dtype = np.dtype(dtype)

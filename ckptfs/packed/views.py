@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from ckptfs.cache.keys import CacheKey
 from ckptfs.checkpoint.api import Tensor
 from ckptfs.core.descriptors import TensorInfo
 from ckptfs.core.errors import CheckpointError
@@ -65,7 +66,7 @@ class PartReader:
     def whole(self, role: str) -> np.ndarray:
         """A whole (small) part, cached: zero points, scales, g_idx."""
         info = self._layout.parts[role]
-        key = f"{self.ident([role])}|packed-part"
+        key = CacheKey(self.ident([role]), 0, "packed-part", PART_DTYPES[info.storage_type], 0, math.prod(info.shape))
         return self._ck.cache.get_or_load(key, lambda: self.read_whole(role).reshape(-1)).reshape(info.shape)
 
     def read_whole(self, role: str) -> np.ndarray:
@@ -83,7 +84,7 @@ class PartReader:
 
     def derived(self, what: str, roles: tuple[str, ...], shape: tuple[int, ...],
                 build: Callable[[], np.ndarray]) -> np.ndarray:
-        key = f"{self.ident(roles)}|packed:{what}"
+        key = CacheKey(self.ident(roles), 0, f"packed:{what}", "", 0, math.prod(shape))
         return self._ck.cache.get_or_load(key, lambda: np.ascontiguousarray(build()).reshape(-1)).reshape(shape)
 
 
@@ -103,7 +104,7 @@ class PackedData:
         self.rows_per_tile = info.block_elements // layout.in_features
         self._reader = reader
         self._cache = cache
-        self._key_prefix: str | None = None
+        self._key_prefix: CacheKey | None = None
 
     @property
     def n_tiles(self) -> int:
@@ -121,11 +122,12 @@ class PackedData:
             raise CheckpointError(marker.source, marker.offset, f"tensor {self.info.name!r}: {exc}") from None
         return values.reshape(-1)
 
-    def _key(self, t: int) -> str:
+    def _key(self, t: int) -> CacheKey:
         if self._key_prefix is None:
-            self._key_prefix = (f"{self._reader.ident(tuple(self.layout.parts))}|packed:{self.layout.scheme}|"
-                                f"{self.dtype.str}|{self.rows_per_tile}")
-        return f"{self._key_prefix}|{t}"
+            self._key_prefix = CacheKey(self._reader.ident(tuple(self.layout.parts)), 0,
+                                        f"packed:{self.layout.scheme}", f"{self.dtype.str}/{self.rows_per_tile}", 0, 0)
+        o0 = t * self.rows_per_tile
+        return self._key_prefix.with_range(o0, min(o0 + self.rows_per_tile, self.layout.out_features))
 
     def _tile(self, t: int) -> np.ndarray:
         o0 = t * self.rows_per_tile
