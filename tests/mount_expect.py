@@ -38,7 +38,7 @@ def served_dtype(exact: dict[str, str], storage_type: str, mode: str) -> np.dtyp
 
 def npy_bytes(array: np.ndarray) -> bytes:
     buf = io.BytesIO()
-    np.save(buf, array, allow_pickle=False)
+    np.save(buf, np.ascontiguousarray(array), allow_pickle=False)
     return buf.getvalue()
 
 

@@ -279,3 +279,10 @@ def _load_module(package: str, relative: str, as_name: str):
     module = importlib.util.module_from_spec(module_spec)
     module_spec.loader.exec_module(module)
     return module
+
+def same_bits(a: np.ndarray, b: np.ndarray) -> bool:
+    """Same dtype, shape and bits (NaN payloads and signed zeros included)."""
+    if a.dtype != b.dtype or a.shape != b.shape:
+        return False
+    unsigned = {2: np.uint16, 4: np.uint32}[a.dtype.itemsize]
+    return np.array_equal(a.view(unsigned), b.view(unsigned))

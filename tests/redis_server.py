@@ -15,14 +15,9 @@ import socket
 import subprocess
 import tempfile
 import time
+from servers import free_port
 
 REDIS_SERVER = shutil.which("redis-server") or "/usr/bin/redis-server"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class RedisServer:

@@ -34,6 +34,7 @@ import ckptfs
 import ckptfs.quant
 from ckptfs.core.errors import CheckpointError
 from ckptfs.tree.mount_tree import MountTree
+from mount_expect import npy_bytes
 
 PAGE = 4096
 GGUF_EXACT = {"F32": "<f4", "F16": "<f2", "F64": "<f8", "I8": "|i1", "I16": "<i2", "I32": "<i4", "I64": "<i8"}
@@ -66,12 +67,6 @@ class RefLayout:
 
     def end(self) -> int:
         return self.offset + self.stored
-
-
-def npy_bytes(array: np.ndarray) -> bytes:
-    buf = io.BytesIO()
-    np.save(buf, np.ascontiguousarray(array), allow_pickle=False)
-    return buf.getvalue()
 
 
 def served_npy(ref_array: np.ndarray, storage_type: str, exact: dict[str, str]) -> tuple[bytes, int]:

@@ -19,7 +19,6 @@ References: gguf-py's writer and dequantization, np.save for the .npy bytes.
 from __future__ import annotations
 
 import errno
-import io
 import json
 import os
 import random
@@ -32,6 +31,7 @@ import numpy as np
 import pytest
 from conftest import mount_stats, pid_alive
 from fixtures import Written, quantized, write_gguf
+from mount_expect import npy_bytes
 
 SERVED_DTYPES = {"F32": "<f4", "F16": "<f2"}  # dtype "auto": exact types as stored, the rest float32
 READERS = 3
@@ -47,12 +47,6 @@ def write_model(path: Path) -> Written:
         "blk.0.f16": (rng.standard_normal((40, 300)).astype(np.float16), "F16"),
         "norm": (rng.standard_normal(512).astype(np.float32), "F32"),
     }, {"general.name": "live", "test.values": [1, 2, 3]})
-
-
-def npy_bytes(array: np.ndarray) -> bytes:
-    buf = io.BytesIO()
-    np.save(buf, array, allow_pickle=False)
-    return buf.getvalue()
 
 
 def reference_files(written: Written) -> dict[str, bytes]:

@@ -6,7 +6,6 @@ dequantize) shard by shard; the decisions checked here are the ones docs/multifi
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import pickle
@@ -24,6 +23,7 @@ import ckptfs
 from ckptfs.commands.cli import main as cli_main
 from ckptfs.formats.multi import read_checkpoint
 from ckptfs.tree.mount_tree import MountTree
+from mount_expect import npy_bytes
 
 INDEX = "model.safetensors.index.json"
 
@@ -51,12 +51,6 @@ def assert_gguf_equal(ck: ckptfs.Checkpoint, paths: list[str]) -> None:
         assert got.shape == values.shape, name
         assert got.tobytes() == values.astype(got.dtype).tobytes(), name
         assert tensor.raw() == stored, name
-
-
-def npy_bytes(array: np.ndarray) -> bytes:
-    buf = io.BytesIO()
-    np.save(buf, array)
-    return buf.getvalue()
 
 
 def info_text(src: str) -> str:

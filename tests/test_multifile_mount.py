@@ -7,7 +7,6 @@ reference array, every ``.raw`` the stored bytes, every pass-through file the or
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import subprocess
@@ -16,17 +15,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import cli_env, ckptfs_cli, require_fuse
+from mount_expect import npy_bytes
 from multifile_sets import (MODEL_FILES, gguf_reference, gguf_tensors, safetensors_reference, safetensors_tensors,
                             shard_name, write_gguf_by_hand, write_model_files, write_safetensors_set,
                             write_split_gguf)
 
 INDEX = "model.safetensors.index.json"
-
-
-def npy_bytes(array: np.ndarray) -> bytes:
-    buf = io.BytesIO()
-    np.save(buf, array)
-    return buf.getvalue()
 
 
 def read(path: Path) -> bytes:

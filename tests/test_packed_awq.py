@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from packed_fixtures import (autoawq_dequantize_gemm, awq_gemm_layer, awq_gemv_layer, require_package,
+from packed_fixtures import (same_bits, autoawq_dequantize_gemm, awq_gemm_layer, awq_gemv_layer, require_package,
                              write_folder)
 from reference import scalar_packed
 
@@ -16,10 +16,6 @@ PREFIX = "model.layers.3.mlp.down_proj"
 
 def awq_config(group_size: int, version: str) -> dict:
     return {"quant_method": "awq", "bits": 4, "group_size": group_size, "zero_point": True, "version": version}
-
-
-def same_bits(a: np.ndarray, b: np.ndarray) -> bool:
-    return a.dtype == b.dtype and a.shape == b.shape and np.array_equal(a.view(np.uint32), b.view(np.uint32))
 
 
 @pytest.mark.parametrize("group_size", [32, 64, -1])

@@ -5,16 +5,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from packed_fixtures import (compressed_config, compressed_dequantize, compressed_layer, compressed_scheme,
+from packed_fixtures import (same_bits, compressed_config, compressed_dequantize, compressed_layer, compressed_scheme,
                              write_folder)
 
 import ckptfs
 
 PREFIX = "model.layers.1.self_attn.o_proj"
-
-
-def same_bits(a: np.ndarray, b: np.ndarray) -> bool:
-    return a.dtype == b.dtype and a.shape == b.shape and np.array_equal(a.view(np.uint32), b.view(np.uint32))
 
 
 CASES = [(bits, strategy, symmetric) for bits in (4, 8) for strategy in ("group", "channel", "tensor")

@@ -13,7 +13,7 @@ import json
 
 import numpy as np
 import pytest
-from packed_fixtures import autogptq_dequantize, gptq_layer, require_package, write_folder
+from packed_fixtures import same_bits, autogptq_dequantize, gptq_layer, require_package, write_folder
 from reference import scalar_packed
 
 import ckptfs
@@ -27,10 +27,6 @@ def gptq_config(bits: int, group_size: int, desc_act: bool = False, fmt: str | N
     if fmt is not None:
         config["checkpoint_format"] = fmt
     return config
-
-
-def same_bits(a: np.ndarray, b: np.ndarray) -> bool:
-    return a.dtype == b.dtype and a.shape == b.shape and np.array_equal(a.view(np.uint32), b.view(np.uint32))
 
 
 @pytest.mark.parametrize("bits", [2, 3, 4, 8])

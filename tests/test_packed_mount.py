@@ -4,7 +4,6 @@ no ``.raw``, and a layer without a view keeps its parts, whose ``meta.json`` say
 
 from __future__ import annotations
 
-import io
 import json
 import os
 
@@ -12,15 +11,10 @@ import numpy as np
 from packed_fixtures import (autoawq_dequantize_gemm, autogptq_dequantize, awq_gemm_layer, compressed_config,
                              compressed_dequantize, compressed_layer, gptq_layer, require_package, write_folder)
 from safetensors.numpy import load_file
+from mount_expect import npy_bytes
 
 GPTQ = {"quant_method": "gptq", "bits": 4, "group_size": 128, "desc_act": True, "sym": True}
 Q, BAD = "model.layers.0.self_attn.q_proj", "model.layers.0.self_attn.k_proj"
-
-
-def npy_bytes(array: np.ndarray) -> bytes:
-    buf = io.BytesIO()
-    np.save(buf, array, allow_pickle=False)
-    return buf.getvalue()
 
 
 def read_at(path, offset: int, size: int) -> bytes:

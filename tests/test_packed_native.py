@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from conftest import skip_or_fail
-from packed_fixtures import (autoawq_dequantize_gemm, autogptq_dequantize, awq_gemm_layer, awq_gemv_layer,
+from packed_fixtures import (same_bits, autoawq_dequantize_gemm, autogptq_dequantize, awq_gemm_layer, awq_gemv_layer,
                              compressed_config, compressed_layer, gptq_layer, require_package, write_folder)
 from reference import scalar_packed
 
@@ -29,13 +29,6 @@ NAME = PREFIX + ".weight"
 def _kernel_built():
     if not native.available():
         skip_or_fail("ckptfs.packed._kernels is not built (python setup.py build_ext --inplace)")
-
-
-def same_bits(a: np.ndarray, b: np.ndarray) -> bool:
-    if a.dtype != b.dtype or a.shape != b.shape:
-        return False
-    unsigned = {2: np.uint16, 4: np.uint32}[a.dtype.itemsize]
-    return np.array_equal(a.view(unsigned), b.view(unsigned))
 
 
 def gptq_config(bits, group_size, desc_act=False, fmt=None):

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import io
 import os
-import pickle
 import struct
 
 import numpy as np

@@ -16,7 +16,6 @@ import json
 import os
 import re
 import shutil
-import socket
 import subprocess
 import threading
 import urllib.parse
@@ -28,6 +27,7 @@ import pytest
 
 from conftest import REPO, ckptfs_cli, cli_env, force_unmount, mount_stats, require_fuse, skip_or_fail, wait_until
 from fixtures import quantized, write_gguf
+from servers import free_port
 
 parser = pytest.importorskip("prometheus_client.parser")
 
@@ -207,12 +207,6 @@ def test_dashboard_queries_name_only_served_contract_metrics(mnt):
                    "ckptfs_fuse_request_seconds_bucket", "ckptfs_fuse_errors_total", "ckptfs_source_requests_total",
                    "ckptfs_mirror_failovers_total", "ckptfs_page_faults_total"):
         assert needed in used, needed
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def prometheus_query(port: int, query: str) -> dict:

@@ -11,7 +11,6 @@ after thousands of extra open/close cycles, as before.
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import subprocess
@@ -26,6 +25,7 @@ from conftest import cli_env, mount_stats, pid_alive
 from fixtures import Written, quantized, write_gguf
 
 from ckptfs.util.procinfo import rss_anon
+from mount_expect import npy_bytes
 
 STRESS_SECONDS = float(os.environ.get("CKPTFS_STRESS_SECONDS", "15"))
 CACHE_BYTES = 2 * 1024 * 1024
@@ -54,12 +54,6 @@ def write_model(path: Path) -> Written:
             values = quantized(storage_type, shape, rng)
         tensors[f"blk.{i}.{storage_type.lower()}"] = (values, storage_type)
     return write_gguf(path, tensors, {"general.name": "stress"})
-
-
-def npy_bytes(array: np.ndarray) -> bytes:
-    buf = io.BytesIO()
-    np.save(buf, array, allow_pickle=False)
-    return buf.getvalue()
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,6 @@ np.save of gguf-py's values.
 from __future__ import annotations
 
 import contextlib
-import io
 import os
 import shutil
 import subprocess
@@ -20,12 +19,7 @@ from redis_server import RedisServer, require_redis_server
 from tier_models import write_model
 
 from ckptfs.cache.entry import HEADER_SIZE
-
-
-def npy_bytes(array: np.ndarray) -> bytes:
-    buf = io.BytesIO()
-    np.save(buf, array, allow_pickle=False)
-    return buf.getvalue()
+from mount_expect import npy_bytes
 
 
 def expected_files(refs: dict) -> dict[str, bytes]:
