@@ -38,7 +38,8 @@ def served_dtype(exact: dict[str, str], storage_type: str, mode: str) -> np.dtyp
 
 def npy_bytes(array: np.ndarray) -> bytes:
     buf = io.BytesIO()
-    np.save(buf, np.ascontiguousarray(array), allow_pickle=False)
+    # C order, as the mount serves it (np.ascontiguousarray alone would make a 0-d array 1-d)
+    np.save(buf, array if array.flags.c_contiguous else np.ascontiguousarray(array), allow_pickle=False)
     return buf.getvalue()
 
 

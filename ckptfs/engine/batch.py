@@ -25,7 +25,7 @@ from typing import Protocol
 import numpy as np
 
 from ckptfs.core.errors import CheckpointError
-from ckptfs.quant import native
+from ckptfs.engine.decode import decode_blocks
 
 RUN_ELEMENTS = 1 << 20                 # decoded values per run: 4 MiB of float32 scratch at most
 RUN_STORED_BYTES = 8 << 20             # stored bytes per run (plain types: one run is one copy)
@@ -123,7 +123,7 @@ def plan(requests: Sequence[Request]) -> list[Piece]:
         if req.e1 <= req.e0:
             continue
         info = req.tensor.info
-        b0, b1 = req.tensor.data._present_blocks(req.e0, req.e1)   # CheckpointError if any are missing
+        b0, b1 = req.tensor.data.present_blocks(req.e0, req.e1)   # CheckpointError if any are missing
         step = max(1, min(RUN_ELEMENTS // info.block_elements, RUN_STORED_BYTES // info.block_bytes))
         runs += [Run(req, s, min(s + step, b1)) for s in range(b0, b1, step)]
     runs.sort(key=lambda r: (r.info.source, r.offset))
@@ -142,20 +142,17 @@ def plan(requests: Sequence[Request]) -> list[Piece]:
 
 
 def decode_run(run: Run, raw: memoryview | bytes) -> None:
-    """Decode the run's stored bytes ``raw`` into its destination."""
+    """Decode the run's stored bytes ``raw`` into its destination: straight into place when the run covers
+    whole blocks of the request and the destination takes the codec's output (ckptfs.engine.decode)."""
     req, info = run.request, run.info
     codec, be = req.codec, info.block_elements
-    blocks = np.frombuffer(raw, np.uint8).reshape(run.b1 - run.b0, info.block_bytes)
     first, last = run.b0 * be, run.b1 * be                       # the elements these blocks hold
     e0, e1 = max(first, req.e0), min(last, req.e1)
-    if info.byte_order == ">":
-        blocks = codec.swap(blocks)
-    elif e0 == first and e1 == last and codec.name in native.native_types():
-        out = req.dest.direct(e0 - req.e0, e1 - req.e0)
-        if out is not None:                                      # the C kernel writes straight into place
-            native._native.dequantize(codec.name, blocks, out, blocks.shape[0])
-            return
-    values = codec.dequantize(blocks).reshape(-1)[e0 - first: e1 - first]
+    out = req.dest.direct(e0 - req.e0, e1 - req.e0) if (e0, e1) == (first, last) else None
+    if out is not None and out.dtype == codec.dtype:
+        decode_blocks(codec, info, raw, codec.dtype, out)
+        return
+    values = decode_blocks(codec, info, raw, codec.dtype)[e0 - first: e1 - first]
     req.dest.put(e0 - req.e0, values)
 
 

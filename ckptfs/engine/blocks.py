@@ -14,11 +14,15 @@ Truncated tensors: blocks whose bytes are all present are served; touching a mis
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Protocol
+
 import numpy as np
 
 from ckptfs.cache.tiered import TieredCache, cache_key
 from ckptfs.core.descriptors import TensorInfo
 from ckptfs.core.errors import CheckpointError
+from ckptfs.engine.decode import decode_blocks
 from ckptfs.quant import Codec
 from ckptfs.sources import SourcePool
 
@@ -26,8 +30,49 @@ GROUP_TARGET_BYTES = 256 * 1024
 UNCACHED_STEP_BYTES = 16 * 1024 * 1024
 
 
-class TensorData:
-    """Decoded values of one tensor, by element range."""
+class TensorValues(Protocol):
+    """What the views, the API and read-ahead read a tensor's values through: :class:`TensorData` for stored
+    tensors, ``ckptfs.packed.views.PackedData`` for the views of packed layers (whose "groups" are tiles)."""
+
+    info: TensorInfo
+    dtype: np.dtype
+    n_elements: int
+    direct: bool           # the served values are the stored bytes (no decode, no cache)
+    group_blocks: int      # blocks per cached group (read-ahead's unit)
+
+    def read(self, e0: int, e1: int, use_cache: bool = True) -> np.ndarray:
+        """Elements [e0, e1) of the flattened values; ``use_cache=False`` for whole-tensor reads."""
+
+    def byte_segments(self, d0: int, d1: int) -> list:
+        """Bytes [d0, d1) of the values as buffers (zero-copy slices of cached groups)."""
+
+    def group_of_element(self, e: int) -> int: ...
+
+    def prefetch_group(self, g: int) -> None:
+        """Decode group ``g`` into the cache unless it is there (background read-ahead)."""
+
+    def stored_range(self, e0: int, e1: int) -> tuple[int, int]:
+        """(file offset, size) of the stored bytes behind elements [e0, e1) (a hint for the kernel)."""
+
+
+def group_slices(group: Callable[[int], np.ndarray], group_elements: int, e0: int, e1: int) -> list[np.ndarray]:
+    """Elements [e0, e1) as read-only slices of the groups (of ``group_elements`` each; the last may be
+    shorter) covering them, ``group(g)`` giving group ``g``'s values."""
+    return [group(g)[max(e0 - g * group_elements, 0): e1 - g * group_elements]
+            for g in range(e0 // group_elements, (e1 - 1) // group_elements + 1)]
+
+
+def byte_views(segments: list[np.ndarray], itemsize: int, e0: int, e1: int, d0: int, d1: int) -> list:
+    """Bytes [d0, d1) of values whose elements [e0, e1) are ``segments`` (in order), as memoryviews."""
+    views = [memoryview(segment.view(np.uint8)) for segment in segments]
+    skip, tail = d0 - e0 * itemsize, e1 * itemsize - d1
+    views[0] = views[0][skip:]
+    views[-1] = views[-1][:len(views[-1]) - tail]
+    return views
+
+
+class TensorData(TensorValues):
+    """Decoded values of one stored tensor, by element range."""
 
     def __init__(self, info: TensorInfo, codec: Codec, dtype: np.dtype, sources: SourcePool,
                  cache: TieredCache):
@@ -62,7 +107,7 @@ class TensorData:
                                f"tensor {self.info.name!r}: stored bytes {start}..{end} are missing "
                                f"(file has {self.source.size} bytes)")
 
-    def _present_blocks(self, e0: int, e1: int) -> tuple[int, int]:
+    def present_blocks(self, e0: int, e1: int) -> tuple[int, int]:
         """The blocks [b0, b1) covering elements [e0, e1), or CheckpointError if any of them is missing."""
         be = self.info.block_elements
         b0, b1 = e0 // be, -(-e1 // be)
@@ -80,7 +125,7 @@ class TensorData:
         if e1 <= e0:
             return np.empty(0, self.dtype)
         be = self.info.block_elements
-        b0, b1 = self._present_blocks(e0, e1)
+        b0, b1 = self.present_blocks(e0, e1)
         if self.direct:
             raw = self._pread_blocks(b0, b1)
             return np.frombuffer(raw, self.dtype)[e0 - b0 * be: e1 - b0 * be]
@@ -99,26 +144,16 @@ class TensorData:
         if e1 <= e0:
             return []
         be = self.info.block_elements
-        b0, b1 = self._present_blocks(e0, e1)
+        b0, b1 = self.present_blocks(e0, e1)
         if self.direct:
             raw = self._pread_blocks(b0, b1)
             skip = d0 - b0 * be * item
             return [raw] if skip == 0 and len(raw) == d1 - d0 else [memoryview(raw)[skip: skip + d1 - d0]]
-        views = [memoryview(segment.view(np.uint8)) for segment in self._group_segments(e0, e1)]
-        skip, tail = d0 - e0 * item, e1 * item - d1
-        views[0] = views[0][skip:]
-        views[-1] = views[-1][:len(views[-1]) - tail]
-        return views
+        return byte_views(self._group_segments(e0, e1), item, e0, e1, d0, d1)
 
     def _group_segments(self, e0: int, e1: int) -> list[np.ndarray]:
         """Elements [e0, e1) (present, non-direct) as read-only slices of the cached groups covering them."""
-        be, gsize = self.info.block_elements, self.group_blocks
-        g0, g1 = e0 // be // gsize, (-(-e1 // be) - 1) // gsize
-        segments = []
-        for g in range(g0, g1 + 1):
-            first = g * gsize * be
-            segments.append(self._group(g)[max(e0 - first, 0): e1 - first])
-        return segments
+        return group_slices(self._group, self.group_blocks * self.info.block_elements, e0, e1)
 
     def _key(self, g: int) -> str:
         if self._content_id is None:
@@ -161,21 +196,7 @@ class TensorData:
     def _decode_blocks(self, b0: int, b1: int, out: np.ndarray | None = None) -> np.ndarray:
         """Blocks [b0, b1) decoded into ``out`` (a new array when None). Where the codec's output already is
         the served dtype, the decoder writes into ``out`` itself (no intermediate array, no copy)."""
-        bb = self.info.block_bytes
-        raw = self._pread_blocks(b0, b1)
-        blocks = np.frombuffer(raw, np.uint8).reshape(b1 - b0, bb)
-        if self.info.byte_order == ">":
-            blocks = self.codec.swap(blocks)
-        if self.codec.dtype == self.dtype:
-            if out is None:
-                out = np.empty((b1 - b0) * self.info.block_elements, self.dtype)
-            return self.codec.dequantize_into(blocks, out)
-        values = self.codec.dequantize(blocks).reshape(-1)
-        with np.errstate(over="ignore"):  # float16 mode: values beyond its range become inf, silently
-            if out is None:
-                return values.astype(self.dtype)
-            out[...] = values
-        return out
+        return decode_blocks(self.codec, self.info, self._pread_blocks(b0, b1), self.dtype, out)
 
     def _pread_blocks(self, b0: int, b1: int) -> bytes:
         """The stored bytes of blocks [b0, b1); a source error (the file changed) says which tensor it hit."""

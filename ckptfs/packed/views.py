@@ -25,6 +25,7 @@ from ckptfs.cache.keys import CacheKey
 from ckptfs.checkpoint.api import Tensor
 from ckptfs.core.descriptors import TensorInfo
 from ckptfs.core.errors import CheckpointError
+from ckptfs.engine.blocks import TensorValues, byte_views, group_slices
 from ckptfs.engine.views import npy_header
 from ckptfs.packed.base import Absent, Layout
 
@@ -88,8 +89,8 @@ class PartReader:
         return self._ck.cache.get_or_load(key, lambda: np.ascontiguousarray(build()).reshape(-1)).reshape(shape)
 
 
-class PackedData:
-    """Decoded values of a packed layer's weight, by element range (the ``TensorData`` read interface)."""
+class PackedData(TensorValues):
+    """Decoded values of a packed layer's weight, by element range; its groups are tiles of rows."""
 
     direct = False
     group_blocks = 1  # read-ahead groups: one tile each (``info.block_elements`` is a tile's elements)
@@ -135,12 +136,7 @@ class PackedData:
         return self._cache.get_or_load(self._key(t), lambda: self._decode(o0, o1))
 
     def _segments(self, e0: int, e1: int) -> list[np.ndarray]:
-        tile_elements = self.info.block_elements
-        segments = []
-        for t in range(e0 // tile_elements, (e1 - 1) // tile_elements + 1):
-            first = t * tile_elements
-            segments.append(self._tile(t)[max(e0 - first, 0): e1 - first])
-        return segments
+        return group_slices(self._tile, self.info.block_elements, e0, e1)
 
     def read(self, e0: int, e1: int, use_cache: bool = True) -> np.ndarray:
         """Elements [e0, e1) of the flattened weight; ``use_cache=False`` (whole-tensor reads) decodes in
@@ -166,11 +162,7 @@ class PackedData:
         e0, e1 = max(0, d0) // item, min(-(-d1 // item), self.n_elements)
         if e1 <= e0:
             return []
-        views = [memoryview(segment.view(np.uint8)) for segment in self._segments(e0, e1)]
-        skip, tail = d0 - e0 * item, e1 * item - d1
-        views[0] = views[0][skip:]
-        views[-1] = views[-1][:len(views[-1]) - tail]
-        return views
+        return byte_views(self._segments(e0, e1), item, e0, e1, d0, d1)
 
     # read-ahead (ckptfs.engine.prefetch) treats tiles as block groups
     def group_of_element(self, e: int) -> int:
@@ -195,24 +187,18 @@ class PackedTensor(Tensor):
     virtual = True
 
     def __init__(self, checkpoint, layout: Layout, name: str, index: int, origin: str):
-        self._ck = checkpoint
-        self.layout = layout
-        self.index = index
-        self.name = name
-        self.origin = origin
-        self.storage_type = layout.scheme
-        self.shape = layout.shape
-        self.codec = None
-        self.dtype = np.dtype("<f2") if checkpoint.dtype_mode == "float16" else np.dtype("<f4")
+        dtype = np.dtype("<f2") if checkpoint.dtype_mode == "float16" else np.dtype("<f4")
         marker = next(iter(layout.parts.values()))
-        rows = max(layout.row_align, TILE_TARGET_BYTES // max(1, layout.in_features * self.dtype.itemsize)
+        rows = max(layout.row_align, TILE_TARGET_BYTES // max(1, layout.in_features * dtype.itemsize)
                    // layout.row_align * layout.row_align)
-        self.stored_nbytes = sum(p.stored_nbytes for p in layout.parts.values())
-        self.info = TensorInfo(name, layout.scheme, layout.shape, marker.source, marker.offset, self.stored_nbytes,
-                               block_elements=rows * layout.in_features, block_bytes=0)
+        info = TensorInfo(name, layout.scheme, layout.shape, marker.source, marker.offset,
+                          sum(p.stored_nbytes for p in layout.parts.values()),
+                          block_elements=rows * layout.in_features, block_bytes=0)
+        super().__init__(checkpoint, info, index)   # no codec: the layout decodes (see data)
+        self.layout = layout
+        self.origin = origin
+        self.dtype = dtype
         self.extra_meta: dict[str, Any] = {}
-        self._data: PackedData | None = None
-        self._meta: dict[str, Any] | None = None
 
     @property
     def decodable(self) -> bool:
