@@ -56,7 +56,8 @@ class Difference:
     def lines(self) -> list[str]:
         out = [f"only in A: {n!r}" for n in self.only_a] + [f"only in B: {n!r}" for n in self.only_b]
         out += [c.line() for c in self.changed]
-        out.append(f"{self.same} tensor{"" if self.same == 1 else "s"} identical, {len(self.changed)} changed, {len(self.only_a)} only in A, "
+        same = f"{self.same} tensor" + ("" if self.same == 1 else "s")
+        out.append(f"{same} identical, {len(self.changed)} changed, {len(self.only_a)} only in A, "
                    f"{len(self.only_b)} only in B")
         return out
 
