@@ -68,8 +68,8 @@ def compare(expected: Manifest, actual: Manifest) -> list[Mismatch]:
     for key, e in _by_occurrence(expected.tensors).items():
         a = actual_tensors.pop(key, None)
         if a is None and key[0] in actual_counts:
-            found.append(Mismatch(e.file, e.name, f"duplicate: the manifest lists it {expected_counts[key[0]]} "
-                                                  f"times, the checkpoint holds it {actual_counts[key[0]]}"))
+            found.append(Mismatch(e.file, e.name, f"duplicate: the manifest lists it {_times(expected_counts[key[0]])}, "
+                                                  f"the checkpoint holds it {_times(actual_counts[key[0]])}"))
         elif a is None:
             found.append(Mismatch(e.file, e.name, "missing: the manifest lists it, the checkpoint does not"))
         elif (a.file, a.offset, a.stored_nbytes) != (e.file, e.offset, e.stored_nbytes):
@@ -80,8 +80,8 @@ def compare(expected: Manifest, actual: Manifest) -> list[Mismatch]:
         elif a.sha256 != e.sha256 or a.crc32 != e.crc32:
             found.append(Mismatch(a.file, e.name, _changed_bytes(e, a, expected.chunk_size)))
     for (name, _), a in actual_tensors.items():
-        what = (f"duplicate: the checkpoint holds it {actual_counts[name]} times, the manifest lists it "
-                f"{expected_counts[name]}") if name in expected_counts else "not in the manifest"
+        what = (f"duplicate: the checkpoint holds it {_times(actual_counts[name])}, the manifest lists it "
+                f"{_times(expected_counts[name])}") if name in expected_counts else "not in the manifest"
         found.append(Mismatch(a.file, a.name, what))
     return found
 
@@ -92,6 +92,10 @@ def cut_short(entry: TensorEntry, file_size: int) -> str:
         return f"missing: its stored bytes {entry.offset}..{entry.end} lie past the end of the file ({file_size} bytes)"
     return (f"truncated: the file ends at byte {file_size}, {entry.stored_nbytes - entry.present} of its "
             f"{entry.stored_nbytes} stored bytes ({entry.offset}..{entry.end}) are missing")
+
+
+def _times(n: int) -> str:
+    return {1: "once", 2: "twice"}.get(n, f"{n} times")
 
 
 def _counts(tensors: Sequence[TensorEntry]) -> dict[str, int]:
