@@ -81,7 +81,7 @@ def test_text_output_and_identical_checkpoints(pair):
     text = run_diff(str(a), str(b))
     lines = text.stdout.splitlines()
     assert lines[:2] == ["only in A: 'gone'", "only in B: 'new'"]
-    assert lines[-1] == "1 tensors identical, 3 changed, 1 only in A, 1 only in B"
+    assert lines[-1] == "1 tensor identical, 3 changed, 1 only in A, 1 only in B"
     same = run_diff(str(a), str(a))
     assert same.returncode == 0 and same.stdout.splitlines() == ["5 tensors identical, 0 changed, 0 only in A, 0 only in B"]
 

@@ -36,7 +36,8 @@ def run_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 90) 
 def assert_one_line_error(result: subprocess.CompletedProcess, code: int, *words: str) -> None:
     err = result.stderr.strip()
     assert result.returncode == code, (result.returncode, err)
-    assert "\n" not in err and "Traceback" not in err and err.startswith("ckptfs: error: "), err
+    prefix = "ckptfs: usage error: " if code == 2 else "ckptfs: error: "
+    assert "\n" not in err and "Traceback" not in err and err.startswith(prefix), err
     for word in words:
         assert word in err, err
 
@@ -276,9 +277,10 @@ def test_checkpoint_errors(mountpoint, tmp_path):
 
 @pytest.mark.parametrize("foreground", [False, True])
 def test_libfuse_errors_come_back_as_one_line(big_gguf, mountpoint, foreground):
-    """An option only libfuse can judge: its own message, through the readiness pipe in daemon mode."""
+    """An option only libfuse can judge: its refusal, through the readiness pipe in daemon mode, is a usage
+    error (exit 2) naming the option."""
     args = ["mount", str(big_gguf.path), str(mountpoint), "-o", "no_such_option"] + (["-f"] if foreground else [])
-    assert_one_line_error(run_cli(*args), 1, "no_such_option")
+    assert_one_line_error(run_cli(*args), 2, "-o no_such_option: not an option of ckptfs mount or of libfuse")
     assert not is_mounted(mountpoint)
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -31,24 +32,23 @@ def source(tmp_path_factory) -> Path:
     return Path(write_mixed_gguf(tmp_path_factory.mktemp("src") / "model.gguf").path)
 
 
-def translate(*argv: str) -> tuple[list[str], list[str]]:
+def translate(*argv: str) -> list[str]:
     return mount_arguments(parse_helper_argv(list(argv)), mount_command)
 
 
 def test_every_long_option_has_a_key_value_spelling():
-    args, notes = translate("/m/x.gguf", "/mnt/x", "-o", "rw,cache_size=1G,dtype=float16,log_file=/var/log/c.log",
+    args = translate("/m/x.gguf", "/mnt/x", "-o", "rw,cache_size=1G,dtype=float16,log_file=/var/log/c.log",
                             "-o", "_netdev,nofail,x-systemd.automount,x-systemd.idle-timeout=60,dev,suid,noatime,"
                             "defaults,log_format=json,metrics=9101,allow_other,verbose,foreground=false")
     assert args == ["mount", "/m/x.gguf", "/mnt/x", "--cache-size", "1G", "--dtype", "float16", "--log-file",
                     "/var/log/c.log", "--log-format", "json", "--metrics", "9101", "--verbose", "-o", "allow_other"]
-    assert len(notes) == 1 and "rw ignored" in notes[0]
     # every long option of `ckptfs mount` is reachable, whoever added it
     for param in mount_command.params:
         for opt in param.opts:
             if opt.startswith("--"):
                 key = opt[2:].replace("-", "_")
                 spelled = f"{key}" if getattr(param, "is_flag", False) else f"{key}=v"
-                args, _ = translate("s", "m", "-o", spelled)
+                args = translate("s", "m", "-o", spelled)
                 assert opt in args, (opt, args)
 
 
@@ -92,7 +92,7 @@ def test_installed_helper_mounts_with_an_empty_environment(source, tmp_path):
                             cwd=elsewhere, capture_output=True, text=True, timeout=120)
     try:
         assert result.returncode == 0, result.stderr
-        assert "rw ignored" in result.stderr
+        assert result.stderr == ""  # mount(8)'s own rw: nothing to say (this helper runs the installed ckptfs)
         stats = mount_stats(mnt)
         assert stats["cache"]["capacity"] == 32 << 20
         assert "mounted" in log.read_text()
@@ -108,6 +108,35 @@ def test_installed_helper_mounts_with_an_empty_environment(source, tmp_path):
     bad = subprocess.run(["env", "-i", str(helper), str(source), str(mnt), "-o", "cache_size=lots"],
                          capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1 and not is_mounted(mnt)
+
+
+def test_rw_says_nothing_and_an_unknown_option_is_a_usage_error(source, tmp_path):
+    """The helper module as mount(8) runs it (``SRC MNT -o rw,...``), from this checkout: rw says nothing;
+    an option neither ckptfs nor libfuse knows is exit 2 and one usage-error line, through the helper and
+    through ``ckptfs mount`` (in the background and with -f), and nothing is mounted."""
+    require_fuse()
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    helper = [sys.executable, "-m", "ckptfs.commands.fstab"]
+    result = subprocess.run([*helper, str(source), str(mnt), "-o", "rw,cache_size=16M"], env=cli_env(),
+                            capture_output=True, text=True, timeout=120)
+    try:
+        assert result.returncode == 0, result.stderr
+        assert result.stderr == "" and result.stdout == ""
+        assert mount_stats(mnt)["cache"]["capacity"] == 16 << 20
+    finally:
+        if is_mounted(mnt):
+            wait_gone(mnt, mount_stats(mnt)["pid"])
+    for argv in ([*helper, str(source), str(mnt), "-o", "rw,bogus=1"],
+                 [*ckptfs_cli(), "mount", str(source), str(mnt), "-o", "bogus=1"],
+                 [*ckptfs_cli(), "mount", "-f", str(source), str(mnt), "-o", "allow_other,bogus"]):
+        bad = subprocess.run(argv, env=cli_env(), capture_output=True, text=True, timeout=120)
+        if is_mounted(mnt):
+            force_unmount(mnt)
+        assert bad.returncode == 2, (argv, bad.stderr)
+        bogus = "bogus" if argv[-1].endswith(",bogus") else "bogus=1"
+        assert bad.stderr == (f"ckptfs: usage error: -o {bogus}: not an option of ckptfs mount or of libfuse "
+                              f"(see 'ckptfs mount --help')\n"), bad.stderr
 
 
 def test_install_refuses_to_replace_a_foreign_helper(tmp_path):
@@ -139,6 +168,7 @@ def test_mount_t_fuse_ckptfs(source, tmp_path):
                             timeout=120)
     assert result.returncode == 0, result.stderr
     try:
+        assert result.stderr == ""  # mount(8) passed -o rw itself: nothing to say about it
         stats = mount_stats(mnt)
         assert stats["cache"]["capacity"] == 16 << 20 and stats["metrics"].startswith("127.0.0.1:")
         assert (mnt / "q8_0.mat.npy").read_bytes()[:6] == b"\x93NUMPY"

@@ -93,6 +93,9 @@ def test_half_dtypes_are_torchs_own_cast_of_the_float32_values(mixed, dtype):
     full = ckptfs.load(mixed.path, dtype=torch.float32)
     half = ckptfs.load(mixed.path, dtype=dtype)
     for name, values in full.items():
+        if mixed.tensors[name].storage_type in ("I16", "I32", "I64"):  # kept: see test_torch_dtypes.py
+            assert half[name].dtype == STORAGE_TORCH[mixed.tensors[name].storage_type], name
+            continue
         assert same_bits(half[name], values.to(dtype)), name
 
 

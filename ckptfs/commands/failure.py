@@ -1,4 +1,5 @@
-"""The one place an exception becomes the command line's one-line error and exit code."""
+"""The one place an exception becomes the command line's one-line error and exit code (2, a usage error, is
+said as one: "ckptfs: usage error: ...", as click's own usage errors are)."""
 
 from __future__ import annotations
 
@@ -15,5 +16,7 @@ def fail(exc: BaseException, verbose: bool) -> None:
     if verbose:
         traceback.print_exc()
     message = str(exc) if isinstance(exc, (CheckpointError, OSError, ValueError)) else f"{type(exc).__name__}: {exc}"
-    click.echo(one_line(f"ckptfs: error: {message}"), err=True)
-    sys.exit(getattr(exc, "exit_code", 1))
+    code = getattr(exc, "exit_code", 1)
+    kind = "usage error" if code == 2 else "error"  # as click's usage errors say it (OneLineGroup)
+    click.echo(one_line(f"ckptfs: {kind}: {message}"), err=True)
+    sys.exit(code)

@@ -17,9 +17,10 @@ Options (``-o``, comma-separated), translated into ``ckptfs mount`` arguments:
   ``nofail``, ``x-*`` (``x-systemd.automount``, ...), ``comment=``, and the kernel flags ``dev``/``nodev``,
   ``suid``/``nosuid``, ``exec``/``noexec``, atime and sync variants — a ckptfs mount holds only 0444 regular
   files with fixed times, so they change nothing.
-- ``ro`` is what every ckptfs mount is. ``rw`` is ignored (with a log line), not refused: mount(8) passes
+- ``ro`` is what every ckptfs mount is. ``rw`` is ignored without a word, not refused: mount(8) passes
   ``-o rw`` itself when the fstab line or command names neither, so refusing it would refuse plain
-  ``mount -t fuse.ckptfs SRC MNT``. (``ckptfs mount -o rw`` still refuses it: there it can only be meant.)
+  ``mount -t fuse.ckptfs SRC MNT``, and a line about it would be printed on every such mount though the
+  user asked for nothing. (``ckptfs mount -o rw`` still refuses it: there it can only be meant.)
 - Anything else goes to libfuse as a FUSE option (``allow_other``, ``nonempty``, ...).
 
 ``-f`` (fake: mount(8) only records the line) exits 0 without mounting; ``-v`` adds ``--verbose``;
@@ -94,9 +95,8 @@ def split_options(texts: list[str]) -> list[str]:
     return [item.strip() for text in texts for item in text.split(",") if item.strip()]
 
 
-def mount_arguments(call: HelperCall, command) -> tuple[list[str], list[str]]:
-    """The ``ckptfs mount`` argv for this call (using ``command``, the click command, for the option list),
-    and the notes to log (ignored ``rw``)."""
+def mount_arguments(call: HelperCall, command) -> list[str]:
+    """The ``ckptfs mount`` argv for this call (using ``command``, the click command, for the option list)."""
     import click
 
     long_options: dict[str, click.Option] = {}
@@ -107,13 +107,9 @@ def mount_arguments(call: HelperCall, command) -> tuple[list[str], list[str]]:
                     long_options[opt[2:].replace("-", "_")] = param
     cli: list[str] = []
     fuse: list[str] = []
-    notes: list[str] = []
     for item in split_options(call.options):
         key, eq, value = item.partition("=")
-        if key == "rw":
-            notes.append("-o rw ignored: ckptfs mounts are read-only (mount(8) passes rw when none is given)")
-            continue
-        if key in NO_EFFECT or item.startswith(NO_EFFECT_PREFIXES) or key == "ro":
+        if key in NO_EFFECT or item.startswith(NO_EFFECT_PREFIXES) or key in ("ro", "rw"):
             continue
         param = long_options.get(key)
         if param is None:
@@ -131,7 +127,7 @@ def mount_arguments(call: HelperCall, command) -> tuple[list[str], list[str]]:
         cli.append("--verbose")
     if fuse:
         cli += ["-o", ",".join(fuse)]
-    return ["mount", call.src, call.mountpoint, *cli], notes
+    return ["mount", call.src, call.mountpoint, *cli]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -142,12 +138,10 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     try:
         call = parse_helper_argv(argv)
-        args, notes = mount_arguments(call, mount_command)
+        args = mount_arguments(call, mount_command)
     except HelperError as exc:
-        print(f"mount.fuse.ckptfs: error: {exc}", file=sys.stderr)
+        print(f"mount.fuse.ckptfs: usage error: {exc}", file=sys.stderr)
         return 2
-    for note in notes:
-        print(f"mount.fuse.ckptfs: {note}", file=sys.stderr)
     if call.fake:
         return 0
     cli_main(args, prog_name="ckptfs")  # exits with ckptfs mount's own status

@@ -31,18 +31,42 @@ def _progress(total: int, label: str):
         yield bar.update
 
 
-def _write_atomically(path: str, text: str) -> None:
-    """Write ``text`` to ``path`` through a temporary file renamed over it: never a half-written manifest."""
-    folder = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".ckptfs-manifest-", dir=folder)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
+class _AtomicOutput:
+    """``path`` written through a temporary file renamed over it: never a half-written manifest. The
+    temporary file is made when this is created, before any hashing, so an output that cannot be written
+    fails at once; its OSErrors name ``path`` as the user gave it, not the temporary name."""
+
+    def __init__(self, path: str):
+        self.path = path
+        try:
+            fd, self.tmp = tempfile.mkstemp(prefix=".ckptfs-manifest-", dir=os.path.dirname(os.path.abspath(path)))
+        except OSError as exc:
+            raise self._error(exc) from None
+        self.file = os.fdopen(fd, "w", encoding="utf-8")
+
+    def _error(self, exc: OSError) -> OSError:
+        error = OSError(f"cannot write {self.path}: {exc.strerror}")  # str(): the message alone, no [Errno N]
+        error.errno = exc.errno
+        return error
+
+    def commit(self, text: str) -> None:
+        try:
+            with self.file:
+                self.file.write(text)
+            os.replace(self.tmp, self.path)
+        except OSError as exc:
+            self.discard()
+            raise self._error(exc) from None
+
+    def discard(self) -> None:
+        self.file.close()
         with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+            os.unlink(self.tmp)
+
+
+def plural(n: int, word: str) -> str:
+    """``1 mismatch``, ``2 mismatches``."""
+    return f"{n} {word}" if n == 1 else f"{n} {word}{'es' if word.endswith(('s', 'sh', 'ch', 'x')) else 's'}"
 
 
 @click.command("manifest")
@@ -57,12 +81,18 @@ def manifest_command(src, output, verbose):
     from ckptfs.integrity.manifest import build_manifest, total_bytes
 
     try:
-        with open_checkpoint(src) as ck, _progress(total_bytes(ck), "hashing") as progress:
-            text = build_manifest(ck, progress=progress).dumps()
-        if output is None:
+        out = _AtomicOutput(output) if output is not None else None
+        try:
+            with open_checkpoint(src) as ck, _progress(total_bytes(ck), "hashing") as progress:
+                text = build_manifest(ck, progress=progress).dumps()
+        except BaseException:
+            if out is not None:
+                out.discard()
+            raise
+        if out is None:
             click.echo(text, nl=False)
         else:
-            _write_atomically(output, text)
+            out.commit(text)
     except Exception as exc:  # noqa: BLE001 - the CLI turns every failure into one line
         fail(exc, verbose)
 
@@ -91,7 +121,7 @@ def verify_command(src, manifest_path, as_json, verbose):
         for m in mismatches:
             click.echo(m.line())
         what = "the manifest" if manifest_path is not None else "its structure"
-        click.echo(f"{len(mismatches)} mismatches against {what}" if mismatches else f"ok: {src} matches {what}",
+        click.echo(f"{plural(len(mismatches), 'mismatch')} against {what}" if mismatches else f"ok: {src} matches {what}",
                    err=True)
     sys.exit(MISMATCH_EXIT if mismatches else 0)
 

@@ -25,7 +25,7 @@ from ckptfs.fs.errors import MountError
 from ckptfs.fs.mountpoint import (MountpointLock, check_answers, check_dev_fuse, check_fusermount, check_mountpoint,
                          unmount)
 from ckptfs.fs.operations import CkptOperations
-from ckptfs.fs.options import MountOptions, parse_options
+from ckptfs.fs.options import MountOptions, as_usage_error, parse_options
 
 __all__ = ["MountRequest", "MountError", "run_mount", "unmount"]
 
@@ -76,10 +76,13 @@ def run_mount(request: MountRequest) -> int:
     # One mount at a time per mountpoint: a second waits for the first, then finds the place taken.
     with MountpointLock(request.mountpoint, READY_TIMEOUT) as lock:
         plan = _prepare(request)
-        if request.foreground:
-            return _run_foreground(plan, lock)
-        detach(lambda pipe: _run_daemon(plan, pipe), in_child=lock.close_inherited,
-               verify=lambda pid: check_answers(plan.mountpoint, pid, ANSWER_TIMEOUT))
+        try:
+            if request.foreground:
+                return _run_foreground(plan, lock)
+            detach(lambda pipe: _run_daemon(plan, pipe), in_child=lock.close_inherited,
+                   verify=lambda pid: check_answers(plan.mountpoint, pid, ANSWER_TIMEOUT))
+        except MountError as exc:
+            raise as_usage_error(exc) from None
     return 0
 
 

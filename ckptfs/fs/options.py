@@ -11,6 +11,7 @@ shared mmap of the file fail (np.load with mmap_mode) and bypasses the page cach
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 from ckptfs.fs.errors import MountError
@@ -83,3 +84,19 @@ def parse_options(text: str) -> MountOptions:
         else:
             options[key] = value if eq else True
     return MountOptions(options, nonempty)
+
+
+#: libfuse's own words for an option it does not know (3: "fuse: unknown option(s): `-o bogus=1'"; 2:
+#: "fuse: unknown option `bogus=1'"). Which options libfuse takes is libfuse's to say (they differ between
+#: versions and builds), so ckptfs passes unknown ones on and reads the refusal.
+_UNKNOWN = re.compile(r"fuse: unknown option(?:\(s\))?:? `(?:-o )?([^']*)'")
+
+
+def as_usage_error(error: MountError) -> MountError:
+    """``error`` as the usage error it is (exit 2, naming the option) when libfuse refused an option it does
+    not know; otherwise ``error`` itself."""
+    found = _UNKNOWN.search(str(error))
+    if found is None or error.exit_code == 2:
+        return error
+    return MountError(f"-o {found.group(1)}: not an option of ckptfs mount or of libfuse "
+                      f"(see 'ckptfs mount --help')", exit_code=2)

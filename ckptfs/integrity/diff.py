@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from ckptfs.integrity.manifest import Manifest, Progress, build_manifest, is_manifest, load_manifest
-from ckptfs.integrity.verify import _by_occurrence
+from ckptfs.integrity.verify import _by_occurrence, cut_short
 
 #: Decoded elements compared at a time (bounds memory for huge tensors).
 VALUE_WINDOW = 1 << 22
@@ -30,7 +30,7 @@ VALUE_WINDOW = 1 << 22
 @dataclass
 class Change:
     name: str
-    what: list[str]                      # "shape", "type", "size", "bytes"
+    what: list[str]                      # "shape", "type", "size", "bytes", "truncated"
     detail: list[str]
     max_abs: float | None = None
     max_rel: float | None = None
@@ -56,7 +56,8 @@ class Difference:
     def lines(self) -> list[str]:
         out = [f"only in A: {n!r}" for n in self.only_a] + [f"only in B: {n!r}" for n in self.only_b]
         out += [c.line() for c in self.changed]
-        out.append(f"{self.same} tensors identical, {len(self.changed)} changed, {len(self.only_a)} only in A, "
+        same = f"{self.same} tensor" + ("" if self.same == 1 else "s")
+        out.append(f"{same} identical, {len(self.changed)} changed, {len(self.only_a)} only in A, "
                    f"{len(self.only_b)} only in B")
         return out
 
@@ -73,6 +74,9 @@ class _Side:
     manifest: Manifest
     checkpoint: Any = None
     _by_key: dict | None = None
+
+    def file_size(self, name: str) -> int:
+        return next((f.size for f in self.manifest.files if f.name == name), 0)
 
     def tensors(self) -> dict[tuple[str, int], Any]:
         return _by_occurrence(self.manifest.tensors)
@@ -100,7 +104,11 @@ def open_side(src: str, progress: Progress | None = None) -> _Side:
     from ckptfs.checkpoint.api import open as open_checkpoint
 
     ck = open_checkpoint(src)
-    return _Side(build_manifest(ck, progress=progress), ck)
+    try:
+        return _Side(build_manifest(ck, progress=progress, short=True), ck)
+    except BaseException:
+        ck.close()
+        raise
 
 
 def diff(a: _Side, b: _Side, *, values: bool = False, on_tensor: Callable[[], None] | None = None) -> Difference:
@@ -124,7 +132,11 @@ def diff(a: _Side, b: _Side, *, values: bool = False, on_tensor: Callable[[], No
         if ea.stored_nbytes != eb.stored_nbytes:
             what.append("size")
             detail.append(f"stored size {ea.stored_nbytes} -> {eb.stored_nbytes} bytes")
-        if ea.sha256 != eb.sha256:
+        short = [(side, e) for side, e in (("A", ea), ("B", eb)) if e.present is not None]
+        for side, e in short:  # a truncated copy: its hashes cover only the bytes there are
+            what.append("truncated")
+            detail.append(f"{side}: {cut_short(e, (a if side == 'A' else b).file_size(e.file))}")
+        if ea.sha256 != eb.sha256 and not short:
             what.append("bytes")
             detail.append(f"stored bytes differ (sha256 {ea.sha256[:12]}... -> {eb.sha256[:12]}...)")
         if not what:
@@ -132,7 +144,10 @@ def diff(a: _Side, b: _Side, *, values: bool = False, on_tensor: Callable[[], No
             continue
         change = Change(key[0], what, detail)
         if values and ia is not None and ib is not None and ia.shape == ib.shape:
-            if ia.decodable and ib.decodable:
+            if short:
+                change.detail.append("values not compared: " + " and ".join(side for side, _ in short) +
+                                     (" is" if len(short) == 1 else " are") + " truncated")
+            elif ia.decodable and ib.decodable:
                 change.max_abs, change.max_rel = value_difference(ia, ib)
             else:
                 change.detail.append("values not compared: " + ("A" if not ia.decodable else "B") + " is raw-only")

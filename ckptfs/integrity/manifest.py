@@ -54,6 +54,10 @@ class TensorEntry:
     crc32: int
     sha256: str
     chunks_crc32: tuple[int, ...]
+    #: Of a checkpoint hashed with ``short=True`` (verify, diff): how many of its stored bytes the file
+    #: holds when it ends before the tensor does (a truncated copy; the hashes cover those bytes only);
+    #: None when all are there. Never written to a manifest.
+    present: int | None = None
 
     @property
     def end(self) -> int:
@@ -117,10 +121,11 @@ class _TensorHasher:
     different threads; each of the two must see the pieces in order.
     """
 
-    __slots__ = ("name", "start", "end", "chunk_size", "sha", "crc", "chunk_crc", "chunk_fill", "chunks")
+    __slots__ = ("name", "start", "end", "nbytes", "chunk_size", "sha", "crc", "chunk_crc", "chunk_fill", "chunks")
 
-    def __init__(self, name: str, start: int, end: int, chunk_size: int):
+    def __init__(self, name: str, start: int, end: int, chunk_size: int, nbytes: int | None = None):
         self.name, self.start, self.end, self.chunk_size = name, start, end, chunk_size
+        self.nbytes = end - start if nbytes is None else nbytes  # more than end - start: the file is short
         self.sha = hashlib.sha256()
         self.crc = 0
         self.chunk_crc = 0
@@ -149,8 +154,9 @@ class _TensorHasher:
     def entry(self, file: str) -> TensorEntry:
         if self.chunk_fill:
             self._close_chunk()
-        return TensorEntry(self.name, file, self.start, self.end - self.start, self.crc, self.sha.hexdigest(),
-                           tuple(self.chunks))
+        present = self.end - self.start
+        return TensorEntry(self.name, file, self.start, self.nbytes, self.crc, self.sha.hexdigest(),
+                           tuple(self.chunks), present if present < self.nbytes else None)
 
 
 @dataclass
@@ -177,17 +183,20 @@ def _feed_crc(pieces: list[tuple[_TensorHasher, memoryview]]) -> None:
         hasher.feed_crc(piece)
 
 
-def _hash_file(job: FileJob, chunk_size: int, progress: Progress | None) -> tuple[FileEntry, list[TensorEntry]]:
-    """One pass over a file. The reading thread hands each buffer to three ordered streams, each a thread of
+def _hash_file(job: FileJob, chunk_size: int, progress: Progress | None,
+               short: bool = False) -> tuple[FileEntry, list[TensorEntry]]:
+    """One pass over a file (``short``: tensors past its end are hashed over the bytes there are and marked
+    ``present``, instead of an error). The reading thread hands each buffer to three ordered streams, each a thread of
     its own (the file's sha256, the tensors' sha256s, the tensors' crc32s), so the work (two sha256 passes
     and a crc32 pass) spreads over the cores there are while every hash still sees its bytes in order. At
     most IN_FLIGHT buffers are alive per file (32 MiB)."""
     size = job.source.size
     for name, offset, nbytes in job.tensors:
-        if offset + nbytes > size:
+        if offset + nbytes > size and not short:
             raise CheckpointError(job.path, offset, f"tensor {name!r}: stored bytes {offset}..{offset + nbytes} "
                                                     f"lie past the end of the file ({size} bytes)")
-    hashers = [_TensorHasher(name, offset, offset + nbytes, chunk_size) for name, offset, nbytes in job.tensors]
+    hashers = [_TensorHasher(name, offset, max(offset, min(offset + nbytes, size)), chunk_size, nbytes)
+               for name, offset, nbytes in job.tensors]
     pending = sorted((h for h in hashers if h.end > h.start), key=lambda h: h.start, reverse=True)
     active: list[_TensorHasher] = []
     file_sha = hashlib.sha256()
@@ -218,8 +227,10 @@ def _hash_file(job: FileJob, chunk_size: int, progress: Progress | None) -> tupl
 
 
 def hash_files(jobs: Sequence[FileJob], *, chunk_size: int = CHUNK_SIZE, progress: Progress | None = None,
-               workers: int | None = None) -> Manifest:
-    """Hash every file of ``jobs`` (several at once) into a Manifest; tensors in the jobs' order."""
+               workers: int | None = None, short: bool = False) -> Manifest:
+    """Hash every file of ``jobs`` (several at once) into a Manifest; tensors in the jobs' order. ``short``:
+    a tensor past the end of its file is marked (TensorEntry.present), not an error (for verify and diff,
+    which report a truncated copy as a mismatch; a manifest is never written from one)."""
     if progress is not None:
         lock = threading.Lock()
         report = progress
@@ -232,10 +243,10 @@ def hash_files(jobs: Sequence[FileJob], *, chunk_size: int = CHUNK_SIZE, progres
         workers = max(1, (os.cpu_count() or 2) // 2)
     workers = max(1, min(workers, len(jobs)))
     if workers == 1:
-        results = [_hash_file(job, chunk_size, progress) for job in jobs]
+        results = [_hash_file(job, chunk_size, progress, short) for job in jobs]
     else:
         with ThreadPoolExecutor(workers, thread_name_prefix="ckptfs-hash") as pool:
-            results = list(pool.map(lambda job: _hash_file(job, chunk_size, progress), jobs))
+            results = list(pool.map(lambda job: _hash_file(job, chunk_size, progress, short), jobs))
     return Manifest(files=tuple(f for f, _ in results), tensors=tuple(t for _, ts in results for t in ts),
                     chunk_size=chunk_size)
 
@@ -251,9 +262,10 @@ def jobs_for(checkpoint) -> list[FileJob]:
 
 
 def build_manifest(checkpoint, *, progress: Progress | None = None, workers: int | None = None,
-                   chunk_size: int = CHUNK_SIZE) -> Manifest:
-    """The manifest of an opened Checkpoint: every byte of every file read once."""
-    return hash_files(jobs_for(checkpoint), chunk_size=chunk_size, progress=progress, workers=workers)
+                   chunk_size: int = CHUNK_SIZE, short: bool = False) -> Manifest:
+    """The manifest of an opened Checkpoint: every byte of every file read once (``short``: see hash_files)."""
+    return hash_files(jobs_for(checkpoint), chunk_size=chunk_size, progress=progress, workers=workers,
+                      short=short)
 
 
 def total_bytes(checkpoint) -> int:
@@ -263,7 +275,7 @@ def total_bytes(checkpoint) -> int:
 # ----------------------------------------------------------------------------------------------- loading
 
 def load_manifest(path: str) -> Manifest:
-    """Read and check a manifest file; CheckpointError with one line naming the first problem."""
+    """Read and check a manifest file; CheckpointError with one line naming the file and the first problem."""
     path = os.fspath(path)
     try:
         with open(path, "rb") as f:
@@ -271,25 +283,85 @@ def load_manifest(path: str) -> Manifest:
     except OSError as exc:
         raise CheckpointError(path, None, f"cannot read the manifest: {exc.strerror}") from None
     try:
-        data = json.loads(text)
+        data = decode_json(text)
+    except _HostileJSON as exc:
+        raise CheckpointError(path, None, f"not a valid ckptfs manifest: {exc}") from None
     except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
         detail = exc.msg if isinstance(exc, json.JSONDecodeError) else type(exc).__name__
         raise CheckpointError(path, None, f"not a ckptfs manifest: not JSON ({detail})") from None
     return parse_manifest(data, path)
 
 
+#: Digits a number in a manifest may have: every field is below 2^64 (20 digits). Longer ones are not
+#: converted at all (Python's int() of a 5000-digit string is refused, and a long one costs quadratic time).
+MAX_DIGITS = 20
+
+
+class _HostileJSON(ValueError):
+    """JSON that parses but that no manifest writer produces: a repeated key, NaN/Infinity, a huge number."""
+
+
+@dataclass(frozen=True)
+class _HugeNumber:
+    """A number too long to be a manifest field, kept as its length so the field check can name it."""
+
+    digits: int
+
+    def __str__(self) -> str:
+        return f"a {self.digits}-digit number"
+
+    __repr__ = __str__
+
+
+def _big_int(text: str) -> int | _HugeNumber:
+    digits = len(text.lstrip("-"))
+    return int(text) if digits <= MAX_DIGITS else _HugeNumber(digits)
+
+
+def _no_constant(name: str):
+    raise _HostileJSON(f"{name} is not a JSON number (no manifest field may hold it)")
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    obj: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in obj:
+            raise _HostileJSON(f"key {_short(key)} appears twice in one object (which one counts is undefined)")
+        obj[key] = value
+    return obj
+
+
+def decode_json(text: bytes | str) -> Any:
+    """``json.loads`` for manifests: a repeated key or NaN/Infinity is _HostileJSON, and a number with more
+    than MAX_DIGITS digits is a _HugeNumber (which the field checks refuse by name) instead of a ValueError
+    that names neither the file nor the field."""
+    return json.loads(text, parse_int=_big_int, parse_constant=_no_constant,
+                      object_pairs_hook=_unique_keys)
+
+
 def is_manifest(path: str) -> bool:
-    """True when ``path`` is a file of JSON whose ``format`` is the manifest's (for ``diff A B``, where either
-    side may be a manifest); a checkpoint (binary) or a shard index (JSON of another shape) is not."""
+    """True when ``path`` is a file of JSON that says it is a manifest (for ``diff A B``, where either side
+    may be one): its ``format`` is a "ckptfs-manifest/..." string, or, where the JSON is broken or hostile,
+    its first bytes name that format, so that load_manifest says what is wrong with it. A checkpoint
+    (binary) or a shard index (JSON of another shape) is not."""
     try:
         with open(path, "rb") as f:
-            if not f.read(64).lstrip().startswith(b"{"):
+            head = f.read(256)
+            if not head.lstrip().startswith(b"{"):
                 return False
             f.seek(0)
-            data = json.loads(f.read())
-    except (OSError, ValueError, RecursionError):
+            text = f.read()
+    except OSError:
         return False
-    return isinstance(data, dict) and data.get("format") == FORMAT
+    try:
+        data = decode_json(text)
+    except (ValueError, RecursionError):
+        return _FORMAT_MARK in head
+    return isinstance(data, dict) and isinstance(data.get("format"), str) and \
+        data["format"].startswith(FORMAT.partition("/")[0] + "/")
+
+
+_FORMAT_MARK = b'"format": "' + FORMAT.partition("/")[0].encode() + b"/"
 
 
 def parse_manifest(data: Any, where: str) -> Manifest:
@@ -380,7 +452,9 @@ def _tensor_entry(check: _Checker, i: int, item: Any, sizes: dict[str, int], chu
 
 
 def _short(value: Any) -> str:
-    text = json.dumps(value) if not isinstance(value, (bytes, bytearray)) else repr(value)
+    if isinstance(value, _HugeNumber):
+        return str(value)
+    text = json.dumps(value, default=str) if not isinstance(value, (bytes, bytearray)) else repr(value)
     return text if len(text) <= 40 else text[:37] + "..."
 
 

@@ -40,7 +40,8 @@ def verify(checkpoint, manifest: Manifest | None = None, *, progress: Progress |
     """Every mismatch between ``checkpoint`` and ``manifest`` (or, without one, its structural problems)."""
     if manifest is None:
         return check_structure(checkpoint, progress=progress, workers=workers)
-    actual = hash_files(jobs_for(checkpoint), chunk_size=manifest.chunk_size, progress=progress, workers=workers)
+    actual = hash_files(jobs_for(checkpoint), chunk_size=manifest.chunk_size, progress=progress, workers=workers,
+                        short=True)
     return compare(manifest, actual)
 
 
@@ -53,23 +54,55 @@ def compare(expected: Manifest, actual: Manifest) -> list[Mismatch]:
         a = actual_files.pop(e.name, None)
         if a is None:
             found.append(Mismatch(e.name, None, "missing: the manifest lists it, the checkpoint has no such file"))
+        elif a.size < e.size:
+            found.append(Mismatch(e.name, None, f"size {a.size} bytes, the manifest says {e.size}: "
+                                                f"{e.size - a.size} bytes short (a truncated copy?)"))
         elif a.size != e.size:
             found.append(Mismatch(e.name, None, f"size {a.size} bytes, the manifest says {e.size}"))
         elif a.sha256 != e.sha256:
             found.append(Mismatch(e.name, None, f"sha256 {a.sha256}, the manifest says {e.sha256}"))
     found += [Mismatch(name, None, "not in the manifest") for name in actual_files]
+    sizes = {f.name: f.size for f in actual.files}
     actual_tensors = _by_occurrence(actual.tensors)
+    expected_counts, actual_counts = _counts(expected.tensors), _counts(actual.tensors)
     for key, e in _by_occurrence(expected.tensors).items():
         a = actual_tensors.pop(key, None)
-        if a is None:
+        if a is None and key[0] in actual_counts:
+            found.append(Mismatch(e.file, e.name, f"duplicate: the manifest lists it {_times(expected_counts[key[0]])}, "
+                                                  f"the checkpoint holds it {_times(actual_counts[key[0]])}"))
+        elif a is None:
             found.append(Mismatch(e.file, e.name, "missing: the manifest lists it, the checkpoint does not"))
         elif (a.file, a.offset, a.stored_nbytes) != (e.file, e.offset, e.stored_nbytes):
             found.append(Mismatch(a.file, e.name, f"stored at {a.file} bytes {a.offset}..{a.end}, the manifest "
                                                   f"says {e.file} bytes {e.offset}..{e.end}"))
+        elif a.present is not None:
+            found.append(Mismatch(a.file, e.name, cut_short(a, sizes.get(a.file, a.offset + a.present))))
         elif a.sha256 != e.sha256 or a.crc32 != e.crc32:
             found.append(Mismatch(a.file, e.name, _changed_bytes(e, a, expected.chunk_size)))
-    found += [Mismatch(a.file, a.name, "not in the manifest") for a in actual_tensors.values()]
+    for (name, _), a in actual_tensors.items():
+        what = (f"duplicate: the checkpoint holds it {_times(actual_counts[name])}, the manifest lists it "
+                f"{_times(expected_counts[name])}") if name in expected_counts else "not in the manifest"
+        found.append(Mismatch(a.file, a.name, what))
     return found
+
+
+def cut_short(entry: TensorEntry, file_size: int) -> str:
+    """What a tensor of a truncated file lacks (``entry.present`` is not None)."""
+    if not entry.present:
+        return f"missing: its stored bytes {entry.offset}..{entry.end} lie past the end of the file ({file_size} bytes)"
+    return (f"truncated: the file ends at byte {file_size}, {entry.stored_nbytes - entry.present} of its "
+            f"{entry.stored_nbytes} stored bytes ({entry.offset}..{entry.end}) are missing")
+
+
+def _times(n: int) -> str:
+    return {1: "once", 2: "twice"}.get(n, f"{n} times")
+
+
+def _counts(tensors: Sequence[TensorEntry]) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for t in tensors:
+        counts[t.name] = counts.get(t.name, 0) + 1
+    return counts
 
 
 def _renamed_single_file(expected: Manifest, actual: Manifest) -> Manifest:

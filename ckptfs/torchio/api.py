@@ -36,6 +36,12 @@ STORAGE_DTYPES: dict[str, torch.dtype] = {
     "U8": torch.uint8, "U16": torch.uint16, "U32": torch.uint32, "U64": torch.uint64,
     "BOOL": torch.bool, "C64": torch.complex64,
 }
+#: What floating values (every decoded type, and F16/BF16/F32/F64 storage) may be loaded as: a rounding of
+#: the float32 (or float64) values torch defines. An integer, bool, float8 or complex dtype is a ValueError:
+#: torch's casts would give zeros, all True, or saturated bytes, and that is never what was meant.
+FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
+#: Significand bits (implicit bit included) of FLOAT_DTYPES: the integers up to 2**bits are held exactly.
+_SIGNIFICAND = {torch.float16: 11, torch.bfloat16: 8, torch.float32: 24, torch.float64: 53}
 _QUANTIZED = {torch.qint8, torch.quint8, torch.qint32, torch.quint4x2, torch.quint2x4}
 READ_AHEAD = 4                         # device path: pieces read ahead of the one being uploaded
 
@@ -83,15 +89,51 @@ def resolve_dtype(dtype) -> torch.dtype | None:
 
 
 def output_dtype(tensor, dtype: torch.dtype | None) -> torch.dtype:
-    """The torch dtype ``tensor`` is loaded as (``dtype`` given, else the storage's own where exact)."""
+    """The torch dtype ``tensor`` is loaded as: ``dtype`` where it can hold the tensor's values, else the
+    storage's own (``dtype`` None: the storage's own where torch holds it exactly, else float32).
+
+    Floating values take only FLOAT_DTYPES; complex ones only complex64/complex128 (anything else is a
+    ValueError naming the tensor and the dtype). Integer and bool storage takes ``dtype`` only where every
+    value of its type is held exactly (int8 -> bfloat16, int16 -> float32, uint8 -> int16, bool -> any of
+    those); otherwise it keeps its own dtype, as ``torch.nn.Module.to(dtype)`` leaves integer buffers alone,
+    so that ``ckptfs.load(src, dtype=torch.bfloat16)`` of a model with int32 or int64 tensors loads them
+    intact instead of failing or rounding them. The rule depends on the types only, never on the values.
+    """
     exact = not getattr(tensor, "virtual", False) and tensor.info.block_elements == 1
     storage = STORAGE_DTYPES.get(tensor.storage_type) if exact else None
     if dtype is None:
         return storage or torch.float32
-    if storage is not None and storage.is_complex and not dtype.is_complex:
-        raise ValueError(f"tensor {tensor.name!r} is complex ({tensor.storage_type}): "
-                         f"{dtype} would drop its imaginary part")
+    if storage is not None and storage.is_complex:
+        if dtype not in (torch.complex64, torch.complex128):
+            raise ValueError(f"tensor {tensor.name!r} is complex ({tensor.storage_type}): {dtype} "
+                             f"{'would drop its imaginary part' if not dtype.is_complex else 'cannot hold it'}; "
+                             f"use torch.complex64 or torch.complex128")
+        return dtype
+    if storage is not None and not storage.is_floating_point:
+        return dtype if holds_exactly(storage, dtype) else storage
+    if dtype not in FLOAT_DTYPES:
+        raise ValueError(f"tensor {tensor.name!r} holds floating values ({tensor.storage_type}): {dtype} cannot "
+                         f"hold them; use torch.float32, torch.float16, torch.bfloat16 or torch.float64 "
+                         f"(or dtype=None)")
     return dtype
+
+
+def holds_exactly(storage: torch.dtype, target: torch.dtype) -> bool:
+    """Whether every value of the integer or bool dtype ``storage`` is exactly a value of ``target``."""
+    if storage == target:
+        return True
+    if storage == torch.bool:
+        lo, hi = 0, 1
+    else:
+        bits = storage.itemsize * 8
+        lo, hi = (-(1 << (bits - 1)), (1 << (bits - 1)) - 1) if storage.is_signed else (0, (1 << bits) - 1)
+    if target in _SIGNIFICAND:
+        return max(-lo, hi) <= 1 << _SIGNIFICAND[target]
+    if target == torch.bool or target.is_floating_point or target.is_complex:
+        return False
+    tbits = target.itemsize * 8
+    tlo, thi = (-(1 << (tbits - 1)), (1 << (tbits - 1)) - 1) if target.is_signed else (0, (1 << tbits) - 1)
+    return tlo <= lo and hi <= thi
 
 
 def _numpy_view(flat: torch.Tensor) -> np.ndarray | None:
