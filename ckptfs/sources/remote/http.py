@@ -165,7 +165,7 @@ class HttpClient:
     def _one(self, method: str, url: str, headers: dict, deadline: float, send_auth: bool):
         wait, by_deadline = wait_bound(self.options, deadline)
         if wait <= 0:
-            raise Retryable("no time left to ask", deadline=True)
+            raise Retryable("had no time left to ask", deadline=True)
         all_headers = {"Accept-Encoding": "identity", "User-Agent": "ckptfs", **headers}
         if send_auth:
             all_headers.update(self.credentials.headers)
@@ -177,7 +177,7 @@ class HttpClient:
             raise Retryable(f"connection failed: {_reason(exc)}") from None
         except (urllib3.exceptions.TimeoutError, socket.timeout):
             if by_deadline:
-                raise Retryable("no answer yet", deadline=True) from None
+                raise Retryable("had no answer yet", deadline=True) from None
             raise stalled("no answer", self.options) from None
         except (urllib3.exceptions.HTTPError, OSError) as exc:
             raise Retryable(f"connection failed: {_reason(exc)}") from None
@@ -386,15 +386,14 @@ class HttpSource(RemoteSource):
             while got < expected:
                 wait, by_deadline = wait_bound(self.options, deadline)
                 if wait <= 0:
-                    raise Retryable(f"the body was still arriving ({got} of {expected} bytes)", deadline=True)
+                    raise Retryable(f"had received {got} of {expected} bytes", deadline=True)
                 if sock is not None:
                     sock.settimeout(wait)
                 try:
                     chunk = resp.read1(min(1 << 20, expected - got), decode_content=False)
                 except (urllib3.exceptions.TimeoutError, socket.timeout):
                     if by_deadline:
-                        raise Retryable(f"the body was still arriving ({got} of {expected} bytes)",
-                                        deadline=True) from None
+                        raise Retryable(f"had received {got} of {expected} bytes", deadline=True) from None
                     raise stalled("the body stalled", self.options, f" after {got} of {expected} bytes") from None
                 except (urllib3.exceptions.HTTPError, OSError) as exc:
                     raise Retryable(f"connection broken after {got} of {expected} bytes: "

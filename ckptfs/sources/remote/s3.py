@@ -175,7 +175,7 @@ class S3Source(RemoteSource):
         try:
             while len(buf) < expected:
                 if time.monotonic() >= deadline:
-                    raise Retryable(f"the body was still arriving ({len(buf)} of {expected} bytes)", deadline=True)
+                    raise Retryable(f"had received {len(buf)} of {expected} bytes", deadline=True)
                 chunk = body.read(min(64 * 1024, expected - len(buf)))
                 if not chunk:
                     raise Retryable(f"short body: {len(buf)} of {expected} bytes")

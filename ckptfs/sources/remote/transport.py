@@ -396,6 +396,7 @@ class RemoteSource(ByteSource):
         as ``deadline`` allows (see the module docstring); ``what`` prefixes the final error's reason."""
         tries = 0
         started = time.monotonic()
+        before: Retryable | None = None  # the failure before the last, for the final message
         fallback = _fallback.get()
         max_retries = self.options.max_retries
         if fallback:
@@ -419,29 +420,35 @@ class RemoteSource(ByteSource):
                                  retried=not give_up)
                 if give_up:
                     count = f"{tries} attempt{'s' if tries > 1 else ''}"
-                    if exc.deadline or (too_late and exc.retry_after is None):
-                        raise self._timeout_error(offset, what, tries, exc) from None
-                    if too_late:  # the server's Retry-After lies past the deadline: no use waiting for it
+                    if exc.deadline:  # the last attempt itself was cut short by the deadline
+                        raise self._timeout_error(offset, what, tries, exc, before) from None
+                    spent = time.monotonic() - started
+                    if too_late and exc.retry_after is not None:  # no use waiting for the server's time
                         why = (f"; the server asks to retry in {exc.retry_after:g} s, past the read's deadline "
                                f"(--timeout {self.options.timeout:g} s)")
+                    elif too_late:
+                        why = f" ({count} in {spent:.1f} s, until the read's deadline: --timeout {self.options.timeout:g} s)"
                     else:
-                        why = f" (gave up after {count} in {time.monotonic() - started:.1f} s)"
+                        why = f" (gave up after {count} in {spent:.1f} s)"
                     raise SourceUnavailable(self.name, offset, f"{what}{exc}{why}") from None
                 log.debug("%s @ %s: %s; retrying in %.2f s", self.name, offset, exc, delay)
+                before = exc
                 time.sleep(delay)
             except Changed as exc:
                 COUNTERS.request(self.scheme, "error")
                 raise CheckpointError(self.name, offset, f"changed since it was opened: {exc}") from None
 
-    def _timeout_error(self, offset: int | None, what: str = "", tries: int = 0,
-                       last: Retryable | None = None) -> CheckpointError:
+    def _timeout_error(self, offset: int | None, what: str = "", tries: int = 0, last: Retryable | None = None,
+                       before: Retryable | None = None) -> CheckpointError:
         """The read's deadline (``--timeout``) passed: say so, with the number, and what the last attempt
         was doing (counted here unless ``last`` was counted by the retry loop)."""
         if last is None:
             COUNTERS.request(self.scheme, "timeout")
         detail = f" after {tries} attempt{'s' if tries > 1 else ''}" if tries else ""
         if last is not None:
-            detail += f"; the last: {last}"
+            detail += f"; the last {last}"
+        if before is not None and not before.deadline:
+            detail += f"; the one before: {before}"
         return SourceUnavailable(self.name, offset, f"{what}read timed out (--timeout {self.options.timeout:g} s"
                                                     f"{detail})")
 
