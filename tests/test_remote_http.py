@@ -29,16 +29,34 @@ from servers import Nginx, require_nginx  # noqa: E402
 
 MiB = 1 << 20
 _LOG_LINE = re.compile(r'"(?P<method>[A-Z]+) (?P<path>\S+) [^"]*" (?P<status>\d+) (?P<bytes>\d+)')
+_RANGE = re.compile(r'range="bytes=(\d+)-(\d+)"')
+SAMPLE = 4096  # transport.SAMPLE_BYTES: nginx's ETag is weak, so the file's last 4 KiB stand for its version
 
 
-def requests_since(server: Nginx, before: int, path: str | None = None) -> list[tuple[str, int, int]]:
-    """(path, status, body bytes) of each request nginx logged after the first ``before`` lines."""
+def is_tail_check(server: Nginx, line: str) -> bool:
+    """Whether an access-log line is a request for the file's last ``SAMPLE`` bytes (its version's check)."""
+    m, r = _LOG_LINE.search(line), _RANGE.search(line)
+    if not m or not r:
+        return False
+    size = (Path(server.root) / m["path"].split("?")[0].lstrip("/")).stat().st_size
+    start, end = int(r[1]), int(r[2])
+    return end == size - 1 and end + 1 - start == min(SAMPLE, size) == int(m["bytes"])
+
+
+def requests_since(server: Nginx, before: int, path: str | None = None,
+                   checks: bool = True) -> list[tuple[str, int, int]]:
+    """(path, status, body bytes) of each request nginx logged after the first ``before`` lines (``checks``
+    False: without the requests for a file's last 4 KiB, see ``is_tail_check``)."""
     out = []
     for line in server.access_log()[before:]:
         m = _LOG_LINE.search(line)
-        if m and (path is None or m["path"] == path):
+        if m and (path is None or m["path"] == path) and (checks or not is_tail_check(server, line)):
             out.append((m["path"], int(m["status"]), int(m["bytes"])))
     return out
+
+
+def tail_checks_since(server: Nginx, before: int) -> int:
+    return sum(is_tail_check(server, line) for line in server.access_log()[before:])
 
 
 @pytest.fixture(scope="module")
@@ -84,10 +102,11 @@ def test_vocabulary_header_in_few_requests(site):
         assert len(ck.metadata["tokenizer.ggml.tokens"]) == 262_144
         names = list(ck)
     assert names
-    seen = requests_since(server, before)
+    seen = requests_since(server, before, checks=False)
     assert 1 <= len(seen) <= 4, seen
-    assert all(status == 206 for _, status, _ in seen)
+    assert all(status == 206 for _, status, _ in requests_since(server, before))
     assert sum(n for _, _, n in seen) <= 2 * header_end + 2 * MiB
+    assert tail_checks_since(server, before) <= len(seen)  # the version's sample at open, one after each fetch
 
 
 def test_random_small_read_fetches_one_block_group(site):
@@ -96,9 +115,11 @@ def test_random_small_read_fetches_one_block_group(site):
         t = ck["big.q4k"]
         before = len(server.access_log())
         row = t[3000]
-        seen = requests_since(server, before)
+        seen = requests_since(server, before, checks=False)
+        checks = tail_checks_since(server, before)
     assert row.shape == (4096,)
     assert len(seen) == 1 and seen[0][2] <= MiB, seen
+    assert checks == 1  # then the file's last 4 KiB: still the version opened
 
 
 def test_missing_url_is_one_line(site):
@@ -122,9 +143,9 @@ def test_cli_info_of_a_url(site):
         again = subprocess.run([sys.executable, "-m", "ckptfs.commands.cli", "info", "--json", "--cache-dir", str(cache),
                                 server.url + "/vocab.gguf"], capture_output=True, text=True, timeout=120, cwd=REPO)
         assert again.returncode == 0, again.stderr
-        seen.append(requests_since(server, before))
+        seen.append(requests_since(server, before, checks=False))
     assert len(seen[0]) <= 4  # cold: a one-byte identity check, then the header as without a cache directory
-    assert all(n <= 1 for _, _, n in seen[1])  # warm: only the identity check
+    assert all(n <= 1 for _, _, n in seen[1])  # warm: only the identity check (and the last 4 KiB's)
     missing = subprocess.run([sys.executable, "-m", "ckptfs.commands.cli", "info", server.url + "/none.gguf"],
                              capture_output=True, text=True, timeout=120, cwd=REPO)
     assert missing.returncode == 1
@@ -148,8 +169,9 @@ def test_warm_cache_dir_sends_no_data_request(site, tmp_path):
     second = run()
     assert second.returncode == 0, second.stderr
     assert second.stdout == first.stdout
-    seen = requests_since(server, before)
+    seen = requests_since(server, before, checks=False)
     assert seen and all(n <= 1 for _, _, n in seen), seen
+    assert tail_checks_since(server, before) == 1  # the version's sample at open, nothing else
 
 
 def test_mount_http_serves_the_same_files(site, mounted):
@@ -240,8 +262,8 @@ def test_a_second_mount_with_the_same_cache_dir_fetches_nothing_again(site, moun
     second = mounted(url, "--cache-dir", str(cache), "--timeout", "10")
     for name in npys:
         assert (second / name).read_bytes() == want[name]
-    seen = requests_since(server, before)
-    assert seen and all(n <= 1 for _, _, n in seen), seen  # only the one-byte identity check at open
+    seen = requests_since(server, before, checks=False)
+    assert seen and all(n <= 1 for _, _, n in seen), seen  # only the identity checks at open
 
 
 def test_a_94000_tensor_safetensors_header_in_two_requests(tmp_path):
@@ -261,6 +283,6 @@ def test_a_94000_tensor_safetensors_header_in_two_requests(tmp_path):
     with Nginx(tmp_path) as server:
         with ckptfs.open(server.url + "/many.safetensors") as ck:
             assert len(ck) == 94_000
-            seen = requests_since(server, 0)
+            seen = requests_since(server, 0, checks=False)
             assert len(seen) == 2 and sum(n for _, _, n in seen) <= 2 * (8 + len(header)) + 2 * MiB
             np.testing.assert_array_equal(np.asarray(ck["model.layers.939.block.99.weight"]), data[-4:])

@@ -71,7 +71,10 @@ def test_random_reads_fetch_only_their_chunks(blob):
         offset = int(offset)
         assert source.pread(offset, 4096) == data[offset:offset + 4096]
     ranges = _ranges(server, before, "random.bin")
-    assert len(ranges) <= len(offsets)
+    tail = (len(data) - 4096, len(data))  # nginx's ETag is weak: each fetch is followed by a check of the last 4 KiB
+    checks = ranges.count(tail)
+    ranges = [r for r in ranges if r != tail]
+    assert len(ranges) <= len(offsets) and checks <= len(ranges)
     for begin, end in ranges:
         assert begin % CHUNK == 0 and end - begin <= 2 * CHUNK
         assert any(begin <= o < end for o in offsets)

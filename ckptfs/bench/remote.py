@@ -26,6 +26,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from ckptfs.util.redact import public_name
+
 MiB = 1 << 20
 READ = MiB
 STATS_XATTR = "user.ckptfs.stats"  # as ckptfs.fs.operations serves it (not imported: it pulls in the mount)
@@ -41,7 +43,7 @@ class BenchMount:
                                 capture_output=True, text=True, timeout=600)
         if result.returncode != 0:
             os.rmdir(self.mnt)
-            raise OSError(f"mount of {src} failed: {result.stderr.strip()}")
+            raise OSError(f"mount of {public_name(src)} failed: {result.stderr.strip()}")
         self.names = sorted(os.listdir(self.mnt))
         self.seconds = time.perf_counter() - start
 
@@ -94,7 +96,7 @@ def _delta(after: dict, before: dict) -> dict:
 
 def measure(src: str, mount_args: tuple[str, ...] = ()) -> dict:
     """Every workload on one mount of ``src`` (see the module docstring)."""
-    out: dict = {"src": src}
+    out: dict = {"src": public_name(src)}  # the output is shared: no URL credentials
     with BenchMount(src, *mount_args) as m:
         counters = m.source_counters()
         out["mount_list_s"] = round(m.seconds, 4)
@@ -119,7 +121,7 @@ def measure(src: str, mount_args: tuple[str, ...] = ()) -> dict:
 
 def run_remote_bench(src: str, local: str | None = None, as_json: bool = False,
                      mount_args: tuple[str, ...] = ()) -> int:
-    results: dict = {"checkpoint": src, "machine": f"{os.cpu_count()} cores", "header_bytes": header_bytes(src),
+    results: dict = {"checkpoint": public_name(src), "machine": f"{os.cpu_count()} cores", "header_bytes": header_bytes(src),
                      "remote": measure(src, mount_args)}
     if local is not None:
         results["local"] = measure(local)

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from ckptfs.engine.views import npy_header
+from ckptfs.util.redact import public_name
 
 
 def tensor_meta(tensor) -> dict[str, Any]:
@@ -21,7 +22,7 @@ def tensor_meta(tensor) -> dict[str, Any]:
         "npy_dtype": tensor.dtype.str if tensor.dtype is not None else None,
         "npy_data_offset": len(npy_header(info.shape, tensor.dtype)) if tensor.dtype is not None else None,
         "npy_nbytes": tensor.nbytes,
-        "source": info.source,
+        "source": public_name(info.source),  # readable by others under allow_other: no URL credentials
         "offset": info.offset,
         "stored_nbytes": info.stored_nbytes,
         "block_elements": info.block_elements,

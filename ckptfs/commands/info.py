@@ -1,6 +1,7 @@
 """``ckptfs info``: a summary of a checkpoint without decoding any tensor data.
 
-The text form is one line per item: control characters in names and values are escaped (``oneline``).
+The text form is one line per item: control characters in names and values are escaped (``oneline``). File
+names are shown as ``public_name`` shows them (no user info, no query: they are credentials).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import numpy as np
 from ckptfs.checkpoint.api import Checkpoint
 from ckptfs.util.jsonutil import to_jsonable
 from ckptfs.util.oneline import one_line
+from ckptfs.util.redact import public_name, redact
 from ckptfs.util.sizes import format_size
 
 BIG_ARRAY = 16
@@ -40,13 +42,13 @@ def summary(ck: Checkpoint, hf: bool = False) -> dict[str, Any]:
     return {
         "format": ck.format,
         "version": ck.version,
-        "files": list(ck.files),
+        "files": [public_name(f) for f in ck.files],  # a URL's user info and query are credentials
         "tensor_count": len(stored_tensors),
         "metadata": {k: _summarize(ck.metadata[k]) for k in ck.metadata},
         "storage_types": {k: {"tensors": counts[k], "stored_bytes": stored[k]} for k in sorted(counts)},
-        "damaged": [{"name": t.name, "storage_type": t.storage_type, "reason": t.info.damaged}
+        "damaged": [{"name": t.name, "storage_type": t.storage_type, "reason": redact(t.info.damaged) if t.info.damaged else t.info.damaged}
                     for t in ck.damaged()],
-        "notes": list(ck.notes),
+        "notes": [redact(note) for note in ck.notes],
         "passthrough": sorted(ck.passthrough),
         "hf": _hf_folder(ck) if hf else None,
         "packed_views": _packed_views(ck),

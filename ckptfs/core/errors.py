@@ -8,19 +8,9 @@ user can act on a single line.
 
 from __future__ import annotations
 
-import re
+from ckptfs.util.redact import public_name, redact
 
-# scheme://[userinfo@]host/path[?query][#fragment]
-_URL = re.compile(r"^(?P<scheme>[a-zA-Z][a-zA-Z0-9+.-]*://)(?:[^/?#@]*@)?(?P<rest>[^?#]*)(?P<query>[?#].*)?$", re.S)
-
-
-def public_name(src: str) -> str:
-    """``src`` as messages, logs and the mount table may show it: a URL without its user info and query (a
-    presigned URL's signature is a credential), a path as it is."""
-    match = _URL.match(src)
-    if match is None:
-        return src
-    return match["scheme"] + match["rest"] + ("?…" if match["query"] else "")
+__all__ = ["CheckpointError", "IntegrityError", "SourceUnavailable", "public_name"]
 
 
 class CheckpointError(ValueError):
@@ -29,11 +19,11 @@ class CheckpointError(ValueError):
     def __init__(self, file: str | None, offset: int | None, reason: str):
         self.file = file
         self.offset = offset
-        self.reason = reason
+        self.reason = redact(reason)  # a reason quoting a URL (a redirect target) shows no secret either
         where = public_name(str(file)) if file is not None else "<checkpoint>"
         if offset is not None:
             where += f" @ byte {offset}"
-        super().__init__(f"{where}: {reason}")
+        super().__init__(f"{where}: {self.reason}")
 
     def __reduce__(self):
         return (type(self), (self.file, self.offset, self.reason))
@@ -50,3 +40,9 @@ class IntegrityError(CheckpointError):
     """Stored bytes that are present but differ from what a manifest recorded for them (bit rot, an in-place
     rewrite). A CheckpointError, so every layer that turns a failed read into EIO or tries a mirror treats it
     as one; its own class, so a caller can tell changed bytes from missing ones."""
+
+
+class SourceUnavailable(CheckpointError):
+    """A source that could not be reached (connection failures, timeouts, 5xx/429 until the read's deadline):
+    it may answer later, unlike a source that answered wrongly (404, another file). A mirror that is
+    unavailable at mount time is tried again when a read needs it; one that answers wrongly is refused."""

@@ -12,6 +12,9 @@ same reason, so ``EIO`` lines are keyed by their cause (the file in the mount an
 which names the stored file, byte range and tensor) and each cause is logged once; repeats are only
 counted (``ckptfs_fuse_errors_total``). The memory of causes is bounded (the oldest are forgotten).
 
+**No secrets.** Every line is formatted through ``util.redact.redact``: a URL's user info and query (a
+presigned signature) never reach the log, whoever logged it (ckptfs, urllib3's request lines, botocore).
+
 **Rotation.** libfuse ends the mount on SIGHUP (and SIGINT/SIGTERM), so logrotate's usual HUP would unmount.
 SIGUSR1 reopens ``--log-file`` instead: a ``postrotate`` of ``kill -USR1 PID`` (or ``copytruncate``) keeps
 the mount. The signal is blocked in every thread and taken by one waiting thread (a Python signal handler
@@ -30,6 +33,8 @@ import time
 from collections import OrderedDict
 from collections.abc import Hashable
 
+from ckptfs.util.redact import redact
+
 TEXT_FORMAT = "%(asctime)s %(process)d %(levelname)s %(name)s: %(message)s"
 FORMATS = ("text", "json")
 CAUSES_REMEMBERED = 4096
@@ -37,10 +42,20 @@ REOPEN_SIGNAL = signal.SIGUSR1
 _STANDARD_ATTRS = set(logging.LogRecord("", 0, "", 0, "", None, None).__dict__) | {"message", "asctime"}
 
 
-class JsonFormatter(logging.Formatter):
-    """One JSON object per record, on one line."""
+class RedactingFormatter(logging.Formatter):
+    """The text format, every line redacted (see the module docstring)."""
 
     def format(self, record: logging.LogRecord) -> str:
+        return redact(super().format(record))
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per record, on one line (redacted, as every line)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return redact(self._format(record))
+
+    def _format(self, record: logging.LogRecord) -> str:
         entry = {
             "time": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)) + f".{int(record.msecs):03d}Z",
             "level": record.levelname,
@@ -59,7 +74,7 @@ class JsonFormatter(logging.Formatter):
 def formatter(log_format: str) -> logging.Formatter:
     if log_format == "json":
         return JsonFormatter()
-    return logging.Formatter(TEXT_FORMAT)
+    return RedactingFormatter(TEXT_FORMAT)
 
 
 def configure(level: int, log_format: str = "text", extra_fd: int | None = None) -> None:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import logging
 import os
 import threading
-import urllib.parse
 from dataclasses import dataclass
 
 from ckptfs.checkpoint.api import OpenOptions, open_with
@@ -26,6 +25,7 @@ from ckptfs.fs.mountpoint import (MountpointLock, check_answers, check_dev_fuse,
                          unmount)
 from ckptfs.fs.operations import CkptOperations
 from ckptfs.fs.options import MountOptions, as_usage_error, parse_options
+from ckptfs.util.redact import hide_in_argv, strip_url
 
 __all__ = ["MountRequest", "MountError", "run_mount", "unmount"]
 
@@ -73,6 +73,9 @@ def run_mount(request: MountRequest) -> int:
     Failures raise MountError (its ``exit_code`` is 2 for refused options) or CheckpointError, which the
     CLI prints as one line.
     """
+    # The command line holds the URL as typed (user:password@, a presigned query): ps shows it to every user
+    # for the daemon's whole life (it is forked from this process), so it is redacted in place first.
+    hide_in_argv()
     # One mount at a time per mountpoint: a second waits for the first, then finds the place taken.
     with MountpointLock(request.mountpoint, READY_TIMEOUT) as lock:
         plan = _prepare(request)
@@ -157,19 +160,13 @@ def _start_exporter(plan: _Plan, operations: CkptOperations) -> MountError | Non
     src = plan.request.src
     scheme = scheme_of(src)
     info = {"version": __version__, "binding": plan.binding.describe(),
-            "source": _without_credentials(src) if scheme else src, "scheme": scheme or "file"}
+            "source": strip_url(src), "scheme": scheme or "file"}
     try:
         host, port = start_exporter(*plan.metrics, operations, info)
     except MountError as exc:
         return exc
     operations.describe("metrics", f"[{host}]:{port}" if ":" in host else f"{host}:{port}")
     return None
-
-
-def _without_credentials(url: str) -> str:
-    """A URL as a metric label may show it: no user:password, no query (a presigned URL's signature)."""
-    parts = urllib.parse.urlsplit(url)
-    return parts._replace(netloc=parts.netloc.rpartition("@")[2], query="", fragment="").geturl()
 
 
 def _describe(plan: _Plan) -> str:
@@ -179,7 +176,7 @@ def _describe(plan: _Plan) -> str:
 def _mount_name(src: str) -> str:
     """The source as the mount table and the log show it: a path made absolute; a URL without its query or
     user info (the mount table is world-readable, and a presigned URL's signature is a credential)."""
-    return _without_credentials(src) if "://" in src else os.path.abspath(src)
+    return strip_url(src) if "://" in src else os.path.abspath(src)
 
 
 def _failure_reason(capture: StderrCapture, error: BaseException | None) -> str:

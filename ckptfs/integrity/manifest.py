@@ -28,6 +28,7 @@ from typing import Any
 
 from ckptfs.core.errors import CheckpointError
 from ckptfs.integrity.crc import crc32, crc32_combine
+from ckptfs.util.redact import strip_url
 
 FORMAT = "ckptfs-manifest/1"
 CHUNK_SIZE = 1 << 20
@@ -107,9 +108,11 @@ def root_of(paths: Sequence[str]) -> str:
 
 
 def file_names(paths: Sequence[str]) -> dict[str, str]:
-    """Each path -> its name in a manifest: the path relative to the checkpoint's root."""
-    root = root_of(paths)
-    return {p: p[len(root):] for p in paths}
+    """Each path -> its name in a manifest: the path relative to the checkpoint's root (a URL without its user
+    info and query: a manifest is shared, and a presigned URL's signature is a credential)."""
+    stripped = {p: strip_url(p) for p in paths}
+    root = root_of(list(stripped.values()))
+    return {p: name[len(root):] for p, name in stripped.items()}
 
 
 # ---------------------------------------------------------------------------------------------- building

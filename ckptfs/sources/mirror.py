@@ -4,7 +4,10 @@
 every mirror (``mirror_name``: the mirror given for ``src`` itself, or the file's name relative to the
 checkpoint's folder joined to the mirror's) and returns a :class:`MirrorSource`. Opening refuses, with one
 line, a mirror that is not the same file: one whose first bytes (the header) differ, or that is smaller
-than the primary. A primary that is shorter than its mirrors is a truncated download: the source takes the
+than the primary. A mirror that cannot be reached at open (``SourceUnavailable``: connection refused, a
+timeout, 5xx; one attempt, so it does not spend the open's deadline) does not refuse the primary: one warning
+line, and it is a :class:`DeferredMirror`, opened and checked by the first read that fails over to it. A
+primary that is shorter than its mirrors is a truncated download: the source takes the
 mirrors' size, and bytes past the primary's end come from a mirror.
 
 A read tries the primary, then each mirror in order, on any ``CheckpointError`` (connection errors and
@@ -17,13 +20,14 @@ a dead primary does not cost every read a timeout.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
 import time
 from collections.abc import Callable
 
-from ckptfs.core.errors import CheckpointError, public_name
+from ckptfs.core.errors import CheckpointError, SourceUnavailable, public_name
 from ckptfs.sources.base import ByteSource
 from ckptfs.sources.netstats import COUNTERS
 from ckptfs.sources.remote.transport import REMOTE_INITIAL_READ, check_range, current_options, deadline_scope, fallback_scope, using
@@ -46,16 +50,23 @@ class MirrorSource(ByteSource):
         self.identity = getattr(primary, "identity", ())
         self.mtime_ns = getattr(primary, "mtime_ns", 0)
         self.size = primary.size
+        ready = [m for m in self.mirrors if not isinstance(m, DeferredMirror)]
+        for mirror in ready:
+            self.check_same(mirror, ready)
+        if ready:
+            self.size = max(primary.size, ready[0].size)
         for mirror in self.mirrors:
-            self._check_same(mirror)
-        if self.mirrors:
-            self.size = max(primary.size, self.mirrors[0].size)
+            if isinstance(mirror, DeferredMirror):
+                mirror.owner, mirror.size = self, self.size
         self._preferred: ByteSource | None = None
         self._preferred_until = 0.0
         self._lock = threading.Lock()
 
-    def _check_same(self, mirror: ByteSource) -> None:
-        reference = self.mirrors[0] if mirror is not self.mirrors[0] else None
+    def check_same(self, mirror: ByteSource, ready: list[ByteSource] | None = None) -> None:
+        """CheckpointError unless ``mirror`` can be the same file: no smaller than the primary, the size of
+        the first mirror opened, the same first bytes (``ready``: the mirrors opened; default: all)."""
+        ready = [m for m in self.mirrors if not isinstance(m, DeferredMirror)] if ready is None else ready
+        reference = ready[0] if ready and mirror is not ready[0] else None
         refused = f"refused as a mirror of {public_name(self.primary.name)}"
         if mirror.size < self.primary.size:
             raise CheckpointError(mirror.name, None, f"{refused}: it has {mirror.size} bytes, the primary "
@@ -167,21 +178,69 @@ class MirrorSet:
             rel = os.path.relpath(name, base or ".")
         return _join(mirror_base, rel)
 
-    def __call__(self, source: ByteSource) -> ByteSource:
+    def open_mirror(self, name: str, primary_name: str, *, at_open: bool = True) -> ByteSource:
+        """The mirror ``name`` of ``primary_name``, opened (and wrapped). At open a mirror that cannot be
+        reached costs one attempt (``fallback_scope``: no retries spent on it), not the deadline."""
         from ckptfs.sources.registry import open_source, wrapping
 
-        members = []
+        try:
+            # at open, fallback_scope: one attempt, no retries; later, the failing-over read's own scope
+            with using(self.options), wrapping(None), (fallback_scope() if at_open else contextlib.nullcontext()):
+                opened = open_source(name)
+        except SourceUnavailable:
+            raise
+        except CheckpointError as exc:
+            raise CheckpointError(name, None, f"mirror of {public_name(primary_name)} cannot be used: "
+                                              f"{exc.reason}") from None
+        return opened if self.member_wrapper is None else self.member_wrapper(opened, primary_name)
+
+    def __call__(self, source: ByteSource) -> ByteSource:
+        members: list[ByteSource] = []
         for mirror in self.mirrors:
             name = self.mirror_name(source.name, mirror)
             try:
-                with using(self.options), wrapping(None):
-                    opened = open_source(name)
-            except CheckpointError as exc:
-                raise CheckpointError(name, None, f"mirror of {public_name(source.name)} cannot be used: "
-                                                  f"{exc.reason}") from None
-            members.append(opened)
+                members.append(self.open_mirror(name, source.name))
+            except SourceUnavailable as exc:
+                # down now: the primary is mounted anyway, and this mirror is opened when a read needs it
+                log.warning("mirror %s of %s is unavailable (%s): it is tried again when a read fails over",
+                            public_name(name), public_name(source.name), exc.reason)
+                members.append(DeferredMirror(self, name, source.name))
         primary = source
         if self.member_wrapper is not None:
             primary = self.member_wrapper(source, source.name)
-            members = [self.member_wrapper(m, source.name) for m in members]
         return MirrorSource(primary, members, self.options.timeout)
+
+
+class DeferredMirror(ByteSource):
+    """A mirror that could not be reached when the checkpoint was opened: opened (and checked against the
+    primary, as at open) by the first read that fails over to it; until then its size is the primary's.
+    A read that finds it still down fails over to the next copy, so a dead mirror costs only its failover."""
+
+    def __init__(self, mirror_set: MirrorSet, name: str, primary_name: str):
+        self.mirror_set = mirror_set
+        self.name = name
+        self.primary_name = primary_name
+        self.owner: MirrorSource | None = None  # set by the MirrorSource, which checks the mirror once open
+        self.size = 0
+        self.identity = ()
+        self._opened: ByteSource | None = None
+        self._lock = threading.Lock()
+
+    def _source(self) -> ByteSource:
+        with self._lock:
+            if self._opened is None:
+                opened = self.mirror_set.open_mirror(self.name, self.primary_name, at_open=False)
+                if self.owner is not None:
+                    self.owner.check_same(opened)
+                self._opened = opened
+            return self._opened
+
+    def pread(self, offset: int, size: int) -> bytes:
+        return self._source().pread(offset, size)
+
+    def content_id(self) -> str:
+        return self._source().content_id()
+
+    def close(self) -> None:
+        if self._opened is not None:
+            self._opened.close()

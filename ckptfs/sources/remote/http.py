@@ -13,7 +13,9 @@ exactly the range asked for.
 
 Redirects are followed by hand (at most ``MAX_REDIRECTS``; a URL seen twice is a loop): credentials
 (``Authorization``) are sent only to the origin they were given for and dropped for good once a redirect
-leaves it. The final location of a redirected URL (the Hub's CDN) is remembered, so later range reads go
+leaves it. ``http://user:password@host/...`` is HTTP Basic auth for that origin (curl's rule): the user info
+is taken out of the URL (it never reaches urllib3, a log line or a message) and sent as an ``Authorization``
+header under that same rule. The final location of a redirected URL (the Hub's CDN) is remembered, so later range reads go
 straight there; a 4xx from a remembered location resolves the original URL again.
 
 Timeouts: connecting and every wait for body bytes are bounded by ``--stall-timeout`` (a stalled attempt is
@@ -22,6 +24,7 @@ abandoned and retried), and the whole read by ``--timeout`` (see ``remote``).
 
 from __future__ import annotations
 
+import base64
 import email.utils
 import os
 import re
@@ -29,14 +32,16 @@ import socket
 import threading
 import time
 from dataclasses import dataclass
-from urllib.parse import urljoin, urlsplit
+from urllib.parse import unquote, urljoin, urlsplit
 
 import urllib3
 
 from ckptfs.core.errors import CheckpointError
 from ckptfs.sources.registry import register_scheme
 from ckptfs.sources.netstats import COUNTERS
-from ckptfs.sources.remote.transport import Changed, RemoteOptions, RemoteSource, Retryable, read_deadline
+from ckptfs.sources.remote.transport import (SAMPLE_BYTES, Changed, RemoteOptions, RemoteSource, Retryable,
+                                             read_deadline, stalled, wait_bound)
+from ckptfs.util.redact import public_name, redact
 
 MAX_REDIRECTS = 10
 PROBE_MEMO_SECONDS = 60.0
@@ -152,16 +157,15 @@ class HttpClient:
             if _origin(target) != _origin(url):
                 send_auth = False  # never again: credentials do not follow a redirect to another host
             if target in seen:
-                raise CheckpointError(url, None, f"redirect loop (HTTP {resp.status} back to {_short(target)})")
+                raise CheckpointError(url, None, f"redirect loop (HTTP {resp.status} back to {public_name(target)})")
             seen.add(target)
             url = target
         raise CheckpointError(url, None, f"too many redirects (more than {MAX_REDIRECTS})")
 
     def _one(self, method: str, url: str, headers: dict, deadline: float, send_auth: bool):
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            raise Retryable("read deadline reached", timeout=True)
-        wait = min(self.options.stall_timeout, remaining)
+        wait, by_deadline = wait_bound(self.options, deadline)
+        if wait <= 0:
+            raise Retryable("had no time left to ask", deadline=True)
         all_headers = {"Accept-Encoding": "identity", "User-Agent": "ckptfs", **headers}
         if send_auth:
             all_headers.update(self.credentials.headers)
@@ -172,7 +176,9 @@ class HttpClient:
         except urllib3.exceptions.NewConnectionError as exc:  # a subclass of the timeout error, but refused
             raise Retryable(f"connection failed: {_reason(exc)}") from None
         except (urllib3.exceptions.TimeoutError, socket.timeout):
-            raise Retryable(f"no answer within {wait:g} s (--stall-timeout)", timeout=True) from None
+            if by_deadline:
+                raise Retryable("had no answer yet", deadline=True) from None
+            raise stalled("no answer", self.options) from None
         except (urllib3.exceptions.HTTPError, OSError) as exc:
             raise Retryable(f"connection failed: {_reason(exc)}") from None
 
@@ -182,12 +188,19 @@ def _reason(exc: BaseException) -> str:
     inner = getattr(exc, "reason", None) or exc
     text = str(inner)
     text = re.sub(r"<urllib3[^>]*>:?\s*", "", text)
-    return text.splitlines()[0][:200] if text else type(inner).__name__
+    return redact(text.splitlines()[0][:200]) if text else type(inner).__name__
 
 
-def _short(url: str) -> str:
+def basic_auth(url: str) -> tuple[str, Credentials]:
+    """``url`` without its user info, and the HTTP Basic credentials it held (none: ``NO_CREDENTIALS``)."""
     parts = urlsplit(url)
-    return f"{parts.scheme}://{parts.netloc}{parts.path}"  # no query: a presigned URL's signature stays out
+    if "@" not in parts.netloc:
+        return url, NO_CREDENTIALS
+    userinfo, _, host = parts.netloc.rpartition("@")
+    user, _, password = userinfo.partition(":")
+    token = base64.b64encode(f"{unquote(user)}:{unquote(password)}".encode()).decode("ascii")
+    return (parts._replace(netloc=host).geturl(),
+            Credentials((("Authorization", f"Basic {token}"),), "HTTP Basic auth from the URL's user info"))
 
 
 def status_error(name: str, offset: int | None, status: int, reason: str, credentials: Credentials,
@@ -215,6 +228,7 @@ class Probe:
     head: bytes
     at: float
     mtime_ns: int = 0  # from Last-Modified: the mount's file times
+    tail: bytes | None = None  # the last bytes, for a weak validator (HttpSource._tail_sample)
 
 
 class HttpSource(RemoteSource):
@@ -231,8 +245,11 @@ class HttpSource(RemoteSource):
         self._client = HttpClient(self.scheme, credentials, self.options)
         probe = self._probe()
         self._location = probe.location
-        self._set_identity(probe.size, probe.validator, url, probe.sha256)
         self._sha256 = probe.sha256
+        self.size, self.validator = probe.size, probe.validator
+        sample = self._tail_sample(probe) if probe.sha256 is None and weak_validator(probe.validator, probe.size) \
+            else None
+        self._set_identity(probe.size, probe.validator, url, probe.sha256, sample)
         self.mtime_ns = probe.mtime_ns
         self._keep_prefix(probe.head)
 
@@ -247,6 +264,20 @@ class HttpSource(RemoteSource):
         probe = self.retrying(lambda: self._probe_once(deadline), deadline, None, "cannot open: ")
         memo[key] = probe
         return probe
+
+    def _tail_sample(self, probe: Probe) -> bytes:
+        """The file's last ``SAMPLE_BYTES`` (see ``weak_validator``): from the first read when it holds the
+        whole file, else one request, memoized with the probe."""
+        n = min(SAMPLE_BYTES, probe.size)
+        if probe.tail is None:
+            if len(probe.head) == probe.size:
+                probe.tail = bytes(probe.head[probe.size - n:])
+            else:
+                deadline = read_deadline(self.options.timeout)
+                probe.tail = self.retrying(lambda: self._attempt(probe.size - n, probe.size, deadline), deadline,
+                                           None, "cannot open: ")
+                COUNTERS.request(self.scheme, "ok", len(probe.tail))
+        return probe.tail
 
     def _probe_once(self, deadline: float) -> Probe:
         # With a --cache-dir the header's bytes may be there already: ask for one byte, only to learn the size
@@ -353,16 +384,17 @@ class HttpSource(RemoteSource):
         sock = getattr(getattr(resp, "connection", None), "sock", None)
         try:
             while got < expected:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    raise Retryable(f"read deadline reached after {got} of {expected} bytes", timeout=True)
+                wait, by_deadline = wait_bound(self.options, deadline)
+                if wait <= 0:
+                    raise Retryable(f"had received {got} of {expected} bytes", deadline=True)
                 if sock is not None:
-                    sock.settimeout(min(self.options.stall_timeout, remaining))
+                    sock.settimeout(wait)
                 try:
                     chunk = resp.read1(min(1 << 20, expected - got), decode_content=False)
                 except (urllib3.exceptions.TimeoutError, socket.timeout):
-                    raise Retryable(f"the body stalled (no data for {self.options.stall_timeout:g} s)",
-                                    timeout=True) from None
+                    if by_deadline:
+                        raise Retryable(f"had received {got} of {expected} bytes", deadline=True) from None
+                    raise stalled("the body stalled", self.options, f" after {got} of {expected} bytes") from None
                 except (urllib3.exceptions.HTTPError, OSError) as exc:
                     raise Retryable(f"connection broken after {got} of {expected} bytes: "
                                     f"{_reason(exc)}") from None
@@ -391,6 +423,23 @@ def _validator(headers) -> str | None:
     return headers.get("etag") or headers.get("last-modified")
 
 
+_NGINX_ETAG = re.compile(r'^"([0-9a-f]{1,16})-([0-9a-f]{1,16})"$')
+
+
+def weak_validator(validator: str | None, size: int) -> bool:
+    """Whether ``validator`` may stay the same when the file is replaced by another of the same size: none at
+    all, a weak ETag (``W/``), a Last-Modified date (one-second resolution), or nginx's ETag, which is the
+    modification time in seconds and the size (``"<hex mtime>-<hex size>"``). Such a source re-checks the
+    file's last bytes after every fetch (``RemoteSource._confirm_version``). A content ETag (S3's MD5, the
+    Hub's sha256) or one with finer times (Apache's microseconds) is trusted as it is."""
+    if not validator:
+        return True
+    if validator.startswith("W/") or not validator.startswith('"'):
+        return True  # weak, or a date (Last-Modified)
+    match = _NGINX_ETAG.match(validator)
+    return match is not None and int(match[2], 16) == size
+
+
 def _linked_sha256(hop_headers) -> str | None:
     """The Hub's LFS oid (``X-Linked-Etag``: the file's sha256) when a response carries one."""
     for headers in hop_headers:
@@ -412,7 +461,8 @@ def _content_range(headers, name: str) -> tuple[int, int, int | None]:
 
 
 def open_http(src: str) -> HttpSource:
-    return HttpSource(src)
+    url, credentials = basic_auth(src)
+    return HttpSource(url, credentials, name=src)  # the name keeps the user info: the pool reopens by it
 
 
 register_scheme("http", open_http)

@@ -29,7 +29,7 @@ from ckptfs.core.errors import CheckpointError
 from ckptfs.sources.registry import register_scheme
 from ckptfs.sources.base import Folder
 from ckptfs.sources.netstats import COUNTERS
-from ckptfs.sources.remote.transport import Changed, RemoteOptions, RemoteSource, Retryable, read_deadline
+from ckptfs.sources.remote.transport import Changed, RemoteOptions, RemoteSource, Retryable, read_deadline, stalled
 
 _FILE_SUFFIXES = (".gguf", ".safetensors", ".json")
 _RETRY_CODES = {"SlowDown", "ServiceUnavailable", "InternalError", "RequestTimeout", "ThrottlingException",
@@ -141,8 +141,7 @@ class S3Source(RemoteSource):
                 raise Changed("the byte range is no longer satisfiable") from None
             raise CheckpointError(self.name, offset, f"S3 {code} (HTTP {status})") from None
         except (botocore.exceptions.ReadTimeoutError, botocore.exceptions.ConnectTimeoutError):
-            raise Retryable(f"no answer within {self.options.stall_timeout:g} s (--stall-timeout)",
-                            timeout=True) from None
+            raise stalled("no answer", self.options) from None
         except botocore.exceptions.NoCredentialsError:
             raise CheckpointError(self.name, offset, "no AWS credentials found") from None
         except (botocore.exceptions.EndpointConnectionError, botocore.exceptions.ConnectionError,
@@ -176,14 +175,14 @@ class S3Source(RemoteSource):
         try:
             while len(buf) < expected:
                 if time.monotonic() >= deadline:
-                    raise Retryable("read deadline reached", timeout=True)
+                    raise Retryable(f"had received {len(buf)} of {expected} bytes", deadline=True)
                 chunk = body.read(min(64 * 1024, expected - len(buf)))
                 if not chunk:
                     raise Retryable(f"short body: {len(buf)} of {expected} bytes")
                 buf += chunk
         except (botocore.exceptions.ReadTimeoutError, TimeoutError):
             body.close()
-            raise Retryable(f"the body stalled (no data for {self.options.stall_timeout:g} s)", timeout=True) from None
+            raise stalled("the body stalled", self.options, f" after {len(buf)} of {expected} bytes") from None
         except (botocore.exceptions.BotoCoreError, OSError) as exc:
             body.close()
             raise Retryable(f"connection broken after {len(buf)} of {expected} bytes: {exc}") from None

@@ -11,8 +11,14 @@ module turns those into the ByteSource contract:
 - Every read has a deadline (``--timeout``, the whole read; a mirror wrapper narrows it with
   :func:`deadline_scope` so one deadline covers the primary and the mirrors). Failed attempts that may
   succeed later (connection errors, stalls, 5xx, 429, short bodies) are retried with exponential backoff and
-  full jitter, honouring a server's ``Retry-After``; never past the deadline, and at most ``max_retries``
-  times so a mirror still gets its turn. Everything else (404, 403, another identity) ends the read at once.
+  full jitter (capped at ``BACKOFF_CAP``), honouring a server's ``Retry-After``, for as long as the deadline
+  allows: a 3 s outage inside a 30 s ``--timeout`` costs 3 s, not the read. With a mirror to turn to, a
+  failure is retried once and a stall not at all, so the next copy gets the rest of the deadline
+  (``max_retries`` bounds the count too where a caller sets it). Everything else (404, 403, another
+  identity) ends the read at once.
+- Timeouts are reported as what they are: a wait cut short by the read's deadline says ``--timeout`` and its
+  number; a server silent for ``--stall-timeout`` seconds, with time left in the deadline, is a stall (and
+  is retried).
 - Options (timeouts, cache directory) are taken from the context at open (:func:`using`), so
   ``ckptfs.open(src, timeout=...)`` reaches the sources that header readers and the pool open for it.
 """
@@ -27,7 +33,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from ckptfs.core.errors import CheckpointError
+from ckptfs.core.errors import CheckpointError, SourceUnavailable
 from ckptfs.sources.base import ByteSource
 from ckptfs.cache.chunks import CHUNK, ChunkCache, chunk_key, disk_store
 from ckptfs.sources.netstats import COUNTERS
@@ -46,6 +52,10 @@ REMOTE_INITIAL_READ = 2 * 1024 * 1024
 MAX_REQUEST_BYTES = 16 * 1024 * 1024
 BACKOFF_BASE = 0.1
 BACKOFF_CAP = 2.0
+#: How many last bytes of a file stand for its version where the validator cannot (see ``_confirm_version``).
+SAMPLE_BYTES = 4096
+#: A retry is not started with less than this left of the deadline (it could not get an answer).
+MIN_ATTEMPT_SECONDS = 0.05
 
 
 @dataclass
@@ -56,7 +66,7 @@ class RemoteOptions:
     stall_timeout: float = DEFAULT_STALL_TIMEOUT
     cache_dir: str | None = None
     cache_dir_size: int = DEFAULT_CACHE_DIR_SIZE
-    max_retries: int = 4
+    max_retries: int | None = None  # None: as many as the deadline allows
     probes: dict = field(default_factory=dict, repr=False, compare=False)
 
     def chunk_cache(self) -> ChunkCache:
@@ -128,12 +138,29 @@ def check_range(source: ByteSource, offset: int, size: int) -> bool:
 
 
 class Retryable(Exception):
-    """One attempt failed in a way another attempt may not (``retry_after``: the server's wish, seconds)."""
+    """One attempt failed in a way another attempt may not (``retry_after``: the server's wish, seconds;
+    ``timeout``: a wait ran out; ``deadline``: the wait that ran out was cut short by the read's deadline,
+    ``--timeout``, not by ``--stall-timeout``)."""
 
-    def __init__(self, message: str, retry_after: float | None = None, timeout: bool = False):
+    def __init__(self, message: str, retry_after: float | None = None, timeout: bool = False,
+                 deadline: bool = False):
         super().__init__(message)
         self.retry_after = retry_after
-        self.timeout = timeout
+        self.timeout = timeout or deadline
+        self.deadline = deadline
+
+
+def wait_bound(options: RemoteOptions, deadline: float) -> tuple[float, bool]:
+    """How long one socket wait may last (the stall timeout, or less when the deadline is nearer), and whether
+    the deadline is what bounds it (then a timeout is the read's ``--timeout``, not a stall)."""
+    remaining = deadline - time.monotonic()
+    return (remaining, True) if remaining < options.stall_timeout else (options.stall_timeout, False)
+
+
+def stalled(what: str, options: RemoteOptions, detail: str = "") -> Retryable:
+    """The Retryable for a server silent for the whole stall timeout (a wait the deadline did not cut short,
+    see ``wait_bound``)."""
+    return Retryable(f"{what} (no data for {options.stall_timeout:g} s, --stall-timeout){detail}", timeout=True)
 
 
 class Changed(Exception):
@@ -175,21 +202,57 @@ class RemoteSource(ByteSource):
         self._lock = threading.Lock()
         self._readahead = ReadAhead(self)
         self._closed = False
+        self._sample: tuple[int, int, str] | None = None  # (start, end, digest) re-checked after each fetch
+        self._check_lock = threading.Lock()
+        self._checked_at = float("-inf")
 
     # -- opening ---------------------------------------------------------------------------------------
-    def _set_identity(self, size: int, validator: str | None, url: str, sha256: str | None = None) -> None:
-        from ckptfs.sources.identity import remote_content_id, sha256_content_id
+    def _set_identity(self, size: int, validator: str | None, url: str, sha256: str | None = None,
+                      sample: bytes | None = None) -> None:
+        """Fix size and identity. ``sample``: the file's last bytes, for a validator that cannot tell versions
+        of one size apart (see ``_confirm_version``); it joins the content identity."""
+        from ckptfs.sources.identity import remote_content_id, sample_digest, sha256_content_id
 
         self.size = size
         self.validator = validator
         self.identity = (size, validator, url)
+        if sample is not None:
+            self._sample = (size - len(sample), size, sample_digest(sample))
         if sha256:
             self._content_id = sha256_content_id(sha256)
         elif validator:
-            self._content_id = remote_content_id(validator, size, url)
+            self._content_id = remote_content_id(validator, size, url, sample)
         else:  # nothing tells versions apart: never share these bytes beyond this open
             self._content_id = remote_content_id(f"unvalidated-{id(self):x}-{time.time_ns()}", size, url)
             self._cache = ChunkCache(None)
+
+    def _confirm_version(self, fetched_at: float, deadline: float, offset: int) -> None:
+        """For a weak validator (``_sample`` set): bytes fetched by ``fetched_at`` are served only once a
+        request sent after that found the file's last bytes unchanged. A replaced file answers each request
+        with the new version from then on, so a check that still sees the old one proves the bytes before it
+        old too; concurrent fetches share one check. CheckpointError when the last bytes differ."""
+        if self._sample is None:
+            return
+        start, end, digest = self._sample
+        if not self._check_lock.acquire(timeout=max(0.0, deadline - time.monotonic())):
+            raise self._timeout_error(offset)
+        try:
+            if self._checked_at > fetched_at:
+                return  # a check sent after these bytes arrived passed
+            from ckptfs.sources.identity import sample_digest
+
+            sent = time.monotonic()
+            data = self.retrying(lambda: self._attempt(start, end, deadline), deadline, offset,
+                                 "re-checking the file's last bytes: ")
+            COUNTERS.request(self.scheme, "ok", len(data))
+            if sample_digest(data) != digest:
+                COUNTERS.request(self.scheme, "error")
+                raise CheckpointError(self.name, offset, f"changed since it was opened: its last {end - start} "
+                                                         f"bytes differ (replaced by a file of the same size within "
+                                                         f"the validator's one-second resolution)")
+            self._checked_at = sent
+        finally:
+            self._check_lock.release()
 
     def content_id(self) -> str:
         return self._content_id
@@ -325,38 +388,69 @@ class RemoteSource(ByteSource):
         if len(data) != end - start:  # a scheme's _attempt must check this; never serve a short read
             raise CheckpointError(self.name, start, f"got {len(data)} bytes for a {end - start}-byte range")
         COUNTERS.request(self.scheme, "ok", len(data))
+        self._confirm_version(time.monotonic(), deadline, start)
         return data
 
     def retrying(self, attempt, deadline: float, offset: int | None, what: str = ""):
-        """``attempt()`` until it succeeds, retrying Retryable failures with backoff (counted here), at most
-        ``max_retries`` times and never past ``deadline``; ``what`` prefixes the final error's reason."""
+        """``attempt()`` until it succeeds, retrying Retryable failures with backoff (counted here) for as long
+        as ``deadline`` allows (see the module docstring); ``what`` prefixes the final error's reason."""
         tries = 0
+        started = time.monotonic()
+        before: Retryable | None = None  # the failure before the last, for the final message
         fallback = _fallback.get()
-        max_retries = min(1, self.options.max_retries) if fallback else self.options.max_retries
+        max_retries = self.options.max_retries
+        if fallback:
+            max_retries = 1 if max_retries is None else min(1, max_retries)
         while True:
             if time.monotonic() >= deadline:
-                raise self._timeout_error(offset)
+                raise self._timeout_error(offset, what, tries)
             try:
                 return attempt()
             except Retryable as exc:
                 tries += 1
-                delay = exc.retry_after if exc.retry_after is not None else backoff_delay(tries)
-                give_up = (tries > max_retries or time.monotonic() + delay >= deadline
+                left = deadline - time.monotonic()
+                if exc.retry_after is not None:
+                    delay, too_late = exc.retry_after, exc.retry_after >= left  # not before the server's time
+                else:
+                    delay = min(backoff_delay(tries), max(0.0, left - MIN_ATTEMPT_SECONDS))
+                    too_late = left <= MIN_ATTEMPT_SECONDS
+                give_up = (exc.deadline or too_late or (max_retries is not None and tries > max_retries)
                            or (fallback and exc.timeout))
                 COUNTERS.request(self.scheme, "timeout" if exc.timeout else ("error" if give_up else "retry"),
                                  retried=not give_up)
                 if give_up:
                     count = f"{tries} attempt{'s' if tries > 1 else ''}"
-                    raise CheckpointError(self.name, offset, f"{what}{exc} (gave up after {count})") from None
+                    if exc.deadline:  # the last attempt itself was cut short by the deadline
+                        raise self._timeout_error(offset, what, tries, exc, before) from None
+                    spent = time.monotonic() - started
+                    if too_late and exc.retry_after is not None:  # no use waiting for the server's time
+                        why = (f"; the server asks to retry in {exc.retry_after:g} s, past the read's deadline "
+                               f"(--timeout {self.options.timeout:g} s)")
+                    elif too_late:
+                        why = f" ({count} in {spent:.1f} s, until the read's deadline: --timeout {self.options.timeout:g} s)"
+                    else:
+                        why = f" (gave up after {count} in {spent:.1f} s)"
+                    raise SourceUnavailable(self.name, offset, f"{what}{exc}{why}") from None
                 log.debug("%s @ %s: %s; retrying in %.2f s", self.name, offset, exc, delay)
+                before = exc
                 time.sleep(delay)
             except Changed as exc:
                 COUNTERS.request(self.scheme, "error")
                 raise CheckpointError(self.name, offset, f"changed since it was opened: {exc}") from None
 
-    def _timeout_error(self, offset: int | None) -> CheckpointError:
-        COUNTERS.request(self.scheme, "timeout")
-        return CheckpointError(self.name, offset, f"read timed out (--timeout {self.options.timeout:g} s)")
+    def _timeout_error(self, offset: int | None, what: str = "", tries: int = 0, last: Retryable | None = None,
+                       before: Retryable | None = None) -> CheckpointError:
+        """The read's deadline (``--timeout``) passed: say so, with the number, and what the last attempt
+        was doing (counted here unless ``last`` was counted by the retry loop)."""
+        if last is None:
+            COUNTERS.request(self.scheme, "timeout")
+        detail = f" after {tries} attempt{'s' if tries > 1 else ''}" if tries else ""
+        if last is not None:
+            detail += f"; the last {last}"
+        if before is not None and not before.deadline:
+            detail += f"; the one before: {before}"
+        return SourceUnavailable(self.name, offset, f"{what}read timed out (--timeout {self.options.timeout:g} s"
+                                                    f"{detail})")
 
     def _attempt(self, start: int, end: int, deadline: float) -> bytes:  # pragma: no cover - interface
         """One request for bytes [start, end): exactly those bytes, or Retryable / Changed /
