@@ -77,6 +77,8 @@ def test_a_folder_another_user_made_first_is_refused(model, sticky_dir, tmp_path
         one_line_error(result, (1,), str(trap), "owned by nobody", "chown")
     finally:
         force_unmount(mnt)
+    for command in (("prefetch", str(path)), ("cache", "clear")):
+        one_line_error(run_cli(*command, "--cache-dir", str(trap)), (1,), "owned by nobody")
     with pytest.raises(CacheRefused, match="owned by nobody"):
         ckptfs.open(path, cache_dir=str(trap))
     assert list(trap.iterdir()) == []  # nothing was written into it: no key, no entry

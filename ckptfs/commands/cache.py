@@ -73,13 +73,11 @@ def tier_options(f):
 
 
 def _store(cache_dir: str | None, max_bytes: int = DEFAULT_CACHE_DIR_SIZE) -> DiskStore:
-    """The folder's store for ``ckptfs cache``: its modes checked like a mount's (one line if refused)."""
+    """The folder's store for ``ckptfs cache``: made and checked like a mount's (one line if refused)."""
     import os
 
     if not cache_dir:
         raise click.UsageError(f"give --cache-dir DIR (or set ${ENV_DIR})")
-    if not os.path.isdir(cache_dir):
-        raise click.ClickException(f"no cache dir {cache_dir}")
     try:
         return DiskStore(cache_dir, max_bytes, "blocks", os.environ.get(ENV_KEY_FILE) or None)
     except CacheRefused as exc:
