@@ -82,7 +82,7 @@ def main() -> None:
             except ValueError:
                 continue
 
-            def run(backend=backend):
+            def run(backend=backend, codec=codec, blocks=blocks, out=out, per=per, n_blocks=n_blocks):
                 for b0 in range(0, n_blocks, per):
                     dst = out[b0 * codec.block_elements:(b0 + per) * codec.block_elements]
                     codec.dequantize_into(blocks[b0:b0 + per], dst, backend=backend)

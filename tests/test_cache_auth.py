@@ -9,16 +9,16 @@ public, so the crc32s are recomputed and only the MAC (which needs the key) is l
 from __future__ import annotations
 
 import os
-import shutil
 import stat
 import subprocess
-import tempfile
 from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import ckptfs_cli, cli_env, force_unmount, mount_stats, skip_or_fail
+from conftest import ckptfs_cli, cli_env, force_unmount, mount_stats
 from redis_server import RedisServer, require_redis_server
+from test_mount_daemon import AS_NOBODY, NOBODY
+from test_mount_daemon import public_dir as _public_dir
 from test_tiers_mount import expected_files, read_all, settled
 from tier_models import forge, write_model
 
@@ -26,13 +26,10 @@ import ckptfs
 from ckptfs.cache import auth
 from ckptfs.cache.auth import CacheRefused
 
-NOBODY = 65534
-AS_NOBODY = ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups"]
-
 
 def run_cli(*args: str, timeout: float = 90) -> subprocess.CompletedProcess:
     return subprocess.run([*ckptfs_cli(), *args], env=cli_env(), stdin=subprocess.DEVNULL, capture_output=True,
-                          text=True, timeout=timeout)
+                          text=True, timeout=timeout, check=False)
 
 
 def one_line_error(result: subprocess.CompletedProcess, codes: tuple[int, ...], *words: str) -> str:
@@ -50,24 +47,22 @@ def model(tmp_path):
     return path, write_model(path, seed=21)
 
 
+public_dir = _public_dir  # the fixture (root, setpriv), made sticky below
+
+
 @pytest.fixture
-def sticky_dir() -> Path:
+def sticky_dir(public_dir) -> Path:
     """A world-writable sticky folder like /dev/shm or /tmp, that other users can create folders in."""
-    if os.geteuid() != 0 or shutil.which("setpriv") is None:
-        skip_or_fail("needs root and setpriv to act as another user")
-    path = Path(tempfile.mkdtemp(prefix="ckptfs-shm-"))
-    path.chmod(0o1777)
-    try:
-        yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
+    public_dir.chmod(0o1777)
+    return public_dir
 
 
 def test_a_folder_another_user_made_first_is_refused(model, sticky_dir, tmp_path):
     """Item 1's attack: a second user makes the README's recipe folder before root mounts with it."""
     path, _ = model
     trap = sticky_dir / "ckptfs"
-    made = subprocess.run([*AS_NOBODY, "mkdir", "-m", "0755", str(trap)], capture_output=True, timeout=30)
+    made = subprocess.run([*AS_NOBODY, "mkdir", "-m", "0755", str(trap)], capture_output=True, timeout=30,
+                          check=False)
     assert made.returncode == 0, made.stderr
     assert trap.stat().st_uid == NOBODY
     mnt = tmp_path / "mnt"
@@ -149,7 +144,7 @@ def test_created_folders_are_0700_and_entries_0600_whatever_the_umask(model, tmp
 
 
 def test_the_folder_key_is_made_once_and_kept(model, tmp_path):
-    path, refs = model
+    path, _ = model
     cache = tmp_path / "cache"
     with ckptfs.open(path, cache_dir=str(cache)):
         pass
@@ -218,9 +213,9 @@ def test_a_redis_without_a_key_file_is_said_to_be_trusted(model, tmp_path, caplo
     require_redis_server()
     pytest.importorskip("redis")
     path, _ = model
-    with RedisServer() as server:
-        with caplog.at_level("WARNING", logger="ckptfs.cache.redis_tier"), ckptfs.open(path, redis=server.url):
-            pass
+    with RedisServer() as server, caplog.at_level("WARNING", logger="ckptfs.cache.redis_tier"), \
+            ckptfs.open(path, redis=server.url):
+        pass
     lines = [r.getMessage() for r in caplog.records if "trusted as-is" in r.getMessage()]
     assert len(lines) == 1 and "--cache-key-file" in lines[0]
 

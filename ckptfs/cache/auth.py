@@ -52,6 +52,18 @@ def _user(uid: int) -> str:
         return f"uid {uid}"
 
 
+def _check_own(path, st: os.stat_result, what: str, kind: str, denied: int, how: str, fix: str) -> None:
+    """CacheRefused unless ``st`` (of ``path``, a ``kind``) is this user's and has none of the ``denied``
+    mode bits (``how`` says what they allow, ``fix`` the command that clears them)."""
+    euid = os.geteuid()
+    if st.st_uid != euid:
+        raise CacheRefused(f"{what} {path} is owned by {_user(st.st_uid)}, not by {_user(euid)} who runs ckptfs: "
+                           f"use a {kind} of your own (or, if you trust it, chown {_user(euid)} {path})")
+    if st.st_mode & denied:
+        raise CacheRefused(f"{what} {path} is {how} by group or others (mode {stat.S_IMODE(st.st_mode):04o}): "
+                           f"{fix} {path}")
+
+
 def check_dir(path: str | os.PathLike, what: str = "cache dir") -> None:
     """CacheRefused unless ``path`` (an existing folder) and every folder above it pass the mode rules."""
     path = Path(os.path.abspath(path))
@@ -59,12 +71,7 @@ def check_dir(path: str | os.PathLike, what: str = "cache dir") -> None:
     st = os.stat(path)
     if not stat.S_ISDIR(st.st_mode):
         raise CacheRefused(f"{what} {path} is not a folder")
-    if st.st_uid != euid:
-        raise CacheRefused(f"{what} {path} is owned by {_user(st.st_uid)}, not by {_user(euid)} who runs ckptfs: "
-                           f"use a folder of your own (or, if you trust it, chown {_user(euid)} {path})")
-    if st.st_mode & 0o022:
-        raise CacheRefused(f"{what} {path} is writable by group or others (mode {stat.S_IMODE(st.st_mode):04o}): "
-                           f"chmod 700 {path}")
+    _check_own(path, st, what, "folder", 0o022, "writable", "chmod 700")
     for parent in Path(os.path.realpath(path)).parents:
         pst = os.stat(parent)
         if pst.st_uid not in (0, euid):
@@ -103,15 +110,9 @@ def read_key(key_file: str | os.PathLike) -> bytes:
         raise CacheRefused(f"cache key file {key_file}: {exc.strerror or exc}") from None
     try:
         st = os.fstat(fd)
-        euid = os.geteuid()
         if not stat.S_ISREG(st.st_mode):
             raise CacheRefused(f"cache key file {key_file} is not a regular file")
-        if st.st_uid != euid:
-            raise CacheRefused(f"cache key file {key_file} is owned by {_user(st.st_uid)}, not by {_user(euid)} "
-                               f"who runs ckptfs: use a key file of your own (or chown {_user(euid)} {key_file})")
-        if st.st_mode & 0o077:
-            raise CacheRefused(f"cache key file {key_file} is accessible by group or others "
-                               f"(mode {stat.S_IMODE(st.st_mode):04o}): chmod 600 {key_file}")
+        _check_own(key_file, st, "cache key file", "key file", 0o077, "accessible", "chmod 600")
         key = os.read(fd, MAX_KEY_BYTES + 1)
     finally:
         os.close(fd)

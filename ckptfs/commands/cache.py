@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 import click
@@ -74,8 +75,6 @@ def tier_options(f):
 
 def _store(cache_dir: str | None, max_bytes: int = DEFAULT_CACHE_DIR_SIZE) -> DiskStore:
     """The folder's store for ``ckptfs cache``: made and checked like a mount's (one line if refused)."""
-    import os
-
     if not cache_dir:
         raise click.UsageError(f"give --cache-dir DIR (or set ${ENV_DIR})")
     try:
