@@ -21,6 +21,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tier_models import FORGED_VALUE, forge
+
 from ckptfs.cache import entry
 from ckptfs.cache.disk import DiskStore, DiskTier
 
@@ -39,7 +41,7 @@ def tmpfs(path: Path, size: str):
     if os.geteuid() != 0:
         pytest.skip("mounting a tmpfs needs root")
     path.mkdir(parents=True, exist_ok=True)
-    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], check=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0700", "tmpfs", str(path)], check=True)
     try:
         yield path
     finally:
@@ -124,6 +126,44 @@ def test_an_entry_under_another_keys_name_is_refused(tmp_path):
     shutil.copyfile(tier.store.path_for("first"), target)  # a valid entry, but for another key
     assert tier.get("second") is None
     assert tier.stats()["corrupt"] == 1
+
+
+def test_an_entry_forged_with_recomputed_checksums_is_a_miss_counted_and_deleted(tmp_path, caplog):
+    """crc32s are public: an entry rewritten with other values and recomputed crc32s fails the MAC."""
+    tier = DiskTier(tmp_path, 1 << 30)
+    tier.put("a", values(1))
+    tier.put("b", values(2))
+    tier.flush()
+    for k in ("a", "b"):
+        p = tier.store.path_for(k)
+        p.write_bytes(forge(p.read_bytes()))
+        assert (np.frombuffer(p.read_bytes()[entry.HEADER_SIZE:], np.float32) == FORGED_VALUE).all()
+    with caplog.at_level(logging.WARNING, logger="ckptfs.cache.disk"):
+        assert tier.get("a") is None and tier.get("b") is None
+    assert not tier.store.path_for("a").exists()
+    stats = tier.stats()
+    assert (stats["forged"], stats["corrupt"], stats["hits"]) == (2, 0, 0)
+    assert len([r for r in caplog.records if "forged entry" in r.getMessage()]) == 1
+    other = tmp_path / "other"  # another folder, another key: its entries are forgeries here
+    DiskStore(other, 1 << 30, "blocks").put_array("a", values(1))
+    shutil.copyfile(DiskStore(other, 1 << 30, "blocks").path_for("a"), tier.store.path_for("a"))
+    assert tier.get("a") is None and tier.stats()["forged"] == 3
+
+
+def test_shared_keys_and_remote_bytes_use_the_same_authentication(tmp_path):
+    key = tmp_path / "key"
+    key.write_bytes(os.urandom(32))
+    key.chmod(0o600)
+    one = DiskStore(tmp_path / "one", 1 << 30, "bytes", key_file=key)
+    two = DiskStore(tmp_path / "two", 1 << 30, "bytes", key_file=key)
+    one.put("chunk", b"remote bytes")
+    assert not (tmp_path / "one" / ".key").exists()  # the key file given, no folder key made
+    two.path_for("chunk").parent.mkdir(parents=True)
+    shutil.copyfile(one.path_for("chunk"), two.path_for("chunk"))
+    assert two.get("chunk") == b"remote bytes"  # same key: the entry checks out in another folder
+    p = one.path_for("chunk")
+    p.write_bytes(forge(p.read_bytes()))
+    assert one.get("chunk") is None and one.stats()["forged"] == 1
 
 
 def test_a_killed_writer_leaves_nothing_that_reads_as_valid(tmp_path):

@@ -123,7 +123,7 @@ def test_a_full_cache_file_system_costs_storage_not_reads(mounted, model, tmp_pa
     expected = expected_files(refs)
     cache = tmp_path / "small"
     cache.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=512k", "tmpfs", str(cache)], check=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=512k,mode=0700", "tmpfs", str(cache)], check=True)
     try:
         mnt = mounted(path, "--cache-dir", str(cache), "--cache-size", "0")
         read_all(mnt, expected)

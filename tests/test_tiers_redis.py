@@ -9,6 +9,7 @@ stalling it. The bound is a hang guard, not a speed assertion.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 
@@ -91,7 +92,7 @@ def test_garbage_and_foreign_values_are_deleted_and_decoded_again(server, tier, 
         assert tier.get_many(["a", "b"]) == [None, None]
     assert server.command("EXISTS", redis_key("a")) == b":0"
     assert tier.stats()["corrupt"] == 2
-    assert len([r for r in caplog.records if "bad value" in r.getMessage()]) == 1
+    assert len([r for r in caplog.records if "corrupt value" in r.getMessage()]) == 1
     np.testing.assert_array_equal(tier.get("c"), values(3))
 
 
@@ -171,6 +172,35 @@ def test_an_unreachable_url_is_a_miss_not_an_error():
 def test_bad_urls_are_one_line_errors():
     with pytest.raises(ValueError, match="redis://HOST:PORT/DB"):
         RedisTier("http://localhost:6379")
+    for url, words in (("redis://localhost:99999/0", "out of range"), ("redis://localhost:6379/x", "not a number")):
+        with pytest.raises(ValueError, match=words):
+            RedisTier(url)
+
+
+def test_values_forged_with_recomputed_checksums_fail_the_key(server, tmp_path, caplog):
+    from tier_models import forge
+
+    key = tmp_path / "key"
+    key.write_bytes(os.urandom(32))
+    key.chmod(0o600)
+    keyed = RedisTier(server.url, key_file=str(key))
+    try:
+        keyed.put("a", values(1))
+        keyed.flush()
+        client = keyed._redis()
+        client.set(redis_key("a"), forge(client.get(redis_key("a"))))
+        with caplog.at_level(logging.WARNING, logger="ckptfs.cache.redis_tier"):
+            assert keyed.get_many(["a"]) == [None]
+        assert server.command("EXISTS", redis_key("a")) == b":0"
+        assert (keyed.stats()["forged"], keyed.stats()["corrupt"]) == (1, 0)
+        assert len([r for r in caplog.records if "forged value" in r.getMessage()]) == 1
+        unkeyed = RedisTier(server.url)  # trusted as-is: its own values carry no MAC, so they fail the key
+        unkeyed.put("b", values(2))
+        unkeyed.flush()
+        assert keyed.get_many(["b"]) == [None] and keyed.stats()["forged"] == 2
+        unkeyed.close()
+    finally:
+        keyed.close()
 
 
 def group_key(b0: int, b1: int) -> str:

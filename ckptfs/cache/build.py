@@ -2,9 +2,10 @@
 
 - ``disk.py``: ``DiskStore`` (checksummed entries in ``--cache-dir``, bounded across processes) and
   ``DiskTier`` (decoded block groups in it);
-- ``redis.py``: ``RedisTier`` (decoded block groups in a Redis shared by machines);
+- ``redis_tier.py``: ``RedisTier`` (decoded block groups in a Redis shared by machines);
 - ``shared.py``: ``Tensor.shared()``, one mapped copy of a decoded tensor for many worker processes;
-- ``entry.py``: the entry format both tiers store.
+- ``entry.py``: the entry format both tiers store;
+- ``auth.py``: the folder's ownership and modes, the entries' key.
 
 ``build_tiers`` is what ``ckptfs.open`` and ``ckptfs mount`` call. Nothing here imports redis-py until a
 Redis tier is asked for.
@@ -19,19 +20,21 @@ __all__ = ["build_tiers", "DEFAULT_CACHE_DIR_SIZE"]
 
 
 def build_tiers(cache_size: int, cache_dir: str | None = None, cache_dir_size: int = DEFAULT_CACHE_DIR_SIZE,
-                redis: str | None = None) -> TieredCache:
+                redis: str | None = None, cache_key_file: str | None = None) -> TieredCache:
     """Memory (``cache_size`` bytes), then the disk folder if given, then Redis if given.
 
-    ValueError (one line, for the CLI) for a bad Redis URL or a missing redis-py. The disk folder is not
-    touched here: one that cannot be used costs a decode at the first read, never the open.
+    ``cache_key_file`` authenticates both lower tiers' entries (``auth.py``); without it the folder uses its
+    own ``DIR/.key`` and Redis is trusted as-is (logged once here). ValueError (one line, for the CLI) for a
+    bad Redis URL, a missing redis-py, or a folder or key file this user must not trust (``CacheRefused``):
+    both are checked here, at the open, before anything is read from them.
     """
     tiers = [BlockCache(cache_size)]
     if cache_dir:
         from ckptfs.cache.disk import DiskTier
 
-        tiers.append(DiskTier(cache_dir, cache_dir_size))
+        tiers.append(DiskTier(cache_dir, cache_dir_size, key_file=cache_key_file))
     if redis:
         from ckptfs.cache.redis_tier import RedisTier
 
-        tiers.append(RedisTier(redis))
+        tiers.append(RedisTier(redis, key_file=cache_key_file))
     return TieredCache(tiers)

@@ -43,26 +43,28 @@ class MemoryChunks(BytesLRU):
 
 MEMORY = MemoryChunks()
 
-_stores: dict[tuple[str, int], object] = {}
+_stores: dict[tuple[str, int, str | None], object] = {}
 _stores_lock = threading.Lock()
 
 
-def disk_store(root: str | None, max_bytes: int):
-    """The shared ``DiskStore(root, max_bytes, namespace="bytes")`` for ``--cache-dir`` (one per process and
-    directory), or None when no directory is set or the store cannot be made."""
+def disk_store(root: str | None, max_bytes: int, key_file: str | None = None):
+    """The shared ``DiskStore(root, max_bytes, namespace="bytes", key_file)`` for ``--cache-dir`` (one per
+    process, directory and key), or None when no directory is set or the store cannot be made (a folder this
+    user must not trust included: its bytes are then fetched, never read from it). Its entries are
+    authenticated like the decoded groups' (``auth.py``)."""
     if not root:
         return None
     with _stores_lock:
-        store = _stores.get((root, max_bytes))
+        store = _stores.get((root, max_bytes, key_file))
         if store is None:
             try:
                 from ckptfs.cache.disk import DiskStore
 
-                store = DiskStore(root, max_bytes, namespace="bytes")
+                store = DiskStore(root, max_bytes, namespace="bytes", key_file=key_file)
             except Exception as exc:  # noqa: BLE001 - a cache that cannot open costs speed, not the read
                 log.warning("remote byte cache in %s not used: %s", root, exc)
                 store = False
-            _stores[(root, max_bytes)] = store
+            _stores[(root, max_bytes, key_file)] = store
     return store or None
 
 

@@ -19,6 +19,10 @@ Why it is built this way:
   the sum is over the bound, the process holding ``DIR/.lock`` (``flock``; the others skip) deletes the
   least recently used entries down to 90 % of the bound. The folder may exceed the bound by what the
   writing processes wrote between two checks.
+- **Only this user's entries.** The folder is checked and its key read when the store is made
+  (``auth.py``: owned by this user, not writable by others, else refused with one line); every entry
+  carries a MAC under that key, and one that fails it counts as ``forged`` (deleted, a miss). Folders
+  are created 0700, entries and locks 0600, whatever the umask.
 - **Never a failed read.** A corrupt entry is deleted and counts as a miss; a full file system (ENOSPC), a
   read-only or deleted folder pause writing for a while (a deleted folder is created again); each kind of
   trouble is logged once per process. The caller then decodes, as without the tier.
@@ -39,7 +43,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ckptfs.cache import entry
+from ckptfs.cache import auth, entry
 from ckptfs.cache.counters import TierCounters
 from ckptfs.cache.writer import BackgroundWriter
 
@@ -56,11 +60,18 @@ _SUFFIX = ".e"
 
 
 class DiskStore:
-    """Checksummed entries in ``root/namespace``; safe to share between threads and processes."""
+    """Authenticated entries in ``root/namespace``; safe to share between threads and processes.
 
-    def __init__(self, root: str | os.PathLike, max_bytes: int, namespace: str = "blocks"):
+    ``key_file``: the key's file (``--cache-key-file``), else the folder's own ``root/.key``. The folder is
+    created and checked here: ``auth.CacheRefused`` (one line) for one this user must not trust, OSError
+    for one that cannot be made."""
+
+    def __init__(self, root: str | os.PathLike, max_bytes: int, namespace: str = "blocks",
+                 key_file: str | os.PathLike | None = None):
         if "/" in namespace or namespace.startswith("."):
             raise ValueError(f"bad cache namespace {namespace!r}")
+        self._mac_key = auth.folder_key(root, key_file)
+        self.key_file = os.fspath(key_file) if key_file else None
         self.root = Path(root)
         self.namespace = namespace
         self.dir = self.root / namespace
@@ -73,7 +84,7 @@ class DiskStore:
         self._pruner_pid = os.getpid()  # a child forked during a prune has no pruning thread
         self._paused_until = 0.0
         self._counters = TierCounters(log, ("hits", "misses", "hit_bytes", "stored", "stored_bytes", "corrupt",
-                                            "errors"))
+                                            "forged", "errors"))
         self._count, self._warn_once = self._counters.add, self._counters.warn_once
         self._folder_bytes = 0
 
@@ -119,10 +130,14 @@ class DiskStore:
                 data = _map(fd, st.st_size)
             else:
                 data = _pread_all(fd, st.st_size)
-            values = entry.decode(key, data)
+            values = entry.decode(key, data, mac_key=self._mac_key)
             if time.time() - st.st_mtime > TOUCH_AFTER_S:
                 with contextlib.suppress(OSError):
                     os.utime(fd)
+        except entry.ForgedEntry as exc:
+            self._drop(path, exc, "forged")
+            self._count(misses=1, forged=1)
+            return None
         except entry.BadEntry as exc:
             self._drop(path, exc)
             self._count(misses=1, corrupt=1)
@@ -136,9 +151,9 @@ class DiskStore:
         self._count(hits=1, hit_bytes=values.nbytes)
         return values
 
-    def _drop(self, path: Path, why: Exception) -> None:
-        self._warn_once("corrupt", "cache dir %s: corrupt entry %s (%s): deleted, decoding instead "
-                        "(further corrupt entries are counted, not logged)", self.root, path.name, why)
+    def _drop(self, path: Path, why: Exception, kind: str = "corrupt") -> None:
+        self._warn_once(kind, "cache dir %s: %s entry %s (%s): deleted, decoding instead "
+                        "(further %s entries are counted, not logged)", self.root, kind, path.name, why, kind)
         with contextlib.suppress(OSError):
             path.unlink()
 
@@ -149,7 +164,7 @@ class DiskStore:
         self.put_array(key, np.frombuffer(data, np.uint8))
 
     def put_array(self, key: str, values: np.ndarray) -> None:
-        header, payload = entry.encode(key, values.reshape(-1))
+        header, payload = entry.encode(key, values.reshape(-1), self._mac_key)
         self.write_chunks(key, values.dtype, payload.nbytes, [payload], header=header)
 
     def write_chunks(self, key: str, dtype: np.dtype | str, nbytes: int, chunks: Iterable,
@@ -167,17 +182,19 @@ class DiskStore:
             return False
         try:
             crc, written = 0, 0
+            mac = entry.new_mac(self._mac_key, key, dtype, nbytes) if header is None else None
             _write_at(fd, bytes(entry.HEADER_SIZE) if header is None else header, 0)
             for chunk in chunks:
                 view = memoryview(chunk).cast("B")
                 if header is None:
                     crc = zlib.crc32(view, crc)
+                    mac.update(view)
                 _write_at(fd, view, entry.HEADER_SIZE + written)
                 written += view.nbytes
             if written != nbytes:
                 raise ValueError(f"entry for {key!r}: {written} bytes written, {nbytes} announced")
             if header is None:
-                _write_at(fd, entry.make_header(key, dtype, nbytes, crc & 0xFFFFFFFF), 0)
+                _write_at(fd, entry.make_header(key, dtype, nbytes, crc & 0xFFFFFFFF, mac), 0)
             os.close(fd)
             fd = -1
             os.replace(tmp, path)
@@ -196,12 +213,7 @@ class DiskStore:
         return True
 
     def _create(self, tmp: Path) -> int:
-        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
-        try:
-            return os.open(tmp, flags, 0o644)
-        except FileNotFoundError:  # first write there, or the folder was deleted under us: make it again
-            tmp.parent.mkdir(parents=True, exist_ok=True)
-            return os.open(tmp, flags, 0o644)
+        return _open_private(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC)
 
     @contextlib.contextmanager
     def key_lock(self, key: str) -> Iterator[None]:
@@ -209,11 +221,7 @@ class DiskStore:
         process fills an expensive entry while the others wait for it. Unlocked if the folder is unusable."""
         path = self.path_for(key).with_suffix(".lock")
         try:
-            try:
-                fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-            except FileNotFoundError:
-                path.parent.mkdir(parents=True, exist_ok=True)
-                fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            fd = _open_private(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC)
         except OSError as exc:
             self._trouble("lock", exc)
             yield
@@ -323,7 +331,7 @@ class DiskStore:
                             self.root, exc.strerror or exc)
 
     def stats(self) -> dict:
-        """This process's counters; ``folder_bytes`` is the folder's size as last measured plus what this
+        """This process's counters (``forged``: entries that failed the MAC, ``corrupt``: damaged ones); ``folder_bytes`` is the folder's size as last measured plus what this
         process wrote since (the whole folder, every namespace)."""
         counts = self._counters.snapshot()
         with self._lock:
@@ -334,8 +342,7 @@ class DiskStore:
 @contextlib.contextmanager
 def _folder_lock(root: Path, wait: bool) -> Iterator[bool]:
     try:
-        root.mkdir(parents=True, exist_ok=True)
-        fd = os.open(root / ".lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        fd = _open_private(root / ".lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC)
     except OSError:
         yield True  # a read-only folder: nothing can be deleted anyway, but scanning is harmless
         return
@@ -348,6 +355,23 @@ def _folder_lock(root: Path, wait: bool) -> Iterator[bool]:
         yield True
     finally:
         os.close(fd)
+
+
+def _open_private(path: Path, flags: int) -> int:
+    """``os.open(path, flags)`` of a file only this user can read, 0600 whatever the umask; missing folders
+    (the first write there, or the folder was deleted under us) are made again, 0700."""
+    try:
+        fd = os.open(path, flags, auth.FILE_MODE)
+    except FileNotFoundError:
+        auth.make_dirs(path.parent)
+        fd = os.open(path, flags, auth.FILE_MODE)
+    if flags & os.O_EXCL:
+        try:
+            os.fchmod(fd, auth.FILE_MODE)  # the umask may have taken bits this user needs (0600 exactly)
+        except OSError:
+            os.close(fd)
+            raise
+    return fd
 
 
 def _walk(root: Path) -> Iterator[tuple[Path, os.stat_result]]:
@@ -418,8 +442,9 @@ class DiskTier:
 
     name = "disk"
 
-    def __init__(self, root: str | os.PathLike, max_bytes: int, background: bool = True):
-        self.store = DiskStore(root, max_bytes, "blocks")
+    def __init__(self, root: str | os.PathLike, max_bytes: int, background: bool = True,
+                 key_file: str | os.PathLike | None = None):
+        self.store = DiskStore(root, max_bytes, "blocks", key_file)
         self._writer = BackgroundWriter(self.store.put_array, "disk", max_wait=DISK_WRITE_WAIT_S) if background else None
 
     def get(self, key: str) -> np.ndarray | None:

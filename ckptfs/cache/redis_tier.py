@@ -12,7 +12,10 @@ A Redis that is slow, dead, full or holding garbage must cost a decode, never a 
   allowed") pauses writes only; lookups go on.
 - **Checked values.** A value is the same checksummed entry a disk file holds (``entry.py``), including a
   digest of its cache key, whose text carries the checkpoint's content identity: a value overwritten with
-  garbage, or written for another key, is deleted and decoded again. Redis keys are ``ckptfs:e1:<blake2b of
+  garbage, or written for another key, is deleted and decoded again. With ``--cache-key-file`` (the same
+  file on every machine) each value carries a MAC under that key too, and one that fails it is deleted
+  and counted (``forged``): whoever can write to the Redis but lacks the key cannot choose what a mount
+  serves. Without a key file the Redis is trusted as-is, and the tier says so once when it is made. Redis keys are ``ckptfs:e1:<blake2b of
   the cache key>``: fixed-length, one namespace for ckptfs on a shared server.
 - **Batches.** A lookup that continues the previous one of the same tensor (its block range starts where
   the last one ended) asks in the same MGET round trip for the next ``READ_AHEAD_GROUPS`` groups too
@@ -41,7 +44,7 @@ from urllib.parse import urlsplit
 
 import numpy as np
 
-from ckptfs.cache import entry
+from ckptfs.cache import auth, entry
 from ckptfs.cache.counters import TierCounters
 from ckptfs.cache.keys import CacheKey
 from ckptfs.cache.writer import BackgroundWriter
@@ -58,12 +61,26 @@ _TRACKED_STREAMS = 256
 
 
 def check_url(url: str) -> str:
-    """``url`` if it is a Redis URL, else ValueError with a one-line reason (for the CLI)."""
-    parts = urlsplit(url)
+    """``url`` if it is a Redis URL redis-py will connect to, else ValueError with a one-line reason (for the
+    CLI: a port out of range or a database that is not a number fails here, not in the daemon's log)."""
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError as exc:
+        raise ValueError(f"--redis {url!r}: {exc} (want redis://HOST:PORT/DB)") from None
     if parts.scheme not in ("redis", "rediss", "unix"):
         raise ValueError(f"--redis wants redis://HOST:PORT/DB, not {url!r}")
-    if parts.scheme != "unix" and not parts.hostname:
+    if parts.scheme == "unix":
+        if not parts.path:
+            raise ValueError(f"--redis {url!r} names no socket (want unix:///PATH)")
+        return url
+    if not parts.hostname:
         raise ValueError(f"--redis {url!r} names no host")
+    if port == 0:
+        raise ValueError(f"--redis {url!r}: port 0 (want redis://HOST:PORT/DB)")
+    db = parts.path.strip("/")
+    if db and not db.isdigit():
+        raise ValueError(f"--redis {url!r}: database {db!r} is not a number (want redis://HOST:PORT/DB)")
     return url
 
 
@@ -77,12 +94,18 @@ class RedisTier:
     name = "redis"
 
     def __init__(self, url: str, connect_timeout: float = CONNECT_TIMEOUT_S, op_timeout: float = OP_TIMEOUT_S,
-                 backoff: tuple[float, float] = BACKOFF_S):
+                 backoff: tuple[float, float] = BACKOFF_S, key_file: str | os.PathLike | None = None):
+        """``key_file``: the key the values are authenticated with (``auth.read_key``; CacheRefused, a
+        ValueError, for one others could read); None: the Redis is trusted as-is (logged here, once)."""
         self.url = check_url(url)
         try:
             import redis  # noqa: F401 - say now, in one line, what is missing (not at the first read)
         except ImportError:
             raise ValueError("--redis needs redis-py: pip install 'ckptfs[redis]' (or: pip install redis)") from None
+        self._mac_key = auth.read_key(key_file) if key_file else None
+        if self._mac_key is None:
+            log.warning("redis %s: no --cache-key-file, so its values are trusted as-is (whoever can write to "
+                        "this Redis decides what is served)", _where(url))
         self._timeouts = (connect_timeout, op_timeout)
         self._backoff_min, self._backoff_max = backoff
         self._backoff = self._backoff_min
@@ -95,7 +118,7 @@ class RedisTier:
         self._reconnector_pid = os.getpid()  # a child forked during an outage has no reconnect thread
         self._closed = False
         self._counters = TierCounters(log, ("hits", "misses", "hit_bytes", "stored", "stored_bytes", "corrupt",
-                                            "errors", "skipped", "round_trips"))
+                                            "forged", "errors", "skipped", "round_trips"))
         self._count, self._warn_once = self._counters.add, self._counters.warn_once
         self._ahead: OrderedDict[str, np.ndarray] = OrderedDict()  # fetched with an earlier lookup
         self._ahead_bytes = 0
@@ -187,12 +210,14 @@ class RedisTier:
         for i, (key, data) in enumerate(zip(keys, raw)):
             if data is not None:
                 try:
-                    found[i] = entry.decode(key, data)
+                    found[i] = entry.decode(key, data, mac_key=self._mac_key)
                 except entry.BadEntry as exc:
+                    kind = "forged" if isinstance(exc, entry.ForgedEntry) else "corrupt"
                     bad.append(names[i])
-                    self._count(corrupt=1)
-                    self._warn_once("corrupt", "redis %s: bad value for %s (%s): deleted, decoding instead "
-                                    "(further bad values are counted, not logged)", self._where(), names[i], exc)
+                    self._count(**{kind: 1})
+                    self._warn_once(kind, "redis %s: %s value for %s (%s): deleted, decoding instead "
+                                    "(further %s values are counted, not logged)", self._where(), kind, names[i],
+                                    exc, kind)
             if i < counted:
                 if found[i] is None:
                     self._count(misses=1)
@@ -223,7 +248,7 @@ class RedisTier:
     def _put_now(self, key: str, value: np.ndarray) -> None:
         if time.monotonic() < self._writes_paused_until or not self._available():
             return
-        header, payload = entry.encode(key, value.reshape(-1))
+        header, payload = entry.encode(key, value.reshape(-1), self._mac_key)
         try:
             self._redis().set(redis_key(key), header + payload)
         except Exception as exc:  # noqa: BLE001
@@ -311,8 +336,7 @@ class RedisTier:
     # -- the rest ------------------------------------------------------------------------------------
 
     def _where(self) -> str:
-        parts = urlsplit(self.url)
-        return f"{parts.hostname}:{parts.port or 6379}" if parts.scheme != "unix" else parts.path
+        return _where(self.url)
 
     def stats(self) -> dict:
         """This process's counters; ``bytes`` are the bytes served from Redis, ``up`` its state."""
@@ -330,6 +354,12 @@ class RedisTier:
                 client.close()
             except Exception:  # noqa: BLE001, S110
                 pass
+
+
+def _where(url: str) -> str:
+    """HOST:PORT (or the socket's path) of a checked URL: no password in a log line."""
+    parts = urlsplit(url)
+    return f"{parts.hostname}:{parts.port or 6379}" if parts.scheme != "unix" else parts.path
 
 
 def _is_oom(exc: BaseException) -> bool:

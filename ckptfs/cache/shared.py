@@ -13,7 +13,10 @@ the kernel evict it under memory pressure (it is read back from the disk); a fol
 keeps it in RAM until deleted (``ckptfs cache clear --cache-dir DIR``).
 
 The folder is the checkpoint's ``cache_dir`` (``ckptfs.open(src, cache_dir=DIR)``; pickled tensors carry
-it), else ``$CKPTFS_CACHE_DIR``. When the entry cannot be written (full, read-only) the tensor is decoded
+it), else ``$CKPTFS_CACHE_DIR``, with its key (the checkpoint's ``cache_key_file``, else
+``$CKPTFS_CACHE_KEY_FILE``, else the folder's own). The folder passes the mode checks before anything is
+written (``auth.py``), and a mapped entry's MAC is checked over the whole mapping before it is returned: a
+copy someone else wrote is never served. When the entry cannot be written (full, read-only) the tensor is decoded
 into private memory as ``numpy()`` does, read-only like a shared result, and the log says why once.
 """
 
@@ -24,8 +27,9 @@ import os
 
 import numpy as np
 
-from ckptfs.cache.tiered import cache_key
+from ckptfs.cache.auth import ENV_KEY_FILE
 from ckptfs.cache.disk import DEFAULT_CACHE_DIR_SIZE, DiskStore
+from ckptfs.cache.tiered import cache_key
 
 log = logging.getLogger(__name__)
 
@@ -33,25 +37,28 @@ NAMESPACE = "tensors"
 ENV_DIR = "CKPTFS_CACHE_DIR"
 DECODE_STEP_BYTES = 16 << 20  # the writer holds one step of decoded values at a time, never the tensor
 
-_stores: dict[tuple[str, int], DiskStore] = {}
+_stores: dict[tuple[str, int, str | None], DiskStore] = {}
 
 
 def tensor_store(checkpoint) -> DiskStore:
-    """The ``tensors`` store of ``checkpoint``'s cache folder (or ``$CKPTFS_CACHE_DIR``); ValueError if none."""
-    root, max_bytes = None, DEFAULT_CACHE_DIR_SIZE
+    """The ``tensors`` store of ``checkpoint``'s cache folder (or ``$CKPTFS_CACHE_DIR``); ValueError if none,
+    or for a folder or key file this user must not trust (``auth.CacheRefused``)."""
+    root, max_bytes, key_file = None, DEFAULT_CACHE_DIR_SIZE, None
     for tier in getattr(checkpoint.cache, "tiers", ()):
         store = getattr(tier, "store", None)
         if isinstance(store, DiskStore):
-            root, max_bytes = str(store.root), store.max_bytes
+            root, max_bytes, key_file = str(store.root), store.max_bytes, store.key_file
             break
     if root is None:
         root = os.environ.get(ENV_DIR) or None
+        options = getattr(checkpoint, "options", None)
+        key_file = getattr(options, "cache_key_file", None) or os.environ.get(ENV_KEY_FILE) or None
     if root is None:
         raise ValueError("Tensor.shared() needs a cache folder: ckptfs.open(src, cache_dir=DIR) "
                          f"or ${ENV_DIR}")
-    store = _stores.get((root, max_bytes))
+    store = _stores.get((root, max_bytes, key_file))
     if store is None:
-        store = _stores[(root, max_bytes)] = DiskStore(root, max_bytes, NAMESPACE)
+        store = _stores[(root, max_bytes, key_file)] = DiskStore(root, max_bytes, NAMESPACE, key_file)
     return store
 
 

@@ -40,7 +40,8 @@ class WarmReport:
                  f"decoded {format_size(self.decoded_bytes)}"]
         for name, s in self.tiers.items():
             if name != "memory":
-                parts.append(f"{name}: {s.get('stored', 0)} entries stored, {s.get('hits', 0)} found")
+                parts.append(f"{name}: {s.get('stored', 0)} entries stored, {s.get('hits', 0)} found"
+                             + (f", {s['forged']} forged entries refused (decoded again)" if s.get("forged") else ""))
         if self.skipped:
             parts.append(f"{self.skipped} tensors not decodable (skipped)")
         if self.tier_errors:

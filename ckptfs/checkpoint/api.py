@@ -482,7 +482,8 @@ def open_with(src, options: OpenOptions) -> Checkpoint:
     if options.needs_source_plan(src):
         from ckptfs.sources.plan import SourcePlan
         plan = SourcePlan(src, options.mirrors, timeout=options.timeout, stall_timeout=options.stall_timeout,
-                          cache_dir=options.cache_dir, cache_dir_size=options.cache_dir_size)
+                          cache_dir=options.cache_dir, cache_dir_size=options.cache_dir_size,
+                          cache_key_file=options.cache_key_file)
     with plan.opening() if plan is not None else contextlib.nullcontext():
         parsed = read_checkpoint(src)
     wrapper = None

@@ -1,20 +1,23 @@
-"""The cache command line: the ``--cache-dir/--cache-dir-size/--redis`` options, ``ckptfs cache`` and
-``ckptfs prefetch``.
+"""The cache command line: the ``--cache-dir/--cache-dir-size/--redis/--cache-key-file`` options,
+``ckptfs cache`` and ``ckptfs prefetch``.
 
-``tier_options`` is the one definition of the three options, for every command that takes them (``mount``,
+``tier_options`` is the one definition of the four options, for every command that takes them (``mount``,
 ``prefetch``, and the remote sources' byte cache, which shares ``--cache-dir``). ``--cache-dir`` defaults to
-``$CKPTFS_CACHE_DIR``, the folder ``Tensor.shared()`` falls back on too.
+``$CKPTFS_CACHE_DIR``, the folder ``Tensor.shared()`` falls back on too, and ``--cache-key-file`` to
+``$CKPTFS_CACHE_KEY_FILE`` (the fstab helper maps ``-o cache_key_file=`` from this option list).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 import click
 
-from ckptfs.util.sizes import format_size, parse_size
+from ckptfs.cache.auth import ENV_KEY_FILE, CacheRefused
 from ckptfs.cache.disk import DEFAULT_CACHE_DIR_SIZE, DiskStore
+from ckptfs.util.sizes import format_size, parse_size
 
 ENV_DIR = "CKPTFS_CACHE_DIR"
 
@@ -54,18 +57,30 @@ def cache_dir_size_option(f):
                         help="Bound of the --cache-dir folder (all processes together; LRU).")(f)
 
 
+def cache_key_file_option(f):
+    return click.option("--cache-key-file", type=click.Path(dir_okay=False), default=None, envvar=ENV_KEY_FILE,
+                        help=f"Secret key authenticating the --cache-dir and --redis entries (owned by you, "
+                             f"mode 0600; the same file on every machine sharing a Redis; default "
+                             f"${ENV_KEY_FILE}, else the folder's own DIR/.key and a Redis trusted as-is).")(f)
+
+
 def tier_options(f):
-    """--cache-dir, --cache-dir-size and --redis on one command (passed as cache_dir, cache_dir_size, redis)."""
+    """--cache-dir, --cache-dir-size, --redis and --cache-key-file on one command (passed as cache_dir,
+    cache_dir_size, redis, cache_key_file)."""
     f = click.option("--redis", default=None, metavar="URL", callback=_redis_url,
                      help="Redis for decoded groups shared across machines (redis://HOST:PORT/DB; "
                           "needs ckptfs[redis]).")(f)
-    return cache_dir_option(cache_dir_size_option(f))
+    return cache_dir_option(cache_dir_size_option(cache_key_file_option(f)))
 
 
 def _store(cache_dir: str | None, max_bytes: int = DEFAULT_CACHE_DIR_SIZE) -> DiskStore:
+    """The folder's store for ``ckptfs cache``: made and checked like a mount's (one line if refused)."""
     if not cache_dir:
         raise click.UsageError(f"give --cache-dir DIR (or set ${ENV_DIR})")
-    return DiskStore(cache_dir, max_bytes, "blocks")
+    try:
+        return DiskStore(cache_dir, max_bytes, "blocks", os.environ.get(ENV_KEY_FILE) or None)
+    except CacheRefused as exc:
+        raise click.ClickException(str(exc)) from None
 
 
 @click.group("cache")
@@ -114,7 +129,7 @@ def cache_clear(cache_dir):
 @click.option("--dtype", type=click.Choice(["auto", "float32", "float16"]), default="auto", show_default=True,
               help="The dtype the mounts that will read these entries use (it is part of every key).")
 @click.option("-v", "--verbose", is_flag=True)
-def prefetch(src, names, cache_dir, cache_dir_size, redis, dtype, verbose):
+def prefetch(src, names, cache_dir, cache_dir_size, redis, cache_key_file, dtype, verbose):
     """Decode tensors of SRC (all, or NAMES) into the shared tiers ahead of a deployment."""
     from ckptfs.checkpoint.api import open as open_checkpoint
     from ckptfs.core.errors import CheckpointError
@@ -124,7 +139,7 @@ def prefetch(src, names, cache_dir, cache_dir_size, redis, dtype, verbose):
         raise click.UsageError("nothing to warm: give --cache-dir DIR and/or --redis URL")
     try:
         ck = open_checkpoint(src, dtype=dtype, cache_size=64 << 20, cache_dir=cache_dir,
-                             cache_dir_size=cache_dir_size, redis=redis)
+                             cache_dir_size=cache_dir_size, redis=redis, cache_key_file=cache_key_file)
     except (CheckpointError, OSError, ValueError) as exc:
         raise click.ClickException(str(exc)) from None
     with ck:

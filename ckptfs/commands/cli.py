@@ -21,7 +21,8 @@ from ckptfs.core.options import OpenOptions
 from ckptfs.util.sizes import parse_size
 from ckptfs.commands.remote_options import remote_options
 from ckptfs.commands.failure import fail
-from ckptfs.commands.cache import cache_dir_option, cache_dir_size_option, cache_group, prefetch, tier_options
+from ckptfs.commands.cache import (cache_dir_option, cache_dir_size_option, cache_group, cache_key_file_option, prefetch,
+                                   tier_options)
 
 
 class SizeType(click.ParamType):
@@ -140,17 +141,18 @@ def umount(mountpoint, verbose):
 @remote_options
 @cache_dir_option
 @cache_dir_size_option
+@cache_key_file_option
 @click.option("-v", "--verbose", is_flag=True)
 @click.option("--hf", "hf", is_flag=True,
               help="Also say whether a mount with --hf gets hf/, or why not (imports transformers).")
-def info(src, as_json, hf, verbose, mirrors, timeout, stall_timeout, cache_dir, cache_dir_size):
+def info(src, as_json, hf, verbose, mirrors, timeout, stall_timeout, cache_dir, cache_dir_size, cache_key_file):
     """Summarize a checkpoint: format, tensors, storage types, metadata, damage."""
     from ckptfs import open as open_checkpoint
     from ckptfs.commands.info import render, summary
 
     try:
         with open_checkpoint(src, mirrors=mirrors, timeout=timeout, stall_timeout=stall_timeout, cache_dir=cache_dir,
-                             cache_dir_size=cache_dir_size) as ck:
+                             cache_dir_size=cache_dir_size, cache_key_file=cache_key_file) as ck:
             data = summary(ck, hf=hf)
     except Exception as exc:  # noqa: BLE001 - the CLI turns every failure into one line
         fail(exc, verbose)
@@ -166,8 +168,10 @@ def info(src, as_json, hf, verbose, mirrors, timeout, stall_timeout, cache_dir, 
 @remote_options
 @cache_dir_option
 @cache_dir_size_option
+@cache_key_file_option
 @click.option("-v", "--verbose", is_flag=True)
-def bench(src, as_json, cache_size, local, mirrors, timeout, stall_timeout, cache_dir, cache_dir_size, verbose):
+def bench(src, as_json, cache_size, local, mirrors, timeout, stall_timeout, cache_dir, cache_dir_size, cache_key_file,
+          verbose):
     """Benchmark reads of SRC through a temporary mount, beside gguf-py/safetensors when installed (for a
     URL: requests, bytes fetched, header bytes, first-read latency and stream throughput, beside --local)."""
     from ckptfs.sources import is_url
@@ -180,6 +184,7 @@ def bench(src, as_json, cache_size, local, mirrors, timeout, stall_timeout, cach
             args += [f"--timeout={timeout}"] if timeout is not None else []
             args += [f"--stall-timeout={stall_timeout}"] if stall_timeout is not None else []
             args += [f"--cache-dir={cache_dir}", f"--cache-dir-size={cache_dir_size}"] if cache_dir else []
+            args += [f"--cache-key-file={cache_key_file}"] if cache_dir and cache_key_file else []
             sys.exit(run_remote_bench(src, local=local, as_json=as_json, mount_args=tuple(args)))
         from ckptfs.bench import run_bench
 

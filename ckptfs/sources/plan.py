@@ -34,7 +34,7 @@ def names_folder(src: str) -> bool:
 
 class SourcePlan:
     def __init__(self, src: str, mirrors=(), timeout: float | None = None, stall_timeout: float | None = None,
-                 cache_dir: str | None = None, cache_dir_size: int | None = None):
+                 cache_dir: str | None = None, cache_dir_size: int | None = None, cache_key_file: str | None = None):
         for name, value in (("timeout", timeout), ("stall_timeout", stall_timeout)):
             if value is not None and not value > 0:
                 raise ValueError(f"{name} must be a number of seconds > 0, not {value!r}")
@@ -42,7 +42,8 @@ class SourcePlan:
             timeout=float(timeout) if timeout is not None else DEFAULT_TIMEOUT,
             stall_timeout=float(stall_timeout) if stall_timeout is not None else DEFAULT_STALL_TIMEOUT,
             cache_dir=os.fspath(cache_dir) if cache_dir else None,
-            cache_dir_size=int(cache_dir_size) if cache_dir_size is not None else DEFAULT_CACHE_DIR_SIZE)
+            cache_dir_size=int(cache_dir_size) if cache_dir_size is not None else DEFAULT_CACHE_DIR_SIZE,
+            cache_key_file=os.fspath(cache_key_file) if cache_key_file else None)
         self.src = src
         self.mirrors = [os.fspath(m) if not isinstance(m, str) else m for m in (mirrors or ())]
         self._folder = names_folder(src) if self.mirrors else False

@@ -66,11 +66,12 @@ class RemoteOptions:
     stall_timeout: float = DEFAULT_STALL_TIMEOUT
     cache_dir: str | None = None
     cache_dir_size: int = DEFAULT_CACHE_DIR_SIZE
+    cache_key_file: str | None = None   # the cache folder's key (None: its own, ckptfs.cache.auth)
     max_retries: int | None = None  # None: as many as the deadline allows
     probes: dict = field(default_factory=dict, repr=False, compare=False)
 
     def chunk_cache(self) -> ChunkCache:
-        return ChunkCache(disk_store(self.cache_dir, self.cache_dir_size))
+        return ChunkCache(disk_store(self.cache_dir, self.cache_dir_size, self.cache_key_file))
 
 
 _options: contextvars.ContextVar[RemoteOptions | None] = contextvars.ContextVar("ckptfs_remote_options",

@@ -1,0 +1,179 @@
+"""Who may change what the shared tiers serve: the cache folder's ownership and modes, and the entries' key.
+
+A decoded entry is served as the tensor's values, so whoever can write one decides what a mount returns.
+Two rules keep that to the user running ckptfs (the attack they stop: another local user pre-creates the
+folder a README recipe names, or rewrites entries with a forged payload and recomputed crc32s):
+
+- **Modes, like ssh's StrictModes.** A cache folder must be owned by this process's user (``geteuid``) and
+  not writable by group or others; each folder above it must be owned by this user or root and, when
+  writable by others, sticky (``/tmp``, ``/dev/shm``). A key file must be owned by this user and readable by
+  nobody else. Anything else is refused with one line naming the fix, before anything is read or written.
+  Folders ckptfs creates are 0700 and entries 0600 whatever the umask. Root using a folder a normal user
+  made is refused like any other owner mismatch.
+- **A key.** Every entry carries a MAC (``entry.py``) under a secret key: the ``--cache-key-file`` given
+  (``$CKPTFS_CACHE_KEY_FILE``; the same file on every machine sharing a Redis), else, for a cache folder,
+  ``DIR/.key``, 32 random bytes created 0600 on first use. An entry whose MAC does not check is a miss,
+  deleted and counted (``forged``). A Redis without a key file has no key: its values are trusted as-is
+  (the mount says so once), since a key of one machine's folder would fail every other machine's entries.
+
+A key file's bytes are the key, whatever they are (``head -c 32 /dev/urandom``, ``openssl rand -hex 32``),
+at least ``MIN_KEY_BYTES`` of them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pwd
+import stat
+import threading
+from pathlib import Path
+
+ENV_KEY_FILE = "CKPTFS_CACHE_KEY_FILE"
+KEY_NAME = ".key"          # a cache folder's own key file
+KEY_BYTES = 32             # of a key ckptfs makes
+MIN_KEY_BYTES = 16
+MAX_KEY_BYTES = 4096
+DIR_MODE = 0o700
+FILE_MODE = 0o600
+
+_keys: dict[tuple[str, str | None], bytes] = {}
+_keys_lock = threading.Lock()
+
+
+class CacheRefused(ValueError):
+    """A cache folder or key file this user must not trust (the message: one line naming the fix)."""
+
+
+def _user(uid: int) -> str:
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return f"uid {uid}"
+
+
+def _check_own(path, st: os.stat_result, what: str, kind: str, denied: int, how: str, fix: str) -> None:
+    """CacheRefused unless ``st`` (of ``path``, a ``kind``) is this user's and has none of the ``denied``
+    mode bits (``how`` says what they allow, ``fix`` the command that clears them)."""
+    euid = os.geteuid()
+    if st.st_uid != euid:
+        raise CacheRefused(f"{what} {path} is owned by {_user(st.st_uid)}, not by {_user(euid)} who runs ckptfs: "
+                           f"use a {kind} of your own (or, if you trust it, chown {_user(euid)} {path})")
+    if st.st_mode & denied:
+        raise CacheRefused(f"{what} {path} is {how} by group or others (mode {stat.S_IMODE(st.st_mode):04o}): "
+                           f"{fix} {path}")
+
+
+def check_dir(path: str | os.PathLike, what: str = "cache dir") -> None:
+    """CacheRefused unless ``path`` (an existing folder) and every folder above it pass the mode rules."""
+    path = Path(os.path.abspath(path))
+    euid = os.geteuid()
+    st = os.stat(path)
+    if not stat.S_ISDIR(st.st_mode):
+        raise CacheRefused(f"{what} {path} is not a folder")
+    _check_own(path, st, what, "folder", 0o022, "writable", "chmod 700")
+    for parent in Path(os.path.realpath(path)).parents:
+        pst = os.stat(parent)
+        if pst.st_uid not in (0, euid):
+            raise CacheRefused(f"{what} {path}: the folder {parent} above it is owned by {_user(pst.st_uid)}, who "
+                               f"could replace it: use a folder under one owned by you or root")
+        if pst.st_mode & 0o022 and not pst.st_mode & stat.S_ISVTX:
+            raise CacheRefused(f"{what} {path}: the folder {parent} above it is writable by group or others "
+                               f"(mode {stat.S_IMODE(pst.st_mode):04o}) and not sticky: chmod go-w {parent}")
+
+
+def make_dirs(path: str | os.PathLike) -> None:
+    """Create ``path`` and missing folders above it, each 0700 whatever the umask (existing ones untouched)."""
+    path = Path(os.path.abspath(path))
+    missing = []
+    while not path.exists():
+        missing.append(path)
+        path = path.parent
+    for folder in reversed(missing):
+        with contextlib.suppress(FileExistsError):  # another process made it first: checked like any other
+            folder.mkdir(mode=DIR_MODE)
+            os.chmod(folder, DIR_MODE)
+
+
+def prepare_dir(path: str | os.PathLike) -> None:
+    """The cache folder, created 0700 if missing, then checked (CacheRefused, or OSError for one unusable)."""
+    make_dirs(path)
+    check_dir(path)
+
+
+def read_key(key_file: str | os.PathLike) -> bytes:
+    """The key in ``key_file``; CacheRefused for a file others could read or change, or no key."""
+    key_file = os.fspath(key_file)
+    try:
+        fd = os.open(key_file, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError as exc:
+        raise CacheRefused(f"cache key file {key_file}: {exc.strerror or exc}") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise CacheRefused(f"cache key file {key_file} is not a regular file")
+        _check_own(key_file, st, "cache key file", "key file", 0o077, "accessible", "chmod 600")
+        key = os.read(fd, MAX_KEY_BYTES + 1)
+    finally:
+        os.close(fd)
+    if not MIN_KEY_BYTES <= len(key) <= MAX_KEY_BYTES:
+        raise CacheRefused(f"cache key file {key_file} holds {len(key)} bytes, not {MIN_KEY_BYTES} to "
+                           f"{MAX_KEY_BYTES}: make one with: head -c 32 /dev/urandom > {key_file}")
+    return key
+
+
+def _folder_key_file(root: Path) -> Path:
+    """``root/.key``, created with a fresh random key if missing (atomically: racing processes agree)."""
+    path = root / KEY_NAME
+    if path.exists():
+        return path
+    tmp = root / f".tmp.key.{os.getpid()}.{threading.get_ident()}"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, FILE_MODE)
+    try:
+        os.fchmod(fd, FILE_MODE)
+        os.write(fd, os.urandom(KEY_BYTES))
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    try:
+        os.link(tmp, path)  # never replaces: the first key made wins, the others read it
+    except FileExistsError:
+        pass
+    finally:
+        os.unlink(tmp)
+    return path
+
+
+def folder_key(root: str | os.PathLike, key_file: str | os.PathLike | None = None) -> bytes:
+    """The key of cache folder ``root`` (prepared and checked first): ``key_file``'s, else ``root/.key``'s.
+    Read once per process; CacheRefused with one line when the folder or the key must not be trusted."""
+    root = Path(os.path.abspath(root))
+    name = (str(root), os.fspath(key_file) if key_file else None)
+    with _keys_lock:
+        key = _keys.get(name)
+        if key is not None:
+            return key
+        try:
+            prepare_dir(root)
+        except FileNotFoundError:
+            raise CacheRefused(f"cache dir {root}: a folder above it was deleted while it was made") from None
+        except OSError as exc:
+            raise CacheRefused(f"cache dir {root} cannot be made: {exc.strerror or exc}") from None
+        if not key_file:
+            try:
+                key_file = _folder_key_file(root)
+            except OSError as exc:
+                raise CacheRefused(f"cache dir {root} has no key file and cannot make one ({exc.strerror or exc}): "
+                                   f"give --cache-key-file FILE, or a writable folder") from None
+        key = read_key(key_file)
+        _keys[name] = key
+        return key
+
+
+def _fresh_lock_in_child() -> None:
+    global _keys_lock
+    _keys_lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_fresh_lock_in_child)
