@@ -10,10 +10,13 @@
 - ``mount_stats(mnt)`` (the root's ``user.ckptfs.stats`` xattr: cache counters, daemon pid, binding),
   ``is_mounted(path)``, ``force_unmount(path)``, ``wait_until(predicate, timeout)``, ``ckptfs_cli()``,
   ``cli_env()``.
+- ``tmpfs(path, size)``: a real tmpfs mounted at ``path`` for a with block (root only, else skipped): a file
+  system that fills up or is remounted read-only under a cache tier.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes.util
 import importlib.util
 import json
@@ -200,3 +203,16 @@ def module_mounted(tmp_path_factory) -> Iterator[Callable[..., Path]]:
         yield mounts.mount
     finally:
         mounts.unmount_all()
+
+
+@contextlib.contextmanager
+def tmpfs(path: Path, size: str) -> Iterator[Path]:
+    """A real tmpfs of ``size`` mounted at ``path`` (root only), unmounted at exit."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    path.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0700", "tmpfs", str(path)], check=True)
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], check=False)

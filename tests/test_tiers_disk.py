@@ -7,7 +7,6 @@ stored; each kind of trouble is logged once.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import multiprocessing
 import os
@@ -21,6 +20,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from conftest import tmpfs
 from tier_models import FORGED_VALUE, forge
 
 from ckptfs.cache import entry
@@ -33,19 +33,6 @@ def values(seed: int, n: int = 4096, dtype=np.float32) -> np.ndarray:
 
 def tmp_files(root: Path) -> list[Path]:
     return [p for p in root.rglob(".tmp.*")]
-
-
-@contextlib.contextmanager
-def tmpfs(path: Path, size: str):
-    """A real tmpfs of ``size`` mounted at ``path`` (root only), unmounted at exit."""
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root")
-    path.mkdir(parents=True, exist_ok=True)
-    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0700", "tmpfs", str(path)], check=True)
-    try:
-        yield path
-    finally:
-        subprocess.run(["umount", "-l", str(path)], check=False)
 
 
 def test_round_trip_keeps_dtype_and_values(tmp_path):

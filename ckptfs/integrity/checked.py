@@ -107,6 +107,7 @@ class CheckedSource(ByteSource):
         self.path = getattr(inner, "path", inner.name)
         self.size = inner.size
         self.identity = getattr(inner, "identity", ())
+        self.mtime_ns = getattr(inner, "mtime_ns", 0)  # the mount's file times are the file's, checked or not
         self._index = index
         self._verified = verified
         self._chunk = chunk_size

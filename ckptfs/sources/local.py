@@ -123,6 +123,8 @@ class FileSource(ByteSource):
 
     def pread_into(self, offset: int, target: memoryview) -> None:
         """``pread`` straight into ``target`` (a writable byte buffer): no intermediate bytes object."""
+        if not isinstance(target, memoryview):
+            target = memoryview(target)  # slicing a bytearray would copy it: the read would fill the copy
         size = len(target)
         if size > 0:
             self._read_checked(offset, size, lambda fd, done: os.preadv(fd, [target[done:]], offset + done))
