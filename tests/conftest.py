@@ -10,6 +10,8 @@
 - ``mount_stats(mnt)`` (the root's ``user.ckptfs.stats`` xattr: cache counters, daemon pid, binding),
   ``is_mounted(path)``, ``force_unmount(path)``, ``wait_until(predicate, timeout)``, ``ckptfs_cli()``,
   ``cli_env()``.
+- the fixtures of the helper modules ``cli_runs`` (``mountpoint``) and ``model_fixtures`` (``small``,
+  ``index_gguf``), registered here as plugins so that every test module can ask for them by name.
 - ``tmpfs(path, size)``: a real tmpfs mounted at ``path`` for a with block (root only, else skipped): a file
   system that fills up or is remounted read-only under a cache tier.
 """
@@ -35,6 +37,7 @@ import pytest
 from ckptfs.util import procinfo
 
 REPO = Path(__file__).resolve().parents[1]
+pytest_plugins = ("cli_runs", "model_fixtures")
 READY_TIMEOUT = 60.0
 
 

@@ -4,7 +4,9 @@ mount or temporary directory behind (also when stopped with SIGTERM). No timing 
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 import signal
 import subprocess
 import time
@@ -13,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from cli_runs import run_cli
 from conftest import ckptfs_cli, cli_env, is_mounted, require_fuse
 from fixtures import quantized, write_gguf, write_safetensors
 
@@ -127,3 +130,35 @@ def test_sigterm_unmounts(tiny_gguf: Path, tmp_path: Path):
     assert "interrupted" in err
     assert not is_mounted(mountpoint)
     assert_clean(tmp_path)
+
+
+def test_bench_serves_what_is_intact_and_marks_what_is_damaged(tmp_path):
+    pytest.importorskip("gguf")
+    rng = np.random.default_rng(5)
+    path = tmp_path / "dmg.gguf"
+    write_gguf(path, {"a": (rng.standard_normal((64, 256)).astype(np.float32), "Q8_0"),
+                      "b": (rng.standard_normal((64, 256)).astype(np.float32), "Q8_0")})
+    os.truncate(path, path.stat().st_size - 3000)  # cuts into b
+    result = run_cli("bench", str(path), "--json", "--cache-size", "8M", timeout=300)
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert [d["name"] for d in data["damaged"]] == ["b"] and "truncated" in data["damaged"][0]["reason"]
+    assert data["mount"]["npy_bytes"] > 0 and data["mount"]["files"] == 7
+    text = run_cli("bench", str(path), "--cache-size", "8M", timeout=300)
+    assert text.returncode == 0 and "damaged tensors, left out of every read: 1" in text.stdout, text.stderr
+
+
+def test_bench_names_the_file_and_tensor_when_a_read_fails(small, monkeypatch, capsys):
+    """A read failing anyway (a file changed under the mount) names the phase, the file and the tensor."""
+    require_fuse()
+    from ckptfs import bench
+
+    def failing_scan(paths, progress, *more):
+        raise OSError(errno.EIO, "Input/output error", paths[0])
+
+    monkeypatch.setattr(bench.run, "scan", failing_scan)  # the run looks scan up in its own module
+    monkeypatch.setenv("PYTHONPATH", cli_env()["PYTHONPATH"])
+    assert bench.run_bench(str(small.path), cache_size=8 << 20) == 1
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith("ckptfs: error: scan every .npy: reading ") and "Input/output error" in err, err
+    assert "(tensor " in err and ".npy" in err, err

@@ -1,12 +1,20 @@
 """Block-range decoding: any element range equals the same slice of the whole-tensor decode, reads only
-the bytes of the blocks it needs, and serves around missing data."""
+the bytes of the blocks it needs, and serves around missing data. Tensors sharing a data offset (files that
+deduplicate data) each decode their own blocks, in the API and through a mount (gguf-py as the reference)."""
 
 from __future__ import annotations
 
+import io
 import os
+import struct
 
 import numpy as np
 import pytest
+from fixtures import write_gguf
+from gguf import GGUFReader
+from gguf.quants import dequantize
+
+import ckptfs
 
 from ckptfs.engine.blocks import TensorData
 from ckptfs.cache.tiered import BlockCache, TieredCache
@@ -188,3 +196,64 @@ def test_close_waits_for_reads_in_progress(tmp_path):
     with pytest.raises(OSError):
         os.fstat(fd)
     assert src.pread(0, 1) == b"x"  # reopened, identity-checked
+
+
+RNG = np.random.default_rng(20240611)
+
+
+def _gguf_tensor_offset_field(reader: GGUFReader, name: str) -> int:
+    """File position of the u64 relative data offset in ``name``'s tensor-info record (GGUF layout: name as
+    u64 length + bytes, u32 n_dims, n_dims u64 dims, u32 type, u64 offset)."""
+    tensor = next(t for t in reader.tensors if t.name == name)
+    return tensor.field.offset + 8 + len(name.encode()) + 4 + 8 * len(tensor.shape) + 4
+
+
+def _gguf_reference(path) -> dict[str, np.ndarray]:
+    reader = GGUFReader(str(path))
+    return {t.name: np.asarray(dequantize(t.data, t.tensor_type), dtype=np.float32)
+            .reshape(tuple(int(d) for d in reversed(t.shape))) for t in reader.tensors}
+
+
+@pytest.fixture(scope="module")
+def shared_offset_gguf(tmp_path_factory):
+    """A GGUF whose tensor "long" starts at the same data offset as the shorter "short" (files that
+    deduplicate data do this), so the two overlap: "long" covers "short" and more."""
+    path = tmp_path_factory.mktemp("shared") / "shared.gguf"
+    write_gguf(path, {"short": (RNG.standard_normal((2, 64)).astype(np.float32), "Q8_0"),
+                      "long": (RNG.standard_normal((5, 64)).astype(np.float32), "Q8_0")})
+    reader = GGUFReader(str(path))
+    data = bytearray(path.read_bytes())
+    short_offset = struct.unpack_from("<Q", data, _gguf_tensor_offset_field(reader, "short"))[0]
+    struct.pack_into("<Q", data, _gguf_tensor_offset_field(reader, "long"), short_offset)
+    del reader
+    path.write_bytes(bytes(data))
+    return path
+
+
+@pytest.mark.parametrize("first", ["short", "long"])
+def test_tensors_sharing_a_data_offset_decode_their_own_blocks(shared_offset_gguf, first):
+    """Both tensors' groups start at the same file offset; the shorter tensor's (shorter) group must not be
+    served for the longer one, nor the other way round."""
+    ref = _gguf_reference(shared_offset_gguf)
+    assert next(t.data_offset for t in GGUFReader(str(shared_offset_gguf)).tensors if t.name == "long") == \
+        next(t.data_offset for t in GGUFReader(str(shared_offset_gguf)).tensors if t.name == "short")
+    second = "long" if first == "short" else "short"
+    with ckptfs.open(shared_offset_gguf) as ck:
+        for name in (first, second):
+            np.testing.assert_array_equal(ck[name][:], ref[name])
+            np.testing.assert_array_equal(ck[name][1], ref[name][1])
+
+
+def test_a_mount_serves_tensors_sharing_a_data_offset(shared_offset_gguf, mounted):
+    """Through FUSE: each .npy is np.save of gguf-py's values, whichever is read first; reads past the end
+    and larger than the file are short only at the end."""
+    ref = _gguf_reference(shared_offset_gguf)
+    mnt = mounted(shared_offset_gguf)
+    for name in ("short", "long", "short"):
+        expected = io.BytesIO()
+        np.save(expected, ref[name])
+        data = expected.getvalue()
+        with open(mnt / f"{name}.npy", "rb", buffering=0) as f:
+            assert f.read(len(data) + (1 << 20)) == data
+            assert os.pread(f.fileno(), 4096, len(data) + 10) == b""
+            assert os.pread(f.fileno(), 1 << 20, len(data) - 7) == data[-7:]

@@ -1,4 +1,6 @@
-"""The mount's life cycle: daemon readiness, detaching, signals, SIGKILL, umount, errors, permissions."""
+"""The mount's life cycle: daemon readiness (a mount whose root does not answer is a failure, options
+that would break it are refused), one mount per mountpoint also when started at once, detaching, signals,
+SIGKILL, umount (only of ckptfs mounts, also through a symlink), errors, permissions."""
 
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from cli_runs import mounts_at, one_error_line, run_cli
 from conftest import (REPO, ckptfs_cli, cli_env, force_unmount, is_mounted, mount_stats, pid_alive,
                       require_fuse, skip_or_fail, wait_until)
 from fixtures import Written, write_gguf
@@ -26,11 +29,6 @@ from ckptfs.util import procinfo
 CLI = " ".join(shlex.quote(c) for c in ckptfs_cli())
 NOBODY = 65534
 AS_NOBODY = ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups"]
-
-
-def run_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 90) -> subprocess.CompletedProcess:
-    return subprocess.run([*ckptfs_cli(), *args], env=env or cli_env(), stdin=subprocess.DEVNULL,
-                          capture_output=True, text=True, timeout=timeout)
 
 
 def assert_one_line_error(result: subprocess.CompletedProcess, code: int, *words: str) -> None:
@@ -45,24 +43,6 @@ def assert_one_line_error(result: subprocess.CompletedProcess, code: int, *words
 @pytest.fixture(scope="module")
 def big_gguf(tmp_path_factory) -> Written:
     return write_gguf(tmp_path_factory.mktemp("src") / "big.gguf", big_tensors(), {"general.name": "big"})
-
-
-@pytest.fixture
-def mountpoint(tmp_path) -> Iterator[Path]:
-    """An empty directory for tests that drive the CLI themselves; unmounted (daemon waited for) at the end."""
-    require_fuse()
-    mnt = tmp_path / "mnt"
-    mnt.mkdir()
-    yield mnt
-    pid = None
-    if is_mounted(mnt):
-        try:
-            pid = mount_stats(mnt)["pid"]
-        except OSError:
-            pass
-    force_unmount(mnt)
-    if pid is not None and not wait_until(lambda: not pid_alive(pid), timeout=10):
-        os.kill(pid, signal.SIGKILL)
 
 
 def daemon_pid(mnt: Path) -> int:
@@ -384,3 +364,63 @@ def test_mount_by_an_unprivileged_user(big_gguf, public_dir):
         assert not is_mounted(mnt)
     finally:
         force_unmount(mnt)
+
+
+@pytest.mark.parametrize("options, word", [("max_read=131072", "max_read"), ("max_read=4096", "max_read"),
+                                           ("modules=subdir,subdir=/x", "modules"), ("subtype=x", "subtype")])
+@pytest.mark.parametrize("foreground", [False, True])
+def test_options_that_break_the_mount_are_refused(small, mountpoint, options, word, foreground):
+    args = ["mount", str(small.path), str(mountpoint), "-o", options] + (["-f"] if foreground else [])
+    one_error_line(run_cli(*args), 2, word)
+    assert mounts_at(mountpoint) == 0
+
+
+_WITHOUT_REFUSALS = ("import sys, ckptfs.fs.options as o\n"
+                     "for k in ('max_read', 'modules', 'subdir'): o.REFUSED.pop(k)\n"
+                     "from ckptfs.commands.cli import main\nmain(sys.argv[1:])\n")
+
+
+@pytest.mark.parametrize("options", ["max_read=131072", "modules=subdir,subdir=/x"])
+@pytest.mark.parametrize("foreground", [False, True])
+def test_a_mount_whose_root_does_not_answer_is_a_failure(small, mountpoint, options, foreground):
+    args = ["mount", str(small.path), str(mountpoint), "-o", options] + (["-f"] if foreground else [])
+    result = subprocess.run([sys.executable, "-c", _WITHOUT_REFUSALS, *args], env=cli_env(), capture_output=True,
+                            text=True, timeout=90, stdin=subprocess.DEVNULL)
+    one_error_line(result, 1, "does not answer", "not mounted")
+    assert wait_until(lambda: mounts_at(mountpoint) == 0, timeout=10)
+
+
+def test_umount_refuses_a_mount_that_is_not_ckptfs(tmp_path):
+    if os.geteuid() != 0:
+        skip_or_fail("mounting a tmpfs needs root")
+    target = tmp_path / "tmpfs"
+    target.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "tmpfs", str(target)], check=True)
+    try:
+        one_error_line(run_cli("umount", str(target)), 1, "tmpfs", "not a ckptfs mount")
+        assert mounts_at(target) == 1
+    finally:
+        subprocess.run(["umount", str(target)], check=True)
+
+
+def test_umount_through_a_symlink_as_mount_does(small, mountpoint, tmp_path):
+    link = tmp_path / "link"
+    link.symlink_to(mountpoint)
+    assert run_cli("mount", str(small.path), str(link)).returncode == 0
+    assert mounts_at(mountpoint) == 1 and "q.npy" in os.listdir(link)
+    result = run_cli("umount", str(link))
+    assert result.returncode == 0, result.stderr
+    assert mounts_at(mountpoint) == 0
+
+
+def test_simultaneous_mounts_at_one_mountpoint_make_one_mount(small, mountpoint):
+    command = [*ckptfs_cli(), "mount", str(small.path), str(mountpoint)]
+    procs = [subprocess.Popen(command, env=cli_env(), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for _ in range(4)]
+    results = [(p.wait(timeout=90), p.stderr.read().strip()) for p in procs]
+    for p in procs:
+        p.stdout.close()
+        p.stderr.close()
+    assert sorted(code for code, _ in results) == [0, 1, 1, 1], results
+    assert all("already a mount point" in err for code, err in results if code), results
+    assert mounts_at(mountpoint) == 1  # before: several stacked mounts, only the top one visible

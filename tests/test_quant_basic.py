@@ -281,3 +281,27 @@ def test_nan_and_inf_scales_decode_without_warnings(name: str) -> None:
             warnings.simplefilter("error")
             for codec in (registry, numpy_codec):
                 assert not np.isfinite(codec.dequantize(raw)).all()
+
+
+def test_decode_backends_are_chosen_per_call_and_decode_into_writes_in_place():
+    from ckptfs.quant import codec_for, known_types
+    from ckptfs.quant.native import native_types
+    from fixtures import GGML_GEOMETRY, random_blocks
+
+    rng = np.random.default_rng(3)
+    if not native_types():
+        pytest.skip("the C kernels are not built here")  # setup.sh builds them; the numpy path is tested anyway
+    for name in sorted(native_types()):
+        codec = codec_for(name)
+        blocks = random_blocks(name, 5, rng)
+        reference = codec.dequantize(blocks, backend="numpy")
+        native = codec.dequantize(blocks, backend="native")
+        assert reference.tobytes() == native.tobytes(), name
+        out = np.full(5 * codec.block_elements, np.nan, codec.dtype)
+        assert codec.dequantize_into(blocks, out) is out and out.tobytes() == reference.tobytes(), name
+    plain = next(t for t in known_types()
+                 if t in GGML_GEOMETRY and t not in native_types() and not codec_for(t).exact)
+    with pytest.raises(ValueError, match="no native kernel"):
+        codec_for(plain).dequantize(random_blocks(plain, 1, rng), backend="native")
+    with pytest.raises(ValueError, match="unknown decode backend"):
+        codec_for("Q8_0").dequantize(random_blocks("Q8_0", 1, rng), backend="gpu")

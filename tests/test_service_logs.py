@@ -1,6 +1,6 @@
 """The daemon's log as a service runs it: JSON lines, one line per EIO cause, reopened on SIGUSR1.
 
-A real daemon mount of a GGUF cut in the middle of its last tensor (where the cut lies comes from gguf-py's
+A tensor name with a newline is escaped in its EIO line. A real daemon mount of a GGUF cut in the middle of its last tensor (where the cut lies comes from gguf-py's
 reader, not from ckptfs). Failed reads go through the page cache (each reaches the daemon more than once:
 the kernel's readahead, then its retry) and through O_DIRECT; the log must hold one line per distinct cause
 while ``ckptfs_fuse_errors_total`` counts every failed request.
@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 from gguf import GGUFReader
 
+from cli_runs import run_cli
 from conftest import mount_stats, pid_alive, wait_until
 from fixtures import quantized, write_gguf
 
@@ -120,3 +121,19 @@ def test_sigusr1_reopens_the_log_and_keeps_the_mount(mounted, cut_gguf, tmp_path
     assert wait_until(lambda: log.read_text().count("reopened log file") == 2, timeout=10)
     assert pid_alive(pid) and mount_stats(mnt)["pid"] == pid
     assert (mnt / "metadata.json").read_bytes()          # still serving
+
+
+def test_the_eio_log_entry_escapes_a_tensor_name(tmp_path, mountpoint):
+    path = tmp_path / "odd.gguf"
+    write_gguf(path, {"bad\nname": (np.ones((64, 256), np.float32), "F32")})
+    os.truncate(path, path.stat().st_size - 4096)
+    log = tmp_path / "daemon.log"
+    assert run_cli("mount", str(path), str(mountpoint), "--log-file", str(log)).returncode == 0
+    before = len(log.read_text().splitlines())
+    with pytest.raises(OSError) as info:
+        with open(mountpoint / "bad\nname.npy", "rb", buffering=0) as f:
+            f.read()
+    assert info.value.errno == errno.EIO
+    new = log.read_text().splitlines()[before:]
+    # one entry per failed range the kernel asked for, each whole on its line (before: split at the newline)
+    assert new and all(" ERROR " in line and "EIO: /bad\\nname.npy bytes " in line for line in new), new

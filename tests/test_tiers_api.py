@@ -1,6 +1,8 @@
 """Shared tiers through the library API and the cache commands: a second process (or open) finds what the
 first decoded; a checkpoint rewritten in place never gets the old entries; ``Tensor.shared()`` gives N
-processes one copy; ``ckptfs prefetch`` and ``ckptfs cache`` work on a real folder and a real Redis.
+processes one copy; ``ckptfs prefetch`` and ``ckptfs cache`` work on a real folder and a real Redis. The
+tier seam: a lower tier built outside the checkpoint (a dict) gets decoded groups keyed by content identity,
+serves another checkpoint without decoding, and is closed by the mount's ``destroy``.
 
 Oracle: gguf-py's dequantize of the bytes gguf-py's writer stored (tests/fixtures.py).
 """
@@ -19,9 +21,15 @@ import numpy as np
 import pytest
 from conftest import ckptfs_cli, cli_env
 from redis_server import RedisServer, require_redis_server
+from fixtures import write_mixed_gguf
 from tier_models import write_model
 
 import ckptfs
+from ckptfs.cache.tiered import BlockCache, CacheTier, TieredCache
+from ckptfs.checkpoint.api import Checkpoint
+from ckptfs.formats.multi import read_checkpoint
+from ckptfs.fs.operations import CkptOperations
+from ckptfs.tree.mount_tree import MountTree
 
 
 def read_by_rows(ck) -> dict[str, np.ndarray]:
@@ -245,3 +253,68 @@ def test_prefetch_reports_a_redis_that_is_down(model):
     assert result.returncode == 1
     assert "tier errors: redis" in result.stderr
     assert os.path.exists(path)
+
+
+class DictTier(CacheTier):
+    """A fake shared tier: a dict, with the counters the protocol asks for."""
+
+    name = "fake"
+
+    def __init__(self):
+        self.entries: dict[str, np.ndarray] = {}
+        self.hits = self.misses = 0
+
+    def get(self, key):
+        value = self.entries.get(key)
+        if value is None:
+            self.misses += 1
+        else:
+            self.hits += 1
+        return value
+
+    def put(self, key, value):
+        self.entries[key] = np.array(value)
+
+    def contains(self, key):
+        return key in self.entries
+
+    def stats(self):
+        return {"hits": self.hits, "misses": self.misses, "bytes": sum(v.nbytes for v in self.entries.values())}
+
+
+def _open_with_tiers(path, *tiers) -> Checkpoint:
+    """A checkpoint whose cache is built outside it, as the tier factories do."""
+    return Checkpoint(read_checkpoint(str(path)), str(path), cache=TieredCache([BlockCache(1 << 20), *tiers]))
+
+
+def test_a_lower_tier_gets_decoded_groups_and_serves_another_checkpoint_without_decoding(tmp_path):
+    written = write_mixed_gguf(tmp_path / "model.gguf")
+    name = next(n for n, r in written.tensors.items() if r.storage_type == "Q4_K")
+    shared = DictTier()
+    with _open_with_tiers(tmp_path / "model.gguf", shared) as ck:
+        rows = ck[name].shape[0]
+        ck[name].data.read(0, ck[name].size)  # through the cache, group by group
+        assert shared.entries and all(key.startswith(ck.content_id + "|") for key in shared.entries)
+        assert ck.cache.decoded_bytes > 0
+    with _open_with_tiers(tmp_path / "model.gguf", shared) as again:
+        data = again[name].data
+        values = data.read(0, again[name].size)
+        assert again.cache.decoded_bytes == 0 and shared.hits > 0
+        assert again.cache.tier_stats()["fake"]["hits"] == shared.hits
+        np.testing.assert_array_equal(values.reshape(rows, -1), written.tensors[name].array.reshape(rows, -1))
+        # promoted: the same read again is a memory hit, not another lower-tier lookup
+        hits = shared.hits
+        data.read(0, again[name].size)
+        assert shared.hits == hits
+
+
+def test_destroy_closes_the_sources_and_the_tiers(tmp_path):
+    write_mixed_gguf(tmp_path / "model.gguf")
+    closed = []
+    tier = DictTier()
+    tier.close = lambda: closed.append(True)
+    ck = _open_with_tiers(tmp_path / "model.gguf", tier)
+    ops = CkptOperations(MountTree(ck))
+    assert ck.sources.open_count() == 1
+    ops.destroy("/")
+    assert ck.sources.open_count() == 0 and closed == [True]
