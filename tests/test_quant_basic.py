@@ -3,7 +3,8 @@
 References: gguf-py's ``quants.dequantize`` (types it supports), ml_dtypes (F8/F6/F4/BF16 bit patterns), numpy
 (plain types, byte order), and a scalar transcription of ggml's loop for Q8_1/Q8_K (tests/reference). Random
 block bytes reach every value of every field (NaN/inf scales included); real quantized data comes from
-gguf-py's quantizer where it has one.
+gguf-py's quantizer where it has one. The decode backend (C kernels or numpy) is chosen per call, and
+``dequantize_into`` writes the caller's array in place.
 """
 
 from __future__ import annotations
