@@ -21,9 +21,20 @@ import pytest
 from conftest import ckptfs_cli, cli_env, force_unmount, is_mounted, mount_stats, pid_alive, require_fuse, wait_until
 
 
+#: Settings a user's environment may hold that would change what a command does; a test names them itself.
+_USER_SETTINGS = ("CKPTFS_CACHE_DIR", "CKPTFS_CACHE_KEY_FILE")
+
+
 def run_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 90,
             **extra_env: str) -> subprocess.CompletedProcess:
-    return subprocess.run([*ckptfs_cli(), *args], env=env or cli_env(**extra_env), stdin=subprocess.DEVNULL,
+    """The real ``ckptfs`` command (this checkout's code), its output captured; ``extra_env`` added to the
+    environment, from which an inherited ``$CKPTFS_CACHE_DIR``/``$CKPTFS_CACHE_KEY_FILE`` is dropped."""
+    if env is None:
+        env = cli_env(**extra_env)
+        for name in _USER_SETTINGS:
+            if name not in extra_env:
+                env.pop(name, None)
+    return subprocess.run([*ckptfs_cli(), *args], env=env, stdin=subprocess.DEVNULL,
                           capture_output=True, text=True, timeout=timeout)
 
 

@@ -15,7 +15,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import ckptfs_cli, cli_env, force_unmount, mount_stats
+from cli_runs import run_cli
+from conftest import force_unmount, mount_stats
 from redis_server import RedisServer, require_redis_server
 from test_mount_daemon import AS_NOBODY, NOBODY
 from test_mount_daemon import public_dir as _public_dir
@@ -25,11 +26,6 @@ from tier_models import forge, write_model
 import ckptfs
 from ckptfs.cache import auth
 from ckptfs.cache.auth import CacheRefused
-
-
-def run_cli(*args: str, timeout: float = 90) -> subprocess.CompletedProcess:
-    return subprocess.run([*ckptfs_cli(), *args], env=cli_env(), stdin=subprocess.DEVNULL, capture_output=True,
-                          text=True, timeout=timeout, check=False)
 
 
 def one_line_error(result: subprocess.CompletedProcess, codes: tuple[int, ...], *words: str) -> str:
@@ -241,6 +237,6 @@ def test_fstab_maps_cache_key_file():
     from ckptfs.commands.cli import mount as mount_command
     from ckptfs.commands.fstab import mount_arguments, parse_helper_argv
 
-    args, _ = mount_arguments(parse_helper_argv(["/m/x.gguf", "/mnt/x", "-o", "cache_dir=/c,cache_key_file=/k"]),
-                              mount_command)
+    args = mount_arguments(parse_helper_argv(["/m/x.gguf", "/mnt/x", "-o", "cache_dir=/c,cache_key_file=/k"]),
+                           mount_command)
     assert args[args.index("--cache-key-file") + 1] == "/k" and "-o" not in args

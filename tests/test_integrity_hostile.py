@@ -13,7 +13,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import ckptfs_cli, cli_env, force_unmount, is_mounted, require_fuse
+from cli_runs import run_cli
+from conftest import force_unmount, is_mounted, require_fuse
 from fixtures import write_mixed_gguf, write_safetensors
 from integrity_fixtures import reference_tensors
 
@@ -21,11 +22,6 @@ import ckptfs
 from ckptfs.core.errors import CheckpointError
 
 FIRST_OFFSET = '"offset": '
-
-
-def run(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([*ckptfs_cli(), *args], env=cli_env(), stdin=subprocess.DEVNULL, capture_output=True,
-                          text=True, timeout=timeout)
 
 
 def one_error_line(result: subprocess.CompletedProcess, code: int = 1) -> str:
@@ -41,7 +37,7 @@ def gguf(tmp_path_factory) -> tuple[Path, Path]:
     folder = tmp_path_factory.mktemp("hostile")
     path = Path(write_mixed_gguf(folder / "model.gguf").path)
     manifest = folder / "model.manifest.json"
-    result = run("manifest", str(path), "-o", str(manifest))
+    result = run_cli("manifest", str(path), "-o", str(manifest))
     assert result.returncode == 0, result.stderr
     return path, manifest
 
@@ -79,7 +75,7 @@ def test_a_hostile_manifest_is_one_line_naming_the_file_and_field(tmp_path, gguf
     expected_start = f"ckptfs: error: {bad}: not a valid ckptfs manifest: "
     for args in (("verify", str(path), "--manifest", str(bad)), ("diff", str(path), str(bad)),
                  ("diff", str(bad), str(path))):
-        line = one_error_line(run(*args))
+        line = one_error_line(run_cli(*args))
         assert line.startswith(expected_start), (args, line)
         assert all(w in line for w in words) and "set_int_max_str_digits" not in line, (args, line)
         assert "GGUF or safetensors" not in line, line
@@ -95,7 +91,7 @@ def test_mount_with_a_hostile_manifest_is_one_line(tmp_path, gguf):
     mnt = tmp_path / "mnt"
     mnt.mkdir()
     try:
-        line = one_error_line(run("mount", str(path), str(mnt), "--manifest", str(bad)))
+        line = one_error_line(run_cli("mount", str(path), str(mnt), "--manifest", str(bad)))
     finally:
         if is_mounted(mnt):
             force_unmount(mnt)
@@ -136,7 +132,7 @@ def safetensors_file(tmp_path_factory) -> tuple[Path, Path]:
         "b.weight": rng.standard_normal((8, 32)).astype(np.float16),
         "c.bias": rng.standard_normal(32).astype(np.float32)}).path)
     manifest = folder / "model.manifest.json"
-    assert run("manifest", str(path), "-o", str(manifest)).returncode == 0
+    assert run_cli("manifest", str(path), "-o", str(manifest)).returncode == 0
     return path, manifest
 
 
@@ -148,7 +144,7 @@ def test_verify_a_truncated_copy_is_a_mismatch_per_tensor(tmp_path, gguf, safete
     offset, nbytes = offsets[-3]
     cut = offset + max(1, nbytes // 2)
     copy = truncated_copy(path, tmp_path, cut)
-    result = run("verify", str(copy), "--manifest", str(manifest))
+    result = run_cli("verify", str(copy), "--manifest", str(manifest))
     assert result.returncode == 3, result.stderr
     expected = expected_lines(path, path.name, cut)
     assert result.stdout.splitlines() == expected
@@ -164,7 +160,7 @@ def test_diff_with_a_truncated_copy_reports_each_cut_tensor(tmp_path, gguf):
     copy = truncated_copy(path, tmp_path, cut)
     cut_names = [n for n, o, d in tensors if o + len(d) > cut]
     for args in (("diff", str(path), str(copy), "--values"), ("diff", str(manifest), str(copy))):
-        result = run(*args)
+        result = run_cli(*args)
         assert result.returncode == 3, (args, result.stderr)
         lines = result.stdout.splitlines()
         changed = [line for line in lines[:-1]]
@@ -184,7 +180,7 @@ def test_a_duplicated_manifest_entry_is_a_duplicate_not_missing(tmp_path, gguf):
     entry = text[first:text.index("\n", first) + 1]
     doubled = tmp_path / "doubled.manifest.json"
     doubled.write_text(text.replace(entry, entry + entry, 1))
-    result = run("verify", str(path), "--manifest", str(doubled))
+    result = run_cli("verify", str(path), "--manifest", str(doubled))
     assert result.returncode == 3, result.stderr
     assert result.stdout.splitlines() == [
         "model.gguf: tensor 'q8_0.mat': duplicate: the manifest lists it twice, the checkpoint holds it once"]
@@ -194,12 +190,12 @@ def test_a_duplicated_manifest_entry_is_a_duplicate_not_missing(tmp_path, gguf):
 def test_manifest_to_a_path_that_cannot_be_written_names_that_path(tmp_path, gguf):
     path, _ = gguf
     target = tmp_path / "no-such-folder" / "x.json"
-    line = one_error_line(run("manifest", str(path), "-o", str(target)))
+    line = one_error_line(run_cli("manifest", str(path), "-o", str(target)))
     assert line == f"ckptfs: error: cannot write {target}: No such file or directory"
     assert not target.parent.exists()
     folder = tmp_path / "out"
     folder.mkdir()
     os.truncate(truncated_copy(path, folder, 3000), 3000)
-    refused = one_error_line(run("manifest", str(folder / "cut-3000.gguf"), "-o", str(folder / "m.json")))
+    refused = one_error_line(run_cli("manifest", str(folder / "cut-3000.gguf"), "-o", str(folder / "m.json")))
     assert "lie past the end of the file" in refused
     assert sorted(os.listdir(folder)) == ["cut-3000.gguf"]  # no temporary file left behind

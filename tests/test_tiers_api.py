@@ -19,7 +19,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import ckptfs_cli, cli_env
+from cli_runs import run_cli
+from conftest import cli_env
 from redis_server import RedisServer, require_redis_server
 from fixtures import write_mixed_gguf
 from tier_models import write_model
@@ -192,12 +193,6 @@ def test_shared_without_a_cache_folder_says_what_to_do(model, monkeypatch):
 # ---------------------------------------------------------------------------------------- commands
 
 
-def run_cli(*args: str, env_extra: dict | None = None) -> subprocess.CompletedProcess:
-    env = cli_env(**(env_extra or {}))
-    env.pop("CKPTFS_CACHE_DIR", None) if not env_extra or "CKPTFS_CACHE_DIR" not in env_extra else None
-    return subprocess.run([*ckptfs_cli(), *args], capture_output=True, text=True, env=env, timeout=300)
-
-
 def test_prefetch_then_cache_stats_prune_clear(model, tmp_path):
     path, refs = model
     cache_dir = str(tmp_path / "cache")
@@ -239,7 +234,7 @@ def test_cache_command_usage_errors(model, tmp_path):
     assert missing.returncode == 2 and "nope" in missing.stderr
     bad = run_cli("prefetch", str(path), "--redis", "http://x")
     assert bad.returncode == 2 and "redis://HOST:PORT/DB" in bad.stderr
-    env_dir = run_cli("cache", "stats", env_extra={"CKPTFS_CACHE_DIR": str(tmp_path / "env")})
+    env_dir = run_cli("cache", "stats", CKPTFS_CACHE_DIR=str(tmp_path / "env"))
     assert env_dir.returncode == 0, env_dir.stderr
 
 
