@@ -20,7 +20,8 @@ __all__ = ["build_tiers", "DEFAULT_CACHE_DIR_SIZE"]
 
 
 def build_tiers(cache_size: int, cache_dir: str | None = None, cache_dir_size: int = DEFAULT_CACHE_DIR_SIZE,
-                redis: str | None = None, cache_key_file: str | None = None) -> TieredCache:
+                redis: str | None = None, cache_key_file: str | None = None,
+                redis_cluster: tuple[str, ...] = ()) -> TieredCache:
     """Memory (``cache_size`` bytes), then the disk folder if given, then Redis if given.
 
     ``cache_key_file`` authenticates both lower tiers' entries (``auth.py``); without it the folder uses its
@@ -37,4 +38,6 @@ def build_tiers(cache_size: int, cache_dir: str | None = None, cache_dir_size: i
         from ckptfs.cache.redis_tier import RedisTier
 
         tiers.append(RedisTier(redis, key_file=cache_key_file))
+    if redis_cluster:
+        raise ValueError("--redis-cluster: a Redis Cluster tier is not built yet (use --redis URL)")
     return TieredCache(tiers)

@@ -446,7 +446,7 @@ _UNSET: Any = object()
 
 def open(src, dtype: str = _UNSET, cache_size: int = _UNSET, max_open_files: int = _UNSET, *,  # noqa: A001
          cache_dir: str | None = None, cache_dir_size: int | None = None, redis: str | None = None,
-         cache_key_file: str | None = None, manifest=None, mirrors=None, timeout: float | None = None, stall_timeout: float | None = None,
+         redis_cluster=None, cache_key_file: str | None = None, manifest=None, mirrors=None, timeout: float | None = None, stall_timeout: float | None = None,
          options: OpenOptions | None = None) -> Checkpoint:
     """Open a checkpoint: a GGUF or safetensors file, a split-GGUF shard, a shard folder or an index file.
 
@@ -462,6 +462,8 @@ def open(src, dtype: str = _UNSET, cache_size: int = _UNSET, max_open_files: int
     change it); the checkpoint keeps the result as ``ck.options``, and its pickled tensors carry it."""
     keywords = dict(dtype=dtype, cache_size=cache_size, max_open_files=max_open_files, cache_dir=cache_dir,
                     cache_dir_size=cache_dir_size, redis=redis, cache_key_file=cache_key_file, manifest=manifest,
+                    redis_cluster=tuple(redis_cluster) if redis_cluster is not None and not isinstance(
+                        redis_cluster, (str, bytes)) else redis_cluster,
                     mirrors=tuple(mirrors) if mirrors is not None and not isinstance(mirrors, (str, bytes))
                     else mirrors, timeout=timeout, stall_timeout=stall_timeout)
     return open_with(src, OpenOptions.build(options, **{k: v for k, v in keywords.items() if v is not _UNSET}))
@@ -477,7 +479,8 @@ def open_with(src, options: OpenOptions) -> Checkpoint:
         from ckptfs.cache.build import build_tiers
         cache = build_tiers(options.cache_size, **{k: v for k, v in (
             ("cache_dir", options.cache_dir), ("cache_dir_size", options.cache_dir_size),
-            ("redis", options.redis), ("cache_key_file", options.cache_key_file)) if v is not None})
+            ("redis", options.redis), ("redis_cluster", options.redis_cluster or None),
+            ("cache_key_file", options.cache_key_file)) if v is not None})
     plan = None
     if options.needs_source_plan(src):
         from ckptfs.sources.plan import SourcePlan

@@ -37,6 +37,7 @@ class OpenOptions:
     cache_dir: str | None = None            # the disk tier (ckptfs.cache.disk), also fetched remote bytes
     cache_dir_size: int | None = None       # its bound (None: ckptfs.cache.disk's default)
     redis: str | None = None                # the Redis tier's URL
+    redis_cluster: tuple[str, ...] = ()     # seed nodes (HOST:PORT) of a Redis Cluster tier
     cache_key_file: str | None = None       # the key authenticating shared-tier entries (ckptfs.cache)
     manifest: Any = None                    # a manifest file's path, or a loaded ckptfs.integrity Manifest
     mirrors: tuple[str, ...] = ()           # byte-identical copies read when a read from the source fails
@@ -64,8 +65,11 @@ class OpenOptions:
                 raise ValueError(f"{name} must be a number of seconds > 0, not {value!r}")
         if isinstance(self.mirrors, (str, bytes, os.PathLike)):
             raise TypeError("mirrors must be a list of sources, not one string")
+        if isinstance(self.redis_cluster, (str, bytes)):
+            raise TypeError("redis_cluster must be a list of HOST:PORT seed nodes, not one string")
         return dataclasses.replace(self, cache_size=int(cache_size), max_open_files=max(1, int(self.max_open_files)),
-                                   mirrors=tuple(os.fspath(m) for m in self.mirrors))
+                                   mirrors=tuple(os.fspath(m) for m in self.mirrors),
+                                   redis_cluster=tuple(self.redis_cluster))
 
     def _resolved(self) -> OpenOptions:
         manifest = self.manifest
@@ -79,7 +83,7 @@ class OpenOptions:
     @property
     def shared_tiers(self) -> bool:
         """Whether decoded groups go to tiers shared with other processes (disk, Redis)."""
-        return bool(self.cache_dir or self.redis)
+        return bool(self.cache_dir or self.redis or self.redis_cluster)
 
     def needs_source_plan(self, src: str) -> bool:
         """Whether opening ``src`` needs remote options or mirrors (a plain local open needs neither)."""
