@@ -187,7 +187,7 @@ def test_a_failed_read_leaves_no_fetch_behind_for_later_readers(upstream, proxy)
     proxy.plan("500")
     with pytest.raises(CheckpointError, match="HTTP 500"):
         src.pread(near, far - near + 10)
-    assert not src._inflight
+    assert not len(src._flights)
     assert src.pread(far, 10) == data[far:far + 10]
 
 

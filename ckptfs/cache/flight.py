@@ -3,15 +3,24 @@
 FUSE runs many reader threads and the kernel's readahead sends neighbouring requests at once, so the same
 missing group (or remote chunk) is often asked for several times before the first answer is in. The first
 caller computes; the others wait and get its value, or its exception.
+
+Two ways to use it: :meth:`SingleFlight.run` computes one key (the tiered cache's decoded groups);
+:meth:`claim` / :meth:`finish` / :meth:`wait` let one caller own many keys at once and fill them as one
+piece of work arrives (a remote source fetching a run of chunks in one request, readers of single chunks
+waiting on it).
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterable
 
 
-class _Flight:
+class Flight:
+    """One computation in progress: ``done`` is set once ``value`` or ``error`` is there."""
+
+    __slots__ = ("done", "value", "error")
+
     def __init__(self) -> None:
         self.done = threading.Event()
         self.value = None
@@ -19,32 +28,53 @@ class _Flight:
 
 
 class SingleFlight:
-    """``run(key, compute)``: ``compute()``'s result, computed once for all concurrent callers of ``key``."""
+    """The computations in progress, by key (see the module docstring). Thread-safe."""
 
     def __init__(self) -> None:
-        self._flights: dict[Hashable, _Flight] = {}
+        self._flights: dict[Hashable, Flight] = {}
         self._lock = threading.Lock()
 
     def run(self, key: Hashable, compute: Callable[[], object]):
-        with self._lock:
-            flight = self._flights.get(key)
-            owner = flight is None
-            if owner:
-                flight = self._flights[key] = _Flight()
-        if not owner:
+        """``compute()``'s result, computed once for all concurrent callers of ``key``."""
+        flight = self.join_or_claim(key)
+        if flight is not None:
             flight.done.wait()
             if flight.error is not None:
                 raise flight.error
             return flight.value
         try:
-            flight.value = compute()
-            return flight.value
+            value = compute()
         except BaseException as exc:
-            flight.error = exc
+            self.finish(key, error=exc)
             raise
-        finally:
-            with self._lock:
-                self._flights.pop(key, None)
+        self.finish(key, value)
+        return value
+
+    def join_or_claim(self, key: Hashable) -> Flight | None:
+        """The flight of ``key`` under way (to wait on), or None when the caller now owns ``key`` and must
+        :meth:`finish` it."""
+        with self._lock:
+            flight = self._flights.get(key)
+            if flight is None:
+                self._flights[key] = Flight()
+            return flight
+
+    def claim(self, keys: Iterable[Hashable]) -> list[Hashable]:
+        """Own every key of ``keys`` that nobody computes; the keys claimed (each must be finished)."""
+        claimed = []
+        with self._lock:
+            for key in keys:
+                if key not in self._flights:
+                    self._flights[key] = Flight()
+                    claimed.append(key)
+        return claimed
+
+    def finish(self, key: Hashable, value=None, error: BaseException | None = None) -> None:
+        """End ``key``'s flight with its value or error, waking its waiters (nothing if it has none)."""
+        with self._lock:
+            flight = self._flights.pop(key, None)
+        if flight is not None:
+            flight.value, flight.error = value, error
             flight.done.set()
 
     def pending(self, key: Hashable) -> bool:
@@ -52,7 +82,13 @@ class SingleFlight:
         with self._lock:
             return key in self._flights
 
-    def reset_lock(self) -> None:
-        """A fresh lock and no flights (in a forked child, whose parent's computing threads do not exist)."""
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._flights)
+
+    def fail_all(self, error: BaseException) -> None:
+        """End every flight with ``error`` and take a fresh lock: in a forked child, whose parent's computing
+        threads do not exist, their waiters must not wait (they compute for themselves instead)."""
         self._lock = threading.Lock()
-        self._flights = {}
+        for key in list(self._flights):
+            self.finish(key, error=error)

@@ -36,6 +36,8 @@ from dataclasses import dataclass, field
 from ckptfs.core.errors import CheckpointError, SourceUnavailable
 from ckptfs.sources.base import ByteSource
 from ckptfs.cache.chunks import CHUNK, ChunkCache, chunk_key, disk_store
+from ckptfs.cache.flight import Flight, SingleFlight
+from ckptfs.util.redact import public_name
 from ckptfs.sources.netstats import COUNTERS
 from ckptfs.sources.remote.readahead import ReadAhead, quiet
 
@@ -173,17 +175,6 @@ def backoff_delay(attempt: int) -> float:
     return random.uniform(0.5, 1.0) * min(BACKOFF_CAP, BACKOFF_BASE * (2 ** (attempt - 1)))
 
 
-class _Flight:
-    """A chunk being fetched: readers of the same chunk wait on it."""
-
-    __slots__ = ("done", "data", "error")
-
-    def __init__(self) -> None:
-        self.done = threading.Event()
-        self.data: bytes | None = None
-        self.error: BaseException | None = None
-
-
 class RemoteSource(ByteSource):
     """Base of the remote sources (see the module docstring). Subclasses call ``_set_identity`` while
     opening and implement ``_attempt(start, end, deadline) -> bytes``."""
@@ -199,8 +190,7 @@ class RemoteSource(ByteSource):
         self.validator: str | None = None
         self._content_id = ""
         self._cache = self.options.chunk_cache()
-        self._inflight: dict[int, _Flight] = {}
-        self._lock = threading.Lock()
+        self._flights = SingleFlight()  # chunk index -> its fetch under way (ckptfs.cache.flight)
         self._readahead = ReadAhead(self)
         self._closed = False
         self._sample: tuple[int, int, str] | None = None  # (start, end, digest) re-checked after each fetch
@@ -302,19 +292,17 @@ class RemoteSource(ByteSource):
     def _get_chunks(self, c0: int, c1: int, deadline: float) -> list[bytes]:
         found: dict[int, bytes] = {}
         mine: list[int] = []
-        waits: dict[int, _Flight] = {}
+        waits: dict[int, Flight] = {}
         for i in range(c0, c1):
             data = self._cache.get(chunk_key(self._content_id, i))
             if data is not None:
                 found[i] = data
                 continue
-            with self._lock:
-                flight = self._inflight.get(i)
-                if flight is None:
-                    self._inflight[i] = _Flight()
-                    mine.append(i)
-                else:
-                    waits[i] = flight
+            flight = self._flights.join_or_claim(i)
+            if flight is None:
+                mine.append(i)
+            else:
+                waits[i] = flight
         try:
             for start, stop in _runs(mine):
                 found.update(self._fetch_chunks(start, stop, deadline))
@@ -328,8 +316,8 @@ class RemoteSource(ByteSource):
             # attempt; past that, fetch the chunk ourselves — or, with a mirror to turn to, give it the time.
             patience = min(deadline, time.monotonic() + self.options.stall_timeout) - time.monotonic()
             done = flight.done.wait(max(0.0, patience))
-            if done and flight.data is not None:
-                found[i] = flight.data
+            if done and flight.value is not None:
+                found[i] = flight.value
                 continue
             if done and _fallback.get():
                 error = flight.error
@@ -342,18 +330,33 @@ class RemoteSource(ByteSource):
             found[i] = data
         return [found[i] for i in range(c0, c1)]
 
+    # -- fetching ahead (ckptfs.sources.remote.readahead) -----------------------------------------------
     def claim(self, c0: int, c1: int) -> list[tuple[int, int]]:
-        """Register flights for the chunks in [c0, c1) that nobody has or fetches; the runs claimed."""
-        claimed = []
-        for i in range(c0, c1):
-            if self._cache.has(chunk_key(self._content_id, i)):
-                continue
-            with self._lock:
-                if i in self._inflight:
-                    continue
-                self._inflight[i] = _Flight()
-            claimed.append(i)
-        return _runs(claimed)
+        """Register fetches for the chunks in [c0, c1) that nobody has or fetches; the runs claimed. Readers
+        of those chunks wait for them from now on; every claimed run must be given to :meth:`fetch_claimed`
+        or :meth:`abandon`."""
+        missing = (i for i in range(c0, c1) if not self._cache.has(chunk_key(self._content_id, i)))
+        return _runs(sorted(self._flights.claim(missing)))
+
+    def fetch_claimed(self, runs: list[tuple[int, int]]) -> None:
+        """Fetch claimed runs into the chunk cache (best effort, within ``--timeout``): a run that fails is
+        left to its readers, who fetch it themselves with their own retries."""
+        deadline = time.monotonic() + self.options.timeout
+        for start, stop in runs:
+            try:
+                self._fetch_chunks(start, stop, deadline)
+            except Exception as exc:  # noqa: BLE001 - see the docstring
+                log.debug("read-ahead of %s chunks %d..%d failed: %s", public_name(self.name), start, stop, exc)
+
+    def abandon(self, runs: list[tuple[int, int]], error: BaseException) -> None:
+        """Give up claimed runs unfetched: their waiters fetch for themselves."""
+        for start, stop in runs:
+            for i in range(start, stop):
+                self._flights.finish(i, error=error)
+
+    def forget_fetches(self) -> None:
+        """In a forked child: the parent's fetches are gone; their readers fetch for themselves."""
+        self._flights.fail_all(RuntimeError("fetch interrupted by fork"))
 
     def _fetch_chunks(self, c0: int, c1: int, deadline: float) -> dict[int, bytes]:
         """Fetch chunks [c0, c1) (flights already registered by the caller), cache them, wake waiters."""
@@ -377,11 +380,7 @@ class RemoteSource(ByteSource):
         return out
 
     def _finish(self, i: int, data: bytes | None, error: BaseException | None) -> None:
-        with self._lock:
-            flight = self._inflight.pop(i, None)
-        if flight is not None:
-            flight.data, flight.error = data, error
-            flight.done.set()
+        self._flights.finish(i, data, error)
 
     def _fetch(self, start: int, end: int, deadline: float) -> bytes:
         """Bytes [start, end) with retries (see the module docstring), or CheckpointError."""

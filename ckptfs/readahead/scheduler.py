@@ -1,0 +1,95 @@
+"""The process's read-ahead work: one byte budget over everything in flight, a worker pool per kind of work.
+
+Work ahead of readers is of two kinds: *decode* (block groups decoded into the cache before a reader of the
+``.npy`` asks: the C kernels release the GIL, so it overlaps the FUSE thread's copying) and *fetch* (remote
+chunks on their way before a reader asks: waiting on the network). Each kind has its own pool, because a
+decode job may read bytes that a queued fetch job is bringing: in one pool, decode jobs could occupy every
+worker waiting for fetches queued behind them. The pools' sizes (``concurrency``) are parameters: the
+throughput work tunes them. Everything in flight counts against one budget of bytes (``budget``: the data
+fetched or decoded ahead and not yet consumed), and a caller may cap its own share further (the mount's
+decode-ahead never takes more than a quarter of its cache).
+
+Threads start on first use only, never while a checkpoint is opened (a mount forks its daemon after the
+open), and a forked child starts with fresh pools: threads do not survive ``fork``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+
+log = logging.getLogger(__name__)
+
+#: Bytes fetched or decoded ahead, in flight at once over the whole process.
+DEFAULT_BUDGET = 64 << 20
+#: Workers per kind of work.
+DEFAULT_CONCURRENCY = {"fetch": 4, "decode": 1}
+
+
+class Scheduler:
+    """See the module docstring. ``submit`` never blocks: work over budget is refused, to be asked again by a
+    later read."""
+
+    def __init__(self, budget: int = DEFAULT_BUDGET, concurrency: dict[str, int] | None = None):
+        self.budget = budget
+        self.concurrency = dict(DEFAULT_CONCURRENCY if concurrency is None else concurrency)
+        self._lock = threading.Lock()
+        self._pools: dict[str, ThreadPoolExecutor] = {}
+        self._in_flight: dict[str, int] = {}
+
+    def in_flight(self, kind: str | None = None) -> int:
+        """Bytes reserved by work not yet done (of one kind, or all)."""
+        with self._lock:
+            return self._in_flight.get(kind, 0) if kind is not None else sum(self._in_flight.values())
+
+    def has_room(self, nbytes: int) -> bool:
+        """Whether ``nbytes`` more would fit the budget now (a caller checks before claiming work that others
+        would then wait for; ``submit`` decides)."""
+        with self._lock:
+            return sum(self._in_flight.values()) + nbytes <= self.budget
+
+    def submit(self, kind: str, job: Callable[[], None], nbytes: int, cap: int | None = None) -> Future | None:
+        """Run ``job`` on the ``kind`` pool, its ``nbytes`` counted in flight until it returns; None (and the
+        job not run) when that would pass the budget, or the caller's ``cap`` for this kind."""
+        with self._lock:
+            mine = self._in_flight.get(kind, 0)
+            if sum(self._in_flight.values()) + nbytes > self.budget or (cap is not None and mine + nbytes > cap):
+                return None
+            self._in_flight[kind] = mine + nbytes
+            pool = self._pools.get(kind)
+            if pool is None:
+                pool = self._pools[kind] = ThreadPoolExecutor(self.concurrency.get(kind, 1),
+                                                              thread_name_prefix=f"ckptfs-{kind}-ahead")
+        try:
+            return pool.submit(self._run, kind, job, nbytes)
+        except RuntimeError:  # the interpreter is shutting down
+            self._release(kind, nbytes)
+            return None
+
+    def _run(self, kind: str, job: Callable[[], None], nbytes: int) -> None:
+        try:
+            job()
+        except Exception:  # noqa: BLE001 - read-ahead is an optimization; the read itself reports errors
+            log.debug("%s-ahead job %r failed", kind, job, exc_info=True)
+        finally:
+            self._release(kind, nbytes)
+
+    def _release(self, kind: str, nbytes: int) -> None:
+        with self._lock:
+            self._in_flight[kind] = max(0, self._in_flight.get(kind, 0) - nbytes)
+
+    def after_fork_in_child(self) -> None:
+        """The parent's workers are gone in the child: forget them and what they had in flight."""
+        self._lock = threading.Lock()
+        self._pools = {}
+        self._in_flight = {}
+
+
+#: The process's scheduler.
+SCHEDULER = Scheduler()
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=SCHEDULER.after_fork_in_child)
