@@ -75,9 +75,12 @@ def test_split_gguf_mounts_as_one_tree_from_any_shard(split_folder, module_mount
     ref = gguf_reference(shards)
     assert len(ref) == 7
     expected = {"metadata.json", "model.gguf"}  # model.gguf: the set as one GGUF (tests/test_hf_merge.py)
+    expected |= {os.path.basename(s) for s in shards}  # and the shards themselves, passed through
     for name, _, _, _ in ref:
         expected |= {f"{name}.npy", f"{name}.raw", f"{name}.meta.json"}
     assert set(os.listdir(mnt)) == expected
+    for shard in shards:
+        assert read(mnt / os.path.basename(shard)) == Path(shard).read_bytes()
     for name, values, stored, shard in ref:
         assert read(mnt / f"{name}.npy") == npy_bytes(values), name
         assert read(mnt / f"{name}.raw") == stored, name

@@ -8,6 +8,7 @@ twice.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import threading
@@ -26,6 +27,7 @@ from ckptfs.fs.mountpoint import (MountpointLock, check_answers, check_dev_fuse,
 from ckptfs.fs.operations import CkptOperations
 from ckptfs.fs.options import MountOptions, as_usage_error, parse_options
 from ckptfs.util.redact import hide_in_argv, strip_url
+from ckptfs.core.options import absolute
 
 __all__ = ["MountRequest", "MountError", "run_mount", "unmount"]
 
@@ -91,6 +93,7 @@ def run_mount(request: MountRequest) -> int:
 
 def _prepare(request: MountRequest) -> _Plan:
     """Every check that can be made before forking, cheapest and most likely first."""
+    request = _resolved(request)
     options = parse_options(request.options)
     mountpoint = check_mountpoint(request.mountpoint, allow_nonempty=options.nonempty)
     check_dev_fuse()
@@ -102,6 +105,20 @@ def _prepare(request: MountRequest) -> _Plan:
     return _Plan(request, mountpoint, options, binding,
                  MountTree(checkpoint, providers=tensor_providers(request.layout),
                            extra=_virtual_files(request)), log_file, metrics)
+
+
+def _resolved(request: MountRequest) -> MountRequest:
+    """The request with SRC and the log file named absolutely (``~`` expanded, links kept; the open options'
+    paths are absolute already, ``OpenOptions.build``): the daemon runs in ``/`` and opens files long after
+    this (the shards behind model.gguf, the log file when reopened), and logs SRC by this name."""
+    def local(path):
+        if path is None:
+            return None
+        path = absolute(os.fspath(path))
+        # "." components and doubled slashes go (safe after a link too); a name with ".." stays as given
+        return path if "://" in path or ".." in path.split("/") else os.path.normpath(path)
+
+    return dataclasses.replace(request, src=local(request.src), log_file=local(request.log_file))
 
 
 def _virtual_files(request: MountRequest) -> list:
