@@ -143,7 +143,7 @@ def test_bench_serves_what_is_intact_and_marks_what_is_damaged(tmp_path):
     assert result.returncode == 0, result.stderr
     data = json.loads(result.stdout)
     assert [d["name"] for d in data["damaged"]] == ["b"] and "truncated" in data["damaged"][0]["reason"]
-    assert data["mount"]["npy_bytes"] > 0 and data["mount"]["files"] == 7
+    assert data["mount"]["npy_bytes"] > 0 and data["mount"]["files"] == 8  # a, b: 3 each; metadata.json; dmg.gguf
     text = run_cli("bench", str(path), "--cache-size", "8M", timeout=300)
     assert text.returncode == 0 and "damaged tensors, left out of every read: 1" in text.stdout, text.stderr
 

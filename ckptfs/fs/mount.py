@@ -15,6 +15,7 @@ import threading
 from dataclasses import dataclass
 
 from ckptfs.checkpoint.api import OpenOptions, open_with
+from ckptfs.formats.repository import SeveralCheckpoints
 from ckptfs.tree.layout import tensor_providers
 from ckptfs.tree.mount_tree import MountTree
 from ckptfs.fs.binding import Binding, load_binding
@@ -101,10 +102,53 @@ def _prepare(request: MountRequest) -> _Plan:
     check_fusermount(binding.fusermount)
     metrics = _metrics_address(request.metrics)
     log_file = _open_log(request.log_file)
-    checkpoint = open_with(request.src, request.open_options)
-    return _Plan(request, mountpoint, options, binding,
-                 MountTree(checkpoint, providers=tensor_providers(request.layout),
-                           extra=_virtual_files(request)), log_file, metrics)
+    try:
+        checkpoint = open_with(request.src, request.open_options)
+    except SeveralCheckpoints as several:  # a folder of several checkpoints: mounted whole
+        tree = _repository_tree(request, several.repository)
+    else:
+        tree = MountTree(checkpoint, providers=tensor_providers(request.layout), extra=_virtual_files(request))
+    return _Plan(request, mountpoint, options, binding, tree, log_file, metrics)
+
+
+def _repository_tree(request: MountRequest, repository):
+    """The tree of a repository folder (ckptfs.tree.repository): its files through a pool with the request's
+    remote options and mirrors, each checkpoint opened with the request's options on first access (a folder
+    mirror gives each member file its own mirror, the file of the same name there)."""
+    import time
+
+    from ckptfs.sources import SourcePool
+    from ckptfs.tree.repository import RepositoryTree
+
+    src, options = request.src, request.open_options
+    if options.manifest is not None:
+        raise MountError(f"--manifest describes one checkpoint and {_mount_name(src)} holds "
+                         f"{len(repository.members)}: mount the file it describes", exit_code=2)
+    plan = None
+    if options.needs_source_plan(src):
+        from ckptfs.sources.plan import SourcePlan
+
+        plan = SourcePlan(src, options.mirrors, timeout=options.timeout, stall_timeout=options.stall_timeout,
+                          cache_dir=options.cache_dir, cache_dir_size=options.cache_dir_size,
+                          cache_key_file=options.cache_key_file)
+    pool = SourcePool(options.max_open_files, opener=plan.opener if plan is not None else None,
+                      wrapper=plan.wrapper() if plan is not None else None)
+    mirror_set = None
+    if options.mirrors:
+        from ckptfs.sources.mirror import MirrorSet
+
+        mirror_set = MirrorSet(repository.folder, list(options.mirrors), is_folder=True)
+
+    def open_member(member):
+        mirrors = tuple(mirror_set.mirror_name(member.src, m) for m in options.mirrors) if mirror_set else ()
+        return open_with(member.src, OpenOptions.build(options, mirrors=mirrors))
+
+    for note in repository.notes:
+        log.warning("%s: %s", _mount_name(src), note)
+    mtime_ns = time.time_ns() if "://" in src else os.stat(repository.folder).st_mtime_ns
+    return RepositoryTree(repository, open_member, pool, providers=tensor_providers(request.layout),
+                          extra=_virtual_files(request), cache_capacity=options.cache_size,
+                          read_scope=plan.read_scope if plan is not None else None, mtime_ns=mtime_ns)
 
 
 def _resolved(request: MountRequest) -> MountRequest:

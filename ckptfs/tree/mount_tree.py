@@ -306,6 +306,32 @@ class MountTree:
                 view = self._views[path] = make()
         return view
 
+    # -- what the filesystem asks of the checkpoints behind the tree (a repository tree has several) --------
+
+    @property
+    def sources(self):
+        """The pool the mount's read-ahead advises through."""
+        return self.checkpoint.sources
+
+    @property
+    def cache(self):
+        """The cache the mount's stats report (its ``capacity`` bounds the read-ahead)."""
+        return self.checkpoint.cache
+
+    @property
+    def read_scope(self):
+        """A context bounding each FUSE read by ``--timeout`` (remote checkpoints), or None."""
+        return getattr(self.checkpoint, "read_scope", None)
+
+    def each_checkpoint(self, hook: Callable[[Checkpoint], None]) -> None:
+        hook(self.checkpoint)
+
+    def stored_bytes(self) -> int:
+        return sum(self.checkpoint.sources.get(f).size for f in self.checkpoint.files)
+
+    def close(self) -> None:
+        self.checkpoint.close()
+
     def stats(self) -> dict:
         """Counters for monitoring and benchmarks: the memory cache (``cache``, as always), every configured
         tier (``tiers``), the decoder's output (``decoded_bytes``), open files."""
