@@ -9,12 +9,14 @@ quantizations mounts after one folder listing, and a client that loads one of th
 
 The repository's files are listed with the sizes the folder listing gave, so ``ls -l`` opens nothing. A file
 of a checkpoint is read through that checkpoint's pool (the sources its tensors come from, pinned at open:
-never a second reader of the same file); the other files (README, config.json, tokenizer files) through the
-repository's own pool. A file whose size changed since the listing reads as EIO, never other bytes.
+never a second reader of the same file); the other files (README, config.json, tokenizer files), and those
+of a checkpoint that cannot be opened (a damaged header), through the repository's own pool. A file whose size
+changed since the listing reads as EIO, never other bytes.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 from collections.abc import Callable, Iterator, Sequence
@@ -177,8 +179,18 @@ class RepositoryTree:
     def pool_of(self, path: str) -> SourcePool:
         """The pool that reads the repository file ``path``: its checkpoint's, else the repository's."""
         name = self._by_path.get(path)
-        owner = self._owner.get(name) if name is not None else None
-        return self._pool if owner is None else self.member_tree(owner).checkpoint.sources
+        return self._owner_pool(self._owner.get(name) if name is not None else None)
+
+    def _owner_pool(self, owner: int | None) -> SourcePool:
+        """Member ``owner``'s pool; the repository's for a file of no checkpoint, or of one that cannot be
+        opened (a damaged header: its files are still the repository's files, served as they are)."""
+        if owner is None:
+            return self._pool
+        try:
+            return self.member_tree(owner).checkpoint.sources
+        except CheckpointError as exc:
+            log.warning("%s: %s; its files are served as plain files", self.repository.members[owner].name, exc)
+            return self._pool
 
     def stored_bytes(self) -> int:
         return sum(max(0, size) for _, size in self.repository.files.values())
@@ -201,10 +213,7 @@ class RepositoryTree:
         view = self._views.get(name)
         if view is None:
             path, size = self.repository.files[name]
-            owner = self._owner.get(name)
-            pool = (lambda: self._pool) if owner is None else (
-                lambda: self.member_tree(owner).checkpoint.sources)
-            made = ListedFileView(path, size, pool)
+            made = ListedFileView(path, size, functools.partial(self._owner_pool, self._owner.get(name)))
             with self._lock:
                 view = self._views.setdefault(name, made)
         return view
