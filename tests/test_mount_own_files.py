@@ -207,3 +207,21 @@ def test_an_hf_file_mount_holds_the_file(tmp_path, mounted):
             mnt = mounted("hf://org/m/mixed.gguf", "--timeout", "10", env={"HF_ENDPOINT": hub.url})
             assert "mixed.gguf" in os.listdir(mnt)
             check_same_file(mnt / "mixed.gguf", written.path, seed=5)
+
+
+def test_every_local_path_of_a_mount_request_is_resolved(tmp_path, monkeypatch):
+    """What the daemon opens later is absolute before the fork: SRC and the log file here, the open options'
+    paths (mirrors, manifest, cache folder) by OpenOptions; "." components dropped, a ".." kept, URLs as
+    they are."""
+    from ckptfs.core.options import OpenOptions
+    from ckptfs.fs.mount import MountRequest, _resolved
+
+    monkeypatch.chdir(tmp_path)
+    options = OpenOptions.build(cache_dir="c", manifest="x.json", mirrors=("mir.gguf", "https://h/m.gguf?sig=1"))
+    request = _resolved(MountRequest(src="./m.gguf", mountpoint="mnt", log_file="logs/./l", open_options=options))
+    assert (request.src, request.log_file) == (f"{tmp_path}/m.gguf", f"{tmp_path}/logs/l")
+    assert _resolved(MountRequest(src="../a/m.gguf", mountpoint="mnt")).src == f"{tmp_path}/../a/m.gguf"
+    opened = request.open_options
+    assert (opened.cache_dir, opened.manifest) == (f"{tmp_path}/c", f"{tmp_path}/x.json")
+    assert opened.mirrors == (f"{tmp_path}/mir.gguf", "https://h/m.gguf?sig=1")
+    assert _resolved(MountRequest(src="s3://b/k.gguf", mountpoint="mnt")).src == "s3://b/k.gguf"

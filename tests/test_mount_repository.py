@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import ckptfs_cli, cli_env, mount_stats
+from conftest import ckptfs_cli, cli_env, mount_stats, require_fuse
 from multifile_sets import gguf_reference, gguf_tensors, write_gguf_by_hand, write_split_gguf
 from safetensors.numpy import load_file, save_file
 from test_mount_own_files import check_same_file, descriptors_on
@@ -155,6 +155,18 @@ def test_a_folder_with_one_checkpoint_keeps_the_flat_layout(mounted, tmp_path):
     assert set(os.listdir(mnt)) == tensor_names(t for t, _, _, _ in ref) | {"metadata.json", "README.md",
                                                                              "only.gguf"}
     assert "checkpoints" not in mount_stats(mnt)
+
+
+def test_a_manifest_with_a_repository_is_a_usage_error(tmp_path):
+    require_fuse()  # the mount's checks come first
+    folder = tmp_path / "repo"
+    write_repository(folder)
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    run = subprocess.run([*ckptfs_cli(), "mount", str(folder), str(mnt), "--manifest", str(tmp_path / "m.json")],
+                         env=cli_env(), capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+    assert run.returncode == 2 and "--manifest describes one checkpoint" in run.stderr, run.stderr
+    assert len(run.stderr.strip().splitlines()) == 1 and os.listdir(mnt) == []
 
 
 def test_info_lists_the_checkpoints_and_open_names_them(tmp_path):
