@@ -151,6 +151,8 @@ def test_a_path_with_dot_and_tilde_names_the_real_file(mounted, tmp_path):
 
 @pytest.fixture(scope="module")
 def site(tmp_path_factory):
+    """nginx serving one 9 MiB GGUF (test_remote_http's site has it among others; importing that module here
+    would skip these local tests where urllib3 is missing)."""
     from servers import Nginx, require_nginx
 
     require_nginx()
