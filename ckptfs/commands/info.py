@@ -80,11 +80,11 @@ def repository_summary(repository) -> dict[str, Any]:
     sizes = {name: size for name, (_, size) in repository.files.items()}
     owned = set(repository.owner())
     return {
-        "repository": repository.folder,
-        "checkpoints": [{**m.as_dict(), "bytes": sum(max(0, sizes.get(f, 0)) for f in m.files)}
-                        for m in repository.members],
+        "repository": public_name(repository.folder),
+        "checkpoints": [{**m.as_dict(), "src": public_name(m.src),
+                         "bytes": sum(max(0, sizes.get(f, 0)) for f in m.files)} for m in repository.members],
         "other_files": [name for name in repository.files if name not in owned],
-        "notes": list(repository.notes),
+        "notes": [redact(note) for note in repository.notes],
     }
 
 

@@ -29,6 +29,7 @@ import numpy as np
 
 from ckptfs.checkpoint.api import Checkpoint, decode_plan
 from ckptfs.util.jsonutil import dumps_bytes
+from ckptfs.util.redact import strip_url
 from ckptfs.tree.names import assign_stems
 from ckptfs.engine.views import BytesView, FileView, NpyView, RawView, View, npy_header
 
@@ -147,10 +148,9 @@ def own_name(path: str, file_format: str = "gguf") -> str:
     fragment: a presigned URL's signature is not a name; an ``http(s)`` name percent-decoded)."""
     if "://" not in path:
         return os.path.basename(path.rstrip("/")) or f"model.{file_format}"
-    scheme = path.partition("://")[0].lower()
-    url_path = urllib.parse.urlsplit(path).path if scheme in ("http", "https") else path.partition("://")[2]
-    name = url_path.rstrip("/").rsplit("/", 1)[-1]
-    if scheme in ("http", "https"):
+    scheme, _, rest = strip_url(path).partition("://")
+    name = rest.rstrip("/").rsplit("/", 1)[-1] if "/" in rest.rstrip("/") else ""
+    if scheme.lower() in ("http", "https"):
         decoded = urllib.parse.unquote(name)
         name = decoded if decoded and "/" not in decoded and "\0" not in decoded else name
     return name if name and name not in (".", "..") else f"model.{file_format}"

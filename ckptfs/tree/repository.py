@@ -21,7 +21,7 @@ import logging
 import threading
 from collections.abc import Callable, Iterator, Sequence
 
-from ckptfs.checkpoint.tensors import Checkpoint
+from ckptfs.checkpoint.api import Checkpoint
 from ckptfs.core.errors import CheckpointError
 from ckptfs.engine.views import Ahead, FileView, View
 from ckptfs.formats.repository import Repository
