@@ -145,16 +145,18 @@ class Mounts:
 
     def mount(self, src: str | os.PathLike, *cli_args: str, binding: str | None = None,
               foreground: bool = False, mountpoint: str | os.PathLike | None = None,
-              env: dict[str, str] | None = None, cli: list[str] | None = None) -> Path:
+              env: dict[str, str] | None = None, cli: list[str] | None = None,
+              cwd: str | os.PathLike | None = None) -> Path:
         """Mount ``src``; ``env``: extra environment for the CLI (FUSE_LIBRARY_NAME=fuse: mfusepy on libfuse2);
-        ``cli``: the command that stands for ``ckptfs`` (default ``ckptfs_cli()``)."""
+        ``cli``: the command that stands for ``ckptfs`` (default ``ckptfs_cli()``); ``cwd``: where the CLI
+        runs (relative names in ``src`` and ``cli_args`` are relative to it)."""
         require_fuse(binding)
         mnt = Path(mountpoint) if mountpoint is not None else self._make_dir()
         command = [*(cli or ckptfs_cli()), "mount", str(src), str(mnt), *cli_args]
         if foreground:
             return self._mount_foreground(command, mnt, cli_env(binding, **(env or {})))
         result = subprocess.run(command, env=cli_env(binding, **(env or {})), stdin=subprocess.DEVNULL,
-                                capture_output=True, text=True, timeout=READY_TIMEOUT + 30)
+                                capture_output=True, text=True, timeout=READY_TIMEOUT + 30, cwd=cwd)
         if result.returncode != 0:
             pytest.fail(f"ckptfs mount failed ({result.returncode}): {result.stderr.strip()}")
         try:

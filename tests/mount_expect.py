@@ -91,7 +91,15 @@ def expected_gguf(written: Written, src: str, mode: str = "auto") -> Expected:
             "source": src, "offset": offset, "block_elements": block_elements, "block_bytes": block_bytes,
             "gguf_dims": list(reversed(ref.shape))})
     out.json["metadata.json"] = jsonable(written.metadata)
+    _add_own_file(out, written, src)
     return out
+
+
+def _add_own_file(out: Expected, written: Written, src: str) -> None:
+    """The checkpoint file itself, under the last part of the name it was mounted by (a URL's without its
+    query), byte for byte (README, "What a mount shows")."""
+    name = src.split("?", 1)[0].rstrip("/").rsplit("/", 1)[-1]
+    out.data[name] = Path(written.path).read_bytes()
 
 
 #: safetensors block geometry: packed sub-byte floats by their packing, every other dtype one element a block
@@ -109,6 +117,7 @@ def expected_safetensors(written: Written, src: str, mode: str = "auto") -> Expe
         _add_tensor(out, name, ref, ST_EXACT, mode, {"source": src, "offset": start, "block_elements": blocks[0],
                                                     "block_bytes": blocks[1]})
     out.json["metadata.json"] = jsonable(written.metadata)
+    _add_own_file(out, written, src)
     return out
 
 

@@ -70,7 +70,7 @@ def test_json_gguf(tiny_gguf: Path, tmp_path: Path):
                 "random_read_p99_s", "tensor_cold_s", "tensor_warm_s", "mmap_open_s", "mmap_row_p50_s", "npy_mbs",
                 "raw_mbs", "npy_noprefetch_mbs", "daemon_peak_rss_anon"):
         assert isinstance(m[key], (int, float)) and m[key] > 0, key
-    assert m["files"] == 4 * 3 + 1  # .npy, .raw, .meta.json per tensor, and metadata.json
+    assert m["files"] == 4 * 3 + 2  # .npy, .raw, .meta.json per tensor, metadata.json and the file itself
     before, after = m["first_read_cache_misses"]
     assert before == 0 and after >= 1  # the first read was a real decode in a fresh daemon
     expected_npy = 300 * 64 * 4 + 64 * 256 * 4 + 64 * 64 * 4 + 64 * 4
@@ -143,7 +143,7 @@ def test_bench_serves_what_is_intact_and_marks_what_is_damaged(tmp_path):
     assert result.returncode == 0, result.stderr
     data = json.loads(result.stdout)
     assert [d["name"] for d in data["damaged"]] == ["b"] and "truncated" in data["damaged"][0]["reason"]
-    assert data["mount"]["npy_bytes"] > 0 and data["mount"]["files"] == 7
+    assert data["mount"]["npy_bytes"] > 0 and data["mount"]["files"] == 8  # a, b: 3 each; metadata.json; dmg.gguf
     text = run_cli("bench", str(path), "--cache-size", "8M", timeout=300)
     assert text.returncode == 0 and "damaged tensors, left out of every read: 1" in text.stdout, text.stderr
 

@@ -482,10 +482,12 @@ def _message(line: str) -> str:
     return line.split(" ", 2)[2]
 
 
-def check_mount(mnt: Path, layout: list[RefLayout], file_size: int, metadata: dict, log: Path) -> dict[str, int]:
+def check_mount(mnt: Path, layout: list[RefLayout], file_size: int, metadata: dict, log: Path,
+                src: Path) -> dict[str, int]:
     """Everything through a real mount; returns the number of missing pages per file checked."""
     missing = {}
-    assert set(os.listdir(mnt)) == expected_files(layout)
+    assert set(os.listdir(mnt)) == expected_files(layout) | {src.name}
+    assert (mnt / src.name).read_bytes() == src.read_bytes()  # the damaged file itself, as it is
     assert json.loads((mnt / "metadata.json").read_bytes()) == jsonable(metadata)
     for ref in layout:
         meta = json.loads((mnt / f"{ref.name}.meta.json").read_bytes())
@@ -524,7 +526,7 @@ def test_mount_of_a_gguf_cut_in_half(mounted, gguf_case, tmp_path):
     point = mid_cut(layout, "blk.0.q4k")
     path = cut(written.path, point, tmp_path / "cut.gguf")
     log = tmp_path / "daemon.log"
-    missing = check_mount(mount_logged(mounted, path, log), layout, point, written.metadata, log)
+    missing = check_mount(mount_logged(mounted, path, log), layout, point, written.metadata, log, path)
     pages = len(npy_pages(next(r for r in layout if r.name == "blk.0.q4k"), point))
     assert 0 < missing["blk.0.q4k.npy"] < pages and 0 < missing["blk.0.q4k.raw"]  # cut in half: both halves seen
     assert missing["blk.0.emb.npy"] == 0 and missing["tail.npy"] > 0
@@ -535,7 +537,7 @@ def test_mount_of_a_safetensors_cut_in_half(mounted, st_case, tmp_path):
     point = mid_cut(layout, "layer.bf16")
     path = cut(written.path, point, tmp_path / "cut.safetensors")
     log = tmp_path / "daemon.log"
-    missing = check_mount(mount_logged(mounted, path, log), layout, point, written.metadata, log)
+    missing = check_mount(mount_logged(mounted, path, log), layout, point, written.metadata, log, path)
     pages = len(npy_pages(next(r for r in layout if r.name == "layer.bf16"), point))
     assert 0 < missing["layer.bf16.npy"] < pages and missing["model.embed.npy"] == 0
 
@@ -543,7 +545,8 @@ def test_mount_of_a_safetensors_cut_in_half(mounted, st_case, tmp_path):
 def test_mount_of_tensors_past_the_end(mounted, gguf_case, tmp_path):
     path, layout = past_the_end_case(gguf_case, tmp_path)
     log = tmp_path / "daemon.log"
-    missing = check_mount(mount_logged(mounted, path, log), layout, path.stat().st_size, gguf_case[0].metadata, log)
+    missing = check_mount(mount_logged(mounted, path, log), layout, path.stat().st_size, gguf_case[0].metadata, log,
+                          path)
     assert (missing["blk.0.q8.npy"], missing["blk.0.q8.raw"], missing["bf16.mat.raw"]) == (2, 1, 1)  # all missing
     assert missing["blk.0.emb.npy"] == missing["q6k.npy"] == 0
 
@@ -600,10 +603,10 @@ def test_tensor_decoding_to_more_than_a_file_holds(mounted, tmp_path):
     with ckptfs.open(str(path)) as ck:
         assert ck["huge"].nbytes == 2**64 and ck["huge"].info.damaged.startswith("truncated")
         assert set(MountTree(ck).names()) == {"huge.raw", "huge.meta.json", "ok.npy", "ok.raw", "ok.meta.json",
-                                              "metadata.json"}
+                                              "metadata.json", "huge.gguf"}
     mnt = mounted(path)
-    assert sorted(os.listdir(mnt)) == ["huge.meta.json", "huge.raw", "metadata.json", "ok.meta.json", "ok.npy",
-                                       "ok.raw"]
+    assert sorted(os.listdir(mnt)) == ["huge.gguf", "huge.meta.json", "huge.raw", "metadata.json", "ok.meta.json",
+                                       "ok.npy", "ok.raw"]
     assert os.stat(mnt / "huge.raw").st_size == 2**62 // 32 * 18
     fd = os.open(mnt / "huge.raw", os.O_RDONLY)
     try:

@@ -208,7 +208,8 @@ def check_everything(mnt: Path, files: dict[str, bytes], outcomes: Outcomes, eio
 def check_alive_and_whole(mnt: Path, written: Written, files: dict[str, bytes], pid: int) -> None:
     assert pid_alive(pid) and mount_stats(mnt)["pid"] == pid
     names = set(os.listdir(mnt))
-    assert names == set(files) | {n[:-4] + ".meta.json" for n in files if n.endswith(".raw")} | {"metadata.json"}
+    assert names == (set(files) | {n[:-4] + ".meta.json" for n in files if n.endswith(".raw")}
+                     | {"metadata.json", "model.gguf"})  # the mounted file itself is there too
     metadata = json.loads((mnt / "metadata.json").read_bytes())
     assert metadata == {k: (v.tolist() if isinstance(v, np.ndarray) else v) for k, v in written.metadata.items()}
     for name, ref in written.tensors.items():
@@ -233,6 +234,7 @@ def test_backing_file_changed_under_a_live_mount(mounted, model, bystander, tmp_
 
     outcomes = Outcomes()
     stop = threading.Event()
+    files = {**files, "model.gguf": written.path.read_bytes()}  # the file itself: exact or EIO, as the views
     readers = [threading.Thread(target=random_reads, args=(mnt, files, outcomes, stop, seed)) for seed in
                range(READERS)]
     for reader in readers:

@@ -291,7 +291,7 @@ def test_weird_names_map_as_the_contract_says(mounted, tmp_path):
     real_names = {"dupB": "dupA", "invXY": "inv\udcff\udcfe"}  # invalid bytes kept by surrogateescape
     mnt = mounted(str(written.path))
     want = {stem + suffix for stem in stems.values() for suffix in (".npy", ".raw", ".meta.json")}
-    assert set(os.listdir(mnt)) == want | {"metadata.json"}
+    assert set(os.listdir(mnt)) == want | {"metadata.json", "names.gguf"}
     for key, stem in stems.items():
         assert all(len((stem + s).encode()) <= 255 for s in (".npy", ".raw", ".meta.json"))
         meta = json.loads((mnt / f"{stem}.meta.json").read_bytes())

@@ -21,6 +21,7 @@ from multifile_sets import (MODEL_FILES, gguf_reference, gguf_tensors, hf_cache_
 
 import ckptfs
 from ckptfs.commands.cli import main as cli_main
+from ckptfs.core.errors import CheckpointError
 from ckptfs.formats.multi import read_checkpoint
 from ckptfs.tree.mount_tree import MountTree
 from mount_expect import npy_bytes
@@ -67,6 +68,16 @@ def refusal(src) -> str:
     lines = [line for line in result.output.splitlines() if line]
     assert len(lines) == 1, result.output
     return lines[0]
+
+
+def several(src) -> str:
+    """The one-line refusal ``ckptfs.open`` raises for a folder of several checkpoints; ``ckptfs info`` lists
+    them instead (exit 0: tests/test_mount_repository.py)."""
+    with pytest.raises(CheckpointError) as info:
+        ckptfs.open(src)
+    message = str(info.value)
+    assert "\n" not in message
+    return message
 
 
 # --- sharded safetensors -------------------------------------------------------------------------------------
@@ -245,7 +256,7 @@ def test_several_quantizations_and_mmproj_are_refused_with_the_list(tmp_path):
     write_split_gguf(tmp_path / "x", gguf_tensors(4), per_shard=2, prefix="model-F16")
     for p in (tmp_path / "x").iterdir():
         p.rename(tmp_path / p.name)
-    line = refusal(tmp_path)
+    line = several(tmp_path)
     for label in ("model-Q4_K_M.gguf", "model-Q8_0.gguf", "mmproj-model-f16.gguf",
                   "model-F16-NNNNN-of-00002.gguf (2 of 2 files)", "name one file"):
         assert label in line
@@ -256,7 +267,7 @@ def test_several_quantizations_and_mmproj_are_refused_with_the_list(tmp_path):
 def test_consolidated_beside_shards_without_index_is_refused(tmp_path):
     write_safetensors_set(tmp_path, safetensors_tensors(2), index=False)
     shutil.copy(st_paths(tmp_path, 2)[0], tmp_path / "consolidated.safetensors")
-    line = refusal(tmp_path)
+    line = several(tmp_path)
     assert "consolidated.safetensors" in line and "model-NNNNN-of-00002.safetensors (2 of 2 files)" in line
 
 
@@ -271,7 +282,7 @@ def test_index_wins_over_other_checkpoint_files(st_folder):
 
 def test_two_index_files_are_refused(st_folder):
     shutil.copy(st_folder / INDEX, st_folder / "other.safetensors.index.json")
-    line = refusal(st_folder)
+    line = several(st_folder)
     assert INDEX in line and "other.safetensors.index.json" in line
     with ckptfs.open(st_folder / INDEX) as ck:  # naming one works; the other is noted, not passed through
         assert "other.safetensors.index.json" not in ck.passthrough

@@ -111,7 +111,8 @@ def test_a_folder_of_many_names_lists_whole_and_once_each(tmp_path, mounted):
     arrays = {name: rng.standard_normal(2).astype(np.float32) for name in names}
     save_file(arrays, str(tmp_path / "m.safetensors"))
     mnt = mounted(tmp_path / "m.safetensors")
-    expected = {f"{n}{suffix}" for n in names for suffix in (".npy", ".raw", ".meta.json")} | {"metadata.json"}
+    expected = {f"{n}{suffix}" for n in names for suffix in (".npy", ".raw", ".meta.json")}
+    expected |= {"metadata.json", "m.safetensors"}
     first = os.listdir(mnt)
     assert len(first) == len(set(first)) == len(expected) and set(first) == expected
     assert os.listdir(mnt) == first

@@ -58,7 +58,7 @@ def test_tree_layout_serves_every_file_where_the_rule_puts_it(mounted, tmp_path)
     expected = expected_gguf(written, str(written.path))
     mnt = mounted(str(written.path), "--layout", "tree")
 
-    want = {"metadata.json"} | {expected_path(n) + s for n in NAMES for s in SUFFIXES}
+    want = {"metadata.json", "m.gguf"} | {expected_path(n) + s for n in NAMES for s in SUFFIXES}
     assert files_under(mnt) == want
     assert set(os.listdir(mnt / "blk")) == {"0", "12"} and set(os.listdir(mnt / "blk" / "12")) == {"ffn"}
     assert stat.S_ISDIR(os.stat(mnt / "model" / "layers" / "0" / "self_attn").st_mode)

@@ -148,12 +148,15 @@ def umount(mountpoint, verbose):
 def info(src, as_json, hf, verbose, mirrors, timeout, stall_timeout, cache_dir, cache_dir_size, cache_key_file):
     """Summarize a checkpoint: format, tensors, storage types, metadata, damage."""
     from ckptfs import open as open_checkpoint
-    from ckptfs.commands.info import render, summary
+    from ckptfs.commands.info import render, repository_summary, summary
+    from ckptfs.formats.repository import SeveralCheckpoints
 
     try:
         with open_checkpoint(src, mirrors=mirrors, timeout=timeout, stall_timeout=stall_timeout, cache_dir=cache_dir,
                              cache_dir_size=cache_dir_size, cache_key_file=cache_key_file) as ck:
             data = summary(ck, hf=hf)
+    except SeveralCheckpoints as several:  # a repository: the checkpoints it holds (none is opened)
+        data = repository_summary(several.repository)
     except Exception as exc:  # noqa: BLE001 - the CLI turns every failure into one line
         fail(exc, verbose)
     click.echo(json.dumps(data, indent=2) if as_json else render(data))

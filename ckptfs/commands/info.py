@@ -74,7 +74,33 @@ def _hf_folder(ck: Checkpoint) -> str | None:
     return "available (mount with --hf)" if reason is None else f"none: {reason}"
 
 
+def repository_summary(repository) -> dict[str, Any]:
+    """A folder of several checkpoints (``formats.repository``): each checkpoint, what to name to open it alone,
+    its folder in a mount, its files and their bytes; then the folder's other files. Nothing is opened."""
+    sizes = {name: size for name, (_, size) in repository.files.items()}
+    owned = set(repository.owner())
+    return {
+        "repository": public_name(repository.folder),
+        "checkpoints": [{**m.as_dict(), "src": public_name(m.src),
+                         "bytes": sum(max(0, sizes.get(f, 0)) for f in m.files)} for m in repository.members],
+        "other_files": [name for name in repository.files if name not in owned],
+        "notes": [redact(note) for note in repository.notes],
+    }
+
+
+def _render_repository(info: dict[str, Any]) -> str:
+    lines = [f"repository: {len(info['checkpoints'])} checkpoints (a mount shows each in a folder of its own)"]
+    for row in info["checkpoints"]:
+        lines.append(f"  {row['name']}/  {row['label']}  {format_size(row['bytes'])}  (open alone: {row['src']})")
+    if info["other_files"]:
+        lines.append(f"other files: {', '.join(info['other_files'])}")
+    lines += [f"note: {note}" for note in info["notes"]]
+    return "\n".join(one_line(line) for line in lines)
+
+
 def render(info: dict[str, Any]) -> str:
+    if "checkpoints" in info:
+        return _render_repository(info)
     lines = [f"format: {info['format']}" + (f" v{info['version']}" if info["version"] is not None else ""),
              f"files: {len(info['files'])}" + (f" ({info['files'][0]})" if len(info["files"]) == 1 else ""),
              f"tensors: {info['tensor_count']}",

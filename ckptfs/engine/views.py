@@ -144,16 +144,28 @@ class RawView(View):
 
 
 class FileView(View):
-    """A whole non-tensor file passed through unchanged (config.json of a model folder)."""
+    """A whole file passed through unchanged (config.json of a model folder, the checkpoint's own GGUF),
+    read through the checkpoint's pool; a sequential reader's next bytes are advised to its source."""
+
+    reads_ahead = True
 
     def __init__(self, path: str, sources: SourcePool):
         self.path = path
         self._sources = sources
         self.size = sources.get(path).size
 
+    def ahead(self, start: int, stop: int) -> Ahead:
+        return Ahead(advise=((self.path, start, stop - start),))
+
     def read(self, offset: int, size: int) -> bytes:
         offset, size = self._clip(offset, size)
         return self._sources.get(self.path).pread(offset, size) if size else b""
+
+    def read_into(self, offset: int, target: memoryview) -> int:
+        offset, size = self._clip(offset, len(target))
+        if size:
+            self._sources.get(self.path).pread_into(offset, target[:size])
+        return size
 
 
 class HeaderBodyView(View):

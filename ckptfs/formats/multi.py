@@ -8,7 +8,8 @@ the whole set of rules):
 - a folder: its ``*.safetensors.index.json`` if it holds exactly one; otherwise its only checkpoint — one
   ``.gguf``/``.safetensors`` file or one ``PREFIX-NNNNN-of-NNNNN`` set — plus its other files passed through.
   Several candidates (quantizations side by side, an mmproj file, consolidated.safetensors beside shards)
-  are refused with the list, because guessing would serve a different model than the one meant;
+  are refused with the list, because guessing would serve a different model than the one meant (the
+  refusal carries the folder as a ``formats.repository.Repository``: ``ckptfs mount`` shows it whole);
 - a file: that file; a split-GGUF shard brings its siblings. No pass-through for a named file: naming a
   file says "this checkpoint", not "this model folder".
 
@@ -25,6 +26,7 @@ from ckptfs.core.errors import CheckpointError
 from ckptfs.sources import Folder, LocalFolder, is_file, is_url, normalize, open_folder
 from ckptfs.formats import read_file
 from ckptfs.formats._common import only_checkpoint_errors
+from ckptfs.formats.repository import several_checkpoints
 from ckptfs.formats.safetensors_set import read_index, read_safetensors_set
 from ckptfs.formats.shards import Candidate, FolderScan, name_list, parse_shard_name, scan_folder
 from ckptfs.formats.split_gguf import read_split_gguf, split_keys
@@ -96,18 +98,13 @@ def _read_folder(found: Folder) -> ParsedCheckpoint:
         folder = folder.rstrip(os.sep) or os.sep  # "dir//" and "dir" must join to the same shard paths
         found = LocalFolder(folder)
     scan = _scan(found)
-    if len(scan.indexes) > 1:
-        raise CheckpointError(folder, None, f"holds {len(scan.indexes)} index files ({', '.join(scan.indexes)}): "
-                                            f"name the one to open")
+    if len(scan.indexes) > 1 or (not scan.indexes and len(scan.candidates) > 1):
+        raise several_checkpoints(scan)  # a repository: the mount shows it whole (formats/repository.py)
     if scan.indexes:
         return _read_indexed(scan.path(scan.indexes[0]), scan)
     if not scan.candidates:
         raise CheckpointError(folder, None, "holds no checkpoint (*.gguf, *.safetensors or "
                                             "*.safetensors.index.json)")
-    if len(scan.candidates) > 1:
-        labels = "; ".join(c.label for c in scan.candidates)
-        raise CheckpointError(folder, None, f"holds {len(scan.candidates)} checkpoints ({labels}): name one file "
-                                            f"(a shard of a split GGUF stands for its set) or an index file")
     parsed = _read_candidate(scan.candidates[0])
     _add_passthrough(parsed, scan, index=None)
     return parsed

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 
 from ckptfs.sources import Folder, LocalFolder
 
@@ -98,6 +98,8 @@ class FolderScan:
     candidates: tuple[Candidate, ...]
     others: tuple[str, ...]
     broken: tuple[str, ...]
+    #: every regular file listed, name -> size (-1 when the listing does not say), in natural order
+    sizes: Mapping[str, int] = field(default_factory=dict)
 
     def path(self, name: str) -> str:
         return os.path.join(self.folder, name)
@@ -136,4 +138,5 @@ def scan_folder(folder: str | Folder) -> FolderScan:
         members.sort(key=lambda n: parse_shard_name(n).number)
         candidates.append(Candidate(tuple(join(n) for n in members), parse_shard_name(members[0])))
     candidates.sort(key=lambda c: natural_key(os.path.basename(c.paths[0])))
-    return FolderScan(folder.name, tuple(indexes), tuple(candidates), tuple(others), tuple(broken))
+    return FolderScan(folder.name, tuple(indexes), tuple(candidates), tuple(others), tuple(broken),
+                      {name: files[name] for name in names})

@@ -8,12 +8,14 @@ twice.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import threading
 from dataclasses import dataclass
 
 from ckptfs.checkpoint.api import OpenOptions, open_with
+from ckptfs.formats.repository import SeveralCheckpoints
 from ckptfs.tree.layout import tensor_providers
 from ckptfs.tree.mount_tree import MountTree
 from ckptfs.fs.binding import Binding, load_binding
@@ -26,6 +28,7 @@ from ckptfs.fs.mountpoint import (MountpointLock, check_answers, check_dev_fuse,
 from ckptfs.fs.operations import CkptOperations
 from ckptfs.fs.options import MountOptions, as_usage_error, parse_options
 from ckptfs.util.redact import hide_in_argv, strip_url
+from ckptfs.core.options import absolute
 
 __all__ = ["MountRequest", "MountError", "run_mount", "unmount"]
 
@@ -91,6 +94,7 @@ def run_mount(request: MountRequest) -> int:
 
 def _prepare(request: MountRequest) -> _Plan:
     """Every check that can be made before forking, cheapest and most likely first."""
+    request = _resolved(request)
     options = parse_options(request.options)
     mountpoint = check_mountpoint(request.mountpoint, allow_nonempty=options.nonempty)
     check_dev_fuse()
@@ -98,10 +102,67 @@ def _prepare(request: MountRequest) -> _Plan:
     check_fusermount(binding.fusermount)
     metrics = _metrics_address(request.metrics)
     log_file = _open_log(request.log_file)
-    checkpoint = open_with(request.src, request.open_options)
-    return _Plan(request, mountpoint, options, binding,
-                 MountTree(checkpoint, providers=tensor_providers(request.layout),
-                           extra=_virtual_files(request)), log_file, metrics)
+    try:
+        checkpoint = open_with(request.src, request.open_options)
+    except SeveralCheckpoints as several:  # a folder of several checkpoints: mounted whole
+        tree = _repository_tree(request, several.repository)
+    else:
+        tree = MountTree(checkpoint, providers=tensor_providers(request.layout), extra=_virtual_files(request))
+    return _Plan(request, mountpoint, options, binding, tree, log_file, metrics)
+
+
+def _repository_tree(request: MountRequest, repository):
+    """The tree of a repository folder (ckptfs.tree.repository): its files through a pool with the request's
+    remote options and mirrors, each checkpoint opened with the request's options on first access (a folder
+    mirror gives each member file its own mirror, the file of the same name there)."""
+    import time
+
+    from ckptfs.sources import SourcePool
+    from ckptfs.tree.repository import RepositoryTree
+
+    src, options = request.src, request.open_options
+    if options.manifest is not None:
+        raise MountError(f"--manifest describes one checkpoint and {_mount_name(src)} holds "
+                         f"{len(repository.members)}: mount the file it describes", exit_code=2)
+    plan = None
+    if options.needs_source_plan(src):
+        from ckptfs.sources.plan import SourcePlan
+
+        plan = SourcePlan(src, options.mirrors, timeout=options.timeout, stall_timeout=options.stall_timeout,
+                          cache_dir=options.cache_dir, cache_dir_size=options.cache_dir_size,
+                          cache_key_file=options.cache_key_file)
+    pool = SourcePool(options.max_open_files, opener=plan.opener if plan is not None else None,
+                      wrapper=plan.wrapper() if plan is not None else None)
+    mirror_set = None
+    if options.mirrors:
+        from ckptfs.sources.mirror import MirrorSet
+
+        mirror_set = MirrorSet(repository.folder, list(options.mirrors), is_folder=True)
+
+    def open_member(member):
+        mirrors = tuple(mirror_set.mirror_name(member.src, m) for m in options.mirrors) if mirror_set else ()
+        return open_with(member.src, OpenOptions.build(options, mirrors=mirrors))
+
+    for note in repository.notes:
+        log.warning("%s: %s", _mount_name(src), note)
+    mtime_ns = time.time_ns() if "://" in src else os.stat(repository.folder).st_mtime_ns
+    return RepositoryTree(repository, open_member, pool, providers=tensor_providers(request.layout),
+                          extra=_virtual_files(request), cache_capacity=options.cache_size,
+                          read_scope=plan.read_scope if plan is not None else None, mtime_ns=mtime_ns)
+
+
+def _resolved(request: MountRequest) -> MountRequest:
+    """The request with SRC and the log file named absolutely (``~`` expanded, links kept; the open options'
+    paths are absolute already, ``OpenOptions.build``): the daemon runs in ``/`` and opens files long after
+    this (the shards behind model.gguf, the log file when reopened), and logs SRC by this name."""
+    def local(path):
+        if path is None:
+            return None
+        path = absolute(os.fspath(path))
+        # "." components and doubled slashes go (safe after a link too); a name with ".." stays as given
+        return path if "://" in path or ".." in path.split("/") else os.path.normpath(path)
+
+    return dataclasses.replace(request, src=local(request.src), log_file=local(request.log_file))
 
 
 def _virtual_files(request: MountRequest) -> list:

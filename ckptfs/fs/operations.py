@@ -115,7 +115,8 @@ def _read_only(method: Callable) -> Callable:
 
 
 class CkptOperations:
-    """Serves one ``MountTree``; ``on_ready`` is called once libfuse has mounted (its ``init``)."""
+    """Serves one ``MountTree`` (or a ``RepositoryTree``: the same interface over several checkpoints);
+    ``on_ready`` is called once libfuse has mounted (its ``init``)."""
 
     use_ns = True  # times as integer nanoseconds (both bindings)
 
@@ -125,12 +126,12 @@ class CkptOperations:
         self.counters = counters if counters is not None else MountCounters()
         self._causes = OncePerCause()
         self._kinds: dict[str, str] = {}
-        instrument_decoding(tree.checkpoint, self.counters.decode)
+        tree.each_checkpoint(lambda ck: instrument_decoding(ck, self.counters.decode))
         self._on_ready = on_ready
         self._describe = dict(describe or {})
         self._uid, self._gid = os.getuid(), os.getgid()
         # remote checkpoints: one --timeout for a whole FUSE read, however many source reads it takes
-        self._read_scope = tree.checkpoint.read_scope
+        self._read_scope = tree.read_scope
         mtime_ns = tree.mtime_ns
         self._times = {"st_atime": mtime_ns, "st_mtime": mtime_ns, "st_ctime": mtime_ns}
         self._root_attrs = self._attrs(DIR_MODE, 0, nlink=2)
@@ -138,9 +139,9 @@ class CkptOperations:
         self._file_attrs: dict[str, dict[str, int]] = {}
         self._handles: dict[int, View] = {}
         use_one_malloc_arena()  # a memory bound, not a speed-up to switch off (fs/kernel.py)
-        self._prefetch = Prefetcher.from_env(tree.checkpoint.sources, tree.checkpoint.cache.capacity)
+        self._prefetch = Prefetcher.from_env(tree.sources, tree.cache.capacity)
         self._next_handle = itertools.count(1)
-        self._stored_bytes = sum(tree.checkpoint.sources.get(f).size for f in tree.checkpoint.files)
+        self._stored_bytes = tree.stored_bytes()
 
     # -- lookups -----------------------------------------------------------------------------------
 
@@ -182,7 +183,7 @@ class CkptOperations:
         tearing the session down and cannot report an error)."""
         try:
             self._prefetch.close(wait=False)
-            self.tree.checkpoint.close()
+            self.tree.close()
         except Exception:  # noqa: BLE001
             log.exception("closing the checkpoint at unmount failed")
 
@@ -295,7 +296,7 @@ class CkptOperations:
 
     def stats(self) -> dict[str, Any]:
         """What ``user.ckptfs.stats`` on the root holds: the tree's counters, the daemon's pid, the binding."""
-        return {**self.tree.stats(), **service_stats(self.tree.checkpoint, self.counters.decode.total_bytes()),
+        return {**self.tree.stats(), **service_stats(self.tree, self.counters.decode.total_bytes()),
                 "pid": os.getpid(), "open_handles": len(self._handles), **self._describe}
 
     # -- every write operation: EROFS ---------------------------------------------------------------

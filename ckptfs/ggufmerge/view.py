@@ -22,6 +22,7 @@ from ckptfs.formats._prefix import FilePrefix
 from ckptfs.formats.gguf import ALIGNMENT_KEY, DEFAULT_ALIGNMENT, GGML_TYPE_NAMES, MAGIC
 from ckptfs.formats.gguf_values import ValueWalker
 from ckptfs.engine.views import HeaderBodyView
+from ckptfs.sources import ByteSource
 
 SPLIT_PREFIX = "split."
 MERGED_FILE = "model.gguf"
@@ -46,9 +47,11 @@ def why_not_merged(ck: Checkpoint) -> str | None:
     return None
 
 
-def _raw_pairs(path: str) -> list[tuple[str, bytes]]:
-    """(key, the key/value pair's bytes as stored) for every metadata entry of a little-endian GGUF."""
-    with FilePrefix(path) as prefix:
+def _raw_pairs(path: str, source: ByteSource) -> list[tuple[str, bytes]]:
+    """(key, the key/value pair's bytes as stored) for every metadata entry of a little-endian GGUF, read
+    through the checkpoint's own source of it (its pool opens a relative name from where it was given, and a
+    remote one with its options and mirrors)."""
+    with FilePrefix(path, source) as prefix:
         walker = ValueWalker(prefix, "<")
         count = walker.u64(16, "metadata count")
         pos, pairs = 24, []
@@ -83,7 +86,7 @@ class MergedGgufView(HeaderBodyView):
         if reason is not None:
             raise ValueError(f"no merged GGUF: {reason}")
         self._sources = ck.sources
-        pairs = [(k, raw) for k, raw in _raw_pairs(ck.files[0]) if not k.startswith(SPLIT_PREFIX)]
+        pairs = [(k, raw) for k, raw in _raw_pairs(ck.files[0], ck.sources.get(ck.files[0])) if not k.startswith(SPLIT_PREFIX)]
         alignment = ck.metadata.get(ALIGNMENT_KEY, DEFAULT_ALIGNMENT)
         infos = [t.info for t in ck.tensors]
         relative, pos = [], 0

@@ -7,9 +7,10 @@ hold ``/``: folders are created implicitly, so a provider can add a whole folder
 
 Default content: for every tensor ``STEM.raw`` and ``STEM.meta.json``, and ``STEM.npy`` when the tensor can be
 decoded (unknown storage types are raw-only; a virtual tensor — a GPTQ/AWQ view — has no ``.raw``); then
-``metadata.json``; then a model folder's other files, passed through. Tensor files win a name clash with a
-pass-through file, which then gets ``~2``, ``~3``... before its extension, so nothing the folder holds is
-dropped. For every later provider the earlier entry wins and the clashing one is left out with a log line.
+``metadata.json``; then a model folder's other files, passed through; then the checkpoint's own files (the
+file named, or every shard) under their own names. Tensor files and ``metadata.json`` win a name clash with a
+pass-through or checkpoint file, which then gets ``~2``, ``~3``... before its extension, so nothing the
+checkpoint or its folder holds is dropped. For every later provider the earlier entry wins and the clashing one is left out with a log line.
 Views are created on first lookup; JSON is built on first access.
 """
 
@@ -18,7 +19,9 @@ from __future__ import annotations
 import functools
 import logging
 import math
+import os
 import threading
+import urllib.parse
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
@@ -26,6 +29,7 @@ import numpy as np
 
 from ckptfs.checkpoint.api import Checkpoint, decode_plan
 from ckptfs.util.jsonutil import dumps_bytes
+from ckptfs.util.redact import strip_url
 from ckptfs.tree.names import assign_stems
 from ckptfs.engine.views import BytesView, FileView, NpyView, RawView, View, npy_header
 
@@ -131,25 +135,30 @@ def passthrough_files(ck: Checkpoint) -> Iterable[Entry]:
 
 
 def checkpoint_files(ck: Checkpoint) -> Iterable[Entry]:
-    """A mounted model folder (or index file) also serves its checkpoint files (shards, GGUF files) under
-    their own names, so tools that load the folder (``from_pretrained``, vLLM, llama.cpp) load it through the
-    mount; naming one file mounts that checkpoint alone, without it."""
-    import os
-
-    if "://" in ck.src:
-        from ckptfs.sources.plan import names_folder  # the remote modules only for a remote checkpoint
-
-        folder = names_folder(ck.src)
-    else:
-        folder = os.path.isdir(ck.src)
-    if not (folder or ck.src.endswith(".index.json")):
-        return
+    """The checkpoint's own files (the file named, a split set's shards, a model folder's shards) under their
+    own names, byte for byte, so that a tool that loads files rather than tensors (llama.cpp, ``from_pretrained``,
+    vLLM) loads them through the mount, a remote one fetched per range as read. Read through the checkpoint's
+    own pool: the sources its tensors are served from, pinned at open, never a second reader."""
     for path in ck.files:
-        name = path.rstrip("/").rsplit("/", 1)[-1] if "://" in path else os.path.basename(path)
-        yield Entry(name, "file", functools.partial(FileView, path, ck.sources))
+        yield Entry(own_name(path, ck.format), "file", functools.partial(FileView, path, ck.sources))
+
+
+def own_name(path: str, file_format: str = "gguf") -> str:
+    """The name a checkpoint file has in a mount: the last part of its path, or of a URL's path (no query, no
+    fragment: a presigned URL's signature is not a name; an ``http(s)`` name percent-decoded)."""
+    if "://" not in path:
+        return os.path.basename(path.rstrip("/")) or f"model.{file_format}"
+    scheme, _, rest = strip_url(path).partition("://")
+    name = rest.rstrip("/").rsplit("/", 1)[-1] if "/" in rest.rstrip("/") else ""
+    if scheme.lower() in ("http", "https"):
+        decoded = urllib.parse.unquote(name)
+        name = decoded if decoded and "/" not in decoded and "\0" not in decoded else name
+    return name if name and name not in (".", "..") else f"model.{file_format}"
 
 
 DEFAULT_PROVIDERS: tuple[Provider, ...] = (tensor_files, metadata_file, passthrough_files, checkpoint_files)
+#: Providers of files a checkpoint or its folder really holds: on a clash they are numbered, never left out.
+RENUMBERED = (passthrough_files, checkpoint_files)
 
 
 def _numbered(name: str, n: int) -> str:
@@ -178,7 +187,7 @@ class MountTree:
             if isinstance(files, TensorFiles) and self._tensor_files is None:
                 self._add_tensor_files(files)
                 continue
-            renumber = provider is passthrough_files
+            renumber = provider in RENUMBERED
             for entry in files:
                 self._add(entry, renumber)
         self.mtime_ns = max((s.mtime_ns for s in checkpoint.sources.sources()), default=0)
@@ -296,6 +305,32 @@ class MountTree:
             if view is None:
                 view = self._views[path] = make()
         return view
+
+    # -- what the filesystem asks of the checkpoints behind the tree (a repository tree has several) --------
+
+    @property
+    def sources(self):
+        """The pool the mount's read-ahead advises through."""
+        return self.checkpoint.sources
+
+    @property
+    def cache(self):
+        """The cache the mount's stats report (its ``capacity`` bounds the read-ahead)."""
+        return self.checkpoint.cache
+
+    @property
+    def read_scope(self):
+        """A context bounding each FUSE read by ``--timeout`` (remote checkpoints), or None."""
+        return getattr(self.checkpoint, "read_scope", None)
+
+    def each_checkpoint(self, hook: Callable[[Checkpoint], None]) -> None:
+        hook(self.checkpoint)
+
+    def stored_bytes(self) -> int:
+        return sum(self.checkpoint.sources.get(f).size for f in self.checkpoint.files)
+
+    def close(self) -> None:
+        self.checkpoint.close()
 
     def stats(self) -> dict:
         """Counters for monitoring and benchmarks: the memory cache (``cache``, as always), every configured
