@@ -6,9 +6,11 @@ The :class:`Prefetcher` watches each open file handle: once a read starts where 
 decodes the next groups into the shared block cache on a small worker pool (the C kernels release the GIL,
 so on two cores the decode overlaps the FUSE thread's copying), and advises the kernel about the stored
 bytes those groups will read (``POSIX_FADV_WILLNEED``; ``SEQUENTIAL`` once per stream), so the worker's
-``pread`` finds them in the page cache. A read that jumps elsewhere ends the stream: queued work for it is
-skipped. Read-ahead never holds more than a fraction of the cache: at most 1/8 of it ahead of one stream
-and 1/4 in flight over all streams, so it cannot evict what readers are using.
+``pread`` finds them in the page cache (a remote source starts fetching them). A read that jumps elsewhere
+ends the stream: queued work for it is skipped. Read-ahead never holds more than a fraction of the cache:
+at most 1/8 of it ahead of one stream and 1/4 in flight over all streams, so it cannot evict what readers
+are using. Streams are recognized by the one sequential detector and the decoding runs on the process's
+read-ahead scheduler (``ckptfs.readahead``: its ``decode`` pool, within its byte budget).
 
 What lies ahead is the view's to say (``View.ahead``): the stored bytes to advise and the decoding jobs
 (block groups) that cover the next bytes of the file, so a new kind of view gets read-ahead by answering it.
@@ -25,11 +27,13 @@ import logging
 import os
 import threading
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from concurrent.futures import Future
+from concurrent.futures import wait as wait_for
+from dataclasses import dataclass, field
 
-from ckptfs.sources import SourcePool
 from ckptfs.engine.views import View
+from ckptfs.readahead import SCHEDULER, Scheduler, SequentialRun
+from ckptfs.sources import SourcePool
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +41,6 @@ PREFETCH_ENV = "CKPTFS_PREFETCH"
 MAX_AHEAD_BYTES = 8 << 20
 STREAM_SHARE = 8  # ahead of one stream: at most capacity / 8
 TOTAL_SHARE = 4  # in flight over all streams: at most capacity / 4
-WORKERS = 1
 
 
 def enabled_from_env() -> bool:
@@ -53,8 +56,7 @@ class _Stream:
     """What one open file handle has read, and how far ahead of it work is scheduled."""
 
     view: View
-    end: int = -1
-    run: int = 0
+    run: SequentialRun = field(default_factory=SequentialRun)
     ahead_until: int = 0
     generation: int = 0
     advised: bool = False
@@ -64,19 +66,19 @@ class _Stream:
 class Prefetcher:
     """Per-handle sequential detection and bounded background decoding (see the module docstring)."""
 
-    def __init__(self, sources: SourcePool, cache_capacity: int, enabled: bool = True, workers: int = WORKERS,
-                 decode_ahead: bool = True):
+    def __init__(self, sources: SourcePool, cache_capacity: int, enabled: bool = True, decode_ahead: bool = True,
+                 scheduler: Scheduler = SCHEDULER):
         self.enabled = enabled
         self.decode_ahead = decode_ahead and cache_capacity > 0
         self._sources = sources
         # decoded data ahead must fit the cache; advice alone costs no memory of ours
         self._ahead = min(MAX_AHEAD_BYTES, cache_capacity // STREAM_SHARE) if self.decode_ahead else MAX_AHEAD_BYTES
-        self._budget = cache_capacity // TOTAL_SHARE
-        self._in_flight = 0
+        self._share = cache_capacity // TOTAL_SHARE  # this cache's cap on decoded bytes in flight
+        self._scheduler = scheduler
         self._streams: dict[int, _Stream] = {}
         self._lock = threading.Lock()
-        self._workers = workers
-        self._pool: ThreadPoolExecutor | None = None  # started on first use: never before a fork
+        self._pending: set[Future] = set()
+        self._closed = False
 
     @classmethod
     def from_env(cls, sources: SourcePool, cache_capacity: int) -> Prefetcher:
@@ -100,18 +102,17 @@ class Prefetcher:
         if stream is None:
             return
         with self._lock:
-            slack = 4 * max(size, 128 << 10)  # concurrent readahead requests may arrive slightly out of order
-            if stream.end >= 0 and -slack <= offset - stream.end <= slack:
-                stream.run += 1
-                stream.end = max(stream.end, offset + size)
-            else:
-                if stream.run:
+            was_streaming = stream.run.streak > 0
+            # concurrent readahead requests may arrive slightly out of order
+            if not stream.run.observe(offset, size, slack=4 * max(size, 128 << 10)):
+                if was_streaming:
                     stream.generation += 1  # the access turned random: skip what is queued for it
-                stream.run, stream.end, stream.ahead_until = 0, offset + size, 0
+                stream.ahead_until = 0
                 return
-            start = max(stream.end, stream.ahead_until)
-            stop = min(stream.view.size, stream.end + self._ahead)
-            if stop <= start or start - stream.end > self._ahead // 2:
+            end = stream.run.end
+            start = max(end, stream.ahead_until)
+            stop = min(stream.view.size, end + self._ahead)
+            if stop <= start or start - end > self._ahead // 2:
                 return  # at end of file, or more than half a window is already ahead
             first = not stream.advised
             stream.advised = True
@@ -131,36 +132,34 @@ class Prefetcher:
             stream.ahead_until = stop
             return
         for until, nbytes, job in plan.decode:
-            with self._lock:
-                if self._in_flight + nbytes > self._budget:
-                    return  # over budget: try again on a later read
-                self._in_flight += nbytes
+            future = self._scheduler.submit("decode", lambda job=job: self._run(stream, generation, job), nbytes,
+                                            cap=self._share)
+            if future is None:
+                return  # over budget: try again on a later read
             stream.ahead_until = until
-            self._pool_started().submit(self._run, stream, generation, job, nbytes)
-
-    def _run(self, stream: _Stream, generation: int, job: Callable[[], None], nbytes: int) -> None:
-        try:
-            if not stream.closed and stream.generation == generation:
-                job()
-        except Exception:  # noqa: BLE001 - a failing group fails the read that needs it, with its own error
-            log.debug("read-ahead job %r failed", job, exc_info=True)
-        finally:
             with self._lock:
-                self._in_flight -= nbytes
+                self._pending.add(future)
+            future.add_done_callback(self._done)
+
+    def _done(self, future: Future) -> None:
+        with self._lock:
+            self._pending.discard(future)
+
+    def _run(self, stream: _Stream, generation: int, job: Callable[[], None]) -> None:
+        """A decode job, unless its stream ended, turned random or this prefetcher closed since it was queued
+        (a failing group fails the read that needs it, with its own error: the scheduler logs it)."""
+        if not self._closed and not stream.closed and stream.generation == generation:
+            job()
 
     def _advise(self, path: str, offset: int, nbytes: int, sequential: bool) -> None:
         if nbytes > 0:
             self._sources.get(path).advise(offset, nbytes, sequential=sequential)
 
-    def _pool_started(self) -> ThreadPoolExecutor:
-        if self._pool is None:
-            with self._lock:
-                if self._pool is None:
-                    self._pool = ThreadPoolExecutor(self._workers, thread_name_prefix="ckptfs-prefetch")
-        return self._pool
-
     def close(self, wait: bool = False) -> None:
-        """Stop the workers: drop queued work, or with ``wait`` finish it first."""
-        if self._pool is not None:
-            self._pool.shutdown(wait=wait, cancel_futures=not wait)
-            self._pool = None
+        """Stop: queued work of this prefetcher is skipped, or with ``wait`` finished first (the scheduler's
+        workers are the process's and stay)."""
+        if wait:
+            with self._lock:
+                pending = list(self._pending)
+            wait_for(pending)
+        self._closed = True
