@@ -118,8 +118,40 @@ def test_streams_are_advised_to_the_kernel(gguf_path, monkeypatch):
     pf.on_read(2, 0, 65536)
     pf.on_read(2, 65536, 65536)
     pf.close(wait=True)
-    q = ck["q"].info
-    assert calls and all(q.offset <= o and o + n <= q.offset + q.stored_nbytes for o, n, _ in calls)
+    q, f = ck["q"].info, ck["f"].info
+    # the stream's own stored bytes first; its window reaches past q.npy's end, so tensor-aware read-ahead
+    # also advises the start of f, the tensor stored next (what a reader of every .npy in turn opens next)
+    assert calls and q.offset <= calls[0][0] and calls[0][0] + calls[0][1] <= q.offset + q.stored_nbytes
+    assert all(q.offset <= o and o + n <= q.offset + q.stored_nbytes or f.offset <= o and o + n <= f.offset + f.stored_nbytes
+               for o, n, _ in calls)
+
+
+@pytest.fixture(scope="module")
+def two_tensors(tmp_path_factory):
+    """Two Q8_0 tensors stored one after the other, and a small F32 between them in name order only."""
+    rng = np.random.default_rng(5)
+    path = tmp_path_factory.mktemp("follow") / "two.gguf"
+    write_gguf(path, {"first": (quantized("Q8_0", (ROWS, COLS), rng), "Q8_0"),
+                      "second": (quantized("Q8_0", (ROWS, COLS), rng), "Q8_0")})
+    return path
+
+
+def test_a_stream_reaching_its_end_goes_on_into_the_next_tensor_stored(two_tensors):
+    ck, tree, pf = setup(two_tensors)
+    first, second = tree.view("first.npy"), tree.view("second.npy")
+    pf.opened(1, first)
+    step = 1 << 20
+    for offset in range(0, first.size, step):  # the whole of first.npy, in 1 MiB reads
+        pf.on_read(1, offset, step)
+        first.read(offset, step)
+    pf.released(1)  # the reader closes it before opening the next file: the work ahead goes on
+    pf.close(wait=True)
+    misses = ck.cache.stats().misses
+    expected = np.asarray(ck["second"])[:64].tobytes()
+    header = len(second.header)
+    assert second.read(header, len(expected)) == expected  # decoded ahead, before second.npy was opened
+    assert ck.cache.stats().misses == misses
+    assert first.following() is not None and second.following() is None  # the file's last tensor
 
 
 def test_direct_types_are_only_advised(gguf_path):

@@ -333,6 +333,14 @@ class TensorList(Sequence):
         info = self.info(index)
         return info.storage_type, info.block_elements, info.byte_order, info.shape
 
+    def positions(self) -> list[tuple[str, int]]:
+        """(source file, data offset) of every stored tensor, from the columns when the descriptors are a
+        TensorTable (no TensorInfo made)."""
+        infos = self._infos
+        if isinstance(infos, TensorTable):
+            return [(infos.source, offset) for offset in infos.offsets]
+        return [(info.source, info.offset) for info in infos]
+
     def names(self) -> list[str]:
         """Every tensor's name in order, without making Tensor objects."""
         return [*tensor_names(self._infos), *(t.name for t in self._extra)]

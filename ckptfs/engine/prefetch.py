@@ -60,6 +60,7 @@ class _Stream:
     ahead_until: int = 0
     generation: int = 0
     advised: bool = False
+    followed: bool = False  # read-ahead has gone on into the next tensor's file (View.following)
     closed: bool = False
 
 
@@ -112,13 +113,20 @@ class Prefetcher:
             end = stream.run.end
             start = max(end, stream.ahead_until)
             stop = min(stream.view.size, end + self._ahead)
-            if stop <= start or start - end > self._ahead // 2:
+            beyond = 0  # bytes of the window past this file's end: the start of the next tensor's file
+            if not stream.followed and end + self._ahead > stream.view.size:
+                stream.followed = True
+                beyond = end + self._ahead - stream.view.size
+            if (stop <= start or start - end > self._ahead // 2) and not beyond:
                 return  # at end of file, or more than half a window is already ahead
             first = not stream.advised
             stream.advised = True
             generation = stream.generation
         try:
-            self._schedule(stream, start, stop, generation, first)
+            if stop > start:
+                self._schedule(stream, start, stop, generation, first)
+            if beyond:
+                self._follow(stream, beyond)
         except Exception:  # noqa: BLE001 - read-ahead is an optimization; the read itself reports errors
             log.debug("read-ahead of %d..%d failed", start, stop, exc_info=True)
 
@@ -132,14 +140,34 @@ class Prefetcher:
             stream.ahead_until = stop
             return
         for until, nbytes, job in plan.decode:
-            future = self._scheduler.submit("decode", lambda job=job: self._run(stream, generation, job), nbytes,
-                                            cap=self._share)
-            if future is None:
+            if not self._submit(lambda job=job: self._run(stream, generation, job), nbytes):
                 return  # over budget: try again on a later read
             stream.ahead_until = until
-            with self._lock:
-                self._pending.add(future)
-            future.add_done_callback(self._done)
+
+    def _follow(self, stream: _Stream, nbytes: int) -> None:
+        """Tensor-aware read-ahead: a stream reaching its file's end goes on into the file of the tensor stored
+        next (``View.following``), whose first ``nbytes`` are advised and decoded now, before the reader opens
+        it. That work outlives the handle (the reader closes this file to open the next)."""
+        following = stream.view.following()
+        if following is None or not following.reads_ahead:
+            return
+        plan = following.ahead(0, min(following.size, nbytes))
+        for name, offset, size in plan.advise:
+            self._advise(name, offset, size, False)
+        if self.decode_ahead:
+            for _, size, job in plan.decode:
+                if not self._submit(lambda job=job: None if self._closed else job(), size):
+                    return
+
+    def _submit(self, job: Callable[[], None], nbytes: int) -> bool:
+        """Queue a decode job on the scheduler within this cache's share; False when over budget."""
+        future = self._scheduler.submit("decode", job, nbytes, cap=self._share)
+        if future is None:
+            return False
+        with self._lock:
+            self._pending.add(future)
+        future.add_done_callback(self._done)
+        return True
 
     def _done(self, future: Future) -> None:
         with self._lock:

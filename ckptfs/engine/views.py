@@ -39,6 +39,9 @@ class View:
     size: int
     #: Whether a sequential reader of this view gains from read-ahead (``ahead`` says what lies ahead).
     reads_ahead = False
+    #: The view a reader of this one's end is likely to read next (the next tensor's file: tensor-aware
+    #: read-ahead continues into it), or None. A callable, so that it is made only when asked for.
+    following: Callable[[], View | None] = staticmethod(lambda: None)
 
     def read(self, offset: int, size: int) -> bytes:  # pragma: no cover - interface
         raise NotImplementedError

@@ -82,6 +82,7 @@ class TensorFiles:
         self.ck = ck
         self.stems = list(stems) if stems is not None else tensor_stems(ck)
         self._dtypes: dict[tuple[str, int, str], np.dtype | None] = {}  # served dtype by storage layout
+        self._next_stored: dict[int, int] | None = None  # tensor index -> the index stored after it
 
     def kinds(self, index: int) -> tuple[str, ...]:
         """The kinds of file tensor ``index`` has, in listing order."""
@@ -102,10 +103,27 @@ class TensorFiles:
     def view(self, index: int, kind: str) -> View:
         tensor = self.ck.tensors[index]
         if kind == "npy":
-            return NpyView(tensor.data)
-        if kind == "raw":
-            return RawView(tensor.info, self.ck.sources)
-        return BytesView(lambda: dumps_bytes(tensor.meta))
+            view = NpyView(tensor.data)
+        elif kind == "raw":
+            view = RawView(tensor.info, self.ck.sources)
+        else:
+            return BytesView(lambda: dumps_bytes(tensor.meta))
+        view.following = functools.partial(self.following, index, kind)
+        return view
+
+    def following(self, index: int, kind: str) -> View | None:
+        """The same kind of file of the tensor stored right after tensor ``index`` in its file: what a reader
+        streaming a checkpoint's tensors in file order (a loader, ``cp -r``) opens next, so read-ahead can
+        start on it before it is opened. None at a file's last tensor, or when that tensor has no such file."""
+        if self._next_stored is None:
+            positions = self.ck.tensors.positions()
+            order = sorted(range(len(positions)), key=positions.__getitem__)
+            self._next_stored = {a: b for a, b in zip(order, order[1:])
+                                 if positions[a][0] == positions[b][0] and positions[b][1] > positions[a][1]}
+        following = self._next_stored.get(index)
+        if following is None or kind not in self.kinds(following):
+            return None
+        return self.view(following, kind)
 
     def __iter__(self) -> Iterator[Entry]:
         suffix = self.SUFFIX_OF
