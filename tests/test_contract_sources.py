@@ -36,7 +36,7 @@ from ckptfs.integrity.manifest import build_manifest
 from ckptfs.sources.base import ByteSource
 from ckptfs.sources.local import FileSource
 from ckptfs.sources.mirror import MirrorSource
-from ckptfs.sources.registry import open_source
+from ckptfs.sources.registry import Opener
 
 FILES = ("model.gguf", "other.gguf")
 TIMEOUT = 10.0
@@ -116,10 +116,9 @@ def http_kind(blobs, tmp_path_factory):
 
 def _remote(url: str) -> ByteSource:
     """``url`` opened through the scheme registry with fresh remote options."""
-    from ckptfs.sources.remote.transport import RemoteOptions, using
+    from ckptfs.sources.remote.transport import RemoteOptions
 
-    with using(RemoteOptions(timeout=TIMEOUT, stall_timeout=2)):
-        return open_source(url)
+    return Opener(RemoteOptions(timeout=TIMEOUT, stall_timeout=2)).source(url)
 
 
 @pytest.fixture(scope="module")

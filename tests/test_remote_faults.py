@@ -18,9 +18,9 @@ import pytest
 pytest.importorskip("urllib3")
 
 from ckptfs.core.errors import CheckpointError  # noqa: E402
-from ckptfs.sources import open_source  # noqa: E402
+from ckptfs.sources import Opener  # noqa: E402
 from ckptfs.sources.netstats import COUNTERS  # noqa: E402
-from ckptfs.sources.remote.transport import RemoteOptions, using  # noqa: E402
+from ckptfs.sources.remote.transport import RemoteOptions  # noqa: E402
 from faultproxy import FaultProxy  # noqa: E402
 from servers import Nginx, require_nginx  # noqa: E402
 
@@ -47,8 +47,7 @@ def proxy(upstream):
 
 
 def _open_url(url: str, timeout=TIMEOUT, stall=STALL, retries=4):
-    with using(RemoteOptions(timeout=timeout, stall_timeout=stall, max_retries=retries)):
-        return open_source(url)
+    return Opener(RemoteOptions(timeout=timeout, stall_timeout=stall, max_retries=retries)).source(url)
 
 
 def _open(proxy, **options):
@@ -132,9 +131,8 @@ def test_unreachable_server_is_one_line_at_open(tmp_path):
     from servers import free_port
 
     port = free_port()
-    with using(RemoteOptions(timeout=2.0, stall_timeout=0.5)):
-        with pytest.raises(CheckpointError, match="cannot open: connection failed") as info:
-            open_source(f"http://127.0.0.1:{port}/model.gguf")
+    with pytest.raises(CheckpointError, match="cannot open: connection failed") as info:
+        Opener(RemoteOptions(timeout=2.0, stall_timeout=0.5)).source(f"http://127.0.0.1:{port}/model.gguf")
     assert "\n" not in str(info.value)
 
 

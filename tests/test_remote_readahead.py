@@ -12,9 +12,9 @@ import pytest
 
 pytest.importorskip("urllib3")
 
-from ckptfs.sources import open_source  # noqa: E402
+from ckptfs.sources import Opener  # noqa: E402
 from ckptfs.cache.chunks import CHUNK  # noqa: E402
-from ckptfs.sources.remote.transport import RemoteOptions, using  # noqa: E402
+from ckptfs.sources.remote.transport import RemoteOptions  # noqa: E402
 from servers import Nginx, require_nginx  # noqa: E402
 
 MiB = 1 << 20
@@ -42,8 +42,7 @@ def _ranges(server: Nginx, before: int, name: str) -> list[tuple[int, int]]:
 
 
 def _open(server: Nginx, name: str):
-    with using(RemoteOptions(timeout=10, stall_timeout=2)):
-        return open_source(f"{server.url}/{name}")
+    return Opener(RemoteOptions(timeout=10, stall_timeout=2)).source(f"{server.url}/{name}")
 
 
 def test_sequential_reads_are_fetched_ahead_in_large_requests(blob):

@@ -23,7 +23,7 @@ from ckptfs.core.features import feature
 from ckptfs.core.options import DEFAULT_CACHE_BYTES, OpenOptions, absolute
 from ckptfs.engine.blocks import UNCACHED_STEP_BYTES, TensorData
 from ckptfs.quant import DTYPE_MODES, Codec, codec_for, output_dtype
-from ckptfs.sources import ByteSource, SourcePool, checkpoint_content_id
+from ckptfs.sources import DEFAULT_OPENER, ByteSource, SourcePool, checkpoint_content_id
 
 __all__ = ["open", "opened", "Checkpoint", "Tensor", "TensorList", "OpenOptions", "DEFAULT_CACHE_BYTES",
            "decode_plan"]
@@ -495,8 +495,7 @@ def open_with(src, options: OpenOptions) -> Checkpoint:
         plan = SourcePlan(src, options.mirrors, timeout=options.timeout, stall_timeout=options.stall_timeout,
                           cache_dir=options.cache_dir, cache_dir_size=options.cache_dir_size,
                           cache_key_file=options.cache_key_file)
-    with plan.opening() if plan is not None else contextlib.nullcontext():
-        parsed = read_checkpoint(src)
+    parsed = read_checkpoint(src, plan.header_opener() if plan is not None else DEFAULT_OPENER)
     wrapper = None
     if options.manifest is not None:
         wrapper = feature("checked_reads")(options.manifest, parsed)

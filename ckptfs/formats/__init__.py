@@ -16,6 +16,7 @@ from ckptfs.core.descriptors import ParsedCheckpoint
 from ckptfs.core.errors import CheckpointError
 from ckptfs.formats._common import only_checkpoint_errors
 from ckptfs.formats._prefix import FilePrefix
+from ckptfs.sources import DEFAULT_OPENER, Opener
 from ckptfs.formats.gguf import MAGIC as GGUF_MAGIC
 from ckptfs.formats.gguf import read_gguf
 from ckptfs.formats.safetensors import MAX_HEADER_SIZE, read_safetensors
@@ -42,7 +43,7 @@ _HINTS: tuple[tuple[bytes, str], ...] = (
 
 
 @only_checkpoint_errors
-def detect(path: str) -> str:
+def detect(path: str, opener: Opener = DEFAULT_OPENER) -> str:
     """``"gguf"`` or ``"safetensors"``, judged by content; CheckpointError for anything else.
 
     GGUF: the magic ``GGUF``. safetensors: an 8-byte little-endian header length between 2 and the format's
@@ -50,7 +51,7 @@ def detect(path: str) -> str:
     still recognised (the reader then reports the cut-short header precisely); a length beyond the cap
     before a ``{`` is a safetensors file whose header the format forbids, and the error says so.
     """
-    with FilePrefix(path) as prefix:
+    with FilePrefix(path, opener=opener) as prefix:
         head = prefix.read_at(0, 64)
         if head[:4] == GGUF_MAGIC:
             return "gguf"
@@ -96,6 +97,6 @@ def _looks_like_safetensors(prefix: FilePrefix, head: bytes) -> bool:
 
 
 @only_checkpoint_errors
-def read_file(path: str) -> ParsedCheckpoint:
-    """Detect the format of one file and read its header."""
-    return READERS[detect(path)](os.fspath(path))
+def read_file(path: str, opener: Opener = DEFAULT_OPENER) -> ParsedCheckpoint:
+    """Detect the format of one file and read its header (the file opened through ``opener``)."""
+    return READERS[detect(path, opener)](os.fspath(path), opener)

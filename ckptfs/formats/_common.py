@@ -46,7 +46,7 @@ def raw_extent(offset: int, sorted_offsets: Sequence[int], file_size: int) -> in
     return max(0, min(end, file_size) - offset)
 
 
-def only_checkpoint_errors(reader: Callable[[str], R]) -> Callable[[str], R]:
+def only_checkpoint_errors(reader: Callable[..., R]) -> Callable[..., R]:
     """Let nothing but ``CheckpointError`` escape a reader.
 
     Hostile headers are meant to be caught by explicit checks, but a reader is the boundary between
@@ -56,10 +56,10 @@ def only_checkpoint_errors(reader: Callable[[str], R]) -> Callable[[str], R]:
     """
 
     @functools.wraps(reader)
-    def wrapper(path: str) -> R:
+    def wrapper(path: str, *args, **kwargs) -> R:  # the path, then the reader's own (an Opener)
         path = os.fspath(path)
         try:
-            return reader(path)
+            return reader(path, *args, **kwargs)
         except CheckpointError:
             raise
         except Exception as exc:  # noqa: BLE001 - the point is to convert everything

@@ -13,7 +13,7 @@ the field.
 from __future__ import annotations
 
 from ckptfs.core.errors import CheckpointError
-from ckptfs.sources import ByteSource, open_source
+from ckptfs.sources import DEFAULT_OPENER, ByteSource, Opener
 
 #: First read size for a local file: most headers in one read, free for tiny files.
 INITIAL_READ = 256 * 1024
@@ -23,13 +23,13 @@ class FilePrefix:
     """The bytes ``[0, len(self.data))`` of one file, read on demand; ``size`` is the file size at open.
 
     ``source`` may be given (an already open ByteSource, which the prefix then does not close); otherwise
-    ``path`` is opened through ``ckptfs.sources.open_source``.
+    ``path`` is opened through ``opener`` (``ckptfs.sources.Opener``: a checkpoint's remote options, mirrors).
     """
 
-    def __init__(self, path: str, source: ByteSource | None = None):
+    def __init__(self, path: str, source: ByteSource | None = None, opener: Opener = DEFAULT_OPENER):
         self.path = path
         self._owned = source is None
-        self.source = open_source(path) if source is None else source
+        self.source = opener.source(path) if source is None else source
         self.size = self.source.size
         self._initial = max(INITIAL_READ, getattr(self.source, "initial_read", 0))
         self.data = bytearray()

@@ -20,6 +20,7 @@ from ckptfs.core.errors import CheckpointError
 from ckptfs.quant import codec_for, geometry
 from ckptfs.formats._common import INT64_MAX, join_reasons, only_checkpoint_errors, raw_extent, truncation_reason
 from ckptfs.formats._prefix import FilePrefix
+from ckptfs.sources import DEFAULT_OPENER, Opener
 from ckptfs.formats.gguf_values import UNSIGNED_TYPES, ValueEntry, ValueWalker, decode_value, describe, type_name
 from ckptfs.formats.lazy import LazyMetadata
 
@@ -48,9 +49,9 @@ _MIN_TENSOR_INFO = 8 + 4 + 4 + 8       # empty name, n_dims = 0, type, offset
 
 
 @only_checkpoint_errors
-def read_gguf(path: str) -> ParsedCheckpoint:
+def read_gguf(path: str, opener: Opener = DEFAULT_OPENER) -> ParsedCheckpoint:
     """Parse the GGUF file at ``path``; CheckpointError if its header cannot be trusted."""
-    with FilePrefix(path) as prefix:
+    with FilePrefix(path, opener=opener) as prefix:
         return _Parser(prefix).parse()
 
 

@@ -23,7 +23,7 @@ import stat
 
 from ckptfs.core.descriptors import ParsedCheckpoint
 from ckptfs.core.errors import CheckpointError
-from ckptfs.sources import Folder, LocalFolder, is_file, is_url, normalize, open_folder
+from ckptfs.sources import DEFAULT_OPENER, Folder, LocalFolder, Opener, is_url, normalize
 from ckptfs.formats import read_file
 from ckptfs.formats._common import only_checkpoint_errors
 from ckptfs.formats.repository import several_checkpoints
@@ -35,16 +35,17 @@ INDEX_NAME_SUFFIX = ".index.json"
 
 
 @only_checkpoint_errors
-def read_checkpoint(src: str) -> ParsedCheckpoint:
-    """Read whatever ``src`` names into one ParsedCheckpoint (see the module docstring)."""
-    folder = open_folder(src)
+def read_checkpoint(src: str, opener: Opener = DEFAULT_OPENER) -> ParsedCheckpoint:
+    """Read whatever ``src`` names into one ParsedCheckpoint (see the module docstring), opening every file
+    and folder through ``opener`` (a remote checkpoint's options, mirrors)."""
+    folder = opener.folder(src)
     if folder is not None:
-        return _read_folder(folder)
+        return _read_folder(folder, opener)
     if not is_url(src):
         _check_local_file(src)
     if os.path.basename(src).endswith(INDEX_NAME_SUFFIX):
-        return _read_indexed(src, _scan(os.path.dirname(src)))
-    return read_named_file(src)
+        return _read_indexed(src, _scan(os.path.dirname(src), opener), opener)
+    return read_named_file(src, opener)
 
 
 _NOT_FILES = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"))
@@ -65,15 +66,15 @@ def _check_local_file(src: str) -> None:
             raise CheckpointError(src, None, f"is {kind}, not a checkpoint file or folder")
 
 
-def read_named_file(src: str) -> ParsedCheckpoint:
+def read_named_file(src: str, opener: Opener = DEFAULT_OPENER) -> ParsedCheckpoint:
     """One file; a split-GGUF shard brings its whole set."""
-    parsed = read_file(src)
+    parsed = read_file(src, opener)
     base = os.path.basename(src)
     shard = parse_shard_name(base)
     if parsed.format == "gguf":
         keys = split_keys(src, parsed)
         if keys is not None and keys.count > 1:
-            return read_split_gguf(src, parsed, keys)
+            return read_split_gguf(src, parsed, keys, opener)
         if shard is not None and shard.count > 1:
             parsed.notes.append(f"{base} is named like shard {shard.number} of {shard.count} but has no split "
                                 f"keys: served alone")
@@ -83,37 +84,37 @@ def read_named_file(src: str) -> ParsedCheckpoint:
     return parsed
 
 
-def _scan(folder: str | Folder) -> FolderScan:
+def _scan(folder: str | Folder, opener: Opener) -> FolderScan:
     if isinstance(folder, str):
-        folder = open_folder(folder) or LocalFolder(folder)
+        folder = opener.folder(folder) or LocalFolder(folder)
     try:
         return scan_folder(folder)
     except OSError as exc:
         raise CheckpointError(folder.name or ".", None, f"cannot list the folder: {exc.strerror or exc}") from None
 
 
-def _read_folder(found: Folder) -> ParsedCheckpoint:
+def _read_folder(found: Folder, opener: Opener) -> ParsedCheckpoint:
     folder = found.name
     if isinstance(found, LocalFolder):
         folder = folder.rstrip(os.sep) or os.sep  # "dir//" and "dir" must join to the same shard paths
         found = LocalFolder(folder)
-    scan = _scan(found)
+    scan = _scan(found, opener)
     if len(scan.indexes) > 1 or (not scan.indexes and len(scan.candidates) > 1):
         raise several_checkpoints(scan)  # a repository: the mount shows it whole (formats/repository.py)
     if scan.indexes:
-        return _read_indexed(scan.path(scan.indexes[0]), scan)
+        return _read_indexed(scan.path(scan.indexes[0]), scan, opener)
     if not scan.candidates:
         raise CheckpointError(folder, None, "holds no checkpoint (*.gguf, *.safetensors or "
                                             "*.safetensors.index.json)")
-    parsed = _read_candidate(scan.candidates[0])
+    parsed = _read_candidate(scan.candidates[0], opener)
     _add_passthrough(parsed, scan, index=None)
     return parsed
 
 
-def _read_candidate(candidate: Candidate) -> ParsedCheckpoint:
+def _read_candidate(candidate: Candidate, opener: Opener) -> ParsedCheckpoint:
     shard = candidate.shard
     if shard is None or shard.ext == "gguf":
-        parsed = read_named_file(candidate.paths[0])
+        parsed = read_named_file(candidate.paths[0], opener)
         used = {normalize(p) for p in parsed.files}
         left_out = [os.path.basename(p) for p in candidate.paths if normalize(p) not in used]
         if left_out:
@@ -123,16 +124,16 @@ def _read_candidate(candidate: Candidate) -> ParsedCheckpoint:
     folder = os.path.dirname(candidate.paths[0])
     present = set(candidate.paths)
     siblings = [os.path.join(folder, shard.sibling(n)) for n in range(1, shard.count + 1)]
-    return read_safetensors_set(candidate.paths, [p for p in siblings if p not in present])
+    return read_safetensors_set(candidate.paths, [p for p in siblings if p not in present], opener=opener)
 
 
-def _read_indexed(index_path: str, scan: FolderScan) -> ParsedCheckpoint:
-    index = read_index(index_path)
+def _read_indexed(index_path: str, scan: FolderScan, opener: Opener) -> ParsedCheckpoint:
+    index = read_index(index_path, opener)
     present, missing = [], []
     for file in index.shard_files():
         path = index.shard_path(file)
-        (present if is_file(path) else missing).append(path)
-    parsed = read_safetensors_set(present, missing, index)
+        (present if opener.is_file(path) else missing).append(path)
+    parsed = read_safetensors_set(present, missing, index, opener=opener)
     _add_passthrough(parsed, scan, index=os.path.basename(index_path))
     return parsed
 

@@ -29,6 +29,7 @@ from ckptfs.core.errors import CheckpointError
 from ckptfs.quant import codec_for
 from ckptfs.formats._common import only_checkpoint_errors, truncation_reason
 from ckptfs.formats._prefix import FilePrefix
+from ckptfs.sources import DEFAULT_OPENER, Opener
 
 #: dtype name -> bits per element (safetensors ``Dtype``, 0.8.0). Names are case-sensitive.
 DTYPE_BITS: dict[str, int] = {
@@ -64,9 +65,9 @@ class _Pairs(list):
 
 
 @only_checkpoint_errors
-def read_safetensors(path: str) -> ParsedCheckpoint:
+def read_safetensors(path: str, opener: Opener = DEFAULT_OPENER) -> ParsedCheckpoint:
     """Parse the safetensors file at ``path``; CheckpointError if its header breaks the format's rules."""
-    with FilePrefix(path) as prefix:
+    with FilePrefix(path, opener=opener) as prefix:
         header_length, text = _read_header(prefix)
         file_size = prefix.size
     return _Header(path, header_length, file_size).build(text)

@@ -27,7 +27,7 @@ from typing import Any
 
 from ckptfs.core.descriptors import ParsedCheckpoint
 from ckptfs.core.errors import CheckpointError
-from ckptfs.sources import open_source
+from ckptfs.sources import DEFAULT_OPENER, Opener
 from ckptfs.formats import read_file
 from ckptfs.formats.combine import ShardPart, combine, require_format
 from ckptfs.formats.shards import name_list, natural_key
@@ -58,10 +58,10 @@ class ShardIndex:
         return os.path.join(self.folder, file)
 
 
-def read_index(path: str) -> ShardIndex:
+def read_index(path: str, opener: Opener = DEFAULT_OPENER) -> ShardIndex:
     """Parse and validate an index file; CheckpointError if it cannot say which files form the checkpoint."""
     try:
-        source = open_source(path)
+        source = opener.source(path)
     except CheckpointError as exc:
         raise CheckpointError(path, None, f"cannot read the index: {exc.reason}") from None
     try:
@@ -107,7 +107,7 @@ def _shard_file(index_path: str, tensor: str, file: object) -> str:
 
 
 def read_safetensors_set(present: Sequence[str], missing: Sequence[str],
-                         index: ShardIndex | None = None) -> ParsedCheckpoint:
+                         index: ShardIndex | None = None, *, opener: Opener = DEFAULT_OPENER) -> ParsedCheckpoint:
     """Read the shards at ``present`` (shard order) as one checkpoint.
 
     ``missing`` names the shard files that should exist but do not (from the index, or gaps in the numbers of
@@ -120,7 +120,7 @@ def read_safetensors_set(present: Sequence[str], missing: Sequence[str],
     shard_metadata: list[tuple[str, Any]] = []
     version = None
     for path in present:
-        parsed = read_file(path)
+        parsed = read_file(path, opener)
         require_format(path, parsed, "safetensors", "the sharded checkpoint")
         if not parts:
             version = parsed.version

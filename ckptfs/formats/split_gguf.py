@@ -23,7 +23,7 @@ from ckptfs.core.descriptors import ParsedCheckpoint
 from ckptfs.core.errors import CheckpointError
 from ckptfs.formats import read_file
 from ckptfs.formats.combine import ShardPart, combine, require_format
-from ckptfs.sources import is_file
+from ckptfs.sources import DEFAULT_OPENER, Opener
 from ckptfs.formats.shards import parse_shard_name
 
 KEY_NO = "split.no"
@@ -71,7 +71,8 @@ def _integer(path: str, parsed: ParsedCheckpoint, key: str) -> int:
         raise CheckpointError(path, None, f"{key} is not an integer: {value!r}") from None
 
 
-def read_split_gguf(src: str, parsed: ParsedCheckpoint, keys: SplitKeys) -> ParsedCheckpoint:
+def read_split_gguf(src: str, parsed: ParsedCheckpoint, keys: SplitKeys,
+                    opener: Opener = DEFAULT_OPENER) -> ParsedCheckpoint:
     """The whole split set that the shard ``src`` (already read into ``parsed``) belongs to."""
     base = os.path.basename(src)
     name = parse_shard_name(base)
@@ -90,11 +91,11 @@ def read_split_gguf(src: str, parsed: ParsedCheckpoint, keys: SplitKeys) -> Pars
         path = os.path.join(folder, name.sibling(number))
         if number == name.number:
             shard = parsed
-        elif not is_file(path):
+        elif not opener.is_file(path):
             missing.append(name.sibling(number))
             continue
         else:
-            shard = read_file(path)
+            shard = read_file(path, opener)
             _check_sibling(path, shard, number, keys, src)
         parts.append(ShardPart.of(path, shard))
         if head is None:

@@ -6,9 +6,9 @@ from ckptfs.sources.base import ByteSource, Folder
 from ckptfs.sources.identity import checkpoint_content_id, local_content_id, remote_content_id, sha256_content_id
 from ckptfs.sources.local import FileSource, LocalFolder
 from ckptfs.sources.pool import SourcePool
-from ckptfs.sources.registry import (is_file, is_url, normalize, open_folder, open_source, register_scheme,
-                                     scheme_of, wrapping)
+from ckptfs.sources.registry import (DEFAULT_OPENER, Opener, is_file, is_url, normalize, open_folder, open_source,
+                                     register_scheme, scheme_of)
 
 __all__ = ["ByteSource", "Folder", "FileSource", "LocalFolder", "SourcePool", "open_source", "open_folder",
-           "register_scheme", "is_url", "is_file", "normalize", "scheme_of", "wrapping", "checkpoint_content_id",
+           "register_scheme", "is_url", "is_file", "normalize", "scheme_of", "Opener", "DEFAULT_OPENER", "checkpoint_content_id",
            "local_content_id", "remote_content_id", "sha256_content_id"]

@@ -30,7 +30,7 @@ from collections.abc import Callable
 from ckptfs.core.errors import CheckpointError, SourceUnavailable, public_name
 from ckptfs.sources.base import ByteSource
 from ckptfs.sources.netstats import COUNTERS
-from ckptfs.sources.remote.transport import REMOTE_INITIAL_READ, check_range, current_options, deadline_scope, fallback_scope, using
+from ckptfs.sources.remote.transport import DEFAULT_OPTIONS, REMOTE_INITIAL_READ, check_range, deadline_scope, fallback_scope
 
 log = logging.getLogger(__name__)
 
@@ -164,7 +164,7 @@ class MirrorSet:
         self.mirrors = [str(m) for m in mirrors]
         self.is_folder = is_folder
         self.member_wrapper = member_wrapper
-        self.options = options or current_options()
+        self.options = options if options is not None else DEFAULT_OPTIONS
 
     def mirror_name(self, name: str, mirror: str) -> str:
         """The name in ``mirror`` of the checkpoint file ``name``."""
@@ -181,12 +181,12 @@ class MirrorSet:
     def open_mirror(self, name: str, primary_name: str, *, at_open: bool = True) -> ByteSource:
         """The mirror ``name`` of ``primary_name``, opened (and wrapped). At open a mirror that cannot be
         reached costs one attempt (``fallback_scope``: no retries spent on it), not the deadline."""
-        from ckptfs.sources.registry import open_source, wrapping
+        from ckptfs.sources.registry import Opener
 
         try:
             # at open, fallback_scope: one attempt, no retries; later, the failing-over read's own scope
-            with using(self.options), wrapping(None), (fallback_scope() if at_open else contextlib.nullcontext()):
-                opened = open_source(name)
+            with fallback_scope() if at_open else contextlib.nullcontext():
+                opened = Opener(self.options).source(name)
         except SourceUnavailable:
             raise
         except CheckpointError as exc:

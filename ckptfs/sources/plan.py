@@ -2,20 +2,21 @@
 
 ``ckptfs.open`` makes one ``SourcePlan`` per checkpoint when a URL, a mirror or a remote option is involved
 (a plain local open never imports this). The plan is applied in both places sources are opened: while the
-headers are read (``opening()``: header readers and folder discovery call ``open_source`` themselves), and
-by the checkpoint's pool afterwards (``opener`` and ``wrapper``), so the same options and mirrors hold for
-every read of the checkpoint, in the mount daemon too.
+headers are read (``header_opener``: the ``ckptfs.sources.Opener`` the header readers and folder discovery
+are handed, without read-ahead), and by the checkpoint's pool afterwards (``opener`` and ``wrapper``), so
+the same options and mirrors hold for every read of the checkpoint, in the mount daemon too.
 """
 
 from __future__ import annotations
 
-import contextlib
+import dataclasses
 import os
 from collections.abc import Callable
 
 from ckptfs.sources.base import ByteSource
-from ckptfs.sources.remote.transport import (DEFAULT_CACHE_DIR_SIZE, DEFAULT_STALL_TIMEOUT, DEFAULT_TIMEOUT, RemoteOptions, deadline_scope,
-                     using)
+from ckptfs.sources.registry import Opener
+from ckptfs.sources.remote.transport import (DEFAULT_CACHE_DIR_SIZE, DEFAULT_STALL_TIMEOUT, DEFAULT_TIMEOUT, RemoteOptions,
+                                             deadline_scope)
 
 _FILE_SUFFIXES = (".gguf", ".safetensors", ".json")
 
@@ -48,31 +49,27 @@ class SourcePlan:
         self.mirrors = [os.fspath(m) if not isinstance(m, str) else m for m in (mirrors or ())]
         self._folder = names_folder(src) if self.mirrors else False
 
-    def _mirror_set(self, member_wrapper=None):
+    def _mirror_set(self, member_wrapper=None, options: RemoteOptions | None = None):
         if not self.mirrors:
             return None
         from ckptfs.sources.mirror import MirrorSet
 
-        return MirrorSet(self.src, self.mirrors, self._folder, member_wrapper, self.options)
+        return MirrorSet(self.src, self.mirrors, self._folder, member_wrapper, options or self.options)
 
-    @contextlib.contextmanager
-    def opening(self):
-        """Sources opened inside (the header readers') get the options and the mirrors."""
-        from ckptfs.sources.registry import wrapping
-
-        with using(self.options), wrapping(self._mirror_set()):
-            yield
+    def header_opener(self) -> Opener:
+        """What the header readers and folder discovery open sources with: these options without read-ahead
+        (no thread may start before a mount forks its daemon, and the header reader grows its reads itself),
+        and the mirrors."""
+        quiet = dataclasses.replace(self.options, read_ahead=False)
+        return Opener(quiet, self._mirror_set(options=quiet))
 
     def read_scope(self):
         """A context in which every remote read ends by the timeout (a mount wraps each FUSE read in one)."""
         return deadline_scope(self.options.timeout)
 
     def opener(self, name: str, base_dir: str | None = None) -> ByteSource:
-        """The pool's opener: ``open_source`` under these options."""
-        from ckptfs.sources.registry import open_source
-
-        with using(self.options):
-            return open_source(name, base_dir)
+        """The pool's opener: sources under these options (the pool applies the wrapper itself)."""
+        return Opener(self.options).source(name, base_dir)
 
     def wrapper(self, checked=None) -> Callable[[ByteSource], ByteSource] | None:
         """The pool's source wrapper: mirrors (each member checked when ``checked`` — a ManifestCheck — is

@@ -460,9 +460,9 @@ def _content_range(headers, name: str) -> tuple[int, int, int | None]:
     return int(match[1]), int(match[2]), total
 
 
-def open_http(src: str) -> HttpSource:
+def open_http(src: str, options: RemoteOptions | None = None) -> HttpSource:
     url, credentials = basic_auth(src)
-    return HttpSource(url, credentials, name=src)  # the name keeps the user info: the pool reopens by it
+    return HttpSource(url, credentials, options, name=src)  # the name keeps the user info: the pool reopens by it
 
 
 register_scheme("http", open_http)

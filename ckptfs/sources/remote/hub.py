@@ -22,7 +22,7 @@ from ckptfs.sources.registry import register_scheme
 from ckptfs.sources.base import Folder
 from ckptfs.sources.remote.http import Credentials, HttpSource
 from ckptfs.sources.netstats import COUNTERS
-from ckptfs.sources.remote.transport import current_options
+from ckptfs.sources.remote.transport import RemoteOptions
 
 DEFAULT_ENDPOINT = "https://huggingface.co"
 _FILE_SUFFIXES = (".gguf", ".safetensors", ".json")
@@ -84,11 +84,11 @@ def names_file(path: HfPath) -> bool:
     return path.path.lower().endswith(_FILE_SUFFIXES)
 
 
-def open_hf(src: str) -> HttpSource:
+def open_hf(src: str, options: RemoteOptions | None = None) -> HttpSource:
     path = parse(src)
     if not path.path:
         raise CheckpointError(src, None, "names a repository, not a file")
-    return HttpSource(resolve_url(path), credentials(), current_options(), name=src, scheme="hf")
+    return HttpSource(resolve_url(path), credentials(), options, name=src, scheme="hf")
 
 
 class HfFolder(Folder):

@@ -14,15 +14,14 @@ public ``claim`` / ``fetch_claimed`` / ``abandon``.
 The block engine's own read-ahead calls ``advise`` on the stored bytes of the groups it will decode next;
 that lands here too (``prefetch``), so a decoding stream and a raw stream are both fed ahead.
 
-Threads are started only by reads ahead, never while a checkpoint is opened, and a forked child (a mount
+Threads are started only by reads ahead, never while a checkpoint's headers are read (its sources are opened
+with ``RemoteOptions(read_ahead=False)`` then: a mount forks its daemon after the open), and a forked child (a mount
 daemon, a DataLoader worker) starts with fresh pools (the scheduler's), and the fetches its parent had under
 way fail over to their readers: threads do not survive ``fork``.
 """
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import os
 import threading
 import weakref
@@ -38,18 +37,6 @@ PIECE = 8 << 20
 SLACK = 2 * CHUNK
 
 _sources: weakref.WeakSet = weakref.WeakSet()
-_quiet: contextvars.ContextVar[bool] = contextvars.ContextVar("ckptfs_readahead_quiet", default=False)
-
-
-@contextlib.contextmanager
-def quiet():
-    """No read-ahead for reads inside (header reads while a checkpoint is opened: no thread may start
-    before a mount forks its daemon, and the header reader grows its reads itself)."""
-    token = _quiet.set(True)
-    try:
-        yield
-    finally:
-        _quiet.reset(token)
 
 
 def _after_fork_in_child() -> None:
@@ -76,7 +63,7 @@ class ReadAhead:
 
     def observe(self, offset: int, size: int) -> None:
         """Note a read; when it continues a sequential run, fetch ahead of it."""
-        if _quiet.get():
+        if not self._source.options.read_ahead:
             return
         end = offset + size
         with self._lock:
@@ -99,7 +86,7 @@ class ReadAhead:
 
     def prefetch(self, c0: int, c1: int) -> None:
         """Fetch chunks [c0, c1) in the background, as pieces of at most PIECE bytes (best effort)."""
-        if _quiet.get():
+        if not self._source.options.read_ahead:
             return
         step = max(1, PIECE // CHUNK)
         for first in range(c0, c1, step):

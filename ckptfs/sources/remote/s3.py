@@ -238,23 +238,19 @@ class S3Folder(Folder):
         return f"s3://{self.bucket}/{self.prefix}{name}"
 
 
-def open_s3(src: str) -> S3Source:
-    from ckptfs.sources.remote.transport import current_options
-
-    return S3Source(src, current_options())
+def open_s3(src: str, options: RemoteOptions | None = None) -> S3Source:
+    return S3Source(src, options)
 
 
-def open_s3_folder(src: str) -> S3Folder | None:
+def open_s3_folder(src: str, options: RemoteOptions | None = None) -> S3Folder | None:
     """A folder for ``s3://BUCKET/PREFIX/`` (or a bucket); a key with a checkpoint suffix names a file."""
-    from ckptfs.sources.remote.transport import current_options
-
     bucket, key = split_url(src)
     if key.lower().endswith(_FILE_SUFFIXES):
         return None
     if key and not key.endswith("/"):
-        folder = S3Folder(src.rstrip("/") + "/", bucket, key + "/", current_options())
+        folder = S3Folder(src.rstrip("/") + "/", bucket, key + "/", options)
         return folder if folder.list() else None  # a key without a suffix: a folder only if it holds files
-    return S3Folder(src if src.endswith("/") else src + "/", bucket, key, current_options())
+    return S3Folder(src if src.endswith("/") else src + "/", bucket, key, options)
 
 
 register_scheme("s3", open_s3, open_s3_folder)

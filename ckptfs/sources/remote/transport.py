@@ -19,8 +19,9 @@ module turns those into the ByteSource contract:
 - Timeouts are reported as what they are: a wait cut short by the read's deadline says ``--timeout`` and its
   number; a server silent for ``--stall-timeout`` seconds, with time left in the deadline, is a stall (and
   is retried).
-- Options (timeouts, cache directory) are taken from the context at open (:func:`using`), so
-  ``ckptfs.open(src, timeout=...)`` reaches the sources that header readers and the pool open for it.
+- Options (timeouts, cache directory, read-ahead) are a :class:`RemoteOptions` handed to each source when it
+  is opened: ``ckptfs.open`` builds one per checkpoint and passes it in the ``ckptfs.sources.Opener`` that
+  the header readers, folder discovery and the pool open sources through.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ from ckptfs.cache.chunks import CHUNK, ChunkCache, chunk_key, disk_store
 from ckptfs.cache.flight import Flight, SingleFlight
 from ckptfs.util.redact import public_name
 from ckptfs.sources.netstats import COUNTERS
-from ckptfs.sources.remote.readahead import ReadAhead, quiet
+from ckptfs.sources.remote.readahead import ReadAhead
 
 log = logging.getLogger(__name__)
 
@@ -70,32 +71,16 @@ class RemoteOptions:
     cache_dir_size: int = DEFAULT_CACHE_DIR_SIZE
     cache_key_file: str | None = None   # the cache folder's key (None: its own, ckptfs.cache.auth)
     max_retries: int | None = None  # None: as many as the deadline allows
+    read_ahead: bool = True         # False while a checkpoint's headers are read (no thread before a fork)
     probes: dict = field(default_factory=dict, repr=False, compare=False)
 
     def chunk_cache(self) -> ChunkCache:
         return ChunkCache(disk_store(self.cache_dir, self.cache_dir_size, self.cache_key_file))
 
 
-_options: contextvars.ContextVar[RemoteOptions | None] = contextvars.ContextVar("ckptfs_remote_options",
-                                                                                default=None)
-_default_options = RemoteOptions()
+#: What a remote source opened without options gets.
+DEFAULT_OPTIONS = RemoteOptions()
 _deadline: contextvars.ContextVar[float | None] = contextvars.ContextVar("ckptfs_read_deadline", default=None)
-
-
-def current_options() -> RemoteOptions:
-    return _options.get() or _default_options
-
-
-@contextlib.contextmanager
-def using(options: RemoteOptions | None):
-    """Sources opened inside take ``options`` (None: the defaults); reads inside fetch no read-ahead (this
-    wraps opening a checkpoint, see ``readahead.quiet``)."""
-    token = _options.set(options)
-    try:
-        with quiet():
-            yield
-    finally:
-        _options.reset(token)
 
 
 @contextlib.contextmanager
@@ -184,7 +169,7 @@ class RemoteSource(ByteSource):
 
     def __init__(self, name: str, options: RemoteOptions | None = None):
         self.name = name
-        self.options = options or current_options()
+        self.options = options if options is not None else DEFAULT_OPTIONS
         self.size = 0
         self.identity: tuple = ()
         self.validator: str | None = None
