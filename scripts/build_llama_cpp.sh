@@ -28,7 +28,9 @@ else
 fi
 DIR=$CACHE/llama.cpp-$VERSION-$FLAVOUR
 PROBE=$DIR/bin/ckptfs-llama-probe
-STAMP=$(cat "$HERE/llama_probe/CMakeLists.txt" "$HERE/llama_probe/probe.cpp" "$0" | sha256sum | cut -c1-16)
+# What the binary depends on: the probe's sources, the llama.cpp version, the CPU flags.
+STAMP=$( { cat "$HERE/llama_probe/CMakeLists.txt" "$HERE/llama_probe/probe.cpp"; echo "$VERSION ${CPU_FLAGS[*]}"; } \
+        | sha256sum | cut -c1-16)
 
 if [ "${1:-}" = "--path" ] || { [ -x "$PROBE" ] && [ "$(cat "$DIR/stamp" 2>/dev/null)" = "$STAMP" ]; }; then
     echo "$PROBE"
