@@ -257,13 +257,13 @@ def add_skeleton_metadata(writer: gguf.GGUFWriter, metadata: dict, rng: np.rando
 
 
 def write_skeleton(out: str, skeleton: str, scale: float = 1.0, max_dim: int | None = None, seed: int = 0,
-                   with_metadata: bool = True) -> int:
+                   with_metadata: bool = True, split_max_tensors: int = 0) -> int:
     """A GGUF with the skeleton's tensors (see :func:`skeleton_tensors`), random valid data, and (unless
-    ``with_metadata`` is False) its metadata keys and vocabulary."""
+    ``with_metadata`` is False) its metadata keys and vocabulary; a split set as :func:`write` makes it."""
     rng = np.random.default_rng(seed)
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
     meta = load_skeleton(skeleton).get("metadata", {})
-    writer = gguf.GGUFWriter(out, str(meta.get("general.architecture", "bench")))
+    writer = gguf.GGUFWriter(out, str(meta.get("general.architecture", "bench")), split_max_tensors=split_max_tensors)
     if with_metadata:
         add_skeleton_metadata(writer, meta, rng)
     add_random_tensors(writer, skeleton_tensors(skeleton, scale, max_dim), rng)
@@ -285,7 +285,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     start = time.perf_counter()
     if args.shapes:
-        size = write_skeleton(args.out, args.shapes, args.scale, args.max_dim, args.seed)
+        size = write_skeleton(args.out, args.shapes, args.scale, args.max_dim, args.seed,
+                              split_max_tensors=args.split_max_tensors)
     else:
         size = write(args.out, args.layers, args.vocab, not args.no_output, args.seed, args.split_max_tensors)
     print(f"{args.out}: {size / 2**20:.0f} MiB, {time.perf_counter() - start:.1f} s", file=sys.stderr)
