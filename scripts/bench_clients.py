@@ -139,7 +139,9 @@ class Bench:
             return statistics.median(r[key] for r in rounds)
         row = {"case": case, "mode": mode, "rounds": len(rounds), "mount_s": med("mount_s"),
                "ttft_s": med("ttft_ms") / 1000, "load_s": med("load_ms") / 1000, "tok_s": med("tok_s"),
-               "cold_start_s": statistics.median(r["mount_s"] + r["ttft_ms"] / 1000 for r in rounds)}
+               "cold_start_s": statistics.median(r["mount_s"] + r["ttft_ms"] / 1000 for r in rounds),
+               "ttft_range_s": [min(r["ttft_ms"] for r in rounds) / 1000, max(r["ttft_ms"] for r in rounds) / 1000],
+               "tok_s_range": [min(r["tok_s"] for r in rounds), max(r["tok_s"] for r in rounds)]}
         self.rows.append(row)
         print(f"  {case:24} {mode:5} mount {row['mount_s']:6.2f} s  ttft {row['ttft_s']:6.2f} s  "
               f"{row['tok_s']:6.1f} tok/s", file=sys.stderr)
@@ -208,11 +210,13 @@ def render(results: dict) -> str:
              f"{m['load_average_at_start']}, at end {results['load_average_at_end']}. Model {results['model']['bytes'] / 2**20:.0f} MiB "
              f"({results['model']['skeleton']}), {results['tokens']} tokens, {results['threads']} thread(s), "
              f"median of {results['rounds']}.", "",
-             "| case | load mode | mount or download (s) | ttft (s) | cold start (s) | tokens/s |",
-             "| --- | --- | ---: | ---: | ---: | ---: |"]
+             "| case | load mode | mount or download (s) | ttft (s) | cold start (s) | tokens/s | ttft, tokens/s: "
+             "min–max |",
+             "| --- | --- | ---: | ---: | ---: | ---: | --- |"]
     for r in results["rows"]:
+        (t0, t1), (k0, k1) = r["ttft_range_s"], r["tok_s_range"]
         lines.append(f"| {r['case']} | {r['mode']} | {r['mount_s']:.2f} | {r['ttft_s']:.2f} | "
-                     f"{r['cold_start_s']:.2f} | {r['tok_s']:.1f} |")
+                     f"{r['cold_start_s']:.2f} | {r['tok_s']:.1f} | {t0:.2f}–{t1:.2f} s, {k0:.1f}–{k1:.1f} |")
     if results["not_measured"]:
         lines.append("")
     for note in results["not_measured"]:

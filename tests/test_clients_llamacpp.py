@@ -27,7 +27,7 @@ from conftest import REPO, skip_or_fail
 from gguf import GGUFReader
 from servers import Nginx, require_nginx
 
-sys.path.insert(0, str(REPO / "scripts"))
+sys.path.append(str(REPO / "scripts"))
 import llama_client  # noqa: E402
 
 N_PREDICT = 24
