@@ -14,7 +14,7 @@ fetched per range), and a safetensors folder's own
 throughout and must stay within the cache plus :data:`DAEMON_SLACK` of its value before the run — the local
 files are several times that, so a daemon that kept what it served would fail. A remote mount also keeps
 fetched bytes in the process's chunk LRU and has read-ahead in flight, each bounded by its own constant
-(cache/chunks.py, sources/remote/readahead.py); its bound adds those (larger than this file, so there it
+(cache/chunks.py, readahead/scheduler.py); its bound adds those (larger than this file, so there it
 checks that the daemon stays within its documented bounds, not that it keeps nothing).
 """
 
@@ -30,7 +30,7 @@ from client_patterns import RssSampler, run_workers, summary
 from conftest import REPO, mount_stats
 
 from ckptfs.cache.chunks import DEFAULT_MEMORY_BYTES as REMOTE_CHUNKS
-from ckptfs.sources.remote.readahead import MAX_IN_FLIGHT
+from ckptfs.readahead.scheduler import DEFAULT_BUDGET as READ_AHEAD_BUDGET
 from servers import Nginx, require_nginx
 
 CACHE = 16 << 20
@@ -82,7 +82,7 @@ def target(request, files, module_mounted) -> tuple[str, str, int, int]:
         mnt = module_mounted(str(files["st"]), "--cache-size", str(CACHE))
         path, ref = mnt / "model.safetensors", files["st"] / "model.safetensors"
     assert path.stat().st_size == ref.stat().st_size
-    bound = CACHE + DAEMON_SLACK + (REMOTE_CHUNKS + MAX_IN_FLIGHT if request.param.endswith("http") else 0)
+    bound = CACHE + DAEMON_SLACK + (REMOTE_CHUNKS + READ_AHEAD_BUDGET if request.param.endswith("http") else 0)
     return str(path), str(ref), mount_stats(mnt)["pid"], bound
 
 
