@@ -21,6 +21,7 @@ every dim, row lengths staying whole blocks), its metadata keys with their scala
 :func:`skeleton_tensors` is the one reader of skeletons (scripts/bench_torch.py uses it too).
 
 Usage: python scripts/make_realistic_gguf.py [OUT.gguf] [--layers 26] [--vocab 262144] [--no-output]
+                                            [--split-max-tensors N]
        python scripts/make_realistic_gguf.py [OUT.gguf] --shapes scripts/real-shapes/gemma3-270m-q4_k_m.json
                                             [--scale 1.0] [--max-dim N]
 """
@@ -121,10 +122,12 @@ def vocabulary(n: int, rng: np.random.Generator) -> tuple[list[str], np.ndarray,
     return tokens, scores, types
 
 
-def write(out: str, layers: int, vocab: int, untied_output: bool, seed: int) -> int:
+def write(out: str, layers: int, vocab: int, untied_output: bool, seed: int, split_max_tensors: int = 0) -> int:
+    """The default model; with ``split_max_tensors`` a split set ``OUT-0000N-of-0000M.gguf`` (gguf-py's
+    splitting writer) holding the same keys and tensor bytes as the single file of the same seed."""
     rng = np.random.default_rng(seed)
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
-    writer = gguf.GGUFWriter(out, "gemma3")
+    writer = gguf.GGUFWriter(out, "gemma3", split_max_tensors=split_max_tensors)
     writer.add_name("ckptfs realistic bench model")
     writer.add_context_length(32768)
     writer.add_embedding_length(HIDDEN)
@@ -168,11 +171,17 @@ def add_random_tensors(writer: gguf.GGUFWriter, tensors, rng: np.random.Generato
 
 
 def finish(writer: gguf.GGUFWriter, out: str) -> int:
+    """Write the file (or split set) and return its size in bytes (all shards of a set)."""
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-    return os.path.getsize(out)
+    if os.path.exists(out):
+        return os.path.getsize(out)
+    stem = out[:-len(".gguf")] if out.endswith(".gguf") else out
+    folder = os.path.dirname(os.path.abspath(out))
+    return sum(os.path.getsize(os.path.join(folder, name)) for name in os.listdir(folder)
+               if re.fullmatch(re.escape(os.path.basename(stem)) + r"-\d{5}-of-\d{5}\.gguf", name))
 
 
 # ------------------------------------------------------------------------------- a real file's skeleton
@@ -248,13 +257,13 @@ def add_skeleton_metadata(writer: gguf.GGUFWriter, metadata: dict, rng: np.rando
 
 
 def write_skeleton(out: str, skeleton: str, scale: float = 1.0, max_dim: int | None = None, seed: int = 0,
-                   with_metadata: bool = True) -> int:
+                   with_metadata: bool = True, split_max_tensors: int = 0) -> int:
     """A GGUF with the skeleton's tensors (see :func:`skeleton_tensors`), random valid data, and (unless
-    ``with_metadata`` is False) its metadata keys and vocabulary."""
+    ``with_metadata`` is False) its metadata keys and vocabulary; a split set as :func:`write` makes it."""
     rng = np.random.default_rng(seed)
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
     meta = load_skeleton(skeleton).get("metadata", {})
-    writer = gguf.GGUFWriter(out, str(meta.get("general.architecture", "bench")))
+    writer = gguf.GGUFWriter(out, str(meta.get("general.architecture", "bench")), split_max_tensors=split_max_tensors)
     if with_metadata:
         add_skeleton_metadata(writer, meta, rng)
     add_random_tensors(writer, skeleton_tensors(skeleton, scale, max_dim), rng)
@@ -271,12 +280,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--shapes", metavar="SKELETON.json", help="a real GGUF's header skeleton to copy")
     parser.add_argument("--scale", type=float, default=1.0, help="with --shapes: multiply every dim")
     parser.add_argument("--max-dim", type=int, help="with --shapes: cap every dim")
+    parser.add_argument("--split-max-tensors", type=int, default=0, metavar="N",
+                        help="write a split set OUT-0000K-of-0000M.gguf of at most N tensors a shard")
     args = parser.parse_args(argv)
     start = time.perf_counter()
     if args.shapes:
-        size = write_skeleton(args.out, args.shapes, args.scale, args.max_dim, args.seed)
+        size = write_skeleton(args.out, args.shapes, args.scale, args.max_dim, args.seed,
+                              split_max_tensors=args.split_max_tensors)
     else:
-        size = write(args.out, args.layers, args.vocab, not args.no_output, args.seed)
+        size = write(args.out, args.layers, args.vocab, not args.no_output, args.seed, args.split_max_tensors)
     print(f"{args.out}: {size / 2**20:.0f} MiB, {time.perf_counter() - start:.1f} s", file=sys.stderr)
     return 0
 

@@ -26,8 +26,9 @@ install_system_packages() {
     # gcc + python3-dev build the optional C dequantization kernels (without them numpy is used).
     # nginx (HTTP range server) and redis-server are started by the tests on loopback ports, never as
     # system services; they are test tools, not runtime dependencies.
+    # g++ and cmake build llama.cpp for the client tests (scripts/build_llama_cpp.sh).
     $SUDO apt-get install -y -qq fuse3 libfuse3-3 "$fuse2" python3 python3-venv python3-pip \
-        gcc python3-dev attr util-linux coreutils nginx redis-server >/dev/null
+        gcc g++ cmake python3-dev attr util-linux coreutils nginx redis-server >/dev/null
     # prometheus: the dashboard test runs every query of docs/grafana-dashboard.json against a real one
     $SUDO apt-get install -y -qq --no-install-recommends prometheus >/dev/null
     # Debian starts both services on install; the tests run their own instances, so stop the system ones.
@@ -75,6 +76,8 @@ install_torch_cpu "$ROOT/.venv"
 "$ROOT/.venv/bin/python" -m pip install -q --no-deps --no-build-isolation "auto-gptq==0.7.1" "autoawq==0.2.9"
 # mount(8) runs /sbin/mount.fuse.ckptfs for `mount -t fuse.ckptfs` and fstab lines (empty PATH: absolute paths)
 $SUDO "$ROOT/.venv/bin/ckptfs" install-mount-helper >/dev/null
+log "llama.cpp (libllama + the client probe) for the client tests, cached in /var/cache/ckptfs-test"
+PYTHON="$ROOT/.venv/bin/python" bash scripts/build_llama_cpp.sh
 log "venv .venv-np1 (numpy 1.26) for the dequantization tests"
 make_venv "$ROOT/.venv-np1" "numpy==1.26.*" -e "$ROOT[test]"
 

@@ -1,0 +1,112 @@
+"""llama.cpp, built from source, loading GGUFs through real mounts: the same greedy text as the file itself.
+
+The client is libllama (llama-cpp-python's vendored llama.cpp, built by scripts/build_llama_cpp.sh, which
+scripts/setup.sh runs) driven by ``ckptfs-llama-probe`` (scripts/llama_probe/probe.cpp, called through
+scripts/llama_client.py): it loads the model in each of llama.cpp's load modes — ``mmap`` (pages faulted in
+as the graph touches them), ``none`` (``--no-mmap``: buffered reads of every tensor) and ``dio``
+(``--load-mode dio``: O_DIRECT reads at st_blksize-aligned offsets; llama.cpp silently falls back to
+buffered reads when O_DIRECT fails, so the probe reports that and the test refuses it) — and generates
+greedily. The model is real-shaped (scripts/make_realistic_gguf.py: Gemma 3's architecture keys, an
+SPM vocabulary with byte tokens, the Q4_K_M type mix of Q8_0 / Q5_0 / Q4_K / Q6_K / F32) with random
+weights; the oracle is the probe's output on the original file, in the same mode.
+
+Mounted: the merged ``model.gguf`` of a split set (written by gguf-py's splitting writer with the same seed
+as the single file, so byte-identical to it), local and from nginx on loopback (``http://``).
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import REPO, skip_or_fail
+from gguf import GGUFReader
+from servers import Nginx, require_nginx
+
+sys.path.append(str(REPO / "scripts"))
+import llama_client  # noqa: E402
+
+N_PREDICT = 24
+
+
+@pytest.fixture(scope="module")
+def probe() -> Path:
+    path = llama_client.probe_path()
+    if not path.exists():
+        skip_or_fail(f"llama.cpp is not built ({path} is missing): run bash scripts/build_llama_cpp.sh")
+    return path
+
+
+def make_model(out: Path, *extra: str) -> None:
+    subprocess.run([sys.executable, str(REPO / "scripts" / "make_realistic_gguf.py"), str(out), "--layers", "4",
+                    "--vocab", "4096", *extra], check=True, capture_output=True, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory) -> dict[str, Path]:
+    """``one``: the single file; ``split``: the same model as a 4-shard set (the www root for nginx)."""
+    root = tmp_path_factory.mktemp("llama")
+    make_model(root / "one.gguf")
+    make_model(root / "www" / "split" / "m.gguf", "--split-max-tensors", "14")
+    shards = sorted((root / "www" / "split").glob("m-*-of-*.gguf"))
+    assert len(shards) == 4
+    return {"one": root / "one.gguf", "www": root / "www", "shards": shards}
+
+
+@pytest.fixture(scope="module")
+def direct(probe, model) -> dict[str, dict]:
+    """The probe on the original file, in every mode: the oracle."""
+    out = {mode: llama_client.run(model["one"], mode, N_PREDICT, probe=probe) for mode in llama_client.MODES}
+    tokens = out["mmap"]["tokens"]
+    assert len(tokens) == N_PREDICT and len(set(tokens)) >= 8, "the model's output is too uniform to compare"
+    for mode, result in out.items():  # llama.cpp itself: the load mode does not change the arithmetic
+        assert result["tokens"] == tokens, mode
+    assert not out["dio"]["dio_fallback"], out["dio"]["warnings"]
+    return out
+
+
+def check_same(result: dict, expected: dict, mode: str) -> None:
+    assert result["tokens"] == expected["tokens"]
+    assert result["text"] == expected["text"]
+    if mode == "dio":
+        assert not result["dio_fallback"], f"llama.cpp fell back to buffered reads: {result['warnings']}"
+
+
+@pytest.fixture(scope="module")
+def split_mount(module_mounted, model) -> Path:
+    return module_mounted(str(model["shards"][1]))
+
+
+@pytest.mark.parametrize("mode", llama_client.MODES)
+def test_model_gguf_of_a_split_set(split_mount, direct, probe, mode):
+    check_same(llama_client.run(split_mount / "model.gguf", mode, N_PREDICT, probe=probe), direct[mode], mode)
+
+
+@pytest.fixture(scope="module")
+def http_mount(module_mounted, model):
+    require_nginx()
+    with Nginx(model["www"]) as server:
+        mnt = module_mounted(f"{server.url}/split/{model['shards'][0].name}")
+        yield mnt, server
+
+
+@pytest.mark.parametrize("mode", ["mmap", "dio"])
+def test_model_gguf_of_a_split_set_over_http(http_mount, direct, probe, mode):
+    mnt, server = http_mount
+    check_same(llama_client.run(mnt / "model.gguf", mode, N_PREDICT, probe=probe), direct[mode], mode)
+    assert any(" 206 " in line for line in server.access_log())  # read per range, not downloaded whole
+
+
+def test_the_comparison_sees_a_changed_tensor(probe, model, direct, tmp_path):
+    """The oracle can fail: zeroing one F32 tensor (output_norm) of a copy changes the greedy tokens."""
+    copy = tmp_path / "changed.gguf"
+    shutil.copyfile(model["one"], copy)
+    tensor = next(t for t in GGUFReader(str(model["one"])).tensors if t.name == "output_norm.weight")
+    with open(copy, "r+b") as f:
+        f.seek(int(tensor.data_offset))
+        f.write(np.zeros(int(tensor.n_elements), np.float32).tobytes())
+    assert llama_client.run(copy, "mmap", N_PREDICT, probe=probe)["tokens"] != direct["mmap"]["tokens"]
