@@ -110,3 +110,41 @@ def test_the_comparison_sees_a_changed_tensor(probe, model, direct, tmp_path):
         f.seek(int(tensor.data_offset))
         f.write(np.zeros(int(tensor.n_elements), np.float32).tobytes())
     assert llama_client.run(copy, "mmap", N_PREDICT, probe=probe)["tokens"] != direct["mmap"]["tokens"]
+
+
+# ------------------------------------------------- the checkpoint's own files (issue 23 items 1-3)
+
+
+@pytest.mark.parametrize("mode", llama_client.MODES)
+def test_single_file_mount_shows_the_file(module_mounted, model, direct, probe, mode):
+    mnt = module_mounted(str(model["one"]))
+    check_same(llama_client.run(mnt / "one.gguf", mode, N_PREDICT, probe=probe), direct[mode], mode)
+
+
+@pytest.mark.parametrize("mode", ["mmap", "dio"])
+def test_single_file_over_http(module_mounted, model, direct, probe, mode):
+    require_nginx()
+    with Nginx(model["one"].parent) as server:
+        mnt = module_mounted(f"{server.url}/one.gguf")
+        check_same(llama_client.run(mnt / "one.gguf", mode, N_PREDICT, probe=probe), direct[mode], mode)
+        assert any(" 206 " in line for line in server.access_log())
+
+
+def test_repository_of_two_quantizations(mounted, model, direct, probe, tmp_path):
+    """A folder as a GGUF repository holds it: two models side by side, each loads under its own name."""
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    shutil.copyfile(model["one"], repo / "m-Q4_K_M.gguf")
+    make_model(repo / "m-other.gguf", "--seed", "7")
+    other = llama_client.run(repo / "m-other.gguf", "mmap", N_PREDICT, probe=probe)
+    assert other["tokens"] != direct["mmap"]["tokens"]
+    mnt = mounted(str(repo))
+    for mode in ("mmap", "dio"):
+        check_same(llama_client.run(mnt / "m-Q4_K_M.gguf", mode, N_PREDICT, probe=probe), direct[mode], mode)
+        check_same(llama_client.run(mnt / "m-other.gguf", mode, N_PREDICT, probe=probe), other, mode)
+
+
+def test_split_set_mounted_by_a_relative_path(mounted, model, direct, probe):
+    www = model["www"]
+    mnt = mounted(f"split/{model['shards'][1].name}", cwd=www)
+    check_same(llama_client.run(mnt / "model.gguf", "dio", N_PREDICT, probe=probe), direct["dio"], "dio")

@@ -69,7 +69,7 @@ def http_url(files):
         yield server.url
 
 
-@pytest.fixture(scope="module", params=["gguf-merged", "gguf-merged-http", "safetensors"])
+@pytest.fixture(scope="module", params=["gguf-merged", "gguf-merged-http", "gguf-single", "gguf-single-http", "safetensors"])
 def target(request, files, module_mounted) -> tuple[str, str, int, int]:
     """(mounted file, original file, daemon pid, RssAnon growth allowed) — one mount per kind."""
     if request.param.startswith("gguf-merged"):
@@ -78,6 +78,11 @@ def target(request, files, module_mounted) -> tuple[str, str, int, int]:
                else str(shard))
         mnt = module_mounted(src, "--cache-size", str(CACHE))
         path, ref = mnt / "model.gguf", files["one"]
+    elif request.param.startswith("gguf-single"):
+        src = (f"{request.getfixturevalue('http_url')}/one.gguf" if request.param.endswith("http")
+               else str(files["one"]))
+        mnt = module_mounted(src, "--cache-size", str(CACHE))
+        path, ref = mnt / "one.gguf", files["one"]
     else:
         mnt = module_mounted(str(files["st"]), "--cache-size", str(CACHE))
         path, ref = mnt / "model.safetensors", files["st"] / "model.safetensors"
