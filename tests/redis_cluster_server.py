@@ -15,6 +15,7 @@ import subprocess
 import time
 
 from redis_server import RedisServer, require_redis_server
+from servers import free_port
 
 REDIS_CLI = shutil.which("redis-cli") or "/usr/bin/redis-cli"
 CLUSTER_ARGS = ("--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf", "--cluster-node-timeout", "2000",
@@ -23,7 +24,8 @@ CLUSTER_ARGS = ("--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf
 
 class RedisClusterServers:
     def __init__(self, n: int = 3):
-        self.nodes = [RedisServer(*CLUSTER_ARGS) for _ in range(n)]
+        # the cluster bus port is named too: the default (port + 10000) may be taken or past 65535
+        self.nodes = [RedisServer(*CLUSTER_ARGS, "--cluster-port", str(free_port())) for _ in range(n)]
 
     @property
     def seeds(self) -> list[str]:
