@@ -32,7 +32,7 @@ class RedisClusterServers:
         return [f"127.0.0.1:{node.port}" for node in self.nodes]
 
     def cli(self, port: int, *args: str, timeout: float = 30.0) -> str:
-        result = subprocess.run([REDIS_CLI, "-h", "127.0.0.1", "-p", str(port), *args], capture_output=True,
+        result = subprocess.run([REDIS_CLI, "-h", "127.0.0.1", "-p", str(port), *args], check=False, capture_output=True,
                                 text=True, timeout=timeout)
         if result.returncode != 0:
             raise RuntimeError(f"redis-cli {' '.join(args)}: {result.stderr.strip() or result.stdout.strip()}")

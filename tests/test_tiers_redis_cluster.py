@@ -16,12 +16,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import mount_stats, wait_until
+from conftest import mount_stats
 from fixtures import quantized, write_gguf
 from redis_cluster_server import RedisClusterServers, require_redis_cluster
 from redis_server import RedisServer
-from tier_models import write_model
 from test_tiers_mount import expected_files, read_all, settled
+from tier_models import write_model
 
 import ckptfs
 from ckptfs.cache.keys import CacheKey

@@ -27,7 +27,13 @@ import os
 import threading
 
 from ckptfs.cache.breaker import Breaker
-from ckptfs.cache.redis_tier import _FAILED, BACKOFF_S, CONNECT_TIMEOUT_S, OP_TIMEOUT_S, RedisTier
+from ckptfs.cache.redis_tier import (
+    _FAILED,
+    BACKOFF_S,
+    CONNECT_TIMEOUT_S,
+    OP_TIMEOUT_S,
+    RedisTier,
+)
 
 
 def check_seed(seed: str) -> tuple[str, int]:
