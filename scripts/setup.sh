@@ -24,11 +24,12 @@ install_system_packages() {
         fuse2=libfuse2t64
     fi
     # gcc + python3-dev build the optional C dequantization kernels (without them numpy is used).
-    # nginx (HTTP range server) and redis-server are started by the tests on loopback ports, never as
-    # system services; they are test tools, not runtime dependencies.
-    # g++ and cmake build llama.cpp for the client tests (scripts/build_llama_cpp.sh).
+    # nginx (HTTP range server) and redis-server (alone, and as a 3-node cluster joined by redis-tools'
+    # redis-cli) are started by the tests on loopback ports, never as system services; they are test
+    # tools, not runtime dependencies. g++ and cmake build llama.cpp for the client tests
+    # (scripts/build_llama_cpp.sh).
     $SUDO apt-get install -y -qq fuse3 libfuse3-3 "$fuse2" python3 python3-venv python3-pip \
-        gcc g++ cmake python3-dev attr util-linux coreutils nginx redis-server >/dev/null
+        gcc g++ cmake python3-dev attr util-linux coreutils nginx redis-server redis-tools >/dev/null
     # prometheus: the dashboard test runs every query of docs/grafana-dashboard.json against a real one
     $SUDO apt-get install -y -qq --no-install-recommends prometheus >/dev/null
     # Debian starts both services on install; the tests run their own instances, so stop the system ones.

@@ -174,8 +174,10 @@ def test_forged_disk_entries_are_not_served_after_a_remount(mounted, model, tmp_
 def _redis_values(server: RedisServer) -> dict[bytes, bytes]:
     import redis
 
+    from ckptfs.cache.redis_tier import KEY_PREFIX
+
     client = redis.Redis(host="127.0.0.1", port=server.port)
-    return {k: client.get(k) for k in client.keys("ckptfs:*")}
+    return {k: client.get(k) for k in client.keys(KEY_PREFIX + "*")}  # the entries, not the decoders' leases
 
 
 def test_forged_redis_values_are_not_served_with_a_key_file(mounted, model, tmp_path):

@@ -1,7 +1,8 @@
 """The cache-tier contract (``CacheTier`` in ckptfs/cache/tiered.py), one set of tests run over every tier.
 
 Tiers: memory (``BlockCache``), disk (``DiskTier`` in a fresh folder, authenticated under the folder's own
-key) and Redis (``RedisTier`` against a real redis-server on loopback, authenticated under a key file).
+key), Redis (``RedisTier`` against a real redis-server on loopback, authenticated under a key file) and
+Redis Cluster (``RedisClusterTier`` against a real 3-node cluster on loopback, the same key file).
 Keys are ``CacheKey`` values. Values are offered read-only, as ``TieredCache`` offers them.
 
 What the tiers share: a missing key is None and a counted miss; a value put comes back equal and
@@ -22,6 +23,7 @@ import uuid
 import numpy as np
 import pytest
 from conftest import tmpfs
+from redis_cluster_server import RedisClusterServers, require_redis_cluster
 from redis_server import RedisServer, require_redis_server
 
 from ckptfs.cache.disk import DiskTier
@@ -29,7 +31,7 @@ from ckptfs.cache.keys import CacheKey
 from ckptfs.cache.tiered import BlockCache
 
 HANG_GUARD_S = 10.0
-TIERS = ("memory", "disk", "redis")
+TIERS = ("memory", "disk", "redis", "redis-cluster")
 
 
 def value(seed: int, n: int = 4096, dtype=np.float32) -> np.ndarray:
@@ -65,6 +67,13 @@ def redis_server():
         yield server
 
 
+@pytest.fixture(scope="module")
+def redis_cluster():
+    require_redis_cluster()
+    with RedisClusterServers() as cluster:
+        yield cluster
+
+
 def key_file(folder) -> str:
     path = folder / "cache.key"
     path.write_bytes(os.urandom(32))
@@ -77,6 +86,13 @@ def make_tier(name: str, tmp_path, request):
         return BlockCache(64 << 20)
     if name == "disk":
         return DiskTier(tmp_path / "cache", 1 << 30)
+    if name == "redis-cluster":
+        from ckptfs.cache.redis_cluster import RedisClusterTier
+
+        cluster = request.getfixturevalue("redis_cluster")
+        for node in cluster.nodes:
+            assert node.command("FLUSHALL") == b"+OK"
+        return RedisClusterTier(cluster.seeds[:1], backoff=(0.2, 1.0), key_file=key_file(tmp_path))
     from ckptfs.cache.redis_tier import RedisTier
 
     server = request.getfixturevalue("redis_server")
@@ -177,7 +193,8 @@ def test_close_is_idempotent(tier):
 
 
 # -- a tier that is down: (how it goes down, get of what it held, get of a value put while down) ---------------
-DOWN = {"disk-removed": (None, "equal"), "disk-read-only": ("equal", None), "redis-stopped": (None, None)}
+DOWN = {"disk-removed": (None, "equal"), "disk-read-only": ("equal", None), "redis-stopped": (None, None),
+        "cluster-stopped": (None, None)}
 
 
 @pytest.fixture(params=sorted(DOWN))
@@ -194,6 +211,15 @@ def down(request, tmp_path):
         yield how, made, server.kill
         made.close()
         server.stop()
+    elif how == "cluster-stopped":
+        require_redis_cluster()
+        from ckptfs.cache.redis_cluster import RedisClusterTier
+
+        cluster = RedisClusterServers().start()
+        made = RedisClusterTier(cluster.seeds, backoff=(0.2, 1.0), key_file=key_file(tmp_path))
+        yield how, made, lambda: [cluster.kill(i) for i in range(len(cluster.nodes))]
+        made.close()
+        cluster.stop()
     elif how == "disk-removed":
         root = tmp_path / "cache"
         made = DiskTier(root, 1 << 30)

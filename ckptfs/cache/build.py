@@ -3,6 +3,7 @@
 - ``disk.py``: ``DiskStore`` (checksummed entries in ``--cache-dir``, bounded across processes) and
   ``DiskTier`` (decoded block groups in it);
 - ``redis_tier.py``: ``RedisTier`` (decoded block groups in a Redis shared by machines);
+- ``redis_cluster.py``: ``RedisClusterTier`` (the same, spread over a Redis Cluster's nodes);
 - ``shared.py``: ``Tensor.shared()``, one mapped copy of a decoded tensor for many worker processes;
 - ``entry.py``: the entry format both tiers store;
 - ``auth.py``: the folder's ownership and modes, the entries' key.
@@ -22,7 +23,8 @@ __all__ = ["build_tiers", "DEFAULT_CACHE_DIR_SIZE"]
 def build_tiers(cache_size: int, cache_dir: str | None = None, cache_dir_size: int = DEFAULT_CACHE_DIR_SIZE,
                 redis: str | None = None, cache_key_file: str | None = None,
                 redis_cluster: tuple[str, ...] = ()) -> TieredCache:
-    """Memory (``cache_size`` bytes), then the disk folder if given, then Redis if given.
+    """Memory (``cache_size`` bytes), then the disk folder if given, then Redis, then a Redis Cluster
+    (``redis_cluster``: its seed nodes, HOST:PORT) if given.
 
     ``cache_key_file`` authenticates both lower tiers' entries (``auth.py``); without it the folder uses its
     own ``DIR/.key`` and Redis is trusted as-is (logged once here). ValueError (one line, for the CLI) for a
@@ -39,5 +41,7 @@ def build_tiers(cache_size: int, cache_dir: str | None = None, cache_dir_size: i
 
         tiers.append(RedisTier(redis, key_file=cache_key_file))
     if redis_cluster:
-        raise ValueError("--redis-cluster: a Redis Cluster tier is not built yet (use --redis URL)")
+        from ckptfs.cache.redis_cluster import RedisClusterTier
+
+        tiers.append(RedisClusterTier(redis_cluster, key_file=cache_key_file))
     return TieredCache(tiers)

@@ -4,10 +4,9 @@ A Redis that is slow, dead, full or holding garbage must cost a decode, never a 
 
 - **Short timeouts, no retries.** 0.2 s to connect, 0.5 s per command, and redis-py's own retry loop
   switched off (its default retries ten times with backoff: seconds of stall per read).
-- **A circuit breaker.** The first failed command marks Redis down: lookups are then answered "miss" at once,
-  without a socket, while one background thread pings it after 1 s, then 2, 4 ... up to 30 s, and marks it
-  up again once it answers. So an outage costs each reader at most one timeout, not one per read. The pool's
-  connections are dropped on failure: a late reply on a timed-out connection is never taken for the next one.
+- **A circuit breaker** (``breaker.py``). The first failed command marks Redis down: lookups are then
+  answered "miss" at once, without a socket, while a background thread pings it with a growing backoff
+  (1 s up to 30 s). So an outage costs each reader at most one timeout, not one per read.
 - **Full is not down.** A write refused for memory (``maxmemory`` with ``noeviction``: "OOM command not
   allowed") pauses writes only; lookups go on.
 - **Checked values.** A value is the same checksummed entry a disk file holds (``entry.py``), including a
@@ -23,6 +22,12 @@ A Redis that is slow, dead, full or holding garbage must cost a decode, never a 
   sequential stream then costs one round trip per ``READ_AHEAD_GROUPS + 1`` groups; a random reader
   costs one per group and fetches nothing it did not ask for. ``get_many`` is the batch lookup itself.
 
+- **One decode per fleet** (``lease``/``wait_for``, asked by ``TieredCache`` after every tier missed):
+  the first process to miss a group takes a short lease on it (``SET ckptfs:l1:<digest> NX PX 2000``) and
+  decodes; a process that finds the lease taken polls for the value (5 ms, backing off to 50 ms) and takes
+  it once stored, or decodes anyway when the lease is gone without a value (its holder died, or could not
+  store it and released it) or after ``LEASE_WAIT_S``. Nodes starting together then decode each group once.
+
 - **Writes off the read path.** ``put`` queues the group for a background writer (``writer.py``); a full
   queue holds the reader back for at most the command timeout, then drops the group.
 
@@ -36,6 +41,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import threading
 import time
 from collections import OrderedDict
@@ -45,6 +51,7 @@ from urllib.parse import urlsplit
 import numpy as np
 
 from ckptfs.cache import auth, entry
+from ckptfs.cache.breaker import Breaker
 from ckptfs.cache.counters import TierCounters
 from ckptfs.cache.keys import CacheKey
 from ckptfs.cache.writer import BackgroundWriter
@@ -52,6 +59,9 @@ from ckptfs.cache.writer import BackgroundWriter
 log = logging.getLogger(__name__)
 
 KEY_PREFIX = "ckptfs:e1:"
+LEASE_PREFIX = "ckptfs:l1:"
+LEASE_MS = 2000        # a decoding process's claim on a group lapses after this, whatever became of it
+LEASE_WAIT_S = 3.0     # a process waiting for another's decode waits at most this, then decodes
 CONNECT_TIMEOUT_S = 0.2
 OP_TIMEOUT_S = 0.5
 BACKOFF_S = (1.0, 30.0)
@@ -88,8 +98,20 @@ def redis_key(key: str) -> str:
     return KEY_PREFIX + entry.key_digest(key).hex()
 
 
+def lease_key(key: str) -> str:
+    return LEASE_PREFIX + entry.key_digest(key).hex()
+
+
+_FAILED = object()  # what ``_command`` returns when the endpoint was down or the command failed
+
+
 class RedisTier:
-    """Get/put decoded groups in Redis; every method returns quickly whatever the server does."""
+    """Get/put decoded groups in Redis; every method returns quickly whatever the server does.
+
+    What a Redis Cluster does differently (``redis_cluster.py``) is confined to four methods: ``_connect``
+    (the client), ``_route`` (which endpoint's breaker guards a key), ``_read`` (a batch of GETs: one MGET
+    here, one pipeline per node there) and ``_where``.
+    """
 
     name = "redis"
 
@@ -98,53 +120,86 @@ class RedisTier:
         """``key_file``: the key the values are authenticated with (``auth.read_key``; CacheRefused, a
         ValueError, for one others could read); None: the Redis is trusted as-is (logged here, once)."""
         self.url = check_url(url)
+        self._setup(connect_timeout, op_timeout, backoff, key_file)
+
+    def _setup(self, connect_timeout: float, op_timeout: float, backoff: tuple[float, float],
+               key_file: str | os.PathLike | None) -> None:
         try:
             import redis  # noqa: F401 - say now, in one line, what is missing (not at the first read)
         except ImportError:
-            raise ValueError("--redis needs redis-py: pip install 'ckptfs[redis]' (or: pip install redis)") from None
+            raise ValueError(f"--{self.name} needs redis-py: pip install 'ckptfs[redis]' (or: pip install redis)") \
+                from None
         self._mac_key = auth.read_key(key_file) if key_file else None
         if self._mac_key is None:
             log.warning("redis %s: no --cache-key-file, so its values are trusted as-is (whoever can write to "
-                        "this Redis decides what is served)", _where(url))
+                        "this Redis decides what is served)", self._where())
         self._timeouts = (connect_timeout, op_timeout)
-        self._backoff_min, self._backoff_max = backoff
-        self._backoff = self._backoff_min
+        self._backoff = backoff
         self._client = None
         self._lock = threading.Lock()
-        self._down_until = 0.0      # monotonic: while now < this, Redis is not asked
-        self._down = False
         self._writes_paused_until = 0.0
-        self._reconnecting = False
-        self._reconnector_pid = os.getpid()  # a child forked during an outage has no reconnect thread
         self._closed = False
+        self._breaker = Breaker(self._where(), lambda: self._redis().ping(), self._drop_connections, backoff)
         self._counters = TierCounters(log, ("hits", "misses", "hit_bytes", "stored", "stored_bytes", "corrupt",
-                                            "forged", "errors", "skipped", "round_trips"))
+                                            "forged", "errors", "skipped", "round_trips", "leases", "waited",
+                                            "waited_hits"))
         self._count, self._warn_once = self._counters.add, self._counters.warn_once
         self._ahead: OrderedDict[str, np.ndarray] = OrderedDict()  # fetched with an earlier lookup
         self._ahead_bytes = 0
         self._stream_ends: OrderedDict[str, int] = OrderedDict()   # tensor key prefix -> last block end
-        self._writer = BackgroundWriter(self._put_now, "redis", max_wait=op_timeout)
+        self._leased: set[str] = set()  # keys this process holds the lease of and has not stored yet
+        self._token = f"{socket.gethostname()}:{os.getpid()}"
+        self._writer = BackgroundWriter(self._put_now, self.name, max_wait=op_timeout)
 
-    # -- the client ----------------------------------------------------------------------------------
+    # -- the client (what a cluster does differently) ------------------------------------------------
+
+    def _connect(self):
+        import redis
+        from redis.backoff import NoBackoff
+        from redis.retry import Retry
+
+        connect_timeout, op_timeout = self._timeouts
+        return redis.Redis.from_url(self.url, socket_connect_timeout=connect_timeout, socket_timeout=op_timeout,
+                                    retry=Retry(NoBackoff(), 0), retry_on_timeout=False, health_check_interval=0)
 
     def _redis(self):
         with self._lock:
             if self._client is None:
-                import redis
-                from redis.backoff import NoBackoff
-                from redis.retry import Retry
-
-                connect_timeout, op_timeout = self._timeouts
-                self._client = redis.Redis.from_url(
-                    self.url, socket_connect_timeout=connect_timeout, socket_timeout=op_timeout,
-                    retry=Retry(NoBackoff(), 0), retry_on_timeout=False, health_check_interval=0)
+                self._client = self._connect()
             return self._client
 
-    def _available(self) -> bool:
-        if self._closed or time.monotonic() < self._down_until:
+    def _drop_connections(self) -> None:
+        with self._lock:
+            client = self._client
+        if client is not None:
+            client.connection_pool.disconnect()
+
+    def _route(self, name: str) -> Breaker:
+        """The breaker of the endpoint that holds Redis key ``name`` (one server: its only one)."""
+        return self._breaker
+
+    def _read(self, names: list[str]) -> list[bytes | None]:
+        """The raw values of ``names`` (None: missing or unreachable), one MGET round trip."""
+        raw = self._command(names[0], lambda r: r.mget(names))
+        if raw is _FAILED:
+            return [None] * len(names)
+        self._count(round_trips=1)
+        return raw
+
+    def _command(self, name: str, command, breaker: Breaker | None = None):
+        """``command(client)``'s result under the breaker of ``name``'s endpoint; _FAILED if it is down or
+        the command failed (counted, the breaker told)."""
+        breaker = breaker or self._route(name)
+        if self._closed or breaker is None or not breaker.available():
             self._count(skipped=1)
-            return False
-        return True
+            return _FAILED
+        try:
+            result = command(self._redis())
+        except Exception as exc:  # noqa: BLE001 - any client or server failure is a miss, never an error
+            self._failed(exc, breaker)
+            return _FAILED
+        breaker.succeeded()
+        return result
 
     # -- lookups -------------------------------------------------------------------------------------
 
@@ -174,7 +229,7 @@ class RedisTier:
         return found[0]
 
     def get_many(self, keys: Sequence[str]) -> list[np.ndarray | None]:
-        """Values for ``keys`` in one round trip (None for each missing, bad or unreachable one)."""
+        """Values for ``keys`` in one round trip per endpoint (None for each missing, bad or unreachable one)."""
         return self._fetch(list(keys), counted=len(keys))
 
     def _continues(self, key: str) -> bool:
@@ -190,163 +245,148 @@ class RedisTier:
         return sequential
 
     def _fetch(self, keys: list[str], counted: int) -> list[np.ndarray | None]:
-        """MGET ``keys``; the first ``counted`` are lookups (hits and misses), the rest read-ahead."""
+        """The checked values of ``keys``; the first ``counted`` are lookups (hits and misses), the rest
+        read-ahead."""
         if not keys:
             return []
-        found: list[np.ndarray | None] = [None] * len(keys)
-        if not self._available():
-            self._count(misses=counted)
-            return found
         names = [redis_key(k) for k in keys]
-        try:
-            raw = self._redis().mget(names)
-        except Exception as exc:  # noqa: BLE001 - any client or server failure is a miss, never an error
-            self._failed(exc)
-            self._count(misses=counted)
-            return found
-        self._succeeded()
-        self._count(round_trips=1)
-        bad = []
+        raw = self._read(names)
+        found: list[np.ndarray | None] = [None] * len(keys)
         for i, (key, data) in enumerate(zip(keys, raw)):
             if data is not None:
-                try:
-                    found[i] = entry.decode(key, data, mac_key=self._mac_key)
-                except entry.BadEntry as exc:
-                    kind = "forged" if isinstance(exc, entry.ForgedEntry) else "corrupt"
-                    bad.append(names[i])
-                    self._count(**{kind: 1})
-                    self._warn_once(kind, "redis %s: %s value for %s (%s): deleted, decoding instead "
-                                    "(further %s values are counted, not logged)", self._where(), kind, names[i],
-                                    exc, kind)
+                found[i] = self._checked(key, names[i], data)
             if i < counted:
                 if found[i] is None:
                     self._count(misses=1)
                 else:
                     self._count(hits=1, hit_bytes=found[i].nbytes)
-        if bad:
-            self._quietly(lambda r: r.delete(*bad))
         return found
 
+    def _checked(self, key: str, name: str, data: bytes) -> np.ndarray | None:
+        """The entry ``data`` decoded for ``key``; None (and the value deleted, counted) when it is bad."""
+        try:
+            return entry.decode(key, data, mac_key=self._mac_key)
+        except entry.BadEntry as exc:
+            kind = "forged" if isinstance(exc, entry.ForgedEntry) else "corrupt"
+            self._count(**{kind: 1})
+            self._warn_once(kind, "redis %s: %s value for %s (%s): deleted, decoding instead "
+                            "(further %s values are counted, not logged)", self._where(), kind, name, exc, kind)
+            self._command(name, lambda r: r.delete(name))
+            return None
+
     def contains(self, key: str) -> bool:
-        if not self._available():
-            return False
-        return bool(self._quietly(lambda r: r.exists(redis_key(key))))
+        name = redis_key(key)
+        found = self._command(name, lambda r: r.exists(name))
+        return found is not _FAILED and bool(found)
+
+    # -- single flight across processes (TieredCache asks tiers that have ``lease``) ---------------------
+
+    def lease(self, key: str) -> bool:
+        """Whether this process should decode ``key``, which every tier missed: True when it now holds the
+        key's lease (``SET NX PX``: LEASE_MS, then it lapses whatever happens to this process) or the tier
+        cannot say (down); False when another process holds it, and ``wait_for`` will see its value."""
+        name = lease_key(key)
+        got = self._command(name, lambda r: r.set(name, self._token, nx=True, px=LEASE_MS))
+        if got is _FAILED:
+            return True
+        if got:
+            with self._lock:
+                self._leased.add(key)
+            self._count(leases=1)
+            return True
+        return False
+
+    def wait_for(self, key: str, timeout: float | None = None) -> np.ndarray | None:
+        """The value another process is decoding under its lease, once it is stored; None (decode it here)
+        when the lease is gone without a value (its holder died or could not store it), the tier is down, or
+        ``timeout`` (default: LEASE_WAIT_S) passed. Polls every 5 ms, backing off to 50 ms."""
+        deadline = time.monotonic() + (LEASE_WAIT_S if timeout is None else timeout)
+        name, lease_name = redis_key(key), lease_key(key)
+        self._count(waited=1)
+        delay = 0.005
+        while True:
+            data = self._read([name])[0]
+            if data is not None:
+                value = self._checked(key, name, data)
+                if value is not None:
+                    self._count(waited_hits=1, hit_bytes=value.nbytes)
+                return value
+            held = self._command(lease_name, lambda r: r.exists(lease_name))
+            if held is _FAILED or not held or time.monotonic() + delay > deadline:
+                return None
+            time.sleep(delay)
+            delay = min(delay * 2, 0.05)
+
+    def release(self, key: str) -> None:
+        """Give up ``key``'s lease without a value (the decode failed, the write was dropped): the processes
+        waiting for it decode it themselves at once instead of at the lease's end."""
+        with self._lock:
+            if key not in self._leased:
+                return
+            self._leased.discard(key)
+        name = lease_key(key)
+        self._command(name, lambda r: r.delete(name))
 
     # -- writes --------------------------------------------------------------------------------------
 
     def put(self, key: str, value: np.ndarray) -> None:
         """Queue ``value`` for the background writer (the read that decoded it does not wait for Redis); a
         down or full Redis makes this a no-op (counted, logged once)."""
-        if time.monotonic() < self._writes_paused_until or self._closed or time.monotonic() < self._down_until:
-            return
-        self._writer.submit(key, value)
+        if time.monotonic() < self._writes_paused_until or self._closed or not self._breaker.available() \
+                or not self._writer.submit(key, value):
+            self.release(key)
 
     def flush(self, timeout: float | None = None) -> bool:
         """Wait for the queued writes (True when all are done)."""
         return self._writer.flush(timeout)
 
     def _put_now(self, key: str, value: np.ndarray) -> None:
-        if time.monotonic() < self._writes_paused_until or not self._available():
+        if time.monotonic() < self._writes_paused_until:
+            self.release(key)
             return
         header, payload = entry.encode(key, value.reshape(-1), self._mac_key)
-        try:
-            self._redis().set(redis_key(key), header + payload)
-        except Exception as exc:  # noqa: BLE001
-            if _is_oom(exc):
-                self._writes_paused_until = time.monotonic() + self._backoff_max
-                self._count(errors=1)
-                self._warn_once("full", "redis %s is full (%s): not storing for %.0f s, lookups go on",
-                                self._where(), exc, self._backoff_max)
-            else:
-                self._failed(exc)
+        name = redis_key(key)
+        if self._command(name, lambda r: r.set(name, header + payload)) is _FAILED:
+            self.release(key)
             return
-        self._succeeded()
+        with self._lock:
+            self._leased.discard(key)  # the value is there: waiters find it; the lease lapses by itself
         self._count(stored=1, stored_bytes=payload.nbytes)
 
-    # -- the breaker ---------------------------------------------------------------------------------
+    # -- failures ------------------------------------------------------------------------------------
 
-    def _quietly(self, command):
-        try:
-            result = command(self._redis())
-        except Exception as exc:  # noqa: BLE001
-            self._failed(exc)
-            return None
-        self._succeeded()
-        return result
-
-    def _failed(self, exc: BaseException) -> None:
-        import redis  # importable: __init__ checked
+    def _failed(self, exc: BaseException, breaker: Breaker) -> None:
+        import redis  # importable: _setup checked
 
         self._count(errors=1)
-        if isinstance(exc, redis.ResponseError) and not _is_oom(exc):
-            self._warn_once(f"response:{exc}", "redis %s: %s", self._where(), exc)
+        if _is_oom(exc):
+            self._writes_paused_until = time.monotonic() + self._backoff[1]
+            self._warn_once("full", "redis %s is full (%s): not storing for %.0f s, lookups go on",
+                            breaker.where, exc, self._backoff[1])
+            return
+        if isinstance(exc, redis.ResponseError) and not isinstance(exc, _outage_errors()):
+            self._warn_once(f"response:{exc}", "redis %s: %s", breaker.where, exc)
             return  # the server answered: it is up
-        with self._lock:
-            client = self._client
-            self._down_until = time.monotonic() + self._backoff
-            first = not self._down
-            self._down = True
-            if self._reconnecting and self._reconnector_pid != os.getpid():
-                self._reconnecting = False
-            start = not self._reconnecting and not self._closed
-            self._reconnecting = self._reconnecting or start
-            self._reconnector_pid = os.getpid() if start else self._reconnector_pid
-        if client is not None:
-            try:
-                client.connection_pool.disconnect()
-            except Exception:  # noqa: BLE001, S110 - dropping dead sockets must not fail
-                pass
-        if first:
-            log.warning("redis %s unreachable (%s: %s): decoding instead, reconnecting in the background",
-                        self._where(), type(exc).__name__, exc)
-        if start:
-            threading.Thread(target=self._reconnect, name="ckptfs-redis-reconnect", daemon=True).start()
-
-    def _succeeded(self) -> None:
-        if self._down:
-            with self._lock:
-                was_down, self._down = self._down, False
-                self._down_until = 0.0
-                self._backoff = self._backoff_min
-            if was_down:
-                log.warning("redis %s is back", self._where())
-
-    def _reconnect(self) -> None:
-        """Ping after each backoff interval until Redis answers (then lookups resume) or the tier closes."""
-        try:
-            while not self._closed:
-                with self._lock:
-                    wait = self._down_until - time.monotonic()
-                if wait > 0:
-                    time.sleep(min(wait, 0.25))
-                    continue
-                try:
-                    self._redis().ping()
-                except Exception:  # noqa: BLE001
-                    with self._lock:
-                        self._backoff = min(self._backoff * 2, self._backoff_max)
-                        self._down_until = time.monotonic() + self._backoff
-                    continue
-                self._succeeded()
-                return
-        finally:
-            with self._lock:
-                self._reconnecting = False
+        breaker.failed(exc)
 
     # -- the rest ------------------------------------------------------------------------------------
 
     def _where(self) -> str:
         return _where(self.url)
 
+    def _up(self) -> bool:
+        return not self._breaker.down
+
     def stats(self) -> dict:
         """This process's counters; ``bytes`` are the bytes served from Redis, ``up`` its state."""
         counts = self._counters.snapshot()
-        return {**counts, "bytes": counts["hit_bytes"], "up": int(not self._down), "pending": self._writer.pending,
+        return {**counts, "bytes": counts["hit_bytes"], "up": int(self._up()), "pending": self._writer.pending,
                 "dropped": self._writer.dropped}
 
     def close(self) -> None:
         self._writer.close(timeout=2.0)
         self._closed = True
+        self._breaker.close()
         with self._lock:
             client, self._client = self._client, None
         if client is not None:
@@ -367,3 +407,11 @@ def _is_oom(exc: BaseException) -> bool:
 
     return isinstance(exc, redis.ResponseError) and (isinstance(exc, getattr(redis.exceptions, "OutOfMemoryError", ()))
                                                      or str(exc).startswith("OOM"))
+
+
+def _outage_errors() -> tuple[type, ...]:
+    """Server replies that mean the data is unreachable, not that a command was wrong (a cluster missing
+    slots answers CLUSTERDOWN to everything): they trip the breaker like a dead socket."""
+    from redis.exceptions import ClusterDownError, MasterDownError
+
+    return (ClusterDownError, MasterDownError)

@@ -12,7 +12,9 @@ stored, its storage type, the served dtype and the decoded block range; their te
 parsed back), so a tier shared by processes never serves one file's groups for another.
 
 Concurrent readers asking for the same missing group wait for a single decode instead of each doing it
-(FUSE runs many reader threads, and the kernel's readahead sends neighbouring requests at once). Counters
+(FUSE runs many reader threads, and the kernel's readahead sends neighbouring requests at once). Across
+processes, a lower tier that can lease keys (the Redis tiers: ``lease``, ``wait_for``, ``release``) makes
+processes that miss the same group at once wait for one decode of it too (``_wait_elsewhere``). Counters
 are exact: a lookup in a tier is either a hit or a miss of that tier, never both.
 
 A lower tier must never fail a read: ``get`` answers None and ``put`` returns quietly when the tier is down,
@@ -118,13 +120,40 @@ class TieredCache:
                 for upper in self.tiers[first:depth]:
                     self._guard(upper, "put", key, value)
                 return value
-        value = loader()
+        leased = self._wait_elsewhere(key, first)
+        if isinstance(leased, np.ndarray):
+            return leased
+        try:
+            value = loader()
+        except BaseException:
+            if leased is not None:
+                self._guard(leased, "release", key)
+            raise
         value.setflags(write=False)
         with self._lock:
             self.decoded_bytes += value.nbytes
         for tier in self.tiers[first:]:
             self._guard(tier, "put", key, value)
         return value
+
+    def _wait_elsewhere(self, key: Hashable, first: int):
+        """Single flight across processes, after every tier missed ``key``: the first lower tier that can
+        lease keys (``lease``/``wait_for``/``release``: the Redis tiers) is asked whether another process is
+        decoding it. Its value once stored there (promoted to the tiers above, as a hit is); else the tier
+        whose lease this process now holds (released if the decode fails), or None: decode here."""
+        for depth, tier in enumerate(self._lower, start=1):
+            if getattr(tier, "lease", None) is None:
+                continue
+            if self._guard(tier, "lease", key) is not False:
+                return tier
+            value = self._guard(tier, "wait_for", key)
+            if value is None:
+                return None
+            value.setflags(write=False)
+            for upper in self.tiers[first:depth]:
+                self._guard(upper, "put", key, value)
+            return value
+        return None
 
     @staticmethod
     def _guard(tier: CacheTier, method: str, *args):

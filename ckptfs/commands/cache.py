@@ -1,4 +1,4 @@
-"""The cache command line: the ``--cache-dir/--cache-dir-size/--redis/--cache-key-file`` options,
+"""The cache command line: the ``--cache-dir/--cache-dir-size/--redis/--redis-cluster/--cache-key-file`` options,
 ``ckptfs cache`` and ``ckptfs prefetch``.
 
 ``tier_options`` is the one definition of the four options, for every command that takes them (``mount``,
@@ -46,6 +46,22 @@ def _redis_url(ctx, param, value):
     return value
 
 
+def _cluster_seeds(ctx, param, value):
+    if not value:
+        return ()
+    from ckptfs.cache.redis_cluster import check_seed
+
+    try:
+        for seed in value:
+            check_seed(seed)
+        import redis  # noqa: F401
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+    except ImportError:
+        raise click.BadParameter("needs redis-py: pip install 'ckptfs[redis]' (or: pip install redis)") from None
+    return tuple(value)
+
+
 def cache_dir_option(f):
     return click.option("--cache-dir", type=click.Path(file_okay=False), default=None, envvar=ENV_DIR,
                         help=f"Persistent cache folder shared by the ckptfs processes of this machine "
@@ -65,8 +81,11 @@ def cache_key_file_option(f):
 
 
 def tier_options(f):
-    """--cache-dir, --cache-dir-size, --redis and --cache-key-file on one command (passed as cache_dir,
-    cache_dir_size, redis, cache_key_file)."""
+    """--cache-dir, --cache-dir-size, --redis, --redis-cluster and --cache-key-file on one command (passed as
+    cache_dir, cache_dir_size, redis, redis_cluster, cache_key_file)."""
+    f = click.option("--redis-cluster", "redis_cluster", multiple=True, metavar="HOST:PORT", callback=_cluster_seeds,
+                     help="A seed node of a Redis Cluster for decoded groups shared across machines, spread over "
+                          "its nodes (repeatable; needs ckptfs[redis]).")(f)
     f = click.option("--redis", default=None, metavar="URL", callback=_redis_url,
                      help="Redis for decoded groups shared across machines (redis://HOST:PORT/DB; "
                           "needs ckptfs[redis]).")(f)
@@ -129,17 +148,18 @@ def cache_clear(cache_dir):
 @click.option("--dtype", type=click.Choice(["auto", "float32", "float16"]), default="auto", show_default=True,
               help="The dtype the mounts that will read these entries use (it is part of every key).")
 @click.option("-v", "--verbose", is_flag=True)
-def prefetch(src, names, cache_dir, cache_dir_size, redis, cache_key_file, dtype, verbose):
+def prefetch(src, names, cache_dir, cache_dir_size, redis, redis_cluster, cache_key_file, dtype, verbose):
     """Decode tensors of SRC (all, or NAMES) into the shared tiers ahead of a deployment."""
     from ckptfs.checkpoint.api import open as open_checkpoint
     from ckptfs.core.errors import CheckpointError
     from ckptfs.cache.warm import warm
 
-    if not cache_dir and not redis:
-        raise click.UsageError("nothing to warm: give --cache-dir DIR and/or --redis URL")
+    if not cache_dir and not redis and not redis_cluster:
+        raise click.UsageError("nothing to warm: give --cache-dir DIR, --redis URL and/or --redis-cluster HOST:PORT")
     try:
         ck = open_checkpoint(src, dtype=dtype, cache_size=64 << 20, cache_dir=cache_dir,
-                             cache_dir_size=cache_dir_size, redis=redis, cache_key_file=cache_key_file)
+                             cache_dir_size=cache_dir_size, redis=redis, redis_cluster=redis_cluster,
+                             cache_key_file=cache_key_file)
     except (CheckpointError, OSError, ValueError) as exc:
         raise click.ClickException(str(exc)) from None
     with ck:
