@@ -54,6 +54,7 @@ from ckptfs.cache import auth, entry
 from ckptfs.cache.breaker import Breaker
 from ckptfs.cache.counters import TierCounters
 from ckptfs.cache.keys import CacheKey
+from ckptfs.readahead import SequentialRun
 from ckptfs.cache.writer import BackgroundWriter
 
 log = logging.getLogger(__name__)
@@ -146,7 +147,7 @@ class RedisTier:
         self._count, self._warn_once = self._counters.add, self._counters.warn_once
         self._ahead: OrderedDict[str, np.ndarray] = OrderedDict()  # fetched with an earlier lookup
         self._ahead_bytes = 0
-        self._stream_ends: OrderedDict[str, int] = OrderedDict()   # tensor key prefix -> last block end
+        self._streams: OrderedDict[str, SequentialRun] = OrderedDict()   # tensor key prefix -> its lookups
         self._leased: set[str] = set()  # keys this process holds the lease of and has not stored yet
         self._token = f"{socket.gethostname()}:{os.getpid()}"
         self._writer = BackgroundWriter(self._put_now, self.name, max_wait=op_timeout)
@@ -233,15 +234,17 @@ class RedisTier:
         return self._fetch(list(keys), counted=len(keys))
 
     def _continues(self, key: str) -> bool:
-        """Whether ``key``'s block range starts where this tensor's previous lookup ended (and remember)."""
+        """Whether ``key``'s block range starts where this tensor's previous lookup ended (and remember): the
+        one sequential detector (``ckptfs.readahead``), exact continuation, one stream per tensor."""
         if not isinstance(key, CacheKey):
             return False
-        prefix, b0, b1 = key.with_range(0, 0), key.start, key.stop
+        prefix = key.with_range(0, 0)
         with self._lock:
-            sequential = self._stream_ends.pop(prefix, None) == b0
-            self._stream_ends[prefix] = b1
-            if len(self._stream_ends) > _TRACKED_STREAMS:
-                self._stream_ends.popitem(last=False)
+            run = self._streams.pop(prefix, None) or SequentialRun()
+            sequential = run.observe(key.start, key.stop - key.start) > 0
+            self._streams[prefix] = run
+            if len(self._streams) > _TRACKED_STREAMS:
+                self._streams.popitem(last=False)
         return sequential
 
     def _fetch(self, keys: list[str], counted: int) -> list[np.ndarray | None]:
