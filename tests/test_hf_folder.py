@@ -48,6 +48,12 @@ def reference(models):
     for arch, (folder, name, _) in models.items():
         tok = AutoTokenizer.from_pretrained(str(folder), gguf_file=name)
         model = AutoModelForCausalLM.from_pretrained(str(folder), gguf_file=name, dtype=torch.float32)
+        # Own copies of the parameters, made now: once in a whole-suite run the reference's logits came out
+        # as freed memory (6.7e7, 4.6e-41) while the mount's were right, as if a parameter had stayed a view
+        # of a buffer the GGUF loader does not keep alive. The values are the loader's, copied at load.
+        with torch.no_grad():
+            for param in model.parameters():
+                param.data = param.data.clone()
         refs[arch] = (tok, model.eval())
     return refs
 
