@@ -127,31 +127,48 @@ def test_streams_are_advised_to_the_kernel(gguf_path, monkeypatch):
 
 
 @pytest.fixture(scope="module")
-def two_tensors(tmp_path_factory):
-    """Two Q8_0 tensors stored one after the other, and a small F32 between them in name order only."""
+def three_tensors(tmp_path_factory):
+    """Three Q8_0 tensors stored one after the other, their names not in file order."""
     rng = np.random.default_rng(5)
-    path = tmp_path_factory.mktemp("follow") / "two.gguf"
-    write_gguf(path, {"first": (quantized("Q8_0", (ROWS, COLS), rng), "Q8_0"),
-                      "second": (quantized("Q8_0", (ROWS, COLS), rng), "Q8_0")})
+    path = tmp_path_factory.mktemp("follow") / "three.gguf"
+    write_gguf(path, {name: (quantized("Q8_0", (ROWS, COLS), rng), "Q8_0") for name in ("b", "c", "a")})
     return path
 
 
-def test_a_stream_reaching_its_end_goes_on_into_the_next_tensor_stored(two_tensors):
-    ck, tree, pf = setup(two_tensors)
-    first, second = tree.view("first.npy"), tree.view("second.npy")
-    pf.opened(1, first)
-    step = 1 << 20
-    for offset in range(0, first.size, step):  # the whole of first.npy, in 1 MiB reads
-        pf.on_read(1, offset, step)
-        first.read(offset, step)
-    pf.released(1)  # the reader closes it before opening the next file: the work ahead goes on
-    pf.close(wait=True)
+def _stream_whole(pf, fh, view):
+    pf.opened(fh, view)
+    for offset in range(0, view.size, 1 << 20):  # the whole file, in 1 MiB reads
+        pf.on_read(fh, offset, 1 << 20)
+        view.read(offset, 1 << 20)
+    pf.released(fh)  # the reader closes it before opening the next file: the work ahead goes on
+
+
+def _first_rows_are_cached(ck, view, name):
+    """Whether reading the first rows of ``name`` through ``view`` needs no decode (they were decoded ahead)."""
     misses = ck.cache.stats().misses
-    expected = np.asarray(ck["second"])[:64].tobytes()
-    header = len(second.header)
-    assert second.read(header, len(expected)) == expected  # decoded ahead, before second.npy was opened
-    assert ck.cache.stats().misses == misses
-    assert first.following() is not None and second.following() is None  # the file's last tensor
+    expected = np.asarray(ck[name])[:64].tobytes()
+    assert view.read(len(view.header), len(expected)) == expected
+    return ck.cache.stats().misses == misses
+
+
+def test_a_reader_in_file_order_finds_the_next_tensor_decoded(three_tensors):
+    ck, tree, pf = setup(three_tensors)
+    b, c, a = (tree.view(f"{name}.npy") for name in ("b", "c", "a"))
+    assert b.following().slot == c.slot and c.following().slot == a.slot and a.following() is None
+    _stream_whole(pf, 1, b)  # one file read: nothing says yet that the reader goes on in file order
+    _stream_whole(pf, 2, c)  # it went on to the file stored next: from now on read-ahead continues into a
+    pf.close(wait=True)
+    assert _first_rows_are_cached(ck, a, "a")  # decoded before a.npy was opened
+
+
+def test_a_reader_in_name_order_gets_no_work_for_the_file_stored_next(three_tensors):
+    ck, tree, pf = setup(three_tensors)
+    _stream_whole(pf, 1, tree.view("b.npy"))  # b is stored first, c after it
+    _stream_whole(pf, 2, tree.view("a.npy"))  # name order goes on to a, not to c
+    _stream_whole(pf, 3, tree.view("b.npy"))
+    pf.close(wait=True)
+    groups = -(-ROWS * COLS * 4 // GROUP)
+    assert ck.cache.stats().entries == 2 * groups  # b's and a's groups: nothing of c was decoded
 
 
 def test_direct_types_are_only_advised(gguf_path):

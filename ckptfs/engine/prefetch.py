@@ -80,6 +80,10 @@ class Prefetcher:
         self._lock = threading.Lock()
         self._pending: set[Future] = set()
         self._closed = False
+        # Tensor-aware read-ahead goes on into the next tensor's file only for a reader seen to read in file
+        # order: the slot of the file a finished stream leads to, and whether the last one opened was it.
+        self._expected: object = None
+        self._in_file_order = False
 
     @classmethod
     def from_env(cls, sources: SourcePool, cache_capacity: int) -> Prefetcher:
@@ -87,6 +91,9 @@ class Prefetcher:
         return cls(sources, cache_capacity, enabled_from_env(), decode_ahead=decode_ahead_from_env())
 
     def opened(self, fh: int, view: View) -> None:
+        if self._expected is not None and view.slot is not None:
+            self._in_file_order = view.slot == self._expected  # it went on to the file stored next, or not
+            self._expected = None
         if self.enabled and view.reads_ahead:
             with self._lock:
                 self._streams[fh] = _Stream(view)
@@ -147,10 +154,15 @@ class Prefetcher:
     def _follow(self, stream: _Stream, nbytes: int) -> None:
         """Tensor-aware read-ahead: a stream reaching its file's end goes on into the file of the tensor stored
         next (``View.following``), whose first ``nbytes`` are advised and decoded now, before the reader opens
-        it. That work outlives the handle (the reader closes this file to open the next)."""
+        it — once the reader has been seen to go on to the file stored next (a loader reading in file order;
+        ``cat *`` reads in name order, where the work would be wasted). That work outlives the handle (the
+        reader closes this file to open the next)."""
         following = stream.view.following()
         if following is None or not following.reads_ahead:
             return
+        self._expected = following.slot
+        if not self._in_file_order:
+            return  # not (yet) seen reading in file order: decoding ahead for it would be wasted work
         plan = following.ahead(0, min(following.size, nbytes))
         for name, offset, size in plan.advise:
             self._advise(name, offset, size, False)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 import io
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 
 import numpy as np
@@ -42,6 +42,8 @@ class View:
     #: The view a reader of this one's end is likely to read next (the next tensor's file: tensor-aware
     #: read-ahead continues into it), or None. A callable, so that it is made only when asked for.
     following: Callable[[], View | None] = staticmethod(lambda: None)
+    #: What names this file among the files of its kind (views of the same file have the same slot), or None.
+    slot: Hashable | None = None
 
     def read(self, offset: int, size: int) -> bytes:  # pragma: no cover - interface
         raise NotImplementedError

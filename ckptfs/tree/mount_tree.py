@@ -109,6 +109,7 @@ class TensorFiles:
         else:
             return BytesView(lambda: dumps_bytes(tensor.meta))
         view.following = functools.partial(self.following, index, kind)
+        view.slot = (self.ck.content_id, kind, index)  # which file it is, for read-ahead to recognize it
         return view
 
     def following(self, index: int, kind: str) -> View | None:
