@@ -492,9 +492,7 @@ def open_with(src, options: OpenOptions) -> Checkpoint:
     plan = None
     if options.needs_source_plan(src):
         from ckptfs.sources.plan import SourcePlan
-        plan = SourcePlan(src, options.mirrors, timeout=options.timeout, stall_timeout=options.stall_timeout,
-                          cache_dir=options.cache_dir, cache_dir_size=options.cache_dir_size,
-                          cache_key_file=options.cache_key_file)
+        plan = SourcePlan(src, options)
     parsed = read_checkpoint(src, plan.header_opener() if plan is not None else DEFAULT_OPENER)
     wrapper = None
     if options.manifest is not None:

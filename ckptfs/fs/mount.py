@@ -128,9 +128,7 @@ def _repository_tree(request: MountRequest, repository):
     if options.needs_source_plan(src):
         from ckptfs.sources.plan import SourcePlan
 
-        plan = SourcePlan(src, options.mirrors, timeout=options.timeout, stall_timeout=options.stall_timeout,
-                          cache_dir=options.cache_dir, cache_dir_size=options.cache_dir_size,
-                          cache_key_file=options.cache_key_file)
+        plan = SourcePlan(src, options)
     pool = SourcePool(options.max_open_files, opener=plan.opener if plan is not None else None,
                       wrapper=plan.wrapper() if plan is not None else None)
     mirror_set = None

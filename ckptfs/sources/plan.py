@@ -13,6 +13,7 @@ import dataclasses
 import os
 from collections.abc import Callable
 
+from ckptfs.core.options import OpenOptions
 from ckptfs.sources.base import ByteSource
 from ckptfs.sources.registry import Opener
 from ckptfs.sources.remote.transport import (DEFAULT_CACHE_DIR_SIZE, DEFAULT_STALL_TIMEOUT, DEFAULT_TIMEOUT, RemoteOptions,
@@ -34,19 +35,18 @@ def names_folder(src: str) -> bool:
 
 
 class SourcePlan:
-    def __init__(self, src: str, mirrors=(), timeout: float | None = None, stall_timeout: float | None = None,
-                 cache_dir: str | None = None, cache_dir_size: int | None = None, cache_key_file: str | None = None):
-        for name, value in (("timeout", timeout), ("stall_timeout", stall_timeout)):
-            if value is not None and not value > 0:
-                raise ValueError(f"{name} must be a number of seconds > 0, not {value!r}")
+    """How the sources of ``src`` are opened, from the checkpoint's ``OpenOptions`` (checked and resolved
+    there): the remote sources' :class:`RemoteOptions` and the mirrors."""
+
+    def __init__(self, src: str, options: OpenOptions):
         self.options = RemoteOptions(
-            timeout=float(timeout) if timeout is not None else DEFAULT_TIMEOUT,
-            stall_timeout=float(stall_timeout) if stall_timeout is not None else DEFAULT_STALL_TIMEOUT,
-            cache_dir=os.fspath(cache_dir) if cache_dir else None,
-            cache_dir_size=int(cache_dir_size) if cache_dir_size is not None else DEFAULT_CACHE_DIR_SIZE,
-            cache_key_file=os.fspath(cache_key_file) if cache_key_file else None)
+            timeout=float(options.timeout) if options.timeout is not None else DEFAULT_TIMEOUT,
+            stall_timeout=float(options.stall_timeout) if options.stall_timeout is not None else DEFAULT_STALL_TIMEOUT,
+            cache_dir=options.cache_dir,
+            cache_dir_size=int(options.cache_dir_size) if options.cache_dir_size is not None else DEFAULT_CACHE_DIR_SIZE,
+            cache_key_file=options.cache_key_file)
         self.src = src
-        self.mirrors = [os.fspath(m) if not isinstance(m, str) else m for m in (mirrors or ())]
+        self.mirrors = list(options.mirrors)
         self._folder = names_folder(src) if self.mirrors else False
 
     def _mirror_set(self, member_wrapper=None, options: RemoteOptions | None = None):
