@@ -41,6 +41,17 @@ def models(tmp_path_factory):
     return out
 
 
+def _owned(model):
+    """``model`` with its own copies of its parameters, made at once. In whole-suite runs (never alone) the
+    logits of one side or the other came out different at the first positions (once as freed memory: 6.7e7,
+    4.6e-41), as if a parameter had stayed a view of a mapping its loader does not keep alive (gguf-py's
+    memmap, safetensors' mmap). The values compared are what each loader produced, copied when it did."""
+    with torch.no_grad():
+        for param in model.parameters():
+            param.data = param.data.clone()
+    return model
+
+
 @pytest.fixture(scope="module")
 def reference(models):
     """arch -> (tokenizer, float32 model) loaded by transformers from the GGUF itself."""
@@ -48,13 +59,7 @@ def reference(models):
     for arch, (folder, name, _) in models.items():
         tok = AutoTokenizer.from_pretrained(str(folder), gguf_file=name)
         model = AutoModelForCausalLM.from_pretrained(str(folder), gguf_file=name, dtype=torch.float32)
-        # Own copies of the parameters, made now: once in a whole-suite run the reference's logits came out
-        # as freed memory (6.7e7, 4.6e-41) while the mount's were right, as if a parameter had stayed a view
-        # of a buffer the GGUF loader does not keep alive. The values are the loader's, copied at load.
-        with torch.no_grad():
-            for param in model.parameters():
-                param.data = param.data.clone()
-        refs[arch] = (tok, model.eval())
+        refs[arch] = (tok, _owned(model).eval())
     return refs
 
 
@@ -114,7 +119,7 @@ def test_tokenizer_ids_equal(arch, f32_mounts, models, reference):
 @pytest.mark.parametrize("arch", ARCHS)
 def test_logits_bit_identical_in_float32(arch, f32_mounts, models, reference):
     ref_tok, ref_model = reference[arch]
-    model = AutoModelForCausalLM.from_pretrained(str(f32_mounts[arch] / "hf")).eval()
+    model = _owned(AutoModelForCausalLM.from_pretrained(str(f32_mounts[arch] / "hf"))).eval()
     assert model.dtype == torch.float32
     batch = ref_tok(probe_texts(models[arch][2])[:6], return_tensors="pt", padding=True) \
         if ref_tok.pad_token is not None else None
