@@ -17,7 +17,9 @@ every request until ``always(None)``. Faults:
 - ``"403"``: access denied, as a server that wants credentials answers;
 - ``"loop"``: a 302 back to the same URL (a redirect loop).
 
-``requests`` counts forwarded requests by method.
+``every(n, fault)`` applies one to every n-th request (a few bad connections among many in flight).
+``requests`` counts forwarded requests by method; ``peak_in_flight`` is the most requests it was serving at
+once (how parallel a reader really was, seen from the origin's side).
 """
 
 from __future__ import annotations
@@ -46,6 +48,10 @@ class FaultProxy:
         self._thread: threading.Thread | None = None
         self.requests: Counter = Counter()
         self.faults_used: list[str] = []
+        self._every: tuple[int, str] | None = None
+        self._seen = 0
+        self.in_flight = 0
+        self.peak_in_flight = 0
         self.port = 0
         self.url = ""
 
@@ -58,13 +64,20 @@ class FaultProxy:
         with self._lock:
             self._always = fault
 
+    def every(self, n: int, fault: str | None) -> None:
+        with self._lock:
+            self._every = None if fault is None else (n, fault)
+
     def pending(self) -> int:
         with self._lock:
             return len(self._faults)
 
     def _next_fault(self) -> str | None:
         with self._lock:
+            self._seen += 1
             fault = self._faults.popleft() if self._faults else self._always
+            if fault is None and self._every is not None and self._seen % self._every[0] == 0:
+                fault = self._every[1]
             if fault is not None:
                 self.faults_used.append(fault)
             return fault
@@ -83,7 +96,7 @@ class FaultProxy:
         sock = socket.socket()
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind(("127.0.0.1", port))
-        sock.listen(64)
+        sock.listen(256)
         self._listener = sock
 
     def _accept_loop(self) -> None:
@@ -148,6 +161,16 @@ class FaultProxy:
 
     # -- one request -----------------------------------------------------------------------------------
     def _relay(self, req, method: str) -> None:
+        with self._lock:
+            self.in_flight += 1
+            self.peak_in_flight = max(self.peak_in_flight, self.in_flight)
+        try:
+            self._relay_one(req, method)
+        finally:
+            with self._lock:
+                self.in_flight -= 1
+
+    def _relay_one(self, req, method: str) -> None:
         self.requests[method] += 1
         fault = self._next_fault()
         kind, _, arg = (fault or "").partition(":")

@@ -87,8 +87,9 @@ def _stop(proc: subprocess.Popen) -> None:
 class Nginx:
     """nginx serving ``root`` on a free loopback port (``url``); use as a context manager."""
 
-    def __init__(self, root: str | os.PathLike):
+    def __init__(self, root: str | os.PathLike, limit_rate: str | None = None):
         self.root = str(Path(root).resolve())
+        self.limit_rate = limit_rate  # nginx's per-request cap (e.g. "20m"), as a CDN or object store has
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self._dir = tempfile.mkdtemp(prefix="ckptfs-nginx-")
@@ -101,7 +102,7 @@ master_process off;
 worker_processes 1;
 pid {self._dir}/nginx.pid;
 error_log {self._dir}/error.log warn;
-events {{ worker_connections 256; }}
+events {{ worker_connections 1024; }}
 http {{
     log_format withauth '$remote_addr - - [$time_local] "$request" $status $body_bytes_sent '
                         '"$http_referer" "$http_user_agent" auth="$http_authorization" range="$http_range"';
@@ -118,7 +119,7 @@ http {{
     server {{
         listen 127.0.0.1:{self.port};
         root {self.root};
-        location / {{ }}
+        location / {{ {f"limit_rate {self.limit_rate};" if self.limit_rate else ""} }}
     }}
 }}
 """

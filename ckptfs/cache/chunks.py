@@ -22,7 +22,9 @@ log = logging.getLogger(__name__)
 #: Cache and fetch unit. A random read fetches only the chunks covering it (a block group of stored bytes is
 #: at most 256 KiB, so at most two chunks); a sequential reader's read-ahead fetches many in one request.
 CHUNK = 256 * 1024
-DEFAULT_MEMORY_BYTES = 128 * 1024 * 1024
+#: Twice what remote read-ahead keeps ahead of its reader (128 MiB): chunks that landed ahead of a reader are
+#: not evicted by the ones it just read.
+DEFAULT_MEMORY_BYTES = 256 * 1024 * 1024
 
 
 def chunk_key(content_id: str, index: int) -> CacheKey:

@@ -37,9 +37,12 @@ def source_stats() -> dict[str, Any]:
     try:
         from ckptfs.sources.netstats import COUNTERS
     except ImportError:  # an installation without remote sources
-        return {**dict.fromkeys(SOURCE_KEYS, 0), "by_scheme": {}}
+        return {**dict.fromkeys(SOURCE_KEYS, 0), "by_scheme": {}, "origins": {}}
+    from ckptfs.readahead.limit import origin_stats
+
     snapshot = COUNTERS.snapshot()
-    return {**dict.fromkeys(SOURCE_KEYS, 0), "by_scheme": {}, **snapshot}
+    # each origin's learnt in-flight limit (ckptfs.readahead.limit): what a cold stream's speed comes from
+    return {**dict.fromkeys(SOURCE_KEYS, 0), "by_scheme": {}, **snapshot, "origins": origin_stats()}
 
 
 def service_stats(checkpoint: Any, decoded_bytes: int) -> dict[str, Any]:

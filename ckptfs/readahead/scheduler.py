@@ -23,10 +23,13 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 log = logging.getLogger(__name__)
 
-#: Bytes fetched or decoded ahead, in flight at once over the whole process.
-DEFAULT_BUDGET = 64 << 20
-#: Workers per kind of work.
-DEFAULT_CONCURRENCY = {"fetch": 4, "decode": 1}
+#: Bytes fetched or decoded ahead, in flight at once over the whole process (remote read-ahead takes at most
+#: 128 MiB of it: ``ckptfs.sources.remote.readahead.FETCH_BUDGET``).
+DEFAULT_BUDGET = 192 << 20
+#: Workers per kind of work. Fetch workers wait on the network: as many as the most requests in flight that
+#: origins are allowed (``ckptfs.readahead.limit.CEILING``) plus readers' own pieces, started as needed; how
+#: many run at once is each origin's adaptive limit, not this.
+DEFAULT_CONCURRENCY = {"fetch": 96, "decode": 1}
 
 
 class Scheduler:

@@ -39,7 +39,7 @@ import urllib3
 from ckptfs.core.errors import CheckpointError
 from ckptfs.sources.registry import register_scheme
 from ckptfs.sources.netstats import COUNTERS
-from ckptfs.sources.remote.transport import (SAMPLE_BYTES, Changed, RemoteOptions, RemoteSource, Retryable,
+from ckptfs.sources.remote.transport import (POOL_CONNECTIONS, SAMPLE_BYTES, Changed, RemoteOptions, RemoteSource, Retryable,
                                              read_deadline, stalled, wait_bound)
 from ckptfs.util.redact import public_name, redact
 
@@ -59,7 +59,7 @@ def connection_pool() -> urllib3.PoolManager:
     global _pool
     with _pool_lock:
         if _pool is None:
-            _pool = urllib3.PoolManager(num_pools=64, maxsize=16, block=False, retries=False)
+            _pool = urllib3.PoolManager(num_pools=64, maxsize=POOL_CONNECTIONS, block=False, retries=False)
         return _pool
 
 
@@ -208,7 +208,8 @@ def status_error(name: str, offset: int | None, status: int, reason: str, creden
     """The exception for a non-success status: Retryable for 5xx and 429, else a one-line CheckpointError
     (counted here: the retry loop counts only what it retries)."""
     if status == 429 or status >= 500:
-        return Retryable(f"HTTP {status} {reason}".rstrip(), retry_after=_retry_after(headers.get("retry-after")))
+        return Retryable(f"HTTP {status} {reason}".rstrip(), retry_after=_retry_after(headers.get("retry-after")),
+                         throttled=status in (429, 503))
     COUNTERS.request(scheme, "error")
     if status in (404, 410):
         return CheckpointError(name, offset, f"not found (HTTP {status})")
@@ -243,8 +244,10 @@ class HttpSource(RemoteSource):
         self.scheme = scheme or urlsplit(url).scheme.lower() or "http"  # the counters' label
         self.credentials = credentials
         self._client = HttpClient(self.scheme, credentials, self.options)
+        self._origin = _origin_of(url)
         probe = self._probe()
         self._location = probe.location
+        self._origin, self._limit = _origin_of(probe.location), None  # the CDN host after a redirect
         self._sha256 = probe.sha256
         self.size, self.validator = probe.size, probe.validator
         sample = self._tail_sample(probe) if probe.sha256 is None and weak_validator(probe.validator, probe.size) \
@@ -252,6 +255,9 @@ class HttpSource(RemoteSource):
         self._set_identity(probe.size, probe.validator, url, probe.sha256, sample)
         self.mtime_ns = probe.mtime_ns
         self._keep_prefix(probe.head)
+
+    def origin(self) -> str:
+        return self._origin
 
     # -- opening ---------------------------------------------------------------------------------------
     def _probe(self) -> Probe:
@@ -410,6 +416,12 @@ class HttpSource(RemoteSource):
             raise Retryable(f"long body: more than {expected} bytes")
         resp.release_conn()
         return parts[0] if len(parts) == 1 else b"".join(parts)
+
+
+def _origin_of(url: str) -> str:
+    """Scheme and host of ``url`` (no user info): whose in-flight limit a request counts against."""
+    where = urlsplit(url)
+    return f"{where.scheme}://{where.netloc.rpartition('@')[2]}"
 
 
 def _mtime_ns(headers) -> int:

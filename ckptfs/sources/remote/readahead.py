@@ -1,23 +1,33 @@
-"""Remote read-ahead: a sequential reader's next bytes are already on their way when it asks for them.
+"""Remote read-ahead: a sequential reader's next bytes are already on their way when it asks for them, over as
+many parallel ranges as the origin rewards.
 
-Over a network each request costs a round trip, so a reader that streams a file (``cat`` of a ``.npy``,
-``np.load``, a model loader) would otherwise wait for one round trip per read. Each remote source watches
-its own reads: once two reads in a row continue where the previous one ended, it fetches ahead of the reader
-in a window that doubles per sequential read (1 MiB up to ``MAX_WINDOW``), as several requests of ``PIECE``
-bytes in flight at once on the process's read-ahead scheduler (``ckptfs.readahead``: its ``fetch`` pool,
-its one byte budget). A read elsewhere resets the window, so a random reader fetches only the chunks
-covering its reads. Memory stays bounded: fetched chunks go into the shared chunk LRU (bounded), and the
-bytes in flight never exceed the scheduler's budget. The stream is recognized by the one sequential detector
-(``ckptfs.readahead.SequentialRun``); the chunks are claimed, fetched and abandoned through the source's
-public ``claim`` / ``fetch_claimed`` / ``abandon``.
+Over a network each request costs a round trip, and an object store or CDN caps what one request carries
+(tens of MB/s), so a reader that streams a file (``cat`` of a ``.raw``, ``np.load``, a model loader's 64 MiB
+O_DIRECT reads) is as fast as the number of ranges in flight ahead of it. Each remote source watches its
+own reads with the one sequential detector (``ckptfs.readahead.SequentialRun``): once two reads in a row
+continue where the previous ones reached, it fetches ahead of the reader in a window that doubles per
+sequential read (1 MiB up to ``FETCH_BUDGET``) as pieces on the process's read-ahead scheduler (its ``fetch`` pool). How many pieces are in flight at once is the origin's
+:class:`~ckptfs.readahead.limit.OriginLimit` (grown while throughput grows, halved on 429/503), shared by
+every source on that origin; the piece size shrinks as the limit grows, so the bytes ahead stay within
+``FETCH_BUDGET`` (``budget / limit``, between ``MIN_PIECE`` and the scheme's ``piece_bytes``). Every piece
+that lands tops the window up again (``pump``), so the pipeline stays full while the reader waits on a
+chunk instead of refilling only on the reader's next read.
+
+A read elsewhere starts a new run and resets the window, so a random reader fetches only the chunks covering
+its reads. Concurrent readers of one stream (the kernel's async direct-I/O requests, several FUSE threads)
+arrive slightly out of order: a read within ``SLACK_READS`` read sizes of the run's end still continues it.
+Memory stays bounded: the window never reaches past ``FETCH_BUDGET`` bytes ahead of the reader, fetched
+chunks go into the shared chunk LRU (``ckptfs.cache.chunks``, twice the budget), and the scheduler counts
+everything in flight. The chunks are claimed, fetched and abandoned through the source's public ``claim`` /
+``fetch_claimed`` / ``abandon``: a reader arriving at a chunk on its way waits for that fetch.
 
 The block engine's own read-ahead calls ``advise`` on the stored bytes of the groups it will decode next;
-that lands here too (``prefetch``), so a decoding stream and a raw stream are both fed ahead.
+that lands here too (``prefetch``), under the same limit and budget.
 
 Threads are started only by reads ahead, never while a checkpoint's headers are read (its sources are opened
-with ``RemoteOptions(read_ahead=False)`` then: a mount forks its daemon after the open), and a forked child (a mount
-daemon, a DataLoader worker) starts with fresh pools (the scheduler's), and the fetches its parent had under
-way fail over to their readers: threads do not survive ``fork``.
+with ``RemoteOptions(read_ahead=False)`` then: a mount forks its daemon after the open), and a forked child (a
+mount daemon, a DataLoader worker) starts with fresh pools (the scheduler's), and the fetches its parent had
+under way fail over to their readers: threads do not survive ``fork``.
 """
 
 from __future__ import annotations
@@ -30,11 +40,14 @@ from ckptfs.cache.chunks import CHUNK
 from ckptfs.readahead import SCHEDULER, SequentialRun
 
 MIN_WINDOW = 1 << 20
-MAX_WINDOW = 32 << 20
-PIECE = 8 << 20
-#: A read starting this close to where the previous one ended still counts as sequential (the kernel sends
-#: neighbouring readahead requests out of order).
+#: Bytes a source's read-ahead keeps ahead of its reader at most (in flight and landed, not yet read).
+FETCH_BUDGET = 128 << 20
+#: The smallest piece (one request) read-ahead asks for, however high the origin's limit climbs.
+MIN_PIECE = 1 << 20
+#: A read starting this close to where the previous one ended still counts as sequential, in chunks and in
+#: read sizes (the kernel sends neighbouring requests out of order, and FUSE serves them on several threads).
 SLACK = 2 * CHUNK
+SLACK_READS = 16
 
 _sources: weakref.WeakSet = weakref.WeakSet()
 
@@ -44,10 +57,20 @@ def _after_fork_in_child() -> None:
     waiting (the scheduler forgets its own workers itself)."""
     for source in list(_sources):
         source.forget_fetches()
+        readahead = getattr(source, "_readahead", None)
+        if readahead is not None:
+            readahead._lock = threading.Lock()
 
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def piece_bytes(limit: int, largest: int) -> int:
+    """One read-ahead request's size at an in-flight limit of ``limit``: the budget shared by the requests in
+    flight, between ``MIN_PIECE`` and the scheme's ``largest``, in whole chunks."""
+    share = max(MIN_PIECE, min(largest, FETCH_BUDGET // max(1, limit)))
+    return max(CHUNK, share - share % CHUNK)
 
 
 class ReadAhead:
@@ -57,46 +80,86 @@ class ReadAhead:
         self._source = source
         self._lock = threading.Lock()
         self._run = SequentialRun(SLACK)
-        self._window = 0
-        self._frontier = 0  # chunks below this are fetched or claimed by read-ahead already
+        self._window = 0    # bytes wanted ahead of the reader
+        self._reader = 0    # the chunk just past the run's furthest read
+        self._frontier = 0  # chunks of the run below this are fetched or claimed already
         _sources.add(source)
 
     def observe(self, offset: int, size: int) -> None:
         """Note a read; when it continues a sequential run, fetch ahead of it."""
         if not self._source.options.read_ahead:
             return
-        end = offset + size
+        limit = self._source.origin_limit()
         with self._lock:
-            streak = self._run.observe(offset, size)
-            if streak == 0:
+            streak = self._run.observe(offset, size, max(SLACK, SLACK_READS * size))
+            reader = -(-self._run.end // CHUNK)
+            if streak == 0:  # a new run: forget the old one's window and frontier
                 self._window = 0
+                self._reader = self._frontier = reader
                 return
+            self._reader = max(self._reader, reader)
             if streak < 2:
                 return
-            self._window = min(MAX_WINDOW, max(MIN_WINDOW, self._window * 2))
-            reader = (end - 1) // CHUNK + 1
-            frontier = max(self._frontier, reader)
-            window = self._window // CHUNK
-            if frontier - reader > window // 2:
+            # the window grows to the whole budget, so the origin's limit, not the window, is what binds
+            # (and a limit that binds is one that learns: limit.py judges only epochs that wanted more)
+            self._window = min(FETCH_BUDGET, max(MIN_WINDOW, self._window * 2))
+        self.pump()
+
+    def pump(self) -> None:
+        """Start pieces at the run's frontier while the window, the origin's limit and the budget allow."""
+        if self._source.closed:
+            return
+        limit = self._source.origin_limit()
+        chunks = -(-self._source.size // CHUNK)
+        while True:
+            with self._lock:
+                frontier = max(self._frontier, self._reader)
+                end = min(chunks, self._reader + self._window // CHUNK)
+                piece = piece_bytes(limit.limit, self._source.piece_bytes) // CHUNK
+                take = min(piece, end - frontier)
+                # a whole piece, or what is left of the window's room when that is most of it, or the file's end
+                if take <= 0 or (take < piece and end < chunks and take < (self._window // CHUNK) // 2):
+                    return
+                if not SCHEDULER.has_room(take * CHUNK) or not limit.try_start():
+                    return
+                self._frontier = frontier + take
+            if not self._start(frontier, frontier + take, limit, then_pump=True):
+                with self._lock:  # not started: ask again from there on a later read
+                    self._frontier = min(self._frontier, frontier)
                 return
-            last = min(-(-self._source.size // CHUNK), reader + window)
-            self._frontier = max(frontier, last)
-        if last > frontier:
-            self.prefetch(frontier, last)
 
     def prefetch(self, c0: int, c1: int) -> None:
-        """Fetch chunks [c0, c1) in the background, as pieces of at most PIECE bytes (best effort)."""
-        if not self._source.options.read_ahead:
+        """Fetch chunks [c0, c1) in the background, as pieces under the origin's limit (best effort)."""
+        if not self._source.options.read_ahead or self._source.closed:
             return
-        step = max(1, PIECE // CHUNK)
+        limit = self._source.origin_limit()
+        step = piece_bytes(limit.limit, self._source.piece_bytes) // CHUNK
         for first in range(c0, c1, step):
             last = min(c1, first + step)
-            if not SCHEDULER.has_room((last - first) * CHUNK):
-                return  # over budget: a later read asks again
-            runs = self._source.claim(first, last)
-            if not runs:
-                continue
-            nbytes = sum(stop - start for start, stop in runs) * CHUNK
-            if SCHEDULER.submit("fetch", lambda runs=runs: self._source.fetch_claimed(runs), nbytes) is None:
-                self._source.abandon(runs, RuntimeError("read-ahead over budget"))
+            if not SCHEDULER.has_room((last - first) * CHUNK) or not limit.try_start():
+                return  # over budget or at the limit: a later read asks again
+            if not self._start(first, last, limit, then_pump=False):
                 return
+
+    def _start(self, c0: int, c1: int, limit, then_pump: bool) -> bool:
+        """Claim [c0, c1) and fetch it on the scheduler, holding one of ``limit``'s slots until it lands;
+        False when the scheduler refused it (the slot given back, the claims abandoned)."""
+        runs = self._source.claim(c0, c1)
+        if not runs:
+            limit.done()
+            return True  # all there or on its way already
+
+        def job() -> None:
+            try:
+                self._source.fetch_claimed(runs)
+            finally:
+                limit.done()
+            if then_pump:
+                self.pump()
+
+        nbytes = sum(stop - start for start, stop in runs) * CHUNK
+        if SCHEDULER.submit("fetch", job, nbytes, cap=FETCH_BUDGET) is None:
+            limit.done()
+            self._source.abandon(runs, RuntimeError("read-ahead over budget"))
+            return False
+        return True

@@ -29,11 +29,13 @@ from ckptfs.core.errors import CheckpointError
 from ckptfs.sources.registry import register_scheme
 from ckptfs.sources.base import Folder
 from ckptfs.sources.netstats import COUNTERS
-from ckptfs.sources.remote.transport import Changed, RemoteOptions, RemoteSource, Retryable, read_deadline, stalled
+from ckptfs.sources.remote.transport import POOL_CONNECTIONS, Changed, RemoteOptions, RemoteSource, Retryable, read_deadline, stalled
 
 _FILE_SUFFIXES = (".gguf", ".safetensors", ".json")
 _RETRY_CODES = {"SlowDown", "ServiceUnavailable", "InternalError", "RequestTimeout", "ThrottlingException",
                 "TooManyRequests", "RequestTimeTooSkewed"}
+#: The answers that mean "fewer requests at once" (ckptfs.readahead.limit halves the in-flight limit).
+_THROTTLE_CODES = {"SlowDown", "ServiceUnavailable", "ThrottlingException", "TooManyRequests"}
 _DENIED_CODES = {"AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "AllAccessDisabled",
                  "ExpiredToken", "InvalidToken", "Forbidden", "403", "401"}
 _clients: dict[tuple, tuple] = {}
@@ -86,7 +88,7 @@ def client_for(stall_timeout: float):
         if found is not None:
             return found
         settings = {"retries": {"total_max_attempts": 1}, "connect_timeout": stall_timeout,
-                    "read_timeout": stall_timeout, "max_pool_connections": 16}
+                    "read_timeout": stall_timeout, "max_pool_connections": POOL_CONNECTIONS}
         if _by_address(endpoint):
             settings["s3"] = {"addressing_style": "path"}
         if credentials is None:
@@ -110,6 +112,7 @@ class S3Source(RemoteSource):
     """One S3 object, read with ranged GetObject (see the module docstring)."""
 
     scheme = "s3"
+    piece_bytes = 8 << 20  # S3's guidance for ranged GETs: 8-16 MB a request
 
     def __init__(self, url: str, options: RemoteOptions | None = None):
         super().__init__(url, options)
@@ -122,6 +125,9 @@ class S3Source(RemoteSource):
         self._set_identity(size, etag, url)
         self._keep_prefix(head)
 
+    def origin(self) -> str:
+        return f"s3://{_endpoint() or 'aws'}/{self.bucket}"  # S3 scales (and throttles) per bucket prefix
+
     def _call(self, what: str, offset: int | None, **kwargs):
         """One GetObject/HeadObject; failures mapped to Retryable / Changed / one-line CheckpointError."""
         try:
@@ -131,7 +137,7 @@ class S3Source(RemoteSource):
             if code in ("PreconditionFailed", "412"):
                 raise Changed("the object's ETag is not the one it had at open") from None
             if code in _RETRY_CODES or status == 429 or status >= 500:
-                raise Retryable(f"S3 {code} (HTTP {status})") from None
+                raise Retryable(f"S3 {code} (HTTP {status})", throttled=code in _THROTTLE_CODES or status in (429, 503)) from None
             COUNTERS.request(self.scheme, "error")
             if code in ("NoSuchKey", "NoSuchBucket", "404", "NotFound"):
                 raise CheckpointError(self.name, offset, f"not found (S3 {code})") from None

@@ -40,7 +40,9 @@ from ckptfs.cache.chunks import CHUNK, ChunkCache, chunk_key, disk_store
 from ckptfs.cache.flight import Flight, SingleFlight
 from ckptfs.util.redact import public_name
 from ckptfs.sources.netstats import COUNTERS
-from ckptfs.sources.remote.readahead import ReadAhead
+from ckptfs.readahead import SCHEDULER
+from ckptfs.readahead.limit import CEILING, OriginLimit, origin_limit
+from ckptfs.sources.remote.readahead import FETCH_BUDGET, ReadAhead, piece_bytes
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +55,8 @@ DEFAULT_CACHE_DIR_SIZE = 10 << 30
 REMOTE_INITIAL_READ = 2 * 1024 * 1024
 #: One request fetches at most this much; a longer run of missing chunks is several requests.
 MAX_REQUEST_BYTES = 16 * 1024 * 1024
+#: Keep-alive connections per host: read-ahead's highest in-flight limit plus readers' own requests.
+POOL_CONNECTIONS = CEILING + 32
 BACKOFF_BASE = 0.1
 BACKOFF_CAP = 2.0
 #: How many last bytes of a file stand for its version where the validator cannot (see ``_confirm_version``).
@@ -131,11 +135,12 @@ class Retryable(Exception):
     ``--timeout``, not by ``--stall-timeout``)."""
 
     def __init__(self, message: str, retry_after: float | None = None, timeout: bool = False,
-                 deadline: bool = False):
+                 deadline: bool = False, throttled: bool = False):
         super().__init__(message)
         self.retry_after = retry_after
         self.timeout = timeout or deadline
         self.deadline = deadline
+        self.throttled = throttled  # the origin asks for fewer requests (429, 503, SlowDown): see limit.py
 
 
 def wait_bound(options: RemoteOptions, deadline: float) -> tuple[float, bool]:
@@ -166,6 +171,8 @@ class RemoteSource(ByteSource):
 
     scheme = "remote"
     initial_read = REMOTE_INITIAL_READ
+    #: The largest request read-ahead makes (``readahead.piece_bytes`` shrinks it as more are in flight).
+    piece_bytes = 4 << 20
 
     def __init__(self, name: str, options: RemoteOptions | None = None):
         self.name = name
@@ -181,6 +188,22 @@ class RemoteSource(ByteSource):
         self._sample: tuple[int, int, str] | None = None  # (start, end, digest) re-checked after each fetch
         self._check_lock = threading.Lock()
         self._checked_at = float("-inf")
+        self._limit: OriginLimit | None = None
+
+    def origin(self) -> str:
+        """Who answers this source's requests (a scheme and host): the unit whose in-flight limit is learnt
+        (``ckptfs.readahead.limit``). Schemes say; this default is the source's name."""
+        return f"{self.scheme}:{self.name}"
+
+    def origin_limit(self) -> OriginLimit:
+        limit = self._limit
+        if limit is None:
+            limit = self._limit = origin_limit(self.origin())
+        return limit
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
 
     # -- opening ---------------------------------------------------------------------------------------
     def _set_identity(self, size: int, validator: str | None, url: str, sha256: str | None = None,
@@ -288,14 +311,26 @@ class RemoteSource(ByteSource):
                 mine.append(i)
             else:
                 waits[i] = flight
+        handed: list[int] = []
         try:
-            for start, stop in _runs(mine):
+            for start, stop in self._hand_out(_runs(mine), deadline, handed):
                 found.update(self._fetch_chunks(start, stop, deadline))
         except BaseException as exc:  # the runs not tried yet: their waiters must not wait for us
+            handed_set = set(handed)
             for i in mine:
-                if i not in found:
+                if i not in found and i not in handed_set:
                     self._finish(i, None, exc)
             raise
+        for i in handed:  # pieces fetched on the scheduler's workers meanwhile: wait for them as for others'
+            data = self._cache.get(chunk_key(self._content_id, i))
+            if data is not None:
+                found[i] = data
+                continue
+            flight = self._flights.join_or_claim(i)
+            if flight is None:  # done but gone already (evicted, or failed): ours to fetch
+                found.update(self._fetch_chunks(i, i + 1, deadline))
+            else:
+                waits[i] = flight
         for i, flight in waits.items():
             # Another reader's (or read-ahead's) fetch of this chunk: wait for it as long as for a stalled
             # attempt; past that, fetch the chunk ourselves — or, with a mirror to turn to, give it the time.
@@ -314,6 +349,35 @@ class RemoteSource(ByteSource):
             self._cache.put(chunk_key(self._content_id, i), data)
             found[i] = data
         return [found[i] for i in range(c0, c1)]
+
+    def _hand_out(self, runs: list[tuple[int, int]], deadline: float, handed: list[int]) -> list[tuple[int, int]]:
+        """A reader's own runs of missing chunks, longer than one piece (a 64 MiB direct-I/O read, a whole
+        tensor's bytes): all pieces but each run's first go to the scheduler's fetch workers at once, so one
+        read is as many requests in parallel as a read-ahead would make (their chunks are added to
+        ``handed``: the caller waits for them); the pieces the caller fetches itself are returned. A source
+        without read-ahead (reading headers, before a mount forks its daemon) starts no thread: one request
+        per run, as before."""
+        if not self.options.read_ahead:  # a header read before the mount forks: no threads yet
+            return runs
+        step = piece_bytes(self.origin_limit().limit, self.piece_bytes) // CHUNK
+        mine: list[tuple[int, int]] = []
+        for start, stop in runs:
+            mine.append((start, min(stop, start + step)))
+            for first in range(start + step, stop, step):
+                last = min(stop, first + step)
+                context = contextvars.copy_context()  # the reader's deadline and mirror scopes go along
+                job = (lambda a=first, b=last, context=context: context.run(self._fetch_handed, a, b, deadline))
+                if SCHEDULER.submit("fetch", job, (last - first) * CHUNK, cap=FETCH_BUDGET) is None:
+                    mine.append((first, last))
+                else:
+                    handed.extend(range(first, last))
+        return mine
+
+    def _fetch_handed(self, c0: int, c1: int, deadline: float) -> None:
+        try:
+            self._fetch_chunks(c0, c1, deadline)
+        except Exception as exc:  # noqa: BLE001 - the reader waiting for these chunks fetches them itself
+            log.debug("fetch of %s chunks %d..%d failed: %s", public_name(self.name), c0, c1, exc)
 
     # -- fetching ahead (ckptfs.sources.remote.readahead) -----------------------------------------------
     def claim(self, c0: int, c1: int) -> list[tuple[int, int]]:
@@ -369,7 +433,9 @@ class RemoteSource(ByteSource):
 
     def _fetch(self, start: int, end: int, deadline: float) -> bytes:
         """Bytes [start, end) with retries (see the module docstring), or CheckpointError."""
+        sent = time.monotonic()
         data = self.retrying(lambda: self._attempt(start, end, deadline), deadline, start)
+        self.origin_limit().finished(len(data), time.monotonic() - sent)
         if len(data) != end - start:  # a scheme's _attempt must check this; never serve a short read
             raise CheckpointError(self.name, start, f"got {len(data)} bytes for a {end - start}-byte range")
         COUNTERS.request(self.scheme, "ok", len(data))
@@ -393,6 +459,8 @@ class RemoteSource(ByteSource):
                 return attempt()
             except Retryable as exc:
                 tries += 1
+                if exc.throttled:
+                    self.origin_limit().throttled()
                 left = deadline - time.monotonic()
                 if exc.retry_after is not None:
                     delay, too_late = exc.retry_after, exc.retry_after >= left  # not before the server's time

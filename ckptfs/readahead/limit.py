@@ -1,0 +1,171 @@
+"""How many requests one origin gets in flight at once: found by measuring, not assumed.
+
+Object stores and CDNs cap what one connection carries (a few tens of MB/s a request is common), so a cold
+stream is as fast as the number of ranges in flight: four requests behind a 20 MB/s-per-request origin make
+80 MB/s however fast the link is. How many help depends on the origin (its per-request cap, its latency, its
+throttling) and cannot be known in advance, so each origin gets an :class:`OriginLimit` that climbs like a
+parallel downloader tuned by hand would: start small, **grow while throughput grows** (each step is kept
+only when an epoch at the new limit moved at least ``GAIN`` more bytes a second than the one before it),
+**step back when it stops paying** (a larger limit that moved no more bytes, or whose requests took much
+longer each, costs connections and memory for nothing), and **halve at once on a throttle** (HTTP 429/503,
+S3's SlowDown), staying there for a while. An epoch is judged only when readers wanted more than the limit
+(``saturated``): a reader slower than the link says nothing about the origin. A plateau is probed again
+every ``REPROBE_EPOCHS`` epochs, since origins change.
+
+The limit gates read-ahead only (``ckptfs.sources.remote.readahead`` asks ``try_start`` before each piece);
+a reader's own request is never held back, but every request, read-ahead or not, is measured (``finished``).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import threading
+import time
+
+#: Requests in flight per origin: where a new origin starts, and the bounds of the climb.
+INITIAL = 8
+FLOOR = 1
+CEILING = 64
+#: Growth factor per step, and the gain in throughput a step must show to be kept.
+STEP = 2.0
+GAIN = 1.10
+#: An epoch: at least this long, and at least ``limit`` requests finished (one round of the window).
+EPOCH_SECONDS = 0.1
+#: A request this many times slower per byte than the fastest seen, in an epoch that gained nothing, is a
+#: queue building up at the origin: step down.
+LATENCY_CLIMB = 3.0
+#: Epochs without growth after a throttle or a plateau before growth is tried again.
+REPROBE_EPOCHS = 8
+
+
+class OriginLimit:
+    """The adaptive in-flight limit of one origin (see the module docstring). Thread-safe."""
+
+    def __init__(self, initial: int = INITIAL, floor: int = FLOOR, ceiling: int = CEILING,
+                 clock=time.monotonic):
+        self.floor, self.ceiling = floor, ceiling
+        self.limit = max(floor, min(ceiling, initial))
+        self._clock = clock
+        self._lock = threading.Lock()
+        self.in_flight = 0
+        self._epoch_start = clock()
+        self._epoch_bytes = 0
+        self._epoch_done = 0
+        self._epoch_seconds_per_byte: list[float] = []
+        self._saturated = False
+        self._previous: tuple[int, float] | None = None  # (limit, bytes/s) of the last judged epoch
+        self._fastest_per_byte = math.inf
+        self._hold = 0  # epochs left without growth
+        self.throttles = 0
+        self.peak = self.limit
+
+    # -- read-ahead asks -------------------------------------------------------------------------------
+    def try_start(self) -> bool:
+        """Take a slot for one read-ahead request; False (and the epoch marked as wanting more) when the
+        limit is reached."""
+        with self._lock:
+            if self.in_flight >= self.limit:
+                self._saturated = True
+                return False
+            self.in_flight += 1
+            return True
+
+    def done(self) -> None:
+        """Give back a slot taken by ``try_start``."""
+        with self._lock:
+            self.in_flight = max(0, self.in_flight - 1)
+
+    # -- every request reports -------------------------------------------------------------------------
+    def finished(self, nbytes: int, seconds: float) -> None:
+        """One request to the origin brought ``nbytes`` in ``seconds``."""
+        with self._lock:
+            self._epoch_bytes += nbytes
+            self._epoch_done += 1
+            if nbytes > 0:
+                per_byte = max(seconds, 1e-6) / nbytes
+                self._epoch_seconds_per_byte.append(per_byte)
+                self._fastest_per_byte = min(self._fastest_per_byte, per_byte)
+            now = self._clock()
+            if now - self._epoch_start >= EPOCH_SECONDS and self._epoch_done >= self.limit:
+                self._judge(now)
+
+    def throttled(self) -> None:
+        """The origin asked us to slow down (429, 503, SlowDown): halve now, and hold."""
+        with self._lock:
+            self.throttles += 1
+            self.limit = max(self.floor, self.limit // 2)
+            self._hold = REPROBE_EPOCHS
+            self._previous = None
+            self._start_epoch(self._clock())
+
+    def _judge(self, now: float) -> None:
+        rate = self._epoch_bytes / max(now - self._epoch_start, 1e-6)
+        latencies = sorted(self._epoch_seconds_per_byte)
+        median = latencies[len(latencies) // 2] if latencies else 0.0
+        saturated = self._saturated
+        self._start_epoch(now)
+        if not saturated:
+            return  # the readers, not the origin, set this epoch's pace
+        previous = self._previous
+        if previous is not None and previous[0] < self.limit and rate < previous[1] * GAIN:
+            # the last step up did not pay: go back to where the same bytes came with fewer requests
+            self.limit = previous[0]
+            self._hold = REPROBE_EPOCHS
+            self._previous = (self.limit, max(rate, previous[1]))
+            return
+        if previous is not None and rate < previous[1] and median > LATENCY_CLIMB * self._fastest_per_byte:
+            self.limit = max(self.floor, int(self.limit * 0.75))
+            self._previous = (self.limit, rate)
+            return
+        self._previous = (self.limit, rate)
+        if self._hold > 0:
+            self._hold -= 1
+            return
+        grown = min(self.ceiling, max(self.limit + 1, int(math.ceil(self.limit * STEP))))
+        if grown != self.limit:
+            self.limit = grown
+            self.peak = max(self.peak, grown)
+
+    def _start_epoch(self, now: float) -> None:
+        self._epoch_start = now
+        self._epoch_bytes = 0
+        self._epoch_done = 0
+        self._epoch_seconds_per_byte = []
+        self._saturated = False
+
+    def stats(self) -> dict:
+        with self._lock:
+            return {"limit": self.limit, "in_flight": self.in_flight, "peak": self.peak,
+                    "throttles": self.throttles}
+
+
+_limits: dict[str, OriginLimit] = {}
+_limits_lock = threading.Lock()
+
+
+def origin_limit(origin: str) -> OriginLimit:
+    """The process's limit for ``origin`` (a scheme and host: every source on it shares what it learns)."""
+    with _limits_lock:
+        found = _limits.get(origin)
+        if found is None:
+            found = _limits[origin] = OriginLimit()
+        return found
+
+
+def origin_stats() -> dict[str, dict]:
+    with _limits_lock:
+        return {origin: limit.stats() for origin, limit in _limits.items()}
+
+
+def _forget_in_child() -> None:
+    """A forked child's requests are its own: what the parent had in flight is not."""
+    global _limits_lock
+    _limits_lock = threading.Lock()
+    for limit in _limits.values():
+        limit._lock = threading.Lock()
+        limit.in_flight = 0
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_in_child)

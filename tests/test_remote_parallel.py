@@ -1,0 +1,211 @@
+"""Cold remote streams over many parallel ranges: the origin's in-flight limit is learnt (grown while
+throughput grows, halved on a throttle), and faults on some of 32+ connections in flight cost speed, never a
+wrong byte or a hang.
+
+The limit's arithmetic is checked with a clock of the test's own; the rest runs against Debian's nginx on
+loopback with a per-request rate cap (``limit_rate``, as a CDN has) behind ``faultproxy.FaultProxy``, which
+counts how many requests it serves at once (what the origin sees) and injects resets, 5xx, 429 storms,
+stalls and short bodies into a share of them.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+import pytest
+
+pytest.importorskip("urllib3")
+
+from ckptfs.readahead.limit import REPROBE_EPOCHS, OriginLimit  # noqa: E402
+from ckptfs.sources import Opener  # noqa: E402
+from ckptfs.sources.remote.transport import RemoteOptions  # noqa: E402
+from faultproxy import FaultProxy  # noqa: E402
+from servers import Nginx, require_nginx  # noqa: E402
+
+MiB = 1 << 20
+SIZE = 160 * MiB
+RATE = "6m"        # per request: a 2 MiB piece takes a third of a second, so speed comes only from parallelism
+HANG_BOUND = 120.0  # a stream that would take 27 s at 4 in flight; only a hang (or a lost fetch) passes this
+
+
+class Clock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _epoch(limit: OriginLimit, clock: Clock, rate: float, saturated: bool = True, per_byte_slowdown: float = 1.0):
+    """One epoch in which the origin moved ``rate`` bytes/s over ``limit.limit`` requests."""
+    if saturated:  # readers wanted more than the limit: take every slot, then one more
+        taken = 0
+        while limit.try_start():
+            taken += 1
+        for _ in range(taken):
+            limit.done()
+    n = limit.limit
+    seconds = 0.2
+    each = int(rate * seconds / n)
+    clock.now += seconds
+    for _ in range(n):
+        limit.finished(each, per_byte_slowdown * each / (rate / n))
+
+
+def test_the_limit_grows_while_throughput_grows_and_steps_back_when_it_stops():
+    clock = Clock()
+    limit = OriginLimit(initial=8, ceiling=64, clock=clock)
+    per_request = 20e6
+    seen = [limit.limit]
+    for _ in range(6):  # a capped origin: throughput is in-flight x 20 MB/s up to a 400 MB/s link
+        _epoch(limit, clock, min(400e6, limit.limit * per_request))
+        seen.append(limit.limit)
+    assert seen[:3] == [8, 16, 32]           # doubling while each step paid
+    assert seen[3:] == [64, 32, 32, 32]  # 64 moved no more than 32 did: back to 32, and held there
+    for _ in range(REPROBE_EPOCHS - 2):  # two of the held epochs are behind us
+        _epoch(limit, clock, 400e6)
+        assert limit.limit == 32
+    _epoch(limit, clock, 400e6)
+    assert limit.limit == 64  # a plateau is probed again after a while
+
+
+def test_an_epoch_the_readers_did_not_fill_changes_nothing():
+    clock = Clock()
+    limit = OriginLimit(initial=8, clock=clock)
+    for _ in range(5):
+        _epoch(limit, clock, 50e6, saturated=False)
+    assert limit.limit == 8
+
+
+def test_a_throttle_halves_the_limit_and_holds_it():
+    clock = Clock()
+    limit = OriginLimit(initial=32, clock=clock)
+    limit.throttled()
+    assert limit.limit == 16 and limit.stats()["throttles"] == 1
+    limit.throttled()
+    limit.throttled()
+    assert limit.limit == 4
+    for rate in (10e6, 20e6, 40e6):  # better and better, but the origin asked for fewer: held for a while
+        _epoch(limit, clock, rate)
+    assert limit.limit == 4
+    for _ in range(REPROBE_EPOCHS - 3):  # the rest of the hold
+        _epoch(limit, clock, limit.limit * 20e6)
+        assert limit.limit == 4
+    for _ in range(2):  # then growth is tried again, and kept where it pays
+        _epoch(limit, clock, limit.limit * 20e6)
+    assert limit.limit == 16
+
+
+def test_slower_requests_without_more_throughput_step_down():
+    clock = Clock()
+    limit = OriginLimit(initial=16, clock=clock)
+    _epoch(limit, clock, 100e6)
+    assert limit.limit == 32
+    _epoch(limit, clock, 90e6, per_byte_slowdown=5.0)  # 32 in flight: each much slower, less in all
+    assert limit.limit == 16
+
+
+def test_the_limit_stays_within_its_bounds():
+    clock = Clock()
+    limit = OriginLimit(initial=1000, floor=2, ceiling=48, clock=clock)
+    assert limit.limit == 48
+    for _ in range(10):
+        limit.throttled()
+    assert limit.limit == 2
+    assert limit.try_start() and limit.try_start() and not limit.try_start()
+
+
+# -- against a capped origin -------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def origin(tmp_path_factory):
+    require_nginx()
+    root = tmp_path_factory.mktemp("www")
+    data = os.urandom(SIZE)
+    for name in ("stream.bin", "faults.bin", "storm.bin", "direct.bin"):
+        (root / name).write_bytes(data)  # one file a test: each learns its limit and fetches afresh
+    with Nginx(root, limit_rate=RATE) as server:
+        yield server, data
+
+
+def _source(url: str, timeout: float = 30.0, stall: float = 3.0):
+    return Opener(RemoteOptions(timeout=timeout, stall_timeout=stall)).source(url)
+
+
+def _stream(source, data: bytes, step: int = 1 * MiB) -> None:
+    """Read the whole source in order, as ``cat`` through a mount does, checking every byte."""
+    for offset in range(0, source.size, step):
+        got = source.pread(offset, min(step, source.size - offset))
+        assert got == data[offset:offset + len(got)], f"wrong bytes at {offset}"
+
+
+def test_a_cold_stream_keeps_many_ranges_in_flight(origin):
+    server, data = origin
+    with FaultProxy(server.url) as proxy:
+        source = _source(proxy.url + "/stream.bin")
+        started = time.monotonic()
+        _stream(source, data)
+        assert time.monotonic() - started < HANG_BOUND
+        assert proxy.peak_in_flight >= 16, proxy.peak_in_flight  # the old read-ahead kept 4
+        assert source.origin_limit().stats()["peak"] >= 16
+
+
+@pytest.mark.parametrize("fault", ["reset", "500", "short", "stall:5"])
+def test_faults_on_some_of_many_connections_cost_speed_not_bytes(origin, fault):
+    server, data = origin
+    with FaultProxy(server.url) as proxy:
+        proxy.every(7, fault)  # one request in seven, among dozens in flight
+        source = _source(proxy.url + "/faults.bin")
+        started = time.monotonic()
+        _stream(source, data)
+        assert time.monotonic() - started < HANG_BOUND
+        assert fault in proxy.faults_used
+        assert proxy.peak_in_flight >= 8, proxy.peak_in_flight  # failures that are not throttles keep it up
+
+
+def test_an_origin_that_says_503_now_and_then_gets_fewer_requests_and_every_byte(origin):
+    server, data = origin
+    with FaultProxy(server.url) as proxy:
+        proxy.every(7, "503")
+        source = _source(proxy.url + "/faults.bin")
+        started = time.monotonic()
+        _stream(source, data)
+        assert time.monotonic() - started < HANG_BOUND
+        stats = source.origin_limit().stats()
+        assert stats["throttles"] > 0 and stats["limit"] < stats["peak"]
+
+
+def test_a_429_storm_halves_the_limit_and_every_byte_still_arrives(origin):
+    server, data = origin
+    with FaultProxy(server.url) as proxy:
+        source = _source(proxy.url + "/storm.bin")
+        half = SIZE // 2
+        _stream_range = [(o, min(MiB, half - o)) for o in range(0, half, MiB)]
+        for offset, size in _stream_range[:40]:
+            assert source.pread(offset, size) == data[offset:offset + size]
+        before = source.origin_limit().stats()
+        proxy.always("429:0")  # every request refused for a while, as a throttling origin does
+        timer = threading.Timer(1.5, proxy.always, args=(None,))
+        timer.start()
+        try:
+            started = time.monotonic()
+            _stream(source, data)
+            assert time.monotonic() - started < HANG_BOUND
+        finally:
+            timer.cancel()
+            proxy.always(None)
+        after = source.origin_limit().stats()
+        assert after["throttles"] > before["throttles"]
+        assert "429:0" in proxy.faults_used
+
+
+def test_one_large_read_is_many_parallel_requests(origin):
+    """A loader's 64 MiB direct-I/O read that nobody fetched ahead: pieces in parallel, not one after another."""
+    server, data = origin
+    with FaultProxy(server.url) as proxy:
+        source = _source(proxy.url + "/direct.bin")
+        offset = 64 * MiB
+        assert source.pread(offset, 64 * MiB) == data[offset:offset + 64 * MiB]
+        assert proxy.peak_in_flight >= 8, proxy.peak_in_flight
