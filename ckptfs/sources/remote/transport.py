@@ -283,12 +283,25 @@ class RemoteSource(ByteSource):
         if len(chunks) == 1:
             data = chunks[0]
             return data if skip == 0 and len(data) == size else data[skip: skip + size]
-        # one copy: the covering slices of the chunks, joined
-        tail = offset + size - (c1 - 1) * CHUNK
-        views = [memoryview(c) for c in chunks]
-        views[0] = views[0][skip:]
-        views[-1] = views[-1][:tail]
-        return b"".join(views)
+        return b"".join(_covering(chunks, skip, offset + size - (c1 - 1) * CHUNK))  # one copy
+
+    def pread_into(self, offset: int, target: memoryview) -> None:
+        """``pread`` straight into ``target`` (libfuse's buffer): the chunks' covering slices are copied there
+        once, instead of joined and copied again."""
+        size = len(target)
+        if not check_range(self, offset, size):
+            return
+        c0, c1 = offset // CHUNK, (offset + size - 1) // CHUNK + 1
+        head = min(-(-self.size // CHUNK), self.initial_read // CHUNK)
+        if c0 == 0 and c1 < head and not self._cache.has(chunk_key(self._content_id, 0)):
+            target[:] = self.pread(offset, size)  # the header's first read: as pread takes it
+            return
+        chunks = self._get_chunks(c0, c1, read_deadline(self.options.timeout))
+        self._readahead.observe(offset, size)
+        at = 0
+        for part in _covering(chunks, offset - c0 * CHUNK, offset + size - (c1 - 1) * CHUNK):
+            target[at: at + len(part)] = part
+            at += len(part)
 
     def advise(self, offset: int, size: int, sequential: bool = False) -> None:
         """Fetch the chunks covering these bytes in the background (best effort)."""
@@ -415,9 +428,11 @@ class RemoteSource(ByteSource):
             for first in range(c0, c1, step):
                 last = min(c1, first + step)
                 start, end = first * CHUNK, min(self.size, last * CHUNK)
-                data = self._fetch(start, end, deadline)
-                for i in range(first, last):
-                    piece = data[(i - first) * CHUNK: (i - first + 1) * CHUNK]
+                parts = self._fetch_parts(start, end, deadline)
+                if len(parts) != last - first or any(len(p) != CHUNK for p in parts[:-1]):
+                    data = b"".join(parts)  # a scheme that answers in other pieces: cut it into chunks
+                    parts = [data[k * CHUNK: (k + 1) * CHUNK] for k in range(last - first)]
+                for i, piece in zip(range(first, last), parts):
                     self._cache.put(chunk_key(self._content_id, i), piece)
                     out[i] = piece
                     self._finish(i, piece, None)
@@ -433,14 +448,22 @@ class RemoteSource(ByteSource):
 
     def _fetch(self, start: int, end: int, deadline: float) -> bytes:
         """Bytes [start, end) with retries (see the module docstring), or CheckpointError."""
+        parts = self._fetch_parts(start, end, deadline)
+        return parts[0] if len(parts) == 1 else b"".join(parts)
+
+    def _fetch_parts(self, start: int, end: int, deadline: float) -> list[bytes]:
+        """``_fetch``'s bytes as the scheme read them: consecutive parts (``CHUNK`` bytes each but the last, for
+        a scheme that reads chunk by chunk: they become the cache's chunks without another copy)."""
         sent = time.monotonic()
-        data = self.retrying(lambda: self._attempt(start, end, deadline), deadline, start)
-        self.origin_limit().finished(len(data), time.monotonic() - sent)
-        if len(data) != end - start:  # a scheme's _attempt must check this; never serve a short read
-            raise CheckpointError(self.name, start, f"got {len(data)} bytes for a {end - start}-byte range")
-        COUNTERS.request(self.scheme, "ok", len(data))
+        body = self.retrying(lambda: self._attempt_parts(start, end, deadline), deadline, start)
+        parts = body if isinstance(body, list) else [body]
+        got = sum(len(p) for p in parts)
+        self.origin_limit().finished(got, time.monotonic() - sent)
+        if got != end - start:  # a scheme's _attempt must check this; never serve a short read
+            raise CheckpointError(self.name, start, f"got {got} bytes for a {end - start}-byte range")
+        COUNTERS.request(self.scheme, "ok", got)
         self._confirm_version(time.monotonic(), deadline, start)
-        return data
+        return parts
 
     def retrying(self, attempt, deadline: float, offset: int | None, what: str = ""):
         """``attempt()`` until it succeeds, retrying Retryable failures with backoff (counted here) for as long
@@ -510,6 +533,11 @@ class RemoteSource(ByteSource):
         CheckpointError."""
         raise NotImplementedError
 
+    def _attempt_parts(self, start: int, end: int, deadline: float) -> bytes | list[bytes]:
+        """``_attempt``, answered as the scheme reads the body: one ``bytes``, or consecutive parts of ``CHUNK``
+        bytes but the last (a scheme that can read chunk by chunk overrides this: no join, no cutting)."""
+        return self._attempt(start, end, deadline)
+
     def close_if_idle(self) -> bool:
         return True  # holds no descriptor: the pool's bound on open files does not apply
 
@@ -518,6 +546,17 @@ class RemoteSource(ByteSource):
 
     def close(self) -> None:
         self._closed = True
+
+
+def _covering(chunks: list[bytes], skip: int, tail: int) -> list[memoryview]:
+    """Views of consecutive chunks covering a read: from byte ``skip`` of the first to byte ``tail`` of the
+    last."""
+    views = [memoryview(c) for c in chunks]
+    if len(views) == 1:
+        return [views[0][skip:tail]]
+    views[0] = views[0][skip:]
+    views[-1] = views[-1][:tail]
+    return views
 
 
 def _runs(indexes: list[int]) -> list[tuple[int, int]]:
