@@ -207,3 +207,21 @@ def test_env_switch(monkeypatch, value, enabled, decode):
     monkeypatch.setenv(prefetch.PREFETCH_ENV, value)
     assert prefetch.enabled_from_env() is enabled
     assert prefetch.decode_ahead_from_env() is decode
+
+
+def test_a_found_stream_has_the_rest_of_its_file_advised_as_one_unit(gguf_path, monkeypatch):
+    """Tensor-aware read-ahead: once a reader is seen streaming a .raw, the stored bytes of the rest of the
+    tensor are advised at once (a remote source then fetches them over parallel ranges), not window by window."""
+    calls = []
+    monkeypatch.setattr(FileSource, "advise", lambda self, offset, size, sequential=False:
+                        calls.append((offset, size, sequential)))
+    monkeypatch.setattr(prefetch, "MAX_AHEAD_BYTES", 65536)  # the decode window: far short of the file's end
+    ck, tree, pf = setup(gguf_path)
+    raw = tree.view("f.raw")
+    assert raw.size > 4 * 65536
+    pf.opened(1, raw)
+    pf.on_read(1, 0, 65536)
+    assert not calls  # one read is not a stream
+    pf.on_read(1, 65536, 65536)
+    info = raw.info
+    assert max(o + n for o, n, _ in calls) == info.offset + info.stored_nbytes

@@ -124,7 +124,7 @@ def origin(tmp_path_factory):
     require_nginx()
     root = tmp_path_factory.mktemp("www")
     data = os.urandom(SIZE)
-    for name in ("stream.bin", "faults.bin", "storm.bin", "direct.bin"):
+    for name in ("stream.bin", "faults.bin", "storm.bin", "direct.bin", "advised.bin"):
         (root / name).write_bytes(data)  # one file a test: each learns its limit and fetches afresh
     with Nginx(root, limit_rate=RATE) as server:
         yield server, data
@@ -209,3 +209,37 @@ def test_one_large_read_is_many_parallel_requests(origin):
         offset = 64 * MiB
         assert source.pread(offset, 64 * MiB) == data[offset:offset + 64 * MiB]
         assert proxy.peak_in_flight >= 8, proxy.peak_in_flight
+
+
+def test_the_rest_of_a_tensor_advised_as_a_unit_is_fetched_in_parallel(origin):
+    """What the mount's read-ahead advises when it finds a stream (the rest of the tensor's stored bytes)
+    continues the source's run: all of it is fetched ahead, many pieces at once, with no further read."""
+    server, data = origin
+    with FaultProxy(server.url) as proxy:
+        source = _source(proxy.url + "/advised.bin")
+        for offset in (0, MiB):
+            assert source.pread(offset, MiB) == data[offset:offset + MiB]
+        source.advise(2 * MiB, 96 * MiB)
+        deadline = time.monotonic() + HANG_BOUND
+        while time.monotonic() < deadline and _fetched_until(server, "advised.bin") < 98 * MiB:
+            time.sleep(0.1)
+        assert _fetched_until(server, "advised.bin") >= 98 * MiB
+        assert proxy.peak_in_flight >= 16, proxy.peak_in_flight
+        assert source.pread(97 * MiB, MiB) == data[97 * MiB:98 * MiB]
+
+
+def _fetched_until(server: Nginx, name: str) -> int:
+    """How far from the start the ranges nginx served of ``name`` reach without a gap."""
+    import re
+
+    ranges = []
+    for line in server.access_log():
+        m = re.search(r'"GET /(\S+) [^"]*" 206 \d+ .*range="bytes=(\d+)-(\d+)"', line)
+        if m and m[1] == name:
+            ranges.append((int(m[2]), int(m[3]) + 1))
+    reach = 0
+    for begin, end in sorted(ranges):
+        if begin > reach:
+            break
+        reach = max(reach, end)
+    return reach

@@ -39,6 +39,9 @@ log = logging.getLogger(__name__)
 
 PREFETCH_ENV = "CKPTFS_PREFETCH"
 MAX_AHEAD_BYTES = 8 << 20
+#: How much of a streamed file's rest is advised at once when the stream is found (its stored bytes: the
+#: remote read-ahead's budget, ckptfs.sources.remote.readahead.FETCH_BUDGET).
+WHOLE_ADVICE_BYTES = 128 << 20
 STREAM_SHARE = 8  # ahead of one stream: at most capacity / 8
 TOTAL_SHARE = 4  # in flight over all streams: at most capacity / 4
 
@@ -61,6 +64,7 @@ class _Stream:
     generation: int = 0
     advised: bool = False
     followed: bool = False  # read-ahead has gone on into the next tensor's file (View.following)
+    whole: bool = False     # the rest of the file's stored bytes were advised as one unit
     closed: bool = False
 
 
@@ -128,10 +132,13 @@ class Prefetcher:
                 return  # at end of file, or more than half a window is already ahead
             first = not stream.advised
             stream.advised = True
+            whole, stream.whole = not stream.whole, True
             generation = stream.generation
         try:
             if stop > start:
                 self._schedule(stream, start, stop, generation, first)
+            if whole:
+                self._advise_rest(stream.view, stop)
             if beyond:
                 self._follow(stream, beyond)
         except Exception:  # noqa: BLE001 - read-ahead is an optimization; the read itself reports errors
@@ -150,6 +157,14 @@ class Prefetcher:
             if not self._submit(lambda job=job: self._run(stream, generation, job), nbytes):
                 return  # over budget: try again on a later read
             stream.ahead_until = until
+
+    def _advise_rest(self, view: View, end: int) -> None:
+        """Tensor-aware read-ahead: a reader found streaming a file has the stored bytes of the rest of it (up
+        to ``WHOLE_ADVICE_BYTES`` of the file) advised at once, as one unit — a remote source fetches them
+        over as many parallel ranges as its origin allows instead of growing a window read by read, a local
+        file's kernel reads them in. Decoding stays within the window above: it costs cache memory."""
+        for name, offset, nbytes in view.ahead(end, min(view.size, end + WHOLE_ADVICE_BYTES)).advise:
+            self._advise(name, offset, nbytes, False)
 
     def _follow(self, stream: _Stream, nbytes: int) -> None:
         """Tensor-aware read-ahead: a stream reaching its file's end goes on into the file of the tensor stored

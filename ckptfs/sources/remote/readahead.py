@@ -129,8 +129,18 @@ class ReadAhead:
                 return
 
     def prefetch(self, c0: int, c1: int) -> None:
-        """Fetch chunks [c0, c1) in the background, as pieces under the origin's limit (best effort)."""
+        """Fetch chunks [c0, c1) in the background, as pieces under the origin's limit (best effort). Bytes
+        that continue the reader's run (a tensor's rest, advised as one unit when its stream is found) widen
+        the run's window to cover them, so ``pump`` keeps fetching them as pieces land."""
         if not self._source.options.read_ahead or self._source.closed:
+            return
+        with self._lock:
+            reader = self._reader
+            continues = self._run.end >= 0 and reader - SLACK_READS <= c0 <= max(self._frontier, reader) + 1
+            if continues:
+                self._window = max(self._window, min(FETCH_BUDGET, (c1 - reader) * CHUNK))
+        if continues:
+            self.pump()
             return
         limit = self._source.origin_limit()
         step = piece_bytes(limit.limit, self._source.piece_bytes) // CHUNK
