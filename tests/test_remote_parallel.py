@@ -243,3 +243,61 @@ def _fetched_until(server: Nginx, name: str) -> int:
             break
         reach = max(reach, end)
     return reach
+
+
+# -- a mount daemon, many connections, some of them failing --------------------------------------------------
+
+@pytest.fixture(scope="module")
+def gguf_origin(tmp_path_factory):
+    """A GGUF of a few large Q8_0 tensors behind the capped nginx."""
+    import numpy as np
+
+    from fixtures import quantized, write_gguf
+
+    require_nginx()
+    root = tmp_path_factory.mktemp("gguf-www")
+    rng = np.random.default_rng(11)
+    tensors = {f"blk.{i}.w": (quantized("Q8_0", (1024, 8192), rng), "Q8_0") for i in range(6)}  # 8.5 MiB each
+    write_gguf(root / "m.gguf", tensors)
+    with Nginx(root, limit_rate=RATE) as server:
+        yield server, root / "m.gguf"
+
+
+def test_a_mount_under_faults_on_many_connections_serves_every_byte(gguf_origin, mounted):
+    import gguf
+
+    from conftest import mount_stats
+    from ckptfs.util.procinfo import peak_rss
+
+    server, path = gguf_origin
+    reference = gguf.GGUFReader(str(path))
+    with FaultProxy(server.url) as proxy:
+        mnt = mounted(proxy.url + "/m.gguf", "--timeout", "30", "--stall-timeout", "3", "--cache-size", "64M")
+        proxy.every(5, "reset")
+        started = time.monotonic()
+        for tensor in reference.tensors:  # every .raw in file order, as a loader streams them
+            with open(mnt / f"{tensor.name}.raw", "rb") as fh:
+                assert fh.read() == bytes(tensor.data.tobytes()), tensor.name
+        assert "reset" in proxy.faults_used
+        proxy.every(5, "503")
+        mnt = mounted(proxy.url + "/m.gguf", "--timeout", "30", "--stall-timeout", "3", "--cache-size", "64M")
+        own = mnt / "m.gguf"  # a fresh daemon: nothing of the file fetched but its header
+        fd = os.open(own, os.O_RDONLY | os.O_DIRECT)  # the loader pattern: 64 MiB direct-I/O reads
+        try:
+            import mmap
+
+            buf = mmap.mmap(-1, 64 * MiB)
+            got = bytearray()
+            while True:
+                n = os.readv(fd, [buf])
+                if n <= 0:
+                    break
+                got += buf[:n]
+        finally:
+            os.close(fd)
+        assert bytes(got) == path.read_bytes()
+        assert time.monotonic() - started < HANG_BOUND
+        stats = mount_stats(mnt)
+        assert proxy.peak_in_flight >= 8 and "503" in proxy.faults_used
+        peak = peak_rss(stats["pid"])  # cache 64 MiB + chunk LRU 256 MiB + 128 MiB ahead, and Python's own
+        assert peak is not None and peak < (64 + 256 + 128 + 200) * MiB, peak

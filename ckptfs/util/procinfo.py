@@ -37,13 +37,23 @@ def children(pid: int) -> list[int]:
     return found
 
 
-def rss_anon(pid: int) -> int | None:
-    """Anonymous resident memory of ``pid`` in bytes, or None if the process is gone."""
+def _status_bytes(pid: int, field: str) -> int | None:
+    """A ``kB`` field of ``/proc/PID/status`` in bytes, or None if the process is gone."""
     try:
         with open(f"/proc/{pid}/status") as f:
             for line in f:
-                if line.startswith("RssAnon:"):
+                if line.startswith(field + ":"):
                     return int(line.split()[1]) * 1024
     except OSError:
         return None
     return None
+
+
+def rss_anon(pid: int) -> int | None:
+    """Anonymous resident memory of ``pid`` in bytes, or None if the process is gone."""
+    return _status_bytes(pid, "RssAnon")
+
+
+def peak_rss(pid: int) -> int | None:
+    """The most resident memory ``pid`` has had (``VmHWM``) in bytes, or None if the process is gone."""
+    return _status_bytes(pid, "VmHWM")
