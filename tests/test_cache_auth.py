@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from cli_runs import run_cli
+from cli_runs import one_error_line, run_cli
 from conftest import force_unmount, mount_stats
 from redis_server import RedisServer, require_redis_server
 from test_mount_daemon import AS_NOBODY, NOBODY
@@ -26,15 +26,6 @@ from tier_models import forge, write_model
 import ckptfs
 from ckptfs.cache import auth
 from ckptfs.cache.auth import CacheRefused
-
-
-def one_line_error(result: subprocess.CompletedProcess, codes: tuple[int, ...], *words: str) -> str:
-    err = result.stderr.strip()
-    assert result.returncode in codes, (result.returncode, err)
-    assert "\n" not in err and "Traceback" not in err, err
-    for word in words:
-        assert word in err, err
-    return err
 
 
 @pytest.fixture
@@ -65,11 +56,11 @@ def test_a_folder_another_user_made_first_is_refused(model, sticky_dir, tmp_path
     mnt.mkdir()
     try:
         result = run_cli("mount", str(path), str(mnt), "--cache-dir", str(trap))
-        one_line_error(result, (1,), str(trap), "owned by nobody", "chown")
+        one_error_line(result, 1, str(trap), "owned by nobody", "chown")
     finally:
         force_unmount(mnt)
     for command in (("prefetch", str(path)), ("cache", "clear")):
-        one_line_error(run_cli(*command, "--cache-dir", str(trap)), (1,), "owned by nobody")
+        one_error_line(run_cli(*command, "--cache-dir", str(trap)), 1, "owned by nobody")
     with pytest.raises(CacheRefused, match="owned by nobody"):
         ckptfs.open(path, cache_dir=str(trap))
     assert list(trap.iterdir()) == []  # nothing was written into it: no key, no entry
@@ -228,7 +219,7 @@ def test_a_bad_redis_url_is_refused_at_mount(model, tmp_path, url, words):
     mnt = tmp_path / "mnt"
     mnt.mkdir()
     try:
-        one_line_error(run_cli("mount", str(path), str(mnt), "--redis", url), (1, 2), *words)
+        one_error_line(run_cli("mount", str(path), str(mnt), "--redis", url), (1, 2), *words)
     finally:
         force_unmount(mnt)
     with pytest.raises(ValueError):
