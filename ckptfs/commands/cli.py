@@ -21,8 +21,8 @@ from ckptfs.core.options import OpenOptions
 from ckptfs.util.sizes import parse_size
 from ckptfs.commands.remote_options import remote_options
 from ckptfs.commands.failure import fail
-from ckptfs.commands.cache import (cache_dir_option, cache_dir_size_option, cache_group, cache_key_file_option, prefetch,
-                                   tier_options)
+from ckptfs.commands.cache import cache_dir_option, cache_dir_size_option, cache_group, cache_key_file_option, tier_options
+from ckptfs.commands.prefetch import prefetch
 
 
 class SizeType(click.ParamType):

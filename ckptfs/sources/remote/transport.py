@@ -400,15 +400,43 @@ class RemoteSource(ByteSource):
         missing = (i for i in range(c0, c1) if not self._cache.has(chunk_key(self._content_id, i)))
         return _runs(sorted(self._flights.claim(missing)))
 
-    def fetch_claimed(self, runs: list[tuple[int, int]]) -> None:
+    def fetch_claimed(self, runs: list[tuple[int, int]]) -> Exception | None:
         """Fetch claimed runs into the chunk cache (best effort, within ``--timeout``): a run that fails is
-        left to its readers, who fetch it themselves with their own retries."""
+        left to its readers, who fetch it themselves with their own retries. The first failure is returned
+        (read-ahead ignores it; a warm-up reports it, ``ckptfs.sources.remote.warmup``)."""
         deadline = time.monotonic() + self.options.timeout
+        first: Exception | None = None
         for start, stop in runs:
             try:
                 self._fetch_chunks(start, stop, deadline)
             except Exception as exc:  # noqa: BLE001 - see the docstring
                 log.debug("read-ahead of %s chunks %d..%d failed: %s", public_name(self.name), start, stop, exc)
+                first = first or exc
+        return first
+
+    @property
+    def stores_chunks(self) -> bool:
+        """Whether fetched chunks are kept in a ``--cache-dir`` store (beyond this process's memory)."""
+        return self._cache.disk is not None
+
+    def unstored_chunks(self) -> list[int]:
+        """The chunk numbers the ``--cache-dir`` store does not hold (every chunk without a store). A chunk
+        this process holds in memory only (its header read, a read before the store had room) is written to
+        the store here instead of being fetched again."""
+        missing = []
+        for i in range(-(-self.size // CHUNK)):
+            key = chunk_key(self._content_id, i)
+            if self._cache.disk is None or self._cache.disk.contains(key):
+                if self._cache.disk is None:
+                    missing.append(i)
+                continue
+            data = self._cache.memory.get(key)
+            if data is not None:
+                self._cache.put(key, data)
+                if self._cache.disk.contains(key):
+                    continue
+            missing.append(i)
+        return missing
 
     def abandon(self, runs: list[tuple[int, int]], error: BaseException) -> None:
         """Give up claimed runs unfetched: their waiters fetch for themselves."""
