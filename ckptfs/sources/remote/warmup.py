@@ -309,8 +309,8 @@ class BackgroundWarmup:
 
     LOG_EVERY_S = 10.0
 
-    def __init__(self, sources: list[ByteSource], name: str, share: float = 0.5):
-        self.sources = sources
+    def __init__(self, sources: Callable[[], list[ByteSource]], name: str, share: float = 0.5):
+        self.sources = sources  # called on the thread (a source that cannot be had is the warm-up's failure)
         self.name = name
         self.share = share
         self.report: WarmupReport | None = None
@@ -333,7 +333,7 @@ class BackgroundWarmup:
     def _run(self) -> None:
         log.info("prefetch of %s: started", self.name)
         try:
-            self.report = warm(self.sources, stop=self._stop, progress=self._progress,
+            self.report = warm(self.sources(), stop=self._stop, progress=self._progress,
                                cap=max(CHUNK, int(SCHEDULER.budget * self.share)))
         except CheckpointError as exc:
             self.error = str(exc)
@@ -343,10 +343,17 @@ class BackgroundWarmup:
             self.error = self.report.errors[0]
         if self.error is not None:
             log.warning("prefetch of %s failed: %s (reads fetch what they need)", self.name, self.error)
+        elif not self.report.files:
+            log.info("prefetch of %s: nothing to fetch (its files are local)", self.name)
         elif self.report.stopped:
             log.info("prefetch of %s: stopped (%s)", self.name, self.report.summary())
         else:
             log.info("prefetch of %s: done: %s", self.name, self.report.summary())
+
+    @classmethod
+    def for_checkpoint(cls, ck, name: str, share: float = 0.5) -> BackgroundWarmup:
+        """The warm-up of every file of an opened checkpoint (:func:`checkpoint_sources`), not started."""
+        return cls(lambda: checkpoint_sources(ck), name, share)
 
     def stop(self, timeout: float = 10.0) -> None:
         """End the warm-up: nothing new is fetched; waits up to ``timeout`` for the pieces in flight."""

@@ -1,0 +1,220 @@
+"""``ckptfs prefetch URL --cache-dir DIR``: every stored byte of a remote checkpoint into the cache folder.
+
+Debian's nginx serves generated GGUF files on loopback (its access log is what the origin saw, with the
+Range of every request); the project's fault proxy stands in front of it where the origin must fail. The
+oracle for values is gguf-py reading the files themselves. What is proved:
+
+- after a prefetch, a fresh mount with the same ``--cache-dir`` serves every tensor, values equal to
+  gguf-py's, with no request for bytes at the origin (only each open's one-byte probe and the 4 KiB tail
+  nginx's weak ETag asks for);
+- an interrupted run (the origin refuses every request after a few) fails with one line, and a second run
+  fetches only the rest: each chunk the first run did not store, once, and none that it did;
+- a split GGUF has every shard warmed;
+- a 404, a dead server, a missing --cache-dir, a --cache-dir-size too small and a full disk are one line and
+  a non-zero exit, and nothing wrong is left in the folder;
+- ``mount --prefetch`` warms the folder in the background.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("urllib3")
+
+from cli_runs import one_error_line, run_cli  # noqa: E402
+from conftest import tmpfs, wait_until  # noqa: E402
+from faultproxy import FaultProxy  # noqa: E402
+from fixtures import quantized, write_gguf  # noqa: E402
+from multifile_sets import gguf_reference, gguf_tensors, write_split_gguf  # noqa: E402
+from servers import Nginx, free_port, require_nginx  # noqa: E402
+
+from ckptfs.cache.chunks import CHUNK  # noqa: E402
+from ckptfs.cache.disk import DiskStore  # noqa: E402
+
+MiB = 1 << 20
+TAIL = 4096  # nginx's ETag is weak: each open (and fetch) checks the file's last 4 KiB
+_REQUEST = re.compile(r'"GET /(?P<path>\S+) [^"]*" (?P<status>\d{3}) (?P<sent>\d+) .*range="bytes=(?P<a>\d+)-(?P<b>\d+)"')
+
+
+@pytest.fixture(scope="module")
+def origin(tmp_path_factory):
+    require_nginx()
+    root = tmp_path_factory.mktemp("www")
+    rng = np.random.default_rng(27)
+    write_gguf(root / "model.gguf", {
+        "blk.0.q8": (quantized("Q8_0", (256, 4096), rng), "Q8_0"),
+        "blk.0.q4k": (quantized("Q4_K", (256, 4096), rng), "Q4_K"),
+        "blk.1.f32": (rng.standard_normal((512, 1024)).astype(np.float32), "F32"),
+        "blk.1.f16": (rng.standard_normal((300, 1000)).astype(np.float16), "F16"),
+    })
+    (root / "copy.gguf").write_bytes((root / "model.gguf").read_bytes())  # its own log lines per test
+    (root / "other.gguf").write_bytes((root / "model.gguf").read_bytes())
+    write_split_gguf(root / "split", gguf_tensors(count=6), per_shard=2)
+    with Nginx(root) as server:
+        yield server, root
+
+
+def _ranges(server: Nginx, before: int, path: str) -> list[tuple[int, int]]:
+    """The [start, end) byte ranges nginx answered with 206 for ``path`` since log line ``before``."""
+    out = []
+    for line in server.access_log()[before:]:
+        m = _REQUEST.search(line)
+        if m and m["path"] == path and m["status"] == "206":
+            out.append((int(m["a"]), int(m["b"]) + 1))
+    return out
+
+
+def _data_ranges(ranges: list[tuple[int, int]], size: int) -> list[tuple[int, int]]:
+    """The ranges that fetched chunk data: not an open's one-byte probe or the weak ETag's tail check."""
+    return [r for r in ranges if r != (0, 1) and r != (max(0, size - TAIL), size)]
+
+
+def _stored_chunks(cache: Path) -> int:
+    usage = DiskStore(cache, 1 << 40, "bytes").usage()
+    return usage.get("bytes", {}).get("files", 0)
+
+
+def _assert_values_equal_gguf_py(mnt: Path, paths: list[str]) -> int:
+    count = 0
+    for name, values, _, _ in gguf_reference(paths):
+        served = np.load(mnt / f"{name}.npy")
+        np.testing.assert_array_equal(served, np.asarray(values, dtype=served.dtype))
+        count += 1
+    return count
+
+
+def test_a_prefetched_folder_serves_every_tensor_without_a_request_for_bytes(origin, tmp_path, mounted):
+    server, root = origin
+    url, cache = f"{server.url}/model.gguf", tmp_path / "cache"
+    size = (root / "model.gguf").stat().st_size
+    before = len(server.access_log())
+    result = run_cli("prefetch", url, "--cache-dir", str(cache), timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("prefetch: fetched ") and result.stdout.count("\n") == 1, result.stdout
+    assert "0 B already cached" in result.stdout
+    fetched = _data_ranges(_ranges(server, before, "model.gguf"), size)
+    assert sum(b - a for a, b in fetched) == size  # every byte once, none twice
+    assert _stored_chunks(cache) == -(-size // CHUNK)
+    again = run_cli("prefetch", url, "--cache-dir", str(cache), timeout=120)  # complete: nothing to fetch
+    assert again.returncode == 0 and "fetched 4.0 KiB" in again.stdout, (again.stdout, again.stderr)
+
+    before = len(server.access_log())
+    mnt = mounted(url, "--cache-dir", str(cache), "--cache-size", "0")
+    assert _assert_values_equal_gguf_py(mnt, [str(root / "model.gguf")]) == 4
+    assert (mnt / "model.gguf").read_bytes() == (root / "model.gguf").read_bytes()  # the header bytes too
+    seen = _ranges(server, before, "model.gguf")
+    assert seen and _data_ranges(seen, size) == [], seen  # the open's probe and tail check only
+
+
+def test_an_interrupted_run_is_finished_by_the_next_fetching_only_the_rest(origin, tmp_path):
+    server, root = origin
+    size = (root / "copy.gguf").stat().st_size
+    cache = tmp_path / "cache"
+    with FaultProxy(server.url) as proxy:
+        url = f"{proxy.url}/copy.gguf"
+        proxy.plan(*[""] * 4)  # the open (probe, header, tail) and one more request pass ...
+        proxy.always("403")    # ... then the origin refuses everything
+        before = len(server.access_log())
+        first = run_cli("prefetch", url, "--cache-dir", str(cache), "--timeout", "10", timeout=120)
+        one_error_line(first, 1, "copy.gguf", "403", "fetched before it, kept")
+        run1 = _data_ranges(_ranges(server, before, "copy.gguf"), size)
+        stored = _stored_chunks(cache)
+        assert 0 < stored < -(-size // CHUNK)
+
+        proxy.always(None)
+        before = len(server.access_log())
+        second = run_cli("prefetch", url, "--cache-dir", str(cache), "--timeout", "10", timeout=120)
+        assert second.returncode == 0, second.stderr
+        run2 = _data_ranges(_ranges(server, before, "copy.gguf"), size)
+        import ckptfs
+        from ckptfs.sources.remote.warmup import remote_of
+
+        with ckptfs.open(url, cache_dir=str(cache)) as ck:  # keys name the URL: asked through the proxy's
+            assert remote_of(ck.sources.get(ck.files[0])).unstored_chunks() == []
+            assert ck.sources.get(ck.files[0]).pread(0, size) == (root / "copy.gguf").read_bytes()
+    chunks = -(-size // CHUNK)
+    refetched = [i for a, b in run2 for i in range(a // CHUNK, -(-b // CHUNK))]
+    # the second run fetched each chunk the first did not store, once, and none that it did store
+    assert len(refetched) == len(set(refetched)) == chunks - stored, (stored, run2)
+    assert 0 < sum(b - a for a, b in run2) < size and run1
+    assert _stored_chunks(cache) == chunks
+
+
+def test_every_shard_of_a_split_gguf_is_warmed(origin, tmp_path, mounted):
+    server, root = origin
+    shards = sorted((root / "split").glob("model-*-of-*.gguf"))
+    assert len(shards) == 3
+    cache = tmp_path / "cache"
+    url = f"{server.url}/split/{shards[0].name}"
+    result = run_cli("prefetch", url, "--cache-dir", str(cache), timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "3 remote files" in result.stdout, result.stdout
+    assert _stored_chunks(cache) == sum(-(-p.stat().st_size // CHUNK) for p in shards)
+    before = len(server.access_log())
+    mnt = mounted(url, "--cache-dir", str(cache), "--cache-size", "0")
+    assert _assert_values_equal_gguf_py(mnt, [str(p) for p in shards]) == 6
+    for shard in shards:
+        seen = _ranges(server, before, f"split/{shard.name}")
+        assert _data_ranges(seen, shard.stat().st_size) == [], (shard.name, seen)
+
+
+def test_failures_are_one_line_and_leave_nothing_wrong(origin, tmp_path):
+    server, root = origin
+    cache = tmp_path / "cache"
+    one_error_line(run_cli("prefetch", f"{server.url}/missing.gguf", "--cache-dir", str(cache)), 1,
+                   "missing.gguf", "404")
+    dead = f"http://127.0.0.1:{free_port()}/model.gguf"
+    one_error_line(run_cli("prefetch", dead, "--cache-dir", str(cache), "--timeout", "3", timeout=60), 1,
+                   "model.gguf")
+    one_error_line(run_cli("prefetch", f"{server.url}/model.gguf"), 2, "--cache-dir")
+    assert _stored_chunks(cache) == 0
+
+
+def test_a_cache_dir_size_too_small_is_refused_before_fetching(origin, tmp_path):
+    server, root = origin
+    size = (root / "other.gguf").stat().st_size
+    before = len(server.access_log())
+    result = run_cli("prefetch", f"{server.url}/other.gguf", "--cache-dir", str(tmp_path / "c"),
+                     "--cache-dir-size", str(size))  # the file fits, but not with its entries' headers in 90 %
+    one_error_line(result, 1, "--cache-dir-size", "give a larger")
+    fetched = _data_ranges(_ranges(server, before, "other.gguf"), size)
+    assert sum(b - a for a, b in fetched) <= 2 * MiB  # the open's header read, then nothing
+
+
+def test_a_full_disk_is_one_line_and_what_is_stored_is_right(origin, tmp_path):
+    server, root = origin
+    with tmpfs(tmp_path / "small", "3m") as small:
+        cache = small / "cache"
+        result = run_cli("prefetch", f"{server.url}/other.gguf", "--cache-dir", str(cache), timeout=120)
+        one_error_line(result, 1, "other.gguf", "not in the cache folder", "full")
+        import ckptfs
+
+        # whatever was stored reads back as the file's bytes (entries are checked; none is wrong)
+        data = (root / "other.gguf").read_bytes()
+        with ckptfs.open(f"{server.url}/other.gguf", cache_dir=str(cache)) as ck:
+            source = ck.sources.get(ck.files[0])
+            assert source.pread(0, len(data)) == data
+
+
+def test_mount_prefetch_fills_the_folder_in_the_background(origin, tmp_path, mounted):
+    server, root = origin
+    cache = tmp_path / "cache"
+    size = (root / "other.gguf").stat().st_size
+    log = tmp_path / "mount.log"
+    mounted(f"{server.url}/other.gguf", "--cache-dir", str(cache), "--prefetch", "--log-file", str(log))
+    assert wait_until(lambda: _stored_chunks(cache) == -(-size // CHUNK), timeout=60)
+    assert wait_until(lambda: "prefetch of" in log.read_text() and "done" in log.read_text(), timeout=30), \
+        log.read_text()
+    assert "failed" not in log.read_text()
+
+
+def test_mount_prefetch_needs_a_cache_dir(origin, tmp_path):
+    server, _ = origin
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    one_error_line(run_cli("mount", f"{server.url}/other.gguf", str(mnt), "--prefetch"), 2, "--cache-dir")
