@@ -54,6 +54,8 @@ def origin(tmp_path_factory):
     })
     (root / "copy.gguf").write_bytes((root / "model.gguf").read_bytes())  # its own log lines per test
     (root / "other.gguf").write_bytes((root / "model.gguf").read_bytes())
+    (root / "primary.gguf").write_bytes((root / "model.gguf").read_bytes())
+    (root / "mirror.gguf").write_bytes((root / "model.gguf").read_bytes())
     write_split_gguf(root / "split", gguf_tensors(count=6), per_shard=2)
     with Nginx(root) as server:
         yield server, root
@@ -145,6 +147,27 @@ def test_an_interrupted_run_is_finished_by_the_next_fetching_only_the_rest(origi
     assert _stored_chunks(cache) == chunks
 
 
+def test_pieces_the_primary_fails_come_from_the_mirror_and_are_kept_as_the_primarys(origin, tmp_path, mounted):
+    server, root = origin
+    size = (root / "primary.gguf").stat().st_size
+    cache = tmp_path / "cache"
+    with FaultProxy(server.url) as proxy:
+        primary = f"{proxy.url}/primary.gguf"
+        proxy.plan(*[""] * 4)  # the primary opens (probe, tail, header and its tail check) ...
+        proxy.always("403")    # ... and then refuses every piece
+        before = len(server.access_log())
+        result = run_cli("prefetch", primary, "--mirror", f"{server.url}/mirror.gguf", "--cache-dir", str(cache),
+                         "--timeout", "10", timeout=120)
+        assert result.returncode == 0, result.stderr
+        from_mirror = _data_ranges(_ranges(server, before, "mirror.gguf"), size)
+        assert from_mirror and proxy.faults_used.count("403") >= 1
+        proxy.always(None)
+        before = len(server.access_log())
+        mnt = mounted(primary, "--cache-dir", str(cache), "--cache-size", "0")  # the primary alone, healthy now
+        assert _assert_values_equal_gguf_py(mnt, [str(root / "primary.gguf")]) == 4
+        assert _data_ranges(_ranges(server, before, "primary.gguf"), size) == []
+
+
 def test_every_shard_of_a_split_gguf_is_warmed(origin, tmp_path, mounted):
     server, root = origin
     shards = sorted((root / "split").glob("model-*-of-*.gguf"))
@@ -218,3 +241,22 @@ def test_mount_prefetch_needs_a_cache_dir(origin, tmp_path):
     mnt = tmp_path / "mnt"
     mnt.mkdir()
     one_error_line(run_cli("mount", f"{server.url}/other.gguf", str(mnt), "--prefetch"), 2, "--cache-dir")
+
+
+def test_unmount_stops_a_background_prefetch_cleanly(origin, tmp_path, mounted):
+    from conftest import mount_stats, pid_alive
+
+    server, root = origin
+    log = tmp_path / "mount.log"
+    with FaultProxy(server.url) as proxy:
+        proxy.plan(*[""] * 4)       # the open at its pace ...
+        proxy.always("slow:1")      # ... then every piece takes a second
+        mnt = mounted(f"{proxy.url}/other.gguf", "--cache-dir", str(tmp_path / "cache"), "--prefetch",
+                      "--log-file", str(log))
+        pid = mount_stats(mnt)["pid"]
+        assert wait_until(lambda: "prefetch of" in log.read_text(), timeout=30), log.read_text()
+        result = run_cli("umount", str(mnt))
+        assert result.returncode == 0, result.stderr
+        assert wait_until(lambda: not pid_alive(pid), timeout=30)  # the pieces in flight end, nothing new starts
+    text = log.read_text()
+    assert "prefetch of" in text and "stopped" in text and "Traceback" not in text, text

@@ -261,8 +261,15 @@ class RemoteSource(ByteSource):
         full = len(data) if len(data) == self.size else len(data) - len(data) % CHUNK
         if full and self._cache.has(chunk_key(self._content_id, 0)):
             return  # an open memoized from an earlier one: its bytes are in already
+        self.keep_chunks(0, data)
+
+    def keep_chunks(self, c0: int, data: bytes) -> None:
+        """Cache ``data``, this file's bytes from chunk ``c0`` on (read here, or from a byte-identical mirror:
+        a warm-up's piece the mirrors answered), as chunks: the whole ones, and the file's last one."""
+        start = c0 * CHUNK
+        full = len(data) if start + len(data) == self.size else len(data) - len(data) % CHUNK
         for i in range(0, full, CHUNK):
-            self._cache.put(chunk_key(self._content_id, i // CHUNK), bytes(data[i: i + CHUNK]))
+            self._cache.put(chunk_key(self._content_id, c0 + i // CHUNK), bytes(data[i: i + CHUNK]))
 
     # -- reading ---------------------------------------------------------------------------------------
     def pread(self, offset: int, size: int) -> bytes:

@@ -235,7 +235,7 @@ def _run_pass(files: list[_File], report: WarmupReport, landed, stop, cap) -> No
                     runs = f.remote.claim(first, last)
                     if not runs:
                         break  # in memory or coming already (a reader's fetch): stored by it
-                    job = _Piece(f, runs, landed, errors)
+                    job = _Piece(f, runs, landed, errors, stop)
                     future = SCHEDULER.submit("fetch", job, nbytes, cap=cap)
                     if future is not None:
                         mine.add(future)
@@ -261,11 +261,15 @@ def _wait_some(mine: set[Future]) -> set[Future]:
 class _Piece:
     """One fetch job: claimed runs of one file into the store, counted when they land."""
 
-    def __init__(self, file: _File, runs: list[tuple[int, int]], landed, errors: list[str]):
-        self.file, self.runs, self.landed, self.errors = file, runs, landed, errors
+    def __init__(self, file: _File, runs: list[tuple[int, int]], landed, errors: list[str],
+                 stop: threading.Event | None):
+        self.file, self.runs, self.landed, self.errors, self.stop = file, runs, landed, errors, stop
 
     def __call__(self) -> None:
         remote = self.file.remote
+        if self.errors or (self.stop is not None and self.stop.is_set()):
+            remote.abandon(self.runs, RuntimeError("prefetch stopped"))  # queued when it ended: not fetched
+            return
         error = remote.fetch_claimed(self.runs)
         if error is not None and self.file.wrapper is not remote and getattr(self.file.wrapper, "mirrors", None):
             error = self._through_wrapper()
@@ -275,12 +279,13 @@ class _Piece:
         self.landed(sum(_chunk_bytes(remote, a, b) for a, b in self.runs))
 
     def _through_wrapper(self) -> Exception | None:
-        """The mirrors' turn for a piece the primary failed (their bytes land in their own sources' store)."""
+        """The mirrors' turn for a piece the primary failed: read through the mirror wrapper (its failover) and
+        kept as the primary's chunks (mirrors are byte-identical copies: the checkpoint's caches key their
+        bytes on the primary's identity too), so a later mount finds them whichever copy it reads."""
         remote = self.file.remote
         try:
             for a, b in self.runs:
-                start = a * CHUNK
-                self.file.wrapper.pread(start, _chunk_bytes(remote, a, b))
+                remote.keep_chunks(a, self.file.wrapper.pread(a * CHUNK, _chunk_bytes(remote, a, b)))
         except CheckpointError as exc:
             return exc
         return None
