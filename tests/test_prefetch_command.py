@@ -57,6 +57,7 @@ def origin(tmp_path_factory):
     (root / "primary.gguf").write_bytes((root / "model.gguf").read_bytes())
     (root / "mirror.gguf").write_bytes((root / "model.gguf").read_bytes())
     write_split_gguf(root / "split", gguf_tensors(count=6), per_shard=2)
+    write_gguf(root / "big.gguf", {"w": (rng.standard_normal((1536, 4096)).astype(np.float32), "F32")})  # 24 MiB
     with Nginx(root) as server:
         yield server, root
 
@@ -260,3 +261,34 @@ def test_unmount_stops_a_background_prefetch_cleanly(origin, tmp_path, mounted):
         assert wait_until(lambda: not pid_alive(pid), timeout=30)  # the pieces in flight end, nothing new starts
     text = log.read_text()
     assert "prefetch of" in text and "stopped" in text and "Traceback" not in text, text
+
+
+def test_ctrl_c_ends_a_run_at_once_and_keeps_what_it_stored(origin, tmp_path):
+    import signal
+    import subprocess
+
+    from conftest import ckptfs_cli, cli_env
+
+    server, root = origin
+    size = (root / "big.gguf").stat().st_size
+    cache = tmp_path / "cache"
+    with FaultProxy(server.url) as proxy:
+        proxy.plan(*[""] * 4)
+        proxy.always("slow:2")  # every piece takes 2 s: a dozen pieces, most still queued at the interrupt
+        env = cli_env()
+        env.pop("CKPTFS_CACHE_DIR", None)
+        proc = subprocess.Popen([*ckptfs_cli(), "prefetch", f"{proxy.url}/big.gguf", "--cache-dir", str(cache)],
+                                env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True)
+        try:
+            assert wait_until(lambda: proxy.requests["GET"] >= 8, timeout=30)  # the open, the first pieces
+            at_interrupt = len(server.access_log())
+            proc.send_signal(signal.SIGINT)
+            out, err = proc.communicate(timeout=60)
+        finally:
+            proc.kill()
+        later = _data_ranges(_ranges(server, at_interrupt, "big.gguf"), size)
+    assert proc.returncode == 130, (out, err)
+    assert err.strip().count("\n") == 0 and "interrupted" in err and "Traceback" not in err, err
+    assert later == []  # the pieces in flight ended; none queued behind them was fetched on the way out
+    assert 0 < _stored_chunks(cache) < -(-size // CHUNK)

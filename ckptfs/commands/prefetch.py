@@ -17,6 +17,7 @@ the end; failures are one line with exit 1, usage errors exit 2.
 from __future__ import annotations
 
 import sys
+import threading
 import time
 
 import click
@@ -98,6 +99,7 @@ def prefetch(src, names, cache_dir, cache_dir_size, redis, redis_cluster, cache_
                    redis=redis, redis_cluster=redis_cluster, cache_key_file=cache_key_file, mirrors=mirrors,
                    timeout=timeout, stall_timeout=stall_timeout)
     ok = True
+    stop = threading.Event()  # set on Ctrl-C: queued pieces are dropped, not fetched on the way out
     try:
         from ckptfs.checkpoint.api import open as open_checkpoint
         from ckptfs.sources.netstats import COUNTERS
@@ -105,10 +107,11 @@ def prefetch(src, names, cache_dir, cache_dir_size, redis, redis_cluster, cache_
         started, before = time.monotonic(), COUNTERS.snapshot()
         with open_checkpoint(src, **options) as ck:
             if fetch_bytes:
-                ok = _fetch_bytes(ck, quiet, started, before)
+                ok = _fetch_bytes(ck, quiet, started, before, stop)
             if decode and ok:
                 ok = _decode(ck, src, names, quiet)
     except KeyboardInterrupt:
+        stop.set()
         click.echo("ckptfs: interrupted (what was fetched is kept: run it again for the rest)", err=True)
         sys.exit(130)
     except click.ClickException:
@@ -118,7 +121,7 @@ def prefetch(src, names, cache_dir, cache_dir_size, redis, redis_cluster, cache_
     sys.exit(0 if ok else 1)
 
 
-def _fetch_bytes(ck, quiet: bool, started: float, before: dict) -> bool:
+def _fetch_bytes(ck, quiet: bool, started: float, before: dict, stop: threading.Event) -> bool:
     """The stored-bytes warm-up of an opened checkpoint; its summary counts the header bytes the open fetched
     (``before``: the traffic counters before the open, at ``started``) as fetched by this run."""
     from ckptfs.cache.chunks import CHUNK
@@ -129,7 +132,7 @@ def _fetch_bytes(ck, quiet: bool, started: float, before: dict) -> bool:
     opened = COUNTERS.snapshot()["bytes"] - before["bytes"]
     bar = ByteBar(enabled=not quiet and sys.stderr.isatty())
     try:
-        report = warm(checkpoint_sources(ck), progress=bar)
+        report = warm(checkpoint_sources(ck), progress=bar, stop=stop)
     finally:
         bar.close()
     # the header chunks the open fetched and stored are this run's, not found cached (the open's other bytes,
