@@ -18,7 +18,6 @@ oracle for values is gguf-py reading the files themselves. What is proved:
 from __future__ import annotations
 
 import re
-import time
 from pathlib import Path
 
 import numpy as np
@@ -188,7 +187,7 @@ def test_every_shard_of_a_split_gguf_is_warmed(origin, tmp_path, mounted):
 
 
 def test_failures_are_one_line_and_leave_nothing_wrong(origin, tmp_path):
-    server, root = origin
+    server, _ = origin
     cache = tmp_path / "cache"
     one_error_line(run_cli("prefetch", f"{server.url}/missing.gguf", "--cache-dir", str(cache)), 1,
                    "missing.gguf", "404")
@@ -247,7 +246,7 @@ def test_mount_prefetch_needs_a_cache_dir(origin, tmp_path):
 def test_unmount_stops_a_background_prefetch_cleanly(origin, tmp_path, mounted):
     from conftest import mount_stats, pid_alive
 
-    server, root = origin
+    server, _ = origin
     log = tmp_path / "mount.log"
     with FaultProxy(server.url) as proxy:
         proxy.plan(*[""] * 4)       # the open at its pace ...

@@ -230,7 +230,6 @@ def _run_pass(files: list[_File], report: WarmupReport, landed, stop, cap) -> No
         for first, last in _pieces(f.missing, step):
             nbytes = (last - first) * CHUNK
             while not errors and not (stop is not None and stop.is_set()):
-                runs = None
                 if SCHEDULER.has_room(nbytes):
                     runs = f.remote.claim(first, last)
                     if not runs:
@@ -254,8 +253,7 @@ def _wait_some(mine: set[Future]) -> set[Future]:
     if not mine:
         time.sleep(ROOM_POLL_S)
         return mine
-    finished, pending = wait(mine, timeout=1.0, return_when=FIRST_COMPLETED)
-    return pending
+    return wait(mine, timeout=1.0, return_when=FIRST_COMPLETED).not_done
 
 
 class _Piece:
