@@ -6,14 +6,18 @@ for bytes: only the one-byte probe each file's open sends to learn its size and 
 
 How it is built:
 
-- **The one scheduler.** Pieces of chunks are claimed on the source (``RemoteSource.claim``: a reader of a
-  claimed chunk waits for the piece instead of fetching it again) and run as ``fetch`` jobs on the process's
-  read-ahead scheduler (``ckptfs.readahead.SCHEDULER``), its one byte budget bounding what is in flight
-  beside the read-ahead of readers. No thread pool of its own: how many requests run at once is the
-  scheduler's to decide. Pieces are ``budget / IN_FLIGHT`` bytes (at most ``readahead.PIECE``), so the budget
-  holds ``IN_FLIGHT`` of them: many ranges in flight, which is what a per-connection-capped origin needs.
-  Over budget, ``submit`` refuses; the warm-up waits for one of its own pieces to finish (or briefly, when
-  the budget is taken by others) and asks again.
+- **The one scheduler, the origin's limit.** Pieces of chunks are claimed on the source
+  (``RemoteSource.claim``: a reader of a claimed chunk waits for the piece instead of fetching it again)
+  and run as ``fetch`` jobs on the process's read-ahead scheduler (``ckptfs.readahead.SCHEDULER``), exactly
+  as read-ahead's are: each piece holds one slot of the origin's adaptive in-flight limit
+  (``RemoteSource.origin_limit``, ``ckptfs.readahead.limit``: grown while throughput grows, up to 64,
+  halved on 429/503) and is ``readahead.piece_bytes(limit)`` long (the fetch budget shared by the requests
+  in flight), and all of it counts within read-ahead's ``FETCH_BUDGET``. No thread pool of its own. A
+  warm-up always wants more than the limit, so its epochs are the ones the limit learns from: many ranges
+  in flight, as many as the origin rewards. When no slot or no budget is free, the warm-up waits for one
+  of its own pieces to land (or briefly, when others hold them) and asks again. A mount's background
+  warm-up takes at most half of the origin's slots and half the fetch budget (``share``), leaving the rest
+  to its readers' read-ahead.
 - **Resumable.** Only chunks the store lacks are fetched (``RemoteSource.unstored_chunks``): a second run
   after an interrupted one fetches the rest, a run after a complete one fetches nothing.
 - **Bounded by ``--cache-dir-size``.** The store deletes its least recently used entries past its bound, so a
@@ -48,15 +52,13 @@ from ckptfs.cache.entry import HEADER_SIZE
 from ckptfs.core.errors import CheckpointError
 from ckptfs.readahead import SCHEDULER
 from ckptfs.sources.base import ByteSource
-from ckptfs.sources.remote.readahead import PIECE
+from ckptfs.sources.remote.readahead import FETCH_BUDGET, piece_bytes
 from ckptfs.sources.remote.transport import RemoteSource
 from ckptfs.util.redact import public_name
 from ckptfs.util.sizes import format_size
 
 log = logging.getLogger(__name__)
 
-#: Pieces wanted in flight at once (the piece size is the scheduler's budget divided by this).
-IN_FLIGHT = 32
 #: The store keeps at most this fraction of --cache-dir-size after a prune (``ckptfs.cache.disk.LOW_WATER``).
 FITS_FRACTION = 0.9
 #: How long to wait for room in the budget when none of this warm-up's own pieces is in flight.
@@ -127,26 +129,18 @@ def checkpoint_sources(ck) -> list[ByteSource]:
     return [ck.sources.get(path) for path in paths]
 
 
-def piece_bytes(budget: int | None = None) -> int:
-    """The piece size: the budget split in ``IN_FLIGHT``, a whole number of chunks, at most ``PIECE``."""
-    budget = SCHEDULER.budget if budget is None else budget
-    return max(CHUNK, min(PIECE, budget // IN_FLIGHT) // CHUNK * CHUNK)
-
-
 def _entries_bytes(remote: RemoteSource) -> int:
     """What a whole file takes in the store: each chunk an entry with its header."""
     return remote.size + -(-remote.size // CHUNK) * HEADER_SIZE
 
 
-def _pieces(missing: list[int], step: int) -> list[tuple[int, int]]:
-    """Sorted chunk numbers as [first, last) pieces of contiguous chunks, at most ``step`` chunks each."""
-    out: list[tuple[int, int]] = []
-    for i in missing:
-        if out and out[-1][1] == i and i - out[-1][0] < step:
-            out[-1] = (out[-1][0], i + 1)
-        else:
-            out.append((i, i + 1))
-    return out
+def _next_piece(missing: list[int], k: int, step: int) -> int:
+    """The end (an index into the sorted ``missing``) of the piece starting at ``missing[k]``: contiguous
+    chunks, at most ``step`` of them."""
+    j = k + 1
+    while j < len(missing) and j - k < step and missing[j] == missing[j - 1] + 1:
+        j += 1
+    return j
 
 
 def _chunk_bytes(remote: RemoteSource, first: int, last: int) -> int:
@@ -154,12 +148,13 @@ def _chunk_bytes(remote: RemoteSource, first: int, last: int) -> int:
 
 
 def warm(sources: Iterable[ByteSource], *, stop: threading.Event | None = None,
-         progress: Callable[[int, int], None] | None = None, cap: int | None = None) -> WarmupReport:
+         progress: Callable[[int, int], None] | None = None, share: float = 1.0) -> WarmupReport:
     """Fetch every chunk of ``sources`` the ``--cache-dir`` store lacks (see the module docstring).
     ``progress(done, total)``: bytes in the store so far of the remote files' total, called as pieces land
-    (from worker threads). ``cap``: at most this many bytes of fetch work in flight (the scheduler's
-    ``cap``; a mount leaves room for its readers' read-ahead). WarmupError when it cannot start (no store,
-    a checkpoint bigger than the store); failures while fetching are in the report's ``errors``."""
+    (from worker threads). ``share``: the fraction of each origin's in-flight slots and of the fetch budget
+    the warm-up may hold (a mount leaves the rest to its readers' read-ahead). WarmupError when it cannot
+    start (no store, a checkpoint bigger than the store); failures while fetching are in the report's
+    ``errors``."""
     started = time.monotonic()
     report = WarmupReport()
     files: list[_File] = []
@@ -208,7 +203,7 @@ def warm(sources: Iterable[ByteSource], *, stop: threading.Event | None = None,
                 break
             log.info("prefetch: %d chunks not in the store after the first pass: fetching them again",
                      sum(len(f.missing) for f in files))
-        _run_pass(files, report, landed, stop, cap)
+        _run_pass(files, report, landed, stop, share)
         if report.errors or (stop is not None and stop.is_set()):
             break
     if stop is not None and stop.is_set():
@@ -222,30 +217,50 @@ def warm(sources: Iterable[ByteSource], *, stop: threading.Event | None = None,
     return report
 
 
-def _run_pass(files: list[_File], report: WarmupReport, landed, stop, cap) -> None:
-    step = max(1, piece_bytes() // CHUNK)
+def _run_pass(files: list[_File], report: WarmupReport, landed, stop, share: float) -> None:
+    cap = max(CHUNK, int(FETCH_BUDGET * share))
     mine: set[Future] = set()
     errors = report.errors
+
+    def ended() -> bool:
+        return bool(errors) or (stop is not None and stop.is_set())
+
     for f in files:
-        for first, last in _pieces(f.missing, step):
-            nbytes = (last - first) * CHUNK
-            while not errors and not (stop is not None and stop.is_set()):
-                if SCHEDULER.has_room(nbytes):
-                    runs = f.remote.claim(first, last)
-                    if not runs:
-                        break  # in memory or coming already (a reader's fetch): stored by it
-                    job = _Piece(f, runs, landed, errors, stop)
-                    future = SCHEDULER.submit("fetch", job, nbytes, cap=cap)
-                    if future is not None:
-                        mine.add(future)
-                        break
-                    f.remote.abandon(runs, RuntimeError("prefetch over budget"))
-                mine = _wait_some(mine)
-            if errors or (stop is not None and stop.is_set()):
-                break
-        if errors or (stop is not None and stop.is_set()):
+        limit = f.remote.origin_limit()
+        k = 0
+        while k < len(f.missing) and not ended():
+            step = piece_bytes(limit.limit, f.remote.piece_bytes) // CHUNK  # as the limit has grown by now
+            j = _next_piece(f.missing, k, step)
+            first, last = f.missing[k], f.missing[j - 1] + 1
+            started = _start(f, first, last, limit, landed, errors, stop, share, cap)
+            if started is None:
+                mine = _wait_some(mine)  # no slot or no budget now
+                continue
+            if started is not True:
+                mine.add(started)
+            k = j
+        if ended():
             break
     wait(mine)
+
+
+def _start(f: _File, first: int, last: int, limit, landed, errors, stop, share: float, cap: int):
+    """Start the piece [first, last) of ``f``: its Future; True when there is nothing to fetch (in memory, or
+    on its way by a reader); None when no slot of the origin's limit or no room in the budget is free."""
+    nbytes = (last - first) * CHUNK
+    if share < 1.0 and limit.in_flight >= max(1, int(limit.limit * share)):
+        return None  # a mount's warm-up leaves its readers' read-ahead the other slots
+    if not SCHEDULER.has_room(nbytes) or not limit.try_start():
+        return None
+    runs = f.remote.claim(first, last)
+    if not runs:
+        limit.done()
+        return True
+    future = SCHEDULER.submit("fetch", _Piece(f, runs, limit, landed, errors, stop), nbytes, cap=cap)
+    if future is None:
+        limit.done()
+        f.remote.abandon(runs, RuntimeError("prefetch over budget"))
+    return future
 
 
 def _wait_some(mine: set[Future]) -> set[Future]:
@@ -259,16 +274,20 @@ def _wait_some(mine: set[Future]) -> set[Future]:
 class _Piece:
     """One fetch job: claimed runs of one file into the store, counted when they land."""
 
-    def __init__(self, file: _File, runs: list[tuple[int, int]], landed, errors: list[str],
+    def __init__(self, file: _File, runs: list[tuple[int, int]], limit, landed, errors: list[str],
                  stop: threading.Event | None):
-        self.file, self.runs, self.landed, self.errors, self.stop = file, runs, landed, errors, stop
+        self.file, self.runs, self.limit, self.landed = file, runs, limit, landed
+        self.errors, self.stop = errors, stop
 
     def __call__(self) -> None:
         remote = self.file.remote
-        if self.errors or (self.stop is not None and self.stop.is_set()):
-            remote.abandon(self.runs, RuntimeError("prefetch stopped"))  # queued when it ended: not fetched
-            return
-        error = remote.fetch_claimed(self.runs)
+        try:
+            if self.errors or (self.stop is not None and self.stop.is_set()):
+                remote.abandon(self.runs, RuntimeError("prefetch stopped"))  # queued when it ended: not fetched
+                return
+            error = remote.fetch_claimed(self.runs)
+        finally:
+            self.limit.done()
         if error is not None and self.file.wrapper is not remote and getattr(self.file.wrapper, "mirrors", None):
             error = self._through_wrapper()
         if error is not None:
@@ -308,7 +327,8 @@ def _unstored_error(remote: RemoteSource, left: list[int]) -> str:
 class BackgroundWarmup:
     """:func:`warm` on a thread for a mount (``--prefetch``): started once the mount answers, stopped on
     unmount (the pieces in flight finish, nothing new starts), its progress and outcome in the log. It takes
-    at most ``share`` of the scheduler's budget, leaving the rest to the readers' read-ahead."""
+    at most ``share`` of each origin's slots and of the fetch budget, leaving the rest to the readers'
+    read-ahead."""
 
     LOG_EVERY_S = 10.0
 
@@ -336,8 +356,7 @@ class BackgroundWarmup:
     def _run(self) -> None:
         log.info("prefetch of %s: started", self.name)
         try:
-            self.report = warm(self.sources(), stop=self._stop, progress=self._progress,
-                               cap=max(CHUNK, int(SCHEDULER.budget * self.share)))
+            self.report = warm(self.sources(), stop=self._stop, progress=self._progress, share=self.share)
         except CheckpointError as exc:
             self.error = str(exc)
         except Exception as exc:  # noqa: BLE001 - a daemon's background work never ends the mount
