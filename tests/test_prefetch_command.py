@@ -12,7 +12,10 @@ oracle for values is gguf-py reading the files themselves. What is proved:
 - a split GGUF has every shard warmed;
 - a 404, a dead server, a missing --cache-dir, a --cache-dir-size too small and a full disk are one line and
   a non-zero exit, and nothing wrong is left in the folder;
-- ``mount --prefetch`` warms the folder in the background.
+- ``mount --prefetch`` warms the folder in the background, and unmounting stops it cleanly; Ctrl-C ends a run
+  with one line, nothing fetched after it;
+- behind a per-request capped nginx (``limit_rate``) the warm-up keeps many ranges in flight (the fault
+  proxy counts them), and an origin answering 503 now and then still gives every byte.
 """
 
 from __future__ import annotations
@@ -291,3 +294,47 @@ def test_ctrl_c_ends_a_run_at_once_and_keeps_what_it_stored(origin, tmp_path):
     assert err.strip().count("\n") == 0 and "interrupted" in err and "Traceback" not in err, err
     assert later == []  # the pieces in flight ended; none was started on the way out
     assert 0 < _stored_chunks(cache) <= -(-size // CHUNK)
+
+
+# -- against a per-request capped origin (as a CDN or object store is) ---------------------------------------
+
+@pytest.fixture(scope="module")
+def capped(tmp_path_factory):
+    """96 MiB behind nginx's ``limit_rate 6m`` (a 4 MiB piece takes 0.7 s): speed comes only from ranges in
+    flight at once."""
+    require_nginx()
+    root = tmp_path_factory.mktemp("capped")
+    rng = np.random.default_rng(3)
+    write_gguf(root / "wide.gguf", {"w": (rng.standard_normal((6144, 4096)).astype(np.float32), "F32")})
+    (root / "throttled.gguf").write_bytes((root / "wide.gguf").read_bytes())
+    with Nginx(root, limit_rate="6m") as server:
+        yield server, root
+
+
+def _read_back(url: str, cache: Path, expected: bytes) -> None:
+    import ckptfs
+
+    with ckptfs.open(url, cache_dir=str(cache)) as ck:
+        assert ck.sources.get(ck.files[0]).pread(0, len(expected)) == expected
+
+
+def test_a_capped_origin_gets_many_ranges_in_flight(capped, tmp_path):
+    server, root = capped
+    cache = tmp_path / "cache"
+    with FaultProxy(server.url) as proxy:
+        result = run_cli("prefetch", f"{proxy.url}/wide.gguf", "--cache-dir", str(cache), timeout=300)
+        assert result.returncode == 0, result.stderr
+        assert proxy.peak_in_flight >= 12, proxy.peak_in_flight  # the scheduler's old 4 workers kept 4
+        _read_back(f"{proxy.url}/wide.gguf", cache, (root / "wide.gguf").read_bytes())
+
+
+def test_an_origin_that_says_503_now_and_then_still_gets_every_byte(capped, tmp_path):
+    server, root = capped
+    cache = tmp_path / "cache"
+    with FaultProxy(server.url) as proxy:
+        proxy.every(7, "503")  # one request in seven refused: retried, and the origin's limit steps back
+        result = run_cli("prefetch", f"{proxy.url}/throttled.gguf", "--cache-dir", str(cache), timeout=300)
+        assert result.returncode == 0, result.stderr
+        assert "503" in proxy.faults_used
+        proxy.every(7, None)
+        _read_back(f"{proxy.url}/throttled.gguf", cache, (root / "throttled.gguf").read_bytes())
