@@ -21,6 +21,7 @@ oracle for values is gguf-py reading the files themselves. What is proved:
 from __future__ import annotations
 
 import re
+import time
 from pathlib import Path
 
 import numpy as np
@@ -265,6 +266,19 @@ def test_unmount_stops_a_background_prefetch_cleanly(origin, tmp_path, mounted):
     assert "prefetch of" in text and "stopped" in text and "Traceback" not in text, text
 
 
+def _settled(proxy: FaultProxy, quiet: float = 0.5):
+    """A predicate: no new request reached the proxy for ``quiet`` seconds."""
+    seen = {"n": -1, "at": time.monotonic()}
+
+    def check() -> bool:
+        n = proxy.requests["GET"]
+        if n != seen["n"]:
+            seen["n"], seen["at"] = n, time.monotonic()
+        return time.monotonic() - seen["at"] >= quiet
+
+    return check
+
+
 def test_ctrl_c_ends_a_run_at_once_and_keeps_what_it_stored(origin, tmp_path):
     import signal
     import subprocess
@@ -276,7 +290,7 @@ def test_ctrl_c_ends_a_run_at_once_and_keeps_what_it_stored(origin, tmp_path):
     cache = tmp_path / "cache"
     with FaultProxy(server.url) as proxy:
         proxy.plan(*[""] * 4)
-        proxy.always("slow:2")  # every piece takes 2 s: the interrupt comes while pieces are in flight
+        proxy.always("slow:3")  # every piece takes 3 s: the interrupt comes while the first round is in flight
         env = cli_env()
         env.pop("CKPTFS_CACHE_DIR", None)
         proc = subprocess.Popen([*ckptfs_cli(), "prefetch", f"{proxy.url}/big.gguf", "--cache-dir", str(cache)],
@@ -284,6 +298,8 @@ def test_ctrl_c_ends_a_run_at_once_and_keeps_what_it_stored(origin, tmp_path):
                                 text=True)
         try:
             assert wait_until(lambda: proxy.requests["GET"] >= 8, timeout=30)  # the open, the first pieces
+            assert wait_until(_settled(proxy), timeout=30)  # every piece of the first round is on its way
+            time.sleep(0.3)  # and in nginx's log (it logs a request once it has sent the answer to the proxy)
             at_interrupt = len(server.access_log())
             proc.send_signal(signal.SIGINT)
             out, err = proc.communicate(timeout=60)
@@ -324,7 +340,9 @@ def test_a_capped_origin_gets_many_ranges_in_flight(capped, tmp_path):
     with FaultProxy(server.url) as proxy:
         result = run_cli("prefetch", f"{proxy.url}/wide.gguf", "--cache-dir", str(cache), timeout=300)
         assert result.returncode == 0, result.stderr
-        assert proxy.peak_in_flight >= 12, proxy.peak_in_flight  # the scheduler's old 4 workers kept 4
+        # the origin's whole initial limit from the first round on (the scheduler's old 4 workers kept 4);
+        # how far it climbs from there is the limit's to learn (tests/test_remote_parallel.py)
+        assert proxy.peak_in_flight >= 8, proxy.peak_in_flight
         _read_back(f"{proxy.url}/wide.gguf", cache, (root / "wide.gguf").read_bytes())
 
 
