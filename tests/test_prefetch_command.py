@@ -356,3 +356,16 @@ def test_an_origin_that_says_503_now_and_then_still_gets_every_byte(capped, tmp_
         assert "503" in proxy.faults_used
         proxy.every(7, None)
         _read_back(f"{proxy.url}/throttled.gguf", cache, (root / "throttled.gguf").read_bytes())
+
+
+def test_decode_after_the_bytes_fills_the_decoded_tier_too(origin, tmp_path):
+    server, root = origin
+    cache = tmp_path / "cache"
+    url = f"{server.url}/model.gguf"
+    result = run_cli("prefetch", url, "--cache-dir", str(cache), "--decode", timeout=120)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0].startswith("prefetch: fetched ") and lines[1].startswith("prefetched 4 tensors"), lines
+    usage = DiskStore(cache, 1 << 40, "bytes").usage()
+    assert usage["bytes"]["files"] == -(-(root / "model.gguf").stat().st_size // CHUNK)
+    assert usage["blocks"]["files"] > 0  # the quantized tensors' decoded groups
