@@ -430,17 +430,18 @@ class RemoteSource(ByteSource):
         """The chunk numbers the ``--cache-dir`` store does not hold (every chunk without a store). A chunk
         this process holds in memory only (its header read, a read before the store had room) is written to
         the store here instead of being fetched again."""
+        chunks, disk = -(-self.size // CHUNK), self._cache.disk
+        if disk is None:
+            return list(range(chunks))
         missing = []
-        for i in range(-(-self.size // CHUNK)):
+        for i in range(chunks):
             key = chunk_key(self._content_id, i)
-            if self._cache.disk is None or self._cache.disk.contains(key):
-                if self._cache.disk is None:
-                    missing.append(i)
+            if disk.contains(key):
                 continue
             data = self._cache.memory.get(key)
             if data is not None:
                 self._cache.put(key, data)
-                if self._cache.disk.contains(key):
+                if disk.contains(key):
                     continue
             missing.append(i)
         return missing
