@@ -254,14 +254,14 @@ def test_unmount_stops_a_background_prefetch_cleanly(origin, tmp_path, mounted):
     log = tmp_path / "mount.log"
     with FaultProxy(server.url) as proxy:
         proxy.plan(*[""] * 4)       # the open at its pace ...
-        proxy.always("slow:1")      # ... then every piece takes a second
-        mnt = mounted(f"{proxy.url}/other.gguf", "--cache-dir", str(tmp_path / "cache"), "--prefetch",
+        proxy.always("slow:2")      # ... then every piece (and each version check after one) takes 2 s
+        mnt = mounted(f"{proxy.url}/big.gguf", "--cache-dir", str(tmp_path / "cache"), "--prefetch",
                       "--log-file", str(log))
         pid = mount_stats(mnt)["pid"]
         assert wait_until(lambda: "prefetch of" in log.read_text(), timeout=30), log.read_text()
         result = run_cli("umount", str(mnt))
         assert result.returncode == 0, result.stderr
-        assert wait_until(lambda: not pid_alive(pid), timeout=30)  # the pieces in flight end, nothing new starts
+        assert wait_until(lambda: not pid_alive(pid), timeout=60)  # the pieces in flight end, nothing new starts
     text = log.read_text()
     assert "prefetch of" in text and "stopped" in text and "Traceback" not in text, text
 
