@@ -1,5 +1,5 @@
-"""The cache command line: the ``--cache-dir/--cache-dir-size/--redis/--redis-cluster/--cache-key-file`` options,
-``ckptfs cache`` and ``ckptfs prefetch``.
+"""The cache command line: the ``--cache-dir/--cache-dir-size/--redis/--redis-cluster/--cache-key-file`` options
+and ``ckptfs cache`` (``ckptfs prefetch`` is ``prefetch.py``).
 
 ``tier_options`` is the one definition of the four options, for every command that takes them (``mount``,
 ``prefetch``, and the remote sources' byte cache, which shares ``--cache-dir``). ``--cache-dir`` defaults to
@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 
 import click
 
@@ -139,34 +138,3 @@ def cache_clear(cache_dir):
     """Delete every entry (safe while mounts use the folder: they decode again)."""
     result = _store(cache_dir).clear()
     click.echo(f"removed {result['files']} files ({format_size(result['bytes'])})")
-
-
-@click.command("prefetch")
-@click.argument("src")
-@click.argument("names", nargs=-1)
-@tier_options
-@click.option("--dtype", type=click.Choice(["auto", "float32", "float16"]), default="auto", show_default=True,
-              help="The dtype the mounts that will read these entries use (it is part of every key).")
-@click.option("-v", "--verbose", is_flag=True)
-def prefetch(src, names, cache_dir, cache_dir_size, redis, redis_cluster, cache_key_file, dtype, verbose):
-    """Decode tensors of SRC (all, or NAMES) into the shared tiers ahead of a deployment."""
-    from ckptfs.checkpoint.api import open as open_checkpoint
-    from ckptfs.core.errors import CheckpointError
-    from ckptfs.cache.warm import warm
-
-    if not cache_dir and not redis and not redis_cluster:
-        raise click.UsageError("nothing to warm: give --cache-dir DIR, --redis URL and/or --redis-cluster HOST:PORT")
-    try:
-        ck = open_checkpoint(src, dtype=dtype, cache_size=64 << 20, cache_dir=cache_dir,
-                             cache_dir_size=cache_dir_size, redis=redis, redis_cluster=redis_cluster,
-                             cache_key_file=cache_key_file)
-    except (CheckpointError, OSError, ValueError) as exc:
-        raise click.ClickException(str(exc)) from None
-    with ck:
-        try:
-            tensors = [ck[name] for name in names] if names else list(ck.tensors)
-        except KeyError as exc:
-            raise click.UsageError(f"no tensor {exc.args[0]!r} in {src}") from None
-        report = warm(ck, tensors, progress=sys.stderr.isatty())
-    click.echo(report.summary(), err=not report.ok)
-    sys.exit(0 if report.ok else 1)

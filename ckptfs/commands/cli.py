@@ -21,8 +21,8 @@ from ckptfs.core.options import OpenOptions
 from ckptfs.util.sizes import parse_size
 from ckptfs.commands.remote_options import remote_options
 from ckptfs.commands.failure import fail
-from ckptfs.commands.cache import (cache_dir_option, cache_dir_size_option, cache_group, cache_key_file_option, prefetch,
-                                   tier_options)
+from ckptfs.commands.cache import cache_dir_option, cache_dir_size_option, cache_group, cache_key_file_option, tier_options
+from ckptfs.commands.prefetch import prefetch
 
 
 class SizeType(click.ParamType):
@@ -104,18 +104,25 @@ def main() -> None:
 @click.option("--hf", is_flag=True, help="Add hf/: the GGUF as a Hugging Face model folder (needs ckptfs[hf]).")
 @click.option("--hf-dtype", type=click.Choice(["bfloat16", "float16", "float32"]), default="bfloat16",
               show_default=True, help="dtype of hf/model.safetensors.")
+@click.option("--prefetch", is_flag=True,
+              help="Once mounted, fetch every stored byte of a remote SRC into --cache-dir in the background.")
 @click.option("-v", "--verbose", is_flag=True, help="Verbose logging; tracebacks on errors.")
 def mount(src, mountpoint, foreground, options, cache_size, dtype, log_file, hf, hf_dtype, log_format, layout, metrics, manifest,
-          verbose, mirrors, timeout, stall_timeout, **tiers):
+          verbose, mirrors, timeout, stall_timeout, prefetch, **tiers):
     """Mount checkpoint SRC read-only at MOUNTPOINT."""
     from ckptfs.fs.mount import MountError, MountRequest, run_mount
+    from ckptfs.sources import is_url
 
+    if prefetch and is_url(src) and not tiers.get("cache_dir"):
+        raise click.UsageError("--prefetch fetches into --cache-dir DIR: give one (without it the bytes would "
+                               "be kept in memory only)")
     try:
         open_options = OpenOptions.build(dtype=dtype, cache_size=cache_size, manifest=manifest, mirrors=mirrors,
                                          timeout=timeout, stall_timeout=stall_timeout, **tiers)
         request = MountRequest(src=src, mountpoint=mountpoint, foreground=foreground, options=",".join(options),
                                open_options=open_options, log_file=log_file, hf=hf, hf_dtype=hf_dtype,
-                               verbose=verbose, log_format=log_format, metrics=metrics, layout=layout)
+                               verbose=verbose, log_format=log_format, metrics=metrics, layout=layout,
+                               prefetch=prefetch)
         code = run_mount(request)
     except (CheckpointError, MountError, OSError, ValueError) as exc:
         fail(exc, verbose)

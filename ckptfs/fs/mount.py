@@ -53,6 +53,7 @@ class MountRequest:
     log_format: str = "text"
     metrics: str | None = None  # [HOST:]PORT of the Prometheus exporter
     layout: str = "flat"  # --layout: "tree" makes dotted tensor names folders (ckptfs.tree.layout)
+    prefetch: bool = False  # --prefetch: every stored byte into --cache-dir in the background once mounted
 
 
 @dataclass(frozen=True)
@@ -228,6 +229,20 @@ def _start_exporter(plan: _Plan, operations: CkptOperations) -> MountError | Non
     return None
 
 
+def _start_prefetch(plan: _Plan) -> list:
+    """``--prefetch``: the background warm-up of the mounted checkpoint's stored bytes, started (none when not
+    asked for, or for a folder of several checkpoints)."""
+    if not plan.request.prefetch:
+        return []
+    checkpoint = getattr(plan.tree, "checkpoint", None)
+    if checkpoint is None:
+        log.warning("--prefetch: not done for a folder of several checkpoints (prefetch each one instead)")
+        return []
+    from ckptfs.sources.remote.warmup import BackgroundWarmup
+
+    return [BackgroundWarmup.for_checkpoint(checkpoint, _mount_name(plan.request.src)).start()]
+
+
 def _describe(plan: _Plan) -> str:
     return f"{_mount_name(plan.request.src)} at {plan.mountpoint} ({plan.binding.describe()})"
 
@@ -266,7 +281,9 @@ def _run_foreground(plan: _Plan, lock: MountpointLock | None = None) -> int:
         if lock is not None:
             lock.release()
         log.info("mounted %s", _describe(plan))
+        warmup.extend(_start_prefetch(plan))
 
+    warmup: list = []
     checker = threading.Thread(target=check, name="ckptfs-check-mount", daemon=True)
 
     def on_ready() -> None:
@@ -274,6 +291,8 @@ def _run_foreground(plan: _Plan, lock: MountpointLock | None = None) -> int:
         checker.start()
 
     error = _serve(plan, on_ready)
+    for running in warmup:
+        running.stop()
     if not mounted.is_set():
         reason = _failure_reason(capture, error)
         capture.release(replay=request.verbose)
@@ -296,13 +315,18 @@ def _run_daemon(plan: _Plan, pipe: ReadinessPipe) -> int:
     capture = StderrCapture()
     logs.configure(logging.DEBUG if plan.request.verbose else logging.INFO, plan.request.log_format)
 
+    warmup = []
+
     def on_ready() -> None:
         capture.release(after_start)
         log.info("mounted %s", _describe(plan))
         pipe.ok()
+        warmup.extend(_start_prefetch(plan))
 
     try:
         error = _serve(plan, on_ready)
+        for running in warmup:
+            running.stop()
         if not pipe.sent:
             pipe.error(_failure_reason(capture, error))
             capture.release(after_start)

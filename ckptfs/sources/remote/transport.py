@@ -261,8 +261,15 @@ class RemoteSource(ByteSource):
         full = len(data) if len(data) == self.size else len(data) - len(data) % CHUNK
         if full and self._cache.has(chunk_key(self._content_id, 0)):
             return  # an open memoized from an earlier one: its bytes are in already
+        self.keep_chunks(0, data)
+
+    def keep_chunks(self, c0: int, data: bytes) -> None:
+        """Cache ``data``, this file's bytes from chunk ``c0`` on (read here, or from a byte-identical mirror:
+        a warm-up's piece the mirrors answered), as chunks: the whole ones, and the file's last one."""
+        start = c0 * CHUNK
+        full = len(data) if start + len(data) == self.size else len(data) - len(data) % CHUNK
         for i in range(0, full, CHUNK):
-            self._cache.put(chunk_key(self._content_id, i // CHUNK), bytes(data[i: i + CHUNK]))
+            self._cache.put(chunk_key(self._content_id, c0 + i // CHUNK), bytes(data[i: i + CHUNK]))
 
     # -- reading ---------------------------------------------------------------------------------------
     def pread(self, offset: int, size: int) -> bytes:
@@ -400,15 +407,44 @@ class RemoteSource(ByteSource):
         missing = (i for i in range(c0, c1) if not self._cache.has(chunk_key(self._content_id, i)))
         return _runs(sorted(self._flights.claim(missing)))
 
-    def fetch_claimed(self, runs: list[tuple[int, int]]) -> None:
+    def fetch_claimed(self, runs: list[tuple[int, int]]) -> Exception | None:
         """Fetch claimed runs into the chunk cache (best effort, within ``--timeout``): a run that fails is
-        left to its readers, who fetch it themselves with their own retries."""
+        left to its readers, who fetch it themselves with their own retries. The first failure is returned
+        (read-ahead ignores it; a warm-up reports it, ``ckptfs.sources.remote.warmup``)."""
         deadline = time.monotonic() + self.options.timeout
+        first: Exception | None = None
         for start, stop in runs:
             try:
                 self._fetch_chunks(start, stop, deadline)
             except Exception as exc:  # noqa: BLE001 - see the docstring
                 log.debug("read-ahead of %s chunks %d..%d failed: %s", public_name(self.name), start, stop, exc)
+                first = first or exc
+        return first
+
+    @property
+    def stores_chunks(self) -> bool:
+        """Whether fetched chunks are kept in a ``--cache-dir`` store (beyond this process's memory)."""
+        return self._cache.disk is not None
+
+    def unstored_chunks(self) -> list[int]:
+        """The chunk numbers the ``--cache-dir`` store does not hold (every chunk without a store). A chunk
+        this process holds in memory only (its header read, a read before the store had room) is written to
+        the store here instead of being fetched again."""
+        chunks, disk = -(-self.size // CHUNK), self._cache.disk
+        if disk is None:
+            return list(range(chunks))
+        missing = []
+        for i in range(chunks):
+            key = chunk_key(self._content_id, i)
+            if disk.contains(key):
+                continue
+            data = self._cache.memory.get(key)
+            if data is not None:
+                self._cache.put(key, data)
+                if disk.contains(key):
+                    continue
+            missing.append(i)
+        return missing
 
     def abandon(self, runs: list[tuple[int, int]], error: BaseException) -> None:
         """Give up claimed runs unfetched: their waiters fetch for themselves."""

@@ -1,0 +1,164 @@
+"""``ckptfs prefetch``: fill the caches ahead of the first mount.
+
+Two kinds of warm-up, picked by what is asked:
+
+- **Stored bytes** (a remote SRC, no NAMES): every byte of every file of the checkpoint (all shards, headers
+  included) fetched into the ``--cache-dir`` store, many ranges in flight (``ckptfs.sources.remote.warmup``),
+  so that a later mount or open with the same ``--cache-dir`` sends no request for bytes. ``--cache-dir`` is
+  required: without a store the bytes would be lost at exit. Resumable: what the store holds is skipped.
+- **Decoded groups** (a local SRC, NAMES, ``--redis``/``--redis-cluster``, or ``--decode``): tensors decoded
+  into the shared tiers under the keys a mount with the same ``--dtype`` looks up (``ckptfs.cache.warm``).
+  A remote SRC with ``--decode`` gets its bytes first, then is decoded from them.
+
+A progress line on stderr when it is a terminal (``--quiet``: none, and no summary); one summary line at
+the end; failures are one line with exit 1, usage errors exit 2.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+
+import click
+
+from ckptfs.commands.cache import tier_options
+from ckptfs.commands.failure import fail
+from ckptfs.commands.remote_options import remote_options
+from ckptfs.util.sizes import format_size
+
+
+class ByteBar:
+    """One redrawn line on stderr: bytes done / total, MB/s (of this run's fetches) and the time left."""
+
+    WIDTH = 30
+    EVERY_S = 0.2
+
+    def __init__(self, enabled: bool, label: str = "prefetch"):
+        self.enabled = enabled
+        self.label = label
+        self._start = time.monotonic()
+        self._first: int | None = None
+        self._drawn = 0.0
+
+    def __call__(self, done: int, total: int) -> None:
+        if not self.enabled:
+            return
+        now = time.monotonic()
+        if self._first is None:
+            self._first = done
+        if now - self._drawn < self.EVERY_S and done < total:
+            return
+        self._drawn = now
+        rate = (done - self._first) / max(1e-6, now - self._start)
+        eta = f"{(total - done) / rate:.0f} s" if rate > 0 and done < total else "-"
+        filled = self.WIDTH * done // max(1, total)
+        sys.stderr.write(f"\r{self.label} [{'#' * filled}{'.' * (self.WIDTH - filled)}] "
+                         f"{format_size(done)} / {format_size(total)}  {rate / 1e6:.1f} MB/s  ETA {eta}   ")
+        sys.stderr.flush()
+
+    def close(self) -> None:
+        if self.enabled:
+            sys.stderr.write("\r" + " " * (self.WIDTH + 80) + "\r")
+            sys.stderr.flush()
+            self.enabled = False
+
+
+@click.command("prefetch")
+@click.argument("src")
+@click.argument("names", nargs=-1)
+@tier_options
+@remote_options
+@click.option("--dtype", type=click.Choice(["auto", "float32", "float16"]), default="auto", show_default=True,
+              help="The dtype the mounts that will read decoded entries use (it is part of every key).")
+@click.option("--decode", is_flag=True,
+              help="For a remote SRC: after its bytes, decode its tensors into the tiers too.")
+@click.option("-q", "--quiet", is_flag=True, help="No progress line and no summary (errors only).")
+@click.option("-v", "--verbose", is_flag=True, help="Log to stderr; tracebacks on errors.")
+def prefetch(src, names, cache_dir, cache_dir_size, redis, redis_cluster, cache_key_file, mirrors, timeout,
+             stall_timeout, dtype, decode, quiet, verbose):
+    """Fill the caches before a deployment: a remote SRC's stored bytes into --cache-dir (every file, many
+    ranges at once, resumable), or tensors of SRC (all, or NAMES) decoded into the shared tiers."""
+    import logging
+
+    from ckptfs.sources import is_url
+
+    remote = is_url(src)
+    decode = bool(decode or names or redis or redis_cluster or not remote)
+    fetch_bytes = remote and not names and bool(cache_dir or not decode)
+    if verbose:
+        logging.basicConfig(level=logging.INFO, format="ckptfs: %(levelname)s %(name)s: %(message)s")
+    elif not decode:  # every failure of a byte warm-up ends in its one error line: no log lines before it
+        logging.getLogger("ckptfs").addHandler(logging.NullHandler())
+    if fetch_bytes and not cache_dir:
+        raise click.UsageError("a remote SRC is prefetched into --cache-dir DIR (or $CKPTFS_CACHE_DIR): "
+                               "without it the bytes would be lost at exit")
+    if decode and not cache_dir and not redis and not redis_cluster:
+        raise click.UsageError("nothing to warm: give --cache-dir DIR, --redis URL and/or --redis-cluster HOST:PORT")
+    options = dict(dtype=dtype, cache_size=64 << 20, cache_dir=cache_dir, cache_dir_size=cache_dir_size,
+                   redis=redis, redis_cluster=redis_cluster, cache_key_file=cache_key_file, mirrors=mirrors,
+                   timeout=timeout, stall_timeout=stall_timeout)
+    ok = True
+    stop = threading.Event()  # set on Ctrl-C: queued pieces are dropped, not fetched on the way out
+    try:
+        from ckptfs.checkpoint.api import open as open_checkpoint
+        from ckptfs.sources.netstats import COUNTERS
+
+        started, before = time.monotonic(), COUNTERS.snapshot()
+        with open_checkpoint(src, **options) as ck:
+            if fetch_bytes:
+                ok = _fetch_bytes(ck, quiet, started, before, stop)
+            if decode and ok:
+                ok = _decode(ck, src, names, quiet)
+    except KeyboardInterrupt:
+        stop.set()
+        click.echo("ckptfs: interrupted (what was fetched is kept: run it again for the rest)", err=True)
+        sys.exit(130)
+    except click.ClickException:
+        raise
+    except Exception as exc:  # noqa: BLE001 - the CLI turns every failure into one line
+        fail(exc, verbose)
+    sys.exit(0 if ok else 1)
+
+
+def _fetch_bytes(ck, quiet: bool, started: float, before: dict, stop: threading.Event) -> bool:
+    """The stored-bytes warm-up of an opened checkpoint; its summary counts the header bytes the open fetched
+    (``before``: the traffic counters before the open, at ``started``) as fetched by this run."""
+    from ckptfs.cache.chunks import CHUNK
+    from ckptfs.sources.netstats import COUNTERS
+    from ckptfs.sources.remote.warmup import checkpoint_sources, warm
+    from ckptfs.util.oneline import one_line
+
+    opened = COUNTERS.snapshot()["bytes"] - before["bytes"]
+    bar = ByteBar(enabled=not quiet and sys.stderr.isatty())
+    try:
+        report = warm(checkpoint_sources(ck), progress=bar, stop=stop)
+    finally:
+        bar.close()
+    # the header chunks the open fetched and stored are this run's, not found cached (the open's other bytes,
+    # the one-byte probe and a validator's 4 KiB tail check, are less than a chunk)
+    report.cached -= min(report.cached, opened // CHUNK * CHUNK)
+    report.fetched = COUNTERS.snapshot()["bytes"] - before["bytes"]  # every byte received, the open's too
+    report.seconds = time.monotonic() - started
+    if report.errors:
+        click.echo(one_line(f"ckptfs: error: {report.errors[0]}"
+                            + (f" (and {len(report.errors) - 1} more)" if len(report.errors) > 1 else "")
+                            + f"; {format_size(report.fetched)} fetched before it, kept"), err=True)
+        return False
+    if not quiet:
+        requests = COUNTERS.snapshot()["requests"] - before["requests"]
+        click.echo(f"prefetch: {report.summary()}; {requests} requests")
+    return True
+
+
+def _decode(ck, src: str, names, quiet: bool) -> bool:
+    from ckptfs.cache.warm import warm
+
+    try:
+        tensors = [ck[name] for name in names] if names else list(ck.tensors)
+    except KeyError as exc:
+        raise click.UsageError(f"no tensor {exc.args[0]!r} in {src}") from None
+    report = warm(ck, tensors, progress=not quiet and sys.stderr.isatty())
+    if not quiet or not report.ok:
+        click.echo(report.summary(), err=not report.ok)
+    return report.ok

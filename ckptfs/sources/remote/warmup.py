@@ -1,0 +1,388 @@
+"""Warm-up: every stored byte of a checkpoint's remote files fetched into the ``--cache-dir`` store, at link speed.
+
+``ckptfs prefetch SRC --cache-dir DIR`` and a mount's ``--prefetch`` run this, so that a later mount or
+``ckptfs.open`` with the same ``--cache-dir`` reads every tensor (and every header byte) without a request
+for bytes: only the one-byte probe each file's open sends to learn its size and identity.
+
+How it is built:
+
+- **The one scheduler, the origin's limit.** Pieces of chunks are claimed on the source
+  (``RemoteSource.claim``: a reader of a claimed chunk waits for the piece instead of fetching it again)
+  and run as ``fetch`` jobs on the process's read-ahead scheduler (``ckptfs.readahead.SCHEDULER``), exactly
+  as read-ahead's are: each piece holds one slot of the origin's adaptive in-flight limit
+  (``RemoteSource.origin_limit``, ``ckptfs.readahead.limit``: grown while throughput grows, up to 64,
+  halved on 429/503) and is ``readahead.piece_bytes(limit)`` long (the fetch budget shared by the requests
+  in flight), and all of it counts within read-ahead's ``FETCH_BUDGET``. No thread pool of its own. A
+  warm-up always wants more than the limit, so its epochs are the ones the limit learns from: many ranges
+  in flight, as many as the origin rewards. When no slot or no budget is free, the warm-up waits for one
+  of its own pieces to land (or briefly, when others hold them) and asks again. A mount's background
+  warm-up takes at most half of the origin's slots and half the fetch budget (``share``), leaving the rest
+  to its readers' read-ahead.
+- **Resumable.** Only chunks the store lacks are fetched (``RemoteSource.unstored_chunks``): a second run
+  after an interrupted one fetches the rest, a run after a complete one fetches nothing.
+- **Bounded by ``--cache-dir-size``.** The store deletes its least recently used entries past its bound, so a
+  checkpoint bigger than the bound would evict its own first chunks while its last ones arrive. Before any
+  fetch, the entries the files need (the whole files, with each entry's header) are compared with what the
+  store keeps after a prune (90 % of the bound): a checkpoint that does not fit is refused with one line
+  (:class:`WarmupError`), nothing fetched.
+- **Never a wrong byte, never a silent gap.** Bytes go through the source's own fetch (deadline, retries,
+  identity and length checks) into the store's authenticated entries. A piece that fails after its retries
+  ends the warm-up with that failure (pieces in flight finish, none are started); with mirrors, the piece
+  is read through the mirror wrapper first (its failover). After the last piece every chunk is checked to
+  be in the store: one that is not (a full disk, entries evicted for other processes') is an error too.
+- **Local files** hold their bytes already: they are counted as local and skipped.
+
+``warm(sources, ...)`` runs in the caller's thread and returns a :class:`WarmupReport`; a ``stop`` event
+ends it early (the pieces in flight finish). :class:`BackgroundWarmup` runs it on a thread for a mount,
+logging its progress and outcome, and stops on unmount.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Iterable
+from concurrent.futures import FIRST_COMPLETED, Future, wait
+from dataclasses import dataclass, field
+
+from ckptfs.cache.chunks import CHUNK
+from ckptfs.cache.entry import HEADER_SIZE
+from ckptfs.core.errors import CheckpointError
+from ckptfs.readahead import SCHEDULER
+from ckptfs.sources.base import ByteSource
+from ckptfs.sources.remote.readahead import FETCH_BUDGET, piece_bytes
+from ckptfs.sources.remote.transport import RemoteSource
+from ckptfs.util.redact import public_name
+from ckptfs.util.sizes import format_size
+
+log = logging.getLogger(__name__)
+
+#: The store keeps at most this fraction of --cache-dir-size after a prune (``ckptfs.cache.disk.LOW_WATER``).
+FITS_FRACTION = 0.9
+#: How long to wait for room in the budget when none of this warm-up's own pieces is in flight.
+ROOM_POLL_S = 0.02
+#: Passes over the files: a chunk missing after the first (evicted, or a store write that failed) is
+#: fetched once more before it is reported.
+PASSES = 2
+
+
+class WarmupError(CheckpointError):
+    """The warm-up cannot run, or a piece failed: one line naming the file."""
+
+
+@dataclass
+class WarmupReport:
+    total: int = 0        # stored bytes of the remote files
+    cached: int = 0       # of them, in the store before this run
+    fetched: int = 0      # fetched by this run
+    local: int = 0        # bytes of local files (skipped: their bytes are here)
+    files: int = 0        # remote files
+    seconds: float = 0.0
+    stopped: bool = False
+    errors: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.errors and not self.stopped
+
+    @property
+    def rate(self) -> float:
+        """Bytes per second fetched."""
+        return self.fetched / self.seconds if self.seconds > 0 else 0.0
+
+    def summary(self) -> str:
+        parts = [f"fetched {format_size(self.fetched)} in {self.seconds:.1f} s ({self.rate / 1e6:.1f} MB/s)",
+                 f"{format_size(self.cached)} already cached",
+                 f"{self.files} remote file{'' if self.files == 1 else 's'} ({format_size(self.total)})"]
+        if self.local:
+            parts.append(f"{format_size(self.local)} local (not fetched)")
+        if self.stopped:
+            parts.append("stopped before the end")
+        return "; ".join(parts)
+
+
+@dataclass
+class _File:
+    remote: RemoteSource
+    wrapper: ByteSource   # what reads go through (mirrors): a failed piece is read through it once more
+    missing: list[int]
+
+
+def remote_of(source: ByteSource) -> RemoteSource | None:
+    """The remote source under wrappers (a manifest's checked reads: ``inner``; mirrors: ``primary``), or None
+    for a local file."""
+    seen = 0
+    while not isinstance(source, RemoteSource) and seen < 8:
+        source = getattr(source, "inner", None) or getattr(source, "primary", None)
+        if source is None:
+            return None
+        seen += 1
+    return source if isinstance(source, RemoteSource) else None
+
+
+def checkpoint_sources(ck) -> list[ByteSource]:
+    """Every file of an opened checkpoint as the checkpoint reads it (its pool's sources, wrappers included):
+    its own files (every shard, headers included) and the model folder's other files (config.json...)."""
+    paths = list(dict.fromkeys([*ck.files, *ck.passthrough.values()]))
+    return [ck.sources.get(path) for path in paths]
+
+
+def _entries_bytes(remote: RemoteSource) -> int:
+    """What a whole file takes in the store: each chunk an entry with its header."""
+    return remote.size + -(-remote.size // CHUNK) * HEADER_SIZE
+
+
+def _next_piece(missing: list[int], k: int, step: int) -> int:
+    """The end (an index into the sorted ``missing``) of the piece starting at ``missing[k]``: contiguous
+    chunks, at most ``step`` of them."""
+    j = k + 1
+    while j < len(missing) and j - k < step and missing[j] == missing[j - 1] + 1:
+        j += 1
+    return j
+
+
+def _chunk_bytes(remote: RemoteSource, first: int, last: int) -> int:
+    return min(remote.size, last * CHUNK) - first * CHUNK
+
+
+def warm(sources: Iterable[ByteSource], *, stop: threading.Event | None = None,
+         progress: Callable[[int, int], None] | None = None, share: float = 1.0) -> WarmupReport:
+    """Fetch every chunk of ``sources`` the ``--cache-dir`` store lacks (see the module docstring).
+    ``progress(done, total)``: bytes in the store so far of the remote files' total, called as pieces land
+    (from worker threads). ``share``: the fraction of each origin's in-flight slots and of the fetch budget
+    the warm-up may hold (a mount leaves the rest to its readers' read-ahead). WarmupError when it cannot
+    start (no store, a checkpoint bigger than the store); failures while fetching are in the report's
+    ``errors``."""
+    started = time.monotonic()
+    report = WarmupReport()
+    files: list[_File] = []
+    for source in sources:
+        remote = remote_of(source)
+        if remote is None:
+            report.local += int(getattr(source, "size", 0))
+            continue
+        if not remote.stores_chunks:
+            why = ("no --cache-dir store could be used" if remote.options.cache_dir else "no --cache-dir given")
+            if remote.options.cache_dir and "unvalidated-" in remote.content_id():
+                why = "the server sends no ETag or Last-Modified, so its bytes are never kept"
+            raise WarmupError(remote.name, None, f"cannot be prefetched: {why}")
+        files.append(_File(remote, source, []))
+        report.files += 1
+        report.total += remote.size
+    need = sum(_entries_bytes(f.remote) for f in files)
+    if files:
+        bound = files[0].remote.options.cache_dir_size
+        if need > bound * FITS_FRACTION:
+            raise WarmupError(files[0].remote.options.cache_dir, None,
+                              f"the checkpoint's {format_size(report.total)} need {format_size(need)} in the "
+                              f"cache folder, more than --cache-dir-size {format_size(bound)} keeps "
+                              f"({FITS_FRACTION:.0%} of it, after a prune): give a larger --cache-dir-size")
+    for f in files:
+        f.missing = f.remote.unstored_chunks()
+        report.cached += f.remote.size - sum(_chunk_bytes(f.remote, i, i + 1) for i in f.missing)
+    done = [report.cached]
+    lock = threading.Lock()
+
+    def landed(nbytes: int) -> None:
+        with lock:
+            done[0] += nbytes
+            report.fetched += nbytes
+            now = done[0]
+        if progress is not None:
+            progress(now, report.total)
+
+    if progress is not None:
+        progress(report.cached, report.total)
+    for attempt in range(PASSES):
+        if attempt:
+            for f in files:
+                f.missing = f.remote.unstored_chunks()
+            if not any(f.missing for f in files):
+                break
+            log.info("prefetch: %d chunks not in the store after the first pass: fetching them again",
+                     sum(len(f.missing) for f in files))
+        _run_pass(files, report, landed, stop, share)
+        if report.errors or (stop is not None and stop.is_set()):
+            break
+    if stop is not None and stop.is_set():
+        report.stopped = True
+    elif not report.errors:
+        for f in files:
+            left = f.remote.unstored_chunks()
+            if left:
+                report.errors.append(_unstored_error(f.remote, left))
+    report.seconds = time.monotonic() - started
+    return report
+
+
+def _run_pass(files: list[_File], report: WarmupReport, landed, stop, share: float) -> None:
+    cap = max(CHUNK, int(FETCH_BUDGET * share))
+    mine: set[Future] = set()
+    errors = report.errors
+
+    def ended() -> bool:
+        return bool(errors) or (stop is not None and stop.is_set())
+
+    for f in files:
+        limit = f.remote.origin_limit()
+        k = 0
+        while k < len(f.missing) and not ended():
+            step = piece_bytes(limit.limit, f.remote.piece_bytes) // CHUNK  # as the limit has grown by now
+            j = _next_piece(f.missing, k, step)
+            first, last = f.missing[k], f.missing[j - 1] + 1
+            started = _start(f, first, last, limit, landed, errors, stop, share, cap)
+            if started is None:
+                mine = _wait_some(mine)  # no slot or no budget now
+                continue
+            if started is not True:
+                mine.add(started)
+            k = j
+        if ended():
+            break
+    wait(mine)
+
+
+def _start(f: _File, first: int, last: int, limit, landed, errors, stop, share: float, cap: int):
+    """Start the piece [first, last) of ``f``: its Future; True when there is nothing to fetch (in memory, or
+    on its way by a reader); None when no slot of the origin's limit or no room in the budget is free."""
+    nbytes = (last - first) * CHUNK
+    if share < 1.0 and limit.in_flight >= max(1, int(limit.limit * share)):
+        return None  # a mount's warm-up leaves its readers' read-ahead the other slots
+    if not SCHEDULER.has_room(nbytes) or not limit.try_start():
+        return None
+    runs = f.remote.claim(first, last)
+    if not runs:
+        limit.done()
+        return True
+    future = SCHEDULER.submit("fetch", _Piece(f, runs, limit, landed, errors, stop), nbytes, cap=cap)
+    if future is None:
+        limit.done()
+        f.remote.abandon(runs, RuntimeError("prefetch over budget"))
+    return future
+
+
+def _wait_some(mine: set[Future]) -> set[Future]:
+    """Wait until one of our pieces is done (or briefly, when none is in flight): room in the budget."""
+    if not mine:
+        time.sleep(ROOM_POLL_S)
+        return mine
+    return wait(mine, timeout=1.0, return_when=FIRST_COMPLETED).not_done
+
+
+class _Piece:
+    """One fetch job: claimed runs of one file into the store, counted when they land."""
+
+    def __init__(self, file: _File, runs: list[tuple[int, int]], limit, landed, errors: list[str],
+                 stop: threading.Event | None):
+        self.file, self.runs, self.limit, self.landed = file, runs, limit, landed
+        self.errors, self.stop = errors, stop
+
+    def __call__(self) -> None:
+        remote = self.file.remote
+        try:
+            if self.errors or (self.stop is not None and self.stop.is_set()):
+                remote.abandon(self.runs, RuntimeError("prefetch stopped"))  # queued when it ended: not fetched
+                return
+            error = remote.fetch_claimed(self.runs)
+        finally:
+            self.limit.done()
+        if error is not None and self.file.wrapper is not remote and getattr(self.file.wrapper, "mirrors", None):
+            error = self._through_wrapper()
+        if error is not None:
+            self.errors.append(str(error))
+            return
+        self.landed(sum(_chunk_bytes(remote, a, b) for a, b in self.runs))
+
+    def _through_wrapper(self) -> Exception | None:
+        """The mirrors' turn for a piece the primary failed: read through the mirror wrapper (its failover) and
+        kept as the primary's chunks (mirrors are byte-identical copies: the checkpoint's caches key their
+        bytes on the primary's identity too), so a later mount finds them whichever copy it reads."""
+        remote = self.file.remote
+        try:
+            for a, b in self.runs:
+                remote.keep_chunks(a, self.file.wrapper.pread(a * CHUNK, _chunk_bytes(remote, a, b)))
+        except CheckpointError as exc:
+            return exc
+        return None
+
+    def __repr__(self) -> str:
+        return f"<prefetch {public_name(self.file.remote.name)} {self.runs}>"
+
+
+def _unstored_error(remote: RemoteSource, left: list[int]) -> str:
+    folder = remote.options.cache_dir
+    why = "other processes' entries took the room (see --cache-dir-size) or it cannot be written"
+    try:
+        st = os.statvfs(folder)
+        if st.f_bavail * st.f_frsize < CHUNK + HEADER_SIZE:
+            why = "its file system is full"
+    except OSError as exc:
+        why = f"it cannot be used ({exc.strerror or exc})"
+    return (f"{public_name(remote.name)}: {len(left)} chunks ({format_size(len(left) * CHUNK)}) are not in the "
+            f"cache folder {folder} after fetching: {why}")
+
+
+class BackgroundWarmup:
+    """:func:`warm` on a thread for a mount (``--prefetch``): started once the mount answers, stopped on
+    unmount (the pieces in flight finish, nothing new starts), its progress and outcome in the log. It takes
+    at most ``share`` of each origin's slots and of the fetch budget, leaving the rest to the readers'
+    read-ahead."""
+
+    LOG_EVERY_S = 10.0
+
+    def __init__(self, sources: Callable[[], list[ByteSource]], name: str, share: float = 0.5):
+        self.sources = sources  # called on the thread (a source that cannot be had is the warm-up's failure)
+        self.name = name
+        self.share = share
+        self.report: WarmupReport | None = None
+        self.error: str | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._last_log = 0.0
+
+    def start(self) -> BackgroundWarmup:
+        self._thread = threading.Thread(target=self._run, name="ckptfs-prefetch", daemon=True)
+        self._thread.start()
+        return self
+
+    def _progress(self, done: int, total: int) -> None:
+        now = time.monotonic()
+        if now - self._last_log >= self.LOG_EVERY_S:
+            self._last_log = now
+            log.info("prefetch of %s: %s of %s in the cache folder", self.name, format_size(done), format_size(total))
+
+    def _run(self) -> None:
+        log.info("prefetch of %s: started", self.name)
+        try:
+            self.report = warm(self.sources(), stop=self._stop, progress=self._progress, share=self.share)
+        except CheckpointError as exc:
+            self.error = str(exc)
+        except Exception as exc:  # noqa: BLE001 - a daemon's background work never ends the mount
+            self.error = f"{type(exc).__name__}: {exc}"
+        if self.error is None and self.report.errors:
+            self.error = self.report.errors[0]
+        if self.error is not None:
+            log.warning("prefetch of %s failed: %s (reads fetch what they need)", self.name, self.error)
+        elif not self.report.files:
+            log.info("prefetch of %s: nothing to fetch (its files are local)", self.name)
+        elif self.report.stopped:
+            log.info("prefetch of %s: stopped (%s)", self.name, self.report.summary())
+        else:
+            log.info("prefetch of %s: done: %s", self.name, self.report.summary())
+
+    @classmethod
+    def for_checkpoint(cls, ck, name: str, share: float = 0.5) -> BackgroundWarmup:
+        """The warm-up of every file of an opened checkpoint (:func:`checkpoint_sources`), not started."""
+        return cls(lambda: checkpoint_sources(ck), name, share)
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """End the warm-up: nothing new is fetched; waits up to ``timeout`` for the pieces in flight."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()

@@ -1,0 +1,371 @@
+"""``ckptfs prefetch URL --cache-dir DIR``: every stored byte of a remote checkpoint into the cache folder.
+
+Debian's nginx serves generated GGUF files on loopback (its access log is what the origin saw, with the
+Range of every request); the project's fault proxy stands in front of it where the origin must fail. The
+oracle for values is gguf-py reading the files themselves. What is proved:
+
+- after a prefetch, a fresh mount with the same ``--cache-dir`` serves every tensor, values equal to
+  gguf-py's, with no request for bytes at the origin (only each open's one-byte probe and the 4 KiB tail
+  nginx's weak ETag asks for);
+- an interrupted run (the origin refuses every request after a few) fails with one line, and a second run
+  fetches only the rest: each chunk the first run did not store, once, and none that it did;
+- a split GGUF has every shard warmed;
+- a 404, a dead server, a missing --cache-dir, a --cache-dir-size too small and a full disk are one line and
+  a non-zero exit, and nothing wrong is left in the folder;
+- ``mount --prefetch`` warms the folder in the background, and unmounting stops it cleanly; Ctrl-C ends a run
+  with one line, nothing fetched after it;
+- behind a per-request capped nginx (``limit_rate``) the warm-up keeps many ranges in flight (the fault
+  proxy counts them), and an origin answering 503 now and then still gives every byte.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("urllib3")
+
+from cli_runs import one_error_line, run_cli  # noqa: E402
+from conftest import tmpfs, wait_until  # noqa: E402
+from faultproxy import FaultProxy  # noqa: E402
+from fixtures import quantized, write_gguf  # noqa: E402
+from multifile_sets import gguf_reference, gguf_tensors, write_split_gguf  # noqa: E402
+from servers import Nginx, free_port, require_nginx  # noqa: E402
+
+from ckptfs.cache.chunks import CHUNK  # noqa: E402
+from ckptfs.cache.disk import DiskStore  # noqa: E402
+
+MiB = 1 << 20
+TAIL = 4096  # nginx's ETag is weak: each open (and fetch) checks the file's last 4 KiB
+_REQUEST = re.compile(r'"GET /(?P<path>\S+) [^"]*" (?P<status>\d{3}) (?P<sent>\d+) .*range="bytes=(?P<a>\d+)-(?P<b>\d+)"')
+
+
+@pytest.fixture(scope="module")
+def origin(tmp_path_factory):
+    require_nginx()
+    root = tmp_path_factory.mktemp("www")
+    rng = np.random.default_rng(27)
+    write_gguf(root / "model.gguf", {
+        "blk.0.q8": (quantized("Q8_0", (256, 4096), rng), "Q8_0"),
+        "blk.0.q4k": (quantized("Q4_K", (256, 4096), rng), "Q4_K"),
+        "blk.1.f32": (rng.standard_normal((512, 1024)).astype(np.float32), "F32"),
+        "blk.1.f16": (rng.standard_normal((300, 1000)).astype(np.float16), "F16"),
+    })
+    (root / "copy.gguf").write_bytes((root / "model.gguf").read_bytes())  # its own log lines per test
+    (root / "other.gguf").write_bytes((root / "model.gguf").read_bytes())
+    (root / "primary.gguf").write_bytes((root / "model.gguf").read_bytes())
+    (root / "mirror.gguf").write_bytes((root / "model.gguf").read_bytes())
+    write_split_gguf(root / "split", gguf_tensors(count=6), per_shard=2)
+    write_gguf(root / "big.gguf", {"w": (rng.standard_normal((1536, 4096)).astype(np.float32), "F32")})  # 24 MiB
+    with Nginx(root) as server:
+        yield server, root
+
+
+def _ranges(server: Nginx, before: int, path: str) -> list[tuple[int, int]]:
+    """The [start, end) byte ranges nginx answered with 206 for ``path`` since log line ``before``."""
+    out = []
+    for line in server.access_log()[before:]:
+        m = _REQUEST.search(line)
+        if m and m["path"] == path and m["status"] == "206":
+            out.append((int(m["a"]), int(m["b"]) + 1))
+    return out
+
+
+def _data_ranges(ranges: list[tuple[int, int]], size: int) -> list[tuple[int, int]]:
+    """The ranges that fetched chunk data: not an open's one-byte probe or the weak ETag's tail check."""
+    return [r for r in ranges if r != (0, 1) and r != (max(0, size - TAIL), size)]
+
+
+def _stored_chunks(cache: Path) -> int:
+    usage = DiskStore(cache, 1 << 40, "bytes").usage()
+    return usage.get("bytes", {}).get("files", 0)
+
+
+def _assert_values_equal_gguf_py(mnt: Path, paths: list[str]) -> int:
+    count = 0
+    for name, values, _, _ in gguf_reference(paths):
+        served = np.load(mnt / f"{name}.npy")
+        np.testing.assert_array_equal(served, np.asarray(values, dtype=served.dtype))
+        count += 1
+    return count
+
+
+def test_a_prefetched_folder_serves_every_tensor_without_a_request_for_bytes(origin, tmp_path, mounted):
+    server, root = origin
+    url, cache = f"{server.url}/model.gguf", tmp_path / "cache"
+    size = (root / "model.gguf").stat().st_size
+    before = len(server.access_log())
+    result = run_cli("prefetch", url, "--cache-dir", str(cache), timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("prefetch: fetched ") and result.stdout.count("\n") == 1, result.stdout
+    assert "0 B already cached" in result.stdout
+    fetched = _data_ranges(_ranges(server, before, "model.gguf"), size)
+    assert sum(b - a for a, b in fetched) == size  # every byte once, none twice
+    assert _stored_chunks(cache) == -(-size // CHUNK)
+    again = run_cli("prefetch", url, "--cache-dir", str(cache), timeout=120)  # complete: nothing to fetch
+    assert again.returncode == 0 and "fetched 4.0 KiB" in again.stdout, (again.stdout, again.stderr)
+
+    before = len(server.access_log())
+    mnt = mounted(url, "--cache-dir", str(cache), "--cache-size", "0")
+    assert _assert_values_equal_gguf_py(mnt, [str(root / "model.gguf")]) == 4
+    assert (mnt / "model.gguf").read_bytes() == (root / "model.gguf").read_bytes()  # the header bytes too
+    seen = _ranges(server, before, "model.gguf")
+    assert seen and _data_ranges(seen, size) == [], seen  # the open's probe and tail check only
+
+
+def test_an_interrupted_run_is_finished_by_the_next_fetching_only_the_rest(origin, tmp_path):
+    server, root = origin
+    size = (root / "copy.gguf").stat().st_size
+    cache = tmp_path / "cache"
+    with FaultProxy(server.url) as proxy:
+        url = f"{proxy.url}/copy.gguf"
+        proxy.plan(*[""] * 4)  # the open (probe, header, tail) and one more request pass ...
+        proxy.always("403")    # ... then the origin refuses everything
+        before = len(server.access_log())
+        first = run_cli("prefetch", url, "--cache-dir", str(cache), "--timeout", "10", timeout=120)
+        one_error_line(first, 1, "copy.gguf", "403", "fetched before it, kept")
+        run1 = _data_ranges(_ranges(server, before, "copy.gguf"), size)
+        stored = _stored_chunks(cache)
+        assert 0 < stored < -(-size // CHUNK)
+
+        proxy.always(None)
+        before = len(server.access_log())
+        second = run_cli("prefetch", url, "--cache-dir", str(cache), "--timeout", "10", timeout=120)
+        assert second.returncode == 0, second.stderr
+        run2 = _data_ranges(_ranges(server, before, "copy.gguf"), size)
+        import ckptfs
+        from ckptfs.sources.remote.warmup import remote_of
+
+        with ckptfs.open(url, cache_dir=str(cache)) as ck:  # keys name the URL: asked through the proxy's
+            assert remote_of(ck.sources.get(ck.files[0])).unstored_chunks() == []
+            assert ck.sources.get(ck.files[0]).pread(0, size) == (root / "copy.gguf").read_bytes()
+    chunks = -(-size // CHUNK)
+    refetched = [i for a, b in run2 for i in range(a // CHUNK, -(-b // CHUNK))]
+    # the second run fetched each chunk the first did not store, once, and none that it did store
+    assert len(refetched) == len(set(refetched)) == chunks - stored, (stored, run2)
+    assert 0 < sum(b - a for a, b in run2) < size and run1
+    assert _stored_chunks(cache) == chunks
+
+
+def test_pieces_the_primary_fails_come_from_the_mirror_and_are_kept_as_the_primarys(origin, tmp_path, mounted):
+    server, root = origin
+    size = (root / "primary.gguf").stat().st_size
+    cache = tmp_path / "cache"
+    with FaultProxy(server.url) as proxy:
+        primary = f"{proxy.url}/primary.gguf"
+        proxy.plan(*[""] * 4)  # the primary opens (probe, tail, header and its tail check) ...
+        proxy.always("403")    # ... and then refuses every piece
+        before = len(server.access_log())
+        result = run_cli("prefetch", primary, "--mirror", f"{server.url}/mirror.gguf", "--cache-dir", str(cache),
+                         "--timeout", "10", timeout=120)
+        assert result.returncode == 0, result.stderr
+        from_mirror = _data_ranges(_ranges(server, before, "mirror.gguf"), size)
+        assert from_mirror and proxy.faults_used.count("403") >= 1
+        proxy.always(None)
+        before = len(server.access_log())
+        mnt = mounted(primary, "--cache-dir", str(cache), "--cache-size", "0")  # the primary alone, healthy now
+        assert _assert_values_equal_gguf_py(mnt, [str(root / "primary.gguf")]) == 4
+        assert _data_ranges(_ranges(server, before, "primary.gguf"), size) == []
+
+
+def test_every_shard_of_a_split_gguf_is_warmed(origin, tmp_path, mounted):
+    server, root = origin
+    shards = sorted((root / "split").glob("model-*-of-*.gguf"))
+    assert len(shards) == 3
+    cache = tmp_path / "cache"
+    url = f"{server.url}/split/{shards[0].name}"
+    result = run_cli("prefetch", url, "--cache-dir", str(cache), timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "3 remote files" in result.stdout, result.stdout
+    assert _stored_chunks(cache) == sum(-(-p.stat().st_size // CHUNK) for p in shards)
+    before = len(server.access_log())
+    mnt = mounted(url, "--cache-dir", str(cache), "--cache-size", "0")
+    assert _assert_values_equal_gguf_py(mnt, [str(p) for p in shards]) == 6
+    for shard in shards:
+        seen = _ranges(server, before, f"split/{shard.name}")
+        assert _data_ranges(seen, shard.stat().st_size) == [], (shard.name, seen)
+
+
+def test_failures_are_one_line_and_leave_nothing_wrong(origin, tmp_path):
+    server, _ = origin
+    cache = tmp_path / "cache"
+    one_error_line(run_cli("prefetch", f"{server.url}/missing.gguf", "--cache-dir", str(cache)), 1,
+                   "missing.gguf", "404")
+    dead = f"http://127.0.0.1:{free_port()}/model.gguf"
+    one_error_line(run_cli("prefetch", dead, "--cache-dir", str(cache), "--timeout", "3", timeout=60), 1,
+                   "model.gguf")
+    one_error_line(run_cli("prefetch", f"{server.url}/model.gguf"), 2, "--cache-dir")
+    assert _stored_chunks(cache) == 0
+
+
+def test_a_cache_dir_size_too_small_is_refused_before_fetching(origin, tmp_path):
+    server, root = origin
+    size = (root / "other.gguf").stat().st_size
+    before = len(server.access_log())
+    result = run_cli("prefetch", f"{server.url}/other.gguf", "--cache-dir", str(tmp_path / "c"),
+                     "--cache-dir-size", str(size))  # the file fits, but not with its entries' headers in 90 %
+    one_error_line(result, 1, "--cache-dir-size", "give a larger")
+    fetched = _data_ranges(_ranges(server, before, "other.gguf"), size)
+    assert sum(b - a for a, b in fetched) <= 2 * MiB  # the open's header read, then nothing
+
+
+def test_a_full_disk_is_one_line_and_what_is_stored_is_right(origin, tmp_path):
+    server, root = origin
+    with tmpfs(tmp_path / "small", "3m") as small:
+        cache = small / "cache"
+        result = run_cli("prefetch", f"{server.url}/other.gguf", "--cache-dir", str(cache), timeout=120)
+        one_error_line(result, 1, "other.gguf", "not in the cache folder", "full")
+        import ckptfs
+
+        # whatever was stored reads back as the file's bytes (entries are checked; none is wrong)
+        data = (root / "other.gguf").read_bytes()
+        with ckptfs.open(f"{server.url}/other.gguf", cache_dir=str(cache)) as ck:
+            source = ck.sources.get(ck.files[0])
+            assert source.pread(0, len(data)) == data
+
+
+def test_mount_prefetch_fills_the_folder_in_the_background(origin, tmp_path, mounted):
+    server, root = origin
+    cache = tmp_path / "cache"
+    size = (root / "other.gguf").stat().st_size
+    log = tmp_path / "mount.log"
+    mounted(f"{server.url}/other.gguf", "--cache-dir", str(cache), "--prefetch", "--log-file", str(log))
+    assert wait_until(lambda: _stored_chunks(cache) == -(-size // CHUNK), timeout=60)
+    assert wait_until(lambda: "prefetch of" in log.read_text() and "done" in log.read_text(), timeout=30), \
+        log.read_text()
+    assert "failed" not in log.read_text()
+
+
+def test_mount_prefetch_needs_a_cache_dir(origin, tmp_path):
+    server, _ = origin
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    one_error_line(run_cli("mount", f"{server.url}/other.gguf", str(mnt), "--prefetch"), 2, "--cache-dir")
+
+
+def test_unmount_stops_a_background_prefetch_cleanly(origin, tmp_path, mounted):
+    from conftest import mount_stats, pid_alive
+
+    server, _ = origin
+    log = tmp_path / "mount.log"
+    with FaultProxy(server.url) as proxy:
+        proxy.plan(*[""] * 4)       # the open at its pace ...
+        proxy.always("slow:2")      # ... then every piece (and each version check after one) takes 2 s
+        mnt = mounted(f"{proxy.url}/big.gguf", "--cache-dir", str(tmp_path / "cache"), "--prefetch",
+                      "--log-file", str(log))
+        pid = mount_stats(mnt)["pid"]
+        assert wait_until(lambda: "prefetch of" in log.read_text(), timeout=30), log.read_text()
+        result = run_cli("umount", str(mnt))
+        assert result.returncode == 0, result.stderr
+        assert wait_until(lambda: not pid_alive(pid), timeout=60)  # the pieces in flight end, nothing new starts
+    text = log.read_text()
+    assert "prefetch of" in text and "stopped" in text and "Traceback" not in text, text
+
+
+def _settled(proxy: FaultProxy, quiet: float = 0.5):
+    """A predicate: no new request reached the proxy for ``quiet`` seconds."""
+    seen = {"n": -1, "at": time.monotonic()}
+
+    def check() -> bool:
+        n = proxy.requests["GET"]
+        if n != seen["n"]:
+            seen["n"], seen["at"] = n, time.monotonic()
+        return time.monotonic() - seen["at"] >= quiet
+
+    return check
+
+
+def test_ctrl_c_ends_a_run_at_once_and_keeps_what_it_stored(origin, tmp_path):
+    import signal
+    import subprocess
+
+    from conftest import ckptfs_cli, cli_env
+
+    server, root = origin
+    size = (root / "big.gguf").stat().st_size
+    cache = tmp_path / "cache"
+    with FaultProxy(server.url) as proxy:
+        proxy.plan(*[""] * 4)
+        proxy.always("slow:3")  # every piece takes 3 s: the interrupt comes while the first round is in flight
+        env = cli_env()
+        env.pop("CKPTFS_CACHE_DIR", None)
+        proc = subprocess.Popen([*ckptfs_cli(), "prefetch", f"{proxy.url}/big.gguf", "--cache-dir", str(cache)],
+                                env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True)
+        try:
+            assert wait_until(lambda: proxy.requests["GET"] >= 8, timeout=30)  # the open, the first pieces
+            assert wait_until(_settled(proxy), timeout=30)  # every piece of the first round is on its way
+            time.sleep(0.3)  # and in nginx's log (it logs a request once it has sent the answer to the proxy)
+            at_interrupt = len(server.access_log())
+            proc.send_signal(signal.SIGINT)
+            out, err = proc.communicate(timeout=60)
+        finally:
+            proc.kill()
+        later = _data_ranges(_ranges(server, at_interrupt, "big.gguf"), size)
+    assert proc.returncode == 130, (out, err)
+    assert err.strip().count("\n") == 0 and "interrupted" in err and "Traceback" not in err, err
+    assert later == []  # the pieces in flight ended; none was started on the way out
+    assert 0 < _stored_chunks(cache) <= -(-size // CHUNK)
+
+
+# -- against a per-request capped origin (as a CDN or object store is) ---------------------------------------
+
+@pytest.fixture(scope="module")
+def capped(tmp_path_factory):
+    """96 MiB behind nginx's ``limit_rate 6m`` (a 4 MiB piece takes 0.7 s): speed comes only from ranges in
+    flight at once."""
+    require_nginx()
+    root = tmp_path_factory.mktemp("capped")
+    rng = np.random.default_rng(3)
+    write_gguf(root / "wide.gguf", {"w": (rng.standard_normal((6144, 4096)).astype(np.float32), "F32")})
+    (root / "throttled.gguf").write_bytes((root / "wide.gguf").read_bytes())
+    with Nginx(root, limit_rate="6m") as server:
+        yield server, root
+
+
+def _read_back(url: str, cache: Path, expected: bytes) -> None:
+    import ckptfs
+
+    with ckptfs.open(url, cache_dir=str(cache)) as ck:
+        assert ck.sources.get(ck.files[0]).pread(0, len(expected)) == expected
+
+
+def test_a_capped_origin_gets_many_ranges_in_flight(capped, tmp_path):
+    server, root = capped
+    cache = tmp_path / "cache"
+    with FaultProxy(server.url) as proxy:
+        result = run_cli("prefetch", f"{proxy.url}/wide.gguf", "--cache-dir", str(cache), timeout=300)
+        assert result.returncode == 0, result.stderr
+        # the origin's whole initial limit from the first round on (the scheduler's old 4 workers kept 4);
+        # how far it climbs from there is the limit's to learn (tests/test_remote_parallel.py)
+        assert proxy.peak_in_flight >= 8, proxy.peak_in_flight
+        _read_back(f"{proxy.url}/wide.gguf", cache, (root / "wide.gguf").read_bytes())
+
+
+def test_an_origin_that_says_503_now_and_then_still_gets_every_byte(capped, tmp_path):
+    server, root = capped
+    cache = tmp_path / "cache"
+    with FaultProxy(server.url) as proxy:
+        proxy.every(7, "503")  # one request in seven refused: retried, and the origin's limit steps back
+        result = run_cli("prefetch", f"{proxy.url}/throttled.gguf", "--cache-dir", str(cache), timeout=300)
+        assert result.returncode == 0, result.stderr
+        assert "503" in proxy.faults_used
+        proxy.every(7, None)
+        _read_back(f"{proxy.url}/throttled.gguf", cache, (root / "throttled.gguf").read_bytes())
+
+
+def test_decode_after_the_bytes_fills_the_decoded_tier_too(origin, tmp_path):
+    server, root = origin
+    cache = tmp_path / "cache"
+    url = f"{server.url}/model.gguf"
+    result = run_cli("prefetch", url, "--cache-dir", str(cache), "--decode", timeout=120)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0].startswith("prefetch: fetched ") and lines[1].startswith("prefetched 4 tensors"), lines
+    usage = DiskStore(cache, 1 << 40, "bytes").usage()
+    assert usage["bytes"]["files"] == -(-(root / "model.gguf").stat().st_size // CHUNK)
+    assert usage["blocks"]["files"] > 0  # the quantized tensors' decoded groups
