@@ -7,10 +7,13 @@ cd "$(dirname "$0")/.."
 if [ $# -gt 0 ]; then  # arguments go to pytest and run only those tests, on numpy 2.x
     exec .venv/bin/python -m pytest -q -p no:cacheprovider "$@"
 fi
-# Two modules run in pytest processes of their own: in whole-suite processes (never alone) they failed now
-# and then — transformers' gemma3 logits differing at the first positions on one side or the other, and the
-# Redis Cluster tests' lease and dead-node counts — which is being investigated (see docs/hf.md, docs/caches.md).
-OWN_PROCESS=(tests/test_hf_folder.py tests/test_tiers_redis_cluster.py)
+# Two modules run in pytest processes of their own. tests/test_clients_transformers.py calls transformers'
+# from_pretrained from four threads at once, which leaves transformers 5.x's process state broken: a later
+# load in the same process can leave a tied weight on the meta device (gemma3's lm_head), and its logits are
+# then garbage (seen as tests/test_hf_folder.py's gemma3 logits differing on either side, docs/hf.md). The
+# Redis Cluster tests' lease and dead-node counts failed now and then in whole-suite processes only
+# (docs/caches.md); why is not known yet.
+OWN_PROCESS=(tests/test_clients_transformers.py tests/test_tiers_redis_cluster.py)
 .venv/bin/python -m pytest -q -p no:cacheprovider "${OWN_PROCESS[@]/#/--ignore=}"
 for module in "${OWN_PROCESS[@]}"; do
     .venv/bin/python -m pytest -q -p no:cacheprovider "$module"
