@@ -195,9 +195,14 @@ def test_a_waiter_decodes_itself_when_the_lease_holder_vanishes(cluster):
     key, other = (CacheKey("sha256:lease", 0, "Q4_K", "<f4", b, b + 8) for b in (0, 8))
     try:
         assert holder.lease(key) is True and waiter.lease(key) is False
+        unanswered = waiter.stats()["errors"] + waiter.stats()["skipped"]
         began = time.monotonic()
         assert bounded(waiter.wait_for, key, guard=10) is None  # the holder never stores: the lease lapses
-        assert time.monotonic() - began >= LEASE_MS / 1000 * 0.9
+        waited = time.monotonic() - began
+        unanswered = waiter.stats()["errors"] + waiter.stats()["skipped"] - unanswered
+        # the waiter gives up early only when Redis did not answer it (a loaded machine's timeouts): decoding
+        # itself then is the design (a stopped Redis costs speed, never a read)
+        assert waited >= LEASE_MS / 1000 * 0.9 or unanswered > 0, (waited, unanswered)
         assert holder.lease(other) is True and waiter.lease(other) is False
         holder.release(other)  # a failed decode gives the lease up: the waiter goes on at once
         assert bounded(waiter.wait_for, other, guard=10) is None
