@@ -159,7 +159,7 @@ def test_decode_cache_and_process_families(mnt, source):
     assert value(samples, "ckptfs_source_requests_total", scheme="file", outcome="ok") == 0
     assert ("ckptfs_source_bytes_total", (("scheme", "file"),)) in samples
     assert ("ckptfs_mirror_failovers_total", ()) in samples
-    assert stats["source"] == {"requests": 0, "bytes": 0, "retries": 0, "failovers": 0, "by_scheme": {}}
+    assert stats["source"] == {"requests": 0, "bytes": 0, "retries": 0, "failovers": 0, "by_scheme": {}, "origins": {}}
 
 
 def test_errors_by_op_and_errno(mnt):
