@@ -71,6 +71,12 @@ class View:
         """What bytes [start, stop) of this file will need: see :class:`Ahead`."""
         return NOTHING_AHEAD
 
+    def plain_range(self) -> tuple[object, int] | None:
+        """``(source, offset)`` when this file's bytes are exactly bytes [offset, offset + size) of one byte
+        source of the pool, read as they are (a ``.raw``, a passed-through file); None for every file that
+        is built, decoded or joined. The mount answers reads of such files in C (``ckptfs.fs.direct``)."""
+        return None
+
     def _clip(self, offset: int, size: int) -> tuple[int, int]:
         offset = max(0, offset)
         return offset, max(0, min(size, self.size - offset))
@@ -128,6 +134,9 @@ class RawView(View):
     def ahead(self, start: int, stop: int) -> Ahead:
         return Ahead(advise=((self.info.source, self.info.offset + start, stop - start),))
 
+    def plain_range(self) -> tuple[object, int] | None:
+        return self._sources.get(self.info.source), self.info.offset
+
     def read(self, offset: int, size: int) -> bytes:
         offset, size = self._clip(offset, size)
         if size == 0:
@@ -161,6 +170,9 @@ class FileView(View):
 
     def ahead(self, start: int, stop: int) -> Ahead:
         return Ahead(advise=((self.path, start, stop - start),))
+
+    def plain_range(self) -> tuple[object, int] | None:
+        return self._sources.get(self.path), 0
 
     def read(self, offset: int, size: int) -> bytes:
         offset, size = self._clip(offset, size)
