@@ -5,6 +5,8 @@ Real mounts of generated checkpoints, through the real CLI daemon (mfusepy on li
 - every tensor's ``.raw`` and the checkpoint's own file give exactly the file's bytes, at odd offsets and
   sizes, at and past the end, with O_DIRECT (each read reaches the daemon as asked) and buffered — and the C
   path served them (``c_reads`` in the stats), with nothing handed back to Python;
+- a split set's merged ``model.gguf`` (header in memory, shard ranges, zero padding) read in C is the file
+  Python serves (which gguf-py reads as the merged set), across every seam;
 - ``CKPTFS_C_READS=0``: the same bytes, not one read served in C;
 - ``ckptfs_read_bytes_total{kind}`` counts exactly the bytes readers got, C-served ones included, and
   ``ckptfs_c_reads_total`` counts the C path's requests;
@@ -261,3 +263,25 @@ def test_open_and_release_many_times_leaks_no_descriptor(mounted, tmp_path):
     assert c_reads(mnt)["reads"] > 0
     time.sleep(0.1)
     assert mount_stats(mnt)["open_handles"] == 0
+
+
+def test_merged_model_gguf_of_a_split_set_is_read_in_c(mounted, tmp_path):
+    from gguf import GGUFReader
+    from multifile_sets import gguf_tensors, write_split_gguf
+    from test_hf_merge import check_merged
+
+    shards = write_split_gguf(tmp_path / "set", gguf_tensors(count=9), per_shard=2)
+    in_c = mounted(str(shards[0]))
+    in_python = mounted(str(shards[0]), env={"CKPTFS_C_READS": "0"})
+    expected = (in_python / "model.gguf").read_bytes()  # Python's merge: gguf-py reads it (test_hf_merge)
+    assert c_reads(in_c)["reads"] == 0
+    assert (in_c / "model.gguf").read_bytes() == expected
+    check_merged(GGUFReader(str(in_c / "model.gguf")), shards)
+    ranges = odd_ranges(len(expected), np.random.default_rng(7))
+    ranges += [(o - 3, 7) for o in range(4096, len(expected), 4096)]  # across header, tensor and padding seams
+    for (offset, size), got in zip(ranges, read_direct(in_c / "model.gguf", ranges)):
+        assert got == expected[offset:offset + size], (offset, size)
+    served = c_reads(in_c)
+    asked = sum(1 for offset, size in ranges if offset < len(expected) and size > 0)  # the others never come
+    assert served["reads"] >= asked and served["handed_back"] == 0
+    assert c_reads(in_python)["reads"] == 0

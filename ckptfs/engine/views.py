@@ -71,10 +71,11 @@ class View:
         """What bytes [start, stop) of this file will need: see :class:`Ahead`."""
         return NOTHING_AHEAD
 
-    def plain_range(self) -> tuple[object, int] | None:
-        """``(source, offset)`` when this file's bytes are exactly bytes [offset, offset + size) of one byte
-        source of the pool, read as they are (a ``.raw``, a passed-through file); None for every file that
-        is built, decoded or joined. The mount answers reads of such files in C (``ckptfs.fs.direct``)."""
+    def plain_segments(self) -> list[tuple[int, int, object, int]] | None:
+        """This file's bytes as pieces that are read, not made: ``(start, length, what, offset)`` in file order,
+        covering the file, where ``what`` is a byte source of the pool (its bytes from ``offset``, as they
+        are), a ``bytes`` object (its bytes from ``offset``) or None (zeros). None for a file whose bytes
+        are decoded or converted. The mount answers reads of such files in C (``ckptfs.fs.direct``)."""
         return None
 
     def _clip(self, offset: int, size: int) -> tuple[int, int]:
@@ -134,8 +135,8 @@ class RawView(View):
     def ahead(self, start: int, stop: int) -> Ahead:
         return Ahead(advise=((self.info.source, self.info.offset + start, stop - start),))
 
-    def plain_range(self) -> tuple[object, int] | None:
-        return self._sources.get(self.info.source), self.info.offset
+    def plain_segments(self) -> list[tuple[int, int, object, int]] | None:
+        return [(0, self.size, self._sources.get(self.info.source), self.info.offset)]
 
     def read(self, offset: int, size: int) -> bytes:
         offset, size = self._clip(offset, size)
@@ -171,8 +172,8 @@ class FileView(View):
     def ahead(self, start: int, stop: int) -> Ahead:
         return Ahead(advise=((self.path, start, stop - start),))
 
-    def plain_range(self) -> tuple[object, int] | None:
-        return self._sources.get(self.path), 0
+    def plain_segments(self) -> list[tuple[int, int, object, int]] | None:
+        return [(0, self.size, self._sources.get(self.path), 0)]
 
     def read(self, offset: int, size: int) -> bytes:
         offset, size = self._clip(offset, size)

@@ -1,11 +1,14 @@
 /* Reads of stored bytes answered in C, on libfuse's own threads, without the GIL (fs/direct.py).
  *
- * A file whose bytes are one plain range of one local file (a tensor's NAME.raw, the checkpoint's own
- * files) needs no Python per request: the answer is a pread. Python registers each such open file handle
- * here at open (fh -> the source's descriptor, the range, the file's size and mtime as pinned at open) and
- * unregisters it at release; `direct_read`, installed in libfuse's fuse_operations in place of mfusepy's
- * read callback (fs/binding.py), serves registered handles with pread and hands every other read, and any
- * read it cannot finish cleanly, to that Python callback (a ctypes callback: it takes the GIL itself).
+ * A file whose bytes are ranges of local files, as they are (a tensor's NAME.raw, the checkpoint's own files,
+ * a split GGUF set's merged model.gguf: its header held in memory, then each tensor's range of its shard,
+ * zeros between them) needs no Python per request: the answer is a pread or two. Python registers each such
+ * open file handle here at open (fh -> its segments: for each, where it starts in the file, its length, and
+ * either a source descriptor with the offset there and the source's size and mtime as pinned at open, or
+ * bytes in memory, or zeros) and unregisters it at release; `direct_read`, installed in libfuse's
+ * fuse_operations in place of mfusepy's read callback (fs/binding.py), serves registered handles and hands
+ * every other read, and any read it cannot finish cleanly, to that Python callback (a ctypes callback: it
+ * takes the GIL itself).
  *
  * libfuse 3 and 2 have the same read signature:
  *   int read(const char *path, char *buf, size_t size, off_t offset, struct fuse_file_info *fi)
@@ -13,11 +16,11 @@
  * struct, `fuse_file_info.fh.offset`), given at install, never written down here.
  *
  * Guarantees kept from the Python path (sources/local.py): a read returns min(size, length - offset) bytes
- * exactly as the file was when it was pinned; after each pread the descriptor is fstat'ed, and a changed
- * size or mtime, a short read or an error sends the read to Python, which answers it (EIO, with its log line
- * and error counter). The descriptor is the source's own, held open by Python while the handle is
- * registered: each read holds a reference on its entry, and `unregister` returns only once no read uses the
- * entry, so Python never lets the descriptor go (and a later open reuse its number) under a pread of ours.
+ * exactly as the files were when pinned; after each pread the descriptor is fstat'ed, and a changed size or
+ * mtime, a short read or an error sends the read to Python, which answers it (EIO, with its log line and
+ * error counter). Descriptors and memory are Python's, held by it while the handle is registered: each read
+ * holds a reference on its entry, and `unregister` returns only once no read uses the entry, so Python never
+ * lets a descriptor (or the memory) go under a read of ours.
  *
  * The table is chained hash buckets under one rwlock, held only for a lookup, never during I/O.
  */
@@ -39,16 +42,25 @@ typedef int (*read_fn)(const char *, char *, size_t, off_t, void *);
 #define BUCKETS 4096
 #define KINDS 16
 
-struct entry {
-    uint64_t fh;
-    int fd;
-    int kind;
-    int64_t base;      /* where the file's byte 0 lies in the descriptor's file */
-    uint64_t length;   /* the file's size as the mount shows it */
+/* One segment as Python packs it (fs/direct.py, SEGMENT = struct "<QQqqqqQ"). */
+struct segment {
+    uint64_t start;    /* where it starts in the mount's file */
+    uint64_t length;
+    int64_t fd;        /* >= 0: bytes [offset, offset + length) of this descriptor's file; -1: memory or zeros */
+    int64_t offset;
     int64_t st_size;   /* the source file as pinned at open: a read checks it is still so */
     int64_t mtime_ns;
+    uint64_t memory;   /* fd == -1: the address of `length` bytes (Python holds them), or 0 for zeros */
+};
+
+struct entry {
+    uint64_t fh;
+    int kind;
+    uint64_t length;   /* the file's size as the mount shows it */
     atomic_int refs;   /* 1 for the table, 1 per read in progress */
     struct entry *next;
+    size_t count;
+    struct segment segments[];  /* contiguous, in order, covering [0, length) */
 };
 
 static struct entry *table[BUCKETS];
@@ -89,11 +101,12 @@ static struct entry *get(uint64_t fh) {
     return e;
 }
 
-/* 1 when `n` bytes at `at` were read completely and the file is still as pinned; 0 otherwise. */
-static int read_range(const struct entry *e, char *buf, size_t n, int64_t at) {
+/* 1 when `n` bytes at `at` of the segment's file were read completely and the file is still as pinned. */
+static int read_file(const struct segment *s, char *buf, size_t n, int64_t at) {
+    int fd = (int)s->fd;
     size_t done = 0;
     while (done < n) {
-        ssize_t got = pread(e->fd, buf + done, n - done, (off_t)(at + (int64_t)done));
+        ssize_t got = pread(fd, buf + done, n - done, (off_t)(at + (int64_t)done));
         if (got < 0 && errno == EINTR)
             continue;
         if (got <= 0)
@@ -101,10 +114,40 @@ static int read_range(const struct entry *e, char *buf, size_t n, int64_t at) {
         done += (size_t)got;
     }
     struct stat st;
-    if (fstat(e->fd, &st) != 0)
+    if (fstat(fd, &st) != 0)
         return 0;
     int64_t mtime_ns = (int64_t)st.st_mtim.tv_sec * 1000000000 + st.st_mtim.tv_nsec;
-    return (int64_t)st.st_size == e->st_size && mtime_ns == e->mtime_ns;
+    return (int64_t)st.st_size == s->st_size && mtime_ns == s->mtime_ns;
+}
+
+/* Bytes [offset, offset + n) of the entry's file into buf (n > 0, inside the file); 1 on success. */
+static int read_segments(const struct entry *e, char *buf, size_t n, uint64_t offset) {
+    size_t lo = 0, hi = e->count;  /* the last segment starting at or before offset */
+    while (hi - lo > 1) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (e->segments[mid].start <= offset)
+            lo = mid;
+        else
+            hi = mid;
+    }
+    size_t done = 0;
+    for (size_t i = lo; done < n && i < e->count; i++) {
+        const struct segment *s = &e->segments[i];
+        uint64_t within = offset + done - s->start;
+        size_t take = (size_t)(s->length - within);
+        if (take > n - done)
+            take = n - done;
+        if (s->fd >= 0) {
+            if (!read_file(s, buf + done, take, s->offset + (int64_t)within))
+                return 0;
+        } else if (s->memory != 0) {
+            memcpy(buf + done, (const char *)(uintptr_t)s->memory + within, take);
+        } else {
+            memset(buf + done, 0, take);
+        }
+        done += take;
+    }
+    return done == n;
 }
 
 static int direct_read(const char *path, char *buf, size_t size, off_t offset, void *fi) {
@@ -121,7 +164,7 @@ static int direct_read(const char *path, char *buf, size_t size, off_t offset, v
         uint64_t left = e->length - (uint64_t)offset;
         n = left < size ? (size_t)left : size;
     }
-    int ok = n == 0 || read_range(e, buf, n, e->base + (int64_t)offset);
+    int ok = n == 0 || read_segments(e, buf, n, (uint64_t)offset);
     int kind = e->kind;
     put(e);
     if (!ok) {
@@ -148,29 +191,48 @@ static PyObject *install(PyObject *self, PyObject *args) {
     return PyLong_FromVoidPtr((void *)direct_read);
 }
 
-/* register(fh, fd, base, length, st_size, mtime_ns, kind) -> False when fh is registered already.
- * Reads of fh are served from `fd`, which the caller keeps open until unregister(fh) has returned. */
+/* register(fh, kind, length, segments) -> False when fh is registered already. `segments`: packed struct
+ * segment records, contiguous from 0 to `length`. Their descriptors and memory must stay valid until
+ * unregister(fh) has returned. */
 static PyObject *register_handle(PyObject *self, PyObject *args) {
-    unsigned long long fh;
-    int fd, kind;
-    long long base, st_size, mtime_ns;
-    unsigned long long length;
-    if (!PyArg_ParseTuple(args, "KiLKLLi", &fh, &fd, &base, &length, &st_size, &mtime_ns, &kind))
+    unsigned long long fh, length;
+    int kind;
+    Py_buffer packed;
+    if (!PyArg_ParseTuple(args, "KiKy*", &fh, &kind, &length, &packed))
         return NULL;
-    if (kind < 0 || kind >= KINDS || base < 0 || fd < 0) {
-        PyErr_SetString(PyExc_ValueError, "register: bad kind, base or descriptor");
+    size_t count = (size_t)packed.len / sizeof(struct segment);
+    struct entry *e = NULL;
+    const char *problem = NULL;
+    if (kind < 0 || kind >= KINDS)
+        problem = "register: bad kind";
+    else if (count == 0 || (size_t)packed.len != count * sizeof(struct segment))
+        problem = "register: segments must be whole records";
+    else if ((e = malloc(sizeof *e + count * sizeof(struct segment))) == NULL) {
+        PyBuffer_Release(&packed);
+        return PyErr_NoMemory();
+    } else {
+        memcpy(e->segments, packed.buf, count * sizeof(struct segment));
+        uint64_t at = 0;
+        for (size_t i = 0; i < count && problem == NULL; i++) {
+            const struct segment *s = &e->segments[i];
+            if (s->start != at || s->length == 0 || (s->fd >= 0 && (s->offset < 0 || s->fd > INT32_MAX)))
+                problem = "register: segments must be contiguous, non-empty, with valid descriptors";
+            at += s->length;
+        }
+        if (problem == NULL && at != length)
+            problem = "register: segments must cover the file exactly";
+    }
+    PyBuffer_Release(&packed);
+    if (problem != NULL) {
+        free(e);
+        PyErr_SetString(PyExc_ValueError, problem);
         return NULL;
     }
-    struct entry *e = calloc(1, sizeof *e);
-    if (e == NULL)
-        return PyErr_NoMemory();
     e->fh = fh;
-    e->fd = fd;
     e->kind = kind;
-    e->base = base;
     e->length = length;
-    e->st_size = st_size;
-    e->mtime_ns = mtime_ns;
+    e->count = count;
+    e->next = NULL;
     atomic_init(&e->refs, 1);
     int added = 1;
     Py_BEGIN_ALLOW_THREADS
@@ -190,7 +252,7 @@ static PyObject *register_handle(PyObject *self, PyObject *args) {
     return PyBool_FromLong(added);
 }
 
-/* unregister(fh) -> whether fh was registered; returns once no read uses its descriptor. */
+/* unregister(fh) -> whether fh was registered; returns once no read uses its descriptors or memory. */
 static PyObject *unregister_handle(PyObject *self, PyObject *args) {
     unsigned long long fh;
     if (!PyArg_ParseTuple(args, "K", &fh))
@@ -233,9 +295,9 @@ static PyMethodDef methods[] = {
     {"install", install, METH_VARARGS,
      "install(python_read_address, fh_offset) -> address of the C read callback"},
     {"register", register_handle, METH_VARARGS,
-     "register(fh, fd, base, length, st_size, mtime_ns, kind) -> False when fh is registered already"},
+     "register(fh, kind, length, segments) -> False when fh is registered already"},
     {"unregister", unregister_handle, METH_VARARGS,
-     "unregister(fh) -> whether it was registered; returns once no read uses its descriptor"},
+     "unregister(fh) -> whether it was registered; returns once no read uses it"},
     {"counters", counters, METH_NOARGS,
      "counters() -> ([(reads, bytes) per kind slot], reads handed back to Python, entries alive)"},
     {NULL, NULL, 0, NULL},
@@ -245,7 +307,10 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_direct", NULL, -1, 
 
 PyMODINIT_FUNC PyInit__direct(void) {
     PyObject *m = PyModule_Create(&module);
-    if (m != NULL && PyModule_AddIntConstant(m, "KINDS", KINDS) != 0) {
+    if (m == NULL)
+        return NULL;
+    if (PyModule_AddIntConstant(m, "KINDS", KINDS) != 0 ||
+        PyModule_AddIntConstant(m, "SEGMENT_SIZE", (long)sizeof(struct segment)) != 0) {
         Py_DECREF(m);
         return NULL;
     }

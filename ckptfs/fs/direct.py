@@ -1,26 +1,28 @@
 """Reads of stored bytes answered in C, without Python: the table behind ``ckptfs/fs/_direct.c``.
 
 A mount's ``.raw`` files and passed-through files (the checkpoint's own files, a folder's config.json) are
-plain ranges of local files: a read of them is one ``pread``. Answering it through mfusepy costs a ctypes
-callback, the GIL and a few Python frames per request, which on a 1 MiB request is as much as the copy
-itself. So at ``open`` such a file's handle is registered with the C helper (the source's pinned
-descriptor, the range, the file's size and mtime as pinned at open); the mfusepy binding installs the
-helper's read callback in libfuse's operations (fs/binding.py); a read of a registered handle is then served
-on libfuse's thread without taking the GIL, and every other read goes to the Python callback as before.
-While registered, the handle counts as a user of its source's descriptor (the pool does not close a source
-in use, so the daemon holds one descriptor per file, as before); ``release`` unregisters it, which returns
-once no read of the handle is in progress, and only then lets the descriptor go.
+plain ranges of local files, and a split GGUF set's merged ``model.gguf`` is a header held in memory, then
+ranges of the shards with zeros between them: a read of any of them is a ``pread`` or two. Answering it
+through mfusepy costs a ctypes callback, the GIL and a few Python frames per request, which on a 1 MiB
+request is as much as the copy itself. So at ``open`` such a file's handle is registered with the C helper
+(the view's ``plain_segments()``, packed: the sources' pinned descriptors with their pinned size and mtime,
+the memory's address); the mfusepy binding installs the helper's read callback in libfuse's operations
+(fs/binding.py); a read of a registered handle is then served on libfuse's thread without taking the GIL,
+and every other read goes to the Python callback as before. While registered, the handle counts as a user
+of its sources' descriptors (the pool does not close a source in use, so the daemon holds one descriptor per
+file, as before) and holds the memory segments' bytes objects; ``release`` unregisters it, which returns
+once no read of the handle is in progress, and only then lets them go.
 
-Registered only where the bytes are the source's, read as they are:
+Registered only where the bytes are read as they are:
 
-- the view's ``plain_range()`` gives ``(source, offset)``: a ``.npy``, a JSON file, a merged ``model.gguf``
-  or a virtual safetensors file is built or joined, and stays in Python;
-- the source is a plain ``FileSource`` (local file). Wrapped sources are not: a manifest-checked source
+- the view gives ``plain_segments()``: a ``.npy``, a JSON file or a virtual safetensors file is decoded,
+  built or converted per read, and stays in Python;
+- every source is a plain ``FileSource`` (local file). Wrapped sources are not: a manifest-checked source
   (``--manifest``: every read is verified) or a mirror; nor a remote one (no descriptor);
-- the range lies inside the file as pinned (a tensor whose bytes the file does not hold, a damaged one, is
+- every range lies inside its file as pinned (a tensor whose bytes the file does not hold, a damaged one, is
   read by Python, which answers EIO with its log line).
 
-In C, a read that ends short, fails, or finds the file's size or mtime changed since open is handed back to
+In C, a read that ends short, fails, or finds a file's size or mtime changed since open is handed back to
 Python, which answers it as it always does (an EIO with its log line and error counter): the C path only
 ever answers what Python would have answered with the same bytes.
 
@@ -32,8 +34,10 @@ table and counters are the process's.
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
+import struct
 import threading
 from typing import Any
 
@@ -48,6 +52,9 @@ except ImportError:
 log = logging.getLogger(__name__)
 
 ENV = "CKPTFS_C_READS"
+#: One segment as ``_direct.c`` reads it (``struct segment``): start, length, fd (-1: memory or zeros),
+#: offset in the file, the file's pinned size and mtime, the address of memory bytes (0: zeros).
+SEGMENT = struct.Struct("<QQqqqqQ")
 
 
 def enabled_from_env() -> bool:
@@ -62,18 +69,21 @@ class DirectReads:
         self.active = False  # set once the binding installed the C callback (mfusepy only)
         self._kinds: dict[str, int] = {}
         self._lock = threading.Lock()
-        self._sources: dict[int, FileSource] = {}  # registered handle -> the source whose descriptor it reads
+        #: registered handle -> (the sources whose descriptors it reads, the bytes objects it reads)
+        self._held: dict[int, tuple[list[FileSource], list[bytes]]] = {}
 
     def install(self, python_read_address: int, fh_offset: int) -> int:
         """The C read callback's address, falling back to ``python_read_address`` (mfusepy's read callback)
         for every read it does not serve; ``fh_offset``: where ``fh`` lies in libfuse's fuse_file_info."""
+        if SEGMENT.size != _direct.SEGMENT_SIZE:  # a helper built from another version of _direct.c
+            raise RuntimeError(f"ckptfs.fs._direct packs {_direct.SEGMENT_SIZE}-byte segments, not {SEGMENT.size}")
         address = _direct.install(python_read_address, fh_offset)
         self.active = True
         return address
 
     def register(self, fh: int, view: Any, kind: str) -> bool:
-        """Serve ``fh``'s reads in C when ``view`` is a plain range of a local file (see the module docstring).
-        Never fails the open: whatever goes wrong here, the reads are Python's."""
+        """Serve ``fh``'s reads in C when ``view``'s bytes are plain pieces of local files and memory (see the
+        module docstring). Never fails the open: whatever goes wrong here, the reads are Python's."""
         if not self.active:
             return False
         try:
@@ -83,36 +93,59 @@ class DirectReads:
             return False
 
     def _register(self, fh: int, view: Any, kind: str) -> bool:
-        plain = view.plain_range()
-        if plain is None:
-            return False
-        source, base = plain
-        if type(source) is not FileSource or base < 0 or base + view.size > source.size:
+        segments = view.plain_segments() if view.size > 0 else None
+        if not segments:
             return False
         slot = self._slot(kind)
         if slot is None:
             return False
+        for _, length, what, offset in segments:
+            if isinstance(what, (bytes, type(None))):
+                continue
+            if type(what) is not FileSource or offset < 0 or offset + length > what.size:
+                return False  # wrapped (checked, mirrored), remote, or bytes the file does not hold
+        held: list[FileSource] = []  # the sources whose descriptors the handle uses, acquired once each
+        fds: dict[int, int] = {}
+        packed = bytearray()
+        registered = False
         try:
-            # the pinned descriptor, in use until unregister: the pool does not close a source in use
-            fd = source._acquire_fd()
-        except CheckpointError:  # replaced since it was pinned: Python's read of it says so
+            for start, length, what, offset in segments:
+                if what is None:
+                    packed += SEGMENT.pack(start, length, -1, 0, 0, 0, 0)
+                elif isinstance(what, bytes):
+                    if offset < 0 or offset + length > len(what):
+                        return False
+                    packed += SEGMENT.pack(start, length, -1, 0, 0, 0, _address(what) + offset)
+                else:
+                    fd = fds.get(id(what))
+                    if fd is None:
+                        # the pinned descriptor, in use until unregister: the pool does not close a source in use
+                        fd = fds[id(what)] = what._acquire_fd()
+                        held.append(what)
+                    _, _, st_size, mtime_ns, _ = what.identity
+                    packed += SEGMENT.pack(start, length, fd, offset, st_size, mtime_ns, 0)
+            registered = _direct.register(fh, slot, view.size, bytes(packed))
+        except CheckpointError:  # a source replaced since it was pinned: Python's read of it says so
             return False
-        _, _, st_size, mtime_ns, _ = source.identity
-        if not _direct.register(fh, fd, base, view.size, st_size, mtime_ns, slot):
-            source._release_fd()
-            return False
-        with self._lock:
-            self._sources[fh] = source
-        return True
+        finally:
+            if not registered:
+                for source in held:
+                    source._release_fd()
+        if registered:
+            with self._lock:
+                # what the C side reads: the sources' descriptors and the memory segments' bytes
+                self._held[fh] = (held, [what for _, _, what, _ in segments if isinstance(what, bytes)])
+        return registered
 
     def unregister(self, fh: int) -> None:
         if not self.active:
             return
         with self._lock:
-            source = self._sources.pop(fh, None)
-        if source is not None:
-            _direct.unregister(fh)  # returns once no read of fh uses the descriptor
-            source._release_fd()
+            held = self._held.pop(fh, None)
+        if held is not None:
+            _direct.unregister(fh)  # returns once no read of fh uses its descriptors or memory
+            for source in held[0]:
+                source._release_fd()
 
     def _slot(self, kind: str) -> int | None:
         slot = self._kinds.get(kind)
@@ -137,3 +170,8 @@ class DirectReads:
                 "bytes": sum(v["bytes"] for v in by_kind.values()), "by_kind": by_kind,
                 "handed_back": handed_back, "handles": handles}
 
+
+def _address(data: bytes) -> int:
+    """Where a bytes object's own buffer lies (ctypes hands C that buffer itself for ``c_char_p``, no copy);
+    valid while the object lives, and a bytes object never moves or changes."""
+    return ctypes.cast(ctypes.c_char_p(data), ctypes.c_void_p).value

@@ -64,8 +64,8 @@ class ListedFileView(View):
     def ahead(self, start: int, stop: int) -> Ahead:
         return self._opened().ahead(start, stop)
 
-    def plain_range(self) -> tuple[object, int] | None:
-        return self._opened().plain_range()
+    def plain_segments(self) -> list[tuple[int, int, object, int]] | None:
+        return self._opened().plain_segments()
 
 
 class RepositorySources:
