@@ -94,6 +94,25 @@ def test_fusepy_reads_are_python_s(mounted, tmp_path):
     assert c_reads(mnt)["reads"] == 0
 
 
+def test_mfusepy_on_libfuse2_reads_in_c(mounted, tmp_path):
+    """libfuse 2's fuse_file_info has another layout: fh's offset comes from mfusepy's ctypes struct."""
+    import ctypes.util
+
+    if ctypes.util.find_library("fuse") is None:
+        pytest.skip("libfuse2 is not installed")
+    written = write_mixed_gguf(tmp_path / "mixed.gguf")
+    mnt = mounted(written.path, binding="mfusepy", env={"FUSE_LIBRARY_NAME": "fuse"})
+    assert mount_stats(mnt)["libfuse"] == 2
+    rng = np.random.default_rng(3)
+    for name, ref in written.tensors.items():
+        assert (mnt / f"{name}.raw").read_bytes() == ref.raw, name
+        ranges = odd_ranges(len(ref.raw), rng)
+        for (offset, size), got in zip(ranges, read_direct(mnt / f"{name}.raw", ranges)):
+            assert got == ref.raw[offset:offset + size], (name, offset, size)
+    served = c_reads(mnt)
+    assert served["by_kind"]["raw"]["reads"] >= len(written.tensors) and served["handed_back"] == 0
+
+
 def scrape(mnt: Path) -> dict[tuple[str, str], float]:
     from prometheus_client import parser
 
