@@ -10,7 +10,8 @@ Real mounts of generated checkpoints, through the real CLI daemon (mfusepy on li
 - ``CKPTFS_C_READS=0``: the same bytes, not one read served in C;
 - ``ckptfs_read_bytes_total{kind}`` counts exactly the bytes readers got, C-served ones included, and
   ``ckptfs_c_reads_total`` counts the C path's requests;
-- a ``--manifest`` mount keeps verifying: its reads are never the C path's, and a flipped byte is EIO;
+- a ``--manifest`` mount keeps verifying: its reads are never the C path's, and a flipped byte is EIO
+  (``test_integrity_checked.py``'s mount test, which asserts the C path served nothing);
 - a file changed under the mount (same size, new mtime) is not served from C: the read is handed to Python,
   which answers EIO;
 - threads and processes reading many ``.raw`` files at once get the exact bytes;
@@ -33,7 +34,7 @@ import numpy as np
 import pytest
 from conftest import mount_stats, wait_until
 from fixtures import write_gguf, write_mixed_gguf
-from integrity_fixtures import flip, reference_tensors
+from integrity_fixtures import reference_tensors
 from mount_expect import read_direct
 
 from ckptfs.fs import direct
@@ -139,28 +140,6 @@ def test_read_bytes_counted_exactly_with_c_reads(mounted, tmp_path):
         assert after[("ckptfs_read_bytes_total", kind)] - before.get(("ckptfs_read_bytes_total", kind), 0) == n
     assert after[("ckptfs_c_reads_total", "raw")] > before.get(("ckptfs_c_reads_total", "raw"), 0)
     assert c_reads(mnt)["bytes"] == sum(got.values())  # every one of these reads was the C path's
-
-
-def test_manifest_mount_is_never_read_in_c_and_detects_a_flipped_byte(mounted, tmp_path):
-    from conftest import ckptfs_cli, cli_env
-
-    written = write_mixed_gguf(tmp_path / "m.gguf")
-    manifest = tmp_path / "m.manifest.json"
-    result = subprocess.run([*ckptfs_cli(), "manifest", str(written.path), "-o", str(manifest)], env=cli_env(),
-                            capture_output=True, text=True, timeout=120)
-    assert result.returncode == 0, result.stderr
-    offset = {n: o for n, o, _ in reference_tensors(written.path)}["q4_k.mat"]
-    flip(written.path, offset + 100)  # size and mtime kept: only the manifest can tell
-    mnt = mounted(written.path, "--manifest", str(manifest))
-    assert (mnt / "f32.mat.raw").read_bytes() == written.tensors["f32.mat"].raw
-    fd = os.open(mnt / "q4_k.mat.raw", os.O_RDONLY | os.O_DIRECT)
-    try:
-        with pytest.raises(OSError) as info:
-            os.pread(fd, 4096, 0)
-    finally:
-        os.close(fd)
-    assert info.value.errno == errno.EIO
-    assert c_reads(mnt)["reads"] == 0
 
 
 def test_file_changed_under_the_mount_is_handed_back_and_eio(mounted, tmp_path):
