@@ -5,6 +5,7 @@ Real mounts of generated checkpoints, through the real CLI daemon (mfusepy on li
 - every tensor's ``.raw`` and the checkpoint's own file give exactly the file's bytes, at odd offsets and
   sizes, at and past the end, with O_DIRECT (each read reaches the daemon as asked) and buffered — and the C
   path served them (``c_reads`` in the stats), with nothing handed back to Python;
+- a ``.npy`` of a type served as stored (F32: header, then the stored bytes) is read in C, a decoded one not;
 - a split set's merged ``model.gguf`` (header in memory, shard ranges, zero padding) read in C is the file
   Python serves (which gguf-py reads as the merged set), across every seam;
 - ``CKPTFS_C_READS=0``: the same bytes, not one read served in C;
@@ -22,6 +23,7 @@ Real mounts of generated checkpoints, through the real CLI daemon (mfusepy on li
 from __future__ import annotations
 
 import errno
+import io
 import os
 import subprocess
 import sys
@@ -76,6 +78,26 @@ def test_raw_and_own_file_are_the_file_bytes_served_in_c(mounted, tmp_path):
     assert served["by_kind"]["raw"]["reads"] >= len(written.tensors) and served["by_kind"]["file"]["reads"] > 0
     assert served["by_kind"]["raw"]["bytes"] >= asked  # the O_DIRECT bytes alone, besides the buffered reads
     assert served["handles"] == 0 or wait_until(lambda: c_reads(mnt)["handles"] == 0)  # all released
+
+
+def test_npy_of_a_type_served_as_stored_is_read_in_c(mounted, tmp_path):
+    written = write_mixed_gguf(tmp_path / "mixed.gguf")
+    mnt = mounted(written.path)
+
+    def expected(name: str) -> bytes:
+        out = io.BytesIO()
+        np.save(out, written.tensors[name].array)
+        return out.getvalue()
+
+    assert (mnt / "q8_0.mat.npy").read_bytes() == expected("q8_0.mat")  # decoded: Python's
+    assert "npy" not in c_reads(mnt)["by_kind"]
+    data = expected("f32.mat")
+    assert (mnt / "f32.mat.npy").read_bytes() == data  # header, then the stored F32 bytes: C's
+    ranges = odd_ranges(len(data), np.random.default_rng(2)) + [(120, 16), (127, 2)]  # around the header's end
+    for (offset, size), got in zip(ranges, read_direct(mnt / "f32.mat.npy", ranges)):
+        assert got == data[offset:offset + size], (offset, size)
+    served = c_reads(mnt)["by_kind"]["npy"]
+    assert served["reads"] > 1 and served["bytes"] >= len(data)
 
 
 def test_switched_off_every_read_is_python_s(mounted, tmp_path):

@@ -240,6 +240,15 @@ class NpyView(HeaderBodyView):
     def body_segments(self, d0: int, d1: int) -> list:
         return self.data.byte_segments(d0, d1)
 
+    def plain_segments(self) -> list[tuple[int, int, object, int]] | None:
+        """A type served as its stored bytes (``direct``: F32, F16, ... little-endian): the header, then the
+        tensor's bytes in its source, as they are."""
+        data = self.data
+        if not isinstance(data, TensorData) or not data.direct:
+            return None
+        hlen = len(self.header)
+        return [(0, hlen, self.header, 0), (hlen, self.size - hlen, data.source, data.info.offset)]
+
 
 def header_and_parts(header: bytes, offset: int, end: int, body: Callable[[int, int], list]) -> list:
     """Bytes [offset, end) of a file that is ``header`` then a body whose bytes [d0, d1) ``body(d0, d1)`` gives

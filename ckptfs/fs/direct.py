@@ -1,8 +1,9 @@
 """Reads of stored bytes answered in C, without Python: the table behind ``ckptfs/fs/_direct.c``.
 
 A mount's ``.raw`` files and passed-through files (the checkpoint's own files, a folder's config.json) are
-plain ranges of local files, and a split GGUF set's merged ``model.gguf`` is a header held in memory, then
-ranges of the shards with zeros between them: a read of any of them is a ``pread`` or two. Answering it
+plain ranges of local files; the ``.npy`` of a type served as stored (F32, F16, ...) is a header held in
+memory, then the stored bytes; a split GGUF set's merged ``model.gguf`` is a header, then ranges of the
+shards with zeros between them: a read of any of them is a ``pread`` or two. Answering it
 through mfusepy costs a ctypes callback, the GIL and a few Python frames per request, which on a 1 MiB
 request is as much as the copy itself. So at ``open`` such a file's handle is registered with the C helper
 (the view's ``plain_segments()``, packed: the sources' pinned descriptors with their pinned size and mtime,
@@ -15,8 +16,8 @@ once no read of the handle is in progress, and only then lets them go.
 
 Registered only where the bytes are read as they are:
 
-- the view gives ``plain_segments()``: a ``.npy``, a JSON file or a virtual safetensors file is decoded,
-  built or converted per read, and stays in Python;
+- the view gives ``plain_segments()``: the ``.npy`` of a decoded type, a JSON file or a virtual
+  safetensors file is decoded, built or converted per read, and stays in Python;
 - every source is a plain ``FileSource`` (local file). Wrapped sources are not: a manifest-checked source
   (``--manifest``: every read is verified) or a mirror; nor a remote one (no descriptor);
 - every range lies inside its file as pinned (a tensor whose bytes the file does not hold, a damaged one, is
