@@ -20,7 +20,10 @@ all of them), each with 1 MiB ``pread`` calls (``cat``'s pattern; the page cache
   ckptfs-ra-default      the C path with CKPTFS_READAHEAD_KB=0 (the kernel's readahead left as it is)
   ckptfs-ra4M            the C path with CKPTFS_READAHEAD_KB=4096 (requests stay 1 MiB: libfuse 3.14's cap)
 
-Each figure comes with the daemon's CPU seconds per GiB, its peak RssAnon, and the sizes of the READ requests the daemon
+After each stream the same file is read again with 1 MiB O_DIRECT reads, one at a time, each timed (the
+same READ request size everywhere: the fastest tenth show the per-request cost with the least of the
+machine's other load in them). Each figure comes with the daemon's CPU seconds per GiB, its peak RssAnon
+(during the stream), and the sizes of the READ requests the daemon
 answered, seen by the kernel's ``fuse:fuse_request_end`` tracepoint (a private ftrace instance filtered by
 the mount's connection; root and tracefs needed, else the sizes are left out). The target (issue 18):
 ckptfs >= 2x zero-work in every round (issue 24: the same, with the C read path).
@@ -46,7 +49,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "scripts"))
-from bench_fuse_bindings import cpu_seconds, read_all  # noqa: E402  (sibling scripts)
+from bench_fuse_bindings import CHUNK, cpu_seconds, read_all  # noqa: E402  (sibling scripts)
 
 from ckptfs.bench import bench_mount, make_plan  # noqa: E402
 from ckptfs.bench.harness import AnonMemorySampler  # noqa: E402
@@ -284,6 +287,27 @@ def largest_raw(src: str) -> tuple[str, int, int]:
         return name, int(largest.info.stored_nbytes), int(largest.info.offset)
 
 
+def direct_requests(path: str) -> dict:
+    """1 MiB O_DIRECT reads of the whole file, one at a time, each timed: every read is one READ request of
+    the same size for every configuration, so the fastest ones (p10) show the per-request cost with the
+    least of the machine's other load in them."""
+    times = []
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
+    try:
+        offset = 0
+        while True:
+            start = time.perf_counter()
+            n = len(os.pread(fd, CHUNK, offset))
+            if not n:
+                break
+            times.append(time.perf_counter() - start)
+            offset += n
+    finally:
+        os.close(fd)
+    times.sort()
+    return {"p10_mbs": CHUNK / times[len(times) // 10] / 1e6, "p50_mbs": CHUNK / times[len(times) // 2] / 1e6}
+
+
 def stream(path: str, pid: int, trace: RequestSizes, mountpoint: str) -> dict:
     trace.start(mountpoint)
     sampler = AnonMemorySampler(pid)  # every configuration sampled alike (it costs the reader a little)
@@ -294,8 +318,10 @@ def stream(path: str, pid: int, trace: RequestSizes, mountpoint: str) -> dict:
         cpu = cpu_seconds(pid) - cpu
         peak = sampler.stop()
     size = os.path.getsize(path)
+    requests = describe_sizes(trace.stop())
+    load = os.getloadavg()[0]
     return {"mbs": size / seconds / 1e6, "seconds": seconds, "daemon_cpu_s_per_gib": cpu * (1 << 30) / size,
-            "requests": describe_sizes(trace.stop()), "load": os.getloadavg()[0], "rss_anon_mib": peak / (1 << 20)}
+            "requests": requests, "load": load, "rss_anon_mib": peak / (1 << 20), **direct_requests(path)}
 
 
 def measure(config: str, src: str, raw: tuple[str, int, int], workdir: str, trace: RequestSizes) -> dict:
@@ -358,6 +384,8 @@ def main(argv: list[str] | None = None) -> int:
     for config, rs in runs.items():
         mbs = [x["mbs"] for x in rs]
         summary[config] = {"best_mbs": max(mbs), "median_mbs": statistics.median(mbs),
+                           "direct_p10_mbs": statistics.median(x["p10_mbs"] for x in rs),
+                           "direct_p50_mbs": statistics.median(x["p50_mbs"] for x in rs),
                            "median_cpu_s_per_gib": statistics.median(x["daemon_cpu_s_per_gib"] for x in rs)}
     for ours in ("ckptfs", "ckptfs-c-off", "ckptfs-ra-default", "ckptfs-ra4M", "splice+ra1M"):
         for base in ("zero-work", "zero-work+ra1M"):
@@ -365,10 +393,11 @@ def main(argv: list[str] | None = None) -> int:
                 per_round = [a["mbs"] / b["mbs"] for a, b in zip(runs[ours], runs[base])]
                 summary[f"{ours}_over_{base}"] = {"per_round": per_round, "min": min(per_round),
                                                   "median": statistics.median(per_round)}
-    print(f"\n{'config':18s} {'best MB/s':>9s} {'median':>7s} {'CPU s/GiB':>9s}")
+    print(f"\n{'config':18s} {'best MB/s':>9s} {'median':>7s} {'CPU s/GiB':>9s} {'O_DIRECT p10/p50 MB/s':>22s}")
     for config in configs:
         s = summary[config]
-        print(f"{config:18s} {s['best_mbs']:9.0f} {s['median_mbs']:7.0f} {s['median_cpu_s_per_gib']:9.2f}")
+        print(f"{config:18s} {s['best_mbs']:9.0f} {s['median_mbs']:7.0f} {s['median_cpu_s_per_gib']:9.2f} "
+              f"{s['direct_p10_mbs']:11.0f} / {s['direct_p50_mbs']:.0f}")
     for key, value in summary.items():
         if "_over_" in key:
             print(f"{key}: per round {' '.join(f'{x:.2f}' for x in value['per_round'])}, min {value['min']:.2f}, "
