@@ -28,7 +28,6 @@ import os
 import subprocess
 import sys
 import threading
-import time
 import urllib.request
 from pathlib import Path
 
@@ -281,8 +280,7 @@ def test_open_and_release_many_times_leaks_no_descriptor(mounted, tmp_path):
     assert wait_until(lambda: c_reads(mnt)["handles"] == 0, timeout=10)
     assert descriptor_count(pid) == baseline
     assert c_reads(mnt)["reads"] > 0
-    time.sleep(0.1)
-    assert mount_stats(mnt)["open_handles"] == 0
+    assert wait_until(lambda: mount_stats(mnt)["open_handles"] == 0, timeout=10)
 
 
 def test_merged_model_gguf_of_a_split_set_is_read_in_c(mounted, tmp_path):
