@@ -320,8 +320,13 @@ def stream(path: str, pid: int, trace: RequestSizes, mountpoint: str) -> dict:
     size = os.path.getsize(path)
     requests = describe_sizes(trace.stop())
     load = os.getloadavg()[0]
-    return {"mbs": size / seconds / 1e6, "seconds": seconds, "daemon_cpu_s_per_gib": cpu * (1 << 30) / size,
-            "requests": requests, "load": load, "rss_anon_mib": peak / (1 << 20), **direct_requests(path)}
+    result = {"mbs": size / seconds / 1e6, "seconds": seconds, "daemon_cpu_s_per_gib": cpu * (1 << 30) / size,
+              "requests": requests, "load": load, "rss_anon_mib": peak / (1 << 20)}
+    try:  # a ckptfs mount: how many of the stream's requests were answered in C
+        result["c_reads"] = json.loads(os.getxattr(mountpoint, "user.ckptfs.stats"))["c_reads"]["reads"]
+    except (OSError, KeyError, ValueError):
+        pass
+    return {**result, **direct_requests(path)}
 
 
 def measure(config: str, src: str, raw: tuple[str, int, int], workdir: str, trace: RequestSizes) -> dict:
@@ -334,12 +339,7 @@ def measure(config: str, src: str, raw: tuple[str, int, int], workdir: str, trac
         finally:
             mount.close()
     with bench_mount(src, workdir, f"mnt-{config}-{time.monotonic_ns()}", CACHE_SIZE, env=CKPTFS_ENV[config]) as mount:
-        result = stream(mount.file(raw_name), mount.pid, trace, mount.path)
-        try:
-            result["c_reads"] = json.loads(os.getxattr(mount.path, "user.ckptfs.stats"))["c_reads"]["reads"]
-        except (OSError, KeyError, ValueError):
-            result["c_reads"] = None
-        return result
+        return stream(mount.file(raw_name), mount.pid, trace, mount.path)
 
 
 def main(argv: list[str] | None = None) -> int:
