@@ -15,6 +15,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import importlib
+import logging
 import os
 import sys
 from collections.abc import Callable
@@ -28,6 +29,8 @@ try:
     from ckptfs.fs import _listing  # optional C helper (setup.py); without it the loop is Python's
 except ImportError:
     _listing = None
+
+log = logging.getLogger(__name__)
 
 BINDING_ENV = "CKPTFS_FUSE_BINDING"
 BINDINGS = ("mfusepy", "fusepy")
@@ -105,7 +108,7 @@ def _load_mfusepy() -> Binding | None:
 
 def _reads_in_c(fuse_class: type, module: Any) -> type:
     """mfusepy's FUSE class with the C read callback of ``ckptfs.fs.direct`` in libfuse's operations: reads
-    of the handles the operations registered (plain ranges of local files) are served on libfuse's threads
+    of the handles the operations registered (files read as they are: fs/direct.py) are served on libfuse's threads
     without the GIL; every other read reaches the Python ``read`` as before (the C callback calls it).
 
     mfusepy builds its ``fuse_operations`` inside ``FUSE.__init__`` and hands it straight to
@@ -128,10 +131,14 @@ def _reads_in_c(fuse_class: type, module: Any) -> type:
             def fuse_main_real(argc, argv, ops_pointer, size, user_data):  # noqa: ANN001 - ctypes arguments
                 ops = ops_pointer.contents
                 if ctypes.cast(ops.read, ctypes.c_void_p).value:  # mfusepy registered our read
-                    fallback = prototype(functools.partial(self._wrapper, self.read))
-                    kept.append(fallback)
-                    address = direct.install(ctypes.cast(fallback, ctypes.c_void_p).value, fh_offset)
-                    ops.read = prototype(address)
+                    try:
+                        fallback = prototype(functools.partial(self._wrapper, self.read))
+                        kept.append(fallback)
+                        address = direct.install(ctypes.cast(fallback, ctypes.c_void_p).value, fh_offset)
+                    except Exception:  # noqa: BLE001 - a helper or an mfusepy that does not fit: reads stay Python's
+                        log.warning("reads stay in Python: the C read helper could not be installed", exc_info=True)
+                    else:
+                        ops.read = prototype(address)
                 return real_main(argc, argv, ops_pointer, size, user_data)
 
             module.fuse_main_real = fuse_main_real

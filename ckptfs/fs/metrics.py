@@ -82,8 +82,8 @@ class CkptfsCollector:
         yield read_bytes
 
         c_reads = stats["c_reads"]
-        direct = CounterMetricFamily("ckptfs_c_reads", "Read requests answered in C without Python (plain "
-                                     "ranges of local files), per file kind; not in ckptfs_fuse_requests.",
+        direct = CounterMetricFamily("ckptfs_c_reads", "Read requests answered in C without Python (files read "
+                                     "as they are), per file kind; not in ckptfs_fuse_requests.",
                                      labels=["kind"])
         for kind, served in sorted(c_reads["by_kind"].items()):
             direct.add_metric([kind], served["reads"])
