@@ -15,6 +15,9 @@ setup(ext_modules=[Extension("ckptfs.quant._native", ["ckptfs/quant/_native.c"],
                    # the mount's folder listings handed to libfuse in one loop (fs/binding.py)
                    Extension("ckptfs.fs._listing", ["ckptfs/fs/_listing.c"], extra_compile_args=flags,
                              optional=True),
+                   # reads of stored bytes answered in C, without the GIL (fs/direct.py)
+                   Extension("ckptfs.fs._direct", ["ckptfs/fs/_direct.c"], extra_compile_args=flags,
+                             optional=True),
                    # GPTQ / AWQ rows decoded in one pass (packed/native.py)
                    Extension("ckptfs.packed._kernels", ["ckptfs/packed/_kernels.c"], extra_compile_args=flags,
                              optional=True)])

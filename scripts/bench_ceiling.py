@@ -14,13 +14,19 @@ all of them), each with 1 MiB ``pread`` calls (``cat``'s pattern; the page cache
                          (1 MiB readahead): the least a Python daemon that copies the bytes can cost
   splice+ra1M            the same bytes handed to libfuse as a file descriptor (``read_buf``) with
                          FUSE_CAP_SPLICE_WRITE: no copy in user space at all (what "fewer copies" can gain)
-  ckptfs                 NAME.raw of the largest tensor through ``ckptfs mount`` (the real CLI daemon)
-  ckptfs-ra-default      the same with CKPTFS_READAHEAD_KB=0 (the kernel's readahead left as it is)
+  ckptfs                 NAME.raw of the largest tensor through ``ckptfs mount`` (the real CLI daemon): its
+                         reads answered in C without the GIL (fs/direct.py)
+  ckptfs-c-off           the same with CKPTFS_C_READS=0: every read through mfusepy's Python callback
+  ckptfs-ra-default      the C path with CKPTFS_READAHEAD_KB=0 (the kernel's readahead left as it is)
+  ckptfs-ra4M            the C path with CKPTFS_READAHEAD_KB=4096 (requests stay 1 MiB: libfuse 3.14's cap)
 
-Each figure comes with the daemon's CPU seconds per GiB and the sizes of the READ requests the daemon
+After each stream the same file is read again with 1 MiB O_DIRECT reads, one at a time, each timed (the
+same READ request size everywhere: the fastest tenth show the per-request cost with the least of the
+machine's other load in them). Each figure comes with the daemon's CPU seconds per GiB, its peak RssAnon
+(during the stream), and the sizes of the READ requests the daemon
 answered, seen by the kernel's ``fuse:fuse_request_end`` tracepoint (a private ftrace instance filtered by
 the mount's connection; root and tracefs needed, else the sizes are left out). The target (issue 18):
-ckptfs >= 2x zero-work in every round.
+ckptfs >= 2x zero-work in every round (issue 24: the same, with the C read path).
 
 Usage: python scripts/bench_ceiling.py [CKPT.gguf] [--rounds 5] [--json OUT]
        (without CKPT: the Gemma 3 270M skeleton in scripts/real-shapes/, full size, generated once)
@@ -43,14 +49,20 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "scripts"))
-from bench_fuse_bindings import cpu_seconds, read_all  # noqa: E402  (sibling scripts)
+from bench_fuse_bindings import CHUNK, cpu_seconds, read_all  # noqa: E402  (sibling scripts)
 
 from ckptfs.bench import bench_mount, make_plan  # noqa: E402
+from ckptfs.bench.harness import AnonMemorySampler  # noqa: E402
 from ckptfs.checkpoint.api import open as open_checkpoint  # noqa: E402
 
 DEFAULT_SKELETON = REPO / "scripts" / "real-shapes" / "gemma3-270m-q4_k_m.json"
 DEFAULT_CKPT = "/tmp/ckptfs-bench/gemma3-270m-shaped.gguf"
-CONFIGS = ("zero-work", "zero-work+ra1M", "pread+ra1M", "splice+ra1M", "ckptfs", "ckptfs-ra-default")
+CONFIGS = ("zero-work", "zero-work+ra1M", "pread+ra1M", "splice+ra1M", "ckptfs", "ckptfs-c-off", "ckptfs-ra-default",
+           "ckptfs-ra4M")
+#: the environment of each ckptfs configuration's daemon
+CKPTFS_ENV = {"ckptfs": {}, "ckptfs-c-off": {"CKPTFS_C_READS": "0"}, "ckptfs-ra-default": {"CKPTFS_READAHEAD_KB": "0"},
+              "ckptfs-ra4M": {"CKPTFS_READAHEAD_KB": "4096"}}
+CACHE_SIZE = 512 << 20
 TRACEFS = "/sys/kernel/tracing"
 FUSE_READ, OUT_HEADER = 15, 16
 MOUNT_WAIT = 20.0
@@ -275,14 +287,46 @@ def largest_raw(src: str) -> tuple[str, int, int]:
         return name, int(largest.info.stored_nbytes), int(largest.info.offset)
 
 
+def direct_requests(path: str) -> dict:
+    """1 MiB O_DIRECT reads of the whole file, one at a time, each timed: every read is one READ request of
+    the same size for every configuration, so the fastest ones (p10) show the per-request cost with the
+    least of the machine's other load in them."""
+    times = []
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
+    try:
+        offset = 0
+        while True:
+            start = time.perf_counter()
+            n = len(os.pread(fd, CHUNK, offset))
+            if not n:
+                break
+            times.append(time.perf_counter() - start)
+            offset += n
+    finally:
+        os.close(fd)
+    times.sort()
+    return {"p10_mbs": CHUNK / times[len(times) // 10] / 1e6, "p50_mbs": CHUNK / times[len(times) // 2] / 1e6}
+
+
 def stream(path: str, pid: int, trace: RequestSizes, mountpoint: str) -> dict:
     trace.start(mountpoint)
+    sampler = AnonMemorySampler(pid)  # every configuration sampled alike (it costs the reader a little)
     cpu = cpu_seconds(pid)
-    seconds = read_all(Path(path), direct=False)
-    cpu = cpu_seconds(pid) - cpu
+    try:
+        seconds = read_all(Path(path), direct=False)
+    finally:
+        cpu = cpu_seconds(pid) - cpu
+        peak = sampler.stop()
     size = os.path.getsize(path)
-    return {"mbs": size / seconds / 1e6, "seconds": seconds, "daemon_cpu_s_per_gib": cpu * (1 << 30) / size,
-            "requests": describe_sizes(trace.stop()), "load": os.getloadavg()[0]}
+    requests = describe_sizes(trace.stop())
+    load = os.getloadavg()[0]
+    result = {"mbs": size / seconds / 1e6, "seconds": seconds, "daemon_cpu_s_per_gib": cpu * (1 << 30) / size,
+              "requests": requests, "load": load, "rss_anon_mib": peak / (1 << 20)}
+    try:  # a ckptfs mount: how many of the stream's requests were answered in C
+        result["c_reads"] = json.loads(os.getxattr(mountpoint, "user.ckptfs.stats"))["c_reads"]["reads"]
+    except (OSError, KeyError, ValueError):
+        pass
+    return {**result, **direct_requests(path)}
 
 
 def measure(config: str, src: str, raw: tuple[str, int, int], workdir: str, trace: RequestSizes) -> dict:
@@ -294,8 +338,7 @@ def measure(config: str, src: str, raw: tuple[str, int, int], workdir: str, trac
             return stream(mount.file(), mount.pid, trace, mount.path)
         finally:
             mount.close()
-    env = {"CKPTFS_READAHEAD_KB": "0"} if config == "ckptfs-ra-default" else None
-    with bench_mount(src, workdir, f"mnt-{config}-{time.monotonic_ns()}", 512 << 20, env=env) as mount:
+    with bench_mount(src, workdir, f"mnt-{config}-{time.monotonic_ns()}", CACHE_SIZE, env=CKPTFS_ENV[config]) as mount:
         return stream(mount.file(raw_name), mount.pid, trace, mount.path)
 
 
@@ -331,6 +374,8 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"round {r + 1} {config:18s} {result['mbs']:6.0f} MB/s  daemon CPU "
                           f"{result['daemon_cpu_s_per_gib']:.2f} s/GiB  "
                           + (f"{req['requests']} READs, mostly {req['most_common_kib']:.0f} KiB" if req else "")
+                          + f"  RssAnon {result['rss_anon_mib']:.0f} MiB"
+                          + (f", {result['c_reads']} C reads" if "c_reads" in result else "")
                           + f"  load {result['load']:.2f}", file=sys.stderr, flush=True)
     finally:
         trace.close()
@@ -339,17 +384,20 @@ def main(argv: list[str] | None = None) -> int:
     for config, rs in runs.items():
         mbs = [x["mbs"] for x in rs]
         summary[config] = {"best_mbs": max(mbs), "median_mbs": statistics.median(mbs),
+                           "direct_p10_mbs": statistics.median(x["p10_mbs"] for x in rs),
+                           "direct_p50_mbs": statistics.median(x["p50_mbs"] for x in rs),
                            "median_cpu_s_per_gib": statistics.median(x["daemon_cpu_s_per_gib"] for x in rs)}
-    for ours in ("ckptfs", "ckptfs-ra-default", "splice+ra1M"):
+    for ours in ("ckptfs", "ckptfs-c-off", "ckptfs-ra-default", "ckptfs-ra4M", "splice+ra1M"):
         for base in ("zero-work", "zero-work+ra1M"):
             if ours in runs and base in runs:
                 per_round = [a["mbs"] / b["mbs"] for a, b in zip(runs[ours], runs[base])]
                 summary[f"{ours}_over_{base}"] = {"per_round": per_round, "min": min(per_round),
                                                   "median": statistics.median(per_round)}
-    print(f"\n{'config':18s} {'best MB/s':>9s} {'median':>7s} {'CPU s/GiB':>9s}")
+    print(f"\n{'config':18s} {'best MB/s':>9s} {'median':>7s} {'CPU s/GiB':>9s} {'O_DIRECT p10/p50 MB/s':>22s}")
     for config in configs:
         s = summary[config]
-        print(f"{config:18s} {s['best_mbs']:9.0f} {s['median_mbs']:7.0f} {s['median_cpu_s_per_gib']:9.2f}")
+        print(f"{config:18s} {s['best_mbs']:9.0f} {s['median_mbs']:7.0f} {s['median_cpu_s_per_gib']:9.2f} "
+              f"{s['direct_p10_mbs']:11.0f} / {s['direct_p50_mbs']:.0f}")
     for key, value in summary.items():
         if "_over_" in key:
             print(f"{key}: per round {' '.join(f'{x:.2f}' for x in value['per_round'])}, min {value['min']:.2f}, "

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import errno
 import io
+import json
 import os
 import shutil
 import subprocess
@@ -193,6 +194,8 @@ def test_mount_serves_exact_bytes_and_eio_with_one_log_line(tmp_path, mounted):
     with pytest.raises(OSError) as info:
         (mnt / "q4_k.mat.npy").read_bytes()
     assert info.value.errno == errno.EIO
+    # every read was checked: none was answered by the C read path, which serves plain local ranges only
+    assert json.loads(os.getxattr(mnt, "user.ckptfs.stats"))["c_reads"]["reads"] == 0
 
 
 def test_mount_with_a_mirror_serves_the_matching_copy(mirrored, mounted):

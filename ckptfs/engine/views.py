@@ -71,6 +71,13 @@ class View:
         """What bytes [start, stop) of this file will need: see :class:`Ahead`."""
         return NOTHING_AHEAD
 
+    def plain_segments(self) -> list[tuple[int, int, object, int]] | None:
+        """This file's bytes as pieces that are read, not made: ``(start, length, what, offset)`` in file order,
+        covering the file, where ``what`` is a byte source of the pool (its bytes from ``offset``, as they
+        are), a ``bytes`` object (its bytes from ``offset``) or None (zeros). None for a file whose bytes
+        are decoded or converted. The mount answers reads of such files in C (``ckptfs.fs.direct``)."""
+        return None
+
     def _clip(self, offset: int, size: int) -> tuple[int, int]:
         offset = max(0, offset)
         return offset, max(0, min(size, self.size - offset))
@@ -128,6 +135,9 @@ class RawView(View):
     def ahead(self, start: int, stop: int) -> Ahead:
         return Ahead(advise=((self.info.source, self.info.offset + start, stop - start),))
 
+    def plain_segments(self) -> list[tuple[int, int, object, int]] | None:
+        return [(0, self.size, self._sources.get(self.info.source), self.info.offset)]
+
     def read(self, offset: int, size: int) -> bytes:
         offset, size = self._clip(offset, size)
         if size == 0:
@@ -161,6 +171,9 @@ class FileView(View):
 
     def ahead(self, start: int, stop: int) -> Ahead:
         return Ahead(advise=((self.path, start, stop - start),))
+
+    def plain_segments(self) -> list[tuple[int, int, object, int]] | None:
+        return [(0, self.size, self._sources.get(self.path), 0)]
 
     def read(self, offset: int, size: int) -> bytes:
         offset, size = self._clip(offset, size)
@@ -226,6 +239,15 @@ class NpyView(HeaderBodyView):
 
     def body_segments(self, d0: int, d1: int) -> list:
         return self.data.byte_segments(d0, d1)
+
+    def plain_segments(self) -> list[tuple[int, int, object, int]] | None:
+        """A type served as its stored bytes (``direct``: F32, F16, ... little-endian): the header, then the
+        tensor's bytes in its source, as they are."""
+        data = self.data
+        if not isinstance(data, TensorData) or not data.direct:
+            return None
+        hlen = len(self.header)
+        return [(0, hlen, self.header, 0), (hlen, self.size - hlen, data.source, data.info.offset)]
 
 
 def header_and_parts(header: bytes, offset: int, end: int, body: Callable[[int, int], list]) -> list:

@@ -13,7 +13,9 @@ Nothing else in ckptfs imports a binding: the library API must work where libfus
 from __future__ import annotations
 
 import ctypes
+import functools
 import importlib
+import logging
 import os
 import sys
 from collections.abc import Callable
@@ -27,6 +29,8 @@ try:
     from ckptfs.fs import _listing  # optional C helper (setup.py); without it the loop is Python's
 except ImportError:
     _listing = None
+
+log = logging.getLogger(__name__)
 
 BINDING_ENV = "CKPTFS_FUSE_BINDING"
 BINDINGS = ("mfusepy", "fusepy")
@@ -98,7 +102,53 @@ def _load_mfusepy() -> Binding | None:
         raise MountError(f"libfuse not usable ({exc}): {LIBFUSE3_HINT}") from None
     library = str(getattr(module, "_libfuse_path", "") or "libfuse")
     major = int(module.fuse_version_major)
-    return Binding("mfusepy", major, library, _fast_listings(_reads_into_buffer(module.FUSE), major), lambda ops: ops)
+    fuse_class = _reads_in_c(_fast_listings(_reads_into_buffer(module.FUSE), major), module)
+    return Binding("mfusepy", major, library, fuse_class, lambda ops: ops)
+
+
+def _reads_in_c(fuse_class: type, module: Any) -> type:
+    """mfusepy's FUSE class with the C read callback of ``ckptfs.fs.direct`` in libfuse's operations: reads
+    of the handles the operations registered (files read as they are: fs/direct.py) are served on libfuse's threads
+    without the GIL; every other read reaches the Python ``read`` as before (the C callback calls it).
+
+    mfusepy builds its ``fuse_operations`` inside ``FUSE.__init__`` and hands it straight to
+    ``fuse_main_real`` (which copies it: later changes would not be seen), so the swap is made in a wrapper
+    of ``fuse_main_real`` put in mfusepy's module for the duration of ``__init__`` (it blocks until
+    unmount): one mount per process, as the daemon is. The Python callback the C one falls back to is made
+    here, as mfusepy makes its own, and kept for as long as the mount runs."""
+
+    class CReadFUSE(fuse_class):
+        def __init__(self, operations, mountpoint, *args, **kwargs):  # noqa: ANN001 - mfusepy's signature
+            direct = getattr(operations, "direct_reads", None)
+            if direct is None or not direct.enabled or getattr(operations, "read_into", None) is None:
+                super().__init__(operations, mountpoint, *args, **kwargs)
+                return
+            real_main = module.fuse_main_real
+            prototype = dict((f[0], f[1]) for f in module.fuse_operations._fields_)["read"]
+            fh_offset = module.fuse_file_info.fh.offset
+            kept: list = []
+
+            def fuse_main_real(argc, argv, ops_pointer, size, user_data):  # noqa: ANN001 - ctypes arguments
+                ops = ops_pointer.contents
+                if ctypes.cast(ops.read, ctypes.c_void_p).value:  # mfusepy registered our read
+                    try:
+                        fallback = prototype(functools.partial(self._wrapper, self.read))
+                        kept.append(fallback)
+                        address = direct.install(ctypes.cast(fallback, ctypes.c_void_p).value, fh_offset)
+                    except Exception:  # noqa: BLE001 - a helper or an mfusepy that does not fit: reads stay Python's
+                        log.warning("reads stay in Python: the C read helper could not be installed", exc_info=True)
+                    else:
+                        ops.read = prototype(address)
+                return real_main(argc, argv, ops_pointer, size, user_data)
+
+            module.fuse_main_real = fuse_main_real
+            try:
+                super().__init__(operations, mountpoint, *args, **kwargs)
+            finally:
+                module.fuse_main_real = real_main
+
+    CReadFUSE.__name__ = CReadFUSE.__qualname__ = f"CRead{fuse_class.__name__}"
+    return CReadFUSE
 
 
 def _reads_into_buffer(fuse_class: type) -> type:

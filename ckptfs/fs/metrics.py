@@ -76,10 +76,18 @@ class CkptfsCollector:
 
         read_bytes = CounterMetricFamily("ckptfs_read_bytes", "Bytes returned to readers, per file kind.",
                                          labels=["kind"])
-        by_kind = counters.read_bytes.snapshot()
+        by_kind = ops.read_bytes_by_kind()  # Python's reads and the C path's together
         for kind in sorted(set(FILE_KINDS) | set(by_kind)):
             read_bytes.add_metric([kind], by_kind.get(kind, 0))
         yield read_bytes
+
+        c_reads = stats["c_reads"]
+        direct = CounterMetricFamily("ckptfs_c_reads", "Read requests answered in C without Python (files read "
+                                     "as they are), per file kind; not in ckptfs_fuse_requests.",
+                                     labels=["kind"])
+        for kind, served in sorted(c_reads["by_kind"].items()):
+            direct.add_metric([kind], served["reads"])
+        yield direct
 
         seconds = counters.request_seconds.snapshot()
         requests = CounterMetricFamily("ckptfs_fuse_requests", "FUSE requests answered, per operation.",

@@ -32,6 +32,7 @@ from ckptfs.tree.mount_tree import MountTree
 from ckptfs.engine.views import View
 from ckptfs.fs.kernel import tune_connection, use_one_malloc_arena
 from ckptfs.fs.counters import MountCounters, instrument_decoding
+from ckptfs.fs.direct import DirectReads
 from ckptfs.fs.logs import OncePerCause
 from ckptfs.fs.stats import service_stats
 
@@ -142,6 +143,8 @@ class CkptOperations:
         self._prefetch = Prefetcher.from_env(tree.sources, tree.cache.capacity)
         self._next_handle = itertools.count(1)
         self._stored_bytes = tree.stored_bytes()
+        #: plain ranges of local files, read in C without the GIL once the binding installed it (fs/direct.py)
+        self.direct_reads = DirectReads()
 
     # -- lookups -----------------------------------------------------------------------------------
 
@@ -228,6 +231,8 @@ class CkptOperations:
         handle = next(self._next_handle)
         self._handles[handle] = view
         self._prefetch.opened(handle, view)
+        if self.direct_reads.active:
+            self.direct_reads.register(handle, view, self._kind(path))
         return handle
 
     @_guarded
@@ -266,6 +271,7 @@ class CkptOperations:
 
     @_guarded
     def release(self, path: str | None, fh: int) -> int:
+        self.direct_reads.unregister(fh)
         self._handles.pop(fh, None)
         self._prefetch.released(fh)
         return 0
@@ -297,7 +303,15 @@ class CkptOperations:
     def stats(self) -> dict[str, Any]:
         """What ``user.ckptfs.stats`` on the root holds: the tree's counters, the daemon's pid, the binding."""
         return {**self.tree.stats(), **service_stats(self.tree, self.counters.decode.total_bytes()),
-                "pid": os.getpid(), "open_handles": len(self._handles), **self._describe}
+                "pid": os.getpid(), "open_handles": len(self._handles), "c_reads": self.direct_reads.snapshot(),
+                **self._describe}
+
+    def read_bytes_by_kind(self) -> dict[str, int]:
+        """Bytes returned to readers per file kind, by Python and by the C read path together."""
+        by_kind = self.counters.read_bytes.snapshot()
+        for kind, served in self.direct_reads.snapshot()["by_kind"].items():
+            by_kind[kind] = by_kind.get(kind, 0) + served["bytes"]
+        return by_kind
 
     # -- every write operation: EROFS ---------------------------------------------------------------
 

@@ -105,6 +105,21 @@ class MergedGgufView(HeaderBodyView):
         self._starts = [p.start for p in self.pieces]
         self.size = len(self.header) + pos
 
+    def plain_segments(self) -> list[tuple[int, int, object, int]]:
+        """The header, then each tensor's stored bytes in its shard, zeros between them (``View``)."""
+        segments: list[tuple[int, int, object, int]] = [(0, len(self.header), self.header, 0)]
+        pos = len(self.header)
+        for piece in self.pieces:
+            if piece.start > pos:
+                segments.append((pos, piece.start - pos, None, 0))
+            if piece.info.stored_nbytes:
+                segments.append((piece.start, piece.info.stored_nbytes, self._sources.get(piece.info.source),
+                                 piece.info.offset))
+            pos = piece.start + piece.info.stored_nbytes
+        if self.size > pos:
+            segments.append((pos, self.size - pos, None, 0))
+        return segments
+
     def body_segments(self, d0: int, d1: int) -> list[bytes]:
         """Bytes [d0, d1) after the header: each tensor's stored bytes, zeros between them."""
         hlen = len(self.header)

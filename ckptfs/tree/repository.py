@@ -64,6 +64,9 @@ class ListedFileView(View):
     def ahead(self, start: int, stop: int) -> Ahead:
         return self._opened().ahead(start, stop)
 
+    def plain_segments(self) -> list[tuple[int, int, object, int]] | None:
+        return self._opened().plain_segments()
+
 
 class RepositorySources:
     """The pool the mount's read-ahead advises through: each file's own checkpoint's pool, else the

@@ -1,0 +1,318 @@
+/* Reads of stored bytes answered in C, on libfuse's own threads, without the GIL (fs/direct.py).
+ *
+ * A file whose bytes are ranges of local files, as they are (a tensor's NAME.raw, the checkpoint's own files,
+ * a split GGUF set's merged model.gguf: its header held in memory, then each tensor's range of its shard,
+ * zeros between them) needs no Python per request: the answer is a pread or two. Python registers each such
+ * open file handle here at open (fh -> its segments: for each, where it starts in the file, its length, and
+ * either a source descriptor with the offset there and the source's size and mtime as pinned at open, or
+ * bytes in memory, or zeros) and unregisters it at release; `direct_read`, installed in libfuse's
+ * fuse_operations in place of mfusepy's read callback (fs/binding.py), serves registered handles and hands
+ * every other read, and any read it cannot finish cleanly, to that Python callback (a ctypes callback: it
+ * takes the GIL itself).
+ *
+ * libfuse 3 and 2 have the same read signature:
+ *   int read(const char *path, char *buf, size_t size, off_t offset, struct fuse_file_info *fi)
+ * The offset of `fh` inside struct fuse_file_info differs between versions: it is mfusepy's (its ctypes
+ * struct, `fuse_file_info.fh.offset`), given at install, never written down here.
+ *
+ * Guarantees kept from the Python path (sources/local.py): a read returns min(size, length - offset) bytes
+ * exactly as the files were when pinned; after each pread the descriptor is fstat'ed, and a changed size or
+ * mtime, a short read or an error sends the read to Python, which answers it (EIO, with its log line and
+ * error counter). Descriptors and memory are Python's, held by it while the handle is registered: each read
+ * holds a reference on its entry, and `unregister` returns only once no read uses the entry, so Python never
+ * lets a descriptor (or the memory) go under a read of ours.
+ *
+ * The table is chained hash buckets under one rwlock, held only for a lookup, never during I/O.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <errno.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <unistd.h>
+
+typedef int (*read_fn)(const char *, char *, size_t, off_t, void *);
+
+#define BUCKETS 4096
+#define KINDS 16
+
+/* One segment as Python packs it (fs/direct.py, SEGMENT = struct "<QQqqqqQ"). */
+struct segment {
+    uint64_t start;    /* where it starts in the mount's file */
+    uint64_t length;
+    int64_t fd;        /* >= 0: bytes [offset, offset + length) of this descriptor's file; -1: memory or zeros */
+    int64_t offset;
+    int64_t st_size;   /* the source file as pinned at open: a read checks it is still so */
+    int64_t mtime_ns;
+    uint64_t memory;   /* fd == -1: the address of `length` bytes (Python holds them), or 0 for zeros */
+};
+
+struct entry {
+    uint64_t fh;
+    int kind;
+    uint64_t length;   /* the file's size as the mount shows it */
+    atomic_int refs;   /* 1 for the table, 1 per read in progress */
+    struct entry *next;
+    size_t count;
+    struct segment segments[];  /* contiguous, in order, covering [0, length) */
+};
+
+static struct entry *table[BUCKETS];
+static pthread_rwlock_t table_lock = PTHREAD_RWLOCK_INITIALIZER;
+static read_fn python_read;            /* mfusepy's callback: every read not served here */
+static Py_ssize_t fh_offset = -1;
+static atomic_ullong served_reads[KINDS], served_bytes[KINDS], handed_back;
+static atomic_long registered;
+
+static void put(struct entry *e) {
+    if (atomic_fetch_sub(&e->refs, 1) == 1) {
+        free(e);
+        atomic_fetch_sub(&registered, 1);
+    }
+}
+
+/* Take `e` (out of the table already) out of use: wait until no read holds it (a read takes microseconds;
+ * a release seldom finds one in progress), then drop the table's reference. */
+static void retire(struct entry *e) {
+    for (unsigned spins = 0; atomic_load(&e->refs) > 1; spins++) {
+        if (spins < 1000)
+            sched_yield();
+        else
+            usleep(100);
+    }
+    put(e);
+}
+
+static struct entry *get(uint64_t fh) {
+    struct entry *e;
+    pthread_rwlock_rdlock(&table_lock);
+    for (e = table[fh % BUCKETS]; e != NULL; e = e->next)
+        if (e->fh == fh) {
+            atomic_fetch_add(&e->refs, 1);
+            break;
+        }
+    pthread_rwlock_unlock(&table_lock);
+    return e;
+}
+
+/* 1 when `n` bytes at `at` of the segment's file were read completely and the file is still as pinned. */
+static int read_file(const struct segment *s, char *buf, size_t n, int64_t at) {
+    int fd = (int)s->fd;
+    size_t done = 0;
+    while (done < n) {
+        ssize_t got = pread(fd, buf + done, n - done, (off_t)(at + (int64_t)done));
+        if (got < 0 && errno == EINTR)
+            continue;
+        if (got <= 0)
+            return 0;
+        done += (size_t)got;
+    }
+    struct stat st;
+    if (fstat(fd, &st) != 0)
+        return 0;
+    int64_t mtime_ns = (int64_t)st.st_mtim.tv_sec * 1000000000 + st.st_mtim.tv_nsec;
+    return (int64_t)st.st_size == s->st_size && mtime_ns == s->mtime_ns;
+}
+
+/* Bytes [offset, offset + n) of the entry's file into buf (n > 0, inside the file); 1 on success. */
+static int read_segments(const struct entry *e, char *buf, size_t n, uint64_t offset) {
+    size_t lo = 0, hi = e->count;  /* the last segment starting at or before offset */
+    while (hi - lo > 1) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (e->segments[mid].start <= offset)
+            lo = mid;
+        else
+            hi = mid;
+    }
+    size_t done = 0;
+    for (size_t i = lo; done < n && i < e->count; i++) {
+        const struct segment *s = &e->segments[i];
+        uint64_t within = offset + done - s->start;
+        size_t take = (size_t)(s->length - within);
+        if (take > n - done)
+            take = n - done;
+        if (s->fd >= 0) {
+            if (!read_file(s, buf + done, take, s->offset + (int64_t)within))
+                return 0;
+        } else if (s->memory != 0) {
+            memcpy(buf + done, (const char *)(uintptr_t)s->memory + within, take);
+        } else {
+            memset(buf + done, 0, take);
+        }
+        done += take;
+    }
+    return done == n;
+}
+
+static int direct_read(const char *path, char *buf, size_t size, off_t offset, void *fi) {
+    struct entry *e = NULL;
+    if (fi != NULL && offset >= 0 && size <= INT32_MAX) {
+        uint64_t fh;
+        memcpy(&fh, (const char *)fi + fh_offset, sizeof fh);
+        e = get(fh);
+    }
+    if (e == NULL)
+        return python_read(path, buf, size, offset, fi);
+    size_t n = 0;
+    if ((uint64_t)offset < e->length) {
+        uint64_t left = e->length - (uint64_t)offset;
+        n = left < size ? (size_t)left : size;
+    }
+    int ok = n == 0 || read_segments(e, buf, n, (uint64_t)offset);
+    int kind = e->kind;
+    put(e);
+    if (!ok) {
+        atomic_fetch_add(&handed_back, 1);
+        return python_read(path, buf, size, offset, fi);
+    }
+    atomic_fetch_add(&served_reads[kind], 1);
+    atomic_fetch_add(&served_bytes[kind], n);
+    return (int)n;
+}
+
+/* install(python_read_address, fh_offset) -> the address of direct_read (to put in fuse_operations). */
+static PyObject *install(PyObject *self, PyObject *args) {
+    unsigned long long address;
+    Py_ssize_t offset;
+    if (!PyArg_ParseTuple(args, "Kn", &address, &offset))
+        return NULL;
+    if (address == 0 || offset < 0) {
+        PyErr_SetString(PyExc_ValueError, "install needs the Python read callback and fh's offset");
+        return NULL;
+    }
+    python_read = (read_fn)(uintptr_t)address;
+    fh_offset = offset;
+    return PyLong_FromVoidPtr((void *)direct_read);
+}
+
+/* register(fh, kind, length, segments) -> False when fh is registered already. `segments`: packed struct
+ * segment records, contiguous from 0 to `length`. Their descriptors and memory must stay valid until
+ * unregister(fh) has returned. */
+static PyObject *register_handle(PyObject *self, PyObject *args) {
+    unsigned long long fh, length;
+    int kind;
+    Py_buffer packed;
+    if (!PyArg_ParseTuple(args, "KiKy*", &fh, &kind, &length, &packed))
+        return NULL;
+    size_t count = (size_t)packed.len / sizeof(struct segment);
+    struct entry *e = NULL;
+    const char *problem = NULL;
+    if (kind < 0 || kind >= KINDS)
+        problem = "register: bad kind";
+    else if (count == 0 || (size_t)packed.len != count * sizeof(struct segment))
+        problem = "register: segments must be whole records";
+    else if ((e = malloc(sizeof *e + count * sizeof(struct segment))) == NULL) {
+        PyBuffer_Release(&packed);
+        return PyErr_NoMemory();
+    } else {
+        memcpy(e->segments, packed.buf, count * sizeof(struct segment));
+        uint64_t at = 0;
+        for (size_t i = 0; i < count && problem == NULL; i++) {
+            const struct segment *s = &e->segments[i];
+            if (s->start != at || s->length == 0 || (s->fd >= 0 && (s->offset < 0 || s->fd > INT32_MAX)))
+                problem = "register: segments must be contiguous, non-empty, with valid descriptors";
+            at += s->length;
+        }
+        if (problem == NULL && at != length)
+            problem = "register: segments must cover the file exactly";
+    }
+    PyBuffer_Release(&packed);
+    if (problem != NULL) {
+        free(e);
+        PyErr_SetString(PyExc_ValueError, problem);
+        return NULL;
+    }
+    e->fh = fh;
+    e->kind = kind;
+    e->length = length;
+    e->count = count;
+    e->next = NULL;
+    atomic_init(&e->refs, 1);
+    int added = 1;
+    Py_BEGIN_ALLOW_THREADS
+    pthread_rwlock_wrlock(&table_lock);
+    for (struct entry *at = table[fh % BUCKETS]; at != NULL; at = at->next)
+        if (at->fh == fh)
+            added = 0;
+    if (added) {
+        e->next = table[fh % BUCKETS];
+        table[fh % BUCKETS] = e;
+        atomic_fetch_add(&registered, 1);
+    }
+    pthread_rwlock_unlock(&table_lock);
+    Py_END_ALLOW_THREADS
+    if (!added)
+        free(e);
+    return PyBool_FromLong(added);
+}
+
+/* unregister(fh) -> whether fh was registered; returns once no read uses its descriptors or memory. */
+static PyObject *unregister_handle(PyObject *self, PyObject *args) {
+    unsigned long long fh;
+    if (!PyArg_ParseTuple(args, "K", &fh))
+        return NULL;
+    struct entry *found = NULL;
+    Py_BEGIN_ALLOW_THREADS
+    pthread_rwlock_wrlock(&table_lock);
+    for (struct entry **at = &table[fh % BUCKETS]; *at != NULL; at = &(*at)->next)
+        if ((*at)->fh == fh) {
+            found = *at;
+            *at = found->next;
+            break;
+        }
+    pthread_rwlock_unlock(&table_lock);
+    if (found != NULL)
+        retire(found);
+    Py_END_ALLOW_THREADS
+    return PyBool_FromLong(found != NULL);
+}
+
+/* counters() -> ([(reads, bytes) per kind slot], reads handed back to Python, entries alive) */
+static PyObject *counters(PyObject *self, PyObject *unused) {
+    PyObject *kinds = PyList_New(KINDS);
+    if (kinds == NULL)
+        return NULL;
+    for (int i = 0; i < KINDS; i++) {
+        PyObject *pair = Py_BuildValue("(KK)", (unsigned long long)atomic_load(&served_reads[i]),
+                                       (unsigned long long)atomic_load(&served_bytes[i]));
+        if (pair == NULL) {
+            Py_DECREF(kinds);
+            return NULL;
+        }
+        PyList_SET_ITEM(kinds, i, pair);
+    }
+    return Py_BuildValue("(NKl)", kinds, (unsigned long long)atomic_load(&handed_back),
+                         (long)atomic_load(&registered));
+}
+
+static PyMethodDef methods[] = {
+    {"install", install, METH_VARARGS,
+     "install(python_read_address, fh_offset) -> address of the C read callback"},
+    {"register", register_handle, METH_VARARGS,
+     "register(fh, kind, length, segments) -> False when fh is registered already"},
+    {"unregister", unregister_handle, METH_VARARGS,
+     "unregister(fh) -> whether it was registered; returns once no read uses it"},
+    {"counters", counters, METH_NOARGS,
+     "counters() -> ([(reads, bytes) per kind slot], reads handed back to Python, entries alive)"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_direct", NULL, -1, methods};
+
+PyMODINIT_FUNC PyInit__direct(void) {
+    PyObject *m = PyModule_Create(&module);
+    if (m == NULL)
+        return NULL;
+    if (PyModule_AddIntConstant(m, "KINDS", KINDS) != 0 ||
+        PyModule_AddIntConstant(m, "SEGMENT_SIZE", (long)sizeof(struct segment)) != 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

@@ -1,0 +1,178 @@
+"""Reads of stored bytes answered in C, without Python: the table behind ``ckptfs/fs/_direct.c``.
+
+A mount's ``.raw`` files and passed-through files (the checkpoint's own files, a folder's config.json) are
+plain ranges of local files; the ``.npy`` of a type served as stored (F32, F16, ...) is a header held in
+memory, then the stored bytes; a split GGUF set's merged ``model.gguf`` is a header, then ranges of the
+shards with zeros between them: a read of any of them is a ``pread`` or two. Answering it
+through mfusepy costs a ctypes callback, the GIL and a few Python frames per request, which on a 1 MiB
+request is as much as the copy itself. So at ``open`` such a file's handle is registered with the C helper
+(the view's ``plain_segments()``, packed: the sources' pinned descriptors with their pinned size and mtime,
+the memory's address); the mfusepy binding installs the helper's read callback in libfuse's operations
+(fs/binding.py); a read of a registered handle is then served on libfuse's thread without taking the GIL,
+and every other read goes to the Python callback as before. While registered, the handle counts as a user
+of its sources' descriptors (the pool does not close a source in use, so the daemon holds one descriptor per
+file, as before) and holds the memory segments' bytes objects; ``release`` unregisters it, which returns
+once no read of the handle is in progress, and only then lets them go.
+
+Registered only where the bytes are read as they are:
+
+- the view gives ``plain_segments()``: the ``.npy`` of a decoded type, a JSON file or a virtual
+  safetensors file is decoded, built or converted per read, and stays in Python;
+- every source is a plain ``FileSource`` (local file). Wrapped sources are not: a manifest-checked source
+  (``--manifest``: every read is verified) or a mirror; nor a remote one (no descriptor);
+- every range lies inside its file as pinned (a tensor whose bytes the file does not hold, a damaged one, is
+  read by Python, which answers EIO with its log line).
+
+In C, a read that ends short, fails, or finds a file's size or mtime changed since open is handed back to
+Python, which answers it as it always does (an EIO with its log line and error counter): the C path only
+ever answers what Python would have answered with the same bytes.
+
+Counters stay exact: the helper counts the reads and bytes it served per file kind (atomics); ``snapshot``
+gives them for ``ckptfs_read_bytes_total{kind}`` and the stats. ``CKPTFS_C_READS=0`` turns the path off
+(every read in Python, as before: for A/B measurement). One mount per process (the daemon): the helper's
+table and counters are the process's.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import struct
+import threading
+from typing import Any
+
+from ckptfs.core.errors import CheckpointError
+from ckptfs.sources.local import FileSource
+
+try:
+    from ckptfs.fs import _direct  # optional C helper (setup.py); without it every read is Python's
+except ImportError:
+    _direct = None
+
+log = logging.getLogger(__name__)
+
+ENV = "CKPTFS_C_READS"
+#: One segment as ``_direct.c`` reads it (``struct segment``): start, length, fd (-1: memory or zeros),
+#: offset in the file, the file's pinned size and mtime, the address of memory bytes (0: zeros).
+SEGMENT = struct.Struct("<QQqqqqQ")
+
+
+def enabled_from_env() -> bool:
+    return os.environ.get(ENV, "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+class DirectReads:
+    """The daemon's side of the C read path: which handles are registered, and the counters' kind names."""
+
+    def __init__(self, enabled: bool | None = None):
+        self.enabled = (enabled_from_env() if enabled is None else enabled) and _direct is not None
+        self.active = False  # set once the binding installed the C callback (mfusepy only)
+        self._kinds: dict[str, int] = {}
+        self._lock = threading.Lock()
+        #: registered handle -> (the sources whose descriptors it reads, the bytes objects it reads)
+        self._held: dict[int, tuple[list[FileSource], list[bytes]]] = {}
+
+    def install(self, python_read_address: int, fh_offset: int) -> int:
+        """The C read callback's address, falling back to ``python_read_address`` (mfusepy's read callback)
+        for every read it does not serve; ``fh_offset``: where ``fh`` lies in libfuse's fuse_file_info."""
+        if SEGMENT.size != _direct.SEGMENT_SIZE:  # a helper built from another version of _direct.c
+            raise RuntimeError(f"ckptfs.fs._direct packs {_direct.SEGMENT_SIZE}-byte segments, not {SEGMENT.size}")
+        address = _direct.install(python_read_address, fh_offset)
+        self.active = True
+        return address
+
+    def register(self, fh: int, view: Any, kind: str) -> bool:
+        """Serve ``fh``'s reads in C when ``view``'s bytes are plain pieces of local files and memory (see the
+        module docstring). Never fails the open: whatever goes wrong here, the reads are Python's."""
+        if not self.active:
+            return False
+        try:
+            return self._register(fh, view, kind)
+        except Exception:  # noqa: BLE001 - e.g. a source that cannot be opened: its read will say so
+            log.debug("reads of handle %d left to Python", fh, exc_info=True)
+            return False
+
+    def _register(self, fh: int, view: Any, kind: str) -> bool:
+        segments = view.plain_segments() if view.size > 0 else None
+        if not segments:
+            return False
+        slot = self._slot(kind)
+        if slot is None:
+            return False
+        for _, length, what, offset in segments:
+            if isinstance(what, (bytes, type(None))):
+                continue
+            if type(what) is not FileSource or offset < 0 or offset + length > what.size:
+                return False  # wrapped (checked, mirrored), remote, or bytes the file does not hold
+        held: list[FileSource] = []  # the sources whose descriptors the handle uses, acquired once each
+        fds: dict[int, int] = {}
+        packed = bytearray()
+        registered = False
+        try:
+            for start, length, what, offset in segments:
+                if what is None:
+                    packed += SEGMENT.pack(start, length, -1, 0, 0, 0, 0)
+                elif isinstance(what, bytes):
+                    if offset < 0 or offset + length > len(what):
+                        return False
+                    packed += SEGMENT.pack(start, length, -1, 0, 0, 0, _address(what) + offset)
+                else:
+                    fd = fds.get(id(what))
+                    if fd is None:
+                        # the pinned descriptor, in use until unregister: the pool does not close a source in use
+                        fd = fds[id(what)] = what._acquire_fd()
+                        held.append(what)
+                    _, _, st_size, mtime_ns, _ = what.identity
+                    packed += SEGMENT.pack(start, length, fd, offset, st_size, mtime_ns, 0)
+            registered = _direct.register(fh, slot, view.size, bytes(packed))
+        except CheckpointError:  # a source replaced since it was pinned: Python's read of it says so
+            return False
+        finally:
+            if not registered:
+                for source in held:
+                    source._release_fd()
+        if registered:
+            with self._lock:
+                # what the C side reads: the sources' descriptors and the memory segments' bytes
+                self._held[fh] = (held, [what for _, _, what, _ in segments if isinstance(what, bytes)])
+        return registered
+
+    def unregister(self, fh: int) -> None:
+        if not self.active:
+            return
+        with self._lock:
+            held = self._held.pop(fh, None)
+        if held is not None:
+            _direct.unregister(fh)  # returns once no read of fh uses its descriptors or memory
+            for source in held[0]:
+                source._release_fd()
+
+    def _slot(self, kind: str) -> int | None:
+        slot = self._kinds.get(kind)
+        if slot is None:
+            with self._lock:
+                slot = self._kinds.get(kind)
+                if slot is None:
+                    if len(self._kinds) >= _direct.KINDS:
+                        return None
+                    slot = self._kinds[kind] = len(self._kinds)
+        return slot
+
+    def snapshot(self) -> dict[str, Any]:
+        """``{"reads": n, "bytes": n, "by_kind": {kind: {"reads", "bytes"}}, "handed_back": n, "handles": n}``:
+        what the C path served since the mount (zeros when it is off)."""
+        if not self.active:
+            return {"enabled": False, "reads": 0, "bytes": 0, "by_kind": {}, "handed_back": 0, "handles": 0}
+        per_slot, handed_back, handles = _direct.counters()
+        by_kind = {kind: {"reads": per_slot[slot][0], "bytes": per_slot[slot][1]}
+                   for kind, slot in list(self._kinds.items())}
+        return {"enabled": True, "reads": sum(v["reads"] for v in by_kind.values()),
+                "bytes": sum(v["bytes"] for v in by_kind.values()), "by_kind": by_kind,
+                "handed_back": handed_back, "handles": handles}
+
+
+def _address(data: bytes) -> int:
+    """Where a bytes object's own buffer lies (ctypes hands C that buffer itself for ``c_char_p``, no copy);
+    valid while the object lives, and a bytes object never moves or changes."""
+    return ctypes.cast(ctypes.c_char_p(data), ctypes.c_void_p).value
