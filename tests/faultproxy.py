@@ -20,6 +20,17 @@ every request until ``always(None)``. Faults:
 ``every(n, fault)`` applies one to every n-th request (a few bad connections among many in flight).
 ``requests`` counts forwarded requests by method; ``peak_in_flight`` is the most requests it was serving at
 once (how parallel a reader really was, seen from the origin's side).
+
+A network in between, for every request: ``FaultProxy(url, first_byte_delay=0.03)`` waits that long before
+forwarding each request (latency to first byte, as a distant object store adds), ``rate=20e6`` paces each
+answer's body to that many bytes per second (a per-connection cap, for upstreams that have none, such as
+moto's S3 server). Bodies are relayed as they arrive (the faults that cut or alter a body read it whole
+first). ``spans`` holds ``(start, end, body bytes)`` of every forwarded GET, in ``time.time()`` seconds, for
+counting requests in flight; ``spans_file`` also appends each as a line ``start end bytes``.
+
+``python tests/faultproxy.py UPSTREAM [--first-byte-delay S] [--rate BPS] [--spans FILE]`` runs one in a
+process of its own (benchmarks: its relaying then does not compete with theirs for one interpreter), prints
+its URL and serves until its stdin closes.
 """
 
 from __future__ import annotations
@@ -35,10 +46,19 @@ from collections import Counter, deque
 from urllib.parse import urlsplit
 
 
+PIECE = 256 * 1024  # relay and pacing step of a streamed body
+_STREAMED = ("", "etag", "norange")  # faults that leave the body as it is
+
+
 class FaultProxy:
-    def __init__(self, upstream_url: str):
+    def __init__(self, upstream_url: str, first_byte_delay: float = 0.0, rate: float | None = None,
+                 spans_file: str | None = None):
         parts = urlsplit(upstream_url)
+        self._spans_file = open(spans_file, "a", buffering=1) if spans_file else None
         self.upstream = (parts.hostname, parts.port or 80)
+        self.first_byte_delay = first_byte_delay
+        self.rate = rate
+        self.spans: list[tuple[float, float, int]] = []
         self._faults: deque[str] = deque()
         self._always: str | None = None
         self._lock = threading.Lock()
@@ -152,6 +172,10 @@ class FaultProxy:
         if self._listener is not None:
             self._listener.close()
             self._listener = None
+        if self._spans_file is not None:
+            with self._lock:
+                self._spans_file.close()
+                self._spans_file = None
 
     def __enter__(self) -> FaultProxy:
         return self.start()
@@ -172,6 +196,7 @@ class FaultProxy:
 
     def _relay_one(self, req, method: str) -> None:
         self.requests[method] += 1
+        received = time.time()
         fault = self._next_fault()
         kind, _, arg = (fault or "").partition(":")
         if kind == "refuse":
@@ -198,22 +223,21 @@ class FaultProxy:
         if kind == "norange":
             headers.pop("Range", None)
             headers.pop("range", None)
+        if self.first_byte_delay:
+            time.sleep(self.first_byte_delay)
         upstream = http.client.HTTPConnection(*self.upstream, timeout=30)
         try:
             upstream.request(method, req.path, headers=headers)
             resp = upstream.getresponse()
+            if kind in _STREAMED and (method == "HEAD" or resp.getheader("content-length") is not None):
+                self._send_headers(req, resp, kind)
+                if method == "GET":
+                    self._stream_body(req, resp, received)
+                return
             body = resp.read()
-            status, reason, resp_headers = resp.status, resp.reason, resp.getheaders()
         finally:
             upstream.close()
-        req.send_response(status, reason)
-        for k, v in resp_headers:
-            if k.lower() in ("connection", "keep-alive", "server", "date"):
-                continue
-            if kind == "etag" and k.lower() == "etag":
-                v = '"replaced-' + v.strip('"') + '"'
-            req.send_header(k, v)
-        req.end_headers()
+        self._send_headers(req, resp, kind)
         if method == "HEAD":
             return
         half = len(body) // 2
@@ -242,6 +266,34 @@ class FaultProxy:
         else:
             req.wfile.write(body)
 
+    def _send_headers(self, req, resp, kind: str) -> None:
+        req.send_response(resp.status, resp.reason)
+        for k, v in resp.getheaders():
+            if k.lower() in ("connection", "keep-alive", "server", "date"):
+                continue
+            if kind == "etag" and k.lower() == "etag":
+                v = '"replaced-' + v.strip('"') + '"'
+            req.send_header(k, v)
+        req.end_headers()
+
+    def _stream_body(self, req, resp, received: float) -> None:
+        """Relay the body piece by piece as it comes, paced to ``rate`` bytes per second if set."""
+        buf = bytearray(PIECE)
+        view = memoryview(buf)
+        sent, start = 0, time.monotonic()
+        while n := resp.readinto(buf):
+            req.wfile.write(view[:n])
+            sent += n
+            if self.rate:
+                ahead = start + sent / self.rate - time.monotonic()
+                if ahead > 0:
+                    time.sleep(ahead)
+        span = (received, time.time(), sent)
+        with self._lock:
+            self.spans.append(span)
+            if self._spans_file is not None:
+                self._spans_file.write("%.6f %.6f %d\n" % span)
+
 
 def _reset(conn: socket.socket) -> None:
     """Close with RST (SO_LINGER 0), as a crashed peer or a middlebox does."""
@@ -250,3 +302,23 @@ def _reset(conn: socket.socket) -> None:
         conn.close()
     except OSError:
         pass
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+    import sys
+
+    parser = argparse.ArgumentParser(description="a FaultProxy in a process of its own (until stdin closes)")
+    parser.add_argument("upstream")
+    parser.add_argument("--first-byte-delay", type=float, default=0.0, help="seconds before forwarding")
+    parser.add_argument("--rate", type=float, default=None, help="bytes per second per answer")
+    parser.add_argument("--spans", default=None, help="append 'start end bytes' per forwarded GET")
+    args = parser.parse_args(argv)
+    with FaultProxy(args.upstream, args.first_byte_delay, args.rate, args.spans) as proxy:
+        print(proxy.url, flush=True)
+        sys.stdin.read()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -18,6 +18,7 @@ import hashlib
 import http.server
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -29,6 +30,7 @@ from pathlib import Path
 from urllib.parse import quote, unquote, urlsplit
 
 NGINX = "/usr/sbin/nginx"
+_SPAN = re.compile(r'" \d+ (?P<bytes>\d+) .* rt=(?P<rt>[\d.]+) end=(?P<end>[\d.]+)$')
 START_TIMEOUT = 20.0
 
 
@@ -85,7 +87,13 @@ def _stop(proc: subprocess.Popen) -> None:
 
 
 class Nginx:
-    """nginx serving ``root`` on a free loopback port (``url``); use as a context manager."""
+    """nginx serving ``root`` on a free loopback port (``url``); use as a context manager.
+
+    ``limit_rate`` (nginx's own directive, e.g. ``"20m"``: bytes per second per request) caps what each
+    request gets, as object stores and CDNs do per connection. Each access-log line ends with
+    ``rt=<seconds the request took> end=<epoch seconds it ended>`` (``request_spans`` turns them into
+    start/end pairs, for counting requests in flight).
+    """
 
     def __init__(self, root: str | os.PathLike, limit_rate: str | None = None):
         self.root = str(Path(root).resolve())
@@ -105,7 +113,8 @@ error_log {self._dir}/error.log warn;
 events {{ worker_connections 1024; }}
 http {{
     log_format withauth '$remote_addr - - [$time_local] "$request" $status $body_bytes_sent '
-                        '"$http_referer" "$http_user_agent" auth="$http_authorization" range="$http_range"';
+                        '"$http_referer" "$http_user_agent" auth="$http_authorization" range="$http_range" '
+                        'rt=$request_time end=$msec';
     access_log {self._dir}/access.log withauth;
     client_body_temp_path {self._dir}/body;
     proxy_temp_path {self._dir}/proxy;
@@ -140,6 +149,17 @@ http {{
     def access_log(self) -> list[str]:
         path = Path(self._dir) / "access.log"
         return path.read_text().splitlines() if path.exists() else []
+
+    def request_spans(self, before: int = 0) -> list[tuple[float, float, int]]:
+        """(start, end, body bytes) of each request logged after the first ``before`` lines (nginx's
+        millisecond clock)."""
+        out = []
+        for line in self.access_log()[before:]:
+            m = _SPAN.search(line)
+            if m:
+                end = float(m["end"])
+                out.append((end - float(m["rt"]), end, int(m["bytes"])))
+        return out
 
     def stop(self) -> None:
         if self._proc is not None:

