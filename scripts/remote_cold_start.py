@@ -34,6 +34,7 @@ cost per request weighs on every client, most on those sending many small ranges
 
 from __future__ import annotations
 
+import filecmp
 import json
 import mmap
 import os
@@ -50,10 +51,9 @@ sys.path.insert(0, str(REPO / "tests"))
 
 from servers import MotoS3, Nginx, environment  # noqa: E402
 
-from ckptfs.bench.remote import BenchMount  # noqa: E402
+from ckptfs.bench.remote import BenchMount, stream  # noqa: E402
 
 MiB = 1 << 20
-READ = MiB
 DIRECT_READ = 64 * MiB
 # huggingface_hub's arguments to hf_transfer.download (constants.HF_TRANSFER_CONCURRENCY, DOWNLOAD_CHUNK_SIZE)
 HUB_MAX_FILES, HUB_CHUNK = 100, 10 * MiB
@@ -100,16 +100,6 @@ def peak_rss(mnt: Path) -> int:
         return next(int(line.split()[1]) * 1024 for line in fh if line.startswith("VmHWM:"))
 
 
-def read_all(path: Path, size: int = READ) -> tuple[int, float, float]:
-    """(bytes, seconds, seconds to the first read) reading ``path`` whole with buffered=0 reads of ``size``."""
-    total, start, first = 0, time.perf_counter(), None
-    with open(path, "rb", buffering=0) as fh:
-        while chunk := fh.read(size):
-            total += len(chunk)
-            first = first or time.perf_counter() - start
-    return total, time.perf_counter() - start, first or 0.0
-
-
 def read_direct(path: Path) -> tuple[int, float]:
     """Read ``path`` whole with ``O_DIRECT`` preads of 64 MiB into an aligned buffer, as llama.cpp's loader."""
     buf = mmap.mmap(-1, DIRECT_READ)
@@ -139,6 +129,15 @@ def timed(argv: list[str], env: dict | None = None, timeout: float = 600) -> flo
     return time.perf_counter() - start
 
 
+def check_download(name: str, dest: Path, model: Path, whole: bool) -> None:
+    """The download is the file (its size always, every byte when ``whole``: the first round), then removed."""
+    try:
+        if dest.stat().st_size != model.stat().st_size or (whole and not filecmp.cmp(dest, model, shallow=False)):
+            raise RuntimeError(f"{name} wrote other bytes than {model.name}'s")
+    finally:
+        dest.unlink(missing_ok=True)
+
+
 def downloader_cases(hf_tuned: tuple[int, int]) -> tuple[list[tuple[str, object]], list[str]]:
     """The http downloaders present here, as (name, function(url, dest) -> seconds), and notes on the absent."""
     cases, notes = [], []
@@ -163,20 +162,15 @@ def downloader_cases(hf_tuned: tuple[int, int]) -> tuple[list[tuple[str, object]
 
 
 def ckptfs_cases(raw_order: list[str], largest: str, gguf: str) -> list[tuple[str, object]]:
-    """(name, function(mount) -> (bytes, seconds, extra)) of the reads each done on a fresh mount."""
+    """(name, function(mount) -> (bytes, seconds)) of the reads each done on a fresh mount (1 MiB reads)."""
     def stream_largest(m: BenchMount):
-        n, secs, _ = read_all(m.mnt / largest)
-        return n, secs, {}
+        return stream(m.mnt, [largest])
 
     def all_raw(m: BenchMount):
-        start, total = time.perf_counter(), 0
-        for name in raw_order:
-            total += read_all(m.mnt / name)[0]
-        return total, time.perf_counter() - start, {}
+        return stream(m.mnt, raw_order)
 
     def direct(m: BenchMount):
-        n, secs = read_direct(m.mnt / gguf)
-        return n, secs, {}
+        return read_direct(m.mnt / gguf)
 
     return [("ckptfs largest .raw", stream_largest), ("ckptfs every .raw", all_raw),
             ("ckptfs O_DIRECT 64 MiB", direct)]
@@ -186,11 +180,11 @@ def run_mount_case(src: str, fn, origin: Origin) -> dict:
     t0 = time.time()
     with BenchMount(src) as m:
         mount_s = m.seconds
-        n, secs, extra = fn(m)
+        n, secs = fn(m)
         rss = peak_rss(m.mnt)
     t1 = time.time()
     return {"bytes": n, "seconds": round(secs, 3), "MBps": round(n / secs / 1e6, 1), "mount_s": round(mount_s, 3),
-            "peak_rss_MiB": round(rss / MiB), **in_flight(origin.spans(), t0, t1), **extra}
+            "peak_rss_MiB": round(rss / MiB), **in_flight(origin.spans(), t0, t1)}
 
 
 def first_byte(src: str, largest: str) -> dict:
@@ -198,23 +192,25 @@ def first_byte(src: str, largest: str) -> dict:
     start = time.perf_counter()
     with BenchMount(src) as m:
         with open(m.mnt / largest, "rb", buffering=0) as fh:
-            fh.read(READ)
+            fh.read(MiB)
         return {"seconds": round(time.perf_counter() - start, 3), "mount_s": round(m.seconds, 3)}
 
 
-def prefetch_case(url: str, origin: Origin, env: dict | None = None) -> dict:
+def prefetch_case(url: str, size: int, origin: Origin) -> dict:
+    """``ckptfs prefetch URL --cache-dir D`` into an empty folder: seconds, MB/s of the file's size."""
     help_text = subprocess.run([sys.executable, "-m", "ckptfs.commands.cli", "prefetch", "--help"],
-                               capture_output=True, text=True, env=env)
+                               capture_output=True, text=True)
     if help_text.returncode != 0:
-        return {"skipped": "no `ckptfs prefetch` command in this tree"}
+        return {"skipped": "ckptfs prefetch skipped: no such command in this tree"}
     cache = Path(tempfile.mkdtemp(prefix="ckptfs-bench-prefetch-"))
     try:
         t0 = time.time()
         secs = timed([sys.executable, "-m", "ckptfs.commands.cli", "prefetch", url, "--cache-dir", str(cache)],
-                     env=env, timeout=1200)
+                     timeout=1200)
         fetched = sum(p.stat().st_size for p in (cache / "bytes").rglob("*") if p.is_file()) \
             if (cache / "bytes").exists() else 0
-        return {"seconds": round(secs, 3), "cache_dir_bytes_MiB": round(fetched / MiB, 1),
+        return {"seconds": round(secs, 3), "MBps": round(size / secs / 1e6, 1),
+                "cache_dir_bytes_MiB": round(fetched / MiB, 1),
                 **in_flight(origin.spans(), t0, time.time())}
     finally:
         shutil.rmtree(cache, ignore_errors=True)
@@ -258,8 +254,8 @@ def capped_section(root: Path, model: Path, args, notes: list[str]) -> dict:
     raw_order, largest, gguf = layout(model)
     size = model.stat().st_size
     rate = parse_rate(args.rate)
-    downloaders, more = downloader_cases(tuple(int(x) * (MiB if i else 1)
-                                               for i, x in enumerate(args.hf_tuned.split(","))))
+    files, chunk_mib = (int(x) for x in args.hf_tuned.split(","))
+    downloaders, more = downloader_cases((files, chunk_mib * MiB))
     notes += more
     reads = ckptfs_cases(raw_order, largest, gguf)
     out: dict = {"rate": args.rate, "rate_Bps": rate, "latency_ms": args.latency_ms, "file_bytes": size,
@@ -277,25 +273,21 @@ def capped_section(root: Path, model: Path, args, notes: list[str]) -> dict:
                     dest = dest_dir / model.name
                     t0 = time.time()
                     secs = fn(url, dest)
-                    if dest.stat().st_size != size:
-                        raise RuntimeError(f"{name} wrote {dest.stat().st_size} bytes, not {size}")
-                    dest.unlink()
+                    check_download(name, dest, model, whole=i == 0)
                     row[name] = {"seconds": round(secs, 3), "MBps": round(size / secs / 1e6, 1),
                                  **in_flight(origin.spans(), t0, time.time())}
                 for name, fn in reads:
                     row[name] = run_mount_case(url, fn, origin)
                 row["first_byte"] = first_byte(url, largest)
                 if i < args.prefetch_rounds:
-                    row["ckptfs prefetch"] = prefetch_case(url, origin)
+                    row["ckptfs prefetch"] = prefetch_case(url, size, origin)
+                    if "skipped" in row["ckptfs prefetch"] and i == 0:
+                        notes.append(row["ckptfs prefetch"]["skipped"])
                 rounds.append(row)
                 print(f"capped round {i + 1}: " + ", ".join(f"{k} {v['MBps']}" for k, v in row.items()
                                                           if "MBps" in v), file=sys.stderr)
         finally:
             shutil.rmtree(dest_dir, ignore_errors=True)
-    for r in rounds:
-        p = r.get("ckptfs prefetch")
-        if p and "seconds" in p:
-            p["MBps"] = round(size / p["seconds"] / 1e6, 1)
     out["rounds"] = rounds
     reference = tuple(n for n in ("hf_transfer", "aria2c -x16") if n in rounds[0])
     out["reference"] = list(reference)
@@ -364,7 +356,7 @@ def s3_section(model: Path, args, notes: list[str]) -> dict:
                     for name, fn in cases:
                         t0 = time.time()
                         secs = fn()
-                        dest.unlink()
+                        check_download(name, dest, model, whole=not out["rounds"])
                         row[name] = {"seconds": round(secs, 3), "MBps": round(size / secs / 1e6, 1),
                                      **in_flight(origin.spans(), t0, time.time())}
                     with environment({**moto.env(), "AWS_ENDPOINT_URL": proxy.url}):
@@ -433,11 +425,15 @@ def run(root: Path, args) -> dict:
 
     model = fixture(root)
     notes: list[str] = []
-    results: dict = {"machine": _machine(), "command": " ".join(sys.argv), "notes": notes}
-    results["capped"] = capped_section(root, model, args, notes)
-    results["uncapped"] = uncapped_section(root, model, args)
+    results: dict = {"machine": _machine(), "command": " ".join(sys.argv), "notes": notes, "section_s": {}}
+    sections = [("capped", lambda: capped_section(root, model, args, notes)),
+                ("uncapped", lambda: uncapped_section(root, model, args))]
     if args.s3:
-        results["s3"] = s3_section(model, args, notes)
+        sections.append(("s3", lambda: s3_section(model, args, notes)))
+    for name, section in sections:
+        start = time.perf_counter()
+        results[name] = section()
+        results["section_s"][name] = round(time.perf_counter() - start, 1)
     results["machine"]["load_average_after"] = list(os.getloadavg())
     return results
 

@@ -45,7 +45,6 @@ import time
 from collections import Counter, deque
 from urllib.parse import urlsplit
 
-
 PIECE = 256 * 1024  # relay and pacing step of a streamed body
 _STREAMED = ("", "etag", "norange")  # faults that leave the body as it is
 
