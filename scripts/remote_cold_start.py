@@ -76,22 +76,26 @@ def parse_rate(text: str) -> int:
 
 
 def in_flight(spans: list[tuple[float, float, int]], t0: float, t1: float) -> dict:
-    """Requests of [t0, t1] (each ``(start, end, bytes)``): count, peak and time-weighted mean in flight."""
+    """The requests (each ``(start, end, bytes)``) that overlap [t0, t1]: how many, the bytes they carried,
+    their median size, and requests in flight, the peak and the time-weighted mean from the first request's
+    start to the last answer's end (each clipped to [t0, t1])."""
     spans = [s for s in spans if s[1] >= t0 and s[0] <= t1]
     if not spans:
-        return {"requests": 0, "peak_in_flight": 0, "mean_in_flight": 0.0, "median_request_MiB": 0.0}
-    events = sorted([(s[0], 1) for s in spans] + [(s[1], -1) for s in spans])
+        return {"requests": 0, "fetched_MiB": 0.0, "median_request_MiB": 0.0, "peak_in_flight": 0,
+                "mean_in_flight": 0.0}
+    clipped = [(max(a, t0), min(b, t1)) for a, b, _ in spans]
+    events = sorted([(a, 1) for a, _ in clipped] + [(b, -1) for _, b in clipped])
     peak = level = 0
-    busy = 0.0
-    last = events[0][0]
+    busy, last = 0.0, events[0][0]
     for t, step in events:
         busy += level * (t - last)
         level += step
         peak = max(peak, level)
         last = t
-    window = max(s[1] for s in spans) - min(s[0] for s in spans)
-    return {"requests": len(spans), "peak_in_flight": peak, "mean_in_flight": round(busy / window, 1) if window else 0.0,
-            "median_request_MiB": round(statistics.median(s[2] for s in spans) / MiB, 2)}
+    window = max(b for _, b in clipped) - min(a for a, _ in clipped)
+    return {"requests": len(spans), "fetched_MiB": round(sum(s[2] for s in spans) / MiB, 1),
+            "median_request_MiB": round(statistics.median(s[2] for s in spans) / MiB, 2), "peak_in_flight": peak,
+            "mean_in_flight": round(busy / window, 1) if window else 0.0}
 
 
 def peak_rss(mnt: Path) -> int:
@@ -177,14 +181,18 @@ def ckptfs_cases(raw_order: list[str], largest: str, gguf: str) -> list[tuple[st
 
 
 def run_mount_case(src: str, fn, origin: Origin) -> dict:
+    """One read on a fresh mount of ``src``: MB/s and the requests of the read (the mount's apart), the
+    daemon's peak RSS."""
     t0 = time.time()
     with BenchMount(src) as m:
-        mount_s = m.seconds
+        r0 = time.time()
         n, secs = fn(m)
+        r1 = time.time()
         rss = peak_rss(m.mnt)
-    t1 = time.time()
-    return {"bytes": n, "seconds": round(secs, 3), "MBps": round(n / secs / 1e6, 1), "mount_s": round(mount_s, 3),
-            "peak_rss_MiB": round(rss / MiB), **in_flight(origin.spans(), t0, t1)}
+    spans = origin.spans()
+    return {"bytes": n, "seconds": round(secs, 3), "MBps": round(n / secs / 1e6, 1), "mount_s": round(m.seconds, 3),
+            "mount_requests": in_flight(spans, t0, r0)["requests"], "peak_rss_MiB": round(rss / MiB),
+            **in_flight(spans, r0, r1)}
 
 
 def first_byte(src: str, largest: str) -> dict:
@@ -241,9 +249,9 @@ def summarize(rounds: list[dict], reference: tuple[str, ...]) -> dict:
                 ratios.append(r[name]["MBps"] / max(refs))
         out[name] = {"best_MBps": max(values), "median_MBps": round(statistics.median(values), 1),
                      "median_ratio": round(statistics.median(ratios), 3) if ratios else None,
-                     "peak_in_flight": max(r[name].get("peak_in_flight", 0) for r in rounds if name in r),
-                     "mean_in_flight": round(statistics.median(r[name].get("mean_in_flight", 0) for r in rounds
-                                                               if name in r), 1)}
+                     "peak_in_flight": max(r[name].get("peak_in_flight", 0) for r in rounds if name in r)}
+        for key in ("mean_in_flight", "requests", "median_request_MiB", "fetched_MiB"):
+            out[name][key] = statistics.median(r[name].get(key, 0) for r in rounds if name in r)
         rss = [r[name]["peak_rss_MiB"] for r in rounds if "peak_rss_MiB" in r.get(name, {})]
         if rss:
             out[name]["peak_rss_MiB"] = max(rss)
@@ -311,13 +319,18 @@ def uncapped_section(root: Path, model: Path, args) -> dict:
             for kind, src in (("local", str(model)), ("remote", f"{server.url}/{model.name}")):
                 for name, fn in reads:
                     rows.append({"kind": kind, "case": name, **run_mount_case(src, fn, origin)})
+                    print(f"uncapped {kind} {name}: {rows[-1]['MBps']} MB/s", file=sys.stderr)
     out: dict = {"rounds": rows}
     for name, _ in reads:
         best = {k: max(r["MBps"] for r in rows if r["kind"] == k and r["case"] == name) for k in ("local", "remote")}
         pairs = [rows[i + len(reads)]["MBps"] / rows[i]["MBps"] for i in range(len(rows))
                  if rows[i]["kind"] == "local" and rows[i]["case"] == name]
+        remote = [r for r in rows if r["kind"] == "remote" and r["case"] == name]
         out[name] = {"best_MBps": best, "ratio_of_best": round(best["remote"] / best["local"], 3),
-                     "median_round_ratio": round(statistics.median(pairs), 3)}
+                     "median_round_ratio": round(statistics.median(pairs), 3),
+                     "peak_in_flight": max(r["peak_in_flight"] for r in remote),
+                     **{k: statistics.median(r[k] for r in remote)
+                        for k in ("requests", "median_request_MiB", "mean_in_flight")}}
     return out
 
 
@@ -438,11 +451,16 @@ def run(root: Path, args) -> dict:
     return results
 
 
-def _row(name: str, s: dict, extra: str = "") -> str:
+TABLE = ("| case | MB/s, median | best | ratio to the faster reference (median) | requests | median request "
+         "MiB | fetched MiB | requests in flight: peak | mean | daemon peak RSS MiB |\n|---|---|---|---|---|---|---|---|---|---|")
+
+
+def _row(name: str, s: dict) -> str:
     ratio = "-" if s.get("median_ratio") is None else f"{s['median_ratio']:.2f}"
     rss = f"{s['peak_rss_MiB']}" if "peak_rss_MiB" in s else "-"
-    return (f"| {name} | {s['median_MBps']} | {s['best_MBps']} | {ratio} | {s['peak_in_flight']} | "
-            f"{s['mean_in_flight']} | {rss} |{extra}")
+    return (f"| {name} | {s['median_MBps']} | {s['best_MBps']} | {ratio} | {s['requests']:g} | "
+            f"{s['median_request_MiB']:g} | {s['fetched_MiB']:g} | {s['peak_in_flight']} | {s['mean_in_flight']:g} | "
+            f"{rss} |")
 
 
 def render(results: dict) -> str:
@@ -452,9 +470,8 @@ def render(results: dict) -> str:
              f"{m['load_average_after'][0]:.1f} after",
              f"capped origin: nginx limit_rate {c['rate']} per request, {c['latency_ms']} ms to first byte; "
              f"file {c['file_bytes'] / MiB:.0f} MiB, largest .raw {c['largest_raw']}; {len(c['rounds'])} rounds",
-             "", "| case | median MB/s | best MB/s | median ratio to the faster of "
-                 f"{' / '.join(c['reference']) or '-'} | peak requests in flight | mean in flight | "
-                 "daemon peak RSS MiB |", "|---|---|---|---|---|---|---|"]
+             f"reference: the faster of {' and '.join(c['reference']) or '-'} in each round; requests and MB/s of "
+             "the read alone (a mount's own requests apart)", "", TABLE]
     lines += [_row(name, s) for name, s in c["summary"].items()]
     lines.append("")
     lines.append(f"time to first byte (mount command to the first 1 MiB of the largest .raw): "
@@ -464,15 +481,15 @@ def render(results: dict) -> str:
                  f"{c['rss_limit_MiB']} MiB")
     u = results["uncapped"]
     for name in [k for k in u if k != "rounds"]:
-        lines.append(f"uncapped {name}: best remote {u[name]['best_MBps']['remote']} MB/s, best local "
-                     f"{u[name]['best_MBps']['local']} MB/s (ratio {u[name]['ratio_of_best']}; median of the "
-                     f"rounds' ratios {u[name]['median_round_ratio']})")
+        x = u[name]
+        lines.append(f"uncapped {name}: best remote {x['best_MBps']['remote']} MB/s, best local "
+                     f"{x['best_MBps']['local']} MB/s (ratio {x['ratio_of_best']}; median of the rounds' ratios "
+                     f"{x['median_round_ratio']}); remote: {x['requests']:g} requests of {x['median_request_MiB']:g} "
+                     f"MiB (median), {x['mean_in_flight']:g} in flight on average, {x['peak_in_flight']} at most")
     if "s3" in results:
         s3 = results["s3"]
-        lines += ["", f"moto S3, each answer paced to {c['rate']}/s, {c['latency_ms']} ms to first byte:",
-                  "| case | median MB/s | best MB/s | median ratio to the faster of "
-                  f"{' / '.join(s3['reference']) or '-'} | peak requests in flight | mean in flight | "
-                  "daemon peak RSS MiB |", "|---|---|---|---|---|---|---|"]
+        lines += ["", f"moto S3, each answer paced to {c['rate']}/s, {c['latency_ms']} ms to first byte; reference: "
+                  f"the faster of {' and '.join(s3['reference']) or '-'}", "", TABLE]
         lines += [_row(name, s) for name, s in s3["summary"].items()]
     lines += [f"note: {n}" for n in results["notes"]]
     return "\n".join(lines)
