@@ -59,6 +59,7 @@ DIRECT_READ = 64 * MiB
 HUB_MAX_FILES, HUB_CHUNK = 100, 10 * MiB
 DEFAULT_CACHE_SIZE = 512 * MiB  # `ckptfs mount --cache-size` default
 RSS_SLACK = 100 * MiB
+SMALL = 4096  # requests this small are version checks (transport.SAMPLE_BYTES), not data
 
 _HF = """import sys, hf_transfer
 hf_transfer.download(url=sys.argv[1], filename=sys.argv[2], max_files=int(sys.argv[3]), chunk_size=int(sys.argv[4]),
@@ -76,13 +77,14 @@ def parse_rate(text: str) -> int:
 
 
 def in_flight(spans: list[tuple[float, float, int]], t0: float, t1: float) -> dict:
-    """The requests (each ``(start, end, bytes)``) that overlap [t0, t1]: how many, the bytes they carried,
-    their median size, and requests in flight, the peak and the time-weighted mean from the first request's
+    """The requests (each ``(start, end, bytes)``) that overlap [t0, t1]: how many (and how many of at most
+    4 KiB: ckptfs's version checks of a weak validator, docs/remote.md), the bytes they carried, the median size
+    of the larger ones, and requests in flight, the peak and the time-weighted mean from the first request's
     start to the last answer's end (each clipped to [t0, t1])."""
     spans = [s for s in spans if s[1] >= t0 and s[0] <= t1]
     if not spans:
-        return {"requests": 0, "fetched_MiB": 0.0, "median_request_MiB": 0.0, "peak_in_flight": 0,
-                "mean_in_flight": 0.0}
+        return {"requests": 0, "small_requests": 0, "fetched_MiB": 0.0, "median_request_MiB": 0.0,
+                "peak_in_flight": 0, "mean_in_flight": 0.0}
     clipped = [(max(a, t0), min(b, t1)) for a, b, _ in spans]
     events = sorted([(a, 1) for a, _ in clipped] + [(b, -1) for _, b in clipped])
     peak = level = 0
@@ -93,8 +95,10 @@ def in_flight(spans: list[tuple[float, float, int]], t0: float, t1: float) -> di
         peak = max(peak, level)
         last = t
     window = max(b for _, b in clipped) - min(a for a, _ in clipped)
-    return {"requests": len(spans), "fetched_MiB": round(sum(s[2] for s in spans) / MiB, 1),
-            "median_request_MiB": round(statistics.median(s[2] for s in spans) / MiB, 2), "peak_in_flight": peak,
+    data = [s[2] for s in spans if s[2] > SMALL] or [0]
+    return {"requests": len(spans), "small_requests": sum(1 for s in spans if s[2] <= SMALL),
+            "fetched_MiB": round(sum(s[2] for s in spans) / MiB, 1),
+            "median_request_MiB": round(statistics.median(data) / MiB, 2), "peak_in_flight": peak,
             "mean_in_flight": round(busy / window, 1) if window else 0.0}
 
 
@@ -250,7 +254,7 @@ def summarize(rounds: list[dict], reference: tuple[str, ...]) -> dict:
         out[name] = {"best_MBps": max(values), "median_MBps": round(statistics.median(values), 1),
                      "median_ratio": round(statistics.median(ratios), 3) if ratios else None,
                      "peak_in_flight": max(r[name].get("peak_in_flight", 0) for r in rounds if name in r)}
-        for key in ("mean_in_flight", "requests", "median_request_MiB", "fetched_MiB"):
+        for key in ("mean_in_flight", "requests", "small_requests", "median_request_MiB", "fetched_MiB"):
             out[name][key] = statistics.median(r[name].get(key, 0) for r in rounds if name in r)
         rss = [r[name]["peak_rss_MiB"] for r in rounds if "peak_rss_MiB" in r.get(name, {})]
         if rss:
@@ -330,7 +334,7 @@ def uncapped_section(root: Path, model: Path, args) -> dict:
                      "median_round_ratio": round(statistics.median(pairs), 3),
                      "peak_in_flight": max(r["peak_in_flight"] for r in remote),
                      **{k: statistics.median(r[k] for r in remote)
-                        for k in ("requests", "median_request_MiB", "mean_in_flight")}}
+                        for k in ("requests", "small_requests", "median_request_MiB", "mean_in_flight")}}
     return out
 
 
@@ -451,16 +455,17 @@ def run(root: Path, args) -> dict:
     return results
 
 
-TABLE = ("| case | MB/s, median | best | ratio to the faster reference (median) | requests | median request "
-         "MiB | fetched MiB | requests in flight: peak | mean | daemon peak RSS MiB |\n|---|---|---|---|---|---|---|---|---|---|")
+TABLE = ("| case | MB/s, median | best | ratio to the faster reference (median) | requests (of them ≤ 4 KiB) | "
+         "median request MiB (> 4 KiB) | fetched MiB | requests in flight: peak | mean | daemon peak RSS MiB |\n"
+         "|---|---|---|---|---|---|---|---|---|---|")
 
 
 def _row(name: str, s: dict) -> str:
     ratio = "-" if s.get("median_ratio") is None else f"{s['median_ratio']:.2f}"
     rss = f"{s['peak_rss_MiB']}" if "peak_rss_MiB" in s else "-"
-    return (f"| {name} | {s['median_MBps']} | {s['best_MBps']} | {ratio} | {s['requests']:g} | "
-            f"{s['median_request_MiB']:g} | {s['fetched_MiB']:g} | {s['peak_in_flight']} | {s['mean_in_flight']:g} | "
-            f"{rss} |")
+    return (f"| {name} | {s['median_MBps']} | {s['best_MBps']} | {ratio} | "
+            f"{s['requests']:g} ({s['small_requests']:g}) | {s['median_request_MiB']:g} | {s['fetched_MiB']:g} | "
+            f"{s['peak_in_flight']} | {s['mean_in_flight']:g} | {rss} |")
 
 
 def render(results: dict) -> str:
@@ -484,8 +489,9 @@ def render(results: dict) -> str:
         x = u[name]
         lines.append(f"uncapped {name}: best remote {x['best_MBps']['remote']} MB/s, best local "
                      f"{x['best_MBps']['local']} MB/s (ratio {x['ratio_of_best']}; median of the rounds' ratios "
-                     f"{x['median_round_ratio']}); remote: {x['requests']:g} requests of {x['median_request_MiB']:g} "
-                     f"MiB (median), {x['mean_in_flight']:g} in flight on average, {x['peak_in_flight']} at most")
+                     f"{x['median_round_ratio']}); remote: {x['requests']:g} requests ({x['small_requests']:g} of "
+                     f"≤ 4 KiB; the others {x['median_request_MiB']:g} MiB, median), {x['mean_in_flight']:g} in "
+                     f"flight on average, {x['peak_in_flight']} at most")
     if "s3" in results:
         s3 = results["s3"]
         lines += ["", f"moto S3, each answer paced to {c['rate']}/s, {c['latency_ms']} ms to first byte; reference: "

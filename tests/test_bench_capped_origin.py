@@ -104,8 +104,11 @@ def test_in_flight_counts():
     spans = [(0.0, 2.0, MiB), (1.0, 3.0, 2 * MiB), (5.0, 6.0, 3 * MiB), (10.0, 11.0, 0)]
     got = remote_cold_start.in_flight(spans, 0.0, 6.0)  # the last one is outside the case
     # in flight: 1 on [0,1], 2 on [1,2], 1 on [2,3], 0 on [3,5], 1 on [5,6]: 5 request-seconds over 6 s
-    assert got == {"requests": 3, "fetched_MiB": 6.0, "median_request_MiB": 2.0, "peak_in_flight": 2,
-                   "mean_in_flight": 0.8}
+    assert got == {"requests": 3, "small_requests": 0, "fetched_MiB": 6.0, "median_request_MiB": 2.0,
+                   "peak_in_flight": 2, "mean_in_flight": 0.8}
+    checks = [(0.0, 0.1, 4096), (0.2, 0.3, 4096), (0.4, 0.5, MiB)]  # version checks apart from the data
+    got = remote_cold_start.in_flight(checks, 0.0, 1.0)
+    assert (got["requests"], got["small_requests"], got["median_request_MiB"]) == (3, 2, 1.0)
     # clipped to [1.5, 5.5]: 2 on [1.5,2], 1 on [2,3], 0 on [3,5], 1 on [5,5.5]: 2.5 request-seconds over 4 s
     got = remote_cold_start.in_flight(spans, 1.5, 5.5)
     assert (got["requests"], got["peak_in_flight"], got["mean_in_flight"]) == (3, 2, 0.6)
