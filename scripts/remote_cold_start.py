@@ -309,7 +309,9 @@ def capped_section(root: Path, model: Path, args, notes: list[str]) -> dict:
     out["fastest_download_s"] = fastest
     from ckptfs.cache.chunks import DEFAULT_MEMORY_BYTES
 
-    out["rss_limit_MiB"] = (DEFAULT_CACHE_SIZE + DEFAULT_MEMORY_BYTES + RSS_SLACK) // MiB
+    out["rss_budget_MiB"] = {"cache_size": DEFAULT_CACHE_SIZE // MiB, "chunk_lru": DEFAULT_MEMORY_BYTES // MiB,
+                             "slack": RSS_SLACK // MiB}
+    out["rss_limit_MiB"] = sum(out["rss_budget_MiB"].values())
     return out
 
 
@@ -482,8 +484,9 @@ def render(results: dict) -> str:
     lines.append(f"time to first byte (mount command to the first 1 MiB of the largest .raw): "
                  f"{', '.join(f'{x:.2f}' for x in c['first_byte_s'])} s; the faster downloader finished in "
                  f"{', '.join(f'{x:.2f}' for x in c['fastest_download_s'])} s")
-    lines.append(f"daemon peak RSS limit (--cache-size 512 MiB + the 128 MiB chunk LRU + 100 MiB): "
-                 f"{c['rss_limit_MiB']} MiB")
+    budget = c["rss_budget_MiB"]
+    lines.append(f"daemon peak RSS limit (--cache-size {budget['cache_size']} MiB + the {budget['chunk_lru']} MiB "
+                 f"chunk LRU + {budget['slack']} MiB): {c['rss_limit_MiB']} MiB")
     u = results["uncapped"]
     for name in [k for k in u if k != "rounds"]:
         x = u[name]
