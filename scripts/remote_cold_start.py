@@ -48,10 +48,14 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
+sys.path.insert(0, str(REPO / "scripts"))
 
 from servers import MotoS3, Nginx, environment  # noqa: E402
 
+from bench_fuse_bindings import cpu_seconds  # noqa: E402
+
 from ckptfs.bench.remote import BenchMount, stream  # noqa: E402
+from ckptfs.util.sizes import parse_size  # noqa: E402
 
 MiB = 1 << 20
 DIRECT_READ = 64 * MiB
@@ -68,12 +72,6 @@ hf_transfer.download(url=sys.argv[1], filename=sys.argv[2], max_files=int(sys.ar
 _BOTO = """import sys, boto3
 boto3.client("s3").download_file(sys.argv[1], sys.argv[2], sys.argv[3])
 """
-
-
-def parse_rate(text: str) -> int:
-    """nginx's size syntax (``20m``, ``512k``, bytes) in bytes per second."""
-    scale = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}.get(text[-1:].lower(), 1)
-    return int(float(text[:-1] if scale > 1 else text) * scale)
 
 
 def in_flight(spans: list[tuple[float, float, int]], t0: float, t1: float) -> dict:
@@ -265,7 +263,7 @@ def summarize(rounds: list[dict], reference: tuple[str, ...]) -> dict:
 def capped_section(root: Path, model: Path, args, notes: list[str]) -> dict:
     raw_order, largest, gguf = layout(model)
     size = model.stat().st_size
-    rate = parse_rate(args.rate)
+    rate = parse_size(args.rate)
     files, chunk_mib = (int(x) for x in args.hf_tuned.split(","))
     downloaders, more = downloader_cases((files, chunk_mib * MiB))
     notes += more
@@ -283,13 +281,16 @@ def capped_section(root: Path, model: Path, args, notes: list[str]) -> dict:
                 row: dict = {}
                 for name, fn in downloaders:
                     dest = dest_dir / model.name
-                    t0 = time.time()
+                    t0, cpu = time.time(), proxy.cpu_seconds()
                     secs = fn(url, dest)
-                    check_download(name, dest, model, whole=i == 0)
                     row[name] = {"seconds": round(secs, 3), "MBps": round(size / secs / 1e6, 1),
+                                 "proxy_cpu_s": round(proxy.cpu_seconds() - cpu, 2),
                                  **in_flight(origin.spans(), t0, time.time())}
+                    check_download(name, dest, model, whole=i == 0)
                 for name, fn in reads:
+                    cpu = proxy.cpu_seconds()
                     row[name] = run_mount_case(url, fn, origin)
+                    row[name]["proxy_cpu_s"] = round(proxy.cpu_seconds() - cpu, 2)
                 row["first_byte"] = first_byte(url, largest)
                 if i < args.prefetch_rounds:
                     row["ckptfs prefetch"] = prefetch_case(url, size, origin)
@@ -305,6 +306,9 @@ def capped_section(root: Path, model: Path, args, notes: list[str]) -> dict:
     out["reference"] = list(reference)
     out["summary"] = summarize(rounds, reference)
     fastest = [min(r[k]["seconds"] for k in reference) for r in rounds] if reference else []
+    # how busy the proxy was: CPU seconds per second of the case (a mount's time included for ckptfs)
+    out["proxy_cpu_per_s"] = {name: max(r[name]["proxy_cpu_s"] / r[name]["seconds"] for r in rounds if name in r)
+                              for name in out["summary"] if "proxy_cpu_s" in rounds[0].get(name, {})}
     out["first_byte_s"] = [r["first_byte"]["seconds"] for r in rounds]
     out["fastest_download_s"] = fastest
     from ckptfs.cache.chunks import DEFAULT_MEMORY_BYTES
@@ -346,7 +350,7 @@ def s3_section(model: Path, args, notes: list[str]) -> dict:
     raw_order, largest, _ = layout(model)
     every_raw = dict(ckptfs_cases(raw_order, largest, model.name))["ckptfs every .raw"]
     size = model.stat().st_size
-    rate = parse_rate(args.rate)
+    rate = parse_size(args.rate)
     out: dict = {"rounds": []}
     with MotoS3() as moto:
         env = {**os.environ, **moto.env()}
@@ -398,6 +402,10 @@ class DelayProxy:
         self.upstream, self.delay, self.rate, self.spans_path = upstream, delay, rate, spans
         self.proc: subprocess.Popen | None = None
         self.url = ""
+
+    def cpu_seconds(self) -> float:
+        """CPU time the proxy process has used so far (0 without one)."""
+        return cpu_seconds(self.proc.pid) if self.proc is not None else 0.0
 
     def spans(self) -> list[tuple[float, float, int]]:
         text = self.spans_path.read_text() if self.spans_path else ""
@@ -484,6 +492,10 @@ def render(results: dict) -> str:
     lines.append(f"time to first byte (mount command to the first 1 MiB of the largest .raw): "
                  f"{', '.join(f'{x:.2f}' for x in c['first_byte_s'])} s; the faster downloader finished in "
                  f"{', '.join(f'{x:.2f}' for x in c['fastest_download_s'])} s")
+    if c.get("proxy_cpu_per_s"):
+        busiest = max(c["proxy_cpu_per_s"], key=c["proxy_cpu_per_s"].get)
+        lines.append(f"delay proxy (one Python process): at most {c['proxy_cpu_per_s'][busiest]:.2f} CPU-seconds "
+                     f"per second, during {busiest}")
     budget = c["rss_budget_MiB"]
     lines.append(f"daemon peak RSS limit (--cache-size {budget['cache_size']} MiB + the {budget['chunk_lru']} MiB "
                  f"chunk LRU + {budget['slack']} MiB): {c['rss_limit_MiB']} MiB")

@@ -115,12 +115,6 @@ def test_in_flight_counts():
     assert remote_cold_start.in_flight([], 0.0, 1.0)["requests"] == 0
 
 
-def test_rate_syntax():
-    assert remote_cold_start.parse_rate("20m") == 20 * MiB
-    assert remote_cold_start.parse_rate("512k") == 512 * 1024
-    assert remote_cold_start.parse_rate("1000") == 1000
-
-
 def test_missing_downloaders_are_notes(monkeypatch):
     monkeypatch.setitem(sys.modules, "hf_transfer", None)  # import fails as if not installed
     monkeypatch.setattr(remote_cold_start.shutil, "which", lambda name, **kw: None)
