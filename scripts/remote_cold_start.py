@@ -55,6 +55,7 @@ from servers import MotoS3, Nginx, environment  # noqa: E402
 from bench_fuse_bindings import cpu_seconds  # noqa: E402
 
 from ckptfs.bench.remote import BenchMount, stream  # noqa: E402
+from ckptfs.util.procinfo import peak_rss  # noqa: E402
 from ckptfs.util.sizes import parse_size  # noqa: E402
 
 MiB = 1 << 20
@@ -100,10 +101,9 @@ def in_flight(spans: list[tuple[float, float, int]], t0: float, t1: float) -> di
             "mean_in_flight": round(busy / window, 1) if window else 0.0}
 
 
-def peak_rss(mnt: Path) -> int:
-    pid = json.loads(os.getxattr(str(mnt), "user.ckptfs.stats"))["pid"]
-    with open(f"/proc/{pid}/status") as fh:
-        return next(int(line.split()[1]) * 1024 for line in fh if line.startswith("VmHWM:"))
+def daemon_peak_rss(mnt: Path) -> int:
+    """The mount daemon's peak resident memory (``VmHWM``), read while it is mounted."""
+    return peak_rss(json.loads(os.getxattr(str(mnt), "user.ckptfs.stats"))["pid"]) or 0
 
 
 def read_direct(path: Path) -> tuple[int, float]:
@@ -190,7 +190,7 @@ def run_mount_case(src: str, fn, origin: Origin) -> dict:
         r0 = time.time()
         n, secs = fn(m)
         r1 = time.time()
-        rss = peak_rss(m.mnt)
+        rss = daemon_peak_rss(m.mnt)
     spans = origin.spans()
     return {"bytes": n, "seconds": round(secs, 3), "MBps": round(n / secs / 1e6, 1), "mount_s": round(m.seconds, 3),
             "mount_requests": in_flight(spans, t0, r0)["requests"], "peak_rss_MiB": round(rss / MiB),
@@ -312,9 +312,10 @@ def capped_section(root: Path, model: Path, args, notes: list[str]) -> dict:
     out["first_byte_s"] = [r["first_byte"]["seconds"] for r in rounds]
     out["fastest_download_s"] = fastest
     from ckptfs.cache.chunks import DEFAULT_MEMORY_BYTES
+    from ckptfs.sources.remote.readahead import FETCH_BUDGET
 
     out["rss_budget_MiB"] = {"cache_size": DEFAULT_CACHE_SIZE // MiB, "chunk_lru": DEFAULT_MEMORY_BYTES // MiB,
-                             "slack": RSS_SLACK // MiB}
+                             "read_ahead": FETCH_BUDGET // MiB, "slack": RSS_SLACK // MiB}
     out["rss_limit_MiB"] = sum(out["rss_budget_MiB"].values())
     return out
 
@@ -498,7 +499,8 @@ def render(results: dict) -> str:
                      f"per second, during {busiest}")
     budget = c["rss_budget_MiB"]
     lines.append(f"daemon peak RSS limit (--cache-size {budget['cache_size']} MiB + the {budget['chunk_lru']} MiB "
-                 f"chunk LRU + {budget['slack']} MiB): {c['rss_limit_MiB']} MiB")
+                 f"chunk LRU + {budget['read_ahead']} MiB read ahead + {budget['slack']} MiB): "
+                 f"{c['rss_limit_MiB']} MiB")
     u = results["uncapped"]
     for name in [k for k in u if k != "rounds"]:
         x = u[name]
