@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """The fleet model of docs/scale.md: N nodes mounting a 70B Q4_K_M GGUF from S3, cold start, with and
 without the Redis tier. Every input is a named parameter (measured here: decode and Redis per-group costs
-from scripts/bench_tiers.py; assumed: S3 and network figures) so anyone can change one and redo the table.
+from scripts/bench_tiers.py; the requests a node keeps in flight and their size from scripts/bench_remote.py
+--capped; assumed: S3 latency and bandwidth) so anyone can change one and redo the table.
 
 Usage: python scripts/fleet_model.py [--decode-ms 0.046] [--redis-gbps 1.45] [--markdown]
 """
@@ -21,8 +22,8 @@ class Params:
     stored: float = 42.5 * GB        # its Q4_K_M GGUF
     out_itemsize: int = 2            # served as float16 (--dtype float16)
     group_out: int = 256 * 1024      # one decoded block group (ckptfs/engine/blocks.py GROUP_TARGET_BYTES)
-    request: int = 4 * MIB           # remote read-ahead request size (sources/readahead.py PIECE)
-    in_flight: int = 4               # concurrent requests per node (readahead WORKERS)
+    request: int = 8 * MIB           # remote read-ahead request size for s3:// (measured median, docs/remote.md)
+    in_flight: float = 8.8           # requests in flight per node, time-weighted mean (measured, docs/remote.md)
     s3_latency: float = 0.050        # s to first byte per request (assumed)
     s3_conn_bps: float = 90e6        # bytes/s per connection (assumed)
     s3_prefix_rps: float = 5500      # GET/s per prefix before S3 throttles (AWS guideline)
