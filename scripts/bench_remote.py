@@ -120,7 +120,8 @@ def main(argv: list[str] | None = None) -> int:
     capped.add_argument("--rate", default="20m", help="nginx limit_rate per request [20m]")
     capped.add_argument("--latency-ms", type=float, default=30.0, help="added before each request's first byte [30]")
     capped.add_argument("--hf-tuned", default="64,4", help="hf_transfer's tuned variant: FILES,CHUNK_MiB [64,4]")
-    capped.add_argument("--prefetch-rounds", type=int, default=1, help="rounds that also run ckptfs prefetch [1]")
+    capped.add_argument("--prefetch-rounds", type=int, default=None,
+                        help="rounds that also run ckptfs prefetch [all]")
     capped.add_argument("--s3", action="store_true", help="also through moto's S3 server")
     capped.add_argument("--s3-rounds", type=int, default=1)
     capped.add_argument("--out", default=None, help="JSON results [DIR/cold-start.json]")

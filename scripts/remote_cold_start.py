@@ -15,10 +15,10 @@ file (a Gemma-3-270M-shaped Q4_K_M GGUF, ``make_realistic_gguf.py --shapes``):
 - ``aria2c -x16 -s16`` (its other settings left at their defaults: splits of at least 20 MiB);
 - ckptfs, each on a fresh mount (``ckptfs mount URL``, its defaults): the largest tensor's ``.raw`` streamed
   with 1 MiB reads, every ``.raw`` in file order, the mount's pass-through ``.gguf`` read whole with 64 MiB
-  ``O_DIRECT`` reads (llama.cpp's ``--direct-io`` loader pattern); time to first byte (from the mount command
+  ``O_DIRECT`` reads (llama.cpp's direct-I/O loader); time to first byte (from the mount command
   to the first 1 MiB of the largest ``.raw``); the daemon's peak RSS (``VmHWM``);
-- ``ckptfs prefetch URL --cache-dir D`` (what the command on this tree does: on main today it decodes every
-  tensor into the folder, fetching the file on the way).
+- ``ckptfs prefetch URL --cache-dir D`` into an empty folder (every stored byte into the folder), timed as a
+  process, in every round unless ``--prefetch-rounds N``.
 
 A missing downloader (no ``hf_transfer`` module, no ``aria2c``) is skipped with a note. Requests in flight
 come from nginx's access log (each request's start and end: ``Nginx.request_spans``): the peak and the
@@ -292,7 +292,7 @@ def capped_section(root: Path, model: Path, args, notes: list[str]) -> dict:
                     row[name] = run_mount_case(url, fn, origin)
                     row[name]["proxy_cpu_s"] = round(proxy.cpu_seconds() - cpu, 2)
                 row["first_byte"] = first_byte(url, largest)
-                if i < args.prefetch_rounds:
+                if args.prefetch_rounds is None or i < args.prefetch_rounds:
                     row["ckptfs prefetch"] = prefetch_case(url, size, origin)
                     if "skipped" in row["ckptfs prefetch"] and i == 0:
                         notes.append(row["ckptfs prefetch"]["skipped"])
