@@ -1,7 +1,8 @@
 """Real servers on loopback for the remote-source tests, started and stopped by the tests.
 
 - ``Nginx(root)``: Debian's nginx serving a folder with Range, ETag and Last-Modified (as a non-daemon child
-  with a generated config in a temporary directory).
+  with a generated config in a temporary directory); ``Nginx(root, tls=True)`` serves it over ``https://``
+  with a certificate from a throwaway CA (``TestCA``: the ``openssl`` CLI, generated at start).
 - ``MotoS3()``: moto's standalone S3 server (``python -m moto.server``).
 - ``HubStandIn(cdn_url, repos)``: a small http.server that answers as the Hugging Face Hub does for what
   ckptfs and ``huggingface_hub`` ask of it: ``/ORG/REPO/resolve/REV/PATH`` (302 to the CDN host for LFS
@@ -76,6 +77,49 @@ def wait_for_port(port: int, proc: subprocess.Popen | None = None, timeout: floa
     raise RuntimeError(f"nothing listens on 127.0.0.1:{port} after {timeout:g} s")
 
 
+class TestCA:
+    """A throwaway certificate authority in ``directory`` (made with the ``openssl`` CLI): ``ca_file`` is its
+    certificate, the file a client is told to trust (``SSL_CERT_FILE``); ``issue`` signs server certificates.
+    EC P-256 keys, valid for two days, with the extensions a strict verifier asks for (Python 3.13's default
+    context sets VERIFY_X509_STRICT: key usage on the CA, key identifiers on the leaf)."""
+
+    __test__ = False  # not a pytest class
+
+    def __init__(self, directory: str | os.PathLike, name: str = "ckptfs test CA"):
+        self.dir = Path(directory)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.ca_file = self.dir / "ca.pem"
+        self._key = self.dir / "ca.key"
+        self._openssl("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+                      "-keyout", self._key, "-out", self.ca_file, "-days", "2", "-subj", f"/CN={name}",
+                      "-addext", "basicConstraints=critical,CA:TRUE",
+                      "-addext", "keyUsage=critical,keyCertSign,cRLSign",
+                      "-addext", "subjectKeyIdentifier=hash")
+
+    def issue(self, stem: str, names: tuple[str, ...] = ("IP:127.0.0.1", "DNS:localhost")) -> tuple[Path, Path]:
+        """A server certificate for ``names`` (subjectAltName entries) signed by this CA: (cert, key) paths."""
+        cert, key, csr, ext = (self.dir / f"{stem}{suffix}" for suffix in (".pem", ".key", ".csr", ".ext"))
+        ext.write_text(f"subjectAltName={','.join(names)}\nbasicConstraints=critical,CA:FALSE\n"
+                       "keyUsage=critical,digitalSignature\nextendedKeyUsage=serverAuth\n"
+                       "subjectKeyIdentifier=hash\nauthorityKeyIdentifier=keyid,issuer\n")
+        self._openssl("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+                      "-keyout", key, "-out", csr, "-subj", f"/CN={names[0].partition(':')[2]}")
+        self._openssl("x509", "-req", "-in", csr, "-CA", self.ca_file, "-CAkey", self._key, "-set_serial",
+                      str(int.from_bytes(os.urandom(8), "big")), "-days", "2", "-extfile", ext, "-out", cert)
+        return cert, key
+
+    @staticmethod
+    def _openssl(*args) -> None:
+        if shutil.which("openssl") is None:
+            from conftest import skip_or_fail
+
+            skip_or_fail("the openssl CLI is not installed (Debian: apt-get install openssl)")
+        done = subprocess.run(["openssl", *map(str, args)], capture_output=True, text=True, timeout=60,
+                              stdin=subprocess.DEVNULL)
+        if done.returncode != 0:
+            raise RuntimeError(f"openssl {args[0]} failed: {done.stderr.strip()}")
+
+
 def _stop(proc: subprocess.Popen) -> None:
     if proc.poll() is None:
         proc.terminate()
@@ -93,15 +137,28 @@ class Nginx:
     request gets, as object stores and CDNs do per connection. Each access-log line ends with
     ``rt=<seconds the request took> end=<epoch seconds it ended>`` (``request_spans`` turns them into
     start/end pairs, for counting requests in flight).
-    """
 
-    def __init__(self, root: str | os.PathLike, limit_rate: str | None = None):
+    ``tls``: serve ``https://`` instead — ``True`` with a CA of its own, or a ``TestCA`` to share one among
+    servers; the certificate names ``tls_names`` (subjectAltName entries; give others for a name mismatch).
+    ``ca_file`` is the CA certificate to trust (None for plain http)."""
+
+    def __init__(self, root: str | os.PathLike, limit_rate: str | None = None, tls: bool | TestCA = False,
+                 tls_names: tuple[str, ...] = ("IP:127.0.0.1", "DNS:localhost")):
         self.root = str(Path(root).resolve())
         self.limit_rate = limit_rate  # nginx's per-request cap (e.g. "20m"), as a CDN or object store has
         self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.url = f"{'https' if tls else 'http'}://127.0.0.1:{self.port}"
         self._dir = tempfile.mkdtemp(prefix="ckptfs-nginx-")
         self._proc: subprocess.Popen | None = None
+        self.ca: TestCA | None = None
+        self._cert: tuple[Path, Path] | None = None
+        if tls:
+            self.ca = tls if isinstance(tls, TestCA) else TestCA(Path(self._dir) / "ca")
+            self._cert = self.ca.issue(f"server-{self.port}", tls_names)
+
+    @property
+    def ca_file(self) -> Path | None:
+        return self.ca.ca_file if self.ca is not None else None
 
     def _config(self) -> str:
         user = "user root root;\n" if os.geteuid() == 0 else ""
@@ -126,12 +183,20 @@ http {{
     sendfile on;
     keepalive_requests 100000;
     server {{
-        listen 127.0.0.1:{self.port};
+        listen 127.0.0.1:{self.port}{" ssl" if self._cert else ""};
+        {self._tls_config()}
         root {self.root};
         location / {{ {f"limit_rate {self.limit_rate};" if self.limit_rate else ""} }}
     }}
 }}
 """
+
+    def _tls_config(self) -> str:
+        if self._cert is None:
+            return ""
+        cert, key = self._cert
+        return (f"ssl_certificate {cert}; ssl_certificate_key {key}; ssl_protocols TLSv1.2 TLSv1.3; "
+                "ssl_session_cache shared:tls:1m;")
 
     def start(self) -> Nginx:
         conf = Path(self._dir) / "nginx.conf"

@@ -20,6 +20,11 @@ straight there; a 4xx from a remembered location resolves the original URL again
 
 Timeouts: connecting and every wait for body bytes are bounded by ``--stall-timeout`` (a stalled attempt is
 abandoned and retried), and the whole read by ``--timeout`` (see ``remote``).
+
+``https://`` trusts what OpenSSL's default paths hold — ``SSL_CERT_FILE`` / ``SSL_CERT_DIR`` when set, else the
+system's store — or, when neither is set, the bundle named by ``REQUESTS_CA_BUNDLE`` or ``CURL_CA_BUNDLE``
+(as requests-based tools, older huggingface_hub among them, read it); see ``trusted_cas``. A certificate
+that is refused fails at once with one line (retrying cannot change it), naming what was trusted.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ import email.utils
 import os
 import re
 import socket
+import ssl
 import threading
 import time
 from dataclasses import dataclass
@@ -55,12 +61,32 @@ _pool: urllib3.PoolManager | None = None
 _pool_lock = threading.Lock()
 
 
+def trusted_cas() -> tuple[dict, str]:
+    """The CA certificates ``https://`` trusts: urllib3 keyword arguments and a description for messages.
+
+    ``SSL_CERT_FILE`` / ``SSL_CERT_DIR`` (OpenSSL's own variables, honoured by the default context urllib3
+    builds: nothing to pass) win; without them ``REQUESTS_CA_BUNDLE``, then ``CURL_CA_BUNDLE`` (a file or a
+    folder, as requests takes them) replace the system's store, so that a private CA set up for
+    huggingface_hub or pip is trusted by the byte reads too. An empty value is unset: it never turns
+    verification off."""
+    openssl = [f"{k}={os.environ[k]}{'' if os.path.exists(os.environ[k]) else ' (missing)'}"
+               for k in ("SSL_CERT_FILE", "SSL_CERT_DIR") if os.environ.get(k)]
+    if openssl:
+        return {}, " and ".join(openssl)
+    for key in ("REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE"):
+        path = os.environ.get(key)
+        if path:
+            return ({"ca_cert_dir": path} if os.path.isdir(path) else {"ca_certs": path}), f"{key}={path}"
+    return {}, "the system's CA store"
+
+
 def connection_pool() -> urllib3.PoolManager:
     """One pool manager per process: keep-alive connections reused by every HTTP source."""
     global _pool
     with _pool_lock:
         if _pool is None:
-            _pool = urllib3.PoolManager(num_pools=64, maxsize=POOL_CONNECTIONS, block=False, retries=False)
+            _pool = urllib3.PoolManager(num_pools=64, maxsize=POOL_CONNECTIONS, block=False, retries=False,
+                                        **trusted_cas()[0])
         return _pool
 
 
@@ -180,8 +206,33 @@ class HttpClient:
             if by_deadline:
                 raise Retryable("had no answer yet", deadline=True) from None
             raise stalled("no answer", self.options) from None
+        except urllib3.exceptions.SSLError as exc:
+            refused = _tls_refusal(exc)
+            if refused is None:  # a handshake cut short: the next connection may succeed
+                raise Retryable(f"connection failed: {_reason(exc)}") from None
+            COUNTERS.request(self.scheme, "error")
+            raise CheckpointError(url, None, refused) from None
         except (urllib3.exceptions.HTTPError, OSError) as exc:
             raise Retryable(f"connection failed: {_reason(exc)}") from None
+
+
+_NAME_MISMATCH = (62, 64)  # X509_V_ERR_HOSTNAME_MISMATCH, X509_V_ERR_IP_ADDRESS_MISMATCH
+
+
+def _tls_refusal(exc: urllib3.exceptions.SSLError) -> str | None:
+    """The one-line reason for a TLS failure no retry can mend — the server's certificate refused, or the
+    trusted CA certificates unreadable — or None for one that may pass (a reset or EOF in the handshake)."""
+    inner = exc.args[0] if exc.args else None
+    trusted = trusted_cas()[1]
+    if isinstance(inner, ssl.SSLCertVerificationError):
+        detail = (inner.verify_message or str(inner)).rstrip(".")
+        if inner.verify_code in _NAME_MISMATCH:
+            return f"TLS certificate verify failed: {detail} (the server's certificate names another host)"
+        return (f"TLS certificate verify failed: {detail} (trusted: {trusted}; for a private CA set "
+                f"SSL_CERT_FILE to its certificate)")
+    if isinstance(inner, OSError) and not isinstance(inner, ssl.SSLError):  # loading the CA file failed
+        return f"cannot load the trusted CA certificates ({trusted}): {inner.strerror or inner}"
+    return None
 
 
 def _reason(exc: BaseException) -> str:
