@@ -18,7 +18,12 @@ Cases, each in every ``--modes`` load mode (mmap: llama.cpp's default; dio: its 
   servers.py), every byte fetched per range as llama.cpp reads;
 - ``download, then load``: the single file fetched from the same nginx by a parallel downloader (8 threads,
   16 MiB ranges, as hf_transfer-style downloaders do), then loaded from local disk: first token = download
-  + load.
+  + load;
+- ``https, single file`` and ``download over https, then load``: the same two over TLS, from nginx with a
+  certificate of a CA made at start (tests/servers.py ``TestCA``), trusted through ``SSL_CERT_FILE``;
+- ``https capped, single file`` and ``download over https capped, then load``: the same from an nginx that
+  caps every request at ``--capped-rate`` (nginx's ``limit_rate``, default 20m: 20 MB/s per request, as a
+  CDN or object store caps one stream), where parallel ranges pay; ``--capped-rate ''`` leaves them out.
 
 ``ttft`` is process start to the first generated token (loading, context, prompt); for the mount cases the
 mount's own time (command to ready) is listed beside it and counted in ``cold start``. Every case's greedy
@@ -26,16 +31,20 @@ tokens must equal the direct file's (the bench stops otherwise). Every case runs
 interleaved (on a shared machine other processes' load then falls on all cases alike); the table shows
 medians of ``--rounds``.
 
+``--only a,b`` keeps the cases whose name contains one of the words (``--only direct,https``).
+
 Usage: python scripts/bench_clients.py [--dir DIR] [--rounds 5] [--tokens 64] [--threads 1]
-                                       [--modes mmap,dio] [--json]
+                                       [--modes mmap,dio] [--only WORDS] [--capped-rate 20m] [--json]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import http.client
 import json
 import os
+import ssl
 import statistics
 import sys
 import tempfile
@@ -52,7 +61,7 @@ sys.path.insert(0, str(HERE))
 
 import llama_client  # noqa: E402
 from make_realistic_gguf import write_skeleton  # noqa: E402
-from servers import Nginx  # noqa: E402
+from servers import Nginx, TestCA  # noqa: E402
 
 from ckptfs.bench.harness import _drop_page_cache  # noqa: E402
 from ckptfs.bench.remote import BenchMount  # noqa: E402
@@ -67,7 +76,14 @@ def download(url: str, dest: Path, threads: int = DOWNLOAD_THREADS, piece: int =
     """Fetch ``url`` whole into ``dest`` with ``threads`` parallel range requests; seconds taken."""
     start = time.perf_counter()
     parts = urlsplit(url)
-    conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=60)
+
+    def connect() -> http.client.HTTPConnection:
+        if parts.scheme == "https":  # trusting what ckptfs trusts: SSL_CERT_FILE, else the system's store
+            return http.client.HTTPSConnection(parts.hostname, parts.port, timeout=60,
+                                               context=ssl.create_default_context())
+        return http.client.HTTPConnection(parts.hostname, parts.port, timeout=60)
+
+    conn = connect()
     conn.request("HEAD", parts.path)
     size = int(conn.getresponse().getheader("Content-Length"))
     conn.close()
@@ -78,7 +94,7 @@ def download(url: str, dest: Path, threads: int = DOWNLOAD_THREADS, piece: int =
 
     def fetch(offset: int) -> None:
         if not hasattr(local, "conn"):  # one keep-alive connection per thread
-            local.conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=60)
+            local.conn = connect()
             opened.append(local.conn)
         end = min(size, offset + piece) - 1
         local.conn.request("GET", parts.path, headers={"Range": f"bytes={offset}-{end}"})
@@ -172,8 +188,15 @@ class Bench:
         shard_paths = tuple(str(p) for p in self.shards)
         one = (str(self.one),)
         not_measured = []
-        with Nginx(self.www) as server:
+        ca = TestCA(self.work / "ca")
+        os.environ["SSL_CERT_FILE"] = str(ca.ca_file)  # the mounts' CLI and the downloader inherit it
+        with contextlib.ExitStack() as servers:
+            server = servers.enter_context(Nginx(self.www))
+            tls = servers.enter_context(Nginx(self.www, tls=ca))
+            capped = servers.enter_context(Nginx(self.www, tls=ca, limit_rate=self.args.capped_rate)) \
+                if self.args.capped_rate else None
             split_url, one_url = f"{server.url}/split/{self.shards[0].name}", f"{server.url}/{self.one.name}"
+            tls_url = f"{tls.url}/{self.one.name}"
             cases = {}
             for mode in self.args.modes:
                 cases[("direct", mode)] = lambda m=mode: self.direct(m)
@@ -185,6 +208,16 @@ class Bench:
                                                                                 shard_paths)
                 cases[("http, single file", mode)] = lambda m=mode: self.mounted(one_url, self.one.name, m, one)
                 cases[("download, then load", mode)] = lambda m=mode: self.downloaded(one_url, m)
+                cases[("https, single file", mode)] = lambda m=mode: self.mounted(tls_url, self.one.name, m, one)
+                cases[("download over https, then load", mode)] = lambda m=mode: self.downloaded(tls_url, m)
+                if capped is not None:
+                    capped_url = f"{capped.url}/{self.one.name}"
+                    cases[("https capped, single file", mode)] = lambda m=mode, u=capped_url: self.mounted(
+                        u, self.one.name, m, one)
+                    cases[("download over https capped, then load", mode)] = lambda m=mode, u=capped_url: \
+                        self.downloaded(u, m)
+            if self.args.only:
+                cases = {key: f for key, f in cases.items() if any(word in key[0] for word in self.args.only)}
             rounds: dict[tuple[str, str], list[dict]] = {key: [] for key in cases}
             for i in range(self.args.rounds):
                 print(f"bench_clients: round {i + 1} of {self.args.rounds}", file=sys.stderr)
@@ -200,6 +233,7 @@ class Bench:
         return {"machine": self.machine, "model": {"skeleton": SKELETON.name, "bytes": self.one.stat().st_size,
                                                 "shards": len(self.shards)},
                 "tokens": self.args.tokens, "threads": self.args.threads, "rounds": self.args.rounds,
+                "capped_rate": self.args.capped_rate,
                 "llama_cpp": str(self.probe), "load_average_at_end": [round(x, 2) for x in os.getloadavg()],
                 "rows": self.rows, "not_measured": not_measured}
 
@@ -231,6 +265,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--threads", type=int, default=1, help="llama.cpp threads")
     parser.add_argument("--modes", type=lambda s: s.split(","), default=["mmap", "dio"])
+    parser.add_argument("--only", type=lambda s: s.split(","), default=None,
+                        help="keep the cases whose name contains one of these comma-separated words")
+    parser.add_argument("--capped-rate", default="20m", help="nginx limit_rate of the capped https origin "
+                                                              "('' to leave those cases out)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     work = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="ckptfs-bench-clients-"))
