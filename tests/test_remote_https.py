@@ -101,10 +101,18 @@ def test_an_untrusted_certificate_fails_the_mount_in_one_line(site, tmp_path):
     assert f"trusted: SSL_CERT_FILE={site['other']}" in line
 
 
-def test_a_certificate_for_another_host_fails_the_mount_in_one_line(site, tmp_path):
-    line = failed_mount(site, f"{site['misnamed'].url}/mixed.gguf", tmp_path, SSL_CERT_FILE=str(site["ca"]))
-    assert "certificate verify failed: IP address mismatch" in line
+@pytest.mark.parametrize("host, words", [("127.0.0.1", "IP address mismatch"), ("localhost", "Hostname mismatch")])
+def test_a_certificate_for_another_host_fails_the_mount_in_one_line(site, tmp_path, host, words):
+    url = f"https://{host}:{site['misnamed'].port}/mixed.gguf"
+    line = failed_mount(site, url, tmp_path, SSL_CERT_FILE=str(site["ca"]))
+    assert f"certificate verify failed: {words}, certificate is not valid for '{host}'" in line
     assert "names another host" in line
+
+
+def test_the_certificate_names_localhost_too(site):
+    done = cli("info", "--timeout", "20", f"https://localhost:{site['server'].port}/mixed.gguf",
+               env=tls_env(SSL_CERT_FILE=str(site["ca"])))
+    assert done.returncode == 0, done.stderr
 
 
 def test_an_untrusted_certificate_fails_open_in_one_line(site):
