@@ -49,6 +49,7 @@ def stream_once(src: str, files: list[str], workdir: str, label: str, cache_size
                                     "-r", "250", "--nonblocking"], stdout=subprocess.DEVNULL,
                                    stderr=subprocess.DEVNULL)
         sampler = AnonMemorySampler(mount.pid)
+        cpu_before = daemon_cpu(mount.pid)
         try:
             nbytes, seconds = scan([mount.file(f) for f in files], Progress(1, False))
         finally:
@@ -56,7 +57,15 @@ def stream_once(src: str, files: list[str], workdir: str, label: str, cache_size
             if spy is not None:
                 spy.send_signal(2)  # py-spy writes its profile on SIGINT
                 spy.wait(timeout=60)
-        return {"mbs": nbytes / seconds / 1e6, "peak": peak, "cache": mount.stats()["cache"]}
+        return {"mbs": nbytes / seconds / 1e6, "peak": peak, "cache": mount.stats()["cache"],
+                "cpu_s_per_gib": (daemon_cpu(mount.pid) - cpu_before) / (nbytes / (1 << 30))}
+
+
+def daemon_cpu(pid: int) -> float:
+    """CPU seconds (user + system) of every thread of ``pid`` so far."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(") ", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def top_frames(path: str, n: int = 15) -> str:
@@ -114,7 +123,8 @@ def main(argv: list[str] | None = None) -> int:
         peak = max(r["peak"] for r in runs)
         cache = runs[-1]["cache"]
         each = ", ".join(f"{r['mbs']:.0f}" for r in runs)
-        print(f"{name:<16} {mbs:7.0f} MB/s  (runs: {each})  "
+        cpu = statistics.median(r["cpu_s_per_gib"] for r in runs)
+        print(f"{name:<16} {mbs:7.0f} MB/s  (runs: {each})  daemon CPU {cpu:.2f} s/GiB  "
               f"peak RssAnon {format_size(peak)}  hits {cache['hits']} misses {cache['misses']}  env {env}")
     if args.py_spy:
         print(top_frames(args.py_spy))

@@ -112,6 +112,72 @@ class TieredCache:
                 return value
         return self._flights.run(key, lambda: self._load(key, loader, 0 if memory else 1))
 
+    def fill_into(self, items: Sequence[tuple[Hashable, np.ndarray]], decode: Callable[[list[int]], None],
+                  loader: Callable[[int], np.ndarray], keep: bool = True) -> None:
+        """Fill each ``out`` of ``items`` (``(key, out)``, ``out`` a flat array of the value's dtype and size)
+        with its key's value: copied from the memory tier, or decoded straight into it by one call
+        ``decode(indices)`` for every item nobody has (a FUSE read: into libfuse's reply buffer, its groups
+        decoded together), and then, with ``keep``, a copy of each cached (one copy, as a cached decode
+        costs; without ``keep`` nothing is kept: a sequential stream's bytes stay in the kernel's page
+        cache). Keys another caller is decoding are waited for (the single flight). With lower tiers, each
+        item goes through ``get_or_load(key, loader(i))`` and is copied (the tiers must see it)."""
+        todo = []
+        for i, (key, out) in enumerate(items):
+            value = self.memory.get(key)
+            if value is None and self._lower:
+                value = self.get_or_load(key, lambda i=i: loader(i))
+            if value is None:
+                todo.append(i)
+            else:
+                out[...] = value
+        if not todo:
+            return
+        claimed = set(self._flights.claim(items[i][0] for i in todo))
+        mine = [i for i in todo if items[i][0] in claimed]
+        if mine:
+            try:
+                decode(mine)
+                values = [items[i][1].copy() if keep else None for i in mine]
+            except BaseException as exc:
+                for i in mine:
+                    self._flights.finish(items[i][0], error=exc)
+                raise
+            with self._lock:
+                self.decoded_bytes += sum(items[i][1].nbytes for i in mine)
+            for i, value in zip(mine, values):
+                if value is not None:
+                    value.setflags(write=False)
+                    self.memory.put(items[i][0], value)
+                self._flights.finish(items[i][0], value)
+        for i in todo:
+            if items[i][0] not in claimed:
+                self._fill_one(items[i][0], items[i][1], lambda i=i: decode([i]), keep)
+
+    def _fill_one(self, key: Hashable, out: np.ndarray, decode: Callable[[], None], keep: bool) -> None:
+        """One key of :meth:`fill_into` that another caller was decoding: its value once there, or decoded
+        here (it failed there, was not kept, or finished before this caller asked)."""
+        flight = self._flights.join_or_claim(key)
+        if flight is not None:
+            flight.done.wait()
+            if flight.value is not None:
+                out[...] = flight.value
+                return
+            # decoded into another reply and not kept, or failed: decode here (its error is ours then too)
+            decode()
+            return
+        try:
+            decode()
+            value = out.copy() if keep else None
+        except BaseException as exc:
+            self._flights.finish(key, error=exc)
+            raise
+        with self._lock:
+            self.decoded_bytes += out.nbytes
+        if value is not None:
+            value.setflags(write=False)
+            self.memory.put(key, value)
+        self._flights.finish(key, value)
+
     def _load(self, key: Hashable, loader: Callable[[], np.ndarray], first: int = 0) -> np.ndarray:
         for depth, tier in enumerate(self._lower, start=1):
             value = self._guard(tier, "get", key)

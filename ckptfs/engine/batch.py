@@ -16,7 +16,6 @@ This module needs only numpy (``load_batch`` returns numpy arrays); api.py plugs
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
@@ -26,6 +25,7 @@ import numpy as np
 
 from ckptfs.core.errors import CheckpointError
 from ckptfs.engine.decode import decode_blocks
+from ckptfs.util.procinfo import cores
 
 RUN_ELEMENTS = 1 << 20                 # decoded values per run: 4 MiB of float32 scratch at most
 RUN_STORED_BYTES = 8 << 20             # stored bytes per run (plain types: one run is one copy)
@@ -157,10 +157,7 @@ def decode_run(run: Run, raw: memoryview | bytes) -> None:
 
 
 def workers() -> int:
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # not Linux
-        return max(1, os.cpu_count() or 1)
+    return cores()
 
 
 def read_piece(piece: Piece, sources) -> memoryview:

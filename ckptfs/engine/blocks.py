@@ -14,6 +14,7 @@ Truncated tensors: blocks whose bytes are all present are served; touching a mis
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Protocol
 
@@ -23,11 +24,25 @@ from ckptfs.cache.tiered import TieredCache, cache_key
 from ckptfs.core.descriptors import TensorInfo
 from ckptfs.core.errors import CheckpointError
 from ckptfs.engine.decode import decode_blocks
+from ckptfs.engine.parallel import spread
 from ckptfs.quant import Codec
 from ckptfs.sources import SourcePool
 
 GROUP_TARGET_BYTES = 256 * 1024
+DECODE_TASKS = 4  # a run of groups one request decodes is cut into at most this many tasks (one per core)
 UNCACHED_STEP_BYTES = 16 * 1024 * 1024
+
+
+def split(items: list, n: int) -> list[list]:
+    """``items`` cut into at most ``n`` consecutive parts of nearly equal length."""
+    n = max(1, min(n, len(items)))
+    step, extra = divmod(len(items), n)
+    parts, at = [], 0
+    for i in range(n):
+        size = step + (i < extra)
+        parts.append(items[at: at + size])
+        at += size
+    return parts
 
 
 class TensorValues(Protocol):
@@ -150,6 +165,64 @@ class TensorData(TensorValues):
             skip = d0 - b0 * be * item
             return [raw] if skip == 0 and len(raw) == d1 - d0 else [memoryview(raw)[skip: skip + d1 - d0]]
         return byte_views(self._group_segments(e0, e1), item, e0, e1, d0, d1)
+
+    def bytes_into(self, d0: int, target: np.ndarray, keep: bool = True) -> None:
+        """Bytes [d0, d0 + len(target)) of the served values (within the tensor) written into ``target`` (a
+        writable uint8 array: a mount's reply buffer), each byte once: a direct type is ``pread`` there; a
+        block group the range covers whole is decoded straight into its place (``TieredCache.fill_into``;
+        with ``keep`` a copy is cached), a group cut by the range's ends is sliced from the cache. The
+        groups are decoded at once on every core (``ckptfs.engine.parallel``)."""
+        d1 = d0 + len(target)
+        item = self.dtype.itemsize
+        e0, e1 = d0 // item, -(-d1 // item)
+        if e1 <= e0:
+            return
+        self.present_blocks(e0, e1)  # CheckpointError if blocks are missing
+        if self.direct:
+            try:
+                self.source.pread_into(self.info.offset + d0, memoryview(target))
+            except CheckpointError as exc:
+                raise exc.about_tensor(self.info.name) from None
+            return
+        group_bytes = self.group_blocks * self.info.block_elements * item
+        end = self.n_elements * item
+        whole = []
+        for g in range(d0 // group_bytes, (d1 - 1) // group_bytes + 1):
+            lo = g * group_bytes
+            if lo >= d0 and min(lo + group_bytes, end) <= d1 and self.codec.dtype == self.dtype:
+                whole.append(g)
+            else:  # cut by the range's ends (the neighbouring request needs it too) or cast: from the cache
+                values = self._group(g).view(np.uint8)
+                a, b = max(d0, lo), min(d1, lo + len(values))
+                target[a - d0: b - d0] = values[a - lo: b - lo]
+        if not whole:
+            return
+
+        def out(g0: int, g1: int | None = None) -> np.ndarray:
+            """The place of groups g0..g1 (inclusive; g1 = g0 by default) in ``target``, as served values."""
+            return target[g0 * group_bytes - d0: min(((g0 if g1 is None else g1) + 1) * group_bytes, end) - d0].view(self.dtype)
+
+        self._cache.fill_into([(self._key(g), out(g)) for g in whole],
+                              lambda picked: self._decode_groups_into([whole[i] for i in picked], out),
+                              lambda i: self._decode_group(whole[i]), keep)
+
+    def _decode_groups_into(self, groups: list[int], out: Callable[..., np.ndarray]) -> None:
+        """Groups ``groups`` (ascending) decoded into their places ``out(g0, g1)``: each run of consecutive
+        groups cut into at most ``DECODE_TASKS`` parts, one ``pread`` and one decode each, spread over the
+        cores."""
+        tasks, run = [], [groups[0]]
+        for g in groups[1:] + [None]:
+            if g is not None and g == run[-1] + 1:
+                run.append(g)
+                continue
+            for part in split(run, DECODE_TASKS):
+                tasks.append(functools.partial(self._decode_run_into, part[0], part[-1], out))
+            run = [g]
+        spread(tasks)
+
+    def _decode_run_into(self, g0: int, g1: int, out: Callable[..., np.ndarray]) -> None:
+        b0 = g0 * self.group_blocks
+        self._decode_blocks(b0, min((g1 + 1) * self.group_blocks, self.available_blocks()), out(g0, g1))
 
     def _group_segments(self, e0: int, e1: int) -> list[np.ndarray]:
         """Elements [e0, e1) (present, non-direct) as read-only slices of the cached groups covering them."""

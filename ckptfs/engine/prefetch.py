@@ -108,11 +108,12 @@ class Prefetcher:
             if stream is not None:
                 stream.closed = True
 
-    def on_read(self, fh: int, offset: int, size: int) -> None:
-        """Note a read about to be served; schedule what a sequential reader will ask for next."""
+    def on_read(self, fh: int, offset: int, size: int) -> bool:
+        """Note a read about to be served; schedule what a sequential reader will ask for next. Whether the
+        read continues a sequential stream (what it decodes then need not stay in the block cache)."""
         stream = self._streams.get(fh)
         if stream is None:
-            return
+            return False
         with self._lock:
             was_streaming = stream.run.streak > 0
             # concurrent readahead requests may arrive slightly out of order
@@ -120,7 +121,7 @@ class Prefetcher:
                 if was_streaming:
                     stream.generation += 1  # the access turned random: skip what is queued for it
                 stream.ahead_until = 0
-                return
+                return False
             end = stream.run.end
             start = max(end, stream.ahead_until)
             stop = min(stream.view.size, end + self._ahead)
@@ -129,7 +130,7 @@ class Prefetcher:
                 stream.followed = True
                 beyond = end + self._ahead - stream.view.size
             if (stop <= start or start - end > self._ahead // 2) and not beyond:
-                return  # at end of file, or more than half a window is already ahead
+                return True  # at end of file, or more than half a window is already ahead
             first = not stream.advised
             stream.advised = True
             whole, stream.whole = not stream.whole, True
@@ -143,6 +144,7 @@ class Prefetcher:
                 self._follow(stream, beyond)
         except Exception:  # noqa: BLE001 - read-ahead is an optimization; the read itself reports errors
             log.debug("read-ahead of %d..%d failed", start, stop, exc_info=True)
+        return True
 
     # -- scheduling ---------------------------------------------------------------------------------------
 

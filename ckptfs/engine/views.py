@@ -55,9 +55,11 @@ class View:
         data = self.read(offset, size)
         return [data] if data else []
 
-    def read_into(self, offset: int, target: memoryview) -> int:
+    def read_into(self, offset: int, target: memoryview, keep: bool = True) -> int:
         """What ``read(offset, len(target))`` returns, written into ``target`` (a writable byte buffer: the
-        mount's reads fill libfuse's own buffer); the number of bytes written. Each part is copied once."""
+        mount's reads fill libfuse's own buffer); the number of bytes written. Each part is copied once.
+        ``keep=False``: what is decoded for this read need not stay in the block cache (a sequential
+        stream's bytes stay in the kernel's page cache; the groups its next read shares are kept anyway)."""
         done = 0
         for part in self.read_parts(offset, len(target)):
             if not isinstance(part, bytes):
@@ -148,7 +150,7 @@ class RawView(View):
             # the source only knows byte ranges; the one log line of a failed read must say which tensor
             raise exc.about_tensor(self.info.name) from None
 
-    def read_into(self, offset: int, target: memoryview) -> int:
+    def read_into(self, offset: int, target: memoryview, keep: bool = True) -> int:
         offset, size = self._clip(offset, len(target))
         if size:
             try:
@@ -179,7 +181,7 @@ class FileView(View):
         offset, size = self._clip(offset, size)
         return self._sources.get(self.path).pread(offset, size) if size else b""
 
-    def read_into(self, offset: int, target: memoryview) -> int:
+    def read_into(self, offset: int, target: memoryview, keep: bool = True) -> int:
         offset, size = self._clip(offset, len(target))
         if size:
             self._sources.get(self.path).pread_into(offset, target[:size])
@@ -203,6 +205,27 @@ class HeaderBodyView(View):
     def read_parts(self, offset: int, size: int) -> list:
         offset, size = self._clip(offset, size)
         return header_and_parts(self.header, offset, offset + size, self.body_segments) if size else []
+
+    def read_into(self, offset: int, target: memoryview, keep: bool = True) -> int:
+        """The header's part copied, the body's written by ``body_into`` (each byte once)."""
+        offset, size = self._clip(offset, len(target))
+        hlen, done = len(self.header), 0
+        if size and offset < hlen:
+            done = min(size, hlen - offset)
+            target[:done] = self.header[offset: offset + done]
+        if size > done:
+            self.body_into(offset + done - hlen, np.frombuffer(target, np.uint8, size - done, done), keep)
+        return size
+
+    def body_into(self, d0: int, target: np.ndarray, keep: bool = True) -> None:
+        """Body bytes [d0, d0 + len(target)) written into ``target`` (uint8); this default copies the parts
+        of ``body_segments``; a view that can decode straight into place overrides it (``keep``: see
+        ``View.read_into``)."""
+        done = 0
+        for part in self.body_segments(d0, d0 + len(target)):
+            part = np.frombuffer(part, np.uint8)
+            target[done: done + len(part)] = part
+            done += len(part)
 
 
 class NpyView(HeaderBodyView):
@@ -248,6 +271,13 @@ class NpyView(HeaderBodyView):
             return None
         hlen = len(self.header)
         return [(0, hlen, self.header, 0), (hlen, self.size - hlen, data.source, data.info.offset)]
+
+    def body_into(self, d0: int, target: np.ndarray, keep: bool = True) -> None:
+        bytes_into = getattr(self.data, "bytes_into", None)  # packed views' data has none: copy their parts
+        if bytes_into is None:
+            super().body_into(d0, target)
+        else:
+            bytes_into(d0, target, keep)
 
 
 def header_and_parts(header: bytes, offset: int, end: int, body: Callable[[int, int], list]) -> list:

@@ -252,12 +252,13 @@ class CkptOperations:
         view = self._handles.get(fh)
         if view is None:
             view = self._view(path)
-        self._prefetch.on_read(fh, offset, size)
+        # a sequential stream's decoded bytes stay in the kernel's page cache: the block cache need not keep them
+        keep = not self._prefetch.on_read(fh, offset, size)
         if self._read_scope is None:
-            data = view.read(offset, size) if target is None else view.read_into(offset, target)
+            data = view.read(offset, size) if target is None else view.read_into(offset, target, keep)
         else:
             with self._read_scope():
-                data = view.read(offset, size) if target is None else view.read_into(offset, target)
+                data = view.read(offset, size) if target is None else view.read_into(offset, target, keep)
         if self.counters.timed:
             self.counters.read_bytes.add(self._kind(path), len(data) if target is None else data)
         return data

@@ -21,6 +21,8 @@ import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 
+from ckptfs.util.procinfo import cores
+
 log = logging.getLogger(__name__)
 
 #: Bytes fetched or decoded ahead, in flight at once over the whole process (remote read-ahead takes at most
@@ -28,8 +30,9 @@ log = logging.getLogger(__name__)
 DEFAULT_BUDGET = 192 << 20
 #: Workers per kind of work. Fetch workers wait on the network: as many as the most requests in flight that
 #: origins are allowed (``ckptfs.readahead.limit.CEILING``) plus readers' own pieces, started as needed; how
-#: many run at once is each origin's adaptive limit, not this.
-DEFAULT_CONCURRENCY = {"fetch": 96, "decode": 1}
+#: many run at once is each origin's adaptive limit, not this. Decode: one per core (a FUSE read that misses
+#: decodes its groups on the calling thread and the idle decode workers at once, ``ckptfs.engine.parallel``).
+DEFAULT_CONCURRENCY = {"fetch": 96, "decode": cores()}
 
 
 class Scheduler:

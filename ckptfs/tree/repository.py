@@ -58,8 +58,8 @@ class ListedFileView(View):
     def read(self, offset: int, size: int) -> bytes:
         return self._opened().read(offset, size)
 
-    def read_into(self, offset: int, target: memoryview) -> int:
-        return self._opened().read_into(offset, target)
+    def read_into(self, offset: int, target: memoryview, keep: bool = True) -> int:
+        return self._opened().read_into(offset, target, keep)
 
     def ahead(self, start: int, stop: int) -> Ahead:
         return self._opened().ahead(start, stop)

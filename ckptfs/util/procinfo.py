@@ -57,3 +57,11 @@ def rss_anon(pid: int) -> int | None:
 def peak_rss(pid: int) -> int | None:
     """The most resident memory ``pid`` has had (``VmHWM``) in bytes, or None if the process is gone."""
     return _status_bytes(pid, "VmHWM")
+
+
+def cores() -> int:
+    """The CPUs this process may run on (its affinity; the machine's count where that is unknown)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not Linux
+        return max(1, os.cpu_count() or 1)
