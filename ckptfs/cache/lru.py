@@ -69,6 +69,12 @@ class BytesLRU:
             self._entries[key] = value
             self._bytes += size
 
+    def peek(self, key: Hashable):
+        """The value of ``key`` or None, without counting a lookup or refreshing it (a caller that already
+        counted its lookup checks again after claiming the key: another may have stored it meanwhile)."""
+        with self._lock:
+            return self._entries.get(key)
+
     def contains(self, key: Hashable) -> bool:
         with self._lock:
             return key in self._entries

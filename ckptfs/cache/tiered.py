@@ -133,7 +133,17 @@ class TieredCache:
         if not todo:
             return
         claimed = set(self._flights.claim(items[i][0] for i in todo))
-        mine = [i for i in todo if items[i][0] in claimed]
+        mine = []
+        for i in todo:
+            key, out = items[i]
+            if key not in claimed:
+                continue
+            value = self.memory.peek(key)  # stored by another caller between our lookup and the claim
+            if value is None:
+                mine.append(i)
+            else:
+                out[...] = value
+                self._flights.finish(key, value)
         if mine:
             try:
                 decode(mine)
@@ -164,6 +174,11 @@ class TieredCache:
                 return
             # decoded into another reply and not kept, or failed: decode here (its error is ours then too)
             decode()
+            return
+        value = self.memory.peek(key)  # the flight ended between our lookup and the claim
+        if value is not None:
+            out[...] = value
+            self._flights.finish(key, value)
             return
         try:
             decode()

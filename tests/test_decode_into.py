@@ -1,0 +1,199 @@
+"""Reads that decode straight into the reply (issue 24): ``View.read_into`` of a ``.npy`` writes whole block
+groups where they belong, spread over the cores, groups cut by the request's ends from the cache.
+
+Every byte is compared with gguf-py's dequantization (through ``np.load`` of what the reads assembled) and
+with ``View.read``; the cache's contents and counters say what was decoded where; failures release their
+single flight; :func:`ckptfs.engine.parallel.spread` runs each task once whatever the pool is doing.
+"""
+
+from __future__ import annotations
+
+import io
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import ckptfs
+from ckptfs.core.errors import CheckpointError
+from ckptfs.engine.parallel import spread
+from ckptfs.readahead import Scheduler
+from ckptfs.tree.mount_tree import MountTree
+
+from fixtures import quantized, write_gguf
+
+gguf = pytest.importorskip("gguf")
+
+GROUP = 256 * 1024
+MIB = 1 << 20
+TYPES = {"q8": "Q8_0", "q5": "Q5_0", "q4k": "Q4_K", "q6k": "Q6_K"}
+
+
+@pytest.fixture(scope="module")
+def gguf_path(tmp_path_factory):
+    rng = np.random.default_rng(11)
+    path = tmp_path_factory.mktemp("decode_into") / "d.gguf"
+    tensors = {name: (quantized(t, (640, 1024), rng), t) for name, t in TYPES.items()}  # 2.5 MiB of float32
+    tensors["norm"] = (rng.standard_normal(640).astype(np.float32), "F32")
+    tensors["cut"] = (quantized("Q8_0", (96, 1024), rng), "Q8_0")
+    write_gguf(path, tensors)
+    return path
+
+
+def reference(path, name: str) -> np.ndarray:
+    tensor = next(t for t in gguf.GGUFReader(str(path)).tensors if t.name == name)
+    return np.asarray(gguf.quants.dequantize(tensor.data, tensor.tensor_type), np.float32)
+
+
+def assembled(view, size: int, offsets_sizes, keep: bool) -> bytearray:
+    """The file written by ``read_into`` calls (each into a buffer of its own, as libfuse's)."""
+    out = bytearray(view.size)
+    for offset, n in offsets_sizes:
+        buf = bytearray(n)
+        done = view.read_into(offset, memoryview(buf), keep)
+        assert done == max(0, min(n, view.size - offset))
+        out[offset: offset + done] = buf[:done]
+    return out
+
+
+@pytest.mark.parametrize("name", [*TYPES, "norm"])
+@pytest.mark.parametrize("keep", [True, False])
+def test_one_mib_requests_equal_gguf_py(gguf_path, name, keep):
+    ck = ckptfs.open(gguf_path, cache_size=64 << 20)
+    view = MountTree(ck).view(f"{name}.npy")
+    data = assembled(view, view.size, [(o, MIB) for o in range(0, view.size, MIB)], keep)
+    np.testing.assert_array_equal(np.load(io.BytesIO(bytes(data))), reference(gguf_path, name))
+    assert bytes(data) == view.read(0, view.size)
+
+
+def test_odd_ranges_equal_read(gguf_path):
+    ck = ckptfs.open(gguf_path, cache_size=64 << 20)
+    rng = np.random.default_rng(5)
+    for name in (*TYPES, "norm"):
+        view = MountTree(ck).view(f"{name}.npy")
+        whole = view.read(0, view.size)
+        ck.cache.clear()
+        for _ in range(40):
+            offset, n = int(rng.integers(0, view.size)), int(rng.integers(1, 3 * MIB))
+            buf = bytearray(n)
+            done = view.read_into(offset, memoryview(buf), bool(rng.integers(0, 2)))
+            assert bytes(buf[:done]) == whole[offset: offset + n], (name, offset, n)
+
+
+def test_whole_groups_are_decoded_into_the_reply_and_kept_only_when_asked(gguf_path):
+    ck = ckptfs.open(gguf_path, cache_size=64 << 20)
+    view = MountTree(ck).view("q8.npy")
+    hlen = len(view.header)
+    buf = memoryview(bytearray(MIB))
+    # body bytes [GROUP - hlen .. ): cuts group 0 at the start and group 4 at the end, groups 1-3 whole
+    view.read_into(GROUP, buf, keep=False)
+    stats = ck.cache.stats()
+    assert stats.entries == 2  # the two groups the request cuts, shared with its neighbours: cached
+    assert ck.cache.decoded_bytes == 5 * GROUP  # and the three whole ones decoded straight into the reply
+    view.read_into(GROUP + MIB, buf, keep=True)
+    assert ck.cache.stats().entries == 2 + 1 + 3  # the next cut group, and its three whole ones kept
+    assert ck.cache.decoded_bytes == 9 * GROUP  # group 4 was not decoded again
+    before = ck.cache.stats().hits
+    view.read_into(GROUP + MIB, buf, keep=True)
+    assert ck.cache.decoded_bytes == 9 * GROUP  # all from the cache now
+    assert ck.cache.stats().hits == before + 5
+    assert hlen % 64 == 0
+
+
+def test_concurrent_readers_of_one_range_decode_each_group_once(gguf_path):
+    ck = ckptfs.open(gguf_path, cache_size=64 << 20)
+    view = MountTree(ck).view("q6k.npy")
+    expected = view.read(0, view.size)
+    ck.cache.clear()
+    ck.cache.decoded_bytes = 0
+    results, barrier = [], threading.Barrier(6)
+
+    def reader():
+        buf = bytearray(2 * MIB)
+        barrier.wait()
+        view.read_into(4096, memoryview(buf), keep=True)
+        results.append(bytes(buf))
+
+    threads = [threading.Thread(target=reader) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert results == [expected[4096: 4096 + 2 * MIB]] * 6
+    groups = -(-(4096 - len(view.header) + 2 * MIB) // GROUP)  # body bytes 4096-hlen .. +2 MiB
+    assert ck.cache.decoded_bytes == groups * GROUP
+
+
+def test_concurrent_streams_not_kept_still_get_every_byte(gguf_path):
+    ck = ckptfs.open(gguf_path, cache_size=64 << 20)
+    view = MountTree(ck).view("q5.npy")
+    expected = view.read(0, view.size)
+    ck.cache.clear()
+    errors, barrier = [], threading.Barrier(4)
+
+    def reader():
+        barrier.wait()
+        for offset in range(0, view.size, MIB):
+            buf = bytearray(MIB)
+            done = view.read_into(offset, memoryview(buf), keep=False)
+            if bytes(buf[:done]) != expected[offset: offset + MIB]:
+                errors.append(offset)
+
+    threads = [threading.Thread(target=reader) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert errors == []
+
+
+def test_a_truncated_tensor_fails_and_releases_its_groups(gguf_path, tmp_path):
+    data = gguf_path.read_bytes()
+    ck = ckptfs.open(gguf_path)
+    info = ck["cut"].info
+    short = tmp_path / "short.gguf"
+    short.write_bytes(data[: info.offset + info.stored_nbytes // 2])
+    ck = ckptfs.open(short, cache_size=64 << 20)
+    view = MountTree(ck).view("cut.npy")
+    for _ in range(2):  # the second time too: nothing waits for the first one's groups
+        with pytest.raises(CheckpointError, match="cut"):
+            view.read_into(0, memoryview(bytearray(view.size)), keep=False)
+    buf = bytearray(64 << 10)  # its first 64 KiB are all there
+    assert view.read_into(0, memoryview(buf)) == len(buf)
+    assert bytes(buf) == view.read(0, len(buf))
+
+
+def test_spread_runs_each_task_once_and_raises_the_first_error():
+    scheduler = Scheduler(concurrency={"decode": 2})
+    seen, lock = [], threading.Lock()
+
+    def task(i):
+        def run():
+            time.sleep(0.002)
+            with lock:
+                seen.append(i)
+        return run
+
+    spread([task(i) for i in range(20)], scheduler)
+    assert sorted(seen) == list(range(20))
+
+    def boom():
+        raise ValueError("group 3")
+
+    seen.clear()
+    with pytest.raises(ValueError, match="group 3"):
+        spread([task(0), boom, task(2), task(3)], scheduler)
+    assert sorted(seen) == [0, 2, 3]  # the others still ran, and ended before spread returned
+
+
+def test_spread_does_not_wait_for_a_busy_pool():
+    scheduler = Scheduler(concurrency={"decode": 1})
+    release = threading.Event()
+    assert scheduler.submit("decode", release.wait, 0) is not None  # the only worker is busy
+    ran = []
+    start = time.monotonic()
+    spread([lambda i=i: ran.append(i) for i in range(8)], scheduler)
+    assert sorted(ran) == list(range(8))  # the caller ran them all itself
+    assert time.monotonic() - start < 5
+    release.set()
