@@ -84,21 +84,38 @@ def test_odd_ranges_equal_read(gguf_path):
 def test_whole_groups_are_decoded_into_the_reply_and_kept_only_when_asked(gguf_path):
     ck = ckptfs.open(gguf_path, cache_size=64 << 20)
     view = MountTree(ck).view("q8.npy")
-    hlen = len(view.header)
+    assert len(view.header) == 128
     buf = memoryview(bytearray(MIB))
-    # body bytes [GROUP - hlen .. ): cuts group 0 at the start and group 4 at the end, groups 1-3 whole
+    # file bytes [GROUP, GROUP + 1 MiB) are body bytes [GROUP - 128, ...): groups 1-3 whole, 0 and 4 cut
     view.read_into(GROUP, buf, keep=False)
-    stats = ck.cache.stats()
-    assert stats.entries == 2  # the two groups the request cuts, shared with its neighbours: cached
-    assert ck.cache.decoded_bytes == 5 * GROUP  # and the three whole ones decoded straight into the reply
-    view.read_into(GROUP + MIB, buf, keep=True)
-    assert ck.cache.stats().entries == 2 + 1 + 3  # the next cut group, and its three whole ones kept
-    assert ck.cache.decoded_bytes == 9 * GROUP  # group 4 was not decoded again
-    before = ck.cache.stats().hits
-    view.read_into(GROUP + MIB, buf, keep=True)
-    assert ck.cache.decoded_bytes == 9 * GROUP  # all from the cache now
-    assert ck.cache.stats().hits == before + 5
-    assert hlen % 64 == 0
+    assert ck.cache.stats().entries == 0  # nothing kept: a stream's bytes stay in the page cache
+    assert ck.cache.decoded_bytes == 3 * GROUP  # the whole groups, decoded straight into the reply ...
+    assert ck.cache.stats().misses == 5  # ... and the cut ones only where the reply needs them
+    assert bytes(buf) == view.read(GROUP, MIB)
+    ck.cache.clear()
+    decoded = ck.cache.decoded_bytes
+    view.read_into(GROUP, buf, keep=True)
+    assert ck.cache.stats().entries == 3  # the whole groups kept (a cut one cannot be: it is not all there)
+    assert ck.cache.decoded_bytes == decoded + 3 * GROUP
+    hits = ck.cache.stats().hits
+    view.read_into(GROUP, buf, keep=True)
+    assert ck.cache.decoded_bytes == decoded + 3 * GROUP  # from the cache now
+    assert ck.cache.stats().hits == hits + 3
+    assert bytes(buf) == view.read(GROUP, MIB)
+
+
+def test_a_small_first_read_decodes_only_its_blocks(gguf_path):
+    ck = ckptfs.open(gguf_path, cache_size=64 << 20)
+    view = MountTree(ck).view("q4k.npy")  # Q4_K: 256 values (1 KiB of float32) a block
+    seen = []
+    data = view.data
+    decode = data._decode_blocks
+    data._decode_blocks = lambda b0, b1, out=None: (seen.append((b0, b1)), decode(b0, b1, out))[1]
+    buf = bytearray(4096)
+    view.read_into(0, memoryview(buf))
+    assert seen == [(0, 3), (3, 4)]  # body bytes 0..3968: three whole blocks, then the one the end cuts
+    assert ck.cache.stats().misses == 1 and ck.cache.stats().entries == 0
+    assert bytes(buf) == view.read(0, 4096)
 
 
 def test_concurrent_readers_of_one_range_decode_each_group_once(gguf_path):
@@ -121,8 +138,9 @@ def test_concurrent_readers_of_one_range_decode_each_group_once(gguf_path):
     for t in threads:
         t.join(30)
     assert results == [expected[4096: 4096 + 2 * MIB]] * 6
-    groups = -(-(4096 - len(view.header) + 2 * MIB) // GROUP)  # body bytes 4096-hlen .. +2 MiB
-    assert ck.cache.decoded_bytes == groups * GROUP
+    # body bytes 3968 .. 3968 + 2 MiB: groups 1-7 whole, decoded once for all six (0 and 8 are cut: each
+    # reader decodes its part of them)
+    assert ck.cache.decoded_bytes == 7 * GROUP
 
 
 def test_concurrent_streams_not_kept_still_get_every_byte(gguf_path):
@@ -197,3 +215,13 @@ def test_spread_does_not_wait_for_a_busy_pool():
     assert sorted(ran) == list(range(8))  # the caller ran them all itself
     assert time.monotonic() - start < 5
     release.set()
+
+
+def test_the_read_path_is_warmed_once_per_storage_type_and_keeps_nothing(gguf_path):
+    from ckptfs.fs.operations import warm_read_path
+
+    ck = ckptfs.open(gguf_path, cache_size=64 << 20)
+    warm_read_path(MountTree(ck))
+    stats = ck.cache.stats()
+    # Q8_0, Q5_0, Q4_K, Q6_K looked up once each (F32 is served as stored: no lookup); nothing kept
+    assert (stats.misses, stats.hits, stats.entries) == (4, 0, 0)

@@ -246,6 +246,10 @@ class TieredCache:
             log.warning("cache tier %s: %s failed: %s: %s", tier.name, method, type(exc).__name__, exc)
             return None
 
+    def pending(self, key: Hashable) -> bool:
+        """Whether a decode of ``key`` is under way in this process (its caller will store it)."""
+        return self._flights.pending(key)
+
     def __contains__(self, key: Hashable) -> bool:
         """Whether the memory tier holds ``key`` (read-ahead asks this to skip decoded groups cheaply)."""
         return self.memory.contains(key)

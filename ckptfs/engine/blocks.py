@@ -191,10 +191,8 @@ class TensorData(TensorValues):
             lo = g * group_bytes
             if lo >= d0 and min(lo + group_bytes, end) <= d1 and self.codec.dtype == self.dtype:
                 whole.append(g)
-            else:  # cut by the range's ends (the neighbouring request needs it too) or cast: from the cache
-                values = self._group(g).view(np.uint8)
-                a, b = max(d0, lo), min(d1, lo + len(values))
-                target[a - d0: b - d0] = values[a - lo: b - lo]
+            else:
+                self._part_into(g, max(d0, lo), min(d1, lo + group_bytes, end), target[max(d0, lo) - d0:])
         if not whole:
             return
 
@@ -205,6 +203,40 @@ class TensorData(TensorValues):
         self._cache.fill_into([(self._key(g), out(g)) for g in whole],
                               lambda picked: self._decode_groups_into([whole[i] for i in picked], out),
                               lambda i: self._decode_group(whole[i]), keep)
+
+    def _part_into(self, g: int, a: int, b: int, target: np.ndarray) -> None:
+        """Bytes [a, b) of the values, all in group ``g`` but not the whole of it, written at ``target[0]``:
+        from the cache when the group is there (or being decoded: waited for), else only the blocks under
+        them decoded straight into place (a 4 KiB first read decodes 4 KiB, not the group's 256 KiB; a
+        stream's neighbouring request decodes the rest of the group). The group is looked up once either
+        way, so a miss still means a decode. A cast dtype (float16 mode) goes through the cached group."""
+        key = self._key(g)
+        values = self._cache.memory.get(key)
+        if values is None and (self.codec.dtype != self.dtype or self._cache.shared_tiers
+                               or self._cache.pending(key)):
+            values = self._group(g)
+        if values is not None:
+            lo = g * self.group_blocks * self.info.block_elements * self.dtype.itemsize
+            target[: b - a] = values.view(np.uint8)[a - lo: b - lo]
+            return
+        self._range_into(a, b, target)
+
+    def _range_into(self, a: int, b: int, target: np.ndarray) -> None:
+        """Bytes [a, b) of the values (present blocks) decoded into ``target[: b - a]`` without the cache: the
+        blocks wholly inside straight there, the (at most two) blocks the ends cut through a scratch array."""
+        block_bytes = self.info.block_elements * self.dtype.itemsize
+        first, last = a // block_bytes, -(-b // block_bytes)
+        inner, outer = -(-a // block_bytes), b // block_bytes  # the blocks wholly inside [a, b)
+        if inner < outer:
+            self._decode_blocks(inner, outer, target[inner * block_bytes - a: outer * block_bytes - a].view(self.dtype))
+            cut = [(first, inner), (outer, last)]
+        else:
+            cut = [(first, last)]
+        for blk0, blk1 in cut:
+            if blk1 > blk0:
+                values = self._decode_blocks(blk0, blk1).view(np.uint8)
+                lo, hi = max(a, blk0 * block_bytes), min(b, blk1 * block_bytes)
+                target[lo - a: hi - a] = values[lo - blk0 * block_bytes: hi - blk0 * block_bytes]
 
     def _decode_groups_into(self, groups: list[int], out: Callable[..., np.ndarray]) -> None:
         """Groups ``groups`` (ascending) decoded into their places ``out(g0, g1)``: each run of consecutive
