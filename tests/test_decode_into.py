@@ -206,15 +206,34 @@ def test_spread_runs_each_task_once_and_raises_the_first_error():
 
 
 def test_spread_does_not_wait_for_a_busy_pool():
-    scheduler = Scheduler(concurrency={"decode": 1})
+    scheduler = Scheduler(concurrency={"decode": 2})
     release = threading.Event()
-    assert scheduler.submit("decode", release.wait, 0) is not None  # the only worker is busy
+    for _ in range(2):  # both workers busy (read-ahead, say): the helper spread asks for waits behind them
+        assert scheduler.submit("decode", release.wait, 0) is not None
     ran = []
     start = time.monotonic()
     spread([lambda i=i: ran.append(i) for i in range(8)], scheduler)
     assert sorted(ran) == list(range(8))  # the caller ran them all itself
     assert time.monotonic() - start < 5
     release.set()
+
+
+def test_native_bfloat16_encoding_equals_numpy():
+    from ckptfs.hffolder.safetensors_view import bfloat16_bits, bfloat16_bits_numpy
+    from ckptfs.quant.native import native_types
+
+    if not native_types():
+        pytest.skip("C extension not built")
+    rng = np.random.default_rng(2)
+    special = [0, 0x80000000, 0x7F800000, 0xFF800000, 0x7FC00000, 0x7F800001, 0xFFFFFFFF, 0x7F7FFFFF,
+               0x00008000, 0x00018000, 0x3F808000, 0x3F818000, 0x7FFF8000, 0x7F7F8000, 1]
+    values = np.concatenate([rng.integers(0, 2**32, 1 << 16, dtype=np.uint32),
+                             np.array(special, np.uint32)]).view(np.float32)
+    expected = bfloat16_bits_numpy(values)
+    assert np.array_equal(bfloat16_bits(values), expected)
+    out = np.zeros(values.size + 3, np.uint16)
+    bfloat16_bits(values, out[1:-2])
+    assert np.array_equal(out[1:-2], expected) and (out[0], out[-2], out[-1]) == (0, 0, 0)
 
 
 def test_the_read_path_is_warmed_once_per_storage_type_and_keeps_nothing(gguf_path):

@@ -25,11 +25,13 @@ from ckptfs.core.descriptors import TensorInfo
 from ckptfs.core.errors import CheckpointError
 from ckptfs.engine.decode import decode_blocks
 from ckptfs.engine.parallel import spread
+from ckptfs.util.procinfo import cores
 from ckptfs.quant import Codec
 from ckptfs.sources import SourcePool
 
 GROUP_TARGET_BYTES = 256 * 1024
-DECODE_TASKS = 4  # a run of groups one request decodes is cut into at most this many tasks (one per core)
+#: A run of groups one request decodes is cut into at most this many tasks: one per core (engine/parallel.py).
+DECODE_TASKS = cores()
 UNCACHED_STEP_BYTES = 16 * 1024 * 1024
 
 

@@ -22,17 +22,33 @@ import struct
 import numpy as np
 
 from ckptfs.engine.blocks import GROUP_TARGET_BYTES, TensorData
+from ckptfs.engine.parallel import spread
 from ckptfs.cache.tiered import cache_key
 from ckptfs.checkpoint.api import Checkpoint
 from ckptfs.engine.views import Ahead, HeaderBodyView
 from ckptfs.hffolder.weights import ParamSource
+from ckptfs.quant.native import encode_bf16
 
 #: --hf-dtype -> (safetensors dtype name, bytes per element)
 DTYPES = {"bfloat16": ("BF16", 2), "float16": ("F16", 2), "float32": ("F32", 4)}
 
 
-def bfloat16_bits(values: np.ndarray) -> np.ndarray:
-    """float32 -> bfloat16 bit patterns (uint16), round to nearest, ties to even; NaN -> 0xFFFF (torch CPU)."""
+def bfloat16_bits(values: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """float32 -> bfloat16 bit patterns (uint16), round to nearest, ties to even; NaN -> 0xFFFF (torch CPU).
+    By the C loop when the extension is built (one pass; into ``out`` when given), else numpy's
+    (:func:`bfloat16_bits_numpy`, the reference the tests compare it with)."""
+    values = np.ascontiguousarray(values, np.float32).reshape(-1)
+    target = np.empty(values.size, np.uint16) if out is None else out
+    if encode_bf16(values, target):
+        return target
+    if out is None:
+        return bfloat16_bits_numpy(values)
+    out[...] = bfloat16_bits_numpy(values)
+    return out
+
+
+def bfloat16_bits_numpy(values: np.ndarray) -> np.ndarray:
+    """:func:`bfloat16_bits` in numpy (the fallback without the C extension, and its reference)."""
     bits = np.ascontiguousarray(values, np.float32).view(np.uint32)
     rounded = ((bits + (np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1)))) >> np.uint32(16))
     out = rounded.astype(np.uint16)
@@ -109,11 +125,7 @@ class ParamData:
         return cache_key(*self._key_prefix, r0, min(self.rows, r0 + self.group_rows))
 
     def _served_group(self, g: int) -> np.ndarray:
-        def build() -> np.ndarray:
-            r0 = g * self.group_rows
-            return convert(self.rows_f32(r0, min(self.rows, r0 + self.group_rows)), self.dtype).view(np.uint8)
-
-        return self._cache.get_or_load(self._key(g), build)
+        return self._cache.get_or_load(self._key(g), lambda: self._built(g))
 
     def prefetch_group(self, g: int) -> None:
         """Build served group ``g`` into the cache unless it is there (read-ahead)."""
@@ -132,6 +144,47 @@ class ParamData:
             base = g * self.group_bytes
             parts.append(memoryview(self._served_group(g))[max(b0 - base, 0): b1 - base])
         return parts
+
+    def bytes_into(self, b0: int, target: np.ndarray, keep: bool = True) -> None:
+        """Bytes [b0, b0 + len(target)) of the served values written into ``target`` (uint8; a mount's reply
+        buffer): served groups the range covers whole are built straight there, spread over the cores (with
+        ``keep`` a copy is cached), the groups its ends cut come from the cache (``segments``)."""
+        b1 = b0 + len(target)
+        if self.passthrough:
+            self.data.bytes_into(b0, target, keep)
+            return
+        whole = []
+        for g in range(b0 // self.group_bytes, (b1 - 1) // self.group_bytes + 1):
+            lo, hi = g * self.group_bytes, min((g + 1) * self.group_bytes, self.nbytes)
+            if lo >= b0 and hi <= b1:
+                whole.append(g)
+            else:
+                a, b = max(b0, lo), min(b1, hi)
+                target[a - b0: b - b0] = np.frombuffer(self._served_group(g), np.uint8)[a - lo: b - lo]
+        if not whole:
+            return
+
+        def out(g: int) -> np.ndarray:
+            return target[g * self.group_bytes - b0: min((g + 1) * self.group_bytes, self.nbytes) - b0]
+
+        def build(picked: list[int]) -> None:
+            spread([functools.partial(self._build_into, whole[i], out(whole[i])) for i in picked])
+
+        self._cache.fill_into([(self._key(g), out(g)) for g in whole], build,
+                              lambda i: self._built(whole[i]), keep)
+
+    def _built(self, g: int) -> np.ndarray:
+        r0 = g * self.group_rows
+        return convert(self.rows_f32(r0, min(self.rows, r0 + self.group_rows)), self.dtype).view(np.uint8)
+
+    def _build_into(self, g: int, out: np.ndarray) -> None:
+        """Served group ``g`` built into ``out`` (uint8, its size): bfloat16 encoded straight there."""
+        r0 = g * self.group_rows
+        values = self.rows_f32(r0, min(self.rows, r0 + self.group_rows))
+        if self.dtype == "bfloat16":
+            bfloat16_bits(values, out.view(np.uint16))
+        else:
+            out[...] = convert(values, self.dtype).view(np.uint8)
 
     def ahead(self, d0: int, d1: int, at: int) -> tuple[list, list]:
         """(ranges to advise, decoding jobs) for bytes [d0, d1) of this parameter, which starts at view
@@ -195,6 +248,12 @@ class SafetensorsView(HeaderBodyView):
         for start, p in self._covering(d0, d1):
             parts += p.segments(max(d0, start) - start, min(d1, start + p.nbytes) - start)
         return parts
+
+    def body_into(self, d0: int, target: np.ndarray, keep: bool = True) -> None:
+        d1 = d0 + len(target)
+        for start, p in self._covering(d0, d1):
+            lo, hi = max(d0, start), min(d1, start + p.nbytes)
+            p.bytes_into(lo - start, target[lo - d0: hi - d0], keep)
 
 
     def ahead(self, start: int, stop: int) -> Ahead:

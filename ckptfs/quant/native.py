@@ -56,3 +56,12 @@ def accelerated(name: str, block_elements: int, fallback: Decoder) -> Decoder:
         return fallback
     native.reference = fallback
     return native
+
+
+def encode_bf16(values: np.ndarray, out: np.ndarray) -> bool:
+    """float32 ``values`` (C-contiguous) as bfloat16 bit patterns into ``out`` (uint16, as many), rounded to
+    nearest even, NaN as 0xFFFF, by the C loop; False (``out`` untouched) when the extension is not there."""
+    if _native is None or DISABLED or not hasattr(_native, "encode_bf16"):
+        return False
+    _native.encode_bf16(values, out, values.size)
+    return True
