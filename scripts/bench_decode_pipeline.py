@@ -15,7 +15,8 @@ measures, from this process:
   of every tensor;
 - the daemon's peak RssAnon (itself and its children) over the round.
 
-Usage: python scripts/bench_decode_pipeline.py [CKPT.gguf] [--tree DIR ...] [--rounds 5] [--hf] [--json OUT]
+Usage: python scripts/bench_decode_pipeline.py [CKPT.gguf] [--tree DIR[?K=V,...] ...] [--rounds 5] [--hf]
+                                              [--no-reference] [--json OUT]
 """
 
 from __future__ import annotations
@@ -48,9 +49,21 @@ K_TYPES = ("Q5_0", "Q4_K", "Q6_K")
 MIN_STORED = 256 << 10
 
 
-def mbs(paths: list[str]) -> float:
+def mbs(paths: list[str], pid: int | None = None, cpu: dict | None = None, name: str = "") -> float:
+    """MB/s of reading ``paths`` with 1 MiB reads; with ``pid``, the daemon's CPU seconds per GiB into
+    ``cpu[name]``."""
+    before = daemon_cpu(pid) if pid else 0.0
     nbytes, seconds = scan(paths, Progress(1, enabled=False))
+    if pid and cpu is not None:
+        cpu[name] = (daemon_cpu(pid) - before) / (nbytes / (1 << 30))
     return nbytes / seconds / 1e6
+
+
+def daemon_cpu(pid: int) -> float:
+    """CPU seconds (user + system) of every thread of ``pid`` so far."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(") ", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def first_touch(path: str) -> float:
@@ -85,7 +98,8 @@ def fresh(src: str, workdir: str, label: str, cache: str, env: dict, extra: list
 
 def one_round(src: str, plan, sizes: dict, tree: str, workdir: str, label: str, cache: str, n_random: int,
               hf: bool, flip: bool) -> dict:
-    env = {"PYTHONPATH": tree}
+    path, _, extra = tree.partition("?")  # TREE?K=V,K=V: the daemon's environment gets these too
+    env = {"PYTHONPATH": path, **dict(kv.split("=", 1) for kv in extra.split(",") if kv)}
     out: dict = {"load": os.getloadavg()[0]}
     emb = next(f for f in plan.npy if f.tensor == EMBEDDING)
     rng = np.random.default_rng(7)
@@ -117,8 +131,9 @@ def one_round(src: str, plan, sizes: dict, tree: str, workdir: str, label: str, 
                    ("k_raw", [mount.file(f.tensor + ".raw") for f in k_files])]
         if flip:
             streams = [streams[1], streams[0], streams[3], streams[2]]
+        out["cpu_s_per_gib"] = {}
         for name, paths in streams:
-            out[name] = mbs(paths)
+            out[name] = mbs(paths, mount.pid, out["cpu_s_per_gib"], name)
         out["rss_anon_mib"] = sampler.stop() / (1 << 20)
     with fresh(src, workdir, label + "-all", cache, env) as mount:
         sampler = AnonMemorySampler(mount.pid)
@@ -131,7 +146,7 @@ def one_round(src: str, plan, sizes: dict, tree: str, workdir: str, label: str, 
             pair = [("hf_bf16", [mount.file("hf/model.safetensors")]),
                     ("hf_raw", [mount.file(t + ".raw") for t in sizes])]
             for name, paths in (pair[::-1] if flip else pair):
-                out[name] = mbs(paths)
+                out[name] = mbs(paths, mount.pid, out["cpu_s_per_gib"], name)
             out["hf_rss_anon_mib"] = sampler.stop() / (1 << 20)
     return out
 
@@ -139,7 +154,9 @@ def one_round(src: str, plan, sizes: dict, tree: str, workdir: str, label: str, 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("ckpt", nargs="?", default=DEFAULT_CKPT)
-    parser.add_argument("--tree", action="append", help="a ckptfs source tree for the daemon (repeatable)")
+    parser.add_argument("--tree", action="append",
+                        help="a ckptfs source tree for the daemon, TREE or TREE?K=V,K=V with environment "
+                             "variables for it (repeatable: the trees' rounds are interleaved)")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--cache-size", default="64M")
     parser.add_argument("--random", type=int, default=200)
@@ -193,6 +210,8 @@ def main(argv: list[str] | None = None) -> int:
               f"  first read in a fresh daemon ms {rng(lambda x: x['first_read_ms'])}\n"
               f"  first touch p50 ms {rng(lambda x: x['first_touch_ms']['p50'])}, small {rng(lambda x: x['first_touch_ms']['small_p50'])}; "
               f"random p50 {rng(lambda x: x['random_ms']['p50'])}, p99 {rng(lambda x: x['random_ms']['p99'])}\n"
+              f"  daemon CPU s/GiB: emb .npy {rng(lambda x: x['cpu_s_per_gib']['embedding_npy'])}, .raw "
+              f"{rng(lambda x: x['cpu_s_per_gib']['embedding_raw'])}; K .npy {rng(lambda x: x['cpu_s_per_gib']['k_npy'])}\n"
               f"  RssAnon MiB {rng(lambda x: x['rss_anon_mib'], '{:.1f}')}", file=sys.stderr)
         if results["gguf_py"]:
             ratios = [x["all_npy"] / g["mbs"] for x, g in zip(rs, results["gguf_py"])]

@@ -244,3 +244,24 @@ def test_the_read_path_is_warmed_once_per_storage_type_and_keeps_nothing(gguf_pa
     stats = ck.cache.stats()
     # Q8_0, Q5_0, Q4_K, Q6_K looked up once each (F32 is served as stored: no lookup); nothing kept
     assert (stats.misses, stats.hits, stats.entries) == (4, 0, 0)
+
+
+def test_the_mounts_read_ahead_only_advises_views_that_decode_into_the_reply(gguf_path, monkeypatch):
+    from ckptfs.engine.prefetch import Prefetcher
+    from ckptfs.sources import FileSource
+
+    advised = []
+    monkeypatch.setattr(FileSource, "advise", lambda self, offset, size, sequential=False:
+                        advised.append((offset, size)))
+    for dtype, decodes_ahead in (("float32", False), ("float16", True)):  # float16: a cast, through the cache
+        ck = ckptfs.open(gguf_path, dtype=dtype, cache_size=64 << 20)
+        view = MountTree(ck).view("q8.npy")
+        assert view.decodes_into_reply is not decodes_ahead
+        pf = Prefetcher(ck.sources, ck.cache.capacity, into_reply=True)
+        pf.opened(1, view)
+        advised.clear()
+        for i in range(3):
+            pf.on_read(1, i * MIB, MIB)
+        pf.close(wait=True)
+        assert advised  # the kernel is told what comes next either way
+        assert (ck.cache.stats().entries > 0) is decodes_ahead

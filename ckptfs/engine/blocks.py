@@ -170,10 +170,10 @@ class TensorData(TensorValues):
 
     def bytes_into(self, d0: int, target: np.ndarray, keep: bool = True) -> None:
         """Bytes [d0, d0 + len(target)) of the served values (within the tensor) written into ``target`` (a
-        writable uint8 array: a mount's reply buffer), each byte once: a direct type is ``pread`` there; a
-        block group the range covers whole is decoded straight into its place (``TieredCache.fill_into``;
-        with ``keep`` a copy is cached), a group cut by the range's ends is sliced from the cache. The
-        groups are decoded at once on every core (``ckptfs.engine.parallel``)."""
+        writable uint8 array: a mount's reply buffer), each byte once: a direct type is ``pread`` there; the
+        block groups the range covers whole are decoded straight into their places, at once on every core
+        (``TieredCache.fill_into``, ``ckptfs.engine.parallel``; with ``keep`` a copy of each is cached); of a
+        group the range's ends cut, the part inside is sliced from the cache or decoded (``_part_into``)."""
         d1 = d0 + len(target)
         item = self.dtype.itemsize
         e0, e1 = d0 // item, -(-d1 // item)
@@ -200,7 +200,8 @@ class TensorData(TensorValues):
 
         def out(g0: int, g1: int | None = None) -> np.ndarray:
             """The place of groups g0..g1 (inclusive; g1 = g0 by default) in ``target``, as served values."""
-            return target[g0 * group_bytes - d0: min(((g0 if g1 is None else g1) + 1) * group_bytes, end) - d0].view(self.dtype)
+            stop = min(((g0 if g1 is None else g1) + 1) * group_bytes, end)
+            return target[g0 * group_bytes - d0: stop - d0].view(self.dtype)
 
         self._cache.fill_into([(self._key(g), out(g)) for g in whole],
                               lambda picked: self._decode_groups_into([whole[i] for i in picked], out),
@@ -230,7 +231,8 @@ class TensorData(TensorValues):
         first, last = a // block_bytes, -(-b // block_bytes)
         inner, outer = -(-a // block_bytes), b // block_bytes  # the blocks wholly inside [a, b)
         if inner < outer:
-            self._decode_blocks(inner, outer, target[inner * block_bytes - a: outer * block_bytes - a].view(self.dtype))
+            place = target[inner * block_bytes - a: outer * block_bytes - a]
+            self._decode_blocks(inner, outer, place.view(self.dtype))
             cut = [(first, inner), (outer, last)]
         else:
             cut = [(first, last)]

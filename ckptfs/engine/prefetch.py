@@ -72,9 +72,13 @@ class Prefetcher:
     """Per-handle sequential detection and bounded background decoding (see the module docstring)."""
 
     def __init__(self, sources: SourcePool, cache_capacity: int, enabled: bool = True, decode_ahead: bool = True,
-                 scheduler: Scheduler = SCHEDULER):
+                 scheduler: Scheduler = SCHEDULER, into_reply: bool = False):
         self.enabled = enabled
         self.decode_ahead = decode_ahead and cache_capacity > 0
+        # into_reply (the mount's): a view whose reads decode straight into the reply (View.decodes_into_reply)
+        # gets advice only. Decoding its groups ahead into the cache would add a copy per byte and hand-offs
+        # between threads on top of the decode the read does anyway (measured: docs/performance.md, issue 24)
+        self.into_reply = into_reply
         self._sources = sources
         # decoded data ahead must fit the cache; advice alone costs no memory of ours
         self._ahead = min(MAX_AHEAD_BYTES, cache_capacity // STREAM_SHARE) if self.decode_ahead else MAX_AHEAD_BYTES
@@ -92,7 +96,7 @@ class Prefetcher:
     @classmethod
     def from_env(cls, sources: SourcePool, cache_capacity: int) -> Prefetcher:
         """A prefetcher configured by ``CKPTFS_PREFETCH`` (the mount daemon's)."""
-        return cls(sources, cache_capacity, enabled_from_env(), decode_ahead=decode_ahead_from_env())
+        return cls(sources, cache_capacity, enabled_from_env(), decode_ahead=decode_ahead_from_env(), into_reply=True)
 
     def opened(self, fh: int, view: View) -> None:
         if self._expected is not None and view.slot is not None:
@@ -152,7 +156,7 @@ class Prefetcher:
         plan = stream.view.ahead(start, stop)
         for name, offset, nbytes in plan.advise:
             self._advise(name, offset, nbytes, first)
-        if not self.decode_ahead or not plan.decode:
+        if not self._decodes_ahead(stream.view) or not plan.decode:
             stream.ahead_until = stop
             return
         for until, nbytes, job in plan.decode:
@@ -183,10 +187,13 @@ class Prefetcher:
         plan = following.ahead(0, min(following.size, nbytes))
         for name, offset, size in plan.advise:
             self._advise(name, offset, size, False)
-        if self.decode_ahead:
+        if self._decodes_ahead(following):
             for _, size, job in plan.decode:
                 if not self._submit(lambda job=job: None if self._closed else job(), size):
                     return
+
+    def _decodes_ahead(self, view: View) -> bool:
+        return self.decode_ahead and not (self.into_reply and view.decodes_into_reply)
 
     def _submit(self, job: Callable[[], None], nbytes: int) -> bool:
         """Queue a decode job on the scheduler within this cache's share; False when over budget."""

@@ -44,6 +44,9 @@ class View:
     following: Callable[[], View | None] = staticmethod(lambda: None)
     #: What names this file among the files of its kind (views of the same file have the same slot), or None.
     slot: Hashable | None = None
+    #: Whether ``read_into`` decodes what it misses straight into the reply, on every core (a ``.npy``):
+    #: the mount's read-ahead then only advises (``ckptfs.engine.prefetch``).
+    decodes_into_reply = False
 
     def read(self, offset: int, size: int) -> bytes:  # pragma: no cover - interface
         raise NotImplementedError
@@ -238,6 +241,7 @@ class NpyView(HeaderBodyView):
 
     def __init__(self, data: TensorData):
         self.data = data
+        self.decodes_into_reply = hasattr(data, "bytes_into") and not data.direct and data.codec.dtype == data.dtype
         self.header = npy_header(data.info.shape, data.dtype)
         self.itemsize = data.dtype.itemsize
         self.size = len(self.header) + data.n_elements * self.itemsize
