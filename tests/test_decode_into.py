@@ -261,7 +261,7 @@ def test_the_mounts_read_ahead_only_advises_views_that_decode_into_the_reply(ggu
         pf.opened(1, view)
         advised.clear()
         for i in range(3):
-            pf.on_read(1, i * MIB, MIB)
+            pf.on_read(1, i * GROUP, GROUP)
         pf.close(wait=True)
         assert advised  # the kernel is told what comes next either way
         assert (ck.cache.stats().entries > 0) is decodes_ahead
