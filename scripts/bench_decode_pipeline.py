@@ -38,6 +38,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "scripts"))
 from bench_ceiling import DEFAULT_CKPT, ensure_fixture  # noqa: E402  (sibling script)
 from bench_npy_stream import gguf_py_fresh  # noqa: E402
+from profile_mount import daemon_cpu  # noqa: E402
 
 from ckptfs.bench import Progress, make_plan, scan  # noqa: E402
 from ckptfs.bench.harness import AnonMemorySampler, BenchMount  # noqa: E402
@@ -57,13 +58,6 @@ def mbs(paths: list[str], pid: int | None = None, cpu: dict | None = None, name:
     if pid and cpu is not None:
         cpu[name] = (daemon_cpu(pid) - before) / (nbytes / (1 << 30))
     return nbytes / seconds / 1e6
-
-
-def daemon_cpu(pid: int) -> float:
-    """CPU seconds (user + system) of every thread of ``pid`` so far."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(") ", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def first_touch(path: str) -> float:

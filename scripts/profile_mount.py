@@ -28,8 +28,12 @@ import statistics
 import subprocess
 import sys
 import tempfile
+from pathlib import Path
 
-import ckptfs
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_npy_stream import daemon_counters  # noqa: E402  (sibling script)
+
+import ckptfs  # noqa: E402
 from ckptfs.bench import AnonMemorySampler, Progress, bench_mount, make_plan, scan
 from ckptfs.util.sizes import format_size, parse_size
 
@@ -63,9 +67,8 @@ def stream_once(src: str, files: list[str], workdir: str, label: str, cache_size
 
 def daemon_cpu(pid: int) -> float:
     """CPU seconds (user + system) of every thread of ``pid`` so far."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(") ", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    counters = daemon_counters(pid)
+    return counters["user_s"] + counters["system_s"]
 
 
 def top_frames(path: str, n: int = 15) -> str:
