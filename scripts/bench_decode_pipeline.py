@@ -158,8 +158,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-reference", action="store_true", help="skip gguf-py")
     parser.add_argument("--json", help="write the results here too")
     args = parser.parse_args(argv)
+    args.ckpt = os.path.abspath(args.ckpt)
+    args.json = args.json and os.path.abspath(args.json)
     ensure_fixture(args.ckpt)
-    trees = args.tree or [str(REPO)]
+    trees = [os.path.abspath(t.partition("?")[0]) + ("?" + t.partition("?")[2] if "?" in t else "")
+             for t in (args.tree or [str(REPO)])]
     with open_checkpoint(args.ckpt) as ck:
         plan = make_plan(ck, args.ckpt)
         sizes = {t.name: t.info.stored_nbytes for t in ck.tensors}
@@ -167,6 +170,9 @@ def main(argv: list[str] | None = None) -> int:
           file=sys.stderr, flush=True)
     results: dict = {"checkpoint": args.ckpt, "trees": trees, "rounds": {t: [] for t in trees}, "gguf_py": []}
     with tempfile.TemporaryDirectory(prefix="ckptfs-decode-pipeline-") as workdir:
+        # `python -m ckptfs...` puts the working directory before PYTHONPATH: run the daemons from one that
+        # holds no ckptfs, or every --tree would run the code of the directory this was started in
+        os.chdir(workdir)
         for r in range(args.rounds):
             order = trees if r % 2 == 0 else trees[::-1]
             for i, tree in enumerate(order):

@@ -101,6 +101,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cache-size", default="64M")
     parser.add_argument("--py-spy", dest="py_spy", default=None, metavar="OUT")
     args = parser.parse_args(argv)
+    args.src = os.path.abspath(args.src)
+    args.py_spy = args.py_spy and os.path.abspath(args.py_spy)
     configs = [parse_config(c) for c in args.config] or [("default", {})]
     cache_size = parse_size(args.cache_size)
     with ckptfs.open(args.src) as ck:
@@ -110,6 +112,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("py-spy is not installed (pip install py-spy)")
     results: dict[str, list[dict]] = {name: [] for name, _ in configs}
     workdir = tempfile.mkdtemp(prefix="ckptfs-profile-")
+    # `python -m ckptfs...` puts the working directory before PYTHONPATH: a --config PYTHONPATH=TREE would
+    # otherwise run the code of the directory this was started in
+    os.chdir(workdir)
     try:
         for round_ in range(args.rounds):
             for i, (name, env) in enumerate(configs):
