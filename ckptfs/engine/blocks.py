@@ -242,6 +242,13 @@ class TensorData(TensorValues):
                 lo, hi = max(a, blk0 * block_bytes), min(b, blk1 * block_bytes)
                 target[lo - a: hi - a] = values[lo - blk0 * block_bytes: hi - blk0 * block_bytes]
 
+    def warm(self) -> None:
+        """Decode the first block into a scratch array, past the cache (no lookup counted, nothing kept): a
+        mount runs each storage type's read path once before its first reader (``fs.operations``)."""
+        if not self.direct and self.available_blocks():
+            self._range_into(0, self.info.block_elements * self.dtype.itemsize,
+                             np.empty(self.info.block_elements * self.dtype.itemsize, np.uint8))
+
     def _decode_groups_into(self, groups: list[int], out: Callable[..., np.ndarray]) -> None:
         """Groups ``groups`` (ascending) decoded into their places ``out(g0, g1)``: each run of consecutive
         groups cut into at most ``DECODE_TASKS`` parts, one ``pread`` and one decode each, spread over the

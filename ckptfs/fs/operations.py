@@ -118,15 +118,14 @@ def _read_only(method: Callable) -> Callable:
 
 def warm_read_path(tree: MountTree) -> None:
     """Run the read path once per storage type before the first request (from ``init``, before the mount is
-    ready): 4 KiB of the ``.npy`` of the first tensor of each type, decoded into a scratch buffer. A fresh
-    daemon's first read otherwise pays for the first calls of its codec, the block engine and numpy's
-    paths (measured: about 0.2-0.3 ms of a first 4 KiB read, docs/performance.md). A few blocks per type
-    whatever the checkpoint's size; nothing is cached; never raises (a tensor that cannot be read now will
-    say so when it is read). Not for remote checkpoints (those with a read scope): the mount must not wait
+    ready): the ``.npy`` view of the first tensor of each type is made and its first block decoded into a
+    scratch array (``TensorData.warm``: past the cache, no lookup counted). A fresh daemon's first read
+    otherwise pays for the first calls of its codec, the block engine and numpy's paths (measured: about
+    0.2-0.3 ms of a first 4 KiB read, docs/performance.md). One block per type whatever the checkpoint's
+    size; never raises (a tensor that cannot be read now will say so when it is read). Not for remote checkpoints (those with a read scope): the mount must not wait
     for a server before it is ready."""
     if tree.read_scope is not None:
         return
-    scratch = memoryview(bytearray(4096))
 
     def warm(ck) -> None:
         seen: set[str] = set()
@@ -138,7 +137,8 @@ def warm_read_path(tree: MountTree) -> None:
             tensor = ck.tensors[index]
             try:
                 if tensor.decodable:
-                    NpyView(tensor.data).read_into(0, scratch, keep=False)
+                    NpyView(tensor.data)
+                    getattr(tensor.data, "warm", lambda: None)()
             except Exception:  # noqa: BLE001 - warming is an optimization
                 log.debug("warming the read path with %s failed", tensor.name, exc_info=True)
 
