@@ -122,8 +122,8 @@ def warm_read_path(tree: MountTree) -> None:
     scratch array (``TensorData.warm``: past the cache, no lookup counted). A fresh daemon's first read
     otherwise pays for the first calls of its codec, the block engine and numpy's paths (measured: about
     0.2-0.3 ms of a first 4 KiB read, docs/performance.md). One block per type whatever the checkpoint's
-    size; never raises (a tensor that cannot be read now will say so when it is read). Not for remote checkpoints (those with a read scope): the mount must not wait
-    for a server before it is ready."""
+    size; never raises (a tensor that cannot be read now will say so when it is read). Not for remote
+    checkpoints (those with a read scope): the mount must not wait for a server before it is ready."""
     if tree.read_scope is not None:
         return
 
