@@ -4,10 +4,11 @@ A FUSE read that misses the cache needs several block groups decoded before it c
 is four 256 KiB groups). The C kernels and ``pread`` release the GIL, so the groups can be decoded at once on
 every core. :func:`spread` runs a request's tasks on the calling thread *and* on workers of the read-ahead
 scheduler's ``decode`` pool (one thread per core in all: the caller and ``concurrency - 1`` workers; more
-threads than cores would only pass the GIL around more often). The tasks are taken from one shared list, so a worker that starts late (busy with
-read-ahead) finds the list empty and returns at once, and the caller never waits for a task nobody started —
-it runs whatever is left itself and waits only for tasks already running elsewhere. The helpers reserve no
-bytes of the scheduler's budget: what they write is the caller's own buffer.
+threads than cores would only pass the GIL around more often). The tasks are taken from one shared list, so
+a worker that starts late (busy with read-ahead) finds the list empty and returns at once, and the caller
+never waits for a task nobody started — it runs whatever is left itself and waits only for tasks already
+running elsewhere. The helpers reserve no bytes of the scheduler's budget: what they write is the caller's
+own buffer.
 """
 
 from __future__ import annotations
