@@ -87,7 +87,10 @@ def test_api_values_exact_keys_on_every_node_and_a_second_open_decodes_nothing(c
             np.testing.assert_array_equal(ck[name].numpy(), ref)
         stats = ck.cache.tiers[-1].stats()
         assert ck.cache.decoded_bytes == 0 and stats["misses"] == 0 and stats["hits"] > 0
-        assert stats["nodes"] == 3  # the keys were fetched from all three nodes
+        # the keys came from more than one node (the "served from at least 2 cluster nodes"); all
+        # three is the rule but not certain: the first open's lease keys hash to slots of their own, so a
+        # node can hold only leases, and which groups a run stores first varies with the decode threads
+        assert stats["nodes"] >= 2, stats
 
 
 def test_a_mount_serves_exact_values_and_a_second_mount_decodes_nothing(mounted, cluster, model):
