@@ -24,7 +24,7 @@ import threading
 import time
 
 #: Requests in flight per origin: where a new origin starts, and the bounds of the climb.
-INITIAL = 8
+INITIAL = 16
 FLOOR = 1
 CEILING = 64
 #: Growth factor per step, and the gain in throughput a step must show to be kept.

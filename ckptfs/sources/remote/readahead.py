@@ -136,7 +136,9 @@ class ReadAhead:
             return
         with self._lock:
             reader = self._reader
-            continues = self._run.end >= 0 and reader - SLACK_READS <= c0 <= max(self._frontier, reader) + 1
+            # advice for bytes at or ahead of the run's reader, within the budget's reach (the mount's decode
+            # window and the rest of a tensor start a little ahead of where the source has read)
+            continues = self._run.end >= 0 and reader - SLACK // CHUNK <= c0 <= reader + FETCH_BUDGET // CHUNK
             if continues:
                 self._window = max(self._window, min(FETCH_BUDGET, (c1 - reader) * CHUNK))
         if continues:
