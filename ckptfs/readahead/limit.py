@@ -144,12 +144,26 @@ _limits: dict[str, OriginLimit] = {}
 _limits_lock = threading.Lock()
 
 
+#: ``CKPTFS_REMOTE_IN_FLIGHT=N`` pins every origin's limit at N requests in flight instead of learning it (as
+#: a downloader's ``-x N`` does: for an origin whose best is known, and for measuring). A pinned limit does not
+#: halve on throttles; the retry loop still backs off each throttled request.
+PIN_ENV = "CKPTFS_REMOTE_IN_FLIGHT"
+
+
+def _new_limit() -> OriginLimit:
+    pinned = os.environ.get(PIN_ENV, "").strip()
+    if pinned.isdigit() and int(pinned) > 0:
+        n = min(int(pinned), CEILING)
+        return OriginLimit(initial=n, floor=n, ceiling=n)
+    return OriginLimit()
+
+
 def origin_limit(origin: str) -> OriginLimit:
     """The process's limit for ``origin`` (a scheme and host: every source on it shares what it learns)."""
     with _limits_lock:
         found = _limits.get(origin)
         if found is None:
-            found = _limits[origin] = OriginLimit()
+            found = _limits[origin] = _new_limit()
         return found
 
 
