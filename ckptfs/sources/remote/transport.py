@@ -276,6 +276,24 @@ class RemoteSource(ByteSource):
         """Exactly ``size`` bytes at ``offset`` (as the object was at open), or CheckpointError."""
         if not check_range(self, offset, size):
             return b""
+        parts = self._covering_parts(offset, size)
+        if len(parts) == 1 and len(parts[0]) == len(parts[0].obj):
+            return parts[0].obj  # a whole chunk: no copy
+        return b"".join(parts)  # one copy
+
+    def pread_into(self, offset: int, target: memoryview) -> None:
+        """``pread`` straight into ``target`` (libfuse's buffer): the chunks' covering slices are copied there
+        once, instead of joined and copied again."""
+        if not check_range(self, offset, len(target)):
+            return
+        at = 0
+        for part in self._covering_parts(offset, len(target)):
+            target[at: at + len(part)] = part
+            at += len(part)
+
+    def _covering_parts(self, offset: int, size: int) -> list[memoryview]:
+        """Views of the chunks holding bytes [offset, offset + size) (fetched as needed), in order; the read
+        is noted for read-ahead."""
         deadline = read_deadline(self.options.timeout)
         c0, c1 = offset // CHUNK, (offset + size - 1) // CHUNK + 1
         head = min(-(-self.size // CHUNK), self.initial_read // CHUNK)
@@ -286,29 +304,7 @@ class RemoteSource(ByteSource):
         else:
             chunks = self._get_chunks(c0, c1, deadline)
         self._readahead.observe(offset, size)
-        skip = offset - c0 * CHUNK
-        if len(chunks) == 1:
-            data = chunks[0]
-            return data if skip == 0 and len(data) == size else data[skip: skip + size]
-        return b"".join(_covering(chunks, skip, offset + size - (c1 - 1) * CHUNK))  # one copy
-
-    def pread_into(self, offset: int, target: memoryview) -> None:
-        """``pread`` straight into ``target`` (libfuse's buffer): the chunks' covering slices are copied there
-        once, instead of joined and copied again."""
-        size = len(target)
-        if not check_range(self, offset, size):
-            return
-        c0, c1 = offset // CHUNK, (offset + size - 1) // CHUNK + 1
-        head = min(-(-self.size // CHUNK), self.initial_read // CHUNK)
-        if c0 == 0 and c1 < head and not self._cache.has(chunk_key(self._content_id, 0)):
-            target[:] = self.pread(offset, size)  # the header's first read: as pread takes it
-            return
-        chunks = self._get_chunks(c0, c1, read_deadline(self.options.timeout))
-        self._readahead.observe(offset, size)
-        at = 0
-        for part in _covering(chunks, offset - c0 * CHUNK, offset + size - (c1 - 1) * CHUNK):
-            target[at: at + len(part)] = part
-            at += len(part)
+        return _covering(chunks, offset - c0 * CHUNK, offset + size - (c1 - 1) * CHUNK)
 
     def advise(self, offset: int, size: int, sequential: bool = False) -> None:
         """Fetch the chunks covering these bytes in the background (best effort)."""
