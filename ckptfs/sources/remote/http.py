@@ -46,8 +46,8 @@ from ckptfs.cache.chunks import CHUNK
 from ckptfs.core.errors import CheckpointError
 from ckptfs.sources.registry import register_scheme
 from ckptfs.sources.netstats import COUNTERS
-from ckptfs.sources.remote.transport import (POOL_CONNECTIONS, SAMPLE_BYTES, Changed, RemoteOptions, RemoteSource, Retryable,
-                                             read_deadline, stalled, wait_bound)
+from ckptfs.sources.remote.transport import (POOL_CONNECTIONS, SAMPLE_BYTES, Changed, RemoteOptions, RemoteSource,
+                                             Retryable, joined, read_deadline, stalled, wait_bound)
 from ckptfs.util.redact import public_name, redact
 
 MAX_REDIRECTS = 10
@@ -375,8 +375,7 @@ class HttpSource(RemoteSource):
 
     # -- reading ---------------------------------------------------------------------------------------
     def _attempt(self, start: int, end: int, deadline: float) -> bytes:
-        parts = self._attempt_parts(start, end, deadline)
-        return parts[0] if len(parts) == 1 else b"".join(parts)
+        return joined(self._attempt_parts(start, end, deadline))
 
     def _attempt_parts(self, start: int, end: int, deadline: float) -> list[bytes]:
         url = self._location
@@ -441,8 +440,7 @@ class HttpSource(RemoteSource):
 
     def _read_body(self, resp, expected: int, deadline: float) -> bytes:
         """Exactly ``expected`` body bytes; each wait bounded by the stall timeout, the whole by ``deadline``."""
-        parts = self._read_parts(resp, expected, deadline)
-        return parts[0] if len(parts) == 1 else b"".join(parts)
+        return joined(self._read_parts(resp, expected, deadline))
 
     def _read_parts(self, resp, expected: int, deadline: float) -> list[bytes]:
         """``_read_body``'s bytes as consecutive parts of ``CHUNK`` bytes (the last shorter), read so that no

@@ -480,8 +480,7 @@ class RemoteSource(ByteSource):
 
     def _fetch(self, start: int, end: int, deadline: float) -> bytes:
         """Bytes [start, end) with retries (see the module docstring), or CheckpointError."""
-        parts = self._fetch_parts(start, end, deadline)
-        return parts[0] if len(parts) == 1 else b"".join(parts)
+        return joined(self._fetch_parts(start, end, deadline))
 
     def _fetch_parts(self, start: int, end: int, deadline: float) -> list[bytes]:
         """``_fetch``'s bytes as the scheme read them: consecutive parts (``CHUNK`` bytes each but the last, for
@@ -578,6 +577,11 @@ class RemoteSource(ByteSource):
 
     def close(self) -> None:
         self._closed = True
+
+
+def joined(parts: list[bytes]) -> bytes:
+    """A body read in parts, as one ``bytes`` (no copy when it came in one)."""
+    return parts[0] if len(parts) == 1 else b"".join(parts)
 
 
 def _covering(chunks: list[bytes], skip: int, tail: int) -> list[memoryview]:
