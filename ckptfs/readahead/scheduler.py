@@ -21,6 +21,7 @@ import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 
+from ckptfs.readahead.limit import CEILING
 from ckptfs.util.procinfo import cores
 
 log = logging.getLogger(__name__)
@@ -32,7 +33,7 @@ DEFAULT_BUDGET = 192 << 20
 #: origins are allowed (``ckptfs.readahead.limit.CEILING``) plus readers' own pieces, started as needed; how
 #: many run at once is each origin's adaptive limit, not this. Decode: one per core (a FUSE read that misses
 #: decodes its groups on the calling thread and the idle decode workers at once, ``ckptfs.engine.parallel``).
-DEFAULT_CONCURRENCY = {"fetch": 96, "decode": cores()}
+DEFAULT_CONCURRENCY = {"fetch": CEILING + 32, "decode": cores()}
 
 
 class Scheduler:

@@ -41,7 +41,8 @@ from ckptfs.cache.flight import Flight, SingleFlight
 from ckptfs.util.redact import public_name
 from ckptfs.sources.netstats import COUNTERS
 from ckptfs.readahead import SCHEDULER
-from ckptfs.readahead.limit import CEILING, OriginLimit, origin_limit
+from ckptfs.readahead.limit import OriginLimit, origin_limit
+from ckptfs.readahead.scheduler import DEFAULT_CONCURRENCY
 from ckptfs.sources.remote.readahead import FETCH_BUDGET, ReadAhead, piece_bytes
 
 log = logging.getLogger(__name__)
@@ -55,8 +56,9 @@ DEFAULT_CACHE_DIR_SIZE = 10 << 30
 REMOTE_INITIAL_READ = 2 * 1024 * 1024
 #: One request fetches at most this much; a longer run of missing chunks is several requests.
 MAX_REQUEST_BYTES = 16 * 1024 * 1024
-#: Keep-alive connections per host: read-ahead's highest in-flight limit plus readers' own requests.
-POOL_CONNECTIONS = CEILING + 32
+#: Keep-alive connections per host: one per fetch worker (read-ahead's highest in-flight limit plus readers'
+#: own pieces).
+POOL_CONNECTIONS = DEFAULT_CONCURRENCY["fetch"]
 BACKOFF_BASE = 0.1
 BACKOFF_CAP = 2.0
 #: How many last bytes of a file stand for its version where the validator cannot (see ``_confirm_version``).
