@@ -8,6 +8,8 @@ measures, from this process:
 - **first touch**: stat + open + one 4 KiB read of the data of files not touched before in that mount (the
   ``.npy`` of every tensor of the sample, big and small: the F32 norms are 1-2.5 KiB), p50 and p99;
 - **random 4 KiB reads** of ``token_embd.weight.npy`` (``--random`` page-aligned ``pread``s), p50 and p99;
+- **mmap random rows**: ``np.load(mmap_mode="r")`` of the same file, then ``--random`` random rows copied out (each
+  a page fault and the kernel's read-around), p50 and p99, as ``ckptfs bench`` does;
 - **streams** with 1 MiB reads (``ckptfs bench``'s scan): ``token_embd.weight`` (``.npy`` and ``.raw``), the
   Q5_0/Q4_K/Q6_K tensors of 256 KiB or more stored (``.npy`` and ``.raw``), and every ``.npy`` (against
   gguf-py decoding every tensor in a fresh process, as bench_npy_stream.py does), in alternating order;
@@ -16,7 +18,9 @@ measures, from this process:
 - the daemon's peak RssAnon (itself and its children) over the round.
 
 Usage: python scripts/bench_decode_pipeline.py [CKPT.gguf] [--tree DIR[?K=V,...] ...] [--rounds 5] [--hf]
-                                              [--no-reference] [--json OUT]
+                                              [--no-reference] [--touch-only] [--json OUT]
+
+``--touch-only`` runs the first mount's figures alone (first read, first touch, random reads, mmap rows).
 """
 
 from __future__ import annotations
@@ -42,7 +46,7 @@ from profile_mount import daemon_cpu  # noqa: E402
 
 from ckptfs.bench import Progress, make_plan, scan  # noqa: E402
 from ckptfs.bench.harness import AnonMemorySampler, BenchMount  # noqa: E402
-from ckptfs.bench.workloads import PAGE, random_reads, stat_open_read  # noqa: E402
+from ckptfs.bench.workloads import PAGE, mmap_rows, random_reads, stat_open_read  # noqa: E402
 from ckptfs.checkpoint.api import open as open_checkpoint  # noqa: E402
 
 EMBEDDING = "token_embd.weight"
@@ -79,9 +83,16 @@ def pct(values, q: float) -> float:
     return float(np.percentile(np.asarray(values) * 1e3, q))
 
 
+def cli_module(tree: str) -> str:
+    """The CLI's module in ``tree``: ``ckptfs.commands.cli`` since the data-plane redesign, ``ckptfs.cli`` before
+    (so trees from before it can be compared too)."""
+    return "ckptfs.commands.cli" if os.path.exists(os.path.join(tree, "ckptfs", "commands", "cli.py")) else "ckptfs.cli"
+
+
 @contextmanager
 def fresh(src: str, workdir: str, label: str, cache: str, env: dict, extra: list[str] = ()):
     mount = BenchMount(src, workdir, label, cache, env)
+    mount._command[2] = cli_module(env["PYTHONPATH"])
     mount._command += list(extra)
     try:
         mount.start()
@@ -91,7 +102,7 @@ def fresh(src: str, workdir: str, label: str, cache: str, env: dict, extra: list
 
 
 def one_round(src: str, plan, sizes: dict, tree: str, workdir: str, label: str, cache: str, n_random: int,
-              hf: bool, flip: bool) -> dict:
+              hf: bool, flip: bool, touch_only: bool = False) -> dict:
     path, _, extra = tree.partition("?")  # TREE?K=V,K=V: the daemon's environment gets these too
     env = {"PYTHONPATH": path, **dict(kv.split("=", 1) for kv in extra.split(",") if kv)}
     out: dict = {"load": os.getloadavg()[0]}
@@ -115,6 +126,11 @@ def one_round(src: str, plan, sizes: dict, tree: str, workdir: str, label: str, 
         offsets = rng.integers(0, emb.nbytes // PAGE - 1, n_random) * PAGE + -(-emb.data_offset // PAGE) * PAGE
         times = random_reads(mount.file(emb.file), offsets)
         out["random_ms"] = {"p50": pct(times, 50), "p99": pct(times, 99)}
+        rows = rng.integers(0, emb.shape[0], n_random)
+        _, times = mmap_rows(mount.file(emb.file), rows)
+        out["mmap_row_ms"] = {"p50": pct(times, 50), "p99": pct(times, 99)}
+    if touch_only:
+        return out
     k_files = [f for f in plan.npy if f.storage_type in K_TYPES and sizes[f.tensor] >= MIN_STORED]
     out["k_tensors"] = len(k_files)
     with fresh(src, workdir, label + "-streams", cache, env) as mount:
@@ -156,6 +172,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--random", type=int, default=200)
     parser.add_argument("--hf", action="store_true", help="also hf/model.safetensors (needs transformers)")
     parser.add_argument("--no-reference", action="store_true", help="skip gguf-py")
+    parser.add_argument("--touch-only", action="store_true",
+                        help="only the first mount's figures (first read and touch, random reads, mmap rows)")
     parser.add_argument("--json", help="write the results here too")
     args = parser.parse_args(argv)
     args.ckpt = os.path.abspath(args.ckpt)
@@ -177,20 +195,23 @@ def main(argv: list[str] | None = None) -> int:
             order = trees if r % 2 == 0 else trees[::-1]
             for i, tree in enumerate(order):
                 res = one_round(args.ckpt, plan, sizes, tree, workdir, f"r{r}-{i}", args.cache_size,
-                                args.random, args.hf, flip=bool(r % 2))
+                                args.random, args.hf, flip=bool(r % 2), touch_only=args.touch_only)
                 results["rounds"][tree].append(res)
-                line = (f"round {r + 1} {tree}: emb .npy/.raw {res['embedding_npy']:.0f}/{res['embedding_raw']:.0f} "
-                        f"({res['embedding_npy'] / res['embedding_raw']:.2f}x), K {res['k_npy']:.0f}/"
-                        f"{res['k_raw']:.0f} ({res['k_npy'] / res['k_raw']:.2f}x), all .npy {res['all_npy']:.0f}; "
-                        f"first read {res['first_read_ms']:.2f} ms, first touch p50 {res['first_touch_ms']['p50']:.2f} ms (small "
-                        f"{res['first_touch_ms']['small_p50']:.2f}, large {res['first_touch_ms']['large_p50']:.2f}),"
-                        f" random p50/p99 {res['random_ms']['p50']:.2f}/{res['random_ms']['p99']:.2f} ms; "
-                        f"RssAnon {res['rss_anon_mib']:.1f} MiB; load {res['load']:.2f}")
+                line = (f"round {r + 1} {tree}: first read {res['first_read_ms']:.2f} ms, first touch p50 "
+                        f"{res['first_touch_ms']['p50']:.2f} ms (small {res['first_touch_ms']['small_p50']:.2f}, large "
+                        f"{res['first_touch_ms']['large_p50']:.2f}), random p50/p99 {res['random_ms']['p50']:.2f}/"
+                        f"{res['random_ms']['p99']:.2f} ms, mmap rows p50/p99 {res['mmap_row_ms']['p50']:.2f}/"
+                        f"{res['mmap_row_ms']['p99']:.2f} ms; load {res['load']:.2f}")
+                if not args.touch_only:
+                    line += (f"; emb .npy/.raw {res['embedding_npy']:.0f}/{res['embedding_raw']:.0f} "
+                             f"({res['embedding_npy'] / res['embedding_raw']:.2f}x), K {res['k_npy']:.0f}/"
+                             f"{res['k_raw']:.0f} ({res['k_npy'] / res['k_raw']:.2f}x), all .npy {res['all_npy']:.0f}; "
+                             f"RssAnon {res['rss_anon_mib']:.1f} MiB")
                 if args.hf:
                     line += (f"; hf bf16/.raw {res['hf_bf16']:.0f}/{res['hf_raw']:.0f} "
                              f"({res['hf_bf16'] / res['hf_raw']:.2f}x)")
                 print(line, file=sys.stderr, flush=True)
-            if not args.no_reference:
+            if not args.no_reference and not args.touch_only:
                 ref = gguf_py_fresh(args.ckpt)
                 results["gguf_py"].append(ref)
                 print(f"round {r + 1} gguf-py {ref['mbs']:.0f} MB/s; ratios "
@@ -203,16 +224,19 @@ def main(argv: list[str] | None = None) -> int:
             vals = [key(x) for x in rs]
             return f"{fmt.format(min(vals))}-{fmt.format(max(vals))} (median {fmt.format(statistics.median(vals))})"
 
-        print(f"{tree}:\n  emb .npy/.raw {rng(lambda x: x['embedding_npy'] / x['embedding_raw'])}; "
-              f"K .npy/.raw {rng(lambda x: x['k_npy'] / x['k_raw'])}\n"
-              f"  emb .npy MB/s {rng(lambda x: x['embedding_npy'], '{:.0f}')}, .raw {rng(lambda x: x['embedding_raw'], '{:.0f}')}; "
-              f"K .npy {rng(lambda x: x['k_npy'], '{:.0f}')}, .raw {rng(lambda x: x['k_raw'], '{:.0f}')}\n"
-              f"  first read in a fresh daemon ms {rng(lambda x: x['first_read_ms'])}\n"
+        print(f"{tree}:\n  first read in a fresh daemon ms {rng(lambda x: x['first_read_ms'])}\n"
               f"  first touch p50 ms {rng(lambda x: x['first_touch_ms']['p50'])}, small {rng(lambda x: x['first_touch_ms']['small_p50'])}; "
               f"random p50 {rng(lambda x: x['random_ms']['p50'])}, p99 {rng(lambda x: x['random_ms']['p99'])}\n"
-              f"  daemon CPU s/GiB: emb .npy {rng(lambda x: x['cpu_s_per_gib']['embedding_npy'])}, .raw "
-              f"{rng(lambda x: x['cpu_s_per_gib']['embedding_raw'])}; K .npy {rng(lambda x: x['cpu_s_per_gib']['k_npy'])}\n"
-              f"  RssAnon MiB {rng(lambda x: x['rss_anon_mib'], '{:.1f}')}", file=sys.stderr)
+              f"  mmap rows p50 {rng(lambda x: x['mmap_row_ms']['p50'])}, p99 {rng(lambda x: x['mmap_row_ms']['p99'])}",
+              file=sys.stderr)
+        if not args.touch_only:
+            print(f"  emb .npy/.raw {rng(lambda x: x['embedding_npy'] / x['embedding_raw'])}; "
+                  f"K .npy/.raw {rng(lambda x: x['k_npy'] / x['k_raw'])}\n"
+                  f"  emb .npy MB/s {rng(lambda x: x['embedding_npy'], '{:.0f}')}, .raw {rng(lambda x: x['embedding_raw'], '{:.0f}')}; "
+                  f"K .npy {rng(lambda x: x['k_npy'], '{:.0f}')}, .raw {rng(lambda x: x['k_raw'], '{:.0f}')}\n"
+                  f"  daemon CPU s/GiB: emb .npy {rng(lambda x: x['cpu_s_per_gib']['embedding_npy'])}, .raw "
+                  f"{rng(lambda x: x['cpu_s_per_gib']['embedding_raw'])}; K .npy {rng(lambda x: x['cpu_s_per_gib']['k_npy'])}\n"
+                  f"  RssAnon MiB {rng(lambda x: x['rss_anon_mib'], '{:.1f}')}", file=sys.stderr)
         if results["gguf_py"]:
             ratios = [x["all_npy"] / g["mbs"] for x, g in zip(rs, results["gguf_py"])]
             print(f"  .npy stream / gguf-py: {' '.join(f'{v:.2f}' for v in ratios)}", file=sys.stderr)
