@@ -269,3 +269,40 @@ def test_the_mounts_read_ahead_only_advises_views_that_decode_into_the_reply(ggu
         pf.close(wait=True)
         assert advised  # the kernel is told what comes next either way
         assert (ck.cache.stats().entries > 0) is decodes_ahead
+
+
+def test_a_mount_keeps_decoded_groups_only_for_readers_the_page_cache_does_not_serve(gguf_path, mounted):
+    """A mount is kernel_cache: what a buffered read or an mmap fault is answered stays in the page cache, so
+    the block cache keeps no second copy of it; an O_DIRECT reader's bytes are not in the page cache, so its
+    whole groups are kept (a second O_DIRECT read of them is a hit). Every byte equals gguf-py's."""
+    import mmap
+
+    from conftest import mount_stats
+    from mount_expect import read_direct
+
+    mnt = mounted(gguf_path, "--cache-size", "64M")
+    expected = {name: io.BytesIO() for name in ("q8", "q5")}
+    for name, buffer in expected.items():
+        np.save(buffer, reference(gguf_path, name).reshape(640, 1024))
+    header = len(expected["q8"].getvalue()) - 640 * 1024 * 4
+
+    def memory() -> dict:
+        return mount_stats(mnt)["tiers"]["memory"]
+
+    with open(mnt / "q8.npy", "rb") as f:  # a random (not sequential) buffered read of four whole groups
+        f.seek(header + GROUP)
+        assert f.read(MIB) == expected["q8"].getvalue()[header + GROUP: header + GROUP + MIB]
+    with open(mnt / "q5.npy", "rb") as f, mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ) as mapped:
+        row = 400 * 1024 * 4  # a fault in the middle of the file: the kernel reads around it
+        assert mapped[header + row: header + row + 4096] == expected["q5"].getvalue()[header + row: header + row + 4096]
+    after_buffered = memory()
+    assert after_buffered["misses"] > 0 and after_buffered["bytes"] == 0 and after_buffered["entries"] == 0
+
+    offset = header + 2 * GROUP - header % 4096 + 4096  # page-aligned, not on a group boundary
+    want = expected["q8"].getvalue()[offset: offset + 3 * GROUP]
+    assert read_direct(mnt / "q8.npy", [(offset, 3 * GROUP)]) == [want]
+    kept = memory()
+    assert kept["bytes"] >= 2 * GROUP and kept["entries"] >= 2  # the whole groups the read covered
+    assert read_direct(mnt / "q8.npy", [(offset, 3 * GROUP)]) == [want]
+    again = memory()
+    assert again["hits"] >= kept["hits"] + 2 and again["bytes"] == kept["bytes"]

@@ -172,6 +172,8 @@ class CkptOperations:
         self._dir_attrs = self._attrs(DIR_MODE, 0, nlink=2)
         self._file_attrs: dict[str, dict[str, int]] = {}
         self._handles: dict[int, View] = {}
+        #: handles opened with O_DIRECT: what they read the kernel's page cache does not hold (see _serve)
+        self._uncached: set[int] = set()
         use_one_malloc_arena()  # a memory bound, not a speed-up to switch off (fs/kernel.py)
         self._prefetch = Prefetcher.from_env(tree.sources, tree.cache.capacity)
         self._next_handle = itertools.count(1)
@@ -264,6 +266,8 @@ class CkptOperations:
         view = self._view(path)
         handle = next(self._next_handle)
         self._handles[handle] = view
+        if flags & getattr(os, "O_DIRECT", 0):
+            self._uncached.add(handle)
         self._prefetch.opened(handle, view)
         if self.direct_reads.active:
             self.direct_reads.register(handle, view, self._kind(path))
@@ -286,8 +290,13 @@ class CkptOperations:
         view = self._handles.get(fh)
         if view is None:
             view = self._view(path)
-        # a sequential stream's decoded bytes stay in the kernel's page cache: the block cache need not keep them
-        keep = not self._prefetch.on_read(fh, offset, size)
+        streaming = self._prefetch.on_read(fh, offset, size)
+        # What a read decodes into its reply is kept in the block cache only for a reader the kernel's page
+        # cache does not serve (O_DIRECT): the mount is kernel_cache, so everything else it serves stays in
+        # the page cache, and a copy here would be the same bytes twice in memory and one more copy per
+        # request (0.3-0.5 ms of a 1.6 ms mmap fault's read-around; docs/performance.md). A sequential
+        # stream keeps nothing either way: it will not come back.
+        keep = fh in self._uncached and not streaming
         if self._read_scope is None:
             data = view.read(offset, size) if target is None else view.read_into(offset, target, keep)
         else:
@@ -308,6 +317,7 @@ class CkptOperations:
     def release(self, path: str | None, fh: int) -> int:
         self.direct_reads.unregister(fh)
         self._handles.pop(fh, None)
+        self._uncached.discard(fh)
         self._prefetch.released(fh)
         return 0
 
