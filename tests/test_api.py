@@ -92,17 +92,25 @@ def test_row_slices_decode_only_what_they_cover(gguf_path):
 
 
 def _count_decoded_blocks(monkeypatch) -> list[int]:
-    """Record every block range the tensors decode, as the list of block numbers decoded."""
+    """Record every block range the tensors decode, as the list of block numbers decoded: cached groups and
+    reads into the reply decode through ``TensorData._decode_blocks``, uncached reads (whole tensors, rows)
+    through the batch planner's runs."""
+    from ckptfs.engine import batch
     from ckptfs.engine.blocks import TensorData
 
     decoded: list[int] = []
-    original = TensorData._decode_blocks
+    original, original_run = TensorData._decode_blocks, batch.decode_run
 
     def counting(self, b0, b1, *out):
         decoded.extend(range(b0, b1))
         return original(self, b0, b1, *out)
 
+    def counting_run(run, raw):
+        decoded.extend(range(run.b0, run.b1))
+        return original_run(run, raw)
+
     monkeypatch.setattr(TensorData, "_decode_blocks", counting)
+    monkeypatch.setattr(batch, "decode_run", counting_run)
     return decoded
 
 

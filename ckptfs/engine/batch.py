@@ -17,7 +17,6 @@ This module needs only numpy (``load_batch`` returns numpy arrays); api.py plugs
 from __future__ import annotations
 
 from collections.abc import Sequence
-from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -25,7 +24,7 @@ import numpy as np
 
 from ckptfs.core.errors import CheckpointError
 from ckptfs.engine.decode import decode_blocks
-from ckptfs.util.procinfo import cores
+from ckptfs.engine.parallel import spread
 
 RUN_ELEMENTS = 1 << 20                 # decoded values per run: 4 MiB of float32 scratch at most
 RUN_STORED_BYTES = 8 << 20             # stored bytes per run (plain types: one run is one copy)
@@ -60,16 +59,23 @@ class ArrayDestination:
 
 @dataclass
 class Request:
-    tensor: object                     # a ckptfs Tensor (decodable)
+    values: object                     # the tensor's values: a TensorData (info, codec, present_blocks) or,
+                                       # for a view of a packed layer (virtual), a PackedData (read)
     e0: int                            # elements [e0, e1) of the flattened tensor
     e1: int
     dest: Destination                  # element e0 of the tensor is element 0 of dest
     codec: object = None               # decode the stored blocks with this codec instead of the tensor's own
                                        # (api.py: BF16 storage into a bfloat16 tensor is copied as 16-bit words)
+    virtual: bool = False              # a packed layer's view: its values read and decode their own parts
 
     def __post_init__(self):
-        if self.codec is None:
-            self.codec = getattr(self.tensor, "codec", None)
+        if self.codec is None and not self.virtual:
+            self.codec = self.values.codec
+
+    @classmethod
+    def of(cls, tensor, e0: int, e1: int, dest: Destination, codec: object = None) -> Request:
+        """The request for elements [e0, e1) of a ckptfs Tensor."""
+        return cls(tensor.data, e0, e1, dest, codec, tensor.virtual)
 
 
 @dataclass
@@ -80,7 +86,7 @@ class Run:
 
     @property
     def info(self):
-        return self.request.tensor.info
+        return self.request.values.info
 
     @property
     def offset(self) -> int:
@@ -104,9 +110,9 @@ def decode_virtual(requests: Sequence[Request]) -> list[Request]:
     their own parts) into their destinations now; return the others, for :func:`plan`."""
     stored = []
     for req in requests:
-        if getattr(req.tensor, "virtual", False):
+        if req.virtual:
             for e in range(req.e0, req.e1, RUN_ELEMENTS):     # bounded runs, as for stored tensors
-                req.dest.put(e - req.e0, req.tensor.data.read(e, min(e + RUN_ELEMENTS, req.e1), use_cache=False))
+                req.dest.put(e - req.e0, req.values.read(e, min(e + RUN_ELEMENTS, req.e1), use_cache=False))
         else:
             stored.append(req)
     return stored
@@ -122,8 +128,8 @@ def plan(requests: Sequence[Request]) -> list[Piece]:
     for req in requests:
         if req.e1 <= req.e0:
             continue
-        info = req.tensor.info
-        b0, b1 = req.tensor.data.present_blocks(req.e0, req.e1)   # CheckpointError if any are missing
+        info = req.values.info
+        b0, b1 = req.values.present_blocks(req.e0, req.e1)   # CheckpointError if any are missing
         step = max(1, min(RUN_ELEMENTS // info.block_elements, RUN_STORED_BYTES // info.block_bytes))
         runs += [Run(req, s, min(s + step, b1)) for s in range(b0, b1, step)]
     runs.sort(key=lambda r: (r.info.source, r.offset))
@@ -156,41 +162,33 @@ def decode_run(run: Run, raw: memoryview | bytes) -> None:
     req.dest.put(e0 - req.e0, values)
 
 
-def workers() -> int:
-    return cores()
-
-
 def read_piece(piece: Piece, sources) -> memoryview:
     """The stored bytes of ``piece``; a source error (file changed, bytes missing) names a tensor in it."""
     try:
         return memoryview(sources.get(piece.source).pread(piece.offset, piece.size))
     except CheckpointError as exc:
-        name = min(r.request.tensor.name for r in piece.runs)
+        name = min(r.request.values.info.name for r in piece.runs)
         raise CheckpointError(exc.file, exc.offset, f"tensor {name!r}: {exc.reason}") from None
 
 
-def run(pieces: Sequence[Piece], sources, threads: int | None = None) -> None:
-    """Read and decode every piece, spread over ``threads`` workers; the first error is raised (the rest
-    of the work is cancelled)."""
-    def work(piece: Piece) -> None:
-        raw = read_piece(piece, sources)
-        for r in piece.runs:
-            start = r.offset - piece.offset
-            decode_run(r, raw[start:start + r.size])
+def run(pieces: Sequence[Piece], sources) -> None:
+    """Read and decode every piece, here and on the idle decode workers (``spread``); the first error is
+    raised once the pieces already started have ended (the ones not started yet are skipped)."""
+    failed: list[bool] = []
 
-    threads = min(threads or workers(), len(pieces))
-    if threads <= 1:
-        for piece in pieces:
-            work(piece)
-        return
-    with ThreadPoolExecutor(threads, thread_name_prefix="ckptfs-batch") as pool:
-        futures = [pool.submit(work, piece) for piece in pieces]
-        done, _ = wait(futures, return_when=FIRST_EXCEPTION)
-        failed = next((f for f in done if f.exception() is not None), None)
-        if failed is not None:
-            for f in futures:
-                f.cancel()
-            raise failed.exception()
+    def work(piece: Piece) -> None:
+        if failed:
+            return
+        try:
+            raw = read_piece(piece, sources)
+            for r in piece.runs:
+                start = r.offset - piece.offset
+                decode_run(r, raw[start:start + r.size])
+        except BaseException:
+            failed.append(True)
+            raise
+
+    spread([lambda piece=piece: work(piece) for piece in pieces])
 
 
 def tensors_named(ck, names: Sequence[str]) -> list:
@@ -237,6 +235,6 @@ def load_batch(ck, names: Sequence[str], *, stack: bool = False):
             total += t.nbytes
         buffer = np.empty(total, np.uint8)
         arrays = [buffer[o:o + t.nbytes].view(t.dtype).reshape(t.shape) for o, t in zip(offsets, tensors)]
-    requests = [Request(t, 0, t.size, ArrayDestination(a.reshape(-1))) for t, a in zip(tensors, arrays)]
+    requests = [Request.of(t, 0, t.size, ArrayDestination(a.reshape(-1))) for t, a in zip(tensors, arrays)]
     run(plan(decode_virtual(requests)), ck.sources)
     return stacked if stack else dict(zip(names, arrays))

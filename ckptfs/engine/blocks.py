@@ -23,6 +23,7 @@ import numpy as np
 from ckptfs.cache.tiered import TieredCache, cache_key
 from ckptfs.core.descriptors import TensorInfo
 from ckptfs.core.errors import CheckpointError
+from ckptfs.engine import batch
 from ckptfs.engine.decode import decode_blocks
 from ckptfs.engine.parallel import spread
 from ckptfs.util.procinfo import cores
@@ -286,14 +287,15 @@ class TensorData(TensorValues):
         return self._decode_blocks(b0, min(b0 + self.group_blocks, self.available_blocks()))
 
     def _decode_uncached(self, b0: int, b1: int) -> np.ndarray:
-        if getattr(self._cache, "shared_tiers", False):
+        """Blocks [b0, b1) decoded into a new array past the memory tier: a batch of one request
+        (``ckptfs.engine.batch``: bounded runs, one ``pread`` per piece, spread over the cores), or with
+        disk/Redis tiers group by group through them."""
+        if self._cache.shared_tiers:
             return self._from_shared_tiers(b0, b1)
         be = self.info.block_elements
         out = np.empty((b1 - b0) * be, self.dtype)
-        step = max(1, UNCACHED_STEP_BYTES // (be * self.dtype.itemsize))
-        for start in range(b0, b1, step):
-            stop = min(start + step, b1)
-            self._decode_blocks(start, stop, out[(start - b0) * be:(stop - b0) * be])
+        request = batch.Request(self, b0 * be, b1 * be, batch.ArrayDestination(out))
+        batch.run(batch.plan([request]), self._sources)
         return out
 
     def _from_shared_tiers(self, b0: int, b1: int) -> np.ndarray:

@@ -234,8 +234,8 @@ def _request(tensor, e0: int, e1: int, flat: torch.Tensor) -> batch.Request:
     """The batch request filling ``flat``. BF16 storage into bfloat16 is a copy of the 16-bit words (the
     I16 codec, into an int16 view): exact, NaN payloads included, where float32 and back would not be."""
     if flat.dtype == torch.bfloat16 and tensor.storage_type == "BF16" and not getattr(tensor, "virtual", False):
-        return batch.Request(tensor, e0, e1, TorchDestination(flat.view(torch.int16)), codec=codec_for("I16"))
-    return batch.Request(tensor, e0, e1, TorchDestination(flat))
+        return batch.Request.of(tensor, e0, e1, TorchDestination(flat.view(torch.int16)), codec=codec_for("I16"))
+    return batch.Request.of(tensor, e0, e1, TorchDestination(flat))
 
 
 def _release(dev: torch.device) -> None:
