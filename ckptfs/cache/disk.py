@@ -75,6 +75,7 @@ class DiskStore:
         self.root = Path(root)
         self.namespace = namespace
         self.dir = self.root / namespace
+        self._dir = os.fspath(self.dir) + os.sep  # str paths on the hot path: pathlib costs more than the syscalls
         self.max_bytes = int(max_bytes)
         self._check_every = max(4 << 20, self.max_bytes // 64)
         self._lock = threading.Lock()
@@ -91,8 +92,11 @@ class DiskStore:
     # -- names ---------------------------------------------------------------------------------------
 
     def path_for(self, key: str) -> Path:
+        return Path(self._entry_path(key))
+
+    def _entry_path(self, key: str) -> str:
         digest = entry.key_digest(key).hex()
-        return self.dir / digest[:2] / (digest + _SUFFIX)
+        return f"{self._dir}{digest[:2]}{os.sep}{digest}{_SUFFIX}"
 
     # -- reads ---------------------------------------------------------------------------------------
 
@@ -111,10 +115,10 @@ class DiskStore:
         return self._load(key, mapped=True)
 
     def contains(self, key: str) -> bool:
-        return self.path_for(key).exists()
+        return os.path.exists(self._entry_path(key))
 
     def _load(self, key: str, mapped: bool) -> np.ndarray | None:
-        path = self.path_for(key)
+        path = self._entry_path(key)
         try:
             fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
         except FileNotFoundError:
@@ -151,11 +155,12 @@ class DiskStore:
         self._count(hits=1, hit_bytes=values.nbytes)
         return values
 
-    def _drop(self, path: Path, why: Exception, kind: str = "corrupt") -> None:
+    def _drop(self, path: str, why: Exception, kind: str = "corrupt") -> None:
         self._warn_once(kind, "cache dir %s: %s entry %s (%s): deleted, decoding instead "
-                        "(further %s entries are counted, not logged)", self.root, kind, path.name, why, kind)
+                        "(further %s entries are counted, not logged)", self.root, kind, os.path.basename(path),
+                        why, kind)
         with contextlib.suppress(OSError):
-            path.unlink()
+            os.unlink(path)
 
     # -- writes --------------------------------------------------------------------------------------
 
@@ -173,8 +178,9 @@ class DiskStore:
         tensor is decoded step by step, never held twice). True when the entry is in place."""
         if time.monotonic() < self._paused_until:
             return False
-        path = self.path_for(key)
-        tmp = path.with_name(f".tmp.{os.getpid()}.{threading.get_ident()}.{path.name}")
+        path = self._entry_path(key)
+        folder, _, name = path.rpartition(os.sep)
+        tmp = f"{folder}{os.sep}.tmp.{os.getpid()}.{threading.get_ident()}.{name}"
         try:
             fd = self._create(tmp)
         except OSError as exc:
@@ -183,7 +189,11 @@ class DiskStore:
         try:
             crc, written = 0, 0
             mac = entry.new_mac(self._mac_key, key, dtype, nbytes) if header is None else None
-            _write_at(fd, bytes(entry.HEADER_SIZE) if header is None else header, 0)
+            if header is not None and isinstance(chunks, list) and len(chunks) == 1:
+                _write_all(fd, [header, chunks[0]])  # a whole entry at once: one pwritev
+                chunks, written = [], memoryview(chunks[0]).nbytes
+            else:
+                _write_at(fd, bytes(entry.HEADER_SIZE) if header is None else header, 0)
             for chunk in chunks:
                 view = memoryview(chunk).cast("B")
                 if header is None:
@@ -212,7 +222,7 @@ class DiskStore:
         self._after_write(entry.HEADER_SIZE + nbytes)
         return True
 
-    def _create(self, tmp: Path) -> int:
+    def _create(self, tmp: str) -> int:
         return _open_private(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC)
 
     @contextlib.contextmanager
@@ -357,13 +367,13 @@ def _folder_lock(root: Path, wait: bool) -> Iterator[bool]:
         os.close(fd)
 
 
-def _open_private(path: Path, flags: int) -> int:
+def _open_private(path: str | os.PathLike, flags: int) -> int:
     """``os.open(path, flags)`` of a file only this user can read, 0600 whatever the umask; missing folders
     (the first write there, or the folder was deleted under us) are made again, 0700."""
     try:
         fd = os.open(path, flags, auth.FILE_MODE)
     except FileNotFoundError:
-        auth.make_dirs(path.parent)
+        auth.make_dirs(os.path.dirname(os.fspath(path)))
         fd = os.open(path, flags, auth.FILE_MODE)
     if flags & os.O_EXCL:
         try:
@@ -427,6 +437,18 @@ def _map(fd: int, size: int):
     if size < entry.HEADER_SIZE:
         raise entry.BadEntry(f"short file ({size} bytes)")
     return mmap.mmap(fd, size, prot=mmap.PROT_READ)
+
+
+def _write_all(fd: int, buffers: list) -> None:
+    """``buffers`` one after the other from offset 0, in one ``pwritev`` (the rest, if it wrote short, by
+    ``_write_at``)."""
+    views = [memoryview(b).cast("B") for b in buffers]
+    done = os.pwritev(fd, views, 0)
+    at = 0
+    for view in views:
+        if done < at + view.nbytes:
+            _write_at(fd, view[max(0, done - at):], max(done, at))
+        at += view.nbytes
 
 
 def _write_at(fd: int, data, offset: int) -> None:
