@@ -1,4 +1,5 @@
-"""Fetched remote bytes, kept: a bounded in-memory LRU per process, and optionally the ``--cache-dir`` store.
+"""Fetched remote bytes, kept: a bounded in-memory LRU per process, optionally the ``--cache-dir`` store, and
+optionally the fleet's Redis (``--redis``/``--redis-cluster``).
 
 Remote bytes are cached in fixed, aligned chunks (``CHUNK`` bytes; the last chunk of a file may be shorter)
 keyed by the source's content identity and the chunk number, so a chunk can never be served for another
@@ -6,6 +7,16 @@ file or another version of the same file. The memory LRU is shared by every remo
 the disk store (``--cache-dir``, shared by every ckptfs process on the machine) makes a remount or a second
 process find the bytes without a request. A disk store that fails costs speed, never a read: its errors are
 swallowed here (the store itself logs and counts them).
+
+The shared level (``shared_tier``): a Redis tier of the namespace ``BYTES`` (``ckptfs:b1:<digest>``, leases
+``ckptfs:bl1:<digest>``; the decoded groups' entry format, checks and key, ``entry.py``, ``auth.py``), so a
+fleet mounting one remote checkpoint fetches each chunk from the origin once: a source asks it for a piece's
+chunks in one round trip, leases the missing ones in another, fetches only those it won and waits for the
+others (``ckptfs.sources.remote.transport``). It is one tier object per process and Redis (the decoded
+groups' tier is another: each has its own counters, breaker and writer), made at a source's first read,
+never while a checkpoint's headers are read (a mount forks its daemon after that). With both ``--redis``
+and ``--redis-cluster`` the chunks go to the cluster (it spreads their egress over its nodes). Every call to
+it is guarded: a tier that fails (or a bug in it) is a miss, never a failed read.
 """
 
 from __future__ import annotations
@@ -13,6 +24,8 @@ from __future__ import annotations
 import logging
 import os
 import threading
+
+import numpy as np
 
 from ckptfs.cache.keys import CacheKey
 from ckptfs.cache.lru import BytesLRU
@@ -70,6 +83,54 @@ def disk_store(root: str | None, max_bytes: int, key_file: str | None = None):
     return store or None
 
 
+#: Lease and wait of a fetched chunk: a piece (at most 16 MiB, one request) fetched at 20 MB/s takes 0.8 s;
+#: a holder slower than 5 s has its chunks fetched by the waiters too, a dead one costs them 5 s at most.
+CHUNK_LEASE_MS = 5000
+CHUNK_WAIT_S = 6.0
+
+_shared_tiers: dict[tuple, object] = {}
+
+
+def _bytes_namespace():
+    from ckptfs.cache.redis_tier import Namespace
+
+    return Namespace("ckptfs:b1:", "ckptfs:bl1:", CHUNK_LEASE_MS, CHUNK_WAIT_S)
+
+
+def shared_tier(redis: str | None, redis_cluster: tuple[str, ...] = (), key_file: str | None = None):
+    """The process's Redis tier of fetched chunks for this Redis (or cluster) and key (see the module
+    docstring), or None when none is given or it cannot be made (logged once; the chunks are then fetched
+    as without it)."""
+    if not redis and not redis_cluster:
+        return None
+    spec = ("cluster", tuple(redis_cluster), key_file) if redis_cluster else ("redis", redis, key_file)
+    with _stores_lock:
+        tier = _shared_tiers.get(spec)
+        if tier is None:
+            try:
+                if redis_cluster:
+                    from ckptfs.cache.redis_cluster import RedisClusterTier
+
+                    tier = RedisClusterTier(tuple(redis_cluster), key_file=key_file, namespace=_bytes_namespace())
+                else:
+                    from ckptfs.cache.redis_tier import RedisTier
+
+                    tier = RedisTier(redis, key_file=key_file, namespace=_bytes_namespace())
+            except Exception as exc:  # noqa: BLE001 - a tier that cannot be made costs speed, not the read
+                log.warning("fetched chunks not shared through %s: %s", "the Redis Cluster" if redis_cluster
+                            else "Redis", exc)
+                tier = False
+            _shared_tiers[spec] = tier
+    return tier or None
+
+
+def shared_stats() -> dict[str, dict]:
+    """``{tier name: counters}`` of this process's shared chunk tiers (``ckptfs stats``: ``chunk_*``)."""
+    with _stores_lock:
+        tiers = [tier for tier in _shared_tiers.values() if tier]
+    return {tier.name: tier.stats() for tier in tiers}
+
+
 def _fresh_locks_in_child() -> None:
     # a read-ahead thread of the parent may have held a lock at fork; in the child nobody would release it
     global _stores_lock
@@ -82,11 +143,15 @@ if hasattr(os, "register_at_fork"):
 
 
 class ChunkCache:
-    """Memory first, then the disk store (when given); what is found on disk is promoted to memory."""
+    """Memory first, then the disk store (when given); what is found on disk is promoted to memory. ``shared``
+    (a ``shared_tier``, when given) is the level below both, asked in batches by the source itself
+    (``lookup``, ``lease``, ``wait``, ``release``): what it answers is kept in memory and on disk, and what
+    is ``put`` goes to it too."""
 
-    def __init__(self, disk=None, memory: MemoryChunks = MEMORY):
+    def __init__(self, disk=None, memory: MemoryChunks = MEMORY, shared=None):
         self.memory = memory
         self.disk = disk
+        self.shared = shared
 
     def get(self, key: str) -> bytes | None:
         data = self.memory.get(key)
@@ -112,9 +177,53 @@ class ChunkCache:
             return False
 
     def put(self, key: str, data: bytes, persist: bool = True) -> None:
+        """Keep ``data`` (fetched from the origin) in memory, on disk with ``persist``, and in the shared tier."""
+        self._keep(key, data, persist)
+        if self.shared is not None:
+            self._shared("put", key, np.frombuffer(data, np.uint8))
+
+    def _keep(self, key: str, data: bytes, persist: bool = True) -> None:
         self.memory.put(key, data)
         if persist and self.disk is not None:
             try:
                 self.disk.put(key, data)
             except Exception as exc:  # noqa: BLE001 - see the module docstring
                 log.debug("disk cache put failed: %s", exc)
+
+    # -- the shared level -----------------------------------------------------------------------------
+    def lookup(self, keys: list[str]) -> list[bytes | None]:
+        """The shared tier's chunks for ``keys`` (None for each it lacks), one round trip per endpoint."""
+        return self._taken(keys, self._shared("get_many", keys))
+
+    def lease(self, keys: list[str]) -> list[bool]:
+        """For each of ``keys``: True when this process should fetch it (it holds its lease now, or the tier
+        cannot say), False when another process is fetching it (``wait`` for it)."""
+        won = self._shared("lease_many", keys)
+        return list(won) if won is not None else [True] * len(keys)
+
+    def wait(self, keys: list[str], timeout: float) -> list[bytes | None]:
+        """Chunks other processes fetch under their leases, once stored; None for each whose lease ended
+        without a value, or past ``timeout``: fetch those here."""
+        return self._taken(keys, self._shared("wait_many", keys, timeout))
+
+    def release(self, keys: list[str]) -> None:
+        """Give up the leases of ``keys`` unfetched (the fetch failed): their waiters fetch them at once."""
+        if keys:
+            self._shared("release_many", keys)
+
+    def _taken(self, keys: list[str], values) -> list[bytes | None]:
+        out: list[bytes | None] = [None] * len(keys)
+        for i, (key, value) in enumerate(zip(keys, values or ())):
+            if value is not None:
+                out[i] = value.tobytes()
+                self._keep(key, out[i])
+        return out
+
+    def _shared(self, method: str, *args):
+        if self.shared is None:
+            return None
+        try:
+            return getattr(self.shared, method)(*args)
+        except Exception as exc:  # noqa: BLE001 - see the module docstring
+            log.warning("shared chunk tier %s: %s failed: %s: %s", self.shared.name, method, type(exc).__name__, exc)
+            return None

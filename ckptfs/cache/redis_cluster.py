@@ -17,7 +17,8 @@ background writer, batched look-ahead, the cross-process lease) with three thing
   (the client's slot table) and sent as one pipeline of GETs per node: one round trip per node asked, and a
   dead node fails only its own share.
 
-Keys are the single-node tier's (``ckptfs:e1:<digest>``, leases ``ckptfs:l1:<digest>``), so a fleet can
+Keys are the single-node tier's (``ckptfs:e1:<digest>``, leases ``ckptfs:l1:<digest>``; another namespace's
+prefixes for another namespace, ``redis_tier.Namespace``), so a fleet can
 move from one server to a cluster and a ``ckptfs prefetch --redis-cluster`` warms what mounts then read.
 """
 
@@ -31,7 +32,9 @@ from ckptfs.cache.redis_tier import (
     _FAILED,
     BACKOFF_S,
     CONNECT_TIMEOUT_S,
+    GROUPS,
     OP_TIMEOUT_S,
+    Namespace,
     RedisTier,
 )
 
@@ -51,7 +54,8 @@ class RedisClusterTier(RedisTier):
     name = "redis-cluster"
 
     def __init__(self, seeds, connect_timeout: float = CONNECT_TIMEOUT_S, op_timeout: float = OP_TIMEOUT_S,
-                 backoff: tuple[float, float] = BACKOFF_S, key_file: str | os.PathLike | None = None):
+                 backoff: tuple[float, float] = BACKOFF_S, key_file: str | os.PathLike | None = None,
+                 namespace: Namespace = GROUPS):
         if isinstance(seeds, (str, bytes)):
             seeds = [seeds]
         self.seeds = [check_seed(seed) for seed in seeds]
@@ -59,7 +63,7 @@ class RedisClusterTier(RedisTier):
             raise ValueError("--redis-cluster needs at least one HOST:PORT seed node")
         self._nodes: dict[str, Breaker] = {}
         self._nodes_lock = threading.Lock()
-        self._setup(connect_timeout, op_timeout, backoff, key_file)
+        self._setup(connect_timeout, op_timeout, backoff, key_file, namespace)
         self._breaker = Breaker(self._where(), self._redis, lambda: None, backoff)  # ping: build the client
 
     def _connect(self):
@@ -114,6 +118,11 @@ class RedisClusterTier(RedisTier):
     def _read(self, names: list[str]) -> list[bytes | None]:
         """GETs of ``names`` grouped by node, one pipeline (one round trip) per node; a node that is down or
         fails answers None for its own keys only."""
+        return [None if value is _FAILED else value for value in self._batch(names, lambda pipe, name: pipe.get(name))]
+
+    def _batch(self, names: list[str], add) -> list:
+        """One command per name (``add(pipeline, name)``), grouped by the node holding each: one pipeline (one
+        round trip) per node; a node that is down or fails answers ``_FAILED`` for its own keys only."""
         by_node: dict[str, list[int]] = {}
         nodes = {}
         for i, name in enumerate(names):
@@ -121,12 +130,12 @@ class RedisClusterTier(RedisTier):
             if node is not None:
                 by_node.setdefault(node.name, []).append(i)
                 nodes[node.name] = node
-        raw: list[bytes | None] = [None] * len(names)
+        replies: list = [_FAILED] * len(names)
         for node_name, positions in by_node.items():
             def batch(client, positions=positions):
                 pipe = client.pipeline()
                 for i in positions:
-                    pipe.get(names[i])
+                    add(pipe, names[i])
                 return pipe.execute()
 
             got = self._command(names[positions[0]], batch, self._node_breaker(nodes[node_name]))
@@ -134,8 +143,8 @@ class RedisClusterTier(RedisTier):
                 continue
             self._count(round_trips=1)
             for i, value in zip(positions, got):
-                raw[i] = value
-        return raw
+                replies[i] = value
+        return replies
 
     def _where(self) -> str:
         return "cluster " + ",".join(f"{host}:{port}" for host, port in self.seeds)

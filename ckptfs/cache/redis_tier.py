@@ -27,6 +27,13 @@ A Redis that is slow, dead, full or holding garbage must cost a decode, never a 
   decodes; a process that finds the lease taken polls for the value (5 ms, backing off to 50 ms) and takes
   it once stored, or decodes anyway when the lease is gone without a value (its holder died, or could not
   store it and released it) or after ``LEASE_WAIT_S``. Nodes starting together then decode each group once.
+  ``lease_many``/``wait_many``/``release_many`` do the same for a batch of keys in one round trip per
+  endpoint per step (a pipeline of ``SET NX PX``; the poll is one MGET of the values, then one of the
+  leases still pending).
+
+- **Namespaces.** A tier serves one :class:`Namespace`: its key prefixes and lease timings. Decoded groups
+  are ``GROUPS`` (``ckptfs:e1:``/``ckptfs:l1:``); the remote sources' fetched chunks are another
+  (``ckptfs.cache.chunks.BYTES``), held by a tier of their own, so their counters are their own too.
 
 - **Writes off the read path.** ``put`` queues the group for a background writer (``writer.py``); a full
   queue holds the reader back for at most the command timeout, then drops the group.
@@ -45,7 +52,8 @@ import socket
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 import numpy as np
@@ -95,12 +103,33 @@ def check_url(url: str) -> str:
     return url
 
 
+@dataclass(frozen=True)
+class Namespace:
+    """What a tier stores: the Redis key prefixes of its values and leases, and how long a lease holds
+    (``lease_ms``: after that it lapses whatever became of its holder) and a waiter waits (``wait_s``)."""
+
+    key_prefix: str
+    lease_prefix: str
+    lease_ms: int
+    wait_s: float
+
+    def key(self, key: str) -> str:
+        return self.key_prefix + entry.key_digest(key).hex()
+
+    def lease(self, key: str) -> str:
+        return self.lease_prefix + entry.key_digest(key).hex()
+
+
+#: Decoded block groups (``TieredCache``'s Redis tiers).
+GROUPS = Namespace(KEY_PREFIX, LEASE_PREFIX, LEASE_MS, LEASE_WAIT_S)
+
+
 def redis_key(key: str) -> str:
-    return KEY_PREFIX + entry.key_digest(key).hex()
+    return GROUPS.key(key)
 
 
 def lease_key(key: str) -> str:
-    return LEASE_PREFIX + entry.key_digest(key).hex()
+    return GROUPS.lease(key)
 
 
 _FAILED = object()  # what ``_command`` returns when the endpoint was down or the command failed
@@ -109,22 +138,26 @@ _FAILED = object()  # what ``_command`` returns when the endpoint was down or th
 class RedisTier:
     """Get/put decoded groups in Redis; every method returns quickly whatever the server does.
 
-    What a Redis Cluster does differently (``redis_cluster.py``) is confined to four methods: ``_connect``
+    What a Redis Cluster does differently (``redis_cluster.py``) is confined to five methods: ``_connect``
     (the client), ``_route`` (which endpoint's breaker guards a key), ``_read`` (a batch of GETs: one MGET
-    here, one pipeline per node there) and ``_where``.
+    here, one pipeline per node there), ``_batch`` (any batch of one-key commands: one pipeline here, one
+    per node there) and ``_where``.
     """
 
     name = "redis"
 
     def __init__(self, url: str, connect_timeout: float = CONNECT_TIMEOUT_S, op_timeout: float = OP_TIMEOUT_S,
-                 backoff: tuple[float, float] = BACKOFF_S, key_file: str | os.PathLike | None = None):
+                 backoff: tuple[float, float] = BACKOFF_S, key_file: str | os.PathLike | None = None,
+                 namespace: Namespace = GROUPS):
         """``key_file``: the key the values are authenticated with (``auth.read_key``; CacheRefused, a
-        ValueError, for one others could read); None: the Redis is trusted as-is (logged here, once)."""
+        ValueError, for one others could read); None: the Redis is trusted as-is (logged here, once).
+        ``namespace``: what this tier stores (see the module docstring)."""
         self.url = check_url(url)
-        self._setup(connect_timeout, op_timeout, backoff, key_file)
+        self._setup(connect_timeout, op_timeout, backoff, key_file, namespace)
 
     def _setup(self, connect_timeout: float, op_timeout: float, backoff: tuple[float, float],
-               key_file: str | os.PathLike | None) -> None:
+               key_file: str | os.PathLike | None, namespace: Namespace = GROUPS) -> None:
+        self.namespace = namespace
         try:
             import redis  # noqa: F401 - say now, in one line, what is missing (not at the first read)
         except ImportError:
@@ -186,6 +219,21 @@ class RedisTier:
             return [None] * len(names)
         self._count(round_trips=1)
         return raw
+
+    def _batch(self, names: list[str], add: Callable[[object, str], None]) -> list:
+        """The replies of one command per Redis key of ``names`` (``add(pipeline, name)`` queues it), sent as
+        one pipeline: one round trip; ``_FAILED`` in place of each reply when the endpoint is down or failed."""
+        def run(client):
+            pipe = client.pipeline(transaction=False)
+            for name in names:
+                add(pipe, name)
+            return pipe.execute()
+
+        replies = self._command(names[0], run)
+        if replies is _FAILED:
+            return [_FAILED] * len(names)
+        self._count(round_trips=1)
+        return replies
 
     def _command(self, name: str, command, breaker: Breaker | None = None):
         """``command(client)``'s result under the breaker of ``name``'s endpoint; _FAILED if it is down or
@@ -252,7 +300,7 @@ class RedisTier:
         read-ahead."""
         if not keys:
             return []
-        names = [redis_key(k) for k in keys]
+        names = [self.namespace.key(k) for k in keys]
         raw = self._read(names)
         found: list[np.ndarray | None] = [None] * len(keys)
         for i, (key, data) in enumerate(zip(keys, raw)):
@@ -278,7 +326,7 @@ class RedisTier:
             return None
 
     def contains(self, key: str) -> bool:
-        name = redis_key(key)
+        name = self.namespace.key(key)
         found = self._command(name, lambda r: r.exists(name))
         return found is not _FAILED and bool(found)
 
@@ -286,49 +334,72 @@ class RedisTier:
 
     def lease(self, key: str) -> bool:
         """Whether this process should decode ``key``, which every tier missed: True when it now holds the
-        key's lease (``SET NX PX``: LEASE_MS, then it lapses whatever happens to this process) or the tier
-        cannot say (down); False when another process holds it, and ``wait_for`` will see its value."""
-        name = lease_key(key)
-        got = self._command(name, lambda r: r.set(name, self._token, nx=True, px=LEASE_MS))
-        if got is _FAILED:
-            return True
-        if got:
+        key's lease (``SET NX PX``: the namespace's ``lease_ms``, then it lapses whatever happens to this
+        process) or the tier cannot say (down); False when another process holds it, and ``wait_for`` will
+        see its value."""
+        return self.lease_many([key])[0]
+
+    def lease_many(self, keys: Sequence[str]) -> list[bool]:
+        """``lease`` for each of ``keys``, in one pipeline (one round trip per endpoint)."""
+        if not keys:
+            return []
+        ms = self.namespace.lease_ms
+        replies = self._batch([self.namespace.lease(k) for k in keys],
+                              lambda pipe, name: pipe.set(name, self._token, nx=True, px=ms))
+        won = [reply is _FAILED or bool(reply) for reply in replies]
+        taken = [key for key, reply in zip(keys, replies) if reply is not _FAILED and reply]
+        if taken:
             with self._lock:
-                self._leased.add(key)
-            self._count(leases=1)
-            return True
-        return False
+                self._leased.update(taken)
+            self._count(leases=len(taken))
+        return won
 
     def wait_for(self, key: str, timeout: float | None = None) -> np.ndarray | None:
         """The value another process is decoding under its lease, once it is stored; None (decode it here)
         when the lease is gone without a value (its holder died or could not store it), the tier is down, or
-        ``timeout`` (default: LEASE_WAIT_S) passed. Polls every 5 ms, backing off to 50 ms."""
-        deadline = time.monotonic() + (LEASE_WAIT_S if timeout is None else timeout)
-        name, lease_name = redis_key(key), lease_key(key)
-        self._count(waited=1)
+        ``timeout`` (default: the namespace's ``wait_s``) passed. Polls every 5 ms, backing off to 50 ms."""
+        return self.wait_many([key], timeout)[0]
+
+    def wait_many(self, keys: Sequence[str], timeout: float | None = None) -> list[np.ndarray | None]:
+        """``wait_for`` for each of ``keys`` at once: each poll is one read of the values still missing, then
+        one of their leases; a key whose lease is gone (or whose value is bad) is answered None at once."""
+        deadline = time.monotonic() + (self.namespace.wait_s if timeout is None else timeout)
+        found: list[np.ndarray | None] = [None] * len(keys)
+        pending = list(range(len(keys)))
+        self._count(waited=len(keys))
         delay = 0.005
-        while True:
-            data = self._read([name])[0]
-            if data is not None:
-                value = self._checked(key, name, data)
+        while pending:
+            names = [self.namespace.key(keys[i]) for i in pending]
+            still = []
+            for i, name, data in zip(pending, names, self._read(names)):
+                if data is None:
+                    still.append(i)
+                    continue
+                value = self._checked(keys[i], name, data)
                 if value is not None:
+                    found[i] = value
                     self._count(waited_hits=1, hit_bytes=value.nbytes)
-                return value
-            held = self._command(lease_name, lambda r: r.exists(lease_name))
-            if held is _FAILED or not held or time.monotonic() + delay > deadline:
-                return None
-            time.sleep(delay)
-            delay = min(delay * 2, 0.05)
+            if not still or time.monotonic() + delay > deadline:
+                break
+            held = self._batch([self.namespace.lease(keys[i]) for i in still], lambda pipe, name: pipe.exists(name))
+            pending = [i for i, h in zip(still, held) if h is not _FAILED and h]
+            if pending:
+                time.sleep(delay)
+                delay = min(delay * 2, 0.05)
+        return found
 
     def release(self, key: str) -> None:
         """Give up ``key``'s lease without a value (the decode failed, the write was dropped): the processes
         waiting for it decode it themselves at once instead of at the lease's end."""
+        self.release_many([key])
+
+    def release_many(self, keys: Sequence[str]) -> None:
+        """``release`` for each of ``keys`` this process holds the lease of, in one pipeline."""
         with self._lock:
-            if key not in self._leased:
-                return
-            self._leased.discard(key)
-        name = lease_key(key)
-        self._command(name, lambda r: r.delete(name))
+            mine = [key for key in keys if key in self._leased]
+            self._leased.difference_update(mine)
+        if mine:
+            self._batch([self.namespace.lease(k) for k in mine], lambda pipe, name: pipe.delete(name))
 
     # -- writes --------------------------------------------------------------------------------------
 
@@ -348,7 +419,7 @@ class RedisTier:
             self.release(key)
             return
         header, payload = entry.encode(key, value.reshape(-1), self._mac_key)
-        name = redis_key(key)
+        name = self.namespace.key(key)
         if self._command(name, lambda r: r.set(name, header + payload)) is _FAILED:
             self.release(key)
             return

@@ -147,7 +147,10 @@ def _source_families(source: dict[str, Any], scheme: str):
         fetched.add_metric([name], int(entry.get("bytes", 0)))
     failovers = CounterMetricFamily("ckptfs_mirror_failovers", "Reads served from a mirror after the primary failed.")
     failovers.add_metric([], int(source.get("failovers", 0)))
-    return requests, fetched, failovers
+    shared = CounterMetricFamily("ckptfs_source_shared_bytes", "Fetched-chunk bytes the shared tier (--redis, "
+                                 "--redis-cluster) served instead of the sources.")
+    shared.add_metric([], int(source.get("shared_bytes", 0)))
+    return requests, fetched, failovers, shared
 
 
 def start_exporter(host: str, port: int, operations: Any, info: dict[str, str]) -> tuple[str, int]:

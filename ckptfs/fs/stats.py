@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 TIER_KEYS = ("hits", "misses", "bytes")
-SOURCE_KEYS = ("requests", "bytes", "retries", "failovers")
+SOURCE_KEYS = ("requests", "bytes", "retries", "failovers")  # and shared_bytes where remote chunks are shared
 
 
 def tier_stats(cache: Any) -> dict[str, dict[str, int]]:
@@ -29,7 +29,22 @@ def tier_stats(cache: Any) -> dict[str, dict[str, int]]:
         if isinstance(values, dict):
             tiers[name] = {**dict.fromkeys(TIER_KEYS, 0), **values}
     tiers.setdefault("memory", dict.fromkeys(TIER_KEYS, 0))
+    for name, values in chunk_tier_stats().items():
+        tier = tiers.setdefault(name, dict.fromkeys(TIER_KEYS, 0))
+        tier.update({f"chunk_{key}": value for key, value in values.items()})
     return tiers
+
+
+def chunk_tier_stats() -> dict[str, dict[str, int]]:
+    """The process's shared tiers of fetched chunks (``--redis`` with a remote source): their counters, shown
+    in the tier of the same name as ``chunk_<counter>`` (``chunk_hit_bytes``: chunk bytes it served,
+    ``chunk_leases``: chunks this process fetched under its lease, ``chunk_waited``/``chunk_waited_hits``:
+    chunks it waited for another's fetch of, and got)."""
+    try:
+        from ckptfs.cache.chunks import shared_stats
+    except ImportError:  # an installation without remote sources
+        return {}
+    return shared_stats()
 
 
 def source_stats() -> dict[str, Any]:

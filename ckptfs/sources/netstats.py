@@ -17,7 +17,8 @@ OUTCOMES = ("ok", "retry", "error", "timeout")
 
 
 class SourceCounters:
-    """Thread-safe counters: requests sent, payload bytes received, retries, mirror failovers."""
+    """Thread-safe counters: requests sent, payload bytes received, retries, mirror failovers, chunk bytes
+    the shared tier served."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -25,6 +26,7 @@ class SourceCounters:
         self._bytes: Counter = Counter()  # scheme -> n
         self.retries = 0
         self.failovers = 0
+        self.shared_bytes = 0  # chunk bytes taken from the fleet's shared tier instead of the origin
 
     def request(self, scheme: str, outcome: str, nbytes: int = 0, retried: bool = False) -> None:
         """One request ended with ``outcome``; ``retried``: it is tried again (a stalled attempt is a
@@ -35,13 +37,19 @@ class SourceCounters:
             if retried or outcome == "retry":
                 self.retries += 1
 
+    def shared(self, nbytes: int) -> None:
+        """A chunk of ``nbytes`` came from the shared tier (``--redis``), not from its origin."""
+        with self._lock:
+            self.shared_bytes += nbytes
+
     def failover(self) -> None:
         with self._lock:
             self.failovers += 1
 
     def snapshot(self) -> dict:
-        """``{"requests", "bytes", "retries", "failovers", "by_scheme": {scheme: {"requests": {outcome: n},
-        "bytes": n}}}``."""
+        """``{"requests", "bytes", "retries", "failovers", "shared_bytes", "by_scheme": {scheme: {"requests":
+        {outcome: n}, "bytes": n}}}`` (``bytes``: received from the origins; ``shared_bytes``: chunks the
+        shared tier served instead)."""
         with self._lock:
             by_scheme: dict[str, dict] = {}
             for (scheme, outcome), n in self._requests.items():
@@ -50,7 +58,8 @@ class SourceCounters:
             for scheme, n in self._bytes.items():
                 by_scheme.setdefault(scheme, {"requests": {}, "bytes": 0})["bytes"] = n
             return {"requests": sum(self._requests.values()), "bytes": sum(self._bytes.values()),
-                    "retries": self.retries, "failovers": self.failovers, "by_scheme": by_scheme}
+                    "retries": self.retries, "failovers": self.failovers, "shared_bytes": self.shared_bytes,
+                    "by_scheme": by_scheme}
 
 
 COUNTERS = SourceCounters()

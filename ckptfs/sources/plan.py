@@ -1,4 +1,5 @@
-"""How one checkpoint's byte sources are opened: remote options (timeouts, cache directory) and mirrors.
+"""How one checkpoint's byte sources are opened: remote options (timeouts, cache directory, the fleet's Redis
+that fetched chunks are shared through) and mirrors.
 
 ``ckptfs.open`` makes one ``SourcePlan`` per checkpoint when a URL, a mirror or a remote option is involved
 (a plain local open never imports this). The plan is applied in both places sources are opened: while the
@@ -44,7 +45,8 @@ class SourcePlan:
             stall_timeout=float(options.stall_timeout) if options.stall_timeout is not None else DEFAULT_STALL_TIMEOUT,
             cache_dir=options.cache_dir,
             cache_dir_size=int(options.cache_dir_size) if options.cache_dir_size is not None else DEFAULT_CACHE_DIR_SIZE,
-            cache_key_file=options.cache_key_file)
+            cache_key_file=options.cache_key_file, redis=options.redis,
+            redis_cluster=tuple(options.redis_cluster))
         self.src = src
         self.mirrors = list(options.mirrors)
         self._folder = names_folder(src) if self.mirrors else False

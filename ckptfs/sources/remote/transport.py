@@ -8,6 +8,12 @@ module turns those into the ByteSource contract:
   the ``--cache-dir`` store cost nothing, the missing ones are fetched as contiguous runs, one request per
   run. Concurrent readers of a chunk wait for one fetch (single-flight), so the kernel's parallel readahead
   requests and the read-ahead worker never fetch the same bytes twice.
+- With ``--redis``/``--redis-cluster`` the single flight spans the fleet (``_fetch_chunks``): every fetch
+  (a reader's covering chunks, its parallel pieces, a read-ahead piece) first takes what the shared tier
+  holds, leases the rest, fetches from the origin only the chunks it won (and stores them there), and waits
+  for the ones other processes are fetching — or fetches them anyway when a lease ends without a value,
+  the tier is down, or the wait runs out. The tier costs speed when it fails, never a byte: its values are
+  checked entries of the right length, and its breaker answers "missing" at once while it is down.
 - Every read has a deadline (``--timeout``, the whole read; a mirror wrapper narrows it with
   :func:`deadline_scope` so one deadline covers the primary and the mirrors). Failed attempts that may
   succeed later (connection errors, stalls, 5xx, 429, short bodies) are retried with exponential backoff and
@@ -36,7 +42,7 @@ from dataclasses import dataclass, field
 
 from ckptfs.core.errors import CheckpointError, SourceUnavailable
 from ckptfs.sources.base import ByteSource
-from ckptfs.cache.chunks import CHUNK, ChunkCache, chunk_key, disk_store
+from ckptfs.cache.chunks import CHUNK, ChunkCache, chunk_key, disk_store, shared_tier
 from ckptfs.cache.flight import Flight, SingleFlight
 from ckptfs.util.redact import public_name
 from ckptfs.sources.netstats import COUNTERS
@@ -78,10 +84,15 @@ class RemoteOptions:
     cache_key_file: str | None = None   # the cache folder's key (None: its own, ckptfs.cache.auth)
     max_retries: int | None = None  # None: as many as the deadline allows
     read_ahead: bool = True         # False while a checkpoint's headers are read (no thread before a fork)
+    redis: str | None = None        # the fleet's Redis (its URL) or Redis Cluster (seed nodes): fetched chunks
+    redis_cluster: tuple[str, ...] = ()  # are shared through it (ckptfs.cache.chunks.shared_tier)
     probes: dict = field(default_factory=dict, repr=False, compare=False)
 
     def chunk_cache(self) -> ChunkCache:
-        return ChunkCache(disk_store(self.cache_dir, self.cache_dir_size, self.cache_key_file))
+        """The chunk cache of a source opened with these options; the shared level only for one that reads
+        ahead (a header read, before a mount forks its daemon, opens no connection)."""
+        shared = shared_tier(self.redis, self.redis_cluster, self.cache_key_file) if self.read_ahead else None
+        return ChunkCache(disk_store(self.cache_dir, self.cache_dir_size, self.cache_key_file), shared=shared)
 
 
 #: What a remote source opened without options gets.
@@ -455,10 +466,35 @@ class RemoteSource(ByteSource):
         self._flights.fail_all(RuntimeError("fetch interrupted by fork"))
 
     def _fetch_chunks(self, c0: int, c1: int, deadline: float) -> dict[int, bytes]:
-        """Fetch chunks [c0, c1) (flights already registered by the caller), cache them, wake waiters."""
+        """Fetch chunks [c0, c1) (flights registered by the caller), cache them, wake waiters. With a shared
+        tier (``--redis``/``--redis-cluster``, ``ckptfs.cache.chunks``): the chunks it holds are taken from
+        it (one round trip), the rest leased (one more); only the chunks whose lease this process won are
+        fetched from the origin (contiguous ones as one request) and stored there, then the ones another
+        process is fetching are waited for (``_wait_shared``)."""
         out: dict[int, bytes] = {}
+        leased: list[int] = []
         try:
-            step = max(1, MAX_REQUEST_BYTES // CHUNK)
+            fetch, held = list(range(c0, c1)), []
+            if self._cache.shared is not None:
+                fetch, held = self._from_shared(fetch, out)
+                leased = fetch
+            self._fetch_runs(fetch, deadline, out)
+            if held:
+                self._wait_shared(held, deadline, out)
+                self._fetch_runs([i for i in held if i not in out], deadline, out)
+        except BaseException as exc:
+            for i in range(c0, c1):
+                if i not in out:
+                    self._finish(i, None, exc)
+            self._cache.release([chunk_key(self._content_id, i) for i in leased if i not in out])
+            raise
+        return out
+
+    def _fetch_runs(self, indexes: list[int], deadline: float, out: dict[int, bytes]) -> None:
+        """Fetch the chunks ``indexes`` from the origin, each contiguous run as requests of at most
+        ``MAX_REQUEST_BYTES``; each chunk is cached, added to ``out`` and its flight finished."""
+        step = max(1, MAX_REQUEST_BYTES // CHUNK)
+        for c0, c1 in _runs(indexes):
             for first in range(c0, c1, step):
                 last = min(c1, first + step)
                 start, end = first * CHUNK, min(self.size, last * CHUNK)
@@ -470,12 +506,39 @@ class RemoteSource(ByteSource):
                     self._cache.put(chunk_key(self._content_id, i), piece)
                     out[i] = piece
                     self._finish(i, piece, None)
-        except BaseException as exc:
-            for i in range(c0, c1):
-                if i not in out:
-                    self._finish(i, None, exc)
-            raise
-        return out
+
+    def _from_shared(self, indexes: list[int], out: dict[int, bytes]) -> tuple[list[int], list[int]]:
+        """The shared tier's part of fetching ``indexes``: the chunks it holds go to ``out`` (flights
+        finished); of the rest, (the ones this process now leases: fetch them, the ones another process
+        holds the lease of: wait for them)."""
+        keys = [chunk_key(self._content_id, i) for i in indexes]
+        missing = []
+        for i, key, data in zip(indexes, keys, self._cache.lookup(keys)):
+            if not self._shared_chunk(i, data, out):
+                missing.append((i, key))
+        won = self._cache.lease([key for _, key in missing]) if missing else []
+        return [i for (i, _), w in zip(missing, won) if w], [i for (i, _), w in zip(missing, won) if not w]
+
+    def _wait_shared(self, indexes: list[int], deadline: float, out: dict[int, bytes]) -> None:
+        """Wait for chunks other processes are fetching under their leases (their namespace's bound, and at
+        most half of what is left of the read's deadline: the other half is for fetching them here if their
+        leases end without a value); the ones that arrive go to ``out``."""
+        keys = [chunk_key(self._content_id, i) for i in indexes]
+        timeout = max(0.0, (deadline - time.monotonic()) / 2)
+        if self._cache.shared is not None:
+            timeout = min(timeout, self._cache.shared.namespace.wait_s)
+        for i, data in zip(indexes, self._cache.wait(keys, timeout)):
+            self._shared_chunk(i, data, out)
+
+    def _shared_chunk(self, i: int, data: bytes | None, out: dict[int, bytes]) -> bool:
+        """Take chunk ``i`` from the shared tier into ``out`` (its flight finished); False when the tier had
+        none, or one of another length than this file's chunk ``i`` (fetched instead: never served)."""
+        if data is None or len(data) != min(CHUNK, self.size - i * CHUNK):
+            return False
+        out[i] = data
+        COUNTERS.shared(len(data))
+        self._finish(i, data, None)
+        return True
 
     def _finish(self, i: int, data: bytes | None, error: BaseException | None) -> None:
         self._flights.finish(i, data, error)
