@@ -29,6 +29,7 @@ import numpy as np
 
 from ckptfs.cache.keys import CacheKey
 from ckptfs.cache.lru import BytesLRU
+from ckptfs.cache.redis_tier import Namespace
 
 log = logging.getLogger(__name__)
 
@@ -88,13 +89,10 @@ def disk_store(root: str | None, max_bytes: int, key_file: str | None = None):
 CHUNK_LEASE_MS = 5000
 CHUNK_WAIT_S = 6.0
 
+#: The shared tier's namespace of fetched chunks (the decoded groups' is ``redis_tier.GROUPS``).
+BYTES = Namespace("ckptfs:b1:", "ckptfs:bl1:", CHUNK_LEASE_MS, CHUNK_WAIT_S)
+
 _shared_tiers: dict[tuple, object] = {}
-
-
-def _bytes_namespace():
-    from ckptfs.cache.redis_tier import Namespace
-
-    return Namespace("ckptfs:b1:", "ckptfs:bl1:", CHUNK_LEASE_MS, CHUNK_WAIT_S)
 
 
 def shared_tier(redis: str | None, redis_cluster: tuple[str, ...] = (), key_file: str | None = None):
@@ -111,11 +109,11 @@ def shared_tier(redis: str | None, redis_cluster: tuple[str, ...] = (), key_file
                 if redis_cluster:
                     from ckptfs.cache.redis_cluster import RedisClusterTier
 
-                    tier = RedisClusterTier(tuple(redis_cluster), key_file=key_file, namespace=_bytes_namespace())
+                    tier = RedisClusterTier(tuple(redis_cluster), key_file=key_file, namespace=BYTES)
                 else:
                     from ckptfs.cache.redis_tier import RedisTier
 
-                    tier = RedisTier(redis, key_file=key_file, namespace=_bytes_namespace())
+                    tier = RedisTier(redis, key_file=key_file, namespace=BYTES)
             except Exception as exc:  # noqa: BLE001 - a tier that cannot be made costs speed, not the read
                 log.warning("fetched chunks not shared through %s: %s", "the Redis Cluster" if redis_cluster
                             else "Redis", exc)
