@@ -1,19 +1,23 @@
 #!/usr/bin/env python3
 """A simulated fleet on one machine (issue 25; results in docs/scale.md): N daemons, one origin, one cluster.
 
-For N = 1, 2, 4 (``--fleet``): N ckptfs daemons, each a separate process with its own empty ``--cache-dir``,
+For N = 1, 2, 4, 8 (``--fleet``): N ckptfs daemons, each a separate process with its own empty ``--cache-dir``,
 mount the same GGUF from one loopback nginx origin (a real-shaped Q4_K_M, scripts/make_realistic_gguf.py
-with the shapes of ``--shapes``) with ``--redis-cluster`` on one 3-node Redis Cluster on loopback
-(tests/redis_cluster_server.py), emptied before each N. All start together (one barrier) and stream the same
-``.npy`` files in the same order. Per node: origin bytes (the mount's ``source.bytes``), Redis bytes (what
-the cluster tier served it), decoded bytes, leases taken, waits, time to the last byte. Fleet-wide: decodes
-per group (decoded bytes over one copy's), origin egress, each Redis node's egress (``INFO stats``
-``total_net_output_bytes`` before and after). Then one later daemon streams the same files: its decoded
-bytes and how many nodes served it.
+with the shapes of ``--shapes``), capped per request at ``--rate`` (nginx's ``limit_rate``, as an object
+store or CDN caps a connection; uncapped without it), with ``--redis-cluster`` on one 3-node Redis Cluster on
+loopback (tests/redis_cluster_server.py), emptied before each N. All start together (one barrier) and stream
+the same ``.npy`` files in the same order. Per node: origin bytes (the mount's ``source.bytes``), chunk bytes
+the cluster served it instead (``source.shared_bytes``), decoded-group bytes it served (``hit_bytes``),
+decoded bytes, leases taken and waits (groups, then chunks), time to the last byte. Fleet-wide: decodes per
+group (decoded bytes over one copy's), origin egress over the stored bytes of the tensors read (nginx's own
+count of body bytes, the mounts' header reads included), the slowest node's time to last byte over N = 1's,
+each Redis node's egress (``INFO stats`` ``total_net_output_bytes`` before and after). Then one later daemon
+streams the same files: its decoded and origin bytes and how many nodes served it.
 
-The origin is uncapped loopback nginx and every process shares this machine's cores: the times say what the
-fleet costs this machine, not a network's. Usage:
-    python scripts/bench_fleet.py [--fleet 1,2,4] [--files 40] [--dtype float16] [--json OUT]
+The daemons run the ckptfs of ``$PYTHONPATH``'s first entry when set (another checkout: before/after),
+else this one's. Every process shares this machine's cores: the times say what the fleet costs this
+machine, not a network's. Usage:
+    python scripts/bench_fleet.py [--fleet 1,2,4,8] [--rate 20m] [--files 40] [--dtype float16] [--json OUT]
 """
 
 from __future__ import annotations
@@ -33,9 +37,17 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
 sys.path.insert(0, str(REPO / "scripts"))
 
-from bench_tiers import mount, unmount
+import bench_tiers
+from bench_tiers import unmount
 from redis_cluster_server import RedisClusterServers
 from servers import Nginx
+
+#: The ckptfs the daemons run: $PYTHONPATH's first entry (another checkout) or this one.
+TREE = Path(os.environ["PYTHONPATH"].split(os.pathsep)[0]) if os.environ.get("PYTHONPATH") else REPO
+
+
+def mount(src, mnt: Path, *args: str) -> Path:
+    return bench_tiers.mount(src, mnt, *args, tree=TREE)
 
 CHUNK = 1 << 20
 TIER = "redis-cluster"
@@ -76,10 +88,17 @@ def egress(cluster: RedisClusterServers) -> list[int]:
     return out
 
 
-def run_fleet(n: int, url: str, cluster: RedisClusterServers, work: Path, names: list[str], dtype: str) -> dict:
+def origin_sent(server: Nginx, before: int) -> int:
+    """Body bytes nginx sent after the first ``before`` lines of its access log."""
+    return sum(nbytes for _, _, nbytes in server.request_spans(before))
+
+
+def run_fleet(n: int, url: str, server: Nginx, cluster: RedisClusterServers, work: Path, names: list[str],
+              dtype: str) -> dict:
     for node in cluster.nodes:
         node.command("FLUSHALL")
     before = egress(cluster)
+    logged = len(server.access_log())
     args = ["--redis-cluster", cluster.seeds[0], "--dtype", dtype]
     mnts = [mount(url, work / f"n{n}-mnt{i}", *args, "--cache-dir", str(work / f"n{n}-cache{i}")) for i in range(n)]
     barrier = threading.Barrier(n + 1)
@@ -102,24 +121,31 @@ def run_fleet(n: int, url: str, cluster: RedisClusterServers, work: Path, names:
         s = settle(mnt)
         tier = s["tiers"][TIER]
         per_node.append({"ttlb_s": round(done[i][0], 2), "streamed": done[i][1], "origin_bytes": s["source"]["bytes"],
-                         "redis_bytes": tier["hit_bytes"], "decoded_bytes": s["decoded_bytes"],
-                         "leases": tier["leases"], "waited": tier["waited"], "waited_hits": tier["waited_hits"]})
+                         "chunk_bytes_from_redis": s["source"].get("shared_bytes", 0),
+                         "group_bytes_from_redis": tier["hit_bytes"], "decoded_bytes": s["decoded_bytes"],
+                         "leases": tier["leases"], "waited": tier["waited"], "waited_hits": tier["waited_hits"],
+                         "chunk_tier": {k[6:]: v for k, v in tier.items() if k.startswith("chunk_")}})
+    fleet_origin = origin_sent(server, logged)
     after = egress(cluster)
+    logged = len(server.access_log())
     later_mnt = mount(url, work / f"n{n}-later", *args, "--cache-dir", str(work / f"n{n}-later-cache"))
     began = time.monotonic()
     later_streamed = stream(later_mnt, names)
     later = stats(later_mnt)
     later_row = {"ttlb_s": round(time.monotonic() - began, 2), "streamed": later_streamed,
                  "decoded_bytes": later["decoded_bytes"], "nodes": later["tiers"][TIER]["nodes"],
-                 "redis_bytes": later["tiers"][TIER]["hit_bytes"], "origin_bytes": later["source"]["bytes"]}
+                 "redis_bytes": later["tiers"][TIER]["hit_bytes"], "origin_bytes": origin_sent(server, logged),
+                 "chunk_bytes_from_redis": later["source"].get("shared_bytes", 0)}
     for mnt in [*mnts, later_mnt]:
         unmount(mnt)
-    return {"n": n, "nodes": per_node, "redis_egress": [a - b for a, b in zip(after, before)], "later": later_row}
+    return {"n": n, "nodes": per_node, "origin_egress": fleet_origin,
+            "redis_egress": [a - b for a, b in zip(after, before)], "later": later_row}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--fleet", default="1,2,4")
+    parser.add_argument("--fleet", default="1,2,4,8")
+    parser.add_argument("--rate", default=None, help="nginx limit_rate per request, e.g. 20m (default: uncapped)")
     parser.add_argument("--shapes", default=str(REPO / "scripts/real-shapes/gemma3-270m-q4_k_m.json"))
     parser.add_argument("--files", type=int, default=0, help="stream the first FILES .npy files (0: all)")
     parser.add_argument("--dtype", default="float16")
@@ -132,7 +158,7 @@ def main() -> None:
         model = origin / "model.gguf"
         subprocess.run([sys.executable, str(REPO / "scripts/make_realistic_gguf.py"), str(model),
                         "--shapes", opts.shapes], check=True, stdout=subprocess.DEVNULL)
-        with Nginx(origin) as server, RedisClusterServers() as cluster:
+        with Nginx(origin, limit_rate=opts.rate) as server, RedisClusterServers() as cluster:
             url = f"{server.url}/model.gguf"
             probe = mount(url, work / "probe", "--dtype", opts.dtype)
             names = sorted(p.name for p in probe.iterdir() if p.name.endswith(".npy"))
@@ -145,24 +171,34 @@ def main() -> None:
             with ckptfs.open(model) as ck:  # stored bytes of the tensors streamed (a .npy per tensor)
                 stored = sum(ck[name[:-4]].info.stored_nbytes for name in names)
             results = {"machine": f"{os.cpu_count()} cores (shared), loopback nginx and Redis Cluster",
-                       "stored_file_bytes": model.stat().st_size, "stored_read_bytes": stored, "files": len(names), "dtype": opts.dtype,
-                       "fleets": []}
+                       "load_before": os.getloadavg(), "tree": str(TREE), "rate": opts.rate,
+                       "stored_file_bytes": model.stat().st_size, "stored_read_bytes": stored, "files": len(names),
+                       "dtype": opts.dtype, "fleets": []}
             for n in (int(x) for x in opts.fleet.split(",")):
-                result = run_fleet(n, url, cluster, work, names, opts.dtype)
+                result = run_fleet(n, url, server, cluster, work, names, opts.dtype)
+                result["load_after"] = os.getloadavg()
                 results["fleets"].append(result)
                 print(json.dumps(result), flush=True)
         one_copy = results["fleets"][0]["nodes"][0]["decoded_bytes"] or 1
-        print("\n| N | decodes per group | origin egress / stored bytes read | TTLB per node (s) | Redis egress per node (MB) "
-              "| later daemon: decoded / streamed, nodes |")
-        print("|---|---|---|---|---|---|")
+        single = max(node["ttlb_s"] for node in results["fleets"][0]["nodes"]) or 1
+        stored = results["stored_read_bytes"]
+        print(f"\nstored bytes of the tensors read: {stored / 1e6:.0f} MB; origin cap per request: {opts.rate or 'none'}")
+        print("\n| N | origin egress / stored bytes read | TTLB per node (s) | slowest / N=1 | decodes per group "
+              "| per node: origin, chunks from Redis, groups from Redis (MB) | Redis egress per cluster node (MB) "
+              "| later daemon: origin MB, decoded / streamed, nodes |")
+        print("|---|---|---|---|---|---|---|---|")
         for fleet in results["fleets"]:
-            decoded = sum(node["decoded_bytes"] for node in fleet["nodes"])
-            origin_bytes = sum(node["origin_bytes"] for node in fleet["nodes"])
-            ttlb = ", ".join(f"{node['ttlb_s']:.1f}" for node in fleet["nodes"])
+            nodes = fleet["nodes"]
+            decoded = sum(node["decoded_bytes"] for node in nodes)
+            ttlb = ", ".join(f"{node['ttlb_s']:.1f}" for node in nodes)
+            per_node = "; ".join(f"{node['origin_bytes'] / 1e6:.0f}, {node['chunk_bytes_from_redis'] / 1e6:.0f}, "
+                                 f"{node['group_bytes_from_redis'] / 1e6:.0f}" for node in nodes)
             red = ", ".join(f"{b / 1e6:.0f}" for b in fleet["redis_egress"])
             later = fleet["later"]
-            print(f"| {fleet['n']} | {decoded / one_copy:.2f} | {origin_bytes / results['stored_read_bytes']:.2f} "
-                  f"| {ttlb} | {red} | {later['decoded_bytes'] / max(1, later['streamed']):.4f}, {later['nodes']} |")
+            print(f"| {fleet['n']} | {fleet['origin_egress'] / stored:.2f} | {ttlb} "
+                  f"| {max(node['ttlb_s'] for node in nodes) / single:.2f} | {decoded / one_copy:.2f} | {per_node} "
+                  f"| {red} | {later['origin_bytes'] / 1e6:.0f}, "
+                  f"{later['decoded_bytes'] / max(1, later['streamed']):.4f}, {later['nodes']} |")
         if opts.json:
             Path(opts.json).write_text(json.dumps(results, indent=2))
     finally:

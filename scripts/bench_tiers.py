@@ -49,10 +49,11 @@ MIB = float(1 << 20)
 # ------------------------------------------------------------------------------------------ mounts
 
 
-def mount(src: Path, mnt: Path, *args: str) -> Path:
+def mount(src: Path, mnt: Path, *args: str, tree: Path = REPO) -> Path:
+    """Mount ``src`` with the ckptfs of ``tree`` (this checkout unless another is named)."""
     mnt.mkdir(parents=True, exist_ok=True)
     subprocess.run([sys.executable, "-m", "ckptfs.commands.cli", "mount", str(src), str(mnt), *args], check=True,
-                   env={**os.environ, "PYTHONPATH": str(REPO)})
+                   env={**os.environ, "PYTHONPATH": str(tree)})
     return mnt
 
 

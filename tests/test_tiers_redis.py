@@ -78,6 +78,17 @@ def test_round_trip_and_batched_lookups(tier):
     assert (stats["hits"], stats["misses"], stats["stored"]) == (6, 1, 5)
 
 
+def test_values_queued_behind_a_slow_write_are_written_together_each_under_its_key(server, tier):
+    server.pause(0.3)  # the first write waits for the server; the rest pile up behind it (one pipeline)
+    for k in range(20):
+        tier.put(f"queued{k}", values(100 + k))
+    assert tier.flush(HANG_GUARD_S)
+    got = tier.get_many([f"queued{k}" for k in range(20)])
+    for k in range(20):
+        np.testing.assert_array_equal(got[k], values(100 + k))
+    assert tier.stats()["stored"] == 20 and tier.stats()["errors"] == 0
+
+
 def test_garbage_and_foreign_values_are_deleted_and_decoded_again(server, tier, caplog):
     tier.put("a", values(1))
     tier.put("b", values(2))

@@ -120,9 +120,10 @@ class RedisClusterTier(RedisTier):
         fails answers None for its own keys only."""
         return [None if value is _FAILED else value for value in self._batch(names, lambda pipe, name: pipe.get(name))]
 
-    def _batch(self, names: list[str], add) -> list:
+    def _batch(self, names: list[str], add, counted: bool = True) -> list:
         """One command per name (``add(pipeline, name)``), grouped by the node holding each: one pipeline (one
-        round trip) per node; a node that is down or fails answers ``_FAILED`` for its own keys only."""
+        round trip, counted unless ``counted`` is False) per node; a node that is down or fails answers
+        ``_FAILED`` for its own keys only."""
         by_node: dict[str, list[int]] = {}
         nodes = {}
         for i, name in enumerate(names):
@@ -141,7 +142,7 @@ class RedisClusterTier(RedisTier):
             got = self._command(names[positions[0]], batch, self._node_breaker(nodes[node_name]))
             if got is _FAILED:
                 continue
-            self._count(round_trips=1)
+            self._count(round_trips=int(counted))
             for i, value in zip(positions, got):
                 replies[i] = value
         return replies

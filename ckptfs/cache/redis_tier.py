@@ -183,7 +183,7 @@ class RedisTier:
         self._streams: OrderedDict[str, SequentialRun] = OrderedDict()   # tensor key prefix -> its lookups
         self._leased: set[str] = set()  # keys this process holds the lease of and has not stored yet
         self._token = f"{socket.gethostname()}:{os.getpid()}"
-        self._writer = BackgroundWriter(self._put_now, self.name, max_wait=op_timeout)
+        self._writer = BackgroundWriter(self._put_now, self.name, max_wait=op_timeout, write_many=self._put_many_now)
 
     # -- the client (what a cluster does differently) ------------------------------------------------
 
@@ -220,9 +220,10 @@ class RedisTier:
         self._count(round_trips=1)
         return raw
 
-    def _batch(self, names: list[str], add: Callable[[object, str], None]) -> list:
+    def _batch(self, names: list[str], add: Callable[[object, str], None], counted: bool = True) -> list:
         """The replies of one command per Redis key of ``names`` (``add(pipeline, name)`` queues it), sent as
-        one pipeline: one round trip; ``_FAILED`` in place of each reply when the endpoint is down or failed."""
+        one pipeline: one round trip (counted in ``round_trips`` unless it is a write, ``counted`` False);
+        ``_FAILED`` in place of each reply when the endpoint is down or failed."""
         def run(client):
             pipe = client.pipeline(transaction=False)
             for name in names:
@@ -232,7 +233,7 @@ class RedisTier:
         replies = self._command(names[0], run)
         if replies is _FAILED:
             return [_FAILED] * len(names)
-        self._count(round_trips=1)
+        self._count(round_trips=int(counted))
         return replies
 
     def _command(self, name: str, command, breaker: Breaker | None = None):
@@ -415,17 +416,30 @@ class RedisTier:
         return self._writer.flush(timeout)
 
     def _put_now(self, key: str, value: np.ndarray) -> None:
+        self._put_many_now([(key, value)])
+
+    def _put_many_now(self, items: list[tuple[str, np.ndarray]]) -> None:
+        """SET each value (the writer's thread): one SET, or one pipeline of them (``_batch``) for several."""
         if time.monotonic() < self._writes_paused_until:
-            self.release(key)
+            self.release_many([key for key, _ in items])
             return
-        header, payload = entry.encode(key, value.reshape(-1), self._mac_key)
-        name = self.namespace.key(key)
-        if self._command(name, lambda r: r.set(name, header + payload)) is _FAILED:
-            self.release(key)
-            return
+        values = {}
+        for key, value in items:
+            header, payload = entry.encode(key, value.reshape(-1), self._mac_key)
+            values[self.namespace.key(key)] = (key, header + payload, payload.nbytes)
+        names = list(values)
+        if len(names) == 1:
+            name = names[0]
+            replies = [self._command(name, lambda r: r.set(name, values[name][1]))]
+        else:
+            replies = self._batch(names, lambda pipe, name: pipe.set(name, values[name][1]), counted=False)
+        stored = [values[name] for name, reply in zip(names, replies) if reply is not _FAILED]
+        self.release_many([values[name][0] for name, reply in zip(names, replies) if reply is _FAILED])
         with self._lock:
-            self._leased.discard(key)  # the value is there: waiters find it; the lease lapses by itself
-        self._count(stored=1, stored_bytes=payload.nbytes)
+            self._leased.difference_update(key for key, _, _ in stored)  # waiters find the values; the
+            # leases lapse by themselves
+        if stored:
+            self._count(stored=len(stored), stored_bytes=sum(nbytes for _, _, nbytes in stored))
 
     # -- failures ------------------------------------------------------------------------------------
 

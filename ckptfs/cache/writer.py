@@ -29,10 +29,17 @@ log = logging.getLogger(__name__)
 DEFAULT_MAX_BYTES = 64 << 20
 
 
+#: A writer with ``write_many`` hands it what is queued, up to this many bytes at a time.
+BATCH_BYTES = 4 << 20
+
+
 class BackgroundWriter:
     def __init__(self, write: Callable[[str, np.ndarray], None], name: str, max_bytes: int = DEFAULT_MAX_BYTES,
-                 max_wait: float = 0.0):
+                 max_wait: float = 0.0, write_many: Callable[[list[tuple[str, np.ndarray]]], None] | None = None):
+        """``write_many``: writes several queued values at once (a Redis pipeline: one round trip for what
+        piled up while the last write was under way, instead of one each); without it, ``write`` each."""
         self._write = write
+        self._write_many = write_many
         self._name = name
         self._max_bytes = max_bytes
         self._max_wait = max_wait
@@ -45,7 +52,7 @@ class BackgroundWriter:
         self._queue: deque[tuple[str, np.ndarray]] = deque()
         self._waiting: dict[str, np.ndarray] = {}  # queued or being written: lookups find them here
         self._queued_bytes = 0
-        self._busy = False
+        self._busy = 0  # values being written now
         self._thread: threading.Thread | None = None
         self._closed = False
 
@@ -81,18 +88,27 @@ class BackgroundWriter:
                     self._cond.wait()
                 if not self._queue:
                     return
-                key, value = self._queue.popleft()
-                self._busy = True
+                batch = [self._queue.popleft()]
+                if self._write_many is not None:
+                    size = batch[0][1].nbytes
+                    while self._queue and size + self._queue[0][1].nbytes <= BATCH_BYTES:
+                        batch.append(self._queue.popleft())
+                        size += batch[-1][1].nbytes
+                self._busy = len(batch)
             try:
-                self._write(key, value)
+                if len(batch) > 1:
+                    self._write_many(batch)
+                else:
+                    self._write(*batch[0])
             except Exception as exc:  # noqa: BLE001 - the tier logs its own trouble; a bug must not stop us
                 log.warning("cache tier %s: write failed: %s: %s", self._name, type(exc).__name__, exc)
             finally:
                 with self._cond:
-                    self._queued_bytes -= value.nbytes
-                    if self._waiting.get(key) is value:
-                        del self._waiting[key]
-                    self._busy = False
+                    for key, value in batch:
+                        self._queued_bytes -= value.nbytes
+                        if self._waiting.get(key) is value:
+                            del self._waiting[key]
+                    self._busy = 0
                     self._cond.notify_all()
 
     def lookup(self, key: str) -> np.ndarray | None:
