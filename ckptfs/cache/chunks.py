@@ -84,10 +84,12 @@ def disk_store(root: str | None, max_bytes: int, key_file: str | None = None):
     return store or None
 
 
-#: Lease and wait of a fetched chunk: a piece (at most 16 MiB, one request) fetched at 20 MB/s takes 0.8 s;
-#: a holder slower than 5 s has its chunks fetched by the waiters too, a dead one costs them 5 s at most.
+#: A fetched chunk's lease lasts as long as its holder's fetch may (the read's ``--timeout`` left: by then
+#: the holder has stored the chunk or released the lease), at least ``CHUNK_LEASE_MS``; a waiter waits at
+#: most ``CHUNK_WAIT_S`` in all (under ``--stall-timeout``'s default 10 s: a reader waiting for the waiter's
+#: fetch does not give up on it first), then fetches the chunk itself.
 CHUNK_LEASE_MS = 5000
-CHUNK_WAIT_S = 6.0
+CHUNK_WAIT_S = 8.0
 
 #: The shared tier's namespace of fetched chunks (the decoded groups' is ``redis_tier.GROUPS``).
 BYTES = Namespace("ckptfs:b1:", "ckptfs:bl1:", CHUNK_LEASE_MS, CHUNK_WAIT_S)
@@ -193,10 +195,10 @@ class ChunkCache:
         """The shared tier's chunks for ``keys`` (None for each it lacks), one round trip per endpoint."""
         return self._taken(keys, self._shared("get_many", keys))
 
-    def lease(self, keys: list[str]) -> list[bool]:
-        """For each of ``keys``: True when this process should fetch it (it holds its lease now, or the tier
-        cannot say), False when another process is fetching it (``wait`` for it)."""
-        won = self._shared("lease_many", keys)
+    def lease(self, keys: list[str], ms: int | None = None) -> list[bool]:
+        """For each of ``keys``: True when this process should fetch it (it holds its lease now, for ``ms``,
+        or the tier cannot say), False when another process is fetching it (``wait`` for it)."""
+        won = self._shared("lease_many", keys, ms)
         return list(won) if won is not None else [True] * len(keys)
 
     def wait(self, keys: list[str], timeout: float) -> list[bytes | None]:

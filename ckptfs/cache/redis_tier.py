@@ -340,11 +340,12 @@ class RedisTier:
         see its value."""
         return self.lease_many([key])[0]
 
-    def lease_many(self, keys: Sequence[str]) -> list[bool]:
-        """``lease`` for each of ``keys``, in one pipeline (one round trip per endpoint)."""
+    def lease_many(self, keys: Sequence[str], ms: int | None = None) -> list[bool]:
+        """``lease`` for each of ``keys``, in one pipeline (one round trip per endpoint); ``ms``: how long the
+        leases hold (default: the namespace's ``lease_ms``)."""
         if not keys:
             return []
-        ms = self.namespace.lease_ms
+        ms = int(ms) if ms is not None else self.namespace.lease_ms
         replies = self._batch([self.namespace.lease(k) for k in keys],
                               lambda pipe, name: pipe.set(name, self._token, nx=True, px=ms))
         won = [reply is _FAILED or bool(reply) for reply in replies]

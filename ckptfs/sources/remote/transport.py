@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 
 from ckptfs.core.errors import CheckpointError, SourceUnavailable
 from ckptfs.sources.base import ByteSource
-from ckptfs.cache.chunks import CHUNK, ChunkCache, chunk_key, disk_store, shared_tier
+from ckptfs.cache.chunks import CHUNK, CHUNK_LEASE_MS, CHUNK_WAIT_S, ChunkCache, chunk_key, disk_store, shared_tier
 from ckptfs.cache.flight import Flight, SingleFlight
 from ckptfs.util.redact import public_name
 from ckptfs.sources.netstats import COUNTERS
@@ -476,12 +476,11 @@ class RemoteSource(ByteSource):
         try:
             fetch, held = list(range(c0, c1)), []
             if self._cache.shared is not None:
-                fetch, held = self._from_shared(fetch, out)
-                leased = fetch
+                fetch, held = self._from_shared(fetch, deadline, out)
+                leased = list(fetch)
             self._fetch_runs(fetch, deadline, out)
             if held:
-                self._wait_shared(held, deadline, out)
-                self._fetch_runs([i for i in held if i not in out], deadline, out)
+                leased += self._wait_shared(held, deadline, out)
         except BaseException as exc:
             for i in range(c0, c1):
                 if i not in out:
@@ -507,7 +506,8 @@ class RemoteSource(ByteSource):
                     out[i] = piece
                     self._finish(i, piece, None)
 
-    def _from_shared(self, indexes: list[int], out: dict[int, bytes]) -> tuple[list[int], list[int]]:
+    def _from_shared(self, indexes: list[int], deadline: float,
+                     out: dict[int, bytes]) -> tuple[list[int], list[int]]:
         """The shared tier's part of fetching ``indexes``: the chunks it holds go to ``out`` (flights
         finished); of the rest, (the ones this process now leases: fetch them, the ones another process
         holds the lease of: wait for them)."""
@@ -515,20 +515,39 @@ class RemoteSource(ByteSource):
         missing = []
         for i, key, data in zip(indexes, keys, self._cache.lookup(keys)):
             if not self._shared_chunk(i, data, out):
-                missing.append((i, key))
-        won = self._cache.lease([key for _, key in missing]) if missing else []
-        return [i for (i, _), w in zip(missing, won) if w], [i for (i, _), w in zip(missing, won) if not w]
+                missing.append(i)
+        return self._lease(missing, deadline)
 
-    def _wait_shared(self, indexes: list[int], deadline: float, out: dict[int, bytes]) -> None:
-        """Wait for chunks other processes are fetching under their leases (their namespace's bound, and at
-        most half of what is left of the read's deadline: the other half is for fetching them here if their
-        leases end without a value); the ones that arrive go to ``out``."""
-        keys = [chunk_key(self._content_id, i) for i in indexes]
-        timeout = max(0.0, (deadline - time.monotonic()) / 2)
-        if self._cache.shared is not None:
-            timeout = min(timeout, self._cache.shared.namespace.wait_s)
-        for i, data in zip(indexes, self._cache.wait(keys, timeout)):
-            self._shared_chunk(i, data, out)
+    def _lease(self, indexes: list[int], deadline: float) -> tuple[list[int], list[int]]:
+        """(the chunks of ``indexes`` this process now holds the lease of, the ones another process holds);
+        a lease lasts as long as this fetch may (``CHUNK_LEASE_MS`` at least): by then the chunks are stored
+        or the lease released."""
+        if not indexes:
+            return [], []
+        ms = max(CHUNK_LEASE_MS, int((deadline - time.monotonic()) * 1000))
+        won = self._cache.lease([chunk_key(self._content_id, i) for i in indexes], ms)
+        return [i for i, w in zip(indexes, won) if w], [i for i, w in zip(indexes, won) if not w]
+
+    def _wait_shared(self, indexes: list[int], deadline: float, out: dict[int, bytes]) -> list[int]:
+        """Chunks other processes are fetching under their leases: wait for them (``CHUNK_WAIT_S`` in all,
+        and at most half of what is left of the read's deadline: the rest is for fetching them here). A
+        lease that ended without a value (its holder died) is taken over: the first waiter to lease the
+        chunk again fetches it, the others go on waiting for that one. What is still missing at the end is
+        fetched here. Returns the chunks this process took the lease of."""
+        until = time.monotonic() + min(CHUNK_WAIT_S, max(0.0, (deadline - time.monotonic()) / 2))
+        taken: list[int] = []
+        for attempt in range(2):
+            keys = [chunk_key(self._content_id, i) for i in indexes]
+            for i, data in zip(indexes, self._cache.wait(keys, max(0.0, until - time.monotonic()))):
+                self._shared_chunk(i, data, out)
+            indexes = [i for i in indexes if i not in out]
+            if not indexes or attempt or time.monotonic() >= until:
+                break
+            won, indexes = self._lease(indexes, deadline)
+            taken += won
+            self._fetch_runs(won, deadline, out)
+        self._fetch_runs(indexes, deadline, out)
+        return taken
 
     def _shared_chunk(self, i: int, data: bytes | None, out: dict[int, bytes]) -> bool:
         """Take chunk ``i`` from the shared tier into ``out`` (its flight finished); False when the tier had
