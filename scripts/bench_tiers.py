@@ -50,10 +50,11 @@ MIB = float(1 << 20)
 
 
 def mount(src: Path, mnt: Path, *args: str, tree: Path = REPO) -> Path:
-    """Mount ``src`` with the ckptfs of ``tree`` (this checkout unless another is named)."""
+    """Mount ``src`` with the ckptfs of ``tree`` (this checkout unless another is named; run from there:
+    ``python -m`` puts the working directory first on the path)."""
     mnt.mkdir(parents=True, exist_ok=True)
     subprocess.run([sys.executable, "-m", "ckptfs.commands.cli", "mount", str(src), str(mnt), *args], check=True,
-                   env={**os.environ, "PYTHONPATH": str(tree)})
+                   env={**os.environ, "PYTHONPATH": str(tree)}, cwd=str(tree))
     return mnt
 
 

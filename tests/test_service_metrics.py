@@ -38,7 +38,7 @@ DOCUMENTED_METRICS = {
     "ckptfs_fuse_errors_total", "ckptfs_cache_hits_total", "ckptfs_cache_misses_total", "ckptfs_cache_bytes",
     "ckptfs_decode_seconds", "ckptfs_decoded_bytes_total", "ckptfs_source_bytes_total",
     "ckptfs_source_requests_total", "ckptfs_mirror_failovers_total", "ckptfs_page_faults_total", "ckptfs_info",
-    "ckptfs_c_reads_total",
+    "ckptfs_c_reads_total", "ckptfs_source_shared_bytes_total",
 }
 HISTOGRAM_SUFFIXES = ("_bucket", "_count", "_sum")
 
@@ -165,7 +165,9 @@ def test_decode_cache_and_process_families(mnt, source):
     assert value(samples, "ckptfs_source_requests_total", scheme="file", outcome="ok") == 0
     assert ("ckptfs_source_bytes_total", (("scheme", "file"),)) in samples
     assert ("ckptfs_mirror_failovers_total", ()) in samples
-    assert stats["source"] == {"requests": 0, "bytes": 0, "retries": 0, "failovers": 0, "by_scheme": {}, "origins": {}}
+    assert stats["source"] == {"requests": 0, "bytes": 0, "retries": 0, "failovers": 0, "shared_bytes": 0,
+                               "by_scheme": {}, "origins": {}}
+    assert samples[("ckptfs_source_shared_bytes_total", ())] == 0
 
 
 def test_errors_by_op_and_errno(mnt):
