@@ -21,6 +21,7 @@ from redis_server import RedisServer, require_redis_server
 from servers import Nginx, require_nginx
 from test_remote_http import requests_since
 from test_tiers_mount import expected_files, read_all
+from test_tiers_redis import server as redis  # noqa: F401 - the fixture: a started redis-server
 from test_tiers_redis_cluster import bounded
 
 pytest.importorskip("redis")
@@ -124,24 +125,22 @@ def test_redis_killed_mid_stream_every_byte_is_right_and_reads_go_to_the_origin(
 
 
 @pytest.fixture
-def redis():
-    require_redis_server()
-    with RedisServer() as server:
-        yield server
-
-
-def fresh_source(url: str, redis_url: str):
-    """A remote source of ``url`` sharing its chunks through ``redis_url``, with this process's chunk memory
-    emptied first (so that what it reads comes from the shared tier or the origin)."""
-    chunks.MEMORY.clear()
-    return Opener(RemoteOptions(redis=redis_url)).source(url)
-
-
-def test_one_piece_costs_one_lookup_and_one_lease_round_trip_and_bad_entries_are_fetched(origin, redis):
+def sources(origin, redis):
+    """(nginx, the file's bytes, ``fresh()``: a new remote source of the file sharing its chunks through the
+    test's Redis, this process's chunk memory emptied first: what it reads comes from Redis or the origin)."""
     server, path, _, _ = origin
-    data = path.read_bytes()
-    url = f"{server.url}/model.gguf"
-    first = fresh_source(url, redis.url)
+    options = {"redis": redis.url}
+
+    def fresh():
+        chunks.MEMORY.clear()
+        return Opener(RemoteOptions(**options)).source(f"{server.url}/model.gguf")
+
+    return server, path.read_bytes(), fresh
+
+
+def test_one_piece_costs_one_lookup_and_one_lease_round_trip_and_bad_entries_are_fetched(sources, redis):
+    server, data, fresh = sources
+    first = fresh()
     tier = first._cache.shared
     start, end = 8 * CHUNK, 24 * CHUNK  # 16 chunks: one piece, past what the open's header read cached
     trips = tier.stats()["round_trips"]
@@ -151,7 +150,7 @@ def test_one_piece_costs_one_lookup_and_one_lease_round_trip_and_bad_entries_are
     assert tier.flush(30)
     assert origin_bytes(server, before, checks=False) == end - start
 
-    second = fresh_source(url, redis.url)
+    second = fresh()
     trips, before = tier.stats()["round_trips"], len(server.access_log())
     assert bounded(second.pread, start, end - start) == data[start:end]
     assert tier.stats()["round_trips"] - trips == 1 and origin_bytes(server, before) == 0  # no request at all
@@ -162,18 +161,16 @@ def test_one_piece_costs_one_lookup_and_one_lease_round_trip_and_bad_entries_are
     import redis as redis_py
 
     redis_py.Redis.from_url(redis.url).set(chunks.BYTES.key(short), header + bytes(payload))
-    third = fresh_source(url, redis.url)
+    third = fresh()
     corrupt, before = tier.stats()["corrupt"], len(server.access_log())
     assert bounded(third.pread, start, end - start) == data[start:end]
     assert tier.stats()["corrupt"] - corrupt == 1
     assert requests_since(server, before, checks=False) == [("/model.gguf", 206, 2 * CHUNK)]  # chunks 10, 11
 
 
-def test_a_lease_nobody_fills_is_waited_out_then_fetched_from_the_origin(origin, redis):
-    server, path, _, _ = origin
-    data = path.read_bytes()
-    url = f"{server.url}/model.gguf"
-    source = fresh_source(url, redis.url)
+def test_a_lease_nobody_fills_is_waited_out_then_fetched_from_the_origin(sources, redis):
+    server, data, fresh = sources
+    source = fresh()
     tier = source._cache.shared
     lease_ms = 1500
     held = range(30, 34)  # leased by "another node" that never stores a value
