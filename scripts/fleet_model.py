@@ -4,7 +4,8 @@ without the Redis tier. Every input is a named parameter (measured here: decode 
 from scripts/bench_tiers.py; the requests a node keeps in flight and their size from scripts/bench_remote.py
 --capped; assumed: S3 latency and bandwidth) so anyone can change one and redo the table.
 
-Usage: python scripts/fleet_model.py [--decode-ms 0.046] [--redis-gbps 1.45] [--markdown]
+Usage: python scripts/fleet_model.py [--decode-ms 0.046] [--redis-server-bps 1.45e9] [--redis-nodes 3] ...
+(every field of Params is a flag)
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ class Params:
     redis_put_ms: float = 0.25       # per group, measured on loopback
     redis_client_bps: float = 1.0e9  # one daemon reading groups from Redis (measured 0.25 ms per 256 KiB)
     redis_server_bps: float = 1.45e9 # one Redis instance's egress (measured: 256 KiB GET in 0.18 ms, unloaded)
+    redis_nodes: int = 3             # masters of the Redis Cluster of the cold-fleet row (as bench_fleet.py's)
 
     @property
     def decoded(self) -> float:
@@ -69,6 +71,18 @@ def rows(p: Params, nodes=(1, 10, 100)) -> list[dict]:
         out.append({"nodes": n, "tier": "Redis (prefetched)", "requests/node": 0, "requests": requests,
                     "fetched/node": 0, "fetched": p.stored, "decoded/node": 0, "decoded": p.decoded,
                     "cold start s": t_serve, "prefetch s": t_prefetch, "redis egress": n * p.decoded})
+        # a cold fleet on a Redis Cluster (--redis-cluster), all nodes starting together: fetched chunks and
+        # decoded groups are single-flighted fleet-wide (docs/caches.md), so S is fetched and D decoded once,
+        # 1/N by each node, and each node pulls the other nodes' share of both from the cluster (every node's
+        # read-ahead reads all of S; bench_fleet.py measured this at N = 1..8)
+        share = (n - 1) / n
+        t_pull = (p.stored + p.decoded) * share / min(p.redis_client_bps, p.redis_nodes * p.redis_server_bps / n)
+        t_own = max(t_fetch / n, t_decode / n, p.groups * p.redis_put_ms / 1e3 / n)
+        out.append({"nodes": n, "tier": f"Redis Cluster of {p.redis_nodes}, cold", "requests/node": requests / n,
+                    "requests": requests, "fetched/node": p.stored / n, "fetched": p.stored,
+                    "decoded/node": p.decoded / n, "decoded": p.decoded,
+                    "cold start s": max(t_own, t_pull),
+                    "redis egress": n * (p.stored + p.decoded) * share})
     return out
 
 
