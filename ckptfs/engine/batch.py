@@ -163,12 +163,13 @@ def decode_run(run: Run, raw: memoryview | bytes) -> None:
 
 
 def read_piece(piece: Piece, sources) -> memoryview:
-    """The stored bytes of ``piece``; a source error (file changed, bytes missing) names a tensor in it."""
+    """The stored bytes of ``piece``; a source error (file changed, bytes missing, bytes that differ from a
+    manifest) names a tensor in it."""
     try:
         return memoryview(sources.get(piece.source).pread(piece.offset, piece.size))
-    except CheckpointError as exc:
-        name = min(r.request.values.info.name for r in piece.runs)
-        raise CheckpointError(exc.file, exc.offset, f"tensor {name!r}: {exc.reason}") from None
+    except CheckpointError as exc:  # the same class (an IntegrityError stays one), the tensor it hit named
+        hit = [r for r in piece.runs if exc.offset is not None and r.offset <= exc.offset < r.offset + r.size]
+        raise exc.about_tensor(min(r.info.name for r in (hit or piece.runs))) from None
 
 
 def run(pieces: Sequence[Piece], sources) -> None:
