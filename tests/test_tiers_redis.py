@@ -19,7 +19,7 @@ from redis_server import RedisServer, require_redis_server
 
 pytest.importorskip("redis")
 
-from ckptfs.cache.redis_tier import RedisTier, redis_key  # noqa: E402
+from ckptfs.cache.redis_tier import GROUPS, RedisTier  # noqa: E402
 
 HANG_GUARD_S = 10.0
 
@@ -93,15 +93,15 @@ def test_garbage_and_foreign_values_are_deleted_and_decoded_again(server, tier, 
     tier.put("a", values(1))
     tier.put("b", values(2))
     tier.flush()
-    assert server.command("SET", redis_key("a"), "garbage" * 100) == b"+OK"
+    assert server.command("SET", GROUPS.key("a"), "garbage" * 100) == b"+OK"
     client = tier._redis()
-    client.set(redis_key("b"), client.get(redis_key("a")))  # now also garbage, under b's name
+    client.set(GROUPS.key("b"), client.get(GROUPS.key("a")))  # now also garbage, under b's name
     tier.put("c", values(3))
     tier.flush()
-    client.set(redis_key("a"), client.get(redis_key("c")))  # a valid entry, but for key c
+    client.set(GROUPS.key("a"), client.get(GROUPS.key("c")))  # a valid entry, but for key c
     with caplog.at_level(logging.WARNING, logger="ckptfs.cache.redis_tier"):
         assert tier.get_many(["a", "b"]) == [None, None]
-    assert server.command("EXISTS", redis_key("a")) == b":0"
+    assert server.command("EXISTS", GROUPS.key("a")) == b":0"
     assert tier.stats()["corrupt"] == 2
     assert len([r for r in caplog.records if "corrupt value" in r.getMessage()]) == 1
     np.testing.assert_array_equal(tier.get("c"), values(3))
@@ -199,10 +199,10 @@ def test_values_forged_with_recomputed_checksums_fail_the_key(server, tmp_path, 
         keyed.put("a", values(1))
         keyed.flush()
         client = keyed._redis()
-        client.set(redis_key("a"), forge(client.get(redis_key("a"))))
+        client.set(GROUPS.key("a"), forge(client.get(GROUPS.key("a"))))
         with caplog.at_level(logging.WARNING, logger="ckptfs.cache.redis_tier"):
             assert keyed.get_many(["a"]) == [None]
-        assert server.command("EXISTS", redis_key("a")) == b":0"
+        assert server.command("EXISTS", GROUPS.key("a")) == b":0"
         assert (keyed.stats()["forged"], keyed.stats()["corrupt"]) == (1, 0)
         assert len([r for r in caplog.records if "forged value" in r.getMessage()]) == 1
         unkeyed = RedisTier(server.url)  # trusted as-is: its own values carry no MAC, so they fail the key

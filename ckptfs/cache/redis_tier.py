@@ -124,14 +124,6 @@ class Namespace:
 GROUPS = Namespace(KEY_PREFIX, LEASE_PREFIX, LEASE_MS, LEASE_WAIT_S)
 
 
-def redis_key(key: str) -> str:
-    return GROUPS.key(key)
-
-
-def lease_key(key: str) -> str:
-    return GROUPS.lease(key)
-
-
 _FAILED = object()  # what ``_command`` returns when the endpoint was down or the command failed
 
 
