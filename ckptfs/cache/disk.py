@@ -187,20 +187,20 @@ class DiskStore:
             self._trouble("write", exc)
             return False
         try:
-            crc, written = 0, 0
-            mac = entry.new_mac(self._mac_key, key, dtype, nbytes) if header is None else None
-            if header is not None and isinstance(chunks, list) and len(chunks) == 1:
-                _write_all(fd, [header, chunks[0]])  # a whole entry at once: one pwritev
-                chunks, written = [], memoryview(chunks[0]).nbytes
-            else:
-                _write_at(fd, bytes(entry.HEADER_SIZE) if header is None else header, 0)
-            for chunk in chunks:
-                view = memoryview(chunk).cast("B")
-                if header is None:
+            if header is not None:  # the payload is at hand (the header holds its checksums): one pwritev
+                views = [memoryview(chunk).cast("B") for chunk in chunks]
+                written = sum(view.nbytes for view in views)
+                _write_all(fd, [header, *views])
+            else:  # checksummed as it is produced, the header written last
+                crc, written = 0, 0
+                mac = entry.new_mac(self._mac_key, key, dtype, nbytes)
+                _write_at(fd, bytes(entry.HEADER_SIZE), 0)
+                for chunk in chunks:
+                    view = memoryview(chunk).cast("B")
                     crc = zlib.crc32(view, crc)
                     mac.update(view)
-                _write_at(fd, view, entry.HEADER_SIZE + written)
-                written += view.nbytes
+                    _write_at(fd, view, entry.HEADER_SIZE + written)
+                    written += view.nbytes
             if written != nbytes:
                 raise ValueError(f"entry for {key!r}: {written} bytes written, {nbytes} announced")
             if header is None:
