@@ -176,14 +176,17 @@ class ChunkCache:
         except Exception:  # noqa: BLE001 - see the module docstring
             return False
 
-    def put(self, key: str, data: bytes, persist: bool = True) -> None:
-        """Keep ``data`` (fetched from the origin) in memory, on disk with ``persist``, and in the shared tier."""
-        self._keep(key, data, persist)
+    def put(self, key: str, data: bytes, persist: bool = True, memory: bool = True) -> None:
+        """Keep ``data`` (fetched from the origin) in memory, on disk with ``persist``, and in the shared tier.
+        ``memory=False`` (a warm-up's bytes, fetched for the store): not in the memory LRU when the disk store
+        takes them, so a whole checkpoint streaming into the store does not evict what readers use."""
+        self._keep(key, data, persist, memory)
         if self.shared is not None:
             self._shared("put", key, np.frombuffer(data, np.uint8))
 
-    def _keep(self, key: str, data: bytes, persist: bool = True) -> None:
-        self.memory.put(key, data)
+    def _keep(self, key: str, data: bytes, persist: bool = True, memory: bool = True) -> None:
+        if memory or not persist or self.disk is None:
+            self.memory.put(key, data)
         if persist and self.disk is not None:
             try:
                 self.disk.put(key, data)

@@ -8,11 +8,17 @@ Two ways to use it: :meth:`SingleFlight.run` computes one key (the tiered cache'
 :meth:`claim` / :meth:`finish` / :meth:`wait` let one caller own many keys at once and fill them as one
 piece of work arrives (a remote source fetching a run of chunks in one request, readers of single chunks
 waiting on it).
+
+:func:`flights_for` gives every reader of one remote file's content in a process the same SingleFlight, so
+two objects reading the same bytes (the header reader of an open and a warm-up of that file started before
+it, two sources of one URL) wait for each other's fetches instead of fetching the bytes twice.
 """
 
 from __future__ import annotations
 
+import os
 import threading
+import weakref
 from collections.abc import Callable, Hashable, Iterable
 
 
@@ -92,3 +98,26 @@ class SingleFlight:
         self._lock = threading.Lock()
         for key in list(self._flights):
             self.finish(key, error=error)
+
+
+_named: weakref.WeakValueDictionary[str, SingleFlight] = weakref.WeakValueDictionary()
+_named_lock = threading.Lock()
+
+
+def flights_for(name: str) -> SingleFlight:
+    """The process's SingleFlight for ``name`` (a remote file's content identity: the same name is the same
+    bytes), shared by every caller that holds it; a fresh one once none does."""
+    with _named_lock:
+        flights = _named.get(name)
+        if flights is None:
+            flights = _named[name] = SingleFlight()
+        return flights
+
+
+def _fresh_lock_in_child() -> None:
+    global _named_lock
+    _named_lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_fresh_lock_in_child)

@@ -12,11 +12,13 @@ from ckptfs.core.errors import CheckpointError
 from ckptfs.util.oneline import one_line
 
 
-def fail(exc: BaseException, verbose: bool) -> None:
+def fail(exc: BaseException, verbose: bool, detail: str = "") -> None:
+    """Say ``exc`` (and ``detail``, what the command did before it: "; 2.0 MiB fetched before it, kept") as
+    the one line, and exit with its code."""
     if verbose:
         traceback.print_exc()
     message = str(exc) if isinstance(exc, (CheckpointError, OSError, ValueError)) else f"{type(exc).__name__}: {exc}"
     code = getattr(exc, "exit_code", 1)
     kind = "usage error" if code == 2 else "error"  # as click's usage errors say it (OneLineGroup)
-    click.echo(one_line(f"ckptfs: {kind}: {message}"), err=True)
+    click.echo(one_line(f"ckptfs: {kind}: {message}{detail}"), err=True)
     sys.exit(code)

@@ -100,16 +100,25 @@ def prefetch(src, names, cache_dir, cache_dir_size, redis, redis_cluster, cache_
                    timeout=timeout, stall_timeout=stall_timeout)
     ok = True
     stop = threading.Event()  # set on Ctrl-C: queued pieces are dropped, not fetched on the way out
+    early = None
     try:
         from ckptfs.checkpoint.api import open as open_checkpoint
         from ckptfs.sources.netstats import COUNTERS
 
         started, before = time.monotonic(), COUNTERS.snapshot()
-        with open_checkpoint(src, **options) as ck:
-            if fetch_bytes:
-                ok = _fetch_bytes(ck, quiet, started, before, stop)
-            if decode and ok:
-                ok = _decode(ck, src, names, quiet)
+        bar = ByteBar(enabled=fetch_bytes and not quiet and sys.stderr.isatty())
+        early = _early_warmup(src, options, stop, bar) if fetch_bytes else None
+        try:
+            with open_checkpoint(src, **options) as ck:
+                if fetch_bytes:
+                    ok = _fetch_bytes(ck, bar, quiet, started, before, stop, early)
+                if decode and ok:
+                    ok = _decode(ck, src, names, quiet)
+        except BaseException:
+            if early is not None:  # the open failed (or Ctrl-C): the warm-up's pieces end, none start
+                stop.set()
+                early.join()
+            raise
     except KeyboardInterrupt:
         stop.set()
         click.echo("ckptfs: interrupted (what was fetched is kept: run it again for the rest)", err=True)
@@ -117,27 +126,48 @@ def prefetch(src, names, cache_dir, cache_dir_size, redis, redis_cluster, cache_
     except click.ClickException:
         raise
     except Exception as exc:  # noqa: BLE001 - the CLI turns every failure into one line
-        fail(exc, verbose)
+        kept = early.stored if early is not None else 0  # the open failed after the warm-up stored bytes
+        fail(exc, verbose, f"; {format_size(kept)} fetched before it, kept" if kept else "")
     sys.exit(0 if ok else 1)
 
 
-def _fetch_bytes(ck, quiet: bool, started: float, before: dict, stop: threading.Event) -> bool:
-    """The stored-bytes warm-up of an opened checkpoint; its summary counts the header bytes the open fetched
-    (``before``: the traffic counters before the open, at ``started``) as fetched by this run."""
+def _early_warmup(src: str, options: dict, stop: threading.Event, bar: ByteBar):
+    """For a SRC that is one remote file and the whole checkpoint (not a shard of a split set, an index or a
+    folder), without mirrors: its warm-up started now, before the open (``EarlyWarmup``: best effort, on a thread of its own),
+    or None. Anything that goes wrong there is left to the open and the warm-up after it, which say it in
+    their own words."""
+    from ckptfs.core.options import OpenOptions
+    from ckptfs.formats.shards import is_index_name, parse_shard_name
+    from ckptfs.sources.plan import SourcePlan, names_folder
+    from ckptfs.sources.remote.warmup import EarlyWarmup
+
+    name = src.rstrip("/").rsplit("/", 1)[-1]
+    if names_folder(src) or parse_shard_name(name) is not None or is_index_name(name) or options.get("mirrors"):
+        return None  # (with mirrors the open may need them: an early warm-up would read the primary alone)
+    plan = SourcePlan(src, OpenOptions.build(None, **options))
+    return EarlyWarmup(lambda: plan.opener(src), stop=stop, progress=bar).start()
+
+
+def _fetch_bytes(ck, bar: ByteBar, quiet: bool, started: float, before: dict, stop: threading.Event,
+                 early=None) -> bool:
+    """The stored-bytes warm-up of an opened checkpoint (after ``early``'s, when one ran during the open);
+    its summary counts the header bytes the open fetched (``before``: the traffic counters before the open,
+    at ``started``) as fetched by this run."""
     from ckptfs.cache.chunks import CHUNK
     from ckptfs.sources.netstats import COUNTERS
     from ckptfs.sources.remote.warmup import checkpoint_sources, warm
     from ckptfs.util.oneline import one_line
 
+    cached_before = early.join() if early is not None else None
     opened = COUNTERS.snapshot()["bytes"] - before["bytes"]
-    bar = ByteBar(enabled=not quiet and sys.stderr.isatty())
     try:
-        report = warm(checkpoint_sources(ck), progress=bar, stop=stop)
+        report = warm(checkpoint_sources(ck), progress=bar, stop=stop, cached_before=cached_before)
     finally:
         bar.close()
-    # the header chunks the open fetched and stored are this run's, not found cached (the open's other bytes,
-    # the one-byte probe and a validator's 4 KiB tail check, are less than a chunk)
-    report.cached -= min(report.cached, opened // CHUNK * CHUNK)
+    if cached_before is None:
+        # the header chunks the open fetched and stored are this run's, not found cached (the open's other
+        # bytes, the one-byte probe and a validator's 4 KiB tail check, are less than a chunk)
+        report.cached -= min(report.cached, opened // CHUNK * CHUNK)
     report.fetched = COUNTERS.snapshot()["bytes"] - before["bytes"]  # every byte received, the open's too
     report.seconds = time.monotonic() - started
     if report.errors:

@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 from ckptfs.core.errors import CheckpointError, SourceUnavailable
 from ckptfs.sources.base import ByteSource
 from ckptfs.cache.chunks import CHUNK, CHUNK_LEASE_MS, CHUNK_WAIT_S, ChunkCache, chunk_key, disk_store, shared_tier
-from ckptfs.cache.flight import Flight, SingleFlight
+from ckptfs.cache.flight import Flight, SingleFlight, flights_for
 from ckptfs.util.redact import public_name
 from ckptfs.sources.netstats import COUNTERS
 from ckptfs.readahead import SCHEDULER
@@ -195,7 +195,8 @@ class RemoteSource(ByteSource):
         self.validator: str | None = None
         self._content_id = ""
         self._cache = self.options.chunk_cache()
-        self._flights = SingleFlight()  # chunk index -> its fetch under way (ckptfs.cache.flight)
+        # chunk index -> its fetch under way (ckptfs.cache.flight), shared by content once it is known
+        self._flights = SingleFlight()
         self._readahead = ReadAhead(self)
         self._closed = False
         self._sample: tuple[int, int, str] | None = None  # (start, end, digest) re-checked after each fetch
@@ -237,6 +238,10 @@ class RemoteSource(ByteSource):
         else:  # nothing tells versions apart: never share these bytes beyond this open
             self._content_id = remote_content_id(f"unvalidated-{id(self):x}-{time.time_ns()}", size, url)
             self._cache = ChunkCache(None)
+            return
+        # every reader of these bytes in this process (another source of the URL, a warm-up of the file
+        # started before the checkpoint's open) joins the same fetches
+        self._flights = flights_for(self._content_id)
 
     def _confirm_version(self, fetched_at: float, deadline: float, offset: int) -> None:
         """For a weak validator (``_sample`` set): bytes fetched by ``fetched_at`` are served only once a
@@ -416,15 +421,16 @@ class RemoteSource(ByteSource):
         missing = (i for i in range(c0, c1) if not self._cache.has(chunk_key(self._content_id, i)))
         return _runs(sorted(self._flights.claim(missing)))
 
-    def fetch_claimed(self, runs: list[tuple[int, int]]) -> Exception | None:
+    def fetch_claimed(self, runs: list[tuple[int, int]], memory: bool = True) -> Exception | None:
         """Fetch claimed runs into the chunk cache (best effort, within ``--timeout``): a run that fails is
         left to its readers, who fetch it themselves with their own retries. The first failure is returned
-        (read-ahead ignores it; a warm-up reports it, ``ckptfs.sources.remote.warmup``)."""
+        (read-ahead ignores it; a warm-up reports it, ``ckptfs.sources.remote.warmup``). ``memory=False``:
+        the chunks go to the ``--cache-dir`` store only (``ChunkCache.put``), as a warm-up's do."""
         deadline = time.monotonic() + self.options.timeout
         first: Exception | None = None
         for start, stop in runs:
             try:
-                self._fetch_chunks(start, stop, deadline)
+                self._fetch_chunks(start, stop, deadline, memory)
             except Exception as exc:  # noqa: BLE001 - see the docstring
                 log.debug("read-ahead of %s chunks %d..%d failed: %s", public_name(self.name), start, stop, exc)
                 first = first or exc
@@ -465,7 +471,7 @@ class RemoteSource(ByteSource):
         """In a forked child: the parent's fetches are gone; their readers fetch for themselves."""
         self._flights.fail_all(RuntimeError("fetch interrupted by fork"))
 
-    def _fetch_chunks(self, c0: int, c1: int, deadline: float) -> dict[int, bytes]:
+    def _fetch_chunks(self, c0: int, c1: int, deadline: float, memory: bool = True) -> dict[int, bytes]:
         """Fetch chunks [c0, c1) (flights registered by the caller), cache them, wake waiters. With a shared
         tier (``--redis``/``--redis-cluster``, ``ckptfs.cache.chunks``): the chunks it holds are taken from
         it (one round trip), the rest leased (one more); only the chunks whose lease this process won are
@@ -478,7 +484,7 @@ class RemoteSource(ByteSource):
             if self._cache.shared is not None:
                 fetch, held = self._from_shared(fetch, deadline, out)
                 leased = list(fetch)
-            self._fetch_runs(fetch, deadline, out)
+            self._fetch_runs(fetch, deadline, out, memory)
             if held:
                 leased += self._wait_shared(held, deadline, out)
         except BaseException as exc:
@@ -489,9 +495,10 @@ class RemoteSource(ByteSource):
             raise
         return out
 
-    def _fetch_runs(self, indexes: list[int], deadline: float, out: dict[int, bytes]) -> None:
+    def _fetch_runs(self, indexes: list[int], deadline: float, out: dict[int, bytes], memory: bool = True) -> None:
         """Fetch the chunks ``indexes`` from the origin, each contiguous run as requests of at most
-        ``MAX_REQUEST_BYTES``; each chunk is cached, added to ``out`` and its flight finished."""
+        ``MAX_REQUEST_BYTES``; each chunk is cached (in memory too unless ``memory`` is False), added to
+        ``out`` and its flight finished."""
         step = max(1, MAX_REQUEST_BYTES // CHUNK)
         for c0, c1 in _runs(indexes):
             for first in range(c0, c1, step):
@@ -502,7 +509,7 @@ class RemoteSource(ByteSource):
                     data = b"".join(parts)  # a scheme that answers in other pieces: cut it into chunks
                     parts = [data[k * CHUNK: (k + 1) * CHUNK] for k in range(last - first)]
                 for i, piece in zip(range(first, last), parts):
-                    self._cache.put(chunk_key(self._content_id, i), piece)
+                    self._cache.put(chunk_key(self._content_id, i), piece, memory=memory)
                     out[i] = piece
                     self._finish(i, piece, None)
 

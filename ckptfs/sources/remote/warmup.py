@@ -148,13 +148,15 @@ def _chunk_bytes(remote: RemoteSource, first: int, last: int) -> int:
 
 
 def warm(sources: Iterable[ByteSource], *, stop: threading.Event | None = None,
-         progress: Callable[[int, int], None] | None = None, share: float = 1.0) -> WarmupReport:
+         progress: Callable[[int, int], None] | None = None, share: float = 1.0,
+         cached_before: dict[str, int] | None = None) -> WarmupReport:
     """Fetch every chunk of ``sources`` the ``--cache-dir`` store lacks (see the module docstring).
     ``progress(done, total)``: bytes in the store so far of the remote files' total, called as pieces land
     (from worker threads). ``share``: the fraction of each origin's in-flight slots and of the fetch budget
-    the warm-up may hold (a mount leaves the rest to its readers' read-ahead). WarmupError when it cannot
-    start (no store, a checkpoint bigger than the store); failures while fetching are in the report's
-    ``errors``."""
+    the warm-up may hold (a mount leaves the rest to its readers' read-ahead). ``cached_before``: for files
+    an :class:`EarlyWarmup` fetched already, by content identity, the bytes the store held before it (what
+    the report counts as cached for them). WarmupError when it cannot start (no store, a checkpoint bigger
+    than the store); failures while fetching are in the report's ``errors``."""
     started = time.monotonic()
     report = WarmupReport()
     files: list[_File] = []
@@ -181,7 +183,8 @@ def warm(sources: Iterable[ByteSource], *, stop: threading.Event | None = None,
                               f"({FITS_FRACTION:.0%} of it, after a prune): give a larger --cache-dir-size")
     for f in files:
         f.missing = f.remote.unstored_chunks()
-        report.cached += f.remote.size - sum(_chunk_bytes(f.remote, i, i + 1) for i in f.missing)
+        stored = f.remote.size - sum(_chunk_bytes(f.remote, i, i + 1) for i in f.missing)
+        report.cached += (cached_before or {}).get(f.remote.content_id(), stored)
     done = [report.cached]
     lock = threading.Lock()
 
@@ -285,7 +288,7 @@ class _Piece:
             if self.errors or (self.stop is not None and self.stop.is_set()):
                 remote.abandon(self.runs, RuntimeError("prefetch stopped"))  # queued when it ended: not fetched
                 return
-            error = remote.fetch_claimed(self.runs)
+            error = remote.fetch_claimed(self.runs, memory=False)  # for the store: readers' LRU untouched
         finally:
             self.limit.done()
         if error is not None and self.file.wrapper is not remote and getattr(self.file.wrapper, "mirrors", None):
@@ -309,6 +312,59 @@ class _Piece:
 
     def __repr__(self) -> str:
         return f"<prefetch {public_name(self.file.remote.name)} {self.runs}>"
+
+
+class EarlyWarmup:
+    """The warm-up of one remote file, started before its checkpoint is opened (``ckptfs prefetch`` of a
+    single file): the open's probes, header reads and parsing, most of a cold prefetch of a small model,
+    overlap the fetching of the rest instead of coming first. The open's header reads join the warm-up's
+    fetches of the same chunks (``ckptfs.cache.flight.flights_for``: one flight per content in a process), so
+    no byte is fetched twice.
+
+    Best effort: the source is made (probed) on the warm-up's thread, so a slow or dead server delays nothing,
+    and a failure is logged and dropped, since the warm-up of the opened checkpoint that always follows
+    (``warm``, through the checkpoint's own sources: mirrors, the fit check of every file) fetches whatever is
+    still missing and reports its own errors. Only for a source that is one whole checkpoint (the caller
+    decides: not a shard of a split set, not a folder or an index), so the fit check made here for it is the
+    checkpoint's."""
+
+    def __init__(self, make_source: Callable[[], ByteSource], stop: threading.Event | None = None,
+                 progress: Callable[[int, int], None] | None = None):
+        self.make_source = make_source
+        self.stop = stop
+        self.progress = progress
+        self.cached: dict[str, int] = {}  # content identity -> bytes in the store before this run
+        self.report: WarmupReport | None = None
+        self._thread = threading.Thread(target=self._run, name="ckptfs-prefetch-early", daemon=True)
+
+    def start(self) -> EarlyWarmup:
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        name = "SRC"
+        try:
+            remote = remote_of(self.make_source())
+            if remote is None or not remote.stores_chunks:
+                return
+            name = public_name(remote.name)
+            missing = remote.unstored_chunks()
+            self.cached[remote.content_id()] = remote.size - sum(_chunk_bytes(remote, i, i + 1) for i in missing)
+            self.report = warm([remote], stop=self.stop, progress=self.progress)
+            if self.report.errors:
+                raise WarmupError(remote.name, None, self.report.errors[0])
+        except Exception as exc:  # noqa: BLE001 - best effort: the checkpoint's warm-up fetches the rest
+            log.info("prefetch of %s before its open: %s (fetched after the open instead)", name, exc)
+
+    @property
+    def stored(self) -> int:
+        """Bytes it fetched into the store (once it has ended)."""
+        return self.report.fetched if self.report is not None else 0
+
+    def join(self) -> dict[str, int]:
+        """Wait for it; ``warm``'s ``cached_before`` for the file it fetched (empty when it did not run)."""
+        self._thread.join()
+        return self.cached
 
 
 def _unstored_error(remote: RemoteSource, left: list[int]) -> str:

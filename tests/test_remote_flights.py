@@ -1,0 +1,95 @@
+"""One fetch per chunk in a process, and warm-ups that keep out of the readers' memory.
+
+Debian's nginx on loopback serves random bytes; its access log (with each request's Range) is what the origin
+saw. What is proved:
+
+- two sources of one URL in a process (the header reader of an open and a warm-up started before it, as
+  ``ckptfs prefetch`` runs them) share their fetches: a reader of chunks another source is fetching waits for
+  that fetch instead of sending its own request, and gets the same bytes;
+- a warm-up's chunks go to the ``--cache-dir`` store only, not into the process's memory LRU, so warming a
+  whole checkpoint does not evict the chunks readers are using; every byte read back from the store is the
+  file's.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import threading
+import time
+
+import pytest
+
+pytest.importorskip("urllib3")
+
+from ckptfs.cache.chunks import CHUNK, MEMORY, chunk_key  # noqa: E402
+from ckptfs.sources import Opener  # noqa: E402
+from ckptfs.sources.remote.transport import RemoteOptions  # noqa: E402
+from ckptfs.sources.remote.warmup import warm  # noqa: E402
+from servers import Nginx, require_nginx  # noqa: E402
+
+MiB = 1 << 20
+TAIL = 4096  # nginx's ETag is weak: opens and fetches check the file's last 4 KiB
+_RANGE = re.compile(r'"GET /(?P<path>\S+) [^"]*" 206 (\d+) .*range="bytes=(\d+)-(\d+)"')
+
+
+@pytest.fixture(scope="module")
+def origin(tmp_path_factory):
+    require_nginx()
+    root = tmp_path_factory.mktemp("www")
+    data = os.urandom(12 * MiB)
+    for name in ("shared.bin", "warm.bin"):
+        (root / name).write_bytes(data)  # each test its own file: its own log lines
+    with Nginx(root) as server:
+        yield server, data
+
+
+def _data_ranges(server: Nginx, before: int, name: str, size: int) -> list[tuple[int, int]]:
+    """The ranges nginx answered for ``name`` since log line ``before``, less the opens' one-byte probes and
+    the weak ETag's tail checks."""
+    out = []
+    for line in server.access_log()[before:]:
+        m = _RANGE.search(line)
+        if m and m["path"] == name:
+            span = (int(m[3]), int(m[4]) + 1)
+            if span != (0, 1) and span != (size - TAIL, size):
+                out.append(span)
+    return out
+
+
+def _source(url: str, **options):
+    # a RemoteOptions of its own per source: nothing memoized between them (an open and a warm-up each probe)
+    return Opener(RemoteOptions(timeout=20, stall_timeout=5, **options)).source(url)
+
+
+def test_a_reader_waits_for_the_fetch_another_source_of_the_url_has_under_way(origin):
+    server, data = origin
+    url = f"{server.url}/shared.bin"
+    fetcher, reader = _source(url), _source(url, read_ahead=False)  # as a warm-up's and a header reader's
+    before = len(server.access_log())
+    runs = fetcher.claim(16, 24)  # bytes 4..6 MiB are now on their way (not fetched yet; an open without a
+    assert runs == [(16, 24)]     # --cache-dir fetched and kept the first 2 MiB)
+    got: dict = {}
+    waiting = threading.Thread(target=lambda: got.update(head=reader.pread(4 * MiB, 2 * MiB)))
+    waiting.start()
+    time.sleep(0.5)  # the reader has asked; with fetches of its own it would have sent its request by now
+    assert _data_ranges(server, before, "shared.bin", len(data)) == []
+    assert waiting.is_alive()  # waiting for the fetcher's chunks
+    assert fetcher.fetch_claimed(runs) is None
+    waiting.join(20)
+    assert got["head"] == data[4 * MiB:6 * MiB]
+    time.sleep(0.2)  # nginx logs a request once its answer is sent
+    assert _data_ranges(server, before, "shared.bin", len(data)) == [(4 * MiB, 6 * MiB)]  # one request, not two
+
+
+def test_a_warm_up_stores_its_chunks_without_filling_the_memory_cache(origin, tmp_path):
+    server, data = origin
+    url = f"{server.url}/warm.bin"
+    source = _source(url, cache_dir=str(tmp_path / "cache"))
+    chunks = -(-len(data) // CHUNK)
+    report = warm([source])
+    assert report.ok and report.fetched == len(data), report.summary()
+    keys = [chunk_key(source.content_id(), i) for i in range(chunks)]
+    assert not any(key in MEMORY for key in keys)  # the readers' LRU holds none of the warm-up's chunks
+    assert source.unstored_chunks() == []  # every one is in the store
+    assert source.pread(0, len(data)) == data  # and each reads back as the file's bytes, from the store
