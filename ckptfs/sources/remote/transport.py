@@ -178,17 +178,6 @@ def backoff_delay(attempt: int) -> float:
     return random.uniform(0.5, 1.0) * min(BACKOFF_CAP, BACKOFF_BASE * (2 ** (attempt - 1)))
 
 
-class _VersionCheck:
-    """One re-check of a weak validator's sample under way (``RemoteSource._confirm_version``): sent at
-    ``sent``; ``done`` once it has passed or failed."""
-
-    __slots__ = ("sent", "done")
-
-    def __init__(self, sent: float):
-        self.sent = sent
-        self.done = threading.Event()
-
-
 class RemoteSource(ByteSource):
     """Base of the remote sources (see the module docstring). Subclasses call ``_set_identity`` while
     opening and implement ``_attempt(start, end, deadline) -> bytes``."""
@@ -212,8 +201,7 @@ class RemoteSource(ByteSource):
         self._closed = False
         self._sample: tuple[int, int, str] | None = None  # (start, end, digest) re-checked after each fetch
         self._check_lock = threading.Lock()
-        self._checked_at = float("-inf")  # when the last check that passed was sent
-        self._checks: list[_VersionCheck] = []  # checks under way
+        self._checked_at = float("-inf")
         self._limit: OriginLimit | None = None
 
     def origin(self) -> str:
@@ -259,35 +247,18 @@ class RemoteSource(ByteSource):
         """For a weak validator (``_sample`` set): bytes fetched by ``fetched_at`` are served only once a
         request sent after that found the file's last bytes unchanged. A replaced file answers each request
         with the new version from then on, so a check that still sees the old one proves the bytes before it
-        old too. Concurrent fetches share checks: a fetch waits for a check under way that was sent after its
-        bytes arrived, and sends one itself only when none was, so it waits one check's round trip at most
-        (not the end of an earlier check and then its own: two, with every fetch in line behind one lock).
-        CheckpointError when the last bytes differ."""
+        old too; concurrent fetches share one check. CheckpointError when the last bytes differ."""
         if self._sample is None:
             return
-        while True:
-            with self._check_lock:
-                if self._checked_at > fetched_at:
-                    return  # a check sent after these bytes arrived passed
-                check = next((c for c in self._checks if c.sent > fetched_at), None)
-                mine = check is None
-                if mine:
-                    check = _VersionCheck(time.monotonic())
-                    self._checks.append(check)
-            if mine:
-                self._run_check(check, deadline, offset)  # passed (else it raised)
-                return
-            if not check.done.wait(max(0.0, deadline - time.monotonic())):
-                raise self._timeout_error(offset)
-            # passed: the loop returns; failed: this fetch checks for itself (its own retries and error)
-
-    def _run_check(self, check: _VersionCheck, deadline: float, offset: int) -> None:
-        """Send ``check``: the file's last bytes fetched again and compared with the sample taken at open."""
-        from ckptfs.sources.identity import sample_digest
-
         start, end, digest = self._sample
-        passed = False
+        if not self._check_lock.acquire(timeout=max(0.0, deadline - time.monotonic())):
+            raise self._timeout_error(offset)
         try:
+            if self._checked_at > fetched_at:
+                return  # a check sent after these bytes arrived passed
+            from ckptfs.sources.identity import sample_digest
+
+            sent = time.monotonic()
             data = self.retrying(lambda: self._attempt(start, end, deadline), deadline, offset,
                                  "re-checking the file's last bytes: ")
             COUNTERS.request(self.scheme, "ok", len(data))
@@ -296,13 +267,9 @@ class RemoteSource(ByteSource):
                 raise CheckpointError(self.name, offset, f"changed since it was opened: its last {end - start} "
                                                          f"bytes differ (replaced by a file of the same size within "
                                                          f"the validator's one-second resolution)")
-            passed = True
+            self._checked_at = sent
         finally:
-            with self._check_lock:
-                self._checks.remove(check)
-                if passed:
-                    self._checked_at = max(self._checked_at, check.sent)
-            check.done.set()
+            self._check_lock.release()
 
     def content_id(self) -> str:
         return self._content_id
@@ -501,11 +468,8 @@ class RemoteSource(ByteSource):
                 self._flights.finish(i, error=error)
 
     def forget_fetches(self) -> None:
-        """In a forked child: the parent's fetches (and version checks) are gone; their readers fetch for
-        themselves."""
+        """In a forked child: the parent's fetches are gone; their readers fetch for themselves."""
         self._flights.fail_all(RuntimeError("fetch interrupted by fork"))
-        self._check_lock = threading.Lock()
-        self._checks = []
 
     def _fetch_chunks(self, c0: int, c1: int, deadline: float, memory: bool = True) -> dict[int, bytes]:
         """Fetch chunks [c0, c1) (flights registered by the caller), cache them, wake waiters. With a shared
