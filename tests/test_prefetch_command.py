@@ -62,6 +62,7 @@ def origin(tmp_path_factory):
     write_split_gguf(root / "split", gguf_tensors(count=6), per_shard=2)
     write_gguf(root / "big.gguf", {"w": (rng.standard_normal((1536, 4096)).astype(np.float32), "F32")})  # 24 MiB
     (root / "resume.gguf").write_bytes((root / "big.gguf").read_bytes())
+    (root / "junk.gguf").write_bytes(rng.integers(0, 256, 24 << 20, dtype=np.uint8).tobytes())  # no checkpoint
     with Nginx(root) as server:
         yield server, root
 
@@ -206,6 +207,17 @@ def test_every_shard_of_a_split_gguf_is_warmed(origin, tmp_path, mounted):
     for shard in shards:
         seen = _ranges(server, before, f"split/{shard.name}")
         assert _data_ranges(seen, shard.stat().st_size) == [], (shard.name, seen)
+
+
+def test_a_file_that_is_no_checkpoint_is_refused_after_its_first_read_not_fetched_whole(origin, tmp_path):
+    server, root = origin
+    size = (root / "junk.gguf").stat().st_size
+    before = len(server.access_log())
+    result = run_cli("prefetch", f"{server.url}/junk.gguf", "--cache-dir", str(tmp_path / "cache"))
+    one_error_line(result, 1, "junk.gguf", "not a GGUF or safetensors file")
+    time.sleep(0.3)  # nginx logs a request once its answer is sent
+    fetched = sum(b - a for a, b in _data_ranges(_ranges(server, before, "junk.gguf"), size))
+    assert 0 < fetched <= 2 * MiB  # the first read, which says what the file is; not the warm-up's pieces
 
 
 def test_failures_are_one_line_and_leave_nothing_wrong(origin, tmp_path):

@@ -137,6 +137,7 @@ def _early_warmup(src: str, options: dict, stop: threading.Event, bar: ByteBar):
     or None. Anything that goes wrong there is left to the open and the warm-up after it, which say it in
     their own words."""
     from ckptfs.core.options import OpenOptions
+    from ckptfs.formats import detect
     from ckptfs.formats.shards import is_index_name, parse_shard_name
     from ckptfs.sources.plan import SourcePlan, names_folder
     from ckptfs.sources.remote.warmup import EarlyWarmup
@@ -145,7 +146,9 @@ def _early_warmup(src: str, options: dict, stop: threading.Event, bar: ByteBar):
     if names_folder(src) or parse_shard_name(name) is not None or is_index_name(name) or options.get("mirrors"):
         return None  # (with mirrors the open may need them: an early warm-up would read the primary alone)
     plan = SourcePlan(src, OpenOptions.build(None, **options))
-    return EarlyWarmup(lambda: plan.opener(src), stop=stop, progress=bar).start()
+    # a file that is no checkpoint: nothing warmed before the open says so
+    return EarlyWarmup(lambda: plan.opener(src), stop=stop, progress=bar,
+                       check=lambda source: detect(src, source=source)).start()
 
 
 def _fetch_bytes(ck, bar: ByteBar, quiet: bool, started: float, before: dict, stop: threading.Event,

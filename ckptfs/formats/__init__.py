@@ -17,6 +17,7 @@ from ckptfs.core.errors import CheckpointError
 from ckptfs.formats._common import only_checkpoint_errors
 from ckptfs.formats._prefix import FilePrefix
 from ckptfs.sources import DEFAULT_OPENER, Opener
+from ckptfs.sources.base import ByteSource
 from ckptfs.formats.gguf import MAGIC as GGUF_MAGIC
 from ckptfs.formats.gguf import read_gguf
 from ckptfs.formats.safetensors import MAX_HEADER_SIZE, read_safetensors
@@ -43,15 +44,16 @@ _HINTS: tuple[tuple[bytes, str], ...] = (
 
 
 @only_checkpoint_errors
-def detect(path: str, opener: Opener = DEFAULT_OPENER) -> str:
-    """``"gguf"`` or ``"safetensors"``, judged by content; CheckpointError for anything else.
+def detect(path: str, opener: Opener = DEFAULT_OPENER, source: ByteSource | None = None) -> str:
+    """``"gguf"`` or ``"safetensors"``, judged by content; CheckpointError for anything else. ``source``:
+    ``path`` already open (read, not closed).
 
     GGUF: the magic ``GGUF``. safetensors: an 8-byte little-endian header length between 2 and the format's
     100 MB cap, followed by JSON whose first non-whitespace byte is ``{``. A length larger than the file is
     still recognised (the reader then reports the cut-short header precisely); a length beyond the cap
     before a ``{`` is a safetensors file whose header the format forbids, and the error says so.
     """
-    with FilePrefix(path, opener=opener) as prefix:
+    with FilePrefix(path, source=source, opener=opener) as prefix:
         head = prefix.read_at(0, 64)
         if head[:4] == GGUF_MAGIC:
             return "gguf"

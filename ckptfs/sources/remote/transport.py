@@ -441,6 +441,16 @@ class RemoteSource(ByteSource):
         """Whether fetched chunks are kept in a ``--cache-dir`` store (beyond this process's memory)."""
         return self._cache.disk is not None
 
+    def stored_bytes(self) -> int:
+        """Bytes of this file the ``--cache-dir`` store holds now (what this process holds in memory only, a
+        header read, not counted)."""
+        disk = self._cache.disk
+        if disk is None:
+            return 0
+        chunks = -(-self.size // CHUNK)
+        return sum(min(CHUNK, self.size - i * CHUNK) for i in range(chunks)
+                   if disk.contains(chunk_key(self._content_id, i)))
+
     def unstored_chunks(self) -> list[int]:
         """The chunk numbers the ``--cache-dir`` store does not hold (every chunk without a store). A chunk
         this process holds in memory only (its header read, a read before the store had room) is written to

@@ -321,7 +321,8 @@ class EarlyWarmup:
     fetches of the same chunks (``ckptfs.cache.flight.flights_for``: one flight per content in a process), so
     no byte is fetched twice.
 
-    Best effort: the source is made (probed) on the warm-up's thread, so a slow or dead server delays nothing,
+    Best effort: the source is made (probed) by ``make_source`` and judged by ``check`` (``ckptfs prefetch``:
+    its format detected from its first read) on the warm-up's thread, so a slow or dead server delays nothing,
     and a failure is logged and dropped, since the warm-up of the opened checkpoint that always follows
     (``warm``, through the checkpoint's own sources: mirrors, the fit check of every file) fetches whatever is
     still missing and reports its own errors. Only for a source that is one whole checkpoint (the caller
@@ -329,8 +330,10 @@ class EarlyWarmup:
     checkpoint's."""
 
     def __init__(self, make_source: Callable[[], ByteSource], stop: threading.Event | None = None,
-                 progress: Callable[[int, int], None] | None = None):
+                 progress: Callable[[int, int], None] | None = None,
+                 check: Callable[[ByteSource], object] | None = None):
         self.make_source = make_source
+        self.check = check  # raises for a source not worth warming (a file that is no checkpoint)
         self.stop = stop
         self.progress = progress
         self.cached: dict[str, int] = {}  # content identity -> bytes in the store before this run
@@ -348,8 +351,9 @@ class EarlyWarmup:
             if remote is None or not remote.stores_chunks:
                 return
             name = public_name(remote.name)
-            missing = remote.unstored_chunks()
-            self.cached[remote.content_id()] = remote.size - sum(_chunk_bytes(remote, i, i + 1) for i in missing)
+            self.cached[remote.content_id()] = remote.stored_bytes()  # before this run's first read
+            if self.check is not None:
+                self.check(remote)
             self.report = warm([remote], stop=self.stop, progress=self.progress)
             if self.report.errors:
                 raise WarmupError(remote.name, None, self.report.errors[0])
