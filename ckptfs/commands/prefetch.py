@@ -119,6 +119,8 @@ def prefetch(src, names, cache_dir, cache_dir_size, redis, redis_cluster, cache_
                 stop.set()
                 early.join()
             raise
+        finally:
+            bar.close()  # before any error line (the early warm-up may have drawn it)
     except KeyboardInterrupt:
         stop.set()
         click.echo("ckptfs: interrupted (what was fetched is kept: run it again for the rest)", err=True)
@@ -133,9 +135,9 @@ def prefetch(src, names, cache_dir, cache_dir_size, redis, redis_cluster, cache_
 
 def _early_warmup(src: str, options: dict, stop: threading.Event, bar: ByteBar):
     """For a SRC that is one remote file and the whole checkpoint (not a shard of a split set, an index or a
-    folder), without mirrors: its warm-up started now, before the open (``EarlyWarmup``: best effort, on a thread of its own),
-    or None. Anything that goes wrong there is left to the open and the warm-up after it, which say it in
-    their own words."""
+    folder), without mirrors: its warm-up started now, before the open (``EarlyWarmup``: best effort, on a
+    thread of its own), or None. Anything that goes wrong there is left to the open and the warm-up after it,
+    which say it in their own words."""
     from ckptfs.core.options import OpenOptions
     from ckptfs.formats import detect
     from ckptfs.formats.shards import is_index_name, parse_shard_name
@@ -161,7 +163,7 @@ def _fetch_bytes(ck, bar: ByteBar, quiet: bool, started: float, before: dict, st
     from ckptfs.sources.remote.warmup import checkpoint_sources, warm
     from ckptfs.util.oneline import one_line
 
-    cached_before = early.join() if early is not None else None
+    cached_before = (early.join() or None) if early is not None else None  # None: it did not get to run
     opened = COUNTERS.snapshot()["bytes"] - before["bytes"]
     try:
         report = warm(checkpoint_sources(ck), progress=bar, stop=stop, cached_before=cached_before)
