@@ -38,6 +38,7 @@ from servers import Nginx, free_port, require_nginx  # noqa: E402
 
 from ckptfs.cache.chunks import CHUNK  # noqa: E402
 from ckptfs.cache.disk import DiskStore  # noqa: E402
+from ckptfs.cache.entry import HEADER_SIZE  # noqa: E402
 
 MiB = 1 << 20
 TAIL = 4096  # nginx's ETag is weak: each open (and fetch) checks the file's last 4 KiB
@@ -83,8 +84,10 @@ def _data_ranges(ranges: list[tuple[int, int]], size: int) -> list[tuple[int, in
 
 
 def _stored_chunks(cache: Path) -> int:
-    usage = DiskStore(cache, 1 << 40, "bytes").usage()
-    return usage.get("bytes", {}).get("files", 0)
+    """The chunks the folder's entries hold: an entry is one chunk, or a run of up to four fetched together
+    (``chunks.STORED_RUN``), its size the 64-byte header and its chunks' bytes."""
+    entries = [p for p in (cache / "bytes").glob("*/*.e") if not p.name.startswith(".")]
+    return sum(-(-(p.stat().st_size - HEADER_SIZE) // CHUNK) for p in entries)
 
 
 def _assert_values_equal_gguf_py(mnt: Path, paths: list[str]) -> int:
@@ -396,6 +399,5 @@ def test_decode_after_the_bytes_fills_the_decoded_tier_too(origin, tmp_path):
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     assert lines[0].startswith("prefetch: fetched ") and lines[1].startswith("prefetched 4 tensors"), lines
-    usage = DiskStore(cache, 1 << 40, "bytes").usage()
-    assert usage["bytes"]["files"] == -(-(root / "model.gguf").stat().st_size // CHUNK)
-    assert usage["blocks"]["files"] > 0  # the quantized tensors' decoded groups
+    assert _stored_chunks(cache) == -(-(root / "model.gguf").stat().st_size // CHUNK)
+    assert DiskStore(cache, 1 << 40, "bytes").usage()["blocks"]["files"] > 0  # the quantized tensors' groups

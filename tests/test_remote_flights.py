@@ -7,8 +7,8 @@ saw. What is proved:
   ``ckptfs prefetch`` runs them) share their fetches: a reader of chunks another source is fetching waits for
   that fetch instead of sending its own request, and gets the same bytes;
 - a warm-up's chunks go to the ``--cache-dir`` store only, not into the process's memory LRU, so warming a
-  whole checkpoint does not evict the chunks readers are using; every byte read back from the store is the
-  file's.
+  whole checkpoint does not evict the chunks readers are using; chunks fetched together are stored as one
+  entry per aligned run of four (a quarter of the files); every byte read back from the store is the file's.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import pytest
 
 pytest.importorskip("urllib3")
 
-from ckptfs.cache.chunks import CHUNK, MEMORY, chunk_key  # noqa: E402
+from ckptfs.cache.chunks import CHUNK, MEMORY, STORED_RUN, chunk_key  # noqa: E402
 from ckptfs.sources import Opener  # noqa: E402
 from ckptfs.sources.remote.transport import RemoteOptions  # noqa: E402
 from ckptfs.sources.remote.warmup import warm  # noqa: E402
@@ -91,5 +91,9 @@ def test_a_warm_up_stores_its_chunks_without_filling_the_memory_cache(origin, tm
     assert report.ok and report.fetched == len(data), report.summary()
     keys = [chunk_key(source.content_id(), i) for i in range(chunks)]
     assert not any(key in MEMORY for key in keys)  # the readers' LRU holds none of the warm-up's chunks
-    assert source.unstored_chunks() == []  # every one is in the store
+    assert source.unstored_chunks() == []  # every one is in the store ...
+    entries = list((tmp_path / "cache" / "bytes").glob("*/*.e"))
+    assert len(entries) == chunks // STORED_RUN  # ... as one entry per aligned run of 4 chunks, not 48 files
+    at = 5 * MiB + 12345  # a read inside a run: its chunk from the run's entry
+    assert source.pread(at, 4096) == data[at:at + 4096]
     assert source.pread(0, len(data)) == data  # and each reads back as the file's bytes, from the store

@@ -3,7 +3,8 @@ optionally the fleet's Redis (``--redis``/``--redis-cluster``).
 
 Remote bytes are cached in fixed, aligned chunks (``CHUNK`` bytes; the last chunk of a file may be shorter)
 keyed by the source's content identity and the chunk number, so a chunk can never be served for another
-file or another version of the same file. The memory LRU is shared by every remote source of the process;
+file or another version of the same file (in the disk store, the chunks of a run fetched together are one
+entry per aligned run of ``STORED_RUN``: see there). The memory LRU is shared by every remote source of the process;
 the disk store (``--cache-dir``, shared by every ckptfs process on the machine) makes a remount or a second
 process find the bytes without a request. A disk store that fails costs speed, never a read: its errors are
 swallowed here (the store itself logs and counts them).
@@ -41,9 +42,23 @@ CHUNK = 256 * 1024
 DEFAULT_MEMORY_BYTES = 256 * 1024 * 1024
 
 
+#: Chunks fetched together are kept in the ``--cache-dir`` store as one entry per aligned run of this many
+#: (chunks ``4g .. 4g + 3``, 1 MiB; the file's last run may be shorter), not one file per 256 KiB chunk: a
+#: warm-up or a stream creates a quarter of the files (each a new inode, an open, a header, a MAC), and a
+#: 42 GB checkpoint is 42,000 entries, not 168,000. A chunk fetched alone (a random read) is an entry of its
+#: own, as before; a lookup asks for the run's entry, then the chunk's.
+STORED_RUN = 4
+
+
 def chunk_key(content_id: str, index: int) -> CacheKey:
     """The key of fetched chunk ``index`` (bytes ``index * CHUNK`` on) of the file ``content_id``."""
     return CacheKey(content_id, 0, "bytes", "raw", index, index + 1)
+
+
+def run_key(key: CacheKey) -> CacheKey:
+    """The store key of the aligned run of ``STORED_RUN`` chunks that holds chunk ``key``."""
+    first = key.start - key.start % STORED_RUN
+    return key.with_range(first, first + STORED_RUN)
 
 
 class MemoryChunks(BytesLRU):
@@ -153,12 +168,12 @@ class ChunkCache:
         self.disk = disk
         self.shared = shared
 
-    def get(self, key: str) -> bytes | None:
+    def get(self, key: CacheKey) -> bytes | None:
         data = self.memory.get(key)
         if data is not None or self.disk is None:
             return data
         try:
-            data = self.disk.get(key)
+            data = self._from_run(key) if self.disk.contains(run_key(key)) else self.disk.get(key)
         except Exception as exc:  # noqa: BLE001 - see the module docstring
             log.debug("disk cache get failed: %s", exc)
             return None
@@ -167,14 +182,64 @@ class ChunkCache:
             self.memory.put(key, data)
         return data
 
-    def has(self, key: str) -> bool:
+    def _from_run(self, key: CacheKey) -> bytes | None:
+        """Chunk ``key`` from its run's store entry; the run's other chunks go to memory too (a reader of one
+        usually reads its neighbours)."""
+        run = run_key(key)
+        values = self.disk.get_array(run)
+        if values is None:
+            return self.disk.get(key)
+        payload = memoryview(values).cast("B")
+        found = None
+        for k, at in enumerate(range(0, len(payload), CHUNK)):
+            chunk = payload[at: at + CHUNK].tobytes()
+            if run.start + k == key.start:
+                found = chunk
+            else:
+                self.memory.put(key.with_range(run.start + k, run.start + k + 1), chunk)
+        return found
+
+    def has(self, key: CacheKey) -> bool:
         """In memory or on disk (read-ahead must not fetch what the disk store holds)."""
-        if key in self.memory:
-            return True
+        return key in self.memory or self.stored(key)
+
+    def stored(self, key: CacheKey) -> bool:
+        """In the disk store: an entry of its own or its run's (what this process holds in memory aside)."""
         try:
-            return self.disk is not None and bool(self.disk.contains(key))
+            return self.disk is not None and bool(self.disk.contains(run_key(key)) or self.disk.contains(key))
         except Exception:  # noqa: BLE001 - see the module docstring
             return False
+
+    def put_run(self, keys: list[CacheKey], parts: list[bytes], chunks: int, memory: bool = True) -> None:
+        """``put`` of consecutive chunks fetched together (``parts[k]`` for ``keys[k]``) of a file of ``chunks``
+        chunks: each aligned run of ``STORED_RUN`` among them (or the file's last run, when they reach its end)
+        becomes one store entry, the others an entry each."""
+        grouped: set[int] = set()
+        if self.disk is not None and keys:
+            first, end = keys[0].start, keys[0].start + len(parts)
+            for g in range(-(-first // STORED_RUN) * STORED_RUN, end, STORED_RUN):
+                stop = min(g + STORED_RUN, chunks)
+                if stop > end:
+                    break
+                if stop - g < 2:
+                    continue  # a last run of one chunk: an entry of its own
+                run = parts[g - first: stop - first]
+                try:
+                    written = self.disk.write_chunks(run_key(keys[g - first]), np.uint8, sum(len(p) for p in run),
+                                                     run)
+                except Exception as exc:  # noqa: BLE001 - see the module docstring
+                    log.debug("disk cache put failed: %s", exc)
+                    written = False
+                if written:  # else its chunks are offered one by one below
+                    grouped.update(range(g - first, stop - first))
+        for k, (key, data) in enumerate(zip(keys, parts)):
+            if k in grouped:
+                if memory:
+                    self.memory.put(key, data)
+                if self.shared is not None:
+                    self._shared("put", key, np.frombuffer(data, np.uint8))
+            else:
+                self.put(key, data, memory=memory)
 
     def put(self, key: str, data: bytes, persist: bool = True, memory: bool = True) -> None:
         """Keep ``data`` (fetched from the origin) in memory, on disk with ``persist``, and in the shared tier.

@@ -286,8 +286,8 @@ class RemoteSource(ByteSource):
         a warm-up's piece the mirrors answered), as chunks: the whole ones, and the file's last one."""
         start = c0 * CHUNK
         full = len(data) if start + len(data) == self.size else len(data) - len(data) % CHUNK
-        for i in range(0, full, CHUNK):
-            self._cache.put(chunk_key(self._content_id, c0 + i // CHUNK), bytes(data[i: i + CHUNK]))
+        keys = [chunk_key(self._content_id, c0 + i // CHUNK) for i in range(0, full, CHUNK)]
+        self._cache.put_run(keys, [bytes(data[i: i + CHUNK]) for i in range(0, full, CHUNK)], -(-self.size // CHUNK))
 
     # -- reading ---------------------------------------------------------------------------------------
     def pread(self, offset: int, size: int) -> bytes:
@@ -444,12 +444,9 @@ class RemoteSource(ByteSource):
     def stored_bytes(self) -> int:
         """Bytes of this file the ``--cache-dir`` store holds now (what this process holds in memory only, a
         header read, not counted)."""
-        disk = self._cache.disk
-        if disk is None:
-            return 0
         chunks = -(-self.size // CHUNK)
         return sum(min(CHUNK, self.size - i * CHUNK) for i in range(chunks)
-                   if disk.contains(chunk_key(self._content_id, i)))
+                   if self._cache.stored(chunk_key(self._content_id, i)))
 
     def unstored_chunks(self) -> list[int]:
         """The chunk numbers the ``--cache-dir`` store does not hold (every chunk without a store). A chunk
@@ -461,7 +458,7 @@ class RemoteSource(ByteSource):
         missing = []
         for i in range(chunks):
             key = chunk_key(self._content_id, i)
-            if disk.contains(key):
+            if self._cache.stored(key):
                 continue
             data = self._cache.memory.get(key)
             if data is not None:
@@ -518,8 +515,9 @@ class RemoteSource(ByteSource):
                 if len(parts) != last - first or any(len(p) != CHUNK for p in parts[:-1]):
                     data = b"".join(parts)  # a scheme that answers in other pieces: cut it into chunks
                     parts = [data[k * CHUNK: (k + 1) * CHUNK] for k in range(last - first)]
+                self._cache.put_run([chunk_key(self._content_id, i) for i in range(first, last)], parts,
+                                    -(-self.size // CHUNK), memory=memory)
                 for i, piece in zip(range(first, last), parts):
-                    self._cache.put(chunk_key(self._content_id, i), piece, memory=memory)
                     out[i] = piece
                     self._finish(i, piece, None)
 
