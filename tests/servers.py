@@ -32,6 +32,9 @@ from urllib.parse import quote, unquote, urlsplit
 
 NGINX = "/usr/sbin/nginx"
 _SPAN = re.compile(r'" \d+ (?P<bytes>\d+) .* rt=(?P<rt>[\d.]+) end=(?P<end>[\d.]+)$')
+_RANGE = re.compile(r'"GET /(?P<path>\S+) [^"]*" 206 \d+ .*range="bytes=(?P<a>\d+)-(?P<b>\d+)"')
+#: nginx's ETag is weak (mtime to the second): every open, and each fetch after it, asks for the last 4 KiB
+WEAK_ETAG_TAIL = 4096
 START_TIMEOUT = 20.0
 
 
@@ -214,6 +217,16 @@ http {{
     def access_log(self) -> list[str]:
         path = Path(self._dir) / "access.log"
         return path.read_text().splitlines() if path.exists() else []
+
+    def ranges(self, path: str, before: int = 0) -> list[tuple[int, int]]:
+        """The [start, end) byte ranges answered with 206 for ``path`` (as requested, without the leading
+        ``/``) in the log lines after the first ``before``."""
+        out = []
+        for line in self.access_log()[before:]:
+            m = _RANGE.search(line)
+            if m and m["path"] == path:
+                out.append((int(m["a"]), int(m["b"]) + 1))
+        return out
 
     def request_spans(self, before: int = 0) -> list[tuple[float, float, int]]:
         """(start, end, body bytes) of each request logged after the first ``before`` lines (nginx's
@@ -427,3 +440,9 @@ class HubStandIn:
 
 def quote_path(path: str) -> str:
     return quote(path, safe="/")
+
+
+def data_ranges(ranges: list[tuple[int, int]], size: int) -> list[tuple[int, int]]:
+    """Of the ranges a ckptfs source asked nginx for, those that fetched data: not an open's one-byte probe,
+    nor the weak ETag's check of the file's last ``WEAK_ETAG_TAIL`` bytes."""
+    return [r for r in ranges if r != (0, 1) and r != (max(0, size - WEAK_ETAG_TAIL), size)]

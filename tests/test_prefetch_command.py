@@ -20,7 +20,6 @@ oracle for values is gguf-py reading the files themselves. What is proved:
 
 from __future__ import annotations
 
-import re
 import time
 from pathlib import Path
 
@@ -34,15 +33,13 @@ from conftest import tmpfs, wait_until  # noqa: E402
 from faultproxy import FaultProxy  # noqa: E402
 from fixtures import quantized, write_gguf  # noqa: E402
 from multifile_sets import gguf_reference, gguf_tensors, write_split_gguf  # noqa: E402
-from servers import Nginx, free_port, require_nginx  # noqa: E402
+from servers import Nginx, data_ranges, free_port, require_nginx  # noqa: E402
 
 from ckptfs.cache.chunks import CHUNK  # noqa: E402
 from ckptfs.cache.disk import DiskStore  # noqa: E402
 from ckptfs.cache.entry import HEADER_SIZE  # noqa: E402
 
 MiB = 1 << 20
-TAIL = 4096  # nginx's ETag is weak: each open (and fetch) checks the file's last 4 KiB
-_REQUEST = re.compile(r'"GET /(?P<path>\S+) [^"]*" (?P<status>\d{3}) (?P<sent>\d+) .*range="bytes=(?P<a>\d+)-(?P<b>\d+)"')
 
 
 @pytest.fixture(scope="module")
@@ -66,21 +63,6 @@ def origin(tmp_path_factory):
     (root / "junk.gguf").write_bytes(rng.integers(0, 256, 24 << 20, dtype=np.uint8).tobytes())  # no checkpoint
     with Nginx(root) as server:
         yield server, root
-
-
-def _ranges(server: Nginx, before: int, path: str) -> list[tuple[int, int]]:
-    """The [start, end) byte ranges nginx answered with 206 for ``path`` since log line ``before``."""
-    out = []
-    for line in server.access_log()[before:]:
-        m = _REQUEST.search(line)
-        if m and m["path"] == path and m["status"] == "206":
-            out.append((int(m["a"]), int(m["b"]) + 1))
-    return out
-
-
-def _data_ranges(ranges: list[tuple[int, int]], size: int) -> list[tuple[int, int]]:
-    """The ranges that fetched chunk data: not an open's one-byte probe or the weak ETag's tail check."""
-    return [r for r in ranges if r != (0, 1) and r != (max(0, size - TAIL), size)]
 
 
 def _stored_chunks(cache: Path) -> int:
@@ -108,7 +90,7 @@ def test_a_prefetched_folder_serves_every_tensor_without_a_request_for_bytes(ori
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith("prefetch: fetched ") and result.stdout.count("\n") == 1, result.stdout
     assert "0 B already cached" in result.stdout
-    fetched = _data_ranges(_ranges(server, before, "model.gguf"), size)
+    fetched = data_ranges(server.ranges("model.gguf", before), size)
     assert sum(b - a for a, b in fetched) == size  # every byte once, none twice
     assert _stored_chunks(cache) == -(-size // CHUNK)
     before = len(server.access_log())
@@ -116,14 +98,14 @@ def test_a_prefetched_folder_serves_every_tensor_without_a_request_for_bytes(ori
     # two opens (the warm-up's, started before the checkpoint's, and the checkpoint's), each a probe and
     # the weak ETag's tail check; no byte of data
     assert again.returncode == 0 and "fetched 8.0 KiB" in again.stdout, (again.stdout, again.stderr)
-    assert _data_ranges(_ranges(server, before, "model.gguf"), size) == []
+    assert data_ranges(server.ranges("model.gguf", before), size) == []
 
     before = len(server.access_log())
     mnt = mounted(url, "--cache-dir", str(cache), "--cache-size", "0")
     assert _assert_values_equal_gguf_py(mnt, [str(root / "model.gguf")]) == 4
     assert (mnt / "model.gguf").read_bytes() == (root / "model.gguf").read_bytes()  # the header bytes too
-    seen = _ranges(server, before, "model.gguf")
-    assert seen and _data_ranges(seen, size) == [], seen  # the open's probe and tail check only
+    seen = server.ranges("model.gguf", before)
+    assert seen and data_ranges(seen, size) == [], seen  # the open's probe and tail check only
 
 
 def test_an_interrupted_run_is_finished_by_the_next_fetching_only_the_rest(origin, tmp_path):
@@ -150,7 +132,7 @@ def test_an_interrupted_run_is_finished_by_the_next_fetching_only_the_rest(origi
         first = runs["first"]
         # the 403 of a piece, or of the open's own reads when they came after it: one line, what was stored kept
         one_error_line(first, 1, "resume.gguf", "403", "fetched before it, kept")
-        run1 = _data_ranges(_ranges(server, before, "resume.gguf"), size)
+        run1 = data_ranges(server.ranges("resume.gguf", before), size)
         stored = _stored_chunks(cache)
         assert 0 < stored < -(-size // CHUNK)
 
@@ -158,7 +140,7 @@ def test_an_interrupted_run_is_finished_by_the_next_fetching_only_the_rest(origi
         before = len(server.access_log())
         second = run_cli("prefetch", url, "--cache-dir", str(cache), "--timeout", "10", timeout=120)
         assert second.returncode == 0, second.stderr
-        run2 = _data_ranges(_ranges(server, before, "resume.gguf"), size)
+        run2 = data_ranges(server.ranges("resume.gguf", before), size)
         import ckptfs
         from ckptfs.sources.remote.warmup import remote_of
 
@@ -185,13 +167,13 @@ def test_pieces_the_primary_fails_come_from_the_mirror_and_are_kept_as_the_prima
         result = run_cli("prefetch", primary, "--mirror", f"{server.url}/mirror.gguf", "--cache-dir", str(cache),
                          "--timeout", "10", timeout=120)
         assert result.returncode == 0, result.stderr
-        from_mirror = _data_ranges(_ranges(server, before, "mirror.gguf"), size)
+        from_mirror = data_ranges(server.ranges("mirror.gguf", before), size)
         assert from_mirror and proxy.faults_used.count("403") >= 1
         proxy.always(None)
         before = len(server.access_log())
         mnt = mounted(primary, "--cache-dir", str(cache), "--cache-size", "0")  # the primary alone, healthy now
         assert _assert_values_equal_gguf_py(mnt, [str(root / "primary.gguf")]) == 4
-        assert _data_ranges(_ranges(server, before, "primary.gguf"), size) == []
+        assert data_ranges(server.ranges("primary.gguf", before), size) == []
 
 
 def test_every_shard_of_a_split_gguf_is_warmed(origin, tmp_path, mounted):
@@ -208,8 +190,8 @@ def test_every_shard_of_a_split_gguf_is_warmed(origin, tmp_path, mounted):
     mnt = mounted(url, "--cache-dir", str(cache), "--cache-size", "0")
     assert _assert_values_equal_gguf_py(mnt, [str(p) for p in shards]) == 6
     for shard in shards:
-        seen = _ranges(server, before, f"split/{shard.name}")
-        assert _data_ranges(seen, shard.stat().st_size) == [], (shard.name, seen)
+        seen = server.ranges(f"split/{shard.name}", before)
+        assert data_ranges(seen, shard.stat().st_size) == [], (shard.name, seen)
 
 
 def test_a_file_that_is_no_checkpoint_is_refused_after_its_first_read_not_fetched_whole(origin, tmp_path):
@@ -219,7 +201,7 @@ def test_a_file_that_is_no_checkpoint_is_refused_after_its_first_read_not_fetche
     result = run_cli("prefetch", f"{server.url}/junk.gguf", "--cache-dir", str(tmp_path / "cache"))
     one_error_line(result, 1, "junk.gguf", "not a GGUF or safetensors file")
     time.sleep(0.3)  # nginx logs a request once its answer is sent
-    fetched = sum(b - a for a, b in _data_ranges(_ranges(server, before, "junk.gguf"), size))
+    fetched = sum(b - a for a, b in data_ranges(server.ranges("junk.gguf", before), size))
     assert 0 < fetched <= 2 * MiB  # the first read, which says what the file is; not the warm-up's pieces
 
 
@@ -242,7 +224,7 @@ def test_a_cache_dir_size_too_small_is_refused_before_fetching(origin, tmp_path)
     result = run_cli("prefetch", f"{server.url}/other.gguf", "--cache-dir", str(tmp_path / "c"),
                      "--cache-dir-size", str(size))  # the file fits, but not with its entries' headers in 90 %
     one_error_line(result, 1, "--cache-dir-size", "give a larger")
-    fetched = _data_ranges(_ranges(server, before, "other.gguf"), size)
+    fetched = data_ranges(server.ranges("other.gguf", before), size)
     assert sum(b - a for a, b in fetched) <= 2 * MiB  # the open's header read, then nothing
 
 
@@ -338,7 +320,7 @@ def test_ctrl_c_ends_a_run_at_once_and_keeps_what_it_stored(origin, tmp_path):
             out, err = proc.communicate(timeout=60)
         finally:
             proc.kill()
-        later = _data_ranges(_ranges(server, at_interrupt, "big.gguf"), size)
+        later = data_ranges(server.ranges("big.gguf", at_interrupt), size)
     assert proc.returncode == 130, (out, err)
     assert err.strip().count("\n") == 0 and "interrupted" in err and "Traceback" not in err, err
     assert later == []  # the pieces in flight ended; none was started on the way out

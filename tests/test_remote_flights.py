@@ -14,7 +14,6 @@ saw. What is proved:
 from __future__ import annotations
 
 import os
-import re
 import threading
 import time
 
@@ -26,11 +25,9 @@ from ckptfs.cache.chunks import CHUNK, MEMORY, STORED_RUN, chunk_key  # noqa: E4
 from ckptfs.sources import Opener  # noqa: E402
 from ckptfs.sources.remote.transport import RemoteOptions  # noqa: E402
 from ckptfs.sources.remote.warmup import warm  # noqa: E402
-from servers import Nginx, require_nginx  # noqa: E402
+from servers import Nginx, data_ranges, require_nginx  # noqa: E402
 
 MiB = 1 << 20
-TAIL = 4096  # nginx's ETag is weak: opens and fetches check the file's last 4 KiB
-_RANGE = re.compile(r'"GET /(?P<path>\S+) [^"]*" 206 (\d+) .*range="bytes=(\d+)-(\d+)"')
 
 
 @pytest.fixture(scope="module")
@@ -42,19 +39,6 @@ def origin(tmp_path_factory):
         (root / name).write_bytes(data)  # each test its own file: its own log lines
     with Nginx(root) as server:
         yield server, data
-
-
-def _data_ranges(server: Nginx, before: int, name: str, size: int) -> list[tuple[int, int]]:
-    """The ranges nginx answered for ``name`` since log line ``before``, less the opens' one-byte probes and
-    the weak ETag's tail checks."""
-    out = []
-    for line in server.access_log()[before:]:
-        m = _RANGE.search(line)
-        if m and m["path"] == name:
-            span = (int(m[3]), int(m[4]) + 1)
-            if span != (0, 1) and span != (size - TAIL, size):
-                out.append(span)
-    return out
 
 
 def _source(url: str, **options):
@@ -73,13 +57,13 @@ def test_a_reader_waits_for_the_fetch_another_source_of_the_url_has_under_way(or
     waiting = threading.Thread(target=lambda: got.update(head=reader.pread(4 * MiB, 2 * MiB)))
     waiting.start()
     time.sleep(0.5)  # the reader has asked; with fetches of its own it would have sent its request by now
-    assert _data_ranges(server, before, "shared.bin", len(data)) == []
+    assert data_ranges(server.ranges("shared.bin", before), len(data)) == []
     assert waiting.is_alive()  # waiting for the fetcher's chunks
     assert fetcher.fetch_claimed(runs) is None
     waiting.join(20)
     assert got["head"] == data[4 * MiB:6 * MiB]
     time.sleep(0.2)  # nginx logs a request once its answer is sent
-    assert _data_ranges(server, before, "shared.bin", len(data)) == [(4 * MiB, 6 * MiB)]  # one request, not two
+    assert data_ranges(server.ranges("shared.bin", before), len(data)) == [(4 * MiB, 6 * MiB)]  # one request, not two
 
 
 def test_a_warm_up_stores_its_chunks_without_filling_the_memory_cache(origin, tmp_path):

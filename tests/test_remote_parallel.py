@@ -241,15 +241,8 @@ def test_the_rest_of_a_tensor_advised_as_a_unit_is_fetched_in_parallel(origin):
 
 def _fetched_until(server: Nginx, name: str) -> int:
     """How far from the start the ranges nginx served of ``name`` reach without a gap."""
-    import re
-
-    ranges = []
-    for line in server.access_log():
-        m = re.search(r'"GET /(\S+) [^"]*" 206 \d+ .*range="bytes=(\d+)-(\d+)"', line)
-        if m and m[1] == name:
-            ranges.append((int(m[2]), int(m[3]) + 1))
     reach = 0
-    for begin, end in sorted(ranges):
+    for begin, end in sorted(server.ranges(name)):
         if begin > reach:
             break
         reach = max(reach, end)

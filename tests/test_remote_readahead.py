@@ -5,7 +5,6 @@ nginx's access log (with the Range header of each request)."""
 from __future__ import annotations
 
 import os
-import re
 
 import numpy as np
 import pytest
@@ -18,7 +17,6 @@ from ckptfs.sources.remote.transport import RemoteOptions  # noqa: E402
 from servers import Nginx, require_nginx  # noqa: E402
 
 MiB = 1 << 20
-_RANGE = re.compile(r'"GET /(?P<path>\S+) [^"]*" 206 (\d+) .*range="bytes=(\d+)-(\d+)"')
 
 
 @pytest.fixture(scope="module")
@@ -30,15 +28,6 @@ def blob(tmp_path_factory):
     (root / "random.bin").write_bytes(data)  # its own file: no other test's read-ahead in its log lines
     with Nginx(root) as server:
         yield server, data
-
-
-def _ranges(server: Nginx, before: int, name: str) -> list[tuple[int, int]]:
-    out = []
-    for line in server.access_log()[before:]:
-        m = _RANGE.search(line)
-        if m and m["path"] == name:
-            out.append((int(m[3]), int(m[4]) + 1))
-    return out
 
 
 def _open(server: Nginx, name: str):
@@ -53,7 +42,7 @@ def test_sequential_reads_are_fetched_ahead_in_large_requests(blob):
     for i in range(reads):
         offset = start + i * step
         assert source.pread(offset, step) == data[offset:offset + step]
-    ranges = _ranges(server, before, "blob.bin")
+    ranges = server.ranges("blob.bin", before)
     assert len(ranges) < reads // 4, ranges  # one request per read would be 160
     assert max(end - begin for begin, end in ranges) >= 2 * MiB
     covered = sorted(ranges)
@@ -69,7 +58,7 @@ def test_random_reads_fetch_only_their_chunks(blob):
     for offset in rng.permutation(offsets):
         offset = int(offset)
         assert source.pread(offset, 4096) == data[offset:offset + 4096]
-    ranges = _ranges(server, before, "random.bin")
+    ranges = server.ranges("random.bin", before)
     tail = (len(data) - 4096, len(data))  # nginx's ETag is weak: each fetch is followed by a check of the last 4 KiB
     checks = ranges.count(tail)
     ranges = [r for r in ranges if r != tail]

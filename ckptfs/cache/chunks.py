@@ -233,11 +233,10 @@ class ChunkCache:
                 if written:  # else its chunks are offered one by one below
                     grouped.update(range(g - first, stop - first))
         for k, (key, data) in enumerate(zip(keys, parts)):
-            if k in grouped:
+            if k in grouped:  # on disk already, in its run's entry
                 if memory:
                     self.memory.put(key, data)
-                if self.shared is not None:
-                    self._shared("put", key, np.frombuffer(data, np.uint8))
+                self._share(key, data)
             else:
                 self.put(key, data, memory=memory)
 
@@ -246,6 +245,9 @@ class ChunkCache:
         ``memory=False`` (a warm-up's bytes, fetched for the store): not in the memory LRU when the disk store
         takes them, so a whole checkpoint streaming into the store does not evict what readers use."""
         self._keep(key, data, persist, memory)
+        self._share(key, data)
+
+    def _share(self, key: str, data: bytes) -> None:
         if self.shared is not None:
             self._shared("put", key, np.frombuffer(data, np.uint8))
 

@@ -164,7 +164,7 @@ def _fetch_bytes(ck, bar: ByteBar, quiet: bool, started: float, before: dict, st
     from ckptfs.util.oneline import one_line
 
     cached_before = (early.join() or None) if early is not None else None  # None: it did not get to run
-    opened = COUNTERS.snapshot()["bytes"] - before["bytes"]
+    opened = COUNTERS.snapshot()["bytes"] - before["bytes"] if cached_before is None else 0
     try:
         report = warm(checkpoint_sources(ck), progress=bar, stop=stop, cached_before=cached_before)
     finally:
