@@ -18,6 +18,9 @@ setup(ext_modules=[Extension("ckptfs.quant._native", ["ckptfs/quant/_native.c"],
                    # reads of stored bytes answered in C, without the GIL (fs/direct.py)
                    Extension("ckptfs.fs._direct", ["ckptfs/fs/_direct.c"], extra_compile_args=flags,
                              optional=True),
+                   # the string arrays of a GGUF header (a vocabulary) walked in one loop (formats/gguf_values.py)
+                   Extension("ckptfs.formats._strings", ["ckptfs/formats/_strings.c"], extra_compile_args=flags,
+                             optional=True),
                    # GPTQ / AWQ rows decoded in one pass (packed/native.py)
                    Extension("ckptfs.packed._kernels", ["ckptfs/packed/_kernels.c"], extra_compile_args=flags,
                              optional=True)])

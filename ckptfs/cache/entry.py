@@ -9,7 +9,7 @@ names what the payload must be, and a reader believes nothing it cannot check:
     16      8     payload length in bytes (little-endian uint64)
     24      16    blake2b-128 of the cache key: an entry stored under another key (a hash collision, a
                   value copied to another name) is refused, never served
-    40      4     crc32 of the payload (zlib)
+    40      4     crc32 of the payload (zlib's polynomial: ``ckptfs.util.crc``)
     44      4     crc32 of bytes 0..44 (a torn or garbage header is caught before its length is believed)
     48      16    MAC: the first 16 bytes of HMAC-SHA256(tier key, bytes 0..40 + payload); zero in a tier
                   without a key (a Redis trusted as-is, ``auth.py``)
@@ -25,12 +25,15 @@ the two here (SHA extensions: 1.5 GB/s against 0.75; docs/caches.md has the figu
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import hmac
 import struct
 import zlib
 
 import numpy as np
+
+from ckptfs.util.crc import crc32
 
 MAGIC = b"CKPTFSE2"
 HEADER_SIZE = 64
@@ -53,13 +56,19 @@ def key_digest(key: str) -> bytes:
     return hashlib.blake2b(key.encode("utf-8", "surrogateescape"), digest_size=16).digest()
 
 
-def payload_crc(payload) -> int:
-    return zlib.crc32(payload) & 0xFFFFFFFF
+def payload_crc(payload, value: int = 0) -> int:
+    """The payload's crc32 (``value``: of the bytes before it, for a payload checksummed piece by piece)."""
+    return crc32(payload, value) & 0xFFFFFFFF
+
+
+@functools.lru_cache(maxsize=64)
+def _dtype_field(dtype: np.dtype | str) -> bytes:
+    return np.dtype(dtype).str.encode("ascii")
 
 
 def _fields(key: str, dtype: np.dtype | str, length: int) -> bytes:
     """Header bytes 0..40, the part the MAC covers."""
-    return _HEAD.pack(MAGIC, np.dtype(dtype).str.encode("ascii"), length, key_digest(key), 0)[:_MACED]
+    return _HEAD.pack(MAGIC, _dtype_field(dtype), length, key_digest(key), 0)[:_MACED]
 
 
 def new_mac(mac_key: bytes, key: str, dtype: np.dtype | str, length: int):
@@ -78,11 +87,20 @@ def make_header(key: str, dtype: np.dtype | str, length: int, crc: int, mac=None
 def encode(key: str, value: np.ndarray, mac_key: bytes | None = None) -> tuple[bytes, memoryview]:
     """(header, payload) for a 1-D contiguous array; the payload is a view of ``value``, not a copy."""
     payload = memoryview(np.ascontiguousarray(value)).cast("B")
-    mac = None
-    if mac_key is not None:
-        mac = new_mac(mac_key, key, value.dtype, payload.nbytes)
-        mac.update(payload)
-    return make_header(key, value.dtype, payload.nbytes, payload_crc(payload), mac), payload
+    return header_for(key, value.dtype, [payload], mac_key), payload
+
+
+def header_for(key: str, dtype: np.dtype | str, parts: list, mac_key: bytes | None = None) -> bytes:
+    """The header of an entry whose payload is ``parts`` (buffers at hand, e.g. the chunks of a run) one
+    after the other: checksummed part by part, never joined, so the entry can be written in one call."""
+    length = sum(memoryview(part).nbytes for part in parts)
+    mac = new_mac(mac_key, key, dtype, length) if mac_key is not None else None
+    crc = 0
+    for part in parts:
+        crc = payload_crc(part, crc)
+        if mac is not None:
+            mac.update(part)
+    return make_header(key, dtype, length, crc, mac)
 
 
 def parse_header(key: str, header) -> tuple[np.dtype, int, int]:

@@ -19,20 +19,20 @@ from __future__ import annotations
 
 
 class CacheKey(str):
-    """See the module docstring. Frozen; equal to (and hashed as) its text."""
+    """See the module docstring. Frozen; equal to (and hashed as) its text. Its parts are kept as one tuple
+    (a key is made for every chunk and group looked up: one assignment costs less than six)."""
 
-    content_id: str
-    offset: int
-    kind: str
-    form: str
-    start: int
-    stop: int
+    content_id = property(lambda self: self._parts[0], doc="the content identity of the bytes")
+    offset = property(lambda self: self._parts[1], doc="where in those bytes the thing is stored")
+    kind = property(lambda self: self._parts[2], doc="what was computed (a storage type, ``bytes``)")
+    form = property(lambda self: self._parts[3], doc="the served form (a dtype, ``raw``)")
+    start = property(lambda self: self._parts[4], doc="the first block (row, chunk) of the range")
+    stop = property(lambda self: self._parts[5], doc="the end of the range")
 
     def __new__(cls, content_id: str, offset: int, kind: str, form: str, start: int, stop: int) -> CacheKey:
-        key = super().__new__(cls, f"{content_id}|{offset}|{kind}|{form}|{start}-{stop}")
-        fields = key.__dict__
-        fields.update(content_id=content_id, offset=int(offset), kind=kind, form=form, start=int(start),
-                      stop=int(stop))
+        offset, start, stop = int(offset), int(start), int(stop)
+        key = str.__new__(cls, f"{content_id}|{offset}|{kind}|{form}|{start}-{stop}")
+        key.__dict__["_parts"] = (content_id, offset, kind, form, start, stop)
         return key
 
     def __setattr__(self, name, value):

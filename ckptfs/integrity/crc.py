@@ -9,8 +9,8 @@ GF(2) (multiplication by x^(8·len(B)) modulo the CRC polynomial). The map for o
 zlib itself (``crc32(b"\\0", c) ^ crc32(b"\\0", 0)`` for each bit ``c``); the maps for 2^k bytes are its
 squares, built once; any length applies the maps of its set bits.
 
-``crc32`` is zlib's function, from ISA-L (the optional ``isal`` package: carry-less multiplication, about
-5x zlib's speed here) when it is installed; both give the same values and release the GIL.
+``crc32`` is the process's (``ckptfs.util.crc``: ISA-L's when the optional ``isal`` package is installed, else
+zlib's; both give the same values and release the GIL).
 """
 
 from __future__ import annotations
@@ -18,10 +18,9 @@ from __future__ import annotations
 import functools
 import zlib
 
-try:
-    from isal.isal_zlib import crc32
-except ImportError:  # the optional speed-up is not installed: zlib's own, same values
-    crc32 = zlib.crc32
+from ckptfs.util.crc import crc32
+
+__all__ = ["crc32", "crc32_combine"]
 
 _Operator = tuple[int, ...]  # 32 columns: the image of each input bit
 

@@ -418,8 +418,11 @@ class RemoteSource(ByteSource):
         """Register fetches for the chunks in [c0, c1) that nobody has or fetches; the runs claimed. Readers
         of those chunks wait for them from now on; every claimed run must be given to :meth:`fetch_claimed`
         or :meth:`abandon`."""
-        missing = (i for i in range(c0, c1) if not self._cache.has(chunk_key(self._content_id, i)))
-        return _runs(sorted(self._flights.claim(missing)))
+        def missing():  # asked under the flights' lock, as a piece that lands stores then finishes its chunks
+            held = self._cache.held(self._content_id, range(c0, c1))
+            yield from (i for i in range(c0, c1) if i not in held)
+
+        return _runs(sorted(self._flights.claim(missing())))
 
     def fetch_claimed(self, runs: list[tuple[int, int]], memory: bool = True) -> Exception | None:
         """Fetch claimed runs into the chunk cache (best effort, within ``--timeout``): a run that fails is
@@ -445,8 +448,8 @@ class RemoteSource(ByteSource):
         """Bytes of this file the ``--cache-dir`` store holds now (what this process holds in memory only, a
         header read, not counted)."""
         chunks = -(-self.size // CHUNK)
-        return sum(min(CHUNK, self.size - i * CHUNK) for i in range(chunks)
-                   if self._cache.stored(chunk_key(self._content_id, i)))
+        stored = self._cache.stored_chunks(self._content_id, range(chunks))
+        return sum(min(CHUNK, self.size - i * CHUNK) for i in stored)
 
     def unstored_chunks(self) -> list[int]:
         """The chunk numbers the ``--cache-dir`` store does not hold (every chunk without a store). A chunk
@@ -456,10 +459,11 @@ class RemoteSource(ByteSource):
         if disk is None:
             return list(range(chunks))
         missing = []
+        stored = self._cache.stored_chunks(self._content_id, range(chunks))
         for i in range(chunks):
-            key = chunk_key(self._content_id, i)
-            if self._cache.stored(key):
+            if i in stored:
                 continue
+            key = chunk_key(self._content_id, i)
             data = self._cache.memory.get(key)
             if data is not None:
                 self._cache.put(key, data)
