@@ -39,6 +39,9 @@ class SingleFlight:
     def __init__(self) -> None:
         self._flights: dict[Hashable, Flight] = {}
         self._lock = threading.Lock()
+        #: Flights ended so far: a caller that looked up values before claiming compares it, before and
+        #: after, to know whether a computation may have ended (its value stored) in between.
+        self.finished = 0
 
     def run(self, key: Hashable, compute: Callable[[], object]):
         """``compute()``'s result, computed once for all concurrent callers of ``key``."""
@@ -79,6 +82,7 @@ class SingleFlight:
         """End ``key``'s flight with its value or error, waking its waiters (nothing if it has none)."""
         with self._lock:
             flight = self._flights.pop(key, None)
+            self.finished += 1
         if flight is not None:
             flight.value, flight.error = value, error
             flight.done.set()

@@ -47,7 +47,7 @@ from ckptfs.core.errors import CheckpointError
 from ckptfs.sources.registry import register_scheme
 from ckptfs.sources.netstats import COUNTERS
 from ckptfs.sources.remote.transport import (POOL_CONNECTIONS, SAMPLE_BYTES, Changed, RemoteOptions, RemoteSource,
-                                             Retryable, joined, read_deadline, stalled, wait_bound)
+                                             Retryable, answered, joined, read_deadline, stalled, wait_bound)
 from ckptfs.util.redact import public_name, redact
 
 MAX_REDIRECTS = 10
@@ -400,6 +400,7 @@ class HttpSource(RemoteSource):
                 _discard(resp)
                 raise Changed(f"its size is now {got[2]} bytes, was {self.size}")
             self._check_validator(resp, headers, answer)
+            answered()  # the bytes' version is fixed: a version check from now on covers them
             if got[0] != start or got[1] != end - 1:
                 _discard(resp)
                 raise CheckpointError(self.name, start, f"asked for bytes {start}-{end - 1}, the server sent "
@@ -414,6 +415,7 @@ class HttpSource(RemoteSource):
                                                             "(it answered 200 with the whole file)")
                 raise Changed(f"the server answered 200 with {length} bytes, the file had {self.size}")
             self._check_validator(resp, headers, answer)
+            answered()
         elif resp.status == 416:
             _finish_small(resp)
             raise Changed("the byte range is no longer satisfiable (HTTP 416)")
