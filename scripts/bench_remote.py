@@ -120,6 +120,10 @@ def main(argv: list[str] | None = None) -> int:
     capped.add_argument("--rate", default="20m", help="nginx limit_rate per request [20m]")
     capped.add_argument("--latency-ms", type=float, default=30.0, help="added before each request's first byte [30]")
     capped.add_argument("--hf-tuned", default="64,4", help="hf_transfer's tuned variant: FILES,CHUNK_MiB [64,4]")
+    capped.add_argument("--shapes", default="gemma3-270m-q4_k_m",
+                        choices=("gemma3-270m-q4_k_m", "qwen2-7b-q4_k_m"),
+                        help="the real file whose shapes the fixture has: Gemma 3 270M (242 MiB) or Qwen2 7B "
+                             "(4.4 GiB) [gemma3-270m-q4_k_m]")
     capped.add_argument("--prefetch-rounds", type=int, default=None,
                         help="rounds that also run ckptfs prefetch [all]")
     capped.add_argument("--s3", action="store_true", help="also through moto's S3 server")

@@ -6,7 +6,7 @@ Object stores and CDNs cap what one connection carries, and the tools that load 
 once. The origin here is Debian's nginx on 127.0.0.1 with ``limit_rate`` per request (``--rate``, default
 20m: 20 MiB/s, so an 8 MiB range takes 0.4 s), behind ``tests/faultproxy.py`` in a process of its own that
 waits ``--latency-ms`` before forwarding each request (latency to first byte). Each round runs, on the same
-file (a Gemma-3-270M-shaped Q4_K_M GGUF, ``make_realistic_gguf.py --shapes``):
+file (a Gemma-3-270M-shaped Q4_K_M GGUF, ``make_realistic_gguf.py --shapes``; ``--shapes qwen2-7b-q4_k_m``: 4.4 GiB):
 
 - ``hf_transfer.download`` with the arguments huggingface_hub passed it (``max_files=100``, ``chunk_size=
   10 MiB``, ``parallel_failures=3``, ``max_retries=5``: ``HF_TRANSFER_CONCURRENCY`` and
@@ -439,19 +439,26 @@ class DelayProxy:
             self.proc = None
 
 
-def fixture(root: Path) -> Path:
-    """The real-shaped Gemma 3 270M Q4_K_M GGUF (242 MiB), made once into ``root``."""
-    model = root / "gemma3-270m-q4_k_m.gguf"
+#: The header skeletons of real Q4_K_M files a fixture can be made from (``--shapes``): the Gemma 3 270M file
+#: (242 MiB, the default: a round of every case takes about half a minute) and Qwen2 7B's (4.4 GiB: the
+#: steady state of a real checkpoint, where start-up costs no longer weigh; a round takes minutes).
+SHAPES = ("gemma3-270m-q4_k_m", "qwen2-7b-q4_k_m")
+
+
+def fixture(root: Path, shapes: str = SHAPES[0]) -> Path:
+    """The real-shaped Q4_K_M GGUF of ``shapes`` (``scripts/real-shapes/SHAPES.json``), made once into
+    ``root``."""
+    model = root / f"{shapes}.gguf"
     if not model.exists():
         subprocess.run([sys.executable, str(REPO / "scripts" / "make_realistic_gguf.py"), str(model), "--shapes",
-                        str(REPO / "scripts" / "real-shapes" / "gemma3-270m-q4_k_m.json")], check=True)
+                        str(REPO / "scripts" / "real-shapes" / f"{shapes}.json")], check=True)
     return model
 
 
 def run(root: Path, args) -> dict:
     from ckptfs.bench.run import _machine
 
-    model = fixture(root)
+    model = fixture(root, getattr(args, "shapes", SHAPES[0]))
     notes: list[str] = []
     results: dict = {"machine": _machine(), "command": " ".join(sys.argv), "notes": notes, "section_s": {}}
     sections = [("capped", lambda: capped_section(root, model, args, notes)),
