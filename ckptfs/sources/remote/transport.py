@@ -273,7 +273,8 @@ class RemoteSource(ByteSource):
             return
         start, end, digest = self._sample
         if _ahead.get():
-            pause = min(self._check_sent + CHECK_SPACING_S, deadline) - time.monotonic()
+            now = time.monotonic()  # (never more than half the time left: the check itself needs the rest)
+            pause = min(self._check_sent + CHECK_SPACING_S - now, (deadline - now) / 2)
             if pause > 0 and self._checked_at <= fetched_at:
                 time.sleep(pause)  # (without the lock: a reader's own fetch is checked meanwhile, at once)
         if not self._check_lock.acquire(timeout=max(0.0, deadline - time.monotonic())):
