@@ -92,13 +92,16 @@ def test_a_big_vocabulary_reads_the_same_with_both_walks_and_as_gguf_py_reads_it
 def test_a_bad_string_array_gets_the_same_one_line_error_from_both_walks(tmp_path, monkeypatch, order, case):
     tokens = vocabulary(200_000, seed=1)
     at = 150_000  # past the first load: the walk has resumed once before it meets the defect
+    tokens[at] = b"abcdef"
     lengths = [len(t) for t in tokens]
     cut = None
-    size_before = len(blob(order, tokens[:at]))
+    # where string ``at`` starts: magic, version, counts; the key, value type, element type and count; the strings
+    start = 24 + 8 + len(b"tokenizer.ggml.tokens") + 16 + sum(8 + len(t) for t in tokens[:at])
+    assert blob(order, tokens)[start:start + 14] == struct.pack(order + "Q", 6) + b"abcdef"
     if case == "cut in a length":
-        cut = size_before - 16 + 3
+        cut = start + 3
     elif case == "cut in a body":
-        cut = size_before + 8 + 2
+        cut = start + 8 + 2
     elif case == "length past the end":
         lengths[at] = 10_000_000
     elif case == "length 2^63":
