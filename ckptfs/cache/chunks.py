@@ -205,10 +205,7 @@ class ChunkCache:
 
     def stored(self, key: CacheKey) -> bool:
         """In the disk store: an entry of its own or its run's (what this process holds in memory aside)."""
-        try:
-            return self.disk is not None and bool(self.disk.contains(run_key(key)) or self.disk.contains(key))
-        except Exception:  # noqa: BLE001 - see the module docstring
-            return False
+        return key.start in self.stored_chunks(key.content_id, (key.start,))
 
     def held(self, content_id: str, indexes) -> set[int]:
         """Of the chunks ``indexes`` (sorted) of the file ``content_id``, those in memory or in the disk store:

@@ -630,7 +630,7 @@ class RemoteSource(ByteSource):
         token = _answered_at.set(None)
         try:
             body = self.retrying(lambda: self._attempt_parts(start, end, deadline), deadline, start)
-            answered_at = _answered_at.get()  # the successful attempt's (each attempt sets its own)
+            answered_at = _answered_at.get()  # the successful attempt's: it is the last to set it
         finally:
             _answered_at.reset(token)
         parts = body if isinstance(body, list) else [body]
