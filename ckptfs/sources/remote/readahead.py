@@ -166,11 +166,11 @@ class ReadAhead:
                 self._source.fetch_claimed(runs)
             finally:
                 limit.done()
-            if then_pump:
-                self.pump()
 
         nbytes = sum(stop - start for start, stop in runs) * CHUNK
-        if SCHEDULER.submit("fetch", job, nbytes, cap=FETCH_BUDGET) is None:
+        # the window topped up once the piece's bytes are released: its room is the next piece's
+        then = self.pump if then_pump else None
+        if SCHEDULER.submit("fetch", job, nbytes, cap=FETCH_BUDGET, then=then) is None:
             limit.done()
             self._source.abandon(runs, RuntimeError("read-ahead over budget"))
             return False
