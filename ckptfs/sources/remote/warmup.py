@@ -14,8 +14,9 @@ How it is built:
   halved on 429/503) and is ``readahead.piece_bytes(limit)`` long (the fetch budget shared by the requests
   in flight), and all of it counts within read-ahead's ``FETCH_BUDGET``. No thread pool of its own. A
   warm-up always wants more than the limit, so its epochs are the ones the limit learns from: many ranges
-  in flight, as many as the origin rewards. When no slot or no budget is free, the warm-up waits for one
-  of its own pieces to land (or briefly, when others hold them) and asks again. A mount's background
+  in flight, as many as the origin rewards. When no slot or no budget is free, the next piece is started
+  by the worker of the next piece that lands, once that piece's bytes are released (the scheduler's
+  ``then``; ``_Dispatch``), or by the calling thread's poll when others hold the slots. A mount's background
   warm-up takes at most half of the origin's slots and half the fetch budget (``share``), leaving the rest
   to its readers' read-ahead.
 - **Resumable.** Only chunks the store lacks are fetched (``RemoteSource.unstored_chunks``): a second run
