@@ -48,6 +48,10 @@ def _store(folder: Path, runs: int, parts: list[bytes]) -> None:
     for r in range(runs):
         if not store.put_parts(run_key(chunk_key("bench-content", r * per_run)), parts):
             raise RuntimeError("the store refused an entry (see its log)")
+    for r in {0, runs - 1}:  # what was timed is the store's real entries: they read back, MAC checked
+        values = store.get_array(run_key(chunk_key("bench-content", r * per_run)))
+        if values is None or values.tobytes() != b"".join(parts):
+            raise RuntimeError(f"entry {r} did not read back as written")
 
 
 def _entry_files(folder: Path, runs: int, parts: list[bytes]) -> None:
