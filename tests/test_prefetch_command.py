@@ -60,6 +60,7 @@ def origin(tmp_path_factory):
     write_split_gguf(root / "split", gguf_tensors(count=6), per_shard=2)
     write_gguf(root / "big.gguf", {"w": (rng.standard_normal((1536, 4096)).astype(np.float32), "F32")})  # 24 MiB
     (root / "resume.gguf").write_bytes((root / "big.gguf").read_bytes())
+    (root / "full.gguf").write_bytes((root / "big.gguf").read_bytes())
     (root / "junk.gguf").write_bytes(rng.integers(0, 256, 24 << 20, dtype=np.uint8).tobytes())  # no checkpoint
     with Nginx(root) as server:
         yield server, root
@@ -131,7 +132,7 @@ def test_an_interrupted_run_is_finished_by_the_next_fetching_only_the_rest(origi
             runner.join(120)
         first = runs["first"]
         # the 403 of a piece, or of the open's own reads when they came after it: one line, what was stored kept
-        one_error_line(first, 1, "resume.gguf", "403", "fetched before it, kept")
+        one_error_line(first, 1, "resume.gguf", "403", "in the cache folder")
         run1 = data_ranges(server.ranges("resume.gguf", before), size)
         stored = _stored_chunks(cache)
         assert 0 < stored < -(-size // CHUNK)
@@ -228,17 +229,28 @@ def test_a_cache_dir_size_too_small_is_refused_before_fetching(origin, tmp_path)
     assert sum(b - a for a, b in fetched) <= 2 * MiB  # the open's header read, then nothing
 
 
-def test_a_full_disk_is_one_line_and_what_is_stored_is_right(origin, tmp_path):
+def test_a_full_disk_ends_the_run_in_one_line_and_what_is_stored_is_right(origin, tmp_path):
     server, root = origin
+    size = (root / "full.gguf").stat().st_size  # 24 MiB into a 3 MiB file system
     with tmpfs(tmp_path / "small", "3m") as small:
         cache = small / "cache"
-        result = run_cli("prefetch", f"{server.url}/other.gguf", "--cache-dir", str(cache), timeout=120)
-        one_error_line(result, 1, "other.gguf", "not in the cache folder", "full")
+        before = len(server.access_log())
+        result = run_cli("prefetch", f"{server.url}/full.gguf", "--cache-dir", str(cache), timeout=120,
+                         CKPTFS_REMOTE_IN_FLIGHT="2")
+        err = one_error_line(result, 1, "full.gguf", "takes no more bytes", "the file system is full",
+                             "of the checkpoint's 24.0 MiB in the cache folder")
+        # it ends at the first piece the store could not keep: before, each of four passes (two before the
+        # open, two after) fetched everything still missing again, about 3.5 times the file in all
+        fetched = sum(b - a for a, b in data_ranges(server.ranges("full.gguf", before), size))
+        assert fetched < size / 2, (fetched, size)
+        # the line says what the folder holds, measured there
+        said = float(err.split(" of the checkpoint's")[0].rsplit(", ", 1)[1].split()[0])
+        assert said * MiB == pytest.approx(_stored_chunks(cache) * CHUNK, abs=0.05 * MiB)
         import ckptfs
 
         # whatever was stored reads back as the file's bytes (entries are checked; none is wrong)
-        data = (root / "other.gguf").read_bytes()
-        with ckptfs.open(f"{server.url}/other.gguf", cache_dir=str(cache)) as ck:
+        data = (root / "full.gguf").read_bytes()
+        with ckptfs.open(f"{server.url}/full.gguf", cache_dir=str(cache)) as ck:
             source = ck.sources.get(ck.files[0])
             assert source.pread(0, len(data)) == data
 

@@ -83,6 +83,7 @@ class DiskStore:
         self._pruning = False
         self._pruner_pid = os.getpid()  # a child forked during a prune has no pruning thread
         self._paused_until = 0.0
+        self._paused_why = ""  # what paused writing (``writes_paused``)
         self._counters = TierCounters(log, ("hits", "misses", "hit_bytes", "stored", "stored_bytes", "corrupt",
                                             "forged", "errors"))
         self._count, self._warn_once = self._counters.add, self._counters.warn_once
@@ -338,6 +339,7 @@ class DiskStore:
         self._count(errors=1)
         if op != "read":
             self._paused_until = time.monotonic() + PAUSE_S[kind]
+            self._paused_why = what
             self._warn_once(kind, "cache dir %s: %s (%s: %s): not storing for %.0f s, decoding instead",
                             self.root, what, op, exc.strerror or exc, PAUSE_S[kind])
             if kind == "full":
@@ -346,6 +348,12 @@ class DiskStore:
         else:
             self._warn_once(f"read-{kind}", "cache dir %s: cannot read an entry (%s): decoding instead",
                             self.root, exc.strerror or exc)
+
+    def writes_paused(self) -> str | None:
+        """Why this process stores nothing now (``"the file system is full"``, ...: the last write failed
+        and writing pauses for ``PAUSE_S``), or None while writes go. A warm-up stops fetching on it: every
+        byte it fetched would be thrown away."""
+        return self._paused_why if time.monotonic() < self._paused_until else None
 
     def stats(self) -> dict:
         """This process's counters (``forged``: entries that failed the MAC, ``corrupt``: damaged ones); ``folder_bytes`` is the folder's size as last measured plus what this

@@ -13,7 +13,7 @@ from ckptfs.util.oneline import one_line
 
 
 def fail(exc: BaseException, verbose: bool, detail: str = "") -> None:
-    """Say ``exc`` (and ``detail``, what the command did before it: "; 2.0 MiB fetched before it, kept") as
+    """Say ``exc`` (and ``detail``, what the command did before it: "; 2.0 MiB in the cache folder from before it, kept") as
     the one line, and exit with its code."""
     if verbose:
         traceback.print_exc()

@@ -482,6 +482,12 @@ class RemoteSource(ByteSource):
         """Whether fetched chunks are kept in a ``--cache-dir`` store (beyond this process's memory)."""
         return self._cache.disk is not None
 
+    def store_trouble(self) -> str | None:
+        """Why the ``--cache-dir`` store takes no bytes now (its file system full, the folder not writable:
+        ``DiskStore.writes_paused``), or None (also without a store)."""
+        disk = self._cache.disk
+        return disk.writes_paused() if disk is not None else None
+
     def stored_bytes(self) -> int:
         """Bytes of this file the ``--cache-dir`` store holds now (what this process holds in memory only, a
         header read, not counted)."""

@@ -47,7 +47,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from ckptfs.cache.chunks import CHUNK
+from ckptfs.cache.chunks import CHUNK, STORED_RUN
 from ckptfs.cache.entry import HEADER_SIZE
 from ckptfs.core.errors import CheckpointError
 from ckptfs.readahead import SCHEDULER
@@ -185,6 +185,11 @@ def warm(sources: Iterable[ByteSource], *, stop: threading.Event | None = None,
         f.missing = f.remote.unstored_chunks()
         stored = f.remote.size - sum(_chunk_bytes(f.remote, i, i + 1) for i in f.missing)
         report.cached += (cached_before or {}).get(f.remote.content_id(), stored)
+    for f in files:  # a store that takes nothing now (an earlier warm-up of this process found it full)
+        if f.missing and f.remote.store_trouble():
+            report.errors.append(_store_error(f.remote, f.remote.store_trouble()))
+            report.seconds = time.monotonic() - started
+            return report
     done = [report.cached]
     lock = threading.Lock()
 
@@ -324,6 +329,11 @@ class _Piece:
             self.errors.append(str(error))
             return
         self.landed(sum(_chunk_bytes(remote, a, b) for a, b in self.runs))
+        trouble = remote.store_trouble()
+        if trouble:  # these bytes were not kept, nor would any more be: end the warm-up now, not after it all
+            message = _store_error(remote, trouble)
+            if message not in self.errors:
+                self.errors.append(message)
 
     def _through_wrapper(self) -> Exception | None:
         """The mirrors' turn for a piece the primary failed: read through the mirror wrapper (its failover) and
@@ -365,6 +375,7 @@ class EarlyWarmup:
         self.progress = progress
         self.cached: dict[str, int] = {}  # content identity -> bytes in the store before this run
         self.report: WarmupReport | None = None
+        self._kept = 0  # bytes it added to the store (measured there: a full store keeps less than fetched)
         self._thread = threading.Thread(target=self._run, name="ckptfs-prefetch-early", daemon=True)
 
     def start(self) -> EarlyWarmup:
@@ -381,7 +392,10 @@ class EarlyWarmup:
             self.cached[remote.content_id()] = remote.stored_bytes()  # before this run's first read
             if self.check is not None:
                 self.check(remote)
-            self.report = warm([remote], stop=self.stop, progress=self.progress)
+            try:
+                self.report = warm([remote], stop=self.stop, progress=self.progress)
+            finally:
+                self._kept = max(0, remote.stored_bytes() - self.cached[remote.content_id()])
             if self.report.errors:
                 raise WarmupError(remote.name, None, self.report.errors[0])
         except Exception as exc:  # noqa: BLE001 - best effort: the checkpoint's warm-up fetches the rest
@@ -389,8 +403,8 @@ class EarlyWarmup:
 
     @property
     def stored(self) -> int:
-        """Bytes it fetched into the store (once it has ended)."""
-        return self.report.fetched if self.report is not None else 0
+        """Bytes it added to the store (once it has ended): what a failed open leaves kept."""
+        return self._kept
 
     def join(self) -> dict[str, int]:
         """Wait for it; ``warm``'s ``cached_before`` for the file it fetched (empty when it did not run)."""
@@ -398,12 +412,25 @@ class EarlyWarmup:
         return self.cached
 
 
+def _store_error(remote: RemoteSource, why: str) -> str:
+    """The warm-up's line for a store that takes no bytes (``RemoteSource.store_trouble``)."""
+    folder = remote.options.cache_dir
+    free = ""
+    try:
+        st = os.statvfs(folder)
+        free = f", {format_size(st.f_bavail * st.f_frsize)} free"
+    except OSError:
+        pass
+    return (f"{public_name(remote.name)}: the cache folder {folder} takes no more bytes: {why}{free} (free "
+            f"space there, or give a --cache-dir on a file system with room for the checkpoint)")
+
+
 def _unstored_error(remote: RemoteSource, left: list[int]) -> str:
     folder = remote.options.cache_dir
     why = "other processes' entries took the room (see --cache-dir-size) or it cannot be written"
     try:
         st = os.statvfs(folder)
-        if st.f_bavail * st.f_frsize < CHUNK + HEADER_SIZE:
+        if st.f_bavail * st.f_frsize < STORED_RUN * CHUNK + HEADER_SIZE:  # not room for one more entry
             why = "its file system is full"
     except OSError as exc:
         why = f"it cannot be used ({exc.strerror or exc})"
