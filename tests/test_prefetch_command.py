@@ -260,11 +260,34 @@ def test_mount_prefetch_fills_the_folder_in_the_background(origin, tmp_path, mou
     cache = tmp_path / "cache"
     size = (root / "other.gguf").stat().st_size
     log = tmp_path / "mount.log"
-    mounted(f"{server.url}/other.gguf", "--cache-dir", str(cache), "--prefetch", "--log-file", str(log))
+    mnt = mounted(f"{server.url}/other.gguf", "--cache-dir", str(cache), "--prefetch", "--log-file", str(log))
     assert wait_until(lambda: _stored_chunks(cache) == -(-size // CHUNK), timeout=60)
     assert wait_until(lambda: "prefetch of" in log.read_text() and "done" in log.read_text(), timeout=30), \
         log.read_text()
     assert "failed" not in log.read_text()
+    # the mount's stats say so too: its state, and the bytes in the folder (measured there) of the total
+    from conftest import mount_stats
+
+    status = mount_stats(mnt)["prefetch"]
+    assert status["state"] == "done" and status["stored_bytes"] == status["total_bytes"] == size, status
+    shown = run_cli("stats", str(mnt))
+    assert shown.returncode == 0 and "prefetch: done, " in shown.stdout, shown.stdout
+
+
+def test_mount_prefetch_into_a_full_disk_says_so_in_its_stats_and_keeps_serving(origin, tmp_path, mounted):
+    from conftest import mount_stats
+
+    server, root = origin
+    with tmpfs(tmp_path / "small", "3m") as small:
+        mnt = mounted(f"{server.url}/copy.gguf", "--cache-dir", str(small / "cache"), "--prefetch")
+        assert wait_until(lambda: mount_stats(mnt)["prefetch"]["state"] == "failed", timeout=60), \
+            mount_stats(mnt)["prefetch"]
+        status = mount_stats(mnt)["prefetch"]
+        assert "the file system is full" in status["error"], status
+        assert 0 < status["stored_bytes"] < 3 * MiB < status["total_bytes"], status  # measured, not fetched
+        assert "prefetch: failed, " in run_cli("stats", str(mnt)).stdout
+        # and reads go on: every tensor as gguf-py reads it, the bytes fetched as they are needed
+        _assert_values_equal_gguf_py(mnt, [str(root / "copy.gguf")])
 
 
 def test_mount_prefetch_needs_a_cache_dir(origin, tmp_path):

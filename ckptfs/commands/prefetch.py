@@ -160,7 +160,7 @@ def _fetch_bytes(ck, bar: ByteBar, quiet: bool, started: float, before: dict, st
     at ``started``) as fetched by this run."""
     from ckptfs.cache.chunks import CHUNK
     from ckptfs.sources.netstats import COUNTERS
-    from ckptfs.sources.remote.warmup import checkpoint_sources, remote_of, warm
+    from ckptfs.sources.remote.warmup import checkpoint_sources, stored_in_folder, warm
     from ckptfs.util.oneline import one_line
 
     cached_before = (early.join() or None) if early is not None else None  # None: it did not get to run
@@ -176,8 +176,7 @@ def _fetch_bytes(ck, bar: ByteBar, quiet: bool, started: float, before: dict, st
     report.fetched = COUNTERS.snapshot()["bytes"] - before["bytes"]  # every byte received, the open's too
     report.seconds = time.monotonic() - started
     if report.errors:
-        remotes = [r for r in map(remote_of, checkpoint_sources(ck)) if r is not None and r.stores_chunks]
-        kept = sum(r.stored_bytes() for r in remotes)  # measured in the store: a full one keeps less
+        kept = stored_in_folder(checkpoint_sources(ck))  # measured in the store: a full one keeps less
         click.echo(one_line(f"ckptfs: error: {report.errors[0]}"
                             + (f" (and {len(report.errors) - 1} more)" if len(report.errors) > 1 else "")
                             + f"; {format_size(report.fetched)} fetched, {format_size(kept)} of the checkpoint's "

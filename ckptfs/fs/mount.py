@@ -12,7 +12,7 @@ import dataclasses
 import logging
 import os
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ckptfs.checkpoint.api import OpenOptions, open_with
 from ckptfs.formats.repository import SeveralCheckpoints
@@ -65,6 +65,8 @@ class _Plan:
     tree: MountTree
     log_file: logs.LogFile | None
     metrics: tuple[str, int] | None
+    #: the background warm-up once ``--prefetch`` started it (``ckptfs stats`` shows its progress)
+    prefetching: list = field(default_factory=list, compare=False)
 
     @property
     def log_fd(self) -> int | None:
@@ -195,6 +197,8 @@ def _open_log(path: str | None) -> logs.LogFile | None:
 def _serve(plan: _Plan, on_ready) -> BaseException | None:
     """Run FUSE until unmounted; the exception it ended with, if any."""
     describe = {"binding": plan.binding.name, "libfuse": plan.binding.libfuse_major, "mountpoint": plan.mountpoint}
+    if plan.request.prefetch and getattr(plan.tree, "checkpoint", None) is not None:
+        describe["prefetch"] = lambda: _prefetch_status(plan)
     operations = CkptOperations(plan.tree, on_ready, describe=describe,
                                 counters=MountCounters(timed=plan.metrics is not None))
     if plan.log_file is not None:
@@ -240,7 +244,13 @@ def _start_prefetch(plan: _Plan) -> list:
         return []
     from ckptfs.sources.remote.warmup import BackgroundWarmup
 
-    return [BackgroundWarmup.for_checkpoint(checkpoint, _mount_name(plan.request.src)).start()]
+    plan.prefetching.append(BackgroundWarmup.for_checkpoint(checkpoint, _mount_name(plan.request.src)).start())
+    return list(plan.prefetching)
+
+
+def _prefetch_status(plan: _Plan) -> dict:
+    """``--prefetch``'s entry in the mount's stats: the warm-up's state and progress, read when asked."""
+    return plan.prefetching[0].status() if plan.prefetching else {"state": "starting"}
 
 
 def _describe(plan: _Plan) -> str:

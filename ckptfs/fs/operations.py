@@ -342,14 +342,15 @@ class CkptOperations:
         return []
 
     def describe(self, key: str, value: Any) -> None:
-        """Add a fact about the mount to the stats (the exporter's address once it listens)."""
+        """Add a fact about the mount to the stats (the exporter's address once it listens), or a function
+        that gives it when the stats are read (a background warm-up's progress)."""
         self._describe[key] = value
 
     def stats(self) -> dict[str, Any]:
         """What ``user.ckptfs.stats`` on the root holds: the tree's counters, the daemon's pid, the binding."""
         return {**self.tree.stats(), **service_stats(self.tree, self.counters.decode.total_bytes()),
                 "pid": os.getpid(), "open_handles": len(self._handles), "c_reads": self.direct_reads.snapshot(),
-                **self._describe}
+                **{key: value() if callable(value) else value for key, value in self._describe.items()}}
 
     def read_bytes_by_kind(self) -> dict[str, int]:
         """Bytes returned to readers per file kind, by Python and by the C read path together."""

@@ -79,9 +79,25 @@ def render_table(stats: dict[str, Any]) -> str:
     lines += ["", "source: " + ", ".join(
         f"{key} {format_size(int(source.get(key, 0))) if key == 'bytes' else int(source.get(key, 0))}"
         for key in SOURCE_KEYS)]
+    prefetch = stats.get("prefetch")
+    if isinstance(prefetch, dict):  # a mount's --prefetch
+        lines += ["", _prefetch_line(prefetch, format_size)]
     skip = {"decoded_bytes", "tiers", "source", "cache"}
     other = [(k, v) for k, v in stats.items() if k not in skip and not isinstance(v, (dict, list))]
     if other:
         lines.append("")
         lines += [f"{key}: {value}" for key, value in other]
     return "\n".join(lines)
+
+
+def _prefetch_line(prefetch: dict[str, Any], format_size) -> str:
+    """``prefetch: running, 120.0 MiB of 241.6 MiB in the cache folder`` (``failed: why`` after it)."""
+    line = f"prefetch: {prefetch.get('state', '?')}"
+    total = int(prefetch.get("total_bytes", 0))
+    if total:
+        line += f", {format_size(int(prefetch.get('stored_bytes', 0)))} of {format_size(total)} in the cache folder"
+    if "fetched_bytes" in prefetch:
+        line += f" ({format_size(int(prefetch['fetched_bytes']))} fetched in {prefetch.get('seconds', 0)} s)"
+    if prefetch.get("error"):
+        line += f"; {prefetch['error']}"
+    return line

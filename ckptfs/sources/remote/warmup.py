@@ -425,6 +425,12 @@ def _store_error(remote: RemoteSource, why: str) -> str:
             f"space there, or give a --cache-dir on a file system with room for the checkpoint)")
 
 
+def stored_in_folder(sources: Iterable[ByteSource]) -> int:
+    """Bytes of the remote files among ``sources`` that the ``--cache-dir`` store holds now (measured there)."""
+    remotes = [remote_of(source) for source in sources]
+    return sum(r.stored_bytes() for r in remotes if r is not None and r.stores_chunks)
+
+
 def _unstored_error(remote: RemoteSource, left: list[int]) -> str:
     folder = remote.options.cache_dir
     why = "other processes' entries took the room (see --cache-dir-size) or it cannot be written"
@@ -455,6 +461,8 @@ class BackgroundWarmup:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._last_log = 0.0
+        self._progress_at = (0, 0)  # (bytes in the cache folder, of the remote files' total), as last told
+        self._stored_at_end: int | None = None  # measured in the store once it has ended
 
     def start(self) -> BackgroundWarmup:
         self._thread = threading.Thread(target=self._run, name="ckptfs-prefetch", daemon=True)
@@ -462,6 +470,7 @@ class BackgroundWarmup:
         return self
 
     def _progress(self, done: int, total: int) -> None:
+        self._progress_at = (done, total)
         now = time.monotonic()
         if now - self._last_log >= self.LOG_EVERY_S:
             self._last_log = now
@@ -469,12 +478,15 @@ class BackgroundWarmup:
 
     def _run(self) -> None:
         log.info("prefetch of %s: started", self.name)
+        sources: list[ByteSource] = []
         try:
-            self.report = warm(self.sources(), stop=self._stop, progress=self._progress, share=self.share)
+            sources = self.sources()
+            self.report = warm(sources, stop=self._stop, progress=self._progress, share=self.share)
         except CheckpointError as exc:
             self.error = str(exc)
         except Exception as exc:  # noqa: BLE001 - a daemon's background work never ends the mount
             self.error = f"{type(exc).__name__}: {exc}"
+        self._stored_at_end = stored_in_folder(sources)
         if self.error is None and self.report.errors:
             self.error = self.report.errors[0]
         if self.error is not None:
@@ -500,3 +512,26 @@ class BackgroundWarmup:
     @property
     def running(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
+
+    def status(self) -> dict:
+        """What the mount's stats show of it (``ckptfs stats MNT``): ``state`` (starting, running, done, stopped,
+        failed), the bytes in the cache folder of the remote files' total, and once ended what this run
+        fetched, in how long, and the error."""
+        report, error = self.report, self.error
+        if self._thread is None:
+            state = "starting"
+        elif self.running:
+            state = "running"
+        elif error is not None:
+            state = "failed"
+        else:
+            state = "stopped" if report is not None and report.stopped else "done"
+        stored, total = self._progress_at  # while running: pieces landed (a failing store is found at once)
+        if self._stored_at_end is not None and not self.running:
+            stored = self._stored_at_end
+        out: dict = {"state": state, "stored_bytes": stored, "total_bytes": total}
+        if report is not None and not self.running:
+            out.update(total_bytes=report.total, fetched_bytes=report.fetched, seconds=round(report.seconds, 1))
+        if error is not None:
+            out["error"] = error
+        return out
