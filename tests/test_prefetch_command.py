@@ -255,6 +255,22 @@ def test_a_full_disk_ends_the_run_in_one_line_and_what_is_stored_is_right(origin
             assert source.pread(0, len(data)) == data
 
 
+def test_a_read_only_cache_folder_is_one_line_that_says_what_to_do(origin, tmp_path):
+    import subprocess
+
+    server, _ = origin
+    with tmpfs(tmp_path / "ro", "8m") as ro:
+        DiskStore(ro / "cache", 1 << 30, "bytes")  # a folder made before (its key in place) ...
+        subprocess.run(["mount", "-o", "remount,ro", str(ro)], check=True)  # ... then mounted read-only
+        before = len(server.access_log())
+        result = run_cli("prefetch", f"{server.url}/copy.gguf",
+                         "--cache-dir", str(ro / "cache"), timeout=120)
+        one_error_line(result, 1, "copy.gguf", "takes no more bytes", "not writable", "make it writable")
+        size = (origin[1] / "copy.gguf").stat().st_size
+        fetched = sum(b - a for a, b in data_ranges(server.ranges("copy.gguf", before), size))
+        assert fetched < 2 * size  # ended at the first piece, not after four passes over the whole file
+
+
 def test_mount_prefetch_fills_the_folder_in_the_background(origin, tmp_path, mounted):
     server, root = origin
     cache = tmp_path / "cache"

@@ -56,6 +56,9 @@ PAUSE_S = {"full": 30.0, "read-only": 60.0, "error": 30.0}
 LOW_WATER = 0.9               # a prune deletes down to this fraction of the bound
 DISK_WRITE_WAIT_S = 10.0      # a reader waits this long for room in a full write queue (then drops)
 _SUFFIX = ".e"
+#: Why writing pauses (``DiskStore.writes_paused``), for callers that advise on it.
+FULL = "the file system is full"
+NOT_WRITABLE = "the folder is not writable"
 
 
 class DiskStore:
@@ -329,9 +332,9 @@ class DiskStore:
     def _trouble(self, op: str, exc: OSError) -> None:
         code = exc.errno
         if code in (errno.ENOSPC, errno.EDQUOT):
-            kind, what = "full", "the file system is full"
+            kind, what = "full", FULL
         elif code in (errno.EROFS, errno.EACCES, errno.EPERM):
-            kind, what = "read-only", "the folder is not writable"
+            kind, what = "read-only", NOT_WRITABLE
         elif code == errno.ENOENT:
             kind, what = "error", "the folder is gone"
         else:

@@ -48,6 +48,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from ckptfs.cache.chunks import CHUNK, STORED_RUN
+from ckptfs.cache.disk import FULL, NOT_WRITABLE
 from ckptfs.cache.entry import HEADER_SIZE
 from ckptfs.core.errors import CheckpointError
 from ckptfs.readahead import SCHEDULER
@@ -415,14 +416,18 @@ class EarlyWarmup:
 def _store_error(remote: RemoteSource, why: str) -> str:
     """The warm-up's line for a store that takes no bytes (``RemoteSource.store_trouble``)."""
     folder = remote.options.cache_dir
-    free = ""
-    try:
-        st = os.statvfs(folder)
-        free = f", {format_size(st.f_bavail * st.f_frsize)} free"
-    except OSError:
-        pass
-    return (f"{public_name(remote.name)}: the cache folder {folder} takes no more bytes: {why}{free} (free "
-            f"space there, or give a --cache-dir on a file system with room for the checkpoint)")
+    if why == FULL:
+        try:
+            st = os.statvfs(folder)
+            why += f", {format_size(st.f_bavail * st.f_frsize)} free"
+        except OSError:
+            pass
+        advice = "free space there, or give a --cache-dir on a file system with room for the checkpoint"
+    elif why == NOT_WRITABLE:
+        advice = "make it writable for this user, or give another --cache-dir"
+    else:
+        advice = "run it again once the folder can be written"
+    return f"{public_name(remote.name)}: the cache folder {folder} takes no more bytes: {why} ({advice})"
 
 
 def stored_in_folder(sources: Iterable[ByteSource]) -> int:
