@@ -271,6 +271,38 @@ def test_a_read_only_cache_folder_is_one_line_that_says_what_to_do(origin, tmp_p
         assert fetched < 2 * size  # ended at the first piece, not after four passes over the whole file
 
 
+def test_chunks_a_reader_is_fetching_are_waited_for_not_called_missing(origin, tmp_path):
+    """A reader's fetch under way (its read-ahead claimed the chunks, so the warm-up leaves them to it) lands
+    after the warm-up's own pieces: the warm-up waits for it and ends complete, every chunk in the store,
+    none fetched twice."""
+    import threading
+
+    import ckptfs
+    from ckptfs.sources.remote.warmup import checkpoint_sources, remote_of, warm
+
+    server, root = origin
+    cache = tmp_path / "cache"
+    size = (root / "primary.gguf").stat().st_size
+    with ckptfs.open(f"{server.url}/primary.gguf", cache_dir=str(cache)) as ck:
+        sources = checkpoint_sources(ck)
+        remote = remote_of(sources[0])
+        last = -(-size // CHUNK)
+        runs = remote.claim(last - 8, last)  # a reader's fetch of the file's last 8 chunks, under way ...
+        assert runs == [(last - 8, last)]
+        before = len(server.access_log())
+        lands = threading.Timer(2.0, remote.fetch_claimed, args=(runs,))  # ... landing after the warm-up's
+        lands.start()
+        try:
+            report = warm(sources)
+        finally:
+            lands.join()
+    assert report.ok, report.errors
+    assert _stored_chunks(cache) == last
+    fetched = data_ranges(server.ranges("primary.gguf", before), size)
+    covered = sorted(c for a, b in fetched for c in range(a // CHUNK, -(-b // CHUNK)))
+    assert len(covered) == len(set(covered)), fetched  # every chunk fetched once: the reader's by the reader
+
+
 def test_mount_prefetch_fills_the_folder_in_the_background(origin, tmp_path, mounted):
     server, root = origin
     cache = tmp_path / "cache"

@@ -87,6 +87,11 @@ class SingleFlight:
             flight.value, flight.error = value, error
             flight.done.set()
 
+    def under_way(self, keys: Iterable[Hashable]) -> list[Flight]:
+        """The flights of ``keys`` in progress now (to wait for their ends)."""
+        with self._lock:
+            return [flight for flight in map(self._flights.get, keys) if flight is not None]
+
     def pending(self, key: Hashable) -> bool:
         """Whether a computation of ``key`` is under way (read-ahead skips what is already coming)."""
         with self._lock:

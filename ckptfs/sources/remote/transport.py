@@ -516,6 +516,11 @@ class RemoteSource(ByteSource):
             missing.append(i)
         return missing
 
+    def fetches_under_way(self, indexes: list[int]) -> list[Flight]:
+        """The fetches in progress of chunks ``indexes`` (a reader's, read-ahead's: ``claim`` skips them), to
+        wait for their ends."""
+        return self._flights.under_way(indexes)
+
     def abandon(self, runs: list[tuple[int, int]], error: BaseException) -> None:
         """Give up claimed runs unfetched: their waiters fetch for themselves."""
         for start, stop in runs:

@@ -31,6 +31,10 @@ How it is built:
   ends the warm-up with that failure (pieces in flight finish, none are started); with mirrors, the piece
   is read through the mirror wrapper first (its failover). After the last piece every chunk is checked to
   be in the store: one that is not (a full disk, entries evicted for other processes') is an error too.
+- **Readers' fetches count.** A chunk a reader's fetch (its read-ahead) has claimed is left to it, and a
+  pass's end waits for such fetches to land (up to ``--timeout``) before it looks for what the store still
+  lacks: a mount's background warm-up beside a streaming reader would otherwise call the chunks on their
+  way missing.
 - **Local files** hold their bytes already: they are counted as local and skipped.
 
 ``warm(sources, ...)`` runs in the caller's thread and returns a :class:`WarmupReport`; a ``stop`` event
@@ -67,6 +71,8 @@ ROOM_POLL_S = 0.02
 #: Passes over the files: a chunk missing after the first (evicted, or a store write that failed) is
 #: fetched once more before it is reported.
 PASSES = 2
+#: How often a wait for others' fetches of the chunks a pass left to them looks at the stop event.
+LANDED_POLL_S = 0.1
 
 
 class WarmupError(CheckpointError):
@@ -207,7 +213,7 @@ def warm(sources: Iterable[ByteSource], *, stop: threading.Event | None = None,
     for attempt in range(PASSES):
         if attempt:
             for f in files:
-                f.missing = f.remote.unstored_chunks()
+                f.missing = _missing_once_landed(f.remote, stop)
             if not any(f.missing for f in files):
                 break
             log.info("prefetch: %d chunks not in the store after the first pass: fetching them again",
@@ -219,11 +225,27 @@ def warm(sources: Iterable[ByteSource], *, stop: threading.Event | None = None,
         report.stopped = True
     elif not report.errors:
         for f in files:
-            left = f.remote.unstored_chunks()
+            left = _missing_once_landed(f.remote, stop)
             if left:
                 report.errors.append(_unstored_error(f.remote, left))
     report.seconds = time.monotonic() - started
     return report
+
+
+def _missing_once_landed(remote: RemoteSource, stop: threading.Event | None) -> list[int]:
+    """The chunks the store lacks, once the fetches of them under way elsewhere have ended (a mount's readers'
+    read-ahead: ``claim`` left those chunks to them, and they reach the store when they land), waiting up to
+    ``--timeout``; a fetch that failed leaves its chunks missing, for the next pass to fetch."""
+    missing = remote.unstored_chunks()
+    flights = remote.fetches_under_way(missing) if missing else []
+    if not flights:
+        return missing
+    end = time.monotonic() + remote.options.timeout
+    for flight in flights:
+        while not flight.done.wait(LANDED_POLL_S):
+            if time.monotonic() >= end or (stop is not None and stop.is_set()):
+                return remote.unstored_chunks()
+    return remote.unstored_chunks()
 
 
 def _run_pass(files: list[_File], report: WarmupReport, landed, stop, share: float) -> None:
