@@ -193,8 +193,9 @@ def warm(sources: Iterable[ByteSource], *, stop: threading.Event | None = None,
         stored = f.remote.size - sum(_chunk_bytes(f.remote, i, i + 1) for i in f.missing)
         report.cached += (cached_before or {}).get(f.remote.content_id(), stored)
     for f in files:  # a store that takes nothing now (an earlier warm-up of this process found it full)
-        if f.missing and f.remote.store_trouble():
-            report.errors.append(_store_error(f.remote, f.remote.store_trouble()))
+        trouble = f.remote.store_trouble() if f.missing else None
+        if trouble:
+            report.errors.append(_store_error(f.remote, trouble))
             report.seconds = time.monotonic() - started
             return report
     done = [report.cached]
@@ -513,7 +514,10 @@ class BackgroundWarmup:
             self.error = str(exc)
         except Exception as exc:  # noqa: BLE001 - a daemon's background work never ends the mount
             self.error = f"{type(exc).__name__}: {exc}"
-        self._stored_at_end = stored_in_folder(sources)
+        try:
+            self._stored_at_end = stored_in_folder(sources)
+        except Exception:  # noqa: BLE001 - the figure for the stats; its lack leaves the last progress
+            log.debug("prefetch of %s: the cache folder could not be measured", self.name, exc_info=True)
         if self.error is None and self.report.errors:
             self.error = self.report.errors[0]
         if self.error is not None:
