@@ -20,10 +20,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import tmpfs
-from tier_models import FORGED_VALUE, forge
+from cli_runs import one_error_line, run_cli
+from conftest import skip_or_fail, tmpfs
+from tier_models import FORGED_VALUE, forge, write_model
 
 from ckptfs.cache import entry
+from ckptfs.cache.auth import CacheRefused
 from ckptfs.cache.disk import DiskStore, DiskTier
 
 
@@ -323,3 +325,32 @@ def test_a_full_write_queue_holds_readers_back_then_drops():
     later.join(10)
     assert writer.flush(timeout=10)
     assert ("queued", True) in written and "late" in written and "over" not in written
+
+
+def _refused_parent(tmp_path: Path, kind: str) -> Path:
+    """A folder a cache folder must not be made under: another user's, or one others can write to (not sticky)."""
+    parent = tmp_path / kind
+    parent.mkdir()
+    if kind == "others-own":
+        if os.geteuid() != 0:
+            skip_or_fail("needs root to make a folder another user owns")
+        os.chown(parent, 65534, 65534)
+        parent.chmod(0o755)
+    else:
+        parent.chmod(0o777)
+    return parent
+
+
+@pytest.mark.parametrize("kind, words", [("others-own", "owned by nobody"), ("others-write", "chmod go-w")])
+def test_a_refused_cache_dir_is_never_created(tmp_path, kind, words):
+    """The folders above a missing cache folder are checked before it is made: a refusal leaves nothing,
+    through the library and through the command line."""
+    parent = _refused_parent(tmp_path, kind)
+    for target in (parent / "new", parent / "new" / "deeper"):
+        with pytest.raises(CacheRefused, match=words):
+            DiskStore(target, 1 << 20)
+        assert list(parent.iterdir()) == []
+    model = tmp_path / "model.gguf"
+    write_model(model, seed=5)
+    one_error_line(run_cli("prefetch", str(model), "--cache-dir", str(parent / "new")), 1, str(parent), words)
+    assert list(parent.iterdir()) == []

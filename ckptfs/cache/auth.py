@@ -67,12 +67,18 @@ def _check_own(path, st: os.stat_result, what: str, kind: str, denied: int, how:
 def check_dir(path: str | os.PathLike, what: str = "cache dir") -> None:
     """CacheRefused unless ``path`` (an existing folder) and every folder above it pass the mode rules."""
     path = Path(os.path.abspath(path))
-    euid = os.geteuid()
     st = os.stat(path)
     if not stat.S_ISDIR(st.st_mode):
         raise CacheRefused(f"{what} {path} is not a folder")
     _check_own(path, st, what, "folder", 0o022, "writable", "chmod 700")
-    for parent in Path(os.path.realpath(path)).parents:
+    _check_above(path, Path(os.path.realpath(path)).parents, what)
+
+
+def _check_above(path: Path, folders, what: str) -> None:
+    """CacheRefused unless each of ``folders`` (those above ``path``) is owned by this user or root and, when
+    writable by group or others, sticky: otherwise its owner could swap ``path`` for a folder of their own."""
+    euid = os.geteuid()
+    for parent in folders:
         pst = os.stat(parent)
         if pst.st_uid not in (0, euid):
             raise CacheRefused(f"{what} {path}: the folder {parent} above it is owned by {_user(pst.st_uid)}, who "
@@ -95,8 +101,25 @@ def make_dirs(path: str | os.PathLike) -> None:
             os.chmod(folder, DIR_MODE)
 
 
+def check_creatable(path: str | os.PathLike, what: str = "cache dir") -> None:
+    """CacheRefused when ``path`` is missing and the nearest folder above it that exists (or one above that)
+    would make ``check_dir`` refuse it once made: a refused folder is never created, nothing is left behind."""
+    path = Path(os.path.abspath(path))
+    existing = path
+    while not existing.exists():
+        existing = existing.parent
+    if existing == path:
+        return
+    real = Path(os.path.realpath(existing))
+    if not real.is_dir():
+        raise CacheRefused(f"{what} {path}: {existing} above it is not a folder")
+    _check_above(path, [real, *real.parents], what)
+
+
 def prepare_dir(path: str | os.PathLike) -> None:
-    """The cache folder, created 0700 if missing, then checked (CacheRefused, or OSError for one unusable)."""
+    """The cache folder, created 0700 if missing, then checked (CacheRefused, or OSError for one unusable).
+    What is above a missing folder is checked before it is made (``check_creatable``)."""
+    check_creatable(path)
     make_dirs(path)
     check_dir(path)
 
