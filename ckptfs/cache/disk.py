@@ -18,7 +18,8 @@ Why it is built this way:
   process sums the folder after its first write and again after every ``max_bytes / 64`` it writes; when
   the sum is over the bound, the process holding ``DIR/.lock`` (``flock``; the others skip) deletes the
   least recently used entries down to 90 % of the bound. The folder may exceed the bound by what the
-  writing processes wrote between two checks.
+  writing processes wrote between two checks. The prune runs on a thread of its own, except in a process
+  about to fork (``PruneHold``: ``ckptfs mount`` before its daemon), which starts it after the fork.
 - **Only this user's entries.** The folder is checked and its key read when the store is made
   (``auth.py``: owned by this user, not writable by others, else refused with one line); every entry
   carries a MAC under that key, and one that fails it counts as ``forged`` (deleted, a miss). Folders
@@ -268,6 +269,14 @@ class DiskStore:
             self._pruner_pid = os.getpid()
             self._checked_once = True
             self._written_since_check = 0
+        if not PRUNES.owe(self):
+            self._start_prune()
+
+    def _start_prune(self) -> None:
+        """The prune that fell due, on a thread of its own (a read never walks the folder)."""
+        with self._lock:  # also after a fork: the thread runs in this process
+            self._pruning = True
+            self._pruner_pid = os.getpid()
         threading.Thread(target=self._background_prune, name="ckptfs-cache-prune", daemon=True).start()
 
     def _background_prune(self) -> None:
@@ -365,6 +374,47 @@ class DiskStore:
         with self._lock:
             return {**counts, "bytes": counts["hit_bytes"], "folder_bytes": self._folder_bytes,
                     "max_bytes": self.max_bytes}
+
+
+class PruneHold:
+    """Prunes that fall due while a process is about to fork wait here instead of starting their thread.
+
+    ``ckptfs mount`` opens the checkpoint before forking its daemon (so a bad source is a one-line error from
+    the command itself), and a process can fork only while it has a single thread (``fs/daemon.py``). Opening
+    a remote checkpoint with ``--cache-dir`` writes its header's chunks into the folder, and the first write
+    makes a prune due: were its thread started then, it could still be walking the folder at the fork (a
+    large or slow folder, a loaded machine), and the mount failed. So the mount calls ``hold()`` before
+    opening, and the daemon ``release()`` once forked, which starts the prunes owed meanwhile there, in the
+    process that keeps the stores. Holding changes nothing else: entries are written as always.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._held = False
+        self._owed: list[DiskStore] = []
+
+    def hold(self) -> None:
+        with self._lock:
+            self._held = True
+
+    def owe(self, store: DiskStore) -> bool:
+        """True when prunes are held: ``store``'s prune is started by ``release`` instead of now."""
+        with self._lock:
+            if self._held and store not in self._owed:
+                self._owed.append(store)
+            return self._held
+
+    def release(self) -> int:
+        """Stop holding and start the prunes owed (in this process); how many were started."""
+        with self._lock:
+            owed, self._owed, self._held = self._owed, [], False
+        for store in owed:
+            store._start_prune()
+        return len(owed)
+
+
+#: The process's hold on starting prune threads (see ``PruneHold``).
+PRUNES = PruneHold()
 
 
 @contextlib.contextmanager

@@ -14,6 +14,7 @@ import os
 import threading
 from dataclasses import dataclass, field
 
+from ckptfs.cache.disk import PRUNES
 from ckptfs.checkpoint.api import OpenOptions, open_with
 from ckptfs.formats.repository import SeveralCheckpoints
 from ckptfs.tree.layout import tensor_providers
@@ -82,6 +83,10 @@ def run_mount(request: MountRequest) -> int:
     # The command line holds the URL as typed (user:password@, a presigned query): ps shows it to every user
     # for the daemon's whole life (it is forked from this process), so it is redacted in place first.
     hide_in_argv()
+    if not request.foreground:
+        # The daemon is forked after the open, and a fork needs a single thread: the open's first writes into
+        # --cache-dir make a prune due, whose thread the daemon starts instead (``_run_daemon``).
+        PRUNES.hold()
     # One mount at a time per mountpoint: a second waits for the first, then finds the place taken.
     with MountpointLock(request.mountpoint, READY_TIMEOUT) as lock:
         plan = _prepare(request)
@@ -324,6 +329,7 @@ def _run_daemon(plan: _Plan, pipe: ReadinessPipe) -> int:
     after_start = plan.log_fd if plan.log_fd is not None else devnull
     capture = StderrCapture()
     logs.configure(logging.DEBUG if plan.request.verbose else logging.INFO, plan.request.log_format)
+    PRUNES.release()  # the prunes the open made due before the fork (``run_mount``)
 
     warmup = []
 
