@@ -18,6 +18,8 @@ every request until ``always(None)``. Faults:
 - ``"loop"``: a 302 back to the same URL (a redirect loop).
 
 ``every(n, fault)`` applies one to every n-th request (a few bad connections among many in flight).
+``chaos(p, faults, seed)`` gives each request, with probability ``p``, one of ``faults`` drawn at random (a
+seeded generator: the same run draws the same faults); ``chaos(0)`` ends it.
 ``requests`` counts forwarded requests by method; ``peak_in_flight`` is the most requests it was serving at
 once (how parallel a reader really was, seen from the origin's side).
 
@@ -37,6 +39,7 @@ from __future__ import annotations
 
 import http.client
 import http.server
+import random
 import select
 import socket
 import struct
@@ -68,6 +71,7 @@ class FaultProxy:
         self.requests: Counter = Counter()
         self.faults_used: list[str] = []
         self._every: tuple[int, str] | None = None
+        self._chaos: tuple[float, tuple[str, ...], random.Random] | None = None
         self._seen = 0
         self.in_flight = 0
         self.peak_in_flight = 0
@@ -87,6 +91,10 @@ class FaultProxy:
         with self._lock:
             self._every = None if fault is None else (n, fault)
 
+    def chaos(self, probability: float, faults: tuple[str, ...] = (), seed: int = 0) -> None:
+        with self._lock:
+            self._chaos = (probability, tuple(faults), random.Random(seed)) if probability > 0 and faults else None
+
     def pending(self) -> int:
         with self._lock:
             return len(self._faults)
@@ -97,6 +105,10 @@ class FaultProxy:
             fault = self._faults.popleft() if self._faults else self._always
             if fault is None and self._every is not None and self._seen % self._every[0] == 0:
                 fault = self._every[1]
+            if fault is None and self._chaos is not None:
+                probability, faults, rng = self._chaos
+                if rng.random() < probability:
+                    fault = rng.choice(faults)
             if fault is not None:
                 self.faults_used.append(fault)
             return fault

@@ -67,7 +67,7 @@ static struct entry *table[BUCKETS];
 static pthread_rwlock_t table_lock = PTHREAD_RWLOCK_INITIALIZER;
 static read_fn python_read;            /* mfusepy's callback: every read not served here */
 static Py_ssize_t fh_offset = -1;
-static atomic_ullong served_reads[KINDS], served_bytes[KINDS], handed_back;
+static atomic_ullong served_reads[KINDS], served_bytes[KINDS], handed_back, short_replies;
 static atomic_long registered;
 
 static void put(struct entry *e) {
@@ -150,6 +150,17 @@ static int read_segments(const struct entry *e, char *buf, size_t n, uint64_t of
     return done == n;
 }
 
+/* A reply of `got` bytes where `want` were due (the size asked, up to the end of the file): a shorter one
+ * before the end of the file would make the kernel shrink the file's size, so it is never sent: counted
+ * (short_replies, 0 unless there is a bug) and answered EIO. An error passes as it is. */
+static int whole(int got, size_t want) {
+    if (got >= 0 && (size_t)got != want) {
+        atomic_fetch_add(&short_replies, 1);
+        return -EIO;
+    }
+    return got;
+}
+
 static int direct_read(const char *path, char *buf, size_t size, off_t offset, void *fi) {
     struct entry *e = NULL;
     if (fi != NULL && offset >= 0 && size <= INT32_MAX) {
@@ -169,11 +180,11 @@ static int direct_read(const char *path, char *buf, size_t size, off_t offset, v
     put(e);
     if (!ok) {
         atomic_fetch_add(&handed_back, 1);
-        return python_read(path, buf, size, offset, fi);
+        return whole(python_read(path, buf, size, offset, fi), n);
     }
     atomic_fetch_add(&served_reads[kind], 1);
     atomic_fetch_add(&served_bytes[kind], n);
-    return (int)n;
+    return whole((int)n, n);
 }
 
 /* install(python_read_address, fh_offset) -> the address of direct_read (to put in fuse_operations). */
@@ -273,7 +284,8 @@ static PyObject *unregister_handle(PyObject *self, PyObject *args) {
     return PyBool_FromLong(found != NULL);
 }
 
-/* counters() -> ([(reads, bytes) per kind slot], reads handed back to Python, entries alive) */
+/* counters() -> ([(reads, bytes) per kind slot], reads handed back to Python, entries alive, short replies
+ * refused) */
 static PyObject *counters(PyObject *self, PyObject *unused) {
     PyObject *kinds = PyList_New(KINDS);
     if (kinds == NULL)
@@ -287,8 +299,8 @@ static PyObject *counters(PyObject *self, PyObject *unused) {
         }
         PyList_SET_ITEM(kinds, i, pair);
     }
-    return Py_BuildValue("(NKl)", kinds, (unsigned long long)atomic_load(&handed_back),
-                         (long)atomic_load(&registered));
+    return Py_BuildValue("(NKlK)", kinds, (unsigned long long)atomic_load(&handed_back),
+                         (long)atomic_load(&registered), (unsigned long long)atomic_load(&short_replies));
 }
 
 static PyMethodDef methods[] = {
@@ -299,7 +311,7 @@ static PyMethodDef methods[] = {
     {"unregister", unregister_handle, METH_VARARGS,
      "unregister(fh) -> whether it was registered; returns once no read uses it"},
     {"counters", counters, METH_NOARGS,
-     "counters() -> ([(reads, bytes) per kind slot], reads handed back to Python, entries alive)"},
+     "counters() -> ([(reads, bytes) per kind slot], reads handed back to Python, entries alive, short replies)"},
     {NULL, NULL, 0, NULL},
 };
 

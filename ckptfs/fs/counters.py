@@ -190,4 +190,5 @@ class MountCounters:
         self.request_seconds = Histogram() if timed else None
         self.errors = LabelledCounter()      # (op, errno number) -> n
         self.read_bytes = LabelledCounter()  # file kind -> bytes returned to readers
+        self.short_replies = LabelledCounter()  # replies refused as short before the end of the file (0)
         self.decode = DecodeCounters(Histogram() if timed else None)

@@ -302,9 +302,20 @@ class CkptOperations:
         else:
             with self._read_scope():
                 data = view.read(offset, size) if target is None else view.read_into(offset, target, keep)
+        served = len(data) if target is None else data
+        if served != size and served != max(0, min(size, view.size - offset)):
+            self._short_reply(path, view, offset, size, served)
         if self.counters.timed:
-            self.counters.read_bytes.add(self._kind(path), len(data) if target is None else data)
+            self.counters.read_bytes.add(self._kind(path), served)
         return data
+
+    def _short_reply(self, path: str | None, view: View, offset: int, size: int, served: int) -> None:
+        """A reply with fewer bytes than asked before the end of the file is never sent: the kernel would
+        take it for the end of the file and shrink the file's size (mmap and later reads would then see a
+        shorter file). Counted (``short_replies`` in the stats: a bug if ever non-zero) and answered EIO."""
+        self.counters.short_replies.add("python")
+        raise CheckpointError(path, offset, f"short reply refused: {served} bytes of {size} asked, the file "
+                                            f"holds {view.size} bytes")
 
     def _kind(self, path: str | None) -> str:
         """The file kind of ``path`` (``ckptfs_read_bytes_total{kind}``), remembered per path."""
@@ -347,9 +358,11 @@ class CkptOperations:
         self._describe[key] = value
 
     def stats(self) -> dict[str, Any]:
-        """What ``user.ckptfs.stats`` on the root holds: the tree's counters, the daemon's pid, the binding."""
+        """What ``user.ckptfs.stats`` on the root holds: the tree's counters, the daemon's pid, the binding, and
+        ``short_replies`` (replies that would have ended before the end of the file, Python's and C's: 0)."""
         return {**self.tree.stats(), **service_stats(self.tree, self.counters.decode.total_bytes()),
                 "pid": os.getpid(), "open_handles": len(self._handles), "c_reads": self.direct_reads.snapshot(),
+                "short_replies": self.counters.short_replies.total() + self.direct_reads.short_replies(),
                 **{key: value() if callable(value) else value for key, value in self._describe.items()}}
 
     def read_bytes_by_kind(self) -> dict[str, int]:
