@@ -1,5 +1,9 @@
 """The daemon's logging: text or JSON lines, one line per distinct EIO cause, reopening on SIGUSR1.
 
+**Start-up.** What the mount warns about before it serves (the checks and the checkpoint's open, made in the
+``ckptfs mount`` process before the daemon is forked) goes to stderr and to ``--log-file`` alike
+(``configure_startup``): a mount from fstab or systemd keeps it in its log.
+
 **Formats.** ``--log-format text`` (default): ``TIME PID LEVEL LOGGER: MESSAGE``. ``--log-format json``: one
 JSON object per line for log shippers (``time`` in UTC ISO 8601, ``level``, ``logger``, ``pid``,
 ``message``, ``exception`` when there is a traceback, plus the fields a call site adds such as ``op``,
@@ -79,14 +83,27 @@ def formatter(log_format: str) -> logging.Formatter:
 
 def configure(level: int, log_format: str = "text", extra_fd: int | None = None) -> None:
     """Log to stderr (fd 2: the terminal, or the daemon's log file), and to ``extra_fd`` if given."""
+    _install(level, formatter(log_format), extra_fd, formatter(log_format))
+
+
+def configure_startup(log_format: str = "text", log_fd: int | None = None) -> None:
+    """Before a mount serves (its checks and the checkpoint's open, in the ``ckptfs mount`` process): warnings
+    on stderr as bare lines, as the command's own messages, and into the log file (``log_fd``) in its format.
+    A mount that fstab or systemd starts has a stderr nobody keeps, so what the open warns about (a Redis
+    trusted as-is, a folder's notes) must reach its log too."""
+    _install(logging.WARNING, RedactingFormatter("%(message)s"), log_fd, formatter(log_format))
+
+
+def _install(level: int, stderr_format: logging.Formatter, extra_fd: int | None,
+             extra_format: logging.Formatter) -> None:
     root = logging.getLogger()
     for handler in list(root.handlers):
         root.removeHandler(handler)
-    handlers: list[logging.Handler] = [logging.StreamHandler(sys.stderr)]
+    handlers: list[tuple[logging.Handler, logging.Formatter]] = [(logging.StreamHandler(sys.stderr), stderr_format)]
     if extra_fd is not None:
-        handlers.append(logging.StreamHandler(open(extra_fd, "a", buffering=1, closefd=False)))
-    for handler in handlers:
-        handler.setFormatter(formatter(log_format))
+        handlers.append((logging.StreamHandler(open(extra_fd, "a", buffering=1, closefd=False)), extra_format))
+    for handler, format_ in handlers:
+        handler.setFormatter(format_)
         root.addHandler(handler)
     root.setLevel(level)
 

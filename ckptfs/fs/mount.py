@@ -110,6 +110,7 @@ def _prepare(request: MountRequest) -> _Plan:
     check_fusermount(binding.fusermount)
     metrics = _metrics_address(request.metrics)
     log_file = _open_log(request.log_file)
+    logs.configure_startup(request.log_format, None if log_file is None else log_file.fd)
     try:
         checkpoint = open_with(request.src, request.open_options)
     except SeveralCheckpoints as several:  # a folder of several checkpoints: mounted whole
