@@ -67,8 +67,7 @@ def shared_array(tensor) -> np.ndarray:
     data = tensor.data
     store = tensor_store(tensor._ck)
     n_blocks = data.available_blocks()
-    key = cache_key(data.source.content_id(), tensor.info.offset, tensor.info.storage_type, data.dtype.str,
-                    0, n_blocks)
+    key = cache_key(data.content_id(), data.info.offset, data.info.storage_type, data.dtype.str, 0, n_blocks)
     values = store.map_array(key)
     if values is None:
         with store.key_lock(key):

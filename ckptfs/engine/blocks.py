@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
+from abc import abstractmethod
 from typing import Protocol
 
 import numpy as np
@@ -49,28 +50,46 @@ def split(items: list, n: int) -> list[list]:
 
 
 class TensorValues(Protocol):
-    """What the views, the API and read-ahead read a tensor's values through: :class:`TensorData` for stored
-    tensors, ``ckptfs.packed.views.PackedData`` for the views of packed layers (whose "groups" are tiles)."""
+    """What the views, the API, read-ahead, ``ckptfs prefetch`` (``cache.warm``) and ``Tensor.shared()``
+    (``cache.shared``) read a tensor's values through: :class:`TensorData` for stored tensors,
+    ``ckptfs.packed.views.PackedData`` for the views of packed layers (whose "blocks" and "groups" are tiles
+    of rows). Every method is abstract, so an implementation that lacks one cannot be made at all (rather
+    than failing with an AttributeError in whichever caller reaches it first)."""
 
-    info: TensorInfo
+    info: TensorInfo       # block_elements: elements per block (a packed view's: per tile)
     dtype: np.dtype
     n_elements: int
+    n_blocks: int
     direct: bool           # the served values are the stored bytes (no decode, no cache)
     group_blocks: int      # blocks per cached group (read-ahead's unit)
 
+    @abstractmethod
     def read(self, e0: int, e1: int, use_cache: bool = True) -> np.ndarray:
         """Elements [e0, e1) of the flattened values; ``use_cache=False`` for whole-tensor reads."""
 
+    @abstractmethod
     def byte_segments(self, d0: int, d1: int) -> list:
         """Bytes [d0, d1) of the values as buffers (zero-copy slices of cached groups)."""
 
+    @abstractmethod
     def group_of_element(self, e: int) -> int: ...
 
+    @abstractmethod
     def prefetch_group(self, g: int) -> None:
         """Decode group ``g`` into the cache unless it is there (background read-ahead)."""
 
+    @abstractmethod
     def stored_range(self, e0: int, e1: int) -> tuple[int, int]:
         """(file offset, size) of the stored bytes behind elements [e0, e1) (a hint for the kernel)."""
+
+    @abstractmethod
+    def available_blocks(self) -> int:
+        """How many leading blocks can be decoded (all their stored bytes are there)."""
+
+    @abstractmethod
+    def content_id(self) -> str:
+        """The content identity of every stored byte the values are computed from: what a key of the whole
+        decoded tensor in a shared tier starts with (``Tensor.shared()``)."""
 
 
 def group_slices(group: Callable[[int], np.ndarray], group_elements: int, e0: int, e1: int) -> list[np.ndarray]:
@@ -272,12 +291,16 @@ class TensorData(TensorValues):
         """Elements [e0, e1) (present, non-direct) as read-only slices of the cached groups covering them."""
         return group_slices(self._group, self.group_blocks * self.info.block_elements, e0, e1)
 
-    def _key(self, g: int) -> str:
+    def content_id(self) -> str:
+        """The content identity of the file the tensor is stored in (asked once)."""
         if self._content_id is None:
             self._content_id = self.source.content_id()
+        return self._content_id
+
+    def _key(self, g: int) -> str:
         b0 = g * self.group_blocks
         b1 = min(b0 + self.group_blocks, self.available_blocks())
-        return cache_key(self._content_id, self.info.offset, self.info.storage_type, self.dtype.str, b0, b1)
+        return cache_key(self.content_id(), self.info.offset, self.info.storage_type, self.dtype.str, b0, b1)
 
     def _group(self, g: int) -> np.ndarray:
         return self._cache.get_or_load(self._key(g), lambda: self._decode_group(g))

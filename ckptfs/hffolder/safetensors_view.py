@@ -119,7 +119,7 @@ class ParamData:
             from transformers import __version__ as version
 
             info = self.data.info
-            self._key_prefix = (self.data.source.content_id(), info.offset, info.storage_type,
+            self._key_prefix = (self.data.content_id(), info.offset, info.storage_type,
                                 f"hf:{version}:{self.dtype}:{self.param.name}")
         r0 = g * self.group_rows
         return cache_key(*self._key_prefix, r0, min(self.rows, r0 + self.group_rows))

@@ -111,6 +111,17 @@ class PackedData(TensorValues):
     def n_tiles(self) -> int:
         return -(-self.layout.out_features // self.rows_per_tile)
 
+    # a tile is a "block" (``info.block_elements`` is a tile's elements) and a group of one block
+    n_blocks = n_tiles
+
+    def available_blocks(self) -> int:
+        """Every tile: a layer whose parts are not all there gets no view (``ckptfs.packed.attach``)."""
+        return self.n_tiles
+
+    def content_id(self) -> str:
+        """The identities of every part the values are computed from (files, offsets, sizes, types)."""
+        return self._reader.ident(tuple(self.layout.parts))
+
     def _decode(self, o0: int, o1: int, out: np.ndarray | None = None) -> np.ndarray:
         """Rows [o0, o1) as flat ``self.dtype`` values, into ``out`` when given (a float16 view gets its
         buffer here, so that the C kernel writes float16 straight into it)."""
@@ -125,7 +136,7 @@ class PackedData(TensorValues):
 
     def _key(self, t: int) -> CacheKey:
         if self._key_prefix is None:
-            self._key_prefix = CacheKey(self._reader.ident(tuple(self.layout.parts)), 0,
+            self._key_prefix = CacheKey(self.content_id(), 0,
                                         f"packed:{self.layout.scheme}", f"{self.dtype.str}/{self.rows_per_tile}", 0, 0)
         o0 = t * self.rows_per_tile
         return self._key_prefix.with_range(o0, min(o0 + self.rows_per_tile, self.layout.out_features))
