@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 
-from ckptfs.tree.names import NAME_MAX, assign_stems, encode_name, file_stem
+from ckptfs.tree.names import NAME_MAX, assign_stems, capped_name, encode_name, file_name, file_stem, numbered_name
 
 
 def test_plain_names_stay_as_they_are():
@@ -63,3 +63,24 @@ def test_name_at_the_limit_is_not_hashed():
     longest = "y" * (NAME_MAX - len(".meta.json"))
     assert file_stem(longest) == longest
     assert len((file_stem(longest, 2) + ".meta.json").encode()) <= NAME_MAX
+
+
+def test_file_names_are_escaped_and_capped_with_their_extension():
+    assert file_name("model.gguf") == "model.gguf"
+    assert file_name(b"\xff\xfe.safetensors".decode("utf-8", "surrogateescape")) == "%FF%FE.safetensors"
+    assert file_name("%FF%FE.safetensors") == "%25FF%25FE.safetensors"  # never the same name as the one above
+    long = "é" * 150 + ".safetensors"  # 312 bytes
+    cut = file_name(long)
+    assert cut == "é" * 100 + "~" + hashlib.sha256(long.encode()).hexdigest()[:16] + ".safetensors"
+    assert len(cut.encode()) <= NAME_MAX
+    assert capped_name("100%.gguf") == "100%.gguf"  # a key that was not percent-decoded is only capped
+    assert len(capped_name("k" * 300).encode()) == 200 + 1 + 16
+
+
+def test_a_numbered_name_stays_within_the_limit():
+    assert numbered_name("config.json", 2) == "config~2.json"
+    assert numbered_name("README", 3) == "README~3"
+    name = "c" * 250 + ".json"  # 255 bytes: "~2" would make it 257
+    numbered = numbered_name(name, 2)
+    assert numbered == "c" * 200 + "~" + hashlib.sha256(name.encode()).hexdigest()[:16] + "~2.json"
+    assert numbered != numbered_name(name, 3)

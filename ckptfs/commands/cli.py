@@ -152,7 +152,8 @@ def umount(mountpoint, verbose):
 @click.option("-v", "--verbose", is_flag=True)
 @click.option("--hf", "hf", is_flag=True,
               help="Also say whether a mount with --hf gets hf/, or why not (imports transformers).")
-def info(src, as_json, hf, verbose, mirrors, timeout, stall_timeout, cache_dir, cache_dir_size, cache_key_file):
+@click.option("--all", "every", is_flag=True, help="List every file and checkpoint (the text form shows the first 20).")
+def info(src, as_json, hf, verbose, mirrors, timeout, stall_timeout, cache_dir, cache_dir_size, cache_key_file, every):
     """Summarize a checkpoint: format, tensors, storage types, metadata, damage."""
     from ckptfs import open as open_checkpoint
     from ckptfs.commands.info import render, repository_summary, summary
@@ -166,7 +167,7 @@ def info(src, as_json, hf, verbose, mirrors, timeout, stall_timeout, cache_dir, 
         data = repository_summary(several.repository)
     except Exception as exc:  # noqa: BLE001 - the CLI turns every failure into one line
         fail(exc, verbose)
-    click.echo(json.dumps(data, indent=2) if as_json else render(data))
+    click.echo(json.dumps(data, indent=2) if as_json else render(data, every))
 
 
 @main.command()

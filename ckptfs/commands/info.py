@@ -18,6 +18,8 @@ from ckptfs.util.redact import public_name, redact
 from ckptfs.util.sizes import format_size
 
 BIG_ARRAY = 16
+#: Names a text listing shows before "... and N more" (a folder of 50,000 files is not one 650 KB line).
+LISTED_NAMES = 20
 
 
 def _summarize(value: Any) -> Any:
@@ -88,19 +90,36 @@ def repository_summary(repository) -> dict[str, Any]:
     }
 
 
-def _render_repository(info: dict[str, Any]) -> str:
-    lines = [f"repository: {len(info['checkpoints'])} checkpoints (a mount shows each in a folder of its own)"]
-    for row in info["checkpoints"]:
+def _more(count: int, what: str) -> str:
+    return f"... and {count} more {what} (--all lists every one)"
+
+
+def _names(names: list[str], every: bool) -> str:
+    """A list of file names for one line: the first LISTED_NAMES of them unless ``every``."""
+    if every or len(names) <= LISTED_NAMES:
+        return ", ".join(names)
+    return ", ".join(names[:LISTED_NAMES]) + ", " + _more(len(names) - LISTED_NAMES, "files")
+
+
+def _render_repository(info: dict[str, Any], every: bool) -> str:
+    rows = info["checkpoints"]
+    lines = [f"repository: {len(rows)} checkpoints (a mount shows each in a folder of its own)"]
+    shown = rows if every else rows[:LISTED_NAMES]
+    for row in shown:
         lines.append(f"  {row['name']}/  {row['label']}  {format_size(row['bytes'])}  (open alone: {row['src']})")
+    if len(shown) < len(rows):
+        lines.append("  " + _more(len(rows) - len(shown), "checkpoints"))
     if info["other_files"]:
-        lines.append(f"other files: {', '.join(info['other_files'])}")
+        lines.append(f"other files ({len(info['other_files'])}): {_names(info['other_files'], every)}")
     lines += [f"note: {note}" for note in info["notes"]]
     return "\n".join(one_line(line) for line in lines)
 
 
-def render(info: dict[str, Any]) -> str:
+def render(info: dict[str, Any], every: bool = False) -> str:
+    """The text form of ``summary``/``repository_summary``; long lists of names are cut short unless ``every``
+    (``ckptfs info --all``: the JSON form always holds them all)."""
     if "checkpoints" in info:
-        return _render_repository(info)
+        return _render_repository(info, every)
     lines = [f"format: {info['format']}" + (f" v{info['version']}" if info["version"] is not None else ""),
              f"files: {len(info['files'])}" + (f" ({info['files'][0]})" if len(info["files"]) == 1 else ""),
              f"tensors: {info['tensor_count']}",
@@ -111,7 +130,7 @@ def render(info: dict[str, Any]) -> str:
     for key, value in info["metadata"].items():
         lines.append(f"  {key} = {value if isinstance(value, str) else repr(value)}")
     if info["passthrough"]:
-        lines.append(f"other files: {', '.join(info['passthrough'])}")
+        lines.append(f"other files ({len(info['passthrough'])}): {_names(info['passthrough'], every)}")
     if info.get("hf"):
         lines.append(f"hf/: {info['hf']}")
     packed = info.get("packed_views")

@@ -18,6 +18,7 @@ Paths are joined to what the user gave and never resolved (Hugging Face snapshot
 
 from __future__ import annotations
 
+import logging
 import os
 import stat
 
@@ -30,8 +31,10 @@ from ckptfs.formats.repository import several_checkpoints
 from ckptfs.formats.safetensors_set import read_index, read_safetensors_set
 from ckptfs.formats.shards import Candidate, FolderScan, name_list, parse_shard_name, scan_folder
 from ckptfs.formats.split_gguf import read_split_gguf, split_keys
+from ckptfs.util.oneline import one_line
 
 INDEX_NAME_SUFFIX = ".index.json"
+log = logging.getLogger(__name__)
 
 
 @only_checkpoint_errors
@@ -150,7 +153,9 @@ def _add_passthrough(parsed: ParsedCheckpoint, scan: FolderScan, index: str | No
     ignored = [os.path.basename(p) for c in scan.candidates for p in c.paths if normalize(p) not in used]
     ignored += [name for name in scan.indexes if name != index]
     if ignored:
-        parsed.notes.append(f"other checkpoint files in the folder, not part of this checkpoint and not passed "
-                            f"through: {name_list(ignored)}")
+        note = (f"other checkpoint files in the folder, not part of this checkpoint and not passed through: "
+                f"{name_list(ignored)}" + (f" (the index file {index} names the checkpoint)" if index else ""))
+        parsed.notes.append(note)
+        log.warning("%s: %s", scan.folder, one_line(note))  # a file left out of a mount is said where it is mounted
     if scan.broken:
         parsed.notes.append(f"not passed through (broken links or not regular files): {name_list(list(scan.broken))}")

@@ -30,7 +30,7 @@ import numpy as np
 from ckptfs.checkpoint.api import Checkpoint, decode_plan
 from ckptfs.util.jsonutil import dumps_bytes
 from ckptfs.util.redact import strip_url
-from ckptfs.tree.names import assign_stems
+from ckptfs.tree.names import assign_stems, capped_name, file_name, numbered_name
 from ckptfs.engine.views import BytesView, FileView, NpyView, RawView, View, npy_header
 
 log = logging.getLogger(__name__)
@@ -164,25 +164,29 @@ def checkpoint_files(ck: Checkpoint) -> Iterable[Entry]:
 
 def own_name(path: str, file_format: str = "gguf") -> str:
     """The name a checkpoint file has in a mount: the last part of its path, or of a URL's path (no query, no
-    fragment: a presigned URL's signature is not a name; an ``http(s)`` name percent-decoded)."""
+    fragment: a presigned URL's signature is not a name; an ``http(s)`` name percent-decoded, then escaped
+    and capped as a tensor name is — bytes that are not UTF-8 stay ``%XX``; any name past 255 bytes is cut
+    with a hash: names.file_name, names.capped_name)."""
     if "://" not in path:
         return os.path.basename(path.rstrip("/")) or f"model.{file_format}"
     scheme, _, rest = strip_url(path).partition("://")
     name = rest.rstrip("/").rsplit("/", 1)[-1] if "/" in rest.rstrip("/") else ""
-    if scheme.lower() in ("http", "https"):
-        decoded = urllib.parse.unquote(name)
-        name = decoded if decoded and "/" not in decoded and "\0" not in decoded else name
-    return name if name and name not in (".", "..") else f"model.{file_format}"
+    decoded = scheme.lower() in ("http", "https")
+    if decoded:
+        name = urllib.parse.unquote_to_bytes(name).decode("utf-8", "surrogateescape")
+    if not name or name in (".", ".."):
+        return f"model.{file_format}"
+    return file_name(name) if decoded else capped_name(name)
+
+
+def _numbered_path(path: str, n: int) -> str:
+    folder, slash, name = path.rpartition("/")
+    return folder + slash + numbered_name(name, n)
 
 
 DEFAULT_PROVIDERS: tuple[Provider, ...] = (tensor_files, metadata_file, passthrough_files, checkpoint_files)
 #: Providers of files a checkpoint or its folder really holds: on a clash they are numbered, never left out.
 RENUMBERED = (passthrough_files, checkpoint_files)
-
-
-def _numbered(name: str, n: int) -> str:
-    stem, dot, ext = name.rpartition(".")
-    return f"{stem}~{n}.{ext}" if dot and stem else f"{name}~{n}"
 
 
 class MountTree:
@@ -244,7 +248,7 @@ class MountTree:
             n = 1
             while self._taken(path):
                 n += 1
-                path = _numbered(entry.path, n)
+                path = _numbered_path(entry.path, n)
         parent, _, name = path.rpartition("/")
         if self._taken(path) or not name or not self._make_dirs(parent):
             log.warning("left out %s: the name is taken", path)

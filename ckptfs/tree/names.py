@@ -6,6 +6,13 @@ NUL -> %00, each byte of invalid UTF-8 (held as a lone surrogate after surrogate
 everything else as is. The second and later tensors with the same name get ``~2``, ``~3``... before the
 suffix; a name too long once ``.meta.json`` is added is cut to 200 bytes (on a character boundary) plus
 ``~`` and 16 hex digits of the SHA-256 of the original name. meta.json always keeps the original name.
+
+A checkpoint file's own name taken from an ``http(s)`` URL (``file_name``) follows the same rules, so that
+two URLs never map to one name and ``cp -r`` of a mount never meets a name too long: the percent-decoded
+name escaped as above, and a name over NAME_MAX bytes becomes a 200-byte stem, ``~``, 16 hex digits of the
+SHA-256 of the name, and the original extension (``.gguf``, ``.safetensors``). Names that were never
+percent-decoded (an ``s3://`` or ``hf://`` key) are only capped that way (``capped_name``), and so are numbered
+names (``~2``) that would grow past the limit.
 """
 
 from __future__ import annotations
@@ -54,7 +61,7 @@ def _cut(encoded: str, limit: int) -> str:
     out, used, i = [], 0, 0
     while i < len(encoded):
         piece = encoded[i:i + 3] if encoded[i] == "%" else encoded[i]
-        size = len(piece.encode("utf-8"))
+        size = len(name_bytes(piece))
         if used + size > limit:
             break
         out.append(piece)
@@ -67,13 +74,16 @@ def _fits(stem: str) -> bool:
     return len((stem + LONGEST_SUFFIX).encode("utf-8")) <= NAME_MAX
 
 
+def _digest(name: str) -> str:
+    return hashlib.sha256(name_bytes(name)).hexdigest()[:16]
+
+
 def file_stem(name: str, ordinal: int = 1) -> str:
     """The file-name stem of the ``ordinal``-th tensor called ``name`` (1 = the first)."""
     encoded = encode_name(name)
     tag = f"~{ordinal}" if ordinal > 1 else ""
     if not _fits(encoded + tag):
-        digest = hashlib.sha256(name_bytes(name)).hexdigest()[:16]
-        encoded = f"{_cut(encoded, _KEEP_BYTES)}~{digest}"
+        encoded = f"{_cut(encoded, _KEEP_BYTES)}~{_digest(name)}"
     return encoded + tag
 
 
@@ -95,3 +105,36 @@ def assign_stems(names: list[str]) -> list[str]:
         taken.add(stem)
         stems.append(stem)
     return stems
+
+
+#: The longest extension a cut file name keeps (``.safetensors`` is 12 bytes); a longer tail is part of the stem.
+_EXT_MAX = 32
+
+
+def _with_tag(encoded: str, digest: str, tag: str = "") -> str:
+    """``encoded`` with ``tag`` (``~2``) before its extension, cut to a 200-byte stem + ``~`` + ``digest`` when
+    it would be longer than NAME_MAX bytes."""
+    stem, dot, ext = encoded.rpartition(".")
+    if not dot or not stem or len(name_bytes(ext)) > _EXT_MAX:
+        stem, ext = encoded, ""
+    ext = f".{ext}" if ext else ""
+    if len(name_bytes(stem + tag + ext)) <= NAME_MAX:
+        return stem + tag + ext
+    return f"{_cut(stem, _KEEP_BYTES)}~{digest}{tag}{ext}"
+
+
+def file_name(name: str) -> str:
+    """The name a file called ``name`` (a URL's last part, percent-decoded with surrogateescape) has in a
+    mount: escaped as a tensor name is, and within NAME_MAX bytes (see the module docstring)."""
+    return _with_tag(encode_name(name), _digest(name))
+
+
+def capped_name(name: str) -> str:
+    """``name`` (a valid file name, or an object key that was not percent-decoded) within NAME_MAX bytes."""
+    return _with_tag(name, _digest(name))
+
+
+def numbered_name(name: str, ordinal: int) -> str:
+    """The file name ``name`` with ``~N`` before its extension (a file whose name is taken), cut with a hash
+    of ``name`` when the number would take it past NAME_MAX."""
+    return _with_tag(name, _digest(name), f"~{ordinal}")
