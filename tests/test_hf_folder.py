@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 
 import pytest
 
@@ -20,6 +21,7 @@ pytest.importorskip("sentencepiece")
 pytest.importorskip("tokenizers")
 pytest.importorskip("accelerate")  # transformers needs it for gguf_file=
 
+from conftest import REPO, skip_or_fail  # noqa: E402
 from hf_models import byte_level_vocab, probe_texts, sentencepiece_vocab, write_model  # noqa: E402
 from safetensors import safe_open  # noqa: E402
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer  # noqa: E402
@@ -70,7 +72,10 @@ def f32_mounts(module_mounted, models):
 
 
 def _without_names(config: dict) -> dict:
-    return {k: v for k, v in config.items() if k not in ("_name_or_path", "dtype", "transformers_version")}
+    """A config without what the GGUF loader leaves unset or fills with names of its own (``architectures``
+    is checked on its own: ``test_config_names_the_causal_lm_class``)."""
+    return {k: v for k, v in config.items()
+            if k not in ("_name_or_path", "dtype", "transformers_version", "architectures")}
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -102,6 +107,49 @@ def test_config_equals_transformers_gguf_config(arch, f32_mounts, models):
     theirs = AutoConfig.from_pretrained(str(folder), gguf_file=name).to_dict()
     assert _without_names(mine) == _without_names(theirs)
     assert mine["dtype"] == "float32"
+
+
+#: The class a Hugging Face folder of each generated model names (transformers' causal-LM class for the type).
+CAUSAL_LM = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "gemma3": "Gemma3ForCausalLM"}
+
+_LLAMA_CPP_ARCH = """
+import json, sys
+sys.path[:0] = [sys.argv[1] + "/gguf-py", sys.argv[1]]
+import gguf
+from conversion import ModelType, get_model_architecture, get_model_class
+arch = get_model_architecture(json.load(open(sys.argv[2])), ModelType.TEXT)
+print(arch, gguf.MODEL_ARCH_NAMES[get_model_class(arch).model_arch])
+"""
+
+
+def _llama_cpp_source():
+    """llama.cpp's source tree (its ``convert_hf_to_gguf.py`` and ``conversion`` package), built by setup."""
+    if str(REPO / "scripts") not in sys.path:
+        sys.path.append(str(REPO / "scripts"))
+    import llama_client
+
+    source = llama_client.probe_path().parent.parent / "src" / "llama.cpp"
+    if not (source / "conversion" / "__init__.py").is_file():
+        skip_or_fail(f"llama.cpp's converter is not at {source}: run bash scripts/build_llama_cpp.sh")
+    return source
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_config_names_the_causal_lm_class(arch, f32_mounts, models):
+    """config.json's ``architectures`` names the class transformers builds for the model type, and llama.cpp's
+    converter detects it and maps it back to the GGUF's own architecture (without the key it stops with
+    'Failed to detect model architecture')."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    config = json.loads((f32_mounts[arch] / "hf" / "config.json").read_text(encoding="utf-8"))
+    assert config["architectures"] == [CAUSAL_LM[arch]]
+    assert MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[config["model_type"]] == CAUSAL_LM[arch]
+    assert getattr(transformers, CAUSAL_LM[arch]).config_class.model_type == config["model_type"]
+    detected = subprocess.run([sys.executable, "-c", _LLAMA_CPP_ARCH, str(_llama_cpp_source()),
+                               str(f32_mounts[arch] / "hf" / "config.json")],
+                              capture_output=True, text=True, timeout=300)
+    assert detected.returncode == 0, detected.stderr[-2000:]
+    assert detected.stdout.split() == [CAUSAL_LM[arch], arch]
 
 
 @pytest.mark.parametrize("arch", ARCHS)

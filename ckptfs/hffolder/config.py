@@ -117,11 +117,21 @@ def config_dict(metadata: Mapping[str, Any], tensor_names: Sequence[str]) -> dic
     return config
 
 
+def causal_lm_class(model_type: str) -> str | None:
+    """The class transformers loads a causal LM of ``model_type`` with (``LlamaForCausalLM``, ...): what a
+    real Hugging Face folder's ``config.json`` names under ``architectures``, and what llama.cpp's
+    ``convert_hf_to_gguf.py`` and vLLM pick their model code by. None for a type transformers has none for."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    return MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(model_type)
+
+
 def config_files(config_values: dict[str, Any], metadata: Mapping[str, Any], dtype: str) -> tuple[Any, dict[str, bytes]]:
     """(the config object, {"config.json": ..., "generation_config.json": ...}) as save_pretrained writes them.
 
     The config is the one ``from_pretrained(dir, gguf_file=...)`` builds, with ``dtype`` set to the dtype the
-    safetensors file holds. generation_config.json takes the special token ids from the tokenizer metadata
+    safetensors file holds and ``architectures`` naming the model's causal-LM class (``causal_lm_class``),
+    which the GGUF loader leaves unset. generation_config.json takes the special token ids from the tokenizer metadata
     (the config mapping leaves them at the config class's defaults).
     """
     import tempfile
@@ -131,6 +141,9 @@ def config_files(config_values: dict[str, Any], metadata: Mapping[str, Any], dty
 
     config = AutoConfig.for_model(**config_values)
     config.dtype = dtype
+    architecture = causal_lm_class(config.model_type)
+    if architecture is not None:
+        config.architectures = [architecture]
     generation = GenerationConfig.from_model_config(config)
     ids = {"bos_token_id": "tokenizer.ggml.bos_token_id", "eos_token_id": "tokenizer.ggml.eos_token_id",
            "pad_token_id": "tokenizer.ggml.padding_token_id"}
