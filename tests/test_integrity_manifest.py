@@ -105,7 +105,7 @@ def test_dumps_round_trips_and_is_the_contract_format(tmp_path):
     data = json.loads(manifest.dumps())
     assert data["format"] == FORMAT and data["chunk_size"] == 1048576
     assert set(data) == {"format", "chunk_size", "files", "tensors"}
-    assert set(data["files"][0]) == {"name", "size", "sha256"}
+    assert set(data["files"][0]) == {"name", "size", "sha256", "header_sha256"}
     assert set(data["tensors"][0]) == {"name", "file", "offset", "stored_nbytes", "crc32", "sha256", "chunks_crc32"}
     assert parse_manifest(data, "m") == manifest
 

@@ -6,9 +6,15 @@ chunks it touches that are not yet known good; their crc32s are compared with th
 ``chunks_crc32`` and the requested bytes are cut from the same buffer, so a checked read costs one pass
 over the chunks it covers and a remote read stays lazy (a 1 MiB chunk, not the whole tensor). A chunk
 found good is remembered for as long as the file keeps its identity (size, mtime, ctime, inode: the
-source's ``identity``), so later reads of it cost nothing extra. Bytes that belong to no tensor (headers,
-padding) are passed through unchecked: the header was parsed at open and the tensors it names must match
-the manifest's (``ManifestCheck``).
+source's ``identity``), so later reads of it cost nothing extra.
+
+A file's header (the bytes before its first tensor: GGUF metadata and tensor infos, the safetensors JSON) is
+checked once, when the file is opened: its sha256 must be the manifest's ``header_sha256``, else the open (and
+the mount) fails with one line naming the file. What the header says was parsed already by then, and
+``metadata.json``, a tensor's shape and the mount's own copy of the file are served from it, so a header
+checked on first read would come too late. A manifest written before ``header_sha256`` existed checks no
+header, and says so once (``warn_without_header_hashes``). Padding between tensors is passed through
+unchecked; the tensors the header names must match the manifest's (``ManifestCheck``).
 
 A mismatch raises ``IntegrityError`` (a ``CheckpointError``) naming the tensor, the chunk and both crc32s:
 the mount answers EIO with that one log line, and a mirror layer (``Mirror(Checked(primary),
@@ -25,7 +31,8 @@ from ckptfs.core.descriptors import ParsedCheckpoint
 from ckptfs.core.errors import CheckpointError, IntegrityError
 from ckptfs.sources.base import ByteSource
 from ckptfs.integrity.crc import crc32
-from ckptfs.integrity.manifest import Manifest, TensorEntry, file_names, load_manifest
+from ckptfs.integrity.manifest import (Manifest, TensorEntry, file_names, header_end, header_sha256, load_manifest,
+                                       warn_without_header_hashes)
 
 
 class ManifestCheck:
@@ -45,6 +52,13 @@ class ManifestCheck:
                 self._tensors[by_name[t.file]].append(t)
         self._index = {path: _Index(sorted(ts, key=lambda t: t.offset)) for path, ts in self._tensors.items()}
         self._verified: dict[tuple, list[bytearray]] = {}
+        self._first: dict[str, list[int]] = {path: [] for path in parsed.files}  # each file's first tensor offset
+        for info in parsed.tensors:
+            first = self._first[info.source]
+            if not first or info.offset < first[0]:
+                first[:] = [info.offset]
+        self._headers_ok: set[tuple] = set()  # (path, identity) of the files whose header matched
+        warn_without_header_hashes(manifest, where)
 
     def wrap(self, source: ByteSource, path: str | None = None) -> ByteSource:
         """``source`` checked against the manifest entries of checkpoint file ``path`` (default: the source's
@@ -57,10 +71,22 @@ class ManifestCheck:
             raise CheckpointError(source.name, None, f"size {source.size} bytes, the manifest {self.where} says "
                                                      f"{entry.size}: not the file the manifest describes")
         key = (path, getattr(source, "identity", None))
+        if entry.header_sha256 is not None and key not in self._headers_ok:
+            self._check_header(source, path, entry.header_sha256)
+            self._headers_ok.add(key)
         verified = self._verified.get(key)
         if verified is None:
             verified = self._verified.setdefault(key, [bytearray(len(t.chunks_crc32)) for t in self._index[path].entries])
         return CheckedSource(source, self._index[path], verified, self.manifest.chunk_size)
+
+    def _check_header(self, source: ByteSource, path: str, expected: str) -> None:
+        """IntegrityError unless the header of ``source`` (checkpoint file ``path``) hashes to ``expected``."""
+        end = header_end(self._first[path], source.size)
+        got = header_sha256(source, end)
+        if got != expected:
+            raise IntegrityError(source.name, None, f"its header (bytes 0..{end}: metadata and tensor infos) differs "
+                                                    f"from the manifest {self.where} (sha256 {got[:16]}..., manifest "
+                                                    f"{expected[:16]}...): not the checkpoint the manifest describes")
 
     def __call__(self, source: ByteSource) -> ByteSource:
         """The ``source_wrapper`` hook of ``Checkpoint``."""

@@ -7,6 +7,11 @@ the dequantized values of every pair that is not byte-identical and has the same
 users make between two quantizations of one model). A manifest records no shapes, types or values, so
 against a manifest only sizes and bytes are compared.
 
+Files are compared by their headers too (``header_sha256``: the metadata and tensor infos before the first
+tensor), paired by name (two one-file sides whatever their names): a changed metadata value with every
+tensor's bytes intact is a difference. A manifest written before that field existed compares no header and
+says so once.
+
 The relative difference of two values is ``|a - b| / max(|a|, |b|)`` (0 where both are 0), so it is
 symmetric and bounded by 2 for finite values; a NaN on either side makes both figures NaN.
 """
@@ -20,7 +25,8 @@ from typing import Any
 
 import numpy as np
 
-from ckptfs.integrity.manifest import Manifest, Progress, build_manifest, is_manifest, load_manifest
+from ckptfs.integrity.manifest import (Manifest, Progress, build_manifest, is_manifest, load_manifest,
+                                       warn_without_header_hashes)
 from ckptfs.integrity.verify import _by_occurrence, cut_short
 
 #: Decoded elements compared at a time (bounds memory for huge tensors).
@@ -42,20 +48,35 @@ class Change:
         return text
 
 
+@dataclass(frozen=True)
+class HeaderChange:
+    """A file whose header (metadata, tensor infos) differs between the sides: its name and both sha256s."""
+
+    file: str
+    a: str
+    b: str
+
+    def line(self) -> str:
+        return (f"header of {self.file!r} differs (metadata or tensor infos; sha256 {self.a[:12]}... -> "
+                f"{self.b[:12]}...)")
+
+
 @dataclass
 class Difference:
     only_a: list[str] = field(default_factory=list)
     only_b: list[str] = field(default_factory=list)
     changed: list[Change] = field(default_factory=list)
     same: int = 0
+    headers: list[HeaderChange] = field(default_factory=list)
 
     @property
     def differs(self) -> bool:
-        return bool(self.only_a or self.only_b or self.changed)
+        return bool(self.only_a or self.only_b or self.changed or self.headers)
 
     def lines(self) -> list[str]:
         out = [f"only in A: {n!r}" for n in self.only_a] + [f"only in B: {n!r}" for n in self.only_b]
         out += [c.line() for c in self.changed]
+        out += [h.line() for h in self.headers]
         same = f"{self.same} tensor" + ("" if self.same == 1 else "s")
         out.append(f"{same} identical, {len(self.changed)} changed, {len(self.only_a)} only in A, "
                    f"{len(self.only_b)} only in B")
@@ -64,7 +85,8 @@ class Difference:
     def to_json(self) -> dict[str, Any]:
         return {"only_in_a": self.only_a, "only_in_b": self.only_b, "same": self.same,
                 "changed": [{"name": c.name, "what": c.what, "detail": c.detail,
-                             "max_abs": _json_num(c.max_abs), "max_rel": _json_num(c.max_rel)} for c in self.changed]}
+                             "max_abs": _json_num(c.max_abs), "max_rel": _json_num(c.max_rel)} for c in self.changed],
+                "headers": [{"file": h.file, "a": h.a, "b": h.b} for h in self.headers]}
 
 
 @dataclass
@@ -100,7 +122,9 @@ class _Side:
 def open_side(src: str, progress: Progress | None = None) -> _Side:
     """A manifest file as it is, or a checkpoint opened and hashed."""
     if is_manifest(src):
-        return _Side(load_manifest(src))
+        manifest = load_manifest(src)
+        warn_without_header_hashes(manifest, src)
+        return _Side(manifest)
     from ckptfs.checkpoint.api import open as open_checkpoint
 
     ck = open_checkpoint(src)
@@ -111,8 +135,21 @@ def open_side(src: str, progress: Progress | None = None) -> _Side:
         raise
 
 
+def header_changes(a: Manifest, b: Manifest) -> list[HeaderChange]:
+    """The files whose headers differ, paired by name (two one-file sides: whatever their names, as a
+    one-file manifest matches its file renamed); a file without ``header_sha256`` on either side is skipped."""
+    if len(a.files) == 1 and len(b.files) == 1:
+        pairs = [(a.files[0], b.files[0])]
+    else:
+        theirs = {f.name: f for f in b.files}
+        pairs = [(f, theirs[f.name]) for f in a.files if f.name in theirs]
+    return [HeaderChange(fa.name, fa.header_sha256, fb.header_sha256)
+            for fa, fb in pairs
+            if fa.header_sha256 is not None and fb.header_sha256 is not None and fa.header_sha256 != fb.header_sha256]
+
+
 def diff(a: _Side, b: _Side, *, values: bool = False, on_tensor: Callable[[], None] | None = None) -> Difference:
-    result = Difference()
+    result = Difference(headers=header_changes(a.manifest, b.manifest))
     ta, tb = a.tensors(), b.tensors()
     result.only_a = [name for (name, _) in ta if (name, _) not in tb]
     result.only_b = [name for (name, _) in tb if (name, _) not in ta]

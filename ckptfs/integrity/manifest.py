@@ -1,7 +1,8 @@
 """Manifests ("ckptfs-manifest/1"): the hashes of a checkpoint's stored bytes, built in one pass, loaded checked.
 
-A manifest records, per file, its size and sha256 (the value the Hugging Face Hub shows as the LFS oid) and,
-per tensor, where its stored bytes are and their crc32, sha256 and the crc32 of each ``chunk_size`` slice
+A manifest records, per file, its size, its sha256 (the value the Hugging Face Hub shows as the LFS oid) and
+the sha256 of its header (``header_sha256``: the bytes before the file's first tensor, which hold the
+metadata and where each tensor is; optional, since manifests written before it lack it) and, per tensor, where its stored bytes are and their crc32, sha256 and the crc32 of each ``chunk_size`` slice
 counted from the tensor's start, so that a checked read needs only the chunks it covers.
 
 Building reads each byte once. Per file, the whole-file sha256 runs in a side thread while the reading
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import math
 import os
 import re
@@ -29,6 +31,8 @@ from typing import Any
 from ckptfs.core.errors import CheckpointError
 from ckptfs.integrity.crc import crc32, crc32_combine
 from ckptfs.util.redact import strip_url
+
+log = logging.getLogger(__name__)
 
 FORMAT = "ckptfs-manifest/1"
 CHUNK_SIZE = 1 << 20
@@ -44,6 +48,21 @@ class FileEntry:
     name: str
     size: int
     sha256: str
+    #: The sha256 of the file's header (``header_end``); None in a manifest written before the field existed.
+    header_sha256: str | None = None
+
+
+def header_end(offsets: Iterable[int], size: int) -> int:
+    """Where a file's header ends: at its first tensor's stored bytes (GGUF: the data start after the header,
+    metadata, tensor infos and alignment padding; safetensors: 8 + the JSON header's length), or at the end
+    of a file that holds no tensor."""
+    return min(min(offsets, default=size), size)
+
+
+def header_sha256(source, end: int) -> str:
+    """The sha256 of bytes [0, end) of ``source`` (anything with ``pread``), read in one request (a remote
+    source has them cached from the header read at open)."""
+    return hashlib.sha256(source.pread(0, end) if end else b"").hexdigest()
 
 
 @dataclass(frozen=True)
@@ -78,11 +97,15 @@ class Manifest:
         return {
             "format": FORMAT,
             "chunk_size": self.chunk_size,
-            "files": [{"name": f.name, "size": f.size, "sha256": f.sha256} for f in self.files],
+            "files": [_file_json(f) for f in self.files],
             "tensors": [{"name": t.name, "file": t.file, "offset": t.offset, "stored_nbytes": t.stored_nbytes,
                          "crc32": t.crc32, "sha256": t.sha256, "chunks_crc32": list(t.chunks_crc32)}
                         for t in self.tensors],
         }
+
+    def lacks_header_hashes(self) -> list[str]:
+        """The files listed without ``header_sha256`` (a manifest written before the field existed)."""
+        return [f.name for f in self.files if f.header_sha256 is None]
 
     def dumps(self) -> str:
         """JSON text with one file or tensor per line (diffable, and quick to write for 100k chunks)."""
@@ -95,6 +118,28 @@ class Manifest:
             lines[-1] += "," if key == "files" else ""
         lines.append("}")
         return "\n".join(lines) + "\n"
+
+
+def _file_json(f: FileEntry) -> dict[str, Any]:
+    item: dict[str, Any] = {"name": f.name, "size": f.size, "sha256": f.sha256}
+    if f.header_sha256 is not None:
+        item["header_sha256"] = f.header_sha256
+    return item
+
+
+#: The manifests already said to lack header hashes (one warning per manifest and process).
+_warned: set[str] = set()
+
+
+def warn_without_header_hashes(manifest: Manifest, where: str) -> None:
+    """Say once (per manifest and process) that ``manifest`` predates ``header_sha256``: the headers of its
+    files (metadata, tensor places) are not compared, so a changed header goes unnoticed until ``verify``."""
+    lacking = manifest.lacks_header_hashes()
+    if lacking and where not in _warned:
+        _warned.add(where)
+        log.warning("manifest %s has no header_sha256 for %s (written by an older ckptfs): headers are not "
+                    "checked; write it again with `ckptfs manifest` to check them", where,
+                    lacking[0] if len(lacking) == 1 else f"{len(lacking)} files")
 
 
 # ------------------------------------------------------------------------------------------------ names
@@ -176,6 +221,13 @@ class FileJob:
 IN_FLIGHT = 4
 
 
+def _feed_file(file_sha, head_sha, buffer: memoryview, head: memoryview) -> None:
+    """The file's stream: its sha256, and its header's over the part of the buffer the header covers."""
+    file_sha.update(buffer)
+    if len(head):
+        head_sha.update(head)
+
+
 def _feed_sha(pieces: list[tuple[_TensorHasher, memoryview]]) -> None:
     for hasher, piece in pieces:
         hasher.feed_sha(piece)
@@ -200,6 +252,9 @@ def _hash_file(job: FileJob, chunk_size: int, progress: Progress | None,
                                                     f"lie past the end of the file ({size} bytes)")
     hashers = [_TensorHasher(name, offset, max(offset, min(offset + nbytes, size)), chunk_size, nbytes)
                for name, offset, nbytes in job.tensors]
+    # the header's own sha256 (of a file without tensors the header is the whole file: its sha256 is the file's)
+    head_end = header_end((offset for _, offset, _ in job.tensors), size) if job.tensors else 0
+    head_sha = hashlib.sha256()
     pending = sorted((h for h in hashers if h.end > h.start), key=lambda h: h.start, reverse=True)
     active: list[_TensorHasher] = []
     file_sha = hashlib.sha256()
@@ -216,7 +271,9 @@ def _hash_file(job: FileJob, chunk_size: int, progress: Progress | None,
             if len(in_flight) >= IN_FLIGHT:
                 for future in in_flight.pop(0):
                     future.result()
-            in_flight.append([streams[0].submit(file_sha.update, buffer), streams[1].submit(_feed_sha, pieces),
+            head = buffer[:max(0, head_end - pos)]
+            in_flight.append([streams[0].submit(_feed_file, file_sha, head_sha, buffer, head),
+                              streams[1].submit(_feed_sha, pieces),
                               streams[2].submit(_feed_crc, pieces)])
             if progress is not None:
                 progress(len(buffer))
@@ -226,7 +283,9 @@ def _hash_file(job: FileJob, chunk_size: int, progress: Progress | None,
     finally:
         for stream in streams:
             stream.shutdown(wait=True, cancel_futures=True)
-    return FileEntry(job.name, size, file_sha.hexdigest()), [h.entry(job.name) for h in hashers]
+    file_hex = file_sha.hexdigest()
+    return (FileEntry(job.name, size, file_hex, head_sha.hexdigest() if job.tensors else file_hex),
+            [h.entry(job.name) for h in hashers])
 
 
 def hash_files(jobs: Sequence[FileJob], *, chunk_size: int = CHUNK_SIZE, progress: Progress | None = None,
@@ -425,8 +484,11 @@ class _Checker:
 def _file_entry(check: _Checker, i: int, item: Any) -> FileEntry:
     item = check.obj(item, f"files[{i}]")
     name = check.string(item.get("name"), f"files[{i}].name")
+    header = item.get("header_sha256")
     return FileEntry(name, check.uint(item.get("size"), f"files[{i}].size"),
-                     check.sha256(item.get("sha256"), f"files[{i}].sha256"))
+                     check.sha256(item.get("sha256"), f"files[{i}].sha256"),
+                     None if header is None and "header_sha256" not in item
+                     else check.sha256(header, f"files[{i}].header_sha256"))
 
 
 def _tensor_entry(check: _Checker, i: int, item: Any, sizes: dict[str, int], chunk_size: int) -> TensorEntry:

@@ -60,7 +60,9 @@ def compare(expected: Manifest, actual: Manifest) -> list[Mismatch]:
         elif a.size != e.size:
             found.append(Mismatch(e.name, None, f"size {a.size} bytes, the manifest says {e.size}"))
         elif a.sha256 != e.sha256:
-            found.append(Mismatch(e.name, None, f"sha256 {a.sha256}, the manifest says {e.sha256}"))
+            header = ("; its header (metadata, tensor infos) differs" if e.header_sha256 is not None
+                      and a.header_sha256 is not None and a.header_sha256 != e.header_sha256 else "")
+            found.append(Mismatch(e.name, None, f"sha256 {a.sha256}, the manifest says {e.sha256}{header}"))
     found += [Mismatch(name, None, "not in the manifest") for name in actual_files]
     sizes = {f.name: f.size for f in actual.files}
     actual_tensors = _by_occurrence(actual.tensors)
