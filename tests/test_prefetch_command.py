@@ -57,6 +57,7 @@ def origin(tmp_path_factory):
     (root / "other.gguf").write_bytes((root / "model.gguf").read_bytes())
     (root / "primary.gguf").write_bytes((root / "model.gguf").read_bytes())
     (root / "mirror.gguf").write_bytes((root / "model.gguf").read_bytes())
+    (root / "early.gguf").write_bytes((root / "model.gguf").read_bytes())
     write_split_gguf(root / "split", gguf_tensors(count=6), per_shard=2)
     write_gguf(root / "big.gguf", {"w": (rng.standard_normal((1536, 4096)).astype(np.float32), "F32")})  # 24 MiB
     (root / "resume.gguf").write_bytes((root / "big.gguf").read_bytes())
@@ -107,6 +108,42 @@ def test_a_prefetched_folder_serves_every_tensor_without_a_request_for_bytes(ori
     assert (mnt / "model.gguf").read_bytes() == (root / "model.gguf").read_bytes()  # the header bytes too
     seen = server.ranges("model.gguf", before)
     assert seen and data_ranges(seen, size) == [], seen  # the open's probe and tail check only
+
+
+def test_what_the_open_stores_is_not_counted_as_already_cached(origin, tmp_path, monkeypatch):
+    """The summary's "already cached" is what the folder held before the run. The checkpoint's open stores
+    the header chunks it reads, and it may do so before the early warm-up's source is made (forced here: a
+    source made off the main thread waits until the open has returned); those chunks are this run's."""
+    import threading
+
+    from click.testing import CliRunner
+
+    import ckptfs.checkpoint.api as api
+    from ckptfs.commands.cli import main
+    from ckptfs.sources.plan import SourcePlan
+
+    server, root = origin
+    opened = threading.Event()
+    real_open, real_opener = api.open, SourcePlan.opener
+
+    def open_then_tell(*args, **kwargs):
+        try:
+            return real_open(*args, **kwargs)
+        finally:
+            opened.set()
+
+    def opener_after_the_open(self, *args, **kwargs):
+        if threading.current_thread() is not threading.main_thread():
+            assert opened.wait(60)
+        return real_opener(self, *args, **kwargs)
+
+    monkeypatch.setattr(api, "open", open_then_tell)
+    monkeypatch.setattr(SourcePlan, "opener", opener_after_the_open)
+    cache = tmp_path / "cache"
+    result = CliRunner().invoke(main, ["prefetch", f"{server.url}/early.gguf", "--cache-dir", str(cache)])
+    assert result.exit_code == 0, result.output
+    assert "0 B already cached" in result.output, result.output
+    assert opened.is_set() and _stored_chunks(cache) == -(-(root / "early.gguf").stat().st_size // CHUNK)
 
 
 def test_an_interrupted_run_is_finished_by_the_next_fetching_only_the_rest(origin, tmp_path):

@@ -136,8 +136,10 @@ def prefetch(src, names, cache_dir, cache_dir_size, redis, redis_cluster, cache_
 def _early_warmup(src: str, options: dict, stop: threading.Event, bar: ByteBar):
     """For a SRC that is one remote file and the whole checkpoint (not a shard of a split set, an index or a
     folder), without mirrors: its warm-up started now, before the open (``EarlyWarmup``: best effort, on a
-    thread of its own), or None. Anything that goes wrong there is left to the open and the warm-up after it,
-    which say it in their own words."""
+    thread of its own), or None. Its source is made here, before the open: what the store holds of the file
+    is measured before the open stores the header chunks it reads (``EarlyWarmup.start``), and a source that
+    cannot be made (a 404, a dead server) is the error the open would give, said once. Anything that goes
+    wrong after that is left to the open and the warm-up after it, which say it in their own words."""
     from ckptfs.core.options import OpenOptions
     from ckptfs.formats import detect
     from ckptfs.formats.shards import is_index_name, parse_shard_name
@@ -147,10 +149,9 @@ def _early_warmup(src: str, options: dict, stop: threading.Event, bar: ByteBar):
     name = src.rstrip("/").rsplit("/", 1)[-1]
     if names_folder(src) or parse_shard_name(name) is not None or is_index_name(name) or options.get("mirrors"):
         return None  # (with mirrors the open may need them: an early warm-up would read the primary alone)
-    plan = SourcePlan(src, OpenOptions.build(None, **options))
+    source = SourcePlan(src, OpenOptions.build(None, **options)).opener(src)
     # a file that is no checkpoint: nothing warmed before the open says so
-    return EarlyWarmup(lambda: plan.opener(src), stop=stop, progress=bar,
-                       check=lambda source: detect(src, source=source)).start()
+    return EarlyWarmup(source, stop=stop, progress=bar, check=lambda source: detect(src, source=source)).start()
 
 
 def _fetch_bytes(ck, bar: ByteBar, quiet: bool, started: float, before: dict, stop: threading.Event,

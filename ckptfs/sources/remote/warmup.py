@@ -382,18 +382,21 @@ class EarlyWarmup:
     fetches of the same chunks (``ckptfs.cache.flight.flights_for``: one flight per content in a process), so
     no byte is fetched twice.
 
-    Best effort: the source is made (probed) by ``make_source`` and judged by ``check`` (``ckptfs prefetch``:
-    its format detected from its first read) on the warm-up's thread, so a slow or dead server delays nothing,
-    and a failure is logged and dropped, since the warm-up of the opened checkpoint that always follows
-    (``warm``, through the checkpoint's own sources: mirrors, the fit check of every file) fetches whatever is
-    still missing and reports its own errors. Only for a source that is one whole checkpoint (the caller
+    The caller makes (probes) the source; ``start`` measures what the store holds of it on the caller's thread
+    before the thread starts, and the caller opens the checkpoint only after that: the open stores the header
+    chunks it reads, and a measure taken once it had would count them as found cached.
+
+    Best effort: the source is judged by ``check`` (``ckptfs prefetch``: its format detected from its first
+    read) on the warm-up's thread, and a failure there is logged and dropped, since the warm-up of the opened
+    checkpoint that always follows (``warm``, through the checkpoint's own sources: mirrors, the fit check of
+    every file) fetches whatever is still missing and reports its own errors. Only for a source that is one whole checkpoint (the caller
     decides: not a shard of a split set, not a folder or an index), so the fit check made here for it is the
     checkpoint's."""
 
-    def __init__(self, make_source: Callable[[], ByteSource], stop: threading.Event | None = None,
+    def __init__(self, source: ByteSource, stop: threading.Event | None = None,
                  progress: Callable[[int, int], None] | None = None,
                  check: Callable[[ByteSource], object] | None = None):
-        self.make_source = make_source
+        self.remote = remote_of(source)
         self.check = check  # raises for a source not worth warming (a file that is no checkpoint)
         self.stop = stop
         self.progress = progress
@@ -403,17 +406,19 @@ class EarlyWarmup:
         self._thread = threading.Thread(target=self._run, name="ckptfs-prefetch-early", daemon=True)
 
     def start(self) -> EarlyWarmup:
+        """What the store holds of the file, measured here (see above), then the warm-up on its thread."""
+        remote = self.remote
+        if remote is not None and remote.stores_chunks:
+            self.cached[remote.content_id()] = remote.stored_bytes()
         self._thread.start()
         return self
 
     def _run(self) -> None:
-        name = "SRC"
+        remote = self.remote
+        if remote is None or not remote.stores_chunks:
+            return
+        name = public_name(remote.name)
         try:
-            remote = remote_of(self.make_source())
-            if remote is None or not remote.stores_chunks:
-                return
-            name = public_name(remote.name)
-            self.cached[remote.content_id()] = remote.stored_bytes()  # before this run's first read
             if self.check is not None:
                 self.check(remote)
             try:
