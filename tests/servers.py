@@ -36,6 +36,8 @@ _RANGE = re.compile(r'"GET /(?P<path>\S+) [^"]*" 206 \d+ .*range="bytes=(?P<a>\d
 #: nginx's ETag is weak (mtime to the second): every open, and each fetch after it, asks for the last 4 KiB
 WEAK_ETAG_TAIL = 4096
 START_TIMEOUT = 20.0
+#: How long a reader of nginx's access log waits for the lines it expects (``Nginx.access_log``).
+LOG_TIMEOUT = 10.0
 
 
 @contextlib.contextmanager
@@ -141,13 +143,20 @@ class Nginx:
     ``rt=<seconds the request took> end=<epoch seconds it ended>`` (``request_spans`` turns them into
     start/end pairs, for counting requests in flight).
 
+    nginx writes a request's log line when it finalizes the request, after the answer's last bytes went to
+    the socket: a client that has read a whole answer can look at the log before that line is there. A test
+    that reads the log right after its requests says how many lines it expects (``expect``), and they are
+    waited for. ``log_flush`` (nginx's ``access_log ... flush=``, e.g. ``"1s"``) buffers the lines and writes
+    them that late, every time.
+
     ``tls``: serve ``https://`` instead — ``True`` with a CA of its own, or a ``TestCA`` to share one among
     servers; the certificate names ``tls_names`` (subjectAltName entries; give others for a name mismatch).
     ``ca_file`` is the CA certificate to trust (None for plain http)."""
 
     def __init__(self, root: str | os.PathLike, limit_rate: str | None = None, tls: bool | TestCA = False,
-                 tls_names: tuple[str, ...] = ("IP:127.0.0.1", "DNS:localhost")):
+                 tls_names: tuple[str, ...] = ("IP:127.0.0.1", "DNS:localhost"), log_flush: str | None = None):
         self.root = str(Path(root).resolve())
+        self.log_flush = log_flush
         self.limit_rate = limit_rate  # nginx's per-request cap (e.g. "20m"), as a CDN or object store has
         self.port = free_port()
         self.url = f"{'https' if tls else 'http'}://127.0.0.1:{self.port}"
@@ -175,7 +184,7 @@ http {{
     log_format withauth '$remote_addr - - [$time_local] "$request" $status $body_bytes_sent '
                         '"$http_referer" "$http_user_agent" auth="$http_authorization" range="$http_range" '
                         'rt=$request_time end=$msec';
-    access_log {self._dir}/access.log withauth;
+    access_log {self._dir}/access.log withauth{f" buffer=64k flush={self.log_flush}" if self.log_flush else ""};
     client_body_temp_path {self._dir}/body;
     proxy_temp_path {self._dir}/proxy;
     fastcgi_temp_path {self._dir}/fastcgi;
@@ -214,9 +223,22 @@ http {{
             raise RuntimeError(f"nginx did not start: {err.strip()}") from None
         return self
 
-    def access_log(self) -> list[str]:
+    def access_log(self, expect: int = 0) -> list[str]:
+        """The access log's lines, once it has at least ``expect`` (waited for up to ``LOG_TIMEOUT``, then an
+        AssertionError): see the class docstring."""
+        from conftest import wait_until
+
         path = Path(self._dir) / "access.log"
-        return path.read_text().splitlines() if path.exists() else []
+        lines: list[str] = []
+
+        def enough() -> bool:
+            nonlocal lines
+            lines = path.read_text().splitlines() if path.exists() else []
+            return len(lines) >= expect
+
+        if not wait_until(enough, LOG_TIMEOUT, interval=0.02):
+            raise AssertionError(f"nginx logged {len(lines)} requests in {LOG_TIMEOUT:g} s, {expect} expected")
+        return lines
 
     def ranges(self, path: str, before: int = 0) -> list[tuple[int, int]]:
         """The [start, end) byte ranges answered with 206 for ``path`` (as requested, without the leading
@@ -228,11 +250,11 @@ http {{
                 out.append((int(m["a"]), int(m["b"]) + 1))
         return out
 
-    def request_spans(self, before: int = 0) -> list[tuple[float, float, int]]:
+    def request_spans(self, before: int = 0, expect: int = 0) -> list[tuple[float, float, int]]:
         """(start, end, body bytes) of each request logged after the first ``before`` lines (nginx's
-        millisecond clock)."""
+        millisecond clock), once at least ``expect`` are there."""
         out = []
-        for line in self.access_log()[before:]:
+        for line in self.access_log(before + expect)[before:]:
             m = _SPAN.search(line)
             if m:
                 end = float(m["end"])
