@@ -29,6 +29,7 @@ from ckptfs.core.errors import CheckpointError
 from ckptfs.util.oneline import one_line
 from ckptfs.engine.prefetch import Prefetcher
 from ckptfs.tree.mount_tree import MountTree
+from ckptfs.tree.ownership import Ownership
 from ckptfs.engine.views import NpyView, View
 from ckptfs.fs.kernel import tune_connection, use_one_malloc_arena
 from ckptfs.fs.counters import MountCounters, instrument_decoding
@@ -168,8 +169,7 @@ class CkptOperations:
         self._read_scope = tree.read_scope
         mtime_ns = tree.mtime_ns
         self._times = {"st_atime": mtime_ns, "st_mtime": mtime_ns, "st_ctime": mtime_ns}
-        self._root_attrs = self._attrs(DIR_MODE, 0, nlink=2)
-        self._dir_attrs = self._attrs(DIR_MODE, 0, nlink=2)
+        #: per path, files and folders: owner and mode come from what each is made of (tree.ownership)
         self._file_attrs: dict[str, dict[str, int]] = {}
         self._handles: dict[int, View] = {}
         #: handles opened with O_DIRECT: what they read the kernel's page cache does not hold (see _serve)
@@ -183,8 +183,12 @@ class CkptOperations:
 
     # -- lookups -----------------------------------------------------------------------------------
 
-    def _attrs(self, mode: int, size: int, nlink: int = 1) -> dict[str, int]:
-        return {"st_mode": mode, "st_nlink": nlink, "st_size": size, "st_uid": self._uid, "st_gid": self._gid,
+    def _attrs(self, mode: int, size: int, nlink: int = 1, owner: Ownership | None = None) -> dict[str, int]:
+        """``mode``: the file type and the permission bits used when ``owner`` is None (the mounting user's)."""
+        uid, gid = (self._uid, self._gid) if owner is None else (owner.uid, owner.gid)
+        if owner is not None:
+            mode = stat.S_IFMT(mode) | owner.perm
+        return {"st_mode": mode, "st_nlink": nlink, "st_size": size, "st_uid": uid, "st_gid": gid,
                 "st_blksize": BLOCK_SIZE, "st_blocks": -(-size // 512), **self._times}
 
     def _view(self, path: str | None) -> View:
@@ -228,14 +232,15 @@ class CkptOperations:
 
     @_guarded
     def getattr(self, path: str | None, fh: int | None = None) -> dict[str, int]:
-        if path == "/":
-            return self._root_attrs
         attrs = self._file_attrs.get(path)
         if attrs is None:
-            if path and self.tree.is_dir(path[1:]):
-                return self._dir_attrs
-            # The size is exact from the first lookup: mmap and the page cache trust it.
-            attrs = self._file_attrs[path] = self._attrs(FILE_MODE, self._view(path).size)
+            if path == "/" or (path and path[0] == "/" and self.tree.is_dir(path[1:])):
+                attrs = self._attrs(DIR_MODE, 0, nlink=2, owner=self.tree.owner(path[1:]))
+            else:
+                # The size is exact from the first lookup: mmap and the page cache trust it.
+                size = self._view(path).size
+                attrs = self._attrs(FILE_MODE, size, owner=self.tree.owner(path[1:]))
+            self._file_attrs[path] = attrs
         return attrs
 
     @_guarded

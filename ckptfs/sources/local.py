@@ -19,14 +19,61 @@ caches shared across processes key on, so an in-place rewrite that restores the 
 
 from __future__ import annotations
 
+import logging
 import os
 import stat
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
+from typing import ClassVar
 
 from ckptfs.core.errors import CheckpointError
 from ckptfs.sources.base import ByteSource, Folder
 from ckptfs.sources.identity import local_content_id
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class FileStamp:
+    """What a mount fixes about a local file when it is mounted: which file it is (``pin``: device, inode,
+    size, mtime, the first four parts of a ``FileSource``'s identity) and who may read it (owner, group, mode
+    of the file itself: a symlink's target's). ``MISSING`` stands for a file that could not be stat'ed: it
+    matches no file and lets nobody read."""
+
+    dev: int
+    ino: int
+    size: int
+    mtime_ns: int
+    uid: int
+    gid: int
+    mode: int
+    MISSING: ClassVar[FileStamp]
+
+    @classmethod
+    def of(cls, st: os.stat_result) -> FileStamp:
+        return cls(st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_uid, st.st_gid, st.st_mode)
+
+    @property
+    def pin(self) -> tuple[int, int, int, int]:
+        return self.dev, self.ino, self.size, self.mtime_ns
+
+    def matches(self, identity: tuple) -> bool:
+        """Whether a source whose ``identity`` this is (a ``FileSource``'s, or a wrapper's copy of it) reads
+        the file this stamp was taken of, as it was then."""
+        return tuple(identity[:4]) == self.pin
+
+
+FileStamp.MISSING = FileStamp(-1, -1, -1, -1, 0, 0, 0)
+
+
+def stamp_path(path: str) -> FileStamp:
+    """The stamp of the file or folder at ``path`` now (links followed); ``FileStamp.MISSING`` if it cannot be
+    stat'ed."""
+    try:
+        return FileStamp.of(os.stat(path))
+    except (OSError, ValueError):
+        return FileStamp.MISSING
 
 
 class FileSource(ByteSource):
@@ -180,7 +227,14 @@ class FileSource(ByteSource):
 
 class LocalFolder(Folder):
     """A local directory as a model folder. Names are joined to the path as given, never resolved: Hugging
-    Face cache snapshots are folders of links into ``blobs/``, and resolving would lose every name."""
+    Face cache snapshots are folders of links into ``blobs/``, and resolving would lose every name.
+
+    A symlink is listed when the file it leads to lies inside the folder (once every link is resolved), or,
+    for a folder inside a Hugging Face cache (``.../REPO/snapshots/REV``), inside that repository's folder
+    (its ``blobs/``). A link that leads elsewhere (``shadow.txt -> /etc/shadow``) is left out, with one log
+    line: a folder's files are what a mount of it serves, and a link planted there must not bring in a file
+    from anywhere on the machine.
+    """
 
     def __init__(self, path: str):
         self.name = path
@@ -189,21 +243,28 @@ class LocalFolder(Folder):
     def list(self) -> dict[str, int]:
         files: dict[str, int] = {}
         self._broken = []
-        for name in os.listdir(self.name or "."):
-            if name.startswith("."):
-                continue
-            path = os.path.join(self.name, name)
-            try:
-                st = os.stat(path)  # follows links: a link to a file is a file
-            except OSError:
-                self._broken.append(name)
-                continue
-            if stat.S_ISDIR(st.st_mode):
-                continue
-            if stat.S_ISREG(st.st_mode):
+        roots: list[str] | None = None  # where links may lead: found at the first link
+        with os.scandir(self.name or ".") as entries:
+            for entry in entries:
+                name = entry.name
+                if name.startswith("."):
+                    continue
+                try:
+                    st = entry.stat()  # follows links: a link to a file is a file
+                except OSError:
+                    self._broken.append(name)
+                    continue
+                if stat.S_ISDIR(st.st_mode):
+                    continue
+                if not stat.S_ISREG(st.st_mode):
+                    self._broken.append(name)
+                    continue
+                if entry.is_symlink():
+                    roots = roots if roots is not None else link_roots(self.name or ".")
+                    if not _inside(os.path.realpath(entry.path), roots):
+                        log.warning("%s: left out %s: a link to a file outside the folder", self.name or ".", name)
+                        continue
                 files[name] = st.st_size
-            else:
-                self._broken.append(name)
         return files
 
     def broken(self) -> list[str]:
@@ -211,6 +272,25 @@ class LocalFolder(Folder):
 
     def join(self, name: str) -> str:
         return os.path.join(self.name, name)
+
+
+def link_roots(folder: str) -> list[str]:
+    """The folders a link listed in ``folder`` may lead into: the folder itself (resolved) and, inside a
+    Hugging Face cache, the repository folder that holds ``snapshots/`` and ``blobs/``."""
+    real = os.path.realpath(folder)
+    roots = [real]
+    here = real
+    while True:
+        parent = os.path.dirname(here)
+        if parent == here:
+            return roots
+        if os.path.basename(here) == "snapshots" and os.path.isdir(os.path.join(parent, "blobs")):
+            return roots + [parent]
+        here = parent
+
+
+def _inside(path: str, roots: list[str]) -> bool:
+    return any(path == root or path.startswith(root.rstrip(os.sep) + os.sep) for root in roots)
 
 
 def open_local_folder(path: str) -> LocalFolder | None:

@@ -20,6 +20,7 @@ import functools
 import logging
 import math
 import os
+import stat
 import threading
 import urllib.parse
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -31,6 +32,7 @@ from ckptfs.checkpoint.api import Checkpoint, decode_plan
 from ckptfs.util.jsonutil import dumps_bytes
 from ckptfs.util.redact import strip_url
 from ckptfs.tree.names import assign_stems, capped_name, file_name, numbered_name
+from ckptfs.tree.ownership import Ownership, Stamps, as_folder, check_pinned, combined, of_file, of_folder
 from ckptfs.engine.views import BytesView, FileView, NpyView, RawView, View, npy_header
 
 log = logging.getLogger(__name__)
@@ -42,12 +44,14 @@ MAX_FILE_BYTES = (1 << 63) - 1
 
 @dataclass(frozen=True)
 class Entry:
-    """One file of a mount: where it is, what kind it is (a metrics label: npy, raw, json, file, hf), and
-    how to make its view (called once, on first lookup)."""
+    """One file of a mount: where it is, what kind it is (a metrics label: npy, raw, json, file, hf), how to
+    make its view (called once, on first lookup), and for a file passed through unchanged, the path of the
+    file it is (``origin``: its owner and mode are the entry's, and it is pinned to that file as mounted)."""
 
     path: str
     kind: str
     make_view: Callable[[], View]
+    origin: str | None = None
 
 
 Provider = Callable[[Checkpoint], Iterable[Entry]]
@@ -150,7 +154,7 @@ def metadata_file(ck: Checkpoint) -> Iterable[Entry]:
 def passthrough_files(ck: Checkpoint) -> Iterable[Entry]:
     """A model folder's other files under their own names (the tree numbers a clashing one)."""
     for name, path in sorted(ck.passthrough.items()):
-        yield Entry(name, "file", functools.partial(FileView, path, ck.sources))
+        yield Entry(name, "file", functools.partial(FileView, path, ck.sources), path)
 
 
 def checkpoint_files(ck: Checkpoint) -> Iterable[Entry]:
@@ -159,7 +163,7 @@ def checkpoint_files(ck: Checkpoint) -> Iterable[Entry]:
     vLLM) loads them through the mount, a remote one fetched per range as read. Read through the checkpoint's
     own pool: the sources its tensors are served from, pinned at open, never a second reader."""
     for path in ck.files:
-        yield Entry(own_name(path, ck.format), "file", functools.partial(FileView, path, ck.sources))
+        yield Entry(own_name(path, ck.format), "file", functools.partial(FileView, path, ck.sources), path)
 
 
 def own_name(path: str, file_format: str = "gguf") -> str:
@@ -193,13 +197,19 @@ class MountTree:
     """Folders of views over one checkpoint, composed from providers (see the module docstring).
 
     ``extra`` providers come after the defaults (opt-in folders such as ``hf/``); ``providers`` replaces the
-    defaults altogether.
+    defaults altogether. ``stamps``: the local files' stamps taken when the mount was made (a repository's
+    checkpoint is opened later, and must be the files stamped then); by default they are taken now, and the
+    checkpoint's files must be the ones its sources opened (``tree.ownership``).
     """
 
     def __init__(self, checkpoint: Checkpoint, providers: Sequence[Provider] | None = None,
-                 extra: Sequence[Provider] = ()):
+                 extra: Sequence[Provider] = (), stamps: Stamps | None = None):
         self.checkpoint = checkpoint
-        self._entries: dict[str, tuple[str, Callable[[], View]]] = {}
+        self._stamps = stamps if stamps is not None else Stamps()
+        self._stamps.take([*checkpoint.files, *checkpoint.passthrough.values()])
+        for path in checkpoint.files:
+            check_pinned(path, checkpoint.sources.get(path).identity, self._stamps.get(path))
+        self._entries: dict[str, tuple[str, Callable[[], View], str | None]] = {}
         self._dirs: dict[str, list[str]] = {"": []}
         self._tensor_files: TensorFiles | None = None
         self._stem_index: dict[str, int] = {}        # tensor file stem (with folders) -> tensor index
@@ -216,6 +226,17 @@ class MountTree:
         self.mtime_ns = max((s.mtime_ns for s in checkpoint.sources.sources()), default=0)
         self._views: dict[str, View] = {}
         self._lock = threading.Lock()
+        stamps = [self._stamps.get(path) for path in checkpoint.files]
+        self._combined = None if None in stamps else combined(stamps)
+        self._root = self._root_owner()
+
+    def _root_owner(self) -> Ownership | None:
+        """The root's owner and mode: a folder's own (a folder mount); else r-x for the readers of the
+        checkpoint's files (a single-file mount); None when they are remote."""
+        folder = self._stamps.get(self.checkpoint.src) if isinstance(self.checkpoint.src, str) else None
+        if folder is not None and stat.S_ISDIR(folder.mode):
+            return of_folder(folder)
+        return as_folder(self._combined) if self._combined is not None else None
 
     def _add_tensor_files(self, files: TensorFiles) -> None:
         """Tensor files come first and always keep their names: only their stems are recorded."""
@@ -253,7 +274,7 @@ class MountTree:
         if self._taken(path) or not name or not self._make_dirs(parent):
             log.warning("left out %s: the name is taken", path)
             return
-        self._entries[path] = (entry.kind, entry.make_view)
+        self._entries[path] = (entry.kind, entry.make_view, entry.origin)
         self._dirs[parent].append(name)
 
     def _make_dirs(self, folder: str) -> bool:
@@ -321,6 +342,8 @@ class MountTree:
             if found is None:
                 return None
             make = functools.partial(self._tensor_files.view, *found)
+        elif entry[2] is not None:
+            make = functools.partial(self._pinned_view, entry[1], entry[2])
         else:
             make = entry[1]
         with self._lock:
@@ -328,6 +351,35 @@ class MountTree:
             if view is None:
                 view = self._views[path] = make()
         return view
+
+    def _pinned_view(self, make: Callable[[], View], origin: str) -> View:
+        """The view of a file passed through, once its source is known to be the file stamped at mount."""
+        view = make()
+        check_pinned(origin, self.checkpoint.sources.get(origin).identity, self._stamps.get(origin))
+        return view
+
+    def owner(self, path: str) -> Ownership | None:
+        """The owner and permission bits of file or folder ``path`` (``tree.ownership``), or None for the
+        mounting user's with 0444/0555 (a remote file, a folder that only sorts names)."""
+        if path == "":
+            return self._root
+        entry = self._entries.get(path)
+        if entry is not None:
+            if entry[2] is None:
+                return self._combined
+            stamp = self._stamps.get(entry[2])
+            return None if stamp is None else of_file(stamp, keep_execute=True)
+        found = self._tensor_file(path)
+        return None if found is None else self._tensor_owner(found[0])
+
+    def _tensor_owner(self, index: int) -> Ownership | None:
+        tensor = self.checkpoint.tensors.made(index)
+        files = self.checkpoint.files
+        if tensor is not None and tensor.virtual:  # a view of packed parts: perhaps of several files
+            return self._combined
+        source = files[0] if len(files) == 1 else self.checkpoint.tensors.info(index).source
+        stamp = self._stamps.get(source)
+        return None if stamp is None else of_file(stamp, keep_execute=False)
 
     # -- what the filesystem asks of the checkpoints behind the tree (a repository tree has several) --------
 

@@ -10,8 +10,12 @@ quantizations mounts after one folder listing, and a client that loads one of th
 The repository's files are listed with the sizes the folder listing gave, so ``ls -l`` opens nothing. A file
 of a checkpoint is read through that checkpoint's pool (the sources its tensors come from, pinned at open:
 never a second reader of the same file); the other files (README, config.json, tokenizer files), and those
-of a checkpoint that cannot be opened (a damaged header), through the repository's own pool. A file whose size
-changed since the listing reads as EIO, never other bytes.
+of a checkpoint that cannot be opened (a damaged header), through the repository's own pool.
+
+Each local file is stamped when the mount is made (``tree.ownership``): its owner and mode are what the mount
+shows for it and for the views made from it, and a file replaced or changed after the mount reads as EIO —
+the file itself and its checkpoint's folder alike, opened however late. A remote file whose size changed
+since the listing reads as EIO.
 """
 
 from __future__ import annotations
@@ -27,31 +31,40 @@ from ckptfs.engine.views import Ahead, FileView, View
 from ckptfs.formats.repository import Repository
 from ckptfs.sources import ByteSource, SourcePool
 from ckptfs.tree.mount_tree import DEFAULT_PROVIDERS, RENUMBERED, MountTree, Provider
+from ckptfs.tree.ownership import Ownership, Stamps, as_folder, check_pinned, combined, of_file, of_folder
+from ckptfs.sources.local import FileStamp, stamp_path
 
 log = logging.getLogger(__name__)
 
 
 class ListedFileView(View):
-    """A repository file with the size its folder listing gave; its pool (and so a member checkpoint) is only
-    asked for at the first read, or at the first stat when the listing gave no size."""
+    """A repository file with the size its folder listing gave (a local file's: its stamp's); its pool (and so
+    a member checkpoint) is only asked for at the first read, or at the first stat when the listing gave no
+    size. The file then opened must be the one stamped at mount (a local file), or of the listed size."""
 
     reads_ahead = True
 
-    def __init__(self, path: str, size: int, pool: Callable[[], SourcePool]):
+    def __init__(self, path: str, size: int, pool: Callable[[], SourcePool], stamp: FileStamp | None = None):
         self.path = path
         self._pool = pool
+        self._stamp = stamp
         self._view: FileView | None = None
         self._lock = threading.Lock()
+        if stamp is not None and stamp is not FileStamp.MISSING:
+            size = stamp.size
+        self._listed = size
         self.size = size if size >= 0 else self._opened().size
 
     def _opened(self) -> FileView:
         if self._view is None:
             with self._lock:
                 if self._view is None:
-                    view = FileView(self.path, self._pool())
-                    if getattr(self, "size", view.size) != view.size:
+                    pool = self._pool()
+                    view = FileView(self.path, pool)
+                    check_pinned(self.path, pool.get(self.path).identity, self._stamp)
+                    if self._listed >= 0 and self._listed != view.size:
                         raise CheckpointError(self.path, None, f"is {view.size} bytes, the folder listing said "
-                                                               f"{self.size}: it changed since the mount")
+                                                               f"{self._listed}: it changed since the mount")
                     self._view = view
         return self._view
 
@@ -131,6 +144,7 @@ class RepositoryTree:
         self._extra = list(extra)
         self._members = {m.name: i for i, m in enumerate(repository.members)}
         self._owner = repository.owner()
+        self._stamps = Stamps().take([repository.folder, *(path for path, _ in repository.files.values())])
         self._by_path = {path: name for name, (path, _) in repository.files.items()}
         self._trees: list[MountTree | None] = [None] * len(repository.members)
         self._member_locks = [threading.Lock() for _ in repository.members]
@@ -158,7 +172,8 @@ class RepositoryTree:
                 member = self.repository.members[index]
                 ck = self._open_member(member)
                 try:
-                    tree = MountTree(ck, providers=self._providers, extra=self._extra)
+                    self._check_unopened_files(member, ck)
+                    tree = MountTree(ck, providers=self._providers, extra=self._extra, stamps=self._stamps)
                     for hook in list(self._hooks):
                         hook(ck)
                 except BaseException:
@@ -167,6 +182,33 @@ class RepositoryTree:
                 log.info("opened %s (%s): %d tensors", member.name, member.label, len(ck.tensors))
                 self._trees[index] = tree
         return self._trees[index]
+
+    def _check_unopened_files(self, member, ck: Checkpoint) -> None:
+        """The member's files its checkpoint holds no source of (an index file, read and closed at open) must
+        still be the files stamped at mount (the MountTree checks the others against their sources)."""
+        for name in member.files:
+            path = self.repository.files[name][0]
+            stamp = self._stamps.get(path)
+            if path not in ck.files and stamp is not None:
+                check_pinned(path, stamp_path(path).pin, stamp)
+
+    def owner(self, path: str) -> Ownership | None:
+        """The owner and permission bits of ``path`` (``tree.ownership``): the folder's own for the root, its
+        file's for a file of the folder, r-x for the readers of its files for a checkpoint's folder, the
+        member tree's below that; None for a remote repository's."""
+        if path == "":
+            stamp = self._stamps.get(self.repository.folder)
+            return None if stamp is None else of_folder(stamp)
+        if path in self.repository.files:
+            stamp = self._stamps.get(self.repository.files[path][0])
+            return None if stamp is None else of_file(stamp, keep_execute=True)
+        index = self._members.get(path)
+        if index is not None:
+            stamps = [self._stamps.get(self.repository.files[name][0]) for name in self.repository.members[index].files]
+            readers = None if None in stamps else combined(stamps)
+            return None if readers is None else as_folder(readers)
+        split = self._split(path)
+        return None if split is None else self.member_tree(split[0]).owner(split[1])
 
     def checkpoints(self) -> list[Checkpoint]:
         """The member checkpoints opened so far."""
@@ -216,7 +258,8 @@ class RepositoryTree:
         view = self._views.get(name)
         if view is None:
             path, size = self.repository.files[name]
-            made = ListedFileView(path, size, functools.partial(self._owner_pool, self._owner.get(name)))
+            made = ListedFileView(path, size, functools.partial(self._owner_pool, self._owner.get(name)),
+                                  self._stamps.get(path))
             with self._lock:
                 view = self._views.setdefault(name, made)
         return view

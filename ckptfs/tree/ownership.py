@@ -1,0 +1,116 @@
+"""Who may read what a mount shows, and which file each local file of a mount is: both fixed at mount time.
+
+Why: the kernel checks a mount's permissions itself (``default_permissions``) against the owner and mode that
+``getattr`` reports, and a mount made by root with ``-o allow_other`` serves every user. If every file showed
+0444, any user would read through the mount a ``secret.json`` of mode 0600, or the tensors of a checkpoint
+they may not read. So each file carries the owner, group and permission bits of the file it comes from (a
+symlink's target's), write bits cleared since the mount is read-only:
+
+- a passed-through file or a checkpoint's own file: its file's bits, read and execute kept;
+- a tensor's ``.npy``, ``.raw`` and ``.meta.json``: the bits of the file the tensor is stored in, read only;
+- a file made from several files (``metadata.json`` of a sharded checkpoint, a split set's ``model.gguf``,
+  ``hf/``, a view of packed parts): readable only by those who can read every one of them (``combined``);
+- a folder that is a folder of the source (a folder mount's root): its own bits, write cleared;
+- a folder made from files (a single-file mount's root, a repository's folder of one checkpoint):
+  ``r-x`` for each class that may read those files; folders that only sort names (``--layout tree``,
+  ``hf/``) are ``r-x`` for all: what they hold carries its own bits.
+
+Remote files have no owner: their files are the mounting user's, 0444, and folders 0555, as before.
+
+The same stamps pin each file (``FileStamp.pin``: device, inode, size, mtime): a file opened after the mount
+(a passed-through file at its first read, a repository's checkpoint at the first look into its folder) must
+be the file stamped, or its reads give EIO, never the bytes of a file put there later.
+"""
+
+from __future__ import annotations
+
+import stat
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from ckptfs.core.errors import CheckpointError
+from ckptfs.sources import is_url
+from ckptfs.sources.local import FileStamp, stamp_path
+
+READ = 0o444
+READ_EXECUTE = 0o555
+_CLASSES = (stat.S_IRUSR | stat.S_IXUSR, stat.S_IRGRP | stat.S_IXGRP, stat.S_IROTH | stat.S_IXOTH)
+
+
+@dataclass(frozen=True)
+class Ownership:
+    """The owner, group and permission bits (no file type) a mount reports for one file or folder."""
+
+    uid: int
+    gid: int
+    perm: int
+
+
+def of_file(stamp: FileStamp, keep_execute: bool) -> Ownership:
+    """A file served from the file ``stamp`` describes: its owner and read (and execute) bits."""
+    return Ownership(stamp.uid, stamp.gid, stamp.mode & (READ_EXECUTE if keep_execute else READ))
+
+
+def of_folder(stamp: FileStamp) -> Ownership:
+    """A folder of the mount that is the folder ``stamp`` describes: its bits, write cleared."""
+    return Ownership(stamp.uid, stamp.gid, stamp.mode & READ_EXECUTE)
+
+
+def as_folder(readers: Ownership) -> Ownership:
+    """A folder made from files that ``readers`` may read: ``r-x`` for each class with read permission."""
+    perm = 0
+    for bits, read in zip(_CLASSES, (stat.S_IRUSR, stat.S_IRGRP, stat.S_IROTH)):
+        perm |= bits if readers.perm & read else 0
+    return Ownership(readers.uid, readers.gid, perm)
+
+
+def combined(stamps: Iterable[FileStamp]) -> Ownership | None:
+    """Read bits that let a user read a file made from all of ``stamps`` only if they may read each of them.
+
+    Files of one owner and group: the bits all of them grant. Where owners (or groups) differ, the owner's
+    (group's) bits are those every file grants to others: owning one of the files says nothing about the
+    others. None for no files."""
+    stamps = list(stamps)
+    if not stamps:
+        return None
+    first = stamps[0]
+    others = _all(s.mode for s in stamps) & 0o004
+    user = _all(s.mode for s in stamps) & 0o400 if all(s.uid == first.uid for s in stamps) else others << 6
+    group = _all(s.mode for s in stamps) & 0o040 if all(s.gid == first.gid for s in stamps) else others << 3
+    return Ownership(first.uid, first.gid, user | group | others)
+
+
+def _all(modes: Iterable[int]) -> int:
+    bits = READ
+    for mode in modes:
+        bits &= mode
+    return bits
+
+
+class Stamps:
+    """The stamps of a mount's local files and folders, taken when the mount is made (``take``) and looked up
+    by the path the file is read by. A path not stamped then (a remote one: None) is stamped at its first
+    lookup."""
+
+    def __init__(self):
+        self._stamps: dict[str, FileStamp] = {}
+
+    def take(self, paths: Iterable[str]) -> Stamps:
+        for path in paths:
+            self.get(path)
+        return self
+
+    def get(self, path: str) -> FileStamp | None:
+        if is_url(path):
+            return None
+        stamp = self._stamps.get(path)
+        if stamp is None:
+            stamp = self._stamps.setdefault(path, stamp_path(path))
+        return stamp
+
+
+def check_pinned(path: str, identity: tuple, stamp: FileStamp | None) -> None:
+    """CheckpointError unless the source of ``path`` (its ``identity``) reads the file stamped at mount."""
+    if stamp is not None and not stamp.matches(identity):
+        raise CheckpointError(path, None, "is not the file that was there when the folder was mounted "
+                                          "(replaced or changed since)")
