@@ -170,3 +170,38 @@ def test_links_stay_inside_the_folder_or_its_hugging_face_cache(tmp_path):
     os.symlink(tmp_path / "elsewhere.txt", snapshot / "elsewhere.txt")
     os.symlink("../../../../elsewhere.txt", snapshot / "climbing.txt")
     assert sorted(LocalFolder(str(snapshot)).list()) == ["config.json", "model.safetensors"]
+
+
+def test_an_index_file_replaced_after_the_mount_closes_its_folder(tmp_path, mounted):
+    """A repository of two index files: the one replaced after the mount (now naming other shards) is read
+    and closed when its checkpoint is opened, so it is checked against its stamp by its path."""
+    folder = tmp_path / "two"
+    write_safetensors_set(folder, safetensors_tensors(2))
+    write_safetensors_set(folder, safetensors_tensors(1, seed=4), prefix="other",
+                          index_name="other.safetensors.index.json")
+    mnt = mounted(folder)
+    assert {"model", "other"} <= set(os.listdir(mnt))
+    index = folder / "other.safetensors.index.json"
+    doc = json.loads(index.read_text())
+    _replace(index, lambda p: p.write_text(json.dumps({**doc, "metadata": {"total_size": 1}})))
+    with pytest.raises(OSError) as failed:
+        os.listdir(mnt / "other")
+    assert failed.value.errno == 5  # EIO
+    assert "model.safetensors.index.json" not in os.listdir(mnt / "model")  # the other one opens
+
+
+def test_a_view_of_several_files_is_readable_by_those_who_read_them_all():
+    from ckptfs.sources.local import FileStamp
+    from ckptfs.tree.ownership import Ownership, as_folder, combined
+
+    def stamp(uid, gid, mode):
+        return FileStamp(1, 2, 3, 4, uid, gid, stat.S_IFREG | mode)
+
+    assert combined([stamp(5, 6, 0o644), stamp(5, 6, 0o640)]) == Ownership(5, 6, 0o440)
+    assert combined([stamp(5, 6, 0o600), stamp(5, 6, 0o755)]) == Ownership(5, 6, 0o400)
+    # other owners: owning the first file says nothing of the second; only what both grant to all counts
+    assert combined([stamp(5, 6, 0o600), stamp(7, 6, 0o644)]) == Ownership(5, 6, 0)
+    assert combined([stamp(5, 6, 0o644), stamp(7, 8, 0o604)]) == Ownership(5, 6, 0o444)
+    assert combined([stamp(5, 6, 0o644), stamp(7, 6, 0o640)]) == Ownership(5, 6, 0o040)
+    assert as_folder(Ownership(5, 6, 0o440)) == Ownership(5, 6, 0o550)
+    assert combined([FileStamp.MISSING, stamp(5, 6, 0o644)]).perm == 0

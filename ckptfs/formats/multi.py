@@ -32,6 +32,7 @@ from ckptfs.formats.safetensors_set import read_index, read_safetensors_set
 from ckptfs.formats.shards import Candidate, FolderScan, name_list, parse_shard_name, scan_folder
 from ckptfs.formats.split_gguf import read_split_gguf, split_keys
 from ckptfs.util.oneline import one_line
+from ckptfs.util.redact import public_name
 
 INDEX_NAME_SUFFIX = ".index.json"
 log = logging.getLogger(__name__)
@@ -156,6 +157,7 @@ def _add_passthrough(parsed: ParsedCheckpoint, scan: FolderScan, index: str | No
         note = (f"other checkpoint files in the folder, not part of this checkpoint and not passed through: "
                 f"{name_list(ignored)}" + (f" (the index file {index} names the checkpoint)" if index else ""))
         parsed.notes.append(note)
-        log.warning("%s: %s", scan.folder, one_line(note))  # a file left out of a mount is said where it is mounted
+        # a file left out of a mount is said where it is mounted (the folder as logs show it: no credentials)
+        log.warning("%s: %s", public_name(scan.folder), one_line(note))
     if scan.broken:
         parsed.notes.append(f"not passed through (broken links or not regular files): {name_list(list(scan.broken))}")
