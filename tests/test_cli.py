@@ -30,6 +30,14 @@ def test_help_is_still_whole():
     assert "keep their stored dtype" in " ".join(result.stdout.split())  # item 12: --dtype float16, said plainly
 
 
+@pytest.mark.parametrize("command", ["umount", "info"])
+def test_verbose_is_explained_in_help(command):
+    from ckptfs.commands.cli import main
+
+    verbose, = [p for p in main.commands[command].params if p.name == "verbose"]
+    assert "traceback" in (verbose.help or ""), verbose.help
+
+
 def test_info_escapes_control_characters_in_names_and_values(tmp_path):
     template = "{% for m in messages %}\n{{ m.content }}\r\n{% endfor %}"
     path = tmp_path / "odd.gguf"

@@ -131,7 +131,7 @@ def mount(src, mountpoint, foreground, options, cache_size, dtype, log_file, hf,
 
 @main.command()
 @click.argument("mountpoint")
-@click.option("-v", "--verbose", is_flag=True)
+@click.option("-v", "--verbose", is_flag=True, help="On an error, print its traceback before the one line.")
 def umount(mountpoint, verbose):
     """Unmount a ckptfs mount (fusermount3, then fusermount, then lazy)."""
     from ckptfs.fs.mount import MountError, unmount
@@ -149,7 +149,7 @@ def umount(mountpoint, verbose):
 @cache_dir_option
 @cache_dir_size_option
 @cache_key_file_option
-@click.option("-v", "--verbose", is_flag=True)
+@click.option("-v", "--verbose", is_flag=True, help="On an error, print its traceback before the one line.")
 @click.option("--hf", "hf", is_flag=True,
               help="Also say whether a mount with --hf gets hf/, or why not (imports transformers).")
 @click.option("--all", "every", is_flag=True, help="List every file and checkpoint (the text form shows the first 20).")
