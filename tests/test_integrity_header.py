@@ -174,3 +174,33 @@ def test_a_malformed_header_sha256_is_one_line(case, tmp_path):
     with pytest.raises(CheckpointError, match=r"files\[0\]\.header_sha256 must be 64 lower-case hex digits"):
         load_manifest(str(bad))
     one_error_line(run_cli("diff", str(bad), str(path)), 1, "header_sha256")
+
+
+def test_a_remote_header_is_checked_from_the_bytes_the_open_fetched(tmp_path, mounted):
+    """Over HTTP (nginx), a header of several MiB (a 262,144-token vocabulary): the mount with the manifest
+    serves the original, and refuses a copy with one token changed, in one line naming its URL."""
+    pytest.importorskip("urllib3")
+    from fixtures import big_vocab_gguf
+    from servers import Nginx, require_nginx
+
+    require_nginx()
+    root = tmp_path / "www"
+    root.mkdir()
+    path = big_vocab_gguf(root / "vocab.gguf").path
+    blob = path.read_bytes()
+    at = blob.index(b"tok100000")
+    assert _data_start(path) > 4 << 20 and at < _data_start(path)
+    (root / "tampered.gguf").write_bytes(blob[:at] + b"T" + blob[at + 1:])
+    manifest = _manifest(path, tmp_path / "vocab.manifest.json")
+    with Nginx(root) as server:
+        mnt = mounted(server.url + "/vocab.gguf", "--manifest", str(manifest), "--timeout", "30")
+        tokens = json.loads((mnt / "metadata.json").read_text())["tokenizer.ggml.tokens"]
+        assert tokens[100000] == "tok100000"
+        bad = tmp_path / "mnt-bad"
+        bad.mkdir()
+        try:
+            result = run_cli("mount", server.url + "/tampered.gguf", str(bad), "--manifest", str(manifest))
+            one_error_line(result, 1, "tampered.gguf", "header", "differs from the manifest")
+            assert not os.path.ismount(bad)
+        finally:
+            force_unmount(bad)
