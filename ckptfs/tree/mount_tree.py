@@ -228,6 +228,7 @@ class MountTree:
         self._lock = threading.Lock()
         stamps = [self._stamps.get(path) for path in checkpoint.files]
         self._combined = None if None in stamps else combined(stamps)
+        self._tensor_sources: list[str] | None = None  # the file of each stored tensor, when first asked
         self._root = self._root_owner()
 
     def _root_owner(self) -> Ownership | None:
@@ -373,12 +374,11 @@ class MountTree:
         return None if found is None else self._tensor_owner(found[0])
 
     def _tensor_owner(self, index: int) -> Ownership | None:
-        tensor = self.checkpoint.tensors.made(index)
-        files = self.checkpoint.files
-        if tensor is not None and tensor.virtual:  # a view of packed parts: perhaps of several files
+        if self._tensor_sources is None:  # once, from the columns: `ls -l` of 282,000 files makes no TensorInfo
+            self._tensor_sources = [source for source, _ in self.checkpoint.tensors.positions()]
+        if index >= len(self._tensor_sources):  # a virtual tensor (a view of packed parts): perhaps of several files
             return self._combined
-        source = files[0] if len(files) == 1 else self.checkpoint.tensors.info(index).source
-        stamp = self._stamps.get(source)
+        stamp = self._stamps.get(self._tensor_sources[index])
         return None if stamp is None else of_file(stamp, keep_execute=False)
 
     # -- what the filesystem asks of the checkpoints behind the tree (a repository tree has several) --------
