@@ -146,7 +146,7 @@ class Nginx:
     nginx writes a request's log line when it finalizes the request, after the answer's last bytes went to
     the socket: a client that has read a whole answer can look at the log before that line is there. A test
     that reads the log right after its requests says how many lines it expects (``expect``), and they are
-    waited for. ``log_flush`` (nginx's ``access_log ... flush=``, e.g. ``"1s"``) buffers the lines and writes
+    waited for; one that cannot know how many waits until nginx is idle (``wait_idle``). ``log_flush`` (nginx's ``access_log ... flush=``, e.g. ``"1s"``) buffers the lines and writes
     them that late, every time.
 
     ``tls``: serve ``https://`` instead — ``True`` with a CA of its own, or a ``TestCA`` to share one among
@@ -160,6 +160,7 @@ class Nginx:
         self.limit_rate = limit_rate  # nginx's per-request cap (e.g. "20m"), as a CDN or object store has
         self.port = free_port()
         self.url = f"{'https' if tls else 'http'}://127.0.0.1:{self.port}"
+        self._status_port = free_port()  # nginx's stub_status, plain http and unlogged (wait_idle)
         self._dir = tempfile.mkdtemp(prefix="ckptfs-nginx-")
         self._proc: subprocess.Popen | None = None
         self.ca: TestCA | None = None
@@ -200,6 +201,11 @@ http {{
         root {self.root};
         location / {{ {f"limit_rate {self.limit_rate};" if self.limit_rate else ""} }}
     }}
+    server {{
+        listen 127.0.0.1:{self._status_port};
+        access_log off;
+        location / {{ stub_status; }}
+    }}
 }}
 """
 
@@ -239,6 +245,27 @@ http {{
         if not wait_until(enough, LOG_TIMEOUT, interval=0.02):
             raise AssertionError(f"nginx logged {len(lines)} requests in {LOG_TIMEOUT:g} s, {expect} expected")
         return lines
+
+    def wait_idle(self, timeout: float = LOG_TIMEOUT) -> None:
+        """Return once nginx has no request in progress (its stub_status: none being read, none being written
+        but the status request itself), so every request it has answered is in the access log: its one
+        process (``master_process off``) logs a request in the same step that takes it off those counts.
+        Bounded: an AssertionError after ``timeout`` seconds."""
+        import urllib.request
+
+        from conftest import wait_until
+
+        status = ""
+
+        def idle() -> bool:
+            nonlocal status
+            with urllib.request.urlopen(f"http://127.0.0.1:{self._status_port}/", timeout=timeout) as resp:
+                status = resp.read().decode()
+            counts = re.search(r"Reading: (\d+) Writing: (\d+)", status)
+            return counts is not None and counts.groups() == ("0", "1")
+
+        if not wait_until(idle, timeout, interval=0.02):
+            raise AssertionError(f"nginx still busy after {timeout:g} s: {status.strip()}")
 
     def ranges(self, path: str, before: int = 0) -> list[tuple[int, int]]:
         """The [start, end) byte ranges answered with 206 for ``path`` (as requested, without the leading

@@ -72,6 +72,32 @@ def test_a_log_line_written_after_the_answer_is_waited_for(served):
     assert nbytes == MiB
 
 
+def test_wait_idle_returns_once_a_request_in_progress_is_logged(served):
+    import threading
+
+    root, data = served
+    with Nginx(root, limit_rate="2m") as server:
+        answering = threading.Event()
+        got: dict = {}
+
+        def read_all() -> None:  # 6 MiB at 2 MiB/s: about 2 s in progress at nginx
+            req = urllib.request.Request(f"{server.url}/blob.bin", headers={"Range": f"bytes=0-{6 * MiB - 1}"})
+            with urllib.request.urlopen(req, timeout=60) as resp:
+                got["body"] = resp.read(1)
+                answering.set()
+                got["body"] += resp.read()
+
+        reader = threading.Thread(target=read_all)
+        reader.start()
+        try:
+            assert answering.wait(30)  # the request is in progress (or, on a stalled machine, over by now)
+            server.wait_idle()
+            assert len(server.access_log()) == 1  # its line is there as soon as nginx is idle
+        finally:
+            reader.join(60)
+    assert got["body"] == data[:6 * MiB]
+
+
 def test_uncapped_nginx_has_no_limit_rate(served):
     root, data = served
     with Nginx(root) as server:

@@ -238,7 +238,7 @@ def test_a_file_that_is_no_checkpoint_is_refused_after_its_first_read_not_fetche
     before = len(server.access_log())
     result = run_cli("prefetch", f"{server.url}/junk.gguf", "--cache-dir", str(tmp_path / "cache"))
     one_error_line(result, 1, "junk.gguf", "not a GGUF or safetensors file")
-    time.sleep(0.3)  # nginx logs a request once its answer is sent
+    server.wait_idle()  # nginx logs a request once its answer is sent
     fetched = sum(b - a for a, b in data_ranges(server.ranges("junk.gguf", before), size))
     assert 0 < fetched <= 2 * MiB  # the first read, which says what the file is; not the warm-up's pieces
 
@@ -434,7 +434,7 @@ def test_ctrl_c_ends_a_run_at_once_and_keeps_what_it_stored(origin, tmp_path):
         try:
             assert wait_until(lambda: proxy.requests["GET"] >= 8, timeout=30)  # the open, the first pieces
             assert wait_until(_settled(proxy), timeout=30)  # every piece of the first round is on its way
-            time.sleep(0.3)  # and in nginx's log (it logs a request once it has sent the answer to the proxy)
+            server.wait_idle()  # and in nginx's log (it logs a request once it has sent the answer to the proxy)
             at_interrupt = len(server.access_log())
             proc.send_signal(signal.SIGINT)
             out, err = proc.communicate(timeout=60)
