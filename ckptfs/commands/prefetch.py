@@ -151,7 +151,7 @@ def _early_warmup(src: str, options: dict, stop: threading.Event, bar: ByteBar):
         return None  # (with mirrors the open may need them: an early warm-up would read the primary alone)
     source = SourcePlan(src, OpenOptions.build(None, **options)).opener(src)
     # a file that is no checkpoint: nothing warmed before the open says so
-    return EarlyWarmup(source, stop=stop, progress=bar, check=lambda source: detect(src, source=source)).start()
+    return EarlyWarmup(source, stop=stop, progress=bar, check=lambda made: detect(src, source=made)).start()
 
 
 def _fetch_bytes(ck, bar: ByteBar, quiet: bool, started: float, before: dict, stop: threading.Event,
