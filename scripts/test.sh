@@ -4,8 +4,9 @@
 # float promotion rules differ (docs/interfaces.md). Every phase runs whatever the ones before it did; the
 # end is one summary (passed, failed and skipped per phase, why each skip, which tests failed) whose last
 # line is the totals alone, "N passed, N failed, N skipped". Exit status 1 when a phase failed, else 0; a
-# phase that collects no test (pytest's exit 5) is shown as such and is not a failure. Ctrl-C (pytest's
-# exit 2) ends the run after the phase it stopped, with the summary of what ran.
+# phase that collects no test (pytest's exit 5) is shown as such and is not a failure. Ctrl-C (SIGINT) ends
+# the run after the phase it stopped, with the summary of what ran (pytest's exit 2 alone, which errors while
+# collecting give too, does not).
 #   sudo bash scripts/test.sh
 #   bash scripts/test.sh tests/test_mount.py -k name     # arguments go to pytest on numpy 2.x: only those tests
 # CKPTFS_TEST_DIR (default tests) is the folder the phases take their modules from.
@@ -20,6 +21,7 @@ REPORTS=$(mktemp -d /tmp/ckptfs-test-reports.XXXXXX)
 trap 'rm -rf "$REPORTS"' EXIT
 SUMMARY_ARGS=()
 INTERRUPTED=0
+trap 'INTERRUPTED=1' INT  # run once the phase that got it has ended
 
 phase() {  # phase NAME PYTHON PYTEST-ARGS...: one pytest run, its JUnit XML report and exit status kept
     local name=$1 python=$2 rc
@@ -37,7 +39,6 @@ phase() {  # phase NAME PYTHON PYTEST-ARGS...: one pytest run, its JUnit XML rep
         echo "test.sh: $python is missing: run scripts/setup.sh first" >&2
         rc=127
     fi
-    [ "$rc" != 2 ] || INTERRUPTED=1
     SUMMARY_ARGS+=("$name" "$rc" "$xml")
 }
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 #: pytest's exit statuses (pytest.ExitCode) as the summary names them.
 OK, TESTS_FAILED, INTERRUPTED, NO_TESTS = 0, 1, 2, 5
 ENDED = {OK: "ok", NO_TESTS: "no tests collected (pytest exit 5)", TESTS_FAILED: "FAILED",
-         INTERRUPTED: "FAILED: interrupted", 3: "FAILED: pytest internal error", 4: "FAILED: pytest usage error",
+         INTERRUPTED: "FAILED: interrupted, or errors while collecting (pytest exit 2)", 3: "FAILED: pytest internal error", 4: "FAILED: pytest usage error",
          127: "FAILED: not run, its python is missing (run scripts/setup.sh)"}
 
 
@@ -53,7 +53,7 @@ class Phase:
 
     def result(self) -> str:
         if not self.ran:
-            return "not run (interrupted before it)"
+            return "not run (the run was interrupted before it)"
         code = int(self.exit) if self.exit.lstrip("-").isdigit() else None
         text = ENDED.get(code, f"FAILED: pytest exit {self.exit}" + (" (killed by a signal)" if code and code > 128
                                                                      else ""))

@@ -17,6 +17,7 @@ from conftest import REPO, skip_or_fail
 
 PASSES = "def test_passes():\n    assert 1 + 1 == 2\n"
 FAILS = "def test_fails():\n    assert 1 + 1 == 3\n"
+BROKEN = "import no_such_module_anywhere\n"
 SKIPS = "import pytest\n\n\ndef test_skips():\n    pytest.skip('no frobnicator here')\n"
 NO_TESTS = "VALUE = 1\n"
 ROW = re.compile(r"^.*?\s+(?P<passed>\d+)\s+(?P<failed>\d+)\s+(?P<skipped>\d+)  (?P<result>.*)$")
@@ -43,21 +44,23 @@ def summary_row(out: str, phase: str) -> list[str]:
 
 def test_a_failing_phase_fails_the_run_and_the_later_phases_still_run(tmp_path):
     result = run_script(tmp_path / "tests", {
-        "test_other.py": PASSES,
-        "test_clients_transformers.py": FAILS,  # the second phase fails ...
+        "test_broken.py": BROKEN,  # the first phase cannot collect a module (pytest's exit 2, as for Ctrl-C) ...
+        "test_clients_transformers.py": FAILS,  # ... the second fails ...
         "test_tiers_redis_cluster.py": NO_TESTS,  # ... the third collects nothing (pytest's exit 5) ...
         "test_quant_basic.py": PASSES + "\n\n" + SKIPS,  # ... and the fourth still runs, on numpy 1.26
     })
     out = result.stdout
     assert result.returncode == 1, (out, result.stderr)
-    assert out.rstrip("\n").splitlines()[-1] == "3 passed, 1 failed, 2 skipped", out
-    assert summary_row(out, "numpy 2 (all but")[:3] == ["2", "0", "1"], out
+    assert out.rstrip("\n").splitlines()[-1] == "1 passed, 2 failed, 1 skipped", out
+    assert summary_row(out, "numpy 2 (all but") == \
+        ["0", "1", "0", "FAILED: interrupted, or errors while collecting (pytest exit 2)"], out
     assert summary_row(out, "numpy 2, test_clients_transformers.py") == ["0", "1", "0", "FAILED"], out
     assert summary_row(out, "numpy 2, test_tiers_redis_cluster.py") == \
         ["0", "0", "0", "no tests collected (pytest exit 5)"], out
     assert summary_row(out, "numpy 1.26.") == ["1", "0", "1", "ok"], out  # (the name holds the version)
-    assert "     2 x no frobnicator here" in out  # the skip reason, counted over the phases
-    assert "test_clients_transformers::test_fails" in out.split("failed:\n", 1)[1]
+    assert "     1 x no frobnicator here" in out  # the skip reasons, counted over the phases
+    failed = out.split("failed:\n", 1)[1]
+    assert "test_broken" in failed and "test_clients_transformers::test_fails" in failed, out
     assert "SKIPPED [1]" in out  # -rs: each phase's own skip lines, with where
 
 
