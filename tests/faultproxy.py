@@ -13,6 +13,7 @@ every request until ``always(None)``. Faults:
 - ``"stall:SECONDS"``: send headers and half the body, then send nothing for SECONDS;
 - ``"short"``: announce the full Content-Length, send half the body, close;
 - ``"etag"``: relay the answer with another ETag (as after the file was replaced);
+- ``"total"``: relay the answer with another total in its ``Content-Range`` (one byte more: another file);
 - ``"norange"``: forward without the Range header (the upstream answers 200 with the whole file);
 - ``"403"``: access denied, as a server that wants credentials answers;
 - ``"loop"``: a 302 back to the same URL (a redirect loop).
@@ -49,7 +50,7 @@ from collections import Counter, deque
 from urllib.parse import urlsplit
 
 PIECE = 256 * 1024  # relay and pacing step of a streamed body
-_STREAMED = ("", "etag", "norange")  # faults that leave the body as it is
+_STREAMED = ("", "etag", "norange", "total")  # faults that leave the body as it is
 
 
 class FaultProxy:
@@ -284,6 +285,9 @@ class FaultProxy:
                 continue
             if kind == "etag" and k.lower() == "etag":
                 v = '"replaced-' + v.strip('"') + '"'
+            if kind == "total" and k.lower() == "content-range":
+                span, _, total = v.rpartition("/")
+                v = f"{span}/{int(total) + 1}"
             req.send_header(k, v)
         req.end_headers()
 

@@ -229,6 +229,11 @@ http {{
             raise RuntimeError(f"nginx did not start: {err.strip()}") from None
         return self
 
+    @property
+    def pid(self) -> int:
+        """The nginx process (one process: ``master_process off``), for a test that freezes it (SIGSTOP)."""
+        return self._proc.pid
+
     def access_log(self, expect: int = 0) -> list[str]:
         """The access log's lines, once it has at least ``expect`` (waited for up to ``LOG_TIMEOUT``, then an
         AssertionError): see the class docstring."""

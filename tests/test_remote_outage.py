@@ -1,18 +1,162 @@
 """A read's deadline against an origin that stops answering: the application's read ends within ``--timeout``.
 
-Debian's nginx on loopback, throttled (``limit_rate``) so that a read is still under way when the test
-freezes the server (SIGSTOP: connections stay open, nothing more comes, as a hung origin behaves). Reads go
-through real FUSE mounts; the bounds asserted are the product's promise plus slack for a loaded machine,
-never a measurement of speed. After the server resumes, the same bytes read exact.
+Debian's nginx on loopback, throttled (``limit_rate``, and four requests in flight) so that a read is still
+under way when the test freezes the server (SIGSTOP: connections stay open, nothing more comes, as a hung
+origin behaves). Reads go through real FUSE mounts, as an application makes them: a buffered stream of 1 MiB
+reads (the kernel reads a failed read-ahead's pages again one at a time), one 64 MiB O_DIRECT read (64
+requests of 1 MiB on libfuse's threads), an mmap fault loop (in a child, which SIGBUS ends). Each must end
+within ``--timeout`` + 1 s (the outage rule, ``ckptfs/sources/remote/outage.py``) of the freeze; the bounds
+asserted add slack for a loaded machine and stay below what a deadline per kernel request took. After the
+server resumes, the same bytes read exact, every file keeps its size, the daemon never sent a short reply.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import io
+import mmap
+import os
+import signal
+import subprocess
+import sys
 import threading
+import time
 
-from ckptfs.engine.parallel import spread
-from ckptfs.readahead import Scheduler
-from ckptfs.sources.remote.transport import deadline_scope, read_deadline
+import numpy as np
+import pytest
+
+pytest.importorskip("urllib3")
+
+from ckptfs.engine.parallel import spread  # noqa: E402
+from ckptfs.readahead import Scheduler  # noqa: E402
+from ckptfs.sources.remote.transport import deadline_scope, read_deadline  # noqa: E402
+from conftest import mount_stats, pid_alive, wait_until  # noqa: E402
+from fixtures import quantized, write_gguf  # noqa: E402
+from servers import Nginx, require_nginx  # noqa: E402
+
+MiB = 1 << 20
+TIMEOUT = 5
+#: --timeout, the probe's second, and slack for a loaded machine (what the rule promises ends 1 s before);
+#: with a deadline per kernel request these reads took 9-34 s.
+BOUND = TIMEOUT + 1 + 2
+SLOW = {"CKPTFS_REMOTE_IN_FLIGHT": "4"}  # with nginx's 512 KiB/s a request: 2 MiB/s in all
+
+
+@contextlib.contextmanager
+def frozen(server: Nginx):
+    """The server stopped (SIGSTOP) inside, resumed at exit."""
+    os.kill(server.pid, signal.SIGSTOP)
+    try:
+        yield time.monotonic()
+    finally:
+        os.kill(server.pid, signal.SIGCONT)
+
+
+@pytest.fixture(scope="module")
+def origin(tmp_path_factory):
+    """A GGUF with a Q8_0 embedding (17 MiB stored, a 64 MiB .npy) and a 64 MiB F32 tensor, behind nginx
+    capped at 512 KiB/s per request."""
+    require_nginx()
+    root = tmp_path_factory.mktemp("outage-www")
+    rng = np.random.default_rng(3)
+    write_gguf(root / "m.gguf", {"token_embd.weight": (quantized("Q8_0", (4096, 4096), rng), "Q8_0"),
+                                 "big": (rng.standard_normal((4096, 4096)).astype(np.float32), "F32")})
+    with Nginx(root, limit_rate="512k") as server:
+        yield server, root
+
+
+def _npy_reference(root) -> bytes:
+    import gguf
+
+    tensor = next(t for t in gguf.GGUFReader(str(root / "m.gguf")).tensors if t.name == "token_embd.weight")
+    values = gguf.dequantize(tensor.data, tensor.tensor_type).astype(np.float32)
+    out = io.BytesIO()
+    np.save(out, values.reshape(4096, 4096))
+    return out.getvalue()
+
+
+def _raw_reference(root) -> bytes:
+    import gguf
+
+    tensor = next(t for t in gguf.GGUFReader(str(root / "m.gguf")).tensors if t.name == "big")
+    return bytes(tensor.data.tobytes())
+
+
+def _stream(path, outcome: dict) -> None:
+    """Read ``path`` sequentially in 1 MiB reads, as a loader streams a tensor; note how it ended and when."""
+    try:
+        with open(path, "rb", buffering=0) as fh:
+            while fh.read(MiB):
+                pass
+        outcome["error"] = None
+    except OSError as exc:
+        outcome["error"] = exc.errno
+    outcome["ended"] = time.monotonic()
+
+
+def _direct_read(path, outcome: dict) -> None:
+    """One 64 MiB O_DIRECT read from the start (llama.cpp's load pattern)."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
+    buf = mmap.mmap(-1, 64 * MiB)
+    try:
+        outcome["got"] = os.preadv(fd, [buf], 0)
+        outcome["error"] = None
+    except OSError as exc:
+        outcome["error"] = exc.errno
+    finally:
+        outcome["ended"] = time.monotonic()
+        os.close(fd)
+        buf.close()
+
+
+#: A child that touches one byte of every page of a mapped file in order, as a loader's mmap faults do.
+_FAULT_LOOP = """
+import mmap, sys
+with open(sys.argv[1], "rb") as fh:
+    m = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+    total = 0
+    for at in range(0, len(m), 4096):
+        total += m[at]
+print(total)
+"""
+
+
+#: What is read again after the outage: the file's start, past what was read before the freeze (1 s of a
+#: 2 MiB/s origin) and the read-ahead beyond it.
+AGAIN = 6 * MiB
+
+
+def _after_outage(mnt, name: str, want: bytes) -> None:
+    """With the server back: the file keeps its size, the bytes read before and at the freeze read exact (once
+    a probe found the origin answering again: about once a second), and the daemon never sent a short
+    reply."""
+    assert os.stat(mnt / name).st_size == len(want)
+
+    def exact() -> bool:
+        try:
+            with open(mnt / name, "rb") as fh:
+                return fh.read(AGAIN) == want[:AGAIN] or pytest.fail(f"{name}: other bytes after the outage")
+        except OSError as exc:
+            assert exc.errno == errno.EIO, exc
+            return False
+
+    assert wait_until(exact, timeout=30, interval=0.2)
+    stats = mount_stats(mnt)
+    assert stats["short_replies"] == 0 and pid_alive(stats["pid"])
+
+
+def _run_frozen(server, target, path, outcome: dict, into: float = 1.0) -> float:
+    """Start ``target(path, outcome)``, freeze the server ``into`` seconds later, wait for the reader; the
+    seconds from the freeze to the read's end."""
+    reader = threading.Thread(target=target, args=(path, outcome))
+    reader.start()
+    time.sleep(into)  # the read under way when the server stops
+    assert "ended" not in outcome, "the read ended before the server stopped: the origin is not slow enough"
+    with frozen(server) as stopped:
+        reader.join(120)
+        assert not reader.is_alive(), "the read never ended"
+    return outcome["ended"] - stopped
 
 
 def test_decode_workers_carry_the_readers_deadline():
@@ -35,3 +179,40 @@ def test_decode_workers_carry_the_readers_deadline():
         spread([first, second], scheduler)
     assert len({thread for thread, _ in seen}) == 2  # one task ran on a worker
     assert all(deadline <= end for _, deadline in seen), (end, seen)
+
+
+@pytest.mark.parametrize("read", [_stream, _direct_read], ids=["buffered-1MiB-reads", "one-64MiB-O_DIRECT-read"])
+def test_a_read_ends_in_eio_within_the_timeout(origin, mounted, read):
+    server, root = origin
+    mnt = mounted(server.url + "/m.gguf", "--timeout", str(TIMEOUT), env=SLOW)
+    outcome: dict = {}
+    took = _run_frozen(server, read, mnt / "big.raw", outcome)
+    assert outcome["error"] == errno.EIO, outcome
+    assert took < BOUND, took
+    _after_outage(mnt, "big.raw", _raw_reference(root))
+
+
+def test_an_mmap_fault_loop_ends_in_sigbus_within_the_timeout(origin, mounted):
+    server, root = origin
+    mnt = mounted(server.url + "/m.gguf", "--timeout", str(TIMEOUT), env=SLOW)
+
+    def fault_loop(path, outcome: dict) -> None:
+        done = subprocess.run([sys.executable, "-c", _FAULT_LOOP, str(path)], capture_output=True, timeout=120)
+        outcome["returncode"] = done.returncode
+        outcome["ended"] = time.monotonic()
+
+    outcome: dict = {}
+    took = _run_frozen(server, fault_loop, mnt / "big.raw", outcome)
+    assert outcome["returncode"] == -signal.SIGBUS, outcome
+    assert took < BOUND, took
+    _after_outage(mnt, "big.raw", _raw_reference(root))
+
+
+def test_a_throttled_origin_frozen_mid_npy_stream_is_eio_within_the_default_timeout(origin, mounted):
+    server, root = origin
+    mnt = mounted(server.url + "/m.gguf", env=SLOW)
+    outcome: dict = {}
+    took = _run_frozen(server, _stream, mnt / "token_embd.weight.npy", outcome)
+    assert outcome["error"] == errno.EIO, outcome
+    assert took < 45, took  # --timeout 30 s, and slack
+    _after_outage(mnt, "token_embd.weight.npy", _npy_reference(root))

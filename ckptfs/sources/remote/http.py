@@ -37,6 +37,7 @@ import socket
 import ssl
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from urllib.parse import unquote, urljoin, urlsplit
 
@@ -163,10 +164,12 @@ class Answer:
 class HttpClient:
     """Sends one request with redirects followed by hand (see the module docstring)."""
 
-    def __init__(self, scheme: str, credentials: Credentials, options: RemoteOptions):
+    def __init__(self, scheme: str, credentials: Credentials, options: RemoteOptions,
+                 heard: Callable[[], None] = lambda: None):
         self.scheme = scheme
         self.credentials = credentials
         self.options = options
+        self.heard = heard  # told of every answer (the origin's outage state: transport.outage)
 
     def send(self, method: str, url: str, headers: dict, deadline: float, auth_origin: str) -> Answer:
         seen = {url}
@@ -197,7 +200,7 @@ class HttpClient:
         if send_auth:
             all_headers.update(self.credentials.headers)
         try:
-            return connection_pool().request(method, url, headers=all_headers, preload_content=False,
+            resp = connection_pool().request(method, url, headers=all_headers, preload_content=False,
                                              decode_content=False, redirect=False, retries=False,
                                              timeout=urllib3.Timeout(connect=wait, read=wait))
         except urllib3.exceptions.NewConnectionError as exc:  # a subclass of the timeout error, but refused
@@ -214,6 +217,8 @@ class HttpClient:
             raise CheckpointError(url, None, refused) from None
         except (urllib3.exceptions.HTTPError, OSError) as exc:
             raise Retryable(f"connection failed: {_reason(exc)}") from None
+        self.heard()
+        return resp
 
 
 _NAME_MISMATCH = (62, 64)  # X509_V_ERR_HOSTNAME_MISMATCH, X509_V_ERR_IP_ADDRESS_MISMATCH
@@ -295,11 +300,12 @@ class HttpSource(RemoteSource):
         self.url = url
         self.scheme = scheme or urlsplit(url).scheme.lower() or "http"  # the counters' label
         self.credentials = credentials
-        self._client = HttpClient(self.scheme, credentials, self.options)
+        self._client = HttpClient(self.scheme, credentials, self.options, lambda: self.outage().heard())
         self._origin = _origin_of(url)
         probe = self._probe()
         self._location = probe.location
-        self._origin, self._limit = _origin_of(probe.location), None  # the CDN host after a redirect
+        # the CDN host after a redirect: its own in-flight limit and outage state
+        self._origin, self._limit, self._outage = _origin_of(probe.location), None, None
         self._sha256 = probe.sha256
         self.size, self.validator = probe.size, probe.validator
         sample = self._tail_sample(probe) if probe.sha256 is None and weak_validator(probe.validator, probe.size) \
@@ -319,7 +325,7 @@ class HttpSource(RemoteSource):
         if found is not None and time.monotonic() - found.at < PROBE_MEMO_SECONDS:
             return found
         deadline = read_deadline(self.options.timeout)
-        probe = self.retrying(lambda: self._probe_once(deadline), deadline, None, "cannot open: ")
+        probe = self.retrying(self._probe_once, deadline, None, "cannot open: ")
         memo[key] = probe
         return probe
 
@@ -332,7 +338,7 @@ class HttpSource(RemoteSource):
                 probe.tail = bytes(probe.head[probe.size - n:])
             else:
                 deadline = read_deadline(self.options.timeout)
-                probe.tail = self.retrying(lambda: self._attempt(probe.size - n, probe.size, deadline), deadline,
+                probe.tail = self.retrying(lambda bound: self._attempt(probe.size - n, probe.size, bound), deadline,
                                            None, "cannot open: ")
                 COUNTERS.request(self.scheme, "ok", len(probe.tail))
         return probe.tail
@@ -455,6 +461,7 @@ class HttpSource(RemoteSource):
         pending: list[bytes] = []  # the pieces of the chunk being read
         filled = got = 0
         sock = getattr(getattr(resp, "connection", None), "sock", None)
+        heard = self.outage().heard
         try:
             while got < expected:
                 wait, by_deadline = wait_bound(self.options, deadline)
@@ -473,6 +480,7 @@ class HttpSource(RemoteSource):
                                     f"{_reason(exc)}") from None
                 if not piece:
                     raise Retryable(f"short body: {got} of {expected} bytes")
+                heard()
                 pending.append(piece)
                 got += len(piece)
                 filled += len(piece)

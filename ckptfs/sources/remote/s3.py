@@ -121,7 +121,7 @@ class S3Source(RemoteSource):
             raise CheckpointError(url, None, "names a bucket, not an object (a folder is s3://BUCKET/PREFIX/)")
         self._client, self.credentials = client_for(self.options.stall_timeout)
         deadline = read_deadline(self.options.timeout)
-        size, etag, head = self.retrying(lambda: self._probe(deadline), deadline, None, "cannot open: ")
+        size, etag, head = self.retrying(self._probe, deadline, None, "cannot open: ")
         self._set_identity(size, etag, url)
         self._keep_prefix(head)
 

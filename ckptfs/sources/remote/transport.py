@@ -22,6 +22,10 @@ module turns those into the ByteSource contract:
   failure is retried once and a stall not at all, so the next copy gets the rest of the deadline
   (``max_retries`` bounds the count too where a caller sets it). Everything else (404, 403, another
   identity) ends the read at once.
+- An origin that answers nothing for a whole ``--timeout`` is in an outage (``outage``): until anything
+  comes from it again, every fetch from it ends by the outage's start + ``--timeout`` and new ones fail at
+  once, but for a probe about once a second; so an application's read, however many kernel requests it is,
+  ends within ``--timeout`` (and a second) of its first request that met the outage.
 - Timeouts are reported as what they are: a wait cut short by the read's deadline says ``--timeout`` and its
   number; a server silent for ``--stall-timeout`` seconds, with time left in the deadline, is a stall (and
   is retried).
@@ -49,6 +53,7 @@ from ckptfs.sources.netstats import COUNTERS
 from ckptfs.readahead import SCHEDULER
 from ckptfs.readahead.limit import OriginLimit, origin_limit
 from ckptfs.readahead.scheduler import DEFAULT_CONCURRENCY
+from ckptfs.sources.remote.outage import PROBE_SECONDS, Admission, Outage, outage_for
 from ckptfs.sources.remote.readahead import FETCH_BUDGET, ReadAhead, piece_bytes
 
 log = logging.getLogger(__name__)
@@ -185,6 +190,10 @@ def stalled(what: str, options: RemoteOptions, detail: str = "") -> Retryable:
     return Retryable(f"{what} (no data for {options.stall_timeout:g} s, --stall-timeout){detail}", timeout=True)
 
 
+class TimedOut(SourceUnavailable):
+    """A read's deadline (``--timeout``) ran out before the origin answered."""
+
+
 class Changed(Exception):
     """The medium answered with another identity than the one fixed at open."""
 
@@ -220,6 +229,7 @@ class RemoteSource(ByteSource):
         self._checked_at = float("-inf")  # when the last check that passed was sent
         self._check_sent = float("-inf")  # when the last check was sent
         self._limit: OriginLimit | None = None
+        self._outage: Outage | None = None
 
     def origin(self) -> str:
         """Who answers this source's requests (a scheme and host): the unit whose in-flight limit is learnt
@@ -231,6 +241,13 @@ class RemoteSource(ByteSource):
         if limit is None:
             limit = self._limit = origin_limit(self.origin())
         return limit
+
+    def outage(self) -> Outage:
+        """This source's origin's outage state (``outage``: shared by every source of the origin)."""
+        outage = self._outage
+        if outage is None:
+            outage = self._outage = outage_for(self.origin())
+        return outage
 
     @property
     def closed(self) -> bool:
@@ -285,7 +302,7 @@ class RemoteSource(ByteSource):
             from ckptfs.sources.identity import sample_digest
 
             sent = self._check_sent = time.monotonic()
-            data = self.retrying(lambda: self._attempt(start, end, deadline), deadline, offset,
+            data = self.retrying(lambda bound: self._attempt(start, end, bound), deadline, offset,
                                  "re-checking the file's last bytes: ")
             COUNTERS.request(self.scheme, "ok", len(data))
             if sample_digest(data) != digest:
@@ -394,7 +411,8 @@ class RemoteSource(ByteSource):
         for i, flight in waits.items():
             # Another reader's (or read-ahead's) fetch of this chunk: wait for it as long as for a stalled
             # attempt; past that, fetch the chunk ourselves — or, with a mirror to turn to, give it the time.
-            patience = min(deadline, time.monotonic() + self.options.stall_timeout) - time.monotonic()
+            bound = self.outage().bound(deadline, self.options.timeout)
+            patience = min(bound, time.monotonic() + self.options.stall_timeout) - time.monotonic()
             done = flight.done.wait(max(0.0, patience))
             if done and flight.value is not None:
                 found[i] = flight.value
@@ -403,7 +421,7 @@ class RemoteSource(ByteSource):
                 error = flight.error
                 reason = error.reason if isinstance(error, CheckpointError) else str(error)
                 raise CheckpointError(self.name, i * CHUNK, reason)
-            if _fallback.get() or time.monotonic() >= deadline:
+            if _fallback.get() or time.monotonic() >= bound:
                 raise self._timeout_error(i * CHUNK)
             data = self._fetch(i * CHUNK, min(self.size, (i + 1) * CHUNK), deadline)
             self._cache.put(chunk_key(self._content_id, i), data)
@@ -637,16 +655,18 @@ class RemoteSource(ByteSource):
     def _fetch_parts(self, start: int, end: int, deadline: float) -> list[bytes]:
         """``_fetch``'s bytes as the scheme read them: consecutive parts (``CHUNK`` bytes each but the last, for
         a scheme that reads chunk by chunk: they become the cache's chunks without another copy)."""
+        self._admit(start)
         sent = time.monotonic()
         token = _answered_at.set(None)
         try:
-            body = self.retrying(lambda: self._attempt_parts(start, end, deadline), deadline, start)
+            body = self.retrying(lambda bound: self._attempt_parts(start, end, bound), deadline, start)
             answered_at = _answered_at.get()  # the successful attempt's: it is the last to set it
         finally:
             _answered_at.reset(token)
         parts = body if isinstance(body, list) else [body]
         got = sum(len(p) for p in parts)
         done = time.monotonic()
+        self.outage().heard()
         self.origin_limit().finished(got, done - sent)
         if got != end - start:  # a scheme's _attempt must check this; never serve a short read
             raise CheckpointError(self.name, start, f"got {got} bytes for a {end - start}-byte range")
@@ -654,9 +674,44 @@ class RemoteSource(ByteSource):
         self._confirm_version(done if answered_at is None else answered_at, deadline, start)
         return parts
 
+    def _admit(self, offset: int) -> None:
+        """Before a fetch asks the origin: nothing to do unless the origin is in an outage (``outage``); then
+        this fetch sends the probe that is due (one byte at ``offset``, ``PROBE_SECONDS`` allowed) and goes on
+        if it was answered, or fails at once."""
+        outage = self.outage()
+        admission = outage.admit(self.options.timeout)
+        if admission is Admission.ASK:
+            return
+        if admission is Admission.PROBE:
+            answered = False
+            try:
+                self._attempt(offset, offset + 1, time.monotonic() + PROBE_SECONDS)
+                answered = True
+            except Exception:  # noqa: BLE001 - the probe's only question: did the origin answer?
+                pass
+            finally:
+                outage.probed(answered)
+            COUNTERS.request(self.scheme, "ok" if answered else "timeout", 1 if answered else 0)
+            if answered:
+                return
+        COUNTERS.request(self.scheme, "timeout")
+        raise SourceUnavailable(self.name, None, f"{public_name(self.origin())} is not answering (nothing came from "
+                                                 f"it for --timeout {self.options.timeout:g} s); its reads fail at "
+                                                 f"once until it answers again")
+
     def retrying(self, attempt, deadline: float, offset: int | None, what: str = ""):
-        """``attempt()`` until it succeeds, retrying Retryable failures with backoff (counted here) for as long
-        as ``deadline`` allows (see the module docstring); ``what`` prefixes the final error's reason."""
+        """``attempt(bound)`` until it succeeds, retrying Retryable failures with backoff (counted here) for as
+        long as ``deadline`` allows (see the module docstring); ``bound`` is ``deadline`` or, while the origin
+        is in an outage, the outage's end of patience (``outage``), and a deadline that runs out starts one.
+        ``what`` prefixes the final error's reason."""
+        outage, timeout = self.outage(), self.options.timeout
+        try:
+            return self._retrying(attempt, deadline, offset, what, outage)
+        except TimedOut:  # this fetch's whole deadline ran out: the origin is out since it arrived
+            outage.timed_out(deadline - timeout)
+            raise
+
+    def _retrying(self, attempt, deadline: float, offset: int | None, what: str, outage: Outage):
         tries = 0
         started = time.monotonic()
         before: Retryable | None = None  # the failure before the last, for the final message
@@ -665,15 +720,16 @@ class RemoteSource(ByteSource):
         if fallback:
             max_retries = 1 if max_retries is None else min(1, max_retries)
         while True:
-            if time.monotonic() >= deadline:
+            bound = outage.bound(deadline, self.options.timeout)
+            if time.monotonic() >= bound:
                 raise self._timeout_error(offset, what, tries)
             try:
-                return attempt()
+                return attempt(bound)
             except Retryable as exc:
                 tries += 1
                 if exc.throttled:
                     self.origin_limit().throttled()
-                left = deadline - time.monotonic()
+                left = bound - time.monotonic()
                 if exc.retry_after is not None:
                     delay, too_late = exc.retry_after, exc.retry_after >= left  # not before the server's time
                 else:
@@ -693,6 +749,7 @@ class RemoteSource(ByteSource):
                                f"(--timeout {self.options.timeout:g} s)")
                     elif too_late:
                         why = f" ({count} in {spent:.1f} s, until the read's deadline: --timeout {self.options.timeout:g} s)"
+                        raise TimedOut(self.name, offset, f"{what}{exc}{why}") from None
                     else:
                         why = f" (gave up after {count} in {spent:.1f} s)"
                     raise SourceUnavailable(self.name, offset, f"{what}{exc}{why}") from None
@@ -704,7 +761,7 @@ class RemoteSource(ByteSource):
                 raise CheckpointError(self.name, offset, f"changed since it was opened: {exc}") from None
 
     def _timeout_error(self, offset: int | None, what: str = "", tries: int = 0, last: Retryable | None = None,
-                       before: Retryable | None = None) -> CheckpointError:
+                       before: Retryable | None = None) -> TimedOut:
         """The read's deadline (``--timeout``) passed: say so, with the number, and what the last attempt
         was doing (counted here unless ``last`` was counted by the retry loop)."""
         if last is None:
@@ -714,7 +771,7 @@ class RemoteSource(ByteSource):
             detail += f"; the last {last}"
         if before is not None and not before.deadline:
             detail += f"; the one before: {before}"
-        return SourceUnavailable(self.name, offset, f"{what}read timed out (--timeout {self.options.timeout:g} s"
+        return TimedOut(self.name, offset, f"{what}read timed out (--timeout {self.options.timeout:g} s"
                                                     f"{detail})")
 
     def _attempt(self, start: int, end: int, deadline: float) -> bytes:  # pragma: no cover - interface
