@@ -23,6 +23,8 @@ from ckptfs.commands.remote_options import remote_options
 from ckptfs.commands.failure import fail
 from ckptfs.commands.cache import cache_dir_option, cache_dir_size_option, cache_group, cache_key_file_option, tier_options
 from ckptfs.commands.prefetch import prefetch
+from ckptfs.commands.source import with_source
+from ckptfs.util.redact import hide_in_argv
 
 
 class SizeType(click.ParamType):
@@ -50,6 +52,9 @@ class OneLineGroup(click.Group):
     line, exit code 2 kept. Help (``--help``, or no command at all) is printed in full as usual."""
 
     def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+        # Every command first takes the secrets of the URLs it was given (user:password@, a presigned query)
+        # out of its command line, which ps shows every user (best effort; ckptfs.commands.source).
+        hide_in_argv()
         if not standalone_mode:
             return super().main(args, prog_name, complete_var, standalone_mode, **extra)
         try:
@@ -82,8 +87,7 @@ def main() -> None:
 
 
 @main.command()
-@click.argument("src")
-@click.argument("mountpoint")
+@with_source("mountpoint")
 @click.option("-f", "--foreground", is_flag=True, help="Stay in the foreground (log to stderr with -v).")
 @click.option("-o", "options", multiple=True, metavar="OPTS", help="FUSE mount options, comma-separated.")
 @click.option("--cache-size", type=SIZE, default="512M", show_default=True,
@@ -143,7 +147,7 @@ def umount(mountpoint, verbose):
 
 
 @main.command()
-@click.argument("src")
+@with_source()
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @remote_options
 @cache_dir_option
@@ -171,7 +175,7 @@ def info(src, as_json, hf, verbose, mirrors, timeout, stall_timeout, cache_dir, 
 
 
 @main.command()
-@click.argument("src")
+@with_source()
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.option("--cache-size", type=SIZE, default="512M", show_default=True)
 @click.option("--local", "local", default=None, metavar="PATH",

@@ -17,6 +17,7 @@ import tempfile
 import click
 
 from ckptfs.commands.failure import fail
+from ckptfs.commands.source import with_source
 
 MISMATCH_EXIT = 3
 
@@ -70,7 +71,7 @@ def plural(n: int, word: str) -> str:
 
 
 @click.command("manifest")
-@click.argument("src")
+@with_source()
 @click.option("-o", "--output", type=click.Path(dir_okay=False), default=None,
               help="Write the manifest here (default: stdout).")
 @click.option("-v", "--verbose", is_flag=True)
@@ -98,7 +99,7 @@ def manifest_command(src, output, verbose):
 
 
 @click.command("verify")
-@click.argument("src")
+@with_source()
 @click.option("--manifest", "manifest_path", type=click.Path(dir_okay=False), default=None,
               help="Compare with this manifest (default: check structure, and Hub files against their LFS oid).")
 @click.option("--json", "as_json", is_flag=True, help='Print {"ok": bool, "mismatches": [{"file", "tensor", "what"}]}.')

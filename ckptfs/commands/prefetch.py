@@ -25,6 +25,7 @@ import click
 from ckptfs.commands.cache import tier_options
 from ckptfs.commands.failure import fail
 from ckptfs.commands.remote_options import remote_options
+from ckptfs.commands.source import with_source
 from ckptfs.util.sizes import format_size
 
 
@@ -65,8 +66,7 @@ class ByteBar:
 
 
 @click.command("prefetch")
-@click.argument("src")
-@click.argument("names", nargs=-1)
+@with_source(more="names")
 @tier_options
 @remote_options
 @click.option("--dtype", type=click.Choice(["auto", "float32", "float16"]), default="auto", show_default=True,
@@ -151,7 +151,7 @@ def _early_warmup(src: str, options: dict, stop: threading.Event, bar: ByteBar):
         return None  # (with mirrors the open may need them: an early warm-up would read the primary alone)
     source = SourcePlan(src, OpenOptions.build(None, **options)).opener(src)
     # a file that is no checkpoint: nothing warmed before the open says so
-    return EarlyWarmup(source, stop=stop, progress=bar, check=lambda made: detect(src, source=made)).start()
+    return EarlyWarmup(source, stop=stop, progress=bar, check=lambda source: detect(src, source=source)).start()
 
 
 def _fetch_bytes(ck, bar: ByteBar, quiet: bool, started: float, before: dict, stop: threading.Event,

@@ -28,7 +28,7 @@ from ckptfs.fs.mountpoint import (MountpointLock, check_answers, check_dev_fuse,
                          unmount)
 from ckptfs.fs.operations import CkptOperations
 from ckptfs.fs.options import MountOptions, as_usage_error, parse_options
-from ckptfs.util.redact import hide_in_argv, strip_url
+from ckptfs.util.redact import strip_url
 from ckptfs.core.options import absolute
 
 __all__ = ["MountRequest", "MountError", "run_mount", "unmount"]
@@ -80,9 +80,8 @@ def run_mount(request: MountRequest) -> int:
     Failures raise MountError (its ``exit_code`` is 2 for refused options) or CheckpointError, which the
     CLI prints as one line.
     """
-    # The command line holds the URL as typed (user:password@, a presigned query): ps shows it to every user
-    # for the daemon's whole life (it is forked from this process), so it is redacted in place first.
-    hide_in_argv()
+    # The command line, which ps shows every user for the daemon's whole life (it is forked from this
+    # process), had the secrets of its URLs redacted at the command's entry (commands/cli.py).
     if not request.foreground:
         # The daemon is forked after the open, and a fork needs a single thread: the open's first writes into
         # --cache-dir make a prune due, whose thread the daemon starts instead (``_run_daemon``).
