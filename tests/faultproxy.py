@@ -21,7 +21,8 @@ every request until ``always(None)``. Faults:
 ``every(n, fault)`` applies one to every n-th request (a few bad connections among many in flight).
 ``chaos(p, faults, seed)`` gives each request, with probability ``p``, one of ``faults`` drawn at random (a
 seeded generator: the same run draws the same faults); ``chaos(0)`` ends it.
-``requests`` counts forwarded requests by method; ``peak_in_flight`` is the most requests it was serving at
+``requests`` counts forwarded requests by method; ``peers`` holds each request's client port, in order
+(which connection it came on: a port not seen before is a fresh connection); ``peak_in_flight`` is the most requests it was serving at
 once (how parallel a reader really was, seen from the origin's side).
 
 A network in between, for every request: ``FaultProxy(url, first_byte_delay=0.03)`` waits that long before
@@ -70,6 +71,7 @@ class FaultProxy:
         self._running = False
         self._thread: threading.Thread | None = None
         self.requests: Counter = Counter()
+        self.peers: list[int] = []
         self.faults_used: list[str] = []
         self._every: tuple[int, str] | None = None
         self._chaos: tuple[float, tuple[str, ...], random.Random] | None = None
@@ -208,6 +210,8 @@ class FaultProxy:
 
     def _relay_one(self, req, method: str) -> None:
         self.requests[method] += 1
+        with self._lock:
+            self.peers.append(req.client_address[1])
         received = time.time()
         fault = self._next_fault()
         kind, _, arg = (fault or "").partition(":")

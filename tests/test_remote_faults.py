@@ -101,14 +101,40 @@ def test_persistent_fault_is_an_error_within_the_timeout(upstream, proxy, fault,
     proxy.always(None)
 
 
-@pytest.mark.parametrize("fault, message", [("etag", "changed since it was opened"),
+@pytest.mark.parametrize("fault, message", [("etag", "changed since it was opened: validator"),
+                                            ("total", "changed since it was opened: its size is now"),
                                             ("norange", "does not support Range")])
-def test_an_answer_that_cannot_be_the_bytes_fails_that_read(upstream, proxy, fault, message):
-    """Another ETag (the file was replaced) or a 200 with the whole file: an error, not bytes."""
+def test_an_answer_that_cannot_be_the_bytes_twice_fails_that_read(upstream, proxy, fault, message):
+    """Another ETag (the file was replaced), another total, a 200 with the whole file, given again when asked
+    again: an error, not bytes."""
     src = _open(proxy)
-    proxy.plan(fault)
+    proxy.always(fault)
     with pytest.raises(CheckpointError, match=message):
         src.pread(OFFSET, 1000)
+    proxy.always(None)
+    assert proxy.faults_used == [fault, fault]  # asked once more, and no more
+
+
+@pytest.mark.parametrize("fault", ["etag", "total", "norange"])
+def test_one_odd_answer_is_asked_again_on_a_fresh_connection(upstream, proxy, fault):
+    """One backend behind a load balancer answering wrongly once: its bytes dropped, the range asked again on
+    a connection never used before, and the right bytes served."""
+    _, data = upstream
+    src = _open(proxy)
+    before = len(proxy.peers)
+    proxy.plan(fault)
+    assert src.pread(OFFSET, LENGTH) == data[OFFSET:OFFSET + LENGTH]
+    assert proxy.faults_used == [fault]
+    odd, again = proxy.peers[before], proxy.peers[before + 1]
+    assert again not in proxy.peers[:before + 1], (odd, again)  # a fresh connection
+
+
+def test_two_different_odd_answers_are_retried_within_the_deadline(upstream, proxy):
+    _, data = upstream
+    src = _open(proxy)
+    proxy.plan("etag", "total")
+    assert src.pread(OFFSET, LENGTH) == data[OFFSET:OFFSET + LENGTH]
+    assert proxy.faults_used == ["etag", "total"]
 
 
 def test_server_ignoring_range_is_refused_at_open(upstream, proxy):

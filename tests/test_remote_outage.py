@@ -30,6 +30,7 @@ pytest.importorskip("urllib3")
 
 from ckptfs.engine.parallel import spread  # noqa: E402
 from ckptfs.readahead import Scheduler  # noqa: E402
+from ckptfs.sources.remote.outage import Admission, Outage  # noqa: E402
 from ckptfs.sources.remote.transport import deadline_scope, read_deadline  # noqa: E402
 from conftest import mount_stats, pid_alive, wait_until  # noqa: E402
 from fixtures import quantized, write_gguf  # noqa: E402
@@ -157,6 +158,36 @@ def _run_frozen(server, target, path, outcome: dict, into: float = 1.0) -> float
         reader.join(120)
         assert not reader.is_alive(), "the read never ended"
     return outcome["ended"] - stopped
+
+
+def test_the_outage_rule():
+    """An origin silent for a whole --timeout: deadlines cut to the outage's start + --timeout, new fetches
+    refused but for one probe at a time (an hour apart here); anything from the origin ends it."""
+    outage = Outage(probe_interval=3600)
+    now = time.monotonic()
+    assert outage.admit(5) is Admission.ASK and outage.bound(now + 30, 5) == now + 30
+    outage.heard_at = now - 100  # silent since long before the fetch arrived
+    outage.timed_out(now - 7)
+    assert outage.since == now - 7
+    assert outage.bound(now + 30, 5) == now - 2  # a fetch under way ends at once
+    outage.timed_out(now - 1)  # a later fetch running out does not move the start
+    assert outage.since == now - 7
+    assert outage.admit(5) is Admission.PROBE  # the first fetch past the start + --timeout probes
+    assert outage.admit(5) is Admission.REFUSE  # the others fail at once meanwhile
+    outage.probed(False)
+    assert outage.admit(5) is Admission.REFUSE  # the next probe waits for its second
+    outage.probed(True)  # an answer: the outage is over
+    assert outage.since is None and outage.admit(5) is Admission.ASK and outage.bound(now + 30, 5) == now + 30
+
+
+def test_an_origin_slow_but_answering_is_not_out():
+    outage = Outage()
+    now = time.monotonic()
+    outage.heard_at = now  # bytes came a moment ago
+    outage.timed_out(now - 30)  # a fetch that arrived 30 s ago ran out (a slow body)
+    assert outage.since == now and outage.admit(30) is Admission.ASK  # the outage starts now, if at all
+    outage.heard()
+    assert outage.since is None
 
 
 def test_decode_workers_carry_the_readers_deadline():

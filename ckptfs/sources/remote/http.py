@@ -9,7 +9,12 @@ presigned S3 URL is signed for GET only; a HEAD would be refused.) Opens are mem
 Every later answer is checked against the identity fixed at open (``Content-Range`` total and the
 validator); another identity fails that read (``changed since it was opened``), never mixes bytes. A server
 that answers a Range request with the whole body (200) is refused with one line, unless the whole body is
-exactly the range asked for.
+exactly the range asked for. An answer that cannot be the bytes asked for (a 200 to a Range request, another
+range or total in ``Content-Range``, another validator, a 416) is not believed at once: one backend behind a
+load balancer, or a proxy, may be wrong while the origin is not. Its body is dropped unread and the range
+asked again on a fresh connection (``_asked_twice``); only a second answer that is wrong the same way
+decides (the file was replaced, or the server cannot serve ranges). Two different wrong answers are retried
+like a reset, within the read's deadline.
 
 Redirects are followed by hand (at most ``MAX_REDIRECTS``; a URL seen twice is a loop): credentials
 (``Authorization``) are sent only to the origin they were given for and dropped for good once a redirect
@@ -161,6 +166,22 @@ class Answer:
     hops: list  # the redirect responses' headers, first hop first
 
 
+class OddAnswer(Exception):
+    """An answer that cannot be the bytes asked for (see the module docstring): ``signature`` tells two wrong
+    answers apart; ``final`` is the error once a second answer is wrong the same way."""
+
+    def __init__(self, signature: tuple, final: Exception):
+        super().__init__(str(final))
+        self.signature = signature
+        self.final = final
+
+
+def fresh_pool() -> urllib3.PoolManager:
+    """A pool for one request on a connection of its own (the re-ask after an odd answer: not on a kept-alive
+    connection to the backend that gave it)."""
+    return urllib3.PoolManager(num_pools=1, maxsize=1, block=False, retries=False, **trusted_cas()[0])
+
+
 class HttpClient:
     """Sends one request with redirects followed by hand (see the module docstring)."""
 
@@ -171,12 +192,17 @@ class HttpClient:
         self.options = options
         self.heard = heard  # told of every answer (the origin's outage state: transport.outage)
 
-    def send(self, method: str, url: str, headers: dict, deadline: float, auth_origin: str) -> Answer:
+    def send(self, method: str, url: str, headers: dict, deadline: float, auth_origin: str,
+             fresh: bool = False) -> Answer:
+        """``fresh``: on a new connection, closed after the answer, instead of a kept-alive one."""
         seen = {url}
         hops = []
         send_auth = _origin(url) == _origin(auth_origin)
+        pool = fresh_pool() if fresh else None
+        if fresh:
+            headers = {**headers, "Connection": "close"}
         for _ in range(MAX_REDIRECTS + 1):
-            resp = self._one(method, url, headers, deadline, send_auth)
+            resp = self._one(method, url, headers, deadline, send_auth, pool)
             location = resp.headers.get("location")
             if resp.status not in _REDIRECTS or not location:
                 return Answer(resp, url, hops)
@@ -192,7 +218,8 @@ class HttpClient:
             url = target
         raise CheckpointError(url, None, f"too many redirects (more than {MAX_REDIRECTS})")
 
-    def _one(self, method: str, url: str, headers: dict, deadline: float, send_auth: bool):
+    def _one(self, method: str, url: str, headers: dict, deadline: float, send_auth: bool,
+             pool: urllib3.PoolManager | None = None):
         wait, by_deadline = wait_bound(self.options, deadline)
         if wait <= 0:
             raise Retryable("had no time left to ask", deadline=True)
@@ -200,7 +227,7 @@ class HttpClient:
         if send_auth:
             all_headers.update(self.credentials.headers)
         try:
-            resp = connection_pool().request(method, url, headers=all_headers, preload_content=False,
+            resp = (pool or connection_pool()).request(method, url, headers=all_headers, preload_content=False,
                                              decode_content=False, redirect=False, retries=False,
                                              timeout=urllib3.Timeout(connect=wait, read=wait))
         except urllib3.exceptions.NewConnectionError as exc:  # a subclass of the timeout error, but refused
@@ -386,7 +413,7 @@ class HttpSource(RemoteSource):
     def _attempt_parts(self, start: int, end: int, deadline: float) -> list[bytes]:
         url = self._location
         try:
-            return self._range_get(url, start, end, deadline)
+            return self._asked_twice(url, start, end, deadline)
         except Retryable:
             self._location = self.url  # a remembered CDN host that fails: the retry resolves the URL again
             raise
@@ -395,36 +422,50 @@ class HttpSource(RemoteSource):
                 raise
         # a remembered redirect target refused (an expired signed CDN URL): resolve the original URL again
         self._location = self.url
-        return self._range_get(self.url, start, end, deadline)
+        return self._asked_twice(self.url, start, end, deadline)
 
-    def _range_get(self, url: str, start: int, end: int, deadline: float) -> list[bytes]:
-        answer = self._client.send("GET", url, {"Range": f"bytes={start}-{end - 1}"}, deadline, self.url)
+    def _asked_twice(self, url: str, start: int, end: int, deadline: float) -> list[bytes]:
+        """``_range_get``, with an odd answer asked again at once on a fresh connection (see the module
+        docstring): the second answer's bytes, or its error when it is wrong the same way as the first."""
+        try:
+            return self._range_get(url, start, end, deadline)
+        except OddAnswer as first:
+            try:
+                return self._range_get(url, start, end, deadline, fresh=True)
+            except OddAnswer as second:
+                if second.signature == first.signature:
+                    raise second.final from None
+                raise Retryable(f"two different wrong answers: {first}; then {second}") from None
+
+    def _range_get(self, url: str, start: int, end: int, deadline: float, fresh: bool = False) -> list[bytes]:
+        answer = self._client.send("GET", url, {"Range": f"bytes={start}-{end - 1}"}, deadline, self.url, fresh)
         resp, headers = answer.resp, answer.resp.headers
         if resp.status == 206:
-            got = _content_range(headers, self.name)
+            try:
+                got = _content_range(headers, self.name)
+            except CheckpointError as exc:
+                raise _odd(resp, ("content-range", headers.get("content-range")), exc) from None
             if got[2] is not None and got[2] != self.size:
-                _discard(resp)
-                raise Changed(f"its size is now {got[2]} bytes, was {self.size}")
+                raise _odd(resp, ("total", got[2]), Changed(f"its size is now {got[2]} bytes, was {self.size}"))
             self._check_validator(resp, headers, answer)
             answered()  # the bytes' version is fixed: a version check from now on covers them
             if got[0] != start or got[1] != end - 1:
-                _discard(resp)
-                raise CheckpointError(self.name, start, f"asked for bytes {start}-{end - 1}, the server sent "
-                                                        f"{got[0]}-{got[1]}")
+                raise _odd(resp, ("range", got[0], got[1]), CheckpointError(
+                    self.name, start, f"asked for bytes {start}-{end - 1}, the server sent {got[0]}-{got[1]}"))
         elif resp.status == 200:
             length = headers.get("content-length")
             whole = length is not None and length.isdigit() and int(length) == self.size
             if not (whole and start == 0 and end == self.size):
-                _discard(resp)
                 if whole or length is None:
-                    raise CheckpointError(self.name, start, "the server does not support Range requests "
-                                                            "(it answered 200 with the whole file)")
-                raise Changed(f"the server answered 200 with {length} bytes, the file had {self.size}")
+                    raise _odd(resp, ("200", length), CheckpointError(
+                        self.name, start, "the server does not support Range requests (it answered 200 with the "
+                                          "whole file)"))
+                raise _odd(resp, ("200", length),
+                           Changed(f"the server answered 200 with {length} bytes, the file had {self.size}"))
             self._check_validator(resp, headers, answer)
             answered()
         elif resp.status == 416:
-            _finish_small(resp)
-            raise Changed("the byte range is no longer satisfiable (HTTP 416)")
+            raise _odd(resp, ("416",), Changed("the byte range is no longer satisfiable (HTTP 416)"))
         else:
             error = status_error(self.name, start, resp.status, resp.reason or "", self.credentials, headers,
                                  self.scheme)
@@ -443,8 +484,7 @@ class HttpSource(RemoteSource):
             # CDN's ETag for the same bytes. Later reads compare with this one.
             self.validator = now
             return
-        _discard(resp)
-        raise Changed(f"validator {now} differs from {self.validator}")
+        raise _odd(resp, ("validator", now), Changed(f"validator {now} differs from {self.validator}"))
 
     def _read_body(self, resp, expected: int, deadline: float) -> bytes:
         """Exactly ``expected`` body bytes; each wait bounded by the stall timeout, the whole by ``deadline``."""
@@ -495,6 +535,12 @@ class HttpSource(RemoteSource):
             raise Retryable(f"long body: more than {expected} bytes")
         resp.release_conn()
         return parts
+
+
+def _odd(resp, signature: tuple, final: Exception) -> OddAnswer:
+    """An odd answer (see ``OddAnswer``), its body dropped unread with its connection."""
+    _discard(resp)
+    return OddAnswer(signature, final)
 
 
 def _origin_of(url: str) -> str:

@@ -44,7 +44,8 @@ class Admission(enum.Enum):
 class Outage:
     """One origin's state: when anything last came from it, and since when it is out (None: it is not)."""
 
-    def __init__(self) -> None:
+    def __init__(self, probe_interval: float = PROBE_INTERVAL_S) -> None:
+        self.probe_interval = probe_interval
         self._lock = threading.Lock()
         self.heard_at = time.monotonic()
         self.since: float | None = None
@@ -79,7 +80,7 @@ class Outage:
             now = time.monotonic()
             if self.since is None:
                 return Admission.ASK
-            if self._probing or now - self._probe_at < PROBE_INTERVAL_S:
+            if self._probing or now - self._probe_at < self.probe_interval:
                 return Admission.REFUSE
             self._probing, self._probe_at = True, now
             return Admission.PROBE
