@@ -37,7 +37,9 @@ def run(model: str | os.PathLike, mode: str = "mmap", n_predict: int = 24, threa
         raise ValueError(f"mode must be one of {MODES}, not {mode!r}")
     command = [str(probe or probe_path()), "-m", str(model), "--mode", mode, "-n", str(n_predict),
                "-t", str(threads), "-p", prompt]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+    # errors=surrogateescape: greedy text may end inside a UTF-8 sequence (byte tokens); kept byte for byte
+    done = subprocess.run(command, capture_output=True, text=True, errors="surrogateescape", timeout=timeout,
+                          stdin=subprocess.DEVNULL)
     if done.returncode != 0:
         raise RuntimeError(f"llama.cpp probe failed ({done.returncode}) on {model}: {done.stderr.strip()}")
     return json.loads(done.stdout.strip().splitlines()[-1])

@@ -108,11 +108,16 @@ def main() -> None:
 @click.option("--hf", is_flag=True, help="Add hf/: the GGUF as a Hugging Face model folder (needs ckptfs[hf]).")
 @click.option("--hf-dtype", type=click.Choice(["bfloat16", "float16", "float32"]), default="bfloat16",
               show_default=True, help="dtype of hf/model.safetensors.")
+@click.option("--gguf", is_flag=True,
+              help="Add gguf/model.gguf: a Hugging Face folder as llama.cpp's converter writes it "
+                   "(needs ckptfs[gguf]).")
+@click.option("--gguf-type", type=click.Choice(["auto", "f32", "f16", "bf16", "q8_0"]), default="auto",
+              show_default=True, help="Output type of gguf/model.gguf (auto: bf16 for a BF16 folder, else f16).")
 @click.option("--prefetch", is_flag=True,
               help="Once mounted, fetch every stored byte of a remote SRC into --cache-dir in the background.")
 @click.option("-v", "--verbose", is_flag=True, help="Verbose logging; tracebacks on errors.")
 def mount(src, mountpoint, foreground, options, cache_size, dtype, log_file, hf, hf_dtype, log_format, layout, metrics, manifest,
-          verbose, mirrors, timeout, stall_timeout, prefetch, **tiers):
+          verbose, mirrors, timeout, stall_timeout, prefetch, gguf, gguf_type, **tiers):
     """Mount checkpoint SRC read-only at MOUNTPOINT."""
     from ckptfs.fs.mount import MountError, MountRequest, run_mount
     from ckptfs.sources import is_url
@@ -125,8 +130,8 @@ def mount(src, mountpoint, foreground, options, cache_size, dtype, log_file, hf,
                                          timeout=timeout, stall_timeout=stall_timeout, **tiers)
         request = MountRequest(src=src, mountpoint=mountpoint, foreground=foreground, options=",".join(options),
                                open_options=open_options, log_file=log_file, hf=hf, hf_dtype=hf_dtype,
-                               verbose=verbose, log_format=log_format, metrics=metrics, layout=layout,
-                               prefetch=prefetch)
+                               gguf=gguf, gguf_type=gguf_type, verbose=verbose, log_format=log_format,
+                               metrics=metrics, layout=layout, prefetch=prefetch)
         code = run_mount(request)
     except (CheckpointError, MountError, OSError, ValueError) as exc:
         fail(exc, verbose)

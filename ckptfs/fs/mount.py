@@ -51,6 +51,8 @@ class MountRequest:
     verbose: bool = False
     hf: bool = False  # add hf/ (a Hugging Face folder) to a GGUF mount
     hf_dtype: str = "bfloat16"  # dtype of hf/model.safetensors
+    gguf: bool = False  # add gguf/model.gguf (the converter's GGUF) to a Hugging Face folder's mount
+    gguf_type: str = "auto"  # its output type: auto, f32, f16, bf16, q8_0
     log_format: str = "text"
     metrics: str | None = None  # [HOST:]PORT of the Prometheus exporter
     layout: str = "flat"  # --layout: "tree" makes dotted tensor names folders (ckptfs.tree.layout)
@@ -172,11 +174,13 @@ def _resolved(request: MountRequest) -> MountRequest:
 
 
 def _virtual_files(request: MountRequest) -> list:
-    """Providers after the defaults: model.gguf of a split GGUF set, and hf/ when asked for (issue 17)."""
+    """Providers after the defaults: model.gguf of a split GGUF set, hf/ and gguf/ when asked for."""
     from ckptfs.ggufmerge.provider import merged_gguf
+    from ckptfs.ggufview.provider import gguf_provider
     from ckptfs.hffolder.provider import hf_provider
 
-    return [merged_gguf] + ([hf_provider(request.hf_dtype)] if request.hf else [])
+    return ([merged_gguf] + ([hf_provider(request.hf_dtype)] if request.hf else [])
+            + ([gguf_provider(request.gguf_type)] if request.gguf else []))
 
 
 def _metrics_address(spec: str | None) -> tuple[str, int] | None:

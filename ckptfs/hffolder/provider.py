@@ -12,6 +12,7 @@ from collections.abc import Iterable
 
 from ckptfs.checkpoint.api import Checkpoint
 from ckptfs.tree.mount_tree import Entry, Provider
+from ckptfs.tree.optional import built_or_logged
 from ckptfs.hffolder import Unsupported, unavailable_reason
 
 log = logging.getLogger("ckptfs.hffolder")
@@ -29,14 +30,8 @@ def hf_provider(dtype: str = "bfloat16") -> Provider:
             return []
         from ckptfs.hffolder.folder import HfFolder
 
-        try:
-            folder = HfFolder(ck, dtype)
-        except Unsupported as exc:
-            log.warning("no %s/ folder: %s", HF_DIR, exc)
-            return []
-        except Exception as exc:  # noqa: BLE001 - a bug in the optional folder must not stop the mount
-            log.debug("building %s/ failed", HF_DIR, exc_info=True)
-            log.error("no %s/ folder: unexpected %s: %s", HF_DIR, type(exc).__name__, exc)
+        folder = built_or_logged(HF_DIR, lambda: HfFolder(ck, dtype), Unsupported, log)
+        if folder is None:
             return []
         return [Entry(f"{HF_DIR}/{name}", "hf", functools.partial(folder.__getitem__, name)) for name in folder]
 

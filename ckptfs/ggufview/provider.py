@@ -1,0 +1,50 @@
+"""The mount-tree provider of ``gguf/model.gguf`` (opt-in, ``--gguf``).
+
+The header is built when the mount is set up, so a folder it cannot serve (an architecture not in the
+table, a tokenizer not handled, a machine without ``ckptfs[gguf]``) gets no ``gguf/`` and one log line
+saying why; it never stops the mount.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+
+from ckptfs.checkpoint.api import Checkpoint
+from ckptfs.ggufview import GGUF_DIR, GGUF_FILE, Unsupported
+from ckptfs.tree.mount_tree import Entry, Provider
+from ckptfs.tree.optional import built_or_logged
+
+log = logging.getLogger("ckptfs.ggufview")
+
+
+def unavailable_reason() -> str | None:
+    """Why no folder can get ``gguf/`` on this machine (None when the optional libraries import)."""
+    try:
+        import gguf  # noqa: F401
+        import transformers  # noqa: F401
+    except ImportError as exc:
+        return f"{exc.name} is not installed: pip install 'ckptfs[gguf]'"
+    return None
+
+
+def build_view(ck: Checkpoint, output_type: str):
+    """The view, or Unsupported with the reason."""
+    reason = unavailable_reason()
+    if reason is not None:
+        raise Unsupported(reason)
+    from ckptfs.ggufview.view import VirtualGgufView
+
+    return VirtualGgufView(ck, output_type)
+
+
+def gguf_provider(output_type: str = "auto") -> Provider:
+    """A provider of ``gguf/model.gguf`` in ``output_type`` (auto, f32, f16, bf16, q8_0)."""
+
+    def provider(ck: Checkpoint) -> Iterable[Entry]:
+        view = built_or_logged(GGUF_DIR, lambda: build_view(ck, output_type), Unsupported, log)
+        if view is None:
+            return []
+        return [Entry(f"{GGUF_DIR}/{GGUF_FILE}", "file", lambda: view)]
+
+    return provider

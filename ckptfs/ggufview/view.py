@@ -1,0 +1,153 @@
+"""``gguf/model.gguf``: the header built at mount, each tensor's bytes produced per read.
+
+The header is gguf-py's ``GGUFWriter`` output (typed keys, tensor infos, offsets aligned as it aligns them)
+written into memory; the data section holds each tensor at its offset, zeros between. A read converts only
+the output rows it overlaps, from only the stored rows they come from (runs of adjacent rows read at once).
+"""
+
+from __future__ import annotations
+
+import bisect
+import io
+from pathlib import Path
+
+import numpy as np
+
+from ckptfs.checkpoint.api import Checkpoint
+from ckptfs.engine.views import HeaderBodyView
+from ckptfs.ggufview import Unsupported
+from ckptfs.ggufview.archs import architecture_of
+from ckptfs.ggufview.hparams import add_common_keys, block_count
+from ckptfs.ggufview.tensors import TensorPlan, convert, file_type_of, plan_tensors, stored_rows, widen
+from ckptfs.ggufview.vocab import add_llama_vocab
+
+
+def local_folder(ck: Checkpoint) -> Path:
+    """The local folder holding ``config.json`` (the tokenizer libraries read files there)."""
+    path = ck.passthrough.get("config.json")
+    if path is None or ck.format != "safetensors":
+        raise Unsupported("not a Hugging Face model folder (config.json and safetensors)")
+    if "://" in path:
+        raise Unsupported("only a local folder is served yet")
+    return Path(path).parent
+
+
+def _config(ck: Checkpoint) -> dict:
+    import json
+
+    path = ck.passthrough["config.json"]
+    with open(path, encoding="utf-8") as f:
+        config = json.load(f)
+    if not isinstance(config, dict):
+        raise Unsupported("config.json is not a JSON object")
+    return config
+
+
+class VirtualGgufView(HeaderBodyView):
+    """The GGUF file of a Hugging Face model folder, in ``output_type``."""
+
+    def __init__(self, ck: Checkpoint, output_type: str = "auto"):
+        import gguf
+
+        folder = local_folder(ck)
+        config = _config(ck)
+        arch = architecture_of(config)
+        self._sources = ck.sources
+        infos = [tensor.info for tensor in ck.tensors]
+        file_type = file_type_of(output_type, infos)
+        n_blocks = block_count(config)
+        self.plans = plan_tensors(arch, config, infos, file_type, n_blocks)
+        writer = gguf.GGUFWriter(path=None, arch=arch.name)
+        for plan in self.plans:
+            writer.add_tensor_info(plan.name, (*plan.info.shape[:-1], plan.cols) if plan.info.shape else (1,),
+                                   np.dtype(np.float32), plan.nbytes, raw_dtype=plan.qtype)
+        self._add_metadata(writer, folder, config, arch, file_type)
+        self.header, self._starts, self.size = _serialize(writer)
+
+    @staticmethod
+    def _add_metadata(writer, folder: Path, config: dict, arch, file_type: int) -> None:
+        """general.*, the architecture's keys and the tokenizer's, in the converter's order."""
+        import gguf
+
+        total = writer.get_total_parameter_count()
+        meta = gguf.Metadata.load(None, folder, None, total[0])
+        if meta.name is None:
+            meta.name = folder.name
+        if meta.size_label is None and total[0] > 0:
+            meta.size_label = gguf.size_label(*total)
+        writer.add_type(gguf.GGUFType.MODEL)
+        meta.set_gguf_meta_model(writer)
+        add_common_keys(writer, config, file_type)
+        arch.extra_keys(writer, config)
+        writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
+        add_llama_vocab(writer, folder, config)
+
+    def body_segments(self, d0: int, d1: int) -> list[bytes]:
+        """Bytes [d0, d1) after the header: each tensor's rows converted, zeros between tensors."""
+        hlen = len(self.header)
+        pos, end, parts = d0 + hlen, d1 + hlen, []
+        i = max(0, bisect.bisect_right(self._starts, pos) - 1)
+        while pos < end:
+            if i >= len(self.plans) or pos < self._starts[i]:
+                stop = min(end, self._starts[i] if i < len(self.plans) else end)
+                parts.append(bytes(stop - pos))
+                pos = stop
+                continue
+            plan, start = self.plans[i], self._starts[i]
+            if pos < start + plan.nbytes:
+                stop = min(end, start + plan.nbytes)
+                parts.append(self._tensor_bytes(plan, pos - start, stop - start))
+                pos = stop
+            i += 1
+        return parts
+
+    def _tensor_bytes(self, plan: TensorPlan, b0: int, b1: int) -> bytes:
+        """Bytes [b0, b1) of one converted tensor."""
+        r0, r1 = b0 // plan.row_bytes, -(-b1 // plan.row_bytes)
+        rows = stored_rows(plan, r0, r1)
+        data = read_rows(self._sources.get(plan.info.source), plan, rows)
+        out = convert(plan, widen(data, plan.info.storage_type, len(rows), plan.cols))
+        skip = b0 - r0 * plan.row_bytes
+        return out[skip: skip + b1 - b0]
+
+
+def read_rows(source, plan: TensorPlan, rows: np.ndarray) -> bytes:
+    """The stored bytes of ``rows`` in that order, each run of adjacent rows read at once."""
+    size = plan.stored_row_bytes
+    order = np.argsort(rows, kind="stable")
+    sorted_rows = rows[order]
+    chunks, run_start = {}, 0
+    for k in range(1, len(sorted_rows) + 1):
+        if k == len(sorted_rows) or sorted_rows[k] != sorted_rows[k - 1] + 1:
+            first, count = int(sorted_rows[run_start]), k - run_start
+            chunks[first] = source.pread(plan.info.offset + first * size, count * size)
+            run_start = k
+    buf = bytearray(len(rows) * size)
+    firsts = sorted(chunks)
+    for out_index, row in enumerate(rows.tolist()):
+        first = firsts[bisect.bisect_right(firsts, row) - 1]
+        at = (row - first) * size
+        buf[out_index * size:(out_index + 1) * size] = chunks[first][at: at + size]
+    return bytes(buf)
+
+
+def _serialize(writer) -> tuple[bytes, list[int], int]:
+    """The header gguf-py writes (magic to tensor infos, padded to the alignment), each tensor's absolute
+    start and the file's size (every tensor padded to the alignment, the last one too, as gguf-py writes
+    them), without touching a file: the writer's output stream is a buffer in memory."""
+    import gguf
+
+    buffer = io.BytesIO()
+    writer.fout = [buffer]
+    writer.state = gguf.WriterState.EMPTY
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_ti_data_to_file()
+    header = buffer.getvalue()
+    align = writer.data_alignment
+    header += bytes(-len(header) % align)
+    starts, pos = [], len(header)
+    for info in writer.tensors[0].values():
+        starts.append(pos)
+        pos += writer.ggml_pad(info.nbytes, align)
+    return header, starts, pos
