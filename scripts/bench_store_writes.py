@@ -1,15 +1,15 @@
 #!/usr/bin/env python3
 """What the ``--cache-dir`` store's write of fetched bytes costs against a downloader's, on this machine's disk.
 
-A warm-up (``ckptfs prefetch``) writes each run of fetched chunks as one authenticated entry file of the
-store (``DiskStore.put_parts``: a temporary file, one ``pwritev`` of header and chunks, a rename; the
-header's crc32 and HMAC-SHA256 computed first); a parallel downloader writes one file at offsets. This
-times, in one process and one thread, the same bytes written:
+A warm-up (``ckptfs prefetch``) writes each run of fetched chunks into the remote file's sparse file
+(``SparseStore.put_chunks``: one ``pwritev`` at the chunks' offsets, an ``fdatasync``, then their index
+records with each chunk's HMAC-SHA256); a parallel downloader writes one file at offsets. This times, in
+one process and one thread, the same bytes written:
 
-- ``store``: through ``DiskStore.put_parts``, as the warm-up does (entries of ``STORED_RUN`` chunks, 1 MiB,
+- ``store``: through ``SparseStore.put_chunks``, as the warm-up does (runs of ``STORED_RUN`` chunks, 1 MiB,
   unless ``--run-mib`` says otherwise);
-- ``entry files``: the same files written without checksums (create, ``pwritev``, rename): the file
-  system's share of ``store``;
+- ``entry files``: one file per run (create, ``pwritev``, rename), as the store's older format wrote them,
+  without checksums;
 - ``one file``: ``pwritev`` at offsets into one new file, as a downloader.
 
 Before each case, ``--deleted`` small files are created and deleted in the folder, as a bench round (or a
@@ -29,8 +29,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from ckptfs.cache.chunks import CHUNK, STORED_RUN, chunk_key, run_key  # noqa: E402
-from ckptfs.cache.disk import DiskStore  # noqa: E402
+from ckptfs.cache.chunks import CHUNK, STORED_RUN  # noqa: E402
+from ckptfs.cache.sparse_store import SparseStore  # noqa: E402
 
 
 def _leave_deleted(folder: Path, count: int) -> None:
@@ -43,15 +43,17 @@ def _leave_deleted(folder: Path, count: int) -> None:
 
 
 def _store(folder: Path, runs: int, parts: list[bytes]) -> None:
-    store = DiskStore(folder, 1 << 50, "bytes")
+    store = SparseStore(folder, 1 << 50)
     per_run = len(parts)
     for r in range(runs):
-        if not store.put_parts(run_key(chunk_key("bench-content", r * per_run)), parts):
-            raise RuntimeError("the store refused an entry (see its log)")
-    for r in {0, runs - 1}:  # what was timed is the store's real entries: they read back, MAC checked
-        values = store.get_array(run_key(chunk_key("bench-content", r * per_run)))
-        if values is None or values.tobytes() != b"".join(parts):
-            raise RuntimeError(f"entry {r} did not read back as written")
+        if not store.put_chunks("bench-content", r * per_run, parts, runs * per_run):
+            raise RuntimeError("the store refused a run of chunks (see its log)")
+    for r in {0, runs - 1}:  # what was timed is the store's real chunks: they read back, MAC checked
+        for k, part in enumerate(parts):
+            if store.get("bench-content", r * per_run + k) != part:
+                raise RuntimeError(f"run {r} did not read back as written")
+    if store.sealed_path("bench-content") is None:
+        raise RuntimeError("the store's file was not sealed once complete")
 
 
 def _entry_files(folder: Path, runs: int, parts: list[bytes]) -> None:

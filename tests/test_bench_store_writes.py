@@ -1,4 +1,4 @@
-"""scripts/bench_store_writes.py runs its three cases, and its store case writes entries that read back."""
+"""scripts/bench_store_writes.py runs its three cases, and its store case writes chunks that read back, sealed."""
 
 from __future__ import annotations
 

@@ -37,7 +37,7 @@ from servers import Nginx, data_ranges, free_port, require_nginx  # noqa: E402
 
 from ckptfs.cache.chunks import CHUNK  # noqa: E402
 from ckptfs.cache.disk import DiskStore  # noqa: E402
-from ckptfs.cache.entry import HEADER_SIZE  # noqa: E402
+from ckptfs.cache.sparse_store import HEADER_SIZE as SPARSE_HEADER, RECORD  # noqa: E402
 
 MiB = 1 << 20
 
@@ -68,10 +68,13 @@ def origin(tmp_path_factory):
 
 
 def _stored_chunks(cache: Path) -> int:
-    """The chunks the folder's entries hold: an entry is one chunk, or a run of up to four fetched together
-    (``chunks.STORED_RUN``), its size the 64-byte header and its chunks' bytes."""
-    entries = [p for p in (cache / "bytes").glob("*/*.e") if not p.name.startswith(".")]
-    return sum(-(-(p.stat().st_size - HEADER_SIZE) // CHUNK) for p in entries)
+    """The chunks the folder's store holds: the present records of every remote file's index
+    (``sparse_store.py``: 24 bytes per chunk after a 64-byte header, a non-zero length for a stored one)."""
+    count = 0
+    for index in (cache / "remote").glob("*/*.idx"):
+        raw = index.read_bytes()[SPARSE_HEADER:]
+        count += sum(1 for at in range(0, len(raw) - RECORD + 1, RECORD) if raw[at + 16: at + 20] != bytes(4))
+    return count
 
 
 def _assert_values_equal_gguf_py(mnt: Path, paths: list[str]) -> int:
@@ -163,7 +166,7 @@ def test_an_interrupted_run_is_finished_by_the_next_fetching_only_the_rest(origi
         runner.start()
         try:
             # a first piece is in (entries looked for, not a store made on the folder the run is creating) ...
-            assert wait_until(lambda: any(not p.name.startswith(".") for p in cache.glob("bytes/*/*")), timeout=60)
+            assert wait_until(lambda: _stored_chunks(cache) > 0, timeout=60)
         finally:
             proxy.always("403")  # ... then the origin refuses everything
             runner.join(120)

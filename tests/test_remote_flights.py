@@ -16,12 +16,13 @@ from __future__ import annotations
 import os
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
 pytest.importorskip("urllib3")
 
-from ckptfs.cache.chunks import CHUNK, MEMORY, STORED_RUN, chunk_key  # noqa: E402
+from ckptfs.cache.chunks import CHUNK, MEMORY, chunk_key  # noqa: E402
 from ckptfs.sources import Opener  # noqa: E402
 from ckptfs.sources.remote.transport import RemoteOptions  # noqa: E402
 from ckptfs.sources.remote.warmup import warm  # noqa: E402
@@ -76,8 +77,10 @@ def test_a_warm_up_stores_its_chunks_without_filling_the_memory_cache(origin, tm
     keys = [chunk_key(source.content_id(), i) for i in range(chunks)]
     assert not any(key in MEMORY for key in keys)  # the readers' LRU holds none of the warm-up's chunks
     assert source.unstored_chunks() == []  # every one is in the store ...
-    entries = list((tmp_path / "cache" / "bytes").glob("*/*.e"))
-    assert len(entries) == chunks // STORED_RUN  # ... as one entry per aligned run of 4 chunks, not 48 files
-    at = 5 * MiB + 12345  # a read inside a run: its chunk from the run's entry
+    sealed = source._cache.disk.sealed_path(source.content_id())  # ... as one sealed file, not 48 entries
+    assert sealed is not None and Path(sealed).read_bytes() == data
+    assert {p.name for p in (tmp_path / "cache" / "remote").glob("*/*")} == {Path(sealed).name,
+                                                                             Path(sealed).with_suffix(".idx").name}
+    at = 5 * MiB + 12345  # a read inside a run: its chunk from the store
     assert source.pread(at, 4096) == data[at:at + 4096]
     assert source.pread(0, len(data)) == data  # and each reads back as the file's bytes, from the store

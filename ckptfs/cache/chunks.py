@@ -3,11 +3,12 @@ optionally the fleet's Redis (``--redis``/``--redis-cluster``).
 
 Remote bytes are cached in fixed, aligned chunks (``CHUNK`` bytes; the last chunk of a file may be shorter)
 keyed by the source's content identity and the chunk number, so a chunk can never be served for another
-file or another version of the same file (in the disk store, the chunks of a run fetched together are one
-entry per aligned run of ``STORED_RUN``: see there). The memory LRU is shared by every remote source of the process;
-the disk store (``--cache-dir``, shared by every ckptfs process on the machine) makes a remount or a second
-process find the bytes without a request. A disk store that fails costs speed, never a read: its errors are
-swallowed here (the store itself logs and counts them).
+file or another version of the same file. The memory LRU is shared by every remote source of the process;
+the store (``--cache-dir``, shared by every ckptfs process on the machine, behind the ``ChunkStore``
+protocol: one sparse file per remote file, ``sparse_store.py``) makes a remount or a second process find
+the bytes without a request, and its byte-range leases make the processes of one machine fetch each chunk
+once. A store that fails costs speed, never a read: its errors are swallowed here (the store itself logs
+and counts them).
 
 The shared level (``shared_tier``): a Redis tier of the namespace ``BYTES`` (``ckptfs:b1:<digest>``, leases
 ``ckptfs:bl1:<digest>``; the decoded groups' entry format, checks and key, ``entry.py``, ``auth.py``), so a
@@ -28,37 +29,31 @@ import threading
 
 import numpy as np
 
+from ckptfs.cache import sparse_store
+from ckptfs.cache.chunk_store import ChunkStore
 from ckptfs.cache.keys import CacheKey
 from ckptfs.cache.lru import BytesLRU
 from ckptfs.cache.redis_tier import Namespace
+from ckptfs.cache.sparse_store import DEFAULT_MIN_FREE, SparseStore
 
 log = logging.getLogger(__name__)
 
 #: Cache and fetch unit. A random read fetches only the chunks covering it (a block group of stored bytes is
 #: at most 256 KiB, so at most two chunks); a sequential reader's read-ahead fetches many in one request.
-CHUNK = 256 * 1024
+CHUNK = sparse_store.CHUNK
 #: Twice what remote read-ahead keeps ahead of its reader (128 MiB): chunks that landed ahead of a reader are
 #: not evicted by the ones it just read.
 DEFAULT_MEMORY_BYTES = 256 * 1024 * 1024
 
 
-#: Chunks fetched together are kept in the ``--cache-dir`` store as one entry per aligned run of this many
-#: (chunks ``4g .. 4g + 3``, 1 MiB; the file's last run may be shorter), not one file per 256 KiB chunk: a
-#: warm-up or a stream creates a quarter of the files (each a new inode, an open, a header, a MAC), and a
-#: 42 GB checkpoint is 42,000 entries, not 168,000. A chunk fetched alone (a random read) is an entry of its
-#: own, as before; a lookup asks for the run's entry, then the chunk's.
+#: Chunks fetched together are fetched and written as runs; this many (1 MiB) is what a warm-up asks the
+#: store to have room for at least (``ckptfs.sources.remote.warmup``).
 STORED_RUN = 4
 
 
 def chunk_key(content_id: str, index: int) -> CacheKey:
     """The key of fetched chunk ``index`` (bytes ``index * CHUNK`` on) of the file ``content_id``."""
     return CacheKey(content_id, 0, "bytes", "raw", index, index + 1)
-
-
-def run_key(key: CacheKey) -> CacheKey:
-    """The store key of the aligned run of ``STORED_RUN`` chunks that holds chunk ``key``."""
-    first = key.start - key.start % STORED_RUN
-    return key.with_range(first, first + STORED_RUN)
 
 
 class MemoryChunks(BytesLRU):
@@ -74,28 +69,27 @@ class MemoryChunks(BytesLRU):
 
 MEMORY = MemoryChunks()
 
-_stores: dict[tuple[str, int, str | None], object] = {}
+_stores: dict[tuple, object] = {}
 _stores_lock = threading.Lock()
 
 
-def disk_store(root: str | None, max_bytes: int, key_file: str | None = None):
-    """The shared ``DiskStore(root, max_bytes, namespace="bytes", key_file)`` for ``--cache-dir`` (one per
-    process, directory and key), or None when no directory is set or the store cannot be made (a folder this
-    user must not trust included: its bytes are then fetched, never read from it). Its entries are
-    authenticated like the decoded groups' (``auth.py``)."""
+def disk_store(root: str | None, max_bytes: int, key_file: str | None = None,
+               min_free: float = DEFAULT_MIN_FREE) -> ChunkStore | None:
+    """The shared ``SparseStore`` of fetched bytes for ``--cache-dir`` (one per process, directory, bound and
+    key; ``sparse_store.py``), or None when no directory is set or the store cannot be made (a folder this
+    user must not trust included: its bytes are then fetched, never read from it)."""
     if not root:
         return None
+    spec = (root, max_bytes, key_file, min_free)
     with _stores_lock:
-        store = _stores.get((root, max_bytes, key_file))
+        store = _stores.get(spec)
         if store is None:
             try:
-                from ckptfs.cache.disk import DiskStore
-
-                store = DiskStore(root, max_bytes, namespace="bytes", key_file=key_file)
+                store = SparseStore(root, max_bytes, key_file=key_file, min_free=min_free)
             except Exception as exc:  # noqa: BLE001 - a cache that cannot open costs speed, not the read
                 log.warning("remote byte cache in %s not used: %s", root, exc)
                 store = False
-            _stores[(root, max_bytes, key_file)] = store
+            _stores[spec] = store
     return store or None
 
 
@@ -151,6 +145,9 @@ def _fresh_locks_in_child() -> None:
     global _stores_lock
     MEMORY.reset_lock()
     _stores_lock = threading.Lock()
+    for store in _stores.values():
+        if store:
+            store.forget_files()  # the parent's open files hold the parent's leases
 
 
 if hasattr(os, "register_at_fork"):
@@ -158,151 +155,150 @@ if hasattr(os, "register_at_fork"):
 
 
 class ChunkCache:
-    """Memory first, then the disk store (when given); what is found on disk is promoted to memory. ``shared``
-    (a ``shared_tier``, when given) is the level below both, asked in batches by the source itself
-    (``lookup``, ``lease``, ``wait``, ``release``): what it answers is kept in memory and on disk, and what
-    is ``put`` goes to it too."""
+    """Memory first, then the chunk store (``disk``, a ``ChunkStore`` when given); what is found in the store
+    is promoted to memory. ``redis`` (a ``shared_tier``, when given) is the level below both. The source
+    asks the coordination level in batches (``lookup``, ``lease``, ``wait``, ``release``): the store's
+    byte-range leases keep the processes of one machine to one fetch per chunk, the Redis tier's leases
+    (when present) the machines of a fleet; what it answers is kept in memory and in the store, and what is
+    ``put`` goes to Redis too."""
 
-    def __init__(self, disk=None, memory: MemoryChunks = MEMORY, shared=None):
+    def __init__(self, disk: ChunkStore | None = None, memory: MemoryChunks = MEMORY, shared=None):
         self.memory = memory
         self.disk = disk
-        self.shared = shared
+        self.redis = shared
+        self._redis_waits: set[CacheKey] = set()  # leased in the store, waited for in Redis
+        self._lock = threading.Lock()
+
+    @property
+    def shared(self):
+        """The coordination level: the Redis tier when there is one, else the store (None: neither, and a
+        source fetches what it lacks without asking)."""
+        return self.redis if self.redis is not None else self.disk
 
     def get(self, key: CacheKey) -> bytes | None:
         data = self.memory.get(key)
         if data is not None or self.disk is None:
             return data
-        try:
-            data = self._from_run(key) if self.disk.contains(run_key(key)) else self.disk.get(key)
-        except Exception as exc:  # noqa: BLE001 - see the module docstring
-            log.debug("disk cache get failed: %s", exc)
-            return None
+        data = self._store(self.disk.get, None, key.content_id, key.start)
         if data is not None:
-            data = bytes(data)
             self.memory.put(key, data)
         return data
 
-    def _from_run(self, key: CacheKey) -> bytes | None:
-        """Chunk ``key`` from its run's store entry; the run's other chunks go to memory too (a reader of one
-        usually reads its neighbours)."""
-        run = run_key(key)
-        values = self.disk.get_array(run)
-        if values is None:
-            return self.disk.get(key)
-        payload = memoryview(values).cast("B")
-        found = None
-        for k, at in enumerate(range(0, len(payload), CHUNK)):
-            chunk = payload[at: at + CHUNK].tobytes()
-            if run.start + k == key.start:
-                found = chunk
-            else:
-                self.memory.put(key.with_range(run.start + k, run.start + k + 1), chunk)
-        return found
-
     def has(self, key: CacheKey) -> bool:
-        """In memory or on disk (read-ahead must not fetch what the disk store holds)."""
+        """In memory or in the store (read-ahead must not fetch what the store holds)."""
         return key in self.memory or self.stored(key)
 
     def stored(self, key: CacheKey) -> bool:
-        """In the disk store: an entry of its own or its run's (what this process holds in memory aside)."""
+        """In the store (what this process holds in memory aside)."""
         return key.start in self.stored_chunks(key.content_id, (key.start,))
 
     def held(self, content_id: str, indexes) -> set[int]:
-        """Of the chunks ``indexes`` (sorted) of the file ``content_id``, those in memory or in the disk store:
-        ``has`` for many chunks at once (read-ahead and a warm-up claim pieces of up to a few hundred)."""
+        """Of the chunks ``indexes`` of the file ``content_id``, those in memory or in the store: ``has`` for
+        many chunks at once (read-ahead and a warm-up claim pieces of up to a few hundred)."""
         found = {i for i in indexes if chunk_key(content_id, i) in self.memory}
         return found | self.stored_chunks(content_id, [i for i in indexes if i not in found])
 
     def stored_chunks(self, content_id: str, indexes) -> set[int]:
-        """Of the chunks ``indexes`` (sorted) of the file ``content_id``, those the disk store holds: ``stored``
-        for many chunks at once, asking once per aligned run (a warm-up checks a whole checkpoint's chunks
-        several times: 168,000 for a 42 GB one), and for a chunk's own entry only where its run has none."""
-        found: set[int] = set()
+        """Of the chunks ``indexes`` of the file ``content_id``, those the store holds (one read of its index)."""
         if self.disk is None:
-            return found
-        run_start, run_stored = -1, False
-        try:
-            for i in indexes:
-                if i - i % STORED_RUN != run_start:
-                    run_start = i - i % STORED_RUN
-                    run_stored = self.disk.contains(run_key(chunk_key(content_id, run_start)))
-                if run_stored or self.disk.contains(chunk_key(content_id, i)):
-                    found.add(i)
-        except Exception:  # noqa: BLE001 - see the module docstring: what could not be asked is not stored
-            pass
-        return found
+            return set()
+        return self._store(self.disk.stored_chunks, set(), content_id, indexes)
 
     def put_run(self, keys: list[CacheKey], parts: list[bytes], chunks: int, memory: bool = True) -> None:
-        """``put`` of consecutive chunks fetched together (``parts[k]`` for ``keys[k]``) of a file of ``chunks``
-        chunks: each aligned run of ``STORED_RUN`` among them (or the file's last run, when they reach its end)
-        becomes one store entry, the others an entry each."""
-        grouped: set[int] = set()
-        if self.disk is not None and keys:
-            first, end = keys[0].start, keys[0].start + len(parts)
-            for g in range(-(-first // STORED_RUN) * STORED_RUN, end, STORED_RUN):
-                stop = min(g + STORED_RUN, chunks)
-                if stop > end:
-                    break
-                if stop - g < 2:
-                    continue  # a last run of one chunk: an entry of its own
-                run = parts[g - first: stop - first]
-                try:
-                    written = self.disk.put_parts(run_key(keys[g - first]), run)
-                except Exception as exc:  # noqa: BLE001 - see the module docstring
-                    log.debug("disk cache put failed: %s", exc)
-                    written = False
-                if written:  # else its chunks are offered one by one below
-                    grouped.update(range(g - first, stop - first))
-        for k, (key, data) in enumerate(zip(keys, parts)):
-            if k in grouped:  # on disk already, in its run's entry
-                if memory:
-                    self.memory.put(key, data)
-                self._share(key, data)
-            else:
-                self.put(key, data, memory=memory)
+        """``put`` of consecutive chunks fetched together (``parts[k]`` for ``keys[k]``) of a file of
+        ``chunks`` chunks: one write to the store."""
+        if not keys:
+            return
+        if self.disk is not None:
+            self._store(self.disk.put_chunks, False, keys[0].content_id, keys[0].start, parts, chunks)
+        for key, data in zip(keys, parts):
+            if memory or self.disk is None:
+                self.memory.put(key, data)
+            self._share(key, data)
 
-    def put(self, key: str, data: bytes, persist: bool = True, memory: bool = True) -> None:
-        """Keep ``data`` (fetched from the origin) in memory, on disk with ``persist``, and in the shared tier.
-        ``memory=False`` (a warm-up's bytes, fetched for the store): not in the memory LRU when the disk store
-        takes them, so a whole checkpoint streaming into the store does not evict what readers use."""
+    def put(self, key: CacheKey, data: bytes, persist: bool = True, memory: bool = True) -> None:
+        """Keep ``data`` (fetched from the origin) in memory, in the store with ``persist``, and in the shared
+        tier. ``memory=False`` (a warm-up's bytes, fetched for the store): not in the memory LRU when the
+        store takes them, so a whole checkpoint streaming into the store does not evict what readers use."""
         self._keep(key, data, persist, memory)
         self._share(key, data)
 
-    def _share(self, key: str, data: bytes) -> None:
-        if self.shared is not None:
-            self._shared("put", key, np.frombuffer(data, np.uint8))
+    def _share(self, key: CacheKey, data: bytes) -> None:
+        if self.redis is not None:
+            self._redis(self.redis.put, key, np.frombuffer(data, np.uint8))
 
-    def _keep(self, key: str, data: bytes, persist: bool = True, memory: bool = True) -> None:
+    def _keep(self, key: CacheKey, data: bytes, persist: bool = True, memory: bool = True) -> None:
         if memory or not persist or self.disk is None:
             self.memory.put(key, data)
         if persist and self.disk is not None:
-            try:
-                self.disk.put(key, data)
-            except Exception as exc:  # noqa: BLE001 - see the module docstring
-                log.debug("disk cache put failed: %s", exc)
+            self._store(self.disk.put_chunks, False, key.content_id, key.start, [data], None)
 
-    # -- the shared level -----------------------------------------------------------------------------
-    def lookup(self, keys: list[str]) -> list[bytes | None]:
-        """The shared tier's chunks for ``keys`` (None for each it lacks), one round trip per endpoint."""
-        return self._taken(keys, self._shared("get_many", keys))
+    # -- the coordination level -----------------------------------------------------------------------
+    def lookup(self, keys: list[CacheKey]) -> list[bytes | None]:
+        """The chunks the store (stored since the caller looked) or the Redis tier hold for ``keys`` (None
+        for each they lack), one round trip per Redis endpoint."""
+        out: list[bytes | None] = [None] * len(keys)
+        if self.disk is not None and keys:
+            stored = self.stored_chunks(keys[0].content_id, [key.start for key in keys])
+            for k, key in enumerate(keys):
+                if key.start in stored:
+                    out[k] = self.get(key)
+        missing = [k for k, value in enumerate(out) if value is None]
+        if self.redis is not None and missing:
+            asked = [keys[k] for k in missing]
+            for k, value in zip(missing, self._taken(asked, self._redis(self.redis.get_many, asked))):
+                out[k] = value
+        return out
 
-    def lease(self, keys: list[str], ms: int | None = None) -> list[bool]:
-        """For each of ``keys``: True when this process should fetch it (it holds its lease now, for ``ms``,
-        or the tier cannot say), False when another process is fetching it (``wait`` for it)."""
-        won = self._shared("lease_many", keys, ms)
-        return list(won) if won is not None else [True] * len(keys)
+    def lease(self, keys: list[CacheKey], ms: int | None = None) -> list[bool]:
+        """For each of ``keys`` (chunks of one file): True when this process should fetch it (it holds its
+        lease in the store and in Redis, for ``ms``, or they cannot say), False when another process is
+        fetching it (``wait`` for it)."""
+        won = [True] * len(keys)
+        if self.disk is not None and keys:
+            won = self._store(self.disk.lease, won, keys[0].content_id, [key.start for key in keys])
+        local = [key for key, w in zip(keys, won) if w]
+        if self.redis is not None and local:
+            remote = self._redis(self.redis.lease_many, local, ms)
+            remote = list(remote) if remote is not None else [True] * len(local)
+            lost = {key for key, w in zip(local, remote) if not w}
+            with self._lock:
+                self._redis_waits |= lost
+            won = [w and key not in lost for key, w in zip(keys, won)]
+        return won
 
-    def wait(self, keys: list[str], timeout: float) -> list[bytes | None]:
+    def wait(self, keys: list[CacheKey], timeout: float) -> list[bytes | None]:
         """Chunks other processes fetch under their leases, once stored; None for each whose lease ended
         without a value, or past ``timeout``: fetch those here."""
-        return self._taken(keys, self._shared("wait_many", keys, timeout))
+        with self._lock:
+            remote = [key for key in keys if key in self._redis_waits]
+            self._redis_waits.difference_update(remote)
+        local = [key for key in keys if key not in set(remote)]
+        found: dict[CacheKey, bytes | None] = {}
+        if remote:
+            found.update(zip(remote, self._taken(remote, self._redis(self.redis.wait_many, remote, timeout))))
+            if self.disk is not None:  # (the store's leases of the chunks Redis answered went with their put)
+                self._store(self.disk.release, None, remote[0].content_id,
+                            [key.start for key in remote if found[key] is None])
+        if local and self.disk is not None:
+            values = self._store(self.disk.wait, [None] * len(local), local[0].content_id,
+                                 [key.start for key in local], timeout)
+            for key, value in zip(local, values):
+                found[key] = value
+                if value is not None:
+                    self.memory.put(key, value)
+        return [found.get(key) for key in keys]
 
-    def release(self, keys: list[str]) -> None:
+    def release(self, keys: list[CacheKey]) -> None:
         """Give up the leases of ``keys`` unfetched (the fetch failed): their waiters fetch them at once."""
-        if keys:
-            self._shared("release_many", keys)
+        if not keys:
+            return
+        if self.disk is not None:
+            self._store(self.disk.release, None, keys[0].content_id, [key.start for key in keys])
+        if self.redis is not None:
+            self._redis(self.redis.release_many, keys)
 
-    def _taken(self, keys: list[str], values) -> list[bytes | None]:
+    def _taken(self, keys: list[CacheKey], values) -> list[bytes | None]:
         out: list[bytes | None] = [None] * len(keys)
         for i, (key, value) in enumerate(zip(keys, values or ())):
             if value is not None:
@@ -310,11 +306,19 @@ class ChunkCache:
                 self._keep(key, out[i])
         return out
 
-    def _shared(self, method: str, *args):
-        if self.shared is None:
-            return None
+    def _store(self, method, failed, *args):
+        """``method(*args)``, a method of the store (``ChunkStore``); ``failed`` when it raises: a store that
+        fails (or a bug in it) costs speed, never a read."""
         try:
-            return getattr(self.shared, method)(*args)
+            return method(*args)
         except Exception as exc:  # noqa: BLE001 - see the module docstring
-            log.warning("shared chunk tier %s: %s failed: %s: %s", self.shared.name, method, type(exc).__name__, exc)
+            log.debug("chunk store %s failed: %s: %s", method.__name__, type(exc).__name__, exc)
+            return failed
+
+    def _redis(self, method, *args):
+        try:
+            return method(*args)
+        except Exception as exc:  # noqa: BLE001 - see the module docstring
+            log.warning("shared chunk tier %s: %s failed: %s: %s", self.redis.name, method.__name__,
+                        type(exc).__name__, exc)
             return None

@@ -146,3 +146,13 @@ def decode(key: str, data, offset: int = 0, mac_key: bytes | None = None) -> np.
     if values.flags.writeable:
         values.setflags(write=False)
     return values
+
+
+def chunk_mac(mac_key: bytes, file_digest: bytes, index: int, data) -> bytes:
+    """The ``MAC_SIZE``-byte MAC of chunk ``index`` (``data``, its bytes) of the stored file named by
+    ``file_digest`` (``key_digest`` of its content identity): a sparse store's per-chunk check
+    (``sparse_store.py``). The chunk's number and length are covered, so a chunk copied to another place or
+    cut short fails it."""
+    mac = hmac.new(mac_key, file_digest + struct.pack("<QI", index, memoryview(data).nbytes), hashlib.sha256)
+    mac.update(data)
+    return mac.digest()[:MAC_SIZE]

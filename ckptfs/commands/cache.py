@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
 import click
 
 from ckptfs.cache.auth import ENV_KEY_FILE, CacheRefused
 from ckptfs.cache.disk import DEFAULT_CACHE_DIR_SIZE, DiskStore
+from ckptfs.cache.sparse_store import NAMESPACE, SparseStore, folder_bytes
 from ckptfs.util.sizes import format_size, parse_size
 
 ENV_DIR = "CKPTFS_CACHE_DIR"
@@ -101,6 +103,11 @@ def _store(cache_dir: str | None, max_bytes: int = DEFAULT_CACHE_DIR_SIZE) -> Di
         raise click.ClickException(str(exc)) from None
 
 
+def _remote_store(cache_dir: str, max_bytes: int = DEFAULT_CACHE_DIR_SIZE) -> SparseStore:
+    """The folder's store of fetched remote bytes (checked by ``_store`` first)."""
+    return SparseStore(cache_dir, max_bytes, os.environ.get(ENV_KEY_FILE) or None)
+
+
 @click.group("cache")
 def cache_group() -> None:
     """Inspect or empty a --cache-dir folder."""
@@ -110,8 +117,9 @@ def cache_group() -> None:
 @cache_dir_option
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def cache_stats(cache_dir, as_json):
-    """Files and bytes per namespace (blocks: decoded groups, bytes: remote bytes, tensors: shared())."""
+    """Files and bytes per namespace (blocks: decoded groups, remote: remote files, tensors: shared())."""
     usage = _store(cache_dir).usage()
+    usage[NAMESPACE] = _remote_store(cache_dir).usage()
     total = {"files": sum(v["files"] for v in usage.values()), "bytes": sum(v["bytes"] for v in usage.values())}
     if as_json:
         click.echo(json.dumps({"cache_dir": cache_dir, "namespaces": usage, "total": total}, indent=2))
@@ -128,6 +136,10 @@ def cache_stats(cache_dir, as_json):
 def cache_prune(cache_dir, cache_dir_size):
     """Delete least recently used entries down to 90% of --cache-dir-size (and killed writers' leftovers)."""
     result = _store(cache_dir, cache_dir_size).prune()
+    remote = _remote_store(cache_dir, cache_dir_size).prune()
+    result["files"] += remote["files"]
+    result["bytes"] += remote["bytes"]
+    result["total"] = folder_bytes(Path(cache_dir))
     click.echo(f"removed {result['files']} files ({format_size(result['bytes'])}); "
                f"{format_size(result['total'])} left")
 
@@ -137,4 +149,6 @@ def cache_prune(cache_dir, cache_dir_size):
 def cache_clear(cache_dir):
     """Delete every entry (safe while mounts use the folder: they decode again)."""
     result = _store(cache_dir).clear()
+    remote = _remote_store(cache_dir).clear()
+    result = {key: result[key] + remote[key] for key in ("files", "bytes")}
     click.echo(f"removed {result['files']} files ({format_size(result['bytes'])})")

@@ -1,0 +1,41 @@
+"""The chunk-store protocol: where ``ChunkCache`` (``chunks.py``) keeps fetched remote chunks beyond memory.
+
+A store holds chunk ``i`` (bytes ``i * CHUNK`` on, the last one of a file shorter) of the remote file named
+by a content identity (``ckptfs.sources.identity``), and coordinates the processes of one machine so that
+each chunk is fetched once (``lease`` / ``wait`` / ``release``). Its one implementation is the sparse-file
+store (``sparse_store.py``); tests plug in others (a broken one: a store that fails costs speed, never a
+read, and ``ChunkCache`` swallows its errors).
+"""
+
+from __future__ import annotations
+
+from typing import Protocol, Sequence
+
+
+class ChunkStore(Protocol):
+    def get(self, content_id: str, index: int) -> bytes | None:
+        """Chunk ``index`` of the file, checked; None when absent or bad (a miss)."""
+
+    def put_chunks(self, content_id: str, first: int, parts: Sequence, chunks: int | None) -> bool:
+        """Store consecutive chunks ``first, first + 1, ...`` (``parts``) of a file of ``chunks`` chunks (None:
+        not known here); True when they are all stored. Gives up this process's leases of them."""
+
+    def stored_chunks(self, content_id: str, indexes) -> set[int]:
+        """Of the chunks ``indexes``, those the store holds (not checked against their MACs here)."""
+
+    def writes_paused(self) -> str | None:
+        """Why nothing is stored now (the file system full, ...), or None."""
+
+    def lease(self, content_id: str, indexes: Sequence[int]) -> list[bool]:
+        """For each chunk: True when this process now holds its lease (fetch it, then ``put_chunks`` or
+        ``release``), False when it is stored already or another process holds the lease (``wait``)."""
+
+    def wait(self, content_id: str, indexes: Sequence[int], timeout: float) -> list[bytes | None]:
+        """The chunks other processes fetch under their leases, once stored; None for each whose lease ended
+        without it being stored, or past ``timeout`` seconds."""
+
+    def release(self, content_id: str, indexes: Sequence[int]) -> None:
+        """Give up leases unfetched: their waiters fetch them."""
+
+    def stats(self) -> dict:
+        """This process's counters."""

@@ -1,0 +1,591 @@
+"""The ``--cache-dir`` store of fetched remote bytes: one sparse file per remote file, an index beside it.
+
+``DIR/remote/<2 hex>/<32 hex>.data`` holds the remote file's bytes at their own offsets (chunks never
+fetched are holes), ``.idx`` beside it what is present: a 64-byte header (magic and format version, the
+digest of the content identity the name comes from, the chunk count once known, the sealed flag, a crc32)
+then one 24-byte record per chunk: its MAC (``entry.chunk_mac`` under the folder's key, ``auth.py``), its
+length (0: absent) and when it was last used (minutes, the eviction clock).
+
+Why it is built this way:
+
+- **A chunk is a ``pwritev`` at its offset**, no temporary file, MAC'd entry and rename per chunk: a
+  warm-up writes a checkpoint as a downloader writes one file.
+- **A crash never marks absent bytes present.** A run of chunks is written to the data file and put on the
+  device (``sync_file_range``, waited for: the data pages, without the journal commit an ``fdatasync`` of a
+  filling sparse file costs), and only then are the chunks' records written; eviction clears a record (and
+  syncs the index) before it punches the chunk's hole. A power loss can lose records, never order a record
+  before its bytes; should the file system lose a chunk's block allocation anyway, its record's MAC fails on
+  read (dropped, a miss, fetched again), as it does for bytes damaged any other way.
+- **Sealed.** When a file's last absent chunk lands, the index is synced and its header marked sealed:
+  the file is complete and never written again; it is evicted only whole (``unlink``: processes that have it
+  open keep reading their copy).
+- **Eviction by what the disk holds** (``st_blocks``, holes free): a process that wrote ``max_bytes / 64``
+  since its last check walks the folder (every namespace counts, the decoded groups' entries too) and,
+  while the folder is over ``--cache-dir-size`` or its file system has less than ``--cache-dir-min-free``
+  percent free, drops the least recently used of: a chunk of an unsealed file (its hole punched) or a
+  whole sealed file, down to 90 % of the bound. The decoded groups' entries are pruned by their own store
+  (``disk.py``); one ``DIR/.lock`` keeps the prunes apart.
+- **One fetch per chunk per machine.** A fetcher takes a byte-range lease on the chunk's range of the data
+  file (``range_lease.py``: an open-file-description lock, so it holds between processes and vanishes
+  with a killed holder); others wait for the chunk's record, or fetch it once the lease ended without it.
+- **Format version.** The folder ``remote/`` and the index magic carry the version; chunks of the older
+  store (``bytes/``, one entry file per run) are ignored, with one log line, and pruned as any entry.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import logging
+import os
+import struct
+import threading
+import time
+import zlib
+from pathlib import Path
+
+from ckptfs.cache import auth, entry, range_lease
+from ckptfs.cache.counters import TierCounters
+from ckptfs.cache.disk import DiskStore, _folder_lock, _open_private, _scandir, _unlink
+from ckptfs.util.runs import runs as _runs
+
+log = logging.getLogger(__name__)
+
+CHUNK = 256 * 1024           # the store's chunk (``chunks.CHUNK``, which is this)
+NAMESPACE = "remote"
+OLD_NAMESPACE = "bytes"      # the previous format's folder of fetched chunks
+MAGIC = b"CKPTFSR3"          # format version 3 of fetched-byte storage
+DEFAULT_MIN_FREE = 5.0       # --cache-dir-min-free, percent of the file system
+LOW_WATER = 0.9
+TOUCH_AFTER_MIN = 1          # a hit refreshes its chunk's clock when it is older than this (minutes)
+LEASE_POLL_S = (0.002, 0.05)  # a waiter looks again after this long, doubling from the first to the second
+
+_HEADER = struct.Struct("<8s16sIIQB19x")   # magic, key digest, chunk size, chunks (0: not known), size, sealed
+HEADER_SIZE = 64                           # _HEADER (60 bytes) + its crc32
+_RECORD = struct.Struct("<16sII")          # MAC, length (0: absent), last use (minutes since the epoch)
+RECORD = _RECORD.size
+_USED_AT = 20                              # the last-use field's offset in a record
+
+FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE = 0x01, 0x02
+_libc = ctypes.CDLL(None, use_errno=True)  # the process's own C library
+_libc.fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
+
+
+def punch_hole(fd: int, offset: int, length: int) -> None:
+    """Free ``[offset, offset + length)`` of the file (reads as zeros; its size is kept)."""
+    if _libc.fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, offset, length) != 0:
+        code = ctypes.get_errno()
+        raise OSError(code, os.strerror(code))
+
+
+SYNC_FILE_RANGE_WAIT_BEFORE, SYNC_FILE_RANGE_WRITE, SYNC_FILE_RANGE_WAIT_AFTER = 1, 2, 4
+_libc.sync_file_range.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
+
+
+def write_out(fd: int, offset: int, length: int) -> None:
+    """Put ``[offset, offset + length)`` of the file on the device and wait for it (``sync_file_range``: the
+    data pages only, no journal commit, which is what makes ``fdatasync`` of a filling sparse file cost more
+    than the write)."""
+    flags = SYNC_FILE_RANGE_WAIT_BEFORE | SYNC_FILE_RANGE_WRITE | SYNC_FILE_RANGE_WAIT_AFTER
+    if _libc.sync_file_range(fd, offset, length, flags) != 0:
+        code = ctypes.get_errno()
+        raise OSError(code, os.strerror(code))
+
+
+def _minutes() -> int:
+    return int(time.time() // 60)
+
+
+class BadIndex(ValueError):
+    """An index file that is not this store's index of this file."""
+
+
+def _header(digest: bytes, chunks: int, size: int, sealed: bool) -> bytes:
+    head = _HEADER.pack(MAGIC, digest, CHUNK, chunks, size, int(sealed))
+    return head + struct.pack("<I", zlib.crc32(head) & 0xFFFFFFFF)
+
+
+def parse_header(data: bytes, digest: bytes) -> tuple[int, int, bool]:
+    """(chunks, size, sealed) of an index header written for ``digest``; BadIndex otherwise."""
+    if len(data) < HEADER_SIZE:
+        raise BadIndex(f"short index header ({len(data)} bytes)")
+    magic, found, chunk, chunks, size, sealed = _HEADER.unpack_from(data)
+    if magic != MAGIC:
+        raise BadIndex("bad magic")
+    if zlib.crc32(data[:_HEADER.size]) & 0xFFFFFFFF != struct.unpack_from("<I", data, _HEADER.size)[0]:
+        raise BadIndex("header checksum mismatch")
+    if found != digest or chunk != CHUNK:
+        raise BadIndex("index of another file")
+    return chunks, size, bool(sealed)
+
+
+class StoredFile:
+    """One remote file's data and index, open in this process (one open file description each: the
+    leases of this process are taken on ``data``)."""
+
+    def __init__(self, data_path: str, index_path: str, digest: bytes):
+        self.digest = digest
+        self.data_path, self.index_path = data_path, index_path
+        self.index = _open_private(index_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC)
+        try:
+            self.data = _open_private(data_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC)
+        except OSError:
+            os.close(self.index)
+            raise
+        self.lock = threading.Lock()
+        self.leases = 0  # leases this process holds on ``data`` (it is not closed while any are held)
+        self.chunks, self.size, self.sealed = self._read_header()
+
+    def _read_header(self) -> tuple[int, int, bool]:
+        range_lease.lock(self.index, 0, HEADER_SIZE)  # creators of one file agree on its header
+        try:
+            data = os.pread(self.index, HEADER_SIZE, 0)
+            if not data:
+                os.pwrite(self.index, _header(self.digest, 0, 0, False), 0)
+                return 0, 0, False
+            return parse_header(data, self.digest)
+        finally:
+            range_lease.unlock(self.index, 0, HEADER_SIZE)
+
+    def write_header(self) -> None:
+        os.pwrite(self.index, _header(self.digest, self.chunks, self.size, self.sealed), 0)
+
+    def records(self, first: int = 0, count: int | None = None) -> list[tuple[bytes, int, int]]:
+        """The records of chunks ``first .. first + count`` (all those written when ``count`` is None);
+        chunks past the index's end are absent."""
+        if count is None:
+            count = max(0, (os.fstat(self.index).st_size - HEADER_SIZE) // RECORD - first)
+        raw = os.pread(self.index, count * RECORD, HEADER_SIZE + first * RECORD)
+        raw += bytes(count * RECORD - len(raw))
+        return list(_RECORD.iter_unpack(raw))
+
+    def present(self) -> set[int]:
+        return {i for i, (_, length, _) in enumerate(self.records()) if length}
+
+    def gone(self) -> bool:
+        """Whether another process deleted (evicted) this file since it was opened."""
+        try:
+            return os.fstat(self.index).st_nlink == 0
+        except OSError:
+            return True
+
+    def close(self) -> None:
+        os.close(self.data)
+        os.close(self.index)
+
+
+class SparseStore:
+    """The store (see the module docstring); one per process and folder (``chunks.disk_store``), safe to
+    share between threads. The folder is created and checked here: ``auth.CacheRefused`` (one line) for one
+    this user must not trust, OSError for one that cannot be made."""
+
+    def __init__(self, root: str | os.PathLike, max_bytes: int, key_file: str | os.PathLike | None = None,
+                 min_free: float = DEFAULT_MIN_FREE):
+        self._mac_key = auth.folder_key(root, key_file)
+        self.root = Path(root)
+        self.dir = self.root / NAMESPACE
+        self._dir = os.fspath(self.dir) + os.sep
+        self.max_bytes = int(max_bytes)
+        self.min_free = float(min_free)
+        self._check_every = max(4 << 20, self.max_bytes // 64)
+        self._lock = threading.Lock()
+        self._files: dict[str, StoredFile] = {}
+        self._retired: list[StoredFile] = []  # files evicted by another process while open here
+        self._written_since_check = 0
+        self._checked_once = False
+        self._pruning = False
+        self._pruner_pid = os.getpid()
+        self._paused_until = 0.0
+        self._paused_why = ""
+        self._folder_bytes = 0
+        self._counters = TierCounters(log, ("hits", "misses", "hit_bytes", "stored", "stored_bytes", "corrupt",
+                                            "forged", "errors", "sealed", "lease_waits", "evicted_chunks",
+                                            "evicted_files"))
+        self._count, self._warn_once = self._counters.add, self._counters.warn_once
+        self._note_old_format()
+
+    def _note_old_format(self) -> None:
+        old = self.root / OLD_NAMESPACE
+        if any(True for sub in _scandir(old) for item in _scandir(sub.path) if item.name.endswith(".e")):
+            log.warning("cache dir %s: fetched chunks stored in the older format (%s/) are ignored and will be "
+                        "pruned (ckptfs cache clear removes them now)", self.root, OLD_NAMESPACE)
+
+    # -- files ---------------------------------------------------------------------------------------
+
+    def paths_for(self, content_id: str) -> tuple[str, str]:
+        """(data file, index file) of the remote file ``content_id``."""
+        digest = entry.key_digest(content_id).hex()
+        stem = f"{self._dir}{digest[:2]}{os.sep}{digest}"
+        return stem + ".data", stem + ".idx"
+
+    def _file(self, content_id: str, create: bool) -> StoredFile | None:
+        """This process's open ``StoredFile`` of ``content_id`` (opened, and with ``create`` created, as
+        needed; reopened when another process evicted it); None when absent and not ``create``."""
+        with self._lock:
+            f = self._files.get(content_id)
+        if f is not None and not f.gone():
+            return f
+        data_path, index_path = self.paths_for(content_id)
+        if not create and not os.access(index_path, os.F_OK):
+            return None
+        digest = entry.key_digest(content_id)
+        try:
+            fresh = StoredFile(data_path, index_path, digest)
+        except BadIndex as exc:
+            self._warn_once("corrupt", "cache dir %s: index %s (%s): deleted (further ones are counted, not "
+                            "logged)", self.root, os.path.basename(index_path), exc)
+            self._count(corrupt=1)
+            _unlink(index_path)
+            _unlink(data_path)
+            return None
+        with self._lock:
+            old = self._files.get(content_id)
+            if old is not None and old is not f:  # another thread reopened it first
+                fresh.close()
+                return old
+            self._files[content_id] = fresh
+        if f is not None:  # kept open: other threads may be reading it, and closing would drop its leases
+            self._retired.append(f)
+        return fresh
+
+    # -- reads ---------------------------------------------------------------------------------------
+
+    def get(self, content_id: str, index: int) -> bytes | None:
+        try:
+            f = self._file(content_id, create=False)
+            if f is None:
+                self._count(misses=1)
+                return None
+            (mac, length, used), = f.records(index, 1)
+            if not length:
+                self._count(misses=1)
+                return None
+            data = os.pread(f.data, length, index * CHUNK)
+            if len(data) != length or entry.chunk_mac(self._mac_key, f.digest, index, data) != mac:
+                self._drop_chunk(f, index, "corrupt" if len(data) != length else "forged")
+                return None
+            now = _minutes()
+            if now - used >= TOUCH_AFTER_MIN:
+                os.pwrite(f.index, struct.pack("<I", now), HEADER_SIZE + index * RECORD + _USED_AT)
+        except OSError as exc:
+            self._trouble("read", exc)
+            self._count(misses=1)
+            return None
+        self._count(hits=1, hit_bytes=length)
+        return data
+
+    def _drop_chunk(self, f: StoredFile, index: int, kind: str) -> None:
+        """A chunk whose bytes fail their MAC: its record cleared (a miss, fetched again)."""
+        self._warn_once(kind, "cache dir %s: %s chunk %d of %s: dropped, fetching it again (further %s chunks "
+                        "are counted, not logged)", self.root, kind, index, os.path.basename(f.data_path), kind)
+        self._count(misses=1, **{kind: 1})
+        if not f.sealed:
+            with contextlib.suppress(OSError):
+                os.pwrite(f.index, bytes(RECORD), HEADER_SIZE + index * RECORD)
+
+    def stored_chunks(self, content_id: str, indexes) -> set[int]:
+        f = self._file(content_id, create=False)
+        if f is None:
+            return set()
+        present = f.present()
+        return {i for i in indexes if i in present}
+
+    def contains(self, key) -> bool:
+        """Whether chunk ``key`` (a ``chunks.chunk_key``) is stored."""
+        return bool(self.stored_chunks(key.content_id, (key.start,)))
+
+    def sealed_path(self, content_id: str) -> str | None:
+        """The data file of ``content_id`` when it is sealed (complete, never written again), else None."""
+        f = self._file(content_id, create=False)
+        return f.data_path if f is not None and f.sealed else None
+
+    # -- writes --------------------------------------------------------------------------------------
+
+    def put_chunks(self, content_id: str, first: int, parts, chunks: int | None) -> bool:
+        """See ``chunk_store.ChunkStore``. The data is on the device before the records that make it present
+        (see the module docstring); the leases of these chunks are given up whatever happens."""
+        views = [memoryview(part).cast("B") for part in parts]
+        f = None
+        try:
+            if time.monotonic() < self._paused_until:
+                return False
+            f = self._file(content_id, create=True)
+            if f is None:
+                return False
+            with f.lock:
+                if chunks and not f.chunks:
+                    f.chunks = chunks
+                    f.write_header()
+            if f.sealed:
+                return True
+            records = f.records(first, len(views))
+            absent = [k for k, (_, length, _) in enumerate(records) if not length]
+            written = 0
+            if not absent:
+                return True
+            try:
+                for k0, k1 in _runs(absent):
+                    written += _write_all(f.data, views[k0:k1], (first + k0) * CHUNK)
+                for k0, k1 in _runs(absent):
+                    write_out(f.data, (first + k0) * CHUNK, sum(view.nbytes for view in views[k0:k1]))
+            except OSError:
+                for k0, k1 in _runs(absent):  # what a full disk took of them is not left unaccounted
+                    with contextlib.suppress(OSError):
+                        punch_hole(f.data, (first + k0) * CHUNK, (k1 - k0) * CHUNK)
+                raise
+            now = _minutes()
+            for k0, k1 in _runs(absent):
+                os.pwrite(f.index, b"".join(
+                    _RECORD.pack(entry.chunk_mac(self._mac_key, f.digest, first + k, views[k]), views[k].nbytes, now)
+                    for k in range(k0, k1)), HEADER_SIZE + (first + k0) * RECORD)
+            self._count(stored=len(absent), stored_bytes=written)
+            self._maybe_seal(f)
+        except OSError as exc:
+            self._trouble("write", exc)
+            return False
+        finally:
+            if f is not None:
+                self.release(content_id, range(first, first + len(views)), f)
+        self._after_write(written)
+        return True
+
+    def _maybe_seal(self, f: StoredFile) -> None:
+        """Seal ``f`` when its every chunk is present: index synced first, then the header says so."""
+        if not f.chunks or f.sealed:
+            return
+        records = f.records(0, f.chunks)
+        if not all(length for _, length, _ in records):
+            return
+        with f.lock:
+            if f.sealed:
+                return
+            os.fsync(f.index)
+            f.size = (f.chunks - 1) * CHUNK + records[-1][1]
+            f.sealed = True
+            f.write_header()
+        self._count(sealed=1)
+
+    # -- leases (one fetch per chunk per machine) ------------------------------------------------------
+
+    def lease(self, content_id: str, indexes) -> list[bool]:
+        f = self._file(content_id, create=True)
+        if f is None:
+            return [True] * len(indexes)  # nothing to coordinate on: fetch
+        present = f.present()
+        won = []
+        for i in indexes:
+            if i in present or not range_lease.try_lock(f.data, i * CHUNK, CHUNK):
+                won.append(False)
+                continue
+            if i in f.present():  # stored between the look and the lock: take it, not a fetch
+                range_lease.unlock(f.data, i * CHUNK, CHUNK)
+                won.append(False)
+                continue
+            with f.lock:
+                f.leases += 1
+            won.append(True)
+        return won
+
+    def release(self, content_id: str, indexes, f: StoredFile | None = None) -> None:
+        f = f or self._file(content_id, create=False)
+        if f is None:
+            return
+        for run in _runs(list(indexes)):
+            with contextlib.suppress(OSError):
+                range_lease.unlock(f.data, run[0] * CHUNK, (run[1] - run[0]) * CHUNK)
+        with f.lock:
+            f.leases = max(0, f.leases - len(indexes))
+
+    def wait(self, content_id: str, indexes, timeout: float) -> list[bytes | None]:
+        out: list[bytes | None] = [None] * len(indexes)
+        f = self._file(content_id, create=False)
+        if f is None:
+            return out
+        self._count(lease_waits=len(indexes))
+        pending = dict(enumerate(indexes))
+        until, pause = time.monotonic() + timeout, LEASE_POLL_S[0]
+        while pending:
+            present = f.present()
+            for k, i in list(pending.items()):
+                if i in present:
+                    out[k] = self.get(content_id, i)
+                    del pending[k]
+                elif not range_lease.held_elsewhere(f.data, i * CHUNK, CHUNK):
+                    if i in f.present():  # stored and released since the look above
+                        out[k] = self.get(content_id, i)
+                    del pending[k]  # the lease ended without the chunk: the caller fetches it
+            if not pending or time.monotonic() >= until:
+                break
+            time.sleep(min(pause, max(0.0, until - time.monotonic())))
+            pause = min(pause * 2, LEASE_POLL_S[1])
+        return out
+
+    # -- the size bound ------------------------------------------------------------------------------
+
+    # the decoded groups' store's schedule (a check every ``max_bytes / 64`` written, on a thread of its own,
+    # held back while a process is about to fork: ``disk.PruneHold``); it calls this store's ``prune``
+    _after_write = DiskStore._after_write
+    _start_prune = DiskStore._start_prune
+    _background_prune = DiskStore._background_prune
+
+    def excess(self) -> int:
+        """Bytes to free now: past 90 % of the bound when over it, and what the free-space floor lacks."""
+        total = folder_bytes(self.root)
+        with self._lock:
+            self._folder_bytes = total
+        over = total - int(self.max_bytes * LOW_WATER) if total > self.max_bytes else 0
+        try:
+            st = os.statvfs(self.root)
+            floor = st.f_blocks * st.f_frsize * self.min_free / 100
+            short = int(floor - st.f_bavail * st.f_frsize)
+        except OSError:
+            short = 0
+        return max(over, short, 0)
+
+    def prune(self, wait: bool = True, need: int | None = None) -> dict[str, int]:
+        """Evict least-recently-used chunks of unsealed files and whole sealed files until ``need`` bytes
+        (default: ``excess()``) are freed. Returns {"chunks", "files", "bytes"} evicted."""
+        removed = {"chunks": 0, "files": 0, "bytes": 0}
+        with _folder_lock(self.root, wait) as locked:
+            if not locked:
+                return removed
+            need = self.excess() if need is None else need
+            if need <= 0:
+                return removed
+            for _, kind, stem, index, size in sorted(self._candidates()):
+                if removed["bytes"] >= need:
+                    break
+                if kind == "file":
+                    _unlink(stem + ".idx")  # the index first: nothing claims the bytes once it is gone
+                    _unlink(stem + ".data")
+                    removed["files"] += 1
+                elif not self._evict_chunk(stem, index):
+                    continue
+                else:
+                    removed["chunks"] += 1
+                removed["bytes"] += size
+        self._count(evicted_chunks=removed["chunks"], evicted_files=removed["files"])
+        return removed
+
+    def _candidates(self):
+        """(last use, "file"|"chunk", path stem, chunk, bytes freed) of every sealed file and every present
+        chunk of an unsealed one."""
+        for sub in _scandir(self.dir):
+            for item in _scandir(sub.path):
+                if not item.name.endswith(".idx"):
+                    continue
+                stem = item.path[:-4]
+                try:
+                    with open(item.path, "rb") as fh:
+                        raw = fh.read()
+                    chunks, _, sealed = parse_header(raw, bytes.fromhex(os.path.basename(stem)))
+                    blocks = os.stat(stem + ".data").st_blocks * 512
+                except (OSError, ValueError):
+                    continue
+                records = list(_RECORD.iter_unpack(raw[HEADER_SIZE: HEADER_SIZE + (len(raw) - HEADER_SIZE)
+                                                       // RECORD * RECORD]))
+                if sealed:
+                    yield (max((used for _, _, used in records), default=0), "file", stem, -1,
+                           blocks + len(raw))
+                    continue
+                for i, (_, length, used) in enumerate(records):
+                    if length:
+                        yield used, "chunk", stem, i, length
+
+    def _evict_chunk(self, stem: str, index: int) -> bool:
+        """Punch chunk ``index`` of an unsealed file: its record cleared and synced first; skipped while a
+        fetcher holds its lease (it is being written)."""
+        try:
+            data = os.open(stem + ".data", os.O_RDWR | os.O_CLOEXEC)
+        except OSError:
+            return False
+        try:
+            if not range_lease.try_lock(data, index * CHUNK, CHUNK):
+                return False
+            try:
+                fd = os.open(stem + ".idx", os.O_RDWR | os.O_CLOEXEC)
+                try:
+                    chunks, _, sealed = parse_header(os.pread(fd, HEADER_SIZE, 0),
+                                                     bytes.fromhex(os.path.basename(stem)))
+                    if sealed:
+                        return False  # sealed meanwhile: only whole
+                    os.pwrite(fd, bytes(RECORD), HEADER_SIZE + index * RECORD)
+                    os.fdatasync(fd)
+                finally:
+                    os.close(fd)
+                punch_hole(data, index * CHUNK, CHUNK)
+                return True
+            finally:
+                range_lease.unlock(data, index * CHUNK, CHUNK)
+        except (OSError, ValueError):
+            return False
+        finally:
+            os.close(data)
+
+    def usage(self) -> dict[str, int]:
+        """{"files": remote files stored, "bytes": what their data and indexes take on disk}."""
+        found = {"files": 0, "bytes": 0}
+        for sub in _scandir(self.dir):
+            for item in _scandir(sub.path):
+                with contextlib.suppress(OSError):
+                    found["bytes"] += item.stat(follow_symlinks=False).st_blocks * 512
+                    found["files"] += item.name.endswith(".data")
+        return found
+
+    def clear(self) -> dict[str, int]:
+        """Delete every stored file (``ckptfs cache clear``)."""
+        removed = {"files": 0, "bytes": 0}
+        with _folder_lock(self.root, True):
+            for sub in _scandir(self.dir):
+                for item in _scandir(sub.path):
+                    with contextlib.suppress(OSError):
+                        size = item.stat(follow_symlinks=False).st_blocks * 512
+                        os.unlink(item.path)
+                        removed["files"] += item.name.endswith(".data")
+                        removed["bytes"] += size
+        return removed
+
+    # -- trouble and counters ------------------------------------------------------------------------
+
+    # a full, read-only or vanished folder pauses writing and is logged once, as the decoded groups' store does
+    _trouble = DiskStore._trouble
+    writes_paused = DiskStore.writes_paused
+
+    def stats(self) -> dict:
+        counts = self._counters.snapshot()
+        with self._lock:
+            return {**counts, "bytes": counts["hit_bytes"], "folder_bytes": self._folder_bytes,
+                    "max_bytes": self.max_bytes}
+
+    def forget_files(self) -> None:
+        """In a forked child: open the store's files afresh (the parent's descriptions hold its leases)."""
+        self._files = {}
+        self._lock = threading.Lock()
+
+
+def folder_bytes(root: Path) -> int:
+    """What the cache folder takes on disk: ``st_blocks`` of every file under it (holes are free)."""
+    total = 0
+    for folder, _, names in os.walk(root):
+        for name in names:
+            with contextlib.suppress(OSError):
+                total += os.lstat(os.path.join(folder, name)).st_blocks * 512
+    return total
+
+
+
+def _write_all(fd: int, views: list[memoryview], offset: int) -> int:
+    """``views`` one after the other at ``offset`` by ``pwritev`` (again for what a short write left)."""
+    total = sum(view.nbytes for view in views)
+    done = 0
+    while done < total:
+        at, rest = done, []
+        for view in views:
+            if at >= view.nbytes:
+                at -= view.nbytes
+                continue
+            rest.append(view[at:])
+            at = 0
+        done += os.pwritev(fd, rest[:1024], offset + done)
+    return total
+

@@ -1,0 +1,256 @@
+"""The ``--cache-dir`` store of fetched remote bytes: one sparse file per remote file and an index beside it.
+
+The oracle is what was put (and the files themselves: the data file holds the remote file's bytes at their
+own offsets, holes where nothing was stored, counted by ``st_blocks``). Forged or damaged chunks must read
+as misses; a crash between the data and its record must leave the chunk absent; eviction punches the least
+recently used chunks of unsealed files and removes sealed files only whole; leases are exclusive between
+processes and vanish with a killed holder.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import struct
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from conftest import tmpfs
+
+from ckptfs.cache import entry, range_lease, sparse_store
+from ckptfs.cache.chunks import ChunkCache, MemoryChunks, chunk_key
+from ckptfs.cache.sparse_store import CHUNK, HEADER_SIZE, RECORD, SparseStore
+
+CONTENT = "test:sparse-store:" + os.urandom(8).hex()
+N = 10  # chunks of the test file; its last one is shorter
+SIZE = (N - 1) * CHUNK + 1000
+
+
+def remote_bytes() -> bytes:
+    return bytes((i * 7 + i // CHUNK) % 251 for i in range(SIZE))
+
+
+DATA = remote_bytes()
+
+
+def chunk(i: int) -> bytes:
+    return DATA[i * CHUNK: (i + 1) * CHUNK]
+
+
+def store(tmp_path, **kw) -> SparseStore:
+    return SparseStore(tmp_path / "cache", kw.pop("max_bytes", 1 << 30), **kw)
+
+
+def test_chunks_land_at_their_offsets_and_read_back(tmp_path):
+    s = store(tmp_path)
+    assert s.put_chunks(CONTENT, 2, [chunk(2), chunk(3), chunk(4)], N)
+    assert s.put_chunks(CONTENT, 7, [chunk(7)], None)
+    assert s.stored_chunks(CONTENT, range(N)) == {2, 3, 4, 7}
+    assert s.stored_chunks("another file", range(N)) == set()
+    for i in range(N):
+        assert s.get(CONTENT, i) == (chunk(i) if i in (2, 3, 4, 7) else None)
+    data_path, index_path = s.paths_for(CONTENT)
+    with open(data_path, "rb") as fh:
+        on_disk = fh.read()
+    assert on_disk[2 * CHUNK: 5 * CHUNK] == DATA[2 * CHUNK: 5 * CHUNK]  # the remote file's own offsets
+    assert on_disk[:2 * CHUNK] == bytes(2 * CHUNK)                       # a hole reads as zeros
+    assert os.stat(data_path).st_blocks * 512 <= 4 * CHUNK + 65536        # holes take no room
+    assert s.sealed_path(CONTENT) is None
+    assert oct(os.stat(data_path).st_mode & 0o777) == oct(0o600) == oct(os.stat(index_path).st_mode & 0o777)
+
+
+def test_the_last_chunk_seals_the_file_a_byte_identical_copy(tmp_path):
+    s = store(tmp_path)
+    s.put_chunks(CONTENT, 0, [chunk(i) for i in range(N - 1)], N)
+    assert s.sealed_path(CONTENT) is None
+    s.put_chunks(CONTENT, N - 1, [chunk(N - 1)], N)
+    path = s.sealed_path(CONTENT)
+    with open(path, "rb") as fh:
+        assert fh.read() == DATA
+    assert s.stats()["sealed"] == 1
+    again = SparseStore(tmp_path / "cache", 1 << 30)  # another process's view: the header says so
+    assert again.sealed_path(CONTENT) == path
+    mtime = os.stat(path).st_mtime_ns
+    assert again.put_chunks(CONTENT, 0, [chunk(0)], N)  # never written again
+    assert os.stat(path).st_mtime_ns == mtime
+
+
+@pytest.mark.parametrize("damage", ["bytes", "record-without-key", "moved"])
+def test_forged_or_damaged_chunks_are_misses_and_fetched_again(tmp_path, damage, caplog):
+    s = store(tmp_path)
+    s.put_chunks(CONTENT, 0, [chunk(0), chunk(1)], N)
+    data_path, index_path = s.paths_for(CONTENT)
+    forged = bytes(CHUNK)
+    if damage == "bytes":  # the data rewritten in place
+        with open(data_path, "r+b") as fh:
+            fh.seek(10)
+            fh.write(b"forged")
+    elif damage == "record-without-key":  # bytes and a record whose MAC is computed under another key
+        digest = entry.key_digest(CONTENT)
+        with open(data_path, "r+b") as fh:
+            fh.write(forged)
+        with open(index_path, "r+b") as fh:
+            fh.seek(HEADER_SIZE)
+            fh.write(struct.pack("<16sII", entry.chunk_mac(os.urandom(32), digest, 0, forged), CHUNK, 0))
+    else:  # chunk 1's bytes and record copied to chunk 0's place: their MAC names chunk 1
+        with open(data_path, "r+b") as fh:
+            fh.write(chunk(1))
+        with open(index_path, "r+b") as fh:
+            fh.seek(HEADER_SIZE + RECORD)
+            record = fh.read(RECORD)
+            fh.seek(HEADER_SIZE)
+            fh.write(record)
+    with caplog.at_level(logging.WARNING, logger="ckptfs.cache.sparse_store"):
+        assert s.get(CONTENT, 0) is None
+    assert s.stats()["forged"] == 1
+    assert s.stored_chunks(CONTENT, range(N)) == {1}  # dropped: fetched and stored again
+    assert s.get(CONTENT, 1) == chunk(1)
+    assert len([r for r in caplog.records if "forged chunk 0" in r.getMessage()]) == 1
+    s.put_chunks(CONTENT, 0, [chunk(0)], N)
+    assert s.get(CONTENT, 0) == chunk(0)
+
+
+def test_a_crash_before_the_data_is_synced_leaves_the_chunk_absent(tmp_path, monkeypatch):
+    s = store(tmp_path)
+
+    def crash(fd, offset, length):
+        raise OSError(5, "power lost")  # the data was written, not yet on the device: no record may exist
+
+    monkeypatch.setattr(sparse_store, "write_out", crash)
+    assert not s.put_chunks(CONTENT, 0, [chunk(0), chunk(1)], N)
+    monkeypatch.undo()
+    fresh = SparseStore(tmp_path / "cache", 1 << 30)
+    assert fresh.stored_chunks(CONTENT, range(N)) == set()
+    assert fresh.get(CONTENT, 0) is None
+
+
+def test_eviction_punches_old_chunks_of_unsealed_files_and_removes_sealed_ones_whole(tmp_path):
+    s = store(tmp_path)
+    sealed = CONTENT + ":sealed"
+    s.put_chunks(sealed, 0, [chunk(i) for i in range(N)], N)
+    s.put_chunks(CONTENT, 0, [chunk(i) for i in range(6)], N)
+    data_path, index_path = s.paths_for(CONTENT)
+    with open(index_path, "r+b") as fh:  # chunk 3 unused for an hour, the sealed file for a day
+        fh.seek(HEADER_SIZE + 3 * RECORD + 20)
+        fh.write(struct.pack("<I", sparse_store._minutes() - 60))
+    sealed_data, sealed_index = s.paths_for(sealed)
+    with open(sealed_index, "r+b") as fh:
+        for i in range(N):
+            fh.seek(HEADER_SIZE + i * RECORD + 20)
+            fh.write(struct.pack("<I", sparse_store._minutes() - 24 * 60))
+    blocks = os.stat(data_path).st_blocks
+    with open(sealed_data, "rb") as reader:  # an open reader keeps its copy
+        removed = s.prune(need=1)
+        assert removed["files"] == 1 and removed["chunks"] == 0
+        assert not os.path.exists(sealed_data) and not os.path.exists(sealed_index)
+        assert reader.read() == DATA
+    removed = s.prune(need=1)
+    assert removed == {"chunks": 1, "files": 0, "bytes": CHUNK}
+    assert s.stored_chunks(CONTENT, range(N)) == {0, 1, 2, 4, 5}
+    assert os.stat(data_path).st_blocks <= blocks - CHUNK // 512  # the hole is freed
+    assert s.get(CONTENT, 3) is None and s.get(CONTENT, 4) == chunk(4)
+
+
+def test_the_bound_and_the_free_space_floor_are_measured_in_blocks(tmp_path):
+    s = store(tmp_path, max_bytes=3 * CHUNK)
+    s.put_chunks(CONTENT, 0, [chunk(i) for i in range(6)], N)
+    assert s.excess() >= 6 * CHUNK - int(3 * CHUNK * sparse_store.LOW_WATER)
+    s.prune()
+    assert sparse_store.folder_bytes(tmp_path / "cache") <= 3 * CHUNK * sparse_store.LOW_WATER + 65536
+    roomy = store(tmp_path, max_bytes=1 << 40, min_free=100.0)  # no file system is 100 % free
+    assert roomy.excess() > 0
+
+
+def test_a_full_file_system_costs_storage_never_a_read(tmp_path, caplog):
+    with tmpfs(tmp_path / "small", "1m") as root:
+        s = SparseStore(root, 1 << 30)
+        with caplog.at_level(logging.WARNING, logger="ckptfs.cache.sparse_store"):
+            stored = [i for i in range(N) if s.put_chunks(CONTENT, i, [chunk(i)], N) or
+                      setattr(s, "_paused_until", 0.0)]
+        assert 0 < len(stored) < N
+        for i in range(N):
+            assert s.get(CONTENT, i) == (chunk(i) if i in stored else None)
+        assert len([r for r in caplog.records if "file system is full" in r.getMessage()]) == 1
+
+
+def test_chunks_of_the_older_format_are_ignored_with_one_line(tmp_path, caplog):
+    old = tmp_path / "cache" / "bytes" / "ab"
+    old.mkdir(parents=True)
+    (old / ("ab" * 16 + ".e")).write_bytes(b"an old entry")
+    with caplog.at_level(logging.WARNING, logger="ckptfs.cache.sparse_store"):
+        s = store(tmp_path)
+    assert [r.getMessage() for r in caplog.records if "older format" in r.getMessage()] != []
+    assert len(caplog.records) == 1
+    assert s.stored_chunks(CONTENT, range(N)) == set()
+
+
+HOLDER = textwrap.dedent("""
+    import os, sys
+    from ckptfs.cache.sparse_store import SparseStore
+    s = SparseStore(sys.argv[1], 1 << 30)
+    print(s.lease(sys.argv[2], [1, 2]), flush=True)
+    sys.stdin.readline()
+    if sys.argv[3] == "store":
+        s.put_chunks(sys.argv[2], 1, [b"1" * (256 * 1024)], None)
+        print("stored", flush=True)
+        sys.stdin.readline()
+""")
+
+
+@pytest.mark.parametrize("ending", ["store", "killed"])
+def test_a_lease_is_exclusive_between_processes_and_ends_with_its_holder(tmp_path, ending):
+    s = store(tmp_path)
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(tmp_path / "cache"), CONTENT, ending],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "[True, True]"
+        assert s.lease(CONTENT, [0, 1, 2, 3]) == [True, False, False, True]
+        s.release(CONTENT, [0, 3])
+        if ending == "store":
+            holder.stdin.write("\n")
+            holder.stdin.flush()
+            assert holder.stdout.readline().strip() == "stored"
+            # chunk 1 stored and its lease given up with it; chunk 2's lease still held: waited out
+            assert s.wait(CONTENT, [1, 2], timeout=0.2) == [b"1" * CHUNK, None]
+            assert s.lease(CONTENT, [1, 2]) == [False, False]  # stored; leased elsewhere
+        else:
+            holder.kill()
+            holder.wait(10)
+            assert s.wait(CONTENT, [1, 2], timeout=30) == [None, None]  # ended without a value: fetch
+            assert s.lease(CONTENT, [1, 2]) == [True, True]
+    finally:
+        holder.kill()
+        holder.wait(10)
+
+
+def test_leases_are_open_file_description_locks():
+    import fcntl
+
+    assert range_lease.F_OFD_SETLK == getattr(fcntl, "F_OFD_SETLK", 37)
+
+
+def test_the_chunk_cache_reads_the_store_below_memory(tmp_path):
+    s = store(tmp_path)
+    cache = ChunkCache(s, memory=MemoryChunks(4 * CHUNK))
+    keys = [chunk_key(CONTENT, i) for i in range(4)]
+    cache.put_run(keys, [chunk(i) for i in range(4)], N, memory=False)
+    assert keys[2] not in cache.memory and cache.stored_chunks(CONTENT, range(N)) == {0, 1, 2, 3}
+    assert cache.get(keys[2]) == chunk(2) and keys[2] in cache.memory
+    assert cache.held(CONTENT, range(6)) == {0, 1, 2, 3}
+    assert cache.lookup([chunk_key(CONTENT, i) for i in (3, 4)]) == [chunk(3), None]
+
+
+def test_a_store_that_fails_holds_nothing():
+    class Broken:
+        def get(self, content_id, index):
+            raise OSError("the folder went away")
+
+        def stored_chunks(self, content_id, indexes):
+            raise OSError("the folder went away")
+
+    cache = ChunkCache(Broken())
+    assert cache.stored_chunks(CONTENT, range(8)) == set()
+    assert cache.get(chunk_key(CONTENT, 0)) is None
