@@ -254,3 +254,17 @@ def test_a_store_that_fails_holds_nothing():
     cache = ChunkCache(Broken())
     assert cache.stored_chunks(CONTENT, range(8)) == set()
     assert cache.get(chunk_key(CONTENT, 0)) is None
+
+
+def test_the_free_space_floor_is_an_open_option_that_reaches_the_store(tmp_path):
+    from ckptfs.core.options import OpenOptions
+    from ckptfs.sources.plan import SourcePlan
+
+    options = OpenOptions.build(cache_dir=str(tmp_path / "cache"), cache_dir_min_free=12.5)
+    plan = SourcePlan("http://127.0.0.1:9/model.gguf", options)
+    assert plan.options.chunk_cache().disk.min_free == 12.5
+    default = SourcePlan("http://127.0.0.1:9/model.gguf", OpenOptions.build(cache_dir=str(tmp_path / "cache")))
+    assert default.options.chunk_cache().disk.min_free == sparse_store.DEFAULT_MIN_FREE == 5.0
+    for bad in (-1, 100, "5%", True):
+        with pytest.raises(ValueError, match="cache_dir_min_free must be a percentage"):
+            OpenOptions.build(cache_dir_min_free=bad)

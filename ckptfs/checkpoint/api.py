@@ -453,7 +453,8 @@ _UNSET: Any = object()
 
 
 def open(src, dtype: str = _UNSET, cache_size: int = _UNSET, max_open_files: int = _UNSET, *,  # noqa: A001
-         cache_dir: str | None = None, cache_dir_size: int | None = None, redis: str | None = None,
+         cache_dir: str | None = None, cache_dir_size: int | None = None, cache_dir_min_free: float | None = None,
+         redis: str | None = None,
          redis_cluster=None, cache_key_file: str | None = None, manifest=None, mirrors=None, timeout: float | None = None, stall_timeout: float | None = None,
          options: OpenOptions | None = None) -> Checkpoint:
     """Open a checkpoint: a GGUF or safetensors file, a split-GGUF shard, a shard folder or an index file.
@@ -466,10 +467,10 @@ def open(src, dtype: str = _UNSET, cache_size: int = _UNSET, max_open_files: int
     ``src`` may be a URL (``http(s)://``, ``s3://``, ``hf://``); ``mirrors``: byte-identical copies read when
     a read from ``src`` fails; ``timeout`` (default 30 s) bounds every remote read, failover included, and
     ``stall_timeout`` (default 10 s) each attempt's wait for bytes; ``cache_dir`` also keeps fetched remote
-    bytes (ckptfs.sources.plan). ``options``: an :class:`OpenOptions` to start from (the keywords given
+    bytes (ckptfs.sources.plan), keeping ``cache_dir_min_free`` percent of its file system free (default 5). ``options``: an :class:`OpenOptions` to start from (the keywords given
     change it); the checkpoint keeps the result as ``ck.options``, and its pickled tensors carry it."""
     keywords = dict(dtype=dtype, cache_size=cache_size, max_open_files=max_open_files, cache_dir=cache_dir,
-                    cache_dir_size=cache_dir_size, redis=redis, cache_key_file=cache_key_file, manifest=manifest,
+                    cache_dir_size=cache_dir_size, cache_dir_min_free=cache_dir_min_free, redis=redis, cache_key_file=cache_key_file, manifest=manifest,
                     redis_cluster=tuple(redis_cluster) if redis_cluster is not None and not isinstance(
                         redis_cluster, (str, bytes)) else redis_cluster,
                     mirrors=tuple(mirrors) if mirrors is not None and not isinstance(mirrors, (str, bytes))

@@ -36,6 +36,7 @@ class OpenOptions:
     max_open_files: int = DEFAULT_MAX_OPEN_FILES
     cache_dir: str | None = None            # the disk tier (ckptfs.cache.disk), also fetched remote bytes
     cache_dir_size: int | None = None       # its bound (None: ckptfs.cache.disk's default)
+    cache_dir_min_free: float | None = None  # percent of its file system kept free (None: the store's 5)
     redis: str | None = None                # the Redis tier's URL
     redis_cluster: tuple[str, ...] = ()     # seed nodes (HOST:PORT) of a Redis Cluster tier
     cache_key_file: str | None = None       # the key authenticating shared-tier entries (ckptfs.cache)
@@ -63,6 +64,9 @@ class OpenOptions:
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0):
                 raise ValueError(f"{name} must be a number of seconds > 0, not {value!r}")
+        free = self.cache_dir_min_free
+        if free is not None and (isinstance(free, bool) or not isinstance(free, (int, float)) or not 0 <= free < 100):
+            raise ValueError(f"cache_dir_min_free must be a percentage from 0 to below 100, not {free!r}")
         if isinstance(self.mirrors, (str, bytes, os.PathLike)):
             raise TypeError("mirrors must be a list of sources, not one string")
         if isinstance(self.redis_cluster, (str, bytes)):

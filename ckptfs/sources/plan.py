@@ -17,6 +17,7 @@ from collections.abc import Callable
 from ckptfs.core.options import OpenOptions
 from ckptfs.sources.base import ByteSource
 from ckptfs.sources.registry import Opener
+from ckptfs.cache.sparse_store import DEFAULT_MIN_FREE
 from ckptfs.sources.remote.transport import (DEFAULT_CACHE_DIR_SIZE, DEFAULT_STALL_TIMEOUT, DEFAULT_TIMEOUT, RemoteOptions,
                                              deadline_scope)
 
@@ -46,6 +47,8 @@ class SourcePlan:
             cache_dir=options.cache_dir,
             cache_dir_size=int(options.cache_dir_size) if options.cache_dir_size is not None else DEFAULT_CACHE_DIR_SIZE,
             cache_key_file=options.cache_key_file, redis=options.redis,
+            cache_dir_min_free=(float(options.cache_dir_min_free) if options.cache_dir_min_free is not None
+                                else DEFAULT_MIN_FREE),
             redis_cluster=tuple(options.redis_cluster))
         self.src = src
         self.mirrors = list(options.mirrors)

@@ -47,6 +47,7 @@ from dataclasses import dataclass, field
 from ckptfs.core.errors import CheckpointError, SourceUnavailable
 from ckptfs.sources.base import ByteSource
 from ckptfs.cache.chunks import CHUNK, CHUNK_LEASE_MS, CHUNK_WAIT_S, ChunkCache, chunk_key, disk_store, shared_tier
+from ckptfs.cache.sparse_store import DEFAULT_MIN_FREE
 from ckptfs.cache.flight import Flight, SingleFlight, flights_for
 from ckptfs.util.redact import public_name
 from ckptfs.sources.netstats import COUNTERS
@@ -91,6 +92,7 @@ class RemoteOptions:
     stall_timeout: float = DEFAULT_STALL_TIMEOUT
     cache_dir: str | None = None
     cache_dir_size: int = DEFAULT_CACHE_DIR_SIZE
+    cache_dir_min_free: float = DEFAULT_MIN_FREE  # percent of its file system the store keeps free
     cache_key_file: str | None = None   # the cache folder's key (None: its own, ckptfs.cache.auth)
     max_retries: int | None = None  # None: as many as the deadline allows
     read_ahead: bool = True         # False while a checkpoint's headers are read (no thread before a fork)
@@ -102,7 +104,8 @@ class RemoteOptions:
         """The chunk cache of a source opened with these options; the shared level only for one that reads
         ahead (a header read, before a mount forks its daemon, opens no connection)."""
         shared = shared_tier(self.redis, self.redis_cluster, self.cache_key_file) if self.read_ahead else None
-        return ChunkCache(disk_store(self.cache_dir, self.cache_dir_size, self.cache_key_file), shared=shared)
+        store = disk_store(self.cache_dir, self.cache_dir_size, self.cache_key_file, self.cache_dir_min_free)
+        return ChunkCache(store, shared=shared)
 
 
 #: What a remote source opened without options gets.
