@@ -40,8 +40,8 @@ def site(tmp_path):
 class StuckFolder:
     """A cache folder (0700) holding ``stuck/``: a foreground ckptfs mount whose daemon is stopped, so that
     anything that walks the cache folder waits there until ``go_on()`` continues the daemon. It also holds
-    an entry last used long ago, larger than the bound the test gives: a prune that gets to the end of its
-    walk deletes it."""
+    2 MiB of decoded entries, more than the bound the test gives: a prune that gets to the end of its walk
+    evicts what the mount stored."""
 
     def __init__(self, root: Path, small_path: Path):
         self.cache = root / "cache"
@@ -59,6 +59,11 @@ class StuckFolder:
         assert self.proc.poll() is None, self.proc.stderr.read().decode()
         os.listdir(self.stuck)  # init has been answered
         os.kill(self.proc.pid, signal.SIGSTOP)
+
+    def stored(self) -> set[str]:
+        """The files the mount stored in the folder (not walking ``stuck/``, which would wait)."""
+        return {os.path.join(folder, name) for top in os.listdir(self.cache) if top not in ("stuck", "blocks")
+                and (self.cache / top).is_dir() for folder, _, names in os.walk(self.cache / top) for name in names}
 
     def go_on(self) -> None:
         os.kill(self.proc.pid, signal.SIGCONT)
@@ -86,12 +91,13 @@ def stuck_folder(small, tmp_path):
 def test_a_prune_made_due_by_the_open_does_not_stop_the_fork(site, stuck_folder, mountpoint):
     """The open's first write into the cache folder makes a prune due, and the prune cannot finish (it waits
     on ``stuck/``): the mount still forks its daemon and works, and the daemon runs the prune: once
-    ``stuck/`` answers, the old entry is gone."""
+    ``stuck/`` answers, the folder is brought under its bound (what the mount stored is evicted)."""
     result = run_cli("mount", f"{site.url}/m.gguf", str(mountpoint), "--cache-dir", str(stuck_folder.cache),
                      "--cache-dir-size", "1M", timeout=120)
     assert result.returncode == 0, result.stderr
     assert result.stderr == ""
     np.testing.assert_array_equal(np.load(mountpoint / "w.npy"), VALUES)
-    assert stuck_folder.old.exists()  # the prune is waiting on stuck/
+    stored = stuck_folder.stored()
+    assert stored  # the bytes the open fetched; the prune is waiting on stuck/
     stuck_folder.go_on()
-    assert wait_until(lambda: not stuck_folder.old.exists(), timeout=30)
+    assert wait_until(lambda: not stored <= stuck_folder.stored(), timeout=30), stuck_folder.stored()
