@@ -268,3 +268,20 @@ def test_the_free_space_floor_is_an_open_option_that_reaches_the_store(tmp_path)
     for bad in (-1, 100, "5%", True):
         with pytest.raises(ValueError, match="cache_dir_min_free must be a percentage"):
             OpenOptions.build(cache_dir_min_free=bad)
+
+
+def test_an_unsealed_file_left_without_chunks_is_removed_unless_it_is_being_filled(tmp_path):
+    s = store(tmp_path)
+    filling = CONTENT + ":filling"
+    s.put_chunks(CONTENT, 0, [chunk(0), chunk(1)], N)
+    s.put_chunks(filling, 0, [chunk(0)], N)
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(tmp_path / "cache"), filling, "killed"],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "[True, True]"  # chunks 1, 2 of ``filling`` being fetched
+        assert s.prune(need=1 << 30) == {"chunks": 3, "files": 0, "bytes": 3 * CHUNK}
+        assert not any(os.path.exists(p) for p in s.paths_for(CONTENT))  # nothing left in it: removed
+        assert all(os.path.exists(p) for p in s.paths_for(filling))      # a fetcher is filling it: kept
+    finally:
+        holder.kill()
+        holder.wait(10)

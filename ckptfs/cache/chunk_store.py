@@ -37,5 +37,9 @@ class ChunkStore(Protocol):
     def release(self, content_id: str, indexes: Sequence[int]) -> None:
         """Give up leases unfetched: their waiters fetch them."""
 
+    def sealed_copy(self, content_id: str, size: int) -> tuple[int, int, int] | None:
+        """``(descriptor, size, mtime_ns)`` of the file's complete, checked local copy, or None (not complete,
+        not checked yet in this process, or no such copy)."""
+
     def stats(self) -> dict:
         """This process's counters."""

@@ -233,6 +233,12 @@ class ChunkCache:
         if persist and self.disk is not None:
             self._store(self.disk.put_chunks, False, key.content_id, key.start, [data], None)
 
+    def local_copy(self, content_id: str, size: int) -> tuple[int, int, int] | None:
+        """The store's checked complete copy of the file (``ChunkStore.sealed_copy``), or None."""
+        if self.disk is None:
+            return None
+        return self._store(self.disk.sealed_copy, None, content_id, size)
+
     # -- the coordination level -----------------------------------------------------------------------
     def lookup(self, keys: list[CacheKey]) -> list[bytes | None]:
         """The chunks the store (stored since the caller looked) or the Redis tier hold for ``keys`` (None

@@ -34,6 +34,7 @@ Why it is built this way:
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import ctypes
 import logging
@@ -191,6 +192,8 @@ class SparseStore:
         self._lock = threading.Lock()
         self._files: dict[str, StoredFile] = {}
         self._retired: list[StoredFile] = []  # files evicted by another process while open here
+        #: content id -> "checking", "bad" or (descriptor, size, mtime_ns) of its checked sealed copy
+        self._copies: dict[str, object] = {}
         self._written_since_check = 0
         self._checked_once = False
         self._pruning = False
@@ -293,6 +296,63 @@ class SparseStore:
     def contains(self, key) -> bool:
         """Whether chunk ``key`` (a ``chunks.chunk_key``) is stored."""
         return bool(self.stored_chunks(key.content_id, (key.start,)))
+
+    def sealed_copy(self, content_id: str, size: int) -> tuple[int, int, int] | None:
+        """``(descriptor, size, mtime_ns)`` of ``content_id``'s sealed data file, read-only, once this process
+        has checked every chunk's MAC in it; None before (the check is started on a thread of its own at the
+        first call: Python serves meanwhile), for a file not sealed, of another size, or one that failed the
+        check (then evicted whole, fetched again). The C read path serves it as a plain local file range
+        (``ckptfs.fs.direct``); a sealed file is never written again, so the size and mtime pinned here
+        hold. Each call counts as a use of the file for eviction."""
+        with self._lock:
+            state = self._copies.get(content_id)
+            if state is None:
+                self._copies[content_id] = "checking"
+        if state is None:
+            f = self._file(content_id, create=False)
+            if f is None or not f.sealed or f.size != size:
+                with self._lock:
+                    del self._copies[content_id]
+                return None
+            threading.Thread(target=self._check_sealed, args=(content_id, f), name="ckptfs-store-check",
+                             daemon=True).start()
+            return None
+        if not isinstance(state, tuple):
+            return None
+        f = self._file(content_id, create=False)
+        if f is not None and f.sealed:
+            now = _minutes()
+            (_, _, used), = f.records(0, 1)
+            if now - used >= TOUCH_AFTER_MIN:
+                with contextlib.suppress(OSError):
+                    os.pwrite(f.index, struct.pack("<I", now), HEADER_SIZE + _USED_AT)
+        return state
+
+    def _check_sealed(self, content_id: str, f: StoredFile) -> None:
+        """``sealed_copy``'s check: every chunk of the sealed file read and its MAC compared, once per process."""
+        result: object = "bad"
+        try:
+            fd = os.open(f.data_path, os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                for i, (mac, length, _) in enumerate(f.records(0, f.chunks)):
+                    data = os.pread(fd, length, i * CHUNK)
+                    if not length or entry.chunk_mac(self._mac_key, f.digest, i, data) != mac:
+                        raise BadIndex(f"chunk {i} fails its MAC")
+                st = os.fstat(fd)
+                if st.st_size != f.size:
+                    raise BadIndex(f"{st.st_size} bytes, sealed at {f.size}")
+                result, fd = (fd, f.size, st.st_mtime_ns), -1  # kept open for the process's C reads
+            finally:
+                if fd >= 0:
+                    os.close(fd)
+        except (OSError, BadIndex) as exc:
+            self._warn_once("sealed", "cache dir %s: sealed file %s (%s): evicted, fetching it again (further "
+                            "ones are counted, not logged)", self.root, os.path.basename(f.data_path), exc)
+            self._count(corrupt=1)
+            _unlink(f.index_path)
+            _unlink(f.data_path)
+        with self._lock:
+            self._copies[content_id] = result
 
     def sealed_path(self, content_id: str) -> str | None:
         """The data file of ``content_id`` when it is sealed (complete, never written again), else None."""
@@ -452,17 +512,21 @@ class SparseStore:
             need = self.excess() if need is None else need
             if need <= 0:
                 return removed
-            for _, kind, stem, index, size in sorted(self._candidates()):
+            candidates = sorted(self._candidates())
+            left = collections.Counter(stem for _, kind, stem, _, _ in candidates if kind == "chunk")
+            for _, kind, stem, index, size in candidates:
                 if removed["bytes"] >= need:
                     break
                 if kind == "file":
-                    _unlink(stem + ".idx")  # the index first: nothing claims the bytes once it is gone
-                    _unlink(stem + ".data")
+                    _remove(stem)
                     removed["files"] += 1
                 elif not self._evict_chunk(stem, index):
                     continue
                 else:
                     removed["chunks"] += 1
+                    left[stem] -= 1
+                    if not left[stem]:
+                        self._remove_empty(stem)
                 removed["bytes"] += size
         self._count(evicted_chunks=removed["chunks"], evicted_files=removed["files"])
         return removed
@@ -491,6 +555,21 @@ class SparseStore:
                 for i, (_, length, used) in enumerate(records):
                     if length:
                         yield used, "chunk", stem, i, length
+
+    def _remove_empty(self, stem: str) -> None:
+        """An unsealed file whose every chunk was evicted: its data and index removed too, unless a fetcher
+        holds a lease in it (it is being filled)."""
+        try:
+            data = os.open(stem + ".data", os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            return
+        try:
+            if not range_lease.held_elsewhere(data, 0, 0):  # (length 0: to the end of the file and beyond)
+                _remove(stem)
+        except OSError:
+            pass
+        finally:
+            os.close(data)
 
     def _evict_chunk(self, stem: str, index: int) -> bool:
         """Punch chunk ``index`` of an unsealed file: its record cleared and synced first; skipped while a
@@ -560,6 +639,7 @@ class SparseStore:
     def forget_files(self) -> None:
         """In a forked child: open the store's files afresh (the parent's descriptions hold its leases)."""
         self._files = {}
+        self._copies = {}  # (a check under way in the parent has no thread here)
         self._lock = threading.Lock()
 
 
@@ -572,6 +652,12 @@ def folder_bytes(root: Path) -> int:
                 total += os.lstat(os.path.join(folder, name)).st_blocks * 512
     return total
 
+
+
+def _remove(stem: str) -> None:
+    """A stored file's index, then its data: nothing claims the bytes once the index is gone."""
+    _unlink(stem + ".idx")
+    _unlink(stem + ".data")
 
 
 def _write_all(fd: int, views: list[memoryview], offset: int) -> int:

@@ -18,8 +18,11 @@ Registered only where the bytes are read as they are:
 
 - the view gives ``plain_segments()``: the ``.npy`` of a decoded type, a JSON file or a virtual
   safetensors file is decoded, built or converted per read, and stays in Python;
-- every source is a plain ``FileSource`` (local file). Wrapped sources are not: a manifest-checked source
-  (``--manifest``: every read is verified) or a mirror; nor a remote one (no descriptor);
+- every source is a plain ``FileSource`` (local file), or a remote source whose file the ``--cache-dir``
+  store holds complete (sealed) and this process has checked against its MACs once (``RemoteSource.local_copy``:
+  the store's file keeps the remote file's offsets; the check starts at the first open and runs in the
+  background, Python serving meanwhile). Wrapped sources are not: a manifest-checked source (``--manifest``:
+  every read is verified) or a mirror; nor a remote file only partly stored;
 - every range lies inside its file as pinned (a tensor whose bytes the file does not hold, a damaged one, is
   read by Python, which answers EIO with its log line).
 
@@ -44,6 +47,7 @@ from typing import Any
 
 from ckptfs.core.errors import CheckpointError
 from ckptfs.sources.local import FileSource
+from ckptfs.sources.remote.transport import RemoteSource
 
 try:
     from ckptfs.fs import _direct  # optional C helper (setup.py); without it every read is Python's
@@ -100,11 +104,17 @@ class DirectReads:
         slot = self._slot(kind)
         if slot is None:
             return False
+        copies: dict[int, tuple[int, int, int]] = {}  # remote sources' checked local copies
         for _, length, what, offset in segments:
             if isinstance(what, (bytes, type(None))):
                 continue
-            if type(what) is not FileSource or offset < 0 or offset + length > what.size:
-                return False  # wrapped (checked, mirrored), remote, or bytes the file does not hold
+            if type(what) is not FileSource:
+                copy = copies.get(id(what)) or _local_copy(what)
+                if copy is None:
+                    return False  # wrapped (checked, mirrored), or remote with no complete local copy yet
+                copies[id(what)] = copy
+            if offset < 0 or offset + length > what.size:
+                return False  # bytes the file does not hold
         held: list[FileSource] = []  # the sources whose descriptors the handle uses, acquired once each
         fds: dict[int, int] = {}
         packed = bytearray()
@@ -117,6 +127,9 @@ class DirectReads:
                     if offset < 0 or offset + length > len(what):
                         return False
                     packed += SEGMENT.pack(start, length, -1, 0, 0, 0, _address(what) + offset)
+                elif id(what) in copies:  # the store's descriptor, open for the process: nothing to hold
+                    fd, st_size, mtime_ns = copies[id(what)]
+                    packed += SEGMENT.pack(start, length, fd, offset, st_size, mtime_ns, 0)
                 else:
                     fd = fds.get(id(what))
                     if fd is None:
@@ -175,6 +188,15 @@ class DirectReads:
         """Answers of registered handles with fewer bytes than due before the end of the file, turned into EIO
         by the C helper (0 unless there is a bug: see ``short_replies`` in the mount's stats)."""
         return _direct.counters()[3] if self.active else 0
+
+
+def _local_copy(source: Any) -> tuple[int, int, int] | None:
+    """A remote source's complete, checked local copy in the ``--cache-dir`` store (``RemoteSource.local_copy``:
+    its bytes at the remote file's own offsets), else None. Asking starts the store's one check of the copy
+    in this process, so a later open finds it."""
+    if not isinstance(source, RemoteSource):
+        return None
+    return source.local_copy()
 
 
 def _address(data: bytes) -> int:

@@ -503,6 +503,12 @@ class RemoteSource(ByteSource):
         """Whether fetched chunks are kept in a ``--cache-dir`` store (beyond this process's memory)."""
         return self._cache.disk is not None
 
+    def local_copy(self) -> tuple[int, int, int] | None:
+        """``(descriptor, size, mtime_ns)`` of this file's complete local copy in the ``--cache-dir`` store once
+        this process has checked it (``ChunkCache.local_copy``), else None: the mount's C read path serves a
+        file that has one as a local file (``ckptfs.fs.direct``)."""
+        return self._cache.local_copy(self._content_id, self.size)
+
     def store_trouble(self) -> str | None:
         """Why the ``--cache-dir`` store takes no bytes now (its file system full, the folder not writable:
         ``DiskStore.writes_paused``), or None (also without a store)."""
