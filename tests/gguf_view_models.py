@@ -70,21 +70,58 @@ def make_bpe_tokenizer(folder: Path, vocab_size: int = 400):
     return fast
 
 
+class SpmTokenizer:
+    """What make_llama needs of a tokenizer: its length and its special ids."""
+
+    def __init__(self, size: int):
+        self.size = size
+
+    def __len__(self) -> int:
+        return self.size
+
+
+def make_spm_tokenizer(folder: Path) -> SpmTokenizer:
+    """A SentencePiece BPE model with byte fallback (tokenizer.model), one added token past its pieces
+    (added_tokens.json) and a tokenizer_config.json naming the specials, as Llama 2-era folders have."""
+    import sentencepiece as spm
+
+    folder.mkdir(parents=True, exist_ok=True)
+    spm.SentencePieceTrainer.train(sentence_iterator=iter(SENTENCES * 40), model_prefix=str(folder / "tokenizer"),
+                                   vocab_size=320, model_type="bpe", byte_fallback=True, character_coverage=1.0,
+                                   hard_vocab_limit=False, unk_id=0, bos_id=1, eos_id=2, pad_id=-1,
+                                   minloglevel=2)
+    (folder / "tokenizer.vocab").unlink()
+    size = spm.SentencePieceProcessor(model_file=str(folder / "tokenizer.model")).vocab_size()
+    added = {"<|im_start|>": size}
+    (folder / "added_tokens.json").write_text(json.dumps(added))
+    decoder = {str(i): {"content": text, "special": True, "normalized": False, "lstrip": False, "rstrip": False,
+                        "single_word": False} for text, i in (("<unk>", 0), ("<s>", 1), ("</s>", 2))}
+    decoder[str(size)] = {**decoder["1"], "content": "<|im_start|>"}
+    (folder / "tokenizer_config.json").write_text(json.dumps({
+        "add_bos_token": True, "add_eos_token": False, "bos_token": "<s>", "eos_token": "</s>",
+        "unk_token": "<unk>", "chat_template": CHAT_TEMPLATE, "added_tokens_decoder": decoder}))
+    return SpmTokenizer(size + 1)
+
+
 def make_llama(folder: Path, *, dtype: str = "bfloat16", arch: str = "llama", seed: int = 0,
-               hidden: int = 64, heads: int = 4, kv_heads: int = 2, layers: int = 2, shard: str | None = None) -> Path:
+               hidden: int = 64, heads: int = 4, kv_heads: int = 2, layers: int = 2, shard: str | None = None,
+               rope: dict | None = None, tokenizer: str = "bpe") -> Path:
     """A tiny llama (or Mistral) folder in ``dtype``, its vocabulary padded past the tokenizer's ids (the
-    converter writes [PADi] tokens for those); ``shard``: save_pretrained's max_shard_size."""
+    converter writes [PADi] tokens for those); ``shard``: save_pretrained's max_shard_size; ``rope``: the
+    config's rope_parameters; ``tokenizer``: bpe (tokenizer.json) or spm (tokenizer.model)."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM
 
     folder.mkdir(parents=True, exist_ok=True)
-    tokenizer = make_bpe_tokenizer(folder)
+    tokenizer = make_bpe_tokenizer(folder) if tokenizer == "bpe" else make_spm_tokenizer(folder)
+    bos, eos = (1, 2) if isinstance(tokenizer, SpmTokenizer) else (0, 1)
     torch.manual_seed(seed)
     config_class, model_class = {"llama": (LlamaConfig, LlamaForCausalLM),
                                  "mistral": (MistralConfig, MistralForCausalLM)}[arch]
     config = config_class(vocab_size=len(tokenizer) + 7, hidden_size=hidden, intermediate_size=2 * hidden,
                           num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads,
-                          max_position_embeddings=512, bos_token_id=0, eos_token_id=1)
+                          max_position_embeddings=512, bos_token_id=bos, eos_token_id=eos,
+                          **({"rope_parameters": rope} if rope else {}))
     model = model_class(config)
     with torch.no_grad():  # weights large enough that greedy text is not one repeated token
         for param in model.parameters():
@@ -112,6 +149,11 @@ def convert(folder: Path, out: Path, outtype: str, pre: str = "llama-bpe") -> Pa
         raise RuntimeError(f"convert_hf_to_gguf.py failed: {done.stderr[-3000:]}")
     return out
 
+
+# Llama 3.1's rope scaling at a tiny scale: 8 rotary frequencies, some below, some inside and some past the
+# band the scaling smooths (wavelengths 16 to 64), so the converter's rope_freqs tensor has all three kinds.
+LLAMA3_ROPE = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+               "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
 
 PATH_KEYS = ("general.name", "general.basename")
 

@@ -3,7 +3,8 @@
 Every metadata key/value and every tensor's type, shape and bytes of the mounted file equal those of
 ``convert_hf_to_gguf.py`` run on the same folder with the same ``--outtype`` (compared as maps with gguf-py;
 only the path-dependent ``general.name``/``basename``/``source*`` left out), for each output type, a BF16
-llama, an F16 Mistral whose rows are not whole Q8_0 blocks, and a sharded folder; llama.cpp generates the
+llama, an F16 Mistral whose rows are not whole Q8_0 blocks, a sharded folder and Llama 3.1's rope scaling
+(the converter's computed ``rope_freqs`` tensor), and a SentencePiece ``tokenizer.model`` with an added token; llama.cpp generates the
 same greedy tokens from both files; a read of part of a q/k tensor reads only the stored rows it maps to;
 an architecture not in the table gets no ``gguf/`` and one log line.
 """
@@ -16,7 +17,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import skip_or_fail
-from gguf_view_models import convert, gguf_maps, llama_client, llama_cpp_tree, make_llama, set_architecture
+from gguf_view_models import (LLAMA3_ROPE, convert, gguf_maps, llama_client, llama_cpp_tree, make_llama,
+                              set_architecture)
 
 pytest.importorskip("transformers")
 pytest.importorskip("gguf")
@@ -37,7 +39,9 @@ def folders(tmp_path_factory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("hf")
     return {"llama": make_llama(root / "tiny-llama"),
             "mistral": make_llama(root / "tiny-mistral", dtype="float16", arch="mistral", hidden=48, seed=1),
-            "sharded": make_llama(root / "tiny-sharded", dtype="float32", seed=2, shard="100KB")}
+            "sharded": make_llama(root / "tiny-sharded", dtype="float32", seed=2, shard="100KB"),
+            "llama3": make_llama(root / "tiny-llama3", seed=3, rope=LLAMA3_ROPE),
+            "spm": make_llama(root / "tiny-spm", dtype="float16", seed=4, tokenizer="spm")}
 
 
 def mounted_gguf(module_mounted, folder: Path, outtype: str) -> Path:
@@ -60,7 +64,8 @@ def assert_same_gguf(mine: Path, reference: Path) -> None:
 
 @pytest.mark.parametrize("case,outtype", [("llama", "auto"), ("llama", "f32"), ("llama", "f16"), ("llama", "bf16"),
                                           ("llama", "q8_0"), ("mistral", "auto"), ("mistral", "q8_0"),
-                                          ("sharded", "auto")])
+                                          ("sharded", "auto"), ("llama3", "auto"),
+                                          ("spm", "auto")])
 def test_equal_to_the_converter(module_mounted, folders, converter, tmp_path, case, outtype):
     folder = folders[case]
     reference = convert(folder, tmp_path / "converted.gguf", outtype)
@@ -91,14 +96,15 @@ def test_file_types_and_fallback(module_mounted, folders):
             assert types["blk.0.attn_q.weight"] == "F16"  # 48 columns: not whole 32-value blocks
 
 
-def test_llama_cpp_greedy_tokens(module_mounted, folders, converter, tmp_path):
+@pytest.mark.parametrize("case", ["llama", "llama3", "spm"])
+def test_llama_cpp_greedy_tokens(module_mounted, folders, converter, tmp_path, case):
     probe = llama_client.probe_path()
     if not probe.exists():
         skip_or_fail(f"llama.cpp is not built ({probe} is missing): run bash scripts/build_llama_cpp.sh")
-    reference = convert(folders["llama"], tmp_path / "converted.gguf", "auto")
+    reference = convert(folders[case], tmp_path / "converted.gguf", "auto")
     expected = llama_client.run(reference, "mmap", N_PREDICT, probe=probe)
     assert len(expected["tokens"]) == N_PREDICT and len(set(expected["tokens"])) >= 3, expected
-    mine = mounted_gguf(module_mounted, folders["llama"], "auto")
+    mine = mounted_gguf(module_mounted, folders[case], "auto")
     for mode in llama_client.MODES:
         result = llama_client.run(mine, mode, N_PREDICT, probe=probe)
         assert result["tokens"] == expected["tokens"], mode

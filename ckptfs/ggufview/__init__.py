@@ -8,6 +8,11 @@ architecture needs is one entry of ``archs.ARCHITECTURES``. Needs ``ckptfs[gguf]
 tokenizers), imported only when a mount asks for ``gguf/``.
 """
 
+from collections.abc import Mapping
+from typing import Any
+
+Config = Mapping[str, Any]  # a parsed config.json
+
 GGUF_DIR = "gguf"
 GGUF_FILE = "model.gguf"
 OUTPUT_TYPES = ("auto", "f32", "f16", "bf16", "q8_0")

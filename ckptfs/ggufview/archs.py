@@ -8,15 +8,16 @@ Adding an architecture is one entry here plus its test against the converter.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from ckptfs.ggufview import Unsupported
+from ckptfs.ggufview import Config, Unsupported
+from ckptfs.ggufview.hparams import rope_parameters
 
-Config = Mapping[str, Any]
 #: (HF tensor name, its 2-D shape (rows, cols), config) -> the stored row of each output row, or None
 RowOrder = Callable[[str, tuple[int, int], Config], "np.ndarray | None"]
 
@@ -29,6 +30,8 @@ class Architecture:
     extra_keys: Callable[[Any, Config], None]  # (GGUFWriter, config): keys past the common ones
     row_order: RowOrder
     check: Callable[[Config], None]        # raises Unsupported for a config this entry cannot serve
+    #: tensors the converter computes from the config (llama.cpp name -> float32 values)
+    generated: Callable[[Config], dict[str, np.ndarray]] = lambda config: {}
 
 
 def head_permutation(rows: int, n_head: int) -> np.ndarray:
@@ -63,15 +66,42 @@ def _llama_check(config: Config) -> None:
     if any(key in config for key in ("num_local_experts", "draft_vocab_size", "text_config")):
         raise Unsupported("this llama-family config (experts, a draft model or a nested text config) "
                           "is not served yet")
-    rope = config.get("rope_parameters", config.get("rope_scaling")) or {}
-    rope_type = str(rope.get("rope_type", rope.get("type", ""))).lower()
-    if rope_type == "llama3":
-        raise Unsupported("llama3 rope scaling (a generated rope_freqs tensor) is not served yet")
+
+
+def _llama_generated(config: Config) -> dict[str, np.ndarray]:
+    """``rope_freqs.weight`` for llama3 rope scaling: each rotary frequency's scale, computed as the
+    converter computes it, in torch float32 (a float32 power in numpy differs in the last bit for some)."""
+    rope = rope_parameters(config)
+    params = rope.get("full_attention", rope)
+    if not params or str(params.get("rope_type", "")).lower() != "llama3":
+        return {}
+    try:
+        import torch
+    except ImportError:
+        raise Unsupported("llama3 rope scaling needs torch for its rope_freqs tensor: pip install torch") from None
+    base = params.get("rope_theta", 10000.0)
+    dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
+    factor = params.get("factor", 8.0)
+    low, high = params.get("low_freq_factor", 1.0), params.get("high_freq_factor", 4.0)
+    old_context = params.get("original_max_position_embeddings", 8192)
+    long_wave, short_wave = old_context / low, old_context / high
+    freqs = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim))
+    scales = []
+    for freq in freqs:
+        wavelen = 2 * math.pi / freq
+        if wavelen < short_wave:
+            scales.append(1)
+        elif wavelen > long_wave:
+            scales.append(factor)
+        else:
+            smooth = (old_context / wavelen - low) / (high - low)
+            scales.append(1 / ((1 - smooth) / factor + smooth))
+    return {"rope_freqs.weight": torch.tensor(scales, dtype=torch.float32).numpy()}
 
 
 ARCHITECTURES: tuple[Architecture, ...] = (
     Architecture("llama", ("LlamaForCausalLM", "LLaMAForCausalLM", "MistralForCausalLM"), "LLAMA",
-                 _llama_keys, _llama_rows, _llama_check),
+                 _llama_keys, _llama_rows, _llama_check, _llama_generated),
 )
 
 

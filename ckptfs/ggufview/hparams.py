@@ -3,12 +3,9 @@ of synonyms that the config has; rope scaling from ``rope_parameters`` or ``rope
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
-from ckptfs.ggufview.archs import Config
-
-log = logging.getLogger("ckptfs.ggufview")
+from ckptfs.ggufview import Config
 
 
 def find(config: Config, keys: tuple[str, ...]) -> Any:

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from ckptfs.core.descriptors import TensorInfo
-from ckptfs.ggufview import Unsupported
-from ckptfs.ggufview.archs import Architecture, Config
+from ckptfs.ggufview import Config, Unsupported
+from ckptfs.ggufview.archs import Architecture
 
 SKIPPED_SUFFIXES = (".attention.masked_bias", ".attention.bias", ".rotary_emb.inv_freq")
 _STORED = {"F32": np.float32, "F16": np.float16, "BF16": "bf16"}
@@ -25,12 +25,14 @@ _STORED = {"F32": np.float32, "F16": np.float16, "BF16": "bf16"}
 @dataclass(frozen=True)
 class TensorPlan:
     name: str                  # llama.cpp's name
-    info: TensorInfo           # the stored tensor
+    info: TensorInfo | None    # the stored tensor (None for one the converter computes)
     rows: int                  # output rows (the product of every dimension but the last)
     cols: int
     qtype: int                 # gguf.GGMLQuantizationType
     row_bytes: int             # bytes of one output row
     order: np.ndarray | None   # the stored row of each output row (None: the same row)
+    constant: bytes | None = None  # a computed tensor's bytes
+    shape: tuple[int, ...] = ()    # as stored (numpy order)
 
     @property
     def nbytes(self) -> int:
@@ -62,12 +64,18 @@ def file_type_of(output_type: str, infos: list[TensorInfo]) -> int:
 
 def plan_tensors(arch: Architecture, config: Config, infos: list[TensorInfo], file_type: int,
                  block_count: int) -> list[TensorPlan]:
-    """Every served tensor in stored order; Unsupported for a name the architecture's map lacks or a stored
-    type that is not a float."""
+    """The tensors the converter computes (F32), then every stored one in stored order; Unsupported for a
+    name the architecture's map lacks or a stored type that is not a float."""
     import gguf
 
     name_map = gguf.get_tensor_name_map(getattr(gguf.MODEL_ARCH, arch.model_arch), block_count)
     plans = []
+    for name, values in arch.generated(config).items():
+        data = np.ascontiguousarray(values, "<f4")
+        cols = data.shape[-1] if data.ndim else 1
+        rows = data.size // cols if cols else 0
+        plans.append(TensorPlan(name, None, rows, cols, gguf.GGMLQuantizationType.F32, 4 * cols, None,
+                                data.tobytes(), tuple(data.shape)))
     for info in infos:
         hf_name = info.name.replace("language_model.", "")
         if hf_name.endswith(SKIPPED_SUFFIXES):
@@ -82,7 +90,8 @@ def plan_tensors(arch: Architecture, config: Config, infos: list[TensorInfo], fi
         rows = math.prod(info.shape[:-1]) if len(info.shape) > 1 else 1
         qtype = _output_type(name, len(info.shape), file_type, cols)
         order = arch.row_order(hf_name, (rows, cols), config) if len(info.shape) >= 1 else None
-        plans.append(TensorPlan(name, info, rows, cols, qtype, _row_bytes(qtype, cols), order))
+        plans.append(TensorPlan(name, info, rows, cols, qtype, _row_bytes(qtype, cols), order,
+                                shape=tuple(info.shape)))
     return plans
 
 

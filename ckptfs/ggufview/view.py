@@ -59,8 +59,8 @@ class VirtualGgufView(HeaderBodyView):
         self.plans = plan_tensors(arch, config, infos, file_type, n_blocks)
         writer = gguf.GGUFWriter(path=None, arch=arch.name)
         for plan in self.plans:
-            writer.add_tensor_info(plan.name, (*plan.info.shape[:-1], plan.cols) if plan.info.shape else (1,),
-                                   np.dtype(np.float32), plan.nbytes, raw_dtype=plan.qtype)
+            writer.add_tensor_info(plan.name, plan.shape or (1,), np.dtype(np.float32), plan.nbytes,
+                                   raw_dtype=plan.qtype)
         self._add_metadata(writer, folder, config, arch, file_type)
         self.header, self._starts, self.size = _serialize(writer)
 
@@ -103,6 +103,8 @@ class VirtualGgufView(HeaderBodyView):
 
     def _tensor_bytes(self, plan: TensorPlan, b0: int, b1: int) -> bytes:
         """Bytes [b0, b1) of one converted tensor."""
+        if plan.constant is not None:
+            return plan.constant[b0:b1]
         r0, r1 = b0 // plan.row_bytes, -(-b1 // plan.row_bytes)
         rows = stored_rows(plan, r0, r1)
         data = read_rows(self._sources.get(plan.info.source), plan, rows)
@@ -114,21 +116,15 @@ class VirtualGgufView(HeaderBodyView):
 def read_rows(source, plan: TensorPlan, rows: np.ndarray) -> bytes:
     """The stored bytes of ``rows`` in that order, each run of adjacent rows read at once."""
     size = plan.stored_row_bytes
-    order = np.argsort(rows, kind="stable")
-    sorted_rows = rows[order]
-    chunks, run_start = {}, 0
-    for k in range(1, len(sorted_rows) + 1):
-        if k == len(sorted_rows) or sorted_rows[k] != sorted_rows[k - 1] + 1:
-            first, count = int(sorted_rows[run_start]), k - run_start
-            chunks[first] = source.pread(plan.info.offset + first * size, count * size)
-            run_start = k
-    buf = bytearray(len(rows) * size)
-    firsts = sorted(chunks)
-    for out_index, row in enumerate(rows.tolist()):
-        first = firsts[bisect.bisect_right(firsts, row) - 1]
-        at = (row - first) * size
-        buf[out_index * size:(out_index + 1) * size] = chunks[first][at: at + size]
-    return bytes(buf)
+    if len(rows) == 0:
+        return b""
+    if len(rows) == 1 or bool((np.diff(rows) == 1).all()):
+        return source.pread(plan.info.offset + int(rows[0]) * size, len(rows) * size)
+    wanted = np.unique(rows)
+    runs = np.split(wanted, np.flatnonzero(np.diff(wanted) != 1) + 1)
+    data = b"".join(source.pread(plan.info.offset + int(run[0]) * size, len(run) * size) for run in runs)
+    block = np.frombuffer(data, np.uint8).reshape(len(wanted), size)
+    return block[np.searchsorted(wanted, rows)].tobytes()
 
 
 def _serialize(writer) -> tuple[bytes, list[int], int]:

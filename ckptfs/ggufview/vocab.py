@@ -1,6 +1,8 @@
 """The tokenizer keys of ``gguf/model.gguf``, as the converter writes them for a llama-family folder.
 
-A ``tokenizer.json`` in the SentencePiece style (BPE with byte fallback) goes through gguf-py's
+A SentencePiece ``tokenizer.model`` is read with ``sentencepiece`` (pieces, scores, types; then
+``added_tokens.json`` and ``tokenizer_config.json``'s ``added_tokens_decoder`` over them, ``[PADi]`` up to
+``vocab_size``). Without one, a ``tokenizer.json`` in the SentencePiece style (BPE with byte fallback) goes through gguf-py's
 ``LlamaHfVocab`` (``tokenizer.ggml.model = llama``); any other ``tokenizer.json`` is a GPT-2 style BPE
 vocabulary read with transformers' ``AutoTokenizer``, its pre-tokenizer named by the hash of one fixed text's
 token ids (``pre_hashes``). Special tokens, merges, ``add_*_token`` flags and the chat template come from
@@ -45,16 +47,18 @@ def add_llama_vocab(writer, folder: Path, config: dict) -> None:
             writer.add_add_space_prefix(prefix)
         if tokenizer_config.get("tokenizer_class") == "HybridDNATokenizer":
             raise Unsupported("the HybridDNA tokenizer is not served")
-    if (folder / "tokenizer.model").is_file():
-        raise Unsupported("a SentencePiece tokenizer.model is not served yet")
     if (folder / "tekken.json").is_file() and not (folder / "tokenizer.json").is_file():
         raise Unsupported("a Mistral tekken.json tokenizer is not served")
-    try:
-        _add_hf_spm(writer, gguf.LlamaHfVocab(folder))
+    if (folder / "tokenizer.model").is_file():
+        _add_sentencepiece(writer, folder, config, tokenizer_config or {})
         special = gguf.SpecialVocab(folder, n_vocab=writer_token_count(writer))
-    except (FileNotFoundError, TypeError):
-        _add_gpt2(writer, folder, config)
-        special = gguf.SpecialVocab(folder, load_merges=True)
+    else:
+        try:
+            _add_hf_spm(writer, gguf.LlamaHfVocab(folder))
+            special = gguf.SpecialVocab(folder, n_vocab=writer_token_count(writer))
+        except (FileNotFoundError, TypeError):
+            _add_gpt2(writer, folder, config)
+            special = gguf.SpecialVocab(folder, load_merges=True)
     special.add_to_gguf(writer)
     vocab_size = config.get("vocab_size", 32000)
     if vocab_size == 32016:
@@ -74,6 +78,42 @@ def _json(path: Path) -> dict | None:
         return None
     with open(path, encoding="utf-8") as f:
         return json.load(f)
+
+
+def _add_sentencepiece(writer, folder: Path, config: dict, tokenizer_config: dict) -> None:
+    """A SentencePiece vocabulary (``tokenizer.ggml.model`` llama, pre-tokenizer default)."""
+    import gguf
+    from sentencepiece import SentencePieceProcessor
+
+    kind = gguf.TokenType
+    processor = SentencePieceProcessor()
+    processor.LoadFromFile(str(folder / "tokenizer.model"))
+    vocab_size = config.get("vocab_size_per_layer_input", config.get("vocab_size")) or processor.vocab_size()
+    tokens = [f"[PAD{i}]".encode() for i in range(vocab_size)]
+    scores = [-10000.0] * vocab_size
+    types = [kind.UNUSED] * vocab_size
+    for i in range(min(processor.vocab_size(), vocab_size)):
+        tokens[i], scores[i] = processor.IdToPiece(i).encode(), processor.GetScore(i)
+        types[i] = (kind.UNKNOWN if processor.IsUnknown(i) else kind.CONTROL if processor.IsControl(i)
+                    else kind.UNUSED if processor.IsUnused(i) else kind.BYTE if processor.IsByte(i) else kind.NORMAL)
+    for text, i in (_json(folder / "added_tokens.json") or {}).items():
+        if i < vocab_size:
+            tokens[i], scores[i], types[i] = text.encode(), -1000.0, kind.USER_DEFINED
+    for key, data in tokenizer_config.get("added_tokens_decoder", {}).items():
+        i, text = int(key), data["content"]
+        if i >= vocab_size:
+            continue
+        if data.get("special") or looks_special(text):
+            types[i] = kind.CONTROL
+        else:
+            text = text.replace("\u2581", " ")
+            types[i] = kind.USER_DEFINED
+        tokens[i], scores[i] = text.encode(), -1000.0
+    writer.add_tokenizer_model("llama")
+    writer.add_tokenizer_pre("default")
+    writer.add_token_list(tokens)
+    writer.add_token_scores(scores)
+    writer.add_token_types(types)
 
 
 def _add_hf_spm(writer, vocab) -> None:
