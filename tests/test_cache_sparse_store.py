@@ -285,3 +285,15 @@ def test_an_unsealed_file_left_without_chunks_is_removed_unless_it_is_being_fill
     finally:
         holder.kill()
         holder.wait(10)
+
+
+def test_a_damaged_chunk_of_a_sealed_file_evicts_it_whole(tmp_path):
+    s = store(tmp_path)
+    s.put_chunks(CONTENT, 0, [chunk(i) for i in range(N)], N)
+    path = s.sealed_path(CONTENT)
+    with open(path, "r+b") as fh:
+        fh.seek(3 * CHUNK + 5)
+        fh.write(b"x")
+    assert s.get(CONTENT, 3) is None and s.stats()["forged"] == 1
+    assert not os.path.exists(path) and s.stored_chunks(CONTENT, range(N)) == set()  # fetched again, all
+    assert s.put_chunks(CONTENT, 3, [chunk(3)], N) and s.get(CONTENT, 3) == chunk(3)

@@ -160,8 +160,20 @@ class StoredFile:
         raw += bytes(count * RECORD - len(raw))
         return list(_RECORD.iter_unpack(raw))
 
-    def present(self) -> set[int]:
-        return {i for i, (_, length, _) in enumerate(self.records()) if length}
+    def present(self, indexes=None) -> set[int]:
+        """Of ``indexes`` (sorted; None: every chunk), those whose records say present: one read of the
+        records from the first to the last asked, not of the whole index (a 42 GB file's is 4 MB)."""
+        if indexes is None:
+            return {i for i, (_, length, _) in enumerate(self.records()) if length}
+        indexes = sorted(indexes)
+        if not indexes:
+            return set()
+        first = indexes[0]
+        records = self.records(first, indexes[-1] + 1 - first)
+        return {i for i in indexes if records[i - first][1]}
+
+    def has(self, index: int) -> bool:
+        return bool(self.records(index, 1)[0][1])
 
     def gone(self) -> bool:
         """Whether another process deleted (evicted) this file since it was opened."""
@@ -278,20 +290,22 @@ class SparseStore:
         return data
 
     def _drop_chunk(self, f: StoredFile, index: int, kind: str) -> None:
-        """A chunk whose bytes fail their MAC: its record cleared (a miss, fetched again)."""
+        """A chunk whose bytes fail their MAC: its record cleared (a miss, fetched again); a sealed file, never
+        written again, is evicted whole instead."""
         self._warn_once(kind, "cache dir %s: %s chunk %d of %s: dropped, fetching it again (further %s chunks "
                         "are counted, not logged)", self.root, kind, index, os.path.basename(f.data_path), kind)
         self._count(misses=1, **{kind: 1})
-        if not f.sealed:
-            with contextlib.suppress(OSError):
-                os.pwrite(f.index, bytes(RECORD), HEADER_SIZE + index * RECORD)
+        if f.sealed:
+            _remove(f.data_path[:-len(".data")])
+            return
+        with contextlib.suppress(OSError):
+            os.pwrite(f.index, bytes(RECORD), HEADER_SIZE + index * RECORD)
 
     def stored_chunks(self, content_id: str, indexes) -> set[int]:
         f = self._file(content_id, create=False)
         if f is None:
             return set()
-        present = f.present()
-        return {i for i in indexes if i in present}
+        return f.present(indexes)
 
     def contains(self, key) -> bool:
         """Whether chunk ``key`` (a ``chunks.chunk_key``) is stored."""
@@ -349,8 +363,7 @@ class SparseStore:
             self._warn_once("sealed", "cache dir %s: sealed file %s (%s): evicted, fetching it again (further "
                             "ones are counted, not logged)", self.root, os.path.basename(f.data_path), exc)
             self._count(corrupt=1)
-            _unlink(f.index_path)
-            _unlink(f.data_path)
+            _remove(f.data_path[:-len(".data")])
         with self._lock:
             self._copies[content_id] = result
 
@@ -431,13 +444,13 @@ class SparseStore:
         f = self._file(content_id, create=True)
         if f is None:
             return [True] * len(indexes)  # nothing to coordinate on: fetch
-        present = f.present()
+        present = f.present(indexes)
         won = []
         for i in indexes:
             if i in present or not range_lease.try_lock(f.data, i * CHUNK, CHUNK):
                 won.append(False)
                 continue
-            if i in f.present():  # stored between the look and the lock: take it, not a fetch
+            if f.has(i):  # stored between the look and the lock: take it, not a fetch
                 range_lease.unlock(f.data, i * CHUNK, CHUNK)
                 won.append(False)
                 continue
@@ -465,13 +478,13 @@ class SparseStore:
         pending = dict(enumerate(indexes))
         until, pause = time.monotonic() + timeout, LEASE_POLL_S[0]
         while pending:
-            present = f.present()
+            present = f.present(sorted(pending.values()))
             for k, i in list(pending.items()):
                 if i in present:
                     out[k] = self.get(content_id, i)
                     del pending[k]
                 elif not range_lease.held_elsewhere(f.data, i * CHUNK, CHUNK):
-                    if i in f.present():  # stored and released since the look above
+                    if f.has(i):  # stored and released since the look above
                         out[k] = self.get(content_id, i)
                     del pending[k]  # the lease ended without the chunk: the caller fetches it
             if not pending or time.monotonic() >= until:
