@@ -297,3 +297,28 @@ def test_a_damaged_chunk_of_a_sealed_file_evicts_it_whole(tmp_path):
     assert s.get(CONTENT, 3) is None and s.stats()["forged"] == 1
     assert not os.path.exists(path) and s.stored_chunks(CONTENT, range(N)) == set()  # fetched again, all
     assert s.put_chunks(CONTENT, 3, [chunk(3)], N) and s.get(CONTENT, 3) == chunk(3)
+
+
+def test_the_free_space_floor_is_a_flag_of_the_commands(tmp_path):
+    from cli_runs import one_error_line, run_cli
+
+    cache = tmp_path / "cache"
+    s = SparseStore(cache, 1 << 40)
+    s.put_chunks(CONTENT, 0, [chunk(i) for i in range(N)], N)  # sealed
+    s.put_chunks(CONTENT + ":part", 0, [chunk(0)], N)
+    kept = run_cli("cache", "prune", "--cache-dir", str(cache), "--cache-dir-size", "1T")
+    assert kept.returncode == 0, kept.stderr
+    assert s.stored_chunks(CONTENT, range(N)) == set(range(N))  # under the bound, the default floor met
+    pruned = run_cli("cache", "prune", "--cache-dir", str(cache), "--cache-dir-size", "1T",
+                     "--cache-dir-min-free", "99.99")  # a floor no file system meets: everything evictable goes
+    assert pruned.returncode == 0, pruned.stderr
+    assert s.stored_chunks(CONTENT, range(N)) == set() == s.stored_chunks(CONTENT + ":part", range(N))
+    for command in (["prefetch", "http://127.0.0.1:9/m.gguf"], ["cache", "prune"]):
+        one_error_line(run_cli(*command, "--cache-dir", str(cache), "--cache-dir-min-free", "100"), 2,
+                       "--cache-dir-min-free", "below 100")
+    assert "--cache-dir-min-free" in run_cli("mount", "--help").stdout
+    from ckptfs.commands.cli import mount
+    from ckptfs.commands.fstab import mount_arguments, parse_helper_argv
+
+    assert mount_arguments(parse_helper_argv(["src", "mnt", "-o", "cache_dir_min_free=7"]), mount)[3:] == [
+        "--cache-dir-min-free", "7"]  # the fstab spelling

@@ -1,7 +1,7 @@
-"""The cache command line: the ``--cache-dir/--cache-dir-size/--redis/--redis-cluster/--cache-key-file`` options
-and ``ckptfs cache`` (``ckptfs prefetch`` is ``prefetch.py``).
+"""The cache command line: the ``--cache-dir/--cache-dir-size/--cache-dir-min-free/--redis/--redis-cluster/
+--cache-key-file`` options and ``ckptfs cache`` (``ckptfs prefetch`` is ``prefetch.py``).
 
-``tier_options`` is the one definition of the four options, for every command that takes them (``mount``,
+``tier_options`` is the one definition of these options, for every command that takes them (``mount``,
 ``prefetch``, and the remote sources' byte cache, which shares ``--cache-dir``). ``--cache-dir`` defaults to
 ``$CKPTFS_CACHE_DIR``, the folder ``Tensor.shared()`` falls back on too, and ``--cache-key-file`` to
 ``$CKPTFS_CACHE_KEY_FILE`` (the fstab helper maps ``-o cache_key_file=`` from this option list).
@@ -17,7 +17,7 @@ import click
 
 from ckptfs.cache.auth import ENV_KEY_FILE, CacheRefused
 from ckptfs.cache.disk import DEFAULT_CACHE_DIR_SIZE, DiskStore
-from ckptfs.cache.sparse_store import NAMESPACE, SparseStore, folder_bytes
+from ckptfs.cache.sparse_store import DEFAULT_MIN_FREE, NAMESPACE, SparseStore, folder_bytes
 from ckptfs.util.sizes import format_size, parse_size
 
 ENV_DIR = "CKPTFS_CACHE_DIR"
@@ -74,6 +74,24 @@ def cache_dir_size_option(f):
                         help="Bound of the --cache-dir folder (all processes together; LRU).")(f)
 
 
+def _percent(ctx, param, value):
+    if value is None:
+        return None
+    try:
+        percent = float(str(value).rstrip("%"))
+    except ValueError:
+        raise click.BadParameter(f"{value!r} is not a percentage (5, 5%, 0.5)") from None
+    if not 0 <= percent < 100:
+        raise click.BadParameter(f"{value!r}: give a percentage from 0 to below 100")
+    return percent
+
+
+def cache_dir_min_free_option(f):
+    return click.option("--cache-dir-min-free", default=None, callback=_percent, metavar="PCT",
+                        help="Percent of the --cache-dir file system the fetched-bytes store keeps free "
+                             "(evicting least recently used chunks; default 5).")(f)
+
+
 def cache_key_file_option(f):
     return click.option("--cache-key-file", type=click.Path(dir_okay=False), default=None, envvar=ENV_KEY_FILE,
                         help=f"Secret key authenticating the --cache-dir and --redis entries (owned by you, "
@@ -82,15 +100,15 @@ def cache_key_file_option(f):
 
 
 def tier_options(f):
-    """--cache-dir, --cache-dir-size, --redis, --redis-cluster and --cache-key-file on one command (passed as
-    cache_dir, cache_dir_size, redis, redis_cluster, cache_key_file)."""
+    """--cache-dir, --cache-dir-size, --cache-dir-min-free, --redis, --redis-cluster and --cache-key-file on one
+    command (passed as cache_dir, cache_dir_size, cache_dir_min_free, redis, redis_cluster, cache_key_file)."""
     f = click.option("--redis-cluster", "redis_cluster", multiple=True, metavar="HOST:PORT", callback=_cluster_seeds,
                      help="A seed node of a Redis Cluster for decoded groups shared across machines, spread over "
                           "its nodes (repeatable; needs ckptfs[redis]).")(f)
     f = click.option("--redis", default=None, metavar="URL", callback=_redis_url,
                      help="Redis for decoded groups shared across machines (redis://HOST:PORT/DB; "
                           "needs ckptfs[redis]).")(f)
-    return cache_dir_option(cache_dir_size_option(cache_key_file_option(f)))
+    return cache_dir_option(cache_dir_size_option(cache_dir_min_free_option(cache_key_file_option(f))))
 
 
 def _store(cache_dir: str | None, max_bytes: int = DEFAULT_CACHE_DIR_SIZE) -> DiskStore:
@@ -103,9 +121,11 @@ def _store(cache_dir: str | None, max_bytes: int = DEFAULT_CACHE_DIR_SIZE) -> Di
         raise click.ClickException(str(exc)) from None
 
 
-def _remote_store(cache_dir: str, max_bytes: int = DEFAULT_CACHE_DIR_SIZE) -> SparseStore:
+def _remote_store(cache_dir: str, max_bytes: int = DEFAULT_CACHE_DIR_SIZE,
+                  min_free: float | None = None) -> SparseStore:
     """The folder's store of fetched remote bytes (checked by ``_store`` first)."""
-    return SparseStore(cache_dir, max_bytes, os.environ.get(ENV_KEY_FILE) or None)
+    return SparseStore(cache_dir, max_bytes, os.environ.get(ENV_KEY_FILE) or None,
+                       DEFAULT_MIN_FREE if min_free is None else min_free)
 
 
 @click.group("cache")
@@ -133,10 +153,11 @@ def cache_stats(cache_dir, as_json):
 @cache_group.command("prune")
 @cache_dir_option
 @cache_dir_size_option
-def cache_prune(cache_dir, cache_dir_size):
+@cache_dir_min_free_option
+def cache_prune(cache_dir, cache_dir_size, cache_dir_min_free):
     """Delete least recently used entries down to 90% of --cache-dir-size (and killed writers' leftovers)."""
     result = _store(cache_dir, cache_dir_size).prune()
-    remote = _remote_store(cache_dir, cache_dir_size).prune()
+    remote = _remote_store(cache_dir, cache_dir_size, cache_dir_min_free).prune()
     result["files"] += remote["files"]
     result["bytes"] += remote["bytes"]
     result["total"] = folder_bytes(Path(cache_dir))

@@ -75,8 +75,8 @@ class ByteBar:
               help="For a remote SRC: after its bytes, decode its tensors into the tiers too.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress line and no summary (errors only).")
 @click.option("-v", "--verbose", is_flag=True, help="Log to stderr; tracebacks on errors.")
-def prefetch(src, names, cache_dir, cache_dir_size, redis, redis_cluster, cache_key_file, mirrors, timeout,
-             stall_timeout, dtype, decode, quiet, verbose):
+def prefetch(src, names, cache_dir, cache_dir_size, cache_dir_min_free, redis, redis_cluster, cache_key_file, mirrors,
+             timeout, stall_timeout, dtype, decode, quiet, verbose):
     """Fill the caches before a deployment: a remote SRC's stored bytes into --cache-dir (every file, many
     ranges at once, resumable), or tensors of SRC (all, or NAMES) decoded into the shared tiers."""
     import logging
@@ -96,7 +96,7 @@ def prefetch(src, names, cache_dir, cache_dir_size, redis, redis_cluster, cache_
     if decode and not cache_dir and not redis and not redis_cluster:
         raise click.UsageError("nothing to warm: give --cache-dir DIR, --redis URL and/or --redis-cluster HOST:PORT")
     options = dict(dtype=dtype, cache_size=64 << 20, cache_dir=cache_dir, cache_dir_size=cache_dir_size,
-                   redis=redis, redis_cluster=redis_cluster, cache_key_file=cache_key_file, mirrors=mirrors,
+                   cache_dir_min_free=cache_dir_min_free, redis=redis, redis_cluster=redis_cluster, cache_key_file=cache_key_file, mirrors=mirrors,
                    timeout=timeout, stall_timeout=stall_timeout)
     ok = True
     stop = threading.Event()  # set on Ctrl-C: queued pieces are dropped, not fetched on the way out

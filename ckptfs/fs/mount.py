@@ -24,8 +24,8 @@ from ckptfs.fs import logs
 from ckptfs.fs.counters import MountCounters
 from ckptfs.fs.daemon import READY_TIMEOUT, ReadinessPipe, StderrCapture, detach
 from ckptfs.fs.errors import MountError
-from ckptfs.fs.mountpoint import (MountpointLock, check_answers, check_dev_fuse, check_fusermount, check_mountpoint,
-                         unmount)
+from ckptfs.fs.mountpoint import (MountGone, MountpointLock, check_answers, check_dev_fuse, check_fusermount,
+                                  check_mountpoint, unmount)
 from ckptfs.fs.operations import CkptOperations
 from ckptfs.fs.options import MountOptions, as_usage_error, parse_options
 from ckptfs.util.redact import strip_url
@@ -277,37 +277,78 @@ def _failure_reason(capture: StderrCapture, error: BaseException | None) -> str:
     return capture.last_line() or (str(error) if error is not None else "") or "FUSE exited before the mount was ready"
 
 
+class _StartupCheck:
+    """A foreground mount's start-up check (``check_answers``) and its outcome.
+
+    It runs on a thread of its own, started by ``init`` (not from ``init`` itself, whose reply the kernel is
+    still waiting for), while the session serves, and a termination signal can end the session at any
+    moment of it (libfuse's handlers end the loop at once): the check's question then finds the mount gone,
+    or is never answered. That is not a mount that failed to start, so the outcome is decided under a lock
+    by whichever comes first: the check's ``"ok"``; its ``"failed"`` (the mount answers wrongly: the check
+    unmounts it, which ends the session); ``"gone"`` (the mount was gone when the answer came); or, once
+    the session has ended with the check still waiting for its answer, ``"moot"`` (``settle``).
+    """
+
+    def __init__(self, plan: _Plan, capture: StderrCapture, lock: MountpointLock | None, warmup: list):
+        self._plan, self._capture, self._lock, self._warmup = plan, capture, lock, warmup
+        self._state = threading.Lock()
+        self.outcome: str | None = None
+        self.reason = ""
+        self._thread = threading.Thread(target=self._run, name="ckptfs-check-mount", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def _decide(self, outcome: str, reason: str = "") -> bool:
+        """Record ``outcome`` unless one is recorded already; True if this one was."""
+        with self._state:
+            if self.outcome is not None:
+                return False
+            self.outcome, self.reason = outcome, reason
+            return True
+
+    def _run(self) -> None:
+        plan = self._plan
+        try:
+            check_answers(plan.mountpoint, os.getpid(), ANSWER_TIMEOUT)
+        except MountGone:
+            self._decide("gone")
+            return
+        except MountError as exc:
+            if self._decide("failed", str(exc)):  # raised once the session has ended: the CLI prints it
+                try:
+                    unmount(plan.mountpoint)  # fails harmlessly when libfuse has already given up
+                except MountError:
+                    pass
+            return
+        if not self._decide("ok"):
+            return
+        self._capture.release()
+        if self._lock is not None:
+            self._lock.release()
+        log.info("mounted %s", _describe(plan))
+        self._warmup.extend(_start_prefetch(plan))
+
+    def settle(self) -> str:
+        """Once the session has ended: the outcome (``"moot"`` if the check was still waiting), after the
+        check's own follow-up (the unmount it asked for, releasing stderr) is done."""
+        self._decide("moot")
+        if self._thread.ident is not None and self.outcome in ("ok", "failed"):
+            self._thread.join(ANSWER_TIMEOUT)
+        return self.outcome
+
+
 def _run_foreground(plan: _Plan, lock: MountpointLock | None = None) -> int:
     request = plan.request
     logs.configure(logging.DEBUG if request.verbose else logging.WARNING, request.log_format, plan.log_fd)
     capture = StderrCapture()
     mounted = threading.Event()
-    failed: list[str] = []
-
-    def check() -> None:
-        """init was called; the mount is ready once its root answers (asked from a thread: not from init,
-        whose reply the kernel is still waiting for). If it does not, unmount: the session ends, exit 1."""
-        try:
-            check_answers(plan.mountpoint, os.getpid(), ANSWER_TIMEOUT)
-        except MountError as exc:
-            failed.append(str(exc))  # raised once the session has ended: the CLI prints it as one line
-            try:
-                unmount(plan.mountpoint)  # fails harmlessly when libfuse has already given up
-            except MountError:
-                pass
-            return
-        capture.release()
-        if lock is not None:
-            lock.release()
-        log.info("mounted %s", _describe(plan))
-        warmup.extend(_start_prefetch(plan))
-
     warmup: list = []
-    checker = threading.Thread(target=check, name="ckptfs-check-mount", daemon=True)
+    check = _StartupCheck(plan, capture, lock, warmup)
 
     def on_ready() -> None:
         mounted.set()
-        checker.start()
+        check.start()
 
     error = _serve(plan, on_ready)
     for running in warmup:
@@ -316,12 +357,14 @@ def _run_foreground(plan: _Plan, lock: MountpointLock | None = None) -> int:
         reason = _failure_reason(capture, error)
         capture.release(replay=request.verbose)
         raise MountError(reason)
-    if checker.ident is not None:
-        checker.join(ANSWER_TIMEOUT)  # libfuse may end the session before the check has its answer
-    if failed:
+    outcome = check.settle()
+    if outcome == "failed":
         said = capture.last_line()  # libfuse's own reason, when it printed one
         capture.release(replay=request.verbose)
-        raise MountError(f"{failed[0]}" + (f" ({said})" if said else ""))
+        raise MountError(f"{check.reason}" + (f" ({said})" if said else ""))
+    if outcome != "ok":  # ended (a signal, an unmount) during the check: not a failed start
+        capture.release(replay=request.verbose)
+        log.info("ended before its start-up check was answered")
     return _exit_code(plan, error)
 
 

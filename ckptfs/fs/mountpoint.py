@@ -226,11 +226,17 @@ class MountpointLock:
         self.release()
 
 
+class MountGone(MountError):
+    """``check_answers`` found no mount to ask any more: its session ended while it asked (a signal, an
+    unmount), which is not a mount that answers wrongly."""
+
+
 def check_answers(path: str, pid: int, timeout: float) -> None:
     """MountError unless the mount at ``path`` is served by daemon ``pid``: its root's stats xattr must
     answer and name that pid. libfuse can call ``init`` and then give up (``-o max_read`` on libfuse 3), and
     options such as ``modules=subdir`` leave a root that answers nothing; neither is a working mount. Asked
-    from a thread, so a mount that never answers costs ``timeout`` seconds, not a hang."""
+    from a thread, so a mount that never answers costs ``timeout`` seconds, not a hang. MountGone when the
+    mount was gone by the time the question was answered (its connection aborted, or no mount at ``path``)."""
     answer: dict[str, object] = {}
 
     def ask() -> None:
@@ -247,7 +253,9 @@ def check_answers(path: str, pid: int, timeout: float) -> None:
     error = answer.get("error")
     if error is not None:
         reason = getattr(error, "strerror", None) or str(error)
-        raise MountError(f"the mount at {path} does not answer at its root ({reason}): not mounted")
+        gone = getattr(error, "errno", None) in (*DEAD_MOUNT_ERRNOS, errno.ENODEV) or not is_mount_point(path)
+        raise (MountGone if gone else MountError)(f"the mount at {path} does not answer at its root ({reason}): "
+                                                  "not mounted")
     stats = answer.get("stats")
     if not isinstance(stats, dict) or stats.get("pid") != pid:
         raise MountError(f"the mount at {path} is not served by this ckptfs daemon (pid {pid}): not mounted")
