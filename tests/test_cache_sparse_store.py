@@ -322,3 +322,20 @@ def test_the_free_space_floor_is_a_flag_of_the_commands(tmp_path):
 
     assert mount_arguments(parse_helper_argv(["src", "mnt", "-o", "cache_dir_min_free=7"]), mount)[3:] == [
         "--cache-dir-min-free", "7"]  # the fstab spelling
+
+
+def test_a_damaged_index_header_drops_the_file_with_one_line_and_leaks_no_descriptor(tmp_path, caplog):
+    s = store(tmp_path)
+    s.put_chunks(CONTENT, 0, [chunk(0)], N)
+    data_path, index_path = s.paths_for(CONTENT)
+    with open(index_path, "r+b") as fh:
+        fh.seek(30)
+        fh.write(b"\xff\xff")  # inside the crc'd header
+    fresh = SparseStore(tmp_path / "cache", 1 << 30)
+    fds = len(os.listdir("/proc/self/fd"))
+    with caplog.at_level(logging.WARNING, logger="ckptfs.cache.sparse_store"):
+        assert fresh.get(CONTENT, 0) is None and fresh.get(CONTENT, 0) is None
+    assert len(os.listdir("/proc/self/fd")) == fds
+    assert not os.path.exists(index_path) and not os.path.exists(data_path)
+    assert len([r for r in caplog.records if "header checksum mismatch" in r.getMessage()]) == 1
+    assert fresh.put_chunks(CONTENT, 0, [chunk(0)], N) and fresh.get(CONTENT, 0) == chunk(0)

@@ -135,7 +135,11 @@ class StoredFile:
             raise
         self.lock = threading.Lock()
         self.leases = 0  # leases this process holds on ``data`` (it is not closed while any are held)
-        self.chunks, self.size, self.sealed = self._read_header()
+        try:
+            self.chunks, self.size, self.sealed = self._read_header()
+        except BaseException:
+            self.close()
+            raise
 
     def _read_header(self) -> tuple[int, int, bool]:
         range_lease.lock(self.index, 0, HEADER_SIZE)  # creators of one file agree on its header
@@ -176,9 +180,9 @@ class StoredFile:
         return bool(self.records(index, 1)[0][1])
 
     def gone(self) -> bool:
-        """Whether another process deleted (evicted) this file since it was opened."""
+        """Whether another process deleted (evicted) this file, its index or its data, since it was opened."""
         try:
-            return os.fstat(self.index).st_nlink == 0
+            return os.fstat(self.index).st_nlink == 0 or os.fstat(self.data).st_nlink == 0
         except OSError:
             return True
 
