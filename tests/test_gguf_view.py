@@ -11,12 +11,14 @@ an architecture not in the table gets no ``gguf/`` and one log line.
 
 from __future__ import annotations
 
+import json
 import shutil
+import subprocess
 from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import skip_or_fail
+from conftest import ckptfs_cli, cli_env, mount_stats, skip_or_fail
 from gguf_view_models import (LLAMA3_ROPE, convert, gguf_maps, llama_client, llama_cpp_tree, make_llama,
                               set_architecture)
 
@@ -44,9 +46,16 @@ def folders(tmp_path_factory) -> dict[str, Path]:
             "spm": make_llama(root / "tiny-spm", dtype="float16", seed=4, tokenizer="spm")}
 
 
-def mounted_gguf(module_mounted, folder: Path, outtype: str) -> Path:
-    mnt = module_mounted(folder, "--gguf", "--gguf-type", outtype)
-    return mnt / "gguf" / "model.gguf"
+_MOUNTS: dict[tuple[Path, str], Path] = {}
+
+
+def mounted_gguf(module_mounted, folder: Path, outtype: str, fresh: bool = False) -> Path:
+    """``gguf/model.gguf`` of ``folder`` mounted with --gguf-type ``outtype`` (one mount per pair in this
+    module, unless ``fresh``)."""
+    key = (folder, outtype)
+    if fresh or key not in _MOUNTS or not _MOUNTS[key].exists():
+        _MOUNTS[key] = module_mounted(folder, "--gguf", "--gguf-type", outtype) / "gguf" / "model.gguf"
+    return _MOUNTS[key]
 
 
 def assert_same_gguf(mine: Path, reference: Path) -> None:
@@ -125,3 +134,36 @@ def test_unsupported_architecture_gets_no_gguf(mounted, folders, tmp_path):
     assert len(lines) == 1, lines
     assert "FalconForCausalLM is not served (supported: LLaMAForCausalLM, LlamaForCausalLM, MistralForCausalLM)" \
         in lines[0]
+
+
+def test_info_says_why(folders, tmp_path):
+    folder = tmp_path / "other"
+    shutil.copytree(folders["llama"], folder)
+    set_architecture(folder, "FalconForCausalLM")
+    for src, expected in ((folder, "none: architecture FalconForCausalLM is not served (supported: "
+                                   "LLaMAForCausalLM, LlamaForCausalLM, MistralForCausalLM)"),
+                          (folders["llama"], "available (mount with --gguf)")):
+        done = subprocess.run([*ckptfs_cli(), "info", "--gguf", "--json", str(src)], env=cli_env(),
+                              capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+        assert json.loads(done.stdout)["gguf"].startswith(expected)
+
+
+def io_counter(pid: int, name: str) -> int:
+    with open(f"/proc/{pid}/io") as f:
+        return int(next(line for line in f if line.startswith(f"{name}:")).split()[1])
+
+
+def test_the_daemon_writes_nothing(module_mounted, folders):
+    """Reading the whole file of a fresh mount (nothing of it in the page cache yet) writes no byte to any
+    disk: the daemon's write_bytes does not move."""
+    for outtype in ("auto", "q8_0"):
+        path = mounted_gguf(module_mounted, folders["llama"], outtype, fresh=True)
+        pid = mount_stats(path.parent.parent)["pid"]
+        written, read = io_counter(pid, "write_bytes"), io_counter(pid, "rchar")
+        with open(path, "rb") as f:
+            while f.read(1 << 20):
+                pass
+        stored = sum(p.stat().st_size for p in folders["llama"].glob("*.safetensors"))
+        assert io_counter(pid, "rchar") - read > stored // 2  # the daemon read the weights to serve the file
+        assert io_counter(pid, "write_bytes") == written

@@ -161,8 +161,11 @@ def umount(mountpoint, verbose):
 @click.option("-v", "--verbose", is_flag=True, help="On an error, print its traceback before the one line.")
 @click.option("--hf", "hf", is_flag=True,
               help="Also say whether a mount with --hf gets hf/, or why not (imports transformers).")
+@click.option("--gguf", "gguf", is_flag=True,
+              help="Also say whether a mount with --gguf gets gguf/model.gguf, or why not (builds its header).")
 @click.option("--all", "every", is_flag=True, help="List every file and checkpoint (the text form shows the first 20).")
-def info(src, as_json, hf, verbose, mirrors, timeout, stall_timeout, cache_dir, cache_dir_size, cache_key_file, every):
+def info(src, as_json, hf, verbose, mirrors, timeout, stall_timeout, cache_dir, cache_dir_size, cache_key_file, every,
+         gguf):
     """Summarize a checkpoint: format, tensors, storage types, metadata, damage."""
     from ckptfs import open as open_checkpoint
     from ckptfs.commands.info import render, repository_summary, summary
@@ -171,7 +174,7 @@ def info(src, as_json, hf, verbose, mirrors, timeout, stall_timeout, cache_dir, 
     try:
         with open_checkpoint(src, mirrors=mirrors, timeout=timeout, stall_timeout=stall_timeout, cache_dir=cache_dir,
                              cache_dir_size=cache_dir_size, cache_key_file=cache_key_file) as ck:
-            data = summary(ck, hf=hf)
+            data = summary(ck, hf=hf, gguf=gguf)
     except SeveralCheckpoints as several:  # a repository: the checkpoints it holds (none is opened)
         data = repository_summary(several.repository)
     except Exception as exc:  # noqa: BLE001 - the CLI turns every failure into one line

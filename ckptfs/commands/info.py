@@ -34,7 +34,7 @@ def _summarize(value: Any) -> Any:
     return to_jsonable(value)
 
 
-def summary(ck: Checkpoint, hf: bool = False) -> dict[str, Any]:
+def summary(ck: Checkpoint, hf: bool = False, gguf: bool = False) -> dict[str, Any]:
     counts: Counter[str] = Counter()
     stored: Counter[str] = Counter()
     stored_tensors = [t for t in ck.tensors if not t.virtual]  # views of packed parts have no bytes of their own
@@ -53,6 +53,7 @@ def summary(ck: Checkpoint, hf: bool = False) -> dict[str, Any]:
         "notes": [redact(note) for note in ck.notes],
         "passthrough": sorted(ck.passthrough),
         "hf": _hf_folder(ck) if hf else None,
+        "gguf": _gguf_file(ck) if gguf else None,
         "packed_views": _packed_views(ck),
     }
 
@@ -74,6 +75,18 @@ def _hf_folder(ck: Checkpoint) -> str | None:
 
     reason = unavailable_reason(ck)
     return "available (mount with --hf)" if reason is None else f"none: {reason}"
+
+
+def _gguf_file(ck: Checkpoint) -> str:
+    """Whether a mount with --gguf gets gguf/model.gguf (its header built as the mount builds it), or why not."""
+    from ckptfs.ggufview import Unsupported
+    from ckptfs.ggufview.provider import build_view
+
+    try:
+        view = build_view(ck, "auto")
+    except Unsupported as exc:
+        return f"none: {exc}"
+    return f"available (mount with --gguf): {len(view.plans)} tensors, {view.size} bytes in the auto type"
 
 
 def repository_summary(repository) -> dict[str, Any]:
@@ -133,6 +146,8 @@ def render(info: dict[str, Any], every: bool = False) -> str:
         lines.append(f"other files ({len(info['passthrough'])}): {_names(info['passthrough'], every)}")
     if info.get("hf"):
         lines.append(f"hf/: {info['hf']}")
+    if info.get("gguf"):
+        lines.append(f"gguf/: {info['gguf']}")
     packed = info.get("packed_views")
     if packed:
         lines.append(f"packed views ({', '.join(packed['schemes'])}): {packed['views']}, "
