@@ -339,3 +339,12 @@ def test_a_damaged_index_header_drops_the_file_with_one_line_and_leaks_no_descri
     assert not os.path.exists(index_path) and not os.path.exists(data_path)
     assert len([r for r in caplog.records if "header checksum mismatch" in r.getMessage()]) == 1
     assert fresh.put_chunks(CONTENT, 0, [chunk(0)], N) and fresh.get(CONTENT, 0) == chunk(0)
+
+
+def test_a_store_that_pauses_writing_gives_up_the_leases_of_what_it_did_not_store(tmp_path):
+    s = store(tmp_path)
+    other = SparseStore(tmp_path / "cache", 1 << 30)  # its own open files: its leases conflict with s's
+    assert s.lease(CONTENT, [0]) == [True] and other.lease(CONTENT, [0]) == [False]
+    s._paused_until = float("inf")  # the file system was full a moment ago
+    assert not s.put_chunks(CONTENT, 0, [chunk(0)], N)
+    assert other.lease(CONTENT, [0]) == [True]  # not stored, and the lease given up: the other fetches it

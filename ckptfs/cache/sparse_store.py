@@ -420,8 +420,8 @@ class SparseStore:
         except OSError as exc:
             self._trouble("write", exc)
             return False
-        finally:
-            if f is not None:
+        finally:  # (also when nothing was written: a paused store's waiters must not wait for these chunks)
+            with contextlib.suppress(OSError):
                 self.release(content_id, range(first, first + len(views)), f)
         self._after_write(written)
         return True
