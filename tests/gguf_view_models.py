@@ -105,10 +105,11 @@ def make_spm_tokenizer(folder: Path) -> SpmTokenizer:
 
 def make_llama(folder: Path, *, dtype: str = "bfloat16", arch: str = "llama", seed: int = 0,
                hidden: int = 64, heads: int = 4, kv_heads: int = 2, layers: int = 2, shard: str | None = None,
-               rope: dict | None = None, tokenizer: str = "bpe") -> Path:
+               rope: dict | None = None, tokenizer: str = "bpe", bias: bool = False) -> Path:
     """A tiny llama (or Mistral) folder in ``dtype``, its vocabulary padded past the tokenizer's ids (the
     converter writes [PADi] tokens for those); ``shard``: save_pretrained's max_shard_size; ``rope``: the
-    config's rope_parameters; ``tokenizer``: bpe (tokenizer.json) or spm (tokenizer.model)."""
+    config's rope_parameters; ``tokenizer``: bpe (tokenizer.json) or spm (tokenizer.model); ``bias``:
+    attention biases (the q/k ones permuted as their rows are)."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM
 
@@ -121,7 +122,7 @@ def make_llama(folder: Path, *, dtype: str = "bfloat16", arch: str = "llama", se
     config = config_class(vocab_size=len(tokenizer) + 7, hidden_size=hidden, intermediate_size=2 * hidden,
                           num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads,
                           max_position_embeddings=512, bos_token_id=bos, eos_token_id=eos,
-                          **({"rope_parameters": rope} if rope else {}))
+                          attention_bias=bias, **({"rope_parameters": rope} if rope else {}))
     model = model_class(config)
     with torch.no_grad():  # weights large enough that greedy text is not one repeated token
         for param in model.parameters():

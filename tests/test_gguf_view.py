@@ -3,7 +3,7 @@
 Every metadata key/value and every tensor's type, shape and bytes of the mounted file equal those of
 ``convert_hf_to_gguf.py`` run on the same folder with the same ``--outtype`` (compared as maps with gguf-py;
 only the path-dependent ``general.name``/``basename``/``source*`` left out), for each output type, a BF16
-llama, an F16 Mistral whose rows are not whole Q8_0 blocks, a sharded folder and Llama 3.1's rope scaling
+llama, an F16 Mistral whose rows are not whole Q8_0 blocks, a sharded folder with attention biases and Llama 3.1's rope scaling
 (the converter's computed ``rope_freqs`` tensor), and a SentencePiece ``tokenizer.model`` with an added token; llama.cpp generates the
 same greedy tokens from both files; a read of part of a q/k tensor reads only the stored rows it maps to;
 an architecture not in the table gets no ``gguf/`` and one log line.
@@ -41,7 +41,7 @@ def folders(tmp_path_factory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("hf")
     return {"llama": make_llama(root / "tiny-llama"),
             "mistral": make_llama(root / "tiny-mistral", dtype="float16", arch="mistral", hidden=48, seed=1),
-            "sharded": make_llama(root / "tiny-sharded", dtype="float32", seed=2, shard="100KB"),
+            "sharded": make_llama(root / "tiny-sharded", dtype="float32", seed=2, shard="100KB", bias=True),
             "llama3": make_llama(root / "tiny-llama3", seed=3, rope=LLAMA3_ROPE),
             "spm": make_llama(root / "tiny-spm", dtype="float16", seed=4, tokenizer="spm")}
 

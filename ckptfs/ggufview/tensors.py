@@ -26,8 +26,8 @@ _STORED = {"F32": np.float32, "F16": np.float16, "BF16": "bf16"}
 class TensorPlan:
     name: str                  # llama.cpp's name
     info: TensorInfo | None    # the stored tensor (None for one the converter computes)
-    rows: int                  # output rows (the product of every dimension but the last)
-    cols: int
+    rows: int                  # output rows (the product of every dimension but the last; a vector's length)
+    cols: int                  # the last dimension (1 for a vector)
     qtype: int                 # gguf.GGMLQuantizationType
     row_bytes: int             # bytes of one output row
     order: np.ndarray | None   # the stored row of each output row (None: the same row)
@@ -86,10 +86,11 @@ def plan_tensors(arch: Architecture, config: Config, infos: list[TensorInfo], fi
         name = name_map.get_name(key=hf_name, try_suffixes=(".weight", ".bias"))
         if name is None:
             raise Unsupported(f"tensor {info.name} has no llama.cpp name for {arch.name}")
-        cols = info.shape[-1] if info.shape else 1
-        rows = math.prod(info.shape[:-1]) if len(info.shape) > 1 else 1
+        # a vector is a column (one value a row), so a permutation of its values (a q/k bias) is one of rows
+        cols = info.shape[-1] if len(info.shape) > 1 else 1
+        rows = math.prod(info.shape[:-1]) if len(info.shape) > 1 else math.prod(info.shape)
         qtype = _output_type(name, len(info.shape), file_type, cols)
-        order = arch.row_order(hf_name, (rows, cols), config) if len(info.shape) >= 1 else None
+        order = arch.row_order(hf_name, (rows, cols), config)
         plans.append(TensorPlan(name, info, rows, cols, qtype, _row_bytes(qtype, cols), order,
                                 shape=tuple(info.shape)))
     return plans
