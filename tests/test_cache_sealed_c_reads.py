@@ -1,6 +1,6 @@
 """A remote file the ``--cache-dir`` store holds complete (sealed) is served like a local file: once the
 daemon has checked its MACs (in the background, Python serving meanwhile), opens of the checkpoint's own
-file and of its ``.raw`` files are registered with the C read path (``ckptfs/fs/direct.py``), which reads
+file, of its ``.raw`` files and of the ``.npy`` of a type served as stored are registered with the C read path (``ckptfs/fs/direct.py``), which reads
 the store's file at the remote file's own offsets.
 
 Debian's nginx serves a generated GGUF on loopback; ``ckptfs prefetch`` fills the folder, then a real mount
@@ -11,8 +11,10 @@ A damaged sealed file fails the check and is never served from C.
 
 from __future__ import annotations
 
+import io
 import os
 
+import numpy as np
 import pytest
 
 pytest.importorskip("urllib3")
@@ -58,8 +60,12 @@ def test_a_sealed_remote_file_and_its_raw_files_are_read_in_c_exactly(mounted, t
         assert own.read_bytes() == data
         for name, ref in written.tensors.items():
             assert (mnt / f"{name}.raw").read_bytes() == ref.raw, name
+        npy = io.BytesIO()
+        np.save(npy, written.tensors["f32.mat"].array)
+        assert (mnt / "f32.mat.npy").read_bytes() == npy.getvalue()  # a type served as stored: header + bytes
         served = mount_stats(mnt)["c_reads"]
         assert served["handed_back"] == 0
+        assert served["by_kind"]["npy"]["reads"] > 0
         assert served["by_kind"]["raw"]["reads"] >= len(written.tensors)
         assert served["by_kind"]["file"]["bytes"] >= sum(min(s, len(data) - o) for o, s in ranges)
         server.wait_idle()
