@@ -213,13 +213,18 @@ def test_decode_workers_carry_the_readers_deadline():
 
 
 @pytest.mark.parametrize("read", [_stream, _direct_read], ids=["buffered-1MiB-reads", "one-64MiB-O_DIRECT-read"])
-def test_a_read_ends_in_eio_within_the_timeout(origin, mounted, read):
+def test_a_read_ends_in_eio_within_the_timeout(origin, mounted, read, tmp_path):
     server, root = origin
-    mnt = mounted(server.url + "/m.gguf", "--timeout", str(TIMEOUT), env=SLOW)
+    log = tmp_path / "daemon.log"
+    mnt = mounted(server.url + "/m.gguf", "--timeout", str(TIMEOUT), "--log-file", str(log), env=SLOW)
     outcome: dict = {}
     took = _run_frozen(server, read, mnt / "big.raw", outcome)
     assert outcome["error"] == errno.EIO, outcome
     assert took < BOUND, took
+    # the request that found the outage says what it saw, the others one message: a line or two per file,
+    # not one per kernel request (a 64 MiB direct read is 64)
+    eio = [line for line in log.read_text().splitlines() if "EIO:" in line]
+    assert len(eio) <= 4, eio
     _after_outage(mnt, "big.raw", _raw_reference(root))
 
 

@@ -11,8 +11,8 @@ application's read lasted several. So failures are grouped by what fails, the or
   answering is not out: its next byte ends the outage at once). A stall with time left is retried as before,
   so a short outage still heals.
 - Until anything arrives from that origin again, every fetch's deadline is ``min(its own, outage start +
-  --timeout)``: fetches under way end by then (at their next wait), new ones fail at once, with one message
-  per origin (one log line per file, not one per request).
+  --timeout)``: fetches under way end by then (at their next wait), new ones fail at once; all but the fetch
+  that found the outage fail with one message per origin (one log line per file, not one per request).
 - About once a second (``PROBE_INTERVAL_S``) one fetch is let through as a **probe**: a one-byte range
   allowed ``PROBE_SECONDS``. An answer ends the outage and that fetch goes on as usual; no answer, and it
   fails at once like the others.
@@ -59,12 +59,15 @@ class Outage:
             with self._lock:
                 self.since = None
 
-    def timed_out(self, arrival: float) -> None:
+    def timed_out(self, arrival: float) -> bool:
         """A fetch that arrived at ``arrival`` (monotonic seconds) spent its whole ``--timeout``: the origin is
-        out since then, or since it last sent anything if that was later."""
+        out since then, or since it last sent anything if that was later. True when this call started the
+        outage (False: one was in force already)."""
         with self._lock:
-            if self.since is None:
-                self.since = max(arrival, self.heard_at)
+            if self.since is not None:
+                return False
+            self.since = max(arrival, self.heard_at)
+            return True
 
     def bound(self, deadline: float, timeout: float) -> float:
         """A fetch's deadline under the outage rule: its own, or the outage's start + ``timeout`` if sooner."""
@@ -93,14 +96,14 @@ class Outage:
             self.heard()
 
 
-_outages: dict[str, Outage] = {}
-_outages_lock = threading.Lock()
+_registry_lock = threading.Lock()
 
 
-def outage_for(origin: str) -> Outage:
-    """The process's state of ``origin`` (shared by every source it serves)."""
-    found = _outages.get(origin)
+def outage_for(registry: dict[str, Outage], origin: str) -> Outage:
+    """The state of ``origin`` in ``registry`` (one per ``ckptfs.open`` or mount: ``RemoteOptions.outages``),
+    shared by every source it serves there."""
+    found = registry.get(origin)
     if found is None:
-        with _outages_lock:
-            found = _outages.setdefault(origin, Outage())
+        with _registry_lock:
+            found = registry.setdefault(origin, Outage())
     return found

@@ -99,6 +99,7 @@ class RemoteOptions:
     redis: str | None = None        # the fleet's Redis (its URL) or Redis Cluster (seed nodes): fetched chunks
     redis_cluster: tuple[str, ...] = ()  # are shared through it (ckptfs.cache.chunks.shared_tier)
     probes: dict = field(default_factory=dict, repr=False, compare=False)
+    outages: dict = field(default_factory=dict, repr=False, compare=False)  # origin -> its Outage (outage.py)
 
     def chunk_cache(self) -> ChunkCache:
         """The chunk cache of a source opened with these options; the shared level only for one that reads
@@ -249,7 +250,7 @@ class RemoteSource(ByteSource):
         """This source's origin's outage state (``outage``: shared by every source of the origin)."""
         outage = self._outage
         if outage is None:
-            outage = self._outage = outage_for(self.origin())
+            outage = self._outage = outage_for(self.options.outages, self.origin())
         return outage
 
     @property
@@ -425,7 +426,8 @@ class RemoteSource(ByteSource):
                 reason = error.reason if isinstance(error, CheckpointError) else str(error)
                 raise CheckpointError(self.name, i * CHUNK, reason)
             if _fallback.get() or time.monotonic() >= bound:
-                raise self._timeout_error(i * CHUNK)
+                # (in an outage found meanwhile: its one message, not one per chunk waited for)
+                raise self._outage_error() if self.outage().since is not None else self._timeout_error(i * CHUNK)
             data = self._fetch(i * CHUNK, min(self.size, (i + 1) * CHUNK), deadline)
             self._cache.put(chunk_key(self._content_id, i), data)
             found[i] = data
@@ -664,7 +666,6 @@ class RemoteSource(ByteSource):
     def _fetch_parts(self, start: int, end: int, deadline: float) -> list[bytes]:
         """``_fetch``'s bytes as the scheme read them: consecutive parts (``CHUNK`` bytes each but the last, for
         a scheme that reads chunk by chunk: they become the cache's chunks without another copy)."""
-        self._admit(start)
         sent = time.monotonic()
         token = _answered_at.set(None)
         try:
@@ -683,42 +684,51 @@ class RemoteSource(ByteSource):
         self._confirm_version(done if answered_at is None else answered_at, deadline, start)
         return parts
 
-    def _admit(self, offset: int) -> None:
+    def _admit(self, offset: int | None) -> None:
         """Before a fetch asks the origin: nothing to do unless the origin is in an outage (``outage``); then
         this fetch sends the probe that is due (one byte at ``offset``, ``PROBE_SECONDS`` allowed) and goes on
         if it was answered, or fails at once."""
+        offset = offset or 0
         outage = self.outage()
         admission = outage.admit(self.options.timeout)
         if admission is Admission.ASK:
             return
         if admission is Admission.PROBE:
-            answered = False
+            answered = True  # any answer, even a wrong one, says the origin is back (the fetch will judge it)
             try:
                 self._attempt(offset, offset + 1, time.monotonic() + PROBE_SECONDS)
-                answered = True
-            except Exception:  # noqa: BLE001 - the probe's only question: did the origin answer?
+            except Retryable:  # no answer, or one that counts as an answer (a 5xx: the client heard it)
+                answered = outage.since is None
+            except Exception:  # noqa: BLE001 - see above
                 pass
             finally:
                 outage.probed(answered)
-            COUNTERS.request(self.scheme, "ok" if answered else "timeout", 1 if answered else 0)
             if answered:
+                COUNTERS.request(self.scheme, "ok")
                 return
         COUNTERS.request(self.scheme, "timeout")
-        raise SourceUnavailable(self.name, None, f"{public_name(self.origin())} is not answering (nothing came from "
-                                                 f"it for --timeout {self.options.timeout:g} s); its reads fail at "
-                                                 f"once until it answers again")
+        raise self._outage_error()
+
+    def _outage_error(self) -> SourceUnavailable:
+        """How a fetch fails while its origin is in an outage: one message for all (one log line per file)."""
+        return SourceUnavailable(self.name, None, f"{public_name(self.origin())} is not answering (nothing came "
+                                                  f"from it for --timeout {self.options.timeout:g} s); its reads "
+                                                  f"fail at once until it answers again")
 
     def retrying(self, attempt, deadline: float, offset: int | None, what: str = ""):
         """``attempt(bound)`` until it succeeds, retrying Retryable failures with backoff (counted here) for as
         long as ``deadline`` allows (see the module docstring); ``bound`` is ``deadline`` or, while the origin
         is in an outage, the outage's end of patience (``outage``), and a deadline that runs out starts one.
+        A fetch that finds the origin in an outage fails at once, or sends the probe that is due (``_admit``).
         ``what`` prefixes the final error's reason."""
         outage, timeout = self.outage(), self.options.timeout
+        self._admit(offset)
         try:
             return self._retrying(attempt, deadline, offset, what, outage)
         except TimedOut:  # this fetch's whole deadline ran out: the origin is out since it arrived
-            outage.timed_out(deadline - timeout)
-            raise
+            if outage.timed_out(deadline - timeout):
+                raise  # the fetch that found the outage says what it saw
+            raise self._outage_error() from None
 
     def _retrying(self, attempt, deadline: float, offset: int | None, what: str, outage: Outage):
         tries = 0
