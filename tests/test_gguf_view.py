@@ -136,6 +136,19 @@ def test_unsupported_architecture_gets_no_gguf(mounted, folders, tmp_path):
         in lines[0]
 
 
+def test_a_folder_without_a_tokenizer_gets_one_line(mounted, folders, tmp_path):
+    folder = tmp_path / "weights-only"
+    folder.mkdir()
+    for name in ("config.json", "model.safetensors"):
+        shutil.copy(folders["llama"] / name, folder / name)
+    log = tmp_path / "mount.log"
+    mnt = mounted(folder, "--gguf", "--log-file", str(log))
+    assert not (mnt / "gguf").exists()
+    lines = [line for line in log.read_text().splitlines() if "gguf/" in line]
+    assert len(lines) == 1 and "WARNING" in lines[0], lines
+    assert "the folder has no tokenizer (tokenizer.model, tokenizer.json or vocab.json)" in lines[0]
+
+
 def test_info_says_why(folders, tmp_path):
     folder = tmp_path / "other"
     shutil.copytree(folders["llama"], folder)

@@ -49,6 +49,8 @@ def add_llama_vocab(writer, folder: Path, config: dict) -> None:
             raise Unsupported("the HybridDNA tokenizer is not served")
     if (folder / "tekken.json").is_file() and not (folder / "tokenizer.json").is_file():
         raise Unsupported("a Mistral tekken.json tokenizer is not served")
+    if not any((folder / name).is_file() for name in ("tokenizer.model", "tokenizer.json", "vocab.json")):
+        raise Unsupported("the folder has no tokenizer (tokenizer.model, tokenizer.json or vocab.json)")
     if (folder / "tokenizer.model").is_file():
         _add_sentencepiece(writer, folder, config, tokenizer_config or {})
         special = gguf.SpecialVocab(folder, n_vocab=writer_token_count(writer))
@@ -135,7 +137,10 @@ def _add_gpt2(writer, folder: Path, config: dict) -> None:
     import gguf
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(folder)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(folder)
+    except (OSError, ValueError) as exc:
+        raise Unsupported(f"transformers cannot read the tokenizer: {' '.join(str(exc).split())}") from None
     vocab = tokenizer.vocab
     vocab_size = config.get("vocab_size", len(vocab))
     if max(vocab.values()) >= vocab_size:
