@@ -131,6 +131,9 @@ def make_llama(folder: Path, *, dtype: str = "bfloat16", arch: str = "llama", se
                 param.add_(1.0)
     model = model.to(getattr(torch, dtype))
     model.save_pretrained(folder, **({"max_shard_size": shard} if shard else {}))
+    generation = json.loads((folder / "generation_config.json").read_text())
+    generation.update(temperature=0.6, top_p=0.9, repetition_penalty=1.1, do_sample=True)  # general.sampling.*
+    (folder / "generation_config.json").write_text(json.dumps(generation))
     return folder
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import bisect
 import io
+import json
 from pathlib import Path
 
 import numpy as np
@@ -33,8 +34,6 @@ def local_folder(ck: Checkpoint) -> Path:
 
 
 def _config(ck: Checkpoint) -> dict:
-    import json
-
     path = ck.passthrough["config.json"]
     with open(path, encoding="utf-8") as f:
         config = json.load(f)
@@ -71,6 +70,7 @@ class VirtualGgufView(HeaderBodyView):
 
         total = writer.get_total_parameter_count()
         meta = gguf.Metadata.load(None, folder, None, total[0])
+        _repetition_penalty(meta, folder)
         if meta.name is None:
             meta.name = folder.name
         if meta.size_label is None and total[0] > 0:
@@ -111,6 +111,18 @@ class VirtualGgufView(HeaderBodyView):
         out = convert(plan, widen(data, plan.info.storage_type, len(rows), plan.cols))
         skip = b0 - r0 * plan.row_bytes
         return out[skip: skip + b1 - b0]
+
+
+def _repetition_penalty(meta, folder: Path) -> None:
+    """``general.sampling.penalty_repeat`` from ``generation_config.json``'s ``repetition_penalty`` when it has
+    no ``penalty_repeat``: the converter's gguf-py reads both, the pinned gguf-py 0.19.0 only the latter."""
+    path = folder / "generation_config.json"
+    if not path.is_file():
+        return
+    with open(path, encoding="utf-8") as f:
+        generation = json.load(f)
+    if isinstance(generation, dict) and "penalty_repeat" not in generation and "repetition_penalty" in generation:
+        meta.sampling_penalty_repeat = generation["repetition_penalty"]
 
 
 def read_rows(source, plan: TensorPlan, rows: np.ndarray) -> bytes:
