@@ -52,11 +52,15 @@ def llama_cpp_tree() -> Path:
     return llama_client.probe_path().parent.parent / "src" / "llama.cpp"
 
 
-def make_bpe_tokenizer(folder: Path, vocab_size: int = 400):
-    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+def make_bpe_tokenizer(folder: Path, vocab_size: int = 400, lowercase: bool = False):
+    """Llama 3's shape: the split regex, byte-level encoding, a post-processor of ByteLevel then a template
+    that adds <|begin_of_text|>; ``lowercase``: a Lowercase normalizer first."""
+    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
     from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.BPE())
+    if lowercase:
+        tok.normalizer = normalizers.Lowercase()
     tok.pre_tokenizer = pre_tokenizers.Sequence([
         pre_tokenizers.Split(Regex(LLAMA3_SPLIT), "isolated", invert=False),
         pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
@@ -64,6 +68,11 @@ def make_bpe_tokenizer(folder: Path, vocab_size: int = 400):
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<|begin_of_text|>", "<|end_of_text|>"],
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     tok.train_from_iterator(SENTENCES * 40, trainer)
+    tok.post_processor = processors.Sequence([
+        processors.ByteLevel(trim_offsets=False),
+        processors.TemplateProcessing(single="<|begin_of_text|> $A",
+                                      pair="<|begin_of_text|> $A <|begin_of_text|>:1 $B:1",
+                                      special_tokens=[("<|begin_of_text|>", 0)])])
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<|begin_of_text|>", eos_token="<|end_of_text|>")
     fast.chat_template = CHAT_TEMPLATE
     fast.save_pretrained(folder)
@@ -105,16 +114,16 @@ def make_spm_tokenizer(folder: Path) -> SpmTokenizer:
 
 def make_llama(folder: Path, *, dtype: str = "bfloat16", arch: str = "llama", seed: int = 0,
                hidden: int = 64, heads: int = 4, kv_heads: int = 2, layers: int = 2, shard: str | None = None,
-               rope: dict | None = None, tokenizer: str = "bpe", bias: bool = False) -> Path:
+               rope: dict | None = None, tokenizer: str = "bpe", bias: bool = False, lowercase: bool = False) -> Path:
     """A tiny llama (or Mistral) folder in ``dtype``, its vocabulary padded past the tokenizer's ids (the
     converter writes [PADi] tokens for those); ``shard``: save_pretrained's max_shard_size; ``rope``: the
     config's rope_parameters; ``tokenizer``: bpe (tokenizer.json) or spm (tokenizer.model); ``bias``:
-    attention biases (the q/k ones permuted as their rows are)."""
+    attention biases (the q/k ones permuted as their rows are); ``lowercase``: the BPE tokenizer lowercases."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM
 
     folder.mkdir(parents=True, exist_ok=True)
-    tokenizer = make_bpe_tokenizer(folder) if tokenizer == "bpe" else make_spm_tokenizer(folder)
+    tokenizer = make_bpe_tokenizer(folder, lowercase=lowercase) if tokenizer == "bpe" else make_spm_tokenizer(folder)
     bos, eos = (1, 2) if isinstance(tokenizer, SpmTokenizer) else (0, 1)
     torch.manual_seed(seed)
     config_class, model_class = {"llama": (LlamaConfig, LlamaForCausalLM),

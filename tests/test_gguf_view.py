@@ -40,7 +40,8 @@ def converter() -> Path:
 def folders(tmp_path_factory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("hf")
     return {"llama": make_llama(root / "tiny-llama"),
-            "mistral": make_llama(root / "tiny-mistral", dtype="float16", arch="mistral", hidden=48, seed=1),
+            "mistral": make_llama(root / "tiny-mistral", dtype="float16", arch="mistral", hidden=48, seed=1,
+                                  lowercase=True),
             "sharded": make_llama(root / "tiny-sharded", dtype="float32", seed=2, shard="100KB", bias=True),
             "llama3": make_llama(root / "tiny-llama3", seed=3, rope=LLAMA3_ROPE),
             "spm": make_llama(root / "tiny-spm", dtype="float16", seed=4, tokenizer="spm")}

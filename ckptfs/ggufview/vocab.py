@@ -6,7 +6,7 @@ A SentencePiece ``tokenizer.model`` is read with ``sentencepiece`` (pieces, scor
 ``LlamaHfVocab`` (``tokenizer.ggml.model = llama``); any other ``tokenizer.json`` is a GPT-2 style BPE
 vocabulary read with transformers' ``AutoTokenizer``, its pre-tokenizer named by the hash of one fixed text's
 token ids (``pre_hashes``). Special tokens, merges, ``add_*_token`` flags and the chat template come from
-gguf-py's ``SpecialVocab``. The tokenizer files are read from the local folder, as the libraries read them.
+gguf-py's ``SpecialVocab``, read by the converter's gguf-py's rules (``special``). The tokenizer files are read from the local folder, as the libraries read them.
 """
 
 from __future__ import annotations
@@ -41,6 +41,8 @@ def add_llama_vocab(writer, folder: Path, config: dict) -> None:
     """Every tokenizer key for a llama-family folder."""
     import gguf
 
+    from ckptfs.ggufview.special import SpecialVocab
+
     tokenizer_config = _json(folder / "tokenizer_config.json")
     if tokenizer_config is not None:
         if (prefix := tokenizer_config.get("add_prefix_space")) is not None:
@@ -53,14 +55,14 @@ def add_llama_vocab(writer, folder: Path, config: dict) -> None:
         raise Unsupported("the folder has no tokenizer (tokenizer.model, tokenizer.json or vocab.json)")
     if (folder / "tokenizer.model").is_file():
         _add_sentencepiece(writer, folder, config, tokenizer_config or {})
-        special = gguf.SpecialVocab(folder, n_vocab=writer_token_count(writer))
+        special = SpecialVocab(folder, n_vocab=writer_token_count(writer))
     else:
         try:
             _add_hf_spm(writer, gguf.LlamaHfVocab(folder))
-            special = gguf.SpecialVocab(folder, n_vocab=writer_token_count(writer))
+            special = SpecialVocab(folder, n_vocab=writer_token_count(writer))
         except (FileNotFoundError, TypeError):
             _add_gpt2(writer, folder, config)
-            special = gguf.SpecialVocab(folder, load_merges=True)
+            special = SpecialVocab(folder, load_merges=True)
     special.add_to_gguf(writer)
     vocab_size = config.get("vocab_size", 32000)
     if vocab_size == 32016:
