@@ -38,30 +38,30 @@ def folder(tmp_path_factory) -> Path:
     return make_llama(tmp_path_factory.mktemp("rows") / "tiny", dtype="float16", hidden=128, heads=4, kv_heads=2)
 
 
-def test_a_range_reads_only_its_rows(folder):
+@pytest.mark.parametrize("outtype,row_bytes", [("f32", 512), ("q8_0", 136)])
+def test_a_range_reads_only_its_rows(folder, outtype, row_bytes):
     from ckptfs.ggufview.view import VirtualGgufView
 
     calls: list[tuple[int, int]] = []
     ck = Checkpoint(read_checkpoint(str(folder)), str(folder), source_wrapper=lambda s: Counting(s, calls))
-    view = VirtualGgufView(ck, "f32")
+    view = VirtualGgufView(ck, outtype)
     whole = view.read(0, view.size)
-    index = [p.name for p in view.plans].index("blk.1.attn_q.weight")
-    plan, start = view.plans[index], view._starts[index]
+    plan, start = view.tensor_at("blk.1.attn_q.weight")
     info = plan.info
-    assert (plan.rows, plan.cols, plan.row_bytes) == (128, 128, 512)
+    assert (plan.rows, plan.cols, plan.row_bytes) == (128, 128, row_bytes)  # q8_0: 4 blocks of 34 bytes a row
     # output rows 37..42 are rows 5..10 of head 1 (32 rows a head, 16 per rotary half); output row 2i + j of
     # a head is its stored row 16j + i, so (i, j) = (2, 1) .. (5, 0): stored rows 32 + 3..5 and 32 + 16 + 2..4
     calls.clear()
-    got = view.read(start + 37 * 512 + 100, 5 * 512 + 50)
+    first, last = start + 37 * row_bytes + 100, start + 42 * row_bytes + 30
+    got = view.read(first, last - first)
     stored_row = info.stored_nbytes // 128
     assert sorted(calls) == [(info.offset + 35 * stored_row, 3 * stored_row),
                              (info.offset + 50 * stored_row, 3 * stored_row)]
-    assert got == whole[start + 37 * 512 + 100: start + 42 * 512 + 150]
-    # the permutation itself, against the stored tensor
-    stored = ck["model.layers.1.self_attn.q_proj.weight"].numpy().astype(np.float32)
-    out = np.frombuffer(whole[start:start + plan.nbytes], np.float32).reshape(128, 128)
-    heads = stored.reshape(4, 2, 16, 128).swapaxes(1, 2).reshape(128, 128)
-    assert np.array_equal(out, heads)
+    assert got == whole[first:last]
+    if outtype == "f32":  # the permutation itself, against the stored tensor
+        stored = ck["model.layers.1.self_attn.q_proj.weight"].numpy().astype(np.float32)
+        out = np.frombuffer(whole[start:start + plan.nbytes], np.float32).reshape(128, 128)
+        assert np.array_equal(out, stored.reshape(4, 2, 16, 128).swapaxes(1, 2).reshape(128, 128))
     # a read of header bytes only reads no stored bytes at all
     calls.clear()
     view.read(0, len(view.header))

@@ -82,6 +82,13 @@ class VirtualGgufView(HeaderBodyView):
         writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
         add_llama_vocab(writer, folder, config)
 
+    def tensor_at(self, name: str) -> tuple[TensorPlan, int]:
+        """A tensor's plan and the offset of its data in the file (KeyError for a name not served)."""
+        for plan, start in zip(self.plans, self._starts):
+            if plan.name == name:
+                return plan, start
+        raise KeyError(name)
+
     def body_segments(self, d0: int, d1: int) -> list[bytes]:
         """Bytes [d0, d1) after the header: each tensor's rows converted, zeros between tensors."""
         hlen = len(self.header)
