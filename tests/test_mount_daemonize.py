@@ -101,3 +101,23 @@ def test_a_prune_made_due_by_the_open_does_not_stop_the_fork(site, stuck_folder,
     assert stored  # the bytes the open fetched; the prune is waiting on stuck/
     stuck_folder.go_on()
     assert wait_until(lambda: not stored <= stuck_folder.stored(), timeout=30), stuck_folder.stored()
+
+
+def test_a_refused_mount_in_process_leaves_prunes_running(tmp_path):
+    """``run_mount`` holds prune threads back only until its fork. Called in a process that goes on (the
+    Python API, this test process), a refused mount must stop holding: otherwise every store's first prune
+    of that process is owed forever and its folder grows past its bound."""
+    from ckptfs.cache import entry
+    from ckptfs.cache.disk import DiskStore
+    from ckptfs.core.errors import CheckpointError
+    from ckptfs.fs.errors import MountError
+    from ckptfs.fs.mount import MountRequest, run_mount
+
+    (tmp_path / "mnt").mkdir()
+    with pytest.raises((MountError, CheckpointError, OSError)):
+        run_mount(MountRequest(src=str(tmp_path / "missing.gguf"), mountpoint=str(tmp_path / "mnt")))
+    values = np.zeros(64 * 1024, np.float32)
+    store = DiskStore(tmp_path / "cache", 8 * (entry.HEADER_SIZE + values.nbytes), "blocks")
+    for k in range(60):
+        store.put_array(f"key{k}", values + k)
+    assert wait_until(lambda: store.usage()["blocks"]["files"] < 30, timeout=30), store.usage()

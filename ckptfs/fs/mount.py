@@ -84,10 +84,20 @@ def run_mount(request: MountRequest) -> int:
     """
     # The command line, which ps shows every user for the daemon's whole life (it is forked from this
     # process), had the secrets of its URLs redacted at the command's entry (commands/cli.py).
-    if not request.foreground:
-        # The daemon is forked after the open, and a fork needs a single thread: the open's first writes into
-        # --cache-dir make a prune due, whose thread the daemon starts instead (``_run_daemon``).
-        PRUNES.hold()
+    if request.foreground:
+        return _mount(request)
+    # The daemon is forked after the open, and a fork needs a single thread: the open's first writes into
+    # --cache-dir make a prune due, whose thread the daemon starts instead (``_run_daemon``). This process
+    # stops holding whatever happened (a refused source, a failed start, a daemon that is up): a process
+    # that goes on after ``run_mount`` (the Python API, a test) would otherwise never prune those stores again.
+    PRUNES.hold()
+    try:
+        return _mount(request)
+    finally:
+        PRUNES.release()
+
+
+def _mount(request: MountRequest) -> int:
     # One mount at a time per mountpoint: a second waits for the first, then finds the place taken.
     with MountpointLock(request.mountpoint, READY_TIMEOUT) as lock:
         plan = _prepare(request)
