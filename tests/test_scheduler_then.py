@@ -23,6 +23,7 @@ def test_a_continuation_finds_the_room_its_job_held():
     scheduler = Scheduler(budget=BUDGET, concurrency={"fetch": 2})
     seen: dict = {}
     done = threading.Event()
+    continued = threading.Event()
 
     def job() -> None:
         # from inside the job its own bytes still count: a second whole-budget piece does not fit
@@ -31,9 +32,11 @@ def test_a_continuation_finds_the_room_its_job_held():
     def then() -> None:
         seen["in_flight"] = scheduler.in_flight("fetch")
         seen["next"] = scheduler.submit("fetch", done.set, BUDGET)
+        continued.set()  # the piece it submitted may run (and set ``done``) before submit returns here
 
     assert scheduler.submit("fetch", job, BUDGET, then=then) is not None
     assert done.wait(WAIT_S), "the piece started by the continuation never ran"
+    assert continued.wait(WAIT_S), "the continuation never returned"
     assert seen["inside"] is None
     assert seen["in_flight"] == 0
     assert seen["next"] is not None
