@@ -372,8 +372,14 @@ def _run_foreground(plan: _Plan, lock: MountpointLock | None = None) -> int:
         said = capture.last_line()  # libfuse's own reason, when it printed one
         capture.release(replay=request.verbose)
         raise MountError(f"{check.reason}" + (f" ({said})" if said else ""))
-    if outcome != "ok":  # ended (a signal, an unmount) during the check: not a failed start
+    if outcome != "ok":
+        # The session ended while the check waited: a signal or an unmount ends it silently (not a failed
+        # start), while libfuse giving up after init (``-o max_read`` on libfuse 3) says why on stderr first,
+        # in a line of its own prefix.
+        said = capture.last_line()
         capture.release(replay=request.verbose)
+        if said.startswith("fuse:"):
+            raise MountError(f"the mount at {plan.mountpoint} does not answer at its root: not mounted ({said})")
         log.info("ended before its start-up check was answered")
     return _exit_code(plan, error)
 
