@@ -221,10 +221,11 @@ def test_a_read_ends_in_eio_within_the_timeout(origin, mounted, read, tmp_path):
     took = _run_frozen(server, read, mnt / "big.raw", outcome)
     assert outcome["error"] == errno.EIO, outcome
     assert took < BOUND, took
-    # the request that found the outage says what it saw, the others one message: a line or two per file,
-    # not one per kernel request (a 64 MiB direct read is 64)
+    # the requests in flight when the origin froze say what each saw (at most the origin's four in flight),
+    # the refused ones one message per probe interval: a handful per file, not one per kernel request (a
+    # 64 MiB direct read is 64). How many probe intervals the read spans depends on the machine's load.
     eio = [line for line in log.read_text().splitlines() if "EIO:" in line]
-    assert len(eio) <= 4, eio
+    assert len(eio) <= 12, eio
     _after_outage(mnt, "big.raw", _raw_reference(root))
 
 
