@@ -198,7 +198,10 @@ def test_two_daemons_started_together_decode_each_group_once(mounted, tmp_path, 
         decoded = [mount_stats(mnt)["decoded_bytes"] for mnt in mnts]
         tiers = [mount_stats(mnt)["tiers"][shared] for mnt in mnts]
     assert sum(decoded) <= 1.3 * one_copy, (decoded, one_copy, tiers)
-    assert sum(t["waited"] for t in tiers) > 0 or min(decoded) == 0  # they did collide, and waited
+    # They collided and one waited for the other's lease, or one came after the other had stored every
+    # group (a loaded machine starts them apart): then it decoded only what never goes to the tier (1152
+    # bytes of small tensors were seen), far from a copy.
+    assert sum(t["waited"] for t in tiers) > 0 or min(decoded) <= 0.05 * one_copy, (decoded, tiers)
 
 
 def test_a_waiter_decodes_itself_when_the_lease_holder_vanishes(cluster):
