@@ -50,6 +50,7 @@ from ckptfs.cache.chunks import CHUNK, CHUNK_LEASE_MS, CHUNK_WAIT_S, ChunkCache,
 from ckptfs.cache.sparse_store import DEFAULT_MIN_FREE
 from ckptfs.cache.flight import Flight, SingleFlight, flights_for
 from ckptfs.util.redact import public_name
+from ckptfs.util.runs import runs
 from ckptfs.sources.netstats import COUNTERS
 from ckptfs.readahead import SCHEDULER
 from ckptfs.readahead.limit import OriginLimit, origin_limit
@@ -394,7 +395,7 @@ class RemoteSource(ByteSource):
                 waits[i] = flight
         handed: list[int] = []
         try:
-            for start, stop in self._hand_out(_runs(mine), deadline, handed):
+            for start, stop in self._hand_out(runs(mine), deadline, handed):
                 found.update(self._fetch_chunks(start, stop, deadline))
         except BaseException as exc:  # the runs not tried yet: their waiters must not wait for us
             handed_set = set(handed)
@@ -478,7 +479,7 @@ class RemoteSource(ByteSource):
                 if data is not None:
                     flights.finish(i, data)
                     claimed.remove(i)
-        return _runs(claimed)
+        return runs(claimed)
 
     def fetch_claimed(self, runs: list[tuple[int, int]], memory: bool = True) -> Exception | None:
         """Fetch claimed runs into the chunk cache (best effort, within ``--timeout``): a run that fails is
@@ -589,7 +590,7 @@ class RemoteSource(ByteSource):
         ``MAX_REQUEST_BYTES``; each chunk is cached (in memory too unless ``memory`` is False), added to
         ``out`` and its flight finished."""
         step = max(1, MAX_REQUEST_BYTES // CHUNK)
-        for c0, c1 in _runs(indexes):
+        for c0, c1 in runs(indexes):
             for first in range(c0, c1, step):
                 last = min(c1, first + step)
                 start, end = first * CHUNK, min(self.size, last * CHUNK)
@@ -829,12 +830,3 @@ def _covering(chunks: list[bytes], skip: int, tail: int) -> list[memoryview]:
     return views
 
 
-def _runs(indexes: list[int]) -> list[tuple[int, int]]:
-    """Sorted chunk numbers as contiguous [start, stop) runs."""
-    runs: list[tuple[int, int]] = []
-    for i in indexes:
-        if runs and runs[-1][1] == i:
-            runs[-1] = (runs[-1][0], i + 1)
-        else:
-            runs.append((i, i + 1))
-    return runs
