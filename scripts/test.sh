@@ -8,7 +8,7 @@
 # the run after the phase it stopped, with the summary of what ran (pytest's exit 2 alone, which errors while
 # collecting give too, does not).
 #   sudo bash scripts/test.sh
-#   bash scripts/test.sh tests/test_mount.py -k name     # arguments go to pytest on numpy 2.x: only those tests
+#   bash scripts/test.sh tests/fs/test_mount.py -k name     # arguments go to pytest on numpy 2.x: only those tests
 # CKPTFS_TEST_DIR (default tests) is the folder the phases take their modules from.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -45,16 +45,16 @@ phase() {  # phase NAME PYTHON PYTEST-ARGS...: one pytest run, its JUnit XML rep
 # Two modules run in pytest processes of their own. test_clients_transformers.py calls transformers'
 # from_pretrained from four threads at once, which leaves transformers 5.x's process state broken: a later
 # load in the same process can leave a tied weight on the meta device (gemma3's lm_head), and its logits are
-# then garbage (seen as tests/test_hf_folder.py's gemma3 logits differing on either side, docs/hf.md). The
+# then garbage (seen as tests/hffolder/test_hf_folder.py's gemma3 logits differing on either side, docs/hf.md). The
 # Redis Cluster tests' lease and dead-node counts failed now and then in whole-suite processes only
 # (docs/caches.md); why is not known yet.
-OWN_PROCESS=("$TESTS/test_clients_transformers.py" "$TESTS/test_tiers_redis_cluster.py")
+OWN_PROCESS=("$TESTS/clients/test_clients_transformers.py" "$TESTS/cache/test_tiers_redis_cluster.py")
 phase "numpy 2 (all but ${OWN_PROCESS[*]##*/})" .venv/bin/python "$TESTS" "${OWN_PROCESS[@]/#/--ignore=}"
 for module in "${OWN_PROCESS[@]}"; do
     phase "numpy 2, ${module##*/}" .venv/bin/python "$module"
 done
 NP1=$(.venv-np1/bin/python -c 'import numpy; print(numpy.__version__)' 2>/dev/null) || NP1="1.26"
-phase "numpy $NP1, dequantization tests" .venv-np1/bin/python "$TESTS"/test_quant_*.py
+phase "numpy $NP1, dequantization tests" .venv-np1/bin/python "$TESTS"/quant/test_*.py
 
 printf '\n== summary\n'
 python3 scripts/test_summary.py "${SUMMARY_ARGS[@]}"

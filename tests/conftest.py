@@ -28,6 +28,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -221,3 +222,26 @@ def tmpfs(path: Path, size: str) -> Iterator[Path]:
         yield path
     finally:
         subprocess.run(["umount", "-l", str(path)], check=False)
+
+
+HANG_GUARD_S = 60.0  # a call that has not returned by then is taken as hung
+
+
+def bounded(call, *args, guard: float = HANG_GUARD_S):
+    """``call(*args)``'s result; fails the test if it has not returned within ``guard`` seconds."""
+    box: list = []
+    errors: list = []
+
+    def run():
+        try:
+            box.append(call(*args))
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the test's thread
+            errors.append(exc)
+
+    worker = threading.Thread(target=run, daemon=True)
+    worker.start()
+    worker.join(guard)
+    assert not worker.is_alive(), f"{getattr(call, '__name__', call)} did not return within {guard} s"
+    if errors:
+        raise errors[0]
+    return box[0]

@@ -9,8 +9,10 @@ numpy's own np.save for the .npy bytes, ml_dtypes.
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
+import mmap
 import os
 import stat
 from dataclasses import dataclass, field
@@ -19,7 +21,13 @@ from typing import Any
 
 import gguf
 import numpy as np
-from fixtures import GGML_GEOMETRY, Written, jsonable, quantized
+
+from fixtures import (
+    GGML_GEOMETRY,
+    Written,
+    jsonable,
+    quantized,
+)
 
 # ------------------------------------------------------------------------------------------ expectations
 
@@ -202,3 +210,29 @@ WRITE_ATTEMPTS = {
     "setxattr": lambda m: os.setxattr(m / "f32.vec.raw", "user.x", b"1"),
     "removexattr": lambda m: os.removexattr(m, "user.ckptfs.stats"),
 }
+
+
+def check_same_file(mounted_file: Path, original: Path, seed: int = 0) -> None:
+    """The mounted file is the original, byte for byte: size, sha256, O_DIRECT ranges, an mmap of it."""
+    data = original.read_bytes()
+    assert os.stat(mounted_file).st_size == len(data)
+    assert hashlib.sha256(mounted_file.read_bytes()).hexdigest() == hashlib.sha256(data).hexdigest()
+    rng = np.random.default_rng(seed)
+    ranges = [(0, 1), (0, 4096), (len(data) - 1, 10), (len(data), 10)]
+    ranges += [(int(rng.integers(0, len(data))), int(rng.integers(1, 200_000))) for _ in range(20)]
+    for (offset, size), got in zip(ranges, read_direct(mounted_file, ranges)):
+        assert got == data[offset:offset + size], (offset, size)
+    with open(mounted_file, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
+        assert mapped[:] == data
+
+
+def descriptors_on(pid: int, path: Path) -> int:
+    """How many of process ``pid``'s descriptors are open on ``path``."""
+    fds = Path(f"/proc/{pid}/fd")
+    count = 0
+    for fd in fds.iterdir():
+        try:
+            count += os.readlink(fd) == str(path)
+        except OSError:
+            pass
+    return count

@@ -13,10 +13,12 @@ import os
 from pathlib import Path
 
 import numpy as np
-from gguf import GGMLQuantizationType as Q, GGUFReader, GGUFWriter
-from fixtures import quantized
+from gguf import GGMLQuantizationType as Q
+from gguf import GGUFReader, GGUFWriter
 from gguf.quants import dequantize
 from safetensors.numpy import load_file, save_file
+
+from fixtures import quantized
 
 #: Non-tensor files of a Hugging Face model folder (name -> content).
 MODEL_FILES = {
@@ -176,3 +178,20 @@ def hf_cache_layout(root: Path, source: Path) -> Path:
         blob.write_bytes(file.read_bytes())
         os.symlink(os.path.join("..", "..", "blobs", blob.name), snapshot / file.name)
     return snapshot
+
+
+def check_merged(merged: GGUFReader, shards: list) -> None:
+    readers = [GGUFReader(str(p)) for p in shards]
+    expected = {k: v for k, v in _fields(readers[0]).items() if not k.startswith("split.")}
+    assert _fields(merged) == expected
+    assert list(_fields(merged)) == list(expected)  # same order as the first shard
+    assert _tensors([merged]) == _tensors(readers)
+
+
+def _fields(reader: GGUFReader) -> dict:
+    return {k: (f.types, f.contents()) for k, f in reader.fields.items() if not k.startswith("GGUF.")}
+
+
+def _tensors(readers: list[GGUFReader]) -> list[tuple]:
+    return [(t.name, int(t.tensor_type), t.shape.tolist(), bytes(np.asarray(t.data).view(np.uint8)))
+            for r in readers for t in r.tensors]

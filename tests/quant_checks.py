@@ -14,6 +14,13 @@ PATHS = ("registry", "numpy", "native")
 Decoder = Callable[[np.ndarray], np.ndarray]
 
 
+def raw_blocks(name: str, n: int, seed: int) -> np.ndarray:
+    """``u8[n, block_bytes]`` of uniformly random blocks of storage type ``name``: every bit pattern, NaN and inf
+    scales included, which bit-for-bit comparisons must survive (tests/fixtures.random_blocks keeps scales
+    finite, for checkpoints whose values are compared as numbers)."""
+    return np.random.default_rng(seed).integers(0, 256, size=(n, codec_for(name).block_bytes), dtype=np.uint8)
+
+
 def decode_via(name: str, raw: np.ndarray, path: str, numpy_decoders: dict[str, Decoder]) -> np.ndarray:
     """``raw`` blocks of ``name`` decoded through ``path`` as float[n, block_elements]."""
     codec = codec_for(name)

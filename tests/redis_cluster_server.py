@@ -14,6 +14,7 @@ import shutil
 import subprocess
 import time
 
+import pytest
 from redis_server import RedisServer, require_redis_server
 from servers import free_port
 
@@ -75,7 +76,6 @@ def require_redis_cluster() -> None:
     """Skip (fail under CI=true) without redis-server, redis-cli or redis-py."""
     import os
 
-    import pytest
 
     require_redis_server()
     if not os.access(REDIS_CLI, os.X_OK):
@@ -83,3 +83,5 @@ def require_redis_cluster() -> None:
             pytest.fail("required in CI: redis-cli is not installed")
         pytest.skip("redis-cli is not installed")
     pytest.importorskip("redis")
+
+

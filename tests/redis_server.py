@@ -15,6 +15,9 @@ import socket
 import subprocess
 import tempfile
 import time
+
+import pytest
+
 from servers import free_port
 
 REDIS_SERVER = shutil.which("redis-server") or "/usr/bin/redis-server"
@@ -92,3 +95,13 @@ def require_redis_server() -> None:
         if os.environ.get("CI", "").lower() == "true":
             pytest.fail("required in CI: redis-server is not installed")
         pytest.skip("redis-server is not installed")
+
+
+@pytest.fixture
+def server():
+    require_redis_server()
+    srv = RedisServer().start()
+    try:
+        yield srv
+    finally:
+        srv.stop()

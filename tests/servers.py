@@ -500,3 +500,28 @@ def data_ranges(ranges: list[tuple[int, int]], size: int) -> list[tuple[int, int
     """Of the ranges a ckptfs source asked nginx for, those that fetched data: not an open's one-byte probe,
     nor the weak ETag's check of the file's last ``WEAK_ETAG_TAIL`` bytes."""
     return [r for r in ranges if r != (0, 1) and r != (max(0, size - WEAK_ETAG_TAIL), size)]
+
+
+def requests_since(server: Nginx, before: int, path: str | None = None,
+                   checks: bool = True) -> list[tuple[str, int, int]]:
+    """(path, status, body bytes) of each request nginx logged after the first ``before`` lines (``checks``
+    False: without the requests for a file's last 4 KiB, see ``is_tail_check``)."""
+    out = []
+    for line in server.access_log()[before:]:
+        m = _LOG_LINE.search(line)
+        if m and (path is None or m["path"] == path) and (checks or not is_tail_check(server, line)):
+            out.append((m["path"], int(m["status"]), int(m["bytes"])))
+    return out
+
+
+_LOG_LINE = re.compile(r'"(?P<method>[A-Z]+) (?P<path>\S+) [^"]*" (?P<status>\d+) (?P<bytes>\d+)')
+
+
+def is_tail_check(server: Nginx, line: str) -> bool:
+    """Whether an access-log line is a request for the file's last ``WEAK_ETAG_TAIL`` bytes (its version's check)."""
+    m, r = _LOG_LINE.search(line), _RANGE.search(line)
+    if not m or not r:
+        return False
+    size = (Path(server.root) / m["path"].split("?")[0].lstrip("/")).stat().st_size
+    start, end = int(r[1]), int(r[2])
+    return end == size - 1 and end + 1 - start == min(WEAK_ETAG_TAIL, size) == int(m["bytes"])

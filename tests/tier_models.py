@@ -5,12 +5,16 @@ attacker without the key would."""
 
 from __future__ import annotations
 
+import os
 import struct
 import zlib
 from pathlib import Path
 
 import numpy as np
+
+from conftest import mount_stats, wait_until
 from fixtures import quantized, write_gguf
+from mount_expect import npy_bytes
 
 FORGED_VALUE = 1234.5
 SHAPES = {"blk.0.q4k": ((64, 4096), "Q4_K"), "blk.0.q8": ((32, 2048), "Q8_0"), "norm": ((4096,), "F32")}
@@ -37,3 +41,26 @@ def forge(data: bytes) -> bytes:
     payload = np.full(length // dtype.itemsize, FORGED_VALUE, dtype).tobytes()
     head = data[:40] + struct.pack("<I", zlib.crc32(payload) & 0xFFFFFFFF)
     return head + struct.pack("<I", zlib.crc32(head) & 0xFFFFFFFF) + data[48:64] + payload
+
+
+def expected_files(refs: dict) -> dict[str, bytes]:
+    return {f"{name}.npy": npy_bytes(ref.astype(np.float32)) for name, ref in refs.items()}
+
+
+def read_all(mnt: Path, expected: dict[str, bytes], chunk: int = 64 * 1024) -> int:
+    """Read every expected file in ``chunk`` steps and compare; the bytes read. The kernel's cached pages of
+    each file are dropped first, so the daemon (and its tiers) answers every read, not the page cache."""
+    total = 0
+    for name, want in expected.items():
+        with open(mnt / name, "rb") as fh:
+            os.posix_fadvise(fh.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+            got = b"".join(iter(lambda: fh.read(chunk), b""))
+        assert got == want, name
+        total += len(got)
+    return total
+
+
+def settled(mnt: Path, tier: str) -> dict:
+    """The mount's stats once its background writes to ``tier`` are done (bounded wait)."""
+    assert wait_until(lambda: mount_stats(mnt)["tiers"][tier]["pending"] == 0, timeout=60)
+    return mount_stats(mnt)

@@ -4,7 +4,7 @@ Layout: u64 little-endian header length N, N bytes of UTF-8 JSON, then the data 
 gives ``dtype``, ``shape`` and ``data_offsets`` [begin, end) relative to byte 8 + N.
 
 The header rules are those of the reference implementation, safetensors 0.8.0, established by feeding it
-hand-made files (tests/test_safetensors_reader.py keeps that comparison alive): a file 0.8.0 refuses, we
+hand-made files (tests/formats/test_safetensors_reader.py keeps that comparison alive): a file 0.8.0 refuses, we
 refuse; a file it accepts, we accept - including its leniencies (leading whitespace, duplicate tensor
 names where the last entry wins, misaligned offsets, unknown extra fields, ``"__metadata__": null``).
 We differ on purpose in two places (docs/interfaces.md, damage rules): data missing at the end of the file (0.8.0

@@ -7,7 +7,7 @@ of those grids is one of 3 (2-bit grids) or 8 (3-bit grids) values, and ggml-qua
 as packed indices: ``kgrid_2bit_256/512/1024``, ``kgrid_1bit_2048`` (element k = bits 2k..2k+1) and
 ``kgrid_256/512`` (element k = bits 3k..3k+2). Those uint16 lists are transcribed below verbatim; each grid
 is then expanded with its value map into an int8 array of shape (rows, elements), ready for fancy indexing.
-tests/test_quant_iq.py checks every table against gguf-py's copy.
+tests/quant/test_quant_iq.py checks every table against gguf-py's copy.
 """
 
 from __future__ import annotations

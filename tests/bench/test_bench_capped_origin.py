@@ -1,0 +1,162 @@
+"""The capped origin of ``scripts/bench_remote.py --capped`` (``scripts/remote_cold_start.py``) really caps:
+nginx's ``limit_rate`` bounds one request's throughput, ``tests/faultproxy.py`` delays each first byte and
+paces a body to its ``rate``, every byte relayed unchanged; the requests-in-flight figures are computed right
+from the server's own spans; and a missing downloader is a note, not a crash.
+
+The only timings asserted are lower bounds on the fixture's own caps, with a wide margin (a loaded machine
+makes a request slower, never faster): nothing about ckptfs's speed.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from faultproxy import FaultProxy
+from servers import Nginx, require_nginx
+
+sys.path.append(str(Path(__file__).resolve().parents[2] / "scripts"))
+
+import remote_cold_start  # noqa: E402
+
+MiB = 1 << 20
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory) -> tuple[Path, bytes]:
+    require_nginx()
+    root = tmp_path_factory.mktemp("capped")
+    data = bytes(range(256)) * (6 * MiB // 256)
+    (root / "blob.bin").write_bytes(data)
+    return root, data
+
+
+def get(url: str, first: int, last: int) -> tuple[bytes, float, float]:
+    """(body, seconds to the first body byte, seconds in all) of one ranged GET."""
+    start = time.perf_counter()
+    req = urllib.request.Request(url, headers={"Range": f"bytes={first}-{last}"})
+    with urllib.request.urlopen(req, timeout=60) as resp:
+        assert resp.status == 206
+        head = resp.read(1)
+        ttfb = time.perf_counter() - start
+        body = head + resp.read()
+    return body, ttfb, time.perf_counter() - start
+
+
+def test_limit_rate_caps_one_request(served):
+    # nginx sends an answer in pieces of sendfile_max_chunk (2 MiB), the first at once, each next one when
+    # the rate allows: 6 MiB at 2 MiB/s take about 2 s
+    root, data = served
+    with Nginx(root, limit_rate="2m") as server:
+        body, _, seconds = get(f"{server.url}/blob.bin", 0, 6 * MiB - 1)
+        spans = server.request_spans(expect=1)  # its line is written after the answer's last byte went out
+    assert body == data[:6 * MiB]
+    assert seconds >= 1.5, f"6 MiB at limit_rate 2m took {seconds:.2f} s (about 2 s expected)"
+    (start, end, nbytes), = spans
+    assert nbytes == 6 * MiB and end - start >= 1.5  # the server's own clock agrees
+
+
+def test_a_log_line_written_after_the_answer_is_waited_for(served):
+    # a buffered access log (flush=1s) is written a second after the answer, every time: what an unbuffered
+    # one does now and then, on a loaded machine, in the moment between the answer's last byte and its line
+    root, data = served
+    with Nginx(root, log_flush="1s") as server:
+        body, _, _ = get(f"{server.url}/blob.bin", 0, MiB - 1)
+        spans = server.request_spans(expect=1)
+    assert body == data[:MiB]
+    (_, _, nbytes), = spans
+    assert nbytes == MiB
+
+
+def test_wait_idle_returns_once_a_request_in_progress_is_logged(served):
+    import threading
+
+    root, data = served
+    with Nginx(root, limit_rate="2m") as server:
+        answering = threading.Event()
+        got: dict = {}
+
+        def read_all() -> None:  # 6 MiB at 2 MiB/s: about 2 s in progress at nginx
+            req = urllib.request.Request(f"{server.url}/blob.bin", headers={"Range": f"bytes=0-{6 * MiB - 1}"})
+            with urllib.request.urlopen(req, timeout=60) as resp:
+                got["body"] = resp.read(1)
+                answering.set()
+                got["body"] += resp.read()
+
+        reader = threading.Thread(target=read_all)
+        reader.start()
+        try:
+            assert answering.wait(30)  # the request is in progress (or, on a stalled machine, over by now)
+            server.wait_idle()
+            assert len(server.access_log()) == 1  # its line is there as soon as nginx is idle
+        finally:
+            reader.join(60)
+    assert got["body"] == data[:6 * MiB]
+
+
+def test_uncapped_nginx_has_no_limit_rate(served):
+    root, data = served
+    with Nginx(root) as server:
+        assert "limit_rate" not in server._config()
+        body, _, _ = get(f"{server.url}/blob.bin", 0, MiB - 1)
+    assert body == data[:MiB]
+
+
+def test_proxy_delays_first_byte_and_paces_the_body(served):
+    root, data = served
+    with Nginx(root) as server:
+        with FaultProxy(server.url, first_byte_delay=0.3) as proxy:
+            body, ttfb, _ = get(f"{proxy.url}/blob.bin", 100, 4195)
+            assert body == data[100:4196] and ttfb >= 0.25
+        with FaultProxy(server.url, rate=2 * MiB) as proxy:
+            body, _, seconds = get(f"{proxy.url}/blob.bin", MiB, 4 * MiB - 1)
+            assert body == data[MiB:4 * MiB] and seconds >= 1.2
+            deadline = time.monotonic() + 5  # the span is recorded once the last write returned
+            while not proxy.spans and time.monotonic() < deadline:
+                time.sleep(0.05)
+            (start, end, nbytes), = proxy.spans
+            assert nbytes == 3 * MiB and end - start >= 1.2
+
+
+def test_proxy_in_its_own_process(served, tmp_path):
+    root, data = served
+    spans = tmp_path / "spans"
+    with Nginx(root) as server, remote_cold_start.DelayProxy(server.url, 0.05, spans=spans) as proxy:
+        assert proxy.url != server.url and proxy.proc is not None
+        body, _, _ = get(f"{proxy.url}/blob.bin", 0, MiB - 1)
+        assert body == data[:MiB]
+        deadline = time.monotonic() + 5
+        while not proxy.spans() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert [s[2] for s in proxy.spans()] == [MiB]
+    assert proxy.proc is None
+    with remote_cold_start.DelayProxy("http://127.0.0.1:9", 0.0) as direct:  # no delay, no rate: no proxy
+        assert direct.url == "http://127.0.0.1:9" and direct.proc is None
+
+
+def test_in_flight_counts():
+    spans = [(0.0, 2.0, MiB), (1.0, 3.0, 2 * MiB), (5.0, 6.0, 3 * MiB), (10.0, 11.0, 0)]
+    got = remote_cold_start.in_flight(spans, 0.0, 6.0)  # the last one is outside the case
+    # in flight: 1 on [0,1], 2 on [1,2], 1 on [2,3], 0 on [3,5], 1 on [5,6]: 5 request-seconds over 6 s
+    assert got == {"requests": 3, "small_requests": 0, "fetched_MiB": 6.0, "median_request_MiB": 2.0,
+                   "peak_in_flight": 2, "mean_in_flight": 0.8}
+    checks = [(0.0, 0.1, 4096), (0.2, 0.3, 4096), (0.4, 0.5, MiB)]  # version checks apart from the data
+    got = remote_cold_start.in_flight(checks, 0.0, 1.0)
+    assert (got["requests"], got["small_requests"], got["median_request_MiB"]) == (3, 2, 1.0)
+    # clipped to [1.5, 5.5]: 2 on [1.5,2], 1 on [2,3], 0 on [3,5], 1 on [5,5.5]: 2.5 request-seconds over 4 s
+    got = remote_cold_start.in_flight(spans, 1.5, 5.5)
+    assert (got["requests"], got["peak_in_flight"], got["mean_in_flight"]) == (3, 2, 0.6)
+    assert remote_cold_start.in_flight([], 0.0, 1.0)["requests"] == 0
+
+
+def test_missing_downloaders_are_notes(monkeypatch):
+    monkeypatch.setitem(sys.modules, "hf_transfer", None)  # import fails as if not installed
+    monkeypatch.setattr(remote_cold_start.shutil, "which", lambda name, **kw: None)
+    cases, notes = remote_cold_start.downloader_cases((64, 4 * MiB))
+    assert cases == []
+    assert any(n.startswith("hf_transfer skipped: not installed") for n in notes)
+    assert any(n.startswith("aria2c skipped: not installed") for n in notes)
