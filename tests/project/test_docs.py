@@ -1,0 +1,119 @@
+"""The documentation site (mkdocs.yml, docs/) builds with ``mkdocs build --strict``: a broken link, a page
+missing from the navigation, a bad anchor or a reference that cannot be generated fails the build. The
+generated references are complete: every option of every ``ckptfs`` command has help text and appears in
+its command's section of the CLI reference, and every name ``ckptfs`` exports is in the API reference.
+
+The build needs the ``docs`` extra (scripts/setup.sh installs it); the site goes to a temporary folder.
+"""
+
+from __future__ import annotations
+
+import html
+import importlib.util
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import click
+import pytest
+
+from conftest import REPO, skip_or_fail
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory) -> Path:
+    """The site built strictly into a temporary folder (the build's output is the failure message)."""
+    for module in ("mkdocs", "material", "mkdocs_click", "mkdocstrings_handlers.python"):
+        if importlib.util.find_spec(module.split(".")[0]) is None or importlib.util.find_spec(module) is None:
+            skip_or_fail(f"{module} is not installed (the docs extra: pip install -e '.[docs]')")
+    out = tmp_path_factory.mktemp("site")
+    env = dict(os.environ, NO_MKDOCS_2_WARNING="1")
+    run = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--config-file",
+                          str(REPO / "mkdocs.yml"), "--site-dir", str(out)],
+                         cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    log = run.stdout + run.stderr
+    assert run.returncode == 0, f"mkdocs build --strict failed:\n{log}"
+    warnings = [line for line in log.splitlines() if line.startswith(("WARNING", "ERROR"))]
+    assert not warnings, "\n".join(warnings)
+    return out
+
+
+def page_text(site: Path, page: str) -> str:
+    return (site / page / "index.html").read_text(encoding="utf-8")
+
+
+def sections(page_html: str) -> dict[str, str]:
+    """Heading text -> the page's text up to the next heading (tags stripped, entities decoded)."""
+    parts = re.split(r"<h[1-6][^>]*>", page_html)
+    out = {}
+    for part in parts[1:]:
+        title, _, body = part.partition("</h")
+        title = html.unescape(re.sub(r"<[^>]+>", "", title)).replace("¶", "").strip()
+        out[title] = html.unescape(re.sub(r"<[^>]+>", "", body))
+    return out
+
+
+def commands(group: click.Group, path: str = "ckptfs"):
+    """(``ckptfs cache prune``, command) for every command and sub-command, groups included."""
+    yield path, group
+    for name, command in sorted(group.commands.items()):
+        if isinstance(command, click.Group):
+            yield from commands(command, f"{path} {name}")
+        else:
+            yield f"{path} {name}", command
+
+
+def options(command: click.Command):
+    return [p for p in command.params if isinstance(p, click.Option) and "--help" not in p.opts]
+
+
+def cli_commands():
+    from ckptfs.commands.cli import main
+    return list(commands(main))
+
+
+def test_site_builds_strictly(site):
+    assert (site / "index.html").is_file()
+    assert (site / "reference" / "cli" / "index.html").is_file()
+    assert (site / "reference" / "api" / "index.html").is_file()
+
+
+def test_every_cli_option_has_help():
+    missing = [f"{path} {'/'.join(opt.opts)}" for path, command in cli_commands() for opt in options(command)
+               if not (opt.help or "").strip()]
+    assert not missing, "options without help text: " + ", ".join(missing)
+
+
+def test_every_cli_command_and_option_is_in_the_reference(site):
+    found = sections(page_text(site, "reference/cli"))
+    absent = []
+    for path, command in cli_commands():
+        body = found.get(path)
+        if body is None:
+            absent.append(path)
+            continue
+        absent += [f"{path} {opt}" for param in options(command) for opt in param.opts + param.secondary_opts
+                   if not re.search(rf"(?<![\w-]){re.escape(opt)}(?![\w-])", body)]
+    assert not absent, "missing from the CLI reference: " + ", ".join(absent)
+
+
+def test_every_mount_option_has_its_fstab_spelling(site):
+    from ckptfs.commands.cli import mount
+
+    text = sections(page_text(site, "reference/cli"))["mount options in /etc/fstab"]
+    for param in options(mount):
+        long_opts = [opt for opt in param.opts if opt.startswith("--")]
+        if long_opts:
+            assert long_opts[0][2:].replace("-", "_") in text, long_opts[0]
+
+
+def test_every_public_name_is_in_the_api_reference(site):
+    import ckptfs
+
+    page = page_text(site, "reference/api")
+    text = html.unescape(re.sub(r"<[^>]+>", "", page))
+    missing = [name for name in ckptfs.__all__
+               if f'id="ckptfs.{name}"' not in page and f"ckptfs.{name}" not in text]
+    assert not missing, "missing from the API reference: " + ", ".join(missing)
