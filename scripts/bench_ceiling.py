@@ -25,8 +25,8 @@ same READ request size everywhere: the fastest tenth show the per-request cost w
 machine's other load in them). Each figure comes with the daemon's CPU seconds per GiB, its peak RssAnon
 (during the stream), and the sizes of the READ requests the daemon
 answered, seen by the kernel's ``fuse:fuse_request_end`` tracepoint (a private ftrace instance filtered by
-the mount's connection; root and tracefs needed, else the sizes are left out). The target (issue 18):
-ckptfs >= 2x zero-work in every round (issue 24: the same, with the C read path).
+the mount's connection; root and tracefs needed, else the sizes are left out). The target: ckptfs >= 2x
+zero-work in every round.
 
 Usage: python scripts/bench_ceiling.py [CKPT.gguf] [--rounds 5] [--json OUT]
        (without CKPT: the Gemma 3 270M skeleton in scripts/real-shapes/, full size, generated once)

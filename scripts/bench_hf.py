@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""End-to-end benchmark of hf/ (issue 17): transformers loading a GGUF three ways, side by side in one run.
+"""End-to-end benchmark of hf/: transformers loading a GGUF three ways, side by side in one run.
 
 (a) ``from_pretrained(dir, gguf_file=...)`` — transformers' own GGUF path (gguf-py's reader, dequantize all);
 (b) ``from_pretrained(MNT/hf)`` — the folder of a ``ckptfs mount --hf`` of the same GGUF;

@@ -11,7 +11,7 @@ is reported (best-of ratios), and the median of the ratios within each round (st
   gguf-py          GGUFReader(path), then gguf.quants.dequantize + torch.from_numpy per tensor
   gguf-py-decode   the same with the reader already open: its decoding alone
 
-Targets (issue 15): ckptfs >= 3x gguf-py and >= 2x gguf-py-decode; ckptfs's peak RSS growth over the
+Targets: ckptfs >= 3x gguf-py and >= 2x gguf-py-decode; ckptfs's peak RSS growth over the
 baseline (VmHWM after ``clear_refs``, so import peaks do not count) <= 1.2x the output's size.
 
 The checkpoint: ``--shapes SKELETON.json`` (a real GGUF's header skeleton: tensor names, types, gguf_dims)

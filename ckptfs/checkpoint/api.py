@@ -389,7 +389,7 @@ class Checkpoint(Mapping):
         self.content_id = checkpoint_content_id([source.content_id() for source in pinned])
         self.cache = cache if cache is not None else TieredCache([BlockCache(options.cache_size)])
         # Closed on collection: a checkpoint dropped without close() releases its descriptors, connections
-        # and tiers (issue 11). Not at interpreter exit: the process is ending, and a forked mount daemon's
+        # and tiers. Not at interpreter exit: the process is ending, and a forked mount daemon's
         # copy must not be closed by its parent's exit.
         self._finalizer = weakref.finalize(self, _release, self.sources, self.cache)
         self._finalizer.atexit = False

@@ -77,7 +77,7 @@ class Prefetcher:
         self.decode_ahead = decode_ahead and cache_capacity > 0
         # into_reply (the mount's): a view whose reads decode straight into the reply (View.decodes_into_reply)
         # gets advice only. Decoding its groups ahead into the cache would add a copy per byte and hand-offs
-        # between threads on top of the decode the read does anyway (measured: docs/performance.md, issue 24)
+        # between threads on top of the decode the read does anyway (measured: docs/performance.md)
         self.into_reply = into_reply
         self._sources = sources
         # decoded data ahead must fit the cache; advice alone costs no memory of ours

@@ -21,7 +21,7 @@ CACHE_TIMEOUT = "86400"  # seconds; the tree never changes during a mount
 REFUSED = {
     "rw": "ckptfs mounts are read-only (checkpoint data cannot be written through the mount)",
     "direct_io": "direct_io breaks mmap (np.load(..., mmap_mode='r')) and the page cache",
-    # options libfuse accepts but that leave no working mount (found by a new user, issue 11)
+    # options libfuse accepts but that leave no working mount
     "max_read": "libfuse 3 stops the mount right after it starts when max_read is set (its init and the "
                 "session disagree on the read size)",
     "modules": "FUSE modules (subdir, iconv) rewrite the paths ckptfs serves: the mount's root answers nothing",

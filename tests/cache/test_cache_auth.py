@@ -1,4 +1,4 @@
-"""Who may change what the shared tiers serve (issue 26, items 1-3): a cache folder another user made is
+"""Who may change what the shared tiers serve: a cache folder another user made is
 refused, entries rewritten with a forged payload and recomputed crc32s are never served (disk and Redis,
 through real FUSE mounts), and what ckptfs creates is 0700/0600 whatever the umask.
 
@@ -45,7 +45,7 @@ def sticky_dir(public_dir) -> Path:
 
 
 def test_a_folder_another_user_made_first_is_refused(model, sticky_dir, tmp_path):
-    """Item 1's attack: a second user makes the README's recipe folder before root mounts with it."""
+    """A second user makes the recipe's cache folder (docs/caches.md) before root mounts with it."""
     path, _ = model
     trap = sticky_dir / "ckptfs"
     made = subprocess.run([*AS_NOBODY, "mkdir", "-m", "0755", str(trap)], capture_output=True, timeout=30,

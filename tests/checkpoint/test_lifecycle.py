@@ -91,7 +91,7 @@ def test_unpickled_tensors_work_after_their_origin_is_closed(small):
 
 
 def test_a_closed_checkpoint_read_again_still_refuses_a_replaced_file(tmp_path):
-    """Reading after ``close()`` is refused (issue 11: a reopened descriptor had no owner to close it), so a
+    """Reading after ``close()`` is refused (a reopened descriptor would have no owner to close it), so a
     replacement's bytes are never served at the old header's offsets either."""
     path = tmp_path / "model.gguf"
     old = write_gguf(path, {"w": (RNG.standard_normal((4, 64)).astype(np.float32), "Q8_0")})
@@ -124,7 +124,7 @@ def test_a_tensor_of_a_relative_path_unpickles_after_a_chdir(index_gguf, tmp_pat
 
 
 def test_a_pickled_tensor_refuses_a_checkpoint_replaced_since(tmp_path):
-    """Issue 11 item 3: the pickle carries the content identity; a replaced file is an error, not another
+    """The pickle carries the content identity; a replaced file is an error, not another
     tensor served silently under the old index."""
     path = tmp_path / "model.gguf"
     write_mixed_gguf(path)

@@ -87,7 +87,7 @@ def test_the_comparison_sees_a_changed_tensor(probe, model, direct, tmp_path):
     assert llama_client.run(copy, "mmap", N_PREDICT, probe=probe)["tokens"] != direct["mmap"]["tokens"]
 
 
-# ------------------------------------------------- the checkpoint's own files (issue 23 items 1-3)
+# ------------------------------------------------- the checkpoint's own files ------------------
 
 
 @pytest.mark.parametrize("mode", llama_client.MODES)

@@ -1,4 +1,4 @@
-"""Reads that decode straight into the reply (issue 24): ``View.read_into`` of a ``.npy`` writes whole block
+"""Reads that decode straight into the reply: ``View.read_into`` of a ``.npy`` writes whole block
 groups where they belong, spread over the cores, groups cut by the request's ends from the cache.
 
 Every byte is compared with gguf-py's dequantization (through ``np.load`` of what the reads assembled) and

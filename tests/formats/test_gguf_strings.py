@@ -1,7 +1,7 @@
 """The walk over a GGUF header's string arrays (a vocabulary): the C walk (``ckptfs.formats._strings``) and the
 Python loop give the same answer for every file, good or bad, in both byte orders, and the same error line.
 
-gguf-py is the oracle for good files; for bad ones the Python loop is (it is the first waves' reader, whose
+gguf-py is the oracle for good files; for bad ones the Python loop is (the reader whose
 error messages the hostile-header tests fix). Arrays are long enough to cross the reader's first load
 (``INITIAL_READ``), so the walk stops at loaded bytes and resumes after more are read."""
 

@@ -1,5 +1,5 @@
 """``import ckptfs`` and the whole library API work where no FUSE binding or libfuse can load; only a mount
-needs them, and then it fails with one line naming what to install (docs/architecture.md, issue 2)."""
+needs them, and then it fails with one line naming what to install (docs/architecture.md)."""
 
 from __future__ import annotations
 

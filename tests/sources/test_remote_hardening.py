@@ -1,4 +1,4 @@
-"""Remote sources as an attacker or a bad network finds them (issue 26, items 4-8), against Debian's nginx on
+"""Remote sources as an attacker or a bad network finds them, against Debian's nginx on
 loopback, through the project's fault proxy and real FUSE mounts:
 
 - a URL's secrets (``user:password@``, a presigned query) never leave: not in the daemon's command line, a
