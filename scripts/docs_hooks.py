@@ -1,4 +1,7 @@
-"""MkDocs hooks (mkdocs.yml ``hooks:``): reference tables generated from the code at build time.
+"""MkDocs hooks (mkdocs.yml ``hooks:``): reference tables generated from the code at build time, so that
+they cannot drift from it. A marker comment in a page becomes its table:
+- ``<!-- ckptfs:storage-types -->``: every registered codec (ckptfs.quant), its block geometry and dtype;
+- ``<!-- ckptfs:gguf-view-architectures -->``: the architectures gguf/model.gguf serves (ckptfs.ggufview);
 
 ``<!-- ckptfs:fstab-options -->`` in a page becomes the table of ``ckptfs mount``'s options and their
 ``-o key=value`` spelling for mount(8) and /etc/fstab, by the rule the mount helper applies
@@ -9,6 +12,8 @@ click command itself so that an option added to ``ckptfs mount`` appears without
 from __future__ import annotations
 
 MARKER = "<!-- ckptfs:fstab-options -->"
+TYPES_MARKER = "<!-- ckptfs:storage-types -->"
+ARCHS_MARKER = "<!-- ckptfs:gguf-view-architectures -->"
 
 
 def fstab_table() -> str:
@@ -36,7 +41,46 @@ def fstab_table() -> str:
     return "\n".join(rows)
 
 
+def storage_types_table() -> str:
+    """One row per registered codec: block geometry, the dtype ``auto`` serves, C kernel, big-endian."""
+    from ckptfs.quant import codec_for, known_types, output_dtype
+
+    rows = ["| storage type | elements per block | bytes per block | `.npy` dtype (`auto`) | served as stored "
+            "| C kernel | big-endian files |", "|---|---:|---:|---|---|---|---|"]
+    for name in known_types():
+        codec = codec_for(name)
+        native = _has_native(codec)
+        rows.append(f"| `{name}` | {codec.block_elements} | {codec.block_bytes} | `{output_dtype(codec).str}` "
+                    f"| {'yes' if codec.exact else ''} | {'yes' if native else ''} "
+                    f"| {'decoded' if codec.swap is not None else 'raw only'} |")
+    return "\n".join(rows)
+
+
+def _has_native(codec) -> bool:
+    """Whether the C kernel of ``codec`` is built here (the build machine's answer)."""
+    try:
+        codec.decoder("native")
+    except ValueError:
+        return False
+    return True
+
+
+def gguf_view_architectures_table() -> str:
+    """One row per architecture gguf/model.gguf serves: config names, llama.cpp's architecture."""
+    from ckptfs.ggufview.archs import ARCHITECTURES
+
+    rows = ["| architecture | config.json `architectures` | llama.cpp architecture |", "|---|---|---|"]
+    for arch in ARCHITECTURES:
+        names = ", ".join(f"`{name}`" for name in arch.hf_names)
+        rows.append(f"| {arch.name} | {names} | `{arch.model_arch}` |")
+    return "\n".join(rows)
+
+
+GENERATED = {MARKER: fstab_table, TYPES_MARKER: storage_types_table, ARCHS_MARKER: gguf_view_architectures_table}
+
+
 def on_page_markdown(markdown: str, page, config, files) -> str:
-    if MARKER in markdown:
-        markdown = markdown.replace(MARKER, fstab_table())
+    for marker, make in GENERATED.items():
+        if marker in markdown:
+            markdown = markdown.replace(marker, make())
     return markdown

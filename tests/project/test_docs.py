@@ -117,3 +117,27 @@ def test_every_public_name_is_in_the_api_reference(site):
     missing = [name for name in ckptfs.__all__
                if f'id="ckptfs.{name}"' not in page and f"ckptfs.{name}" not in text]
     assert not missing, "missing from the API reference: " + ", ".join(missing)
+
+
+def code_text() -> str:
+    """The package's source with adjacent string literals joined ("a " f"b" -> "a b"), as messages print."""
+    texts = [path.read_text(encoding="utf-8") for path in sorted((REPO / "ckptfs").rglob("*.py"))]
+    return re.sub(r"\"\s*\n?\s*f?\"", "", "\n".join(texts))
+
+
+def literal_parts(message: str) -> list[str]:
+    """The fixed words of a documented message: the runs between its placeholders (capitals such as MNT,
+    SRC, N, quoted 'X', '...')."""
+    parts = [part.strip(" ():;,") for part in re.split(r"\b[A-Z][A-Z_]*\b(?!_)|'[^']*'|\.\.\.|\$\w+", message)]
+    return [part for part in parts if len(part) >= 12]
+
+
+def test_troubleshooting_quotes_the_code_s_own_messages():
+    page = (REPO / "docs" / "guide" / "troubleshooting.md").read_text(encoding="utf-8")
+    messages = [m for line in page.splitlines() if line.startswith("- `")
+                for m in re.findall(r"`([^`]+)`", line.split(" — ")[0])]
+    assert len(messages) >= 20, messages
+    source = code_text()
+    absent = [f"{message!r}: {part!r}" for message in messages for part in literal_parts(message)
+              if part not in source]
+    assert not absent, "documented messages the code no longer says:\n" + "\n".join(absent)
