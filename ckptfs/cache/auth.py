@@ -198,5 +198,5 @@ def _fresh_lock_in_child() -> None:
     _keys_lock = threading.Lock()
 
 
-if hasattr(os, "register_at_fork"):
+if hasattr(os, "register_at_fork"):  # probe: platform
     os.register_at_fork(after_in_child=_fresh_lock_in_child)

@@ -150,7 +150,7 @@ def _fresh_locks_in_child() -> None:
             store.forget_files()  # the parent's open files hold the parent's leases
 
 
-if hasattr(os, "register_at_fork"):
+if hasattr(os, "register_at_fork"):  # probe: platform
     os.register_at_fork(after_in_child=_fresh_locks_in_child)
 
 

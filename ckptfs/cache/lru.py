@@ -28,8 +28,7 @@ class CacheStats:
 
 def size_of(value) -> int:
     """Bytes a value holds: ``nbytes`` for arrays and memoryviews, ``len`` for bytes."""
-    nbytes = getattr(value, "nbytes", None)
-    return int(nbytes) if nbytes is not None else len(value)
+    return len(value) if isinstance(value, (bytes, bytearray)) else int(value.nbytes)
 
 
 class BytesLRU:

@@ -18,9 +18,9 @@ import fcntl
 import struct
 
 # Linux's ABI numbers (since 3.15), where the fcntl module lacks the names
-F_OFD_GETLK = getattr(fcntl, "F_OFD_GETLK", 36)
-F_OFD_SETLK = getattr(fcntl, "F_OFD_SETLK", 37)
-F_OFD_SETLKW = getattr(fcntl, "F_OFD_SETLKW", 38)
+F_OFD_GETLK = getattr(fcntl, "F_OFD_GETLK", 36)  # probe: platform
+F_OFD_SETLK = getattr(fcntl, "F_OFD_SETLK", 37)  # probe: platform
+F_OFD_SETLKW = getattr(fcntl, "F_OFD_SETLKW", 38)  # probe: platform
 
 #: ``struct flock`` (l_type, l_whence, l_start, l_len, l_pid; native alignment, padded to 32 bytes on 64-bit)
 _FLOCK = struct.Struct("@hhqqi4x")

@@ -486,8 +486,8 @@ def _where(url: str) -> str:
 def _is_oom(exc: BaseException) -> bool:
     import redis
 
-    return isinstance(exc, redis.ResponseError) and (isinstance(exc, getattr(redis.exceptions, "OutOfMemoryError", ()))
-                                                     or str(exc).startswith("OOM"))
+    oom = getattr(redis.exceptions, "OutOfMemoryError", ())  # probe: third-party (redis-py >= 4.5)
+    return isinstance(exc, redis.ResponseError) and (isinstance(exc, oom) or str(exc).startswith("OOM"))
 
 
 def _outage_errors() -> tuple[type, ...]:

@@ -27,6 +27,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Hashable, Sequence
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 
@@ -34,7 +35,8 @@ from ckptfs.cache.flight import SingleFlight
 from ckptfs.cache.keys import CacheKey, group_key
 from ckptfs.cache.lru import BytesLRU, CacheStats
 
-__all__ = ["CacheTier", "BlockCache", "TieredCache", "CacheStats", "CacheKey", "cache_key"]
+__all__ = ["CacheTier", "LeasingTier", "FlushingTier", "BlockCache", "TieredCache", "CacheStats", "CacheKey",
+           "cache_key"]
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +63,33 @@ class CacheTier:
 
     def close(self) -> None:
         """Release what the tier holds (connections, descriptors)."""
+
+
+@runtime_checkable
+class LeasingTier(Protocol):
+    """A lower tier that can lease keys (the Redis tiers): processes that miss the same key at once wait for
+    one decode of it (``TieredCache._wait_elsewhere``)."""
+
+    name: str
+
+    def lease(self, key: str) -> bool:
+        """True when this process now holds ``key``'s lease (it decodes); False when another process does."""
+        ...
+
+    def wait_for(self, key: str, timeout: float | None = None) -> np.ndarray | None:
+        """The value another process is decoding under its lease, once stored; None when it never came."""
+        ...
+
+    def release(self, key: str) -> None:
+        """Give up this process's lease of ``key`` (its decode failed)."""
+        ...
+
+
+@runtime_checkable
+class FlushingTier(Protocol):
+    """A lower tier that stores in the background (disk, Redis): ``flush`` waits for the writes queued so far."""
+
+    def flush(self, timeout: float | None = None) -> bool: ...
 
 
 class BlockCache(BytesLRU, CacheTier):
@@ -90,6 +119,10 @@ class TieredCache:
         self.tiers = list(tiers)
         self.memory = self.tiers[0]
         self._lower = self.tiers[1:]
+        # capabilities resolved once, here: the tiers that lease keys and those that write in the background
+        self._leasing = [(depth, tier) for depth, tier in enumerate(self._lower, start=1)
+                         if isinstance(tier, LeasingTier)]
+        self._flushing = [tier for tier in self._lower if isinstance(tier, FlushingTier)]
         self._flights = SingleFlight()
         self._lock = threading.Lock()
         self.decoded_bytes = 0
@@ -222,9 +255,7 @@ class TieredCache:
         lease keys (``lease``/``wait_for``/``release``: the Redis tiers) is asked whether another process is
         decoding it. Its value once stored there (promoted to the tiers above, as a hit is); else the tier
         whose lease this process now holds (released if the decode fails), or None: decode here."""
-        for depth, tier in enumerate(self._lower, start=1):
-            if getattr(tier, "lease", None) is None:
-                continue
+        for depth, tier in self._leasing:
             if self._guard(tier, "lease", key) is not False:
                 return tier
             value = self._guard(tier, "wait_for", key)
@@ -261,6 +292,12 @@ class TieredCache:
     def tier_stats(self) -> dict[str, dict]:
         """``{tier name: {"hits", "misses", "bytes", ...}}`` for every configured tier, memory first."""
         return {tier.name: _tier_counters(tier) for tier in self.tiers}
+
+    def flush(self) -> None:
+        """Wait for the lower tiers' background writes: everything decoded so far is stored (``ckptfs
+        prefetch`` reports, and exits, after this)."""
+        for tier in self._flushing:
+            self._guard(tier, "flush")
 
     def clear(self) -> None:
         """Drop the memory tier's entries (shared tiers keep theirs: other processes use them)."""

@@ -54,6 +54,17 @@ class Tensor:
         self._meta: dict[str, Any] | None = None
 
     @property
+    def checkpoint(self) -> Checkpoint:
+        """The checkpoint the tensor was opened from (its cache, options and sources)."""
+        return self._ck
+
+    @property
+    def data_made(self) -> bool:
+        """Whether ``data`` was made already: it took the tensor's codec then (a mount's counters wrap the
+        codec only before)."""
+        return self._data is not None
+
+    @property
     def annotations(self) -> dict[str, Any]:
         """Extra keys for NAME.meta.json from features that look at several tensors (``packed_view``). Kept by
         the checkpoint's tensor list, which holds Tensors weakly and may make this one again."""
@@ -114,9 +125,11 @@ class Tensor:
 
     def shared(self) -> np.ndarray:
         """The whole tensor, read-only, decoded once per machine into the cache folder and mapped: every
-        process calling this maps the same pages (one copy for N workers; see ckptfs.cache.shared)."""
-        from ckptfs.cache.shared import shared_array
-        return shared_array(self)
+        process calling this maps the same pages (one copy for N workers; see ckptfs.checkpoint.shared)."""
+        from ckptfs.checkpoint.shared import shared_array, tensor_store
+
+        store = tensor_store(self._ck.cache, self._ck.options.cache_key_file)
+        return shared_array(self.name, self.data, store, self.numpy).reshape(self.shape)
 
     def __array__(self, dtype=None, copy=None) -> np.ndarray:
         if copy is False:  # numpy 2's protocol: say so when a copy cannot be avoided (values are decoded anew)

@@ -44,7 +44,7 @@ SIZE = SizeType()
 
 
 
-_NO_ARGS_IS_HELP = getattr(click.exceptions, "NoArgsIsHelpError", ())  # click >= 8.2
+_NO_ARGS_IS_HELP = getattr(click.exceptions, "NoArgsIsHelpError", ())  # probe: third-party (click >= 8.2)
 
 
 class OneLineGroup(click.Group):
@@ -232,7 +232,7 @@ def stats(mountpoint, as_json, verbose):
     try:
         data = json.loads(os.getxattr(mountpoint, STATS_XATTR))
     except OSError as exc:
-        if exc.errno in (errno.ENODATA, getattr(errno, "ENOATTR", errno.ENODATA), errno.ENOTSUP):
+        if exc.errno in (errno.ENODATA, getattr(errno, "ENOATTR", errno.ENODATA), errno.ENOTSUP):  # probe: platform
             exc = ValueError(f"{mountpoint} is not a ckptfs mount root (no {STATS_XATTR})")
         fail(exc, verbose)
     except ValueError as exc:

@@ -9,6 +9,7 @@ import traceback
 import click
 
 from ckptfs.core.errors import CheckpointError
+from ckptfs.fs.errors import MountError
 from ckptfs.util.oneline import one_line
 
 
@@ -18,7 +19,8 @@ def fail(exc: BaseException, verbose: bool, detail: str = "") -> None:
     if verbose:
         traceback.print_exc()
     message = str(exc) if isinstance(exc, (CheckpointError, OSError, ValueError)) else f"{type(exc).__name__}: {exc}"
-    code = getattr(exc, "exit_code", 1)
+    # a MountError says its code; so do click's exceptions (not all of them: Abort has none)
+    code = exc.exit_code if isinstance(exc, MountError) else getattr(exc, "exit_code", 1)  # probe: third-party
     kind = "usage error" if code == 2 else "error"  # as click's usage errors say it (OneLineGroup)
     click.echo(one_line(f"ckptfs: {kind}: {message}{detail}"), err=True)
     sys.exit(code)

@@ -7,7 +7,7 @@ Two kinds of warm-up, picked by what is asked:
   so that a later mount or open with the same ``--cache-dir`` sends no request for bytes. ``--cache-dir`` is
   required: without a store the bytes would be lost at exit. Resumable: what the store holds is skipped.
 - **Decoded groups** (a local SRC, NAMES, ``--redis``/``--redis-cluster``, or ``--decode``): tensors decoded
-  into the shared tiers under the keys a mount with the same ``--dtype`` looks up (``ckptfs.cache.warm``).
+  into the shared tiers under the keys a mount with the same ``--dtype`` looks up (``ckptfs.checkpoint.warm``).
   A remote SRC with ``--decode`` gets its bytes first, then is decoded from them.
 
 A progress line on stderr when it is a terminal (``--quiet``: none, and no summary); one summary line at
@@ -191,7 +191,7 @@ def _fetch_bytes(ck, bar: ByteBar, quiet: bool, started: float, before: dict, st
 
 
 def _decode(ck, src: str, names, quiet: bool) -> bool:
-    from ckptfs.cache.warm import warm
+    from ckptfs.checkpoint.warm import warm
 
     try:
         tensors = [ck[name] for name in names] if names else list(ck.tensors)

@@ -50,8 +50,8 @@ def split(items: list, n: int) -> list[list]:
 
 
 class TensorValues(Protocol):
-    """What the views, the API, read-ahead, ``ckptfs prefetch`` (``cache.warm``) and ``Tensor.shared()``
-    (``cache.shared``) read a tensor's values through: :class:`TensorData` for stored tensors,
+    """What the views, the API, read-ahead, ``ckptfs prefetch`` (``checkpoint.warm``) and ``Tensor.shared()``
+    (``checkpoint.shared``) read a tensor's values through: :class:`TensorData` for stored tensors,
     ``ckptfs.packed.views.PackedData`` for the views of packed layers (whose "blocks" and "groups" are tiles
     of rows). Every method is abstract, so an implementation that lacks one cannot be made at all (rather
     than failing with an AttributeError in whichever caller reaches it first)."""
@@ -90,6 +90,11 @@ class TensorValues(Protocol):
     def content_id(self) -> str:
         """The content identity of every stored byte the values are computed from: what a key of the whole
         decoded tensor in a shared tier starts with (``Tensor.shared()``)."""
+
+    @abstractmethod
+    def warm(self) -> None:
+        """Run the read path once before the first reader, keeping nothing (a mount warms each storage type:
+        ``fs.operations``); an implementation with nothing to warm does nothing."""
 
 
 def group_slices(group: Callable[[int], np.ndarray], group_elements: int, e0: int, e1: int) -> list[np.ndarray]:

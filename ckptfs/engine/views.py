@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ckptfs.engine.blocks import TensorData
+from ckptfs.engine.blocks import TensorData, TensorValues
 from ckptfs.core.descriptors import TensorInfo
 from ckptfs.core.errors import CheckpointError
 from ckptfs.sources import SourcePool
@@ -239,9 +239,12 @@ class NpyView(HeaderBodyView):
 
     reads_ahead = True
 
-    def __init__(self, data: TensorData):
+    def __init__(self, data: TensorValues):
         self.data = data
-        self.decodes_into_reply = hasattr(data, "bytes_into") and not data.direct and data.codec.dtype == data.dtype
+        # a stored tensor's values decode straight into a reply buffer; a packed view's are copied from its tiles
+        self._bytes_into = data.bytes_into if isinstance(data, TensorData) else None
+        self.decodes_into_reply = (isinstance(data, TensorData) and not data.direct
+                                   and data.codec.dtype == data.dtype)
         self.header = npy_header(data.info.shape, data.dtype)
         self.itemsize = data.dtype.itemsize
         self.size = len(self.header) + data.n_elements * self.itemsize
@@ -277,7 +280,7 @@ class NpyView(HeaderBodyView):
         return [(0, hlen, self.header, 0), (hlen, self.size - hlen, data.source, data.info.offset)]
 
     def body_into(self, d0: int, target: np.ndarray, keep: bool = True) -> None:
-        bytes_into = getattr(self.data, "bytes_into", None)  # packed views' data has none: copy their parts
+        bytes_into = self._bytes_into
         if bytes_into is None:
             super().body_into(d0, target)
         else:

@@ -31,7 +31,7 @@ class FilePrefix:
         self._owned = source is None
         self.source = opener.source(path) if source is None else source
         self.size = self.source.size
-        self._initial = max(INITIAL_READ, getattr(self.source, "initial_read", 0))
+        self._initial = max(INITIAL_READ, self.source.initial_read)
         self.data = bytearray()
 
     def close(self) -> None:

@@ -21,7 +21,7 @@ import sys
 from collections.abc import Callable
 from ctypes.util import find_library
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ckptfs.fs.errors import MountError
 
@@ -37,6 +37,26 @@ BINDINGS = ("mfusepy", "fusepy")
 
 LIBFUSE3_HINT = "install fuse3 and libfuse3-3 (Debian/Ubuntu: apt-get install fuse3 libfuse3-3)"
 LIBFUSE2_HINT = "install libfuse2 (Debian: apt-get install libfuse2 fuse3; Ubuntu 24.04: libfuse2t64)"
+
+
+if TYPE_CHECKING:
+    from ckptfs.fs.direct import DirectReads
+
+
+class FuseOperations(Protocol):
+    """What mfusepy's FUSE classes here call beyond libfuse's operations (``CkptOperations`` has them all)."""
+
+    direct_reads: DirectReads  # reads of plain files served by the C callback (fs/direct.py)
+
+    def read_into(self, path: str | None, target: memoryview, offset: int, fh: int) -> int:
+        """A read written straight into libfuse's reply buffer; the number of bytes written."""
+        ...
+
+    def listing_blob(self, path: str | None) -> bytes:
+        """A folder's names encoded once, for the C helper's offset-mode listing."""
+        ...
+
+    def readdir(self, path: str | None, fh: int) -> list: ...
 
 
 @dataclass(frozen=True)
@@ -100,7 +120,7 @@ def _load_mfusepy() -> Binding | None:
         return None
     except (OSError, AttributeError) as exc:  # mfusepy raises these when libfuse is missing or unusable
         raise MountError(f"libfuse not usable ({exc}): {LIBFUSE3_HINT}") from None
-    library = str(getattr(module, "_libfuse_path", "") or "libfuse")
+    library = str(getattr(module, "_libfuse_path", "") or "libfuse")  # probe: third-party
     major = int(module.fuse_version_major)
     fuse_class = _reads_in_c(_fast_listings(_reads_into_buffer(module.FUSE), major), module)
     return Binding("mfusepy", major, library, fuse_class, lambda ops: ops)
@@ -118,9 +138,9 @@ def _reads_in_c(fuse_class: type, module: Any) -> type:
     here, as mfusepy makes its own, and kept for as long as the mount runs."""
 
     class CReadFUSE(fuse_class):
-        def __init__(self, operations, mountpoint, *args, **kwargs):  # noqa: ANN001 - mfusepy's signature
-            direct = getattr(operations, "direct_reads", None)
-            if direct is None or not direct.enabled or getattr(operations, "read_into", None) is None:
+        def __init__(self, operations: FuseOperations, mountpoint, *args, **kwargs):  # noqa: ANN001 - mfusepy's
+            direct = operations.direct_reads
+            if not direct.enabled:
                 super().__init__(operations, mountpoint, *args, **kwargs)
                 return
             real_main = module.fuse_main_real
@@ -155,13 +175,11 @@ def _reads_into_buffer(fuse_class: type) -> type:
     """mfusepy's FUSE class reading straight into the buffer libfuse passes (``operations.read_into``): a
     ``.npy`` read copies its parts (header, slices of cached decoded groups) there once, a ``.raw`` read
     preads there, instead of our ``read`` building bytes that mfusepy then copies: one copy of every byte
-    fewer. Operations without ``read_into`` are read as mfusepy does."""
+    fewer (the operations are ``FuseOperations``)."""
 
     class BufferReadFUSE(fuse_class):
         def read(self, path, buf, size, offset, fip):  # noqa: ANN001 - mfusepy's ctypes arguments
-            read_into = getattr(self.operations, "read_into", None)
-            if read_into is None:
-                return super().read(path, buf, size, offset, fip)
+            read_into = self.operations.read_into
             fh = fip.contents if self.raw_fi else fip.contents.fh
             # addressof, not ctypes.cast: cast is a foreign call that lets go of the GIL and, under load,
             # waits to get it back (5% of a loaded daemon's samples)
@@ -191,9 +209,8 @@ def _fast_listings(fuse_class: type, libfuse_major: int) -> type:
             decoded = None if path is None else path.decode(self.encoding, self.errors)
             cache = self.__dict__.setdefault("_ckptfs_listings", {})
             names = cache.get(decoded)
-            blob_of = getattr(self.operations, "listing_blob", None)
-            if names is None and _listing is not None and blob_of is not None and self.encoding == "utf-8":
-                names = cache[decoded] = blob_of(decoded)
+            if names is None and _listing is not None and self.encoding == "utf-8":
+                names = cache[decoded] = self.operations.listing_blob(decoded)
             if names is None:
                 listing = self.operations.readdir(decoded, fip.contents.fh)
                 if any(not isinstance(item, str) for item in listing):
@@ -222,9 +239,9 @@ def _load_fusepy() -> Binding | None:
         return None
     except (OSError, AttributeError) as exc:  # fusepy raises EnvironmentError without libfuse2
         raise MountError(f"libfuse2 not usable by fusepy ({exc}): {LIBFUSE2_HINT}") from None
-    if not hasattr(module, "FUSE") or not hasattr(module, "fuse_operations"):
+    if not hasattr(module, "FUSE") or not hasattr(module, "fuse_operations"):  # probe: third-party
         return None  # another package named "fuse" (python-fuse), not fusepy
-    library = str(getattr(module, "_libfuse_path", "") or "libfuse")
+    library = str(getattr(module, "_libfuse_path", "") or "libfuse")  # probe: third-party
     return Binding("fusepy", 2, library, module.FUSE, _FusepyAdapter)
 
 

@@ -22,7 +22,10 @@ import bisect
 import threading
 import time
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ckptfs.checkpoint.api import Checkpoint, Tensor
 
 #: Seconds. From 5 µs (a cached 4 KiB read; a small exact-type decode) to 60 s (a remote read retried
 #: until its timeout), roughly x2.5 per step, so p50/p99 resolve at both ends.
@@ -165,14 +168,14 @@ class TimedCodec:
             counters.histogram.observe(self._label, seconds)
 
 
-def instrument_decoding(checkpoint: Any, counters: DecodeCounters) -> None:
+def instrument_decoding(checkpoint: Checkpoint, counters: DecodeCounters) -> None:
     """Route every tensor's decoding through ``counters`` (before any read: the block engine takes the
     tensor's codec when it first builds the tensor's data)."""
     wrapped: dict[int, TimedCodec] = {}
 
-    def wrap(tensor: Any) -> None:
-        codec = getattr(tensor, "codec", None)
-        if codec is None or getattr(tensor, "_data", None) is not None:
+    def wrap(tensor: Tensor) -> None:
+        codec = tensor.codec
+        if codec is None or tensor.data_made:  # a packed view has no codec: its layout decodes
             return
         proxy = wrapped.get(id(codec))
         if proxy is None:

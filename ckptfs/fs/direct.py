@@ -47,7 +47,7 @@ from typing import Any
 
 from ckptfs.core.errors import CheckpointError
 from ckptfs.sources.local import FileSource
-from ckptfs.sources.remote.transport import RemoteSource
+from ckptfs.sources.base import HasLocalCopy
 
 try:
     from ckptfs.fs import _direct  # optional C helper (setup.py); without it every read is Python's
@@ -194,7 +194,7 @@ def _local_copy(source: Any) -> tuple[int, int, int] | None:
     """A remote source's complete, checked local copy in the ``--cache-dir`` store (``RemoteSource.local_copy``:
     its bytes at the remote file's own offsets), else None. Asking starts the store's one check of the copy
     in this process, so a later open finds it."""
-    if not isinstance(source, RemoteSource):
+    if not isinstance(source, HasLocalCopy):
         return None
     return source.local_copy()
 

@@ -139,7 +139,8 @@ class LogFile:
         self.fd = self._open()
 
     def _open(self) -> int:
-        return os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
+        cloexec = getattr(os, "O_CLOEXEC", 0)  # probe: platform
+        return os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | cloexec, 0o644)
 
     def reopen(self) -> None:
         try:

@@ -13,6 +13,7 @@ import logging
 import os
 import threading
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from ckptfs.cache.disk import PRUNES
 from ckptfs.checkpoint.api import OpenOptions, open_with
@@ -30,6 +31,9 @@ from ckptfs.fs.operations import CkptOperations
 from ckptfs.fs.options import MountOptions, as_usage_error, parse_options
 from ckptfs.util.redact import strip_url
 from ckptfs.core.options import absolute
+
+if TYPE_CHECKING:  # imported when a folder of several checkpoints is mounted
+    from ckptfs.tree.repository import RepositoryTree
 
 __all__ = ["MountRequest", "MountError", "run_mount", "unmount"]
 
@@ -65,7 +69,7 @@ class _Plan:
     mountpoint: str
     options: MountOptions
     binding: Binding
-    tree: MountTree
+    tree: MountTree | RepositoryTree  # one checkpoint, or a folder of several (each its own MountTree)
     log_file: logs.LogFile | None
     metrics: tuple[str, int] | None
     #: the background warm-up once ``--prefetch`` started it (``ckptfs stats`` shows its progress)
@@ -216,7 +220,7 @@ def _open_log(path: str | None) -> logs.LogFile | None:
 def _serve(plan: _Plan, on_ready) -> BaseException | None:
     """Run FUSE until unmounted; the exception it ended with, if any."""
     describe = {"binding": plan.binding.name, "libfuse": plan.binding.libfuse_major, "mountpoint": plan.mountpoint}
-    if plan.request.prefetch and getattr(plan.tree, "checkpoint", None) is not None:
+    if plan.request.prefetch and isinstance(plan.tree, MountTree):
         describe["prefetch"] = lambda: _prefetch_status(plan)
     operations = CkptOperations(plan.tree, on_ready, describe=describe,
                                 counters=MountCounters(timed=plan.metrics is not None))
@@ -257,13 +261,13 @@ def _start_prefetch(plan: _Plan) -> list:
     asked for, or for a folder of several checkpoints)."""
     if not plan.request.prefetch:
         return []
-    checkpoint = getattr(plan.tree, "checkpoint", None)
-    if checkpoint is None:
+    if not isinstance(plan.tree, MountTree):  # a RepositoryTree
         log.warning("--prefetch: not done for a folder of several checkpoints (prefetch each one instead)")
         return []
     from ckptfs.sources.remote.warmup import BackgroundWarmup
 
-    plan.prefetching.append(BackgroundWarmup.for_checkpoint(checkpoint, _mount_name(plan.request.src)).start())
+    warmup = BackgroundWarmup.for_checkpoint(plan.tree.checkpoint, _mount_name(plan.request.src))
+    plan.prefetching.append(warmup.start())
     return list(plan.prefetching)
 
 

@@ -191,7 +191,8 @@ class MountpointLock:
     def __init__(self, path: str, timeout: float):
         path = real_mountpoint(path)
         try:
-            self.fd: int | None = os.open(path, os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_CLOEXEC", 0))
+            cloexec = getattr(os, "O_CLOEXEC", 0)  # probe: platform
+            self.fd: int | None = os.open(path, os.O_RDONLY | os.O_DIRECTORY | cloexec)
         except OSError:
             self.fd = None  # missing, not a directory, dead mount: check_mountpoint says why in one line
             return
@@ -252,8 +253,10 @@ def check_answers(path: str, pid: int, timeout: float) -> None:
         raise MountError(f"the mount at {path} did not answer within {timeout:.0f} s")
     error = answer.get("error")
     if error is not None:
-        reason = getattr(error, "strerror", None) or str(error)
-        gone = getattr(error, "errno", None) in (*DEAD_MOUNT_ERRNOS, errno.ENODEV) or not is_mount_point(path)
+        os_error = error if isinstance(error, OSError) else None
+        reason = (os_error.strerror if os_error is not None else None) or str(error)
+        gone = ((os_error is not None and os_error.errno in (*DEAD_MOUNT_ERRNOS, errno.ENODEV))
+                or not is_mount_point(path))
         raise (MountGone if gone else MountError)(f"the mount at {path} does not answer at its root ({reason}): "
                                                   "not mounted")
     stats = answer.get("stats")

@@ -44,7 +44,7 @@ STATS_XATTR = "user.ckptfs.stats"
 BLOCK_SIZE = 128 * 1024  # st_blksize: the kernel's readahead request size; cp/cat size their buffers by it
 FILE_MODE = stat.S_IFREG | 0o444
 DIR_MODE = stat.S_IFDIR | 0o555
-ENOATTR = getattr(errno, "ENOATTR", errno.ENODATA)
+ENOATTR = getattr(errno, "ENOATTR", errno.ENODATA)  # probe: platform
 WARM_SCAN = 4096  # tensors looked at for storage types to warm the read path with (warm_read_path)
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_TRUNC
 
@@ -139,7 +139,7 @@ def warm_read_path(tree: MountTree) -> None:
             try:
                 if tensor.decodable:
                     NpyView(tensor.data)
-                    getattr(tensor.data, "warm", lambda: None)()
+                    tensor.data.warm()
             except Exception:  # noqa: BLE001 - warming is an optimization
                 log.debug("warming the read path with %s failed", tensor.name, exc_info=True)
 
@@ -271,7 +271,7 @@ class CkptOperations:
         view = self._view(path)
         handle = next(self._next_handle)
         self._handles[handle] = view
-        if flags & getattr(os, "O_DIRECT", 0):
+        if flags & getattr(os, "O_DIRECT", 0):  # probe: platform
             self._uncached.add(handle)
         self._prefetch.opened(handle, view)
         if self.direct_reads.active:

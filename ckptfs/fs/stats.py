@@ -2,28 +2,39 @@
 
 One builder serves both readers of them, the root xattr ``user.ckptfs.stats`` (``ckptfs stats MNT``) and the
 Prometheus exporter, so the two always agree. It takes what the checkpoint has: the cache's per-tier stats
-(a ``TieredCache`` gives ``{"memory": {...}, "disk": {...}}``; a lone LRU gives one ``CacheStats``, shown
-as the ``memory`` tier), and the process's remote-source counters (all zero when every source is local).
+(a ``TieredCache`` gives ``{"memory": {...}, "disk": {...}}``), and the process's remote-source counters (all
+zero when every source is local).
 Every tier has at least ``hits``, ``misses`` and ``bytes``; ``source`` always has ``requests``, ``bytes``,
 ``retries`` and ``failovers``.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Protocol
 
 TIER_KEYS = ("hits", "misses", "bytes")
 SOURCE_KEYS = ("requests", "bytes", "retries", "failovers")  # and shared_bytes where remote chunks are shared
 
 
-def tier_stats(cache: Any) -> dict[str, dict[str, int]]:
-    """``{"memory": {"hits", "misses", "bytes", ...}, ...}`` from whatever cache object serves the blocks."""
+class TierStatsSource(Protocol):
+    """A cache that reports per tier: a ``TieredCache``, or a repository's member caches summed."""
+
+    def tier_stats(self) -> dict[str, dict]: ...
+
+
+class CacheOwner(Protocol):
+    """What serves a mount's blocks: a tree (one checkpoint's or a repository's) and the cache it reports."""
+
+    @property
+    def cache(self) -> TierStatsSource: ...
+
+
+def tier_stats(cache: TierStatsSource | None) -> dict[str, dict[str, int]]:
+    """``{"memory": {"hits", "misses", "bytes", ...}, ...}`` from the cache that serves the blocks."""
     if cache is None:
         return {"memory": dict.fromkeys(TIER_KEYS, 0)}
     # a TieredCache's stats() is its memory tier's (the "cache" key); tier_stats() has every configured tier
-    raw = cache.tier_stats() if hasattr(cache, "tier_stats") else cache.stats()
-    if hasattr(raw, "as_dict"):  # one BlockCache: the memory tier alone
-        raw = {"memory": raw.as_dict()}
+    raw = cache.tier_stats()
     tiers: dict[str, dict[str, int]] = {}
     for name, values in raw.items():
         if isinstance(values, dict):
@@ -60,8 +71,8 @@ def source_stats() -> dict[str, Any]:
     return {**dict.fromkeys(SOURCE_KEYS, 0), "by_scheme": {}, **snapshot, "origins": origin_stats()}
 
 
-def service_stats(checkpoint: Any, decoded_bytes: int) -> dict[str, Any]:
-    return {"decoded_bytes": int(decoded_bytes), "tiers": tier_stats(getattr(checkpoint, "cache", None)),
+def service_stats(tree: CacheOwner, decoded_bytes: int) -> dict[str, Any]:
+    return {"decoded_bytes": int(decoded_bytes), "tiers": tier_stats(tree.cache),
             "source": source_stats()}
 
 

@@ -45,13 +45,13 @@ def unavailable_reason(checkpoint) -> str | None:
 def hf_folder(src, dtype: str = "bfloat16", **open_kwargs):
     """``src`` (a GGUF file or any shard of a split set) as an HfFolder: file name -> View, ``.read(name)``,
     ``.write_to(directory)``. Raises Unsupported (one line) when transformers cannot map the architecture."""
-    from ckptfs.checkpoint.api import open as open_checkpoint
+    from ckptfs.checkpoint.api import Checkpoint, open as open_checkpoint
     from ckptfs.hffolder.folder import HfFolder
 
     missing = missing_packages()
     if missing:
         raise Unsupported(f"{', '.join(missing)} not installed: {INSTALL_HINT}")
-    checkpoint = src if hasattr(src, "tensors") else open_checkpoint(src, **open_kwargs)
+    checkpoint = src if isinstance(src, Checkpoint) else open_checkpoint(src, **open_kwargs)
     try:
         folder = HfFolder(checkpoint, dtype)
         folder.owns_checkpoint = checkpoint is not src

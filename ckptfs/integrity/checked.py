@@ -70,7 +70,7 @@ class ManifestCheck:
         if source.size != entry.size:
             raise CheckpointError(source.name, None, f"size {source.size} bytes, the manifest {self.where} says "
                                                      f"{entry.size}: not the file the manifest describes")
-        key = (path, getattr(source, "identity", None))
+        key = (path, source.identity)
         if entry.header_sha256 is not None and key not in self._headers_ok:
             self._check_header(source, path, entry.header_sha256)
             self._headers_ok.add(key)
@@ -130,13 +130,17 @@ class CheckedSource(ByteSource):
     def __init__(self, inner: ByteSource, index: _Index, verified: list[bytearray], chunk_size: int):
         self.inner = inner
         self.name = inner.name
-        self.path = getattr(inner, "path", inner.name)
         self.size = inner.size
-        self.identity = getattr(inner, "identity", ())
-        self.mtime_ns = getattr(inner, "mtime_ns", 0)  # the mount's file times are the file's, checked or not
+        self.identity = inner.identity
+        self.mtime_ns = inner.mtime_ns  # the mount's file times are the file's, checked or not
         self._index = index
         self._verified = verified
         self._chunk = chunk_size
+
+    @property
+    def wrapped(self) -> ByteSource:
+        """The source whose bytes are checked (``WrapsSource``)."""
+        return self.inner
 
     def _unchecked(self, lo: int, hi: int) -> list[tuple[int, int, int, int]]:
         """(entry index, chunk number, start, end) of every chunk overlapping [lo, hi) not yet found good."""

@@ -171,9 +171,8 @@ def _check_known_hashes(checkpoint, names: dict[str, str], progress: Progress | 
     """Files whose source knows their sha256 (the Hub's LFS oid) hashed and compared."""
     known: dict[str, str] = {}
     for path in checkpoint.files:
-        content_id = getattr(checkpoint.sources.get(path), "content_id", None)
-        ident = content_id() if callable(content_id) else ""
-        if isinstance(ident, str) and ident.startswith("sha256:"):
+        ident = checkpoint.sources.get(path).content_id()
+        if ident.startswith("sha256:"):
             known[path] = ident[len("sha256:"):]
     if not known:
         return []
@@ -190,8 +189,6 @@ def bytes_to_check(checkpoint, manifest: Manifest | None) -> int:
     total = 0
     for path in checkpoint.files:
         source = checkpoint.sources.get(path)
-        content_id = getattr(source, "content_id", None)
-        ident = content_id() if callable(content_id) else ""
-        if isinstance(ident, str) and ident.startswith("sha256:"):
+        if source.content_id().startswith("sha256:"):
             total += source.size
     return total

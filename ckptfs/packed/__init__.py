@@ -35,7 +35,7 @@ def attach(checkpoint) -> None:
     if config is None:
         return
     tensors = checkpoint.tensors
-    names = tensors.names() if hasattr(tensors, "names") else [t.name for t in tensors]  # no Tensor made
+    names = tensors.names()  # no Tensor made
     for prefix, roles in find_layers(names, config).items():
         view_name = f"{prefix}.weight"
         parts = {role: checkpoint[name].info for role, name in roles.items()}

@@ -82,7 +82,13 @@ def round_to(values: np.ndarray, storage_type: str, f16_normal: bool = False) ->
     return values
 
 
-_scratch = threading.local()
+class _Scratch(threading.local):
+    """Each thread's carry buffer (None until its first tile)."""
+
+    buffer: np.ndarray | None = None
+
+
+_scratch = _Scratch()
 
 
 def _round_mantissa(values: np.ndarray, drop: int) -> np.ndarray:
@@ -91,7 +97,7 @@ def _round_mantissa(values: np.ndarray, drop: int) -> np.ndarray:
     The carry goes through a per-thread scratch buffer: a fresh temporary per tile costs more in page faults
     than the arithmetic (decoded tiles stay in the cache, so the heap keeps growing)."""
     u = np.ascontiguousarray(values).reshape(-1).view(np.uint32)
-    buffer = getattr(_scratch, "buffer", None)
+    buffer = _scratch.buffer
     if buffer is None or buffer.size < u.size:
         buffer = _scratch.buffer = np.empty(max(u.size, 1 << 16), np.uint32)
     carry = buffer[:u.size]

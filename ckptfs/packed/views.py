@@ -183,6 +183,9 @@ class PackedData(TensorValues):
         if 0 <= g < self.n_tiles and self._key(g) not in self._cache:
             self._tile(g)
 
+    def warm(self) -> None:
+        """Nothing: a view's decode runs through the layout's kernels, warmed by the first tile it decodes."""
+
     def stored_range(self, e0: int, e1: int) -> tuple[int, int]:
         """(file offset, size) of the marker part's bytes in proportion to the rows asked for: a hint for the
         kernel's read-ahead only (the transposed layouts need the whole part, which is then cached)."""

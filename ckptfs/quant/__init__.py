@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from ckptfs.quant.geometry import GEOMETRY, geometry  # noqa: F401 - re-exported
+from ckptfs.quant.native import NativeDecoder
 
 Decoder = Callable[[np.ndarray], np.ndarray]
 _U8 = np.dtype(np.uint8)
@@ -39,13 +40,19 @@ class Codec:
     decode: Decoder
     exact: bool = False
     swap: Decoder | None = None
+    #: the C kernel ``decode`` is, resolved once (it writes into a destination, and knows its reference)
+    _native: NativeDecoder | None = field(init=False, repr=False, compare=False, default=None)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.decode, NativeDecoder):
+            object.__setattr__(self, "_native", self.decode)
 
     def decoder(self, backend: str | None = None) -> Decoder:
         """The decode function of ``backend``: None or "auto" (the C kernel where built, else numpy),
         "numpy" (the reference), "native" (the C kernel; ValueError where there is none)."""
         if backend in (None, "auto"):
             return self.decode
-        reference = getattr(self.decode, "reference", None)
+        reference = self._native.reference if self._native is not None else None
         if backend == "numpy":
             return reference or self.decode
         if backend == "native":
@@ -59,7 +66,7 @@ class Codec:
         it: the C kernels write there directly, so a decoded group lands in its destination without a copy;
         the numpy decoders' result is copied in once."""
         decode = self.decoder(backend)
-        if (getattr(decode, "writes_into", False) and out.dtype == self.dtype and out.flags.c_contiguous
+        if (self._native is not None and decode is self._native and out.dtype == self.dtype and out.flags.c_contiguous
                 and type(blocks) is np.ndarray and blocks.dtype is _U8 and blocks.ndim == 2
                 and blocks.shape[1] == self.block_bytes and out.size == blocks.shape[0] * self.block_elements):
             decode(blocks, out.reshape(blocks.shape[0], self.block_elements))

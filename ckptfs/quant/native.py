@@ -30,27 +30,37 @@ def native_types() -> frozenset[str]:
     return frozenset(_native.types())
 
 
-def kernel(name: str, block_elements: int) -> Decoder | None:
+class NativeDecoder:
+    """A C kernel as a codec's ``decode``: it writes into ``out`` when given one (a codec decodes a group
+    straight into its destination), and carries the numpy ``reference`` it computes bit for bit the same
+    as (a caller can choose the backend per call)."""
+
+    writes_into = True
+
+    def __init__(self, name: str, block_elements: int, reference: Decoder | None = None):
+        self.name = name
+        self.block_elements = block_elements
+        self.reference = reference
+        self.__name__ = f"native_{name.lower()}"
+
+    def __call__(self, blocks: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        blocks = np.ascontiguousarray(blocks)          # the C side needs one flat buffer
+        if out is None:
+            out = np.empty((blocks.shape[0], self.block_elements), dtype=np.float32)
+        _native.dequantize(self.name, blocks, out, blocks.shape[0])
+        return out
+
+
+def kernel(name: str, block_elements: int) -> NativeDecoder | None:
     """The native decoder for ``name`` (same contract as a codec's ``decode``), or None."""
     if name not in native_types():
         return None
-    dequantize = _native.dequantize
-
-    def decode(blocks: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
-        blocks = np.ascontiguousarray(blocks)          # the C side needs one flat buffer
-        if out is None:
-            out = np.empty((blocks.shape[0], block_elements), dtype=np.float32)
-        dequantize(name, blocks, out, blocks.shape[0])
-        return out
-
-    decode.__name__ = f"native_{name.lower()}"
-    decode.writes_into = True
-    return decode
+    return NativeDecoder(name, block_elements)
 
 
 def accelerated(name: str, block_elements: int, fallback: Decoder) -> Decoder:
-    """The native decoder when available, else ``fallback`` (the numpy reference). The native one carries
-    the reference as ``.reference``, so a caller can choose the backend per call."""
+    """The native decoder when available (carrying ``fallback`` as its ``reference``), else ``fallback``
+    (the numpy reference)."""
     native = kernel(name, block_elements)
     if native is None:
         return fallback
@@ -61,7 +71,7 @@ def accelerated(name: str, block_elements: int, fallback: Decoder) -> Decoder:
 def encode_bf16(values: np.ndarray, out: np.ndarray) -> bool:
     """float32 ``values`` (C-contiguous) as bfloat16 bit patterns into ``out`` (uint16, as many), rounded to
     nearest even, NaN as 0xFFFF, by the C loop; False (``out`` untouched) when the extension is not there."""
-    if _native is None or DISABLED or not hasattr(_native, "encode_bf16"):
+    if _native is None or DISABLED or not hasattr(_native, "encode_bf16"):  # probe: platform (an older build)
         return False
     _native.encode_bf16(values, out, values.size)
     return True

@@ -181,5 +181,5 @@ def _forget_in_child() -> None:
         limit.in_flight = 0
 
 
-if hasattr(os, "register_at_fork"):
+if hasattr(os, "register_at_fork"):  # probe: platform
     os.register_at_fork(after_in_child=_forget_in_child)

@@ -112,5 +112,5 @@ class Scheduler:
 #: The process's scheduler.
 SCHEDULER = Scheduler()
 
-if hasattr(os, "register_at_fork"):
+if hasattr(os, "register_at_fork"):  # probe: platform
     os.register_at_fork(after_in_child=SCHEDULER.after_fork_in_child)

@@ -18,15 +18,20 @@ The contract every implementation keeps:
 
 from __future__ import annotations
 
+from typing import Protocol, runtime_checkable
+
 
 class ByteSource:
     """Base class with the optional parts of the protocol filled in (see the module docstring)."""
 
     name: str
     size: int
-    identity: tuple
+    #: What a reopen must find again (a local file's device, inode, size, mtime...; () when nothing is known).
+    identity: tuple = ()
     #: Modification time shown as the mount's times (0 when the medium does not say).
     mtime_ns: int = 0
+    #: Bytes a header reader asks for at least in its first read (remote sources: each read is a round trip).
+    initial_read: int = 0
 
     def pread(self, offset: int, size: int) -> bytes:  # pragma: no cover - interface
         raise NotImplementedError
@@ -62,6 +67,25 @@ class ByteSource:
 
     def close(self) -> None:
         """Release held resources."""
+
+
+@runtime_checkable
+class WrapsSource(Protocol):
+    """A source that reads through another (checked reads, mirrors): what the bytes finally come from is
+    ``wrapped``'s (a remote source under a manifest's checks is still fetched chunk by chunk)."""
+
+    @property
+    def wrapped(self) -> ByteSource: ...
+
+
+@runtime_checkable
+class HasLocalCopy(Protocol):
+    """A source whose bytes may lie complete in a local file (a remote source's checked copy in the
+    ``--cache-dir`` store): a mount then serves it in C like a local file (``ckptfs.fs.direct``)."""
+
+    def local_copy(self) -> tuple[int, int, int] | None:
+        """``(descriptor, size, mtime_ns)`` of the complete local copy, or None (none yet)."""
+        ...
 
 
 class Folder:

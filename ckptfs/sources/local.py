@@ -106,7 +106,7 @@ class FileSource(ByteSource):
 
     def _open_fd(self) -> int:
         try:
-            return os.open(self._open_path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+            return os.open(self._open_path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))  # probe: platform
         except OSError as exc:
             raise CheckpointError(self.path, None, f"cannot open: {exc.strerror}") from None
 
@@ -200,7 +200,7 @@ class FileSource(ByteSource):
 
     def advise(self, offset: int, size: int, sequential: bool = False) -> None:
         """Tell the kernel these bytes are wanted soon (best effort; never fails, never reopens)."""
-        if not hasattr(os, "posix_fadvise"):
+        if not hasattr(os, "posix_fadvise"):  # probe: platform
             return
         with self._lock:
             if self._fd is None:

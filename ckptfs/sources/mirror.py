@@ -47,8 +47,8 @@ class MirrorSource(ByteSource):
         self.mirrors = list(mirrors)
         self.name = primary.name
         self.timeout = timeout
-        self.identity = getattr(primary, "identity", ())
-        self.mtime_ns = getattr(primary, "mtime_ns", 0)
+        self.identity = primary.identity
+        self.mtime_ns = primary.mtime_ns
         self.size = primary.size
         ready = [m for m in self.mirrors if not isinstance(m, DeferredMirror)]
         for mirror in ready:
@@ -77,6 +77,11 @@ class MirrorSource(ByteSource):
         n = min(CHECK_BYTES, self.primary.size, mirror.size)
         if n and self.primary.pread(0, n) != mirror.pread(0, n):
             raise CheckpointError(mirror.name, None, f"{refused}: its first {n} bytes (the header) differ")
+
+    @property
+    def wrapped(self) -> ByteSource:
+        """The primary (``WrapsSource``): what a warm-up fetches, the mirrors being its stand-ins."""
+        return self.primary
 
     def content_id(self) -> str:
         return self.primary.content_id()

@@ -69,5 +69,5 @@ def _fresh_lock_in_child() -> None:
     COUNTERS._lock = threading.Lock()  # a parent's thread may have held it at fork
 
 
-if hasattr(os, "register_at_fork"):
+if hasattr(os, "register_at_fork"):  # probe: platform
     os.register_at_fork(after_in_child=_fresh_lock_in_child)

@@ -71,7 +71,8 @@ def resolve_dtype(dtype) -> torch.dtype | None:
         return None
     if isinstance(dtype, torch.dtype):
         found = dtype
-    elif isinstance(dtype, str) and isinstance(getattr(torch, dtype.removeprefix("torch."), None), torch.dtype):
+    elif (isinstance(dtype, str)
+          and isinstance(getattr(torch, dtype.removeprefix("torch."), None), torch.dtype)):  # probe: third-party
         found = getattr(torch, dtype.removeprefix("torch."))
     else:
         try:
@@ -99,7 +100,7 @@ def output_dtype(tensor, dtype: torch.dtype | None) -> torch.dtype:
     so that ``ckptfs.load(src, dtype=torch.bfloat16)`` of a model with int32 or int64 tensors loads them
     intact instead of failing or rounding them. The rule depends on the types only, never on the values.
     """
-    exact = not getattr(tensor, "virtual", False) and tensor.info.block_elements == 1
+    exact = not tensor.virtual and tensor.info.block_elements == 1
     storage = STORAGE_DTYPES.get(tensor.storage_type) if exact else None
     if dtype is None:
         return storage or torch.float32
@@ -233,7 +234,7 @@ def _fill(ck, plans, dev: torch.device, on_device: bool) -> list[torch.Tensor]:
 def _request(tensor, e0: int, e1: int, flat: torch.Tensor) -> batch.Request:
     """The batch request filling ``flat``. BF16 storage into bfloat16 is a copy of the 16-bit words (the
     I16 codec, into an int16 view): exact, NaN payloads included, where float32 and back would not be."""
-    if flat.dtype == torch.bfloat16 and tensor.storage_type == "BF16" and not getattr(tensor, "virtual", False):
+    if flat.dtype == torch.bfloat16 and tensor.storage_type == "BF16" and not tensor.virtual:
         return batch.Request.of(tensor, e0, e1, TorchDestination(flat.view(torch.int16)), codec=codec_for("I16"))
     return batch.Request.of(tensor, e0, e1, TorchDestination(flat))
 

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ckptfs.checkpoint.api import Checkpoint, decode_plan
+from ckptfs.formats.lazy import LazyMetadata
 from ckptfs.util.jsonutil import dumps_bytes
 from ckptfs.util.redact import strip_url
 from ckptfs.tree.names import assign_stems, capped_name, file_name, numbered_name
@@ -93,7 +94,7 @@ class TensorFiles:
         tensor = self.ck.tensors.made(index)
         if tensor is not None:
             npy = tensor.decodable and _npy_fits_in_a_file(tensor.shape, tensor.dtype, tensor.nbytes)
-            raw = not getattr(tensor, "virtual", False)
+            raw = not tensor.virtual
         else:  # from the descriptor's columns: listing 94k tensors makes no Tensor (nor TensorInfo) objects
             storage_type, block_elements, byte_order, shape = self.ck.tensors.layout(index)
             key = (storage_type, block_elements, byte_order)
@@ -145,7 +146,8 @@ def tensor_files(ck: Checkpoint, stems: Sequence[str] | None = None) -> TensorFi
 def metadata_file(ck: Checkpoint) -> Iterable[Entry]:
     def build() -> View:
         metadata = ck.metadata
-        value_of = getattr(metadata, "peek", metadata.__getitem__)  # lazy mappings: don't keep decoded copies
+        # lazy mappings: don't keep decoded copies
+        value_of = metadata.peek if isinstance(metadata, LazyMetadata) else metadata.__getitem__
         return BytesView(lambda: dumps_bytes({key: value_of(key) for key in metadata}))
 
     yield Entry(METADATA_FILE, "json", build)
@@ -396,7 +398,7 @@ class MountTree:
     @property
     def read_scope(self):
         """A context bounding each FUSE read by ``--timeout`` (remote checkpoints), or None."""
-        return getattr(self.checkpoint, "read_scope", None)
+        return self.checkpoint.read_scope
 
     def each_checkpoint(self, hook: Callable[[Checkpoint], None]) -> None:
         hook(self.checkpoint)

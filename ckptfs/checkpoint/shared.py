@@ -24,12 +24,14 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable, Iterator
 
 import numpy as np
 
 from ckptfs.cache.auth import ENV_KEY_FILE
-from ckptfs.cache.disk import DEFAULT_CACHE_DIR_SIZE, DiskStore
-from ckptfs.cache.tiered import cache_key
+from ckptfs.cache.disk import DEFAULT_CACHE_DIR_SIZE, DiskStore, DiskTier
+from ckptfs.cache.tiered import TieredCache, cache_key
+from ckptfs.engine.blocks import TensorValues
 
 log = logging.getLogger(__name__)
 
@@ -40,19 +42,20 @@ DECODE_STEP_BYTES = 16 << 20  # the writer holds one step of decoded values at a
 _stores: dict[tuple[str, int, str | None], DiskStore] = {}
 
 
-def tensor_store(checkpoint) -> DiskStore:
-    """The ``tensors`` store of ``checkpoint``'s cache folder (or ``$CKPTFS_CACHE_DIR``); ValueError if none,
-    or for a folder or key file this user must not trust (``auth.CacheRefused``)."""
-    root, max_bytes, key_file = None, DEFAULT_CACHE_DIR_SIZE, None
-    for tier in getattr(checkpoint.cache, "tiers", ()):
-        store = getattr(tier, "store", None)
-        if isinstance(store, DiskStore):
+def tensor_store(cache: TieredCache, cache_key_file: str | None) -> DiskStore:
+    """The ``tensors`` store of a checkpoint's cache folder (its ``cache``'s disk tier, else
+    ``$CKPTFS_CACHE_DIR`` with the checkpoint's ``cache_key_file``); ValueError if none, or for a folder or
+    key file this user must not trust (``auth.CacheRefused``)."""
+    root: str | None = None
+    max_bytes, key_file = DEFAULT_CACHE_DIR_SIZE, None
+    for tier in cache.tiers:
+        if isinstance(tier, DiskTier):
+            store = tier.store
             root, max_bytes, key_file = str(store.root), store.max_bytes, store.key_file
             break
     if root is None:
         root = os.environ.get(ENV_DIR) or None
-        options = getattr(checkpoint, "options", None)
-        key_file = getattr(options, "cache_key_file", None) or os.environ.get(ENV_KEY_FILE) or None
+        key_file = cache_key_file or os.environ.get(ENV_KEY_FILE) or None
     if root is None:
         raise ValueError("Tensor.shared() needs a cache folder: ckptfs.open(src, cache_dir=DIR) "
                          f"or ${ENV_DIR}")
@@ -62,10 +65,9 @@ def tensor_store(checkpoint) -> DiskStore:
     return store
 
 
-def shared_array(tensor) -> np.ndarray:
-    """``tensor``'s values as a read-only array backed by a mapped file shared by every process."""
-    data = tensor.data
-    store = tensor_store(tensor._ck)
+def shared_array(name: str, data: TensorValues, store: DiskStore, private: Callable[[], np.ndarray]) -> np.ndarray:
+    """Tensor ``name``'s values (``data``) as a flat read-only array backed by a file of ``store`` mapped by
+    every process; ``private()`` (the values decoded into this process's memory) when it cannot be written."""
     n_blocks = data.available_blocks()
     key = cache_key(data.content_id(), data.info.offset, data.info.storage_type, data.dtype.str, 0, n_blocks)
     values = store.map_array(key)
@@ -78,13 +80,13 @@ def shared_array(tensor) -> np.ndarray:
                     values = store.map_array(key)
     if values is None or values.size != data.n_elements or values.dtype != data.dtype:
         log.warning("tensor %r: no shared copy in %s (see the cache log above): decoded privately",
-                    tensor.name, store.root)
-        values = tensor.numpy().reshape(-1)
+                    name, store.root)
+        values = private().reshape(-1)
         values.setflags(write=False)
-    return values.reshape(tensor.shape)
+    return values
 
 
-def _decoded_steps(data):
+def _decoded_steps(data: TensorValues) -> Iterator[np.ndarray]:
     step = max(1, DECODE_STEP_BYTES // data.dtype.itemsize)
     for e0 in range(0, data.n_elements, step):
         yield data.read(e0, min(e0 + step, data.n_elements), use_cache=False)

@@ -10,9 +10,13 @@ which warms the remote byte cache (``--cache-dir``) for remote sources and the p
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
+from ckptfs.checkpoint.api import Checkpoint, Tensor
 from ckptfs.core.errors import CheckpointError
+from ckptfs.engine.blocks import TensorValues
 from ckptfs.util.sizes import format_size
 
 READ_STEP_BYTES = 16 << 20
@@ -25,7 +29,7 @@ class WarmReport:
     served_bytes: int = 0
     decoded_bytes: int = 0
     failures: list[str] = field(default_factory=list)
-    tiers: dict = field(default_factory=dict)
+    tiers: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     @property
     def tier_errors(self) -> dict[str, int]:
@@ -52,12 +56,15 @@ class WarmReport:
         return "; ".join(parts)
 
 
-def warm(checkpoint, tensors, progress: bool = False) -> WarmReport:
+def warm(checkpoint: Checkpoint, tensors: Sequence[Tensor], progress: bool = False) -> WarmReport:
+    """Decode ``tensors`` of ``checkpoint`` group by group into its cache tiers (their values, or for a type
+    served as stored, their bytes read once); what was done, and what failed, in the report."""
     report = WarmReport()
     todo = [t for t in tensors if t.decodable]
     report.skipped = len(tensors) - len(todo)
     total = sum(t.nbytes for t in todo)
-    decoded_before = getattr(checkpoint.cache, "decoded_bytes", 0)
+    cache = checkpoint.cache
+    decoded_before = cache.decoded_bytes
     bar = _progress(total) if progress else None
     try:
         for tensor in todo:
@@ -69,17 +76,13 @@ def warm(checkpoint, tensors, progress: bool = False) -> WarmReport:
     finally:
         if bar is not None:
             bar.__exit__(None, None, None)
-    for tier in getattr(checkpoint.cache, "tiers", ()):
-        flush = getattr(tier, "flush", None)
-        if flush is not None:
-            flush()  # the background writers: everything decoded is stored before the report (and exit)
-    report.decoded_bytes = getattr(checkpoint.cache, "decoded_bytes", 0) - decoded_before
-    tier_stats = getattr(checkpoint.cache, "tier_stats", None)
-    report.tiers = tier_stats() if tier_stats is not None else {}
+    cache.flush()  # the background writers: everything decoded is stored before the report (and exit)
+    report.decoded_bytes = cache.decoded_bytes - decoded_before
+    report.tiers = cache.tier_stats()
     return report
 
 
-def _warm_tensor(data, bar) -> int:
+def _warm_tensor(data: TensorValues, bar: Any) -> int:
     item = data.dtype.itemsize
     if data.direct:
         step = max(1, READ_STEP_BYTES // item)
@@ -98,7 +101,7 @@ def _warm_tensor(data, bar) -> int:
     return data.n_elements * item
 
 
-def _progress(total: int):
+def _progress(total: int) -> Any:
     import click
 
     bar = click.progressbar(length=total, label="prefetch", file=click.get_text_stream("stderr"),
@@ -106,6 +109,6 @@ def _progress(total: int):
     return bar.__enter__()
 
 
-def _advance(bar, n: int) -> None:
+def _advance(bar: Any, n: int) -> None:
     if bar is not None:
         bar.update(n)
