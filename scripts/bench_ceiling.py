@@ -52,6 +52,7 @@ sys.path.insert(0, str(REPO / "scripts"))
 from bench_fuse_bindings import CHUNK, cpu_seconds, read_all  # noqa: E402  (sibling scripts)
 
 from ckptfs.bench import bench_mount, make_plan  # noqa: E402
+from ckptfs.core.options import OpenOptions  # noqa: E402
 from ckptfs.bench.harness import AnonMemorySampler  # noqa: E402
 from ckptfs.checkpoint.api import open as open_checkpoint  # noqa: E402
 
@@ -338,7 +339,8 @@ def measure(config: str, src: str, raw: tuple[str, int, int], workdir: str, trac
             return stream(mount.file(), mount.pid, trace, mount.path)
         finally:
             mount.close()
-    with bench_mount(src, workdir, f"mnt-{config}-{time.monotonic_ns()}", CACHE_SIZE, env=CKPTFS_ENV[config]) as mount:
+    with bench_mount(src, workdir, f"mnt-{config}-{time.monotonic_ns()}", OpenOptions(cache_size=CACHE_SIZE),
+                     env=CKPTFS_ENV[config]) as mount:
         return stream(mount.file(raw_name), mount.pid, trace, mount.path)
 
 

@@ -46,6 +46,8 @@ from profile_mount import daemon_cpu  # noqa: E402
 
 from ckptfs.bench import Progress, make_plan, scan  # noqa: E402
 from ckptfs.bench.harness import AnonMemorySampler, BenchMount  # noqa: E402
+from ckptfs.core.options import OpenOptions  # noqa: E402
+from ckptfs.util.sizes import parse_size  # noqa: E402
 from ckptfs.bench.workloads import PAGE, mmap_rows, random_reads, stat_open_read  # noqa: E402
 from ckptfs.checkpoint.api import open as open_checkpoint  # noqa: E402
 
@@ -91,7 +93,7 @@ def cli_module(tree: str) -> str:
 
 @contextmanager
 def fresh(src: str, workdir: str, label: str, cache: str, env: dict, extra: list[str] = ()):
-    mount = BenchMount(src, workdir, label, cache, env)
+    mount = BenchMount(src, workdir, label, OpenOptions(cache_size=parse_size(cache)), env)
     mount._command[2] = cli_module(env["PYTHONPATH"])
     mount._command += list(extra)
     try:

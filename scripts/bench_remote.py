@@ -38,6 +38,7 @@ sys.path.insert(0, str(REPO / "tests"))
 from servers import Nginx
 
 from ckptfs.bench.remote import BenchMount, header_bytes, stream, timed_read
+from ckptfs.core.options import OpenOptions
 
 MiB = 1 << 20
 _LOG = re.compile(r'"(?P<method>[A-Z]+) (?P<path>\S+) [^"]*" (?P<status>\d+) (?P<bytes>\d+)')
@@ -90,7 +91,7 @@ def write_70b_header(path: Path) -> None:
 def measure_header(server: Nginx, root: Path, name: str) -> dict:
     url = f"{server.url}/{name}"
     before = len(server.access_log())
-    remote = BenchMount(url, "--timeout", "30")
+    remote = BenchMount(url, OpenOptions(timeout=30))
     seen = log_since(server, before)
     remote.close()
     local = BenchMount(str(root / name))
@@ -145,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
         url = f"{server.url}/{model.name}"
         results["headers"] = [measure_header(server, root, model.name), measure_header(server, root, "header70b.gguf")]
 
-        remote = BenchMount(url, "--timeout", "30")
+        remote = BenchMount(url, OpenOptions(timeout=30))
         local = BenchMount(str(model))
         try:
             names = npy_files(local)
@@ -167,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
         rows = []
         for _ in range(args.rounds):  # alternate, so load on the shared machine hits both alike
             for kind, src in (("local", str(model)), ("remote", url)):
-                m = BenchMount(src, *(["--timeout", "30"] if kind == "remote" else []))
+                m = BenchMount(src, OpenOptions(timeout=30) if kind == "remote" else OpenOptions())
                 try:
                     before = len(server.access_log())
                     n, secs = stream(m.mnt, npy_files(m))
@@ -184,14 +185,14 @@ def main(argv: list[str] | None = None) -> int:
 
         cache = Path(tempfile.mkdtemp(prefix="ckptfs-bench-remote-cache-"))
         try:
-            first = BenchMount(url, "--cache-dir", str(cache))
+            first = BenchMount(url, OpenOptions.build(cache_dir=str(cache)))
             try:
                 some = npy_files(first)[:8]
                 stream(first.mnt, some)
             finally:
                 first.close()
             before = len(server.access_log())
-            second = BenchMount(url, "--cache-dir", str(cache))
+            second = BenchMount(url, OpenOptions.build(cache_dir=str(cache)))
             try:
                 stream(second.mnt, some)
             finally:

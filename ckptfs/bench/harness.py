@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from ckptfs.core.options import OpenOptions
 from ckptfs.util import procinfo
 from ckptfs.fs.operations import STATS_XATTR
 
@@ -51,13 +52,13 @@ class BenchMount:
     """``ckptfs mount`` by the real CLI on a fresh directory; use through :func:`bench_mount`, which always
     unmounts and removes it."""
 
-    def __init__(self, src: str, workdir: str, label: str, cache_size: int, env: dict[str, str] | None = None):
+    def __init__(self, src: str, workdir: str, label: str, options: OpenOptions, env: dict[str, str] | None = None):
         self.path = os.path.join(workdir, label)
         self.log = os.path.join(workdir, label + ".log")
         self.pid: int | None = None
         self.ready_s = float("nan")
-        self._command = [sys.executable, "-m", "ckptfs.commands.cli", "mount", src, self.path, "--cache-size",
-                         str(cache_size), "--log-file", self.log]
+        self._command = [sys.executable, "-m", "ckptfs.commands.cli", "mount", src, self.path, *options.as_flags(),
+                         "--log-file", self.log]
         self._env = {**os.environ, **(env or {})}
         os.mkdir(self.path)
 
@@ -103,9 +104,10 @@ class BenchMount:
 
 
 @contextmanager
-def bench_mount(src: str, workdir: str, label: str, cache_size: int,
+def bench_mount(src: str, workdir: str, label: str, options: OpenOptions,
                 env: dict[str, str] | None = None) -> Iterator[BenchMount]:
-    mount = BenchMount(src, workdir, label, cache_size, env)
+    """A mount of ``src`` with ``options`` (passed to ``ckptfs mount`` as its flags), always unmounted."""
+    mount = BenchMount(src, workdir, label, options, env)
     try:
         mount.start()
         yield mount

@@ -26,6 +26,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from ckptfs.core.options import OpenOptions
 from ckptfs.util.redact import public_name
 
 MiB = 1 << 20
@@ -36,10 +37,11 @@ STATS_XATTR = "user.ckptfs.stats"  # as ckptfs.fs.operations serves it (not impo
 class BenchMount:
     """One mount through the CLI, timed from the command to a listing; unmounted by ``close``."""
 
-    def __init__(self, src: str, *args: str):
+    def __init__(self, src: str, options: OpenOptions = OpenOptions()):
         self.mnt = Path(tempfile.mkdtemp(prefix="ckptfs-bench-remote-"))
         start = time.perf_counter()
-        result = subprocess.run([sys.executable, "-m", "ckptfs.commands.cli", "mount", src, str(self.mnt), *args],
+        result = subprocess.run([sys.executable, "-m", "ckptfs.commands.cli", "mount", src, str(self.mnt),
+                                 *options.as_flags()],
                                 capture_output=True, text=True, timeout=600)
         if result.returncode != 0:
             os.rmdir(self.mnt)
@@ -94,10 +96,10 @@ def _delta(after: dict, before: dict) -> dict:
     return {k: int(after.get(k, 0)) - int(before.get(k, 0)) for k in ("requests", "bytes", "retries")}
 
 
-def measure(src: str, mount_args: tuple[str, ...] = ()) -> dict:
+def measure(src: str, options: OpenOptions = OpenOptions()) -> dict:
     """Every workload on one mount of ``src`` (see the module docstring)."""
     out: dict = {"src": public_name(src)}  # the output is shared: no URL credentials
-    with BenchMount(src, *mount_args) as m:
+    with BenchMount(src, options) as m:
         counters = m.source_counters()
         out["mount_list_s"] = round(m.seconds, 4)
         out["mount_list"] = _delta(counters, {})
@@ -120,9 +122,9 @@ def measure(src: str, mount_args: tuple[str, ...] = ()) -> dict:
 
 
 def run_remote_bench(src: str, local: str | None = None, as_json: bool = False,
-                     mount_args: tuple[str, ...] = ()) -> int:
+                     options: OpenOptions = OpenOptions()) -> int:
     results: dict = {"checkpoint": public_name(src), "machine": f"{os.cpu_count()} cores", "header_bytes": header_bytes(src),
-                     "remote": measure(src, mount_args)}
+                     "remote": measure(src, options)}
     if local is not None:
         results["local"] = measure(local)
         r, loc = results["remote"], results["local"]

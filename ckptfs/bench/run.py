@@ -17,6 +17,7 @@ import numpy as np
 
 from ckptfs import __version__
 from ckptfs.checkpoint.api import open as open_checkpoint
+from ckptfs.core.options import OpenOptions
 from ckptfs.util.oneline import one_line
 from ckptfs.bench.harness import (
     AnonMemorySampler,
@@ -57,7 +58,7 @@ def _machine() -> dict[str, Any]:
             "ckptfs": __version__}
 
 
-def _measure_mount(plan: Plan, workdir: str, cache_size: int, progress: Progress, with_reference: bool,
+def _measure_mount(plan: Plan, workdir: str, options: OpenOptions, progress: Progress, with_reference: bool,
                    results: dict[str, Any]) -> Reference | None:
     """Everything on the first fresh daemon, the reference workloads while it is still mounted (their
     values are compared with the files it served), then the .npy scan again on a daemon without prefetch."""
@@ -65,7 +66,7 @@ def _measure_mount(plan: Plan, workdir: str, cache_size: int, progress: Progress
     reference = None
     progress.step("mount (cold page cache)")
     _drop_page_cache(plan.files)
-    with bench_mount(plan.src, workdir, "mnt", cache_size) as mount:
+    with bench_mount(plan.src, workdir, "mnt", options) as mount:
         _mount_workloads(plan, mount, progress, m)
         if with_reference:
             try:
@@ -74,7 +75,7 @@ def _measure_mount(plan: Plan, workdir: str, cache_size: int, progress: Progress
             except Exception as exc:  # noqa: BLE001 - a reference that cannot read the file is a finding
                 results["reference_error"] = one_line(f"{type(exc).__name__}: {exc}")
     progress.step("scan every .npy with prefetch off (a fresh daemon)")
-    with bench_mount(plan.src, workdir, "mnt-noprefetch", cache_size, env={"CKPTFS_PREFETCH": "0"}) as plain:
+    with bench_mount(plan.src, workdir, "mnt-noprefetch", options, env={"CKPTFS_PREFETCH": "0"}) as plain:
         sampler = AnonMemorySampler(plain.pid)
         try:
             m["npy_noprefetch_bytes"], m["npy_noprefetch_s"] = scan([plain.file(f.file) for f in plan.npy],
@@ -177,9 +178,13 @@ def _read_failed(progress: Progress, plan: Plan, exc: OSError) -> ReadFailed:
     return ReadFailed(one_line(f"{progress.phase}: reading {where} failed: {exc.strerror or exc}"))
 
 
-def run_bench(src: str, as_json: bool = False, cache_size: int = 512 << 20, verbose: bool = False) -> int:
-    """Run every workload on ``src``; print the table (or JSON); the exit code: 0, or 1 when the mount
-    failed or the reference library decoded different values."""
+def run_bench(src: str, as_json: bool = False, options: OpenOptions | None = None, verbose: bool = False, *,
+              cache_size: int | None = None) -> int:
+    """Run every workload on ``src`` through mounts opened with ``options`` (``cache_size``: a change to
+    them); print the table (or JSON); the exit code: 0, or 1 when the mount failed or the reference library
+    decoded different values."""
+    options = OpenOptions.build(options, cache_size=cache_size)
+    cache_size = options.cache_size
     with open_checkpoint(src) as ck:
         plan = make_plan(ck, src)
     with_reference = len(plan.files) == 1
@@ -192,7 +197,7 @@ def run_bench(src: str, as_json: bool = False, cache_size: int = 512 << 20, verb
     workdir = tempfile.mkdtemp(prefix="ckptfs-bench-")
     with _sigterm_as_interrupt():
         try:
-            reference = _measure_mount(plan, workdir, cache_size, progress, with_reference, results)
+            reference = _measure_mount(plan, workdir, options, progress, with_reference, results)
         except KeyboardInterrupt:
             progress.close()
             print("ckptfs bench: interrupted (mounts cleaned up)", file=sys.stderr)

@@ -16,22 +16,25 @@ from __future__ import annotations
 
 from ckptfs.cache.tiered import BlockCache, TieredCache
 from ckptfs.cache.disk import DEFAULT_CACHE_DIR_SIZE
+from ckptfs.core.options import OpenOptions
 
 __all__ = ["build_tiers", "DEFAULT_CACHE_DIR_SIZE"]
 
 
-def build_tiers(cache_size: int, cache_dir: str | None = None, cache_dir_size: int = DEFAULT_CACHE_DIR_SIZE,
-                redis: str | None = None, cache_key_file: str | None = None,
-                redis_cluster: tuple[str, ...] = ()) -> TieredCache:
-    """Memory (``cache_size`` bytes), then the disk folder if given, then Redis, then a Redis Cluster
-    (``redis_cluster``: its seed nodes, HOST:PORT) if given.
+def build_tiers(options: OpenOptions) -> TieredCache:
+    """The tiers ``options`` ask for: memory (``cache_size`` bytes), then the disk folder (``cache_dir``,
+    bounded by ``cache_dir_size``) if given, then Redis, then a Redis Cluster (``redis_cluster``: its seed
+    nodes, HOST:PORT) if given.
 
     ``cache_key_file`` authenticates both lower tiers' entries (``auth.py``); without it the folder uses its
     own ``DIR/.key`` and Redis is trusted as-is (logged once here). ValueError (one line, for the CLI) for a
     bad Redis URL, a missing redis-py, or a folder or key file this user must not trust (``CacheRefused``):
     both are checked here, at the open, before anything is read from them.
     """
-    tiers = [BlockCache(cache_size)]
+    cache_dir, cache_key_file = options.cache_dir, options.cache_key_file
+    cache_dir_size = options.cache_dir_size if options.cache_dir_size is not None else DEFAULT_CACHE_DIR_SIZE
+    redis, redis_cluster = options.redis, options.redis_cluster
+    tiers = [BlockCache(options.cache_size)]
     if cache_dir:
         from ckptfs.cache.disk import DiskTier
 

@@ -7,6 +7,7 @@ geometry, the same cache and sources), so what a test sees through the API is wh
 from __future__ import annotations
 
 import contextlib
+import inspect
 import os
 import threading
 import weakref
@@ -20,7 +21,7 @@ from ckptfs.checkpoint.meta import tensor_meta
 from ckptfs.core.descriptors import ParsedCheckpoint, TensorInfo, TensorTable, tensor_names
 from ckptfs.core.errors import CheckpointError
 from ckptfs.core.features import feature
-from ckptfs.core.options import DEFAULT_CACHE_BYTES, OpenOptions, absolute
+from ckptfs.core.options import DEFAULT_CACHE_BYTES, OpenOptions, absolute, spelled_fields
 from ckptfs.engine.blocks import UNCACHED_STEP_BYTES, TensorData
 from ckptfs.quant import DTYPE_MODES, Codec, codec_for, output_dtype
 from ckptfs.sources import DEFAULT_OPENER, ByteSource, SourcePool, checkpoint_content_id
@@ -462,33 +463,57 @@ class Checkpoint(Mapping):
         return f"<ckptfs.Checkpoint {self.src!r} {self.format} tensors={len(self.tensors)}>"
 
 
-_UNSET: Any = object()
-
-
-def open(src, dtype: str = _UNSET, cache_size: int = _UNSET, max_open_files: int = _UNSET, *,  # noqa: A001
-         cache_dir: str | None = None, cache_dir_size: int | None = None, cache_dir_min_free: float | None = None,
-         redis: str | None = None,
-         redis_cluster=None, cache_key_file: str | None = None, manifest=None, mirrors=None, timeout: float | None = None, stall_timeout: float | None = None,
-         options: OpenOptions | None = None) -> Checkpoint:
+def open(src, *positional: Any, options: OpenOptions | None = None, **changes: Any) -> Checkpoint:  # noqa: A001
     """Open a checkpoint: a GGUF or safetensors file, a split-GGUF shard, a shard folder or an index file.
 
-    ``dtype`` "auto" (default), "float32" or "float16"; ``cache_size`` bytes of decoded groups kept in memory
-    (default 512 MiB). ``cache_dir`` (bounded by ``cache_dir_size``, default 10G) and ``redis``
+    Every field of :class:`OpenOptions` is a keyword (its signature below is generated from them), and
+    ``dtype``, ``cache_size`` and ``max_open_files`` may also come by position; a keyword of None keeps the
+    default. ``dtype`` "auto" (default), "float32" or "float16"; ``cache_size`` bytes of decoded groups kept
+    in memory (default 512 MiB). ``cache_dir`` (bounded by ``cache_dir_size``, default 10G) and ``redis``
     (``redis://HOST:PORT/DB``) add decoded-group tiers shared with other processes and machines below the
-    memory cache (ckptfs.cache), their entries authenticated with the key in ``cache_key_file``. ``manifest`` (a ``ckptfs manifest`` file or a loaded Manifest): every read
-    of tensor bytes is checked against its chunk crc32s on first access (ckptfs.integrity.checked).
-    ``src`` may be a URL (``http(s)://``, ``s3://``, ``hf://``); ``mirrors``: byte-identical copies read when
-    a read from ``src`` fails; ``timeout`` (default 30 s) bounds every remote read, failover included, and
-    ``stall_timeout`` (default 10 s) each attempt's wait for bytes; ``cache_dir`` also keeps fetched remote
-    bytes (ckptfs.sources.plan), keeping ``cache_dir_min_free`` percent of its file system free (default 5). ``options``: an :class:`OpenOptions` to start from (the keywords given
-    change it); the checkpoint keeps the result as ``ck.options``, and its pickled tensors carry it."""
-    keywords = dict(dtype=dtype, cache_size=cache_size, max_open_files=max_open_files, cache_dir=cache_dir,
-                    cache_dir_size=cache_dir_size, cache_dir_min_free=cache_dir_min_free, redis=redis, cache_key_file=cache_key_file, manifest=manifest,
-                    redis_cluster=tuple(redis_cluster) if redis_cluster is not None and not isinstance(
-                        redis_cluster, (str, bytes)) else redis_cluster,
-                    mirrors=tuple(mirrors) if mirrors is not None and not isinstance(mirrors, (str, bytes))
-                    else mirrors, timeout=timeout, stall_timeout=stall_timeout)
-    return open_with(src, OpenOptions.build(options, **{k: v for k, v in keywords.items() if v is not _UNSET}))
+    memory cache (ckptfs.cache), their entries authenticated with the key in ``cache_key_file``.
+    ``manifest`` (a ``ckptfs manifest`` file or a loaded Manifest): every read of tensor bytes is checked
+    against its chunk crc32s on first access (ckptfs.integrity.checked). ``src`` may be a URL (``http(s)://``,
+    ``s3://``, ``hf://``); ``mirrors``: byte-identical copies read when a read from ``src`` fails; ``timeout``
+    (default 30 s) bounds every remote read, failover included, and ``stall_timeout`` (default 10 s) each
+    attempt's wait for bytes; ``cache_dir`` also keeps fetched remote bytes (ckptfs.sources.plan), keeping
+    ``cache_dir_min_free`` percent of its file system free (default 5). ``options``: an :class:`OpenOptions`
+    to start from (the keywords given change it); the checkpoint keeps the result as ``ck.options``, and its
+    pickled tensors carry it. An unknown keyword is a TypeError."""
+    names = OpenOptions.POSITIONAL
+    if len(positional) > len(names):
+        raise TypeError(f"open() takes {', '.join(names)} by position, not {len(positional)} values")
+    twice = set(names[:len(positional)]) & set(changes)
+    if twice:
+        raise TypeError(f"open() got multiple values for {', '.join(sorted(twice))}")
+    return open_with(src, OpenOptions.build(options, **dict(zip(names, positional)), **changes))
+
+
+def _open_signature(cls: type[OpenOptions] = OpenOptions) -> inspect.Signature:
+    """``open()``'s signature as ``help()`` and editors show it: ``src``, the fields ``cls.POSITIONAL`` names,
+    then every other field keyword-only, then ``options``."""
+    fields = {f.name: f for f, _ in spelled_fields(cls)}
+    kinds = inspect.Parameter
+    params = [kinds("src", kinds.POSITIONAL_OR_KEYWORD)]
+    params += [kinds(name, kinds.POSITIONAL_OR_KEYWORD, default=fields[name].default) for name in cls.POSITIONAL]
+    params += [kinds(name, kinds.KEYWORD_ONLY, default=field.default) for name, field in fields.items()
+               if name not in cls.POSITIONAL]
+    params.append(kinds("options", kinds.KEYWORD_ONLY, default=None))
+    return inspect.Signature(params, return_annotation="Checkpoint")
+
+
+open.__signature__ = _open_signature()  # type: ignore[attr-defined]
+
+
+def source_plan(src: str, options: OpenOptions):
+    """The plan of ``src``'s sources (ckptfs.sources.plan.SourcePlan) when ``options`` need one (a URL,
+    mirrors, a remote timeout), else None: a plain local open never imports the remote layer. The one place
+    both ``open_with`` and a mount of a repository folder decide it."""
+    if not options.needs_source_plan(src):
+        return None
+    from ckptfs.sources.plan import SourcePlan
+
+    return SourcePlan(src, options)
 
 
 def open_with(src, options: OpenOptions) -> Checkpoint:
@@ -499,14 +524,8 @@ def open_with(src, options: OpenOptions) -> Checkpoint:
     cache = None
     if options.shared_tiers:
         from ckptfs.cache.build import build_tiers
-        cache = build_tiers(options.cache_size, **{k: v for k, v in (
-            ("cache_dir", options.cache_dir), ("cache_dir_size", options.cache_dir_size),
-            ("redis", options.redis), ("redis_cluster", options.redis_cluster or None),
-            ("cache_key_file", options.cache_key_file)) if v is not None})
-    plan = None
-    if options.needs_source_plan(src):
-        from ckptfs.sources.plan import SourcePlan
-        plan = SourcePlan(src, options)
+        cache = build_tiers(options)
+    plan = source_plan(src, options)
     parsed = read_checkpoint(src, plan.header_opener() if plan is not None else DEFAULT_OPENER)
     wrapper = None
     if options.manifest is not None:

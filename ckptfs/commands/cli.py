@@ -17,31 +17,12 @@ import click
 
 from ckptfs.core.errors import CheckpointError
 from ckptfs.util.oneline import one_line
-from ckptfs.core.options import OpenOptions
-from ckptfs.util.sizes import parse_size
-from ckptfs.commands.remote_options import remote_options
+from ckptfs.commands.open_flags import open_flags
 from ckptfs.commands.failure import fail
-from ckptfs.commands.cache import cache_dir_option, cache_dir_size_option, cache_group, cache_key_file_option, tier_options
+from ckptfs.commands.cache import cache_group
 from ckptfs.commands.prefetch import prefetch
 from ckptfs.commands.source import with_source
 from ckptfs.util.redact import hide_in_argv
-
-
-class SizeType(click.ParamType):
-    name = "size"
-
-    def convert(self, value, param, ctx):
-        if isinstance(value, int):
-            return value
-        try:
-            return parse_size(value)
-        except ValueError as exc:
-            self.fail(str(exc), param, ctx)
-
-
-SIZE = SizeType()
-
-
 
 
 _NO_ARGS_IS_HELP = getattr(click.exceptions, "NoArgsIsHelpError", ())  # probe: third-party (click >= 8.2)
@@ -75,11 +56,6 @@ class OneLineGroup(click.Group):
         sys.exit(result if isinstance(result, int) else 0)
 
 
-DTYPE_HELP = ("auto: exact types keep their dtype, the rest float32; float32: every floating tensor float32; "
-              "float16: decoded tensors (quantized, BF16, F8...) float16, while F32, F64 and F16 tensors keep "
-              "their stored dtype.")
-
-
 @click.group(cls=OneLineGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="ckptfs")
 def main() -> None:
@@ -90,15 +66,8 @@ def main() -> None:
 @with_source("mountpoint")
 @click.option("-f", "--foreground", is_flag=True, help="Stay in the foreground (log to stderr with -v).")
 @click.option("-o", "options", multiple=True, metavar="OPTS", help="FUSE mount options, comma-separated.")
-@click.option("--cache-size", type=SIZE, default="512M", show_default=True,
-              help="Decoded-block cache bound, binary units (64M = 64 MiB; 0: no cache).")
-@click.option("--dtype", type=click.Choice(["auto", "float32", "float16"]), default="auto", show_default=True,
-              help=DTYPE_HELP)
+@open_flags()  # every open option (the fstab helper's -o names come from this list)
 @click.option("--log-file", type=click.Path(), default=None, help="Log file (for the daemon).")
-@tier_options
-@remote_options
-@click.option("--manifest", type=click.Path(dir_okay=False), default=None,
-              help="Check every read against this `ckptfs manifest` file (a mismatch: EIO and one log line).")
 @click.option("--log-format", type=click.Choice(["text", "json"]), default="text", show_default=True,
               help="Log lines as text or as one JSON object per line (for log shippers).")
 @click.option("--layout", type=click.Choice(["flat", "tree"]), default="flat", show_default=True,
@@ -116,18 +85,16 @@ def main() -> None:
 @click.option("--prefetch", is_flag=True,
               help="Once mounted, fetch every stored byte of a remote SRC into --cache-dir in the background.")
 @click.option("-v", "--verbose", is_flag=True, help="Verbose logging; tracebacks on errors.")
-def mount(src, mountpoint, foreground, options, cache_size, dtype, log_file, hf, hf_dtype, log_format, layout, metrics, manifest,
-          verbose, mirrors, timeout, stall_timeout, prefetch, gguf, gguf_type, **tiers):
+def mount(src, mountpoint, foreground, options, open_options, log_file, hf, hf_dtype, log_format, layout, metrics,
+          verbose, prefetch, gguf, gguf_type):
     """Mount checkpoint SRC read-only at MOUNTPOINT."""
     from ckptfs.fs.mount import MountError, MountRequest, run_mount
     from ckptfs.sources import is_url
 
-    if prefetch and is_url(src) and not tiers.get("cache_dir"):
+    if prefetch and is_url(src) and not open_options.cache_dir:
         raise click.UsageError("--prefetch fetches into --cache-dir DIR: give one (without it the bytes would "
                                "be kept in memory only)")
     try:
-        open_options = OpenOptions.build(dtype=dtype, cache_size=cache_size, manifest=manifest, mirrors=mirrors,
-                                         timeout=timeout, stall_timeout=stall_timeout, **tiers)
         request = MountRequest(src=src, mountpoint=mountpoint, foreground=foreground, options=",".join(options),
                                open_options=open_options, log_file=log_file, hf=hf, hf_dtype=hf_dtype,
                                gguf=gguf, gguf_type=gguf_type, verbose=verbose, log_format=log_format,
@@ -154,26 +121,24 @@ def umount(mountpoint, verbose):
 @main.command()
 @with_source()
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-@remote_options
-@cache_dir_option
-@cache_dir_size_option
-@cache_key_file_option
+@open_flags(omit={"dtype": "it shows stored types", "cache_size": "it decodes no tensor",
+                  "max_open_files": "it reads each file's header once",
+                  "redis": "it decodes no tensor (the tier holds decoded groups)", "redis_cluster": "likewise",
+                  "manifest": "it reads no tensor bytes to check (ckptfs verify does)"})
 @click.option("-v", "--verbose", is_flag=True, help="On an error, print its traceback before the one line.")
 @click.option("--hf", "hf", is_flag=True,
               help="Also say whether a mount with --hf gets hf/, or why not (imports transformers).")
 @click.option("--gguf", "gguf", is_flag=True,
               help="Also say whether a mount with --gguf gets gguf/model.gguf, or why not (builds its header).")
 @click.option("--all", "every", is_flag=True, help="List every file and checkpoint (the text form shows the first 20).")
-def info(src, as_json, hf, verbose, mirrors, timeout, stall_timeout, cache_dir, cache_dir_size, cache_key_file, every,
-         gguf):
+def info(src, as_json, hf, verbose, open_options, every, gguf):
     """Summarize a checkpoint: format, tensors, storage types, metadata, damage."""
     from ckptfs import open as open_checkpoint
     from ckptfs.commands.info import render, repository_summary, summary
     from ckptfs.formats.repository import SeveralCheckpoints
 
     try:
-        with open_checkpoint(src, mirrors=mirrors, timeout=timeout, stall_timeout=stall_timeout, cache_dir=cache_dir,
-                             cache_dir_size=cache_dir_size, cache_key_file=cache_key_file) as ck:
+        with open_checkpoint(src, options=open_options) as ck:
             data = summary(ck, hf=hf, gguf=gguf)
     except SeveralCheckpoints as several:  # a repository: the checkpoints it holds (none is opened)
         data = repository_summary(several.repository)
@@ -185,16 +150,14 @@ def info(src, as_json, hf, verbose, mirrors, timeout, stall_timeout, cache_dir, 
 @main.command()
 @with_source()
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-@click.option("--cache-size", type=SIZE, default="512M", show_default=True)
 @click.option("--local", "local", default=None, metavar="PATH",
               help="For a URL: a local copy of the same checkpoint, benchmarked beside it.")
-@remote_options
-@cache_dir_option
-@cache_dir_size_option
-@cache_key_file_option
-@click.option("-v", "--verbose", is_flag=True)
-def bench(src, as_json, cache_size, local, mirrors, timeout, stall_timeout, cache_dir, cache_dir_size, cache_key_file,
-          verbose):
+@open_flags(omit={"dtype": "the reference libraries' values are compared at the default",
+                  "max_open_files": "a mount is measured with the default",
+                  "redis": "a shared tier would serve groups decoded before the run", "redis_cluster": "likewise",
+                  "manifest": "its workloads measure unchecked reads"})
+@click.option("-v", "--verbose", is_flag=True, help="Log each phase instead of a progress line; tracebacks on errors.")
+def bench(src, as_json, local, open_options, verbose):
     """Benchmark reads of SRC through a temporary mount, beside gguf-py/safetensors when installed (for a
     URL: requests, bytes fetched, header bytes, first-read latency and stream throughput, beside --local)."""
     from ckptfs.sources import is_url
@@ -203,15 +166,10 @@ def bench(src, as_json, cache_size, local, mirrors, timeout, stall_timeout, cach
         if is_url(src):
             from ckptfs.bench.remote import run_remote_bench
 
-            args = [f"--mirror={m}" for m in mirrors] + ["--cache-size", str(cache_size)]
-            args += [f"--timeout={timeout}"] if timeout is not None else []
-            args += [f"--stall-timeout={stall_timeout}"] if stall_timeout is not None else []
-            args += [f"--cache-dir={cache_dir}", f"--cache-dir-size={cache_dir_size}"] if cache_dir else []
-            args += [f"--cache-key-file={cache_key_file}"] if cache_dir and cache_key_file else []
-            sys.exit(run_remote_bench(src, local=local, as_json=as_json, mount_args=tuple(args)))
+            sys.exit(run_remote_bench(src, local=local, as_json=as_json, options=open_options))
         from ckptfs.bench import run_bench
 
-        sys.exit(run_bench(src, as_json=as_json, cache_size=cache_size, verbose=verbose))
+        sys.exit(run_bench(src, as_json=as_json, options=open_options, verbose=verbose))
     except (CheckpointError, OSError) as exc:
         fail(exc, verbose)
 

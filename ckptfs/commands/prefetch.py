@@ -22,11 +22,14 @@ import time
 
 import click
 
-from ckptfs.commands.cache import tier_options
 from ckptfs.commands.failure import fail
-from ckptfs.commands.remote_options import remote_options
+from ckptfs.commands.open_flags import open_flags
 from ckptfs.commands.source import with_source
+from ckptfs.core.options import OpenOptions
 from ckptfs.util.sizes import format_size
+
+#: The memory cache of the checkpoint a prefetch opens: decoded groups go on to the shared tiers.
+PREFETCH_CACHE_BYTES = 64 << 20
 
 
 class ByteBar:
@@ -67,16 +70,14 @@ class ByteBar:
 
 @click.command("prefetch")
 @with_source(more="names")
-@tier_options
-@remote_options
-@click.option("--dtype", type=click.Choice(["auto", "float32", "float16"]), default="auto", show_default=True,
-              help="The dtype the mounts that will read decoded entries use (it is part of every key).")
+@open_flags(omit={"cache_size": "decoded groups go on to the shared tiers (PREFETCH_CACHE_BYTES in memory)",
+                  "manifest": "a manifest checks the reads of a mount or an open, not a cache fill"},
+            help={"dtype": "The dtype the mounts that will read decoded entries use (it is part of every key)."})
 @click.option("--decode", is_flag=True,
               help="For a remote SRC: after its bytes, decode its tensors into the tiers too.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress line and no summary (errors only).")
 @click.option("-v", "--verbose", is_flag=True, help="Log to stderr; tracebacks on errors.")
-def prefetch(src, names, cache_dir, cache_dir_size, cache_dir_min_free, redis, redis_cluster, cache_key_file, mirrors,
-             timeout, stall_timeout, dtype, decode, quiet, verbose):
+def prefetch(src, names, open_options, decode, quiet, verbose):
     """Fill the caches before a deployment: a remote SRC's stored bytes into --cache-dir (every file, many
     ranges at once, resumable), or tensors of SRC (all, or NAMES) decoded into the shared tiers."""
     import logging
@@ -84,6 +85,8 @@ def prefetch(src, names, cache_dir, cache_dir_size, cache_dir_min_free, redis, r
     from ckptfs.sources import is_url
 
     remote = is_url(src)
+    options = OpenOptions.build(open_options, cache_size=PREFETCH_CACHE_BYTES)
+    cache_dir, redis, redis_cluster = options.cache_dir, options.redis, options.redis_cluster
     decode = bool(decode or names or redis or redis_cluster or not remote)
     fetch_bytes = remote and not names and bool(cache_dir or not decode)
     if verbose:
@@ -95,9 +98,6 @@ def prefetch(src, names, cache_dir, cache_dir_size, cache_dir_min_free, redis, r
                                "without it the bytes would be lost at exit")
     if decode and not cache_dir and not redis and not redis_cluster:
         raise click.UsageError("nothing to warm: give --cache-dir DIR, --redis URL and/or --redis-cluster HOST:PORT")
-    options = dict(dtype=dtype, cache_size=64 << 20, cache_dir=cache_dir, cache_dir_size=cache_dir_size,
-                   cache_dir_min_free=cache_dir_min_free, redis=redis, redis_cluster=redis_cluster, cache_key_file=cache_key_file, mirrors=mirrors,
-                   timeout=timeout, stall_timeout=stall_timeout)
     ok = True
     stop = threading.Event()  # set on Ctrl-C: queued pieces are dropped, not fetched on the way out
     early = None
@@ -109,7 +109,7 @@ def prefetch(src, names, cache_dir, cache_dir_size, cache_dir_min_free, redis, r
         bar = ByteBar(enabled=fetch_bytes and not quiet and sys.stderr.isatty())
         early = _early_warmup(src, options, stop, bar) if fetch_bytes else None
         try:
-            with open_checkpoint(src, **options) as ck:
+            with open_checkpoint(src, options=options) as ck:
                 if fetch_bytes:
                     ok = _fetch_bytes(ck, bar, quiet, started, before, stop, early)
                 if decode and ok:
@@ -133,23 +133,22 @@ def prefetch(src, names, cache_dir, cache_dir_size, cache_dir_min_free, redis, r
     sys.exit(0 if ok else 1)
 
 
-def _early_warmup(src: str, options: dict, stop: threading.Event, bar: ByteBar):
+def _early_warmup(src: str, options: OpenOptions, stop: threading.Event, bar: ByteBar):
     """For a SRC that is one remote file and the whole checkpoint (not a shard of a split set, an index or a
     folder), without mirrors: its warm-up started now, before the open (``EarlyWarmup``: best effort, on a
     thread of its own), or None. Its source is made here, before the open: what the store holds of the file
     is measured before the open stores the header chunks it reads (``EarlyWarmup.start``), and a source that
     cannot be made (a 404, a dead server) is the error the open would give, said once. Anything that goes
     wrong after that is left to the open and the warm-up after it, which say it in their own words."""
-    from ckptfs.core.options import OpenOptions
     from ckptfs.formats import detect
     from ckptfs.formats.shards import is_index_name, parse_shard_name
     from ckptfs.sources.plan import SourcePlan, names_folder
     from ckptfs.sources.remote.warmup import EarlyWarmup
 
     name = src.rstrip("/").rsplit("/", 1)[-1]
-    if names_folder(src) or parse_shard_name(name) is not None or is_index_name(name) or options.get("mirrors"):
+    if names_folder(src) or parse_shard_name(name) is not None or is_index_name(name) or options.mirrors:
         return None  # (with mirrors the open may need them: an early warm-up would read the primary alone)
-    source = SourcePlan(src, OpenOptions.build(None, **options)).opener(src)
+    source = SourcePlan(src, options).opener(src)
     # a file that is no checkpoint: nothing warmed before the open says so
     return EarlyWarmup(source, stop=stop, progress=bar, check=lambda source: detect(src, source=source)).start()
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from ckptfs.cache.disk import PRUNES
-from ckptfs.checkpoint.api import OpenOptions, open_with
+from ckptfs.checkpoint.api import OpenOptions, open_with, source_plan
 from ckptfs.formats.repository import SeveralCheckpoints
 from ckptfs.tree.layout import tensor_providers
 from ckptfs.tree.mount_tree import MountTree
@@ -148,11 +148,7 @@ def _repository_tree(request: MountRequest, repository):
     if options.manifest is not None:
         raise MountError(f"--manifest describes one checkpoint and {_mount_name(src)} holds "
                          f"{len(repository.members)}: mount the file it describes", exit_code=2)
-    plan = None
-    if options.needs_source_plan(src):
-        from ckptfs.sources.plan import SourcePlan
-
-        plan = SourcePlan(src, options)
+    plan = source_plan(src, options)
     pool = SourcePool(options.max_open_files, opener=plan.opener if plan is not None else None,
                       wrapper=plan.wrapper() if plan is not None else None)
     mirror_set = None

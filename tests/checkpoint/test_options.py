@@ -109,3 +109,39 @@ def test_options_resolve_paths_once_and_check_values(tmp_path, monkeypatch):
         OpenOptions.build(mirrors="one.gguf")
     with pytest.raises(TypeError, match="unknown open option"):
         OpenOptions.build(cache_sise=1)
+
+
+def test_every_field_is_a_keyword_of_open(tmp_path, monkeypatch):
+    """``ckptfs.open()`` takes every field of OpenOptions by name (walked: a new field is one without an
+    edit to open()), the first three by position too, and refuses a keyword that is none of them."""
+    import dataclasses
+    import inspect
+
+    import ckptfs.checkpoint.api as api
+
+    seen = []
+    monkeypatch.setattr(api, "open_with", lambda src, options: seen.append(options))
+    values = {"dtype": "float16", "cache_size": 3 * MIB, "max_open_files": 7, "cache_dir": str(tmp_path / "c"),
+              "cache_dir_size": 5 * MIB, "cache_dir_min_free": 7.5, "redis": "redis://127.0.0.1:6399/2",
+              "redis_cluster": ("127.0.0.1:7001",), "cache_key_file": str(tmp_path / "k"),
+              "manifest": str(tmp_path / "m.json"), "mirrors": ("https://h/x.gguf",), "timeout": 2.5,
+              "stall_timeout": 1.5}
+    parameters = inspect.signature(ckptfs.open).parameters
+    for field in dataclasses.fields(OpenOptions):
+        assert field.name in parameters, f"open() has no keyword {field.name}"
+        value = values[field.name]  # a new field: give it a value here
+        given = list(value) if isinstance(value, tuple) else value  # lists are taken as the docs show them
+        ckptfs.open("model.gguf", **{field.name: given})
+        assert getattr(seen[-1], field.name) == value, field.name
+        assert seen[-1] == OpenOptions.build(**{field.name: value})
+    ckptfs.open("model.gguf", "float32", MIB, 9)
+    assert (seen[-1].dtype, seen[-1].cache_size, seen[-1].max_open_files) == ("float32", MIB, 9)
+    base = OpenOptions.build(timeout=4)
+    ckptfs.open("model.gguf", options=base, dtype="float16", timeout=None)  # None keeps what `options` says
+    assert seen[-1] == OpenOptions.build(base, dtype="float16")
+    with pytest.raises(TypeError, match="unknown open option"):
+        ckptfs.open("model.gguf", cache_sise=1)
+    with pytest.raises(TypeError, match="multiple values"):
+        ckptfs.open("model.gguf", "float32", dtype="float16")
+    with pytest.raises(TypeError, match="by position"):
+        ckptfs.open("model.gguf", "float32", MIB, 9, "extra")
