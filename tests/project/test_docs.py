@@ -141,3 +141,15 @@ def test_troubleshooting_quotes_the_code_s_own_messages():
     absent = [f"{message!r}: {part!r}" for message in messages for part in literal_parts(message)
               if part not in source]
     assert not absent, "documented messages the code no longer says:\n" + "\n".join(absent)
+
+
+def test_every_meta_json_field_is_in_the_layout_reference(small):
+    """Each key of a GGUF tensor's NAME.meta.json (what ``Tensor.meta`` returns) is described on the page."""
+    import ckptfs
+
+    page = (REPO / "docs" / "reference" / "layout.md").read_text(encoding="utf-8")
+    with ckptfs.open(small.path) as ck:
+        keys = set(ck["q"].meta)
+    assert {"name", "storage_type", "shape", "damaged"} <= keys
+    missing = sorted(key for key in keys if f"`{key}`" not in page)
+    assert not missing, "meta.json fields missing from docs/reference/layout.md: " + ", ".join(missing)
