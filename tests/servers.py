@@ -523,5 +523,5 @@ def is_tail_check(server: Nginx, line: str) -> bool:
     if not m or not r:
         return False
     size = (Path(server.root) / m["path"].split("?")[0].lstrip("/")).stat().st_size
-    start, end = int(r[1]), int(r[2])
+    start, end = int(r["a"]), int(r["b"])
     return end == size - 1 and end + 1 - start == min(WEAK_ETAG_TAIL, size) == int(m["bytes"])

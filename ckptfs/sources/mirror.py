@@ -30,7 +30,9 @@ from collections.abc import Callable
 from ckptfs.core.errors import CheckpointError, SourceUnavailable, public_name
 from ckptfs.sources.base import ByteSource
 from ckptfs.sources.netstats import COUNTERS
-from ckptfs.sources.remote.transport import DEFAULT_OPTIONS, REMOTE_INITIAL_READ, check_range, deadline_scope, fallback_scope
+from ckptfs.sources.remote.context import deadline_scope, fallback_scope
+from ckptfs.sources.remote.options import DEFAULT_OPTIONS
+from ckptfs.sources.remote.transport import REMOTE_INITIAL_READ, check_range
 
 log = logging.getLogger(__name__)
 

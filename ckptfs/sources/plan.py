@@ -18,8 +18,8 @@ from ckptfs.core.options import OpenOptions
 from ckptfs.sources.base import ByteSource
 from ckptfs.sources.registry import Opener
 from ckptfs.cache.sparse_store import DEFAULT_MIN_FREE
-from ckptfs.sources.remote.transport import (DEFAULT_CACHE_DIR_SIZE, DEFAULT_STALL_TIMEOUT, DEFAULT_TIMEOUT, RemoteOptions,
-                                             deadline_scope)
+from ckptfs.sources.remote.context import deadline_scope
+from ckptfs.sources.remote.options import DEFAULT_CACHE_DIR_SIZE, DEFAULT_STALL_TIMEOUT, DEFAULT_TIMEOUT, RemoteOptions
 
 _FILE_SUFFIXES = (".gguf", ".safetensors", ".json")
 

@@ -30,7 +30,7 @@ from ckptfs.cache import chunks, entry  # noqa: E402
 from ckptfs.cache.chunks import CHUNK, chunk_key  # noqa: E402
 from ckptfs.cache.redis_tier import RedisTier  # noqa: E402
 from ckptfs.sources.registry import Opener  # noqa: E402
-from ckptfs.sources.remote.transport import RemoteOptions  # noqa: E402
+from ckptfs.sources.remote.options import RemoteOptions  # noqa: E402
 
 HANG_GUARD_S = 120.0
 
@@ -141,7 +141,7 @@ def sources(origin, redis):
 def test_one_piece_costs_one_lookup_and_one_lease_round_trip_and_bad_entries_are_fetched(sources, redis):
     server, data, fresh = sources
     first = fresh()
-    tier = first._cache.shared
+    tier = first.fetcher.cache.shared
     start, end = 8 * CHUNK, 24 * CHUNK  # 16 chunks: one piece, past what the open's header read cached
     trips = tier.stats()["round_trips"]
     before = len(server.access_log())
@@ -171,7 +171,7 @@ def test_one_piece_costs_one_lookup_and_one_lease_round_trip_and_bad_entries_are
 def test_a_lease_nobody_fills_is_waited_out_then_fetched_from_the_origin(sources, redis):
     server, data, fresh = sources
     source = fresh()
-    tier = source._cache.shared
+    tier = source.fetcher.cache.shared
     lease_ms = 1500
     held = range(30, 34)  # leased by "another node" that never stores a value
     for i in held:

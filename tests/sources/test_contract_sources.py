@@ -104,7 +104,7 @@ def local_kind(blobs, tmp_path_factory) -> Kind:
 def http_kind(blobs, tmp_path_factory):
     require_nginx()
     from ckptfs.sources.remote.http import HttpSource
-    from ckptfs.sources.remote.transport import RemoteOptions
+    from ckptfs.sources.remote.options import RemoteOptions
 
     folder = local_folder(tmp_path_factory.mktemp("www"), blobs)
     with Nginx(folder) as server:
@@ -116,7 +116,7 @@ def http_kind(blobs, tmp_path_factory):
 
 def _remote(url: str) -> ByteSource:
     """``url`` opened through the scheme registry with fresh remote options."""
-    from ckptfs.sources.remote.transport import RemoteOptions
+    from ckptfs.sources.remote.options import RemoteOptions
 
     return Opener(RemoteOptions(timeout=TIMEOUT, stall_timeout=2)).source(url)
 

@@ -20,7 +20,7 @@ pytest.importorskip("urllib3")
 from ckptfs.core.errors import CheckpointError  # noqa: E402
 from ckptfs.sources import Opener  # noqa: E402
 from ckptfs.sources.netstats import COUNTERS  # noqa: E402
-from ckptfs.sources.remote.transport import RemoteOptions  # noqa: E402
+from ckptfs.sources.remote.options import RemoteOptions  # noqa: E402
 from faultproxy import FaultProxy  # noqa: E402
 from servers import Nginx, require_nginx  # noqa: E402
 
@@ -211,7 +211,7 @@ def test_a_failed_read_leaves_no_fetch_behind_for_later_readers(upstream, proxy)
     proxy.plan("500")
     with pytest.raises(CheckpointError, match="HTTP 500"):
         src.pread(near, far - near + 10)
-    assert not len(src._flights)
+    assert not len(src.fetcher.flights)
     assert src.pread(far, 10) == data[far:far + 10]
 
 

@@ -24,7 +24,7 @@ pytest.importorskip("urllib3")
 
 from ckptfs.cache.chunks import CHUNK, MEMORY, chunk_key  # noqa: E402
 from ckptfs.sources import Opener  # noqa: E402
-from ckptfs.sources.remote.transport import RemoteOptions  # noqa: E402
+from ckptfs.sources.remote.options import RemoteOptions  # noqa: E402
 from ckptfs.sources.remote.warmup import warm  # noqa: E402
 from servers import Nginx, data_ranges, require_nginx  # noqa: E402
 
@@ -77,7 +77,7 @@ def test_a_warm_up_stores_its_chunks_without_filling_the_memory_cache(origin, tm
     keys = [chunk_key(source.content_id(), i) for i in range(chunks)]
     assert not any(key in MEMORY for key in keys)  # the readers' LRU holds none of the warm-up's chunks
     assert source.unstored_chunks() == []  # every one is in the store ...
-    sealed = source._cache.disk.sealed_path(source.content_id())  # ... as one sealed file, not 48 entries
+    sealed = source.fetcher.cache.disk.sealed_path(source.content_id())  # ... as one sealed file, not 48 entries
     assert sealed is not None and Path(sealed).read_bytes() == data
     assert {p.name for p in (tmp_path / "cache" / "remote").glob("*/*")} == {Path(sealed).name,
                                                                              Path(sealed).with_suffix(".idx").name}

@@ -31,7 +31,7 @@ pytest.importorskip("urllib3")
 from ckptfs.engine.parallel import spread  # noqa: E402
 from ckptfs.readahead import Scheduler  # noqa: E402
 from ckptfs.sources.remote.outage import Admission, Outage  # noqa: E402
-from ckptfs.sources.remote.transport import deadline_scope, read_deadline  # noqa: E402
+from ckptfs.sources.remote.context import deadline_scope, read_deadline  # noqa: E402
 from conftest import mount_stats, pid_alive, wait_until  # noqa: E402
 from fixtures import quantized, write_gguf  # noqa: E402
 from servers import Nginx, require_nginx  # noqa: E402

@@ -20,7 +20,7 @@ pytest.importorskip("urllib3")
 
 from ckptfs.readahead.limit import REPROBE_EPOCHS, OriginLimit  # noqa: E402
 from ckptfs.sources import Opener  # noqa: E402
-from ckptfs.sources.remote.transport import RemoteOptions  # noqa: E402
+from ckptfs.sources.remote.options import RemoteOptions  # noqa: E402
 from faultproxy import FaultProxy  # noqa: E402
 from servers import Nginx, require_nginx  # noqa: E402
 

@@ -13,7 +13,7 @@ pytest.importorskip("urllib3")
 
 from ckptfs.sources import Opener  # noqa: E402
 from ckptfs.cache.chunks import CHUNK  # noqa: E402
-from ckptfs.sources.remote.transport import RemoteOptions  # noqa: E402
+from ckptfs.sources.remote.options import RemoteOptions  # noqa: E402
 from servers import Nginx, require_nginx  # noqa: E402
 
 MiB = 1 << 20

@@ -52,8 +52,11 @@ from ckptfs.cache.chunks import CHUNK
 from ckptfs.core.errors import CheckpointError
 from ckptfs.sources.registry import register_scheme
 from ckptfs.sources.netstats import COUNTERS
-from ckptfs.sources.remote.transport import (POOL_CONNECTIONS, SAMPLE_BYTES, Changed, RemoteOptions, RemoteSource,
-                                             Retryable, answered, joined, read_deadline, stalled, wait_bound)
+from ckptfs.sources.remote.context import ReadContext
+from ckptfs.sources.remote.options import POOL_CONNECTIONS, RemoteOptions
+from ckptfs.sources.remote.origin import Changed, Retryable, stalled, wait_bound
+from ckptfs.sources.remote.transport import RemoteSource, joined
+from ckptfs.sources.remote.version import SAMPLE_BYTES
 from ckptfs.util.redact import public_name, redact
 
 MAX_REDIRECTS = 10
@@ -190,7 +193,7 @@ class HttpClient:
         self.scheme = scheme
         self.credentials = credentials
         self.options = options
-        self.heard = heard  # told of every answer (the origin's outage state: transport.outage)
+        self.heard = heard  # told of every answer (the origin's outage state: outage.py)
 
     def send(self, method: str, url: str, headers: dict, deadline: float, auth_origin: str,
              fresh: bool = False) -> Answer:
@@ -327,12 +330,13 @@ class HttpSource(RemoteSource):
         self.url = url
         self.scheme = scheme or urlsplit(url).scheme.lower() or "http"  # the counters' label
         self.credentials = credentials
-        self._client = HttpClient(self.scheme, credentials, self.options, lambda: self.outage().heard())
+        self._http = HttpClient(self.scheme, credentials, self.options, lambda: self.outage().heard())
         self._origin = _origin_of(url)
         probe = self._probe()
         self._location = probe.location
         # the CDN host after a redirect: its own in-flight limit and outage state
-        self._origin, self._limit, self._outage = _origin_of(probe.location), None, None
+        self._origin = _origin_of(probe.location)
+        self.client.moved()
         self._sha256 = probe.sha256
         self.size, self.validator = probe.size, probe.validator
         sample = self._tail_sample(probe) if probe.sha256 is None and weak_validator(probe.validator, probe.size) \
@@ -351,8 +355,7 @@ class HttpSource(RemoteSource):
         found = memo.get(key)
         if found is not None and time.monotonic() - found.at < PROBE_MEMO_SECONDS:
             return found
-        deadline = read_deadline(self.options.timeout)
-        probe = self.retrying(self._probe_once, deadline, None, "cannot open: ")
+        probe = self.client.retrying(self._probe_once, ReadContext.entering(self.options.timeout), None, "cannot open: ")
         memo[key] = probe
         return probe
 
@@ -364,17 +367,18 @@ class HttpSource(RemoteSource):
             if len(probe.head) == probe.size:
                 probe.tail = bytes(probe.head[probe.size - n:])
             else:
-                deadline = read_deadline(self.options.timeout)
-                probe.tail = self.retrying(lambda bound: self._attempt(probe.size - n, probe.size, bound), deadline,
-                                           None, "cannot open: ")
+                read = ReadContext.entering(self.options.timeout)
+                probe.tail = self.client.retrying(lambda one: self._attempt(probe.size - n, probe.size, one), read,
+                                                  None, "cannot open: ")
                 COUNTERS.request(self.scheme, "ok", len(probe.tail))
         return probe.tail
 
-    def _probe_once(self, deadline: float) -> Probe:
+    def _probe_once(self, read: ReadContext) -> Probe:
         # With a --cache-dir the header's bytes may be there already: ask for one byte, only to learn the size
         # and identity (a remount then sends no request for bytes it fetched before).
         first = 1 if self.options.cache_dir else self.initial_read
-        answer = self._client.send("GET", self.url, {"Range": f"bytes=0-{first - 1}"}, deadline, self.url)
+        deadline = read.deadline
+        answer = self._http.send("GET", self.url, {"Range": f"bytes=0-{first - 1}"}, deadline, self.url)
         resp, headers = answer.resp, answer.resp.headers
         linked = _linked_sha256(answer.hops) or _linked_sha256([headers])
         if resp.status == 416:
@@ -407,13 +411,13 @@ class HttpSource(RemoteSource):
         return Probe(total, _validator(headers), answer.url, linked, head, time.monotonic(), _mtime_ns(headers))
 
     # -- reading ---------------------------------------------------------------------------------------
-    def _attempt(self, start: int, end: int, deadline: float) -> bytes:
-        return joined(self._attempt_parts(start, end, deadline))
+    def _attempt(self, start: int, end: int, read: ReadContext) -> bytes:
+        return joined(self._attempt_parts(start, end, read))
 
-    def _attempt_parts(self, start: int, end: int, deadline: float) -> list[bytes]:
+    def _attempt_parts(self, start: int, end: int, read: ReadContext) -> list[bytes]:
         url = self._location
         try:
-            return self._asked_twice(url, start, end, deadline)
+            return self._asked_twice(url, start, end, read)
         except Retryable:
             self._location = self.url  # a remembered CDN host that fails: the retry resolves the URL again
             raise
@@ -422,23 +426,23 @@ class HttpSource(RemoteSource):
                 raise
         # a remembered redirect target refused (an expired signed CDN URL): resolve the original URL again
         self._location = self.url
-        return self._asked_twice(self.url, start, end, deadline)
+        return self._asked_twice(self.url, start, end, read)
 
-    def _asked_twice(self, url: str, start: int, end: int, deadline: float) -> list[bytes]:
+    def _asked_twice(self, url: str, start: int, end: int, read: ReadContext) -> list[bytes]:
         """``_range_get``, with an odd answer asked again at once on a fresh connection (see the module
         docstring): the second answer's bytes, or its error when it is wrong the same way as the first."""
         try:
-            return self._range_get(url, start, end, deadline)
+            return self._range_get(url, start, end, read)
         except OddAnswer as first:
             try:
-                return self._range_get(url, start, end, deadline, fresh=True)
+                return self._range_get(url, start, end, read, fresh=True)
             except OddAnswer as second:
                 if second.signature == first.signature:
                     raise second.final from None
                 raise Retryable(f"two different wrong answers: {first}; then {second}") from None
 
-    def _range_get(self, url: str, start: int, end: int, deadline: float, fresh: bool = False) -> list[bytes]:
-        answer = self._client.send("GET", url, {"Range": f"bytes={start}-{end - 1}"}, deadline, self.url, fresh)
+    def _range_get(self, url: str, start: int, end: int, read: ReadContext, fresh: bool = False) -> list[bytes]:
+        answer = self._http.send("GET", url, {"Range": f"bytes={start}-{end - 1}"}, read.deadline, self.url, fresh)
         resp, headers = answer.resp, answer.resp.headers
         if resp.status == 206:
             try:
@@ -448,7 +452,7 @@ class HttpSource(RemoteSource):
             if got[2] is not None and got[2] != self.size:
                 raise _odd(resp, ("total", got[2]), Changed(f"its size is now {got[2]} bytes, was {self.size}"))
             self._check_validator(resp, headers, answer)
-            answered()  # the bytes' version is fixed: a version check from now on covers them
+            read.answered()  # the bytes' version is fixed: a version check from now on covers them
             if got[0] != start or got[1] != end - 1:
                 raise _odd(resp, ("range", got[0], got[1]), CheckpointError(
                     self.name, start, f"asked for bytes {start}-{end - 1}, the server sent {got[0]}-{got[1]}"))
@@ -463,7 +467,7 @@ class HttpSource(RemoteSource):
                 raise _odd(resp, ("200", length),
                            Changed(f"the server answered 200 with {length} bytes, the file had {self.size}"))
             self._check_validator(resp, headers, answer)
-            answered()
+            read.answered()
         elif resp.status == 416:
             raise _odd(resp, ("416",), Changed("the byte range is no longer satisfiable (HTTP 416)"))
         else:
@@ -473,7 +477,7 @@ class HttpSource(RemoteSource):
             raise error
         if answer.url != url:
             self._location = answer.url
-        return self._read_parts(resp, end - start, deadline)
+        return self._read_parts(resp, end - start, read.deadline)
 
     def _check_validator(self, resp, headers, answer: Answer) -> None:
         now = _validator(headers)
@@ -567,7 +571,7 @@ def weak_validator(validator: str | None, size: int) -> bool:
     """Whether ``validator`` may stay the same when the file is replaced by another of the same size: none at
     all, a weak ETag (``W/``), a Last-Modified date (one-second resolution), or nginx's ETag, which is the
     modification time in seconds and the size (``"<hex mtime>-<hex size>"``). Such a source re-checks the
-    file's last bytes after every fetch (``RemoteSource._confirm_version``). A content ETag (S3's MD5, the
+    file's last bytes after every fetch (``version.VersionPin``). A content ETag (S3's MD5, the
     Hub's sha256) or one with finer times (Apache's microseconds) is trusted as it is."""
     if not validator:
         return True

@@ -22,7 +22,7 @@ from ckptfs.sources.registry import register_scheme
 from ckptfs.sources.base import Folder
 from ckptfs.sources.remote.http import Credentials, HttpSource
 from ckptfs.sources.netstats import COUNTERS
-from ckptfs.sources.remote.transport import RemoteOptions
+from ckptfs.sources.remote.options import RemoteOptions
 
 DEFAULT_ENDPOINT = "https://huggingface.co"
 _FILE_SUFFIXES = (".gguf", ".safetensors", ".json")

@@ -8,7 +8,7 @@ requests, since virtual-host names cannot resolve there.
 
 Reads are ranged ``GetObject`` calls with ``If-Match`` on the ETag fixed at open, so the server itself
 refuses bytes of another version (HTTP 412 -> "changed since it was opened"). botocore's own retries are
-off: ``remote.RemoteSource`` retries (counted, with the read's deadline), and each socket wait is bounded
+off: ``remote.origin.OriginClient`` retries (counted, with the read's deadline), and each socket wait is bounded
 by ``--stall-timeout``. A folder is listed with ``ListObjectsV2`` (one level, hidden names skipped).
 """
 
@@ -29,7 +29,10 @@ from ckptfs.core.errors import CheckpointError
 from ckptfs.sources.registry import register_scheme
 from ckptfs.sources.base import Folder
 from ckptfs.sources.netstats import COUNTERS
-from ckptfs.sources.remote.transport import POOL_CONNECTIONS, Changed, RemoteOptions, RemoteSource, Retryable, read_deadline, stalled
+from ckptfs.sources.remote.context import ReadContext
+from ckptfs.sources.remote.options import POOL_CONNECTIONS, RemoteOptions
+from ckptfs.sources.remote.origin import Changed, Retryable, stalled
+from ckptfs.sources.remote.transport import RemoteSource
 
 _FILE_SUFFIXES = (".gguf", ".safetensors", ".json")
 _RETRY_CODES = {"SlowDown", "ServiceUnavailable", "InternalError", "RequestTimeout", "ThrottlingException",
@@ -120,8 +123,8 @@ class S3Source(RemoteSource):
         if not self.key:
             raise CheckpointError(url, None, "names a bucket, not an object (a folder is s3://BUCKET/PREFIX/)")
         self._client, self.credentials = client_for(self.options.stall_timeout)
-        deadline = read_deadline(self.options.timeout)
-        size, etag, head = self.retrying(self._probe, deadline, None, "cannot open: ")
+        read = ReadContext.entering(self.options.timeout)
+        size, etag, head = self.client.retrying(self._probe, read, None, "cannot open: ")
         self._set_identity(size, etag, url)
         self._keep_prefix(head)
 
@@ -154,7 +157,7 @@ class S3Source(RemoteSource):
                 botocore.exceptions.HTTPClientError) as exc:
             raise Retryable(f"connection failed: {exc}") from None
 
-    def _probe(self, deadline: float) -> tuple[int, str | None, bytes]:
+    def _probe(self, read: ReadContext) -> tuple[int, str | None, bytes]:
         first = 1 if self.options.cache_dir else self.initial_read
         try:
             resp = self._call("get_object", None, Range=f"bytes=0-{first - 1}")
@@ -163,18 +166,18 @@ class S3Source(RemoteSource):
             COUNTERS.request(self.scheme, "ok")
             return int(head["ContentLength"]), head.get("ETag"), b""
         total = _total(resp.get("ContentRange"), resp.get("ContentLength"))
-        data = self._read_body(resp["Body"], int(resp["ContentLength"]), deadline)
+        data = self._read_body(resp["Body"], int(resp["ContentLength"]), read.deadline)
         COUNTERS.request(self.scheme, "ok", len(data))
         return total, resp.get("ETag"), data
 
-    def _attempt(self, start: int, end: int, deadline: float) -> bytes:
+    def _attempt(self, start: int, end: int, read: ReadContext) -> bytes:
         extra = {"IfMatch": self.validator} if self.validator else {}
         resp = self._call("get_object", start, Range=f"bytes={start}-{end - 1}", **extra)
         total = _total(resp.get("ContentRange"), None)
         if total is not None and total != self.size:
             resp["Body"].close()
             raise Changed(f"its size is now {total} bytes, was {self.size}")
-        return self._read_body(resp["Body"], end - start, deadline)
+        return self._read_body(resp["Body"], end - start, read.deadline)
 
     def _read_body(self, body, expected: int, deadline: float) -> bytes:
         buf = bytearray()

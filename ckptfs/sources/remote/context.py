@@ -1,0 +1,98 @@
+"""A read's state inside the remote layer, passed explicitly: :class:`ReadContext`.
+
+One application read (a FUSE request, a library ``pread``) fans out inside ``ckptfs.sources.remote`` into
+chunk fetches, retries, version checks and pieces handed to the scheduler's workers. What decides how each
+of them behaves belongs to the read, not to the thread it runs on: its deadline (``--timeout``, narrowed by
+a mirror wrapper so one deadline covers every copy), whether another copy waits behind it (a mirror: give
+up a stall at once, retry once), whether it fetches ahead of readers (read-ahead, a warm-up: its version
+checks are spaced), and when the answer to its ranged request began (a version check sent after that covers
+the answer's bytes). A :class:`ReadContext` carries exactly that, handed from call to call (and to the
+worker that fetches a handed-out piece), so nothing depends on which thread or ``contextvars`` context a
+piece of work happens to run in.
+
+Only where a read crosses the public ``ByteSource.pread`` boundary — which plug-in sources implement and a
+mirror wrapper or a mount calls without knowing what lies below — does the read's scope travel implicitly:
+one ContextVar (:func:`deadline_scope`, :func:`fallback_scope`), read once as a read enters a remote source
+(:meth:`ReadContext.entering`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import dataclasses
+import time
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class _Scope:
+    """What a caller above ``ByteSource.pread`` says about the reads it makes (see the module docstring)."""
+
+    deadline: float | None = None  # monotonic seconds; None: each read's own --timeout
+    fallback: bool = False         # another copy is tried when this read fails
+
+
+_scope: contextvars.ContextVar[_Scope] = contextvars.ContextVar("ckptfs_read_scope", default=_Scope())
+
+
+@contextlib.contextmanager
+def deadline_scope(timeout: float):
+    """Every remote read inside ends by ``timeout`` seconds from now (or an enclosing scope's end)."""
+    outer = _scope.get()
+    end = time.monotonic() + timeout
+    token = _scope.set(dataclasses.replace(outer, deadline=end if outer.deadline is None else min(outer.deadline, end)))
+    try:
+        yield
+    finally:
+        _scope.reset(token)
+
+
+@contextlib.contextmanager
+def fallback_scope(has_fallback: bool = True):
+    """Reads inside have another copy to turn to (a mirror): a stalled attempt gives up at once and other
+    failures are retried once, so the deadline is left for the next copy."""
+    token = _scope.set(dataclasses.replace(_scope.get(), fallback=has_fallback))
+    try:
+        yield
+    finally:
+        _scope.reset(token)
+
+
+def read_deadline(timeout: float) -> float:
+    """The deadline of a read entering now: ``timeout`` from now, or the enclosing scope's end if sooner."""
+    return ReadContext.entering(timeout).deadline
+
+
+@dataclass
+class ReadContext:
+    """One read's state (see the module docstring). ``answered_at`` is the one field written on the way: a
+    scheme's attempt sets it (``answered``) on the context it was given, and the retry loop hands the
+    successful attempt's value to the fetch that asked (``ckptfs.sources.remote.origin``)."""
+
+    deadline: float                  # monotonic seconds: the read ends by then
+    fallback: bool = False           # a mirror waits behind this read
+    ahead: bool = False              # fetched ahead of readers (read-ahead, a warm-up)
+    answered_at: float | None = None  # when the answer to this attempt's ranged request began (None: unsaid)
+
+    @classmethod
+    def entering(cls, timeout: float) -> ReadContext:
+        """The context of a read that enters a remote source now, under the caller's scope."""
+        scope = _scope.get()
+        end = time.monotonic() + timeout
+        return cls(end if scope.deadline is None else min(scope.deadline, end), scope.fallback)
+
+    @classmethod
+    def fetching_ahead(cls, timeout: float) -> ReadContext:
+        """A fetch ahead of readers (read-ahead's pieces, a warm-up's): its own ``timeout``, no mirror."""
+        return cls(time.monotonic() + timeout, ahead=True)
+
+    def bounded(self, deadline: float) -> ReadContext:
+        """This read's context for one attempt that must end by ``deadline`` (no answer heard yet)."""
+        return dataclasses.replace(self, deadline=deadline, answered_at=None)
+
+    def answered(self) -> None:
+        """For a scheme's attempt: the answer's status and headers are in, so the version its bytes come from
+        is fixed (the server opened the file before answering). A version check sent after this moment covers
+        the answer's bytes even while its body is still arriving (``ckptfs.sources.remote.version``)."""
+        self.answered_at = time.monotonic()

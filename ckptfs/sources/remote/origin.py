@@ -1,0 +1,263 @@
+"""The retrying origin client: one request to a remote source's origin, asked until it is answered within the
+read's deadline, and what its failures mean.
+
+A scheme (``http``, ``s3``) makes one attempt at a time (``_attempt``) and says how it failed: a
+:class:`Retryable` (connection errors, stalls, 5xx, 429, short bodies: another attempt may succeed), a
+:class:`Changed` (the medium answered with another identity than the one fixed at open) or a final
+``CheckpointError`` (404, 403). :class:`OriginClient` turns attempts into an answer:
+
+- Retryable failures are retried with exponential backoff and full jitter (capped at ``BACKOFF_CAP``),
+  honouring a server's ``Retry-After``, for as long as the read's deadline allows: a 3 s outage inside a
+  30 s ``--timeout`` costs 3 s, not the read. With a mirror to turn to (``ReadContext.fallback``) a failure
+  is retried once and a stall not at all, so the next copy gets the rest of the deadline (``max_retries``
+  bounds the count too where a caller sets it). Everything else ends the read at once.
+- An origin that answers nothing for a whole ``--timeout`` is in an outage (``outage``): until anything
+  comes from it again, every request to it ends by the outage's start + ``--timeout`` and new ones fail at
+  once, but for a probe about once a second; so an application's read, however many kernel requests it
+  is, ends within ``--timeout`` (and a second) of its first request that met the outage.
+- Timeouts are reported as what they are: a wait cut short by the read's deadline says ``--timeout`` and
+  its number; a server silent for ``--stall-timeout`` seconds, with time left, is a stall (and retried).
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections.abc import Callable
+from typing import Protocol, TypeVar
+
+from ckptfs.core.errors import CheckpointError, SourceUnavailable
+from ckptfs.readahead.limit import OriginLimit, origin_limit
+from ckptfs.sources.netstats import COUNTERS
+from ckptfs.sources.remote.context import ReadContext
+from ckptfs.sources.remote.options import RemoteOptions
+from ckptfs.sources.remote.outage import PROBE_SECONDS, Admission, Outage, outage_for
+from ckptfs.util.redact import public_name
+
+log = logging.getLogger(__name__)
+
+BACKOFF_BASE = 0.1
+BACKOFF_CAP = 2.0
+#: A retry is not started with less than this left of the deadline (it could not get an answer).
+MIN_ATTEMPT_SECONDS = 0.05
+
+T = TypeVar("T")
+
+
+class Retryable(Exception):
+    """One attempt failed in a way another attempt may not (``retry_after``: the server's wish, seconds;
+    ``timeout``: a wait ran out; ``deadline``: the wait that ran out was cut short by the read's deadline,
+    ``--timeout``, not by ``--stall-timeout``)."""
+
+    def __init__(self, message: str, retry_after: float | None = None, timeout: bool = False,
+                 deadline: bool = False, throttled: bool = False):
+        super().__init__(message)
+        self.retry_after = retry_after
+        self.timeout = timeout or deadline
+        self.deadline = deadline
+        self.throttled = throttled  # the origin asks for fewer requests (429, 503, SlowDown): see limit.py
+
+
+class TimedOut(SourceUnavailable):
+    """A read's deadline (``--timeout``) ran out before the origin answered."""
+
+
+class Changed(Exception):
+    """The medium answered with another identity than the one fixed at open."""
+
+
+def wait_bound(options: RemoteOptions, deadline: float) -> tuple[float, bool]:
+    """How long one socket wait may last (the stall timeout, or less when the deadline is nearer), and whether
+    the deadline is what bounds it (then a timeout is the read's ``--timeout``, not a stall)."""
+    remaining = deadline - time.monotonic()
+    return (remaining, True) if remaining < options.stall_timeout else (options.stall_timeout, False)
+
+
+def stalled(what: str, options: RemoteOptions, detail: str = "") -> Retryable:
+    """The Retryable for a server silent for the whole stall timeout (a wait the deadline did not cut short,
+    see ``wait_bound``)."""
+    return Retryable(f"{what} (no data for {options.stall_timeout:g} s, --stall-timeout){detail}", timeout=True)
+
+
+def backoff_delay(attempt: int) -> float:
+    """Exponential backoff with full jitter (attempt 1, 2, ...)."""
+    return random.uniform(0.5, 1.0) * min(BACKOFF_CAP, BACKOFF_BASE * (2 ** (attempt - 1)))
+
+
+class Asked(Protocol):
+    """What the client asks through: a remote source's name and scheme (the counters' label), its options,
+    its origin (whose outage state and in-flight limit it keeps) and the scheme's one attempt."""
+
+    name: str
+    scheme: str
+    options: RemoteOptions
+
+    def origin(self) -> str: ...
+
+    def _attempt(self, start: int, end: int, read: ReadContext) -> bytes: ...
+
+
+class OriginClient:
+    """Requests to one source's origin, retried within the read's deadline (see the module docstring)."""
+
+    def __init__(self, source: Asked):
+        self.source = source
+        self._limit: OriginLimit | None = None
+        self._outage: Outage | None = None
+
+    def origin_limit(self) -> OriginLimit:
+        """The in-flight limit learnt for this origin (``ckptfs.readahead.limit``: one per scheme and host)."""
+        limit = self._limit
+        if limit is None:
+            limit = self._limit = origin_limit(self.source.origin())
+        return limit
+
+    def outage(self) -> Outage:
+        """This origin's outage state (``outage``: shared by every source of the origin in one open)."""
+        outage = self._outage
+        if outage is None:
+            outage = self._outage = outage_for(self.source.options.outages, self.source.origin())
+        return outage
+
+    def moved(self) -> None:
+        """The source's origin changed (a redirect to a CDN host): its own limit and outage state from now."""
+        self._limit = self._outage = None
+
+    def fetch(self, start: int, end: int, read: ReadContext,
+              attempt: Callable[[ReadContext], bytes | list[bytes]]) -> list[bytes]:
+        """Bytes [start, end) as ``attempt`` read them (consecutive parts), retried; counted, heard by the
+        outage state and timed for the in-flight limit. ``read.answered_at`` is the successful attempt's.
+        A short answer is never served (a scheme's attempt must check; this is the last line)."""
+        sent = time.monotonic()
+        body = self.retrying(attempt, read, start)
+        parts = body if isinstance(body, list) else [body]
+        got = sum(len(p) for p in parts)
+        done = time.monotonic()
+        self.outage().heard()
+        self.origin_limit().finished(got, done - sent)
+        if got != end - start:
+            raise CheckpointError(self.source.name, start, f"got {got} bytes for a {end - start}-byte range")
+        COUNTERS.request(self.source.scheme, "ok", got)
+        return parts
+
+    def retrying(self, attempt: Callable[[ReadContext], T], read: ReadContext, offset: int | None,
+                 what: str = "") -> T:
+        """``attempt(context)`` until it succeeds, retrying Retryable failures with backoff (counted here) for as
+        long as ``read.deadline`` allows; each attempt's context is bounded by the deadline or, while the
+        origin is in an outage, the outage's end of patience (``outage``), and a deadline that runs out
+        starts one. A request that finds the origin in an outage fails at once, or sends the probe that is
+        due (``_admit``). ``what`` prefixes the final error's reason."""
+        outage, timeout = self.outage(), self.source.options.timeout
+        self._admit(offset)
+        try:
+            return self._retrying(attempt, read, offset, what, outage)
+        except TimedOut:  # this request's whole deadline ran out: the origin is out since it arrived
+            if outage.timed_out(read.deadline - timeout):
+                raise  # the request that found the outage says what it saw
+            raise self.outage_error() from None
+
+    def _admit(self, offset: int | None) -> None:
+        """Before a request asks the origin: nothing to do unless the origin is in an outage (``outage``); then
+        this request sends the probe that is due (one byte at ``offset``, ``PROBE_SECONDS`` allowed) and goes
+        on if it was answered, or fails at once."""
+        offset = offset or 0
+        outage, source = self.outage(), self.source
+        admission = outage.admit(source.options.timeout)
+        if admission is Admission.ASK:
+            return
+        if admission is Admission.PROBE:
+            answered = True  # any answer, even a wrong one, says the origin is back (the fetch will judge it)
+            try:
+                source._attempt(offset, offset + 1, ReadContext(time.monotonic() + PROBE_SECONDS))
+            except Retryable:  # no answer, or one that counts as an answer (a 5xx: the client heard it)
+                answered = outage.since is None
+            except Exception:  # noqa: BLE001 - see above
+                pass
+            finally:
+                outage.probed(answered)
+            if answered:
+                COUNTERS.request(source.scheme, "ok")
+                return
+        COUNTERS.request(source.scheme, "timeout")
+        raise self.outage_error()
+
+    def outage_error(self) -> SourceUnavailable:
+        """How a request fails while its origin is in an outage: one message for all (one log line per file)."""
+        timeout = self.source.options.timeout
+        return SourceUnavailable(self.source.name, None, f"{public_name(self.source.origin())} is not answering "
+                                                         f"(nothing came from it for --timeout {timeout:g} s); its "
+                                                         f"reads fail at once until it answers again")
+
+    def _retrying(self, attempt, read: ReadContext, offset: int | None, what: str, outage: Outage):
+        source, options = self.source, self.source.options
+        tries = 0
+        started = time.monotonic()
+        before: Retryable | None = None  # the failure before the last, for the final message
+        max_retries = options.max_retries
+        if read.fallback:
+            max_retries = 1 if max_retries is None else min(1, max_retries)
+        while True:
+            bound = outage.bound(read.deadline, options.timeout)
+            if time.monotonic() >= bound:
+                raise self.timeout_error(offset, what, tries)
+            try:
+                one = read.bounded(bound)
+                result = attempt(one)
+                read.answered_at = one.answered_at
+                return result
+            except Retryable as exc:
+                tries += 1
+                if exc.throttled:
+                    self.origin_limit().throttled()
+                left = bound - time.monotonic()
+                if exc.retry_after is not None:
+                    delay, too_late = exc.retry_after, exc.retry_after >= left  # not before the server's time
+                else:
+                    delay = min(backoff_delay(tries), max(0.0, left - MIN_ATTEMPT_SECONDS))
+                    too_late = left <= MIN_ATTEMPT_SECONDS
+                give_up = (exc.deadline or too_late or (max_retries is not None and tries > max_retries)
+                           or (read.fallback and exc.timeout))
+                COUNTERS.request(source.scheme, "timeout" if exc.timeout else ("error" if give_up else "retry"),
+                                 retried=not give_up)
+                if give_up:
+                    raise self._given_up(exc, before, offset, what, tries, started, too_late) from None
+                log.debug("%s @ %s: %s; retrying in %.2f s", source.name, offset, exc, delay)
+                before = exc
+                time.sleep(delay)
+            except Changed as exc:
+                COUNTERS.request(source.scheme, "error")
+                raise CheckpointError(source.name, offset, f"changed since it was opened: {exc}") from None
+
+    def _given_up(self, exc: Retryable, before: Retryable | None, offset: int | None, what: str, tries: int,
+                  started: float, too_late: bool) -> SourceUnavailable:
+        """The error of a request given up after ``tries`` attempts, the last failing with ``exc``;
+        ``too_late``: no time was left in the deadline for another."""
+        timeout = self.source.options.timeout
+        count = f"{tries} attempt{'s' if tries > 1 else ''}"
+        if exc.deadline:  # the last attempt itself was cut short by the deadline
+            return self.timeout_error(offset, what, tries, exc, before)
+        spent = time.monotonic() - started
+        if too_late and exc.retry_after is not None:  # no use waiting for the server's time
+            why = (f"; the server asks to retry in {exc.retry_after:g} s, past the read's deadline "
+                   f"(--timeout {timeout:g} s)")
+        elif too_late:
+            why = f" ({count} in {spent:.1f} s, until the read's deadline: --timeout {timeout:g} s)"
+            return TimedOut(self.source.name, offset, f"{what}{exc}{why}")
+        else:
+            why = f" (gave up after {count} in {spent:.1f} s)"
+        return SourceUnavailable(self.source.name, offset, f"{what}{exc}{why}")
+
+    def timeout_error(self, offset: int | None, what: str = "", tries: int = 0, last: Retryable | None = None,
+                      before: Retryable | None = None) -> TimedOut:
+        """The read's deadline (``--timeout``) passed: say so, with the number, and what the last attempt
+        was doing (counted here unless ``last`` was counted by the retry loop)."""
+        if last is None:
+            COUNTERS.request(self.source.scheme, "timeout")
+        detail = f" after {tries} attempt{'s' if tries > 1 else ''}" if tries else ""
+        if last is not None:
+            detail += f"; the last {last}"
+        if before is not None and not before.deadline:
+            detail += f"; the one before: {before}"
+        return TimedOut(self.source.name, offset, f"{what}read timed out (--timeout {self.source.options.timeout:g} s"
+                                                  f"{detail})")
