@@ -29,7 +29,6 @@ import stat
 import threading
 from pathlib import Path
 
-ENV_KEY_FILE = "CKPTFS_CACHE_KEY_FILE"
 KEY_NAME = ".key"          # a cache folder's own key file
 KEY_BYTES = 32             # of a key ckptfs makes
 MIN_KEY_BYTES = 16

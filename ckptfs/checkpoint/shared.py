@@ -28,15 +28,16 @@ from collections.abc import Callable, Iterator
 
 import numpy as np
 
-from ckptfs.cache.auth import ENV_KEY_FILE
 from ckptfs.cache.disk import DEFAULT_CACHE_DIR_SIZE, DiskStore, DiskTier
 from ckptfs.cache.tiered import TieredCache, cache_key
+from ckptfs.core.options import env_of
 from ckptfs.engine.blocks import TensorValues
 
 log = logging.getLogger(__name__)
 
 NAMESPACE = "tensors"
-ENV_DIR = "CKPTFS_CACHE_DIR"
+#: the environment variables ``--cache-dir`` and ``--cache-key-file`` fall back on (ckptfs.core.options)
+ENV_DIR, ENV_KEY_FILE = env_of("cache_dir"), env_of("cache_key_file")
 DECODE_STEP_BYTES = 16 << 20  # the writer holds one step of decoded values at a time, never the tensor
 
 _stores: dict[tuple[str, int, str | None], DiskStore] = {}

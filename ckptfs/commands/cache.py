@@ -12,18 +12,20 @@ from pathlib import Path
 
 import click
 
-from ckptfs.cache.auth import ENV_KEY_FILE, CacheRefused
+from ckptfs.cache.auth import CacheRefused
 from ckptfs.cache.disk import DEFAULT_CACHE_DIR_SIZE, DiskStore
 from ckptfs.cache.sparse_store import DEFAULT_MIN_FREE, NAMESPACE, SparseStore, folder_bytes
 from ckptfs.commands.open_flags import flag
-from ckptfs.core.options import spelling_of
+from ckptfs.core.options import env_of
 from ckptfs.util.sizes import format_size
+
+ENV_KEY_FILE = env_of("cache_key_file")
 
 
 def _store(cache_dir: str | None, max_bytes: int | None = None) -> DiskStore:
     """The folder's store for ``ckptfs cache``: made and checked like a mount's (one line if refused)."""
     if not cache_dir:
-        raise click.UsageError(f"give --cache-dir DIR (or set ${spelling_of('cache_dir').env})")
+        raise click.UsageError(f"give --cache-dir DIR (or set ${env_of('cache_dir')})")
     try:
         return DiskStore(cache_dir, max_bytes or DEFAULT_CACHE_DIR_SIZE, "blocks",
                          os.environ.get(ENV_KEY_FILE) or None)

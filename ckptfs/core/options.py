@@ -13,7 +13,7 @@ value (``kind``, a name the CLI layer maps to a click type: ``ckptfs.commands.op
 default that ``None`` stands for lives when another layer owns it (``default_at``, ``"module:NAME"``, shown
 in ``--help``; never copied here). Everything else is derived from the fields:
 
-- ``ckptfs.open()``'s keywords (its signature is generated from them, ``open_signature``);
+- ``ckptfs.open()``'s keywords (its signature, as ``help()`` shows it, is generated from them);
 - the ``--flags`` of ``mount``, ``info``, ``bench`` and ``prefetch`` (one decorator, ``open_flags``; a
   command leaves out only the fields it names, with its reason);
 - the fstab ``-o`` names (``Spelling.fstab``: the flag without dashes, ``-`` as ``_``);
@@ -83,6 +83,15 @@ def spelled_fields(cls: type | None = None) -> list[tuple[dataclasses.Field, Spe
 def spelling_of(name: str, cls: type | None = None) -> Spelling:
     """The spelling of the field ``name`` of ``cls`` (default :class:`OpenOptions`)."""
     return next(s for f, s in spelled_fields(cls) if f.name == name)
+
+
+def env_of(name: str) -> str:
+    """The environment variable the flag of the field ``name`` falls back on (the library reads the same one:
+    ``Tensor.shared()``'s folder, the cache key)."""
+    env = spelling_of(name).env
+    if env is None:
+        raise ValueError(f"open option {name} has no environment variable")
+    return env
 
 
 DTYPE_HELP = ("auto: exact types keep their dtype, the rest float32; float32: every floating tensor float32; "
