@@ -144,11 +144,11 @@ class OpenOptions:
         help="A byte-identical copy of SRC (path or URL), read when a read from SRC fails; repeatable, tried "
              "in order.")
     timeout: float | None = option(
-        None, flag="--timeout", kind="seconds", default_at="ckptfs.sources.remote.transport:DEFAULT_TIMEOUT",
+        None, flag="--timeout", kind="seconds", default_at="ckptfs.sources.remote.options:DEFAULT_TIMEOUT",
         help="Answer every remote read within this time, failover included, with data or an error (EIO).")
     stall_timeout: float | None = option(
         None, flag="--stall-timeout", kind="seconds",
-        default_at="ckptfs.sources.remote.transport:DEFAULT_STALL_TIMEOUT",
+        default_at="ckptfs.sources.remote.options:DEFAULT_STALL_TIMEOUT",
         help="Abandon a remote attempt that gets no bytes for this long and retry or fail over.")
 
     @classmethod
