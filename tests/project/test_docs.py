@@ -153,3 +153,16 @@ def test_every_meta_json_field_is_in_the_layout_reference(small):
     assert {"name", "storage_type", "shape", "damaged"} <= keys
     missing = sorted(key for key in keys if f"`{key}`" not in page)
     assert not missing, "meta.json fields missing from docs/reference/layout.md: " + ", ".join(missing)
+
+
+def test_every_file_the_docs_name_exists():
+    """Paths of the repository named in the README and docs/ (``ckptfs/fs/mount.py``, ``scripts/x.py``, and
+    module paths relative to the package such as ``fs/kernel.py``) name files that exist."""
+    texts = [(REPO / "README.md").read_text(encoding="utf-8")]
+    texts += [p.read_text(encoding="utf-8") for p in sorted((REPO / "docs").rglob("*.md"))]
+    text = "\n".join(texts)
+    named = set(re.findall(r"\b((?:ckptfs|scripts|tests)/[\w./-]+\.(?:py|c|sh|json))\b", text))
+    packages = "|".join(p.name for p in (REPO / "ckptfs").iterdir() if p.is_dir() and p.name != "__pycache__")
+    named |= {f"ckptfs/{m}" for m in re.findall(rf"`((?:{packages})/[\w./-]+\.(?:py|c))`", text)}
+    missing = sorted(path for path in named if not (REPO / path).exists())
+    assert not missing, "named in the docs but not in the repository: " + ", ".join(missing)
