@@ -10,7 +10,7 @@ Measures on one core, best of ``--repeat`` runs over ``--mib`` MiB of float32 va
 - what an entry saves: decoding the same number of float32 values from Q4_K and Q8_0 blocks with the C
   kernels (into a touched buffer, ``dequantize_into``) and with the numpy decoders.
 
-Usage: python scripts/bench_cache_mac.py [--mib 256] [--repeat 5]   (figures in docs/caches.md)
+Usage: python scripts/bench_cache_mac.py [--mib 256] [--repeat 5]   (figures in docs/performance.md)
 """
 
 from __future__ import annotations

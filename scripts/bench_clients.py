@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """llama.cpp's time to first token and tokens/s: the file itself, through a mount, over http, downloaded first.
 
-The figures of docs/clients.md. The model is real-shaped: scripts/make_realistic_gguf.py with Gemma 3 270M
+The figures of docs/performance.md (method: docs/clients.md). The model is real-shaped: scripts/make_realistic_gguf.py with Gemma 3 270M
 Q4_K_M's header skeleton (its 236 tensor names, types and shapes, its metadata keys, a 262,144-token
 vocabulary; random weights), written once as a single file and once as a split set of the same bytes.
 llama.cpp is libllama driven by the probe (scripts/llama_client.py; build it with

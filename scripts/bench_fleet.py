@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""A simulated fleet on one machine (results in docs/scale.md): N daemons, one origin, one cluster.
+"""A simulated fleet on one machine (results in docs/performance.md and docs/scale.md): N daemons, one origin, one cluster.
 
 For N = 1, 2, 4, 8 (``--fleet``): N ckptfs daemons, each a separate process with its own empty ``--cache-dir``,
 mount the same GGUF from one loopback nginx origin (a real-shaped Q4_K_M, scripts/make_realistic_gguf.py

@@ -7,7 +7,7 @@ already in the page cache after the first run): MB/s of
 Configurations: mfusepy on libfuse3, mfusepy on libfuse2, fusepy (libfuse2). Besides wall-clock MB/s it
 reports the daemon's CPU time per GiB, which is less disturbed by other load on a shared machine; rounds
 visit the configurations in rotating order so that drifting background load is spread over all of them.
-Results go to docs/mount.md.
+Results: docs/mount.md ("Bindings").
 
     python scripts/bench_fuse_bindings.py [--size-mib 256] [--repeat 3]
 """

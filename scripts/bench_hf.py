@@ -16,7 +16,7 @@ hf/model.safetensors against the .npy stream of the same tensors on the same mou
 each on a fresh mount so no cache is warm).
 
 The GGUF is real-shaped: scripts/make_realistic_gguf.py with Gemma 3 270M's shapes (18 layers, a 262,144-token
-vocabulary, tied output, Q4_K_M's type mix), random weights. Results: docs/hf.md.
+vocabulary, tied output, Q4_K_M's type mix), random weights. Results: docs/performance.md.
 
 Usage: python scripts/bench_hf.py [--gguf PATH] [--layers 18] [--vocab 262144] [--tokens 16] [--json]
 """

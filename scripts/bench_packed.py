@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Benchmark of packed views (results in docs/packed.md).
+"""Benchmark of packed views (results in docs/performance.md; method: docs/packed.md).
 
 One 4096 x 4096 GPTQ layer (4 bits, group size 128, g_idx stored) in a model folder; side by side in one
 run, rounds alternating:

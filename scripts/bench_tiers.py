@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Benchmarks of the shared cache tiers (results in docs/caches.md).
+"""Benchmarks of the shared cache tiers (results in docs/performance.md; method: docs/caches.md).
 
 1. **Second daemon.** For the disk tier (``--cache-dir``) and the Redis tier (``--redis``): a cold daemon
    streams every ``.npy`` of a realistic Q4_K_M-style GGUF (scripts/make_realistic_gguf.py) into an empty
