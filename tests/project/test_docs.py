@@ -166,3 +166,13 @@ def test_every_file_the_docs_name_exists():
     named |= {f"ckptfs/{m}" for m in re.findall(rf"`((?:{packages})/[\w./-]+\.(?:py|c))`", text)}
     missing = sorted(path for path in named if not (REPO / path).exists())
     assert not missing, "named in the docs but not in the repository: " + ", ".join(missing)
+
+
+def test_the_metrics_reference_names_exactly_the_metrics_the_code_defines():
+    """docs/reference/metrics.md against ckptfs/fs/metrics.py (counters gain ``_total`` when exported)."""
+    code = set(re.findall(r"\"(ckptfs_[a-z_]+)\"", (REPO / "ckptfs" / "fs" / "metrics.py").read_text()))
+    page = (REPO / "docs" / "reference" / "metrics.md").read_text(encoding="utf-8")
+    documented = {name.removesuffix("_total") for name in re.findall(r"`(ckptfs_[a-z_]+)`", page)}
+    assert len(code) >= 10, code
+    assert documented == code, (f"documented only: {sorted(documented - code)}; "
+                                f"defined only: {sorted(code - documented)}")
