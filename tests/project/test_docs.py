@@ -176,3 +176,12 @@ def test_the_metrics_reference_names_exactly_the_metrics_the_code_defines():
     assert len(code) >= 10, code
     assert documented == code, (f"documented only: {sorted(documented - code)}; "
                                 f"defined only: {sorted(code - documented)}")
+
+
+def test_every_environment_variable_the_code_reads_is_in_the_reference():
+    """Each ``CKPTFS_*`` name in the package's source is described on docs/reference/environment.md."""
+    names = set(re.findall(r"\bCKPTFS_[A-Z0-9_]*[A-Z0-9]\b", code_text()))
+    page = (REPO / "docs" / "reference" / "environment.md").read_text(encoding="utf-8")
+    assert names, "no CKPTFS_ variable found in the code"
+    missing = sorted(name for name in names if name not in page)
+    assert not missing, "environment variables missing from docs/reference/environment.md: " + ", ".join(missing)
