@@ -18,7 +18,7 @@ import click
 from ckptfs.core.errors import CheckpointError
 from ckptfs.util.oneline import one_line
 from ckptfs.commands.open_flags import open_flags
-from ckptfs.commands.failure import fail
+from ckptfs.commands.failure import fail, verbose_option
 from ckptfs.commands.cache import cache_group
 from ckptfs.commands.prefetch import prefetch
 from ckptfs.commands.source import with_source
@@ -107,7 +107,7 @@ def mount(src, mountpoint, foreground, options, open_options, log_file, hf, hf_d
 
 @main.command()
 @click.argument("mountpoint")
-@click.option("-v", "--verbose", is_flag=True, help="On an error, print its traceback before the one line.")
+@verbose_option
 def umount(mountpoint, verbose):
     """Unmount a ckptfs mount (fusermount3, then fusermount, then lazy)."""
     from ckptfs.fs.mount import MountError, unmount
@@ -125,7 +125,7 @@ def umount(mountpoint, verbose):
                   "max_open_files": "it reads each file's header once",
                   "redis": "it decodes no tensor (the tier holds decoded groups)", "redis_cluster": "likewise",
                   "manifest": "it reads no tensor bytes to check (ckptfs verify does)"})
-@click.option("-v", "--verbose", is_flag=True, help="On an error, print its traceback before the one line.")
+@verbose_option
 @click.option("--hf", "hf", is_flag=True,
               help="Also say whether a mount with --hf gets hf/, or why not (imports transformers).")
 @click.option("--gguf", "gguf", is_flag=True,
@@ -181,7 +181,7 @@ main.add_command(prefetch)
 @main.command()
 @click.argument("mountpoint")
 @click.option("--json", "as_json", is_flag=True, help="The stats JSON as the mount serves it.")
-@click.option("-v", "--verbose", is_flag=True)
+@verbose_option
 def stats(mountpoint, as_json, verbose):
     """Show a mount's counters: cache tiers, decoded bytes, source requests (the root xattr)."""
     from ckptfs.fs.operations import STATS_XATTR
@@ -201,7 +201,7 @@ def stats(mountpoint, as_json, verbose):
 @main.command("install-mount-helper")
 @click.option("--target", default=None, metavar="PATH",
               help="Where to write it (default /sbin/mount.fuse.ckptfs, where mount(8) looks).")
-@click.option("-v", "--verbose", is_flag=True)
+@verbose_option
 def install_mount_helper(target, verbose):
     """Write the helper mount(8) runs for `mount -t fuse.ckptfs` and fstab lines (runs this ckptfs)."""
     from ckptfs.commands.mount_helper import HELPER_PATH, install_helper

@@ -13,6 +13,11 @@ from ckptfs.fs.errors import MountError
 from ckptfs.util.oneline import one_line
 
 
+#: ``-v``/``--verbose`` of a command whose only verbosity is the traceback behind its one-line error
+verbose_option = click.option("-v", "--verbose", is_flag=True,
+                              help="On an error, print its traceback before the one line.")
+
+
 def fail(exc: BaseException, verbose: bool, detail: str = "") -> None:
     """Say ``exc`` (and ``detail``, what the command did before it: "; 2.0 MiB in the cache folder from before it, kept") as
     the one line, and exit with its code."""

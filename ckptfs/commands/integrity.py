@@ -16,7 +16,7 @@ import tempfile
 
 import click
 
-from ckptfs.commands.failure import fail
+from ckptfs.commands.failure import fail, verbose_option
 from ckptfs.commands.source import with_source
 
 MISMATCH_EXIT = 3
@@ -74,7 +74,7 @@ def plural(n: int, word: str) -> str:
 @with_source()
 @click.option("-o", "--output", type=click.Path(dir_okay=False), default=None,
               help="Write the manifest here (default: stdout).")
-@click.option("-v", "--verbose", is_flag=True)
+@verbose_option
 def manifest_command(src, output, verbose):
     """Write the ckptfs-manifest/1 of SRC: each file's size and sha256 (the Hub's LFS oid), each tensor's
     place, crc32, sha256 and 1 MiB chunk crc32s. Every byte is read once; files are hashed in parallel."""
@@ -103,7 +103,7 @@ def manifest_command(src, output, verbose):
 @click.option("--manifest", "manifest_path", type=click.Path(dir_okay=False), default=None,
               help="Compare with this manifest (default: check structure, and Hub files against their LFS oid).")
 @click.option("--json", "as_json", is_flag=True, help='Print {"ok": bool, "mismatches": [{"file", "tensor", "what"}]}.')
-@click.option("-v", "--verbose", is_flag=True)
+@verbose_option
 def verify_command(src, manifest_path, as_json, verbose):
     """Check SRC against a manifest (or its structure): exit 0 if it matches, 3 if not, one line per mismatch."""
     from ckptfs.checkpoint.api import open as open_checkpoint
@@ -132,7 +132,7 @@ def verify_command(src, manifest_path, as_json, verbose):
 @click.argument("b")
 @click.option("--values", is_flag=True, help="Also compare dequantized values (max absolute and relative difference).")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-@click.option("-v", "--verbose", is_flag=True)
+@verbose_option
 def diff_command(a, b, values, as_json, verbose):
     """What differs between checkpoints A and B (either may be a manifest): tensors only in one, other
     shape or type, other stored bytes; exit 0 if nothing differs, 3 if something does."""
