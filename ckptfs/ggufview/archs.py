@@ -1,25 +1,36 @@
 """The architectures ``gguf/model.gguf`` is made for: one entry each.
 
 An entry says which ``config.json`` ``architectures`` names it serves, llama.cpp's architecture (gguf-py's
-``MODEL_ARCH`` member, which gives the tensor-name map), the keys it writes beyond the common text-model
-ones, which stored rows each tensor's rows come from (``row_order``), and which tokenizer exports it tries.
-Adding an architecture is one entry here plus its test against the converter.
+``MODEL_ARCH`` member, which gives the tensor-name map), whether the common text-model keys are written and
+which keys follow them, the per-tensor rules (``transforms``: renames, row order, rows kept, a value added),
+the tensors computed from the config, and the tokenizer export (``vocab``). Adding an architecture is one
+entry here plus its test against the converter.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from ckptfs.ggufview import Config, Unsupported
-from ckptfs.ggufview.hparams import rope_parameters
+from ckptfs.ggufview import arch_keys, generated, transforms, vocab
 
 #: (HF tensor name, its 2-D shape (rows, cols), config) -> the stored row of each output row, or None
 RowOrder = Callable[[str, tuple[int, int], Config], "np.ndarray | None"]
+#: (GGUFWriter, config, folder) -> None: keys written into the header
+Keys = Callable[[Any, Config, Path], None]
+
+
+def _no_keys(writer, config: Config, folder: Path) -> None:
+    return None
+
+
+def _no_check(config: Config) -> None:
+    return None
 
 
 @dataclass(frozen=True)
@@ -27,39 +38,16 @@ class Architecture:
     name: str                              # general.architecture
     hf_names: tuple[str, ...]              # config.json "architectures"[0] values it serves
     model_arch: str                        # gguf.MODEL_ARCH member
-    extra_keys: Callable[[Any, Config], None]  # (GGUFWriter, config): keys past the common ones
-    row_order: RowOrder
-    check: Callable[[Config], None]        # raises Unsupported for a config this entry cannot serve
+    extra_keys: Keys = _no_keys            # keys past the common ones
+    row_order: RowOrder = transforms.same_rows
+    check: Callable[[Config], None] = _no_check  # raises Unsupported for a config this entry cannot serve
     #: tensors the converter computes from the config (llama.cpp name -> float32 values)
-    generated: Callable[[Config], dict[str, np.ndarray]] = lambda config: {}
-
-
-def head_permutation(rows: int, n_head: int) -> np.ndarray:
-    """The stored row of each output row under the converter's q/k permutation: within each head, the
-    two halves of the rotary dimensions are interleaved (output row ``2*i + j`` of a head is its stored row
-    ``j*half + i``), which turns Hugging Face's rotate-half layout into GGML's pairwise one."""
-    per_head = rows // n_head
-    half = per_head // 2
-    h, i, j = np.meshgrid(np.arange(n_head), np.arange(half), np.arange(2), indexing="ij")
-    return (h * per_head + j * half + i).reshape(-1)
-
-
-def _llama_rows(name: str, shape: tuple[int, int], config: Config) -> np.ndarray | None:
-    n_head = config["num_attention_heads"]
-    n_kv = config.get("num_key_value_heads") or n_head
-    if name.endswith(("q_proj.weight", "q_proj.bias")):
-        return head_permutation(shape[0], n_head)
-    if name.endswith(("k_proj.weight", "k_proj.bias")):
-        return head_permutation(shape[0], n_kv)
-    return None
-
-
-def _llama_keys(writer, config: Config) -> None:
-    writer.add_vocab_size(config["vocab_size"])
-    rope_dim = config.get("head_dim")
-    if rope_dim is None:
-        rope_dim = config["hidden_size"] // config["num_attention_heads"]
-    writer.add_rope_dimension_count(rope_dim)
+    generated: Callable[[Config], dict[str, np.ndarray]] = generated.nothing
+    vocab: Keys = vocab.add_llama_vocab    # every tokenizer key
+    common_keys: bool = True               # the common text-model keys (phi3 writes its own set)
+    tensor_name: Callable[[str], "str | None"] = transforms.default_name  # None: not in the file
+    shift: Callable[[str], float] = transforms.no_shift            # added to every value (float32 rule)
+    rows_kept: Callable[[str, Path, Config], "int | None"] = transforms.all_rows
 
 
 def _llama_check(config: Config) -> None:
@@ -68,40 +56,37 @@ def _llama_check(config: Config) -> None:
                           "is not served yet")
 
 
-def _llama_generated(config: Config) -> dict[str, np.ndarray]:
-    """``rope_freqs.weight`` for llama3 rope scaling: each rotary frequency's scale, computed as the
-    converter computes it, in torch float32 (a float32 power in numpy differs in the last bit for some)."""
-    rope = rope_parameters(config)
-    params = rope.get("full_attention", rope)
-    if not params or str(params.get("rope_type", "")).lower() != "llama3":
-        return {}
-    try:
-        import torch
-    except ImportError:
-        raise Unsupported("llama3 rope scaling needs torch for its rope_freqs tensor: pip install torch") from None
-    base = params.get("rope_theta", 10000.0)
-    dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
-    factor = params.get("factor", 8.0)
-    low, high = params.get("low_freq_factor", 1.0), params.get("high_freq_factor", 4.0)
-    old_context = params.get("original_max_position_embeddings", 8192)
-    long_wave, short_wave = old_context / low, old_context / high
-    freqs = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim))
-    scales = []
-    for freq in freqs:
-        wavelen = 2 * math.pi / freq
-        if wavelen < short_wave:
-            scales.append(1)
-        elif wavelen > long_wave:
-            scales.append(factor)
-        else:
-            smooth = (old_context / wavelen - low) / (high - low)
-            scales.append(1 / ((1 - smooth) / factor + smooth))
-    return {"rope_freqs.weight": torch.tensor(scales, dtype=torch.float32).numpy()}
+def _nested_check(config: Config) -> None:
+    if "text_config" in config:
+        raise Unsupported("a config with a nested text_config is not served yet")
+
+
+def _phi3_check(config: Config) -> None:
+    _nested_check(config)
+    rope = config.get("rope_parameters", config.get("rope_scaling")) or {}
+    if rope.get("long_factor"):
+        raise Unsupported("phi3 LongRoPE factors (128k-context configs) are not served yet")
+
+
+def _bert_check(config: Config) -> None:
+    if arch_keys.classifier_labels(config):
+        raise Unsupported("a BERT classification head (id2label) is not served yet")
 
 
 ARCHITECTURES: tuple[Architecture, ...] = (
     Architecture("llama", ("LlamaForCausalLM", "LLaMAForCausalLM", "MistralForCausalLM"), "LLAMA",
-                 _llama_keys, _llama_rows, _llama_check, _llama_generated),
+                 arch_keys.llama_keys, transforms.llama_rows, _llama_check, generated.llama3_rope_freqs),
+    Architecture("qwen2", ("Qwen2ForCausalLM",), "QWEN2", arch_keys.pooling_keys,
+                 check=_nested_check, vocab=vocab.add_spm_or_gpt2_vocab),
+    Architecture("qwen3", ("Qwen3ForCausalLM",), "QWEN3", arch_keys.qwen3_keys,
+                 check=_nested_check, vocab=vocab.add_spm_or_gpt2_vocab),
+    Architecture("gemma3", ("Gemma3ForCausalLM",), "GEMMA3", arch_keys.gemma3_keys, check=_nested_check,
+                 vocab=vocab.add_gemma3_vocab, shift=transforms.gemma_norm_shift,
+                 rows_kept=transforms.gemma3_rows_kept),
+    Architecture("phi3", ("Phi3ForCausalLM",), "PHI3", arch_keys.phi3_keys, check=_phi3_check,
+                 vocab=vocab.add_phi3_vocab, common_keys=False),
+    Architecture("bert", ("BertModel", "BertForMaskedLM"), "BERT", arch_keys.bert_keys, check=_bert_check,
+                 vocab=vocab.add_wordpiece_vocab, tensor_name=transforms.bert_name),
 )
 
 

@@ -1,16 +1,19 @@
 """Each tensor of ``gguf/model.gguf``: its llama.cpp name, output type and shape, and its bytes for a range
 of output rows, made from the stored rows that range maps to.
 
-The converter's rules: a stored type other than F16 and F32 is widened to F32 first (BF16 exactly); 1-D
-tensors, norms and anything not named ``.weight`` stay F32; the rest take the file type (``auto``: BF16 for a
-BF16 folder, else F16); Q8_0 falls back to F16 for rows that are not whole 32-element blocks. Conversion is
-gguf-py's ``quants.quantize``, row-independent for every type served, so a range of rows converts on its own.
+The converter's rules: a stored type other than F16 and F32 is widened to F32 first (BF16 exactly), then
+the architecture's value shift is added (Gemma's norms); 1-D tensors, norms, anything not named ``.weight``
+and the tensors llama.cpp keeps in float32 (position and token-type embeddings among them) stay F32; the rest
+take the file type (``auto``: BF16 for a BF16 folder, else F16); Q8_0 falls back to F16 for rows that are not
+whole 32-element blocks. Conversion is gguf-py's ``quants.quantize``, row-independent for every type served,
+so a range of rows converts on its own.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -32,15 +35,13 @@ class TensorPlan:
     row_bytes: int             # bytes of one output row
     order: np.ndarray | None   # the stored row of each output row (None: the same row)
     constant: bytes | None = None  # a computed tensor's bytes
-    shape: tuple[int, ...] = ()    # as stored (numpy order)
+    shape: tuple[int, ...] = ()    # as served (numpy order)
+    shift: float = 0.0             # added to every value before conversion
+    stored_row_bytes: int = 0      # bytes of one stored row
 
     @property
     def nbytes(self) -> int:
         return self.rows * self.row_bytes
-
-    @property
-    def stored_row_bytes(self) -> int:
-        return self.info.stored_nbytes // self.rows if self.rows else 0
 
 
 def file_type_of(output_type: str, infos: list[TensorInfo]) -> int:
@@ -63,12 +64,14 @@ def file_type_of(output_type: str, infos: list[TensorInfo]) -> int:
 
 
 def plan_tensors(arch: Architecture, config: Config, infos: list[TensorInfo], file_type: int,
-                 block_count: int) -> list[TensorPlan]:
+                 block_count: int, folder: Path) -> list[TensorPlan]:
     """The tensors the converter computes (F32), then every stored one in stored order; Unsupported for a
     name the architecture's map lacks or a stored type that is not a float."""
     import gguf
 
-    name_map = gguf.get_tensor_name_map(getattr(gguf.MODEL_ARCH, arch.model_arch), block_count)
+    model_arch = getattr(gguf.MODEL_ARCH, arch.model_arch)
+    name_map = gguf.get_tensor_name_map(model_arch, block_count)
+    always_f32 = _always_f32_names(model_arch, block_count)
     plans = []
     for name, values in arch.generated(config).items():
         data = np.ascontiguousarray(values, "<f4")
@@ -77,8 +80,8 @@ def plan_tensors(arch: Architecture, config: Config, infos: list[TensorInfo], fi
         plans.append(TensorPlan(name, None, rows, cols, gguf.GGMLQuantizationType.F32, 4 * cols, None,
                                 data.tobytes(), tuple(data.shape)))
     for info in infos:
-        hf_name = info.name.replace("language_model.", "")
-        if hf_name.endswith(SKIPPED_SUFFIXES):
+        hf_name = arch.tensor_name(info.name)
+        if hf_name is None or hf_name.endswith(SKIPPED_SUFFIXES):
             continue
         if info.storage_type not in _STORED:
             raise Unsupported(f"tensor {info.name} is stored as {info.storage_type}; only F32, F16 and BF16 "
@@ -88,19 +91,49 @@ def plan_tensors(arch: Architecture, config: Config, infos: list[TensorInfo], fi
             raise Unsupported(f"tensor {info.name} has no llama.cpp name for {arch.name}")
         # a vector is a column (one value a row), so a permutation of its values (a q/k bias) is one of rows
         cols = info.shape[-1] if len(info.shape) > 1 else 1
-        rows = math.prod(info.shape[:-1]) if len(info.shape) > 1 else math.prod(info.shape)
-        qtype = _output_type(name, len(info.shape), file_type, cols)
+        stored_rows_count = math.prod(info.shape[:-1]) if len(info.shape) > 1 else math.prod(info.shape)
+        stored_row_bytes = info.stored_nbytes // stored_rows_count if stored_rows_count else 0
+        rows, shape = stored_rows_count, tuple(info.shape)
+        kept = arch.rows_kept(hf_name, folder, config)
+        if kept is not None and kept < shape[0]:
+            shape = (kept, *shape[1:])
+            rows = math.prod(shape[:-1]) if len(shape) > 1 else kept
+        qtype = _output_type(name, len(shape), file_type, cols, name in always_f32)
         order = arch.row_order(hf_name, (rows, cols), config)
-        plans.append(TensorPlan(name, info, rows, cols, qtype, _row_bytes(qtype, cols), order,
-                                shape=tuple(info.shape)))
+        plans.append(TensorPlan(name, info, rows, cols, qtype, _row_bytes(qtype, cols), order, shape=shape,
+                                shift=arch.shift(hf_name), stored_row_bytes=stored_row_bytes))
     return plans
 
 
-def _output_type(name: str, n_dims: int, file_type: int, cols: int) -> int:
+#: The tensors the converter keeps in float32 whatever the file type (those an architecture has).
+_ALWAYS_F32 = ("FFN_GATE_INP", "FFN_GATE_INP_SHEXP", "POS_EMBD", "TOKEN_TYPES", "SSM_CONV1D", "SHORTCONV_CONV",
+               "TIME_MIX_FIRST", "TIME_MIX_W1", "TIME_MIX_W2", "TIME_MIX_DECAY_W1", "TIME_MIX_DECAY_W2",
+               "TIME_MIX_LERP_FUSED", "POSNET_NORM1", "POSNET_NORM2", "V_ENC_EMBD_POS", "A_ENC_EMBD_POS",
+               "ALTUP_CORRECT_COEF", "ALTUP_PREDICT_COEF", "SSM_CONV1D_Q", "SSM_CONV1D_K", "SSM_CONV1D_V",
+               "INDEXER_PROJ")
+
+
+def _always_f32_names(model_arch, block_count: int) -> set[str]:
+    """The llama.cpp ``.weight`` names of ``_ALWAYS_F32`` tensors in this architecture's blocks."""
+    import gguf
+
+    names = set()
+    for key in _ALWAYS_F32:
+        tensor = getattr(gguf.MODEL_TENSOR, key, None)
+        if tensor is None or tensor not in gguf.MODEL_TENSORS[model_arch]:
+            continue
+        template = gguf.TENSOR_NAMES[tensor]
+        blocks = range(block_count) if "{bid}" in template else (None,)
+        names.update(template.format(bid=bid) + ".weight" for bid in blocks)
+    return names
+
+
+def _output_type(name: str, n_dims: int, file_type: int, cols: int, always_f32: bool) -> int:
     import gguf
 
     qt, ft = gguf.GGMLQuantizationType, gguf.LlamaFileType
-    if n_dims <= 1 or name.endswith("_norm.weight") or name[-7:] not in (".weight", ".lora_a", ".lora_b"):
+    if (n_dims <= 1 or always_f32 or name.endswith("_norm.weight")
+            or name[-7:] not in (".weight", ".lora_a", ".lora_b")):
         return qt.F32
     qtype = {ft.ALL_F32: qt.F32, ft.MOSTLY_F16: qt.F16, ft.MOSTLY_BF16: qt.BF16, ft.MOSTLY_Q8_0: qt.Q8_0}[file_type]
     block, _ = gguf.GGML_QUANT_SIZES[qtype]
@@ -128,7 +161,10 @@ def widen(raw: bytes, storage_type: str, rows: int, cols: int) -> np.ndarray:
 
 
 def convert(plan: TensorPlan, values: np.ndarray) -> bytes:
-    """Output rows in the tensor's type, through gguf-py's quantizer."""
+    """Output rows in the tensor's type, through gguf-py's quantizer (the shift added first, in the type the
+    values are held in, as the converter adds it)."""
     import gguf
 
+    if plan.shift:
+        values = values + np.asarray(plan.shift, dtype=values.dtype)
     return gguf.quants.quantize(values, plan.qtype).tobytes()

@@ -20,7 +20,6 @@ from ckptfs.ggufview import Unsupported
 from ckptfs.ggufview.archs import architecture_of
 from ckptfs.ggufview.hparams import add_common_keys, block_count
 from ckptfs.ggufview.tensors import TensorPlan, convert, file_type_of, plan_tensors, stored_rows, widen
-from ckptfs.ggufview.vocab import add_llama_vocab
 
 
 def local_folder(ck: Checkpoint) -> Path:
@@ -55,7 +54,7 @@ class VirtualGgufView(HeaderBodyView):
         infos = [tensor.info for tensor in ck.tensors]
         file_type = file_type_of(output_type, infos)
         n_blocks = block_count(config)
-        self.plans = plan_tensors(arch, config, infos, file_type, n_blocks)
+        self.plans = plan_tensors(arch, config, infos, file_type, n_blocks, folder)
         writer = gguf.GGUFWriter(path=None, arch=arch.name)
         for plan in self.plans:
             writer.add_tensor_info(plan.name, plan.shape or (1,), np.dtype(np.float32), plan.nbytes,
@@ -77,10 +76,13 @@ class VirtualGgufView(HeaderBodyView):
             meta.size_label = gguf.size_label(*total)
         writer.add_type(gguf.GGUFType.MODEL)
         meta.set_gguf_meta_model(writer)
-        add_common_keys(writer, config, file_type)
-        arch.extra_keys(writer, config)
+        if arch.common_keys:
+            add_common_keys(writer, config, file_type)
+        else:
+            writer.add_file_type(file_type)
+        arch.extra_keys(writer, config, folder)
         writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
-        add_llama_vocab(writer, folder, config)
+        arch.vocab(writer, config, folder)
 
     def tensor_at(self, name: str) -> tuple[TensorPlan, int]:
         """A tensor's plan and the offset of its data in the file (KeyError for a name not served)."""

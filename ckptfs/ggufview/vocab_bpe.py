@@ -1,0 +1,122 @@
+"""Vocabularies read with transformers' ``AutoTokenizer`` (GPT-2 style BPE and WordPiece), as the
+converter lists them: every id below ``config.json``'s ``vocab_size`` (``[PADi]`` for ids the tokenizer
+lacks), added tokens normalized as the tokenizer would and typed control or user-defined; the pre-tokenizer
+named by the hash of one fixed text's token ids (``pre_hashes``), or by its shape for a hash not listed.
+"""
+
+from __future__ import annotations
+
+import logging
+from hashlib import sha256
+from pathlib import Path
+
+from ckptfs.ggufview import Config, Unsupported
+from ckptfs.ggufview.pre_hashes import CHECK_TEXT, PRE_TOKENIZERS
+from ckptfs.ggufview.vocab_spm import looks_special, read_json
+
+log = logging.getLogger("ckptfs.ggufview")
+
+#: The pre-tokenizer regexes llama.cpp implements under a name, for a tokenizer whose hash is not listed
+#: (a fine-tune with its own vocabulary but a known pre-tokenizer): the regex decides how text is split.
+PRE_TOKENIZER_REGEXES = {
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|"
+    r"\s+(?!\S)|\s+": "llama-bpe",
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|"
+    r"\s+(?!\S)|\s+": "qwen2",
+}
+#: A WordPiece vocabulary whose hash is not listed: llama.cpp splits WordPiece text itself whatever the
+#: name, so the name only records that no listed pre-tokenizer matched.
+WORDPIECE_PRE = "default"
+
+
+def tokenizer_vocab(folder: Path, config: Config) -> tuple[list[str], list[int], str]:
+    """(tokens, token types, pre-tokenizer name) of the folder's tokenizer."""
+    import gguf
+    from transformers import AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(folder)
+    except (OSError, ValueError) as exc:
+        raise Unsupported(f"transformers cannot read the tokenizer: {' '.join(str(exc).split())}") from None
+    vocab = tokenizer.vocab
+    vocab_size = config.get("vocab_size", len(vocab))
+    if max(vocab.values()) >= vocab_size:
+        raise Unsupported(f"the tokenizer has ids past config.json's vocab_size {vocab_size}")
+    pre = pre_tokenizer_name(tokenizer, folder)
+    by_id = {token_id: token for token, token_id in vocab.items()}
+    added = tokenizer.get_added_vocab()
+    decoder = tokenizer.added_tokens_decoder
+    tokens, types = [], []
+    for i in range(vocab_size):
+        if i not in by_id:
+            tokens.append(f"[PAD{i}]")
+            types.append(gguf.TokenType.UNUSED)
+            continue
+        token = by_id[i]
+        if token in added:
+            if not decoder[i].normalized:
+                token = tokenizer.decode(tokenizer.encode(token, add_special_tokens=False))
+            if decoder[i].special or looks_special(token):
+                types.append(gguf.TokenType.CONTROL)
+            else:
+                token = token.replace("\u2581", " ")
+                types.append(gguf.TokenType.USER_DEFINED)
+        else:
+            types.append(gguf.TokenType.NORMAL)
+        tokens.append(token)
+    return tokens, types, pre
+
+
+def pre_tokenizer_name(tokenizer, folder: Path) -> str:
+    """llama.cpp's name of the tokenizer's pre-tokenizer: by the converter's hash, else by its shape."""
+    digest = sha256(str(tokenizer.encode(CHECK_TEXT)).encode()).hexdigest()
+    if digest in PRE_TOKENIZERS:
+        return PRE_TOKENIZERS[digest]
+    tokenizer_json = read_json(folder / "tokenizer.json") or {}
+    regex = _split_regex(tokenizer_json)
+    if regex in PRE_TOKENIZER_REGEXES:
+        log.info("pre-tokenizer hash %s not listed; its split regex is %s's", digest, PRE_TOKENIZER_REGEXES[regex])
+        return PRE_TOKENIZER_REGEXES[regex]
+    if (tokenizer_json.get("model") or {}).get("type") == "WordPiece":
+        log.info("WordPiece pre-tokenizer hash %s not listed: %s", digest, WORDPIECE_PRE)
+        return WORDPIECE_PRE
+    raise Unsupported(f"the BPE pre-tokenizer is not recognized (hash {digest})")
+
+
+def _split_regex(tokenizer_json: dict) -> str | None:
+    """The regex of the one Split step of a byte-level pre-tokenizer (None for any other shape)."""
+    pre = tokenizer_json.get("pre_tokenizer") or {}
+    steps = pre.get("pretokenizers", []) if pre.get("type") == "Sequence" else [pre]
+    splits = [step for step in steps if step.get("type") == "Split"]
+    others = [step for step in steps if step.get("type") != "Split"]
+    if len(splits) != 1 or [step.get("type") for step in others] != ["ByteLevel"]:
+        return None
+    if others[0].get("use_regex", True) or splits[0].get("invert"):
+        return None
+    return (splits[0].get("pattern") or {}).get("Regex")
+
+
+def write_gpt2(writer, folder: Path, config: Config) -> None:
+    """A GPT-2 style BPE vocabulary (``tokenizer.ggml.model`` gpt2)."""
+    tokens, types, pre = tokenizer_vocab(folder, config)
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre(pre)
+    writer.add_token_list(tokens)
+    writer.add_token_types(types)
+
+
+def write_wordpiece(writer, folder: Path, config: Config) -> int:
+    """A WordPiece vocabulary (``tokenizer.ggml.model`` bert) in llama.cpp's phantom-space form: a word's
+    first piece gets a leading ``▁``, a continuation (``##``) piece loses its marks, control tokens stay as
+    they are. Returns the number of tokens."""
+    import gguf
+
+    tokens, types, pre = tokenizer_vocab(folder, config)
+    writer.add_token_type_count(config.get("type_vocab_size", 1))
+    phantom = [token if kind == gguf.TokenType.CONTROL else token[2:] if token.startswith("##") else "\u2581" + token
+               for token, kind in zip(tokens, types)]
+    writer.add_tokenizer_model("bert")
+    writer.add_tokenizer_pre(pre)
+    writer.add_token_list(phantom)
+    writer.add_token_types(types)
+    return len(phantom)

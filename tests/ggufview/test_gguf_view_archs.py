@@ -1,0 +1,83 @@
+"""``gguf/model.gguf`` of the architectures past llama (qwen2, qwen3, gemma3 text, phi3, BERT) against
+llama.cpp's converter.
+
+Tiny folders are made at test time (transformers configs, random weights as safetensors, tokenizers trained
+with ``tokenizers`` or ``sentencepiece``): a qwen2 and a qwen3 with Qwen's split regex and special tokens
+(no BOS), a gemma3 with a SentencePiece ``tokenizer.model`` (its norms served as ``weight + 1``) and one with
+a ``tokenizer.json`` in F16 (the ``+ 1`` in float16, as the converter adds it to an F16 tensor), a phi3
+(fused qkv and gate/up projections, its own SentencePiece rules) and a BERT sentence-embedding folder
+(WordPiece, mean pooling in ``modules.json``). Every key and tensor equals the converter's output (compared
+as maps with gguf-py) and llama.cpp generates the same greedy tokens from both files for the causal models.
+llama.cpp's probe has no embedding mode, so BERT is compared as files only.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from gguf_view_models import assert_same_greedy, assert_same_gguf, convert, make_bert, make_causal
+from gguf_view_models import converter, mounted_gguf  # noqa: F401 - fixtures
+
+pytest.importorskip("transformers")
+pytest.importorskip("gguf")
+
+N_PREDICT = 16
+#: case -> (how it is made, the name the reference run registers the test tokenizer's pre-tokenizer under)
+CASES = {
+    "qwen2": (lambda path: make_causal(path, "qwen2"), "qwen2"),
+    "qwen3": (lambda path: make_causal(path, "qwen3", dtype="float16", seed=1, kv_heads=4), "qwen2"),
+    "gemma3": (lambda path: make_causal(path, "gemma3", tokenizer="spm", seed=2), "default"),
+    "gemma3-f16": (lambda path: make_causal(path, "gemma3", dtype="float16", seed=3, hidden=48, heads=2,
+                                            kv_heads=1), "llama-bpe"),
+    "phi3": (lambda path: make_causal(path, "phi3", tokenizer="spm", seed=4), "default"),
+    "bert": (lambda path: make_bert(path, seed=5), "default"),
+}
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("hf")
+    return {case: make(root / f"tiny-{case}") for case, (make, _) in CASES.items()}
+
+
+@pytest.mark.parametrize("case,outtype", [("qwen2", "auto"), ("qwen2", "q8_0"), ("qwen3", "auto"),
+                                          ("gemma3", "auto"), ("gemma3", "bf16"), ("gemma3-f16", "q8_0"),
+                                          ("phi3", "auto"), ("phi3", "f32"), ("bert", "auto"), ("bert", "q8_0")])
+def test_equal_to_the_converter(mounted_gguf, folders, converter, tmp_path, case, outtype):
+    reference = convert(folders[case], tmp_path / "converted.gguf", outtype, pre=CASES[case][1])
+    assert_same_gguf(mounted_gguf(folders[case], outtype), reference)
+
+
+def test_gemma_norms_are_stored_plus_one(mounted_gguf, folders):
+    """The shift itself, against the stored tensor read with safetensors: F32 norm = stored + 1 in float32."""
+    import torch
+    from gguf import GGUFReader
+    from safetensors import safe_open
+
+    reader = GGUFReader(mounted_gguf(folders["gemma3"], "auto"))
+    served = {t.name: np.array(t.data) for t in reader.tensors}
+    with safe_open(folders["gemma3"] / "model.safetensors", "pt") as f:
+        stored = f.get_tensor("model.layers.1.self_attn.q_norm.weight")
+    assert stored.dtype == torch.bfloat16
+    expected = (stored.float() + 1).numpy()
+    assert np.array_equal(served["blk.1.attn_q_norm.weight"], expected)
+
+
+def test_bert_keeps_embeddings_in_f32(mounted_gguf, folders):
+    """Position and token-type embeddings stay F32 in q8_0 (llama.cpp reads them so); the pooler is gone."""
+    from gguf import GGUFReader
+
+    reader = GGUFReader(mounted_gguf(folders["bert"], "q8_0"))
+    types = {t.name: t.tensor_type.name for t in reader.tensors}
+    assert types["position_embd.weight"] == "F32" and types["token_types.weight"] == "F32"
+    assert types["blk.0.attn_q.weight"] == "Q8_0"
+    assert not any("pooler" in name for name in types)
+    assert reader.fields["bert.pooling_type"].contents() == 1  # mean, from modules.json
+
+
+@pytest.mark.parametrize("case", ["qwen2", "qwen3", "gemma3", "phi3"])
+def test_llama_cpp_greedy_tokens(mounted_gguf, folders, converter, tmp_path, case):
+    reference = convert(folders[case], tmp_path / "converted.gguf", "auto", pre=CASES[case][1])
+    assert_same_greedy(reference, mounted_gguf(folders[case], "auto"), N_PREDICT)
