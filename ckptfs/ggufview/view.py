@@ -19,22 +19,12 @@ from ckptfs.engine.views import HeaderBodyView
 from ckptfs.ggufview import Unsupported
 from ckptfs.ggufview.archs import architecture_of
 from ckptfs.ggufview.hparams import add_common_keys, block_count
+from ckptfs.ggufview.staging import model_folder
 from ckptfs.ggufview.tensors import TensorPlan, convert, file_type_of, plan_tensors, stored_rows, widen
 
 
-def local_folder(ck: Checkpoint) -> Path:
-    """The local folder holding ``config.json`` (the tokenizer libraries read files there)."""
-    path = ck.passthrough.get("config.json")
-    if path is None or ck.format != "safetensors":
-        raise Unsupported("not a Hugging Face model folder (config.json and safetensors)")
-    if "://" in path:
-        raise Unsupported("only a local folder is served yet")
-    return Path(path).parent
-
-
-def _config(ck: Checkpoint) -> dict:
-    path = ck.passthrough["config.json"]
-    with open(path, encoding="utf-8") as f:
+def _config(folder: Path) -> dict:
+    with open(folder / "config.json", encoding="utf-8") as f:
         config = json.load(f)
     if not isinstance(config, dict):
         raise Unsupported("config.json is not a JSON object")
@@ -47,19 +37,19 @@ class VirtualGgufView(HeaderBodyView):
     def __init__(self, ck: Checkpoint, output_type: str = "auto"):
         import gguf
 
-        folder = local_folder(ck)
-        config = _config(ck)
-        arch = architecture_of(config)
         self._sources = ck.sources
-        infos = [tensor.info for tensor in ck.tensors]
-        file_type = file_type_of(output_type, infos)
-        n_blocks = block_count(config)
-        self.plans = plan_tensors(arch, config, infos, file_type, n_blocks, folder)
-        writer = gguf.GGUFWriter(path=None, arch=arch.name)
-        for plan in self.plans:
-            writer.add_tensor_info(plan.name, plan.shape or (1,), np.dtype(np.float32), plan.nbytes,
-                                   raw_dtype=plan.qtype)
-        self._add_metadata(writer, folder, config, arch, file_type)
+        with model_folder(ck) as folder:
+            config = _config(folder)
+            arch = architecture_of(config)
+            infos = [tensor.info for tensor in ck.tensors]
+            file_type = file_type_of(output_type, infos)
+            n_blocks = block_count(config)
+            self.plans = plan_tensors(arch, config, infos, file_type, n_blocks, folder)
+            writer = gguf.GGUFWriter(path=None, arch=arch.name)
+            for plan in self.plans:
+                writer.add_tensor_info(plan.name, plan.shape or (1,), np.dtype(np.float32), plan.nbytes,
+                                       raw_dtype=plan.qtype)
+            self._add_metadata(writer, folder, config, arch, file_type)
         self.header, self._starts, self.size = _serialize(writer)
 
     @staticmethod

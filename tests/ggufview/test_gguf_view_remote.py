@@ -1,0 +1,59 @@
+"""``gguf/model.gguf`` of a remote Hugging Face folder: ``hf://`` (the Hub stand-in, its LFS files on an
+nginx CDN) and ``s3://`` (moto). The header's tokenizer and config files are fetched through the mount's
+sources; the file equals the converter's output on a local copy of the same folder (only the path-dependent
+keys may differ), a BERT folder's pooling (``modules.json`` and its sub-folder's ``config.json``) included.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+from gguf_view_models import assert_same_gguf, convert, make_bert, make_causal
+from gguf_view_models import converter  # noqa: F401 - fixture
+from servers import HubStandIn, MotoS3, Nginx, environment, require_nginx
+
+pytest.importorskip("transformers")
+pytest.importorskip("gguf")
+
+PRE = {"tiny-qwen2": "qwen2", "tiny-bert": "default"}
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("hf")
+    return {"tiny-qwen2": make_causal(root / "tiny-qwen2", "qwen2", seed=7),
+            "tiny-bert": make_bert(root / "tiny-bert", seed=8)}
+
+
+@pytest.mark.parametrize("name", ["tiny-qwen2", "tiny-bert"])
+def test_hf_folder_equal_to_the_converter(mounted, folders, converter, tmp_path, name):  # noqa: F811
+    pytest.importorskip("huggingface_hub")
+    require_nginx()
+    cdn = tmp_path / "cdn"
+    cdn.mkdir()
+    reference = convert(folders[name], tmp_path / "converted.gguf", "auto", pre=PRE[name])
+    with Nginx(cdn) as cdn_server, HubStandIn({f"org/{name}": folders[name]}, cdn, cdn_server.url) as hub:
+        with environment({"HF_ENDPOINT": hub.url}):
+            mnt = mounted(f"hf://org/{name}", "--gguf", "--timeout", "30", env={"HF_ENDPOINT": hub.url})
+            assert_same_gguf(mnt / "gguf" / "model.gguf", reference)
+            assert any(path.endswith("/model.safetensors") for _, path, _ in hub.requests)
+
+
+def test_s3_folder_equal_to_the_converter(mounted, folders, converter, tmp_path):  # noqa: F811
+    boto3 = pytest.importorskip("boto3")
+    folder = folders["tiny-qwen2"]
+    reference = convert(folder, tmp_path / "converted.gguf", "q8_0", pre=PRE["tiny-qwen2"])
+    with MotoS3() as server, environment(server.env()):
+        client = boto3.client("s3", endpoint_url=server.endpoint)
+        client.create_bucket(Bucket="models")
+        for path in folder.rglob("*"):
+            if path.is_file():
+                client.put_object(Bucket="models", Key=f"tiny-qwen2/{path.relative_to(folder).as_posix()}",
+                                  Body=path.read_bytes())
+        mnt = mounted("s3://models/tiny-qwen2/", "--gguf", "--gguf-type", "q8_0", "--timeout", "30",
+                      env=server.env())
+        local = tmp_path / "copy.gguf"
+        shutil.copyfile(mnt / "gguf" / "model.gguf", local)
+    assert_same_gguf(local, reference)
