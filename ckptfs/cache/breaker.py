@@ -25,7 +25,7 @@ class Breaker:
     """Up/down state of the endpoint ``where`` (a name for log lines: HOST:PORT, never a password)."""
 
     def __init__(self, where: str, ping: Callable[[], object], drop: Callable[[], None] = lambda: None,
-                 backoff: tuple[float, float] = (1.0, 30.0)):
+                 backoff: tuple[float, float] = (1.0, 30.0)) -> None:
         self.where = where
         self._ping, self._drop = ping, drop
         self._backoff_min, self._backoff_max = backoff

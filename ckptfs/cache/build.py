@@ -14,7 +14,7 @@ Redis tier is asked for.
 
 from __future__ import annotations
 
-from ckptfs.cache.tiered import BlockCache, TieredCache
+from ckptfs.cache.tiered import BlockCache, CacheTier, TieredCache
 from ckptfs.cache.disk import DEFAULT_CACHE_DIR_SIZE
 from ckptfs.core.options import OpenOptions
 
@@ -34,7 +34,7 @@ def build_tiers(options: OpenOptions) -> TieredCache:
     cache_dir, cache_key_file = options.cache_dir, options.cache_key_file
     cache_dir_size = options.cache_dir_size if options.cache_dir_size is not None else DEFAULT_CACHE_DIR_SIZE
     redis, redis_cluster = options.redis, options.redis_cluster
-    tiers = [BlockCache(options.cache_size)]
+    tiers: list[CacheTier] = [BlockCache(options.cache_size)]
     if cache_dir:
         from ckptfs.cache.disk import DiskTier
 

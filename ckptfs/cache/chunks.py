@@ -56,15 +56,11 @@ def chunk_key(content_id: str, index: int) -> CacheKey:
     return CacheKey(content_id, 0, "bytes", "raw", index, index + 1)
 
 
-class MemoryChunks(BytesLRU):
+class MemoryChunks(BytesLRU[bytes]):
     """Fetched chunks in memory: the package's one LRU (ckptfs.cache.lru), of ``bytes``."""
 
-    def __init__(self, capacity: int = DEFAULT_MEMORY_BYTES):
+    def __init__(self, capacity: int = DEFAULT_MEMORY_BYTES) -> None:
         super().__init__(capacity)
-
-    def stats(self) -> dict:
-        counts = super().stats()
-        return {"hits": counts.hits, "misses": counts.misses, "bytes": counts.bytes, "capacity": counts.capacity}
 
 
 MEMORY = MemoryChunks()
@@ -162,7 +158,7 @@ class ChunkCache:
     (when present) the machines of a fleet; what it answers is kept in memory and in the store, and what is
     ``put`` goes to Redis too."""
 
-    def __init__(self, disk: ChunkStore | None = None, memory: MemoryChunks = MEMORY, shared=None):
+    def __init__(self, disk: ChunkStore | None = None, memory: MemoryChunks = MEMORY, shared=None) -> None:
         self.memory = memory
         self.disk = disk
         self.redis = shared

@@ -11,7 +11,7 @@ import threading
 
 
 class TierCounters:
-    def __init__(self, log: logging.Logger, names: tuple[str, ...]):
+    def __init__(self, log: logging.Logger, names: tuple[str, ...]) -> None:
         self._log = log
         self._lock = threading.Lock()
         self._counts = dict.fromkeys(names, 0)

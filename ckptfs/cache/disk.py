@@ -70,7 +70,7 @@ class DiskStore:
     for one that cannot be made."""
 
     def __init__(self, root: str | os.PathLike, max_bytes: int, namespace: str = "blocks",
-                 key_file: str | os.PathLike | None = None):
+                 key_file: str | os.PathLike | None = None) -> None:
         if "/" in namespace or namespace.startswith("."):
             raise ValueError(f"bad cache namespace {namespace!r}")
         self._mac_key = auth.folder_key(root, key_file)
@@ -535,7 +535,7 @@ class DiskTier:
     name = "disk"
 
     def __init__(self, root: str | os.PathLike, max_bytes: int, background: bool = True,
-                 key_file: str | os.PathLike | None = None):
+                 key_file: str | os.PathLike | None = None) -> None:
         self.store = DiskStore(root, max_bytes, "blocks", key_file)
         self._writer = BackgroundWriter(self.store.put_array, "disk", max_wait=DISK_WRITE_WAIT_S) if background else None
 

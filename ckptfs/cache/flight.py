@@ -20,6 +20,9 @@ import os
 import threading
 import weakref
 from collections.abc import Callable, Hashable, Iterable
+from typing import Any, TypeVar, cast
+
+T = TypeVar("T")
 
 
 class Flight:
@@ -29,7 +32,7 @@ class Flight:
 
     def __init__(self) -> None:
         self.done = threading.Event()
-        self.value = None
+        self.value: Any = None
         self.error: BaseException | None = None
 
 
@@ -43,14 +46,14 @@ class SingleFlight:
         #: after, to know whether a computation may have ended (its value stored) in between.
         self.finished = 0
 
-    def run(self, key: Hashable, compute: Callable[[], object]):
+    def run(self, key: Hashable, compute: Callable[[], T]) -> T:
         """``compute()``'s result, computed once for all concurrent callers of ``key``."""
         flight = self.join_or_claim(key)
         if flight is not None:
             flight.done.wait()
             if flight.error is not None:
                 raise flight.error
-            return flight.value
+            return cast(T, flight.value)  # every caller of one key computes the same kind of value
         try:
             value = compute()
         except BaseException as exc:
@@ -78,7 +81,7 @@ class SingleFlight:
                     claimed.append(key)
         return claimed
 
-    def finish(self, key: Hashable, value=None, error: BaseException | None = None) -> None:
+    def finish(self, key: Hashable, value: Any = None, error: BaseException | None = None) -> None:
         """End ``key``'s flight with its value or error, waking its waiters (nothing if it has none)."""
         with self._lock:
             flight = self._flights.pop(key, None)

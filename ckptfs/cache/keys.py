@@ -35,7 +35,7 @@ class CacheKey(str):
         key.__dict__["_parts"] = (content_id, offset, kind, form, start, stop)
         return key
 
-    def __setattr__(self, name, value):
+    def __setattr__(self, name, value) -> None:
         raise AttributeError("a CacheKey is frozen")
 
     def __reduce__(self):

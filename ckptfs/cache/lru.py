@@ -11,6 +11,13 @@ import threading
 from collections import OrderedDict
 from collections.abc import Hashable
 from dataclasses import dataclass
+from typing import Generic, TypeVar, Union
+
+import numpy as np
+
+#: What the LRU holds: buffers whose size it can tell.
+Buffer = Union[np.ndarray, bytes, bytearray, memoryview]
+V = TypeVar("V", bound=Buffer)
 
 
 @dataclass
@@ -26,24 +33,24 @@ class CacheStats:
         return dict(self.__dict__)
 
 
-def size_of(value) -> int:
+def size_of(value: Buffer) -> int:
     """Bytes a value holds: ``nbytes`` for arrays and memoryviews, ``len`` for bytes."""
     return len(value) if isinstance(value, (bytes, bytearray)) else int(value.nbytes)
 
 
-class BytesLRU:
+class BytesLRU(Generic[V]):
     """An LRU of buffers bounded by the sum of their sizes (see the module docstring)."""
 
-    def __init__(self, capacity_bytes: int):
+    def __init__(self, capacity_bytes: int) -> None:
         self.capacity = max(0, int(capacity_bytes))
-        self._entries: OrderedDict[Hashable, object] = OrderedDict()
+        self._entries: OrderedDict[Hashable, V] = OrderedDict()
         self._lock = threading.Lock()
         self._bytes = 0
         self._hits = 0
         self._misses = 0
         self._evictions = 0
 
-    def get(self, key: Hashable):
+    def get(self, key: Hashable) -> V | None:
         with self._lock:
             value = self._entries.get(key)
             if value is None:
@@ -53,7 +60,7 @@ class BytesLRU:
             self._hits += 1
             return value
 
-    def put(self, key: Hashable, value) -> None:
+    def put(self, key: Hashable, value: V) -> None:
         size = size_of(value)
         if size > self.capacity:
             return
@@ -68,7 +75,7 @@ class BytesLRU:
             self._entries[key] = value
             self._bytes += size
 
-    def peek(self, key: Hashable):
+    def peek(self, key: Hashable) -> V | None:
         """The value of ``key`` or None, without counting a lookup or refreshing it (a caller that already
         counted its lookup checks again after claiming the key: another may have stored it meanwhile)."""
         with self._lock:

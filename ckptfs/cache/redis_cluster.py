@@ -55,7 +55,7 @@ class RedisClusterTier(RedisTier):
 
     def __init__(self, seeds, connect_timeout: float = CONNECT_TIMEOUT_S, op_timeout: float = OP_TIMEOUT_S,
                  backoff: tuple[float, float] = BACKOFF_S, key_file: str | os.PathLike | None = None,
-                 namespace: Namespace = GROUPS):
+                 namespace: Namespace = GROUPS) -> None:
         if isinstance(seeds, (str, bytes)):
             seeds = [seeds]
         self.seeds = [check_seed(seed) for seed in seeds]
@@ -102,10 +102,10 @@ class RedisClusterTier(RedisTier):
         with self._nodes_lock:
             breaker = self._nodes.get(node.name)
             if breaker is None:
-                def ping(node=node):
+                def ping(node=node) -> None:
                     self._redis().get_redis_connection(node).ping()
 
-                def drop(node=node):
+                def drop(node=node) -> None:
                     self._redis().get_redis_connection(node).connection_pool.disconnect()
 
                 breaker = self._nodes[node.name] = Breaker(node.name, ping, drop, self._backoff)

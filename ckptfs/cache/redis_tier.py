@@ -140,7 +140,7 @@ class RedisTier:
 
     def __init__(self, url: str, connect_timeout: float = CONNECT_TIMEOUT_S, op_timeout: float = OP_TIMEOUT_S,
                  backoff: tuple[float, float] = BACKOFF_S, key_file: str | os.PathLike | None = None,
-                 namespace: Namespace = GROUPS):
+                 namespace: Namespace = GROUPS) -> None:
         """``key_file``: the key the values are authenticated with (``auth.read_key``; CacheRefused, a
         ValueError, for one others could read); None: the Redis is trusted as-is (logged here, once).
         ``namespace``: what this tier stores (see the module docstring)."""

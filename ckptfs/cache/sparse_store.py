@@ -124,7 +124,7 @@ class StoredFile:
     """One remote file's data and index, open in this process (one open file description each: the
     leases of this process are taken on ``data``)."""
 
-    def __init__(self, data_path: str, index_path: str, digest: bytes):
+    def __init__(self, data_path: str, index_path: str, digest: bytes) -> None:
         self.digest = digest
         self.data_path, self.index_path = data_path, index_path
         self.index = _open_private(index_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC)
@@ -197,7 +197,7 @@ class SparseStore:
     this user must not trust, OSError for one that cannot be made."""
 
     def __init__(self, root: str | os.PathLike, max_bytes: int, key_file: str | os.PathLike | None = None,
-                 min_free: float = DEFAULT_MIN_FREE):
+                 min_free: float = DEFAULT_MIN_FREE) -> None:
         self._mac_key = auth.folder_key(root, key_file)
         self.root = Path(root)
         self.dir = self.root / NAMESPACE

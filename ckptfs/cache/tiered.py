@@ -24,10 +24,11 @@ tier's bug costs speed, never a read.
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
-from collections.abc import Callable, Hashable, Sequence
-from typing import Protocol, runtime_checkable
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -44,8 +45,9 @@ log = logging.getLogger(__name__)
 cache_key = group_key
 
 
-class CacheTier:
-    """The protocol of a cache tier (see the module docstring); the memory LRU is one implementation."""
+class CacheTier(Protocol):
+    """The protocol of a cache tier (see the module docstring); the memory LRU is one implementation, the disk
+    and Redis tiers follow it by their methods."""
 
     name: str
 
@@ -58,11 +60,12 @@ class CacheTier:
     def contains(self, key: str) -> bool:  # pragma: no cover - interface
         raise NotImplementedError
 
-    def stats(self) -> dict:  # pragma: no cover - interface
+    def stats(self) -> dict[str, Any] | CacheStats:  # pragma: no cover - interface
         raise NotImplementedError
 
     def close(self) -> None:
         """Release what the tier holds (connections, descriptors)."""
+        ...
 
 
 @runtime_checkable
@@ -89,10 +92,12 @@ class LeasingTier(Protocol):
 class FlushingTier(Protocol):
     """A lower tier that stores in the background (disk, Redis): ``flush`` waits for the writes queued so far."""
 
+    name: str
+
     def flush(self, timeout: float | None = None) -> bool: ...
 
 
-class BlockCache(BytesLRU, CacheTier):
+class BlockCache(BytesLRU[np.ndarray], CacheTier):
     """The memory tier: the package's LRU (ckptfs.cache.lru) of read-only arrays, bounded by their ``nbytes``.
     Used through a :class:`TieredCache` (which adds the single flight), never on its own."""
 
@@ -101,7 +106,7 @@ class BlockCache(BytesLRU, CacheTier):
     close = BytesLRU.clear
 
 
-def _tier_counters(tier: CacheTier) -> dict:
+def _tier_counters(tier: CacheTier) -> dict[str, Any]:
     stats = tier.stats()
     return stats.as_dict() if isinstance(stats, CacheStats) else dict(stats)
 
@@ -113,11 +118,14 @@ class TieredCache:
     process (the stats' ``decoded_bytes``).
     """
 
-    def __init__(self, tiers: Sequence[CacheTier]):
+    def __init__(self, tiers: Sequence[CacheTier]) -> None:
         if not tiers:
             raise ValueError("a TieredCache needs at least the memory tier")
         self.tiers = list(tiers)
-        self.memory = self.tiers[0]
+        memory = self.tiers[0]
+        if not isinstance(memory, BlockCache):
+            raise TypeError(f"a TieredCache's first tier is the memory tier (a BlockCache), not {memory!r}")
+        self.memory: BlockCache = memory
         self._lower = self.tiers[1:]
         # capabilities resolved once, here: the tiers that lease keys and those that write in the background
         self._leasing = [(depth, tier) for depth, tier in enumerate(self._lower, start=1)
@@ -136,7 +144,7 @@ class TieredCache:
         """Whether tiers below memory are configured (whole-tensor reads then go through them too)."""
         return bool(self._lower)
 
-    def get_or_load(self, key: Hashable, loader: Callable[[], np.ndarray], memory: bool = True) -> np.ndarray:
+    def get_or_load(self, key: str, loader: Callable[[], np.ndarray], memory: bool = True) -> np.ndarray:
         """``memory=False``: look in and fill the lower tiers only (a whole-tensor read through the API finds
         what other processes decoded without churning this process's LRU with groups read once)."""
         if memory:
@@ -145,7 +153,7 @@ class TieredCache:
                 return value
         return self._flights.run(key, lambda: self._load(key, loader, 0 if memory else 1))
 
-    def fill_into(self, items: Sequence[tuple[Hashable, np.ndarray]], decode: Callable[[list[int]], None],
+    def fill_into(self, items: Sequence[tuple[str, np.ndarray]], decode: Callable[[list[int]], None],
                   loader: Callable[[int], np.ndarray], keep: bool = True) -> None:
         """Fill each ``out`` of ``items`` (``(key, out)``, ``out`` a flat array of the value's dtype and size)
         with its key's value: copied from the memory tier, or decoded straight into it by one call
@@ -158,7 +166,7 @@ class TieredCache:
         for i, (key, out) in enumerate(items):
             value = self.memory.get(key)
             if value is None and self._lower:
-                value = self.get_or_load(key, lambda i=i: loader(i))
+                value = self.get_or_load(key, functools.partial(loader, i))
             if value is None:
                 todo.append(i)
             else:
@@ -194,9 +202,9 @@ class TieredCache:
                 self._flights.finish(items[i][0], value)
         for i in todo:
             if items[i][0] not in claimed:
-                self._fill_one(items[i][0], items[i][1], lambda i=i: decode([i]), keep)
+                self._fill_one(items[i][0], items[i][1], functools.partial(decode, [i]), keep)
 
-    def _fill_one(self, key: Hashable, out: np.ndarray, decode: Callable[[], None], keep: bool) -> None:
+    def _fill_one(self, key: str, out: np.ndarray, decode: Callable[[], None], keep: bool) -> None:
         """One key of :meth:`fill_into` that another caller was decoding: its value once there, or decoded
         here (it failed there, was not kept, or finished before this caller asked)."""
         flight = self._flights.join_or_claim(key)
@@ -226,9 +234,9 @@ class TieredCache:
             self.memory.put(key, value)
         self._flights.finish(key, value)
 
-    def _load(self, key: Hashable, loader: Callable[[], np.ndarray], first: int = 0) -> np.ndarray:
+    def _load(self, key: str, loader: Callable[[], np.ndarray], first: int = 0) -> np.ndarray:
         for depth, tier in enumerate(self._lower, start=1):
-            value = self._guard(tier, "get", key)
+            value: np.ndarray | None = self._guard(tier, "get", key)
             if value is not None:
                 value.setflags(write=False)
                 for upper in self.tiers[first:depth]:
@@ -250,7 +258,7 @@ class TieredCache:
             self._guard(tier, "put", key, value)
         return value
 
-    def _wait_elsewhere(self, key: Hashable, first: int):
+    def _wait_elsewhere(self, key: str, first: int) -> LeasingTier | np.ndarray | None:
         """Single flight across processes, after every tier missed ``key``: the first lower tier that can
         lease keys (``lease``/``wait_for``/``release``: the Redis tiers) is asked whether another process is
         decoding it. Its value once stored there (promoted to the tiers above, as a hit is); else the tier
@@ -258,7 +266,7 @@ class TieredCache:
         for depth, tier in self._leasing:
             if self._guard(tier, "lease", key) is not False:
                 return tier
-            value = self._guard(tier, "wait_for", key)
+            value: np.ndarray | None = self._guard(tier, "wait_for", key)
             if value is None:
                 return None
             value.setflags(write=False)
@@ -268,7 +276,7 @@ class TieredCache:
         return None
 
     @staticmethod
-    def _guard(tier: CacheTier, method: str, *args):
+    def _guard(tier: CacheTier | LeasingTier | FlushingTier, method: str, *args: Any) -> Any:
         if tier.name == "memory":
             return getattr(tier, method)(*args)
         try:
@@ -277,11 +285,11 @@ class TieredCache:
             log.warning("cache tier %s: %s failed: %s: %s", tier.name, method, type(exc).__name__, exc)
             return None
 
-    def pending(self, key: Hashable) -> bool:
+    def pending(self, key: str) -> bool:
         """Whether a decode of ``key`` is under way in this process (its caller will store it)."""
         return self._flights.pending(key)
 
-    def __contains__(self, key: Hashable) -> bool:
+    def __contains__(self, key: str) -> bool:
         """Whether the memory tier holds ``key`` (read-ahead asks this to skip decoded groups cheaply)."""
         return self.memory.contains(key)
 
@@ -289,7 +297,7 @@ class TieredCache:
         """The memory tier's counters (what ``cache`` in the mount's stats has always held)."""
         return self.memory.stats()
 
-    def tier_stats(self) -> dict[str, dict]:
+    def tier_stats(self) -> dict[str, dict[str, Any]]:
         """``{tier name: {"hits", "misses", "bytes", ...}}`` for every configured tier, memory first."""
         return {tier.name: _tier_counters(tier) for tier in self.tiers}
 

@@ -12,7 +12,7 @@ import os
 import threading
 import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any
+from typing import Any, overload
 
 import numpy as np
 
@@ -23,6 +23,7 @@ from ckptfs.core.errors import CheckpointError
 from ckptfs.core.features import feature
 from ckptfs.core.options import DEFAULT_CACHE_BYTES, OpenOptions, absolute, spelled_fields
 from ckptfs.engine.blocks import UNCACHED_STEP_BYTES, TensorData
+from ckptfs.engine.values import TensorValues
 from ckptfs.quant import DTYPE_MODES, Codec, codec_for, output_dtype
 from ckptfs.sources import DEFAULT_OPENER, ByteSource, SourcePool, checkpoint_content_id
 
@@ -51,7 +52,7 @@ class Tensor:
         self.shape = info.shape
         self.stored_nbytes = info.stored_nbytes
         self.codec, self.dtype = decode_plan(info, checkpoint.dtype_mode)
-        self._data: TensorData | None = None
+        self._data: TensorValues | None = None
         self._meta: dict[str, Any] | None = None
 
     @property
@@ -80,8 +81,9 @@ class Tensor:
         return self.codec is not None
 
     @property
-    def data(self) -> TensorData:
-        if self.codec is None:
+    def data(self) -> TensorValues:
+        """The tensor's values by element range (a packed view's: ``PackedData``)."""
+        if self.codec is None or self.dtype is None:  # decode_plan gives both or neither
             raise CheckpointError(self.info.source, self.info.offset,
                                   f"tensor {self.name!r}: cannot decode: {self.info.damaged or 'no codec'}")
         if self._data is None:
@@ -118,11 +120,11 @@ class Tensor:
             values = values.copy()
         return values.reshape(self.shape)
 
-    def to_torch(self, device="cpu", dtype=None, *, rows: slice | None = None):
+    def to_torch(self, device: Any = "cpu", dtype: Any = None, *, rows: slice | None = None) -> Any:
         """This tensor as a torch.Tensor on ``device`` (CUDA: dequantized there); ``rows=slice(a, b)``
         decodes only those rows. dtype None: the storage dtype where torch holds it exactly, else float32.
         Needs torch (imported here, never by ``import ckptfs``); see ckptfs.torchio."""
-        return feature("to_torch")(self, device, dtype, rows=rows)
+        return feature("to_torch")(self, device, dtype, rows=rows)  # a torch.Tensor (torch is optional)
 
     def shared(self) -> np.ndarray:
         """The whole tensor, read-only, decoded once per machine into the cache folder and mapped: every
@@ -132,7 +134,7 @@ class Tensor:
         store = tensor_store(self._ck.cache, self._ck.options.cache_key_file)
         return shared_array(self.name, self.data, store, self.numpy).reshape(self.shape)
 
-    def __array__(self, dtype=None, copy=None) -> np.ndarray:
+    def __array__(self, dtype: Any = None, copy: bool | None = None) -> np.ndarray:
         if copy is False:  # numpy 2's protocol: say so when a copy cannot be avoided (values are decoded anew)
             raise ValueError("a ckptfs Tensor has no array to share: its values are decoded on each request")
         values = self.numpy()
@@ -143,7 +145,7 @@ class Tensor:
             raise TypeError("len() of a 0-d tensor")
         return self.shape[0]
 
-    def __getitem__(self, key) -> np.ndarray:
+    def __getitem__(self, key: Any) -> Any:
         """Index like numpy; only the rows of the first axis that the key touches are decoded.
 
         Rows are decoded from their own blocks straight into the result, never kept as whole cached groups
@@ -181,16 +183,17 @@ class Tensor:
         """
         data = self.data
         row_elems = self.size // self.shape[0] if self.shape[0] else 0
-        out = np.empty((picked.size, row_elems), self.dtype)
+        out = np.empty((picked.size, row_elems), data.dtype)
         if picked.size and row_elems:
-            max_rows = max(1, UNCACHED_STEP_BYTES // (row_elems * self.dtype.itemsize))
+            max_rows = max(1, UNCACHED_STEP_BYTES // (row_elems * data.dtype.itemsize))
             ascending = bool(np.all(picked[1:] > picked[:-1]))  # t[a:b], t[::k], sorted ids: no reordering
             order = None if ascending else np.argsort(picked, kind="stable")
             ordered = picked if order is None else picked[order]
             if ascending and int(picked[-1] - picked[0]) == picked.size - 1:  # one run of rows: fixed windows
                 first = int(picked[0])
-                windows = ((k, min(k + max_rows, picked.size), first + k, first + min(k + max_rows, picked.size))
-                           for k in range(0, picked.size, max_rows))
+                windows: Iterator[tuple[int, int, int, int]] = (
+                    (k, min(k + max_rows, picked.size), first + k, first + min(k + max_rows, picked.size))
+                    for k in range(0, picked.size, max_rows))
             else:
                 windows = _windows(ordered.tolist(), max_rows)
             for k0, k1, lo, hi in windows:
@@ -207,12 +210,12 @@ class Tensor:
         return (f"<ckptfs.Tensor {self.name!r} {self.storage_type} shape={self.shape} "
                 f"dtype={self.dtype}{' damaged' if self.info.damaged else ''}>")
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[Callable[..., Tensor], tuple[str, OpenOptions, int, str]]:
         # the options travel whole: the receiving process checks, fails over and shares tiers as this one
         return (_reopen_tensor, (self._ck._reopen_src, self._ck.options, self.index, self._ck.content_id))
 
 
-def _rest_of(block: np.ndarray, rest: tuple) -> np.ndarray:
+def _rest_of(block: np.ndarray, rest: tuple[Any, ...]) -> np.ndarray:
     """``block[:, *rest]`` as an array of its own (no view keeping the larger block alive)."""
     return np.array(block[(slice(None),) + rest]) if rest else block
 
@@ -235,11 +238,11 @@ def _windows(ordered: list[int], max_rows: int) -> Iterator[tuple[int, int, int,
         k0 = k1
 
 
-def _is_array_index(key) -> bool:
+def _is_array_index(key: Any) -> bool:
     return isinstance(key, (list, np.ndarray, bool, np.bool_))
 
 
-def _row_list(key, rows: int) -> np.ndarray | None:
+def _row_list(key: Any, rows: int) -> np.ndarray | None:
     """A non-empty 1-D list or array of integer row numbers as non-negative int64 (IndexError when one is out
     of range, as numpy says it); None for any other kind of index."""
     if not isinstance(key, (list, np.ndarray)):
@@ -254,7 +257,7 @@ def _row_list(key, rows: int) -> np.ndarray | None:
     return picked % rows if rows else picked
 
 
-class TensorList(Sequence):
+class TensorList(Sequence["Tensor"]):
     """``Checkpoint.tensors``: every tensor in file order, each :class:`Tensor` made on first access.
 
     A checkpoint of 94,000 tensors is opened to read a few of them; making every Tensor (codec lookup,
@@ -277,7 +280,13 @@ class TensorList(Sequence):
     def __len__(self) -> int:
         return len(self._infos) + len(self._extra)
 
-    def __getitem__(self, index):
+    @overload
+    def __getitem__(self, index: int) -> Tensor: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[Tensor]: ...
+
+    def __getitem__(self, index: int | slice) -> Tensor | list[Tensor]:
         if isinstance(index, slice):
             return [self[i] for i in range(*index.indices(len(self)))]
         stored = len(self._infos)
@@ -367,14 +376,14 @@ class TensorList(Sequence):
         return stored + [len(self._infos) + i for i, t in enumerate(self._extra) if t.info.damaged]
 
 
-class Checkpoint(Mapping):
+class Checkpoint(Mapping[str, Tensor]):
     """An opened checkpoint: a read-only mapping of tensor name -> Tensor (the first of that name)."""
 
     def __init__(self, parsed: ParsedCheckpoint, src: str, options: OpenOptions | None = None, *,
                  cache: TieredCache | None = None,
                  source_wrapper: Callable[[ByteSource], ByteSource] | None = None,
                  source_opener: Callable[[str, str | None], ByteSource] | None = None,
-                 read_scope: Callable[[], contextlib.AbstractContextManager] | None = None):
+                 read_scope: Callable[[], contextlib.AbstractContextManager[Any]] | None = None):
         """``options``: how it was opened (kept whole, and carried by pickled tensors); ``cache``: the tiers
         decoded groups go to (default: a memory tier of ``options.cache_size``); ``source_wrapper``: applied
         to every byte source as it is opened (checked reads, mirrors); ``source_opener``: opens them (default

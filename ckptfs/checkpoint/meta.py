@@ -6,16 +6,19 @@ GPTQ/AWQ view) describes itself with its own ``meta``.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ckptfs.engine.views import npy_header
 from ckptfs.util.redact import public_name
 
+if TYPE_CHECKING:
+    from ckptfs.engine.batch import Tensor  # what a tensor's meta is made of (api.py imports this module)
 
-def tensor_meta(tensor) -> dict[str, Any]:
+
+def tensor_meta(tensor: Tensor) -> dict[str, Any]:
     """The dict ``NAME.meta.json`` holds (README, "What a mount shows")."""
     info = tensor.info
-    meta = {
+    meta: dict[str, Any] = {
         "name": info.name,
         "storage_type": info.storage_type,
         "shape": list(info.shape),

@@ -31,7 +31,7 @@ import numpy as np
 from ckptfs.cache.disk import DEFAULT_CACHE_DIR_SIZE, DiskStore, DiskTier
 from ckptfs.cache.tiered import TieredCache, cache_key
 from ckptfs.core.options import env_of
-from ckptfs.engine.blocks import TensorValues
+from ckptfs.engine.values import TensorValues
 
 log = logging.getLogger(__name__)
 
@@ -60,10 +60,10 @@ def tensor_store(cache: TieredCache, cache_key_file: str | None) -> DiskStore:
     if root is None:
         raise ValueError("Tensor.shared() needs a cache folder: ckptfs.open(src, cache_dir=DIR) "
                          f"or ${ENV_DIR}")
-    store = _stores.get((root, max_bytes, key_file))
-    if store is None:
-        store = _stores[(root, max_bytes, key_file)] = DiskStore(root, max_bytes, NAMESPACE, key_file)
-    return store
+    known = _stores.get((root, max_bytes, key_file))
+    if known is None:
+        known = _stores[(root, max_bytes, key_file)] = DiskStore(root, max_bytes, NAMESPACE, key_file)
+    return known
 
 
 def shared_array(name: str, data: TensorValues, store: DiskStore, private: Callable[[], np.ndarray]) -> np.ndarray:

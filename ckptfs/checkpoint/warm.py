@@ -10,13 +10,14 @@ which warms the remote byte cache (``--cache-dir``) for remote sources and the p
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from ckptfs.checkpoint.api import Checkpoint, Tensor
 from ckptfs.core.errors import CheckpointError
-from ckptfs.engine.blocks import TensorValues
+from ckptfs.engine.values import TensorValues
 from ckptfs.util.sizes import format_size
 
 READ_STEP_BYTES = 16 << 20
@@ -62,7 +63,7 @@ def warm(checkpoint: Checkpoint, tensors: Sequence[Tensor], progress: bool = Fal
     report = WarmReport()
     todo = [t for t in tensors if t.decodable]
     report.skipped = len(tensors) - len(todo)
-    total = sum(t.nbytes for t in todo)
+    total = sum(t.nbytes or 0 for t in todo)  # every decodable tensor has a served size
     cache = checkpoint.cache
     decoded_before = cache.decoded_bytes
     bar = _progress(total) if progress else None
@@ -104,8 +105,7 @@ def _warm_tensor(data: TensorValues, bar: Any) -> int:
 def _progress(total: int) -> Any:
     import click
 
-    bar = click.progressbar(length=total, label="prefetch", file=click.get_text_stream("stderr"),
-                            show_percent=True, width=30)
+    bar: Any = click.progressbar(length=total, label="prefetch", file=sys.stderr, show_percent=True, width=30)
     return bar.__enter__()
 
 

@@ -59,7 +59,7 @@ class TensorTable(Sequence):
 
     def __init__(self, source: str, names: list[str], storage_types: list[str], shapes: list[tuple[int, ...]],
                  offsets: list[int], stored: list[int], geometry: Mapping[str, tuple[int, int]],
-                 damaged: Mapping[int, str] | None = None, byte_order: str = "<"):
+                 damaged: Mapping[int, str] | None = None, byte_order: str = "<") -> None:
         self.source = source
         self.names = names
         self.storage_types = storage_types

@@ -16,7 +16,7 @@ __all__ = ["CheckpointError", "IntegrityError", "SourceUnavailable", "public_nam
 class CheckpointError(ValueError):
     """A checkpoint is malformed, or data asked for is missing or damaged."""
 
-    def __init__(self, file: str | None, offset: int | None, reason: str):
+    def __init__(self, file: str | None, offset: int | None, reason: str) -> None:
         self.file = file
         self.offset = offset
         self.reason = redact(reason)  # a reason quoting a URL (a redirect target) shows no secret either

@@ -16,15 +16,22 @@ This module needs only numpy (``load_batch`` returns numpy arrays); api.py plugs
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import functools
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
 from ckptfs.core.errors import CheckpointError
 from ckptfs.engine.decode import decode_blocks
 from ckptfs.engine.parallel import spread
+
+if TYPE_CHECKING:  # blocks.py imports this module
+    from ckptfs.core.descriptors import TensorInfo
+    from ckptfs.engine.values import TensorValues
+    from ckptfs.quant import Codec
+    from ckptfs.sources import SourcePool
 
 RUN_ELEMENTS = 1 << 20                 # decoded values per run: 4 MiB of float32 scratch at most
 RUN_STORED_BYTES = 8 << 20             # stored bytes per run (plain types: one run is one copy)
@@ -46,7 +53,7 @@ class Destination(Protocol):
 class ArrayDestination:
     """A flat numpy array: values are cast into it with numpy's rules (float16 overflow becomes inf)."""
 
-    def __init__(self, array: np.ndarray):
+    def __init__(self, array: np.ndarray) -> None:
         self.array = array
 
     def direct(self, e0: int, e1: int) -> np.ndarray | None:
@@ -57,25 +64,53 @@ class ArrayDestination:
             self.array[e0:e0 + values.size] = values
 
 
+class Tensor(Protocol):
+    """What a batch reads of a tensor (``ckptfs.Tensor`` has it; the engine does not import the API)."""
+
+    name: str
+    info: TensorInfo
+    shape: tuple[int, ...]
+    storage_type: str
+    codec: Codec | None
+    dtype: np.dtype | None
+    virtual: bool
+
+    @property
+    def data(self) -> TensorValues: ...
+
+    @property
+    def decodable(self) -> bool: ...
+
+    @property
+    def size(self) -> int: ...
+
+    @property
+    def nbytes(self) -> int | None: ...
+
+
+class Checkpoint(Protocol):
+    """What a batch reads of a checkpoint: its tensors by name and the pool their bytes are read through."""
+
+    sources: SourcePool
+
+    def __getitem__(self, name: str) -> Tensor: ...
+
+
 @dataclass
 class Request:
-    values: object                     # the tensor's values: a TensorData (info, codec, present_blocks) or,
-                                       # for a view of a packed layer (virtual), a PackedData (read)
+    values: TensorValues               # the tensor's values: a TensorData or, for a view of a packed layer
+                                       # (virtual), a PackedData (read)
     e0: int                            # elements [e0, e1) of the flattened tensor
     e1: int
     dest: Destination                  # element e0 of the tensor is element 0 of dest
-    codec: object = None               # decode the stored blocks with this codec instead of the tensor's own
+    codec: Codec | None = None         # what decodes the stored blocks: the tensor's codec, or another
                                        # (api.py: BF16 storage into a bfloat16 tensor is copied as 16-bit words)
     virtual: bool = False              # a packed layer's view: its values read and decode their own parts
 
-    def __post_init__(self):
-        if self.codec is None and not self.virtual:
-            self.codec = self.values.codec
-
     @classmethod
-    def of(cls, tensor, e0: int, e1: int, dest: Destination, codec: object = None) -> Request:
+    def of(cls, tensor: Tensor, e0: int, e1: int, dest: Destination, codec: Codec | None = None) -> Request:
         """The request for elements [e0, e1) of a ckptfs Tensor."""
-        return cls(tensor.data, e0, e1, dest, codec, tensor.virtual)
+        return cls(tensor.data, e0, e1, dest, codec if codec is not None else tensor.codec, tensor.virtual)
 
 
 @dataclass
@@ -85,7 +120,7 @@ class Run:
     b1: int
 
     @property
-    def info(self):
+    def info(self) -> TensorInfo:
         return self.request.values.info
 
     @property
@@ -152,6 +187,7 @@ def decode_run(run: Run, raw: memoryview | bytes) -> None:
     whole blocks of the request and the destination takes the codec's output (ckptfs.engine.decode)."""
     req, info = run.request, run.info
     codec, be = req.codec, info.block_elements
+    assert codec is not None, "a stored tensor's request carries its codec (Request.of)"
     first, last = run.b0 * be, run.b1 * be                       # the elements these blocks hold
     e0, e1 = max(first, req.e0), min(last, req.e1)
     out = req.dest.direct(e0 - req.e0, e1 - req.e0) if (e0, e1) == (first, last) else None
@@ -162,7 +198,7 @@ def decode_run(run: Run, raw: memoryview | bytes) -> None:
     req.dest.put(e0 - req.e0, values)
 
 
-def read_piece(piece: Piece, sources) -> memoryview:
+def read_piece(piece: Piece, sources: SourcePool) -> memoryview:
     """The stored bytes of ``piece``; a source error (file changed, bytes missing, bytes that differ from a
     manifest) names a tensor in it."""
     try:
@@ -172,7 +208,7 @@ def read_piece(piece: Piece, sources) -> memoryview:
         raise exc.about_tensor(min(r.info.name for r in (hit or piece.runs))) from None
 
 
-def run(pieces: Sequence[Piece], sources) -> None:
+def run(pieces: Sequence[Piece], sources: SourcePool) -> None:
     """Read and decode every piece, here and on the idle decode workers (``spread``); the first error is
     raised once the pieces already started have ended (the ones not started yet are skipped)."""
     failed: list[bool] = []
@@ -189,10 +225,10 @@ def run(pieces: Sequence[Piece], sources) -> None:
             failed.append(True)
             raise
 
-    spread([lambda piece=piece: work(piece) for piece in pieces])
+    spread([functools.partial(work, piece) for piece in pieces])
 
 
-def tensors_named(ck, names: Sequence[str]) -> list:
+def tensors_named(ck: Checkpoint, names: Sequence[str]) -> list[Tensor]:
     """The Tensors of ``names``, checked before anything is allocated or read: KeyError for an unknown name,
     ValueError for a name given twice, CheckpointError for a tensor that cannot be decoded."""
     if isinstance(names, str):
@@ -202,7 +238,7 @@ def tensors_named(ck, names: Sequence[str]) -> list:
     return check_decodable([ck[name] for name in names])
 
 
-def check_decodable(tensors: list) -> list:
+def check_decodable(tensors: list[Tensor]) -> list[Tensor]:
     for t in tensors:
         if not t.decodable:
             reason = t.info.damaged or f"no codec for {t.storage_type}"
@@ -210,7 +246,13 @@ def check_decodable(tensors: list) -> list:
     return tensors
 
 
-def load_batch(ck, names: Sequence[str], *, stack: bool = False):
+def _served(tensor: Tensor) -> tuple[int, np.dtype]:
+    """(bytes, dtype) of a decodable tensor's values (``check_decodable`` said it is)."""
+    assert tensor.nbytes is not None and tensor.dtype is not None
+    return tensor.nbytes, tensor.dtype
+
+
+def load_batch(ck: Checkpoint, names: Sequence[str], *, stack: bool = False) -> Any:
     """Tensors ``names`` decoded (dtype as ``Tensor.dtype``) into ONE new contiguous buffer.
 
     Returns ``{name: array}``, each array a view into that buffer, or with ``stack=True`` one array of shape
@@ -230,12 +272,14 @@ def load_batch(ck, names: Sequence[str], *, stack: bool = False):
         arrays = list(stacked) if tensors else []
     else:
         offsets, total = [], 0
-        for t in tensors:
+        served = [_served(t) for t in tensors]
+        for nbytes, _ in served:
             total = -(-total // ALIGN) * ALIGN
             offsets.append(total)
-            total += t.nbytes
+            total += nbytes
         buffer = np.empty(total, np.uint8)
-        arrays = [buffer[o:o + t.nbytes].view(t.dtype).reshape(t.shape) for o, t in zip(offsets, tensors)]
+        arrays = [buffer[o:o + nbytes].view(dtype).reshape(t.shape)
+                  for o, (nbytes, dtype), t in zip(offsets, served, tensors)]
     requests = [Request.of(t, 0, t.size, ArrayDestination(a.reshape(-1))) for t, a in zip(tensors, arrays)]
     run(plan(decode_virtual(requests)), ck.sources)
     return stacked if stack else dict(zip(names, arrays))

@@ -16,8 +16,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from abc import abstractmethod
-from typing import Protocol
+from typing import TypeVar
 
 import numpy as np
 
@@ -27,9 +26,12 @@ from ckptfs.core.errors import CheckpointError
 from ckptfs.engine import batch
 from ckptfs.engine.decode import decode_blocks
 from ckptfs.engine.parallel import spread
+from ckptfs.engine.values import BytePart, TensorValues
 from ckptfs.util.procinfo import cores
 from ckptfs.quant import Codec
-from ckptfs.sources import SourcePool
+from ckptfs.sources import ByteSource, SourcePool
+
+T = TypeVar("T")
 
 GROUP_TARGET_BYTES = 256 * 1024
 #: A run of groups one request decodes is cut into at most this many tasks: one per core (engine/parallel.py).
@@ -37,7 +39,7 @@ DECODE_TASKS = cores()
 UNCACHED_STEP_BYTES = 16 * 1024 * 1024
 
 
-def split(items: list, n: int) -> list[list]:
+def split(items: list[T], n: int) -> list[list[T]]:
     """``items`` cut into at most ``n`` consecutive parts of nearly equal length."""
     n = max(1, min(n, len(items)))
     step, extra = divmod(len(items), n)
@@ -49,54 +51,6 @@ def split(items: list, n: int) -> list[list]:
     return parts
 
 
-class TensorValues(Protocol):
-    """What the views, the API, read-ahead, ``ckptfs prefetch`` (``checkpoint.warm``) and ``Tensor.shared()``
-    (``checkpoint.shared``) read a tensor's values through: :class:`TensorData` for stored tensors,
-    ``ckptfs.packed.views.PackedData`` for the views of packed layers (whose "blocks" and "groups" are tiles
-    of rows). Every method is abstract, so an implementation that lacks one cannot be made at all (rather
-    than failing with an AttributeError in whichever caller reaches it first)."""
-
-    info: TensorInfo       # block_elements: elements per block (a packed view's: per tile)
-    dtype: np.dtype
-    n_elements: int
-    n_blocks: int
-    direct: bool           # the served values are the stored bytes (no decode, no cache)
-    group_blocks: int      # blocks per cached group (read-ahead's unit)
-
-    @abstractmethod
-    def read(self, e0: int, e1: int, use_cache: bool = True) -> np.ndarray:
-        """Elements [e0, e1) of the flattened values; ``use_cache=False`` for whole-tensor reads."""
-
-    @abstractmethod
-    def byte_segments(self, d0: int, d1: int) -> list:
-        """Bytes [d0, d1) of the values as buffers (zero-copy slices of cached groups)."""
-
-    @abstractmethod
-    def group_of_element(self, e: int) -> int: ...
-
-    @abstractmethod
-    def prefetch_group(self, g: int) -> None:
-        """Decode group ``g`` into the cache unless it is there (background read-ahead)."""
-
-    @abstractmethod
-    def stored_range(self, e0: int, e1: int) -> tuple[int, int]:
-        """(file offset, size) of the stored bytes behind elements [e0, e1) (a hint for the kernel)."""
-
-    @abstractmethod
-    def available_blocks(self) -> int:
-        """How many leading blocks can be decoded (all their stored bytes are there)."""
-
-    @abstractmethod
-    def content_id(self) -> str:
-        """The content identity of every stored byte the values are computed from: what a key of the whole
-        decoded tensor in a shared tier starts with (``Tensor.shared()``)."""
-
-    @abstractmethod
-    def warm(self) -> None:
-        """Run the read path once before the first reader, keeping nothing (a mount warms each storage type:
-        ``fs.operations``); an implementation with nothing to warm does nothing."""
-
-
 def group_slices(group: Callable[[int], np.ndarray], group_elements: int, e0: int, e1: int) -> list[np.ndarray]:
     """Elements [e0, e1) as read-only slices of the groups (of ``group_elements`` each; the last may be
     shorter) covering them, ``group(g)`` giving group ``g``'s values."""
@@ -104,9 +58,9 @@ def group_slices(group: Callable[[int], np.ndarray], group_elements: int, e0: in
             for g in range(e0 // group_elements, (e1 - 1) // group_elements + 1)]
 
 
-def byte_views(segments: list[np.ndarray], itemsize: int, e0: int, e1: int, d0: int, d1: int) -> list:
+def byte_views(segments: list[np.ndarray], itemsize: int, e0: int, e1: int, d0: int, d1: int) -> list[BytePart]:
     """Bytes [d0, d1) of values whose elements [e0, e1) are ``segments`` (in order), as memoryviews."""
-    views = [memoryview(segment.view(np.uint8)) for segment in segments]
+    views: list[BytePart] = [segment.view(np.uint8).data for segment in segments]
     skip, tail = d0 - e0 * itemsize, e1 * itemsize - d1
     views[0] = views[0][skip:]
     views[-1] = views[-1][:len(views[-1]) - tail]
@@ -117,7 +71,7 @@ class TensorData(TensorValues):
     """Decoded values of one stored tensor, by element range."""
 
     def __init__(self, info: TensorInfo, codec: Codec, dtype: np.dtype, sources: SourcePool,
-                 cache: TieredCache):
+                 cache: TieredCache) -> None:
         self.info = info
         self.codec = codec
         self.dtype = np.dtype(dtype)
@@ -132,7 +86,7 @@ class TensorData(TensorValues):
         self._content_id: str | None = None
 
     @property
-    def source(self):
+    def source(self) -> ByteSource:
         return self._sources.get(self.info.source)
 
     def available_blocks(self) -> int:
@@ -176,7 +130,7 @@ class TensorData(TensorValues):
         segments = self._group_segments(e0, e1)
         return segments[0] if len(segments) == 1 else np.concatenate(segments)
 
-    def byte_segments(self, d0: int, d1: int) -> list:
+    def byte_segments(self, d0: int, d1: int) -> list[BytePart]:
         """Bytes [d0, d1) of the served values (C order, ``self.dtype``) as buffers whose concatenation is
         the range, without copying: slices of cached groups, or for a direct type the source bytes
         themselves. A FUSE read joins them once (``b"".join``) instead of concatenating the values and then
@@ -207,7 +161,7 @@ class TensorData(TensorValues):
         self.present_blocks(e0, e1)  # CheckpointError if blocks are missing
         if self.direct:
             try:
-                self.source.pread_into(self.info.offset + d0, memoryview(target))
+                self.source.pread_into(self.info.offset + d0, target.data)
             except CheckpointError as exc:
                 raise exc.about_tensor(self.info.name) from None
             return
@@ -285,7 +239,8 @@ class TensorData(TensorValues):
                 continue
             for part in split(run, DECODE_TASKS):
                 tasks.append(functools.partial(self._decode_run_into, part[0], part[-1], out))
-            run = [g]
+            if g is not None:
+                run = [g]
         spread(tasks)
 
     def _decode_run_into(self, g0: int, g1: int, out: Callable[..., np.ndarray]) -> None:
@@ -322,7 +277,7 @@ class TensorData(TensorValues):
             return self._from_shared_tiers(b0, b1)
         be = self.info.block_elements
         out = np.empty((b1 - b0) * be, self.dtype)
-        request = batch.Request(self, b0 * be, b1 * be, batch.ArrayDestination(out))
+        request = batch.Request(self, b0 * be, b1 * be, batch.ArrayDestination(out), self.codec)
         batch.run(batch.plan([request]), self._sources)
         return out
 
@@ -333,7 +288,7 @@ class TensorData(TensorValues):
         be, gsize = self.info.block_elements, self.group_blocks
         out = np.empty((b1 - b0) * be, self.dtype)
         for g in range(b0 // gsize, (b1 - 1) // gsize + 1):
-            values = self._cache.get_or_load(self._key(g), lambda g=g: self._decode_group(g), memory=False)
+            values = self._cache.get_or_load(self._key(g), functools.partial(self._decode_group, g), memory=False)
             first = g * gsize
             lo, hi = max(b0, first), min(b1, first + gsize)
             out[(lo - b0) * be:(hi - b0) * be] = values[(lo - first) * be:(hi - first) * be]

@@ -13,15 +13,18 @@ from __future__ import annotations
 import numpy as np
 
 from ckptfs.core.descriptors import TensorInfo
+from ckptfs.quant import Codec
 
 
-def decode_blocks(codec, info: TensorInfo, raw, dtype: np.dtype, out: np.ndarray | None = None,
+def decode_blocks(codec: Codec, info: TensorInfo, raw: bytes | memoryview, dtype: np.dtype, out: np.ndarray | None = None,
                   backend: str | None = None) -> np.ndarray:
     """Whole stored blocks ``raw`` (bytes-like, a multiple of ``info.block_bytes``) of tensor ``info``
     decoded with ``codec`` as flat ``dtype`` values, into ``out`` when given (a new array otherwise)."""
     n = len(raw) // info.block_bytes
     blocks = np.frombuffer(raw, np.uint8).reshape(n, info.block_bytes)
     if info.byte_order == ">":
+        if codec.swap is None:  # decode_plan serves such a tensor raw only
+            raise ValueError(f"{codec.name}: big-endian blocks cannot be decoded")
         blocks = codec.swap(blocks)
     dtype = np.dtype(dtype)
     if codec.dtype == dtype:

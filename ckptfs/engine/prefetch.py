@@ -23,6 +23,7 @@ of FUSE: it sees file handles, views and byte ranges.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import threading
@@ -72,7 +73,7 @@ class Prefetcher:
     """Per-handle sequential detection and bounded background decoding (see the module docstring)."""
 
     def __init__(self, sources: SourcePool, cache_capacity: int, enabled: bool = True, decode_ahead: bool = True,
-                 scheduler: Scheduler = SCHEDULER, into_reply: bool = False):
+                 scheduler: Scheduler = SCHEDULER, into_reply: bool = False) -> None:
         self.enabled = enabled
         self.decode_ahead = decode_ahead and cache_capacity > 0
         # into_reply (the mount's): a view whose reads decode straight into the reply (View.decodes_into_reply)
@@ -86,7 +87,7 @@ class Prefetcher:
         self._scheduler = scheduler
         self._streams: dict[int, _Stream] = {}
         self._lock = threading.Lock()
-        self._pending: set[Future] = set()
+        self._pending: set[Future[None]] = set()
         self._closed = False
         # Tensor-aware read-ahead goes on into the next tensor's file only for a reader seen to read in file
         # order: the slot of the file a finished stream leads to, and whether the last one opened was it.
@@ -160,7 +161,7 @@ class Prefetcher:
             stream.ahead_until = stop
             return
         for until, nbytes, job in plan.decode:
-            if not self._submit(lambda job=job: self._run(stream, generation, job), nbytes):
+            if not self._submit(functools.partial(self._run, stream, generation, job), nbytes):
                 return  # over budget: try again on a later read
             stream.ahead_until = until
 
@@ -189,7 +190,7 @@ class Prefetcher:
             self._advise(name, offset, size, False)
         if self._decodes_ahead(following):
             for _, size, job in plan.decode:
-                if not self._submit(lambda job=job: None if self._closed else job(), size):
+                if not self._submit(functools.partial(self._unless_closed, job), size):
                     return
 
     def _decodes_ahead(self, view: View) -> bool:
@@ -205,7 +206,11 @@ class Prefetcher:
         future.add_done_callback(self._done)
         return True
 
-    def _done(self, future: Future) -> None:
+    def _unless_closed(self, job: Callable[[], None]) -> None:
+        if not self._closed:
+            job()
+
+    def _done(self, future: Future[None]) -> None:
         with self._lock:
             self._pending.discard(future)
 

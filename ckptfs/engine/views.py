@@ -16,7 +16,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ckptfs.engine.blocks import TensorData, TensorValues
+from ckptfs.engine.blocks import TensorData
+from ckptfs.engine.values import BytePart, TensorValues
 from ckptfs.core.descriptors import TensorInfo
 from ckptfs.core.errors import CheckpointError
 from ckptfs.sources import SourcePool
@@ -51,7 +52,7 @@ class View:
     def read(self, offset: int, size: int) -> bytes:  # pragma: no cover - interface
         raise NotImplementedError
 
-    def read_parts(self, offset: int, size: int) -> list:
+    def read_parts(self, offset: int, size: int) -> list[BytePart]:
         """What ``read`` returns, as a list of buffers whose concatenation it is. A consumer that copies the
         bytes somewhere anyway (the FUSE binding, into libfuse's buffer) copies the parts there and saves
         the join; views whose bytes come in pieces (``.npy``: header and cached groups) override it."""
@@ -105,7 +106,7 @@ def npy_header(shape: tuple[int, ...], dtype: np.dtype) -> bytes:
 class BytesView(View):
     """A small file held in memory, built on first access (metadata.json, NAME.meta.json)."""
 
-    def __init__(self, build: Callable[[], bytes]):
+    def __init__(self, build: Callable[[], bytes]) -> None:
         self._build = build
         self._data: bytes | None = None
         self._lock = threading.Lock()
@@ -119,7 +120,7 @@ class BytesView(View):
         return self._data
 
     @property
-    def size(self) -> int:
+    def size(self) -> int:  # type: ignore[override]  # View.size is set at construction; here: once built
         return len(self.data)
 
     def read(self, offset: int, size: int) -> bytes:
@@ -132,7 +133,7 @@ class RawView(View):
 
     reads_ahead = True
 
-    def __init__(self, info: TensorInfo, sources: SourcePool):
+    def __init__(self, info: TensorInfo, sources: SourcePool) -> None:
         self.info = info
         self.size = info.stored_nbytes
         self._sources = sources
@@ -169,7 +170,7 @@ class FileView(View):
 
     reads_ahead = True
 
-    def __init__(self, path: str, sources: SourcePool):
+    def __init__(self, path: str, sources: SourcePool) -> None:
         self.path = path
         self._sources = sources
         self.size = sources.get(path).size
@@ -198,14 +199,14 @@ class HeaderBodyView(View):
 
     header: bytes
 
-    def body_segments(self, d0: int, d1: int) -> list:  # pragma: no cover - interface
+    def body_segments(self, d0: int, d1: int) -> list[BytePart]:  # pragma: no cover - interface
         raise NotImplementedError
 
     def read(self, offset: int, size: int) -> bytes:
         offset, size = self._clip(offset, size)
         return header_and_body(self.header, offset, offset + size, self.body_segments) if size else b""
 
-    def read_parts(self, offset: int, size: int) -> list:
+    def read_parts(self, offset: int, size: int) -> list[BytePart]:
         offset, size = self._clip(offset, size)
         return header_and_parts(self.header, offset, offset + size, self.body_segments) if size else []
 
@@ -226,9 +227,9 @@ class HeaderBodyView(View):
         ``View.read_into``)."""
         done = 0
         for part in self.body_segments(d0, d0 + len(target)):
-            part = np.frombuffer(part, np.uint8)
-            target[done: done + len(part)] = part
-            done += len(part)
+            values = np.frombuffer(part, np.uint8)
+            target[done: done + len(values)] = values
+            done += len(values)
 
 
 class NpyView(HeaderBodyView):
@@ -239,7 +240,7 @@ class NpyView(HeaderBodyView):
 
     reads_ahead = True
 
-    def __init__(self, data: TensorValues):
+    def __init__(self, data: TensorValues) -> None:
         self.data = data
         # a stored tensor's values decode straight into a reply buffer; a packed view's are copied from its tiles
         self._bytes_into = data.bytes_into if isinstance(data, TensorData) else None
@@ -267,7 +268,7 @@ class NpyView(HeaderBodyView):
                      for g in range(data.group_of_element(e0), data.group_of_element(e1 - 1) + 1))
         return Ahead(advise, jobs)
 
-    def body_segments(self, d0: int, d1: int) -> list:
+    def body_segments(self, d0: int, d1: int) -> list[BytePart]:
         return self.data.byte_segments(d0, d1)
 
     def plain_segments(self) -> list[tuple[int, int, object, int]] | None:
@@ -287,11 +288,12 @@ class NpyView(HeaderBodyView):
             bytes_into(d0, target, keep)
 
 
-def header_and_parts(header: bytes, offset: int, end: int, body: Callable[[int, int], list]) -> list:
+def header_and_parts(header: bytes, offset: int, end: int,
+                     body: Callable[[int, int], list[BytePart]]) -> list[BytePart]:
     """Bytes [offset, end) of a file that is ``header`` then a body whose bytes [d0, d1) ``body(d0, d1)`` gives
     as buffers (a .npy, a virtual safetensors file), as those buffers: no copy."""
     hlen = len(header)
-    parts = []
+    parts: list[BytePart] = []
     if offset < hlen:
         parts.append(header[offset: min(end, hlen)])
     if end > hlen:
@@ -299,7 +301,7 @@ def header_and_parts(header: bytes, offset: int, end: int, body: Callable[[int, 
     return parts
 
 
-def header_and_body(header: bytes, offset: int, end: int, body: Callable[[int, int], list]) -> bytes:
+def header_and_body(header: bytes, offset: int, end: int, body: Callable[[int, int], list[BytePart]]) -> bytes:
     """The same bytes (see :func:`header_and_parts`) joined: one copy into the answer; none when the answer
     already is one bytes object (a type served as its stored bytes)."""
     parts = header_and_parts(header, offset, end, body)

@@ -26,7 +26,7 @@ class FilePrefix:
     ``path`` is opened through ``opener`` (``ckptfs.sources.Opener``: a checkpoint's remote options, mirrors).
     """
 
-    def __init__(self, path: str, source: ByteSource | None = None, opener: Opener = DEFAULT_OPENER):
+    def __init__(self, path: str, source: ByteSource | None = None, opener: Opener = DEFAULT_OPENER) -> None:
         self.path = path
         self._owned = source is None
         self.source = opener.source(path) if source is None else source

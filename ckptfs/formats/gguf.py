@@ -60,7 +60,7 @@ class _RawInfo:
 
     __slots__ = ("name", "dims", "type_id", "relative_offset", "info_offset")
 
-    def __init__(self, name: str, dims: tuple[int, ...], type_id: int, relative_offset: int, info_offset: int):
+    def __init__(self, name: str, dims: tuple[int, ...], type_id: int, relative_offset: int, info_offset: int) -> None:
         self.name = name
         self.dims = dims
         self.type_id = type_id
@@ -69,7 +69,7 @@ class _RawInfo:
 
 
 class _Parser:
-    def __init__(self, prefix: FilePrefix):
+    def __init__(self, prefix: FilePrefix) -> None:
         self.prefix = prefix
         self.path = prefix.path
         self.size = prefix.size

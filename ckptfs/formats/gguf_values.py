@@ -72,7 +72,7 @@ def describe(entry: ValueEntry) -> str:
 class ValueWalker:
     """Validates and measures values in a :class:`FilePrefix`, in one byte order ('<' or '>')."""
 
-    def __init__(self, prefix: FilePrefix, order: str):
+    def __init__(self, prefix: FilePrefix, order: str) -> None:
         self.prefix = prefix
         self.path = prefix.path
         self.order = order

@@ -22,7 +22,7 @@ E = TypeVar("E")
 class LazyMetadata(Mapping[str, Any], Generic[E]):
     """Keys in file order -> values produced by ``decode(entry)`` on first access."""
 
-    def __init__(self, entries: dict[str, E], decode: Callable[[E], Any], describe: Callable[[E], str]):
+    def __init__(self, entries: dict[str, E], decode: Callable[[E], Any], describe: Callable[[E], str]) -> None:
         self._entries = entries
         self._decode = decode
         self._describe = describe

@@ -62,7 +62,7 @@ class Repository:
 class SeveralCheckpoints(CheckpointError):
     """The folder holds several checkpoints: name one (``ckptfs.open``), or mount the folder whole."""
 
-    def __init__(self, repository: Repository, reason: str):
+    def __init__(self, repository: Repository, reason: str) -> None:
         super().__init__(repository.folder, None, reason)
         self.repository = repository
 

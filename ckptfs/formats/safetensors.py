@@ -95,7 +95,7 @@ def _read_header(prefix: FilePrefix) -> tuple[int, str]:
 
 
 class _Header:
-    def __init__(self, path: str, header_length: int, file_size: int):
+    def __init__(self, path: str, header_length: int, file_size: int) -> None:
         self.path = path
         self.data_start = 8 + header_length
         self.file_size = file_size

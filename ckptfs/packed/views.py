@@ -25,7 +25,8 @@ from ckptfs.cache.keys import CacheKey
 from ckptfs.checkpoint.api import Tensor
 from ckptfs.core.descriptors import TensorInfo
 from ckptfs.core.errors import CheckpointError
-from ckptfs.engine.blocks import TensorValues, byte_views, group_slices
+from ckptfs.engine.blocks import byte_views, group_slices
+from ckptfs.engine.values import TensorValues
 from ckptfs.engine.views import npy_header
 from ckptfs.packed.base import Absent, Layout
 
@@ -117,6 +118,11 @@ class PackedData(TensorValues):
     def available_blocks(self) -> int:
         """Every tile: a layer whose parts are not all there gets no view (``ckptfs.packed.attach``)."""
         return self.n_tiles
+
+    def present_blocks(self, e0: int, e1: int) -> tuple[int, int]:
+        """The tiles covering elements [e0, e1) (every tile is there)."""
+        be = self.info.block_elements
+        return e0 // be, min(-(-e1 // be), self.n_tiles)
 
     def content_id(self) -> str:
         """The identities of every part the values are computed from (files, offsets, sizes, types)."""

@@ -37,7 +37,7 @@ class NativeDecoder:
 
     writes_into = True
 
-    def __init__(self, name: str, block_elements: int, reference: Decoder | None = None):
+    def __init__(self, name: str, block_elements: int, reference: Decoder | None = None) -> None:
         self.name = name
         self.block_elements = block_elements
         self.reference = reference

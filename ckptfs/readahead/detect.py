@@ -14,7 +14,7 @@ class SequentialRun:
 
     __slots__ = ("slack", "end", "streak")
 
-    def __init__(self, slack: int = 0):
+    def __init__(self, slack: int = 0) -> None:
         self.slack = slack
         self.end = -1      # the furthest byte the run has read (exclusive); -1 before any read
         self.streak = 0    # reads in a row that continued the run

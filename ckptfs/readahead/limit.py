@@ -43,7 +43,7 @@ class OriginLimit:
     """The adaptive in-flight limit of one origin (see the module docstring). Thread-safe."""
 
     def __init__(self, initial: int = INITIAL, floor: int = FLOOR, ceiling: int = CEILING,
-                 clock=time.monotonic):
+                 clock=time.monotonic) -> None:
         self.floor, self.ceiling = floor, ceiling
         self.limit = max(floor, min(ceiling, initial))
         self._clock = clock

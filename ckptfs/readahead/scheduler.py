@@ -47,7 +47,7 @@ class Scheduler:
     """See the module docstring. ``submit`` never blocks: work over budget is refused, to be asked again by a
     later read."""
 
-    def __init__(self, budget: int = DEFAULT_BUDGET, concurrency: dict[str, int] | None = None):
+    def __init__(self, budget: int = DEFAULT_BUDGET, concurrency: dict[str, int] | None = None) -> None:
         self.budget = budget
         self.concurrency = dict(DEFAULT_CONCURRENCY if concurrency is None else concurrency)
         self._lock = threading.Lock()

@@ -83,7 +83,7 @@ class FileSource(ByteSource):
     relative name can be opened from the directory it was given in (see ``SourcePool``).
     """
 
-    def __init__(self, path: str, open_path: str | None = None):
+    def __init__(self, path: str, open_path: str | None = None) -> None:
         self.path = self.name = path
         self._open_path = open_path if open_path is not None else path
         self._lock = threading.Lock()
@@ -236,7 +236,7 @@ class LocalFolder(Folder):
     from anywhere on the machine.
     """
 
-    def __init__(self, path: str):
+    def __init__(self, path: str) -> None:
         self.name = path
         self._broken: list[str] = []
 

@@ -44,7 +44,7 @@ PREFER_SECONDS = 30.0
 class MirrorSource(ByteSource):
     """A primary source with byte-identical mirrors (see the module docstring)."""
 
-    def __init__(self, primary: ByteSource, mirrors: list[ByteSource], timeout: float):
+    def __init__(self, primary: ByteSource, mirrors: list[ByteSource], timeout: float) -> None:
         self.primary = primary
         self.mirrors = list(mirrors)
         self.name = primary.name
@@ -166,7 +166,7 @@ class MirrorSet:
     """
 
     def __init__(self, src: str, mirrors: list[str], is_folder: bool,
-                 member_wrapper: Callable[[ByteSource, str], ByteSource] | None = None, options=None):
+                 member_wrapper: Callable[[ByteSource, str], ByteSource] | None = None, options=None) -> None:
         self.src = src.rstrip("/") if is_folder and _is_url(src) else src
         self.mirrors = [str(m) for m in mirrors]
         self.is_folder = is_folder
@@ -223,7 +223,7 @@ class DeferredMirror(ByteSource):
     primary, as at open) by the first read that fails over to it; until then its size is the primary's.
     A read that finds it still down fails over to the next copy, so a dead mirror costs only its failover."""
 
-    def __init__(self, mirror_set: MirrorSet, name: str, primary_name: str):
+    def __init__(self, mirror_set: MirrorSet, name: str, primary_name: str) -> None:
         self.mirror_set = mirror_set
         self.name = name
         self.primary_name = primary_name

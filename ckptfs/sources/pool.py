@@ -29,7 +29,7 @@ class SourcePool:
     """
 
     def __init__(self, max_open: int = 64, opener: Callable[[str, str | None], ByteSource] | None = None,
-                 wrapper: Callable[[ByteSource], ByteSource] | None = None):
+                 wrapper: Callable[[ByteSource], ByteSource] | None = None) -> None:
         if opener is None:
             from ckptfs.sources.registry import open_source as opener
         self._opener = opener

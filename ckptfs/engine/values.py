@@ -1,0 +1,69 @@
+"""What a tensor's values are read through: the :class:`TensorValues` protocol, by element range.
+
+Its own module, below ``blocks`` (stored tensors: ``TensorData``) and ``batch`` (many tensors at once), which
+both speak it; a packed layer's view (``ckptfs.packed.views.PackedData``) implements it too.
+"""
+
+from __future__ import annotations
+
+from abc import abstractmethod
+from typing import Protocol, Union
+
+import numpy as np
+
+from ckptfs.core.descriptors import TensorInfo
+
+#: A piece of a file's bytes as the views hand them out (a FUSE read joins them once).
+BytePart = Union[bytes, bytearray, memoryview]
+
+
+class TensorValues(Protocol):
+    """What the views, the API, read-ahead, ``ckptfs prefetch`` (``checkpoint.warm``) and ``Tensor.shared()``
+    (``checkpoint.shared``) read a tensor's values through: :class:`TensorData` for stored tensors,
+    ``ckptfs.packed.views.PackedData`` for the views of packed layers (whose "blocks" and "groups" are tiles
+    of rows). Every method is abstract, so an implementation that lacks one cannot be made at all (rather
+    than failing with an AttributeError in whichever caller reaches it first)."""
+
+    info: TensorInfo       # block_elements: elements per block (a packed view's: per tile)
+    dtype: np.dtype
+    n_elements: int
+    n_blocks: int
+    direct: bool           # the served values are the stored bytes (no decode, no cache)
+    group_blocks: int      # blocks per cached group (read-ahead's unit)
+
+    @abstractmethod
+    def read(self, e0: int, e1: int, use_cache: bool = True) -> np.ndarray:
+        """Elements [e0, e1) of the flattened values; ``use_cache=False`` for whole-tensor reads."""
+
+    @abstractmethod
+    def byte_segments(self, d0: int, d1: int) -> list[BytePart]:
+        """Bytes [d0, d1) of the values as buffers (zero-copy slices of cached groups)."""
+
+    @abstractmethod
+    def group_of_element(self, e: int) -> int: ...
+
+    @abstractmethod
+    def prefetch_group(self, g: int) -> None:
+        """Decode group ``g`` into the cache unless it is there (background read-ahead)."""
+
+    @abstractmethod
+    def stored_range(self, e0: int, e1: int) -> tuple[int, int]:
+        """(file offset, size) of the stored bytes behind elements [e0, e1) (a hint for the kernel)."""
+
+    @abstractmethod
+    def available_blocks(self) -> int:
+        """How many leading blocks can be decoded (all their stored bytes are there)."""
+
+    @abstractmethod
+    def present_blocks(self, e0: int, e1: int) -> tuple[int, int]:
+        """The blocks [b0, b1) covering elements [e0, e1), or CheckpointError if any of them is missing."""
+
+    @abstractmethod
+    def content_id(self) -> str:
+        """The content identity of every stored byte the values are computed from: what a key of the whole
+        decoded tensor in a shared tier starts with (``Tensor.shared()``)."""
+
+    @abstractmethod
+    def warm(self) -> None:
+        """Run the read path once before the first reader, keeping nothing (a mount warms each storage type:
+        ``fs.operations``); an implementation with nothing to warm does nothing."""

@@ -1,0 +1,3 @@
+"""GGUF string-array skipping in C (``_strings.c``): what ``ckptfs.formats.gguf_values`` calls."""
+
+def skip(data: bytes | bytearray | memoryview, pos: int, count: int, big_endian: bool) -> int: ...

@@ -1,0 +1,7 @@
+"""The packed-layer row kernels (``_kernels.c``): what ``ckptfs.packed.native`` calls."""
+
+import numpy as np
+
+def dequantize_rows(mode: int, words: np.ndarray, row_step: int, word_step: int, bits: int, in_features: int,
+                    phase: int, zeros: np.ndarray, scales: np.ndarray, groups: int, g_idx: np.ndarray | None,
+                    group_size: int, rounding: int, out: np.ndarray, half: int, rows: int) -> None: ...
