@@ -515,11 +515,12 @@ def requests_since(server: Nginx, before: int, path: str | None = None,
 
 
 _LOG_LINE = re.compile(r'"(?P<method>[A-Z]+) (?P<path>\S+) [^"]*" (?P<status>\d+) (?P<bytes>\d+)')
+_RANGE_ASKED = re.compile(r'range="bytes=(\d+)-(\d+)"')  # any answer's asked range (_RANGE: a 206's)
 
 
 def is_tail_check(server: Nginx, line: str) -> bool:
     """Whether an access-log line is a request for the file's last ``WEAK_ETAG_TAIL`` bytes (its version's check)."""
-    m, r = _LOG_LINE.search(line), _RANGE.search(line)
+    m, r = _LOG_LINE.search(line), _RANGE_ASKED.search(line)
     if not m or not r:
         return False
     size = (Path(server.root) / m["path"].split("?")[0].lstrip("/")).stat().st_size
