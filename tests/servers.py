@@ -515,7 +515,7 @@ def requests_since(server: Nginx, before: int, path: str | None = None,
 
 
 _LOG_LINE = re.compile(r'"(?P<method>[A-Z]+) (?P<path>\S+) [^"]*" (?P<status>\d+) (?P<bytes>\d+)')
-_RANGE_ASKED = re.compile(r'range="bytes=(\d+)-(\d+)"')  # any answer's asked range (_RANGE: a 206's)
+_RANGE_ASKED = re.compile(r'range="bytes=(?P<a>\d+)-(?P<b>\d+)"')  # any answer's asked range (_RANGE: a 206's)
 
 
 def is_tail_check(server: Nginx, line: str) -> bool:
