@@ -185,3 +185,22 @@ def test_every_environment_variable_the_code_reads_is_in_the_reference():
     assert names, "no CKPTFS_ variable found in the code"
     missing = sorted(name for name in names if name not in page)
     assert not missing, "environment variables missing from docs/reference/environment.md: " + ", ".join(missing)
+
+
+def test_the_architecture_s_layer_map_names_modules_that_exist():
+    """Every ``module.py`` the layer map of docs/architecture.md lists under a package is in that package."""
+    page = (REPO / "docs" / "architecture.md").read_text(encoding="utf-8")
+    block = page.split("## Layers", 1)[1].split("```", 2)[1]
+    package, missing, seen = None, [], 0
+    for line in block.splitlines():
+        head = re.match(r"^ ([a-z]+)/\s", line)
+        if head:
+            package = head.group(1)
+        if package is None or not (REPO / "ckptfs" / package).is_dir():
+            continue
+        for module in re.findall(r"\b(\w+\.(?:py|c))\b", line):
+            seen += 1
+            if not any((REPO / "ckptfs" / package).rglob(module)):
+                missing.append(f"{package}/{module}")
+    assert seen >= 30, seen
+    assert not missing, "docs/architecture.md names modules that do not exist: " + ", ".join(missing)
