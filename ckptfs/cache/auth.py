@@ -29,6 +29,8 @@ import stat
 import threading
 from pathlib import Path
 
+from ckptfs.util.forks import after_fork_in_child
+
 KEY_NAME = ".key"          # a cache folder's own key file
 KEY_BYTES = 32             # of a key ckptfs makes
 MIN_KEY_BYTES = 16
@@ -197,5 +199,4 @@ def _fresh_lock_in_child() -> None:
     _keys_lock = threading.Lock()
 
 
-if hasattr(os, "register_at_fork"):  # probe: platform
-    os.register_at_fork(after_in_child=_fresh_lock_in_child)
+after_fork_in_child(_fresh_lock_in_child)

@@ -24,7 +24,6 @@ it is guarded: a tier that fails (or a bug in it) is a miss, never a failed read
 from __future__ import annotations
 
 import logging
-import os
 import threading
 
 import numpy as np
@@ -35,6 +34,7 @@ from ckptfs.cache.keys import CacheKey
 from ckptfs.cache.lru import BytesLRU
 from ckptfs.cache.redis_tier import Namespace
 from ckptfs.cache.sparse_store import DEFAULT_MIN_FREE, SparseStore
+from ckptfs.util.forks import after_fork_in_child
 
 log = logging.getLogger(__name__)
 
@@ -146,8 +146,7 @@ def _fresh_locks_in_child() -> None:
             store.forget_files()  # the parent's open files hold the parent's leases
 
 
-if hasattr(os, "register_at_fork"):  # probe: platform
-    os.register_at_fork(after_in_child=_fresh_locks_in_child)
+after_fork_in_child(_fresh_locks_in_child)
 
 
 class ChunkCache:

@@ -16,11 +16,12 @@ it, two sources of one URL) wait for each other's fetches instead of fetching th
 
 from __future__ import annotations
 
-import os
 import threading
 import weakref
 from collections.abc import Callable, Hashable, Iterable
 from typing import Any, TypeVar, cast
+
+from ckptfs.util.forks import after_fork_in_child
 
 T = TypeVar("T")
 
@@ -131,5 +132,4 @@ def _fresh_lock_in_child() -> None:
     _named_lock = threading.Lock()
 
 
-if hasattr(os, "register_at_fork"):  # probe: platform
-    os.register_at_fork(after_in_child=_fresh_lock_in_child)
+after_fork_in_child(_fresh_lock_in_child)

@@ -23,6 +23,8 @@ import os
 import threading
 import time
 
+from ckptfs.util.forks import after_fork_in_child
+
 #: Requests in flight per origin: where a new origin starts, and the bounds of the climb.
 INITIAL = 16
 FLOOR = 1
@@ -181,5 +183,4 @@ def _forget_in_child() -> None:
         limit.in_flight = 0
 
 
-if hasattr(os, "register_at_fork"):  # probe: platform
-    os.register_at_fork(after_in_child=_forget_in_child)
+after_fork_in_child(_forget_in_child)

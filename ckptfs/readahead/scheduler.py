@@ -23,12 +23,12 @@ open), and a forked child starts with fresh pools: threads do not survive ``fork
 from __future__ import annotations
 
 import logging
-import os
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 
 from ckptfs.readahead.limit import CEILING
+from ckptfs.util.forks import after_fork_in_child
 from ckptfs.util.procinfo import cores
 
 log = logging.getLogger(__name__)
@@ -112,5 +112,4 @@ class Scheduler:
 #: The process's scheduler.
 SCHEDULER = Scheduler()
 
-if hasattr(os, "register_at_fork"):  # probe: platform
-    os.register_at_fork(after_in_child=SCHEDULER.after_fork_in_child)
+after_fork_in_child(SCHEDULER.after_fork_in_child)

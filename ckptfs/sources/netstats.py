@@ -9,9 +9,10 @@ ended the read) and ``timeout`` (an attempt abandoned for stalling or for the re
 
 from __future__ import annotations
 
-import os
 import threading
 from collections import Counter
+
+from ckptfs.util.forks import after_fork_in_child
 
 OUTCOMES = ("ok", "retry", "error", "timeout")
 
@@ -69,5 +70,4 @@ def _fresh_lock_in_child() -> None:
     COUNTERS._lock = threading.Lock()  # a parent's thread may have held it at fork
 
 
-if hasattr(os, "register_at_fork"):  # probe: platform
-    os.register_at_fork(after_in_child=_fresh_lock_in_child)
+after_fork_in_child(_fresh_lock_in_child)

@@ -57,6 +57,7 @@ from ckptfs.sources.remote.options import POOL_CONNECTIONS, RemoteOptions
 from ckptfs.sources.remote.origin import Changed, Retryable, stalled, wait_bound
 from ckptfs.sources.remote.transport import RemoteSource, joined
 from ckptfs.sources.remote.version import SAMPLE_BYTES
+from ckptfs.util.forks import after_fork_in_child
 from ckptfs.util.redact import public_name, redact
 
 MAX_REDIRECTS = 10
@@ -105,8 +106,7 @@ def _forget_pool_in_child() -> None:
     _pool, _pool_lock = None, threading.Lock()
 
 
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_forget_pool_in_child)
+after_fork_in_child(_forget_pool_in_child)
 
 
 @dataclass(frozen=True)

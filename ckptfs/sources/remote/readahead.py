@@ -32,12 +32,12 @@ under way fail over to their readers: threads do not survive ``fork``.
 
 from __future__ import annotations
 
-import os
 import threading
 import weakref
 
 from ckptfs.cache.chunks import CHUNK
 from ckptfs.readahead import SCHEDULER, SequentialRun
+from ckptfs.util.forks import after_fork_in_child
 
 MIN_WINDOW = 1 << 20
 #: Bytes a source's read-ahead keeps ahead of its reader at most (in flight and landed, not yet read).
@@ -62,8 +62,7 @@ def _after_fork_in_child() -> None:
             readahead._lock = threading.Lock()
 
 
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)
+after_fork_in_child(_after_fork_in_child)
 
 
 def piece_bytes(limit: int, largest: int) -> int:

@@ -33,6 +33,7 @@ from ckptfs.sources.remote.context import ReadContext
 from ckptfs.sources.remote.options import POOL_CONNECTIONS, RemoteOptions
 from ckptfs.sources.remote.origin import Changed, Retryable, stalled
 from ckptfs.sources.remote.transport import RemoteSource
+from ckptfs.util.forks import after_fork_in_child
 
 _FILE_SUFFIXES = (".gguf", ".safetensors", ".json")
 _RETRY_CODES = {"SlowDown", "ServiceUnavailable", "InternalError", "RequestTimeout", "ThrottlingException",
@@ -51,8 +52,7 @@ def _forget_clients_in_child() -> None:
     _clients_lock = threading.Lock()
 
 
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_forget_clients_in_child)
+after_fork_in_child(_forget_clients_in_child)
 
 
 def split_url(url: str) -> tuple[str, str]:

@@ -1,0 +1,107 @@
+"""What a forked child redoes is registered in one place (``ckptfs.util.forks``).
+
+- the callbacks run in a forked child, in the order registered, and one that raises does not keep the next
+  from running;
+- the scheduler's pools work in a child forked while the parent's workers run (its reset is registered);
+- no module of ckptfs calls ``os.register_at_fork`` but the registry.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import select
+import threading
+from pathlib import Path
+
+from ckptfs.readahead.scheduler import SCHEDULER
+from ckptfs.util import forks
+
+ROOT = Path(__file__).resolve().parents[2]
+WAIT_S = 30.0
+
+_armed = {"on": False}  # the callbacks below act only in the test that registers them (and its children)
+
+
+def _in_child(run) -> bytes:
+    """What ``run()`` returns (bytes) in a forked child, read back over a pipe; b"" when the child wrote
+    nothing in time (it hung, or died)."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: never returns into pytest
+        code = 1
+        try:
+            os.close(r)
+            os.write(w, run())
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(w)
+    got, ended = b"", False
+    try:
+        while select.select([r], [], [], WAIT_S)[0]:
+            part = os.read(r, 4096)
+            if not part:
+                ended = True
+                break
+            got += part
+    finally:
+        os.close(r)
+        if not ended:
+            os.kill(pid, 9)
+        os.waitpid(pid, 0)
+    return got
+
+
+def test_callbacks_run_in_the_child_in_order_past_one_that_raises():
+    seen: list[str] = []
+
+    def first() -> None:
+        if _armed["on"]:
+            seen.append("first")
+
+    def broken() -> None:
+        if _armed["on"]:
+            raise RuntimeError("a callback that fails")
+
+    def last() -> None:
+        if _armed["on"]:
+            seen.append("last")
+
+    for fn in (first, broken, last):
+        forks.after_fork_in_child(fn)
+    assert forks.registered()[-3:] == (first, broken, last)
+    _armed["on"] = True
+    try:
+        assert _in_child(lambda: ",".join(seen).encode()) == b"first,last"
+    finally:
+        _armed["on"] = False
+    assert seen == []  # the parent ran none of them
+
+
+def test_the_scheduler_serves_a_child_forked_while_its_workers_run():
+    workers = SCHEDULER.concurrency["decode"]
+    started, release = threading.Semaphore(0), threading.Event()
+    for _ in range(workers):
+        assert SCHEDULER.submit("decode", lambda: (started.release(), release.wait(WAIT_S)), 1) is not None
+    for _ in range(workers):
+        assert started.acquire(timeout=WAIT_S)  # every worker of the parent's pool is busy at the fork
+    try:
+        def child() -> bytes:
+            done = threading.Event()
+            future = SCHEDULER.submit("decode", done.set, 1)
+            return b"ran" if future is not None and done.wait(WAIT_S) else b"stuck"
+
+        assert _in_child(child) == b"ran"
+    finally:
+        release.set()
+
+
+def test_only_the_registry_registers_with_os():
+    callers = []
+    for path in sorted((ROOT / "ckptfs").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if (isinstance(node, ast.Attribute) and node.attr == "register_at_fork"
+                    and path.relative_to(ROOT).as_posix() != "ckptfs/util/forks.py"):
+                callers.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert callers == []
