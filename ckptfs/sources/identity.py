@@ -6,7 +6,7 @@ Identity in order of strength (one place computes it, so caches and pickles neve
    Hub's LFS oid, an S3 checksum): the same bytes anywhere have the same identity.
 2. ``etag:<etag>:<size>:<url>`` — a remote object's ETag with its size and URL. Where the validator cannot
    tell two versions of one size apart (nginx's ETag and any Last-Modified have a resolution of one
-   second), ``:tail-<digest>`` is added: the BLAKE2b of the file's last bytes (``transport.SAMPLE_BYTES``),
+   second), ``:tail-<digest>`` is added: the BLAKE2b of the file's last bytes (``ckptfs.sources.remote.version.SAMPLE_BYTES``),
    so a replaced file whose last bytes differ never shares a cache entry with the one it replaced.
 3. ``local:<host>:<dev>:<ino>:<size>:<mtime_ns>:<ctime_ns>`` — a local file as this machine sees it. The host
    name keeps entries under it from ever being shared across machines; ctime changes on every write, so an

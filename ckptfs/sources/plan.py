@@ -17,9 +17,8 @@ from collections.abc import Callable
 from ckptfs.core.options import OpenOptions
 from ckptfs.sources.base import ByteSource
 from ckptfs.sources.registry import Opener
-from ckptfs.cache.sparse_store import DEFAULT_MIN_FREE
 from ckptfs.sources.remote.context import deadline_scope
-from ckptfs.sources.remote.options import DEFAULT_CACHE_DIR_SIZE, DEFAULT_STALL_TIMEOUT, DEFAULT_TIMEOUT, RemoteOptions
+from ckptfs.sources.remote.options import RemoteOptions
 
 _FILE_SUFFIXES = (".gguf", ".safetensors", ".json")
 
@@ -41,15 +40,7 @@ class SourcePlan:
     there): the remote sources' :class:`RemoteOptions` and the mirrors."""
 
     def __init__(self, src: str, options: OpenOptions):
-        self.options = RemoteOptions(
-            timeout=float(options.timeout) if options.timeout is not None else DEFAULT_TIMEOUT,
-            stall_timeout=float(options.stall_timeout) if options.stall_timeout is not None else DEFAULT_STALL_TIMEOUT,
-            cache_dir=options.cache_dir,
-            cache_dir_size=int(options.cache_dir_size) if options.cache_dir_size is not None else DEFAULT_CACHE_DIR_SIZE,
-            cache_key_file=options.cache_key_file, redis=options.redis,
-            cache_dir_min_free=(float(options.cache_dir_min_free) if options.cache_dir_min_free is not None
-                                else DEFAULT_MIN_FREE),
-            redis_cluster=tuple(options.redis_cluster))
+        self.options = RemoteOptions(options)
         self.src = src
         self.mirrors = list(options.mirrors)
         self._folder = names_folder(src) if self.mirrors else False

@@ -81,7 +81,7 @@ def _scheme_openers(scheme: str) -> tuple[SourceOpener, FolderOpener | None, boo
 class Opener:
     """How one checkpoint's sources are opened, handed explicitly to everything that opens them (the header
     readers, folder discovery, the pool): ``options`` for the remote schemes (a
-    ``ckptfs.sources.remote.transport.RemoteOptions``: timeouts, cache folder, read-ahead; None: their
+    ``ckptfs.sources.remote.options.RemoteOptions``: timeouts, cache folder, read-ahead; None: their
     defaults) and ``wrapper``, applied to every source opened (mirrors, checked reads: the headers are read
     through the same wrapper the pool applies later, so a truncated local primary is parsed at its mirror's
     size)."""

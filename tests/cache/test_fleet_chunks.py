@@ -30,6 +30,7 @@ from ckptfs.cache import chunks, entry  # noqa: E402
 from ckptfs.cache.chunks import CHUNK, chunk_key  # noqa: E402
 from ckptfs.cache.redis_tier import RedisTier  # noqa: E402
 from ckptfs.sources.registry import Opener  # noqa: E402
+from ckptfs.core.options import OpenOptions  # noqa: E402
 from ckptfs.sources.remote.options import RemoteOptions  # noqa: E402
 
 HANG_GUARD_S = 120.0
@@ -133,7 +134,7 @@ def sources(origin, redis):
 
     def fresh():
         chunks.MEMORY.clear()
-        return Opener(RemoteOptions(**options)).source(f"{server.url}/model.gguf")
+        return Opener(RemoteOptions(OpenOptions.build(**options))).source(f"{server.url}/model.gguf")
 
     return server, path.read_bytes(), fresh
 

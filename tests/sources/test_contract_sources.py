@@ -104,21 +104,23 @@ def local_kind(blobs, tmp_path_factory) -> Kind:
 def http_kind(blobs, tmp_path_factory):
     require_nginx()
     from ckptfs.sources.remote.http import HttpSource
+    from ckptfs.core.options import OpenOptions
     from ckptfs.sources.remote.options import RemoteOptions
 
     folder = local_folder(tmp_path_factory.mktemp("www"), blobs)
     with Nginx(folder) as server:
         # a fresh RemoteOptions per open: no probe memoized from an earlier open of the URL
         yield Kind("http", lambda name: HttpSource(f"{server.url}/{name}",
-                                                   options=RemoteOptions(timeout=TIMEOUT, stall_timeout=2)),
+                                                   options=RemoteOptions(OpenOptions.build(timeout=TIMEOUT, stall_timeout=2))),
                    lambda n, d: _write(folder, n, d), "error", "seconds", folder)
 
 
 def _remote(url: str) -> ByteSource:
     """``url`` opened through the scheme registry with fresh remote options."""
+    from ckptfs.core.options import OpenOptions
     from ckptfs.sources.remote.options import RemoteOptions
 
-    return Opener(RemoteOptions(timeout=TIMEOUT, stall_timeout=2)).source(url)
+    return Opener(RemoteOptions(OpenOptions.build(timeout=TIMEOUT, stall_timeout=2))).source(url)
 
 
 @pytest.fixture(scope="module")

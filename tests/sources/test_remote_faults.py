@@ -20,6 +20,7 @@ pytest.importorskip("urllib3")
 from ckptfs.core.errors import CheckpointError  # noqa: E402
 from ckptfs.sources import Opener  # noqa: E402
 from ckptfs.sources.netstats import COUNTERS  # noqa: E402
+from ckptfs.core.options import OpenOptions  # noqa: E402
 from ckptfs.sources.remote.options import RemoteOptions  # noqa: E402
 from faultproxy import FaultProxy  # noqa: E402
 from servers import Nginx, require_nginx  # noqa: E402
@@ -47,7 +48,7 @@ def proxy(upstream):
 
 
 def _open_url(url: str, timeout=TIMEOUT, stall=STALL, retries=4):
-    return Opener(RemoteOptions(timeout=timeout, stall_timeout=stall, max_retries=retries)).source(url)
+    return Opener(RemoteOptions(OpenOptions.build(timeout=timeout, stall_timeout=stall), max_retries=retries)).source(url)
 
 
 def _open(proxy, **options):
@@ -158,7 +159,7 @@ def test_unreachable_server_is_one_line_at_open(tmp_path):
 
     port = free_port()
     with pytest.raises(CheckpointError, match="cannot open: connection failed") as info:
-        Opener(RemoteOptions(timeout=2.0, stall_timeout=0.5)).source(f"http://127.0.0.1:{port}/model.gguf")
+        Opener(RemoteOptions(OpenOptions.build(timeout=2.0, stall_timeout=0.5))).source(f"http://127.0.0.1:{port}/model.gguf")
     assert "\n" not in str(info.value)
 
 

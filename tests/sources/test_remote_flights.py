@@ -24,6 +24,7 @@ pytest.importorskip("urllib3")
 
 from ckptfs.cache.chunks import CHUNK, MEMORY, chunk_key  # noqa: E402
 from ckptfs.sources import Opener  # noqa: E402
+from ckptfs.core.options import OpenOptions  # noqa: E402
 from ckptfs.sources.remote.options import RemoteOptions  # noqa: E402
 from ckptfs.sources.remote.warmup import warm  # noqa: E402
 from servers import Nginx, data_ranges, require_nginx  # noqa: E402
@@ -44,7 +45,8 @@ def origin(tmp_path_factory):
 
 def _source(url: str, **options):
     # a RemoteOptions of its own per source: nothing memoized between them (an open and a warm-up each probe)
-    return Opener(RemoteOptions(timeout=20, stall_timeout=5, **options)).source(url)
+    read_ahead = options.pop("read_ahead", True)
+    return Opener(RemoteOptions(OpenOptions.build(timeout=20, stall_timeout=5, **options), read_ahead)).source(url)
 
 
 def test_a_reader_waits_for_the_fetch_another_source_of_the_url_has_under_way(origin):

@@ -20,6 +20,7 @@ pytest.importorskip("urllib3")
 
 from ckptfs.readahead.limit import REPROBE_EPOCHS, OriginLimit  # noqa: E402
 from ckptfs.sources import Opener  # noqa: E402
+from ckptfs.core.options import OpenOptions  # noqa: E402
 from ckptfs.sources.remote.options import RemoteOptions  # noqa: E402
 from faultproxy import FaultProxy  # noqa: E402
 from servers import Nginx, require_nginx  # noqa: E402
@@ -140,7 +141,7 @@ def origin(tmp_path_factory):
 
 
 def _source(url: str, timeout: float = 30.0, stall: float = 3.0):
-    return Opener(RemoteOptions(timeout=timeout, stall_timeout=stall)).source(url)
+    return Opener(RemoteOptions(OpenOptions.build(timeout=timeout, stall_timeout=stall))).source(url)
 
 
 def _stream(source, data: bytes, step: int = 1 * MiB) -> None:

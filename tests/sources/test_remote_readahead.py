@@ -13,6 +13,7 @@ pytest.importorskip("urllib3")
 
 from ckptfs.sources import Opener  # noqa: E402
 from ckptfs.cache.chunks import CHUNK  # noqa: E402
+from ckptfs.core.options import OpenOptions  # noqa: E402
 from ckptfs.sources.remote.options import RemoteOptions  # noqa: E402
 from servers import Nginx, require_nginx  # noqa: E402
 
@@ -31,7 +32,7 @@ def blob(tmp_path_factory):
 
 
 def _open(server: Nginx, name: str):
-    return Opener(RemoteOptions(timeout=10, stall_timeout=2)).source(f"{server.url}/{name}")
+    return Opener(RemoteOptions(OpenOptions.build(timeout=10, stall_timeout=2))).source(f"{server.url}/{name}")
 
 
 def test_sequential_reads_are_fetched_ahead_in_large_requests(blob):

@@ -30,7 +30,7 @@ from ckptfs.sources.registry import register_scheme
 from ckptfs.sources.base import Folder
 from ckptfs.sources.netstats import COUNTERS
 from ckptfs.sources.remote.context import ReadContext
-from ckptfs.sources.remote.options import POOL_CONNECTIONS, RemoteOptions
+from ckptfs.sources.remote.options import DEFAULT_OPTIONS, POOL_CONNECTIONS, RemoteOptions
 from ckptfs.sources.remote.origin import Changed, Retryable, stalled
 from ckptfs.sources.remote.transport import RemoteSource
 from ckptfs.util.forks import after_fork_in_child
@@ -218,8 +218,7 @@ class S3Folder(Folder):
         self.name = url
         self.bucket = bucket
         self.prefix = prefix
-        stall = (options.stall_timeout if options is not None else None) or 10.0
-        self._client, self.credentials = client_for(stall)
+        self._client, self.credentials = client_for((options or DEFAULT_OPTIONS).stall_timeout)
 
     def list(self) -> dict[str, int]:
         files: dict[str, int] = {}
