@@ -5,10 +5,11 @@ the sha256 of its header (``header_sha256``: the bytes before the file's first t
 metadata and where each tensor is; optional, since manifests written before it lack it) and, per tensor, where its stored bytes are and their crc32, sha256 and the crc32 of each ``chunk_size`` slice
 counted from the tensor's start, so that a checked read needs only the chunks it covers.
 
-Building reads each byte once. Per file, the whole-file sha256 runs in a side thread while the reading
-thread feeds the same buffer to the tensors it holds (their sha256 and chunk crc32s; the tensor's crc32 is
-combined from its chunks, not computed again); several files are hashed at once. hashlib and zlib release
-the GIL on large buffers, so the threads use separate cores.
+Building reads each byte once. Per file, a reader hands each buffer to the whole-file sha256 and to the
+tensors it holds (their sha256 and chunk crc32s; the tensor's crc32 is combined from its chunks, not
+computed again), each an ordered stream on the read-ahead scheduler's decode pool; several files are read
+at once on its read pool (``ckptfs.readahead.scheduler``: the process's one set of worker threads). hashlib
+and zlib release the GIL on large buffers, so the streams use separate cores.
 
 File names are relative to the checkpoint's root, the longest common folder of its files (a single file:
 its base name), so a manifest stays valid when the model folder moves.
@@ -16,6 +17,7 @@ its base name), so a manifest stays valid when the model folder moves.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -24,12 +26,13 @@ import os
 import re
 import threading
 from collections.abc import Callable, Iterable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
 from ckptfs.core.errors import CheckpointError
 from ckptfs.integrity.crc import crc32, crc32_combine
+from ckptfs.readahead.scheduler import SCHEDULER, Ordered
 from ckptfs.util.redact import strip_url
 
 log = logging.getLogger(__name__)
@@ -241,10 +244,10 @@ def _feed_crc(pieces: list[tuple[_TensorHasher, memoryview]]) -> None:
 def _hash_file(job: FileJob, chunk_size: int, progress: Progress | None,
                short: bool = False) -> tuple[FileEntry, list[TensorEntry]]:
     """One pass over a file (``short``: tensors past its end are hashed over the bytes there are and marked
-    ``present``, instead of an error). The reading thread hands each buffer to three ordered streams, each a thread of
-    its own (the file's sha256, the tensors' sha256s, the tensors' crc32s), so the work (two sha256 passes
-    and a crc32 pass) spreads over the cores there are while every hash still sees its bytes in order. At
-    most IN_FLIGHT buffers are alive per file (32 MiB)."""
+    ``present``, instead of an error). The reading thread hands each buffer to three ordered streams on the
+    scheduler's decode pool (the file's sha256, the tensors' sha256s, the tensors' crc32s: ``Ordered``), so
+    the work (two sha256 passes and a crc32 pass) spreads over the cores there are while every hash still
+    sees its bytes in order. At most IN_FLIGHT buffers are alive per file (32 MiB)."""
     size = job.source.size
     for name, offset, nbytes in job.tensors:
         if offset + nbytes > size and not short:
@@ -258,8 +261,7 @@ def _hash_file(job: FileJob, chunk_size: int, progress: Progress | None,
     pending = sorted((h for h in hashers if h.end > h.start), key=lambda h: h.start, reverse=True)
     active: list[_TensorHasher] = []
     file_sha = hashlib.sha256()
-    streams = [ThreadPoolExecutor(1, thread_name_prefix="ckptfs-hash") for _ in range(3)]
-    in_flight: list[list] = []
+    streams = [Ordered(SCHEDULER, "decode") for _ in range(3)]
     try:
         for pos in range(0, size, READ_SIZE):
             buffer = memoryview(job.source.pread(pos, min(READ_SIZE, size - pos)))
@@ -268,21 +270,17 @@ def _hash_file(job: FileJob, chunk_size: int, progress: Progress | None,
                 active.append(pending.pop())
             pieces = [(h, buffer[max(h.start, pos) - pos:min(h.end, end) - pos]) for h in active]
             active = [h for h in active if h.end > end]
-            if len(in_flight) >= IN_FLIGHT:
-                for future in in_flight.pop(0):
-                    future.result()
+            for stream in streams:
+                stream.wait(most=IN_FLIGHT - 1)
             head = buffer[:max(0, head_end - pos)]
-            in_flight.append([streams[0].submit(_feed_file, file_sha, head_sha, buffer, head),
-                              streams[1].submit(_feed_sha, pieces),
-                              streams[2].submit(_feed_crc, pieces)])
+            streams[0].put(functools.partial(_feed_file, file_sha, head_sha, buffer, head))
+            streams[1].put(functools.partial(_feed_sha, pieces))
+            streams[2].put(functools.partial(_feed_crc, pieces))
             if progress is not None:
                 progress(len(buffer))
-        for futures in in_flight:
-            for future in futures:
-                future.result()
-    finally:
+    finally:  # every stream done with the buffers before they are dropped (or an error raised)
         for stream in streams:
-            stream.shutdown(wait=True, cancel_futures=True)
+            stream.wait()
     file_hex = file_sha.hexdigest()
     return (FileEntry(job.name, size, file_hex, head_sha.hexdigest() if job.tensors else file_hex),
             [h.entry(job.name) for h in hashers])
@@ -304,13 +302,45 @@ def hash_files(jobs: Sequence[FileJob], *, chunk_size: int = CHUNK_SIZE, progres
     if workers is None:  # each file keeps about two cores busy (two sha256 passes in their own threads)
         workers = max(1, (os.cpu_count() or 2) // 2)
     workers = max(1, min(workers, len(jobs)))
-    if workers == 1:
-        results = [_hash_file(job, chunk_size, progress, short) for job in jobs]
-    else:
-        with ThreadPoolExecutor(workers, thread_name_prefix="ckptfs-hash") as pool:
-            results = list(pool.map(lambda job: _hash_file(job, chunk_size, progress, short), jobs))
+    results = _each(jobs, lambda job: _hash_file(job, chunk_size, progress, short), workers)
     return Manifest(files=tuple(f for f, _ in results), tensors=tuple(t for _, ts in results for t in ts),
                     chunk_size=chunk_size)
+
+
+def _each(jobs: Sequence[FileJob], hash_one: Callable[[FileJob], tuple[FileEntry, list[TensorEntry]]],
+          workers: int) -> list[tuple[FileEntry, list[TensorEntry]]]:
+    """``hash_one`` of every job, in order, ``workers`` at once on the scheduler's read pool (a file's reader
+    waits on its source and on its hashes; one worker, or a refused job: on the calling thread). Every job
+    started has ended when an error is raised (the first one's)."""
+    results: list[tuple[FileEntry, list[TensorEntry]] | None] = [None] * len(jobs)
+    running: list[tuple[int, Future[tuple[FileEntry, list[TensorEntry]]]]] = []
+    error: BaseException | None = None
+    for i, job in enumerate(jobs):
+        future = SCHEDULER.call("read", functools.partial(hash_one, job), 0) if workers > 1 else None
+        if future is None:  # one at a time asked, or the pool refused: here
+            try:
+                results[i] = hash_one(job)
+            except BaseException as exc:  # noqa: BLE001 - raised once the started jobs have ended
+                error = exc
+                break
+        else:
+            running.append((i, future))
+        while len(running) >= workers:
+            k, first = running.pop(0)
+            try:
+                results[k] = first.result()
+            except BaseException as exc:  # noqa: BLE001 - as above
+                error = error or exc
+        if error is not None:
+            break
+    for k, future in running:
+        try:
+            results[k] = future.result()
+        except BaseException as exc:  # noqa: BLE001 - as above
+            error = error or exc
+    if error is not None:
+        raise error
+    return [r for r in results if r is not None]
 
 
 def jobs_for(checkpoint) -> list[FileJob]:

@@ -9,6 +9,15 @@ throughput work tunes them. Everything in flight counts against one budget of by
 fetched or decoded ahead and not yet consumed), and a caller may cap its own share further (the mount's
 decode-ahead never takes more than a quarter of its cache).
 
+A third kind, *read*, is work a caller waits on rather than work ahead of readers: the torch loader's next
+pieces of stored bytes (read while the device decodes the current one) and the manifest's files hashed at
+once. It has a pool of its own because such a job is a reader: its ``pread`` of a remote file may hand
+pieces to the fetch pool and wait for them, and it may wait for its own hashing on the decode pool, so on
+either of those pools it could hold every worker waiting for jobs queued behind it. ``call`` runs such a
+job and hands its result or its exception back (a read-ahead job's failure is only logged: the read itself
+reports it); hashing, like decoding, is CPU work on stored bytes and runs on the decode pool, in order where
+its bytes must be fed in order (:class:`Ordered`).
+
 A job may name a continuation (``then``): it runs on the same worker once the job's bytes are released, so
 a pipeline that starts its next piece when one lands (remote read-ahead's ``pump``, a warm-up's refill)
 finds the room the landed piece held. Started from inside the job instead, the next piece would find the
@@ -22,8 +31,11 @@ open), and a forked child starts with fresh pools: threads do not survive ``fork
 
 from __future__ import annotations
 
+from typing import Any, TypeVar
+import contextvars
 import logging
 import threading
+from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 
@@ -32,6 +44,7 @@ from ckptfs.util.forks import after_fork_in_child
 from ckptfs.util.procinfo import cores
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 #: Bytes fetched or decoded ahead, in flight at once over the whole process (remote read-ahead takes at most
 #: 128 MiB of it: ``ckptfs.sources.remote.readahead.FETCH_BUDGET``).
@@ -40,7 +53,8 @@ DEFAULT_BUDGET = 192 << 20
 #: origins are allowed (``ckptfs.readahead.limit.CEILING``) plus readers' own pieces, started as needed; how
 #: many run at once is each origin's adaptive limit, not this. Decode: one per core (a FUSE read that misses
 #: decodes its groups on the calling thread and the idle decode workers at once, ``ckptfs.engine.parallel``).
-DEFAULT_CONCURRENCY = {"fetch": CEILING + 32, "decode": cores()}
+#: Read: readers a caller waits on (a few pieces ahead of a torch load, a manifest's files at once).
+DEFAULT_CONCURRENCY = {"fetch": CEILING + 32, "decode": cores(), "read": max(4, cores())}
 
 
 class Scheduler:
@@ -66,7 +80,7 @@ class Scheduler:
             return sum(self._in_flight.values()) + nbytes <= self.budget
 
     def submit(self, kind: str, job: Callable[[], None], nbytes: int, cap: int | None = None,
-               then: Callable[[], None] | None = None) -> Future | None:
+               then: Callable[[], None] | None = None) -> Future[Any] | None:
         """Run ``job`` on the ``kind`` pool, its ``nbytes`` counted in flight until it returns, then ``then``
         (when given: after the bytes are released, on the same worker); None (and neither run) when that
         would pass the budget, or the caller's ``cap`` for this kind."""
@@ -84,6 +98,25 @@ class Scheduler:
         except RuntimeError:  # the interpreter is shutting down
             self._release(kind, nbytes)
             return None
+
+    def call(self, kind: str, fn: Callable[[], T], nbytes: int) -> Future[T] | None:
+        """Run ``fn`` on the ``kind`` pool for a caller that waits on it, in a copy of the caller's context (a
+        remote read's deadline holds there too): the future carries ``fn``'s result or its exception. None
+        when ``nbytes`` more would pass the budget: the caller runs ``fn`` itself."""
+        result: Future[T] = Future()
+        context = contextvars.copy_context()
+
+        def job() -> None:
+            if not result.set_running_or_notify_cancel():
+                return
+            try:
+                value = context.run(fn)
+            except BaseException as exc:  # noqa: BLE001 - handed to the caller waiting on the future
+                result.set_exception(exc)
+            else:
+                result.set_result(value)
+
+        return result if self.submit(kind, job, nbytes) is not None else None
 
     def _run(self, kind: str, job: Callable[[], None], nbytes: int, then: Callable[[], None] | None) -> None:
         try:
@@ -107,6 +140,60 @@ class Scheduler:
         self._lock = threading.Lock()
         self._pools = {}
         self._in_flight = {}
+
+
+class Ordered:
+    """Jobs run one at a time in the order they are put, on a scheduler's ``kind`` pool: a hash fed buffer by
+    buffer while the thread reading the buffers goes on. One worker drains the queue and returns when it is
+    empty, so no worker is held between buffers (the caller drains it itself when the pool is gone: the
+    interpreter shutting down). The caller bounds what it has queued (``wait(most)``): the jobs reserve none
+    of the budget. After a job raised, nothing more runs and ``wait`` raises its exception."""
+
+    def __init__(self, scheduler: Scheduler, kind: str) -> None:
+        self._scheduler = scheduler
+        self._kind = kind
+        self._cond = threading.Condition()
+        self._queue: deque[Callable[[], None]] = deque()
+        self._draining = False
+        self._error: BaseException | None = None
+
+    def put(self, job: Callable[[], None]) -> None:
+        with self._cond:
+            self._queue.append(job)
+            if self._draining:
+                return
+            self._draining = True
+        if self._scheduler.submit(self._kind, self._drain, 0) is None:
+            self._drain()
+
+    def pending(self) -> int:
+        """Jobs put and not yet run (the one running included)."""
+        with self._cond:
+            return len(self._queue)
+
+    def wait(self, most: int = 0) -> None:
+        """Until at most ``most`` jobs are pending; the first job's exception, if one raised."""
+        with self._cond:
+            self._cond.wait_for(lambda: len(self._queue) <= most or self._error is not None)
+            if self._error is not None:
+                raise self._error
+
+    def _drain(self) -> None:
+        while True:
+            with self._cond:
+                if not self._queue or self._error is not None:
+                    self._draining = False
+                    self._cond.notify_all()
+                    return
+                job = self._queue[0]
+            try:
+                job()
+            except BaseException as exc:  # noqa: BLE001 - raised to the caller by wait()
+                with self._cond:
+                    self._error = exc
+            with self._cond:
+                self._queue.popleft()
+                self._cond.notify_all()
 
 
 #: The process's scheduler.

@@ -16,10 +16,11 @@ running out of device memory raises one MemoryError naming the tensor, after fre
 
 from __future__ import annotations
 
+import functools
 import traceback
 from collections import deque
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, wait
 
 import numpy as np
 import torch
@@ -27,6 +28,7 @@ import torch
 from ckptfs.quant import codec_for
 from ckptfs.checkpoint.api import opened
 from ckptfs.engine import batch
+from ckptfs.readahead import SCHEDULER
 from ckptfs.torchio import kernels
 
 #: Storage types torch holds exactly: ``dtype=None`` keeps them; every other type becomes float32.
@@ -272,18 +274,18 @@ class _Uploader:
 
 
 def _decode_on_device(pieces: Sequence[batch.Piece], sources, device: torch.device) -> None:
-    """Read pieces (a few ahead, on threads), upload those with a torch kernel and decode them on the device;
-    the rest decode on the host into their destination."""
+    """Read pieces (a few ahead, on the scheduler's read pool), upload those with a torch kernel and decode
+    them on the device; the rest decode on the host into their destination."""
     uploader = _Uploader(device)
     todo = iter(pieces)
-    with ThreadPoolExecutor(2, thread_name_prefix="ckptfs-read") as pool:
-        pending = deque((p, pool.submit(batch.read_piece, p, sources)) for p, _ in zip(todo, range(READ_AHEAD)))
+    pending = deque((p, _read_ahead(p, sources)) for p, _ in zip(todo, range(READ_AHEAD)))
+    try:
         while pending:
             piece, future = pending.popleft()
-            raw = future.result()
+            raw = future.result() if future is not None else batch.read_piece(piece, sources)
             following = next(todo, None)
             if following is not None:
-                pending.append((following, pool.submit(batch.read_piece, following, sources)))
+                pending.append((following, _read_ahead(following, sources)))
             uploaded = None
             for run in piece.runs:
                 start = run.offset - piece.offset
@@ -293,6 +295,16 @@ def _decode_on_device(pieces: Sequence[batch.Piece], sources, device: torch.devi
                 if uploaded is None:
                     uploaded = uploader.upload(raw)
                 _device_run(run, uploaded[start:start + run.size])
+    finally:  # no read outlives the load (a failed one's neighbours end first)
+        for _, future in pending:
+            if future is not None and not future.cancel():
+                wait([future])
+
+
+def _read_ahead(piece: batch.Piece, sources) -> Future | None:
+    """``piece``'s stored bytes read on the scheduler's read pool (counted in its budget until read); None
+    when the budget is full: the loop reads it itself when it gets there."""
+    return SCHEDULER.call("read", functools.partial(batch.read_piece, piece, sources), piece.size)
 
 
 def _device_decodable(run: batch.Run) -> bool:

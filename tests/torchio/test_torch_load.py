@@ -319,3 +319,15 @@ def test_bf16_storage_into_bfloat16_keeps_every_bit_pattern(tmp_path, use_kernel
         got = api.load(written.path, dtype=dtype, use_kernels=use_kernels)["w"]
         assert got.dtype == torch.bfloat16
         assert got.view(torch.int16).numpy().view("<u2").tolist() == words.reshape(2, 4).tolist()
+
+
+def test_device_path_raises_a_read_error_from_the_pieces_read_ahead(big_q8, tmp_path):
+    """The device path reads its next pieces on the scheduler's read pool: a source's error there is the
+    load's error, not a piece of zeros or a hang."""
+    copy = tmp_path / "shrinks.gguf"
+    copy.write_bytes(big_q8.path.read_bytes())
+    with ckptfs.open(copy) as ck:
+        with open(copy, "r+b") as f:
+            f.truncate(copy.stat().st_size // 2)            # "big" loses its second half after the open
+        with pytest.raises(ckptfs.CheckpointError, match="changed since it was opened"):
+            api.load(ck, ["norm.a", "big", "norm.b"], use_kernels=True)
