@@ -9,7 +9,7 @@ read, and ``ChunkCache`` swallows its errors).
 
 from __future__ import annotations
 
-from typing import Protocol, Sequence
+from typing import Any, Protocol, Sequence
 
 
 class ChunkStore(Protocol):
@@ -43,3 +43,13 @@ class ChunkStore(Protocol):
 
     def stats(self) -> dict:
         """This process's counters."""
+
+    def pin(self, content_id: str, name: str, record: dict[str, Any]) -> None:
+        """Keep ``record`` as what the remote name ``name`` (a URL) stands for — ``content_id`` and its parts —
+        once bytes of ``content_id`` are stored (``names.py``)."""
+
+    def recall(self, name: str) -> dict[str, Any] | None:
+        """The record kept for the remote name ``name`` (a file's or a folder's), or None."""
+
+    def remember(self, name: str, record: dict[str, Any]) -> None:
+        """Keep ``record`` for ``name`` now (a folder's listing: no bytes of its own)."""
