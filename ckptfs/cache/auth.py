@@ -27,7 +27,9 @@ import os
 import pwd
 import stat
 import threading
+from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 from ckptfs.util.forks import after_fork_in_child
 
@@ -53,7 +55,7 @@ def _user(uid: int) -> str:
         return f"uid {uid}"
 
 
-def _check_own(path, st: os.stat_result, what: str, kind: str, denied: int, how: str, fix: str) -> None:
+def _check_own(path: str | os.PathLike[str], st: os.stat_result, what: str, kind: str, denied: int, how: str, fix: str) -> None:
     """CacheRefused unless ``st`` (of ``path``, a ``kind``) is this user's and has none of the ``denied``
     mode bits (``how`` says what they allow, ``fix`` the command that clears them)."""
     euid = os.geteuid()
@@ -65,7 +67,7 @@ def _check_own(path, st: os.stat_result, what: str, kind: str, denied: int, how:
                            f"{fix} {path}")
 
 
-def check_dir(path: str | os.PathLike, what: str = "cache dir") -> None:
+def check_dir(path: str | os.PathLike[str], what: str = "cache dir") -> None:
     """CacheRefused unless ``path`` (an existing folder) and every folder above it pass the mode rules."""
     path = Path(os.path.abspath(path))
     st = os.stat(path)
@@ -75,7 +77,7 @@ def check_dir(path: str | os.PathLike, what: str = "cache dir") -> None:
     _check_above(path, Path(os.path.realpath(path)).parents, what)
 
 
-def _check_above(path: Path, folders, what: str) -> None:
+def _check_above(path: Path, folders: Iterable[Path], what: str) -> None:
     """CacheRefused unless each of ``folders`` (those above ``path``) is owned by this user or root and, when
     writable by group or others, sticky: otherwise its owner could swap ``path`` for a folder of their own."""
     euid = os.geteuid()
@@ -89,7 +91,7 @@ def _check_above(path: Path, folders, what: str) -> None:
                                f"(mode {stat.S_IMODE(pst.st_mode):04o}) and not sticky: chmod go-w {parent}")
 
 
-def make_dirs(path: str | os.PathLike) -> None:
+def make_dirs(path: str | os.PathLike[str]) -> None:
     """Create ``path`` and missing folders above it, each 0700 whatever the umask (existing ones untouched)."""
     path = Path(os.path.abspath(path))
     missing = []
@@ -102,7 +104,7 @@ def make_dirs(path: str | os.PathLike) -> None:
             os.chmod(folder, DIR_MODE)
 
 
-def check_creatable(path: str | os.PathLike, what: str = "cache dir") -> None:
+def check_creatable(path: str | os.PathLike[str], what: str = "cache dir") -> None:
     """CacheRefused when ``path`` is missing and the nearest folder above it that exists (or one above that)
     would make ``check_dir`` refuse it once made: a refused folder is never created, nothing is left behind."""
     path = Path(os.path.abspath(path))
@@ -117,7 +119,7 @@ def check_creatable(path: str | os.PathLike, what: str = "cache dir") -> None:
     _check_above(path, [real, *real.parents], what)
 
 
-def prepare_dir(path: str | os.PathLike) -> None:
+def prepare_dir(path: str | os.PathLike[str]) -> None:
     """The cache folder, created 0700 if missing, then checked (CacheRefused, or OSError for one unusable).
     What is above a missing folder is checked before it is made (``check_creatable``)."""
     check_creatable(path)
@@ -125,7 +127,7 @@ def prepare_dir(path: str | os.PathLike) -> None:
     check_dir(path)
 
 
-def read_key(key_file: str | os.PathLike) -> bytes:
+def read_key(key_file: str | os.PathLike[str]) -> bytes:
     """The key in ``key_file``; CacheRefused for a file others could read or change, or no key."""
     key_file = os.fspath(key_file)
     try:
@@ -168,7 +170,7 @@ def _folder_key_file(root: Path) -> Path:
     return path
 
 
-def folder_key(root: str | os.PathLike, key_file: str | os.PathLike | None = None) -> bytes:
+def folder_key(root: str | os.PathLike[str], key_file: str | os.PathLike[str] | None = None) -> bytes:
     """The key of cache folder ``root`` (prepared and checked first): ``key_file``'s, else ``root/.key``'s.
     Read once per process; CacheRefused with one line when the folder or the key must not be trusted."""
     root = Path(os.path.abspath(root))

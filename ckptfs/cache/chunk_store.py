@@ -16,11 +16,11 @@ class ChunkStore(Protocol):
     def get(self, content_id: str, index: int) -> bytes | None:
         """Chunk ``index`` of the file, checked; None when absent or bad (a miss)."""
 
-    def put_chunks(self, content_id: str, first: int, parts: Sequence, chunks: int | None) -> bool:
+    def put_chunks(self, content_id: str, first: int, parts: Sequence[bytes], chunks: int | None) -> bool:
         """Store consecutive chunks ``first, first + 1, ...`` (``parts``) of a file of ``chunks`` chunks (None:
         not known here); True when they are all stored. Gives up this process's leases of them."""
 
-    def stored_chunks(self, content_id: str, indexes) -> set[int]:
+    def stored_chunks(self, content_id: str, indexes: Sequence[int]) -> set[int]:
         """Of the chunks ``indexes``, those the store holds (not checked against their MACs here)."""
 
     def writes_paused(self) -> str | None:
@@ -41,7 +41,7 @@ class ChunkStore(Protocol):
         """``(descriptor, size, mtime_ns)`` of the file's complete, checked local copy, or None (not complete,
         not checked yet in this process, or no such copy)."""
 
-    def stats(self) -> dict:
+    def stats(self) -> dict[str, Any]:
         """This process's counters."""
 
     def pin(self, content_id: str, name: str, record: dict[str, Any]) -> None:

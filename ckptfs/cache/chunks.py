@@ -26,6 +26,9 @@ from __future__ import annotations
 import logging
 import threading
 
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
+
 import numpy as np
 
 from ckptfs.cache import sparse_store
@@ -35,6 +38,11 @@ from ckptfs.cache.lru import BytesLRU
 from ckptfs.cache.redis_tier import Namespace
 from ckptfs.cache.sparse_store import DEFAULT_MIN_FREE, SparseStore
 from ckptfs.util.forks import after_fork_in_child
+
+if TYPE_CHECKING:  # imported when fetched chunks are shared through Redis
+    from ckptfs.cache.redis_tier import RedisTier
+
+T = TypeVar("T")
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +73,7 @@ class MemoryChunks(BytesLRU[bytes]):
 
 MEMORY = MemoryChunks()
 
-_stores: dict[tuple, object] = {}
+_stores: dict[tuple[str, int, str | None, float], SparseStore | Literal[False]] = {}  # False: cannot open
 _stores_lock = threading.Lock()
 
 
@@ -99,10 +107,11 @@ CHUNK_WAIT_S = 8.0
 #: The shared tier's namespace of fetched chunks (the decoded groups' is ``redis_tier.GROUPS``).
 BYTES = Namespace("ckptfs:b1:", "ckptfs:bl1:", CHUNK_LEASE_MS, CHUNK_WAIT_S)
 
-_shared_tiers: dict[tuple, object] = {}
+_shared_tiers: dict[tuple[str, object, str | None], RedisTier | Literal[False]] = {}  # False: cannot be made
 
 
-def shared_tier(redis: str | None, redis_cluster: tuple[str, ...] = (), key_file: str | None = None):
+def shared_tier(redis: str | None, redis_cluster: tuple[str, ...] = (),
+                key_file: str | None = None) -> RedisTier | None:
     """The process's Redis tier of fetched chunks for this Redis (or cluster) and key (see the module
     docstring), or None when none is given or it cannot be made (logged once; the chunks are then fetched
     as without it)."""
@@ -120,6 +129,7 @@ def shared_tier(redis: str | None, redis_cluster: tuple[str, ...] = (), key_file
                 else:
                     from ckptfs.cache.redis_tier import RedisTier
 
+                    assert redis is not None  # one of the two is given
                     tier = RedisTier(redis, key_file=key_file, namespace=BYTES)
             except Exception as exc:  # noqa: BLE001 - a tier that cannot be made costs speed, not the read
                 log.warning("fetched chunks not shared through %s: %s", "the Redis Cluster" if redis_cluster
@@ -129,7 +139,7 @@ def shared_tier(redis: str | None, redis_cluster: tuple[str, ...] = (), key_file
     return tier or None
 
 
-def shared_stats() -> dict[str, dict]:
+def shared_stats() -> dict[str, dict[str, Any]]:
     """``{tier name: counters}`` of this process's shared chunk tiers (``ckptfs stats``: ``chunk_*``)."""
     with _stores_lock:
         tiers = [tier for tier in _shared_tiers.values() if tier]
@@ -157,7 +167,8 @@ class ChunkCache:
     (when present) the machines of a fleet; what it answers is kept in memory and in the store, and what is
     ``put`` goes to Redis too."""
 
-    def __init__(self, disk: ChunkStore | None = None, memory: MemoryChunks = MEMORY, shared=None) -> None:
+    def __init__(self, disk: ChunkStore | None = None, memory: MemoryChunks = MEMORY,
+                 shared: RedisTier | None = None) -> None:
         self.memory = memory
         self.disk = disk
         self.redis = shared
@@ -165,7 +176,7 @@ class ChunkCache:
         self._lock = threading.Lock()
 
     @property
-    def shared(self):
+    def shared(self) -> RedisTier | ChunkStore | None:
         """The coordination level: the Redis tier when there is one, else the store (None: neither, and a
         source fetches what it lacks without asking)."""
         return self.redis if self.redis is not None else self.disk
@@ -187,13 +198,13 @@ class ChunkCache:
         """In the store (what this process holds in memory aside)."""
         return key.start in self.stored_chunks(key.content_id, (key.start,))
 
-    def held(self, content_id: str, indexes) -> set[int]:
+    def held(self, content_id: str, indexes: Sequence[int]) -> set[int]:
         """Of the chunks ``indexes`` of the file ``content_id``, those in memory or in the store: ``has`` for
         many chunks at once (read-ahead and a warm-up claim pieces of up to a few hundred)."""
         found = {i for i in indexes if chunk_key(content_id, i) in self.memory}
         return found | self.stored_chunks(content_id, [i for i in indexes if i not in found])
 
-    def stored_chunks(self, content_id: str, indexes) -> set[int]:
+    def stored_chunks(self, content_id: str, indexes: Sequence[int]) -> set[int]:
         """Of the chunks ``indexes`` of the file ``content_id``, those the store holds (one read of its index)."""
         if self.disk is None:
             return set()
@@ -276,14 +287,14 @@ class ChunkCache:
             self._redis_waits.difference_update(remote)
         local = [key for key in keys if key not in set(remote)]
         found: dict[CacheKey, bytes | None] = {}
-        if remote:
+        if remote and self.redis is not None:  # waited for in Redis only where there is a Redis tier
             found.update(zip(remote, self._taken(remote, self._redis(self.redis.wait_many, remote, timeout))))
             if self.disk is not None:  # (the store's leases of the chunks Redis answered went with their put)
                 self._store(self.disk.release, None, remote[0].content_id,
                             [key.start for key in remote if found[key] is None])
         if local and self.disk is not None:
-            values = self._store(self.disk.wait, [None] * len(local), local[0].content_id,
-                                 [key.start for key in local], timeout)
+            nothing: list[bytes | None] = [None] * len(local)
+            values = self._store(self.disk.wait, nothing, local[0].content_id, [key.start for key in local], timeout)
             for key, value in zip(local, values):
                 found[key] = value
                 if value is not None:
@@ -299,15 +310,15 @@ class ChunkCache:
         if self.redis is not None:
             self._redis(self.redis.release_many, keys)
 
-    def _taken(self, keys: list[CacheKey], values) -> list[bytes | None]:
+    def _taken(self, keys: list[CacheKey], values: Sequence[np.ndarray | None] | None) -> list[bytes | None]:
         out: list[bytes | None] = [None] * len(keys)
         for i, (key, value) in enumerate(zip(keys, values or ())):
             if value is not None:
-                out[i] = value.tobytes()
-                self._keep(key, out[i])
+                taken = out[i] = value.tobytes()
+                self._keep(key, taken)
         return out
 
-    def _store(self, method, failed, *args):
+    def _store(self, method: Callable[..., T], failed: T, *args: Any) -> T:
         """``method(*args)``, a method of the store (``ChunkStore``); ``failed`` when it raises: a store that
         fails (or a bug in it) costs speed, never a read."""
         try:
@@ -316,10 +327,11 @@ class ChunkCache:
             log.debug("chunk store %s failed: %s: %s", method.__name__, type(exc).__name__, exc)
             return failed
 
-    def _redis(self, method, *args):
+    def _redis(self, method: Callable[..., T], *args: Any) -> T | None:
         try:
             return method(*args)
         except Exception as exc:  # noqa: BLE001 - see the module docstring
-            log.warning("shared chunk tier %s: %s failed: %s: %s", self.redis.name, method.__name__,
+            log.warning("shared chunk tier %s: %s failed: %s: %s", self.redis.name if self.redis else "?",
+                        method.__name__,
                         type(exc).__name__, exc)
             return None

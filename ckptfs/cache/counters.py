@@ -22,7 +22,7 @@ class TierCounters:
             for name, delta in deltas.items():
                 self._counts[name] += delta
 
-    def warn_once(self, kind: str, message: str, *args) -> None:
+    def warn_once(self, kind: str, message: str, *args: object) -> None:
         with self._lock:
             if kind in self._warned:
                 return

@@ -35,11 +35,13 @@ import contextlib
 import errno
 import fcntl
 import logging
+import mmap
 import os
 import threading
 import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -69,8 +71,8 @@ class DiskStore:
     created and checked here: ``auth.CacheRefused`` (one line) for one this user must not trust, OSError
     for one that cannot be made."""
 
-    def __init__(self, root: str | os.PathLike, max_bytes: int, namespace: str = "blocks",
-                 key_file: str | os.PathLike | None = None) -> None:
+    def __init__(self, root: str | os.PathLike[str], max_bytes: int, namespace: str = "blocks",
+                 key_file: str | os.PathLike[str] | None = None) -> None:
         if "/" in namespace or namespace.startswith("."):
             raise ValueError(f"bad cache namespace {namespace!r}")
         self._mac_key = auth.folder_key(root, key_file)
@@ -136,6 +138,7 @@ class DiskStore:
             return None
         try:
             st = os.fstat(fd)
+            data: bytes | mmap.mmap
             if mapped:
                 data = _map(fd, st.st_size)
             else:
@@ -178,13 +181,13 @@ class DiskStore:
         header, payload = entry.encode(key, values.reshape(-1), self._mac_key)
         self.write_chunks(key, values.dtype, payload.nbytes, [payload], header=header)
 
-    def put_parts(self, key: str, parts: list) -> bool:
+    def put_parts(self, key: str, parts: list[bytes]) -> bool:
         """Store the bytes ``parts`` (at hand: a run of fetched chunks) one after the other as the entry of
         ``key``, in one write, without joining them. True when the entry is in place."""
-        header = entry.header_for(key, np.uint8, parts, self._mac_key)
-        return self.write_chunks(key, np.uint8, sum(len(part) for part in parts), parts, header=header)
+        header = entry.header_for(key, np.dtype(np.uint8), parts, self._mac_key)
+        return self.write_chunks(key, np.dtype(np.uint8), sum(len(part) for part in parts), parts, header=header)
 
-    def write_chunks(self, key: str, dtype: np.dtype | str, nbytes: int, chunks: Iterable,
+    def write_chunks(self, key: str, dtype: np.dtype | str, nbytes: int, chunks: Iterable[Any],
                      header: bytes | None = None) -> bool:
         """Write an entry of ``nbytes`` payload bytes from ``chunks`` (buffers, produced lazily: a whole
         tensor is decoded step by step, never held twice). True when the entry is in place."""
@@ -193,6 +196,7 @@ class DiskStore:
         path = self._entry_path(key)
         folder, _, name = path.rpartition(os.sep)
         tmp = f"{folder}{os.sep}.tmp.{os.getpid()}.{threading.get_ident()}.{name}"
+        renamed = False
         try:
             fd = self._create(tmp)
         except OSError as exc:
@@ -220,14 +224,14 @@ class DiskStore:
             os.close(fd)
             fd = -1
             os.replace(tmp, path)
-            tmp = None
+            renamed = True
         except OSError as exc:
             self._trouble("write", exc)
             return False
         finally:
             if fd >= 0:
                 os.close(fd)
-            if tmp is not None:  # anything but a completed rename leaves no temporary file behind
+            if not renamed:  # anything but a completed rename leaves no temporary file behind
                 with contextlib.suppress(OSError):
                     os.unlink(tmp)
         self._count(stored=1, stored_bytes=nbytes)
@@ -347,7 +351,7 @@ class DiskStore:
         elif code == errno.ENOENT:
             kind, what = "error", "the folder is gone"
         else:
-            kind, what = "error", f"{errno.errorcode.get(code, code)}"
+            kind, what = "error", errno.errorcode.get(code, str(code)) if code is not None else str(exc)
         self._count(errors=1)
         if op != "read":
             self._paused_until = time.monotonic() + PAUSE_S[kind]
@@ -367,7 +371,7 @@ class DiskStore:
         byte it fetched would be thrown away."""
         return self._paused_why if time.monotonic() < self._paused_until else None
 
-    def stats(self) -> dict:
+    def stats(self) -> dict[str, Any]:
         """This process's counters (``forged``: entries that failed the MAC, ``corrupt``: damaged ones); ``folder_bytes`` is the folder's size as last measured plus what this
         process wrote since (the whole folder, every namespace)."""
         counts = self._counters.snapshot()
@@ -435,7 +439,7 @@ def _folder_lock(root: Path, wait: bool) -> Iterator[bool]:
         os.close(fd)
 
 
-def _open_private(path: str | os.PathLike, flags: int) -> int:
+def _open_private(path: str | os.PathLike[str], flags: int) -> int:
     """``os.open(path, flags)`` of a file only this user can read, 0600 whatever the umask; missing folders
     (the first write there, or the folder was deleted under us) are made again, 0700."""
     try:
@@ -452,7 +456,7 @@ def _open_private(path: str | os.PathLike, flags: int) -> int:
     return fd
 
 
-def _walk(root: Path) -> Iterator[tuple[str, os.DirEntry, os.stat_result]]:
+def _walk(root: Path) -> Iterator[tuple[str, os.DirEntry[str], os.stat_result]]:
     """(namespace, entry, stat) of every file two levels under each namespace folder; vanishing files are
     skipped. No ``Path`` per file: a prune walks every entry of the folder (tens of thousands), during a
     warm-up every ``max_bytes / 64`` written."""
@@ -470,7 +474,7 @@ def _walk(root: Path) -> Iterator[tuple[str, os.DirEntry, os.stat_result]]:
                 yield ns.name, item, st
 
 
-def _scandir(path) -> list[os.DirEntry]:
+def _scandir(path: str | os.PathLike[str]) -> list[os.DirEntry[str]]:
     try:
         with os.scandir(path) as it:
             return list(it)
@@ -501,15 +505,13 @@ def _pread_all(fd: int, size: int) -> bytes:
     return b"".join(parts)
 
 
-def _map(fd: int, size: int):
-    import mmap
-
+def _map(fd: int, size: int) -> mmap.mmap:
     if size < entry.HEADER_SIZE:
         raise entry.BadEntry(f"short file ({size} bytes)")
     return mmap.mmap(fd, size, prot=mmap.PROT_READ)
 
 
-def _write_all(fd: int, buffers: list) -> None:
+def _write_all(fd: int, buffers: list[Any]) -> None:
     """``buffers`` one after the other from offset 0, in one ``pwritev`` (the rest, if it wrote short, by
     ``_write_at``)."""
     views = [memoryview(b).cast("B") for b in buffers]
@@ -521,7 +523,7 @@ def _write_all(fd: int, buffers: list) -> None:
         at += view.nbytes
 
 
-def _write_at(fd: int, data, offset: int) -> None:
+def _write_at(fd: int, data: bytes | memoryview, offset: int) -> None:
     view = memoryview(data).cast("B")
     while view.nbytes:
         n = os.pwrite(fd, view, offset)
@@ -534,8 +536,8 @@ class DiskTier:
 
     name = "disk"
 
-    def __init__(self, root: str | os.PathLike, max_bytes: int, background: bool = True,
-                 key_file: str | os.PathLike | None = None) -> None:
+    def __init__(self, root: str | os.PathLike[str], max_bytes: int, background: bool = True,
+                 key_file: str | os.PathLike[str] | None = None) -> None:
         self.store = DiskStore(root, max_bytes, "blocks", key_file)
         self._writer = BackgroundWriter(self.store.put_array, "disk", max_wait=DISK_WRITE_WAIT_S) if background else None
 
@@ -560,7 +562,7 @@ class DiskTier:
         """Wait for the queued writes (True when all are done)."""
         return True if self._writer is None else self._writer.flush(timeout)
 
-    def stats(self) -> dict:
+    def stats(self) -> dict[str, Any]:
         extra = {} if self._writer is None else {"pending": self._writer.pending, "dropped": self._writer.dropped}
         return {**self.store.stats(), **extra}
 

@@ -28,8 +28,10 @@ from __future__ import annotations
 import functools
 import hashlib
 import hmac
+import mmap
 import struct
 import zlib
+from typing import Any
 
 import numpy as np
 
@@ -56,14 +58,14 @@ def key_digest(key: str) -> bytes:
     return hashlib.blake2b(key.encode("utf-8", "surrogateescape"), digest_size=16).digest()
 
 
-def payload_crc(payload, value: int = 0) -> int:
+def payload_crc(payload: bytes | memoryview, value: int = 0) -> int:
     """The payload's crc32 (``value``: of the bytes before it, for a payload checksummed piece by piece)."""
     return crc32(payload, value) & 0xFFFFFFFF
 
 
 @functools.lru_cache(maxsize=64)
 def _dtype_field(dtype: np.dtype | str) -> bytes:
-    return np.dtype(dtype).str.encode("ascii")
+    return str(np.dtype(dtype).str).encode("ascii")
 
 
 def _fields(key: str, dtype: np.dtype | str, length: int) -> bytes:
@@ -71,13 +73,13 @@ def _fields(key: str, dtype: np.dtype | str, length: int) -> bytes:
     return _HEAD.pack(MAGIC, _dtype_field(dtype), length, key_digest(key), 0)[:_MACED]
 
 
-def new_mac(mac_key: bytes, key: str, dtype: np.dtype | str, length: int):
+def new_mac(mac_key: bytes, key: str, dtype: np.dtype | str, length: int) -> Any:
     """A MAC being computed for an entry of ``length`` payload bytes: ``update`` it with the payload, then
     pass it to ``make_header`` (an entry can be written step by step, never held whole)."""
     return hmac.new(mac_key, _fields(key, dtype, length), hashlib.sha256)
 
 
-def make_header(key: str, dtype: np.dtype | str, length: int, crc: int, mac=None) -> bytes:
+def make_header(key: str, dtype: np.dtype | str, length: int, crc: int, mac: Any = None) -> bytes:
     """The header; ``mac``: ``new_mac``'s object fed the whole payload (None: a tier without a key)."""
     head = _fields(key, dtype, length) + struct.pack("<I", crc)
     tag = bytes(MAC_SIZE) if mac is None else mac.digest()[:MAC_SIZE]
@@ -86,11 +88,11 @@ def make_header(key: str, dtype: np.dtype | str, length: int, crc: int, mac=None
 
 def encode(key: str, value: np.ndarray, mac_key: bytes | None = None) -> tuple[bytes, memoryview]:
     """(header, payload) for a 1-D contiguous array; the payload is a view of ``value``, not a copy."""
-    payload = memoryview(np.ascontiguousarray(value)).cast("B")
+    payload = np.ascontiguousarray(value).data.cast("B")
     return header_for(key, value.dtype, [payload], mac_key), payload
 
 
-def header_for(key: str, dtype: np.dtype | str, parts: list, mac_key: bytes | None = None) -> bytes:
+def header_for(key: str, dtype: np.dtype | str, parts: list[Any], mac_key: bytes | None = None) -> bytes:
     """The header of an entry whose payload is ``parts`` (buffers at hand, e.g. the chunks of a run) one
     after the other: checksummed part by part, never joined, so the entry can be written in one call."""
     length = sum(memoryview(part).nbytes for part in parts)
@@ -103,7 +105,7 @@ def header_for(key: str, dtype: np.dtype | str, parts: list, mac_key: bytes | No
     return make_header(key, dtype, length, crc, mac)
 
 
-def parse_header(key: str, header) -> tuple[np.dtype, int, int]:
+def parse_header(key: str, header: bytes | memoryview | mmap.mmap) -> tuple[np.dtype, int, int]:
     """(dtype, payload length, payload crc) of a header written for ``key``; BadEntry if it is not one."""
     if len(header) < HEADER_SIZE:
         raise BadEntry(f"short header ({len(header)} bytes)")
@@ -125,7 +127,7 @@ def parse_header(key: str, header) -> tuple[np.dtype, int, int]:
     return dtype, length, crc
 
 
-def decode(key: str, data, offset: int = 0, mac_key: bytes | None = None) -> np.ndarray:
+def decode(key: str, data: bytes | memoryview | mmap.mmap, offset: int = 0, mac_key: bytes | None = None) -> np.ndarray:
     """The read-only 1-D array stored in ``data`` (bytes, memoryview or mmap) for ``key``, without copying;
     BadEntry when anything in it does not check out (ForgedEntry: the MAC under ``mac_key``, when given)."""
     view = memoryview(data)[offset:]
@@ -148,7 +150,7 @@ def decode(key: str, data, offset: int = 0, mac_key: bytes | None = None) -> np.
     return values
 
 
-def chunk_mac(mac_key: bytes, file_digest: bytes, index: int, data) -> bytes:
+def chunk_mac(mac_key: bytes, file_digest: bytes, index: int, data: bytes | memoryview) -> bytes:
     """The ``MAC_SIZE``-byte MAC of chunk ``index`` (``data``, its bytes) of the stored file named by
     ``file_digest`` (``key_digest`` of its content identity): a sparse store's per-chunk check
     (``sparse_store.py``). The chunk's number and length are covered, so a chunk copied to another place or

@@ -17,6 +17,7 @@ needs the keys that follow one (a sequential reader's batched lookups) asks :met
 
 from __future__ import annotations
 
+from typing import Any
 
 class CacheKey(str):
     """See the module docstring. Frozen; equal to (and hashed as) its text. Its parts are kept as one tuple
@@ -35,10 +36,10 @@ class CacheKey(str):
         key.__dict__["_parts"] = (content_id, offset, kind, form, start, stop)
         return key
 
-    def __setattr__(self, name, value) -> None:
+    def __setattr__(self, name: str, value: object) -> None:
         raise AttributeError("a CacheKey is frozen")
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[Any, ...]:
         return (CacheKey, (self.content_id, self.offset, self.kind, self.form, self.start, self.stop))
 
     def with_range(self, start: int, stop: int) -> CacheKey:

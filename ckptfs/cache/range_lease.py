@@ -55,4 +55,4 @@ def unlock(fd: int, start: int, length: int) -> None:
 def held_elsewhere(fd: int, start: int, length: int) -> bool:
     """Whether another open file description holds a lock overlapping ``[start, start + length)``."""
     answer = fcntl.fcntl(fd, F_OFD_GETLK, _flock(fcntl.F_WRLCK, start, length))
-    return _FLOCK.unpack(answer)[0] != fcntl.F_UNLCK
+    return bool(_FLOCK.unpack(answer)[0] != fcntl.F_UNLCK)

@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from ckptfs.cache.breaker import Breaker
 from ckptfs.cache.redis_tier import (
@@ -53,10 +55,10 @@ class RedisClusterTier(RedisTier):
 
     name = "redis-cluster"
 
-    def __init__(self, seeds, connect_timeout: float = CONNECT_TIMEOUT_S, op_timeout: float = OP_TIMEOUT_S,
-                 backoff: tuple[float, float] = BACKOFF_S, key_file: str | os.PathLike | None = None,
-                 namespace: Namespace = GROUPS) -> None:
-        if isinstance(seeds, (str, bytes)):
+    def __init__(self, seeds: str | Sequence[str], connect_timeout: float = CONNECT_TIMEOUT_S,
+                 op_timeout: float = OP_TIMEOUT_S, backoff: tuple[float, float] = BACKOFF_S,
+                 key_file: str | os.PathLike[str] | None = None, namespace: Namespace = GROUPS) -> None:
+        if isinstance(seeds, str):
             seeds = [seeds]
         self.seeds = [check_seed(seed) for seed in seeds]
         if not self.seeds:
@@ -66,23 +68,23 @@ class RedisClusterTier(RedisTier):
         self._setup(connect_timeout, op_timeout, backoff, key_file, namespace)
         self._breaker = Breaker(self._where(), self._redis, lambda: None, backoff)  # ping: build the client
 
-    def _connect(self):
+    def _connect(self) -> Any:  # a redis.cluster.RedisCluster
         from redis.backoff import NoBackoff
         from redis.cluster import ClusterNode, RedisCluster
         from redis.retry import Retry
 
         connect_timeout, op_timeout = self._timeouts
-        return RedisCluster(startup_nodes=[ClusterNode(host, port) for host, port in self.seeds],
+        return RedisCluster(startup_nodes=[ClusterNode(host, port) for host, port in self.seeds],  # type: ignore[no-untyped-call]
                             socket_connect_timeout=connect_timeout, socket_timeout=op_timeout,
                             retry=Retry(NoBackoff(), 0), require_full_coverage=False)
 
-    def _redis(self):
+    def _redis(self) -> Any:
         with self._lock:
             if self._client is None:
                 self._client = self._connect()  # may raise: no seed answers (the tier-wide breaker's case)
             return self._client
 
-    def _node_of(self, name: str):
+    def _node_of(self, name: str) -> Any:
         """The node holding ``name`` per the client's slot table; None when there is no client (counted as a
         tier-wide failure) or the slot is not covered."""
         if not self._breaker.available():
@@ -98,14 +100,14 @@ class RedisClusterTier(RedisTier):
         except Exception:  # noqa: BLE001 - a slot no node covers: a miss
             return None
 
-    def _node_breaker(self, node) -> Breaker:
+    def _node_breaker(self, node: Any) -> Breaker:
         with self._nodes_lock:
             breaker = self._nodes.get(node.name)
             if breaker is None:
-                def ping(node=node) -> None:
+                def ping(node: Any = node) -> None:
                     self._redis().get_redis_connection(node).ping()
 
-                def drop(node=node) -> None:
+                def drop(node: Any = node) -> None:
                     self._redis().get_redis_connection(node).connection_pool.disconnect()
 
                 breaker = self._nodes[node.name] = Breaker(node.name, ping, drop, self._backoff)
@@ -120,7 +122,7 @@ class RedisClusterTier(RedisTier):
         fails answers None for its own keys only."""
         return [None if value is _FAILED else value for value in self._batch(names, lambda pipe, name: pipe.get(name))]
 
-    def _batch(self, names: list[str], add, counted: bool = True) -> list:
+    def _batch(self, names: list[str], add: Callable[[Any, str], None], counted: bool = True) -> list[Any]:
         """One command per name (``add(pipeline, name)``), grouped by the node holding each: one pipeline (one
         round trip, counted unless ``counted`` is False) per node; a node that is down or fails answers
         ``_FAILED`` for its own keys only."""
@@ -131,9 +133,9 @@ class RedisClusterTier(RedisTier):
             if node is not None:
                 by_node.setdefault(node.name, []).append(i)
                 nodes[node.name] = node
-        replies: list = [_FAILED] * len(names)
+        replies: list[Any] = [_FAILED] * len(names)
         for node_name, positions in by_node.items():
-            def batch(client, positions=positions):
+            def batch(client: Any, positions: list[int] = positions) -> Any:
                 pipe = client.pipeline()
                 for i in positions:
                     add(pipe, names[i])
@@ -154,7 +156,7 @@ class RedisClusterTier(RedisTier):
         with self._nodes_lock:
             return not self._breaker.down and not any(b.down for b in self._nodes.values())
 
-    def stats(self) -> dict:
+    def stats(self) -> dict[str, Any]:
         """The single-node tier's counters, plus ``nodes`` (known so far) and ``nodes_down``."""
         stats = super().stats()
         with self._nodes_lock:

@@ -54,6 +54,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 from urllib.parse import urlsplit
 
 import numpy as np
@@ -139,7 +140,7 @@ class RedisTier:
     name = "redis"
 
     def __init__(self, url: str, connect_timeout: float = CONNECT_TIMEOUT_S, op_timeout: float = OP_TIMEOUT_S,
-                 backoff: tuple[float, float] = BACKOFF_S, key_file: str | os.PathLike | None = None,
+                 backoff: tuple[float, float] = BACKOFF_S, key_file: str | os.PathLike[str] | None = None,
                  namespace: Namespace = GROUPS) -> None:
         """``key_file``: the key the values are authenticated with (``auth.read_key``; CacheRefused, a
         ValueError, for one others could read); None: the Redis is trusted as-is (logged here, once).
@@ -148,7 +149,7 @@ class RedisTier:
         self._setup(connect_timeout, op_timeout, backoff, key_file, namespace)
 
     def _setup(self, connect_timeout: float, op_timeout: float, backoff: tuple[float, float],
-               key_file: str | os.PathLike | None, namespace: Namespace = GROUPS) -> None:
+               key_file: str | os.PathLike[str] | None, namespace: Namespace = GROUPS) -> None:
         self.namespace = namespace
         try:
             import redis  # noqa: F401 - say now, in one line, what is missing (not at the first read)
@@ -179,7 +180,7 @@ class RedisTier:
 
     # -- the client (what a cluster does differently) ------------------------------------------------
 
-    def _connect(self):
+    def _connect(self) -> Any:  # a redis.Redis (redis-py is optional)
         import redis
         from redis.backoff import NoBackoff
         from redis.retry import Retry
@@ -188,7 +189,7 @@ class RedisTier:
         return redis.Redis.from_url(self.url, socket_connect_timeout=connect_timeout, socket_timeout=op_timeout,
                                     retry=Retry(NoBackoff(), 0), retry_on_timeout=False, health_check_interval=0)
 
-    def _redis(self):
+    def _redis(self) -> Any:
         with self._lock:
             if self._client is None:
                 self._client = self._connect()
@@ -200,35 +201,35 @@ class RedisTier:
         if client is not None:
             client.connection_pool.disconnect()
 
-    def _route(self, name: str) -> Breaker:
+    def _route(self, name: str) -> Breaker | None:
         """The breaker of the endpoint that holds Redis key ``name`` (one server: its only one)."""
         return self._breaker
 
     def _read(self, names: list[str]) -> list[bytes | None]:
         """The raw values of ``names`` (None: missing or unreachable), one MGET round trip."""
-        raw = self._command(names[0], lambda r: r.mget(names))
+        raw: list[bytes | None] = self._command(names[0], lambda r: r.mget(names))
         if raw is _FAILED:
             return [None] * len(names)
         self._count(round_trips=1)
         return raw
 
-    def _batch(self, names: list[str], add: Callable[[object, str], None], counted: bool = True) -> list:
+    def _batch(self, names: list[str], add: Callable[[Any, str], None], counted: bool = True) -> list[Any]:
         """The replies of one command per Redis key of ``names`` (``add(pipeline, name)`` queues it), sent as
         one pipeline: one round trip (counted in ``round_trips`` unless it is a write, ``counted`` False);
         ``_FAILED`` in place of each reply when the endpoint is down or failed."""
-        def run(client):
+        def run(client: Any) -> Any:
             pipe = client.pipeline(transaction=False)
             for name in names:
                 add(pipe, name)
             return pipe.execute()
 
-        replies = self._command(names[0], run)
+        replies: list[Any] = self._command(names[0], run)
         if replies is _FAILED:
             return [_FAILED] * len(names)
         self._count(round_trips=int(counted))
         return replies
 
-    def _command(self, name: str, command, breaker: Breaker | None = None):
+    def _command(self, name: str, command: Callable[[Any], Any], breaker: Breaker | None = None) -> Any:
         """``command(client)``'s result under the breaker of ``name``'s endpoint; _FAILED if it is down or
         the command failed (counted, the breaker told)."""
         breaker = breaker or self._route(name)
@@ -258,7 +259,7 @@ class RedisTier:
             self._count(hits=1, hit_bytes=value.nbytes)
             self._continues(key)
             return value
-        ahead = key.following(READ_AHEAD_GROUPS) if self._continues(key) else []
+        ahead = key.following(READ_AHEAD_GROUPS) if self._continues(key) and isinstance(key, CacheKey) else []
         found = self._fetch([key, *ahead], counted=1)
         with self._lock:
             for extra_key, extra in zip(ahead, found[1:]):
@@ -299,11 +300,12 @@ class RedisTier:
         for i, (key, data) in enumerate(zip(keys, raw)):
             if data is not None:
                 found[i] = self._checked(key, names[i], data)
+            value = found[i]
             if i < counted:
-                if found[i] is None:
+                if value is None:
                     self._count(misses=1)
                 else:
-                    self._count(hits=1, hit_bytes=found[i].nbytes)
+                    self._count(hits=1, hit_bytes=value.nbytes)
         return found
 
     def _checked(self, key: str, name: str, data: bytes) -> np.ndarray | None:
@@ -458,7 +460,7 @@ class RedisTier:
     def _up(self) -> bool:
         return not self._breaker.down
 
-    def stats(self) -> dict:
+    def stats(self) -> dict[str, Any]:
         """This process's counters; ``bytes`` are the bytes served from Redis, ``up`` its state."""
         counts = self._counters.snapshot()
         return {**counts, "bytes": counts["hit_bytes"], "up": int(self._up()), "pending": self._writer.pending,

@@ -30,15 +30,6 @@ Why it is built this way:
   with a killed holder); others wait for the chunk's record, or fetch it once the lease ended without it.
 - **Format version.** The folder ``remote/`` and the index magic carry the version; chunks of the older
   store (``bytes/``, one entry file per run) are ignored, with one log line, and pruned as any entry.
-- **Names.** A file is found by its content identity, which only the origin can tell for a URL; a *name
-  record* beside the files (``names.py``: ``<32 hex>.name``, MAC'd, written whole) keeps what a URL stood
-  for — the identity's parts (URL, size, validator, the tail digest of a weak one, the LFS oid), the
-  revision, and when its first bytes were fetched — and, for a repository folder, its listing. A file's
-  record is written only once some of its bytes are stored (``pin``: with the ``put_chunks`` that stores
-  them, after their records), so a record never comes before its bytes. With it a checkpoint whose bytes
-  are here mounts while its origin is unreachable, or with ``--offline`` without asking it at all
-  (``ckptfs.sources.remote.stored``). Records are small and outlive eviction; a record whose file was
-  evicted names bytes that are absent (reads of them fail offline).
 """
 
 from __future__ import annotations
@@ -52,13 +43,14 @@ import struct
 import threading
 import time
 import zlib
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 from ckptfs.cache import auth, entry, range_lease
 from ckptfs.cache.counters import TierCounters
+from ckptfs.cache.keys import CacheKey
 from ckptfs.cache.disk import DiskStore, _folder_lock, _open_private, _scandir, _unlink
-from ckptfs.cache.names import NameRecords
 from ckptfs.util.runs import runs as _runs
 
 log = logging.getLogger(__name__)
@@ -175,7 +167,7 @@ class StoredFile:
         raw += bytes(count * RECORD - len(raw))
         return list(_RECORD.iter_unpack(raw))
 
-    def present(self, indexes=None) -> set[int]:
+    def present(self, indexes: Iterable[int] | None = None) -> set[int]:
         """Of ``indexes`` (sorted; None: every chunk), those whose records say present: one read of the
         records from the first to the last asked, not of the whole index (a 42 GB file's is 4 MB)."""
         if indexes is None:
@@ -207,7 +199,7 @@ class SparseStore:
     share between threads. The folder is created and checked here: ``auth.CacheRefused`` (one line) for one
     this user must not trust, OSError for one that cannot be made."""
 
-    def __init__(self, root: str | os.PathLike, max_bytes: int, key_file: str | os.PathLike | None = None,
+    def __init__(self, root: str | os.PathLike[str], max_bytes: int, key_file: str | os.PathLike[str] | None = None,
                  min_free: float = DEFAULT_MIN_FREE) -> None:
         self._mac_key = auth.folder_key(root, key_file)
         self.root = Path(root)
@@ -232,8 +224,6 @@ class SparseStore:
                                             "forged", "errors", "sealed", "lease_waits", "evicted_chunks",
                                             "evicted_files"))
         self._count, self._warn_once = self._counters.add, self._counters.warn_once
-        self.names = NameRecords(self.dir, self._mac_key)
-        self._pinned: dict[str, list[tuple[str, dict[str, Any]]]] = {}  # content id -> records awaiting bytes
         self._note_old_format()
 
     def _note_old_format(self) -> None:
@@ -318,13 +308,13 @@ class SparseStore:
         with contextlib.suppress(OSError):
             os.pwrite(f.index, bytes(RECORD), HEADER_SIZE + index * RECORD)
 
-    def stored_chunks(self, content_id: str, indexes) -> set[int]:
+    def stored_chunks(self, content_id: str, indexes: Sequence[int]) -> set[int]:
         f = self._file(content_id, create=False)
         if f is None:
             return set()
         return f.present(indexes)
 
-    def contains(self, key) -> bool:
+    def contains(self, key: CacheKey) -> bool:
         """Whether chunk ``key`` (a ``chunks.chunk_key``) is stored."""
         return bool(self.stored_chunks(key.content_id, (key.start,)))
 
@@ -391,7 +381,7 @@ class SparseStore:
 
     # -- writes --------------------------------------------------------------------------------------
 
-    def put_chunks(self, content_id: str, first: int, parts, chunks: int | None) -> bool:
+    def put_chunks(self, content_id: str, first: int, parts: Sequence[bytes], chunks: int | None) -> bool:
         """See ``chunk_store.ChunkStore``. The data is on the device before the records that make it present
         (see the module docstring); the leases of these chunks are given up whatever happens."""
         views = [memoryview(part).cast("B") for part in parts]
@@ -429,7 +419,6 @@ class SparseStore:
                     _RECORD.pack(entry.chunk_mac(self._mac_key, f.digest, first + k, views[k]), views[k].nbytes, now)
                     for k in range(k0, k1)), HEADER_SIZE + (first + k0) * RECORD)
             self._count(stored=len(absent), stored_bytes=written)
-            self._write_pinned(content_id)
             self._maybe_seal(f)
         except OSError as exc:
             self._trouble("write", exc)
@@ -456,49 +445,9 @@ class SparseStore:
             f.write_header()
         self._count(sealed=1)
 
-    # -- name records (``names.py``) ------------------------------------------------------------------
-
-    def pin(self, content_id: str, name: str, record: dict[str, Any]) -> None:
-        """Make ``record`` (what the remote name ``name`` stands for: the parts of ``content_id``, when it was
-        fetched) the name's record once bytes of ``content_id`` are stored: now when some are, else with the
-        first ``put_chunks`` that stores some. A record naming ``content_id`` already is kept as it is (its
-        ``fetched_at`` is the first fetch's)."""
-        f = self._file(content_id, create=False)
-        if f is not None and (f.sealed or f.present()):
-            self._write_name(content_id, name, record)
-            return
-        with self._lock:
-            self._pinned.setdefault(content_id, []).append((name, record))
-
-    def _write_pinned(self, content_id: str) -> None:
-        with self._lock:
-            pinned = self._pinned.pop(content_id, ())
-        for name, record in pinned:
-            self._write_name(content_id, name, record)
-
-    def _write_name(self, content_id: str, name: str, record: dict[str, Any]) -> None:
-        found = self.names.read(name)
-        if found is not None and found.get("content_id") == content_id:
-            return
-        try:
-            self.names.write(name, {**record, "content_id": content_id})
-        except OSError as exc:
-            self._trouble("write", exc)
-
-    def recall(self, name: str) -> dict[str, Any] | None:
-        """The record of the remote name ``name`` (a file's or a folder's), or None."""
-        return self.names.read(name)
-
-    def remember(self, name: str, record: dict[str, Any]) -> None:
-        """Keep ``record`` as the record of ``name`` now: one with no bytes of its own (a folder's listing)."""
-        try:
-            self.names.write(name, record)
-        except OSError as exc:
-            self._trouble("write", exc)
-
     # -- leases (one fetch per chunk per machine) ------------------------------------------------------
 
-    def lease(self, content_id: str, indexes) -> list[bool]:
+    def lease(self, content_id: str, indexes: Sequence[int]) -> list[bool]:
         f = self._file(content_id, create=True)
         if f is None:
             return [True] * len(indexes)  # nothing to coordinate on: fetch
@@ -517,7 +466,7 @@ class SparseStore:
             won.append(True)
         return won
 
-    def release(self, content_id: str, indexes, f: StoredFile | None = None) -> None:
+    def release(self, content_id: str, indexes: Sequence[int], f: StoredFile | None = None) -> None:
         f = f or self._file(content_id, create=False)
         if f is None:
             return
@@ -527,7 +476,7 @@ class SparseStore:
         with f.lock:
             f.leases = max(0, f.leases - len(indexes))
 
-    def wait(self, content_id: str, indexes, timeout: float) -> list[bytes | None]:
+    def wait(self, content_id: str, indexes: Sequence[int], timeout: float) -> list[bytes | None]:
         out: list[bytes | None] = [None] * len(indexes)
         f = self._file(content_id, create=False)
         if f is None:
@@ -555,7 +504,11 @@ class SparseStore:
 
     # the decoded groups' store's schedule (a check every ``max_bytes / 64`` written, on a thread of its own,
     # held back while a process is about to fork: ``disk.PruneHold``); it calls this store's ``prune``
-    _after_write = DiskStore._after_write
+    # borrowed from DiskStore, whose attributes of the bound (and of trouble, below) this store has too; the
+    # type checker checks ``self`` as a DiskStore there (a shared base class would tell it otherwise)
+    def _after_write(self, size: int) -> None:
+        DiskStore._after_write(self, size)  # type: ignore[arg-type]
+
     _start_prune = DiskStore._start_prune
     _background_prune = DiskStore._background_prune
 
@@ -602,7 +555,7 @@ class SparseStore:
         self._count(evicted_chunks=removed["chunks"], evicted_files=removed["files"])
         return removed
 
-    def _candidates(self):
+    def _candidates(self) -> Iterator[tuple[Any, ...]]:
         """(last use, "file"|"chunk", path stem, chunk, bytes freed) of every sealed file and every present
         chunk of an unsealed one."""
         for sub in _scandir(self.dir):
@@ -698,10 +651,11 @@ class SparseStore:
     # -- trouble and counters ------------------------------------------------------------------------
 
     # a full, read-only or vanished folder pauses writing and is logged once, as the decoded groups' store does
-    _trouble = DiskStore._trouble
+    def _trouble(self, op: str, exc: OSError) -> None:
+        DiskStore._trouble(self, op, exc)  # type: ignore[arg-type]  # borrowed: see _after_write
     writes_paused = DiskStore.writes_paused
 
-    def stats(self) -> dict:
+    def stats(self) -> dict[str, Any]:
         counts = self._counters.snapshot()
         with self._lock:
             return {**counts, "bytes": counts["hit_bytes"], "folder_bytes": self._folder_bytes,

@@ -96,7 +96,7 @@ class BackgroundWriter:
                         size += batch[-1][1].nbytes
                 self._busy = len(batch)
             try:
-                if len(batch) > 1:
+                if len(batch) > 1 and self._write_many is not None:  # a batch is made only for write_many
                     self._write_many(batch)
                 else:
                     self._write(*batch[0])

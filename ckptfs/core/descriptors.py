@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, overload
 
 
 @dataclass(frozen=True)
@@ -44,7 +44,7 @@ class TensorInfo:
         return self.n_elements // self.block_elements if self.block_elements else 0
 
 
-class TensorTable(Sequence):
+class TensorTable(Sequence[TensorInfo]):
     """The descriptors of one file's tensors as columns, a :class:`TensorInfo` built only when one is asked
     for: a 94,000-tensor header must not cost 94,000 objects of eleven fields before anything is read.
 
@@ -73,7 +73,13 @@ class TensorTable(Sequence):
     def __len__(self) -> int:
         return len(self.names)
 
-    def __getitem__(self, index):
+    @overload
+    def __getitem__(self, index: int) -> TensorInfo: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[TensorInfo]: ...
+
+    def __getitem__(self, index: int | slice) -> TensorInfo | list[TensorInfo]:
         if isinstance(index, slice):
             return [self[i] for i in range(*index.indices(len(self)))]
         if index < 0:

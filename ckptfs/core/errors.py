@@ -8,6 +8,7 @@ user can act on a single line.
 
 from __future__ import annotations
 
+from typing import Any
 from ckptfs.util.redact import public_name, redact
 
 __all__ = ["CheckpointError", "IntegrityError", "SourceUnavailable", "public_name"]
@@ -25,7 +26,7 @@ class CheckpointError(ValueError):
             where += f" @ byte {offset}"
         super().__init__(f"{where}: {self.reason}")
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[Any, ...]:
         return (type(self), (self.file, self.offset, self.reason))
 
     def about_tensor(self, name: str) -> CheckpointError:

@@ -14,6 +14,7 @@ Built in:
 
 from __future__ import annotations
 
+from typing import Any
 import importlib
 import threading
 from collections.abc import Callable
@@ -23,17 +24,17 @@ _BUILTIN = {
     "packed_views": "ckptfs.packed:attach",
     "to_torch": "ckptfs.torchio.api:to_torch",
 }
-_registered: dict[str, Callable] = {}
+_registered: dict[str, Callable[..., Any]] = {}
 _lock = threading.Lock()
 
 
-def register_feature(name: str, implementation: Callable) -> None:
+def register_feature(name: str, implementation: Callable[..., Any]) -> None:
     """Make ``feature(name)`` return ``implementation``."""
     with _lock:
         _registered[name] = implementation
 
 
-def feature(name: str) -> Callable:
+def feature(name: str) -> Callable[..., Any]:
     """The implementation of feature ``name``, importing its module on first use (ImportError as raised)."""
     implementation = _registered.get(name)
     if implementation is None:

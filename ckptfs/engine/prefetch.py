@@ -31,10 +31,11 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from concurrent.futures import wait as wait_for
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from ckptfs.engine.views import View
 from ckptfs.readahead import SCHEDULER, Scheduler, SequentialRun
-from ckptfs.sources import SourcePool
+from ckptfs.sources import ByteSource
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +46,12 @@ MAX_AHEAD_BYTES = 8 << 20
 WHOLE_ADVICE_BYTES = 128 << 20
 STREAM_SHARE = 8  # ahead of one stream: at most capacity / 8
 TOTAL_SHARE = 4  # in flight over all streams: at most capacity / 4
+
+
+class Sources(Protocol):
+    """Where read-ahead advises the bytes it wants: a checkpoint's ``SourcePool``, or a repository's pools."""
+
+    def get(self, path: str) -> ByteSource: ...
 
 
 def enabled_from_env() -> bool:
@@ -72,7 +79,7 @@ class _Stream:
 class Prefetcher:
     """Per-handle sequential detection and bounded background decoding (see the module docstring)."""
 
-    def __init__(self, sources: SourcePool, cache_capacity: int, enabled: bool = True, decode_ahead: bool = True,
+    def __init__(self, sources: Sources, cache_capacity: int, enabled: bool = True, decode_ahead: bool = True,
                  scheduler: Scheduler = SCHEDULER, into_reply: bool = False) -> None:
         self.enabled = enabled
         self.decode_ahead = decode_ahead and cache_capacity > 0
@@ -95,7 +102,7 @@ class Prefetcher:
         self._in_file_order = False
 
     @classmethod
-    def from_env(cls, sources: SourcePool, cache_capacity: int) -> Prefetcher:
+    def from_env(cls, sources: Sources, cache_capacity: int) -> Prefetcher:
         """A prefetcher configured by ``CKPTFS_PREFETCH`` (the mount daemon's)."""
         return cls(sources, cache_capacity, enabled_from_env(), decode_ahead=decode_ahead_from_env(), into_reply=True)
 

@@ -24,7 +24,7 @@ from ckptfs.formats.safetensors import MAX_HEADER_SIZE, read_safetensors
 
 __all__ = ["detect", "read_file", "read_gguf", "read_safetensors", "READERS"]
 
-READERS: dict[str, Callable[[str], ParsedCheckpoint]] = {"gguf": read_gguf, "safetensors": read_safetensors}
+READERS: dict[str, Callable[[str, Opener], ParsedCheckpoint]] = {"gguf": read_gguf, "safetensors": read_safetensors}
 
 _JSON_WHITESPACE = b" \t\n\r"
 _SCAN_CHUNK = 4096
@@ -74,7 +74,7 @@ def _over_cap_safetensors(head: bytes) -> int | None:
     length is beyond the format's cap, else None."""
     if len(head) < 9:
         return None
-    (length,) = struct.unpack_from("<Q", head, 0)
+    length: int = struct.unpack_from("<Q", head, 0)[0]
     if length <= MAX_HEADER_SIZE or not head[8:].lstrip(_JSON_WHITESPACE).startswith(b"{"):
         return None
     return length

@@ -11,7 +11,7 @@ import functools
 import os
 from bisect import bisect_right
 from collections.abc import Callable, Sequence
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from ckptfs.core.errors import CheckpointError
 
@@ -56,7 +56,7 @@ def only_checkpoint_errors(reader: Callable[..., R]) -> Callable[..., R]:
     """
 
     @functools.wraps(reader)
-    def wrapper(path: str, *args, **kwargs) -> R:  # the path, then the reader's own (an Opener)
+    def wrapper(path: str, *args: Any, **kwargs: Any) -> R:  # the path, then the reader's own (an Opener)
         path = os.fspath(path)
         try:
             return reader(path, *args, **kwargs)

@@ -29,7 +29,7 @@ class FilePrefix:
     def __init__(self, path: str, source: ByteSource | None = None, opener: Opener = DEFAULT_OPENER) -> None:
         self.path = path
         self._owned = source is None
-        self.source = opener.source(path) if source is None else source
+        self.source: ByteSource | None = opener.source(path) if source is None else source
         self.size = self.source.size
         self._initial = max(INITIAL_READ, self.source.initial_read)
         self.data = bytearray()
@@ -68,6 +68,8 @@ class FilePrefix:
     def _pread(self, offset: int, size: int) -> bytes:
         if size <= 0:
             return b""
+        if self.source is None:
+            raise CheckpointError(self.path, offset, "cannot read the header: the file was closed")
         try:
             return self.source.pread(offset, size)
         except CheckpointError as exc:

@@ -162,7 +162,7 @@ class _Parser:
             pos = dims_start + 8 * n_dims + tail.size
         return infos, pos
 
-    def _alignment(self, entries: dict[str, ValueEntry], metadata: LazyMetadata) -> int:
+    def _alignment(self, entries: dict[str, ValueEntry], metadata: LazyMetadata[ValueEntry]) -> int:
         entry = entries.get(ALIGNMENT_KEY)
         if entry is None:
             return DEFAULT_ALIGNMENT
@@ -172,7 +172,7 @@ class _Parser:
         alignment = metadata[ALIGNMENT_KEY]
         if alignment == 0 or alignment & (alignment - 1):
             raise self.fail(entry.start, f"{ALIGNMENT_KEY} is {alignment}; it must be a non-zero power of two")
-        return alignment
+        return int(alignment)
 
     def _describe_tensors(self, infos: list[_RawInfo], data_start: int, order: str) -> list[TensorInfo]:
         sorted_offsets = sorted(data_start + info.relative_offset for info in infos)
@@ -185,6 +185,7 @@ class _Parser:
         known = geometry(type_name_) if type_name_ is not None else None
         offset = data_start + info.relative_offset
         if known is not None:  # the exact extent from the type's block layout, with or without a codec
+            assert type_name_ is not None  # known comes from the type's name
             stored = self._stored_nbytes(info, n_elements, type_name_, *known)
             truncated = truncation_reason(offset, offset + stored, self.size)
         else:

@@ -23,7 +23,7 @@ from ckptfs.formats._prefix import FilePrefix
 try:
     from ckptfs.formats import _strings
 except ImportError:  # not built (no compiler at install time, or a source checkout): the Python loop
-    _strings = None
+    _strings = None  # type: ignore[assignment]  # not built: the Python path serves
 
 #: ``CKPTFS_NO_NATIVE=1`` (read at import, as for the dequantization kernels): the Python loop only.
 NO_NATIVE = os.environ.get("CKPTFS_NO_NATIVE", "") not in ("", "0")
@@ -65,7 +65,7 @@ def type_name(vtype: int) -> str:
 def describe(entry: ValueEntry) -> str:
     """``UINT32``, ``STRING``, ``ARRAY[FLOAT32]``, ``ARRAY[ARRAY]`` (inner arrays may differ in type)."""
     if entry.vtype == ARRAY:
-        return f"ARRAY[{type_name(entry.elem_type)}]"
+        return f"ARRAY[{type_name(entry.elem_type) if entry.elem_type is not None else 'ARRAY'}]"
     return type_name(entry.vtype)
 
 
@@ -92,11 +92,11 @@ class ValueWalker:
 
     def u32(self, offset: int, what: str) -> int:
         self.ensure(offset, 4, what)
-        return self._u32.unpack_from(self.prefix.data, offset)[0]
+        return int(self._u32.unpack_from(self.prefix.data, offset)[0])
 
     def u64(self, offset: int, what: str) -> int:
         self.ensure(offset, 8, what)
-        return self._u64.unpack_from(self.prefix.data, offset)[0]
+        return int(self._u64.unpack_from(self.prefix.data, offset)[0])
 
     def string(self, offset: int, what: str) -> tuple[int, int]:
         """The byte span of the string at ``offset`` (after its length), checked against the file."""
@@ -175,7 +175,7 @@ class ValueWalker:
             self._raise_bad_string(offset, count, what)
         return pos
 
-    def _walk_strings(self, data, pos: int, count: int) -> tuple[int, int]:
+    def _walk_strings(self, data: bytes | bytearray | memoryview, pos: int, count: int) -> tuple[int, int]:
         """(where the walk stopped, strings skipped) over at most ``count`` strings of the loaded ``data``."""
         if _strings is not None and not NO_NATIVE:
             return _strings.skip(data, pos, count, self.order == ">")
@@ -226,7 +226,7 @@ def _decode_array(data: bytes, order: str, offset: int) -> tuple[Any, int]:
         return values, pos + count * size
     if elem_type == STRING:
         unpack = struct.Struct(order + "Q").unpack_from
-        strings = []
+        strings: list[str] = []
         append = strings.append
         for _ in range(count):
             length = unpack(data, pos)[0]

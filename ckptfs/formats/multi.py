@@ -133,7 +133,8 @@ def _read_candidate(candidate: Candidate, opener: Opener) -> ParsedCheckpoint:
 
 def _read_indexed(index_path: str, scan: FolderScan, opener: Opener) -> ParsedCheckpoint:
     index = read_index(index_path, opener)
-    present, missing = [], []
+    present: list[str] = []
+    missing: list[str] = []
     for file in index.shard_files():
         path = index.shard_path(file)
         (present if opener.is_file(path) else missing).append(path)

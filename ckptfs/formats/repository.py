@@ -22,6 +22,7 @@ are in the repository, and a note says so. Candidates whose files an index names
 
 from __future__ import annotations
 
+from typing import Any
 import os
 from dataclasses import dataclass
 
@@ -41,7 +42,7 @@ class Member:
     files: tuple[str, ...]    # the repository's files that are this checkpoint's (names in the folder)
     label: str                # how messages name it
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, Any]:
         return {"name": self.name, "src": self.src, "files": list(self.files), "label": self.label}
 
 
@@ -66,7 +67,7 @@ class SeveralCheckpoints(CheckpointError):
         super().__init__(repository.folder, None, reason)
         self.repository = repository
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[Any, ...]:
         return (CheckpointError, (self.file, self.offset, self.reason))
 
 

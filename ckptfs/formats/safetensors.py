@@ -60,7 +60,7 @@ class _Entry:
     end: int
 
 
-class _Pairs(list):
+class _Pairs(list[Any]):
     """A JSON object as its (key, value) pairs, so that duplicate keys stay visible."""
 
 
@@ -179,7 +179,7 @@ class _Header:
                 return None
         return self._table(rows, position, metadata or {})
 
-    def _table(self, rows: list, buffer_end: int, metadata: dict[str, str]) -> ParsedCheckpoint:
+    def _table(self, rows: list[Any], buffer_end: int, metadata: dict[str, str]) -> ParsedCheckpoint:
         start, size = self.data_start, self.file_size
         names = [row[2] for row in rows]
         storage_types = [row[3] for row in rows]
@@ -351,7 +351,7 @@ class _Header:
         )
 
 
-def _by_offsets(row: tuple) -> tuple[int, int]:
+def _by_offsets(row: tuple[Any, ...]) -> tuple[int, int]:
     return row[0], row[1]
 
 

@@ -64,7 +64,7 @@ def is_checkpoint_name(name: str) -> bool:
     return name.rpartition(".")[2] in CHECKPOINT_EXTENSIONS
 
 
-def natural_key(name: str) -> list:
+def natural_key(name: str) -> list[tuple[int, int, str]]:
     """Sort key that orders ``shard-2`` before ``shard-10`` (zero-padded names sort the same either way)."""
     return [(0, int(part), part) if part.isdigit() else (1, 0, part) for part in _DIGITS_RE.split(name)]
 
@@ -135,8 +135,15 @@ def scan_folder(folder: str | Folder) -> FolderScan:
             others.append(name)
     candidates = [Candidate((join(n),), None) for n in singles]
     for members in sets.values():
-        members.sort(key=lambda n: parse_shard_name(n).number)
+        members.sort(key=_shard_number)
         candidates.append(Candidate(tuple(join(n) for n in members), parse_shard_name(members[0])))
     candidates.sort(key=lambda c: natural_key(os.path.basename(c.paths[0])))
     return FolderScan(folder.name, tuple(indexes), tuple(candidates), tuple(others), tuple(broken),
                       {name: files[name] for name in names})
+
+
+def _shard_number(name: str) -> int:
+    """The shard number of ``name``, a member of a shard set (so a shard's name)."""
+    shard = parse_shard_name(name)
+    assert shard is not None
+    return shard.number

@@ -101,6 +101,8 @@ def read_split_gguf(src: str, parsed: ParsedCheckpoint, keys: SplitKeys,
         if head is None:
             head = (path, shard)
     notes = [f"split GGUF shard {m} is missing: its tensors are not served" for m in missing]
+    if head is None:
+        raise CheckpointError(src, None, "no shard of the split set could be read")
     head_path, head_shard = head
     if os.path.basename(head_path) != name.sibling(1):
         notes.append(f"the first shard ({name.sibling(1)}), which holds the model's metadata, is missing: "

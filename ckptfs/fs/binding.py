@@ -28,7 +28,7 @@ from ckptfs.fs.errors import MountError
 try:
     from ckptfs.fs import _listing  # optional C helper (setup.py); without it the loop is Python's
 except ImportError:
-    _listing = None
+    _listing = None  # type: ignore[assignment]  # not built: the Python path serves
 
 log = logging.getLogger(__name__)
 

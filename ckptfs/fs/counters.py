@@ -22,10 +22,11 @@ import bisect
 import threading
 import time
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 if TYPE_CHECKING:
     from ckptfs.checkpoint.api import Checkpoint, Tensor
+    from ckptfs.quant import Codec
 
 #: Seconds. From 5 µs (a cached 4 KiB read; a small exact-type decode) to 60 s (a remote read retried
 #: until its timeout), roughly x2.5 per step, so p50/p99 resolve at both ends.
@@ -180,7 +181,7 @@ def instrument_decoding(checkpoint: Checkpoint, counters: DecodeCounters) -> Non
         proxy = wrapped.get(id(codec))
         if proxy is None:
             proxy = wrapped[id(codec)] = counters.wrap(codec)
-        tensor.codec = proxy
+        tensor.codec = cast("Codec", proxy)  # it stands in for the codec: every attribute delegated
 
     checkpoint.tensors.on_made(wrap)  # each Tensor as it is made: a mount of 94k tensors makes few
 

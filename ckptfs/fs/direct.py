@@ -52,7 +52,7 @@ from ckptfs.sources.base import HasLocalCopy
 try:
     from ckptfs.fs import _direct  # optional C helper (setup.py); without it every read is Python's
 except ImportError:
-    _direct = None
+    _direct = None  # type: ignore[assignment]  # not built: the Python path serves
 
 log = logging.getLogger(__name__)
 
@@ -131,13 +131,13 @@ class DirectReads:
                     fd, st_size, mtime_ns = copies[id(what)]
                     packed += SEGMENT.pack(start, length, fd, offset, st_size, mtime_ns, 0)
                 else:
-                    fd = fds.get(id(what))
-                    if fd is None:
+                    pinned = fds.get(id(what))
+                    if pinned is None:
                         # the pinned descriptor, in use until unregister: the pool does not close a source in use
-                        fd = fds[id(what)] = what._acquire_fd()
+                        pinned = fds[id(what)] = what._acquire_fd()
                         held.append(what)
                     _, _, st_size, mtime_ns, _ = what.identity
-                    packed += SEGMENT.pack(start, length, fd, offset, st_size, mtime_ns, 0)
+                    packed += SEGMENT.pack(start, length, pinned, offset, st_size, mtime_ns, 0)
             registered = _direct.register(fh, slot, view.size, bytes(packed))
         except CheckpointError:  # a source replaced since it was pinned: Python's read of it says so
             return False
@@ -202,4 +202,6 @@ def _local_copy(source: Any) -> tuple[int, int, int] | None:
 def _address(data: bytes) -> int:
     """Where a bytes object's own buffer lies (ctypes hands C that buffer itself for ``c_char_p``, no copy);
     valid while the object lives, and a bytes object never moves or changes."""
-    return ctypes.cast(ctypes.c_char_p(data), ctypes.c_void_p).value
+    address = ctypes.cast(ctypes.c_char_p(data), ctypes.c_void_p).value
+    assert address is not None  # a bytes object's buffer is never NULL
+    return address

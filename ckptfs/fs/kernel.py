@@ -17,6 +17,7 @@ import ctypes
 import logging
 import os
 import platform
+from typing import Any
 
 from ckptfs.engine.prefetch import enabled_from_env
 from ckptfs.fs.mountpoint import mount_entries
@@ -35,7 +36,7 @@ def readahead_from_env() -> int:
         return DEFAULT_READAHEAD_KB
 
 
-def tune_connection(conn: object | None, mountpoint: str | None) -> None:
+def tune_connection(conn: Any, mountpoint: str | None) -> None:
     """Raise this mount's kernel readahead; called from ``init`` (libfuse's, before its reply to the kernel's
     INIT). The kernel keeps the smaller of the device's ``read_ahead_kb`` and the ``max_readahead`` of the
     reply, so both are raised here: the device's now, the reply's through the connection info (``conn``,

@@ -244,6 +244,7 @@ def _start_exporter(plan: _Plan, operations: CkptOperations) -> MountError | Non
     scheme = scheme_of(src)
     info = {"version": __version__, "binding": plan.binding.describe(),
             "source": strip_url(src), "scheme": scheme or "file"}
+    assert plan.metrics is not None  # called only with --metrics
     try:
         host, port = start_exporter(*plan.metrics, operations, info)
     except MountError as exc:
@@ -345,7 +346,7 @@ class _StartupCheck:
         self._decide("moot")
         if self._thread.ident is not None and self.outcome in ("ok", "failed"):
             self._thread.join(ANSWER_TIMEOUT)
-        return self.outcome
+        return self.outcome or "moot"
 
 
 def _run_foreground(plan: _Plan, lock: MountpointLock | None = None) -> int:

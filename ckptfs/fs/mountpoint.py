@@ -118,7 +118,7 @@ def check_mountpoint(path: str, allow_nonempty: bool) -> str:
         raise MountError(f"mountpoint {path} does not exist") from None
     except OSError as exc:
         if path in mount_points():
-            raise _dead_mount(path, exc.strerror) from None
+            raise _dead_mount(path, exc.strerror or str(exc)) from None
         raise MountError(f"mountpoint {path}: {exc.strerror}") from None
     if not stat.S_ISDIR(st.st_mode):
         raise MountError(f"mountpoint {path} is not a directory")
@@ -128,7 +128,7 @@ def check_mountpoint(path: str, allow_nonempty: bool) -> str:
     except OSError as exc:
         # A dead FUSE mount may still stat (cached attributes) but cannot be listed.
         if exc.errno in DEAD_MOUNT_ERRNOS:
-            raise _dead_mount(path, exc.strerror) from None
+            raise _dead_mount(path, exc.strerror or str(exc)) from None
         raise MountError(f"mountpoint {path}: {exc.strerror}") from None
     if is_mount_point(path):
         raise MountError(f"mountpoint {path} is already a mount point")

@@ -23,13 +23,16 @@ import os
 import stat
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ckptfs.core.errors import CheckpointError
 from ckptfs.util.oneline import one_line
 from ckptfs.engine.prefetch import Prefetcher
 from ckptfs.tree.mount_tree import MountTree
 from ckptfs.tree.ownership import Ownership
+
+if TYPE_CHECKING:  # imported when a folder of several checkpoints is mounted
+    from ckptfs.tree.repository import RepositoryTree
 from ckptfs.engine.views import NpyView, View
 from ckptfs.fs.kernel import tune_connection, use_one_malloc_arena
 from ckptfs.fs.counters import MountCounters, instrument_decoding
@@ -117,7 +120,7 @@ def _read_only(method: Callable) -> Callable:
     return callback
 
 
-def warm_read_path(tree: MountTree) -> None:
+def warm_read_path(tree: MountTree | RepositoryTree) -> None:
     """Run the read path once per storage type before the first request (from ``init``, before the mount is
     ready): the ``.npy`` view of the first tensor of each type is made and its first block decoded into a
     scratch array (``TensorData.warm``: past the cache, no lookup counted). A fresh daemon's first read
@@ -155,12 +158,12 @@ class CkptOperations:
 
     use_ns = True  # times as integer nanoseconds (both bindings)
 
-    def __init__(self, tree: MountTree, on_ready: Callable[[], None] | None = None,
+    def __init__(self, tree: MountTree | RepositoryTree, on_ready: Callable[[], None] | None = None,
                  describe: dict[str, Any] | None = None, counters: MountCounters | None = None):
         self.tree = tree
         self.counters = counters if counters is not None else MountCounters()
         self._causes = OncePerCause()
-        self._kinds: dict[str, str] = {}
+        self._kinds: dict[str | None, str] = {}
         tree.each_checkpoint(lambda ck: instrument_decoding(ck, self.counters.decode))
         self._on_ready = on_ready
         self._describe = dict(describe or {})
@@ -170,7 +173,7 @@ class CkptOperations:
         mtime_ns = tree.mtime_ns
         self._times = {"st_atime": mtime_ns, "st_mtime": mtime_ns, "st_ctime": mtime_ns}
         #: per path, files and folders: owner and mode come from what each is made of (tree.ownership)
-        self._file_attrs: dict[str, dict[str, int]] = {}
+        self._file_attrs: dict[str | None, dict[str, int]] = {}
         self._handles: dict[int, View] = {}
         #: handles opened with O_DIRECT: what they read the kernel's page cache does not hold (see _serve)
         self._uncached: set[int] = set()
@@ -234,6 +237,8 @@ class CkptOperations:
     def getattr(self, path: str | None, fh: int | None = None) -> dict[str, int]:
         attrs = self._file_attrs.get(path)
         if attrs is None:
+            if path is None:  # a handle's attributes: libfuse passes the path unless told otherwise
+                raise FsError(errno.ENOENT)
             if path == "/" or (path and path[0] == "/" and self.tree.is_dir(path[1:])):
                 attrs = self._attrs(DIR_MODE, 0, nlink=2, owner=self.tree.owner(path[1:]))
             else:
@@ -280,10 +285,14 @@ class CkptOperations:
 
     @_guarded
     def read(self, path: str | None, size: int, offset: int, fh: int) -> bytes:
-        return self._serve(path, size, offset, fh, None)
+        data = self._serve(path, size, offset, fh, None)
+        assert isinstance(data, bytes)  # no target: the bytes themselves
+        return data
 
     def _read_into(self, path: str | None, target: memoryview, offset: int, fh: int) -> int:
-        return self._serve(path, len(target), offset, fh, target)
+        done = self._serve(path, len(target), offset, fh, target)
+        assert isinstance(done, int)  # a target: how many bytes went into it
+        return done
 
     _read_into.__name__ = "read"  # the same FUSE operation: metrics and error lines say "read"
     #: ``read`` into a writable buffer (``View.read_into``): the mfusepy binding passes libfuse's own, so the
@@ -302,12 +311,13 @@ class CkptOperations:
         # request (0.3-0.5 ms of a 1.6 ms mmap fault's read-around; docs/performance.md). A sequential
         # stream keeps nothing either way: it will not come back.
         keep = fh in self._uncached and not streaming
+        data: bytes | int
         if self._read_scope is None:
             data = view.read(offset, size) if target is None else view.read_into(offset, target, keep)
         else:
             with self._read_scope():
                 data = view.read(offset, size) if target is None else view.read_into(offset, target, keep)
-        served = len(data) if target is None else data
+        served = len(data) if isinstance(data, bytes) else data
         if served != size and served != max(0, min(size, view.size - offset)):
             self._short_reply(path, view, offset, size, served)
         if self.counters.timed:

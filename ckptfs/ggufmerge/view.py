@@ -22,6 +22,7 @@ from ckptfs.formats._prefix import FilePrefix
 from ckptfs.formats.gguf import ALIGNMENT_KEY, DEFAULT_ALIGNMENT, GGML_TYPE_NAMES, MAGIC
 from ckptfs.formats.gguf_values import ValueWalker
 from ckptfs.engine.views import HeaderBodyView
+from ckptfs.engine.values import BytePart
 from ckptfs.sources import ByteSource
 
 SPLIT_PREFIX = "split."
@@ -120,10 +121,11 @@ class MergedGgufView(HeaderBodyView):
             segments.append((pos, self.size - pos, None, 0))
         return segments
 
-    def body_segments(self, d0: int, d1: int) -> list[bytes]:
+    def body_segments(self, d0: int, d1: int) -> list[BytePart]:
         """Bytes [d0, d1) after the header: each tensor's stored bytes, zeros between them."""
         hlen = len(self.header)
-        pos, end, parts = d0 + hlen, d1 + hlen, []
+        pos, end = d0 + hlen, d1 + hlen
+        parts: list[BytePart] = []
         i = max(0, bisect.bisect_right(self._starts, pos) - 1)
         while pos < end:
             piece = self.pieces[i] if i < len(self.pieces) else None

@@ -13,7 +13,7 @@ These tables are not a stable API of transformers: the version the tests run wit
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -99,19 +99,21 @@ def config_dict(metadata: Mapping[str, Any], tensor_names: Sequence[str]) -> dic
     defaults = GGUF_CONFIG_DEFAULTS_MAPPING.get(updated, GGUF_CONFIG_DEFAULTS_MAPPING.get(architecture) or {})
     for key, value in defaults.items():
         config.setdefault(key, value)
+    mapping = cast(dict[str, dict[str, Any]], GGUF_CONFIG_MAPPING)  # transformers types its values as object
     for gguf_key in metadata:
         renamed_key = gguf_key.replace(architecture, updated)
         prefix, _, config_key = renamed_key.partition(".")
-        table = GGUF_CONFIG_MAPPING.get(prefix)
+        table = mapping.get(prefix)
         if table is None or config_key not in table or table[config_key] in (None, -1):
             continue
-        value = reader_value(metadata[gguf_key])
-        if isinstance(value, list) and len(value) == 1:
-            value = value[0]
-        if isinstance(value, str) and architecture in value:
-            value = value.replace(architecture, updated)
-        config[table[config_key]] = value
-    config["model_type"] = _TEXT_MODEL_TYPES.get(config.get("model_type"), config.get("model_type"))
+        found: Any = reader_value(metadata[gguf_key])
+        if isinstance(found, list) and len(found) == 1:
+            found = found[0]
+        if isinstance(found, str) and architecture in found:
+            found = found.replace(architecture, updated)
+        config[table[config_key]] = found
+    model_type = config.get("model_type")
+    config["model_type"] = _TEXT_MODEL_TYPES.get(model_type, model_type) if model_type is not None else None
     if "vocab_size" not in config and "tokenizer.ggml.tokens" in metadata:
         config["vocab_size"] = len(metadata["tokenizer.ggml.tokens"])
     return config

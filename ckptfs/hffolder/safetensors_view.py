@@ -88,7 +88,8 @@ class ParamData:
         self.dtype = dtype
         self.st_dtype, self.itemsize = DTYPES[dtype]
         tensor = param.tensor
-        self.data = TensorData(tensor.info, tensor.codec, np.float32, checkpoint.sources, checkpoint.cache)
+        assert tensor.codec is not None  # a parameter of the folder is a decodable tensor
+        self.data = TensorData(tensor.info, tensor.codec, np.dtype(np.float32), checkpoint.sources, checkpoint.cache)
         self._cache = checkpoint.cache
         self.n_elements = tensor.info.n_elements
         self.nbytes = self.n_elements * self.itemsize
@@ -97,7 +98,7 @@ class ParamData:
         self.passthrough = (dtype == "float32" and param.row_order is None and param.value_map is None)
         self.group_rows = max(1, GROUP_TARGET_BYTES // max(1, self.row_elements * self.itemsize))
         self.group_bytes = self.group_rows * self.row_elements * self.itemsize
-        self._key_prefix: tuple | None = None
+        self._key_prefix: tuple[str, int, str, str] | None = None
 
     def rows_f32(self, r0: int, r1: int) -> np.ndarray:
         """Output rows [r0, r1) in float32, flat, transforms applied."""
@@ -142,7 +143,7 @@ class ParamData:
         parts = []
         for g in range(b0 // self.group_bytes, (b1 - 1) // self.group_bytes + 1):
             base = g * self.group_bytes
-            parts.append(memoryview(self._served_group(g))[max(b0 - base, 0): b1 - base])
+            parts.append(self._served_group(g).data[max(b0 - base, 0): b1 - base])
         return parts
 
     def bytes_into(self, b0: int, target: np.ndarray, keep: bool = True) -> None:

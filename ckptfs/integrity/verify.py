@@ -67,24 +67,26 @@ def compare(expected: Manifest, actual: Manifest) -> list[Mismatch]:
     sizes = {f.name: f.size for f in actual.files}
     actual_tensors = _by_occurrence(actual.tensors)
     expected_counts, actual_counts = _counts(expected.tensors), _counts(actual.tensors)
-    for key, e in _by_occurrence(expected.tensors).items():
-        a = actual_tensors.pop(key, None)
-        if a is None and key[0] in actual_counts:
-            found.append(Mismatch(e.file, e.name, f"duplicate: the manifest lists it {_times(expected_counts[key[0]])}, "
-                                                  f"the checkpoint holds it {_times(actual_counts[key[0]])}"))
-        elif a is None:
-            found.append(Mismatch(e.file, e.name, "missing: the manifest lists it, the checkpoint does not"))
-        elif (a.file, a.offset, a.stored_nbytes) != (e.file, e.offset, e.stored_nbytes):
-            found.append(Mismatch(a.file, e.name, f"stored at {a.file} bytes {a.offset}..{a.end}, the manifest "
-                                                  f"says {e.file} bytes {e.offset}..{e.end}"))
-        elif a.present is not None:
-            found.append(Mismatch(a.file, e.name, cut_short(a, sizes.get(a.file, a.offset + a.present))))
-        elif a.sha256 != e.sha256 or a.crc32 != e.crc32:
-            found.append(Mismatch(a.file, e.name, _changed_bytes(e, a, expected.chunk_size)))
-    for (name, _), a in actual_tensors.items():
+    for key, want in _by_occurrence(expected.tensors).items():
+        have = actual_tensors.pop(key, None)
+        if have is None and key[0] in actual_counts:
+            found.append(Mismatch(want.file, want.name,
+                                  f"duplicate: the manifest lists it {_times(expected_counts[key[0]])}, "
+                                  f"the checkpoint holds it {_times(actual_counts[key[0]])}"))
+        elif have is None:
+            found.append(Mismatch(want.file, want.name, "missing: the manifest lists it, the checkpoint does not"))
+        elif (have.file, have.offset, have.stored_nbytes) != (want.file, want.offset, want.stored_nbytes):
+            found.append(Mismatch(have.file, want.name, f"stored at {have.file} bytes {have.offset}..{have.end}, the "
+                                                        f"manifest says {want.file} bytes {want.offset}..{want.end}"))
+        elif have.present is not None:
+            found.append(Mismatch(have.file, want.name,
+                                  cut_short(have, sizes.get(have.file, have.offset + have.present))))
+        elif have.sha256 != want.sha256 or have.crc32 != want.crc32:
+            found.append(Mismatch(have.file, want.name, _changed_bytes(want, have, expected.chunk_size)))
+    for (name, _), have in actual_tensors.items():
         what = (f"duplicate: the checkpoint holds it {_times(actual_counts[name])}, the manifest lists it "
                 f"{_times(expected_counts[name])}") if name in expected_counts else "not in the manifest"
-        found.append(Mismatch(a.file, a.name, what))
+        found.append(Mismatch(have.file, have.name, what))
     return found
 
 

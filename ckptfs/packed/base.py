@@ -11,6 +11,9 @@ implementation computes. ``parts`` is a :class:`PartReader`-like object (``ckptf
 parts and derived per-layer arrays come from the shared cache, row ranges straight from the source.
 A scheme may also give a ``kernel``: the same rows through the optional C extension (``native.py``), chosen
 per call like ``ckptfs.quant``'s kernels (``backend`` auto, numpy or native).
+
+Layouts decode behind the engine's one decode door: this module registers them there as the "packed" parts
+backend (``ckptfs.engine.decode.decode_parts``), which is what a packed view's tiles decode through.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from ckptfs.core.descriptors import TensorInfo
+from ckptfs.engine.decode import register_parts_backend
 from ckptfs.packed.bits import f16_normal, scale_to_f32
 from ckptfs.packed.native import use_kernel
 
@@ -67,9 +71,10 @@ class Layout:
         (the reference), "native" (the kernel; ValueError where there is none). A call the kernel does not
         take is decoded by numpy."""
         shape = (o1 - o0, self.in_features)
-        if use_kernel(backend, self.kernel is not None):
+        kernel = self.kernel
+        if use_kernel(backend, kernel is not None) and kernel is not None:
             dest = out if out is not None else np.empty(shape, np.float32)
-            if self.kernel(parts, o0, o1, dest):
+            if kernel(parts, o0, o1, dest):
                 return dest.reshape(shape)
         direct = out if out is not None and out.dtype == np.float32 else None
         values = self.decode(parts, o0, o1, direct)
@@ -79,6 +84,17 @@ class Layout:
             with np.errstate(over="ignore"):
                 np.copyto(out.reshape(shape), values.reshape(shape), casting="unsafe")  # beyond fp16: inf
         return out.reshape(shape)
+
+
+class LayoutRows:
+    """The "packed" parts backend of ``ckptfs.engine.decode``: a layer's rows by its :class:`Layout`."""
+
+    def decode_rows(self, layout: Layout, parts: Parts, o0: int, o1: int, out: np.ndarray | None,
+                    backend: str | None) -> np.ndarray:
+        return layout.decode_rows(parts, o0, o1, out, backend)
+
+
+register_parts_backend("packed", LayoutRows())
 
 
 # ------------------------------------------------------------------------------------------ header checks

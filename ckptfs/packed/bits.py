@@ -76,7 +76,7 @@ def round_to(values: np.ndarray, storage_type: str, f16_normal: bool = False) ->
         nan = np.isnan(values.max()) if values.size else False
         original = values.copy() if nan else None
         out = _round_mantissa(values, 16)
-        if nan:  # the carry of rounding must not turn a NaN's payload into an infinity
+        if original is not None:  # the carry of rounding must not turn a NaN's payload into an infinity
             out = np.where(np.isnan(original), original, out)
         return out
     return values

@@ -83,7 +83,8 @@ def find_layers(names: list[str], config: QuantConfig) -> dict[str, dict[str, st
     For a known scheme the parts are that scheme's; otherwise any ``qweight`` or ``weight_packed`` marks a
     layer (its view will be absent, with the config's problem as the reason)."""
     present = set(names)
-    markers = {SCHEMES[config.method][1]: SCHEMES[config.method][2]} if config.known else MARKERS
+    method = config.method if config.known else None
+    markers = {SCHEMES[method][1]: SCHEMES[method][2]} if method is not None else MARKERS
     layers: dict[str, dict[str, str]] = {}
     for name in names:
         prefix, dot, suffix = name.rpartition(".")

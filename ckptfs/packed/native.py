@@ -19,7 +19,7 @@ from ckptfs.quant.native import DISABLED
 try:
     from ckptfs.packed import _kernels
 except ImportError:  # not built (no compiler at install time, or a source checkout): numpy only
-    _kernels = None
+    _kernels = None  # type: ignore[assignment]  # not built: the Python path serves
 
 BACKENDS = (None, "auto", "numpy", "native")
 DENSE, AWQ_GEMM = 0, 1

@@ -26,6 +26,7 @@ from ckptfs.checkpoint.api import Tensor
 from ckptfs.core.descriptors import TensorInfo
 from ckptfs.core.errors import CheckpointError
 from ckptfs.engine.blocks import byte_views, group_slices
+from ckptfs.engine.decode import decode_parts
 from ckptfs.engine.values import TensorValues
 from ckptfs.engine.views import npy_header
 from ckptfs.packed.base import Absent, Layout
@@ -134,7 +135,7 @@ class PackedData(TensorValues):
         if out is None and self.dtype != np.float32:
             out = np.empty((o1 - o0) * self.row_elements, self.dtype)
         try:
-            values = self.layout.decode_rows(self._reader, o0, o1, out, self.backend)
+            values = decode_parts("packed", self.layout, self._reader, o0, o1, out, self.backend)
         except Absent as exc:  # a fact only the stored values reveal (a g_idx out of range)
             marker = next(iter(self.layout.parts.values()))
             raise CheckpointError(marker.source, marker.offset, f"tensor {self.info.name!r}: {exc}") from None
@@ -218,6 +219,8 @@ class PackedTensor(Tensor):
         self.layout = layout
         self.origin = origin
         self.dtype = dtype
+        self._served = dtype  # what dtype is, never None for a view (Tensor.dtype may be)
+        self._packed: PackedData | None = None
         self.extra_meta: dict[str, Any] = {}
 
     @property
@@ -226,10 +229,10 @@ class PackedTensor(Tensor):
 
     @property
     def data(self) -> PackedData:
-        if self._data is None:
+        if self._packed is None:
             reader = PartReader(self._ck, self.layout, self.name)
-            self._data = PackedData(self.info, self.layout, reader, self.dtype, self._ck.cache)
-        return self._data
+            self._packed = self._data = PackedData(self.info, self.layout, reader, self._served, self._ck.cache)
+        return self._packed
 
     @property
     def meta(self) -> dict[str, Any]:
@@ -242,8 +245,8 @@ class PackedTensor(Tensor):
                 "parameters": dict(layout.parameters),
                 "config": self.origin,
                 "shape": list(self.shape),
-                "npy_dtype": self.dtype.str,
-                "npy_data_offset": len(npy_header(self.shape, self.dtype)),
+                "npy_dtype": self._served.str,
+                "npy_data_offset": len(npy_header(self.shape, self._served)),
                 "npy_nbytes": self.nbytes,
                 "computed_in": layout.scale_type,
                 "parts": {role: {"name": p.name, "storage_type": p.storage_type, "shape": list(p.shape),

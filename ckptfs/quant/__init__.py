@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ckptfs.quant.geometry import GEOMETRY, geometry  # noqa: F401 - re-exported
+from ckptfs.quant.geometry import GEOMETRY as GEOMETRY, geometry as geometry  # re-exported
 from ckptfs.quant.native import NativeDecoder
 
 Decoder = Callable[[np.ndarray], np.ndarray]

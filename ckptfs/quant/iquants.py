@@ -67,8 +67,8 @@ _BIT_SHIFTS = np.arange(8, dtype=np.uint8)
 
 # IQ4: byte (a | b << 4) -> the float32 pair (kvalues[a], kvalues[b]) as one 8-byte item.
 _BYTE = np.arange(256)
-_IQ4_PAIRS = np.stack([KVALUES_IQ4NL[_BYTE & 15], KVALUES_IQ4NL[_BYTE >> 4]], axis=1).astype(F32)
-_IQ4_PAIRS = _IQ4_PAIRS.view(_U64).reshape(256)
+_IQ4_PAIRS = (np.stack([KVALUES_IQ4NL[_BYTE & 15], KVALUES_IQ4NL[_BYTE >> 4]], axis=1).astype(F32)
+              .view(_U64).reshape(256))
 _NIBBLES = np.uint64(0x0F0F0F0F0F0F0F0F)
 _EVEN_BYTES = np.uint64(0x00FF00FF00FF00FF)
 # IQ4_XS 6-bit sub-block scale -> (ls - 32) as float32 (ggml: ``d * (ls - 32)``, int converted first).

@@ -10,6 +10,8 @@ so gguf-py is no reference for it. ``s`` (= d * sum(qs), an activation helper) i
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from ckptfs.quant import Codec, register_codec
@@ -56,7 +58,7 @@ def decode_q5_1(blocks: np.ndarray) -> np.ndarray:
     return _scale(_five_bit_codes(blocks, 4, 8), f16_field(blocks, 0), f16_field(blocks, 2))
 
 
-def _decode_q8(qs_at: int):
+def _decode_q8(qs_at: int) -> Callable[[np.ndarray], np.ndarray]:
     def decode(blocks: np.ndarray) -> np.ndarray:
         return _scale(field(blocks, qs_at, QK, "i1"), f16_field(blocks, 0))
 

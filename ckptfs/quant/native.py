@@ -16,7 +16,7 @@ import numpy as np
 try:
     from ckptfs.quant import _native
 except ImportError:  # not built (no compiler at install time, or a source checkout): numpy only
-    _native = None
+    _native = None  # type: ignore[assignment]  # not built: the Python path serves
 
 Decoder = Callable[[np.ndarray], np.ndarray]
 

@@ -18,6 +18,8 @@ a reader's own request is never held back, but every request, read-ahead or not,
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
 import math
 import os
 import threading
@@ -45,7 +47,7 @@ class OriginLimit:
     """The adaptive in-flight limit of one origin (see the module docstring). Thread-safe."""
 
     def __init__(self, initial: int = INITIAL, floor: int = FLOOR, ceiling: int = CEILING,
-                 clock=time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.floor, self.ceiling = floor, ceiling
         self.limit = max(floor, min(ceiling, initial))
         self._clock = clock
@@ -136,7 +138,7 @@ class OriginLimit:
         self._epoch_seconds_per_byte = []
         self._saturated = False
 
-    def stats(self) -> dict:
+    def stats(self) -> dict[str, Any]:
         with self._lock:
             return {"limit": self.limit, "in_flight": self.in_flight, "peak": self.peak,
                     "throttles": self.throttles}
@@ -169,7 +171,7 @@ def origin_limit(origin: str) -> OriginLimit:
         return found
 
 
-def origin_stats() -> dict[str, dict]:
+def origin_stats() -> dict[str, dict[str, Any]]:
     with _limits_lock:
         return {origin: limit.stats() for origin, limit in _limits.items()}
 

@@ -18,7 +18,8 @@ The contract every implementation keeps:
 
 from __future__ import annotations
 
-from typing import Protocol, runtime_checkable
+import builtins
+from typing import Any, Protocol, runtime_checkable
 
 
 class ByteSource:
@@ -27,7 +28,7 @@ class ByteSource:
     name: str
     size: int
     #: What a reopen must find again (a local file's device, inode, size, mtime...; () when nothing is known).
-    identity: tuple = ()
+    identity: tuple[Any, ...] = ()
     #: Modification time shown as the mount's times (0 when the medium does not say).
     mtime_ns: int = 0
     #: Bytes a header reader asks for at least in its first read (remote sources: each read is a round trip).
@@ -61,7 +62,7 @@ class ByteSource:
         self.close()
         return True
 
-    def stats(self) -> dict:
+    def stats(self) -> dict[str, Any]:
         """Counters (remote sources: requests, bytes, retries, failovers)."""
         return {}
 
@@ -97,7 +98,7 @@ class Folder:
         """Regular files directly in the folder (hidden ones excluded): name -> size (-1 if unknown)."""
         raise NotImplementedError
 
-    def broken(self) -> list[str]:
+    def broken(self) -> builtins.list[str]:  # builtins: ``list`` here is the method
         """Entries that are neither files nor folders (dangling links, sockets): reported, not served."""
         return []
 

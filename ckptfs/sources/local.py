@@ -19,13 +19,14 @@ caches shared across processes key on, so an in-place rewrite that restores the 
 
 from __future__ import annotations
 
+import builtins
 import logging
 import os
 import stat
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from ckptfs.core.errors import CheckpointError
 from ckptfs.sources.base import ByteSource, Folder
@@ -58,7 +59,7 @@ class FileStamp:
     def pin(self) -> tuple[int, int, int, int]:
         return self.dev, self.ino, self.size, self.mtime_ns
 
-    def matches(self, identity: tuple) -> bool:
+    def matches(self, identity: tuple[Any, ...]) -> bool:
         """Whether a source whose ``identity`` this is (a ``FileSource``'s, or a wrapper's copy of it) reads
         the file this stamp was taken of, as it was then."""
         return tuple(identity[:4]) == self.pin
@@ -132,6 +133,7 @@ class FileSource(ByteSource):
         with self._lock:
             self._reopen_locked()
             self._users += 1
+            assert self._fd is not None  # reopened above
             return self._fd
 
     def _release_fd(self) -> None:
@@ -267,7 +269,7 @@ class LocalFolder(Folder):
                 files[name] = st.st_size
         return files
 
-    def broken(self) -> list[str]:
+    def broken(self) -> builtins.list[str]:  # builtins: ``list`` here is the method
         return list(self._broken)
 
     def join(self, name: str) -> str:

@@ -26,6 +26,7 @@ import os
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 from ckptfs.core.errors import CheckpointError, SourceUnavailable, public_name
 from ckptfs.sources.base import ByteSource
@@ -166,7 +167,8 @@ class MirrorSet:
     """
 
     def __init__(self, src: str, mirrors: list[str], is_folder: bool,
-                 member_wrapper: Callable[[ByteSource, str], ByteSource] | None = None, options=None) -> None:
+                 member_wrapper: Callable[[ByteSource, str], ByteSource] | None = None,
+                 options: Any = None) -> None:
         self.src = src.rstrip("/") if is_folder and _is_url(src) else src
         self.mirrors = [str(m) for m in mirrors]
         self.is_folder = is_folder

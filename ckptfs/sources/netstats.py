@@ -9,6 +9,7 @@ ended the read) and ``timeout`` (an attempt abandoned for stalling or for the re
 
 from __future__ import annotations
 
+from typing import Any
 import threading
 from collections import Counter
 
@@ -23,8 +24,8 @@ class SourceCounters:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._requests: Counter = Counter()  # (scheme, outcome) -> n
-        self._bytes: Counter = Counter()  # scheme -> n
+        self._requests: Counter[tuple[str, str]] = Counter()  # (scheme, outcome) -> n
+        self._bytes: Counter[str] = Counter()  # scheme -> n
         self.retries = 0
         self.failovers = 0
         self.shared_bytes = 0  # chunk bytes taken from the fleet's shared tier instead of the origin
@@ -47,12 +48,12 @@ class SourceCounters:
         with self._lock:
             self.failovers += 1
 
-    def snapshot(self) -> dict:
+    def snapshot(self) -> dict[str, Any]:
         """``{"requests", "bytes", "retries", "failovers", "shared_bytes", "by_scheme": {scheme: {"requests":
         {outcome: n}, "bytes": n}}}`` (``bytes``: received from the origins; ``shared_bytes``: chunks the
         shared tier served instead)."""
         with self._lock:
-            by_scheme: dict[str, dict] = {}
+            by_scheme: dict[str, dict[str, Any]] = {}
             for (scheme, outcome), n in self._requests.items():
                 entry = by_scheme.setdefault(scheme, {"requests": {}, "bytes": 0})
                 entry["requests"][outcome] = n

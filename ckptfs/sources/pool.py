@@ -31,7 +31,8 @@ class SourcePool:
     def __init__(self, max_open: int = 64, opener: Callable[[str, str | None], ByteSource] | None = None,
                  wrapper: Callable[[ByteSource], ByteSource] | None = None) -> None:
         if opener is None:
-            from ckptfs.sources.registry import open_source as opener
+            from ckptfs.sources.registry import open_source
+            opener = open_source
         self._opener = opener
         self._wrapper = wrapper
         self.max_open = max(1, max_open)

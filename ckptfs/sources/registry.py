@@ -23,8 +23,8 @@ from ckptfs.core.errors import CheckpointError
 from ckptfs.sources.base import ByteSource, Folder
 from ckptfs.sources.local import FileSource, open_local_folder
 
-SourceOpener = Callable[[str], ByteSource]
-FolderOpener = Callable[[str], "Folder | None"]
+SourceOpener = Callable[..., ByteSource]  # (src) or, for a scheme that takes them, (src, options=...)
+FolderOpener = Callable[..., "Folder | None"]
 
 #: Modules that register the built-in remote schemes, imported on first use of the scheme.
 LAZY_SCHEMES = {"http": "ckptfs.sources.remote.http", "https": "ckptfs.sources.remote.http",
@@ -95,7 +95,7 @@ class Opener:
         scheme = scheme_of(src)
         if scheme is None:
             open_path = os.path.join(base_dir, src) if base_dir is not None else src
-            source = FileSource(src, open_path)
+            source: ByteSource = FileSource(src, open_path)
         else:
             opener, _, takes_options = _scheme_openers(scheme)
             source = opener(src, options=self.options) if takes_options else opener(src)

@@ -5,7 +5,8 @@ straight into the preallocated torch tensors (the C kernels write float32 result
 are cast from bounded float32 runs, never from a whole-tensor float32 copy).
 
 Device path (a CUDA device): the stored bytes are uploaded through two pinned staging buffers and
-dequantized on the device by the torch kernels of kernels.py, run by run, each run's float32 values cast
+dequantized on the device by the torch kernels of kernels.py (the engine's decode door's "torch" device
+backend: ``ckptfs.engine.decode.device_backend``), run by run, each run's float32 values cast
 into the destination there; reads of the next pieces overlap the GPU work. Types without a torch kernel
 (and big-endian files) are decoded on the host and copied. ``use_kernels=True`` runs this same path on the
 CPU: that is how CI checks it bit for bit without a GPU.
@@ -27,9 +28,9 @@ import torch
 
 from ckptfs.quant import codec_for
 from ckptfs.checkpoint.api import opened
-from ckptfs.engine import batch
+from ckptfs.engine import batch, decode
 from ckptfs.readahead import SCHEDULER
-from ckptfs.torchio import kernels
+from ckptfs.torchio import kernels  # noqa: F401 - registers the "torch" device backend with the decode door
 
 #: Storage types torch holds exactly: ``dtype=None`` keeps them; every other type becomes float32.
 STORAGE_DTYPES: dict[str, torch.dtype] = {
@@ -46,6 +47,7 @@ FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 _SIGNIFICAND = {torch.float16: 11, torch.bfloat16: 8, torch.float32: 24, torch.float64: 53}
 _QUANTIZED = {torch.qint8, torch.quint8, torch.qint32, torch.quint4x2, torch.quint2x4}
 READ_AHEAD = 4                         # device path: pieces read ahead of the one being uploaded
+DEVICE_BACKEND = "torch"               # the decode door's device backend (ckptfs.torchio.kernels registers it)
 
 
 def resolve_device(device) -> torch.device:
@@ -263,9 +265,11 @@ class _Uploader:
         i, self.turn = self.turn, self.turn ^ 1
         if self.events[i] is not None:
             self.events[i].synchronize()           # its last upload has left the buffer
-        if self.buffers[i] is None or self.buffers[i].numel() < host.size:
-            self.buffers[i] = torch.empty(max(host.size, batch.PIECE_BYTES), dtype=torch.uint8, pin_memory=True)
-        staged = self.buffers[i][:host.size]
+        buffer = self.buffers[i]
+        if buffer is None or buffer.numel() < host.size:
+            buffer = self.buffers[i] = torch.empty(max(host.size, batch.PIECE_BYTES), dtype=torch.uint8,
+                                                   pin_memory=True)
+        staged = buffer[:host.size]
         staged.numpy()[:] = host
         on_device = staged.to(self.device, non_blocking=True)
         self.events[i] = torch.cuda.Event()
@@ -308,16 +312,19 @@ def _read_ahead(piece: batch.Piece, sources) -> Future | None:
 
 
 def _device_decodable(run: batch.Run) -> bool:
-    return kernels.has_kernel(run.request.codec.name) and run.info.byte_order == "<"
+    return decode.device_backend(DEVICE_BACKEND, run.request.codec, run.info) is not None
 
 
 def _device_run(run: batch.Run, stored: torch.Tensor) -> None:
     info, req = run.info, run.request
+    codec, dest = req.codec, req.dest
+    backend = decode.device_backend(DEVICE_BACKEND, codec, info)
+    assert codec is not None and backend is not None and isinstance(dest, TorchDestination)  # _device_decodable
     be = info.block_elements
-    values = kernels.dequantize(req.codec.name, stored.view(run.b1 - run.b0, info.block_bytes)).reshape(-1)
+    values = backend.dequantize(codec.name, stored.view(run.b1 - run.b0, info.block_bytes)).reshape(-1)
     first = run.b0 * be
     e0, e1 = max(first, req.e0), min(run.b1 * be, req.e1)
-    req.dest.flat[e0 - req.e0:e1 - req.e0].copy_(values[e0 - first:e1 - first])
+    dest.flat[e0 - req.e0:e1 - req.e0].copy_(values[e0 - first:e1 - first])
 
 
 # ------------------------------------------------------------------------------------------------ public

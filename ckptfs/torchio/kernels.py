@@ -4,7 +4,8 @@ Each kernel takes the stored blocks as a uint8 tensor ``[n, block_bytes]`` on an
 ``[n, block_elements]`` values there: float32 for quantized and small-float types, the storage dtype for
 plain types (F32, F16, I8, ...: a reinterpretation of the bytes, no arithmetic).
 
-Bit-exact with ckptfs/quant: ggml works in float32 and so do the numpy codecs, in a fixed order (``q * d``
+Registered with the engine's decode door as the "torch" device backend (``ckptfs.engine.decode``): the torch
+API decodes on a device through it. Bit-exact with ckptfs/quant: ggml works in float32 and so do the numpy codecs, in a fixed order (``q * d``
 rounded, then ``+ m`` or ``- min``; sub-block scales ``d * sc`` formed first). Every kernel here keeps that
 order with one torch elementwise operation per step (never ``addcmul``, which may fuse the multiply-add and
 round once), on the same exactly-converted integers. Lookup tables (E2M1, IQ4_NL levels, F8 codes) are the
@@ -23,6 +24,7 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
+from ckptfs.engine.decode import register_device_backend
 from ckptfs.quant import codec_for
 from ckptfs.quant import floats as np_floats
 from ckptfs.quant.iq_tables import KVALUES_FP4, KVALUES_IQ4NL
@@ -272,4 +274,20 @@ def dequantize(storage_type: str, blocks: torch.Tensor) -> torch.Tensor:
     if blocks.dtype != torch.uint8 or blocks.dim() != 2:
         raise ValueError(f"{storage_type}: expected a 2-D uint8 tensor of blocks, got {blocks.dtype} "
                          f"{tuple(blocks.shape)}")
-    return KERNELS[storage_type](blocks).reshape(blocks.shape[0], codec_for(storage_type).block_elements)
+    codec = codec_for(storage_type)
+    assert codec is not None  # every type with a kernel has a codec
+    return KERNELS[storage_type](blocks).reshape(blocks.shape[0], codec.block_elements)
+
+
+class TorchKernels:
+    """The "torch" device backend of ``ckptfs.engine.decode``: these kernels, behind the engine's one decode
+    door (looked up at each call, so a replaced ``dequantize`` is the one used)."""
+
+    def has_kernel(self, storage_type: str) -> bool:
+        return has_kernel(storage_type)
+
+    def dequantize(self, storage_type: str, blocks: torch.Tensor) -> torch.Tensor:
+        return dequantize(storage_type, blocks)
+
+
+register_device_backend("torch", TorchKernels())

@@ -93,7 +93,8 @@ class TensorFiles:
         """The kinds of file tensor ``index`` has, in listing order."""
         tensor = self.ck.tensors.made(index)
         if tensor is not None:
-            npy = tensor.decodable and _npy_fits_in_a_file(tensor.shape, tensor.dtype, tensor.nbytes)
+            npy = (tensor.dtype is not None and tensor.nbytes is not None
+                   and _npy_fits_in_a_file(tensor.shape, tensor.dtype, tensor.nbytes))  # decodable
             raw = not tensor.virtual
         else:  # from the descriptor's columns: listing 94k tensors makes no Tensor (nor TensorInfo) objects
             storage_type, block_elements, byte_order, shape = self.ck.tensors.layout(index)
@@ -107,6 +108,7 @@ class TensorFiles:
 
     def view(self, index: int, kind: str) -> View:
         tensor = self.ck.tensors[index]
+        view: View
         if kind == "npy":
             view = NpyView(tensor.data)
         elif kind == "raw":
@@ -228,8 +230,8 @@ class MountTree:
         self.mtime_ns = max((s.mtime_ns for s in checkpoint.sources.sources()), default=0)
         self._views: dict[str, View] = {}
         self._lock = threading.Lock()
-        stamps = [self._stamps.get(path) for path in checkpoint.files]
-        self._combined = None if None in stamps else combined(stamps)
+        file_stamps = [self._stamps.get(path) for path in checkpoint.files]
+        self._combined = None if None in file_stamps else combined(s for s in file_stamps if s is not None)
         self._tensor_sources: list[str] | None = None  # the file of each stored tensor, when first asked
         self._root = self._root_owner()
 
@@ -295,7 +297,7 @@ class MountTree:
 
     def names(self) -> list[str]:
         """The names in the mount's root folder."""
-        return self.listdir("")
+        return self.listdir("") or []
 
     def listdir(self, folder: str) -> list[str] | None:
         """The names in ``folder`` ("" is the root), or None if it is not a folder. Tensor files first, in
@@ -307,6 +309,7 @@ class MountTree:
         members = self._members.get(folder)
         if members:
             files = self._tensor_files
+            assert files is not None  # members are tensor files
             suffix = TensorFiles.SUFFIX_OF
             for index in members:
                 leaf = files.stems[index].rpartition("/")[2]
@@ -344,7 +347,9 @@ class MountTree:
             found = self._tensor_file(path)
             if found is None:
                 return None
-            make = functools.partial(self._tensor_files.view, *found)
+            files = self._tensor_files
+            assert files is not None  # found is a tensor file
+            make: Callable[[], View] = functools.partial(files.view, *found)
         elif entry[2] is not None:
             make = functools.partial(self._pinned_view, entry[1], entry[2])
         else:

@@ -181,7 +181,10 @@ class RepositoryTree:
                     raise
                 log.info("opened %s (%s): %d tensors", member.name, member.label, len(ck.tensors))
                 self._trees[index] = tree
-        return self._trees[index]
+                return tree
+        opened = self._trees[index]
+        assert opened is not None  # set by whoever held the lock first
+        return opened
 
     def _check_unopened_files(self, member, ck: Checkpoint) -> None:
         """The member's files its checkpoint holds no source of (an index file, read and closed at open) must
@@ -205,7 +208,7 @@ class RepositoryTree:
         index = self._members.get(path)
         if index is not None:
             stamps = [self._stamps.get(self.repository.files[name][0]) for name in self.repository.members[index].files]
-            readers = None if None in stamps else combined(stamps)
+            readers = None if None in stamps else combined(s for s in stamps if s is not None)
             return None if readers is None else as_folder(readers)
         split = self._split(path)
         return None if split is None else self.member_tree(split[0]).owner(split[1])
@@ -265,7 +268,7 @@ class RepositoryTree:
         return view
 
     def names(self) -> list[str]:
-        return self.listdir("")
+        return self.listdir("") or []
 
     def listdir(self, folder: str) -> list[str] | None:
         if folder == "":
