@@ -80,6 +80,13 @@ class WrapsSource(Protocol):
 
 
 @runtime_checkable
+class Mirrored(Protocol):
+    """A source with byte-identical stand-ins (``--mirror``): a read that failed is asked of them once more."""
+
+    mirrors: list[ByteSource]
+
+
+@runtime_checkable
 class HasLocalCopy(Protocol):
     """A source whose bytes may lie complete in a local file (a remote source's checked copy in the
     ``--cache-dir`` store): a mount then serves it in C like a local file (``ckptfs.fs.direct``)."""

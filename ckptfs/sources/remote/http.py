@@ -272,7 +272,7 @@ def _tls_refusal(exc: urllib3.exceptions.SSLError) -> str | None:
 
 def _reason(exc: BaseException) -> str:
     """The innermost useful words of a urllib3 error (they nest the URL and the pool repeatedly)."""
-    inner = getattr(exc, "reason", None) or exc
+    inner = getattr(exc, "reason", None) or exc  # probe: third-party (urllib3's errors that wrap another)
     text = str(inner)
     text = re.sub(r"<urllib3[^>]*>:?\s*", "", text)
     return redact(text.splitlines()[0][:200]) if text else type(inner).__name__
@@ -504,7 +504,7 @@ class HttpSource(RemoteSource):
         parts: list[bytes] = []
         pending: list[bytes] = []  # the pieces of the chunk being read
         filled = got = 0
-        sock = getattr(getattr(resp, "connection", None), "sock", None)
+        sock = getattr(getattr(resp, "connection", None), "sock", None)  # probe: third-party (urllib3's response)
         heard = self.outage().heard
         try:
             while got < expected:

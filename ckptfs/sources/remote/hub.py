@@ -115,7 +115,7 @@ class HfFolder(Folder):
         try:
             for entry in api.list_repo_tree(self.path.repo, path_in_repo=self.path.path or None,
                                             revision=self.path.revision, recursive=False):
-                if getattr(entry, "size", None) is None or not hasattr(entry, "lfs"):
+                if getattr(entry, "size", None) is None or not hasattr(entry, "lfs"):  # probe: third-party (Hub)
                     continue  # a folder
                 name = entry.path.rsplit("/", 1)[-1]
                 if name.startswith("."):
@@ -132,7 +132,7 @@ class HfFolder(Folder):
             raise CheckpointError(self.name, None, f"revision {self.path.rev!r} not found") from None
         except HfHubHTTPError as exc:
             COUNTERS.request("hf", "error")
-            status = getattr(getattr(exc, "response", None), "status_code", None)
+            status = getattr(getattr(exc, "response", None), "status_code", None)  # probe: third-party (Hub)
             what = f"HTTP {status}" if status else str(exc).splitlines()[0]
             raise CheckpointError(self.name, None, f"cannot list the repository: {what} (sent "
                                                    f"{creds.description})") from None

@@ -85,7 +85,8 @@ def client_for(stall_timeout: float):
     session = boto3.session.Session()
     credentials = session.get_credentials()
     key_id = credentials.access_key if credentials is not None else None
-    cache_key = (endpoint, session.region_name, key_id, getattr(credentials, "method", None), stall_timeout)
+    method = getattr(credentials, "method", None)  # probe: third-party (botocore's credentials)
+    cache_key = (endpoint, session.region_name, key_id, method, stall_timeout)
     with _clients_lock:
         found = _clients.get(cache_key)
         if found is not None:

@@ -56,7 +56,7 @@ from ckptfs.cache.disk import FULL, NOT_WRITABLE
 from ckptfs.cache.entry import HEADER_SIZE
 from ckptfs.core.errors import CheckpointError
 from ckptfs.readahead import SCHEDULER
-from ckptfs.sources.base import ByteSource
+from ckptfs.sources.base import ByteSource, Mirrored, WrapsSource
 from ckptfs.sources.remote.readahead import FETCH_BUDGET, piece_bytes
 from ckptfs.sources.remote.transport import RemoteSource
 from ckptfs.util.redact import public_name
@@ -118,13 +118,13 @@ class _File:
 
 
 def remote_of(source: ByteSource) -> RemoteSource | None:
-    """The remote source under wrappers (a manifest's checked reads: ``inner``; mirrors: ``primary``), or None
-    for a local file."""
+    """The remote source under wrappers (``WrapsSource``: a manifest's checked reads, mirrors), or None for a
+    local file."""
     seen = 0
     while not isinstance(source, RemoteSource) and seen < 8:
-        source = getattr(source, "inner", None) or getattr(source, "primary", None)
-        if source is None:
+        if not isinstance(source, WrapsSource):
             return None
+        source = source.wrapped
         seen += 1
     return source if isinstance(source, RemoteSource) else None
 
@@ -170,7 +170,7 @@ def warm(sources: Iterable[ByteSource], *, stop: threading.Event | None = None,
     for source in sources:
         remote = remote_of(source)
         if remote is None:
-            report.local += int(getattr(source, "size", 0))
+            report.local += int(source.size)
             continue
         if not remote.stores_chunks:
             why = ("no --cache-dir store could be used" if remote.options.cache_dir else "no --cache-dir given")
@@ -347,7 +347,8 @@ class _Piece:
             error = remote.fetch_claimed(self.runs, memory=False)  # for the store: readers' LRU untouched
         finally:
             self.limit.done()
-        if error is not None and self.file.wrapper is not remote and getattr(self.file.wrapper, "mirrors", None):
+        wrapper = self.file.wrapper
+        if error is not None and wrapper is not remote and isinstance(wrapper, Mirrored) and wrapper.mirrors:
             error = self._through_wrapper()
         if error is not None:
             self.errors.append(str(error))
