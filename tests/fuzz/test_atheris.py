@@ -60,7 +60,12 @@ def test_coverage_guided_fuzzing(tmp_path, target):
     assert TARGETS[target](seeds)
     command = [sys.executable, str(HERE / target), f"-max_total_time={FUZZ_SECONDS}",
                f"-artifact_prefix={artifacts}/", f"-timeout={WALL_TIMEOUT_SECONDS}",
-               f"-rss_limit_mb={ADDRESS_SPACE_MB}", "-max_len=65536", "-print_final_stats=1", str(corpus), str(seeds)]
+               # the memory cap is the target's RLIMIT_AS; libFuzzer's own RSS check is off: it reads the peak RSS
+               # of getrusage, which a child inherits from its parent's address space at fork/exec (1.3 GB seen
+               # from a pytest process late in the suite, an "out-of-memory" before the first input ran).
+               # malloc_limit_mb still reports one allocation beyond the cap by its stack.
+               "-rss_limit_mb=0", f"-malloc_limit_mb={ADDRESS_SPACE_MB}", "-max_len=65536", "-print_final_stats=1",
+               str(corpus), str(seeds)]
     env = cli_env(OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1", CKPTFS_FUZZ_AS_MB=str(ADDRESS_SPACE_MB))
     log = tmp_path / "libfuzzer.log"
     with open(log, "w") as out:
@@ -80,7 +85,6 @@ def test_coverage_guided_fuzzing(tmp_path, target):
     if proc.returncode != 0 or findings:
         pytest.fail(_report(target, proc.returncode, output, findings))
     runs = int(re.search(r"stat::number_of_executed_units:\s*(\d+)", output).group(1))
-    rss = int(re.search(r"stat::peak_rss_mb:\s*(\d+)", output).group(1))
-    print(f"{target}: {runs} inputs in {FUZZ_SECONDS} s, peak RSS {rss} MiB, peak address space "
+    print(f"{target}: {runs} inputs in {FUZZ_SECONDS} s, peak address space "
           f"{vm_peak // 1024} MiB (cap {ADDRESS_SPACE_MB} MiB), corpus {len(list(corpus.iterdir()))} files")
     assert runs >= 100, output[-2000:]
