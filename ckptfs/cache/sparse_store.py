@@ -30,6 +30,15 @@ Why it is built this way:
   with a killed holder); others wait for the chunk's record, or fetch it once the lease ended without it.
 - **Format version.** The folder ``remote/`` and the index magic carry the version; chunks of the older
   store (``bytes/``, one entry file per run) are ignored, with one log line, and pruned as any entry.
+- **Names.** A file is found by its content identity, which only the origin can tell for a URL; a *name
+  record* beside the files (``names.py``: ``<32 hex>.name``, MAC'd, written whole) keeps what a URL stood
+  for — the identity's parts (URL, size, validator, the tail digest of a weak one, the LFS oid), the
+  revision, and when its first bytes were fetched — and, for a repository folder, its listing. A file's
+  record is written only once some of its bytes are stored (``pin``: with the ``put_chunks`` that stores
+  them, after their records), so a record never comes before its bytes. With it a checkpoint whose bytes
+  are here mounts while its origin is unreachable, or with ``--offline`` without asking it at all
+  (``ckptfs.sources.remote.stored``). Records are small and outlive eviction; a record whose file was
+  evicted names bytes that are absent (reads of them fail offline).
 """
 
 from __future__ import annotations
@@ -51,6 +60,7 @@ from ckptfs.cache import auth, entry, range_lease
 from ckptfs.cache.counters import TierCounters
 from ckptfs.cache.keys import CacheKey
 from ckptfs.cache.disk import DiskStore, _folder_lock, _open_private, _scandir, _unlink
+from ckptfs.cache.names import NameRecords
 from ckptfs.util.runs import runs as _runs
 
 log = logging.getLogger(__name__)
@@ -224,6 +234,8 @@ class SparseStore:
                                             "forged", "errors", "sealed", "lease_waits", "evicted_chunks",
                                             "evicted_files"))
         self._count, self._warn_once = self._counters.add, self._counters.warn_once
+        self.names = NameRecords(self.dir, self._mac_key)
+        self._pinned: dict[str, list[tuple[str, dict[str, Any]]]] = {}  # content id -> records awaiting bytes
         self._note_old_format()
 
     def _note_old_format(self) -> None:
@@ -419,6 +431,7 @@ class SparseStore:
                     _RECORD.pack(entry.chunk_mac(self._mac_key, f.digest, first + k, views[k]), views[k].nbytes, now)
                     for k in range(k0, k1)), HEADER_SIZE + (first + k0) * RECORD)
             self._count(stored=len(absent), stored_bytes=written)
+            self._write_pinned(content_id)
             self._maybe_seal(f)
         except OSError as exc:
             self._trouble("write", exc)
@@ -444,6 +457,44 @@ class SparseStore:
             f.sealed = True
             f.write_header()
         self._count(sealed=1)
+
+    # -- name records (``names.py``) ------------------------------------------------------------------
+
+    def pin(self, content_id: str, name: str, record: dict[str, Any]) -> None:
+        """Make ``record`` (what the remote name ``name`` stands for: the parts of ``content_id``, when it was
+        fetched) the name's record once bytes of ``content_id`` are stored: now when some are, else with the
+        first ``put_chunks`` that stores some. A record naming ``content_id`` already is kept as it is (its
+        ``fetched_at`` is the first fetch's)."""
+        f = self._file(content_id, create=False)
+        if f is not None and (f.sealed or f.present()):
+            self._write_name(content_id, name, record)
+            return
+        with self._lock:
+            self._pinned.setdefault(content_id, []).append((name, record))
+
+    def _write_pinned(self, content_id: str) -> None:
+        with self._lock:
+            pinned = self._pinned.pop(content_id, ())
+        for name, record in pinned:
+            self._write_name(content_id, name, record)
+
+    def _write_name(self, content_id: str, name: str, record: dict[str, Any]) -> None:
+        found = self.names.read(name)
+        if found is not None and found.get("content_id") == content_id:
+            return
+        self.remember(name, {**record, "content_id": content_id})
+
+    def recall(self, name: str) -> dict[str, Any] | None:
+        """The record of the remote name ``name`` (a file's or a folder's), or None."""
+        return self.names.read(name)
+
+    def remember(self, name: str, record: dict[str, Any]) -> None:
+        """Keep ``record`` as the record of ``name`` now: one with no bytes of its own (a folder's listing)."""
+        try:
+            self.names.write(name, record)
+        except OSError as exc:  # it costs an offline open of this name, not the bytes: writing goes on
+            self._warn_once("name", "cache dir %s: a name record cannot be written (%s): an offline open of %s "
+                            "will not find its bytes", self.root, exc.strerror or exc, name)
 
     # -- leases (one fetch per chunk per machine) ------------------------------------------------------
 

@@ -109,6 +109,7 @@ KINDS: dict[str, tuple[dict[str, Any], Callable[[Any], str]]] = {
     "file": ({"type": click.Path(dir_okay=False)}, str),
     "redis_url": ({"callback": _redis_url, "metavar": "URL"}, str),
     "redis_seed": ({"callback": _cluster_seeds, "metavar": "HOST:PORT"}, str),
+    "flag": ({"is_flag": True}, lambda on: "on" if on else "off"),
 }
 
 

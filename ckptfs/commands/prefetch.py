@@ -1,6 +1,7 @@
 """``ckptfs prefetch``: fill the caches ahead of the first mount.
 
-Two kinds of warm-up, picked by what is asked:
+Two kinds of warm-up, picked by what is asked (for a SRC holding several checkpoints, a repository: for
+each of them in turn, or those ``--include GLOB`` matches by name, a summary line each):
 
 - **Stored bytes** (a remote SRC, no NAMES): every byte of every file of the checkpoint (all shards, headers
   included) fetched into the ``--cache-dir`` store, many ranges in flight (``ckptfs.sources.remote.warmup``),
@@ -71,17 +72,23 @@ class ByteBar:
 @click.command("prefetch")
 @with_source(more="names")
 @open_flags(omit={"cache_size": "decoded groups go on to the shared tiers (PREFETCH_CACHE_BYTES in memory)",
-                  "manifest": "a manifest checks the reads of a mount or an open, not a cache fill"},
+                  "manifest": "a manifest checks the reads of a mount or an open, not a cache fill",
+                  "offline": "a warm-up fetches from the origin what the cache folder lacks"},
             help={"dtype": "The dtype the mounts that will read decoded entries use (it is part of every key)."})
 @click.option("--decode", is_flag=True,
               help="For a remote SRC: after its bytes, decode its tensors into the tiers too.")
+@click.option("--include", "include", multiple=True, metavar="GLOB",
+              help="For a SRC holding several checkpoints (a repository): warm only those whose name (their "
+                   "folder in a mount) matches GLOB; repeatable. Default: every one.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress line and no summary (errors only).")
 @click.option("-v", "--verbose", is_flag=True, help="Log to stderr; tracebacks on errors.")
-def prefetch(src, names, open_options, decode, quiet, verbose):
+def prefetch(src, names, open_options, decode, include, quiet, verbose):
     """Fill the caches before a deployment: a remote SRC's stored bytes into --cache-dir (every file, many
-    ranges at once, resumable), or tensors of SRC (all, or NAMES) decoded into the shared tiers."""
+    ranges at once, resumable), or tensors of SRC (all, or NAMES) decoded into the shared tiers. A SRC
+    holding several checkpoints (a repository) has each of them warmed (--include to choose)."""
     import logging
 
+    from ckptfs.formats.repository import SeveralCheckpoints
     from ckptfs.sources import is_url
 
     remote = is_url(src)
@@ -107,13 +114,21 @@ def prefetch(src, names, open_options, decode, quiet, verbose):
 
         started, before = time.monotonic(), COUNTERS.snapshot()
         bar = ByteBar(enabled=fetch_bytes and not quiet and sys.stderr.isatty())
-        early = _early_warmup(src, options, stop, bar) if fetch_bytes else None
+        early = _early_warmup(src, options, stop, bar) if fetch_bytes and not include else None
         try:
             with open_checkpoint(src, options=options) as ck:
+                if include:
+                    raise click.UsageError(f"--include chooses among the checkpoints of a repository: {src} is "
+                                           f"one checkpoint")
                 if fetch_bytes:
                     ok = _fetch_bytes(ck, bar, quiet, started, before, stop, early)
                 if decode and ok:
                     ok = _decode(ck, src, names, quiet)
+        except SeveralCheckpoints as several:
+            if names:
+                raise click.UsageError(f"{src} holds {len(several.repository.members)} checkpoints: NAMES "
+                                       f"name tensors of one (prefetch it alone)") from None
+            ok = _repository(several.repository, include, options, fetch_bytes, decode, bar, quiet, stop)
         except BaseException:
             if early is not None:  # the open failed (or Ctrl-C): the warm-up's pieces end, none start
                 stop.set()
@@ -153,11 +168,49 @@ def _early_warmup(src: str, options: OpenOptions, stop: threading.Event, bar: By
     return EarlyWarmup(source, stop=stop, progress=bar, check=lambda source: detect(src, source=source)).start()
 
 
+def _repository(repository, include: tuple[str, ...], options: OpenOptions, fetch_bytes: bool, decode: bool,
+                bar: ByteBar, quiet: bool, stop: threading.Event) -> bool:
+    """Each checkpoint of a repository (those ``include`` matches, by name: their folder in a mount) opened
+    and warmed in turn, a summary line each; one that fails is said in its line and the others go on.
+    Whether all succeeded."""
+    import fnmatch
+
+    from ckptfs.checkpoint.api import open as open_checkpoint
+    from ckptfs.sources.netstats import COUNTERS
+    from ckptfs.util.oneline import one_line
+
+    if options.mirrors:
+        raise click.UsageError("--mirror names a copy of one checkpoint: prefetch the checkpoints of "
+                               f"{repository.folder} one by one with their mirrors")
+    chosen = [m for m in repository.members if not include or any(fnmatch.fnmatchcase(m.name, g) for g in include)]
+    if not chosen:
+        raise click.UsageError(f"--include {' '.join(include)} matches none of the checkpoints of "
+                               f"{repository.folder}: {', '.join(m.name for m in repository.members)}")
+    ok, shown = True, bar.enabled
+    for member in chosen:
+        if stop.is_set():
+            break
+        started, before = time.monotonic(), COUNTERS.snapshot()
+        each = ByteBar(shown, f"prefetch {member.name}")
+        try:
+            with open_checkpoint(member.src, options=options) as ck:
+                done = _fetch_bytes(ck, each, quiet, started, before, stop, label=f"{member.name}: ") \
+                    if fetch_bytes else True
+                if decode and done:
+                    done = _decode(ck, member.src, (), quiet)
+        except Exception as exc:  # noqa: BLE001 - one line for this checkpoint; the others go on
+            each.close()
+            click.echo(one_line(f"ckptfs: error: {member.name}: {exc}"), err=True)
+            done = False
+        ok = ok and done
+    return ok
+
+
 def _fetch_bytes(ck, bar: ByteBar, quiet: bool, started: float, before: dict, stop: threading.Event,
-                 early=None) -> bool:
+                 early=None, label: str = "") -> bool:
     """The stored-bytes warm-up of an opened checkpoint (after ``early``'s, when one ran during the open);
     its summary counts the header bytes the open fetched (``before``: the traffic counters before the open,
-    at ``started``) as fetched by this run."""
+    at ``started``) as fetched by this run. ``label`` starts its lines (a repository's checkpoint name)."""
     from ckptfs.cache.chunks import CHUNK
     from ckptfs.sources.netstats import COUNTERS
     from ckptfs.sources.remote.warmup import checkpoint_sources, stored_in_folder, warm
@@ -177,7 +230,7 @@ def _fetch_bytes(ck, bar: ByteBar, quiet: bool, started: float, before: dict, st
     report.seconds = time.monotonic() - started
     if report.errors:
         kept = stored_in_folder(checkpoint_sources(ck))  # measured in the store: a full one keeps less
-        click.echo(one_line(f"ckptfs: error: {report.errors[0]}"
+        click.echo(one_line(f"ckptfs: error: {label}{report.errors[0]}"
                             + (f" (and {len(report.errors) - 1} more)" if len(report.errors) > 1 else "")
                             + f"; {format_size(report.fetched)} fetched, {format_size(kept)} of the checkpoint's "
                               f"{format_size(report.total)} in the cache folder (run it again for the rest)"),
@@ -185,7 +238,7 @@ def _fetch_bytes(ck, bar: ByteBar, quiet: bool, started: float, before: dict, st
         return False
     if not quiet:
         requests = COUNTERS.snapshot()["requests"] - before["requests"]
-        click.echo(f"prefetch: {report.summary()}; {requests} requests")
+        click.echo(f"prefetch: {label}{report.summary()}; {requests} requests")
     return True
 
 

@@ -150,6 +150,10 @@ class OpenOptions:
         None, flag="--stall-timeout", kind="seconds",
         default_at="ckptfs.sources.remote.options:DEFAULT_STALL_TIMEOUT",
         help="Abandon a remote attempt that gets no bytes for this long and retry or fail over.")
+    offline: bool = option(
+        False, flag="--offline", kind="flag",
+        help="Never contact the origin of a remote SRC: serve what the --cache-dir folder holds of it (a read of "
+             "bytes it lacks fails with EIO).")
 
     @classmethod
     def build(cls, base: OpenOptions | None = None, **changes) -> OpenOptions:
@@ -198,6 +202,9 @@ class OpenOptions:
         for field, spelled in spelled_fields(type(self)):
             value = getattr(self, field.name)
             if value == field.default:
+                continue
+            if isinstance(value, bool) and spelled.kind == "flag":
+                argv.append(spelled.flag)  # (a flag differs from its default False only when given)
                 continue
             for item in value if spelled.repeat else (value,):
                 if isinstance(item, bool) or not isinstance(item, (str, int, float)):

@@ -216,7 +216,7 @@ def _open_log(path: str | None) -> logs.LogFile | None:
 def _serve(plan: _Plan, on_ready) -> BaseException | None:
     """Run FUSE until unmounted; the exception it ended with, if any."""
     describe = {"binding": plan.binding.name, "libfuse": plan.binding.libfuse_major, "mountpoint": plan.mountpoint}
-    if plan.request.prefetch and isinstance(plan.tree, MountTree):
+    if plan.request.prefetch:
         describe["prefetch"] = lambda: _prefetch_status(plan)
     operations = CkptOperations(plan.tree, on_ready, describe=describe,
                                 counters=MountCounters(timed=plan.metrics is not None))
@@ -255,22 +255,37 @@ def _start_exporter(plan: _Plan, operations: CkptOperations) -> MountError | Non
 
 def _start_prefetch(plan: _Plan) -> list:
     """``--prefetch``: the background warm-up of the mounted checkpoint's stored bytes, started (none when not
-    asked for, or for a folder of several checkpoints)."""
+    asked for). A folder of several checkpoints has one per checkpoint, each started when the one before
+    it ends; a checkpoint not opened yet is opened by its warm-up."""
     if not plan.request.prefetch:
-        return []
-    if not isinstance(plan.tree, MountTree):  # a RepositoryTree
-        log.warning("--prefetch: not done for a folder of several checkpoints (prefetch each one instead)")
         return []
     from ckptfs.sources.remote.warmup import BackgroundWarmup
 
-    warmup = BackgroundWarmup.for_checkpoint(plan.tree.checkpoint, _mount_name(plan.request.src))
-    plan.prefetching.append(warmup.start())
+    tree = plan.tree
+    if isinstance(tree, MountTree):
+        plan.prefetching.append(BackgroundWarmup.for_checkpoint(tree.checkpoint, _mount_name(plan.request.src)))
+    else:  # a RepositoryTree
+        from ckptfs.sources.remote.warmup import checkpoint_sources
+
+        for index, member in enumerate(tree.repository.members):
+            plan.prefetching.append(BackgroundWarmup(
+                lambda index=index: checkpoint_sources(tree.member_tree(index).checkpoint), member.name))
+    before = None
+    for warmup in plan.prefetching:
+        before = warmup.start(after=before)
     return list(plan.prefetching)
 
 
 def _prefetch_status(plan: _Plan) -> dict:
-    """``--prefetch``'s entry in the mount's stats: the warm-up's state and progress, read when asked."""
-    return plan.prefetching[0].status() if plan.prefetching else {"state": "starting"}
+    """``--prefetch``'s entry in the mount's stats: the warm-up's state and progress, read when asked (a
+    repository's: each checkpoint's under ``checkpoints``, and their sums)."""
+    if not plan.prefetching:
+        return {"state": "starting"}
+    if isinstance(plan.tree, MountTree):
+        return plan.prefetching[0].status()
+    from ckptfs.sources.remote.warmup import combined_status
+
+    return combined_status({warmup.name: warmup for warmup in plan.prefetching})
 
 
 def _describe(plan: _Plan) -> str:

@@ -91,8 +91,10 @@ def render_table(stats: dict[str, Any]) -> str:
         f"{key} {format_size(int(source.get(key, 0))) if key == 'bytes' else int(source.get(key, 0))}"
         for key in SOURCE_KEYS)]
     prefetch = stats.get("prefetch")
-    if isinstance(prefetch, dict):  # a mount's --prefetch
+    if isinstance(prefetch, dict):  # a mount's --prefetch (a repository's: a line per checkpoint after it)
         lines += ["", _prefetch_line(prefetch, format_size)]
+        for name, each in dict(prefetch.get("checkpoints") or {}).items():
+            lines.append(f"  {name}: " + _prefetch_line(each, format_size).removeprefix("prefetch: "))
     skip = {"decoded_bytes", "tiers", "source", "cache"}
     other = [(k, v) for k, v in stats.items() if k not in skip and not isinstance(v, (dict, list))]
     if other:

@@ -15,8 +15,9 @@ import os
 from collections.abc import Callable
 
 from ckptfs.core.options import OpenOptions
-from ckptfs.sources.base import ByteSource
-from ckptfs.sources.registry import Opener
+from ckptfs.sources.base import ByteSource, Folder
+from ckptfs.sources.registry import Opener, is_url
+from ckptfs.sources.remote import stored
 from ckptfs.sources.remote.context import deadline_scope
 from ckptfs.sources.remote.options import RemoteOptions
 
@@ -33,6 +34,24 @@ def names_folder(src: str) -> bool:
     if scheme.lower() not in ("hf", "s3"):
         return False
     return src.endswith("/") or not src.rsplit("/", 1)[-1].lower().endswith(_FILE_SUFFIXES)
+
+
+class StoredOpener(Opener):
+    """An ``Opener`` whose remote files and folders go through the ``--cache-dir`` store's name records
+    (``ckptfs.sources.remote.stored``): served from the store when the origin does not answer at open, or
+    never asked with ``--offline``."""
+
+    def source(self, src: str, base_dir: str | None = None) -> ByteSource:
+        options = self.options
+        if not is_url(src) or not (options.cache_dir or options.open_options.offline):
+            return super().source(src, base_dir)
+        plain = Opener(options)
+        source = stored.open_file(lambda: plain.source(src, base_dir), src, options)
+        return self.wrapper(source) if self.wrapper is not None else source
+
+    def folder(self, src: str) -> Folder | None:
+        folder = super().folder(src)
+        return stored.open_folder(folder, self.options) if is_url(src) else folder
 
 
 class SourcePlan:
@@ -57,7 +76,7 @@ class SourcePlan:
         (no thread may start before a mount forks its daemon, and the header reader grows its reads itself),
         and the mirrors."""
         quiet = dataclasses.replace(self.options, read_ahead=False)
-        return Opener(quiet, self._mirror_set(options=quiet))
+        return StoredOpener(quiet, self._mirror_set(options=quiet))
 
     def read_scope(self):
         """A context in which every remote read ends by the timeout (a mount wraps each FUSE read in one)."""
@@ -65,7 +84,7 @@ class SourcePlan:
 
     def opener(self, name: str, base_dir: str | None = None) -> ByteSource:
         """The pool's opener: sources under these options (the pool applies the wrapper itself)."""
-        return Opener(self.options).source(name, base_dir)
+        return StoredOpener(self.options).source(name, base_dir)
 
     def wrapper(self, checked=None) -> Callable[[ByteSource], ByteSource] | None:
         """The pool's source wrapper: mirrors (each member checked when ``checked`` — a ManifestCheck — is

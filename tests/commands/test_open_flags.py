@@ -39,7 +39,13 @@ def sample(kind: str, tmp_path) -> tuple[str, object]:
         "file": (str(tmp_path / "key"), str(tmp_path / "key")),
         "redis_url": ("redis://127.0.0.1:6399/2", "redis://127.0.0.1:6399/2"),
         "redis_seed": ("127.0.0.1:7001", "127.0.0.1:7001"),
+        "flag": ("", True),  # given alone: no value follows the flag (fstab: ``offline`` or ``offline=``)
     }[kind]
+
+
+def given(spelled, text: str) -> list[str]:
+    """The command-line words that give ``text`` to the option ``spelled``."""
+    return [spelled.flag] if spelled.kind == "flag" else [spelled.flag, text]
 
 
 def expected(field, spelled, value):
@@ -108,7 +114,7 @@ def test_every_field_is_a_flag_of_each_command_or_left_out_with_a_reason(command
             assert spelled.flag not in flags, (command, spelled.flag)
             continue
         text, value = sample(spelled.kind, tmp_path)
-        got = recorder.run(command, spelled.flag, text)
+        got = recorder.run(command, *given(spelled, text))
         assert getattr(got, field.name) == expected(field, spelled, value), (command, spelled.flag)
     assert not omitted("mount"), "mount takes every open option (the fstab helper's list is mount's)"
 

@@ -22,6 +22,7 @@ import contextlib
 import contextvars
 import dataclasses
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 
@@ -31,6 +32,7 @@ class _Scope:
 
     deadline: float | None = None  # monotonic seconds; None: each read's own --timeout
     fallback: bool = False         # another copy is tried when this read fails
+    once: bool = False             # one attempt only: a stored copy is served when it fails (an open)
 
 
 _scope: contextvars.ContextVar[_Scope] = contextvars.ContextVar("ckptfs_read_scope", default=_Scope())
@@ -59,6 +61,17 @@ def fallback_scope(has_fallback: bool = True):
         _scope.reset(token)
 
 
+@contextlib.contextmanager
+def once_scope() -> Iterator[None]:
+    """Requests inside are sent once, not retried: the caller has a stored copy to serve when the origin
+    does not answer (``stored``: opening a file whose bytes the ``--cache-dir`` store holds)."""
+    token = _scope.set(dataclasses.replace(_scope.get(), once=True))
+    try:
+        yield
+    finally:
+        _scope.reset(token)
+
+
 def read_deadline(timeout: float) -> float:
     """The deadline of a read entering now: ``timeout`` from now, or the enclosing scope's end if sooner."""
     return ReadContext.entering(timeout).deadline
@@ -73,6 +86,7 @@ class ReadContext:
     deadline: float                  # monotonic seconds: the read ends by then
     fallback: bool = False           # a mirror waits behind this read
     ahead: bool = False              # fetched ahead of readers (read-ahead, a warm-up)
+    once: bool = False               # one attempt, no retry (``once_scope``)
     answered_at: float | None = None  # when the answer to this attempt's ranged request began (None: unsaid)
 
     @classmethod
@@ -80,7 +94,7 @@ class ReadContext:
         """The context of a read that enters a remote source now, under the caller's scope."""
         scope = _scope.get()
         end = time.monotonic() + timeout
-        return cls(end if scope.deadline is None else min(scope.deadline, end), scope.fallback)
+        return cls(end if scope.deadline is None else min(scope.deadline, end), scope.fallback, once=scope.once)
 
     @classmethod
     def fetching_ahead(cls, timeout: float) -> ReadContext:

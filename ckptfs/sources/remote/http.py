@@ -317,6 +317,7 @@ class Probe:
     at: float
     mtime_ns: int = 0  # from Last-Modified: the mount's file times
     tail: bytes | None = None  # the last bytes, for a weak validator (HttpSource._tail_sample)
+    commit: str | None = None  # the repository commit the Hub named (X-Repo-Commit)
 
 
 class HttpSource(RemoteSource):
@@ -341,7 +342,7 @@ class HttpSource(RemoteSource):
         self.size, self.validator = probe.size, probe.validator
         sample = self._tail_sample(probe) if probe.sha256 is None and weak_validator(probe.validator, probe.size) \
             else None
-        self._set_identity(probe.size, probe.validator, url, probe.sha256, sample)
+        self._set_identity(probe.size, probe.validator, url, probe.sha256, sample, probe.commit, probe.mtime_ns)
         self.mtime_ns = probe.mtime_ns
         self._keep_prefix(probe.head)
 
@@ -408,7 +409,9 @@ class HttpSource(RemoteSource):
             _finish_small(resp)
             raise error
         COUNTERS.request(self.scheme, "ok", len(head))
-        return Probe(total, _validator(headers), answer.url, linked, head, time.monotonic(), _mtime_ns(headers))
+        commit = next((h.get("x-repo-commit") for h in [*answer.hops, headers] if h.get("x-repo-commit")), None)
+        return Probe(total, _validator(headers), answer.url, linked, head, time.monotonic(), _mtime_ns(headers),
+                     commit=commit)
 
     # -- reading ---------------------------------------------------------------------------------------
     def _attempt(self, start: int, end: int, read: ReadContext) -> bytes:

@@ -17,7 +17,7 @@ import os
 from dataclasses import dataclass
 from urllib.parse import quote
 
-from ckptfs.core.errors import CheckpointError
+from ckptfs.core.errors import CheckpointError, SourceUnavailable
 from ckptfs.sources.registry import register_scheme
 from ckptfs.sources.base import Folder
 from ckptfs.sources.remote.http import Credentials, HttpSource
@@ -136,14 +136,26 @@ class HfFolder(Folder):
             what = f"HTTP {status}" if status else str(exc).splitlines()[0]
             raise CheckpointError(self.name, None, f"cannot list the repository: {what} (sent "
                                                    f"{creds.description})") from None
-        except OSError as exc:
-            COUNTERS.request("hf", "error")
-            raise CheckpointError(self.name, None, f"cannot list the repository: {exc}") from None
+        except Exception as exc:
+            if not isinstance(exc, OSError) and not _transport_error(exc):
+                raise
+            COUNTERS.request("hf", "error")  # no answer: it may answer later (a stored listing may serve)
+            raise SourceUnavailable(self.name, None, f"cannot list the repository: {exc}") from None
         COUNTERS.request("hf", "ok")
         return files
 
     def join(self, name: str) -> str:
         return self.path.url(name)
+
+
+def _transport_error(exc: BaseException) -> bool:
+    """Whether ``exc`` is huggingface_hub's HTTP client failing to reach the Hub (httpx's transport errors:
+    no connection, a timeout), as opposed to an answer."""
+    try:
+        import httpx
+    except ImportError:
+        return False
+    return isinstance(exc, httpx.TransportError)
 
 
 def open_hf_folder(src: str) -> HfFolder | None:

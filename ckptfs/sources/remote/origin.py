@@ -197,6 +197,8 @@ class OriginClient:
         max_retries = options.max_retries
         if read.fallback:
             max_retries = 1 if max_retries is None else min(1, max_retries)
+        if read.once:  # a stored copy waits behind this request (``context.once_scope``)
+            max_retries = 0
         while True:
             bound = outage.bound(read.deadline, options.timeout)
             if time.monotonic() >= bound:

@@ -20,6 +20,7 @@ when it is opened.
 
 from __future__ import annotations
 
+import logging
 import time
 
 from ckptfs.cache.chunks import CHUNK
@@ -34,6 +35,9 @@ from ckptfs.sources.remote.origin import OriginClient
 from ckptfs.sources.remote.outage import Outage
 from ckptfs.sources.remote.readahead import ReadAhead, piece_bytes
 from ckptfs.sources.remote.version import VersionPin
+from ckptfs.util.redact import public_name, strip_url
+
+log = logging.getLogger(__name__)
 
 #: First header read of a remote file. Header readers grow it geometrically (x2), so a header of H bytes
 #: costs at most log2(H / 2 MiB) + 1 requests and fetches at most max(2 MiB, 2 H): a 6.2 MiB vocabulary
@@ -90,16 +94,20 @@ class RemoteSource(ByteSource):
 
     # -- opening ---------------------------------------------------------------------------------------
     def _set_identity(self, size: int, validator: str | None, url: str, sha256: str | None = None,
-                      sample: bytes | None = None) -> None:
+                      sample: bytes | None = None, revision: str | None = None, mtime_ns: int = 0) -> None:
         """Fix size and identity. ``sample``: the file's last bytes, for a validator that cannot tell versions
-        of one size apart (``version``); it joins the content identity."""
+        of one size apart (``version``); it joins the content identity. With a ``--cache-dir`` store, what the
+        source's name stands for is kept there with its bytes (``pin_name``); ``revision`` (the repository
+        commit the origin named) and ``mtime_ns`` go into that record."""
         from ckptfs.sources.identity import remote_content_id, sample_digest, sha256_content_id
 
         self.size = size
         self.validator = validator
         self.identity = (size, validator, url)
+        tail = None
         if sample is not None:
-            self._pin = VersionPin(self, self.client, (size - len(sample), size, sample_digest(sample)))
+            tail = (size - len(sample), size, sample_digest(sample))
+            self._pin = VersionPin(self, self.client, tail)
         if sha256:
             self.fetcher.identify(sha256_content_id(sha256), size, shared=True)
         elif validator:
@@ -107,6 +115,22 @@ class RemoteSource(ByteSource):
         else:  # nothing tells versions apart: never share these bytes beyond this open
             self.fetcher.identify(remote_content_id(f"unvalidated-{id(self):x}-{time.time_ns()}", size, url), size,
                                  shared=False)
+            return
+        self.pin_name({"url": strip_url(url), "scheme": self.scheme, "size": size, "validator": validator,
+                       "sha256": sha256, "tail": list(tail) if tail is not None else None, "revision": revision,
+                       "mtime_ns": int(mtime_ns), "fetched_at": time.time()})
+
+    def pin_name(self, record: dict) -> None:
+        """Keep ``record`` (this file's identity, see ``_set_identity``) in the ``--cache-dir`` store under
+        the source's name (``record_name``) once bytes of it are stored (``sparse_store.SparseStore.pin``): a
+        later open with the origin unreachable, or ``--offline``, finds the bytes by it (``stored``)."""
+        disk = self.fetcher.cache.disk
+        if disk is None:
+            return
+        try:
+            disk.pin(self.content_id(), record_name(self.name), record)
+        except Exception:  # noqa: BLE001 - a store that fails costs the offline open, never this one
+            log.debug("%s: the cache folder's name record not kept", public_name(self.name), exc_info=True)
 
     def content_id(self) -> str:
         return self.fetcher.content_id
@@ -271,6 +295,12 @@ class RemoteSource(ByteSource):
 
     def close(self) -> None:
         self._closed = True
+
+
+def record_name(src: str) -> str:
+    """The name a source's record is kept under in the ``--cache-dir`` store: its URL without user info,
+    query or fragment (no credential is written, and a presigned URL's next signature finds the record)."""
+    return strip_url(src)
 
 
 def joined(parts: list[bytes]) -> bytes:

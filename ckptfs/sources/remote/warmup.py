@@ -497,11 +497,20 @@ class BackgroundWarmup:
         self._last_log = 0.0
         self._progress_at = (0, 0)  # (bytes in the cache folder, of the remote files' total), as last told
         self._stored_at_end: int | None = None  # measured in the store once it has ended
+        self._after: BackgroundWarmup | None = None  # the warm-up this one waits for (``start``)
 
-    def start(self) -> BackgroundWarmup:
+    def start(self, after: BackgroundWarmup | None = None) -> BackgroundWarmup:
+        """Start it; with ``after``, it waits for that one to end first (the checkpoints of a repository are
+        warmed one after the other, each within the same share of the origin)."""
+        self._after = after
         self._thread = threading.Thread(target=self._run, name="ckptfs-prefetch", daemon=True)
         self._thread.start()
         return self
+
+    @property
+    def queued(self) -> bool:
+        """Whether it is still waiting for the warm-up it was started after."""
+        return self._after is not None and self.report is None and self.error is None
 
     def _progress(self, done: int, total: int) -> None:
         self._progress_at = (done, total)
@@ -511,6 +520,14 @@ class BackgroundWarmup:
             log.info("prefetch of %s: %s of %s in the cache folder", self.name, format_size(done), format_size(total))
 
     def _run(self) -> None:
+        after = self._after
+        while after is not None and after.running and not self._stop.is_set():
+            after._join(LANDED_POLL_S)
+        self._after = None
+        if self._stop.is_set():
+            self.report = WarmupReport(stopped=True)
+            log.info("prefetch of %s: stopped before it started", self.name)
+            return
         log.info("prefetch of %s: started", self.name)
         sources: list[ByteSource] = []
         try:
@@ -543,6 +560,9 @@ class BackgroundWarmup:
     def stop(self, timeout: float = 10.0) -> None:
         """End the warm-up: nothing new is fetched; waits up to ``timeout`` for the pieces in flight."""
         self._stop.set()
+        self._join(timeout)
+
+    def _join(self, timeout: float) -> None:
         if self._thread is not None:
             self._thread.join(timeout)
 
@@ -557,6 +577,8 @@ class BackgroundWarmup:
         report, error = self.report, self.error
         if self._thread is None:
             state = "starting"
+        elif self.queued:
+            state = "queued"
         elif self.running:
             state = "running"
         elif error is not None:
@@ -572,3 +594,24 @@ class BackgroundWarmup:
         if error is not None:
             out["error"] = error
         return out
+
+
+def combined_status(warmups: dict[str, BackgroundWarmup]) -> dict:
+    """What a repository mount's stats show of its checkpoints' warm-ups (``BackgroundWarmup.status`` each,
+    by checkpoint name, under ``checkpoints``): their sums, and one state — running while one runs or waits
+    its turn, else failed when one failed, else stopped or done."""
+    each = {name: warmup.status() for name, warmup in warmups.items()}
+    states = {status["state"] for status in each.values()}
+    for state in ("running", "starting", "queued", "failed", "stopped"):
+        if state in states:
+            break
+    else:
+        state = "done"
+    if state == "queued":
+        state = "running"
+    out: dict = {"state": state, "stored_bytes": sum(s["stored_bytes"] for s in each.values()),
+                 "total_bytes": sum(s["total_bytes"] for s in each.values()), "checkpoints": each}
+    errors = [f"{name}: {s['error']}" for name, s in each.items() if s.get("error")]
+    if errors:
+        out["error"] = errors[0] + (f" (and {len(errors) - 1} more)" if len(errors) > 1 else "")
+    return out
