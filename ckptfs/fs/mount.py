@@ -9,6 +9,7 @@ twice.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import os
 import threading
@@ -33,6 +34,7 @@ from ckptfs.util.redact import strip_url
 from ckptfs.core.options import absolute
 
 if TYPE_CHECKING:  # imported when a folder of several checkpoints is mounted
+    from ckptfs.sources import ByteSource
     from ckptfs.tree.repository import RepositoryTree
 
 __all__ = ["MountRequest", "MountError", "run_mount", "unmount"]
@@ -265,15 +267,20 @@ def _start_prefetch(plan: _Plan) -> list:
     if isinstance(tree, MountTree):
         plan.prefetching.append(BackgroundWarmup.for_checkpoint(tree.checkpoint, _mount_name(plan.request.src)))
     else:  # a RepositoryTree
-        from ckptfs.sources.remote.warmup import checkpoint_sources
-
         for index, member in enumerate(tree.repository.members):
-            plan.prefetching.append(BackgroundWarmup(
-                lambda index=index: checkpoint_sources(tree.member_tree(index).checkpoint), member.name))
+            member_sources = functools.partial(_member_sources, tree, index)
+            plan.prefetching.append(BackgroundWarmup(member_sources, member.name))
     before = None
     for warmup in plan.prefetching:
         before = warmup.start(after=before)
     return list(plan.prefetching)
+
+
+def _member_sources(tree: RepositoryTree, index: int) -> list[ByteSource]:
+    """The sources of member ``index`` of a repository, its checkpoint opened now (by its warm-up's thread)."""
+    from ckptfs.sources.remote.warmup import checkpoint_sources
+
+    return checkpoint_sources(tree.member_tree(index).checkpoint)
 
 
 def _prefetch_status(plan: _Plan) -> dict:
