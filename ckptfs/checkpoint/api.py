@@ -12,7 +12,7 @@ import os
 import threading
 import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any, overload
+from typing import TYPE_CHECKING, Any, Union, overload
 
 import numpy as np
 
@@ -26,6 +26,12 @@ from ckptfs.engine.blocks import UNCACHED_STEP_BYTES, TensorData
 from ckptfs.engine.values import TensorValues
 from ckptfs.quant import DTYPE_MODES, Codec, codec_for, output_dtype
 from ckptfs.sources import DEFAULT_OPENER, ByteSource, SourcePool, checkpoint_content_id
+
+if TYPE_CHECKING:  # source_plan imports it when a checkpoint's sources need one
+    from ckptfs.sources.plan import SourcePlan
+
+#: What ``open`` takes: a path (str, bytes or os.PathLike) or a URL.
+PathOrUrl = Union[str, bytes, "os.PathLike[str]"]
 
 __all__ = ["open", "opened", "Checkpoint", "Tensor", "TensorList", "OpenOptions", "DEFAULT_CACHE_BYTES",
            "decode_plan"]
@@ -465,14 +471,15 @@ class Checkpoint(Mapping[str, Tensor]):
     def __enter__(self) -> Checkpoint:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     def __repr__(self) -> str:
         return f"<ckptfs.Checkpoint {self.src!r} {self.format} tensors={len(self.tensors)}>"
 
 
-def open(src, *positional: Any, options: OpenOptions | None = None, **changes: Any) -> Checkpoint:  # noqa: A001
+def open(src: PathOrUrl, *positional: Any, options: OpenOptions | None = None,  # noqa: A001
+         **changes: Any) -> Checkpoint:
     """Open a checkpoint: a GGUF or safetensors file, a split-GGUF shard, a shard folder or an index file.
 
     Every field of :class:`OpenOptions` is a keyword (its signature below is generated from them), and
@@ -514,7 +521,7 @@ def _open_signature(cls: type[OpenOptions] = OpenOptions) -> inspect.Signature:
 open.__signature__ = _open_signature()  # type: ignore[attr-defined]
 
 
-def source_plan(src: str, options: OpenOptions):
+def source_plan(src: str, options: OpenOptions) -> SourcePlan | None:
     """The plan of ``src``'s sources (ckptfs.sources.plan.SourcePlan) when ``options`` need one (a URL,
     mirrors, a remote timeout), else None: a plain local open never imports the remote layer. The one place
     both ``open_with`` and a mount of a repository folder decide it."""
@@ -525,7 +532,7 @@ def source_plan(src: str, options: OpenOptions):
     return SourcePlan(src, options)
 
 
-def open_with(src, options: OpenOptions) -> Checkpoint:
+def open_with(src: PathOrUrl, options: OpenOptions) -> Checkpoint:
     """Open ``src`` (a path, bytes or os.PathLike, or a URL) as ``options`` say."""
     from ckptfs.formats.multi import read_checkpoint
 
@@ -547,7 +554,7 @@ def open_with(src, options: OpenOptions) -> Checkpoint:
 
 
 @contextlib.contextmanager
-def opened(src) -> Iterator[Checkpoint]:
+def opened(src: Checkpoint | PathOrUrl) -> Iterator[Checkpoint]:
     """``src`` as a Checkpoint: an open one as it is, a path or URL opened with the defaults and closed on
     leaving (``ckptfs.load``, ``load_batch`` and ``hf_folder`` take either)."""
     if isinstance(src, Checkpoint):

@@ -17,11 +17,12 @@ from __future__ import annotations
 
 import hashlib
 import socket
+from typing import Any
 
 _HOST = socket.gethostname()
 
 
-def local_content_id(identity: tuple) -> str:
+def local_content_id(identity: tuple[Any, ...]) -> str:
     return "local:" + _HOST + ":" + ":".join(str(part) for part in identity)
 
 

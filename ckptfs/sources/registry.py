@@ -43,14 +43,14 @@ def register_scheme(scheme: str, opener: SourceOpener, folder: FolderOpener | No
         _openers[scheme.lower()] = (opener, folder, _takes_options(opener))
 
 
-def _takes_options(fn: Callable) -> bool:
+def _takes_options(fn: Callable[..., Any]) -> bool:
     try:
         return "options" in inspect.signature(fn).parameters
     except (TypeError, ValueError):  # a builtin or a class without a readable signature
         return False
 
 
-def scheme_of(src) -> str | None:
+def scheme_of(src: object) -> str | None:
     """The URL scheme of ``src`` (lower case), or None for a local path."""
     if not isinstance(src, str):
         return None
@@ -58,7 +58,7 @@ def scheme_of(src) -> str | None:
     return match["scheme"].lower() if match else None
 
 
-def is_url(src) -> bool:
+def is_url(src: object) -> bool:
     return scheme_of(src) is not None
 
 
