@@ -10,9 +10,11 @@ the same options and mirrors hold for every read of the checkpoint, in the mount
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 from collections.abc import Callable
+from typing import TYPE_CHECKING, Protocol
 
 from ckptfs.core.options import OpenOptions
 from ckptfs.sources.base import ByteSource, Folder
@@ -20,6 +22,18 @@ from ckptfs.sources.registry import Opener, is_url
 from ckptfs.sources.remote import stored
 from ckptfs.sources.remote.context import deadline_scope
 from ckptfs.sources.remote.options import RemoteOptions
+
+if TYPE_CHECKING:  # imported when there are mirrors
+    from ckptfs.sources.mirror import MirrorSet
+
+
+class SourceCheck(Protocol):
+    """Checked reads (a manifest's ``ckptfs.integrity.checked.ManifestCheck``): a wrapper of every source,
+    and of a mirror's member standing in for the file ``path``."""
+
+    def __call__(self, source: ByteSource) -> ByteSource: ...
+
+    def wrap(self, source: ByteSource, path: str | None = None) -> ByteSource: ...
 
 _FILE_SUFFIXES = (".gguf", ".safetensors", ".json")
 
@@ -64,7 +78,8 @@ class SourcePlan:
         self.mirrors = list(options.mirrors)
         self._folder = names_folder(src) if self.mirrors else False
 
-    def _mirror_set(self, member_wrapper=None, options: RemoteOptions | None = None):
+    def _mirror_set(self, member_wrapper: Callable[[ByteSource, str], ByteSource] | None = None,
+                    options: RemoteOptions | None = None) -> MirrorSet | None:
         if not self.mirrors:
             return None
         from ckptfs.sources.mirror import MirrorSet
@@ -78,7 +93,7 @@ class SourcePlan:
         quiet = dataclasses.replace(self.options, read_ahead=False)
         return StoredOpener(quiet, self._mirror_set(options=quiet))
 
-    def read_scope(self):
+    def read_scope(self) -> contextlib.AbstractContextManager[None]:
         """A context in which every remote read ends by the timeout (a mount wraps each FUSE read in one)."""
         return deadline_scope(self.options.timeout)
 
@@ -86,7 +101,7 @@ class SourcePlan:
         """The pool's opener: sources under these options (the pool applies the wrapper itself)."""
         return StoredOpener(self.options).source(name, base_dir)
 
-    def wrapper(self, checked=None) -> Callable[[ByteSource], ByteSource] | None:
+    def wrapper(self, checked: SourceCheck | None = None) -> Callable[[ByteSource], ByteSource] | None:
         """The pool's source wrapper: mirrors (each member checked when ``checked`` — a ManifestCheck — is
         given, so a manifest mismatch fails over), else ``checked`` alone."""
         mirror_set = self._mirror_set(checked.wrap if checked is not None else None)
