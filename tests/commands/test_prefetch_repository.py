@@ -5,10 +5,11 @@ and moto's S3 server hold a folder with two GGUF quantizations and a README; ggu
 themselves is the oracle for values. What is proved:
 
 - ``prefetch hf://ORG/REPO`` warms every checkpoint (a summary line each), and with the Hub and its CDN
-  stopped the repository mounts ``--offline`` with every tensor of each equal to gguf-py's;
+  stopped the repository mounts, ``--offline`` or not, with every tensor of each equal to gguf-py's;
 - ``--include GLOB`` warms only the checkpoints whose name matches (the others' bytes are not fetched), one
   that matches nothing is one line, and on a single checkpoint it is refused;
-- an ``s3://`` folder of several checkpoints is warmed whole the same way;
+- an ``s3://`` folder of several checkpoints is warmed whole the same way, and mounts ``--offline`` with moto
+  stopped;
 - ``mount --prefetch`` of a repository warms each checkpoint in turn, and ``ckptfs stats`` shows each one's
   state and bytes.
 """
@@ -86,6 +87,9 @@ def test_prefetch_of_a_repository_warms_every_checkpoint_and_it_mounts_offline(h
     server.stop()
     mnt = mounted("hf://org/multi", "--cache-dir", str(cache), "--offline", "--cache-size", "0")
     _assert_members_served(mnt, repo)
+    # without --offline: the Hub's listing and each file's probe fail once, the folder serves
+    mnt = mounted("hf://org/multi", "--cache-dir", str(cache), "--cache-size", "0")
+    _assert_members_served(mnt, repo)
 
 
 def test_include_chooses_the_checkpoints_by_name(hub, tmp_path):
@@ -104,7 +108,7 @@ def test_include_chooses_the_checkpoints_by_name(hub, tmp_path):
                            "--include", "*"), 2, "one checkpoint")
 
 
-def test_an_s3_folder_of_several_checkpoints_is_warmed_whole(tmp_path):
+def test_an_s3_folder_of_several_checkpoints_is_warmed_whole_and_mounts_offline(tmp_path, mounted):
     boto3 = pytest.importorskip("boto3")
     repo = tmp_path / "repo"
     repo.mkdir()
@@ -116,9 +120,13 @@ def test_an_s3_folder_of_several_checkpoints_is_warmed_whole(tmp_path):
         for path in sorted(repo.iterdir()):
             client.upload_file(str(path), "models", f"multi/{path.name}")
         result = run_cli("prefetch", "s3://models/multi/", "--cache-dir", str(cache), timeout=180)
+        env = server.env()
     assert result.returncode == 0, result.stderr
     assert sorted(line.split(":")[1].strip() for line in result.stdout.splitlines()) == sorted(MEMBERS)
     assert _stored_chunks(cache) == sum(_chunks(repo / f"{m}.gguf") for m in MEMBERS)
+    # moto stopped: the listing and the files from the folder
+    mnt = mounted("s3://models/multi/", "--cache-dir", str(cache), "--offline", "--cache-size", "0", env=env)
+    _assert_members_served(mnt, repo)
 
 
 def test_mount_prefetch_of_a_repository_warms_each_checkpoint_and_stats_show_each(hub, tmp_path, mounted):

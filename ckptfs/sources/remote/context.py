@@ -72,6 +72,12 @@ def once_scope() -> Iterator[None]:
         _scope.reset(token)
 
 
+def once_requested() -> bool:
+    """Whether the caller asked for one attempt (``once_scope``): for a request sent through another
+    library's client (the Hub's listing), which has retries of its own."""
+    return _scope.get().once
+
+
 def read_deadline(timeout: float) -> float:
     """The deadline of a read entering now: ``timeout`` from now, or the enclosing scope's end if sooner."""
     return ReadContext.entering(timeout).deadline

@@ -7,22 +7,27 @@ hand with the token dropped on the way, the CDN location remembered for later re
 the LFS sha256 the Hub sends as ``X-Linked-Etag``, so caches are shared by every copy of the same bytes.
 
 A folder (no PATH, or a PATH without such a suffix) is listed with ``huggingface_hub``'s ``list_repo_tree``
-(one level); its files are then ``hf://ORG/REPO@REV/NAME`` sources. The token comes from ``HF_TOKEN``, else
+(one level); its files are then ``hf://ORG/REPO@REV/NAME`` sources. A listing the ``--cache-dir`` store
+keeps a copy of (``stored``) asks the Hub once: one TCP connection first, since huggingface_hub retries a
+refused connection for half a minute; a connection failure is a ``SourceUnavailable`` (the stored listing
+serves), an answer that refuses is a ``CheckpointError``. The token comes from ``HF_TOKEN``, else
 from ``huggingface_hub``'s login; messages say which one was sent, never its value.
 """
 
 from __future__ import annotations
 
 import os
+import socket
 from dataclasses import dataclass
-from urllib.parse import quote
+from urllib.parse import quote, urlsplit
 
 from ckptfs.core.errors import CheckpointError, SourceUnavailable
 from ckptfs.sources.registry import register_scheme
 from ckptfs.sources.base import Folder
 from ckptfs.sources.remote.http import Credentials, HttpSource
 from ckptfs.sources.netstats import COUNTERS
-from ckptfs.sources.remote.options import RemoteOptions
+from ckptfs.sources.remote.context import once_requested
+from ckptfs.sources.remote.options import DEFAULT_STALL_TIMEOUT, RemoteOptions
 
 DEFAULT_ENDPOINT = "https://huggingface.co"
 _FILE_SUFFIXES = (".gguf", ".safetensors", ".json")
@@ -108,6 +113,10 @@ class HfFolder(Folder):
                                                    "'ckptfs[remote]'); hf:// files ending in .gguf, .safetensors "
                                                    "or .json do not") from None
 
+        if once_requested() and not _answers(endpoint(), DEFAULT_STALL_TIMEOUT):
+            # huggingface_hub retries a refused connection for half a minute: one attempt is asked for here
+            COUNTERS.request("hf", "error")
+            raise SourceUnavailable(self.name, None, f"cannot list the repository: {endpoint()} does not answer")
         creds = credentials()
         token = creds.headers[0][1].split(" ", 1)[1] if creds.headers else False
         api = HfApi(endpoint=endpoint(), token=token)
@@ -149,13 +158,21 @@ class HfFolder(Folder):
 
 
 def _transport_error(exc: BaseException) -> bool:
-    """Whether ``exc`` is huggingface_hub's HTTP client failing to reach the Hub (httpx's transport errors:
-    no connection, a timeout), as opposed to an answer."""
+    """Whether ``exc`` is huggingface_hub's HTTP client failing to reach the Hub (a ``TransportError`` of
+    httpx, or of the httpx2 that huggingface_hub 2 uses: no connection, a timeout), not an answer."""
+    return any(cls.__name__ == "TransportError" and cls.__module__.split(".")[0] in ("httpx", "httpx2")
+               for cls in type(exc).__mro__)  # probe: third-party
+
+
+def _answers(url: str, timeout: float) -> bool:
+    """Whether anything takes a connection at ``url``'s host and port: one TCP connection, no retry."""
+    parts = urlsplit(url)
+    port = parts.port or (443 if parts.scheme == "https" else 80)
     try:
-        import httpx
-    except ImportError:
+        socket.create_connection((parts.hostname or "", port), timeout).close()
+    except OSError:
         return False
-    return isinstance(exc, httpx.TransportError)
+    return True
 
 
 def open_hf_folder(src: str) -> HfFolder | None:
