@@ -11,22 +11,15 @@ here on top of the pinned class; a template whose leading special token is neith
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import gguf
 
 from ckptfs.ggufview import Unsupported
+from ckptfs.ggufview.files import read_json
 
 NORMALIZER_LOWERCASE = "tokenizer.ggml.normalizer.lowercase"
 NORMALIZER_STRIP_ACCENTS = "tokenizer.ggml.normalizer.strip_accents"
-
-
-def _json(path: Path) -> dict | None:
-    if not path.is_file():
-        return None
-    with open(path, encoding="utf-8") as f:
-        return json.load(f)
 
 
 def _special_id(step: dict) -> str | None:
@@ -115,9 +108,9 @@ class SpecialVocab(gguf.SpecialVocab):
     def _try_load_from_tokenizer_json(self, path: Path) -> bool:
         loaded = super()._try_load_from_tokenizer_json(path)
         self.normalizer = {}
-        tokenizer = _json(path / "tokenizer.json")
+        tokenizer = read_json(path / "tokenizer.json")
         if tokenizer:
-            self.add_special_token.update(post_processor_flags(tokenizer, _json(path / "tokenizer_config.json")))
+            self.add_special_token.update(post_processor_flags(tokenizer, read_json(path / "tokenizer_config.json")))
             self.normalizer = normalizer_flags(tokenizer.get("normalizer"))
         return loaded
 

@@ -168,3 +168,22 @@ def convert(plan: TensorPlan, values: np.ndarray) -> bytes:
     if plan.shift:
         values = values + np.asarray(plan.shift, dtype=values.dtype)
     return gguf.quants.quantize(values, plan.qtype).tobytes()
+
+
+def convert_stored(plan: TensorPlan, raw: bytes, rows: int) -> bytes:
+    """Stored rows (in output order) as output rows. A tensor served in its stored type with no value shift
+    is its stored bytes, as gguf-py's quantizer returns them (F32 and F16 unchanged; BF16 widened and rounded
+    back is unchanged too, but for a NaN, whose quiet bit it sets), without widening; else ``convert``."""
+    import gguf
+
+    qt = gguf.GGMLQuantizationType
+    same = {("F32", qt.F32), ("F16", qt.F16), ("BF16", qt.BF16)}
+    if plan.shift or (plan.info.storage_type, plan.qtype) not in same:
+        return convert(plan, widen(raw, plan.info.storage_type, rows, plan.cols))
+    if plan.qtype != qt.BF16:
+        return raw
+    words = np.frombuffer(raw, "<u2")
+    nan = (words & 0x7FFF) > 0x7F80
+    if not nan.any():
+        return raw
+    return np.where(nan, words | 0x0040, words).astype("<u2").tobytes()

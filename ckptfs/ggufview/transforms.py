@@ -6,12 +6,12 @@ a stored name is renamed or dropped before gguf-py's name map (BERT's ``bert.`` 
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
 
 from ckptfs.ggufview import Config
+from ckptfs.ggufview.files import read_json
 
 
 def head_permutation(rows: int, n_head: int) -> np.ndarray:
@@ -64,8 +64,7 @@ def gemma3_rows_kept(name: str, folder: Path, config: Config) -> int | None:
         from ckptfs.ggufview.vocab_spm import spm_vocab_size
 
         return spm_vocab_size(folder, config)
-    with open(folder / "tokenizer.json", encoding="utf-8") as f:
-        tokenizer = json.load(f)
+    tokenizer = read_json(folder / "tokenizer.json")
     return len(tokenizer["model"]["vocab"]) + len(tokenizer["added_tokens"])
 
 

@@ -19,8 +19,10 @@ from ckptfs.engine.views import HeaderBodyView
 from ckptfs.ggufview import Unsupported
 from ckptfs.ggufview.archs import architecture_of
 from ckptfs.ggufview.hparams import add_common_keys, block_count
+from ckptfs.ggufview.files import one_build
 from ckptfs.ggufview.staging import model_folder
-from ckptfs.ggufview.tensors import TensorPlan, convert, file_type_of, plan_tensors, stored_rows, widen
+from ckptfs.ggufview.writer import new_writer
+from ckptfs.ggufview.tensors import TensorPlan, convert_stored, file_type_of, plan_tensors, stored_rows
 
 
 def _config(folder: Path) -> dict:
@@ -38,14 +40,14 @@ class VirtualGgufView(HeaderBodyView):
         import gguf
 
         self._sources = ck.sources
-        with model_folder(ck) as folder:
+        with model_folder(ck) as folder, one_build():
             config = _config(folder)
             arch = architecture_of(config)
             infos = [tensor.info for tensor in ck.tensors]
             file_type = file_type_of(output_type, infos)
             n_blocks = block_count(config)
             self.plans = plan_tensors(arch, config, infos, file_type, n_blocks, folder)
-            writer = gguf.GGUFWriter(path=None, arch=arch.name)
+            writer = new_writer(arch.name)
             for plan in self.plans:
                 writer.add_tensor_info(plan.name, plan.shape or (1,), np.dtype(np.float32), plan.nbytes,
                                        raw_dtype=plan.qtype)
@@ -107,7 +109,7 @@ class VirtualGgufView(HeaderBodyView):
         r0, r1 = b0 // plan.row_bytes, -(-b1 // plan.row_bytes)
         rows = stored_rows(plan, r0, r1)
         data = read_rows(self._sources.get(plan.info.source), plan, rows)
-        out = convert(plan, widen(data, plan.info.storage_type, len(rows), plan.cols))
+        out = convert_stored(plan, data, len(rows))
         skip = b0 - r0 * plan.row_bytes
         return out[skip: skip + b1 - b0]
 

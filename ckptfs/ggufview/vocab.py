@@ -11,7 +11,8 @@ from pathlib import Path
 
 from ckptfs.ggufview import Config, Unsupported
 from ckptfs.ggufview.vocab_bpe import write_gpt2, write_wordpiece
-from ckptfs.ggufview.vocab_spm import phi3_spm_vocab, read_json, spm_vocab, write_spm
+from ckptfs.ggufview.files import read_json
+from ckptfs.ggufview.vocab_spm import phi3_spm_vocab, spm_vocab, write_spm
 
 _TOKENIZER_FILES = ("tokenizer.model", "tokenizer.json", "vocab.json")
 

@@ -12,7 +12,8 @@ from pathlib import Path
 
 from ckptfs.ggufview import Config, Unsupported
 from ckptfs.ggufview.pre_hashes import CHECK_TEXT, PRE_TOKENIZERS
-from ckptfs.ggufview.vocab_spm import looks_special, read_json
+from ckptfs.ggufview.files import read_json
+from ckptfs.ggufview.vocab_spm import looks_special
 
 log = logging.getLogger("ckptfs.ggufview")
 
@@ -24,6 +25,10 @@ PRE_TOKENIZER_REGEXES = {
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|"
     r"\s+(?!\S)|\s+": "qwen2",
 }
+#: A SentencePiece-style BPE ``tokenizer.json`` (spaces made ``▁`` by the normalizer, merges over the whole
+#: text: a ``tokenizer.json`` converted from a SentencePiece model, as Gemma's) whose hash is not listed: the
+#: name llama.cpp's update script gives that shape (whitespace escaped, split on newlines only).
+SPM_STYLE_PRE = "gemma4"
 #: A WordPiece vocabulary whose hash is not listed: llama.cpp splits WordPiece text itself whatever the
 #: name, so the name only records that no listed pre-tokenizer matched.
 WORDPIECE_PRE = "default"
@@ -80,6 +85,9 @@ def pre_tokenizer_name(tokenizer, folder: Path) -> str:
     if (tokenizer_json.get("model") or {}).get("type") == "WordPiece":
         log.info("WordPiece pre-tokenizer hash %s not listed: %s", digest, WORDPIECE_PRE)
         return WORDPIECE_PRE
+    if _spm_style_bpe(tokenizer_json):
+        log.info("SentencePiece-style BPE pre-tokenizer hash %s not listed: %s", digest, SPM_STYLE_PRE)
+        return SPM_STYLE_PRE
     raise Unsupported(f"the BPE pre-tokenizer is not recognized (hash {digest})")
 
 
@@ -94,6 +102,23 @@ def _split_regex(tokenizer_json: dict) -> str | None:
     if others[0].get("use_regex", True) or splits[0].get("invert"):
         return None
     return (splits[0].get("pattern") or {}).get("Regex")
+
+
+def _spm_style_bpe(tokenizer_json: dict) -> bool:
+    """A BPE model whose normalizer turns spaces into ``▁`` (a Replace, alone or after a Prepend) and whose
+    pre-tokenizer is none or a split on spaces (which finds none once they are ``▁``)."""
+    if (tokenizer_json.get("model") or {}).get("type") != "BPE":
+        return False
+    normalizer = tokenizer_json.get("normalizer") or {}
+    steps = normalizer.get("normalizers", []) if normalizer.get("type") == "Sequence" else [normalizer]
+    kinds = [step.get("type") for step in steps]
+    if kinds not in (["Replace"], ["Prepend", "Replace"]):
+        return False
+    replace = steps[-1]
+    if (replace.get("pattern") or {}).get("String") != " " or replace.get("content") != "\u2581":
+        return False
+    pre = tokenizer_json.get("pre_tokenizer")
+    return pre is None or (pre.get("type") == "Split" and (pre.get("pattern") or {}).get("String") == " ")
 
 
 def write_gpt2(writer, folder: Path, config: Config) -> None:

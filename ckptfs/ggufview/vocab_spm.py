@@ -4,10 +4,10 @@ rules of the converter's class (the common one, or phi3's own)."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from ckptfs.ggufview import Config, Unsupported
+from ckptfs.ggufview.files import read_json
 
 _SPECIAL_LOOKING = ("<pad>", "<mask>", "<2mass>", "[@BOS@]")
 
@@ -17,14 +17,6 @@ def looks_special(token: str) -> bool:
     return (token in _SPECIAL_LOOKING or (token.startswith("<|") and token.endswith("|>"))
             or (token.startswith("<｜") and token.endswith("｜>"))
             or (token.startswith("<unused") and token.endswith(">")))
-
-
-def read_json(path: Path):
-    """A JSON file's value (None when there is no such file)."""
-    if not path.is_file():
-        return None
-    with open(path, encoding="utf-8") as f:
-        return json.load(f)
 
 
 def _processor(folder: Path):
