@@ -16,8 +16,8 @@ digest, the revision's commit, when it was fetched) and, for a repository folder
   a file, or a folder listing, without a record cannot be opened (one line).
 
 A :class:`StoredSource` serves the chunks the store holds (read-ahead and the C read path of a sealed file
-as for any remote file); a read that needs an absent chunk fails at once (EIO through a mount), with one log
-line per file: it never asks the origin, so it never hangs.
+as for any remote file); a read that needs an absent chunk fails at once (EIO through a mount, whose log has
+its one line for the failed read): it never asks the origin, so it never hangs.
 """
 
 from __future__ import annotations
@@ -80,17 +80,14 @@ class StoredSource(RemoteSource):
         self.identity = (self.size, self.validator, self.url)
         self.mtime_ns = int(record.get("mtime_ns") or 0)
         self.fetcher.identify(str(record["content_id"]), self.size, shared=True)
-        self._told = False
 
     def origin(self) -> str:
         return f"stored:{self.url}"
 
     def _absent(self, offset: int) -> CheckpointError:
-        if not self._told:
-            self._told = True
-            log.warning("%s: bytes at %d are not in the cache folder %s and the origin is not asked (%s): reads "
-                        "of the bytes it lacks fail", public_name(self.name), offset, self.options.cache_dir, self.why)
-        return CheckpointError(self.name, offset, f"not in the cache folder ({self.why}: the origin is not asked)")
+        """The failure of a read of bytes the store lacks (a mount logs it as the read's one EIO line)."""
+        return CheckpointError(self.name, offset, f"not in the cache folder {self.options.cache_dir} ({self.why}: "
+                                                  f"the origin is not asked)")
 
     def _attempt(self, start: int, end: int, read: ReadContext) -> bytes:
         raise self._absent(start)
