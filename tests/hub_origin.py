@@ -12,7 +12,8 @@ from servers import HubStandIn, Nginx, environment, require_nginx
 
 
 @contextlib.contextmanager
-def hub_origin(tmp_path: Path, repo_name: str, fill: Callable[[Path], None]) -> Iterator[tuple[HubStandIn, Nginx, Path]]:
+def hub_origin(tmp_path: Path, repo_name: str,
+               fill: Callable[[Path], None]) -> Iterator[tuple[HubStandIn, Nginx, Path]]:
     """(the stand-in, its CDN's nginx, the repository's folder), ``fill(folder)`` having written its files."""
     require_nginx()
     repo, cdn = tmp_path / "repo", tmp_path / "cdn"

@@ -61,8 +61,11 @@ def version_of(record: dict[str, Any]) -> str:
 
 
 def fetched_when(record: dict[str, Any], key: str = "fetched_at") -> str:
+    """The record's time ``key`` (epoch seconds) as a log line says it."""
     at = record.get(key)
-    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(at)) if isinstance(at, (int, float)) else "at an unknown time"
+    if not isinstance(at, (int, float)):
+        return "at an unknown time"
+    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(at))
 
 
 class StoredSource(RemoteSource):
