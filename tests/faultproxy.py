@@ -7,14 +7,17 @@ every request until ``always(None)``. Faults:
 - ``"refuse:SECONDS"``: drop this connection without an answer and stop listening for SECONDS (new
   connections are refused);
 - ``"reset"``: send the status line, headers and half the body, then reset the connection (RST);
-- ``"500"``, ``"503"``, ``"429"`` (optionally ``"429:SECONDS"``/``"503:SECONDS"`` for ``Retry-After``): that
-  status with a small body instead of forwarding;
+- ``"500"``, ``"503"``, ``"429"`` (optionally ``"429:SECONDS"``/``"503:SECONDS"`` for ``Retry-After``), ``"412"``
+  (a refused precondition: S3's answer to an ``If-Match`` on another ETag): that status with a small body
+  instead of forwarding;
 - ``"slow:SECONDS"``: send the body in 16 pieces, sleeping SECONDS/16 between them;
 - ``"stall:SECONDS"``: send headers and half the body, then send nothing for SECONDS;
 - ``"short"``: announce the full Content-Length, send half the body, close;
 - ``"etag"``: relay the answer with another ETag (as after the file was replaced);
 - ``"total"``: relay the answer with another total in its ``Content-Range`` (one byte more: another file);
 - ``"norange"``: forward without the Range header (the upstream answers 200 with the whole file);
+- ``"range"``: forward the Range one byte later (``bytes=A-B`` as ``bytes=A+1-B``: the upstream answers another
+  range, with its own ``Content-Range``);
 - ``"403"``: access denied, as a server that wants credentials answers;
 - ``"loop"``: a 302 back to the same URL (a redirect loop).
 
@@ -51,7 +54,7 @@ from collections import Counter, deque
 from urllib.parse import urlsplit
 
 PIECE = 256 * 1024  # relay and pacing step of a streamed body
-_STREAMED = ("", "etag", "norange", "total")  # faults that leave the body as it is
+_STREAMED = ("", "etag", "norange", "range", "total")  # faults that leave the body as it is
 
 
 class FaultProxy:
@@ -226,7 +229,7 @@ class FaultProxy:
             req.send_header("Content-Length", "0")
             req.end_headers()
             return
-        if kind in ("500", "503", "429", "403"):
+        if kind in ("500", "503", "429", "403", "412"):
             body = b"injected failure\n"
             req.send_response(int(kind))
             if arg:
@@ -239,6 +242,8 @@ class FaultProxy:
         if kind == "norange":
             headers.pop("Range", None)
             headers.pop("range", None)
+        if kind == "range":
+            headers = {k: _later(v) if k.lower() == "range" else v for k, v in headers.items()}
         if self.first_byte_delay:
             time.sleep(self.first_byte_delay)
         upstream = http.client.HTTPConnection(*self.upstream, timeout=30)
@@ -312,6 +317,15 @@ class FaultProxy:
             self.spans.append(span)
             if self._spans_file is not None:
                 self._spans_file.write("%.6f %.6f %d\n" % span)
+
+
+def _later(value: str) -> str:
+    """A ``bytes=A-B`` range one byte later at its start (``bytes=A+1-B``); another form as it is."""
+    unit, _, span = value.partition("=")
+    first, sep, last = span.partition("-")
+    if unit.strip() != "bytes" or not sep or not first.isdigit() or not last.isdigit() or int(first) >= int(last):
+        return value
+    return f"bytes={int(first) + 1}-{last}"
 
 
 def _reset(conn: socket.socket) -> None:

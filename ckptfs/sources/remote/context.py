@@ -39,7 +39,7 @@ _scope: contextvars.ContextVar[_Scope] = contextvars.ContextVar("ckptfs_read_sco
 
 
 @contextlib.contextmanager
-def deadline_scope(timeout: float):
+def deadline_scope(timeout: float) -> Iterator[None]:
     """Every remote read inside ends by ``timeout`` seconds from now (or an enclosing scope's end)."""
     outer = _scope.get()
     end = time.monotonic() + timeout
@@ -51,7 +51,7 @@ def deadline_scope(timeout: float):
 
 
 @contextlib.contextmanager
-def fallback_scope(has_fallback: bool = True):
+def fallback_scope(has_fallback: bool = True) -> Iterator[None]:
     """Reads inside have another copy to turn to (a mirror): a stalled attempt gives up at once and other
     failures are retried once, so the deadline is left for the next copy."""
     token = _scope.set(dataclasses.replace(_scope.get(), fallback=has_fallback))

@@ -19,8 +19,10 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from typing import cast
 
 from ckptfs.cache.chunks import CHUNK, CHUNK_LEASE_MS, CHUNK_WAIT_S, ChunkCache, chunk_key
+from ckptfs.cache.keys import CacheKey
 from ckptfs.cache.flight import Flight, SingleFlight, flights_for
 from ckptfs.core.errors import CheckpointError
 from ckptfs.sources.netstats import COUNTERS
@@ -67,7 +69,8 @@ class ChunkFetcher:
         # started before the checkpoint's open) joins the same fetches
         self.flights = flights_for(content_id)
 
-    def key(self, i: int) -> str:
+    def key(self, i: int) -> CacheKey:
+        """The cache key of chunk ``i`` of this file."""
         return chunk_key(self.content_id, i)
 
     @property
@@ -133,8 +136,9 @@ class ChunkFetcher:
         bound = outage.bound(read.deadline, self.options.timeout)
         patience = min(bound, time.monotonic() + self.options.stall_timeout) - time.monotonic()
         done = flight.done.wait(max(0.0, patience))
-        if done and flight.value is not None:
-            return flight.value
+        value: bytes | None = flight.value if done else None
+        if value is not None:
+            return value
         if done and read.fallback:
             error = flight.error
             reason = error.reason if isinstance(error, CheckpointError) else str(error)
@@ -156,7 +160,7 @@ class ChunkFetcher:
         out: dict[int, bytes] = {}
         leased: list[int] = []
         try:
-            fetch, held = list(range(c0, c1)), []
+            fetch, held = list(range(c0, c1)), list[int]()
             if self.cache.shared is not None:
                 fetch, held = self._from_shared(fetch, read, out)
                 leased = list(fetch)
@@ -248,7 +252,7 @@ class ChunkFetcher:
         or :meth:`abandon`."""
         flights, ended = self.flights, self.flights.finished
         held = self.cache.held(self.content_id, range(c0, c1))  # not under the flights' lock: pieces land
-        claimed = sorted(flights.claim(i for i in range(c0, c1) if i not in held))
+        claimed = sorted(cast(int, i) for i in flights.claim(i for i in range(c0, c1) if i not in held))
         if claimed and flights.finished != ended:
             # a fetch ended meanwhile, and a fetch stores its chunks before it ends their flights: one of them
             # may be claimed again here. Asked once more, and ended at once with the stored bytes.

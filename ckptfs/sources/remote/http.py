@@ -12,7 +12,7 @@ that answers a Range request with the whole body (200) is refused with one line,
 exactly the range asked for. An answer that cannot be the bytes asked for (a 200 to a Range request, another
 range or total in ``Content-Range``, another validator, a 416) is not believed at once: one backend behind a
 load balancer, or a proxy, may be wrong while the origin is not. Its body is dropped unread and the range
-asked again on a fresh connection (``_asked_twice``); only a second answer that is wrong the same way
+asked again on a fresh connection (``odd.asked_twice``); only a second answer that is wrong the same way
 decides (the file was replaced, or the server cannot serve ranges). Two different wrong answers are retried
 like a reset, within the read's deadline.
 
@@ -53,6 +53,7 @@ from ckptfs.core.errors import CheckpointError
 from ckptfs.sources.registry import register_scheme
 from ckptfs.sources.netstats import COUNTERS
 from ckptfs.sources.remote.context import ReadContext
+from ckptfs.sources.remote.odd import OddAnswer, asked_twice, content_range
 from ckptfs.sources.remote.options import POOL_CONNECTIONS, RemoteOptions
 from ckptfs.sources.remote.origin import Changed, Retryable, stalled, wait_bound
 from ckptfs.sources.remote.transport import RemoteSource, joined
@@ -63,7 +64,6 @@ from ckptfs.util.redact import public_name, redact
 MAX_REDIRECTS = 10
 PROBE_MEMO_SECONDS = 60.0
 _REDIRECTS = (301, 302, 303, 307, 308)
-_CONTENT_RANGE = re.compile(r"^\s*bytes\s+(\d+)-(\d+)/(\d+|\*)\s*$", re.IGNORECASE)
 _UNSATISFIED_RANGE = re.compile(r"^\s*bytes\s+\*/(\d+)\s*$", re.IGNORECASE)
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 
@@ -167,16 +167,6 @@ class Answer:
     resp: object
     url: str
     hops: list  # the redirect responses' headers, first hop first
-
-
-class OddAnswer(Exception):
-    """An answer that cannot be the bytes asked for (see the module docstring): ``signature`` tells two wrong
-    answers apart; ``final`` is the error once a second answer is wrong the same way."""
-
-    def __init__(self, signature: tuple, final: Exception):
-        super().__init__(str(final))
-        self.signature = signature
-        self.final = final
 
 
 def fresh_pool() -> urllib3.PoolManager:
@@ -432,17 +422,8 @@ class HttpSource(RemoteSource):
         return self._asked_twice(self.url, start, end, read)
 
     def _asked_twice(self, url: str, start: int, end: int, read: ReadContext) -> list[bytes]:
-        """``_range_get``, with an odd answer asked again at once on a fresh connection (see the module
-        docstring): the second answer's bytes, or its error when it is wrong the same way as the first."""
-        try:
-            return self._range_get(url, start, end, read)
-        except OddAnswer as first:
-            try:
-                return self._range_get(url, start, end, read, fresh=True)
-            except OddAnswer as second:
-                if second.signature == first.signature:
-                    raise second.final from None
-                raise Retryable(f"two different wrong answers: {first}; then {second}") from None
+        """``_range_get``, with an odd answer asked again at once on a fresh connection (``odd``)."""
+        return asked_twice(lambda fresh: self._range_get(url, start, end, read, fresh))
 
     def _range_get(self, url: str, start: int, end: int, read: ReadContext, fresh: bool = False) -> list[bytes]:
         answer = self._http.send("GET", url, {"Range": f"bytes={start}-{end - 1}"}, read.deadline, self.url, fresh)
@@ -596,12 +577,11 @@ def _linked_sha256(hop_headers) -> str | None:
 
 
 def _content_range(headers, name: str) -> tuple[int, int, int | None]:
-    match = _CONTENT_RANGE.match(headers.get("content-range", ""))
-    if not match:
+    got = content_range(headers.get("content-range"))
+    if got is None:
         raise CheckpointError(name, None, f"partial answer without a usable Content-Range "
                                           f"({headers.get('content-range')!r})")
-    total = None if match[3] == "*" else int(match[3])
-    return int(match[1]), int(match[2]), total
+    return got
 
 
 def open_http(src: str, options: RemoteOptions | None = None) -> HttpSource:

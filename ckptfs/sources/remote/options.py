@@ -11,12 +11,14 @@ from its one home: the timeouts' below, the store's bounds from ``ckptfs.cache``
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from ckptfs.cache.chunks import ChunkCache, disk_store, shared_tier
 from ckptfs.cache.disk import DEFAULT_CACHE_DIR_SIZE
 from ckptfs.cache.sparse_store import DEFAULT_MIN_FREE
 from ckptfs.core.options import OpenOptions
 from ckptfs.readahead.scheduler import DEFAULT_CONCURRENCY
+from ckptfs.sources.remote.outage import Outage
 
 #: Every remote read is answered within this (``--timeout``), failover included, unless the options say.
 DEFAULT_TIMEOUT = 30.0
@@ -35,8 +37,8 @@ class RemoteOptions:
     open_options: OpenOptions = field(default_factory=OpenOptions)
     read_ahead: bool = True         # False while a checkpoint's headers are read (no thread before a fork)
     max_retries: int | None = None  # None: as many as the deadline allows
-    probes: dict = field(default_factory=dict, repr=False, compare=False)
-    outages: dict = field(default_factory=dict, repr=False, compare=False)  # origin -> its Outage (outage.py)
+    probes: dict[Any, Any] = field(default_factory=dict, repr=False, compare=False)  # a scheme's opens
+    outages: dict[str, Outage] = field(default_factory=dict, repr=False, compare=False)  # origin -> its Outage (outage.py)
 
     @property
     def timeout(self) -> float:

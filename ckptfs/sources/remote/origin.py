@@ -82,7 +82,7 @@ def stalled(what: str, options: RemoteOptions, detail: str = "") -> Retryable:
 
 def backoff_delay(attempt: int) -> float:
     """Exponential backoff with full jitter (attempt 1, 2, ...)."""
-    return random.uniform(0.5, 1.0) * min(BACKOFF_CAP, BACKOFF_BASE * (2 ** (attempt - 1)))
+    return random.uniform(0.5, 1.0) * min(BACKOFF_CAP, BACKOFF_BASE * 2.0 ** (attempt - 1))
 
 
 class Asked(Protocol):
@@ -189,7 +189,8 @@ class OriginClient:
                                                          f"(nothing came from it for --timeout {timeout:g} s); its "
                                                          f"reads fail at once until it answers again")
 
-    def _retrying(self, attempt, read: ReadContext, offset: int | None, what: str, outage: Outage):
+    def _retrying(self, attempt: Callable[[ReadContext], T], read: ReadContext, offset: int | None, what: str,
+                  outage: Outage) -> T:
         source, options = self.source, self.source.options
         tries = 0
         started = time.monotonic()

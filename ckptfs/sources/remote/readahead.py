@@ -34,9 +34,12 @@ from __future__ import annotations
 
 import threading
 import weakref
+from typing import Protocol
 
 from ckptfs.cache.chunks import CHUNK
 from ckptfs.readahead import SCHEDULER, SequentialRun
+from ckptfs.readahead.limit import OriginLimit
+from ckptfs.sources.remote.options import RemoteOptions
 from ckptfs.util.forks import after_fork_in_child
 
 MIN_WINDOW = 1 << 20
@@ -49,17 +52,40 @@ MIN_PIECE = 1 << 20
 SLACK = 2 * CHUNK
 SLACK_READS = 16
 
-_sources: weakref.WeakSet = weakref.WeakSet()
+Run = tuple[int, int]
+
+
+class Fetches(Protocol):
+    """What read-ahead needs of its source (``transport.RemoteSource``): its options, size and largest piece,
+    its origin's in-flight limit, and claiming, fetching and abandoning runs of chunks."""
+
+    options: RemoteOptions
+    size: int
+    piece_bytes: int
+
+    @property
+    def closed(self) -> bool: ...
+
+    def origin_limit(self) -> OriginLimit: ...
+
+    def claim(self, c0: int, c1: int) -> list[Run]: ...
+
+    def fetch_claimed(self, runs: list[Run], memory: bool = True) -> Exception | None: ...
+
+    def abandon(self, runs: list[Run], error: BaseException) -> None: ...
+
+    def forget_fetches(self) -> None: ...
+
+
+_readaheads: weakref.WeakSet[ReadAhead] = weakref.WeakSet()
 
 
 def _after_fork_in_child() -> None:
     """The parent's fetches are gone in the child: their readers fetch those chunks themselves instead of
     waiting (the scheduler forgets its own workers itself)."""
-    for source in list(_sources):
-        source.forget_fetches()
-        readahead = getattr(source, "_readahead", None)
-        if readahead is not None:
-            readahead._lock = threading.Lock()
+    for readahead in list(_readaheads):
+        readahead._source.forget_fetches()
+        readahead._lock = threading.Lock()
 
 
 after_fork_in_child(_after_fork_in_child)
@@ -75,14 +101,14 @@ def piece_bytes(limit: int, largest: int) -> int:
 class ReadAhead:
     """Sequential detection and background fetches for one remote source."""
 
-    def __init__(self, source):
+    def __init__(self, source: Fetches) -> None:
         self._source = source
         self._lock = threading.Lock()
         self._run = SequentialRun(SLACK)
         self._window = 0    # bytes wanted ahead of the reader
         self._reader = 0    # the chunk just past the run's furthest read
         self._frontier = 0  # chunks of the run below this are fetched or claimed already
-        _sources.add(source)
+        _readaheads.add(self)
 
     def observe(self, offset: int, size: int) -> None:
         """Note a read; when it continues a sequential run, fetch ahead of it."""

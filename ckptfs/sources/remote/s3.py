@@ -7,8 +7,14 @@ An S3-compatible endpoint given by address (an IP or ``localhost``: MinIO, Ceph,
 requests, since virtual-host names cannot resolve there.
 
 Reads are ranged ``GetObject`` calls with ``If-Match`` on the ETag fixed at open, so the server itself
-refuses bytes of another version (HTTP 412 -> "changed since it was opened"). botocore's own retries are
-off: ``remote.origin.OriginClient`` retries (counted, with the read's deadline), and each socket wait is bounded
+refuses bytes of another version (HTTP 412 -> "changed since it was opened"), and every answer is checked
+against what was asked: its ``Content-Range`` (the range, the object's size) and its ``ETag``. An answer
+that cannot be the bytes asked for (a 412, another size, range or ETag, a whole object to a ranged GET) is
+not believed at once: one node behind the endpoint's load balancer, or a proxy, may be wrong while the
+object is not. Its body is dropped unread and the range asked again at once on a client of its own (a
+fresh connection, ``odd.asked_twice``); only a second answer wrong the same way decides. A body cut short
+is retried like a reset, its connection closed. botocore's own retries are off:
+``remote.origin.OriginClient`` retries (counted, with the read's deadline), and each socket wait is bounded
 by ``--stall-timeout``. A folder is listed with ``ListObjectsV2`` (one level, hidden names skipped).
 """
 
@@ -18,6 +24,7 @@ import ipaddress
 import os
 import threading
 import time
+from typing import Any
 from urllib.parse import urlsplit
 
 import boto3
@@ -30,6 +37,7 @@ from ckptfs.sources.registry import register_scheme
 from ckptfs.sources.base import Folder
 from ckptfs.sources.netstats import COUNTERS
 from ckptfs.sources.remote.context import ReadContext
+from ckptfs.sources.remote.odd import OddAnswer, asked_twice, content_range
 from ckptfs.sources.remote.options import DEFAULT_OPTIONS, POOL_CONNECTIONS, RemoteOptions
 from ckptfs.sources.remote.origin import Changed, Retryable, stalled
 from ckptfs.sources.remote.transport import RemoteSource
@@ -42,7 +50,7 @@ _RETRY_CODES = {"SlowDown", "ServiceUnavailable", "InternalError", "RequestTimeo
 _THROTTLE_CODES = {"SlowDown", "ServiceUnavailable", "ThrottlingException", "TooManyRequests"}
 _DENIED_CODES = {"AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "AllAccessDisabled",
                  "ExpiredToken", "InvalidToken", "Forbidden", "403", "401"}
-_clients: dict[tuple, tuple] = {}
+_clients: dict[tuple[object, ...], tuple[Any, str]] = {}
 _clients_lock = threading.Lock()
 
 
@@ -79,31 +87,39 @@ def _by_address(endpoint: str | None) -> bool:
         return False
 
 
-def client_for(stall_timeout: float):
-    """A boto3 S3 client for the current AWS environment and how its credentials are described."""
+def client_for(stall_timeout: float, fresh: bool = False) -> tuple[Any, str]:
+    """A boto3 S3 client for the current AWS environment and how its credentials are described: the process's
+    pooled one, or with ``fresh`` one of its own with one connection (the re-ask after an odd answer: not on
+    a kept-alive connection to the node that gave it; the caller closes it)."""
     endpoint = _endpoint()
     session = boto3.session.Session()
     credentials = session.get_credentials()
     key_id = credentials.access_key if credentials is not None else None
     method = getattr(credentials, "method", None)  # probe: third-party (botocore's credentials)
     cache_key = (endpoint, session.region_name, key_id, method, stall_timeout)
+    if fresh:
+        return _new_client(session, endpoint, credentials, stall_timeout, 1)
     with _clients_lock:
         found = _clients.get(cache_key)
-        if found is not None:
-            return found
-        settings = {"retries": {"total_max_attempts": 1}, "connect_timeout": stall_timeout,
-                    "read_timeout": stall_timeout, "max_pool_connections": POOL_CONNECTIONS}
-        if _by_address(endpoint):
-            settings["s3"] = {"addressing_style": "path"}
-        if credentials is None:
-            settings["signature_version"] = UNSIGNED
-            described = "no credentials (unsigned requests)"
-        else:
-            shown = f"{key_id[:4]}…" if key_id else "?"
-            described = f"AWS credentials from {credentials.method} (access key {shown})"
-        client = session.client("s3", endpoint_url=endpoint, config=Config(**settings))
-        _clients[cache_key] = (client, described)
-        return client, described
+        if found is None:
+            found = _clients[cache_key] = _new_client(session, endpoint, credentials, stall_timeout, POOL_CONNECTIONS)
+        return found
+
+
+def _new_client(session: Any, endpoint: str | None, credentials: Any, stall_timeout: float,
+                connections: int) -> tuple[Any, str]:
+    settings = {"retries": {"total_max_attempts": 1}, "connect_timeout": stall_timeout,
+                "read_timeout": stall_timeout, "max_pool_connections": connections}
+    if _by_address(endpoint):
+        settings["s3"] = {"addressing_style": "path"}
+    if credentials is None:
+        settings["signature_version"] = UNSIGNED
+        described = "no credentials (unsigned requests)"
+    else:
+        key_id = credentials.access_key
+        shown = f"{key_id[:4]}…" if key_id else "?"
+        described = f"AWS credentials from {credentials.method} (access key {shown})"
+    return session.client("s3", endpoint_url=endpoint, config=Config(**settings)), described
 
 
 def _error(exc: botocore.exceptions.ClientError) -> tuple[str, int]:
@@ -132,10 +148,11 @@ class S3Source(RemoteSource):
     def origin(self) -> str:
         return f"s3://{_endpoint() or 'aws'}/{self.bucket}"  # S3 scales (and throttles) per bucket prefix
 
-    def _call(self, what: str, offset: int | None, **kwargs):
-        """One GetObject/HeadObject; failures mapped to Retryable / Changed / one-line CheckpointError."""
+    def _call(self, what: str, offset: int | None, client: Any = None, **kwargs: Any) -> Any:
+        """One GetObject/HeadObject (on ``client``, default the pooled one); failures mapped to Retryable /
+        Changed / one-line CheckpointError."""
         try:
-            return getattr(self._client, what)(Bucket=self.bucket, Key=self.key, **kwargs)
+            return getattr(client or self._client, what)(Bucket=self.bucket, Key=self.key, **kwargs)
         except botocore.exceptions.ClientError as exc:
             code, status = _error(exc)
             if code in ("PreconditionFailed", "412"):
@@ -166,21 +183,49 @@ class S3Source(RemoteSource):
             head = self._call("head_object", None)
             COUNTERS.request(self.scheme, "ok")
             return int(head["ContentLength"]), head.get("ETag"), b""
-        total = _total(resp.get("ContentRange"), resp.get("ContentLength"))
+        total = _total(resp.get("ContentRange"), int(resp["ContentLength"]))
         data = self._read_body(resp["Body"], int(resp["ContentLength"]), read.deadline)
         COUNTERS.request(self.scheme, "ok", len(data))
         return total, resp.get("ETag"), data
 
     def _attempt(self, start: int, end: int, read: ReadContext) -> bytes:
-        extra = {"IfMatch": self.validator} if self.validator else {}
-        resp = self._call("get_object", start, Range=f"bytes={start}-{end - 1}", **extra)
-        total = _total(resp.get("ContentRange"), None)
-        if total is not None and total != self.size:
-            resp["Body"].close()
-            raise Changed(f"its size is now {total} bytes, was {self.size}")
-        return self._read_body(resp["Body"], end - start, read.deadline)
+        return asked_twice(lambda fresh: self._ranged_get(start, end, read, fresh))
 
-    def _read_body(self, body, expected: int, deadline: float) -> bytes:
+    def _ranged_get(self, start: int, end: int, read: ReadContext, fresh: bool) -> bytes:
+        """One ranged GetObject (``fresh``: on a client of its own): exactly the bytes asked for, or an
+        OddAnswer for an answer that cannot be them (its body dropped unread, see the module docstring)."""
+        client = client_for(self.options.stall_timeout, fresh=True)[0] if fresh else None
+        try:
+            extra = {"IfMatch": self.validator} if self.validator else {}
+            try:
+                resp = self._call("get_object", start, client, Range=f"bytes={start}-{end - 1}", **extra)
+            except Changed as exc:  # 412 (If-Match refused) or 416
+                raise OddAnswer(("refused", str(exc)), exc) from None
+            body, got = resp["Body"], content_range(resp.get("ContentRange"))
+            if got is None:
+                body.close()
+                raise OddAnswer(("whole", resp.get("ContentLength")), CheckpointError(
+                    self.name, start, "the server does not support Range requests (it answered a ranged GetObject "
+                                      "without a usable Content-Range)"))
+            first, last, total = got
+            if total is not None and total != self.size:
+                body.close()
+                raise OddAnswer(("total", total), Changed(f"its size is now {total} bytes, was {self.size}"))
+            etag = resp.get("ETag")
+            if self.validator and etag and etag != self.validator:
+                body.close()
+                raise OddAnswer(("etag", etag), Changed(f"its ETag is now {etag}, was {self.validator}"))
+            read.answered()
+            if (first, last) != (start, end - 1):
+                body.close()
+                raise OddAnswer(("range", first, last), CheckpointError(
+                    self.name, start, f"asked for bytes {start}-{end - 1}, the server sent {first}-{last}"))
+            return self._read_body(body, end - start, read.deadline)
+        finally:
+            if client is not None:
+                client.close()
+
+    def _read_body(self, body: Any, expected: int, deadline: float) -> bytes:
         buf = bytearray()
         try:
             while len(buf) < expected:
@@ -202,14 +247,13 @@ class S3Source(RemoteSource):
         return bytes(buf)
 
 
-def _total(content_range: str | None, length) -> int:
+def _total(content_range: str | None, length: int) -> int:
+    """The object's size from a ``Content-Range``'s total, else ``length`` (an answer with the whole object)."""
     if content_range and "/" in content_range:
         tail = content_range.rsplit("/", 1)[1].strip()
         if tail.isdigit():
             return int(tail)
-    if length is not None:
-        return int(length)
-    return None
+    return length
 
 
 class S3Folder(Folder):

@@ -68,7 +68,7 @@ class RemoteSource(ByteSource):
         self.name = name
         self.options = options if options is not None else DEFAULT_OPTIONS
         self.size = 0
-        self.identity: tuple = ()
+        self.identity: tuple[object, ...] = ()
         self.validator: str | None = None
         self.client = OriginClient(self)
         self.fetcher = ChunkFetcher(name, self.options, self.client, self._fetch_parts, self._piece_chunks)
@@ -153,8 +153,9 @@ class RemoteSource(ByteSource):
         if not check_range(self, offset, size):
             return b""
         parts = self._covering_parts(offset, size)
-        if len(parts) == 1 and len(parts[0]) == len(parts[0].obj):
-            return parts[0].obj  # a whole chunk: no copy
+        whole = parts[0].obj if len(parts) == 1 else None
+        if isinstance(whole, bytes) and len(parts[0]) == len(whole):
+            return whole  # a whole chunk: no copy
         return b"".join(parts)  # one copy
 
     def pread_into(self, offset: int, target: memoryview) -> None:
@@ -240,10 +241,6 @@ class RemoteSource(ByteSource):
 
     # -- the --cache-dir store ---------------------------------------------------------------------------
     @property
-    def _cache(self) -> ChunkCache:
-        return self.fetcher.cache
-
-    @property
     def stores_chunks(self) -> bool:
         """Whether fetched chunks are kept in a ``--cache-dir`` store (beyond this process's memory)."""
         return self.fetcher.cache.disk is not None
@@ -282,7 +279,7 @@ class RemoteSource(ByteSource):
             data = cache.memory.get(key)
             if data is not None:
                 cache.put(key, data)
-                if cache.disk.contains(key):
+                if cache.stored_chunks(self.content_id(), [i]):
                     continue
             missing.append(i)
         return missing

@@ -1,0 +1,55 @@
+"""Odd answers: an answer that cannot be the bytes asked for is not believed at once.
+
+One backend behind a load balancer, or a proxy, may answer wrongly while the origin is not wrong: a 200
+with the whole file to a Range request, another range or total in ``Content-Range``, another validator
+(HTTP's ``ETag``/``Last-Modified``, S3's ``ETag`` or its refused ``If-Match``), a 416. Such an answer's
+body is dropped unread and the range asked again at once on a fresh connection (:func:`asked_twice`); only
+a second answer wrong the same way decides (the file was replaced, or the server cannot serve ranges), and
+two different wrong answers are retried like a reset, within the read's deadline. The odd answer's bytes
+are never served, nor mixed with the second answer's.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from typing import TypeVar
+
+from ckptfs.sources.remote.origin import Retryable
+
+T = TypeVar("T")
+
+_CONTENT_RANGE = re.compile(r"^\s*bytes\s+(\d+)-(\d+)/(\d+|\*)\s*$", re.IGNORECASE)
+
+
+def content_range(value: str | None) -> tuple[int, int, int | None] | None:
+    """``(first, last, total)`` of a ``Content-Range: bytes FIRST-LAST/TOTAL`` (total None for ``*``), or None
+    when there is none or it cannot be read (an answer that is not a range)."""
+    match = _CONTENT_RANGE.match(value or "")
+    if not match:
+        return None
+    return int(match[1]), int(match[2]), None if match[3] == "*" else int(match[3])
+
+
+class OddAnswer(Exception):
+    """An answer that cannot be the bytes asked for: ``signature`` tells two wrong answers apart; ``final``
+    is the error once a second answer is wrong the same way."""
+
+    def __init__(self, signature: tuple[object, ...], final: Exception):
+        super().__init__(str(final))
+        self.signature = signature
+        self.final = final
+
+
+def asked_twice(ask: Callable[[bool], T]) -> T:
+    """``ask(fresh=False)``, and after an odd answer ``ask(fresh=True)`` (on a new connection of its own): the
+    second answer's bytes, its error when it is wrong the same way as the first, else a Retryable."""
+    try:
+        return ask(False)
+    except OddAnswer as first:
+        try:
+            return ask(True)
+        except OddAnswer as second:
+            if second.signature == first.signature:
+                raise second.final from None
+            raise Retryable(f"two different wrong answers: {first}; then {second}") from None
