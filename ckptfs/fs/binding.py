@@ -77,7 +77,7 @@ class Binding:
     def describe(self) -> str:
         return f"{self.name} on libfuse{self.libfuse_major} ({self.library})"
 
-    def serve(self, operations: Any, mountpoint: str, options: dict[str, str | bool]) -> None:
+    def serve(self, operations: FuseOperations, mountpoint: str, options: dict[str, str | bool]) -> None:
         """Run the filesystem until unmounted or signalled (SIGINT/SIGTERM/SIGHUP: libfuse's handlers).
 
         Always in the foreground and multithreaded: daemonizing is done by us before any thread exists
