@@ -55,7 +55,8 @@ def _user(uid: int) -> str:
         return f"uid {uid}"
 
 
-def _check_own(path: str | os.PathLike[str], st: os.stat_result, what: str, kind: str, denied: int, how: str, fix: str) -> None:
+def _check_own(path: str | os.PathLike[str], st: os.stat_result, what: str, kind: str, denied: int, how: str,
+               fix: str) -> None:
     """CacheRefused unless ``st`` (of ``path``, a ``kind``) is this user's and has none of the ``denied``
     mode bits (``how`` says what they allow, ``fix`` the command that clears them)."""
     euid = os.geteuid()

@@ -35,7 +35,8 @@ BATCH_BYTES = 4 << 20
 
 class BackgroundWriter:
     def __init__(self, write: Callable[[str, np.ndarray], None], name: str, max_bytes: int = DEFAULT_MAX_BYTES,
-                 max_wait: float = 0.0, write_many: Callable[[list[tuple[str, np.ndarray]]], None] | None = None) -> None:
+                 max_wait: float = 0.0,
+                 write_many: Callable[[list[tuple[str, np.ndarray]]], None] | None = None) -> None:
         """``write_many``: writes several queued values at once (a Redis pipeline: one round trip for what
         piled up while the last write was under way, instead of one each); without it, ``write`` each."""
         self._write = write
