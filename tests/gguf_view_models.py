@@ -173,10 +173,11 @@ def _randomize(model, dtype: str, folder: Path, norm_center: float = 1.0, embedd
 
 
 def make_causal(folder: Path, arch: str, *, dtype: str = "bfloat16", seed: int = 0, hidden: int = 64,
-                heads: int = 4, kv_heads: int = 2, layers: int = 2, tokenizer: str = "bpe") -> Path:
+                heads: int = 4, kv_heads: int = 2, layers: int = 2, tokenizer: str = "bpe",
+                rope: dict | None = None) -> Path:
     """A tiny qwen2, qwen3, gemma3 (text) or phi3 folder in ``dtype``, its vocabulary padded past the
     tokenizer's ids; ``tokenizer``: bpe (tokenizer.json; Qwen's split regex and specials for the qwens) or
-    spm (tokenizer.model)."""
+    spm (tokenizer.model); ``rope``: the config's rope_parameters (phi3: LongRoPE factors)."""
     import torch
     import transformers as tf
 
@@ -200,7 +201,9 @@ def make_causal(folder: Path, arch: str, *, dtype: str = "bfloat16", seed: int =
     if arch == "gemma3":
         extra.update(sliding_window=16, query_pre_attn_scalar=hidden // heads)
     if arch == "phi3":
-        extra.update(original_max_position_embeddings=512, pad_token_id=0)
+        extra.update(original_max_position_embeddings=128 if rope else 512, pad_token_id=0)
+    if rope:
+        extra["rope_parameters"] = rope
     config = config_class(vocab_size=len(made) + 7, hidden_size=hidden, intermediate_size=2 * hidden,
                           num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads,
                           max_position_embeddings=512, bos_token_id=bos, eos_token_id=eos, **extra)
@@ -244,6 +247,10 @@ def convert(folder: Path, out: Path, outtype: str, pre: str = "llama-bpe") -> Pa
     llama_convert.convert(folder, out, outtype, pre, timeout=600)
     return out
 
+
+# Phi-3.5's LongRoPE at a tiny scale: 8 rotary pairs, a context 4x the original one.
+PHI3_LONGROPE = {"rope_type": "longrope", "rope_theta": 10000.0, "long_factor": [1.0 + i / 4 for i in range(8)],
+                 "short_factor": [1.0 + i / 16 for i in range(8)]}
 
 # Llama 3.1's rope scaling at a tiny scale: 8 rotary frequencies, some below, some inside and some past the
 # band the scaling smooths (wavelengths 16 to 64), so the converter's rope_freqs tensor has all three kinds.

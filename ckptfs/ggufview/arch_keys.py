@@ -8,6 +8,7 @@ import logging
 from pathlib import Path
 
 from ckptfs.ggufview import Config, Unsupported
+from ckptfs.ggufview.generated import longrope_attention_factor
 from ckptfs.ggufview.hparams import block_count, find, rope_parameters
 
 
@@ -91,6 +92,8 @@ def phi3_keys(writer, config: Config, folder: Path) -> None:
     writer.add_rope_dimension_count(int(rope.get("partial_rotary_factor", 1.0) * n_embd) // n_head)
     writer.add_rope_freq_base(rope.get("full_attention", rope)["rope_theta"])
     writer.add_sliding_window(config.get("sliding_window") or 0)
+    if (attention_factor := longrope_attention_factor(config)) is not None:
+        writer.add_rope_scaling_attn_factors(attention_factor)
 
 
 def bert_keys(writer, config: Config, folder: Path) -> None:

@@ -61,13 +61,6 @@ def _nested_check(config: Config) -> None:
         raise Unsupported("a config with a nested text_config is not served yet")
 
 
-def _phi3_check(config: Config) -> None:
-    _nested_check(config)
-    rope = config.get("rope_parameters", config.get("rope_scaling")) or {}
-    if rope.get("long_factor"):
-        raise Unsupported("phi3 LongRoPE factors (128k-context configs) are not served yet")
-
-
 def _bert_check(config: Config) -> None:
     if arch_keys.classifier_labels(config):
         raise Unsupported("a BERT classification head (id2label) is not served yet")
@@ -83,8 +76,8 @@ ARCHITECTURES: tuple[Architecture, ...] = (
     Architecture("gemma3", ("Gemma3ForCausalLM",), "GEMMA3", arch_keys.gemma3_keys, check=_nested_check,
                  vocab=vocab.add_gemma3_vocab, shift=transforms.gemma_norm_shift,
                  rows_kept=transforms.gemma3_rows_kept),
-    Architecture("phi3", ("Phi3ForCausalLM",), "PHI3", arch_keys.phi3_keys, check=_phi3_check,
-                 vocab=vocab.add_phi3_vocab, common_keys=False),
+    Architecture("phi3", ("Phi3ForCausalLM",), "PHI3", arch_keys.phi3_keys, check=_nested_check,
+                 generated=generated.phi3_rope_factors, vocab=vocab.add_phi3_vocab, common_keys=False),
     Architecture("bert", ("BertModel", "BertForMaskedLM"), "BERT", arch_keys.bert_keys, check=_bert_check,
                  vocab=vocab.add_wordpiece_vocab, tensor_name=transforms.bert_name),
 )

@@ -5,7 +5,8 @@ Tiny folders are made at test time (transformers configs, random weights as safe
 with ``tokenizers`` or ``sentencepiece``): a qwen2 and a qwen3 with Qwen's split regex and special tokens
 (no BOS), a gemma3 with a SentencePiece ``tokenizer.model`` (its norms served as ``weight + 1``) and one with
 a ``tokenizer.json`` in F16 (the ``+ 1`` in float16, as the converter adds it to an F16 tensor), a phi3
-(fused qkv and gate/up projections, its own SentencePiece rules) and a BERT sentence-embedding folder
+(fused qkv and gate/up projections, its own SentencePiece rules; once with LongRoPE factors, which the
+converter writes as two F32 tensors and an attention factor) and a BERT sentence-embedding folder
 (WordPiece, mean pooling in ``modules.json``). Every key and tensor equals the converter's output (compared
 as maps with gguf-py) and llama.cpp generates the same greedy tokens from both files for the causal models.
 llama.cpp's probe has no embedding mode, so BERT is compared as files only.
@@ -17,7 +18,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from gguf_view_models import assert_same_greedy, assert_same_gguf, convert, make_bert, make_causal
+from gguf_view_models import (PHI3_LONGROPE, assert_same_greedy, assert_same_gguf, convert, make_bert,
+                              make_causal)
 from gguf_view_models import converter, mounted_gguf  # noqa: F401 - fixtures
 
 pytest.importorskip("transformers")
@@ -32,6 +34,8 @@ CASES = {
     "gemma3-f16": (lambda path: make_causal(path, "gemma3", dtype="float16", seed=3, hidden=48, heads=2,
                                             kv_heads=1), "llama-bpe"),
     "phi3": (lambda path: make_causal(path, "phi3", tokenizer="spm", seed=4), "default"),
+    "phi3-longrope": (lambda path: make_causal(path, "phi3", tokenizer="spm", seed=6, rope=PHI3_LONGROPE),
+                      "default"),
     "bert": (lambda path: make_bert(path, seed=5), "default"),
 }
 
@@ -44,7 +48,8 @@ def folders(tmp_path_factory) -> dict[str, Path]:
 
 @pytest.mark.parametrize("case,outtype", [("qwen2", "auto"), ("qwen2", "q8_0"), ("qwen3", "auto"),
                                           ("gemma3", "auto"), ("gemma3", "bf16"), ("gemma3-f16", "q8_0"),
-                                          ("phi3", "auto"), ("phi3", "f32"), ("bert", "auto"), ("bert", "q8_0")])
+                                          ("phi3", "auto"), ("phi3", "f32"), ("phi3-longrope", "auto"),
+                                          ("bert", "auto"), ("bert", "q8_0")])
 def test_equal_to_the_converter(mounted_gguf, folders, converter, tmp_path, case, outtype):
     reference = convert(folders[case], tmp_path / "converted.gguf", outtype, pre=CASES[case][1])
     assert_same_gguf(mounted_gguf(folders[case], outtype), reference)
@@ -77,7 +82,7 @@ def test_bert_keeps_embeddings_in_f32(mounted_gguf, folders):
     assert reader.fields["bert.pooling_type"].contents() == 1  # mean, from modules.json
 
 
-@pytest.mark.parametrize("case", ["qwen2", "qwen3", "gemma3", "phi3"])
+@pytest.mark.parametrize("case", ["qwen2", "qwen3", "gemma3", "phi3", "phi3-longrope"])
 def test_llama_cpp_greedy_tokens(mounted_gguf, folders, converter, tmp_path, case):
     reference = convert(folders[case], tmp_path / "converted.gguf", "auto", pre=CASES[case][1])
     assert_same_greedy(reference, mounted_gguf(folders[case], "auto"), N_PREDICT)
