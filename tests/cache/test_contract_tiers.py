@@ -197,6 +197,15 @@ DOWN = {"disk-removed": (None, "equal"), "disk-read-only": ("equal", None), "red
         "cluster-stopped": (None, None)}
 
 
+def remove_folder(root) -> None:
+    """The cache folder gone at once, as ``rm -rf`` run by someone else leaves it: renamed away in one step, then
+    deleted (a tier's background prune may still be writing its lock file in it, which made a plain rmtree
+    fail with "Directory not empty" on a loaded machine)."""
+    gone = root.with_name(root.name + ".removed")
+    os.rename(root, gone)
+    shutil.rmtree(gone, ignore_errors=True)
+
+
 @pytest.fixture(params=sorted(DOWN))
 def down(request, tmp_path):
     """(tier, take_down) for each way a shared tier goes down."""
@@ -223,7 +232,7 @@ def down(request, tmp_path):
     elif how == "disk-removed":
         root = tmp_path / "cache"
         made = DiskTier(root, 1 << 30)
-        yield how, made, lambda: shutil.rmtree(root)
+        yield how, made, lambda: remove_folder(root)
         made.close()
     else:
         with tmpfs(tmp_path / "ro", "8m") as root:
