@@ -22,10 +22,12 @@ import pytest
 
 pytest.importorskip("urllib3")
 
+from ckptfs.cache.names import name_path  # noqa: E402
 from ckptfs.cache.chunks import CHUNK, MEMORY, chunk_key  # noqa: E402
 from ckptfs.sources import Opener  # noqa: E402
 from ckptfs.core.options import OpenOptions  # noqa: E402
 from ckptfs.sources.remote.options import RemoteOptions  # noqa: E402
+from ckptfs.sources.remote.transport import record_name  # noqa: E402
 from ckptfs.sources.remote.warmup import warm  # noqa: E402
 from servers import Nginx, data_ranges, require_nginx  # noqa: E402
 
@@ -81,8 +83,9 @@ def test_a_warm_up_stores_its_chunks_without_filling_the_memory_cache(origin, tm
     assert source.unstored_chunks() == []  # every one is in the store ...
     sealed = source.fetcher.cache.disk.sealed_path(source.content_id())  # ... as one sealed file, not 48 entries
     assert sealed is not None and Path(sealed).read_bytes() == data
-    assert {p.name for p in (tmp_path / "cache" / "remote").glob("*/*")} == {Path(sealed).name,
-                                                                             Path(sealed).with_suffix(".idx").name}
+    name_record = name_path(str(tmp_path / "cache" / "remote"), record_name(url))  # what the URL stood for
+    assert {p.name for p in (tmp_path / "cache" / "remote").glob("*/*")} == {
+        Path(sealed).name, Path(sealed).with_suffix(".idx").name, Path(name_record).name}
     at = 5 * MiB + 12345  # a read inside a run: its chunk from the store
     assert source.pread(at, 4096) == data[at:at + 4096]
     assert source.pread(0, len(data)) == data  # and each reads back as the file's bytes, from the store
