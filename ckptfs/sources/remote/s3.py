@@ -32,7 +32,7 @@ import botocore.exceptions
 from botocore import UNSIGNED
 from botocore.config import Config
 
-from ckptfs.core.errors import CheckpointError
+from ckptfs.core.errors import CheckpointError, SourceUnavailable
 from ckptfs.sources.registry import register_scheme
 from ckptfs.sources.base import Folder
 from ckptfs.sources.netstats import COUNTERS
@@ -281,7 +281,13 @@ class S3Folder(Folder):
             if code in _DENIED_CODES or status in (401, 403):
                 raise CheckpointError(self.name, None, f"cannot list: access denied (S3 {code}; sent "
                                                        f"{self.credentials})") from None
+            if status >= 500 or status == 429 or code in _THROTTLE_CODES:  # it may answer later
+                raise SourceUnavailable(self.name, None, f"cannot list: S3 {code} (HTTP {status})") from None
             raise CheckpointError(self.name, None, f"cannot list: S3 {code} (HTTP {status})") from None
+        except (botocore.exceptions.EndpointConnectionError, botocore.exceptions.ConnectionError,
+                botocore.exceptions.HTTPClientError, botocore.exceptions.ReadTimeoutError) as exc:
+            COUNTERS.request("s3", "error")  # not reached: a stored listing may stand in (sources/remote/stored.py)
+            raise SourceUnavailable(self.name, None, f"cannot list: {exc}") from None
         except botocore.exceptions.BotoCoreError as exc:
             COUNTERS.request("s3", "error")
             raise CheckpointError(self.name, None, f"cannot list: {exc}") from None
