@@ -55,7 +55,7 @@ class BenchMount:
     def __init__(self, src: str, workdir: str, label: str, options: OpenOptions, env: dict[str, str] | None = None):
         self.path = os.path.join(workdir, label)
         self.log = os.path.join(workdir, label + ".log")
-        self.pid: int | None = None
+        self._pid: int | None = None
         self.ready_s = float("nan")
         self._command = [sys.executable, "-m", "ckptfs.commands.cli", "mount", src, self.path, *options.as_flags(),
                          "--log-file", self.log]
@@ -76,7 +76,14 @@ class BenchMount:
         self.ready_s = time.perf_counter() - start
         if process.returncode != 0:
             raise MountFailed((err.strip().splitlines() or [f"exit status {process.returncode}"])[-1])
-        self.pid = int(self.stats()["pid"])
+        self._pid = int(self.stats()["pid"])
+
+    @property
+    def pid(self) -> int:
+        """The mount daemon's process id (what the memory sampler watches); only a started mount has one."""
+        if self._pid is None:
+            raise RuntimeError(f"{self.path} is not mounted yet: start() first")
+        return self._pid
 
     def stats(self) -> dict[str, Any]:
         return json.loads(os.getxattr(self.path, STATS_XATTR))
@@ -95,7 +102,7 @@ class BenchMount:
             print(f"ckptfs bench: could not unmount {self.path}: {exc}", file=sys.stderr)
             return
         deadline = time.monotonic() + 5.0
-        while self.pid is not None and procinfo.alive(self.pid) and time.monotonic() < deadline:
+        while self._pid is not None and procinfo.alive(self._pid) and time.monotonic() < deadline:
             time.sleep(0.02)
         try:
             os.rmdir(self.path)

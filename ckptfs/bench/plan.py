@@ -68,6 +68,8 @@ def make_plan(ck: Checkpoint, src: str) -> Plan:
         if "raw" in kinds:
             raw.append(stem + ".raw")
         if "npy" in kinds:
+            if tensor.nbytes is None:  # a .npy is served only for a tensor with a dtype
+                raise TypeError(f"{tensor.name}: a .npy without a dtype")
             npy.append(NpyFile(stem + ".npy", tensor.name, tensor.storage_type, tuple(tensor.shape),
                                int(tensor.nbytes), int(tensor.meta["npy_data_offset"])))
     files = tuple(ck.files)

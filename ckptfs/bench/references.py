@@ -82,7 +82,7 @@ def gguf_reference(plan: Plan, mount: BenchMount, progress: Progress) -> Referen
     ref.open_process_s = _time_process("import sys; from gguf import GGUFReader; GGUFReader(sys.argv[1])", plan)
     progress.step("gguf-py: GGUFReader in-process")
     ref.open_in_process_s, reader = _timed(lambda: gguf.GGUFReader(plan.src))
-    tensors = {}
+    tensors: dict[str, gguf.ReaderTensor] = {}
     for t in reader.tensors:
         tensors.setdefault(t.name, t)
 

@@ -106,7 +106,7 @@ def measure(src: str, options: OpenOptions = OpenOptions()) -> dict:
         sizes = m.npy_sizes()
         if not sizes:
             return out
-        by_size = sorted(sizes, key=sizes.get)
+        by_size = sorted(sizes, key=sizes.__getitem__)
         other, largest = by_size[len(by_size) // 2], by_size[-1]
         before = m.source_counters()
         out["cold_first_read"] = {"file": other, "seconds": round(timed_read(m.mnt / other, 0), 4)}

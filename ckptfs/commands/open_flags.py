@@ -135,14 +135,14 @@ def _click_option(field, spelled: Spelling, help_text: str | None = None) -> Cal
                         help=help_text, **params)
 
 
-def flag(name: str, cls: type = OpenOptions) -> Callable:
+def flag(name: str, cls: type[OpenOptions] = OpenOptions) -> Callable:
     """The flag of one open option, as every command spells it (passed as its field's name)."""
     field = next(f for f in dataclasses.fields(cls) if f.name == name)
     return _click_option(field, spelling_of(name, cls))
 
 
 def open_flags(omit: Mapping[str, str] | None = None, help: Mapping[str, str] | None = None,  # noqa: A002
-               cls: type = OpenOptions) -> Callable:
+               cls: type[OpenOptions] = OpenOptions) -> Callable:
     """Decorator: the command gets a flag for every field of ``cls`` but those in ``omit`` (name -> why the
     command has no use for it), and is called with ``open_options=`` the ``cls`` they build (checked and
     resolved; a value refused by ``cls.build`` is a usage error). ``help``: a field's help text where the
@@ -155,20 +155,33 @@ def open_flags(omit: Mapping[str, str] | None = None, help: Mapping[str, str] | 
     taken = [(f, s) for f, s in fields if f.name not in omit]
 
     def decorate(command: Callable) -> Callable:
-        @functools.wraps(command)
-        def run(**kwargs):
-            given = {f.name: kwargs.pop(f.name) for f, _ in taken}
-            return command(open_options=options_from(given, cls), **kwargs)
-
+        run: Callable = _WithOpenOptions(command, [f.name for f, _ in taken], cls, omit)
         for field, spelled in reversed(taken):
             run = _click_option(field, spelled, help.get(field.name))(run)
-        run.omitted_options = omit  # type: ignore[attr-defined] - read by the tests of reachability
         return run
 
     return decorate
 
 
-def options_from(given: Mapping[str, Any], cls: type = OpenOptions) -> Any:
+class _WithOpenOptions:
+    """The callback ``open_flags`` makes of a command: it takes the parsed open-option flags out of the
+    keywords and calls the command with the one ``open_options`` they build. A class rather than a closure so
+    that ``omitted_options`` (name -> why the command has no use for it, read back by the tests of
+    reachability) is a declared attribute; it stands in for the command as ``functools.wraps`` would."""
+
+    omitted_options: dict[str, str]
+
+    def __init__(self, command: Callable, names: list[str], cls: type[OpenOptions], omit: dict[str, str]):
+        functools.update_wrapper(self, command)
+        self._command, self._names, self._cls = command, names, cls
+        self.omitted_options = omit
+
+    def __call__(self, **kwargs: Any) -> Any:
+        given = {name: kwargs.pop(name) for name in self._names}
+        return self._command(open_options=options_from(given, self._cls), **kwargs)
+
+
+def options_from(given: Mapping[str, Any], cls: type[OpenOptions] = OpenOptions) -> OpenOptions:
     """The ``cls`` the parsed flags ``given`` build (a flag not given: None or (), the default)."""
     try:
         return cls.build(**{k: v for k, v in given.items() if v not in (None, ())})

@@ -40,7 +40,7 @@ def with_source(*after: str, more: str | None = None) -> Callable:
         @functools.wraps(command)
         def run(operands: tuple[str, ...], src_file: str | None, **kwargs):
             src, rest = resolve(list(operands), src_file, after, more is not None)
-            named = dict(zip(after, rest))
+            named: dict[str, str | tuple[str, ...]] = dict(zip(after, rest))
             if more is not None:
                 named[more] = tuple(rest[len(after):])
             return command(src=src, **named, **kwargs)

@@ -66,7 +66,7 @@ def option(default: Any, **spelling: Any) -> Any:
     return dataclasses.field(default=default, metadata={_SPELLING: Spelling(**spelling)})
 
 
-def spelling(field: dataclasses.Field) -> Spelling:
+def spelling(field: dataclasses.Field[Any]) -> Spelling:
     """The spelling declared with ``field``; TypeError for a field declared without one (every open option
     has its flag, fstab name and help)."""
     found = field.metadata.get(_SPELLING)
@@ -75,12 +75,12 @@ def spelling(field: dataclasses.Field) -> Spelling:
     return found
 
 
-def spelled_fields(cls: type | None = None) -> list[tuple[dataclasses.Field, Spelling]]:
+def spelled_fields(cls: type[OpenOptions] | None = None) -> list[tuple[dataclasses.Field[Any], Spelling]]:
     """Every field of ``cls`` (default :class:`OpenOptions`) with its spelling, in declaration order."""
     return [(f, spelling(f)) for f in dataclasses.fields(cls if cls is not None else OpenOptions)]
 
 
-def spelling_of(name: str, cls: type | None = None) -> Spelling:
+def spelling_of(name: str, cls: type[OpenOptions] | None = None) -> Spelling:
     """The spelling of the field ``name`` of ``cls`` (default :class:`OpenOptions`)."""
     return next(s for f, s in spelled_fields(cls) if f.name == name)
 
@@ -156,7 +156,7 @@ class OpenOptions:
              "bytes it lacks fails with EIO).")
 
     @classmethod
-    def build(cls, base: OpenOptions | None = None, **changes) -> OpenOptions:
+    def build(cls, base: OpenOptions | None = None, **changes: Any) -> OpenOptions:
         """``base`` (default: all defaults) with ``changes`` applied, checked and resolved. A change of None
         leaves the field as ``base`` has it, so callers can pass every keyword they were given."""
         unknown = set(changes) - {f.name for f in dataclasses.fields(cls)}
@@ -236,5 +236,5 @@ def absolute(src: str) -> str:
         return src
 
 
-def _is_int(value) -> bool:
+def _is_int(value: object) -> bool:
     return isinstance(value, numbers.Integral)  # numpy's integers too

@@ -125,7 +125,7 @@ def test_every_field_is_a_keyword_of_open(tmp_path, monkeypatch):
               "cache_dir_size": 5 * MIB, "cache_dir_min_free": 7.5, "redis": "redis://127.0.0.1:6399/2",
               "redis_cluster": ("127.0.0.1:7001",), "cache_key_file": str(tmp_path / "k"),
               "manifest": str(tmp_path / "m.json"), "mirrors": ("https://h/x.gguf",), "timeout": 2.5,
-              "stall_timeout": 1.5}
+              "stall_timeout": 1.5, "offline": True}
     parameters = inspect.signature(ckptfs.open).parameters
     for field in dataclasses.fields(OpenOptions):
         assert field.name in parameters, f"open() has no keyword {field.name}"
