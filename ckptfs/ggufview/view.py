@@ -18,11 +18,11 @@ from ckptfs.checkpoint.api import Checkpoint
 from ckptfs.engine.views import HeaderBodyView
 from ckptfs.ggufview import Unsupported
 from ckptfs.ggufview.archs import architecture_of
-from ckptfs.ggufview.hparams import add_common_keys, block_count
 from ckptfs.ggufview.files import one_build
+from ckptfs.ggufview.hparams import add_common_keys, block_count
 from ckptfs.ggufview.staging import model_folder
-from ckptfs.ggufview.writer import new_writer
 from ckptfs.ggufview.tensors import TensorPlan, convert_stored, file_type_of, plan_tensors, stored_rows
+from ckptfs.ggufview.writer import new_writer
 
 
 def _config(folder: Path) -> dict:
@@ -37,8 +37,6 @@ class VirtualGgufView(HeaderBodyView):
     """The GGUF file of a Hugging Face model folder, in ``output_type``."""
 
     def __init__(self, ck: Checkpoint, output_type: str = "auto"):
-        import gguf
-
         self._sources = ck.sources
         with model_folder(ck) as folder, one_build():
             config = _config(folder)
