@@ -4,7 +4,6 @@ ones, by the rules of the converter's class for it; every writer gets ``(GGUFWri
 from __future__ import annotations
 
 import json
-import logging
 from pathlib import Path
 
 from ckptfs.ggufview import Config, Unsupported
@@ -48,18 +47,8 @@ def pooling_keys(writer, config: Config, folder: Path) -> None:
 
 def gemma3_keys(writer, config: Config, folder: Path) -> None:
     """Gemma 3's defaults for keys its configs may leave out, the global layers' rope base, the final
-    logit soft-capping and the sliding window (over the common keys of the same names: gguf-py's warning
-    about each key written twice is silenced, the overwrite is the converter's rule)."""
-    writer_log = logging.getLogger("gguf.gguf_writer")
-    level = writer_log.level
-    writer_log.setLevel(logging.ERROR)
-    try:
-        _gemma3_keys(writer, config)
-    finally:
-        writer_log.setLevel(level)
-
-
-def _gemma3_keys(writer, config: Config) -> None:
+    logit soft-capping and the sliding window (over the common keys of the same names, as the converter
+    writes them twice: gguf-py's line about each goes to the mount's debug log, ``liblog``)."""
     writer.add_context_length(config.get("max_position_embeddings", 131072))
     writer.add_head_count(config.get("num_attention_heads", 8))
     writer.add_layer_norm_rms_eps(config.get("rms_norm_eps", 1e-6))

@@ -10,6 +10,7 @@ from __future__ import annotations
 import bisect
 import io
 import json
+import logging
 from pathlib import Path
 
 import numpy as np
@@ -20,9 +21,12 @@ from ckptfs.ggufview import Unsupported
 from ckptfs.ggufview.archs import architecture_of
 from ckptfs.ggufview.files import one_build
 from ckptfs.ggufview.hparams import add_common_keys, block_count
+from ckptfs.ggufview.liblog import library_logs_to
 from ckptfs.ggufview.staging import model_folder
 from ckptfs.ggufview.tensors import TensorPlan, convert_stored, file_type_of, plan_tensors, stored_rows
 from ckptfs.ggufview.writer import new_writer
+
+log = logging.getLogger("ckptfs.ggufview")
 
 
 def _config(folder: Path) -> dict:
@@ -38,7 +42,7 @@ class VirtualGgufView(HeaderBodyView):
 
     def __init__(self, ck: Checkpoint, output_type: str = "auto"):
         self._sources = ck.sources
-        with model_folder(ck) as folder, one_build():
+        with library_logs_to(log), model_folder(ck) as folder, one_build():
             config = _config(folder)
             arch = architecture_of(config)
             infos = [tensor.info for tensor in ck.tensors]

@@ -86,3 +86,23 @@ def test_bert_keeps_embeddings_in_f32(mounted_gguf, folders):
 def test_llama_cpp_greedy_tokens(mounted_gguf, folders, converter, tmp_path, case):
     reference = convert(folders[case], tmp_path / "converted.gguf", "auto", pre=CASES[case][1])
     assert_same_greedy(reference, mounted_gguf(folders[case], "auto"), N_PREDICT)
+
+
+def test_the_mount_command_prints_nothing(folders, tmp_path):
+    """gguf-py's lines while the header is built (here: a post-processor's pair template naming an unknown
+    separator, Gemma 3's keys written twice) go to the mount's debug log, not to the terminal."""
+    import subprocess
+
+    from conftest import ckptfs_cli, cli_env, force_unmount, require_fuse
+
+    require_fuse(None)
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    done = subprocess.run([*ckptfs_cli(), "mount", str(folders["gemma3-f16"]), str(mnt), "--gguf"], env=cli_env(),
+                          capture_output=True, text=True, timeout=180, stdin=subprocess.DEVNULL)
+    try:
+        assert done.returncode == 0, done.stderr
+        assert (mnt / "gguf" / "model.gguf").exists()
+        assert done.stderr == "" and done.stdout == ""
+    finally:
+        force_unmount(mnt)
