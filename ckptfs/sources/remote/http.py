@@ -42,11 +42,13 @@ import socket
 import ssl
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any
 from urllib.parse import unquote, urljoin, urlsplit
 
 import urllib3
+from urllib3 import BaseHTTPResponse
 
 from ckptfs.cache.chunks import CHUNK
 from ckptfs.core.errors import CheckpointError
@@ -71,7 +73,7 @@ _pool: urllib3.PoolManager | None = None
 _pool_lock = threading.Lock()
 
 
-def trusted_cas() -> tuple[dict, str]:
+def trusted_cas() -> tuple[dict[str, Any], str]:
     """The CA certificates ``https://`` trusts: urllib3 keyword arguments and a description for messages.
 
     ``SSL_CERT_FILE`` / ``SSL_CERT_DIR`` (OpenSSL's own variables, honoured by the default context urllib3
@@ -139,7 +141,7 @@ def _retry_after(value: str | None) -> float | None:
     return max(0.0, when.timestamp() - time.time())
 
 
-def _discard(resp) -> None:
+def _discard(resp: BaseHTTPResponse) -> None:
     """Abandon a response without reading its body: close its connection (it cannot be reused)."""
     try:
         resp.close()
@@ -147,7 +149,7 @@ def _discard(resp) -> None:
         resp.release_conn()
 
 
-def _finish_small(resp) -> None:
+def _finish_small(resp: BaseHTTPResponse) -> None:
     """Drop a short error/redirect body and keep the connection when that is cheap, else close it."""
     length = resp.headers.get("content-length")
     if length is not None and length.isdigit() and int(length) <= 65536:
@@ -164,9 +166,9 @@ def _finish_small(resp) -> None:
 class Answer:
     """A response whose body is still unread, with the URL that gave it and the redirects on the way."""
 
-    resp: object
+    resp: BaseHTTPResponse
     url: str
-    hops: list  # the redirect responses' headers, first hop first
+    hops: list[Mapping[str, str]]  # the redirect responses' headers, first hop first
 
 
 def fresh_pool() -> urllib3.PoolManager:
@@ -185,11 +187,11 @@ class HttpClient:
         self.options = options
         self.heard = heard  # told of every answer (the origin's outage state: outage.py)
 
-    def send(self, method: str, url: str, headers: dict, deadline: float, auth_origin: str,
+    def send(self, method: str, url: str, headers: Mapping[str, str], deadline: float, auth_origin: str,
              fresh: bool = False) -> Answer:
         """``fresh``: on a new connection, closed after the answer, instead of a kept-alive one."""
         seen = {url}
-        hops = []
+        hops: list[Mapping[str, str]] = []
         send_auth = _origin(url) == _origin(auth_origin)
         pool = fresh_pool() if fresh else None
         if fresh:
@@ -211,8 +213,8 @@ class HttpClient:
             url = target
         raise CheckpointError(url, None, f"too many redirects (more than {MAX_REDIRECTS})")
 
-    def _one(self, method: str, url: str, headers: dict, deadline: float, send_auth: bool,
-             pool: urllib3.PoolManager | None = None):
+    def _one(self, method: str, url: str, headers: Mapping[str, str], deadline: float, send_auth: bool,
+             pool: urllib3.PoolManager | None = None) -> BaseHTTPResponse:
         wait, by_deadline = wait_bound(self.options, deadline)
         if wait <= 0:
             raise Retryable("had no time left to ask", deadline=True)
@@ -281,7 +283,7 @@ def basic_auth(url: str) -> tuple[str, Credentials]:
 
 
 def status_error(name: str, offset: int | None, status: int, reason: str, credentials: Credentials,
-                 headers, scheme: str = "http") -> Exception:
+                 headers: Mapping[str, str], scheme: str = "http") -> Exception:
     """The exception for a non-success status: Retryable for 5xx and 429, else a one-line CheckpointError
     (counted here: the retry loop counts only what it retries)."""
     if status == 429 or status >= 500:
@@ -344,7 +346,7 @@ class HttpSource(RemoteSource):
         memo = self.options.probes
         key = ("http", self.url, self.credentials)
         found = memo.get(key)
-        if found is not None and time.monotonic() - found.at < PROBE_MEMO_SECONDS:
+        if isinstance(found, Probe) and time.monotonic() - found.at < PROBE_MEMO_SECONDS:
             return found
         probe = self.client.retrying(self._probe_once, ReadContext.entering(self.options.timeout), None, "cannot open: ")
         memo[key] = probe
@@ -463,7 +465,7 @@ class HttpSource(RemoteSource):
             self._location = answer.url
         return self._read_parts(resp, end - start, read.deadline)
 
-    def _check_validator(self, resp, headers, answer: Answer) -> None:
+    def _check_validator(self, resp: BaseHTTPResponse, headers: Mapping[str, str], answer: Answer) -> None:
         now = _validator(headers)
         if self.validator is None or now is None or now == self.validator:
             return
@@ -474,11 +476,11 @@ class HttpSource(RemoteSource):
             return
         raise _odd(resp, ("validator", now), Changed(f"validator {now} differs from {self.validator}"))
 
-    def _read_body(self, resp, expected: int, deadline: float) -> bytes:
+    def _read_body(self, resp: BaseHTTPResponse, expected: int, deadline: float) -> bytes:
         """Exactly ``expected`` body bytes; each wait bounded by the stall timeout, the whole by ``deadline``."""
         return joined(self._read_parts(resp, expected, deadline))
 
-    def _read_parts(self, resp, expected: int, deadline: float) -> list[bytes]:
+    def _read_parts(self, resp: BaseHTTPResponse, expected: int, deadline: float) -> list[bytes]:
         """``_read_body``'s bytes as consecutive parts of ``CHUNK`` bytes (the last shorter), read so that no
         socket read crosses a chunk boundary: a chunk that arrives in one read is kept as it came, and one
         that arrives in several is joined once. A range's bytes then reach the chunk cache with at most one
@@ -525,7 +527,7 @@ class HttpSource(RemoteSource):
         return parts
 
 
-def _odd(resp, signature: tuple, final: Exception) -> OddAnswer:
+def _odd(resp: BaseHTTPResponse, signature: tuple[object, ...], final: Exception) -> OddAnswer:
     """An odd answer (see ``OddAnswer``), its body dropped unread with its connection."""
     _discard(resp)
     return OddAnswer(signature, final)
@@ -537,14 +539,14 @@ def _origin_of(url: str) -> str:
     return f"{where.scheme}://{where.netloc.rpartition('@')[2]}"
 
 
-def _mtime_ns(headers) -> int:
+def _mtime_ns(headers: Mapping[str, str]) -> int:
     try:
         return int(email.utils.parsedate_to_datetime(headers.get("last-modified", "")).timestamp() * 1e9)
     except (TypeError, ValueError):
         return 0
 
 
-def _validator(headers) -> str | None:
+def _validator(headers: Mapping[str, str]) -> str | None:
     return headers.get("etag") or headers.get("last-modified")
 
 
@@ -565,7 +567,7 @@ def weak_validator(validator: str | None, size: int) -> bool:
     return match is not None and int(match[2], 16) == size
 
 
-def _linked_sha256(hop_headers) -> str | None:
+def _linked_sha256(hop_headers: Iterable[Mapping[str, str]]) -> str | None:
     """The Hub's LFS oid (``X-Linked-Etag``: the file's sha256) when a response carries one."""
     for headers in hop_headers:
         value = (headers.get("x-linked-etag") or "").strip().strip('"')
@@ -576,7 +578,7 @@ def _linked_sha256(hop_headers) -> str | None:
     return None
 
 
-def _content_range(headers, name: str) -> tuple[int, int, int | None]:
+def _content_range(headers: Mapping[str, str], name: str) -> tuple[int, int, int | None]:
     got = content_range(headers.get("content-range"))
     if got is None:
         raise CheckpointError(name, None, f"partial answer without a usable Content-Range "

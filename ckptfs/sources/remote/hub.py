@@ -106,7 +106,7 @@ class HfFolder(Folder):
 
     def list(self) -> dict[str, int]:
         try:
-            from huggingface_hub import HfApi
+            from huggingface_hub import HfApi, RepoFile
             from huggingface_hub.errors import HfHubHTTPError, RepositoryNotFoundError, RevisionNotFoundError
         except ImportError:
             raise CheckpointError(self.name, None, "listing a Hub repository needs huggingface_hub (pip install "
@@ -124,7 +124,7 @@ class HfFolder(Folder):
         try:
             for entry in api.list_repo_tree(self.path.repo, path_in_repo=self.path.path or None,
                                             revision=self.path.revision, recursive=False):
-                if getattr(entry, "size", None) is None or not hasattr(entry, "lfs"):  # probe: third-party (Hub)
+                if not isinstance(entry, RepoFile):
                     continue  # a folder
                 name = entry.path.rsplit("/", 1)[-1]
                 if name.startswith("."):

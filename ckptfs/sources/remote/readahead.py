@@ -178,7 +178,7 @@ class ReadAhead:
             if not self._start(first, last, limit, then_pump=False):
                 return
 
-    def _start(self, c0: int, c1: int, limit, then_pump: bool) -> bool:
+    def _start(self, c0: int, c1: int, limit: OriginLimit, then_pump: bool) -> bool:
         """Claim [c0, c1) and fetch it on the scheduler, holding one of ``limit``'s slots until it lands;
         False when the scheduler refused it (the slot given back, the claims abandoned)."""
         runs = self._source.claim(c0, c1)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import Any
 
 from ckptfs.cache.chunks import CHUNK
 from ckptfs.cache.flight import Flight
@@ -120,7 +121,7 @@ class RemoteSource(ByteSource):
                        "sha256": sha256, "tail": list(tail) if tail is not None else None, "revision": revision,
                        "mtime_ns": int(mtime_ns), "fetched_at": time.time()})
 
-    def pin_name(self, record: dict) -> None:
+    def pin_name(self, record: dict[str, Any]) -> None:
         """Keep ``record`` (this file's identity, see ``_set_identity``) in the ``--cache-dir`` store under
         the source's name (``record_name``) once bytes of it are stored (``sparse_store.SparseStore.pin``): a
         later open with the origin unreachable, or ``--offline``, finds the bytes by it (``stored``)."""

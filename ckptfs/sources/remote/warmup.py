@@ -48,15 +48,18 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 from ckptfs.cache.chunks import CHUNK, STORED_RUN
 from ckptfs.cache.disk import FULL, NOT_WRITABLE
 from ckptfs.cache.entry import HEADER_SIZE
 from ckptfs.core.errors import CheckpointError
 from ckptfs.readahead import SCHEDULER
+from ckptfs.readahead.limit import OriginLimit
 from ckptfs.sources.base import ByteSource, Mirrored, WrapsSource
+from ckptfs.sources.pool import SourcePool
 from ckptfs.sources.remote.readahead import FETCH_BUDGET, piece_bytes
 from ckptfs.sources.remote.transport import RemoteSource
 from ckptfs.util.redact import public_name
@@ -77,6 +80,24 @@ LANDED_POLL_S = 0.1
 
 class WarmupError(CheckpointError):
     """The warm-up cannot run, or a piece failed: one line naming the file."""
+
+
+class OpenedCheckpoint(Protocol):
+    """What a warm-up reads of an opened checkpoint (``ckptfs.checkpoint.Checkpoint``, a layer above this
+    one): its files' names and the pool that opens them as the checkpoint reads them."""
+
+    @property
+    def files(self) -> Sequence[str]: ...
+
+    @property
+    def passthrough(self) -> Mapping[str, str]: ...
+
+    @property
+    def sources(self) -> SourcePool: ...
+
+
+#: A count of bytes that landed in the store, told as each piece lands (from worker threads).
+Landed = Callable[[int], None]
 
 
 @dataclass
@@ -129,7 +150,7 @@ def remote_of(source: ByteSource) -> RemoteSource | None:
     return source if isinstance(source, RemoteSource) else None
 
 
-def checkpoint_sources(ck) -> list[ByteSource]:
+def checkpoint_sources(ck: OpenedCheckpoint) -> list[ByteSource]:
     """Every file of an opened checkpoint as the checkpoint reads it (its pool's sources, wrappers included):
     its own files (every shard, headers included) and the model folder's other files (config.json...)."""
     paths = list(dict.fromkeys([*ck.files, *ck.passthrough.values()]))
@@ -249,7 +270,8 @@ def _missing_once_landed(remote: RemoteSource, stop: threading.Event | None) -> 
     return remote.unstored_chunks()
 
 
-def _run_pass(files: list[_File], report: WarmupReport, landed, stop, share: float) -> None:
+def _run_pass(files: list[_File], report: WarmupReport, landed: Landed, stop: threading.Event | None,
+              share: float) -> None:
     _Dispatch(files, report.errors, landed, stop, share).run()
 
 
@@ -262,7 +284,8 @@ class _Dispatch:
     again every ``ROOM_POLL_S`` while none of its own is in flight (the slots or the budget held by others: a
     mount's readers)."""
 
-    def __init__(self, files: list[_File], errors: list[str], landed, stop, share: float):
+    def __init__(self, files: list[_File], errors: list[str], landed: Landed, stop: threading.Event | None,
+                 share: float):
         self.files, self.errors, self.landed, self.stop, self.share = files, errors, landed, stop, share
         self.cap = max(CHUNK, int(FETCH_BUDGET * share))
         self._file = 0  # the cursor: the next piece starts at files[_file].missing[_k]
@@ -298,7 +321,7 @@ class _Dispatch:
                     return  # no slot or no room now: a landing piece (or the caller's poll) asks again
                 self._k = j
 
-    def _start(self, f: _File, first: int, last: int, limit) -> bool | None:
+    def _start(self, f: _File, first: int, last: int, limit: OriginLimit) -> bool | None:
         """Start the piece [first, last) of ``f`` (called under the lock): True when started or when there
         is nothing to fetch (in memory, or on its way by a reader); None when no slot of the origin's limit or
         no room in the budget is free."""
@@ -333,8 +356,8 @@ class _Dispatch:
 class _Piece:
     """One fetch job: claimed runs of one file into the store, counted when they land."""
 
-    def __init__(self, file: _File, runs: list[tuple[int, int]], limit, landed, errors: list[str],
-                 stop: threading.Event | None):
+    def __init__(self, file: _File, runs: list[tuple[int, int]], limit: OriginLimit, landed: Landed,
+                 errors: list[str], stop: threading.Event | None):
         self.file, self.runs, self.limit, self.landed = file, runs, limit, landed
         self.errors, self.stop = errors, stop
 
@@ -447,7 +470,7 @@ def _store_error(remote: RemoteSource, why: str) -> str:
     folder = remote.options.cache_dir
     if why == FULL:
         try:
-            st = os.statvfs(folder)
+            st = _statvfs(folder)
             why += f", {format_size(st.f_bavail * st.f_frsize)} free"
         except OSError:
             pass
@@ -457,6 +480,14 @@ def _store_error(remote: RemoteSource, why: str) -> str:
     else:
         advice = "run it again once the folder can be written"
     return f"{public_name(remote.name)}: the cache folder {folder} takes no more bytes: {why} ({advice})"
+
+
+def _statvfs(folder: str | None) -> os.statvfs_result:
+    """The file system of the ``--cache-dir`` ``folder``; OSError (as for a folder that is not there) without
+    one, which a remote whose chunks a store keeps always has."""
+    if folder is None:
+        raise FileNotFoundError("no --cache-dir")
+    return os.statvfs(folder)
 
 
 def stored_in_folder(sources: Iterable[ByteSource]) -> int:
@@ -469,7 +500,7 @@ def _unstored_error(remote: RemoteSource, left: list[int]) -> str:
     folder = remote.options.cache_dir
     why = "other processes' entries took the room (see --cache-dir-size) or it cannot be written"
     try:
-        st = os.statvfs(folder)
+        st = _statvfs(folder)
         if st.f_bavail * st.f_frsize < STORED_RUN * CHUNK + HEADER_SIZE:  # not room for one more entry
             why = "its file system is full"
     except OSError as exc:
@@ -541,19 +572,20 @@ class BackgroundWarmup:
             self._stored_at_end = stored_in_folder(sources)
         except Exception:  # noqa: BLE001 - the figure for the stats; its lack leaves the last progress
             log.debug("prefetch of %s: the cache folder could not be measured", self.name, exc_info=True)
-        if self.error is None and self.report.errors:
-            self.error = self.report.errors[0]
-        if self.error is not None:
+        report = self.report  # None only when it failed (the error set)
+        if self.error is None and report is not None and report.errors:
+            self.error = report.errors[0]
+        if self.error is not None or report is None:
             log.warning("prefetch of %s failed: %s (reads fetch what they need)", self.name, self.error)
-        elif not self.report.files:
+        elif not report.files:
             log.info("prefetch of %s: nothing to fetch (its files are local)", self.name)
-        elif self.report.stopped:
-            log.info("prefetch of %s: stopped (%s)", self.name, self.report.summary())
+        elif report.stopped:
+            log.info("prefetch of %s: stopped (%s)", self.name, report.summary())
         else:
-            log.info("prefetch of %s: done: %s", self.name, self.report.summary())
+            log.info("prefetch of %s: done: %s", self.name, report.summary())
 
     @classmethod
-    def for_checkpoint(cls, ck, name: str, share: float = 0.5) -> BackgroundWarmup:
+    def for_checkpoint(cls, ck: OpenedCheckpoint, name: str, share: float = 0.5) -> BackgroundWarmup:
         """The warm-up of every file of an opened checkpoint (:func:`checkpoint_sources`), not started."""
         return cls(lambda: checkpoint_sources(ck), name, share)
 
@@ -570,7 +602,7 @@ class BackgroundWarmup:
     def running(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
 
-    def status(self) -> dict:
+    def status(self) -> dict[str, Any]:
         """What the mount's stats show of it (``ckptfs stats MNT``): ``state`` (starting, running, done, stopped,
         failed), the bytes in the cache folder of the remote files' total, and once ended what this run
         fetched, in how long, and the error."""
@@ -588,7 +620,7 @@ class BackgroundWarmup:
         stored, total = self._progress_at  # while running: pieces landed (a failing store is found at once)
         if self._stored_at_end is not None and not self.running:
             stored = self._stored_at_end
-        out: dict = {"state": state, "stored_bytes": stored, "total_bytes": total}
+        out: dict[str, Any] = {"state": state, "stored_bytes": stored, "total_bytes": total}
         if report is not None and not self.running:
             out.update(total_bytes=report.total, fetched_bytes=report.fetched, seconds=round(report.seconds, 1))
         if error is not None:
@@ -596,7 +628,7 @@ class BackgroundWarmup:
         return out
 
 
-def combined_status(warmups: dict[str, BackgroundWarmup]) -> dict:
+def combined_status(warmups: dict[str, BackgroundWarmup]) -> dict[str, Any]:
     """What a repository mount's stats show of its checkpoints' warm-ups (``BackgroundWarmup.status`` each,
     by checkpoint name, under ``checkpoints``): their sums, and one state — running while one runs or waits
     its turn, else failed when one failed, else stopped or done."""
@@ -609,7 +641,7 @@ def combined_status(warmups: dict[str, BackgroundWarmup]) -> dict:
         state = "done"
     if state == "queued":
         state = "running"
-    out: dict = {"state": state, "stored_bytes": sum(s["stored_bytes"] for s in each.values()),
+    out: dict[str, Any] = {"state": state, "stored_bytes": sum(s["stored_bytes"] for s in each.values()),
                  "total_bytes": sum(s["total_bytes"] for s in each.values()), "checkpoints": each}
     errors = [f"{name}: {s['error']}" for name, s in each.items() if s.get("error")]
     if errors:
