@@ -8,8 +8,8 @@ a ``tokenizer.json`` in F16 (the ``+ 1`` in float16, as the converter adds it to
 (fused qkv and gate/up projections, its own SentencePiece rules; once with LongRoPE factors, which the
 converter writes as two F32 tensors and an attention factor) and a BERT sentence-embedding folder
 (WordPiece, mean pooling in ``modules.json``). Every key and tensor equals the converter's output (compared
-as maps with gguf-py) and llama.cpp generates the same greedy tokens from both files for the causal models.
-llama.cpp's probe has no embedding mode, so BERT is compared as files only.
+as maps with gguf-py); llama.cpp generates the same greedy tokens from both files for the causal models, and
+computes the same BERT sentence embedding (mean-pooled, float for float) from both.
 """
 
 from __future__ import annotations
@@ -18,14 +18,16 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from gguf_view_models import (PHI3_LONGROPE, assert_same_greedy, assert_same_gguf, convert, make_bert,
-                              make_causal)
+from gguf_view_models import (PHI3_LONGROPE, assert_same_greedy, assert_same_gguf, convert, llama_client,
+                              make_bert, make_causal)
 from gguf_view_models import converter, mounted_gguf  # noqa: F401 - fixtures
+from llama_models import probe  # noqa: F401 - fixture
 
 pytest.importorskip("transformers")
 pytest.importorskip("gguf")
 
 N_PREDICT = 16
+EMBED_TEXT = "The quick brown fox jumps over the lazy dog."
 #: case -> (how it is made, the name the reference run registers the test tokenizer's pre-tokenizer under)
 CASES = {
     "qwen2": (lambda path: make_causal(path, "qwen2"), "qwen2"),
@@ -80,6 +82,43 @@ def test_bert_keeps_embeddings_in_f32(mounted_gguf, folders):
     assert types["blk.0.attn_q.weight"] == "Q8_0"
     assert not any("pooler" in name for name in types)
     assert reader.fields["bert.pooling_type"].contents() == 1  # mean, from modules.json
+
+
+def embedding(probe: Path, model: Path, mode: str = "mmap") -> np.ndarray:
+    """llama.cpp's mean-pooled embedding of EMBED_TEXT, not normalized, as float32 (the probe prints each
+    float with the digits that read back as the same float32)."""
+    result = llama_client.run_embedding(model, EMBED_TEXT, mode, normalize=-1, probe=probe)
+    assert result["pooling"] == "mean" and len(result["embedding"]) == result["n_embd"], result
+    assert None not in result["embedding"], "llama.cpp computed a NaN or an infinity"
+    if mode == "dio":
+        assert not result["dio_fallback"], result["warnings"]
+    return np.array(result["embedding"], dtype=np.float32)
+
+
+@pytest.mark.parametrize("outtype", ["auto", "q8_0"])
+def test_llama_cpp_bert_embedding(mounted_gguf, folders, converter, probe, tmp_path, outtype):
+    """BERT makes no tokens to compare: llama.cpp's sentence embedding from the mount's file, in every load
+    mode, is the one from the converter's file bit for bit (the same bytes, the same arithmetic)."""
+    reference = convert(folders["bert"], tmp_path / "converted.gguf", outtype, pre="default")
+    expected = embedding(probe, reference)
+    assert np.isfinite(expected).all() and len(np.unique(expected)) > len(expected) // 2, expected
+    served = mounted_gguf(folders["bert"], outtype)
+    for mode in llama_client.MODES:
+        assert embedding(probe, served, mode).view(np.uint32).tolist() == expected.view(np.uint32).tolist(), mode
+
+
+def test_bert_embedding_sees_one_changed_weight(folders, converter, probe, tmp_path):
+    """The comparison above can fail: the converter's file with one F16 weight of one FFN changed (a
+    mantissa bit of its high byte) gives another embedding."""
+    from gguf import GGUFReader
+
+    reference = convert(folders["bert"], tmp_path / "converted.gguf", "auto", pre="default")
+    tensor = next(t for t in GGUFReader(reference).tensors if t.name == "blk.0.ffn_up.weight")
+    changed = tmp_path / "changed.gguf"
+    data = bytearray(reference.read_bytes())
+    data[tensor.data_offset + 1] ^= 0x01
+    changed.write_bytes(bytes(data))
+    assert not np.array_equal(embedding(probe, changed), embedding(probe, reference))
 
 
 @pytest.mark.parametrize("case", ["qwen2", "qwen3", "gemma3", "phi3", "phi3-longrope"])
