@@ -7,7 +7,9 @@ saying why; it never stops the mount.
 
 from __future__ import annotations
 
+import importlib.util
 import logging
+import sys
 from collections.abc import Iterable
 
 from ckptfs.checkpoint.api import Checkpoint
@@ -19,13 +21,23 @@ log = logging.getLogger("ckptfs.ggufview")
 
 
 def unavailable_reason() -> str | None:
-    """Why no folder can get ``gguf/`` on this machine (None when the optional libraries import)."""
+    """Why no folder can get ``gguf/`` on this machine (None when the optional libraries are installed).
+    transformers is looked up, not imported: importing it (torch with it) costs a mount seconds, and a
+    folder whose ``tokenizer.json`` is read directly never needs it."""
     try:
         import gguf  # noqa: F401
-        import transformers  # noqa: F401
     except ImportError as exc:
         return f"{exc.name} is not installed: pip install 'ckptfs[gguf]'"
+    if not _installed("transformers"):
+        return "transformers is not installed: pip install 'ckptfs[gguf]'"
     return None
+
+
+def _installed(name: str) -> bool:
+    """``name`` can be imported (a ``None`` in ``sys.modules`` blocks an import, as a missing module)."""
+    if name in sys.modules:
+        return sys.modules[name] is not None
+    return importlib.util.find_spec(name) is not None
 
 
 def build_view(ck: Checkpoint, output_type: str):

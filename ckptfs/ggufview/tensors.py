@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -21,8 +22,11 @@ from ckptfs.core.descriptors import TensorInfo
 from ckptfs.ggufview import Config, Unsupported
 from ckptfs.ggufview.archs import Architecture
 
+if TYPE_CHECKING:
+    from gguf import GGMLQuantizationType, LlamaFileType
+
 SKIPPED_SUFFIXES = (".attention.masked_bias", ".attention.bias", ".rotary_emb.inv_freq")
-_STORED = {"F32": np.float32, "F16": np.float16, "BF16": "bf16"}
+_STORED = {"F32": "<f4", "F16": "<f2", "BF16": "bf16"}  # numpy dtype of a stored type (BF16 widened)
 
 
 @dataclass(frozen=True)
@@ -31,7 +35,7 @@ class TensorPlan:
     info: TensorInfo | None    # the stored tensor (None for one the converter computes)
     rows: int                  # output rows (the product of every dimension but the last; a vector's length)
     cols: int                  # the last dimension (1 for a vector)
-    qtype: int                 # gguf.GGMLQuantizationType
+    qtype: GGMLQuantizationType
     row_bytes: int             # bytes of one output row
     order: np.ndarray | None   # the stored row of each output row (None: the same row)
     constant: bytes | None = None  # a computed tensor's bytes
@@ -44,7 +48,7 @@ class TensorPlan:
         return self.rows * self.row_bytes
 
 
-def file_type_of(output_type: str, infos: list[TensorInfo]) -> int:
+def file_type_of(output_type: str, infos: list[TensorInfo]) -> LlamaFileType:
     """``general.file_type`` (gguf.LlamaFileType) for ``--gguf-type``; ``auto`` from the first stored
     tensor of two or more dimensions, as the converter guesses it."""
     import gguf
@@ -63,7 +67,7 @@ def file_type_of(output_type: str, infos: list[TensorInfo]) -> int:
     return gguf.LlamaFileType.MOSTLY_F16
 
 
-def plan_tensors(arch: Architecture, config: Config, infos: list[TensorInfo], file_type: int,
+def plan_tensors(arch: Architecture, config: Config, infos: list[TensorInfo], file_type: LlamaFileType,
                  block_count: int, folder: Path) -> list[TensorPlan]:
     """The tensors the converter computes (F32), then every stored one in stored order; Unsupported for a
     name the architecture's map lacks or a stored type that is not a float."""
@@ -86,9 +90,10 @@ def plan_tensors(arch: Architecture, config: Config, infos: list[TensorInfo], fi
         if info.storage_type not in _STORED:
             raise Unsupported(f"tensor {info.name} is stored as {info.storage_type}; only F32, F16 and BF16 "
                               "folders are served")
-        name = name_map.get_name(key=hf_name, try_suffixes=(".weight", ".bias"))
-        if name is None:
+        mapped = name_map.get_name(key=hf_name, try_suffixes=(".weight", ".bias"))
+        if mapped is None:
             raise Unsupported(f"tensor {info.name} has no llama.cpp name for {arch.name}")
+        name = mapped
         # a vector is a column (one value a row), so a permutation of its values (a q/k bias) is one of rows
         cols = info.shape[-1] if len(info.shape) > 1 else 1
         stored_rows_count = math.prod(info.shape[:-1]) if len(info.shape) > 1 else math.prod(info.shape)
@@ -117,7 +122,7 @@ def _always_f32_names(model_arch, block_count: int) -> set[str]:
     """The llama.cpp ``.weight`` names of ``_ALWAYS_F32`` tensors in this architecture's blocks."""
     import gguf
 
-    names = set()
+    names: set[str] = set()
     for key in _ALWAYS_F32:
         tensor = getattr(gguf.MODEL_TENSOR, key, None)
         if tensor is None or tensor not in gguf.MODEL_TENSORS[model_arch]:
@@ -128,7 +133,8 @@ def _always_f32_names(model_arch, block_count: int) -> set[str]:
     return names
 
 
-def _output_type(name: str, n_dims: int, file_type: int, cols: int, always_f32: bool) -> int:
+def _output_type(name: str, n_dims: int, file_type: LlamaFileType, cols: int,
+                 always_f32: bool) -> GGMLQuantizationType:
     import gguf
 
     qt, ft = gguf.GGMLQuantizationType, gguf.LlamaFileType
@@ -140,7 +146,7 @@ def _output_type(name: str, n_dims: int, file_type: int, cols: int, always_f32: 
     return qt.F16 if cols % block else qtype
 
 
-def _row_bytes(qtype: int, cols: int) -> int:
+def _row_bytes(qtype: GGMLQuantizationType, cols: int) -> int:
     import gguf
 
     block, size = gguf.GGML_QUANT_SIZES[qtype]
@@ -157,7 +163,7 @@ def widen(raw: bytes, storage_type: str, rows: int, cols: int) -> np.ndarray:
     kind = _STORED[storage_type]
     if kind == "bf16":
         return (np.frombuffer(raw, "<u2").astype(np.uint32) << 16).view(np.float32).reshape(rows, cols)
-    return np.frombuffer(raw, np.dtype(kind).newbyteorder("<")).reshape(rows, cols)
+    return np.frombuffer(raw, np.dtype(kind)).reshape(rows, cols)
 
 
 def convert(plan: TensorPlan, values: np.ndarray) -> bytes:
@@ -177,9 +183,12 @@ def convert_stored(plan: TensorPlan, raw: bytes, rows: int) -> bytes:
     import gguf
 
     qt = gguf.GGMLQuantizationType
+    if plan.info is None:
+        raise ValueError(f"{plan.name} is computed, not stored: it has no stored rows")
+    storage_type = plan.info.storage_type
     same = {("F32", qt.F32), ("F16", qt.F16), ("BF16", qt.BF16)}
-    if plan.shift or (plan.info.storage_type, plan.qtype) not in same:
-        return convert(plan, widen(raw, plan.info.storage_type, rows, plan.cols))
+    if plan.shift or (storage_type, plan.qtype) not in same:
+        return convert(plan, widen(raw, storage_type, rows, plan.cols))
     if plan.qtype != qt.BF16:
         return raw
     words = np.frombuffer(raw, "<u2")

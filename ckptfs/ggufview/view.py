@@ -16,6 +16,8 @@ from pathlib import Path
 import numpy as np
 
 from ckptfs.checkpoint.api import Checkpoint
+from ckptfs.core.descriptors import TensorInfo
+from ckptfs.engine.values import BytePart
 from ckptfs.engine.views import HeaderBodyView
 from ckptfs.ggufview import Unsupported
 from ckptfs.ggufview.archs import architecture_of
@@ -85,10 +87,11 @@ class VirtualGgufView(HeaderBodyView):
                 return plan, start
         raise KeyError(name)
 
-    def body_segments(self, d0: int, d1: int) -> list[bytes]:
+    def body_segments(self, d0: int, d1: int) -> list[BytePart]:
         """Bytes [d0, d1) after the header: each tensor's rows converted, zeros between tensors."""
         hlen = len(self.header)
-        pos, end, parts = d0 + hlen, d1 + hlen, []
+        pos, end = d0 + hlen, d1 + hlen
+        parts: list[BytePart] = []
         i = max(0, bisect.bisect_right(self._starts, pos) - 1)
         while pos < end:
             if i >= len(self.plans) or pos < self._starts[i]:
@@ -108,9 +111,11 @@ class VirtualGgufView(HeaderBodyView):
         """Bytes [b0, b1) of one converted tensor."""
         if plan.constant is not None:
             return plan.constant[b0:b1]
+        if plan.info is None:
+            raise ValueError(f"{plan.name} is computed but has no bytes")
         r0, r1 = b0 // plan.row_bytes, -(-b1 // plan.row_bytes)
         rows = stored_rows(plan, r0, r1)
-        data = read_rows(self._sources.get(plan.info.source), plan, rows)
+        data = read_rows(self._sources.get(plan.info.source), plan.info, plan.stored_row_bytes, rows)
         out = convert_stored(plan, data, len(rows))
         skip = b0 - r0 * plan.row_bytes
         return out[skip: skip + b1 - b0]
@@ -128,16 +133,16 @@ def _repetition_penalty(meta, folder: Path) -> None:
         meta.sampling_penalty_repeat = generation["repetition_penalty"]
 
 
-def read_rows(source, plan: TensorPlan, rows: np.ndarray) -> bytes:
-    """The stored bytes of ``rows`` in that order, each run of adjacent rows read at once."""
-    size = plan.stored_row_bytes
+def read_rows(source, info: TensorInfo, size: int, rows: np.ndarray) -> bytes:
+    """The stored bytes of ``rows`` (``size`` bytes each) in that order, each run of adjacent rows read at
+    once."""
     if len(rows) == 0:
         return b""
     if len(rows) == 1 or bool((np.diff(rows) == 1).all()):
-        return source.pread(plan.info.offset + int(rows[0]) * size, len(rows) * size)
+        return source.pread(info.offset + int(rows[0]) * size, len(rows) * size)
     wanted = np.unique(rows)
     runs = np.split(wanted, np.flatnonzero(np.diff(wanted) != 1) + 1)
-    data = b"".join(source.pread(plan.info.offset + int(run[0]) * size, len(run) * size) for run in runs)
+    data = b"".join(source.pread(info.offset + int(run[0]) * size, len(run) * size) for run in runs)
     block = np.frombuffer(data, np.uint8).reshape(len(wanted), size)
     return block[np.searchsorted(wanted, rows)].tobytes()
 

@@ -1,5 +1,5 @@
-"""Vocabularies read with transformers' ``AutoTokenizer`` (GPT-2 style BPE and WordPiece), as the
-converter lists them: every id below ``config.json``'s ``vocab_size`` (``[PADi]`` for ids the tokenizer
+"""Vocabularies of a Hugging Face tokenizer (GPT-2 style BPE and WordPiece), read as transformers'
+``AutoTokenizer`` reads them (``tokenizer_read``) and listed as the converter lists them: every id below ``config.json``'s ``vocab_size`` (``[PADi]`` for ids the tokenizer
 lacks), added tokens normalized as the tokenizer would and typed control or user-defined; the pre-tokenizer
 named by the hash of one fixed text's token ids (``pre_hashes``), or by its shape for a hash not listed.
 """
@@ -9,11 +9,16 @@ from __future__ import annotations
 import logging
 from hashlib import sha256
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ckptfs.ggufview import Config, Unsupported
-from ckptfs.ggufview.pre_hashes import CHECK_TEXT, PRE_TOKENIZERS
 from ckptfs.ggufview.files import read_json
+from ckptfs.ggufview.pre_hashes import CHECK_TEXT, PRE_TOKENIZERS
+from ckptfs.ggufview.tokenizer_read import TokenizerReader, TransformersTokenizer, direct_tokenizer
 from ckptfs.ggufview.vocab_spm import looks_special
+
+if TYPE_CHECKING:
+    from gguf import TokenType
 
 log = logging.getLogger("ckptfs.ggufview")
 
@@ -34,24 +39,48 @@ SPM_STYLE_PRE = "gemma4"
 WORDPIECE_PRE = "default"
 
 
-def tokenizer_vocab(folder: Path, config: Config) -> tuple[list[str], list[int], str]:
-    """(tokens, token types, pre-tokenizer name) of the folder's tokenizer."""
-    import gguf
-    from transformers import AutoTokenizer
+def tokenizer_vocab(folder: Path, config: Config) -> tuple[list[str], list[TokenType], str]:
+    """(tokens, token types, pre-tokenizer name) of the folder's tokenizer: read from ``tokenizer.json``
+    directly when that is the tokenizer transformers would load and the pre-tokenizer's name cannot depend
+    on which of the two reads it, else through transformers (``tokenizer_read``)."""
+    direct = direct_tokenizer(folder)
+    if direct is not None and _same_name_either_way(direct):
+        return _listed(direct, folder, config)
+    return _listed(TransformersTokenizer(folder), folder, config)
 
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(folder)
-    except (OSError, ValueError) as exc:
-        raise Unsupported(f"transformers cannot read the tokenizer: {' '.join(str(exc).split())}") from None
-    vocab = tokenizer.vocab
+
+def _same_name_either_way(tokenizer: TokenizerReader) -> bool:
+    """The direct read's hash is listed (the name is the listed one), or neither it nor the hash of the
+    same ids with a special token added or dropped at either end is (the name then comes from
+    ``tokenizer.json``'s shape, the same file for both reads): transformers differs from the direct read in
+    which special tokens it adds, so a tokenizer it could move onto a listed hash is left to it."""
+    if _digest(tokenizer) in PRE_TOKENIZERS:
+        return True
+    core = tokenizer.encode(CHECK_TEXT, add_special_tokens=False)
+    specials = sorted(i for i, token in tokenizer.added().items() if token.special)
+    if len(specials) > _MOST_SPECIALS_TRIED:
+        return False
+    ends: list[list[int]] = [[], *([i] for i in specials)]
+    return not any(_digest_of(head + core + tail) in PRE_TOKENIZERS for head in ends for tail in ends)
+
+
+#: Past this many special tokens the variants are not tried (their number grows as its square).
+_MOST_SPECIALS_TRIED = 64
+
+
+def _listed(tokenizer: TokenizerReader, folder: Path, config: Config) -> tuple[list[str], list[TokenType], str]:
+    import gguf
+
+    vocab = tokenizer.vocab()
     vocab_size = config.get("vocab_size", len(vocab))
     if max(vocab.values()) >= vocab_size:
         raise Unsupported(f"the tokenizer has ids past config.json's vocab_size {vocab_size}")
     pre = pre_tokenizer_name(tokenizer, folder)
     by_id = {token_id: token for token, token_id in vocab.items()}
-    added = tokenizer.get_added_vocab()
-    decoder = tokenizer.added_tokens_decoder
-    tokens, types = [], []
+    decoder = tokenizer.added()
+    added = {token.content for token in decoder.values()}
+    tokens: list[str] = []
+    types: list[TokenType] = []
     for i in range(vocab_size):
         if i not in by_id:
             tokens.append(f"[PAD{i}]")
@@ -72,9 +101,18 @@ def tokenizer_vocab(folder: Path, config: Config) -> tuple[list[str], list[int],
     return tokens, types, pre
 
 
-def pre_tokenizer_name(tokenizer, folder: Path) -> str:
+def _digest(tokenizer: TokenizerReader) -> str:
+    """The converter's hash of the tokenizer's pre-tokenizer: its token ids of one fixed text."""
+    return _digest_of(tokenizer.encode(CHECK_TEXT))
+
+
+def _digest_of(ids: list[int]) -> str:
+    return sha256(str(ids).encode()).hexdigest()
+
+
+def pre_tokenizer_name(tokenizer: TokenizerReader, folder: Path) -> str:
     """llama.cpp's name of the tokenizer's pre-tokenizer: by the converter's hash, else by its shape."""
-    digest = sha256(str(tokenizer.encode(CHECK_TEXT)).encode()).hexdigest()
+    digest = _digest(tokenizer)
     if digest in PRE_TOKENIZERS:
         return PRE_TOKENIZERS[digest]
     tokenizer_json = read_json(folder / "tokenizer.json") or {}

@@ -4,10 +4,15 @@ rules of the converter's class (the common one, or phi3's own)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ckptfs.ggufview import Config, Unsupported
 from ckptfs.ggufview.files import read_json
+
+if TYPE_CHECKING:
+    from gguf import TokenType
 
 _SPECIAL_LOOKING = ("<pad>", "<mask>", "<2mass>", "[@BOS@]")
 
@@ -32,7 +37,7 @@ def spm_vocab_size(folder: Path, config: Config) -> int:
     return config.get("vocab_size_per_layer_input", config.get("vocab_size")) or _processor(folder).vocab_size()
 
 
-def _pieces(folder: Path, vocab_size: int) -> tuple[list[bytes], list[float], list[int]]:
+def _pieces(folder: Path, vocab_size: int) -> tuple[list[bytes], list[float], list[TokenType]]:
     import gguf
 
     kind = gguf.TokenType
@@ -50,7 +55,7 @@ def _pieces(folder: Path, vocab_size: int) -> tuple[list[bytes], list[float], li
     return tokens, scores, types
 
 
-def spm_vocab(folder: Path, config: Config) -> tuple[list[bytes], list[float], list[int]]:
+def spm_vocab(folder: Path, config: Config) -> tuple[list[bytes], list[float], list[TokenType]]:
     """The common export: ``tokenizer_config.json``'s ``added_tokens_decoder`` typed control when special or
     special-looking, else user-defined with SentencePiece's space mark as a space."""
     import gguf
@@ -71,7 +76,7 @@ def spm_vocab(folder: Path, config: Config) -> tuple[list[bytes], list[float], l
     return tokens, scores, types
 
 
-def phi3_spm_vocab(folder: Path, config: Config) -> tuple[list[bytes], list[float], list[int]]:
+def phi3_spm_vocab(folder: Path, config: Config) -> tuple[list[bytes], list[float], list[TokenType]]:
     """phi3's export: the config's ``vocab_size`` alone sizes it; ``added_tokens_decoder`` and then
     ``tokenizer.json``'s ``added_tokens`` over the pieces, control when special, else user-defined, as
     written (no special-looking rule, no space rewriting)."""
@@ -90,7 +95,7 @@ def phi3_spm_vocab(folder: Path, config: Config) -> tuple[list[bytes], list[floa
     return tokens, scores, types
 
 
-def write_spm(writer, tokens: list[bytes], scores: list[float], types: list[int]) -> None:
+def write_spm(writer, tokens: Sequence[bytes], scores: Sequence[float], types: Sequence[int]) -> None:
     writer.add_tokenizer_model("llama")
     writer.add_tokenizer_pre("default")
     writer.add_token_list(tokens)

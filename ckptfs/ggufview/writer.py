@@ -25,7 +25,8 @@ class _BulkArrayWriter(gguf.GGUFWriter):
         ltype = sub_type
         if ltype is None:
             ltype = kind.get_type(val[0])
-            if not all(kind.get_type(item) is ltype for item in val[1:]):
+            # get_type answers by an item's class: items of one class need no call each
+            if len(set(map(type, val))) > 1 and not all(kind.get_type(item) is ltype for item in val[1:]):
                 raise ValueError("All items in a GGUF array should be of the same type")
         head = (struct.pack("<I", vtype) if add_vtype else b"") + struct.pack("<IQ", ltype, len(val))
         if ltype == kind.STRING:
