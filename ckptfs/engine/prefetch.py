@@ -16,6 +16,12 @@ What lies ahead is the view's to say (``View.ahead``): the stored bytes to advis
 (block groups) that cover the next bytes of the file, so a new kind of view gets read-ahead by answering it.
 The kernel's side (the mount's readahead, the allocator) is ``ckptfs.fs.kernel``'s.
 
+The handle is where a mount's stream is decided (``ckptfs.readahead.detect``: one decision per stream): its
+reads (:meth:`Prefetcher.reading`), its advice and its decoding ahead are made inside ``decided_above``, so
+a remote source under it fetches what the advice names, following its reader, instead of detecting the
+stream again with a rule of its own. A handle whose stream is not tracked (read-ahead off, a view that does
+not read ahead) leaves the decision to the source.
+
 ``CKPTFS_PREFETCH=0`` turns the read-ahead off (for measuring its gain), ``CKPTFS_PREFETCH=kernel`` keeps
 only the advice (no background decoding: no worker thread, no decoded data ahead in memory). Knows nothing
 of FUSE: it sees file handles, views and byte ranges.
@@ -23,18 +29,20 @@ of FUSE: it sees file handles, views and byte ranges.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import os
 import threading
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from concurrent.futures import Future
 from concurrent.futures import wait as wait_for
 from dataclasses import dataclass, field
 from typing import Protocol
 
 from ckptfs.engine.views import View
-from ckptfs.readahead import SCHEDULER, Scheduler, SequentialRun
+from ckptfs.readahead import SCHEDULER, Scheduler, SequentialRun, decided_above
 from ckptfs.sources import ByteSource
 
 log = logging.getLogger(__name__)
@@ -120,6 +128,11 @@ class Prefetcher:
             if stream is not None:
                 stream.closed = True
 
+    def reading(self, fh: int) -> AbstractContextManager[None]:
+        """The scope of a read of handle ``fh``: decided here when the handle's stream is tracked (the source
+        below follows this prefetcher's advice), else left to the source."""
+        return decided_above() if fh in self._streams else contextlib.nullcontext()
+
     def on_read(self, fh: int, offset: int, size: int) -> bool:
         """Note a read about to be served; schedule what a sequential reader will ask for next. Whether the
         read continues a sequential stream (what it decodes then need not stay in the block cache)."""
@@ -148,12 +161,13 @@ class Prefetcher:
             whole, stream.whole = not stream.whole, True
             generation = stream.generation
         try:
-            if stop > start:
-                self._schedule(stream, start, stop, generation, first)
-            if whole:
-                self._advise_rest(stream.view, stop)
-            if beyond:
-                self._follow(stream, beyond)
+            with decided_above():  # what is advised and decoded here continues this handle's stream
+                if stop > start:
+                    self._schedule(stream, start, stop, generation, first)
+                if whole:
+                    self._advise_rest(stream.view, stop)
+                if beyond:
+                    self._follow(stream, beyond)
         except Exception:  # noqa: BLE001 - read-ahead is an optimization; the read itself reports errors
             log.debug("read-ahead of %d..%d failed", start, stop, exc_info=True)
         return True
@@ -215,7 +229,8 @@ class Prefetcher:
 
     def _unless_closed(self, job: Callable[[], None]) -> None:
         if not self._closed:
-            job()
+            with decided_above():
+                job()
 
     def _done(self, future: Future[None]) -> None:
         with self._lock:
@@ -225,7 +240,8 @@ class Prefetcher:
         """A decode job, unless its stream ended, turned random or this prefetcher closed since it was queued
         (a failing group fails the read that needs it, with its own error: the scheduler logs it)."""
         if not self._closed and not stream.closed and stream.generation == generation:
-            job()
+            with decided_above():
+                job()
 
     def _advise(self, path: str, offset: int, nbytes: int, sequential: bool) -> None:
         if nbytes > 0:

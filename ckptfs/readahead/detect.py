@@ -4,9 +4,41 @@ A read continues a run when it starts within ``slack`` bytes of where the run ha
 neighbouring readahead requests slightly out of order, and FUSE serves them on several threads). The run
 reaches the furthest byte read; a read elsewhere starts a new run. The caller holds its own lock around a
 stream (it updates more state of its own in the same step).
+
+One stream, one decision. A read of a mount's open file passes through two layers that could each watch
+it: the handle (``ckptfs.engine.prefetch``: decode-ahead) and, for a remote file, the byte source below it
+(``ckptfs.sources.remote.readahead``: fetch-ahead). The layer nearest the reader that watches the stream
+decides: a handle that tracks its stream makes its reads, and the work it schedules ahead, inside
+:func:`decided_above`, and tells the source what comes next by advising those bytes; a source then follows
+that advice and its reader's position instead of detecting on its own (:func:`is_decided_above`). A source
+read by no such handle (the library API, a view that does not read ahead, read-ahead turned off) decides
+for itself. The scope crosses ``ByteSource.pread`` implicitly, as a read's deadline does: one
+ContextVar, copied to the decode workers that run a read's groups.
 """
 
 from __future__ import annotations
+
+import contextvars
+
+_decided: contextvars.ContextVar[bool] = contextvars.ContextVar("ckptfs_stream_decided_above", default=False)
+
+
+class decided_above:  # noqa: N801 - used as a function: ``with decided_above():``
+    """Reads inside belong to a stream whose read-ahead a layer above the byte source decides (and advises).
+    A class, not a generator: it wraps every read of a mount's tracked handle (half the cost: 0.8 µs)."""
+
+    __slots__ = ("_token",)
+
+    def __enter__(self) -> None:
+        self._token = _decided.set(True)
+
+    def __exit__(self, *exc: object) -> None:
+        _decided.reset(self._token)
+
+
+def is_decided_above() -> bool:
+    """Whether the read being made belongs to a stream decided above (see the module docstring)."""
+    return _decided.get()
 
 
 class SequentialRun:

@@ -22,7 +22,10 @@ everything in flight. The chunks are claimed, fetched and abandoned through the 
 ``fetch_claimed`` / ``abandon``: a reader arriving at a chunk on its way waits for that fetch.
 
 The block engine's own read-ahead calls ``advise`` on the stored bytes of the groups it will decode next;
-that lands here too (``prefetch``), under the same limit and budget.
+that lands here too (``prefetch``), under the same limit and budget. A stream that a mount's handle tracks
+is decided there, once (``ckptfs.readahead.detect``): its reads come inside ``decided_above`` and run no
+detection here, they only move the reader's position, and the window is what the handle advises (its decode
+window's stored bytes, the rest of the tensor as one unit once it found the stream).
 
 Threads are started only by reads ahead, never while a checkpoint's headers are read (its sources are opened
 with ``RemoteOptions(read_ahead=False)`` then: a mount forks its daemon after the open), and a forked child (a
@@ -37,7 +40,7 @@ import weakref
 from typing import Protocol
 
 from ckptfs.cache.chunks import CHUNK
-from ckptfs.readahead import SCHEDULER, SequentialRun
+from ckptfs.readahead import SCHEDULER, SequentialRun, is_decided_above
 from ckptfs.readahead.limit import OriginLimit
 from ckptfs.sources.remote.options import RemoteOptions
 from ckptfs.util.forks import after_fork_in_child
@@ -111,8 +114,13 @@ class ReadAhead:
         _readaheads.add(self)
 
     def observe(self, offset: int, size: int) -> None:
-        """Note a read; when it continues a sequential run, fetch ahead of it."""
+        """Note a read; when it continues a sequential run, fetch ahead of it. A read of a stream decided
+        above (a mount's handle: ``ckptfs.readahead.detect``) is not judged again here: it only moves the
+        reader on, and what is fetched ahead of it is what that handle advises (``prefetch``)."""
         if not self._source.options.read_ahead:
+            return
+        if is_decided_above():
+            self._follow(offset, size)
             return
         limit = self._source.origin_limit()
         with self._lock:
@@ -128,6 +136,18 @@ class ReadAhead:
             # the window grows to the whole budget, so the origin's limit, not the window, is what binds
             # (and a limit that binds is one that learns: limit.py judges only epochs that wanted more)
             self._window = min(FETCH_BUDGET, max(MIN_WINDOW, self._window * 2))
+        self.pump()
+
+    def _follow(self, offset: int, size: int) -> None:
+        """The reader of a stream decided above moved on: the window follows it (a read outside the window
+        drops it, for the handle advises again where it finds a stream) and is topped up."""
+        with self._lock:
+            reader = -(-(offset + size) // CHUNK)
+            if self._reader - SLACK // CHUNK <= offset // CHUNK <= self._reader + self._window // CHUNK:
+                self._reader = max(self._reader, reader)
+            else:
+                self._window = 0
+                self._reader = self._frontier = reader
         self.pump()
 
     def pump(self) -> None:
@@ -163,7 +183,8 @@ class ReadAhead:
             reader = self._reader
             # advice for bytes at or ahead of the run's reader, within the budget's reach (the mount's decode
             # window and the rest of a tensor start a little ahead of where the source has read)
-            continues = self._run.end >= 0 and reader - SLACK // CHUNK <= c0 <= reader + FETCH_BUDGET // CHUNK
+            continues = ((self._run.end >= 0 or is_decided_above())
+                         and reader - SLACK // CHUNK <= c0 <= reader + FETCH_BUDGET // CHUNK)
             if continues:
                 self._window = max(self._window, min(FETCH_BUDGET, (c1 - reader) * CHUNK))
         if continues:
