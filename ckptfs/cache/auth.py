@@ -29,7 +29,6 @@ import stat
 import threading
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
 
 from ckptfs.util.forks import after_fork_in_child
 

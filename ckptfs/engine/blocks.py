@@ -221,7 +221,7 @@ class TensorData(TensorValues):
                 lo, hi = max(a, blk0 * block_bytes), min(b, blk1 * block_bytes)
                 target[lo - a: hi - a] = values[lo - blk0 * block_bytes: hi - blk0 * block_bytes]
 
-    def warm(self) -> None:
+    def prime(self) -> None:
         """Decode the first block into a scratch array, past the cache (no lookup counted, nothing kept): a
         mount runs each storage type's read path once before its first reader (``fs.operations``)."""
         if not self.direct and self.available_blocks():

@@ -64,6 +64,6 @@ class TensorValues(Protocol):
         decoded tensor in a shared tier starts with (``Tensor.shared()``)."""
 
     @abstractmethod
-    def warm(self) -> None:
-        """Run the read path once before the first reader, keeping nothing (a mount warms each storage type:
-        ``fs.operations``); an implementation with nothing to warm does nothing."""
+    def prime(self) -> None:
+        """Run the read path once before the first reader, keeping nothing (a mount primes each storage type:
+        ``fs.operations``); an implementation with nothing to prime does nothing."""

@@ -25,7 +25,7 @@ from ckptfs.sources import SourcePool
 
 @dataclass(frozen=True)
 class Ahead:
-    """What lies ahead of a sequential reader of a view, as the view knows it (for ``ckptfs.engine.prefetch``):
+    """What lies ahead of a sequential reader of a view, as the view knows it (for ``ckptfs.engine.decode_ahead``):
     stored byte ranges to advise their source about (``(source name, offset, nbytes)``), and decoding jobs
     that warm the cache (``(view offset the job covers up to, bytes of output, job)``), in file order."""
 
@@ -46,7 +46,7 @@ class View:
     #: What names this file among the files of its kind (views of the same file have the same slot), or None.
     slot: Hashable | None = None
     #: Whether ``read_into`` decodes what it misses straight into the reply, on every core (a ``.npy``):
-    #: the mount's read-ahead then only advises (``ckptfs.engine.prefetch``).
+    #: the mount's read-ahead then only advises (``ckptfs.engine.decode_ahead``).
     decodes_into_reply = False
 
     def read(self, offset: int, size: int) -> bytes:  # pragma: no cover - interface

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from ckptfs.core.errors import CheckpointError
 from ckptfs.util.oneline import one_line
-from ckptfs.engine.prefetch import Prefetcher
+from ckptfs.engine.decode_ahead import DecodeAhead
 from ckptfs.tree.mount_tree import MountTree
 from ckptfs.tree.ownership import Ownership
 
@@ -48,7 +48,7 @@ BLOCK_SIZE = 128 * 1024  # st_blksize: the kernel's readahead request size; cp/c
 FILE_MODE = stat.S_IFREG | 0o444
 DIR_MODE = stat.S_IFDIR | 0o555
 ENOATTR = getattr(errno, "ENOATTR", errno.ENODATA)  # probe: platform
-WARM_SCAN = 4096  # tensors looked at for storage types to warm the read path with (warm_read_path)
+PRIME_SCAN = 4096  # tensors looked at for storage types to prime the read path with (prime_read_path)
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_TRUNC
 
 
@@ -120,10 +120,10 @@ def _read_only(method: Callable) -> Callable:
     return callback
 
 
-def warm_read_path(tree: MountTree | RepositoryTree) -> None:
+def prime_read_path(tree: MountTree | RepositoryTree) -> None:
     """Run the read path once per storage type before the first request (from ``init``, before the mount is
     ready): the ``.npy`` view of the first tensor of each type is made and its first block decoded into a
-    scratch array (``TensorData.warm``: past the cache, no lookup counted). A fresh daemon's first read
+    scratch array (``TensorData.prime``: past the cache, no lookup counted). A fresh daemon's first read
     otherwise pays for the first calls of its codec, the block engine and numpy's paths (measured: about
     0.2-0.3 ms of a first 4 KiB read, docs/performance.md). One block per type whatever the checkpoint's
     size; never raises (a tensor that cannot be read now will say so when it is read). Not for remote
@@ -131,9 +131,9 @@ def warm_read_path(tree: MountTree | RepositoryTree) -> None:
     if tree.read_scope is not None:
         return
 
-    def warm(ck) -> None:
+    def prime(ck) -> None:
         seen: set[str] = set()
-        for index in range(min(len(ck.tensors), WARM_SCAN)):  # not every Tensor of 94,000: a bounded look
+        for index in range(min(len(ck.tensors), PRIME_SCAN)):  # not every Tensor of 94,000: a bounded look
             storage_type = ck.tensors.info(index).storage_type
             if storage_type in seen:
                 continue
@@ -142,14 +142,14 @@ def warm_read_path(tree: MountTree | RepositoryTree) -> None:
             try:
                 if tensor.decodable:
                     NpyView(tensor.data)
-                    tensor.data.warm()
-            except Exception:  # noqa: BLE001 - warming is an optimization
-                log.debug("warming the read path with %s failed", tensor.name, exc_info=True)
+                    tensor.data.prime()
+            except Exception:  # noqa: BLE001 - priming is an optimization
+                log.debug("priming the read path with %s failed", tensor.name, exc_info=True)
 
     try:
-        tree.each_checkpoint(warm)
+        tree.each_checkpoint(prime)
     except Exception:  # noqa: BLE001
-        log.debug("warming the read path failed", exc_info=True)
+        log.debug("priming the read path failed", exc_info=True)
 
 
 class CkptOperations:
@@ -178,7 +178,7 @@ class CkptOperations:
         #: handles opened with O_DIRECT: what they read the kernel's page cache does not hold (see _serve)
         self._uncached: set[int] = set()
         use_one_malloc_arena()  # a memory bound, not a speed-up to switch off (fs/kernel.py)
-        self._prefetch = Prefetcher.from_env(tree.sources, tree.cache.capacity)
+        self._prefetch = DecodeAhead.from_env(tree.sources, tree.cache.capacity)
         self._next_handle = itertools.count(1)
         self._stored_bytes = tree.stored_bytes()
         #: plain ranges of local files, read in C without the GIL once the binding installed it (fs/direct.py)
@@ -221,7 +221,7 @@ class CkptOperations:
     def init_with_config(self, conn: Any, config: Any) -> None:
         """mfusepy's ``init`` with the connection info: read-ahead raises the mount's kernel readahead."""
         tune_connection(conn, self._describe.get("mountpoint"))
-        warm_read_path(self.tree)
+        prime_read_path(self.tree)
         self.init("/")
 
     def destroy(self, path: str | None) -> None:

@@ -182,7 +182,7 @@ class PackedData(TensorValues):
             return []
         return byte_views(self._segments(e0, e1), item, e0, e1, d0, d1)
 
-    # read-ahead (ckptfs.engine.prefetch) treats tiles as block groups
+    # read-ahead (ckptfs.engine.decode_ahead) treats tiles as block groups
     def group_of_element(self, e: int) -> int:
         return e // self.info.block_elements
 
@@ -190,8 +190,8 @@ class PackedData(TensorValues):
         if 0 <= g < self.n_tiles and self._key(g) not in self._cache:
             self._tile(g)
 
-    def warm(self) -> None:
-        """Nothing: a view's decode runs through the layout's kernels, warmed by the first tile it decodes."""
+    def prime(self) -> None:
+        """Nothing: a view's decode runs through the layout's kernels, primed by the first tile it decodes."""
 
     def stored_range(self, e0: int, e1: int) -> tuple[int, int]:
         """(file offset, size) of the marker part's bytes in proportion to the rows asked for: a hint for the

@@ -1,8 +1,8 @@
 """Read-ahead: the one sequential-read detector and the one scheduler that runs work ahead of readers.
 
 Three kinds of reader stream through a checkpoint: a mount's open file handles (decode the next block
-groups before the reader asks: ``ckptfs.engine.prefetch``), remote byte sources read directly (fetch the
-next chunks: ``ckptfs.sources.remote.readahead``) and the Redis tier's sequential lookups (fetch the next
+groups before the reader asks: ``ckptfs.engine.decode_ahead``), remote byte sources read directly (fetch the
+next chunks: ``ckptfs.sources.remote.fetch_ahead``) and the Redis tier's sequential lookups (fetch the next
 groups in one round trip: ``ckptfs.cache.redis_tier``). Each recognizes its stream with the same
 :class:`~ckptfs.readahead.detect.SequentialRun`, and the work ahead of the first two runs on the process's
 one :class:`~ckptfs.readahead.scheduler.Scheduler`: one byte budget over everything in flight, and a worker

@@ -39,7 +39,7 @@ from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 
-from ckptfs.readahead.limit import CEILING
+from ckptfs.origins.limit import CEILING
 from ckptfs.util.forks import after_fork_in_child
 from ckptfs.util.procinfo import cores
 
@@ -47,10 +47,10 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 #: Bytes fetched or decoded ahead, in flight at once over the whole process (remote read-ahead takes at most
-#: 128 MiB of it: ``ckptfs.sources.remote.readahead.FETCH_BUDGET``).
+#: 128 MiB of it: ``ckptfs.sources.remote.fetch_ahead.FETCH_BUDGET``).
 DEFAULT_BUDGET = 192 << 20
 #: Workers per kind of work. Fetch workers wait on the network: as many as the most requests in flight that
-#: origins are allowed (``ckptfs.readahead.limit.CEILING``) plus readers' own pieces, started as needed; how
+#: origins are allowed (``ckptfs.origins.limit.CEILING``) plus readers' own pieces, started as needed; how
 #: many run at once is each origin's adaptive limit, not this. Decode: one per core (a FUSE read that misses
 #: decodes its groups on the calling thread and the idle decode workers at once, ``ckptfs.engine.parallel``).
 #: Read: readers a caller waits on (a few pieces ahead of a torch load, a manifest's files at once).

@@ -1,4 +1,4 @@
-"""Read-ahead (ckptfs/engine/prefetch.py) without FUSE: the hooks the FUSE operations call, driven by hand.
+"""Read-ahead (ckptfs/engine/decode_ahead.py) without FUSE: the hooks the FUSE operations call, driven by hand.
 
 A sequential reader gets the groups ahead of it decoded into the cache (so its next reads are hits), within
 the cache fraction; random access, a disabled prefetcher and direct types decode nothing ahead; raw streams
@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 
 import ckptfs
-from ckptfs.engine import prefetch
+from ckptfs.engine import decode_ahead
 from ckptfs.fs import kernel
 from ckptfs.fs.mountpoint import unescape
-from ckptfs.engine.prefetch import Prefetcher
+from ckptfs.engine.decode_ahead import DecodeAhead
 from ckptfs.sources import FileSource
 from ckptfs.tree.mount_tree import MountTree
 
@@ -40,7 +40,7 @@ def gguf_path(tmp_path_factory):
 def setup(path, cache_size=32 << 20, enabled=True):
     ck = ckptfs.open(path, cache_size=cache_size)
     tree = MountTree(ck)
-    return ck, tree, Prefetcher(ck.sources, ck.cache.capacity, enabled=enabled)
+    return ck, tree, DecodeAhead(ck.sources, ck.cache.capacity, enabled=enabled)
 
 
 def test_sequential_reads_decode_the_next_groups(gguf_path):
@@ -193,7 +193,7 @@ def test_kernel_only_mode_advises_without_decoding(gguf_path, monkeypatch):
     monkeypatch.setattr(FileSource, "advise", lambda self, offset, size, sequential=False:
                         calls.append((offset, size)))
     ck = ckptfs.open(gguf_path, cache_size=32 << 20)
-    pf = Prefetcher(ck.sources, ck.cache.capacity, decode_ahead=False)
+    pf = DecodeAhead(ck.sources, ck.cache.capacity, decode_ahead=False)
     pf.opened(1, MountTree(ck).view("q.npy"))
     for i in range(4):
         pf.on_read(1, i * 65536, 65536)
@@ -204,9 +204,9 @@ def test_kernel_only_mode_advises_without_decoding(gguf_path, monkeypatch):
 @pytest.mark.parametrize("value, enabled, decode", [("0", False, False), ("off", False, False), ("1", True, True),
                                                     ("", True, True), ("kernel", True, False)])
 def test_env_switch(monkeypatch, value, enabled, decode):
-    monkeypatch.setenv(prefetch.PREFETCH_ENV, value)
-    assert prefetch.enabled_from_env() is enabled
-    assert prefetch.decode_ahead_from_env() is decode
+    monkeypatch.setenv(decode_ahead.PREFETCH_ENV, value)
+    assert decode_ahead.enabled_from_env() is enabled
+    assert decode_ahead.decode_ahead_from_env() is decode
 
 
 def test_a_found_stream_has_the_rest_of_its_file_advised_as_one_unit(gguf_path, monkeypatch):
@@ -215,7 +215,7 @@ def test_a_found_stream_has_the_rest_of_its_file_advised_as_one_unit(gguf_path, 
     calls = []
     monkeypatch.setattr(FileSource, "advise", lambda self, offset, size, sequential=False:
                         calls.append((offset, size, sequential)))
-    monkeypatch.setattr(prefetch, "MAX_AHEAD_BYTES", 65536)  # the decode window: far short of the file's end
+    monkeypatch.setattr(decode_ahead, "MAX_AHEAD_BYTES", 65536)  # the decode window: far short of the file's end
     ck, tree, pf = setup(gguf_path)
     raw = tree.view("f.raw")
     assert raw.size > 4 * 65536

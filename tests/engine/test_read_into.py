@@ -238,12 +238,12 @@ def test_native_bfloat16_encoding_equals_numpy():
 
 def test_the_read_path_is_warmed_once_per_storage_type_and_keeps_nothing(gguf_path):
     from ckptfs.fs.counters import DecodeCounters, instrument_decoding
-    from ckptfs.fs.operations import warm_read_path
+    from ckptfs.fs.operations import prime_read_path
 
     ck = ckptfs.open(gguf_path, cache_size=64 << 20)
     counters = DecodeCounters(None)
     instrument_decoding(ck, counters)
-    warm_read_path(MountTree(ck))
+    prime_read_path(MountTree(ck))
     # one block of each decoded type, past the cache: a fresh daemon's counters still say nothing was looked up
     assert counters.bytes.snapshot() == {"Q8_0": 128, "Q5_0": 128, "Q4_K": 1024, "Q6_K": 1024}
     stats = ck.cache.stats()
@@ -251,7 +251,7 @@ def test_the_read_path_is_warmed_once_per_storage_type_and_keeps_nothing(gguf_pa
 
 
 def test_the_mounts_read_ahead_only_advises_views_that_decode_into_the_reply(gguf_path, monkeypatch):
-    from ckptfs.engine.prefetch import Prefetcher
+    from ckptfs.engine.decode_ahead import DecodeAhead
     from ckptfs.sources import FileSource
 
     advised = []
@@ -261,7 +261,7 @@ def test_the_mounts_read_ahead_only_advises_views_that_decode_into_the_reply(ggu
         ck = ckptfs.open(gguf_path, dtype=dtype, cache_size=64 << 20)
         view = MountTree(ck).view("q8.npy")
         assert view.decodes_into_reply is not decodes_ahead
-        pf = Prefetcher(ck.sources, ck.cache.capacity, into_reply=True)
+        pf = DecodeAhead(ck.sources, ck.cache.capacity, into_reply=True)
         pf.opened(1, view)
         advised.clear()
         for i in range(3):

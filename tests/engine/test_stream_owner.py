@@ -16,9 +16,9 @@ pytest.importorskip("urllib3")
 pytest.importorskip("gguf")
 
 import ckptfs  # noqa: E402
-from ckptfs.engine.prefetch import Prefetcher  # noqa: E402
+from ckptfs.engine.decode_ahead import DecodeAhead  # noqa: E402
 from ckptfs.readahead import SequentialRun  # noqa: E402
-from ckptfs.sources.remote import readahead as remote_readahead  # noqa: E402
+from ckptfs.sources.remote import fetch_ahead as remote_readahead  # noqa: E402
 from ckptfs.tree.mount_tree import MountTree  # noqa: E402
 from fixtures import quantized, write_gguf  # noqa: E402
 from servers import Nginx, require_nginx  # noqa: E402
@@ -63,7 +63,7 @@ def _stream(origin, name: str, tracked: bool) -> tuple[int, int]:
     before = len(server.access_log())
     with ckptfs.open(f"{server.url}/{name}", timeout=30, stall_timeout=5) as ck:
         view = MountTree(ck).view("w.npy")
-        prefetcher = Prefetcher(ck.sources, ck.cache.capacity, enabled=tracked)
+        prefetcher = DecodeAhead(ck.sources, ck.cache.capacity, enabled=tracked)
         prefetcher.opened(1, view)
         got = bytearray()
         reads = 0

@@ -18,7 +18,7 @@ import pytest
 
 pytest.importorskip("urllib3")
 
-from ckptfs.readahead.limit import REPROBE_EPOCHS, OriginLimit  # noqa: E402
+from ckptfs.origins.limit import REPROBE_EPOCHS, OriginLimit  # noqa: E402
 from ckptfs.sources import Opener  # noqa: E402
 from ckptfs.core.options import OpenOptions  # noqa: E402
 from ckptfs.sources.remote.options import RemoteOptions  # noqa: E402
@@ -109,7 +109,7 @@ def test_slower_requests_without_more_throughput_step_down():
 
 
 def test_a_pinned_limit_is_what_the_environment_says(monkeypatch):
-    from ckptfs.readahead.limit import origin_limit
+    from ckptfs.origins.limit import origin_limit
 
     monkeypatch.setenv("CKPTFS_REMOTE_IN_FLIGHT", "12")
     limit = origin_limit("http://pinned.test:1")

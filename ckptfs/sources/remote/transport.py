@@ -12,7 +12,7 @@ here, each part in its own module:
 - ``version``: the version pin of a file whose validator cannot tell versions apart;
 - ``fetcher``: aligned chunks, single-flight fetches, the fleet's leases, and ``handoff``: a reader's long
   runs as parallel pieces on the scheduler's workers;
-- ``readahead``: fetching ahead of a sequential reader.
+- ``fetch_ahead``: fetching ahead of a sequential reader.
 
 Options (timeouts, cache directory, read-ahead) are a ``RemoteOptions`` (``options``) handed to each source
 when it is opened.
@@ -27,14 +27,14 @@ from typing import Any
 from ckptfs.cache.chunks import CHUNK
 from ckptfs.cache.flight import Flight
 from ckptfs.core.errors import CheckpointError
-from ckptfs.readahead.limit import OriginLimit
+from ckptfs.origins.limit import OriginLimit
 from ckptfs.sources.base import ByteSource
 from ckptfs.sources.remote.context import ReadContext
 from ckptfs.sources.remote.fetcher import ChunkFetcher, Run
 from ckptfs.sources.remote.options import DEFAULT_OPTIONS, RemoteOptions
 from ckptfs.sources.remote.origin import OriginClient
 from ckptfs.sources.remote.outage import Outage
-from ckptfs.sources.remote.readahead import ReadAhead, piece_bytes
+from ckptfs.sources.remote.fetch_ahead import ReadAhead, piece_bytes
 from ckptfs.sources.remote.version import VersionPin
 from ckptfs.util.redact import public_name, strip_url
 
@@ -62,7 +62,7 @@ class RemoteSource(ByteSource):
 
     scheme = "remote"
     initial_read = REMOTE_INITIAL_READ
-    #: The largest request read-ahead makes (``readahead.piece_bytes`` shrinks it as more are in flight).
+    #: The largest request read-ahead makes (``fetch_ahead.piece_bytes`` shrinks it as more are in flight).
     piece_bytes = 4 << 20
 
     def __init__(self, name: str, options: RemoteOptions | None = None):
@@ -79,7 +79,7 @@ class RemoteSource(ByteSource):
 
     def origin(self) -> str:
         """Who answers this source's requests (a scheme and host): the unit whose in-flight limit is learnt
-        (``ckptfs.readahead.limit``) and whose outage state is kept (``outage``). Schemes say; this default
+        (``ckptfs.origins.limit``) and whose outage state is kept (``outage``). Schemes say; this default
         is the source's name."""
         return f"{self.scheme}:{self.name}"
 
@@ -218,7 +218,7 @@ class RemoteSource(ByteSource):
         bytes but the last (a scheme that can read chunk by chunk overrides this: no join, no cutting)."""
         return self._attempt(start, end, read)
 
-    # -- fetching ahead (ckptfs.sources.remote.readahead, warmup) ---------------------------------------
+    # -- fetching ahead (ckptfs.sources.remote.fetch_ahead, warmup) ---------------------------------------
     def claim(self, c0: int, c1: int) -> list[Run]:
         """``ChunkFetcher.claim``: readers of the chunks claimed wait for :meth:`fetch_claimed`."""
         return self.fetcher.claim(c0, c1)

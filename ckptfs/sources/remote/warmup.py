@@ -10,8 +10,8 @@ How it is built:
   (``RemoteSource.claim``: a reader of a claimed chunk waits for the piece instead of fetching it again)
   and run as ``fetch`` jobs on the process's read-ahead scheduler (``ckptfs.readahead.SCHEDULER``), exactly
   as read-ahead's are: each piece holds one slot of the origin's adaptive in-flight limit
-  (``RemoteSource.origin_limit``, ``ckptfs.readahead.limit``: grown while throughput grows, up to 64,
-  halved on 429/503) and is ``readahead.piece_bytes(limit)`` long (the fetch budget shared by the requests
+  (``RemoteSource.origin_limit``, ``ckptfs.origins.limit``: grown while throughput grows, up to 64,
+  halved on 429/503) and is ``fetch_ahead.piece_bytes(limit)`` long (the fetch budget shared by the requests
   in flight), and all of it counts within read-ahead's ``FETCH_BUDGET``. No thread pool of its own. A
   warm-up always wants more than the limit, so its epochs are the ones the limit learns from: many ranges
   in flight, as many as the origin rewards. When no slot or no budget is free, the next piece is started
@@ -57,10 +57,10 @@ from ckptfs.cache.disk import FULL, NOT_WRITABLE
 from ckptfs.cache.entry import HEADER_SIZE
 from ckptfs.core.errors import CheckpointError
 from ckptfs.readahead import SCHEDULER
-from ckptfs.readahead.limit import OriginLimit
+from ckptfs.origins.limit import OriginLimit
 from ckptfs.sources.base import ByteSource, Mirrored, WrapsSource
 from ckptfs.sources.pool import SourcePool
-from ckptfs.sources.remote.readahead import FETCH_BUDGET, piece_bytes
+from ckptfs.sources.remote.fetch_ahead import FETCH_BUDGET, piece_bytes
 from ckptfs.sources.remote.transport import RemoteSource
 from ckptfs.util.redact import public_name
 from ckptfs.util.sizes import format_size

@@ -7,7 +7,7 @@ O_DIRECT reads) is as fast as the number of ranges in flight ahead of it. Each r
 own reads with the one sequential detector (``ckptfs.readahead.SequentialRun``): once two reads in a row
 continue where the previous ones reached, it fetches ahead of the reader in a window that doubles per
 sequential read (1 MiB up to ``FETCH_BUDGET``) as pieces on the process's read-ahead scheduler (its ``fetch`` pool). How many pieces are in flight at once is the origin's
-:class:`~ckptfs.readahead.limit.OriginLimit` (grown while throughput grows, halved on 429/503), shared by
+:class:`~ckptfs.origins.limit.OriginLimit` (grown while throughput grows, halved on 429/503), shared by
 every source on that origin; the piece size shrinks as the limit grows, so the bytes ahead stay within
 ``FETCH_BUDGET`` (``budget / limit``, between ``MIN_PIECE`` and the scheme's ``piece_bytes``). Every piece
 that lands tops the window up again (``pump``), so the pipeline stays full while the reader waits on a
@@ -41,7 +41,7 @@ from typing import Protocol
 
 from ckptfs.cache.chunks import CHUNK
 from ckptfs.readahead import SCHEDULER, SequentialRun, is_decided_above
-from ckptfs.readahead.limit import OriginLimit
+from ckptfs.origins.limit import OriginLimit
 from ckptfs.sources.remote.options import RemoteOptions
 from ckptfs.util.forks import after_fork_in_child
 

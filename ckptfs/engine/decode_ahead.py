@@ -1,8 +1,8 @@
-"""Read-ahead for a mount's sequential readers: decode ahead in the background, tell the kernel what comes next.
+"""Decode-ahead for a mount's sequential readers: decode ahead in the background, tell the kernel what comes next.
 
 A reader that streams a ``.npy`` (``cat``, ``np.load``, ``cp``) asks for one readahead-sized request after
 another, and each one, on a cache miss, waits for ``pread`` + decode of its block groups before the copy.
-The :class:`Prefetcher` watches each open file handle: once a read starts where the previous one ended, it
+The :class:`DecodeAhead` watches each open file handle: once a read starts where the previous one ended, it
 decodes the next groups into the shared block cache on a small worker pool (the C kernels release the GIL,
 so on two cores the decode overlaps the FUSE thread's copying), and advises the kernel about the stored
 bytes those groups will read (``POSIX_FADV_WILLNEED``; ``SEQUENTIAL`` once per stream), so the worker's
@@ -17,7 +17,7 @@ What lies ahead is the view's to say (``View.ahead``): the stored bytes to advis
 The kernel's side (the mount's readahead, the allocator) is ``ckptfs.fs.kernel``'s.
 
 The handle is where a mount's stream is decided (``ckptfs.readahead.detect``: one decision per stream): its
-reads (:meth:`Prefetcher.reading`), its advice and its decoding ahead are made inside ``decided_above``, so
+reads (:meth:`DecodeAhead.reading`), its advice and its decoding ahead are made inside ``decided_above``, so
 a remote source under it fetches what the advice names, following its reader, instead of detecting the
 stream again with a rule of its own. A handle whose stream is not tracked (read-ahead off, a view that does
 not read ahead) leaves the decision to the source.
@@ -50,7 +50,7 @@ log = logging.getLogger(__name__)
 PREFETCH_ENV = "CKPTFS_PREFETCH"
 MAX_AHEAD_BYTES = 8 << 20
 #: How much of a streamed file's rest is advised at once when the stream is found (its stored bytes: the
-#: remote read-ahead's budget, ckptfs.sources.remote.readahead.FETCH_BUDGET).
+#: remote read-ahead's budget, ckptfs.sources.remote.fetch_ahead.FETCH_BUDGET).
 WHOLE_ADVICE_BYTES = 128 << 20
 STREAM_SHARE = 8  # ahead of one stream: at most capacity / 8
 TOTAL_SHARE = 4  # in flight over all streams: at most capacity / 4
@@ -84,7 +84,7 @@ class _Stream:
     closed: bool = False
 
 
-class Prefetcher:
+class DecodeAhead:
     """Per-handle sequential detection and bounded background decoding (see the module docstring)."""
 
     def __init__(self, sources: Sources, cache_capacity: int, enabled: bool = True, decode_ahead: bool = True,
@@ -110,7 +110,7 @@ class Prefetcher:
         self._in_file_order = False
 
     @classmethod
-    def from_env(cls, sources: Sources, cache_capacity: int) -> Prefetcher:
+    def from_env(cls, sources: Sources, cache_capacity: int) -> DecodeAhead:
         """A prefetcher configured by ``CKPTFS_PREFETCH`` (the mount daemon's)."""
         return cls(sources, cache_capacity, enabled_from_env(), decode_ahead=decode_ahead_from_env(), into_reply=True)
 
