@@ -105,7 +105,7 @@ def expected_gguf(written: Written, src: str, mode: str = "auto") -> Expected:
 
 def _add_own_file(out: Expected, written: Written, src: str) -> None:
     """The checkpoint file itself, under the last part of the name it was mounted by (a URL's without its
-    query), byte for byte (README, "What a mount shows")."""
+    query), byte for byte (docs/reference/layout.md)."""
     name = src.split("?", 1)[0].rstrip("/").rsplit("/", 1)[-1]
     out.data[name] = Path(written.path).read_bytes()
 

@@ -1,4 +1,4 @@
-"""The schema of a tensor's ``NAME.meta.json`` (README, "What a mount shows"), in one place.
+"""The schema of a tensor's ``NAME.meta.json`` (docs/reference/layout.md), in one place.
 
 ``Tensor.meta`` (the API) and the mount's ``.meta.json`` files both come from here; a virtual tensor (a
 GPTQ/AWQ view) describes itself with its own ``meta``.
@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 
 
 def tensor_meta(tensor: Tensor) -> dict[str, Any]:
-    """The dict ``NAME.meta.json`` holds (README, "What a mount shows")."""
+    """The dict ``NAME.meta.json`` holds (docs/reference/layout.md)."""
     info = tensor.info
     meta: dict[str, Any] = {
         "name": info.name,

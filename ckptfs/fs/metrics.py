@@ -8,8 +8,8 @@ Nothing is kept twice: one custom collector reads, at scrape time, the counters 
 the stats builder's tiers and source counters (``user.ckptfs.stats`` shows the same numbers), the decode
 counters, the FUSE request counters of ``CkptOperations`` and the process's page faults (getrusage). Only two
 things are observed per event, into ``counters.Histogram`` (one bisect under one lock): FUSE request seconds
-per operation, and decode seconds per storage type. The names and labels are fixed in README "Running as a
-service".
+per operation, and decode seconds per storage type. The names and labels are fixed in
+docs/reference/metrics.md.
 """
 
 from __future__ import annotations

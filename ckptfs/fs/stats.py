@@ -1,4 +1,4 @@
-"""The service counters of a mount: ``decoded_bytes``, ``tiers`` and ``source`` (README "Running as a service").
+"""The service counters of a mount: ``decoded_bytes``, ``tiers`` and ``source`` (docs/reference/metrics.md).
 
 One builder serves both readers of them, the root xattr ``user.ckptfs.stats`` (``ckptfs stats MNT``) and the
 Prometheus exporter, so the two always agree. It takes what the checkpoint has: the cache's per-tier stats

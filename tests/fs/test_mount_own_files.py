@@ -1,4 +1,4 @@
-"""Every mount holds the checkpoint's own files, byte for byte (README, "What a mount shows"), and a mount's
+"""Every mount holds the checkpoint's own files, byte for byte (docs/reference/layout.md), and a mount's
 names never depend on the working directory it was made from.
 
 A single GGUF or safetensors file mounted — local, ``https://`` (nginx), ``s3://`` (moto), ``hf://`` (the Hub

@@ -1,5 +1,5 @@
 """Repository mounts: a folder (local, ``s3://BUCKET/PREFIX/``, ``hf://ORG/REPO``) holding several checkpoints
-mounts whole (README, "Repositories").
+mounts whole (docs/guide/local.md, "Repositories").
 
 Every file of the folder is at the root, byte for byte (sha256 against the original); each checkpoint's views
 are in a folder of its own named from it (a file's stem, a split set's prefix; a clash numbered ``~2``), with

@@ -1,5 +1,5 @@
 """``--layout tree``: a tensor name's last two dot-separated parts are the file stem, the parts before them
-folders (README "Running as a service", ckptfs/tree/layout.py).
+folders (docs/reference/layout.md, "Layout tree"; ckptfs/tree/layout.py).
 
 The expected paths come from the rule written out here, and every file's bytes from gguf-py and numpy
 (``expected_gguf``), so the tree mount is checked against the references, not against the flat mount.

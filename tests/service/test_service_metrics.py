@@ -33,7 +33,7 @@ from metrics_samples import scrape, value
 
 parser = pytest.importorskip("prometheus_client.parser")
 
-#: The metric names docs/interfaces.md ("Metrics") fixes.
+#: The metric names docs/reference/metrics.md fixes.
 DOCUMENTED_METRICS = {
     "ckptfs_read_bytes_total", "ckptfs_fuse_requests_total", "ckptfs_fuse_request_seconds",
     "ckptfs_fuse_errors_total", "ckptfs_cache_hits_total", "ckptfs_cache_misses_total", "ckptfs_cache_bytes",
