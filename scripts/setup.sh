@@ -73,7 +73,7 @@ install_system_packages
 log "venv .venv (numpy 2.x) with ckptfs, its test extra and every optional extra"
 make_venv "$ROOT/.venv" -e "$ROOT[test]"
 install_torch_cpu "$ROOT/.venv"
-"$ROOT/.venv/bin/python" -m pip install -q -e "$ROOT[test,remote,redis,metrics,torch,hf,gguf,integrity,test-wave2,bench,docs]"
+"$ROOT/.venv/bin/python" -m pip install -q -e "$ROOT[test,remote,redis,metrics,torch,hf,gguf,integrity,test-oracles,bench,docs]"
 # GPTQ/AWQ references for the packed-view tests: only their dequantization modules are loaded (their
 # package __init__ needs CUDA-era dependencies), so no dependencies; autoawq is an sdist built with this torch.
 "$ROOT/.venv/bin/python" -m pip install -q --no-deps --no-build-isolation "auto-gptq==0.7.1" "autoawq==0.2.9"

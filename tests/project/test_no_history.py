@@ -62,7 +62,7 @@ HISTORY_SAMPLES = [
 PRODUCT_SAMPLES = [
     "libfuse ends the session at once on SIGINT", "a FUSE session", "session = boto3.session.Session()",
     "ssl_session_cache shared:tls:1m;", "sudo ckptfs install-mount-helper", "the helper's read callback",
-    "the mount(8) helper", "this helper runs the installed ckptfs", "pip install -e '.[test-wave2]'",
+    "the mount(8) helper", "this helper runs the installed ckptfs", "pip install -e '.[test-oracles]'",
     "wavelengths 16 to 64", "long_wave, short_wave", "leading zeros", "an issue with the header"]
 
 
