@@ -63,6 +63,27 @@ def require_nginx() -> None:
         skip_or_fail(f"nginx is not installed ({NGINX}; Debian: apt-get install nginx-light)")
 
 
+@contextlib.contextmanager
+def nginx_origin(tmp_path_factory, fill, name: str = "www", **nginx_options):
+    """The remote tests' module-scoped origin, spelled once: nginx on loopback (``Nginx(root, **nginx_options)``,
+    after ``require_nginx``) serving a fresh folder that ``fill(root)`` wrote; yields (server, root, what
+    ``fill`` returned)."""
+    require_nginx()
+    root = tmp_path_factory.mktemp(name)
+    made = fill(root)
+    with Nginx(root, **nginx_options) as server:
+        yield server, root, made
+
+
+def same_bytes(root: Path, names, size: int) -> bytes:
+    """``size`` random bytes written under each of ``names`` in ``root`` (one file per test: its own log lines
+    and its own learnt state); the bytes."""
+    data = os.urandom(size)
+    for name in names:
+        (root / name).write_bytes(data)
+    return data
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

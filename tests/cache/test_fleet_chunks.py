@@ -18,7 +18,7 @@ from conftest import bounded, mount_stats
 from fixtures import quantized, write_gguf
 from redis_cluster_server import RedisClusterServers, require_redis_cluster
 from redis_server import RedisServer, require_redis_server
-from servers import Nginx, require_nginx
+from servers import Nginx, nginx_origin
 from servers import requests_since
 from tier_models import expected_files, read_all
 from redis_server import server as redis  # noqa: F401 - the fixture: a started redis-server
@@ -40,17 +40,16 @@ HANG_GUARD_S = 120.0
 def origin(tmp_path_factory):
     """A GGUF of about 23 MB (eight Q4_K tensors and an F32 one) served by nginx at 40 MB/s per request
     (so that daemons streaming together overlap); its expected files and stored bytes."""
-    require_nginx()
-    root = tmp_path_factory.mktemp("origin")
-    rng = np.random.default_rng(25)
-    tensors = {f"blk.{i}.q4k": (quantized("Q4_K", (1024, 4096), rng), "Q4_K") for i in range(8)}
-    tensors["out.f32"] = (rng.standard_normal((1024, 1024)).astype(np.float32), "F32")
-    written = write_gguf(root / "model.gguf", tensors)
-    expected = expected_files({name: ref.array for name, ref in written.tensors.items()})
-    expected.update({f"{name}.raw": ref.raw for name, ref in written.tensors.items()})
-    stored = sum(len(ref.raw) for ref in written.tensors.values())
-    with Nginx(root, limit_rate="40m") as server:
-        yield server, root / "model.gguf", expected, stored
+    def fill(root):
+        rng = np.random.default_rng(25)
+        tensors = {f"blk.{i}.q4k": (quantized("Q4_K", (1024, 4096), rng), "Q4_K") for i in range(8)}
+        tensors["out.f32"] = (rng.standard_normal((1024, 1024)).astype(np.float32), "F32")
+        return write_gguf(root / "model.gguf", tensors)
+
+    with nginx_origin(tmp_path_factory, fill, "origin", limit_rate="40m") as (server, root, written):
+        expected = expected_files({name: ref.array for name, ref in written.tensors.items()})
+        expected.update({f"{name}.raw": ref.raw for name, ref in written.tensors.items()})
+        yield server, root / "model.gguf", expected, sum(len(ref.raw) for ref in written.tensors.values())
 
 
 def origin_bytes(server: Nginx, before: int, checks: bool = True) -> int:

@@ -33,7 +33,7 @@ from conftest import tmpfs, wait_until  # noqa: E402
 from faultproxy import FaultProxy  # noqa: E402
 from fixtures import quantized, write_gguf  # noqa: E402
 from multifile_sets import gguf_reference, gguf_tensors, write_split_gguf  # noqa: E402
-from servers import Nginx, data_ranges, free_port, require_nginx  # noqa: E402
+from servers import Nginx, data_ranges, free_port, nginx_origin, require_nginx  # noqa: E402
 
 from ckptfs.cache.chunks import CHUNK  # noqa: E402
 from ckptfs.cache.disk import DiskStore  # noqa: E402
@@ -44,26 +44,26 @@ MiB = 1 << 20
 
 @pytest.fixture(scope="module")
 def origin(tmp_path_factory):
-    require_nginx()
-    root = tmp_path_factory.mktemp("www")
-    rng = np.random.default_rng(27)
-    write_gguf(root / "model.gguf", {
-        "blk.0.q8": (quantized("Q8_0", (256, 4096), rng), "Q8_0"),
-        "blk.0.q4k": (quantized("Q4_K", (256, 4096), rng), "Q4_K"),
-        "blk.1.f32": (rng.standard_normal((512, 1024)).astype(np.float32), "F32"),
-        "blk.1.f16": (rng.standard_normal((300, 1000)).astype(np.float16), "F16"),
-    })
-    (root / "copy.gguf").write_bytes((root / "model.gguf").read_bytes())  # its own log lines per test
-    (root / "other.gguf").write_bytes((root / "model.gguf").read_bytes())
-    (root / "primary.gguf").write_bytes((root / "model.gguf").read_bytes())
-    (root / "mirror.gguf").write_bytes((root / "model.gguf").read_bytes())
-    (root / "early.gguf").write_bytes((root / "model.gguf").read_bytes())
-    write_split_gguf(root / "split", gguf_tensors(count=6), per_shard=2)
-    write_gguf(root / "big.gguf", {"w": (rng.standard_normal((1536, 4096)).astype(np.float32), "F32")})  # 24 MiB
-    (root / "resume.gguf").write_bytes((root / "big.gguf").read_bytes())
-    (root / "full.gguf").write_bytes((root / "big.gguf").read_bytes())
-    (root / "junk.gguf").write_bytes(rng.integers(0, 256, 24 << 20, dtype=np.uint8).tobytes())  # no checkpoint
-    with Nginx(root) as server:
+    def fill(root):
+        rng = np.random.default_rng(27)
+        write_gguf(root / "model.gguf", {
+            "blk.0.q8": (quantized("Q8_0", (256, 4096), rng), "Q8_0"),
+            "blk.0.q4k": (quantized("Q4_K", (256, 4096), rng), "Q4_K"),
+            "blk.1.f32": (rng.standard_normal((512, 1024)).astype(np.float32), "F32"),
+            "blk.1.f16": (rng.standard_normal((300, 1000)).astype(np.float16), "F16"),
+        })
+        (root / "copy.gguf").write_bytes((root / "model.gguf").read_bytes())  # its own log lines per test
+        (root / "other.gguf").write_bytes((root / "model.gguf").read_bytes())
+        (root / "primary.gguf").write_bytes((root / "model.gguf").read_bytes())
+        (root / "mirror.gguf").write_bytes((root / "model.gguf").read_bytes())
+        (root / "early.gguf").write_bytes((root / "model.gguf").read_bytes())
+        write_split_gguf(root / "split", gguf_tensors(count=6), per_shard=2)
+        write_gguf(root / "big.gguf", {"w": (rng.standard_normal((1536, 4096)).astype(np.float32), "F32")})  # 24 MiB
+        (root / "resume.gguf").write_bytes((root / "big.gguf").read_bytes())
+        (root / "full.gguf").write_bytes((root / "big.gguf").read_bytes())
+        (root / "junk.gguf").write_bytes(rng.integers(0, 256, 24 << 20, dtype=np.uint8).tobytes())  # no checkpoint
+
+    with nginx_origin(tmp_path_factory, fill) as (server, root, _):
         yield server, root
 
 

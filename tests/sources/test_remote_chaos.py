@@ -27,7 +27,7 @@ pytest.importorskip("urllib3")
 from conftest import mount_stats, pid_alive  # noqa: E402
 from faultproxy import FaultProxy  # noqa: E402
 from fixtures import write_gguf  # noqa: E402
-from servers import Nginx, require_nginx  # noqa: E402
+from servers import nginx_origin  # noqa: E402
 
 MiB = 1 << 20
 THREADS, READS = 16, 40
@@ -36,12 +36,12 @@ FAULTS = ("reset", "500", "503", "short", "stall:3", "etag", "norange")
 
 @pytest.fixture(scope="module")
 def origin(tmp_path_factory):
-    require_nginx()
-    root = tmp_path_factory.mktemp("chaos-www")
-    rng = np.random.default_rng(5)
-    tensors = {f"t{i}": (rng.standard_normal((1024, 2048 + 256 * i)).astype(np.float32), "F32") for i in range(6)}
-    write_gguf(root / "m.gguf", tensors)
-    with Nginx(root) as server:
+    def fill(root):
+        rng = np.random.default_rng(5)
+        write_gguf(root / "m.gguf", {f"t{i}": (rng.standard_normal((1024, 2048 + 256 * i)).astype(np.float32), "F32")
+                                     for i in range(6)})
+
+    with nginx_origin(tmp_path_factory, fill, "chaos-www") as (server, root, _):
         yield server, root
 
 

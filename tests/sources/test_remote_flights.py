@@ -13,7 +13,6 @@ saw. What is proved:
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from pathlib import Path
@@ -29,19 +28,15 @@ from ckptfs.core.options import OpenOptions  # noqa: E402
 from ckptfs.sources.remote.options import RemoteOptions  # noqa: E402
 from ckptfs.sources.remote.transport import record_name  # noqa: E402
 from ckptfs.sources.remote.warmup import warm  # noqa: E402
-from servers import Nginx, data_ranges, require_nginx  # noqa: E402
+from servers import data_ranges, nginx_origin, same_bytes  # noqa: E402
 
 MiB = 1 << 20
 
 
 @pytest.fixture(scope="module")
 def origin(tmp_path_factory):
-    require_nginx()
-    root = tmp_path_factory.mktemp("www")
-    data = os.urandom(12 * MiB)
-    for name in ("shared.bin", "warm.bin"):
-        (root / name).write_bytes(data)  # each test its own file: its own log lines
-    with Nginx(root) as server:
+    with nginx_origin(tmp_path_factory, lambda root: same_bytes(root, ("shared.bin", "warm.bin"), 12 * MiB)) \
+            as (server, _, data):  # each test its own file: its own log lines
         yield server, data
 
 

@@ -34,7 +34,7 @@ from ckptfs.sources.remote.outage import Admission, Outage  # noqa: E402
 from ckptfs.sources.remote.context import deadline_scope, read_deadline  # noqa: E402
 from conftest import mount_stats, pid_alive, wait_until  # noqa: E402
 from fixtures import quantized, write_gguf  # noqa: E402
-from servers import Nginx, require_nginx  # noqa: E402
+from servers import Nginx, nginx_origin  # noqa: E402
 
 MiB = 1 << 20
 TIMEOUT = 5
@@ -58,12 +58,12 @@ def frozen(server: Nginx):
 def origin(tmp_path_factory):
     """A GGUF with a Q8_0 embedding (17 MiB stored, a 64 MiB .npy) and a 64 MiB F32 tensor, behind nginx
     capped at 512 KiB/s per request."""
-    require_nginx()
-    root = tmp_path_factory.mktemp("outage-www")
-    rng = np.random.default_rng(3)
-    write_gguf(root / "m.gguf", {"token_embd.weight": (quantized("Q8_0", (4096, 4096), rng), "Q8_0"),
-                                 "big": (rng.standard_normal((4096, 4096)).astype(np.float32), "F32")})
-    with Nginx(root, limit_rate="512k") as server:
+    def fill(root):
+        rng = np.random.default_rng(3)
+        write_gguf(root / "m.gguf", {"token_embd.weight": (quantized("Q8_0", (4096, 4096), rng), "Q8_0"),
+                                     "big": (rng.standard_normal((4096, 4096)).astype(np.float32), "F32")})
+
+    with nginx_origin(tmp_path_factory, fill, "outage-www", limit_rate="512k") as (server, root, _):
         yield server, root
 
 

@@ -23,7 +23,7 @@ from ckptfs.sources import Opener  # noqa: E402
 from ckptfs.core.options import OpenOptions  # noqa: E402
 from ckptfs.sources.remote.options import RemoteOptions  # noqa: E402
 from faultproxy import FaultProxy  # noqa: E402
-from servers import Nginx, require_nginx  # noqa: E402
+from servers import Nginx, nginx_origin, require_nginx, same_bytes  # noqa: E402
 
 MiB = 1 << 20
 SIZE = 160 * MiB
@@ -131,12 +131,9 @@ def test_the_limit_stays_within_its_bounds():
 
 @pytest.fixture(scope="module")
 def origin(tmp_path_factory):
-    require_nginx()
-    root = tmp_path_factory.mktemp("www")
-    data = os.urandom(SIZE)
-    for name in ("stream.bin", "faults.bin", "storm.bin", "direct.bin", "advised.bin"):
-        (root / name).write_bytes(data)  # one file a test: each learns its limit and fetches afresh
-    with Nginx(root, limit_rate=RATE) as server:
+    names = ("stream.bin", "faults.bin", "storm.bin", "direct.bin", "advised.bin")
+    with nginx_origin(tmp_path_factory, lambda root: same_bytes(root, names, SIZE), limit_rate=RATE) \
+            as (server, _, data):  # one file a test: each learns its limit and fetches afresh
         yield server, data
 
 
