@@ -312,12 +312,11 @@ class CkptOperations:
         # stream keeps nothing either way: it will not come back.
         keep = fh in self._uncached and not streaming
         data: bytes | int
-        with self._prefetch.reading(fh):  # the handle decides its stream's read-ahead, not the source below
-            if self._read_scope is None:
+        if self._read_scope is None:  # local sources: nothing below reads a stream decision or a deadline
+            data = view.read(offset, size) if target is None else view.read_into(offset, target, keep)
+        else:  # the handle decides its stream's read-ahead, not the remote source below; the read's deadline
+            with self._prefetch.reading(fh), self._read_scope():
                 data = view.read(offset, size) if target is None else view.read_into(offset, target, keep)
-            else:
-                with self._read_scope():
-                    data = view.read(offset, size) if target is None else view.read_into(offset, target, keep)
         served = len(data) if isinstance(data, bytes) else data
         if served != size and served != max(0, min(size, view.size - offset)):
             self._short_reply(path, view, offset, size, served)
