@@ -284,9 +284,10 @@ class S3Folder(Folder):
             if status >= 500 or status == 429 or code in _THROTTLE_CODES:  # it may answer later
                 raise SourceUnavailable(self.name, None, f"cannot list: S3 {code} (HTTP {status})") from None
             raise CheckpointError(self.name, None, f"cannot list: S3 {code} (HTTP {status})") from None
-        except (botocore.exceptions.EndpointConnectionError, botocore.exceptions.ConnectionError,
-                botocore.exceptions.HTTPClientError, botocore.exceptions.ReadTimeoutError) as exc:
-            COUNTERS.request("s3", "error")  # not reached: a stored listing may stand in (sources/remote/stored.py)
+        except (botocore.exceptions.ConnectionError, botocore.exceptions.HTTPClientError) as exc:
+            # no connection (endpoint, connect timeout) or a broken one (read timeout): not reached, so a
+            # stored listing may stand in (sources/remote/stored.py)
+            COUNTERS.request("s3", "error")
             raise SourceUnavailable(self.name, None, f"cannot list: {exc}") from None
         except botocore.exceptions.BotoCoreError as exc:
             COUNTERS.request("s3", "error")
