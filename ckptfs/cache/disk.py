@@ -284,13 +284,22 @@ class DiskStore:
         threading.Thread(target=self._background_prune, name="ckptfs-cache-prune", daemon=True).start()
 
     def _background_prune(self) -> None:
-        try:
-            self.prune(wait=False)
-        except Exception as exc:  # noqa: BLE001 - a failed prune must not kill the process or a read
-            self._warn_once("prune", "cache dir %s: prune failed: %s", self.root, exc)
-        finally:
+        """Prune until no prune is owed: writes made while one walks the folder can make the next one due,
+        and ``_after_write`` does not start a second thread beside this one, so this one runs again (a burst
+        of writes ending during a prune would otherwise leave the folder over its bound until the next write)."""
+        while True:
+            try:
+                self.prune(wait=False)
+            except Exception as exc:  # noqa: BLE001 - a failed prune must not kill the process or a read
+                self._warn_once("prune", "cache dir %s: prune failed: %s", self.root, exc)
+                with self._lock:
+                    self._pruning = False
+                return
             with self._lock:
-                self._pruning = False
+                if self._written_since_check < self._check_every:
+                    self._pruning = False
+                    return
+                self._written_since_check = 0
 
     def prune(self, max_bytes: int | None = None, wait: bool = True) -> dict[str, int]:
         """Delete least-recently-used entries (every namespace) until the folder is at most 90 % of the bound

@@ -290,6 +290,36 @@ def test_writes_past_the_bound_prune_in_the_background(tmp_path):
     assert store.contains("key59")
 
 
+def test_writes_made_during_a_prune_are_pruned_when_it_ends(tmp_path, monkeypatch):
+    """A burst of writes that ends while a prune walks the folder (a busy machine) leaves it over its bound
+    unless the running prune runs again: no later write will start one."""
+    import threading
+
+    entry_bytes = entry.HEADER_SIZE + 64 * 1024 * 4
+    store = DiskStore(tmp_path, 8 * entry_bytes, "blocks")
+    release, started, real_prune = threading.Event(), threading.Event(), DiskStore.prune
+
+    def slow_first_prune(self, *args, **kwargs):
+        result = real_prune(self, *args, **kwargs)  # walks the folder as it is now: one entry
+        if not started.is_set():
+            started.set()
+            assert release.wait(10)  # ... and is still running while the other 59 are written
+        return result
+
+    monkeypatch.setattr(DiskStore, "prune", slow_first_prune)
+    store.put_array("key0", values(0, 64 * 1024))  # the first write makes a prune due: it now waits
+    assert started.wait(10)
+    for k in range(1, 60):
+        store.put_array(f"key{k}", values(k, 64 * 1024))
+    release.set()
+    deadline = time.monotonic() + 30
+    while store._pruning and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not store._pruning
+    assert store.usage()["blocks"]["bytes"] <= 8 * entry_bytes
+    assert store.contains("key59")
+
+
 def test_writes_wait_in_the_background_and_lookups_see_them(tmp_path):
     import threading
 
