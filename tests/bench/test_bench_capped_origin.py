@@ -1,4 +1,4 @@
-"""The capped origin of ``scripts/bench_remote.py --capped`` (``scripts/remote_cold_start.py``) really caps:
+"""The capped origin of ``python -m benchmarks remote --capped`` (``benchmarks/remote_cold_start.py``) really caps:
 nginx's ``limit_rate`` bounds one request's throughput, ``tests/faultproxy.py`` delays each first byte and
 paces a body to its ``rate``, every byte relayed unchanged; the requests-in-flight figures are computed right
 from the server's own spans; and a missing downloader is a note, not a crash.
@@ -16,12 +16,9 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks import remote_cold_start
 from faultproxy import FaultProxy
 from servers import Nginx, require_nginx
-
-sys.path.append(str(Path(__file__).resolve().parents[2] / "scripts"))
-
-import remote_cold_start  # noqa: E402
 
 MiB = 1 << 20
 

@@ -1,4 +1,4 @@
-"""scripts/bench_store_writes.py runs its three cases, and its store case writes chunks that read back, sealed."""
+"""``python -m benchmarks store_writes`` runs its three cases, and its store case writes chunks that read back, sealed."""
 
 from __future__ import annotations
 
@@ -7,12 +7,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "bench_store_writes.py"
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_the_store_write_bench_times_each_case(tmp_path):
-    out = subprocess.run([sys.executable, str(SCRIPT), "--dir", str(tmp_path / "w"), "--mib", "8", "--rounds", "1",
-                          "--deleted", "20"], capture_output=True, text=True, timeout=120)
+    out = subprocess.run([sys.executable, "-m", "benchmarks", "store_writes", "--dir", str(tmp_path / "w"), "--mib", "8",
+                          "--rounds", "1", "--deleted", "20"], capture_output=True, text=True, timeout=120, cwd=REPO)
     assert out.returncode == 0, out.stderr
     cases = re.findall(r"^round 1 (store|entry files|one file)\s+(\d+) MB/s", out.stdout, re.M)
     assert sorted(name for name, _ in cases) == ["entry files", "one file", "store"], out.stdout

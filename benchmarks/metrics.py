@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """What ``--metrics`` costs on the stream benchmark: interleaved pairs of fresh mounts with and without it.
 
 After one warm-up run (the checkpoint into the page cache), each round mounts the checkpoint twice with the
@@ -11,7 +10,7 @@ the median of the per-round ratios, and the cost (1 - ratio); and the daemon's C
 (/proc/PID/stat, all threads), a second view of the same cost. Exit 1 if the
 throughput cost exceeds ``--max-cost``. ``--scrape-interval 0``: no scraping (the exporter idle).
 
-Usage: python scripts/bench_metrics.py CKPT [--rounds 5] [--cache-size 64M] [--scrape-interval 1]
+Usage: python -m benchmarks metrics CKPT [--rounds 5] [--cache-size 64M] [--scrape-interval 1]
        (CKPT: e.g. python scripts/make_realistic_gguf.py /tmp/r.gguf --layers 8)
 """
 
@@ -175,7 +174,3 @@ def main(argv: list[str] | None = None) -> int:
     print(f"daemon CPU per GB, median per-pair ratio --metrics/plain {statistics.median(cpu_ratios):.3f}  "
           f"(ratios: {', '.join(f'{r:.3f}' for r in cpu_ratios)})")
     return 0 if cost <= args.max_cost else 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Benchmark of packed views (results in docs/performance.md; method: docs/packed.md).
 
 One 4096 x 4096 GPTQ layer (4 bits, group size 128, g_idx stored) in a model folder; side by side in one
@@ -18,7 +17,7 @@ run, rounds alternating:
 The reference: AutoGPTQ's CPU dequantization (``qlinear_cuda.QuantLinear``'s torch operations: shift and
 mask ``qweight`` and ``qzeros``, ``scales[g_idx] * (weight - zeros[g_idx])`` in fp16), timed as those
 operations alone (its ``forward`` would add a matmul); the script checks it gives the mount's values.
-Usage: python scripts/bench_packed.py [--rounds 3] [--reads 300] [--json OUT]
+Usage: python -m benchmarks packed [--rounds 3] [--reads 300] [--json OUT]
 """
 
 from __future__ import annotations
@@ -28,18 +27,15 @@ import io
 import json
 import os
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
-from ckptfs.bench import bench_mount, random_reads  # noqa: E402
-from ckptfs.packed.native import available as native_available  # noqa: E402
+from ckptfs.bench import bench_mount, random_reads
+from ckptfs.core.options import OpenOptions
+from ckptfs.packed.native import available as native_available
 
 PREFIX = "model.layers.0.mlp.up_proj"
 IN = OUT = 4096
@@ -121,13 +117,13 @@ def make_plain(folder: Path, rng: np.random.Generator) -> Path:
     return folder / "plain.safetensors"
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--reads", type=int, default=300)
     parser.add_argument("--cache-size", type=int, default=512 << 20)
     parser.add_argument("--json", help="write the results here too")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     rng = np.random.default_rng(16)
     results: dict = {"machine": {"cpus": os.cpu_count(), "load1": os.getloadavg()[0]},
                      "layer": f"GPTQ 4-bit g{GROUP} {OUT}x{IN}", "rounds": [],
@@ -139,10 +135,11 @@ def main() -> int:
         tensors = make_layer(folder, rng)
         reference = reference_dequantize(tensors).float().numpy().T
         plain = make_plain(Path(work) / "plain", rng)
+        options = OpenOptions(cache_size=args.cache_size)
         for r in range(args.rounds):
             row: dict = {}
             ref_before = timed_reference(tensors)
-            with bench_mount(str(folder), work, f"random{r}", args.cache_size) as mount:
+            with bench_mount(str(folder), work, f"random{r}", options) as mount:
                 path = mount.file(PREFIX + ".weight.npy")
                 size = os.path.getsize(path)
                 offsets = rng.integers(0, (size - READ) // READ, args.reads) * READ
@@ -150,11 +147,11 @@ def main() -> int:
                 if r == 0:  # the mount serves the reference's values
                     data = Path(path).read_bytes()
                     assert np.array_equal(np.load(io.BytesIO(data)), reference), "mount and reference differ"
-            with bench_mount(str(folder), work, f"stream{r}", args.cache_size) as mount:
+            with bench_mount(str(folder), work, f"stream{r}", options) as mount:
                 stream_s = stream(mount.file(PREFIX + ".weight.npy"))
-            with bench_mount(str(folder), work, f"stream-numpy{r}", args.cache_size, NUMPY_ONLY) as mount:
+            with bench_mount(str(folder), work, f"stream-numpy{r}", options, NUMPY_ONLY) as mount:
                 numpy_s = stream(mount.file(PREFIX + ".weight.npy"))
-            with bench_mount(str(plain), work, f"floor{r}", args.cache_size) as mount:
+            with bench_mount(str(plain), work, f"floor{r}", options) as mount:
                 floor_s = stream(mount.file("plain.npy"))
             decode_s = decode_in_process(folder, "auto")
             decode_numpy_s = decode_in_process(folder, "numpy")
@@ -186,7 +183,3 @@ def main() -> int:
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Benchmarks of the shared cache tiers (results in docs/performance.md; method: docs/caches.md).
 
 1. **Second daemon.** For the disk tier (``--cache-dir``) and the Redis tier (``--redis``): a cold daemon
@@ -16,7 +15,7 @@
    a Redis hit (one GET, and per group within an 8-group MGET), reading the stored bytes of a group.
 
 Runs on the machine it is started on (root, FUSE, redis-server). Usage:
-    python scripts/bench_tiers.py [--rounds 3] [--layers 6] [--vocab 65536] [--json OUT]
+    python -m benchmarks tiers [--rounds 3] [--layers 6] [--vocab 65536] [--json OUT]
 """
 
 from __future__ import annotations
@@ -35,12 +34,9 @@ import time
 import zlib
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "tests"))
-sys.path.insert(0, str(REPO / "scripts"))
+import numpy as np
 
-import numpy as np  # noqa: E402
+from benchmarks import REPO
 
 CHUNK = 1 << 20
 MIB = float(1 << 20)
@@ -317,7 +313,7 @@ def group_costs(model: Path, work: Path, redis_url: str) -> dict:
 # ------------------------------------------------------------------------------------------- main
 
 
-def main(argv=None) -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--layers", type=int, default=6)
@@ -371,7 +367,3 @@ def main(argv=None) -> int:
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,5 +1,5 @@
 """Cold starts behind a capped origin: a fresh ckptfs mount against the parallel downloaders users would pick
-instead, in one run (``python scripts/bench_remote.py --capped``; the figures of docs/performance.md, the method in
+instead, in one run (``python -m benchmarks remote --capped``; the figures of docs/performance.md, the method in
 docs/remote.md, "Cold starts behind a capped origin").
 
 Object stores and CDNs cap what one connection carries, and the tools that load fast open many ranges at
@@ -46,17 +46,13 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "tests"))
-sys.path.insert(0, str(REPO / "scripts"))
+from benchmarks import REPO, SCRIPTS, SKELETONS
+from benchmarks.ceiling import cpu_seconds
+from ckptfs.bench.remote import BenchMount, stream
+from ckptfs.util.procinfo import peak_rss
+from ckptfs.util.sizes import parse_size
 
-from servers import MotoS3, Nginx, environment  # noqa: E402
-
-from bench_fuse_bindings import cpu_seconds  # noqa: E402
-
-from ckptfs.bench.remote import BenchMount, stream  # noqa: E402
-from ckptfs.util.procinfo import peak_rss  # noqa: E402
-from ckptfs.util.sizes import parse_size  # noqa: E402
+from servers import MotoS3, Nginx, environment  # tests/, on the import path (benchmarks/__init__.py)
 
 MiB = 1 << 20
 DIRECT_READ = 64 * MiB
@@ -450,8 +446,8 @@ def fixture(root: Path, shapes: str = SHAPES[0]) -> Path:
     ``root``."""
     model = root / f"{shapes}.gguf"
     if not model.exists():
-        subprocess.run([sys.executable, str(REPO / "scripts" / "make_realistic_gguf.py"), str(model), "--shapes",
-                        str(REPO / "scripts" / "real-shapes" / f"{shapes}.json")], check=True)
+        subprocess.run([sys.executable, str(SCRIPTS / "make_realistic_gguf.py"), str(model), "--shapes",
+                        str(SKELETONS / f"{shapes}.json")], check=True)
     return model
 
 

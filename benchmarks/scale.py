@@ -1,6 +1,6 @@
-#!/usr/bin/env python3
-"""Scale benchmark: a ~94,000-tensor safetensors file (scripts/make_scale_safetensors.py), ckptfs beside
-safetensors' own ``safe_open``, side by side in one run.
+"""Scale benchmark: a ~94,000-tensor safetensors file, ckptfs beside safetensors' own ``safe_open``.
+
+The file is ``make_scale_safetensors``'s; both sides are measured side by side in one run.
 
 Figures (each in a fresh process, imports before the clock; medians of --runs):
 - ``safe_open``: safetensors opening the file and listing its keys (the floor);
@@ -9,7 +9,7 @@ Figures (each in a fresh process, imports before the clock; medians of --runs):
 - repeated listing: another ``os.listdir`` of the same mount (the kernel's readdir cache, or the daemon);
 - the daemon's RssAnon after the listings.
 
-Usage: python scripts/bench_scale.py [FILE] [--runs 3] [--json OUT]
+Usage: python -m benchmarks scale [FILE] [--runs 3] [--json OUT]
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "scripts"))
+from benchmarks import REPO as ROOT
+from benchmarks import make_scale_safetensors
 
 SAFE_OPEN = """
 import sys, time
@@ -73,14 +73,13 @@ def _mount_and_list(path: str) -> dict:
             "daemon_rss_anon_mib": rss / 2**20 if rss else None}
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("file", nargs="?", default="/tmp/ckptfs-bench/scale.safetensors")
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--json")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if not os.path.exists(args.file):
-        import make_scale_safetensors
         make_scale_safetensors.write(args.file, make_scale_safetensors.model_tensors())
     safe = [_timed(SAFE_OPEN, args.file) for _ in range(args.runs)]
     api = [_timed(CKPTFS_OPEN, args.file) for _ in range(args.runs)]
@@ -106,7 +105,4 @@ def main() -> None:
         print(f"{key:32s} {value:10.3f}{mark}" if isinstance(value, float) else f"{key:32s} {value:>10}{mark}")
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=2))
-
-
-if __name__ == "__main__":
-    main()
+    return 0

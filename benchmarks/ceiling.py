@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """The mount's ceiling: the ``.raw`` stream of the largest tensor beside a zero-work Python FUSE filesystem.
 
 The zero-work filesystem serves one file of the same size through the same binding (ckptfs's own choice:
@@ -7,7 +6,7 @@ costs is libfuse's and the binding's per-request work. Streamed side by side in 
 time, the configurations in rotating order over ``--rounds`` rounds (drifting background load spreads over
 all of them), each with 1 MiB ``pread`` calls (``cat``'s pattern; the page cache of a fresh mount is empty):
 
-  zero-work              libfuse defaults: the issue's reference
+  zero-work              libfuse defaults: the figure's reference
   zero-work+ra1M         the same with the kernel readahead ckptfs sets for its mounts (1 MiB, fs/kernel.py):
                          what a do-nothing daemon moves with ckptfs's request sizes
   pread+ra1M             a minimal filesystem serving the tensor's real bytes with one ``os.pread`` per request
@@ -28,7 +27,7 @@ answered, seen by the kernel's ``fuse:fuse_request_end`` tracepoint (a private f
 the mount's connection; root and tracefs needed, else the sizes are left out). The target: ckptfs >= 2x
 zero-work in every round.
 
-Usage: python scripts/bench_ceiling.py [CKPT.gguf] [--rounds 5] [--json OUT]
+Usage: python -m benchmarks ceiling [CKPT.gguf] [--rounds 5] [--json OUT]
        (without CKPT: the Gemma 3 270M skeleton in scripts/real-shapes/, full size, generated once)
 """
 
@@ -46,17 +45,14 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "scripts"))
-from bench_fuse_bindings import CHUNK, cpu_seconds, read_all  # noqa: E402  (sibling scripts)
+from benchmarks import SKELETONS, child_env, workload
+from ckptfs.bench import bench_mount, make_plan
+from ckptfs.bench.harness import AnonMemorySampler
+from ckptfs.checkpoint.api import open as open_checkpoint
+from ckptfs.core.options import OpenOptions
 
-from ckptfs.bench import bench_mount, make_plan  # noqa: E402
-from ckptfs.core.options import OpenOptions  # noqa: E402
-from ckptfs.bench.harness import AnonMemorySampler  # noqa: E402
-from ckptfs.checkpoint.api import open as open_checkpoint  # noqa: E402
-
-DEFAULT_SKELETON = REPO / "scripts" / "real-shapes" / "gemma3-270m-q4_k_m.json"
+DEFAULT_SKELETON = SKELETONS / "gemma3-270m-q4_k_m.json"
+CHUNK = 1 << 20
 DEFAULT_CKPT = "/tmp/ckptfs-bench/gemma3-270m-shaped.gguf"
 CONFIGS = ("zero-work", "zero-work+ra1M", "pread+ra1M", "splice+ra1M", "ckptfs", "ckptfs-c-off", "ckptfs-ra-default",
            "ckptfs-ra4M")
@@ -167,7 +163,10 @@ def serve_zero_work(mountpoint: str, size: int, readahead_kib: int, mode: str, s
     """Run the zero-work (or pread / splice) filesystem in the foreground (this process) until unmounted."""
     from ckptfs.fs.binding import load_binding
 
-    fuse_class = load_binding("mfusepy").fuse_class
+    load_binding("mfusepy")  # mfusepy pointed at libfuse 3, as ckptfs's daemon has it
+    import mfusepy
+
+    fuse_class = mfusepy.FUSE  # without ckptfs's read and listing paths: libfuse's and mfusepy's own
     if mode == "splice":
         fuse_class = splice_fuse_class(fuse_class)
     ops = ZeroWork(size, readahead_kib, mountpoint, mode, (source, offset) if mode != "zero" else None)
@@ -180,9 +179,9 @@ class ZeroWorkMount:
     def __init__(self, workdir: str, size: int, readahead_kib: int, mode: str = "zero",
                  source: tuple[str, int] = ("", 0)):
         self.path = tempfile.mkdtemp(dir=workdir)
-        self.process = subprocess.Popen([sys.executable, __file__, "--serve", self.path, str(size),
-                                         str(readahead_kib), mode, source[0], str(source[1])],
-                                        stdin=subprocess.DEVNULL)
+        self.process = subprocess.Popen(workload("ceiling", "--serve", self.path, str(size), str(readahead_kib),
+                                                 mode, source[0], str(source[1])),
+                                        stdin=subprocess.DEVNULL, env=child_env())
         deadline = time.monotonic() + MOUNT_WAIT
         while not os.path.ismount(self.path):
             if self.process.poll() is not None or time.monotonic() > deadline:
@@ -269,6 +268,29 @@ def describe_sizes(sizes: collections.Counter | None) -> dict | None:
 
 
 # ------------------------------------------------------------------------------------------ the run
+
+
+def read_all(path: Path, direct: bool) -> float:
+    """Seconds to read the whole file in 1 MiB reads."""
+    fd = os.open(path, os.O_RDONLY | (os.O_DIRECT if direct else 0))
+    try:
+        start = time.perf_counter()
+        offset = 0
+        while True:
+            chunk = os.pread(fd, CHUNK, offset)
+            if not chunk:
+                break
+            offset += len(chunk)
+        return time.perf_counter() - start
+    finally:
+        os.close(fd)
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process so far (all its threads)."""
+    with open(f"/proc/{pid}/stat") as fh:
+        fields = fh.read().rsplit(") ", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def ensure_fixture(src: str) -> None:
@@ -408,7 +430,3 @@ def main(argv: list[str] | None = None) -> int:
         with open(args.json, "w") as f:
             json.dump(summary, f, indent=2)
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -10,7 +10,7 @@ Measures on one core, best of ``--repeat`` runs over ``--mib`` MiB of float32 va
 - what an entry saves: decoding the same number of float32 values from Q4_K and Q8_0 blocks with the C
   kernels (into a touched buffer, ``dequantize_into``) and with the numpy decoders.
 
-Usage: python scripts/bench_cache_mac.py [--mib 256] [--repeat 5]   (figures in docs/performance.md)
+Usage: python -m benchmarks cache_mac [--mib 256] [--repeat 5]   (figures in docs/performance.md)
 """
 
 from __future__ import annotations
@@ -39,11 +39,11 @@ def best(fn, repeat: int) -> float:
     return min(times)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--mib", type=int, default=256)
     parser.add_argument("--repeat", type=int, default=5)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     total = args.mib << 20
     gb = total / 1e9
     key = os.urandom(32)
@@ -92,7 +92,4 @@ def main() -> None:
     print(f"{'':34} {'s/GB':>7} {'GB/s':>7}")
     for label, seconds in rows:
         print(f"{label:34} {seconds / gb:7.3f} {gb / seconds:7.2f}")
-
-
-if __name__ == "__main__":
-    main()
+    return 0

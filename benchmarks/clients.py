@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """llama.cpp's time to first token and tokens/s: the file itself, through a mount, over http, downloaded first.
 
 The figures of docs/performance.md (method: docs/clients.md). The model is real-shaped: scripts/make_realistic_gguf.py with Gemma 3 270M
@@ -33,8 +32,8 @@ medians of ``--rounds``.
 
 ``--only a,b`` keeps the cases whose name contains one of the words (``--only direct,https``).
 
-Usage: python scripts/bench_clients.py [--dir DIR] [--rounds 5] [--tokens 64] [--threads 1]
-                                       [--modes mmap,dio] [--only WORDS] [--capped-rate 20m] [--json]
+Usage: python -m benchmarks clients [--dir DIR] [--rounds 5] [--tokens 64] [--threads 1]
+                                    [--modes mmap,dio] [--only WORDS] [--capped-rate 20m] [--json]
 """
 
 from __future__ import annotations
@@ -54,20 +53,16 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from urllib.parse import urlsplit
 
-HERE = Path(__file__).resolve().parent
-REPO = HERE.parent
-sys.path.insert(0, str(REPO / "tests"))
-sys.path.insert(0, str(HERE))
+from benchmarks import SKELETONS
+from ckptfs.bench.harness import _drop_page_cache
+from ckptfs.bench.remote import BenchMount
+from ckptfs.bench.run import _machine
 
-import llama_client  # noqa: E402
-from make_realistic_gguf import write_skeleton  # noqa: E402
-from servers import Nginx, TestCA  # noqa: E402
+import llama_client  # scripts/ and tests/ are on the import path (benchmarks/__init__.py)
+from make_realistic_gguf import write_skeleton
+from servers import Nginx, TestCA
 
-from ckptfs.bench.harness import _drop_page_cache  # noqa: E402
-from ckptfs.bench.remote import BenchMount  # noqa: E402
-from ckptfs.bench.run import _machine  # noqa: E402
-
-SKELETON = HERE / "real-shapes" / "gemma3-270m-q4_k_m.json"
+SKELETON = SKELETONS / "gemma3-270m-q4_k_m.json"
 PIECE = 16 << 20
 DOWNLOAD_THREADS = 8
 
@@ -129,11 +124,11 @@ class Bench:
         self.machine = machine()
         self.probe = llama_client.probe_path()
         if not self.probe.exists():
-            sys.exit(f"bench_clients: {self.probe} is missing: run bash scripts/build_llama_cpp.sh")
+            sys.exit(f"clients: {self.probe} is missing: run bash scripts/build_llama_cpp.sh")
         self.www = work / "www"
         self.one = self.www / "one.gguf"
         if not self.one.exists():
-            print("bench_clients: writing the model (single file and split set)", file=sys.stderr)
+            print("clients: writing the model (single file and split set)", file=sys.stderr)
             write_skeleton(str(self.one), str(SKELETON))
             write_skeleton(str(self.www / "split" / "m.gguf"), str(SKELETON), split_max_tensors=64)
         self.shards = sorted((self.www / "split").glob("m-*-of-*.gguf"))
@@ -145,9 +140,9 @@ class Bench:
         if self.expected is None:
             self.expected = result["tokens"]
         elif result["tokens"] != self.expected:
-            sys.exit(f"bench_clients: {model} ({mode}) generated other tokens than the direct file")
+            sys.exit(f"clients: {model} ({mode}) generated other tokens than the direct file")
         if mode == "dio" and result["dio_fallback"]:
-            sys.exit(f"bench_clients: llama.cpp fell back to buffered reads on {model}: {result['warnings']}")
+            sys.exit(f"clients: llama.cpp fell back to buffered reads on {model}: {result['warnings']}")
         return result
 
     def record(self, case: str, mode: str, rounds: list[dict]) -> None:
@@ -220,7 +215,7 @@ class Bench:
                 cases = {key: f for key, f in cases.items() if any(word in key[0] for word in self.args.only)}
             rounds: dict[tuple[str, str], list[dict]] = {key: [] for key in cases}
             for i in range(self.args.rounds):
-                print(f"bench_clients: round {i + 1} of {self.args.rounds}", file=sys.stderr)
+                print(f"clients: round {i + 1} of {self.args.rounds}", file=sys.stderr)
                 for key, measure in list(cases.items()):
                     result = measure()
                     if result is None:
@@ -276,7 +271,3 @@ def main(argv: list[str] | None = None) -> int:
     results = Bench(args, work).all()
     print(json.dumps(results, indent=1) if args.json else render(results))
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

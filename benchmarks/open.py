@@ -1,4 +1,3 @@
-#!/usr/bin/env python
 """Open-speed benchmark: a GGUF with a 262,144-token vocabulary, ckptfs vs gguf-py.
 
 Each measurement runs in a fresh Python process (nothing cached in memory between runs; the file itself is
@@ -8,7 +7,7 @@ codec registry on first use) or ``gguf.GGUFReader(path)``. Two more lines time a
 same process (codec modules already imported: the header work alone) and ckptfs decoding the vocabulary on
 first access, which ckptfs defers and gguf-py does at open.
 
-Usage: python scripts/bench_open.py [--runs 3] [--gguf-runs 3] [--file PATH]
+Usage: python -m benchmarks open [--runs 3] [--gguf-runs 3] [--file PATH]
 The test file is generated with gguf-py's writer (tests/fixtures.py) if absent.
 """
 
@@ -21,7 +20,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from benchmarks import REPO
 
 CKPTFS_OPEN = """
 import sys, time
@@ -49,7 +48,6 @@ t = time.perf_counter(); gguf.GGUFReader(sys.argv[1]); print(time.perf_counter()
 
 def ensure_file(path: Path) -> Path:
     if not path.exists():
-        sys.path.insert(0, str(ROOT / "tests"))
         from fixtures import big_vocab_gguf  # noqa: PLC0415 - test-only dependency (gguf-py), only when needed
 
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -64,18 +62,18 @@ def timed(code: str, path: Path, runs: int) -> list[float]:
     out = []
     for _ in range(runs):
         result = subprocess.run([sys.executable, "-c", code, str(path)], check=True, capture_output=True,
-                                text=True, cwd=ROOT)
+                                text=True, cwd=REPO)
         out.append(float(result.stdout.strip().splitlines()[-1]))
     return out
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=3, help="fresh processes per ckptfs measurement")
     parser.add_argument("--gguf-runs", type=int, default=3, help="fresh processes for gguf-py (slow)")
     parser.add_argument("--file", type=Path, default=Path(tempfile.gettempdir()) / "ckptfs-bench" /
                         "vocab-262144.gguf")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     path = ensure_file(args.file)
     print(f"file: {path} ({path.stat().st_size / 2**20:.1f} MiB, 262,144-token vocabulary)")
     ours = timed(CKPTFS_OPEN, path, args.runs)
@@ -88,7 +86,4 @@ def main() -> None:
     print(f"ckptfs first vocabulary access: {fmt(tokens)}")
     print(f"gguf-py GGUFReader open:       {fmt(theirs)}")
     print(f"ratio gguf-py / ckptfs open:   {statistics.median(theirs) / statistics.median(ours):.0f}x")
-
-
-if __name__ == "__main__":
-    main()
+    return 0

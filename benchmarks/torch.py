@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Benchmark: a whole real-shaped GGUF into float32 CPU torch tensors, ckptfs.load beside the gguf-py path.
 
 Paths, each timed in a fresh subprocess that has already imported torch, numpy, gguf and ckptfs (so every
@@ -20,7 +19,7 @@ scripts/make_realistic_gguf.py's Gemma-3-270M Q4_K_M layout with the vocabulary 
 but valid block data, written by gguf-py (that script's skeleton reader and writer; tensors only, no
 vocabulary).
 
-Usage: python scripts/bench_torch.py [--shapes S.json --scale 0.125] [--rounds 3] [--modes ...] [--json OUT]
+Usage: python -m benchmarks torch [--shapes S.json --scale 0.125] [--rounds 3] [--modes ...] [--json OUT]
 """
 
 from __future__ import annotations
@@ -34,8 +33,9 @@ import time
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import make_realistic_gguf  # noqa: E402  (a sibling script: the skeleton reader and the writers)
+from benchmarks import child_env, workload
+
+import make_realistic_gguf  # scripts/, on the import path (benchmarks/__init__.py)
 
 MODES = ("ckptfs", "ckptfs-bf16", "ckptfs-kernels", "gguf-py", "gguf-py-decode")
 DEFAULT_MODES = ("ckptfs", "ckptfs-bf16", "gguf-py", "gguf-py-decode")   # ckptfs-kernels is slow on a CPU
@@ -89,8 +89,8 @@ def child(mode: str, path: str) -> dict:
 
 
 def measure(mode: str, path: str) -> dict:
-    proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", mode, path],
-                          capture_output=True, text=True)
+    proc = subprocess.run(workload("torch", "--child", mode, path), capture_output=True, text=True,
+                          env=child_env())
     if proc.returncode != 0:
         raise SystemExit(f"{mode} failed:\n{proc.stderr}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -157,7 +157,3 @@ def main(argv: list[str] | None = None) -> int:
         with open(args.json, "w") as f:
             json.dump(summary, f, indent=2)
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

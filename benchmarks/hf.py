@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """End-to-end benchmark of hf/: transformers loading a GGUF three ways, side by side in one run.
 
 (a) ``from_pretrained(dir, gguf_file=...)`` — transformers' own GGUF path (gguf-py's reader, dequantize all);
@@ -18,7 +17,7 @@ each on a fresh mount so no cache is warm).
 The GGUF is real-shaped: scripts/make_realistic_gguf.py with Gemma 3 270M's shapes (18 layers, a 262,144-token
 vocabulary, tied output, Q4_K_M's type mix), random weights. Results: docs/performance.md.
 
-Usage: python scripts/bench_hf.py [--gguf PATH] [--layers 18] [--vocab 262144] [--tokens 16] [--json]
+Usage: python -m benchmarks hf [--gguf PATH] [--layers 18] [--vocab 262144] [--tokens 16] [--json]
 """
 
 from __future__ import annotations
@@ -33,9 +32,7 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "scripts"))
+from benchmarks import REPO
 
 #: runs in a fresh process: argv = mode ("gguf" DIR FILE | "folder" DIR | "folder-preread" DIR), tokens
 LOADER = r"""
@@ -215,7 +212,3 @@ def main(argv: list[str] | None = None) -> int:
           f"(c)/(a) = {r['peak_rss_c_over_a']:.2f}; logits equal: {r['logits_equal']}; "
           f"safetensors/npy = {r['safetensors_over_npy_f32']:.2f} (float32), {r['safetensors_over_npy_bf16']:.2f} (bfloat16)")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

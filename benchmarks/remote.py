@@ -1,6 +1,7 @@
-#!/usr/bin/env python3
-"""Remote checkpoints over loopback http (``ckptfs bench URL``'s workloads, plus the server's own counts): requests, bytes, header bytes, cold first-read latency and stream
-throughput, beside the same file mounted locally — the figures of docs/remote.md.
+"""Remote checkpoints over loopback http beside the same file mounted locally: the figures of docs/remote.md.
+
+``ckptfs bench URL``'s workloads plus the server's own counts: requests, bytes, header bytes, cold
+first-read latency and stream throughput.
 
 Serves the files with Debian's nginx on 127.0.0.1 (the test suite's ``tests/servers.py``), mounts each
 through the real CLI, and counts requests and bytes from nginx's own access log (what the server saw, not
@@ -14,11 +15,11 @@ what ckptfs says it asked for). Workloads, each remote beside local in the same 
 4. streaming every .npy (1 MiB reads), remote and local alternated, MB/s of .npy bytes;
 5. a remount with the --cache-dir of an earlier mount: data requests for bytes fetched before.
 
-Usage: python scripts/bench_remote.py [--dir DIR] [--layers 6] [--rounds 3] [--json]
+Usage: python -m benchmarks remote [--dir DIR] [--layers 6] [--rounds 3] [--json]
 
-``--capped`` runs the cold starts behind a capped origin instead (``scripts/remote_cold_start.py``: a fresh
+``--capped`` runs the cold starts behind a capped origin instead (``benchmarks/remote_cold_start.py``: a fresh
 mount against hf_transfer and aria2c behind nginx's ``limit_rate``, then uncapped against the local file):
-  python scripts/bench_remote.py --capped [--rounds 3] [--rate 20m] [--latency-ms 30] [--s3] [--out FILE]
+  python -m benchmarks remote --capped [--rounds 3] [--rate 20m] [--latency-ms 30] [--s3] [--out FILE]
 """
 
 from __future__ import annotations
@@ -32,13 +33,11 @@ import sys
 import tempfile
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "tests"))
-
-from servers import Nginx
-
+from benchmarks import SCRIPTS
 from ckptfs.bench.remote import BenchMount, header_bytes, stream, timed_read
 from ckptfs.core.options import OpenOptions
+
+from servers import Nginx  # tests/, on the import path (benchmarks/__init__.py)
 
 MiB = 1 << 20
 _LOG = re.compile(r'"(?P<method>[A-Z]+) (?P<path>\S+) [^"]*" (?P<status>\d+) (?P<bytes>\d+)')
@@ -116,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--layers", type=int, default=6)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--json", action="store_true")
-    capped = parser.add_argument_group("--capped: cold starts behind a capped origin (scripts/remote_cold_start.py)")
+    capped = parser.add_argument_group("--capped: cold starts behind a capped origin (benchmarks/remote_cold_start.py)")
     capped.add_argument("--capped", action="store_true")
     capped.add_argument("--rate", default="20m", help="nginx limit_rate per request [20m]")
     capped.add_argument("--latency-ms", type=float, default=30.0, help="added before each request's first byte [30]")
@@ -137,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
         return capped_main(root, args)
     model = root / "realistic.gguf"
     if not model.exists():
-        subprocess.run([sys.executable, str(REPO / "scripts" / "make_realistic_gguf.py"), str(model),
+        subprocess.run([sys.executable, str(SCRIPTS / "make_realistic_gguf.py"), str(model),
                         "--layers", str(args.layers)], check=True)
     if not (root / "header70b.gguf").exists():
         write_70b_header(root / "header70b.gguf")
@@ -227,8 +226,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def capped_main(root: Path, args) -> int:
-    sys.path.insert(0, str(REPO / "scripts"))
-    import remote_cold_start
+    from benchmarks import remote_cold_start
 
     results = remote_cold_start.run(root, args)
     out = Path(args.out or root / "cold-start.json")
@@ -236,7 +234,3 @@ def capped_main(root: Path, args) -> int:
     print(json.dumps(results, indent=2) if args.json else remote_cold_start.render(results))
     print(f"(JSON: {out})", file=sys.stderr)
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Write a safetensors file with a DeepSeek-V3-shaped header (about 94,000 tensors) and sparse data.
 
 What it tests is scale in the tensor count, not in bytes: opening, indexing and listing ~94k tensors (about
@@ -9,17 +8,15 @@ BF16 norms and embeddings, F32 router biases. Shapes are the real ones; the data
 (``truncate``), so the file takes a few MB of disk whatever its apparent size. Tensors are laid out by the
 reference writer's order (decreasing element size, then name).
 
-Usage: python scripts/make_scale_safetensors.py [OUT.safetensors] [--experts 256]
+Usage: python -m benchmarks make_scale_safetensors [OUT.safetensors] [--experts 256]
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from make_bench_safetensors import header_bytes  # noqa: E402  (a sibling script: one header writer)
+from benchmarks.make_bench_safetensors import header_bytes
 
 HIDDEN, MOE_FFN, DENSE_FFN, VOCAB = 7168, 2048, 18432, 129280
 Q_LORA, KV_LORA, ROPE, NOPE, V_HEAD, HEADS = 1536, 512, 64, 128, 128, 128
@@ -78,14 +75,11 @@ def write(path: str, tensors: list[tuple[str, str, tuple[int, ...]]]) -> int:
     return len(order)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out", nargs="?", default=DEFAULT_OUT)
     parser.add_argument("--experts", type=int, default=256)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     count = write(args.out, model_tensors(args.experts))
     print(f"{args.out}: {count} tensors, {os.path.getsize(args.out) / 1e9:.0f} GB apparent, sparse")
-
-
-if __name__ == "__main__":
-    main()
+    return 0

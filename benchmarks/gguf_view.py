@@ -1,6 +1,6 @@
-#!/usr/bin/env python3
-"""Time to first token of llama.cpp on ``gguf/model.gguf`` through a ``--gguf`` mount against
-convert-then-load, with peak RSS and bytes written to disk for both (docs/gguf-view.md has the figures).
+"""llama.cpp's time to first token on a ``--gguf`` mount's ``gguf/model.gguf`` against convert-then-load.
+
+With peak RSS and bytes written to disk for both (docs/gguf-view.md has the figures).
 
 The model is the round trip a user would try: a GGUF shaped like Gemma 3 270M (scripts/make_realistic_gguf.py
 with the skeleton in scripts/real-shapes/) mounted with ``--hf``, its ``hf/`` folder copied out (BF16
@@ -21,7 +21,7 @@ the tests run it (scripts/llama_convert.py). The page cache is left
 warm for both (the folder's files were just written; pass ``--drop-caches`` as root for cold runs).
 Medians of ``--runs`` are printed, with each run, as one JSON object.
 
-Usage: python scripts/bench_gguf_view.py [--work /tmp/ckptfs-bench/gguf-view] [--runs 3] [--threads 2]
+Usage: python -m benchmarks gguf_view [--work /tmp/ckptfs-bench/gguf-view] [--runs 3] [--threads 2]
 """
 
 from __future__ import annotations
@@ -37,11 +37,11 @@ import tempfile
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-import llama_convert  # noqa: E402
+from benchmarks import SCRIPTS, SKELETONS
 
-SKELETON = HERE / "real-shapes" / "gemma3-270m-q4_k_m.json"
+import llama_convert  # scripts/, on the import path (benchmarks/__init__.py)
+
+SKELETON = SKELETONS / "gemma3-270m-q4_k_m.json"
 CKPTFS = [shutil.which("ckptfs", path=str(Path(sys.executable).parent)) or "ckptfs"]
 
 def drop_caches() -> None:
@@ -54,7 +54,7 @@ def probe(model: Path, threads: int) -> dict:
     code = ("import json, resource, sys; sys.path.insert(0, sys.argv[1]); import llama_client; "
             "r = llama_client.run(sys.argv[2], 'mmap', 4, threads=int(sys.argv[3])); "
             "r['maxrss_kib'] = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss; print(json.dumps(r))")
-    done = subprocess.run([sys.executable, "-c", code, str(HERE), str(model), str(threads)],
+    done = subprocess.run([sys.executable, "-c", code, str(SCRIPTS), str(model), str(threads)],
                           capture_output=True, text=True, check=True, timeout=600)
     return json.loads(done.stdout.strip().splitlines()[-1])
 
@@ -105,7 +105,7 @@ def prepare(work: Path) -> Path:
     if (folder / "model.safetensors").is_file():
         return folder
     source = work / "gemma3-270m.gguf"
-    subprocess.run([sys.executable, str(HERE / "make_realistic_gguf.py"), str(source), "--shapes", str(SKELETON)],
+    subprocess.run([sys.executable, str(SCRIPTS / "make_realistic_gguf.py"), str(source), "--shapes", str(SKELETON)],
                    check=True, timeout=600)
     mnt = Path(tempfile.mkdtemp(prefix="mnt-", dir=work))
     subprocess.run([*CKPTFS, "mount", str(source), str(mnt), "--hf"], check=True, timeout=600)
@@ -121,13 +121,13 @@ def median_of(runs: list[dict], key: str) -> float:
     return statistics.median(run[key] for run in runs)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--work", default="/tmp/ckptfs-bench/gguf-view")
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--drop-caches", action="store_true", help="drop the page cache before each run (root)")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
     folder = prepare(work)
@@ -144,7 +144,4 @@ def main() -> None:
                       "folder_bytes": sum(p.stat().st_size for p in folder.iterdir()),
                       "mount_ttft_s": median_of(mounts, "ttft_s"), "convert_ttft_s": median_of(converts, "ttft_s"),
                       "ratio": ratio, "mount": mounts, "convert": converts}, indent=1))
-
-
-if __name__ == "__main__":
-    main()
+    return 0

@@ -1,7 +1,6 @@
-#!/usr/bin/env python
 """Manifest and verify throughput against plain ``hashlib.sha256`` over the same bytes, side by side.
 
-    python scripts/bench_integrity.py [FILE] [--size-mib 384] [--rounds 3] [--json]
+    python -m benchmarks integrity [FILE] [--size-mib 384] [--rounds 3] [--json]
 
 Without FILE, a safetensors file of ``--size-mib`` MiB is generated (a mix like a real model's: large
 matrices, middle-sized ones and many small norm vectors, random bytes) in a temporary folder. The file is
@@ -26,7 +25,6 @@ import hashlib
 import json
 import os
 import statistics
-import sys
 import tempfile
 import time
 
@@ -103,13 +101,13 @@ def checked_reads(path: str, manifest) -> dict[str, float]:
     return seconds
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("file", nargs="?")
     parser.add_argument("--size-mib", type=int, default=384)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--json", action="store_true")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
         path = args.file or os.path.join(tmp, "bench.safetensors")
         if not args.file:
@@ -158,7 +156,3 @@ def main() -> int:
         for key, value in result["tensor_reads_mb_per_s"].items():
             print(f"    {key:15s} {value:8.1f} MB/s")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,10 +1,10 @@
-#!/usr/bin/env python3
-"""The fleet model of docs/scale.md: N nodes mounting a 70B Q4_K_M GGUF from S3, cold start, with and
-without the Redis tier. Every input is a named parameter (measured here: decode and Redis per-group costs
-from scripts/bench_tiers.py; the requests a node keeps in flight and their size from scripts/bench_remote.py
---capped; assumed: S3 latency and bandwidth) so anyone can change one and redo the table.
+"""The fleet model of docs/scale.md: N nodes cold-starting a 70B Q4_K_M GGUF from S3, with and without Redis.
 
-Usage: python scripts/fleet_model.py [--decode-ms 0.046] [--redis-server-bps 1.45e9] [--redis-nodes 3] ...
+Every input is a named parameter (measured here: decode and Redis per-group costs
+from the ``tiers`` workload; the requests a node keeps in flight and their size from ``remote --capped``;
+assumed: S3 latency and bandwidth) so anyone can change one and redo the table.
+
+Usage: python -m benchmarks fleet_model [--decode-ms 0.046] [--redis-server-bps 1.45e9] [--redis-nodes 3] ...
 (every field of Params is a flag)
 """
 
@@ -33,7 +33,7 @@ class Params:
     redis_put_ms: float = 0.25       # per group, measured on loopback
     redis_client_bps: float = 1.0e9  # one daemon reading groups from Redis (measured 0.25 ms per 256 KiB)
     redis_server_bps: float = 1.45e9 # one Redis instance's egress (measured: 256 KiB GET in 0.18 ms, unloaded)
-    redis_nodes: int = 3             # masters of the Redis Cluster of the cold-fleet row (as bench_fleet.py's)
+    redis_nodes: int = 3             # masters of the Redis Cluster of the cold-fleet row (as the fleet workload's)
 
     @property
     def decoded(self) -> float:
@@ -74,7 +74,7 @@ def rows(p: Params, nodes=(1, 10, 100)) -> list[dict]:
         # a cold fleet on a Redis Cluster (--redis-cluster), all nodes starting together: fetched chunks and
         # decoded groups are single-flighted fleet-wide (docs/caches.md), so S is fetched and D decoded once,
         # 1/N by each node, and each node pulls the other nodes' share of both from the cluster (every node's
-        # read-ahead reads all of S; bench_fleet.py measured this at N = 1..8)
+        # read-ahead reads all of S; the fleet workload measured this at N = 1..8)
         share = (n - 1) / n
         t_pull = (p.stored + p.decoded) * share / min(p.redis_client_bps, p.redis_nodes * p.redis_server_bps / n)
         t_own = max(t_fetch / n, t_decode / n, p.groups * p.redis_put_ms / 1e3 / n)
@@ -106,7 +106,7 @@ def markdown(table: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def main(argv=None) -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     for name, value in Params().__dict__.items():
         parser.add_argument("--" + name.replace("_", "-"), type=type(value), default=value)
@@ -116,7 +116,3 @@ def main(argv=None) -> int:
           f"decode {decode_seconds(p):.0f} s")
     print(markdown(rows(p)))
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

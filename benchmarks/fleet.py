@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """A simulated fleet on one machine (results in docs/performance.md and docs/scale.md): N daemons, one origin, one cluster.
 
 For N = 1, 2, 4, 8 (``--fleet``): N ckptfs daemons, each a separate process with its own empty ``--cache-dir``,
@@ -17,7 +16,7 @@ streams the same files: its decoded and origin bytes and how many nodes served i
 The daemons run the ckptfs of ``$PYTHONPATH``'s first entry when set (another checkout: before/after),
 else this one's. Every process shares this machine's cores: the times say what the fleet costs this
 machine, not a network's. Usage:
-    python scripts/bench_fleet.py [--fleet 1,2,4,8] [--rate 20m] [--files 40] [--dtype float16] [--json OUT]
+    python -m benchmarks fleet [--fleet 1,2,4,8] [--rate 20m] [--files 40] [--dtype float16] [--json OUT]
 """
 
 from __future__ import annotations
@@ -33,13 +32,10 @@ import threading
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "tests"))
-sys.path.insert(0, str(REPO / "scripts"))
+from benchmarks import REPO, SCRIPTS, SKELETONS, tiers
+from benchmarks.tiers import unmount
 
-import bench_tiers
-from bench_tiers import unmount
-from redis_cluster_server import RedisClusterServers
+from redis_cluster_server import RedisClusterServers  # tests/, on the import path (benchmarks/__init__.py)
 from servers import Nginx
 
 #: The ckptfs the daemons run: $PYTHONPATH's first entry (another checkout) or this one.
@@ -47,7 +43,7 @@ TREE = Path(os.environ["PYTHONPATH"].split(os.pathsep)[0]) if os.environ.get("PY
 
 
 def mount(src, mnt: Path, *args: str) -> Path:
-    return bench_tiers.mount(src, mnt, *args, tree=TREE)
+    return tiers.mount(src, mnt, *args, tree=TREE)
 
 CHUNK = 1 << 20
 TIER = "redis-cluster"
@@ -142,21 +138,21 @@ def run_fleet(n: int, url: str, server: Nginx, cluster: RedisClusterServers, wor
             "redis_egress": [a - b for a, b in zip(after, before)], "later": later_row}
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--fleet", default="1,2,4,8")
     parser.add_argument("--rate", default=None, help="nginx limit_rate per request, e.g. 20m (default: uncapped)")
-    parser.add_argument("--shapes", default=str(REPO / "scripts/real-shapes/gemma3-270m-q4_k_m.json"))
+    parser.add_argument("--shapes", default=str(SKELETONS / "gemma3-270m-q4_k_m.json"))
     parser.add_argument("--files", type=int, default=0, help="stream the first FILES .npy files (0: all)")
     parser.add_argument("--dtype", default="float16")
     parser.add_argument("--json", default=None)
-    opts = parser.parse_args()
+    opts = parser.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="ckptfs-fleet-"))
     try:
         origin = work / "origin"
         origin.mkdir()
         model = origin / "model.gguf"
-        subprocess.run([sys.executable, str(REPO / "scripts/make_realistic_gguf.py"), str(model),
+        subprocess.run([sys.executable, str(SCRIPTS / "make_realistic_gguf.py"), str(model),
                         "--shapes", opts.shapes], check=True, stdout=subprocess.DEVNULL)
         with Nginx(origin, limit_rate=opts.rate) as server, RedisClusterServers() as cluster:
             url = f"{server.url}/model.gguf"
@@ -165,7 +161,6 @@ def main() -> None:
             unmount(probe)
             if opts.files:
                 names = names[:opts.files]
-            sys.path.insert(0, str(REPO))
             import ckptfs
 
             with ckptfs.open(model) as ck:  # stored bytes of the tensors streamed (a .npy per tensor)
@@ -203,7 +198,4 @@ def main() -> None:
             Path(opts.json).write_text(json.dumps(results, indent=2))
     finally:
         shutil.rmtree(work, ignore_errors=True)
-
-
-if __name__ == "__main__":
-    main()
+    return 0

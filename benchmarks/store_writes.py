@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """What the ``--cache-dir`` store's write of fetched bytes costs against a downloader's, on this machine's disk.
 
 A warm-up (``ckptfs prefetch``) writes each run of fetched chunks into the remote file's sparse file
@@ -8,14 +7,14 @@ one process and one thread, the same bytes written:
 
 - ``store``: through ``SparseStore.put_chunks``, as the warm-up does (runs of ``STORED_RUN`` chunks, 1 MiB,
   unless ``--run-mib`` says otherwise);
-- ``entry files``: one file per run (create, ``pwritev``, rename), as the store's older format wrote them,
+- ``entry files``: one file per run (create, ``pwritev``, rename), a file-per-entry layout,
   without checksums;
 - ``one file``: ``pwritev`` at offsets into one new file, as a downloader.
 
 Before each case, ``--deleted`` small files are created and deleted in the folder, as a bench round (or a
 store's prune) leaves it. Prints MB/s and CPU seconds (user, system) per case, rounds alternated.
 
-Usage: python scripts/bench_store_writes.py [--dir DIR] [--mib 2048] [--run-mib N] [--rounds 2] [--deleted 4500]
+Usage: python -m benchmarks store_writes [--dir DIR] [--mib 2048] [--run-mib N] [--rounds 2] [--deleted 4500]
 """
 
 from __future__ import annotations
@@ -23,14 +22,11 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from ckptfs.cache.chunks import CHUNK, STORED_RUN  # noqa: E402
-from ckptfs.cache.sparse_store import SparseStore  # noqa: E402
+from ckptfs.cache.chunks import CHUNK, STORED_RUN
+from ckptfs.cache.sparse_store import SparseStore
 
 
 def _leave_deleted(folder: Path, count: int) -> None:
@@ -113,7 +109,3 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         shutil.rmtree(root, ignore_errors=True)
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Write the safetensors counterpart of scripts/make_realistic_gguf.py, for the second ``ckptfs bench`` run.
 
 The same model shapes (Gemma-3 270M: hidden 640, FFN 2048, 262144 x 640 embedding, tied output; 26 layers by
@@ -8,7 +7,7 @@ attention projections F16, so both half-precision kinds are read), F32 norms. A 
 size, then name), so every tensor is aligned to its element size. Values are normal(0, 0.02) weights and
 1 +- 0.1 norms; deterministic for a given --seed. Writing streams tensor by tensor (~600 MB, ~10 s).
 
-Usage: python scripts/make_bench_safetensors.py [OUT.safetensors] [--layers 26]
+Usage: python -m benchmarks make_bench_safetensors [OUT.safetensors] [--layers 26]
 """
 
 from __future__ import annotations
@@ -100,7 +99,3 @@ def main(argv: list[str] | None = None) -> int:
     size = write(args.out, args.layers, args.seed)
     print(f"{args.out}: {size / 2**20:.0f} MiB, {time.perf_counter() - start:.1f} s", file=sys.stderr)
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Dequantization speed: ckptfs codecs against gguf-py, numpy and ml_dtypes, one whole tensor per case.
 
 Each case decodes one real-shaped tensor (rows x cols, numpy order) the way each library would, from the same
@@ -21,7 +20,7 @@ overwritten with a finite value of a realistic size (gguf-py cannot quantize mos
 quantizing big tensors with it takes minutes). Decoding speed does not depend on the weights' values, except
 that NaN/inf scales and subnormal products would slow float arithmetic, which real files do not exercise.
 
-Usage: python scripts/bench_dequant.py [--quick] [--types Q4_0,Q4_K,F16>F32] [--repeat 3]
+Usage: python -m benchmarks dequant [--quick] [--types Q4_0,Q4_K,F16>F32] [--repeat 3]
 Set CKPTFS_NO_NATIVE=1 to time the pure-numpy path when the optional C kernel is built.
 """
 
@@ -31,7 +30,6 @@ import argparse
 import gc
 import os
 import platform
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -273,7 +271,3 @@ def main(argv: list[str] | None = None) -> int:
                       f"{ratio} {equal}", flush=True)
             gc.collect()
     return 1 if failures else 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

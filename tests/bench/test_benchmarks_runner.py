@@ -1,0 +1,61 @@
+"""The benchmark suite's one runner: ``python -m benchmarks`` lists every workload module of ``benchmarks/``
+(each file with a ``main``), without importing them, and ``python -m benchmarks NAME --help`` starts each one."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+SUITE = REPO / "benchmarks"
+
+
+def _has_main(path: Path) -> bool:
+    return any(isinstance(node, ast.FunctionDef) and node.name == "main" for node in ast.parse(path.read_text()).body)
+
+
+WORKLOADS = sorted(p.stem for p in SUITE.glob("*.py") if not p.stem.startswith("_") and _has_main(p))
+
+
+def _run(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=timeout, cwd=REPO)
+
+
+def test_the_listing_names_every_workload_of_the_folder_with_its_summary_and_figure():
+    assert len(WORKLOADS) >= 16, WORKLOADS
+    done = _run("-m", "benchmarks")
+    assert done.returncode == 0, done.stderr
+    listed = [line.split()[0] for line in done.stdout.splitlines()[2:] if line and not line[0].isspace()]
+    assert sorted(listed) == WORKLOADS  # a workload left out of the runner, or one without a file, fails here
+    lines = done.stdout.splitlines()
+    for name in WORKLOADS:
+        first = ast.get_docstring(ast.parse((SUITE / f"{name}.py").read_text())).splitlines()[0]
+        at = next(i for i, line in enumerate(lines) if line.split()[:1] == [name])
+        assert lines[at].split(None, 1)[1] == first
+        figure = lines[at + 1].strip()
+        assert figure.startswith("figure: ") and len(figure) > len("figure: ") + 10, figure
+
+
+def test_listing_imports_no_workload():
+    code = ("import sys; from benchmarks.__main__ import listing; listing(); "
+            "print(sorted(m for m in sys.modules if m.startswith('benchmarks.') or m in ('torch', 'numpy', 'ckptfs')))")
+    done = _run("-c", code)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "['benchmarks.__main__']"
+
+
+def test_an_unknown_workload_is_an_error():
+    done = _run("-m", "benchmarks", "no_such_workload")
+    assert done.returncode == 2
+    assert "no workload 'no_such_workload'" in done.stderr
+
+
+@pytest.mark.parametrize("name", WORKLOADS)
+def test_each_workload_starts(name):
+    done = _run("-m", "benchmarks", name, "--help")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.startswith(f"usage: python -m benchmarks {name} "), done.stdout[:300]
