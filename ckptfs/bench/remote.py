@@ -11,7 +11,7 @@ temporary mountpoint that is always unmounted; the workloads run from this proce
 - streaming every ``.npy`` with 1 MiB reads: MB/s of ``.npy`` bytes, requests, bytes fetched.
 
 The remote and local mounts run one after the other in the same run, so the ratios are what matters on a
-shared machine. ``scripts/bench_remote.py`` runs this against a loopback nginx and adds the server's own
+shared machine. ``python -m benchmarks remote`` runs this against a loopback nginx and adds the server's own
 counts from its access log.
 """
 
