@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Build llama.cpp's libllama and the client probe (scripts/llama_probe) once per machine, into a cache
 # folder outside the repository: the client tests (tests/clients/test_clients_llamacpp.py) and
-# scripts/bench_clients.py run real llama.cpp loads through ckptfs mounts with it.
+# benchmarks/clients.py run real llama.cpp loads through ckptfs mounts with it.
 #
 # The sources are the llama.cpp tree vendored in llama-cpp-python's sdist (PyPI is the one registry the
 # project's machines reach). Only libllama, the CPU backend and the probe are compiled (about 10 minutes on

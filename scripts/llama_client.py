@@ -2,7 +2,7 @@
 sentence embedding.
 
 The one place that knows how to find and call ``ckptfs-llama-probe``: tests/clients/test_clients_llamacpp.py and
-scripts/bench_clients.py import it. The probe loads the model with libllama in one of its load modes —
+benchmarks/clients.py import it. The probe loads the model with libllama in one of its load modes —
 ``mmap`` (its default), ``none`` (buffered reads into its own buffers, ``--no-mmap``) or ``dio`` (O_DIRECT
 reads aligned to st_blksize; llama.cpp falls back to buffered reads with only a warning when O_DIRECT
 fails, which the probe reports as ``dio_fallback``) — and prints one JSON line: ``tokens`` (greedy ids),

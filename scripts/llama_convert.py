@@ -1,5 +1,5 @@
 """Run llama.cpp's ``convert_hf_to_gguf.py`` (from the tree scripts/build_llama_cpp.sh builds) on a Hugging Face
-folder: the oracle of ``gguf/model.gguf`` in tests/ggufview/ and the baseline of scripts/bench_gguf_view.py.
+folder: the oracle of ``gguf/model.gguf`` in tests/ggufview/ and the baseline of benchmarks/gguf_view.py.
 
 The converter names a BPE tokenizer's pre-tokenizer by the hash of one text's token ids and refuses a hash its
 table does not list; a tokenizer made for a test (or converted from a GGUF) has a hash of its own, so the run

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Write a GGUF shaped like a real small model, for ``ckptfs bench`` (and scripts/make_bench_safetensors.py).
+"""Write a GGUF shaped like a real small model, for ``ckptfs bench`` (and benchmarks/make_bench_safetensors.py).
 
 Real GGUFs are not made of a few big tensors: a 262,144-entry tokenizer vocabulary (tokens, scores, token
 types) dominates the header, and a quantized file mixes types because K-quants need rows that are whole
@@ -18,7 +18,7 @@ skeletons of two real Q4_K_M GGUFs): exactly its tensor names, storage types and
 every dim, row lengths staying whole blocks), its metadata keys with their scalar values, and its arrays
 (vocabulary, scores, token types, merges) at the skeleton's lengths. Real files owe their costs to this mix:
 109 of Gemma 3 270M's 236 tensors are F32 norms of a few KiB, where per-file costs dominate a stream.
-:func:`skeleton_tensors` is the one reader of skeletons (scripts/bench_torch.py uses it too).
+:func:`skeleton_tensors` is the one reader of skeletons (benchmarks/torch.py uses it too).
 
 Usage: python scripts/make_realistic_gguf.py [OUT.gguf] [--layers 26] [--vocab 262144] [--no-output]
                                             [--split-max-tensors N]
