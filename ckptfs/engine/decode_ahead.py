@@ -29,12 +29,13 @@ of FUSE: it sees file handles, views and byte ranges.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import functools
 import logging
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from contextlib import AbstractContextManager
 from concurrent.futures import Future
 from concurrent.futures import wait as wait_for
@@ -52,6 +53,16 @@ MAX_AHEAD_BYTES = 8 << 20
 #: How much of a streamed file's rest is advised at once when the stream is found (its stored bytes: the
 #: remote read-ahead's budget, ckptfs.sources.remote.fetch_ahead.FETCH_BUDGET).
 WHOLE_ADVICE_BYTES = 128 << 20
+#: How far a streaming reader moves before the advice ahead of it is extended (to ``WHOLE_ADVICE_BYTES`` ahead).
+ADVICE_STEP = 8 << 20
+#: For a reader seen reading in file order, how many bytes of the files stored after the one it reads are
+#: advised ahead of it (from when it is this close to that file's end; at most ``FOLLOW_FILES`` more files at
+#: a time): a checkpoint's many small tensors (norms of a few KiB) then arrive as a few large requests ahead
+#: of the reader instead of one round trip per file, and a large file's end is no pause in the stream.
+FOLLOW_ADVICE_BYTES = 32 << 20
+FOLLOW_FILES = 64
+#: Ranges of advice this close are advised as one (a GGUF aligns each tensor's data to 32 bytes by default).
+MERGE_GAP = 64 << 10
 STREAM_SHARE = 8  # ahead of one stream: at most capacity / 8
 TOTAL_SHARE = 4  # in flight over all streams: at most capacity / 4
 
@@ -80,7 +91,8 @@ class _Stream:
     generation: int = 0
     advised: bool = False
     followed: bool = False  # read-ahead has gone on into the next tensor's file (View.following)
-    whole: bool = False     # the rest of the file's stored bytes were advised as one unit
+    chained: bool = False   # the files stored after this one were advised (a reader in file order)
+    advised_to: int = 0     # the file's bytes up to here were advised as one unit (the rest, in steps)
     closed: bool = False
 
 
@@ -108,6 +120,8 @@ class DecodeAhead:
         # order: the slot of the file a finished stream leads to, and whether the last one opened was it.
         self._expected: object = None
         self._in_file_order = False
+        # the files stored after the one a reader in file order reads whose bytes were advised, in order
+        self._chain: collections.deque[tuple[Hashable, View]] = collections.deque()
 
     @classmethod
     def from_env(cls, sources: Sources, cache_capacity: int) -> DecodeAhead:
@@ -115,12 +129,23 @@ class DecodeAhead:
         return cls(sources, cache_capacity, enabled_from_env(), decode_ahead=decode_ahead_from_env(), into_reply=True)
 
     def opened(self, fh: int, view: View) -> None:
+        next_in_order = False
         if self._expected is not None and view.slot is not None:
-            self._in_file_order = view.slot == self._expected  # it went on to the file stored next, or not
+            next_in_order = self._in_file_order = view.slot == self._expected  # the file stored next, or not
             self._expected = None
-        if self.enabled and view.reads_ahead:
             with self._lock:
-                self._streams[fh] = _Stream(view)
+                if next_in_order and self._chain and self._chain[0][0] == view.slot:
+                    self._chain.popleft()  # what was advised ahead of it is now ahead of this file
+                else:
+                    self._chain.clear()  # left file order: what was advised ahead is no longer ahead
+        if self.enabled and view.reads_ahead:
+            stream = _Stream(view)
+            if next_in_order:
+                # the reader went on from the end of the file stored before this one: its stream continues
+                # here, and its first read (a small file's only one) counts as sequential
+                stream.run.end, stream.run.streak = 0, 1
+            with self._lock:
+                self._streams[fh] = stream
 
     def released(self, fh: int) -> None:
         with self._lock:
@@ -146,6 +171,11 @@ class DecodeAhead:
                 if was_streaming:
                     stream.generation += 1  # the access turned random: skip what is queued for it
                 stream.ahead_until = 0
+                if offset == 0 and size >= stream.view.size:
+                    # a whole file in one read is no stream, but a reader that opens the file stored next
+                    # reads in file order (a small tensor first in a checkpoint)
+                    following = stream.view.following()
+                    self._expected = following.slot if following is not None else None
                 return False
             end = stream.run.end
             start = max(end, stream.ahead_until)
@@ -154,18 +184,30 @@ class DecodeAhead:
             if not stream.followed and end + self._ahead > stream.view.size:
                 stream.followed = True
                 beyond = end + self._ahead - stream.view.size
-            if (stop <= start or start - end > self._ahead // 2) and not beyond:
+            chain = not stream.chained and end + FOLLOW_ADVICE_BYTES > stream.view.size
+            stream.chained = stream.chained or chain
+            # the rest of the file as one unit: at once when the stream is found, then extended each time the
+            # reader has moved ADVICE_STEP on (a file longer than WHOLE_ADVICE_BYTES keeps its source's window
+            # full to its end instead of falling back to the decode window's few MiB)
+            rest = (stream.advised_to < stream.view.size
+                    and (not stream.advised or end + WHOLE_ADVICE_BYTES >= stream.advised_to + ADVICE_STEP))
+            if (stop <= start or start - end > self._ahead // 2) and not beyond and not rest and not chain:
                 return True  # at end of file, or more than half a window is already ahead
             first = not stream.advised
             stream.advised = True
-            whole, stream.whole = not stream.whole, True
+            rest_from = max(stop, stream.advised_to)
+            if rest:
+                stream.advised_to = min(stream.view.size, end + WHOLE_ADVICE_BYTES)
+            rest_to = stream.advised_to
             generation = stream.generation
         try:
             with decided_above():  # what is advised and decoded here continues this handle's stream
                 if stop > start:
                     self._schedule(stream, start, stop, generation, first)
-                if whole:
-                    self._advise_rest(stream.view, stop)
+                if rest and rest_to > rest_from:
+                    self._advise_rest(stream.view, rest_from, rest_to)
+                if chain:
+                    self._chain_after(stream.view)
                 if beyond:
                     self._follow(stream, beyond)
         except Exception:  # noqa: BLE001 - read-ahead is an optimization; the read itself reports errors
@@ -186,12 +228,12 @@ class DecodeAhead:
                 return  # over budget: try again on a later read
             stream.ahead_until = until
 
-    def _advise_rest(self, view: View, end: int) -> None:
-        """Tensor-aware read-ahead: a reader found streaming a file has the stored bytes of the rest of it (up
-        to ``WHOLE_ADVICE_BYTES`` of the file) advised at once, as one unit — a remote source fetches them
-        over as many parallel ranges as its origin allows instead of growing a window read by read, a local
-        file's kernel reads them in. Decoding stays within the window above: it costs cache memory."""
-        for name, offset, nbytes in view.ahead(end, min(view.size, end + WHOLE_ADVICE_BYTES)).advise:
+    def _advise_rest(self, view: View, start: int, stop: int) -> None:
+        """Tensor-aware read-ahead: a reader found streaming a file has the stored bytes of the rest of it
+        advised as one unit (``WHOLE_ADVICE_BYTES`` ahead of the reader at a time) — a remote source fetches
+        them over as many parallel ranges as its origin allows instead of growing a window read by read, a
+        local file's kernel reads them in. Decoding stays within the window above: it costs cache memory."""
+        for name, offset, nbytes in view.ahead(start, stop).advise:
             self._advise(name, offset, nbytes, False)
 
     def _follow(self, stream: _Stream, nbytes: int) -> None:
@@ -213,6 +255,37 @@ class DecodeAhead:
             for _, size, job in plan.decode:
                 if not self._submit(functools.partial(self._unless_closed, job), size):
                     return
+
+    def _chain_after(self, view: View) -> None:
+        """For a reader in file order near the end of ``view``: advise the stored bytes of the files stored
+        after it until ``FOLLOW_ADVICE_BYTES`` of them are advised ahead (``FOLLOW_FILES`` more at most), as a
+        few merged ranges. The files advised and not yet opened are kept in order (``_chain``), so each file
+        extends the chain from its end instead of walking it again."""
+        following = view.following()
+        if following is None:
+            return
+        self._expected = following.slot
+        if not self._in_file_order:
+            return  # not (yet) seen reading in file order
+        with self._lock:
+            last = self._chain[-1][1] if self._chain else view
+            ahead = sum(chained.size for _, chained in self._chain)
+        advice: list[tuple[str, int, int]] = []
+        added: list[tuple[Hashable, View]] = []
+        for _ in range(FOLLOW_FILES):
+            if ahead >= FOLLOW_ADVICE_BYTES:
+                break
+            nxt = last.following()
+            if nxt is None or not nxt.reads_ahead:
+                break
+            advice += nxt.ahead(0, nxt.size).advise
+            added.append((nxt.slot, nxt))
+            ahead += nxt.size
+            last = nxt
+        with self._lock:
+            self._chain.extend(added)
+        for name, offset, size in _merged(advice):
+            self._advise(name, offset, size, False)
 
     def _decodes_ahead(self, view: View) -> bool:
         return self.decode_ahead and not (self.into_reply and view.decodes_into_reply)
@@ -255,3 +328,17 @@ class DecodeAhead:
                 pending = list(self._pending)
             wait_for(pending)
         self._closed = True
+
+
+def _merged(advice: list[tuple[str, int, int]]) -> list[tuple[str, int, int]]:
+    """Advice with the ranges of one file that overlap or lie within ``MERGE_GAP`` of each other joined (the
+    stored bytes of tensors stored one after another, between them the format's alignment padding): one range
+    is fetched as whole pieces, many small ones as as many small requests."""
+    out: list[tuple[str, int, int]] = []
+    for name, offset, size in sorted(advice):
+        if out and out[-1][0] == name and offset <= out[-1][1] + out[-1][2] + MERGE_GAP:
+            last = out[-1]
+            out[-1] = (name, last[1], max(last[2], offset + size - last[1]))
+        else:
+            out.append((name, offset, size))
+    return out

@@ -80,6 +80,10 @@ class OriginLimit:
         with self._lock:
             self.in_flight = max(0, self.in_flight - 1)
 
+    def held(self, then: Callable[[], None] | None = None) -> HeldSlot:
+        """The slot just taken by ``try_start``, to be given back once (see :class:`HeldSlot`)."""
+        return HeldSlot(self, then)
+
     # -- every request reports -------------------------------------------------------------------------
     def finished(self, nbytes: int, seconds: float) -> None:
         """One request to the origin brought ``nbytes`` in ``seconds``."""
@@ -186,3 +190,27 @@ def _forget_in_child() -> None:
 
 
 after_fork_in_child(_forget_in_child)
+
+
+class HeldSlot:
+    """A slot of an :class:`OriginLimit` held by one fetch ahead, given back exactly once: when the answer's
+    body is in (``ReadContext.body_in``: the origin no longer works for it, though the fetch may still wait
+    for a version check before its bytes are served) or when the fetch ends, whichever comes first. Giving it
+    back at the body keeps the origin busy: a version check's wait (tens of ms behind a distant origin) would
+    otherwise hold every landed piece's slot and stall the next wave. ``then`` runs after it is given back
+    (a read-ahead starts its next piece)."""
+
+    def __init__(self, limit: OriginLimit, then: Callable[[], None] | None = None) -> None:
+        self._limit, self._then = limit, then
+        self._lock = threading.Lock()
+        self._held = True
+
+    def release(self) -> None:
+        with self._lock:
+            if not self._held:
+                return
+            self._held = False
+        self._limit.done()
+        if self._then is not None:
+            self._then()
+

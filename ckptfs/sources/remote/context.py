@@ -24,6 +24,7 @@ import dataclasses
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Protocol
 
 
 @dataclass(frozen=True)
@@ -83,6 +84,12 @@ def read_deadline(timeout: float) -> float:
     return ReadContext.entering(timeout).deadline
 
 
+class Slot(Protocol):
+    """What a fetch ahead holds of its origin's in-flight limit (``ckptfs.origins.limit.HeldSlot``)."""
+
+    def release(self) -> None: ...
+
+
 @dataclass
 class ReadContext:
     """One read's state (see the module docstring). ``answered_at`` is the one field written on the way: a
@@ -94,6 +101,7 @@ class ReadContext:
     ahead: bool = False              # fetched ahead of readers (read-ahead, a warm-up)
     once: bool = False               # one attempt, no retry (``once_scope``)
     answered_at: float | None = None  # when the answer to this attempt's ranged request began (None: unsaid)
+    slot: Slot | None = None          # the origin slot a fetch ahead holds: given back once its body is in
 
     @classmethod
     def entering(cls, timeout: float) -> ReadContext:
@@ -103,13 +111,20 @@ class ReadContext:
         return cls(end if scope.deadline is None else min(scope.deadline, end), scope.fallback, once=scope.once)
 
     @classmethod
-    def fetching_ahead(cls, timeout: float) -> ReadContext:
-        """A fetch ahead of readers (read-ahead's pieces, a warm-up's): its own ``timeout``, no mirror."""
-        return cls(time.monotonic() + timeout, ahead=True)
+    def fetching_ahead(cls, timeout: float, slot: Slot | None = None) -> ReadContext:
+        """A fetch ahead of readers (read-ahead's pieces, a warm-up's): its own ``timeout``, no mirror, and
+        the origin slot it holds, if any."""
+        return cls(time.monotonic() + timeout, ahead=True, slot=slot)
 
     def bounded(self, deadline: float) -> ReadContext:
         """This read's context for one attempt that must end by ``deadline`` (no answer heard yet)."""
         return dataclasses.replace(self, deadline=deadline, answered_at=None)
+
+    def body_in(self) -> None:
+        """A request's whole body is in: the origin slot this fetch holds is given back (the fetch may still
+        wait for a version check; the origin no longer works for it)."""
+        if self.slot is not None:
+            self.slot.release()
 
     def answered(self) -> None:
         """For a scheme's attempt: the answer's status and headers are in, so the version its bytes come from

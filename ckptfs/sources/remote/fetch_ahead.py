@@ -42,6 +42,7 @@ from typing import Protocol
 from ckptfs.cache.chunks import CHUNK
 from ckptfs.readahead import SCHEDULER, SequentialRun, is_decided_above
 from ckptfs.origins.limit import OriginLimit
+from ckptfs.sources.remote.context import Slot
 from ckptfs.sources.remote.options import RemoteOptions
 from ckptfs.util.forks import after_fork_in_child
 
@@ -73,7 +74,7 @@ class Fetches(Protocol):
 
     def claim(self, c0: int, c1: int) -> list[Run]: ...
 
-    def fetch_claimed(self, runs: list[Run], memory: bool = True) -> Exception | None: ...
+    def fetch_claimed(self, runs: list[Run], memory: bool = True, slot: Slot | None = None) -> Exception | None: ...
 
     def abandon(self, runs: list[Run], error: BaseException) -> None: ...
 
@@ -111,6 +112,9 @@ class ReadAhead:
         self._window = 0    # bytes wanted ahead of the reader
         self._reader = 0    # the chunk just past the run's furthest read
         self._frontier = 0  # chunks of the run below this are fetched or claimed already
+        # where the window stops: the file's end for a run detected here; for a stream decided above, the end
+        # of what its handle advised (it decides what comes after: the next tensor's file, or nothing)
+        self._until: int | None = None
         _readaheads.add(self)
 
     def observe(self, offset: int, size: int) -> None:
@@ -133,6 +137,7 @@ class ReadAhead:
             self._reader = max(self._reader, reader)
             if streak < 2:
                 return
+            self._until = None
             # the window grows to the whole budget, so the origin's limit, not the window, is what binds
             # (and a limit that binds is one that learns: limit.py judges only epochs that wanted more)
             self._window = min(FETCH_BUDGET, max(MIN_WINDOW, self._window * 2))
@@ -143,11 +148,16 @@ class ReadAhead:
         drops it, for the handle advises again where it finds a stream) and is topped up."""
         with self._lock:
             reader = -(-(offset + size) // CHUNK)
-            if self._reader - SLACK // CHUNK <= offset // CHUNK <= self._reader + self._window // CHUNK:
+            # the same slack behind the reader as a run's (``observe``): the kernel's neighbouring requests of
+            # one stream arrive out of order, and one that lands a few reads behind must not drop the window
+            # (the handle advises once per stream: a dropped window stays dropped, the stream fetches only
+            # what each read asks for)
+            behind = max(SLACK, SLACK_READS * size) // CHUNK
+            if self._reader - behind <= offset // CHUNK <= self._reader + self._window // CHUNK:
                 self._reader = max(self._reader, reader)
             else:
                 self._window = 0
-                self._reader = self._frontier = reader
+                self._reader = self._frontier = self._until = reader
         self.pump()
 
     def pump(self) -> None:
@@ -159,11 +169,17 @@ class ReadAhead:
         while True:
             with self._lock:
                 frontier = max(self._frontier, self._reader)
-                end = min(chunks, self._reader + self._window // CHUNK)
+                last = chunks if self._until is None else min(chunks, self._until)
+                end = min(last, self._reader + self._window // CHUNK)
                 piece = piece_bytes(limit.limit, self._source.piece_bytes) // CHUNK
                 take = min(piece, end - frontier)
-                # a whole piece, or what is left of the window's room when that is most of it, or the file's end
-                if take <= 0 or (take < piece and end < chunks and take < (self._window // CHUNK) // 2):
+                # a whole piece; or what is left of the window's room when that is most of it; or the file's
+                # end; or the end of what a stream's handle advised once its reader is near it (further off,
+                # the handle's next advice usually extends it: a reader in file order is advised the small
+                # files ahead of it one by one, and these bytes then go out as whole pieces, not one each)
+                short_ok = (end == chunks or take >= (self._window // CHUNK) // 2
+                            or (end == last and frontier - self._reader < piece))
+                if take <= 0 or (take < piece and not short_ok):
                     return
                 if not SCHEDULER.has_room(take * CHUNK) or not limit.try_start():
                     return
@@ -187,6 +203,8 @@ class ReadAhead:
                          and reader - SLACK // CHUNK <= c0 <= reader + FETCH_BUDGET // CHUNK)
             if continues:
                 self._window = max(self._window, min(FETCH_BUDGET, (c1 - reader) * CHUNK))
+                if is_decided_above():
+                    self._until = c1 if self._until is None else max(self._until, c1)
         if continues:
             self.pump()
             return
@@ -207,11 +225,15 @@ class ReadAhead:
             limit.done()
             return True  # all there or on its way already
 
+        # the slot is given back when the body is in, and the next piece started then: a version check that
+        # the landed bytes still wait for does not keep the origin idle
+        slot = limit.held(then=self.pump if then_pump else None)
+
         def job() -> None:
             try:
-                self._source.fetch_claimed(runs)
+                self._source.fetch_claimed(runs, slot=slot)
             finally:
-                limit.done()
+                slot.release()
 
         nbytes = sum(stop - start for start, stop in runs) * CHUNK
         # the window topped up once the piece's bytes are released: its room is the next piece's

@@ -26,7 +26,7 @@ from ckptfs.cache.keys import CacheKey
 from ckptfs.cache.flight import Flight, SingleFlight, flights_for
 from ckptfs.core.errors import CheckpointError
 from ckptfs.sources.netstats import COUNTERS
-from ckptfs.sources.remote.context import ReadContext
+from ckptfs.sources.remote.context import ReadContext, Slot
 from ckptfs.sources.remote.handoff import hand_out
 from ckptfs.sources.remote.options import RemoteOptions
 from ckptfs.sources.remote.origin import OriginClient
@@ -263,11 +263,12 @@ class ChunkFetcher:
                     claimed.remove(i)
         return runs(claimed)
 
-    def fetch_claimed(self, claimed: list[Run], memory: bool = True) -> Exception | None:
+    def fetch_claimed(self, claimed: list[Run], memory: bool = True, slot: Slot | None = None) -> Exception | None:
         """Fetch claimed runs into the chunk cache (best effort, within ``--timeout``): a run that fails is
         left to its readers, who fetch it themselves with their own retries. The first failure is returned.
-        ``memory=False``: the chunks go to the ``--cache-dir`` store only (``ChunkCache.put``)."""
-        read = ReadContext.fetching_ahead(self.options.timeout)
+        ``memory=False``: the chunks go to the ``--cache-dir`` store only (``ChunkCache.put``). ``slot``: the
+        origin slot the caller holds for this fetch, given back as soon as a body is in (``ReadContext``)."""
+        read = ReadContext.fetching_ahead(self.options.timeout, slot)
         first: Exception | None = None
         for start, stop in claimed:
             try:

@@ -131,6 +131,7 @@ class OriginClient:
         A short answer is never served (a scheme's attempt must check; this is the last line)."""
         sent = time.monotonic()
         body = self.retrying(attempt, read, start)
+        read.body_in()
         parts = body if isinstance(body, list) else [body]
         got = sum(len(p) for p in parts)
         done = time.monotonic()

@@ -29,7 +29,7 @@ from ckptfs.cache.flight import Flight
 from ckptfs.core.errors import CheckpointError
 from ckptfs.origins.limit import OriginLimit
 from ckptfs.sources.base import ByteSource
-from ckptfs.sources.remote.context import ReadContext
+from ckptfs.sources.remote.context import ReadContext, Slot
 from ckptfs.sources.remote.fetcher import ChunkFetcher, Run
 from ckptfs.sources.remote.options import DEFAULT_OPTIONS, RemoteOptions
 from ckptfs.sources.remote.origin import OriginClient
@@ -223,9 +223,9 @@ class RemoteSource(ByteSource):
         """``ChunkFetcher.claim``: readers of the chunks claimed wait for :meth:`fetch_claimed`."""
         return self.fetcher.claim(c0, c1)
 
-    def fetch_claimed(self, runs: list[Run], memory: bool = True) -> Exception | None:
+    def fetch_claimed(self, runs: list[Run], memory: bool = True, slot: Slot | None = None) -> Exception | None:
         """``ChunkFetcher.fetch_claimed``: read-ahead ignores the failure returned, a warm-up reports it."""
-        return self.fetcher.fetch_claimed(runs, memory)
+        return self.fetcher.fetch_claimed(runs, memory, slot)
 
     def abandon(self, runs: list[Run], error: BaseException) -> None:
         """Give up claimed runs unfetched: their waiters fetch for themselves."""

@@ -57,7 +57,7 @@ from ckptfs.cache.disk import FULL, NOT_WRITABLE
 from ckptfs.cache.entry import HEADER_SIZE
 from ckptfs.core.errors import CheckpointError
 from ckptfs.readahead import SCHEDULER
-from ckptfs.origins.limit import OriginLimit
+from ckptfs.origins.limit import HeldSlot, OriginLimit
 from ckptfs.sources.base import ByteSource, Mirrored, WrapsSource
 from ckptfs.sources.pool import SourcePool
 from ckptfs.sources.remote.fetch_ahead import FETCH_BUDGET, piece_bytes
@@ -334,7 +334,8 @@ class _Dispatch:
         if not runs:
             limit.done()
             return True
-        piece = _Piece(f, runs, limit, self.landed, self.errors, self.stop)
+        # the slot is given back once the piece's body is in, and the next pieces started then
+        piece = _Piece(f, runs, limit.held(then=self.refill), self.landed, self.errors, self.stop)
         self._running += 1
         if SCHEDULER.submit("fetch", piece, nbytes, cap=self.cap, then=self._landed) is None:
             self._running -= 1
@@ -356,9 +357,9 @@ class _Dispatch:
 class _Piece:
     """One fetch job: claimed runs of one file into the store, counted when they land."""
 
-    def __init__(self, file: _File, runs: list[tuple[int, int]], limit: OriginLimit, landed: Landed,
+    def __init__(self, file: _File, runs: list[tuple[int, int]], slot: HeldSlot, landed: Landed,
                  errors: list[str], stop: threading.Event | None):
-        self.file, self.runs, self.limit, self.landed = file, runs, limit, landed
+        self.file, self.runs, self.slot, self.landed = file, runs, slot, landed
         self.errors, self.stop = errors, stop
 
     def __call__(self) -> None:
@@ -367,9 +368,10 @@ class _Piece:
             if self.errors or (self.stop is not None and self.stop.is_set()):
                 remote.abandon(self.runs, RuntimeError("prefetch stopped"))  # queued when it ended: not fetched
                 return
-            error = remote.fetch_claimed(self.runs, memory=False)  # for the store: readers' LRU untouched
+            # for the store: readers' LRU untouched; the slot given back once the body is in
+            error = remote.fetch_claimed(self.runs, memory=False, slot=self.slot)
         finally:
-            self.limit.done()
+            self.slot.release()
         wrapper = self.file.wrapper
         if error is not None and wrapper is not remote and isinstance(wrapper, Mirrored) and wrapper.mirrors:
             error = self._through_wrapper()
