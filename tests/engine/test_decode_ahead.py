@@ -225,3 +225,68 @@ def test_a_found_stream_has_the_rest_of_its_file_advised_as_one_unit(gguf_path, 
     pf.on_read(1, 65536, 65536)
     info = raw.info
     assert max(o + n for o, n, _ in calls) == info.offset + info.stored_nbytes
+
+
+def test_a_long_file_has_its_rest_advised_in_steps_to_its_end(gguf_path, monkeypatch):
+    """The rest of a file longer than one advice is advised again as its reader moves on, up to its end: a
+    remote source's window then stays full to the end of a large tensor instead of falling back to the decode
+    window's few MiB after the first advice."""
+    calls = []
+    monkeypatch.setattr(FileSource, "advise", lambda self, offset, size, sequential=False:
+                        calls.append((offset, size)))
+    monkeypatch.setattr(decode_ahead, "MAX_AHEAD_BYTES", 16384)
+    monkeypatch.setattr(decode_ahead, "WHOLE_ADVICE_BYTES", 131072)
+    monkeypatch.setattr(decode_ahead, "ADVICE_STEP", 32768)
+    ck, tree, pf = setup(gguf_path)
+    raw = tree.view("f.raw")
+    info = raw.info
+    assert raw.size == info.stored_nbytes > 4 * 131072
+    pf.opened(1, raw)
+    furthest = []
+    for offset in range(0, raw.size, 16384):
+        pf.on_read(1, offset, 16384)
+        furthest.append(max((o + n for o, n in calls), default=0) - info.offset)
+        # never more than one advice ahead of the reader, and always (once found) at least a step ahead
+        assert furthest[-1] <= offset + 16384 + 131072
+        if offset >= 16384 and offset + 16384 + 131072 - 32768 < raw.size:
+            assert furthest[-1] >= offset + 16384 + 131072 - 32768, (offset, furthest[-1])
+    assert furthest[-1] == raw.size  # up to the file's end
+    pf.close(wait=True)
+
+
+@pytest.fixture(scope="module")
+def small_tensors(tmp_path_factory):
+    """Forty F32 tensors of 4 KiB stored one after the other (norms), then a larger one."""
+    rng = np.random.default_rng(9)
+    path = tmp_path_factory.mktemp("small") / "small.gguf"
+    tensors = {f"n{i:02d}": (rng.standard_normal(1024).astype(np.float32), "F32") for i in range(40)}
+    tensors["w"] = (rng.standard_normal((64, 1024)).astype(np.float32), "F32")
+    write_gguf(path, tensors)
+    return path
+
+
+def test_a_reader_in_file_order_has_the_small_files_ahead_advised_as_merged_ranges(small_tensors, monkeypatch):
+    """A reader in file order (``cp -r``, a loader) of many small files: the stored bytes of the files after the
+    one it reads are advised as a few merged ranges ahead of it (its source fetches them as whole pieces, not
+    one request per file), and each file read extends that chain from its end instead of walking it again."""
+    calls = []
+    monkeypatch.setattr(FileSource, "advise", lambda self, offset, size, sequential=False:
+                        calls.append((offset, size)))
+    ck, tree, pf = setup(small_tensors)
+    order = sorted(ck.tensors, key=lambda t: t.info.offset)
+    views = [tree.view(f"{t.name}.raw") for t in order]
+
+    for k, view in enumerate(views[:10]):
+        pf.opened(k + 1, view)
+        pf.on_read(k + 1, 0, 1 << 20)  # each small file whole in one read, as `cp` reads it
+        view.read(0, 1 << 20)
+        pf.released(k + 1)
+    pf.close(wait=True)
+    ends = {t.info.offset: t.info.offset + t.info.stored_nbytes for t in order}
+    # some advised range spans several tensors stored one after another (the gaps are alignment padding)
+    spans = [sum(1 for start in ends if o <= start and ends[start] <= o + n) for o, n in calls]
+    assert max(spans) >= 8, spans
+    # everything advised belongs to the files after the ones read, in file order
+    assert min(o for o, _ in calls) >= order[1].info.offset
+    # the chain is extended, not walked again: far fewer advice calls than files ahead times files read
+    assert len(calls) <= 3 * 10, len(calls)

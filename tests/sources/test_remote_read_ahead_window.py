@@ -1,0 +1,114 @@
+"""The remote read-ahead window of a stream a mount's handle decided (``ckptfs.sources.remote.fetch_ahead``),
+driven by hand over a source that records what it is asked to claim (no network: what is under test is which
+chunks are fetched ahead, not how).
+
+The handle advises a stream's bytes once; the source's window then follows its reader. The kernel's
+neighbouring requests of one stream reach the daemon's threads out of order, so a read a few reads behind
+the reader is part of the stream: it must not drop the window (nothing would advise it again, and every
+later read would fetch only its own bytes). The window stops where the advice ends: what comes after the
+advised bytes (the next tensor's file, or nothing) is the handle's to say. A fetch ahead gives its origin
+slot back once, when its body is in or when it ends.
+"""
+
+from __future__ import annotations
+
+import threading
+
+from conftest import wait_until
+
+from ckptfs.cache.chunks import CHUNK
+from ckptfs.origins.limit import OriginLimit
+from ckptfs.readahead import decided_above
+from ckptfs.sources.remote import fetch_ahead
+from ckptfs.sources.remote.context import ReadContext, Slot
+from ckptfs.sources.remote.fetch_ahead import ReadAhead, Run
+from ckptfs.sources.remote.options import RemoteOptions
+
+MiB = 1 << 20
+
+
+class RecordingSource:
+    """What ``ReadAhead`` needs of a source (``fetch_ahead.Fetches``); claims are recorded, fetches land at once."""
+
+    def __init__(self, size: int) -> None:
+        self.options = RemoteOptions()
+        self.size = size
+        self.piece_bytes = 4 * MiB
+        self.limit = OriginLimit(initial=4)
+        self.claimed: set[int] = set()
+        self.lock = threading.Lock()
+
+    @property
+    def closed(self) -> bool:
+        return False
+
+    def origin_limit(self) -> OriginLimit:
+        return self.limit
+
+    def claim(self, c0: int, c1: int) -> list[Run]:
+        with self.lock:
+            new = [i for i in range(c0, c1) if i not in self.claimed]
+            self.claimed.update(new)
+        return [(new[0], new[-1] + 1)] if new else []
+
+    def fetch_claimed(self, runs: list[Run], memory: bool = True, slot: Slot | None = None) -> Exception | None:
+        return None
+
+    def abandon(self, runs: list[Run], error: BaseException) -> None:
+        pass
+
+    def forget_fetches(self) -> None:
+        pass
+
+    def furthest(self) -> int:
+        with self.lock:
+            return max(self.claimed, default=-1) + 1
+
+
+def _settled(source: RecordingSource) -> None:
+    assert wait_until(lambda: source.limit.in_flight == 0, timeout=10)
+
+
+def test_a_read_behind_the_reader_keeps_the_window_of_a_decided_stream(monkeypatch):
+    monkeypatch.setattr(fetch_ahead, "FETCH_BUDGET", 8 * MiB)  # the window: 8 MiB ahead of the reader
+    source = RecordingSource(64 * MiB)
+    ahead = ReadAhead(source)
+    with decided_above():
+        ahead.observe(0, MiB)
+        ahead.observe(MiB, MiB)
+        ahead.prefetch(2 * MiB // CHUNK, 64 * MiB // CHUNK)  # the handle advises the rest, once
+        _settled(source)
+        assert source.furthest() * CHUNK == 10 * MiB  # 8 MiB ahead of the reader
+        ahead.observe(3 * MiB, MiB)
+        ahead.observe(2 * MiB, MiB)  # arrived after its neighbour
+        for offset in range(4 * MiB, 20 * MiB, MiB):
+            ahead.observe(offset, MiB)
+            _settled(source)
+    assert source.furthest() * CHUNK == 28 * MiB  # still 8 MiB ahead of the reader at 20 MiB
+
+
+def test_the_window_of_a_decided_stream_stops_where_its_advice_ends(monkeypatch):
+    monkeypatch.setattr(fetch_ahead, "FETCH_BUDGET", 8 * MiB)
+    source = RecordingSource(64 * MiB)
+    ahead = ReadAhead(source)
+    with decided_above():
+        ahead.observe(0, MiB)
+        ahead.observe(MiB, MiB)
+        ahead.prefetch(2 * MiB // CHUNK, 12 * MiB // CHUNK)  # a tensor's rest: 10 MiB
+        for offset in range(2 * MiB, 12 * MiB, MiB):
+            ahead.observe(offset, MiB)
+            _settled(source)
+    assert source.furthest() * CHUNK == 12 * MiB  # nothing of what lies after the advised bytes
+
+
+def test_a_fetch_ahead_gives_its_slot_back_once_when_its_body_is_in():
+    limit = OriginLimit(initial=2)
+    started = []
+    assert limit.try_start()
+    slot = limit.held(then=lambda: started.append(limit.in_flight))
+    read = ReadContext.fetching_ahead(30.0, slot).bounded(10**9)  # an attempt's context carries the slot
+    read.body_in()
+    assert limit.in_flight == 0 and started == [0]  # given back, and the next piece may start now
+    slot.release()  # the job's end: nothing more to give back
+    read.body_in()
+    assert limit.in_flight == 0 and started == [0]
