@@ -35,9 +35,11 @@ cost per request weighs on every client, most on those sending many small ranges
 from __future__ import annotations
 
 import filecmp
+import hashlib
 import json
 import mmap
 import os
+import random
 import shutil
 import statistics
 import subprocess
@@ -49,6 +51,7 @@ from pathlib import Path
 from benchmarks import REPO, SCRIPTS, SKELETONS
 from benchmarks.ceiling import cpu_seconds
 from ckptfs.bench.remote import BenchMount, stream
+from ckptfs.core.options import OpenOptions
 from ckptfs.util.procinfo import peak_rss
 from ckptfs.util.sizes import parse_size
 
@@ -341,6 +344,132 @@ def uncapped_section(root: Path, model: Path, args) -> dict:
     return out
 
 
+RANDOM_READS = 200
+
+
+def _into_page_cache(paths: list[Path]) -> None:
+    """Read files once so both sides of a warm comparison start with their bytes in the page cache."""
+    for path in paths:
+        with open(path, "rb") as fh:
+            while fh.read(16 * MiB):
+                pass
+
+
+def _direct_p50_us(path: Path, offsets: list[int]) -> float:
+    """Median microseconds of one 4 KiB ``O_DIRECT`` pread at each offset (each read reaches the daemon)."""
+    buf = mmap.mmap(-1, 4096)
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
+    times = []
+    try:
+        for offset in offsets:
+            start = time.perf_counter()
+            os.preadv(fd, [buf], offset)
+            times.append(time.perf_counter() - start)
+    finally:
+        os.close(fd)
+        buf.close()
+    return statistics.median(times) * 1e6
+
+
+def _c_file_reads(mnt: Path) -> int:
+    stats = json.loads(os.getxattr(str(mnt), "user.ckptfs.stats"))
+    return stats["c_reads"]["by_kind"].get("file", {}).get("reads", 0)
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while block := fh.read(16 * MiB):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def warm_case(kind: str, src: str, options: OpenOptions, files: list[Path], gguf: str, largest: str,
+              offsets: list[int]) -> dict:
+    """One fresh mount (the local file, or the URL over a filled ``--cache-dir``): the own file and the largest
+    ``.raw`` streamed with 1 MiB reads, random 4 KiB ``O_DIRECT`` reads of the own file, and the own file's
+    sha256 through the mount. A warm mount is read once its store file is served in C (the daemon checks a
+    sealed file's MACs in the background at its first open)."""
+    _into_page_cache(files)
+    with BenchMount(src, options) as m:
+        own = m.mnt / gguf
+        _direct_p50_us(own, [0])
+        deadline = time.monotonic() + 60
+        while kind == "warm" and _c_file_reads(m.mnt) == 0 and time.monotonic() < deadline:
+            time.sleep(0.1)
+            _direct_p50_us(own, [0])
+        n1, s1 = stream(m.mnt, [gguf])
+        n2, s2 = stream(m.mnt, [largest])
+        return {"own_MBps": round(n1 / s1 / 1e6, 1), "raw_MBps": round(n2 / s2 / 1e6, 1),
+                "random_4k_p50_us": round(_direct_p50_us(own, offsets), 1), "sha256": _sha256(own),
+                "c_file_reads": _c_file_reads(m.mnt)}
+
+
+def warm_section(root: Path, model: Path, args) -> dict:
+    """What a filled ``--cache-dir`` gives: two ``ckptfs prefetch`` runs started together into one empty
+    folder (bytes the capped origin sent, against the file's size), then the warm mount against a mount of the
+    local file in alternating rounds (nginx's access log says whether any data was asked of the origin), then
+    the same folder mounted with nginx stopped, every tensor's ``.raw`` compared with gguf-py's."""
+    import gguf as gguf_py
+
+    raw_order, largest, gguf = layout(model)
+    size = model.stat().st_size
+    digest = _sha256(model)
+    rng = random.Random(7)
+    offsets = [rng.randrange(size // 4096) * 4096 for _ in range(RANDOM_READS)]
+    cache = Path(tempfile.mkdtemp(prefix="ckptfs-bench-warm-", dir=root))
+    out: dict = {}
+    try:
+        with Nginx(root, limit_rate=args.rate) as server:
+            url = f"{server.url}/{model.name}"
+            before = len(server.access_log())
+            argv = [sys.executable, "-m", "ckptfs.commands.cli", "prefetch", url, "--cache-dir", str(cache), "--quiet"]
+            runs = [subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                    for _ in range(2)]
+            for proc in runs:
+                _, err = proc.communicate(timeout=1200)
+                if proc.returncode != 0:
+                    raise RuntimeError(f"ckptfs prefetch failed ({proc.returncode}): {err.strip()[-400:]}")
+            sent = sum(n for _, _, n in server.request_spans(before))
+            out["concurrent_prefetch"] = {"origin_MiB": round(sent / MiB, 1), "file_MiB": round(size / MiB, 1),
+                                          "ratio": round(sent / size, 3)}
+            files = [model] + [p for p in cache.rglob("*") if p.is_file()]
+            rows = []
+            for i in range(args.rounds):
+                for kind in (("local", "warm") if i % 2 == 0 else ("warm", "local")):
+                    src, options = ((str(model), OpenOptions()) if kind == "local"
+                                    else (url, OpenOptions(cache_dir=str(cache))))
+                    seen = len(server.access_log())
+                    row = warm_case(kind, src, options, files, gguf, largest, offsets)
+                    spans = server.request_spans(seen)
+                    row.update(kind=kind, round=i, exact=row.pop("sha256") == digest,
+                               data_requests=sum(1 for _, _, n in spans if n > SMALL))
+                    rows.append(row)
+                    print(f"warm round {i + 1} {kind}: own file {row['own_MBps']} MB/s, largest .raw "
+                          f"{row['raw_MBps']} MB/s, random 4 KiB p50 {row['random_4k_p50_us']} us", file=sys.stderr)
+            out["rounds"] = rows
+        ratios = {}
+        for key in ("own_MBps", "raw_MBps", "random_4k_p50_us"):
+            pairs = [next(r[key] for r in rows if r["round"] == i and r["kind"] == "warm") /
+                     next(r[key] for r in rows if r["round"] == i and r["kind"] == "local") for i in range(args.rounds)]
+            ratios[key] = {"median": round(statistics.median(pairs), 3), "min": round(min(pairs), 3),
+                           "max": round(max(pairs), 3)}
+        out["warm_over_local"] = ratios
+        out["exact"] = all(r["exact"] for r in rows)
+        out["warm_data_requests"] = sum(r["data_requests"] for r in rows if r["kind"] == "warm")
+        # nginx is stopped now: the folder alone serves the checkpoint
+        reference = gguf_py.GGUFReader(str(model))
+        start = time.perf_counter()
+        with BenchMount(f"{server.url}/{model.name}", OpenOptions(cache_dir=str(cache))) as m:
+            mounted = time.perf_counter() - start
+            equal = sum((m.mnt / f"{t.name}.raw").read_bytes() == bytes(t.data.tobytes()) for t in reference.tensors)
+        out["origin_stopped"] = {"mount_s": round(mounted, 2), "tensors": len(reference.tensors),
+                                 "raw_equal_to_gguf_py": equal}
+    finally:
+        shutil.rmtree(cache, ignore_errors=True)
+    return out
+
+
 def s3_section(model: Path, args, notes: list[str]) -> dict:
     import boto3
 
@@ -458,7 +587,8 @@ def run(root: Path, args) -> dict:
     notes: list[str] = []
     results: dict = {"machine": _machine(), "command": " ".join(sys.argv), "notes": notes, "section_s": {}}
     sections = [("capped", lambda: capped_section(root, model, args, notes)),
-                ("uncapped", lambda: uncapped_section(root, model, args))]
+                ("uncapped", lambda: uncapped_section(root, model, args)),
+                ("warm", lambda: warm_section(root, model, args))]
     if args.s3:
         sections.append(("s3", lambda: s3_section(model, args, notes)))
     for name, section in sections:
@@ -512,6 +642,21 @@ def render(results: dict) -> str:
                      f"{x['median_round_ratio']}); remote: {x['requests']:g} requests ({x['small_requests']:g} of "
                      f"≤ 4 KiB; the others {x['median_request_MiB']:g} MiB, median), {x['mean_in_flight']:g} in "
                      f"flight on average, {x['peak_in_flight']} at most")
+    w = results["warm"]
+    r = w["warm_over_local"]
+    lines += ["", f"warm: the URL over a --cache-dir filled by ckptfs prefetch (served in C) against a mount of the "
+              f"local file, medians of {len(w['rounds']) // 2} alternating rounds (min-max): own file "
+              f"{r['own_MBps']['median']}x ({r['own_MBps']['min']}-{r['own_MBps']['max']}), largest .raw "
+              f"{r['raw_MBps']['median']}x ({r['raw_MBps']['min']}-{r['raw_MBps']['max']}) the local MB/s; random 4 "
+              f"KiB O_DIRECT p50 {r['random_4k_p50_us']['median']}x the local latency "
+              f"({r['random_4k_p50_us']['min']}-{r['random_4k_p50_us']['max']}); own file's sha256 equal in every "
+              f"case: {w['exact']}; data requests to the origin from warm mounts: {w['warm_data_requests']}",
+              f"two ckptfs prefetch runs started together into one empty folder: the origin sent "
+              f"{w['concurrent_prefetch']['origin_MiB']} MiB for a {w['concurrent_prefetch']['file_MiB']} MiB file "
+              f"({w['concurrent_prefetch']['ratio']}x)",
+              f"nginx stopped: the filled folder mounted in {w['origin_stopped']['mount_s']} s; "
+              f"{w['origin_stopped']['raw_equal_to_gguf_py']} of {w['origin_stopped']['tensors']} tensors' .raw "
+              f"equal to gguf-py's"]
     if "s3" in results:
         s3 = results["s3"]
         lines += ["", f"moto S3, each answer paced to {c['rate']}/s, {c['latency_ms']} ms to first byte; reference: "
