@@ -195,9 +195,9 @@ def test_a_waiter_decodes_itself_when_the_lease_holder_vanishes(cluster):
     waiter = RedisClusterTier(cluster.seeds, backoff=(0.2, 1.0))
     key, other = (CacheKey("sha256:lease", 0, "Q4_K", "<f4", b, b + 8) for b in (0, 8))
     try:
-        assert holder.lease(key) is True and waiter.lease(key) is False
         unanswered = waiter.stats()["errors"] + waiter.stats()["skipped"]
-        began = time.monotonic()
+        began = time.monotonic()  # before the lease is taken: it lapses LEASE_MS after that, not after the wait began
+        assert holder.lease(key) is True and waiter.lease(key) is False
         assert bounded(waiter.wait_for, key, guard=10) is None  # the holder never stores: the lease lapses
         waited = time.monotonic() - began
         unanswered = waiter.stats()["errors"] + waiter.stats()["skipped"] - unanswered

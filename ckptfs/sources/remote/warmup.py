@@ -334,8 +334,9 @@ class _Dispatch:
         if not runs:
             limit.done()
             return True
-        # the slot is given back once the piece's body is in, and the next pieces started then
-        piece = _Piece(f, runs, limit.held(then=self.refill), self.landed, self.errors, self.stop)
+        # the slot is held until the piece is stored (not only until its body is in, as read-ahead's): storing is
+        # a warm-up's work, and a store that fails (a full disk) must end it within one round of pieces
+        piece = _Piece(f, runs, limit.held(), self.landed, self.errors, self.stop)
         self._running += 1
         if SCHEDULER.submit("fetch", piece, nbytes, cap=self.cap, then=self._landed) is None:
             self._running -= 1
@@ -368,8 +369,7 @@ class _Piece:
             if self.errors or (self.stop is not None and self.stop.is_set()):
                 remote.abandon(self.runs, RuntimeError("prefetch stopped"))  # queued when it ended: not fetched
                 return
-            # for the store: readers' LRU untouched; the slot given back once the body is in
-            error = remote.fetch_claimed(self.runs, memory=False, slot=self.slot)
+            error = remote.fetch_claimed(self.runs, memory=False)  # for the store: readers' LRU untouched
         finally:
             self.slot.release()
         wrapper = self.file.wrapper
