@@ -276,11 +276,12 @@ def test_a_full_disk_ends_the_run_in_one_line_and_what_is_stored_is_right(origin
         cache = small / "cache"
         before = len(server.access_log())
         result = run_cli("prefetch", f"{server.url}/full.gguf", "--cache-dir", str(cache), timeout=120,
-                         CKPTFS_REMOTE_IN_FLIGHT="2")
+                         CKPTFS_REMOTE_IN_FLIGHT="1")
         err = one_error_line(result, 1, "full.gguf", "takes no more bytes", "the file system is full",
                              "of the checkpoint's 24.0 MiB in the cache folder")
-        # it ends at the first piece the store could not keep: before, each of four passes (two before the
-        # open, two after) fetched everything still missing again, about 3.5 times the file in all
+        # it ends within a round of pieces of the first one the store could not keep (a piece gives its slot
+        # back once its body is in, so one round more may be on its way or waiting for the store), not after
+        # fetching everything still missing
         fetched = sum(b - a for a, b in data_ranges(server.ranges("full.gguf", before), size))
         assert fetched < size / 2, (fetched, size)
         # the line says what the folder holds, measured there

@@ -328,15 +328,17 @@ class _Dispatch:
         nbytes = (last - first) * CHUNK
         if self.share < 1.0 and limit.in_flight >= max(1, int(limit.limit * self.share)):
             return None  # a mount's warm-up leaves its readers' read-ahead the other slots
+        if self._running >= 2 * limit.limit:
+            return None  # a round of pieces past their bodies (waiting for a check or the store): no more yet
         if not SCHEDULER.has_room(nbytes) or not limit.try_start():
             return None
         runs = f.remote.claim(first, last)
         if not runs:
             limit.done()
             return True
-        # the slot is held until the piece is stored (not only until its body is in, as read-ahead's): storing is
-        # a warm-up's work, and a store that fails (a full disk) must end it within one round of pieces
-        piece = _Piece(f, runs, limit.held(), self.landed, self.errors, self.stop)
+        # the slot is given back once the piece's body is in (its bytes may still wait for a version check and
+        # the store's write: the origin no longer works for it), and the next pieces started then
+        piece = _Piece(f, runs, limit.held(then=self.refill), self.landed, self.errors, self.stop)
         self._running += 1
         if SCHEDULER.submit("fetch", piece, nbytes, cap=self.cap, then=self._landed) is None:
             self._running -= 1
@@ -369,7 +371,8 @@ class _Piece:
             if self.errors or (self.stop is not None and self.stop.is_set()):
                 remote.abandon(self.runs, RuntimeError("prefetch stopped"))  # queued when it ended: not fetched
                 return
-            error = remote.fetch_claimed(self.runs, memory=False)  # for the store: readers' LRU untouched
+            # for the store: readers' LRU untouched; the slot given back once the body is in
+            error = remote.fetch_claimed(self.runs, memory=False, slot=self.slot)
         finally:
             self.slot.release()
         wrapper = self.file.wrapper
