@@ -59,8 +59,8 @@ ADVICE_STEP = 8 << 20
 #: advised ahead of it (from when it is this close to that file's end; at most ``FOLLOW_FILES`` more files at
 #: a time): a checkpoint's many small tensors (norms of a few KiB) then arrive as a few large requests ahead
 #: of the reader instead of one round trip per file, and a large file's end is no pause in the stream.
-FOLLOW_ADVICE_BYTES = 32 << 20
-FOLLOW_FILES = 64
+FOLLOW_ADVICE_BYTES = 128 << 20
+FOLLOW_FILES = 256
 #: Ranges of advice this close are advised as one (a GGUF aligns each tensor's data to 32 bytes by default).
 MERGE_GAP = 64 << 10
 STREAM_SHARE = 8  # ahead of one stream: at most capacity / 8

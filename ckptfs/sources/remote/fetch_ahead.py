@@ -148,11 +148,11 @@ class ReadAhead:
         drops it, for the handle advises again where it finds a stream) and is topped up."""
         with self._lock:
             reader = -(-(offset + size) // CHUNK)
-            # the same slack behind the reader as a run's (``observe``): the kernel's neighbouring requests of
-            # one stream arrive out of order, and one that lands a few reads behind must not drop the window
-            # (the handle advises once per stream: a dropped window stays dropped, the stream fetches only
-            # what each read asks for)
-            behind = max(SLACK, SLACK_READS * size) // CHUNK
+            # the kernel's neighbouring requests of one stream arrive out of order, and one that lands a few
+            # reads behind must not drop the window (the handle advises once per stream: a dropped window
+            # stays dropped, the stream fetches only what each read asks for). A request is counted as at
+            # least 1 MiB (the kernel's largest): the small last request of a kernel read-ahead lands behind too
+            behind = SLACK_READS * max(size, MIN_WINDOW) // CHUNK
             if self._reader - behind <= offset // CHUNK <= self._reader + self._window // CHUNK:
                 self._reader = max(self._reader, reader)
             else:
