@@ -92,6 +92,7 @@ class _Stream:
     advised: bool = False
     followed: bool = False  # read-ahead has gone on into the next tensor's file (View.following)
     chained: bool = False   # the files stored after this one were advised (a reader in file order)
+    far: bool = False       # its stored bytes come from a source that fetches what is advised (remote)
     advised_to: int = 0     # the file's bytes up to here were advised as one unit (the rest, in steps)
     closed: bool = False
 
@@ -140,10 +141,11 @@ class DecodeAhead:
                     self._chain.clear()  # left file order: what was advised ahead is no longer ahead
         if self.enabled and view.reads_ahead:
             stream = _Stream(view)
-            if next_in_order:
+            if next_in_order and self._fetch_ahead(view):
                 # the reader went on from the end of the file stored before this one: its stream continues
                 # here, and its first read (a small file's only one) counts as sequential
                 stream.run.end, stream.run.streak = 0, 1
+                stream.far = True
             with self._lock:
                 self._streams[fh] = stream
 
@@ -190,7 +192,8 @@ class DecodeAhead:
             # reader has moved ADVICE_STEP on (a file longer than WHOLE_ADVICE_BYTES keeps its source's window
             # full to its end instead of falling back to the decode window's few MiB)
             rest = (stream.advised_to < stream.view.size
-                    and (not stream.advised or end + WHOLE_ADVICE_BYTES >= stream.advised_to + ADVICE_STEP))
+                    and (not stream.advised
+                         or stream.far and end + WHOLE_ADVICE_BYTES >= stream.advised_to + ADVICE_STEP))
             if (stop <= start or start - end > self._ahead // 2) and not beyond and not rest and not chain:
                 return True  # at end of file, or more than half a window is already ahead
             first = not stream.advised
@@ -205,7 +208,7 @@ class DecodeAhead:
                 if stop > start:
                     self._schedule(stream, start, stop, generation, first)
                 if rest and rest_to > rest_from:
-                    self._advise_rest(stream.view, rest_from, rest_to)
+                    stream.far = self._advise_rest(stream.view, rest_from, rest_to) or stream.far
                 if chain:
                     self._chain_after(stream.view)
                 if beyond:
@@ -228,13 +231,22 @@ class DecodeAhead:
                 return  # over budget: try again on a later read
             stream.ahead_until = until
 
-    def _advise_rest(self, view: View, start: int, stop: int) -> None:
+    def _advise_rest(self, view: View, start: int, stop: int) -> bool:
         """Tensor-aware read-ahead: a reader found streaming a file has the stored bytes of the rest of it
-        advised as one unit (``WHOLE_ADVICE_BYTES`` ahead of the reader at a time) — a remote source fetches
-        them over as many parallel ranges as its origin allows instead of growing a window read by read, a
-        local file's kernel reads them in. Decoding stays within the window above: it costs cache memory."""
+        advised as one unit (``WHOLE_ADVICE_BYTES`` ahead of the reader; for a source that fetches what is
+        advised, extended as the reader moves on) — a remote source fetches them over as many parallel
+        ranges as its origin allows instead of growing a window read by read, a local file's kernel reads
+        them in. Decoding stays within the window above: it costs cache memory. Whether the sources fetch
+        ahead (``ByteSource.fetches_ahead``)."""
+        far = False
         for name, offset, nbytes in view.ahead(start, stop).advise:
             self._advise(name, offset, nbytes, False)
+            far = far or self._sources.get(name).fetches_ahead
+        return far
+
+    def _fetch_ahead(self, view: View) -> bool:
+        """Whether the source of ``view``'s stored bytes fetches what is advised (a remote source)."""
+        return any(self._sources.get(name).fetches_ahead for name, _, _ in view.ahead(0, min(view.size, 1)).advise)
 
     def _follow(self, stream: _Stream, nbytes: int) -> None:
         """Tensor-aware read-ahead: a stream reaching its file's end goes on into the file of the tensor stored
@@ -265,8 +277,8 @@ class DecodeAhead:
         if following is None:
             return
         self._expected = following.slot
-        if not self._in_file_order:
-            return  # not (yet) seen reading in file order
+        if not self._in_file_order or not self._fetch_ahead(following):
+            return  # not (yet) seen reading in file order; or a local file, whose kernel reads ahead itself
         with self._lock:
             last = self._chain[-1][1] if self._chain else view
             ahead = sum(chained.size for _, chained in self._chain)

@@ -50,6 +50,13 @@ class ByteSource:
         """Say these bytes are wanted soon (best effort)."""
 
     @property
+    def fetches_ahead(self) -> bool:
+        """Whether advice makes this source fetch bytes ahead of its reader that would each cost it a round
+        trip otherwise (a remote source: read-ahead then advises it far ahead, across files). A local file's
+        kernel reads ahead on its own; advising it far ahead only adds work on the reader's path."""
+        return False
+
+    @property
     def is_open(self) -> bool:
         """Whether the source holds an OS resource now (the pool bounds descriptors by this)."""
         return False

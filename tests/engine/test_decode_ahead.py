@@ -234,6 +234,7 @@ def test_a_long_file_has_its_rest_advised_in_steps_to_its_end(gguf_path, monkeyp
     calls = []
     monkeypatch.setattr(FileSource, "advise", lambda self, offset, size, sequential=False:
                         calls.append((offset, size)))
+    monkeypatch.setattr(FileSource, "fetches_ahead", property(lambda self: True))  # as a remote source's
     monkeypatch.setattr(decode_ahead, "MAX_AHEAD_BYTES", 16384)
     monkeypatch.setattr(decode_ahead, "WHOLE_ADVICE_BYTES", 131072)
     monkeypatch.setattr(decode_ahead, "ADVICE_STEP", 32768)
@@ -266,12 +267,14 @@ def small_tensors(tmp_path_factory):
 
 
 def test_a_reader_in_file_order_has_the_small_files_ahead_advised_as_merged_ranges(small_tensors, monkeypatch):
-    """A reader in file order (``cp -r``, a loader) of many small files: the stored bytes of the files after the
-    one it reads are advised as a few merged ranges ahead of it (its source fetches them as whole pieces, not
-    one request per file), and each file read extends that chain from its end instead of walking it again."""
+    """A reader in file order (``cp -r``, a loader) of many small files from a source that fetches what is
+    advised (remote): the stored bytes of the files after the one it reads are advised as a few merged ranges
+    ahead of it (fetched as whole pieces, not one request per file), and each file read extends that chain
+    from its end instead of walking it again."""
     calls = []
     monkeypatch.setattr(FileSource, "advise", lambda self, offset, size, sequential=False:
                         calls.append((offset, size)))
+    monkeypatch.setattr(FileSource, "fetches_ahead", property(lambda self: True))  # as a remote source's
     ck, tree, pf = setup(small_tensors)
     order = sorted(ck.tensors, key=lambda t: t.info.offset)
     views = [tree.view(f"{t.name}.raw") for t in order]
@@ -290,3 +293,21 @@ def test_a_reader_in_file_order_has_the_small_files_ahead_advised_as_merged_rang
     assert min(o for o, _ in calls) >= order[1].info.offset
     # the chain is extended, not walked again: far fewer advice calls than files ahead times files read
     assert len(calls) <= 3 * 10, len(calls)
+
+
+def test_a_local_file_read_in_file_order_gets_no_advice_past_the_file_read(small_tensors, monkeypatch):
+    """A local file's kernel reads ahead on its own: advising it far ahead only adds work to the reader's
+    path, so a local reader in file order gets no advice of the files after the one it reads."""
+    calls = []
+    monkeypatch.setattr(FileSource, "advise", lambda self, offset, size, sequential=False:
+                        calls.append((offset, size)))
+    ck, tree, pf = setup(small_tensors)
+    order = sorted(ck.tensors, key=lambda t: t.info.offset)
+    for k, tensor in enumerate(order[:10]):
+        view = tree.view(f"{tensor.name}.raw")
+        pf.opened(k + 1, view)
+        pf.on_read(k + 1, 0, 1 << 20)
+        view.read(0, 1 << 20)
+        pf.released(k + 1)
+    pf.close(wait=True)
+    assert all(o + n <= order[10].info.offset for o, n in calls), calls

@@ -77,6 +77,10 @@ class RemoteSource(ByteSource):
         self._readahead = ReadAhead(self)
         self._closed = False
 
+    @property
+    def fetches_ahead(self) -> bool:
+        return self.options.read_ahead
+
     def origin(self) -> str:
         """Who answers this source's requests (a scheme and host): the unit whose in-flight limit is learnt
         (``ckptfs.origins.limit``) and whose outage state is kept (``outage``). Schemes say; this default
