@@ -197,8 +197,8 @@ class HeldSlot:
     body is in (``ReadContext.body_in``: the origin no longer works for it, though the fetch may still wait
     for a version check before its bytes are served) or when the fetch ends, whichever comes first. Giving it
     back at the body keeps the origin busy: a version check's wait (tens of ms behind a distant origin) would
-    otherwise hold every landed piece's slot and stall the next wave. ``then`` runs after it is given back
-    (a read-ahead starts its next piece)."""
+    otherwise hold every landed piece's slot and stall the next round of pieces. ``then`` runs after it is
+    given back (a read-ahead starts its next piece)."""
 
     def __init__(self, limit: OriginLimit, then: Callable[[], None] | None = None) -> None:
         self._limit, self._then = limit, then
