@@ -138,10 +138,10 @@ class CheckedSource(ByteSource):
         self._chunk = chunk_size
 
     @property
-    @property
     def fetches_ahead(self) -> bool:
         return self.inner.fetches_ahead
 
+    @property
     def wrapped(self) -> ByteSource:
         """The source whose bytes are checked (``WrapsSource``)."""
         return self.inner

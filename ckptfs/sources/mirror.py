@@ -82,10 +82,10 @@ class MirrorSource(ByteSource):
             raise CheckpointError(mirror.name, None, f"{refused}: its first {n} bytes (the header) differ")
 
     @property
-    @property
     def fetches_ahead(self) -> bool:
         return self.primary.fetches_ahead
 
+    @property
     def wrapped(self) -> ByteSource:
         """The primary (``WrapsSource``): what a warm-up fetches, the mirrors being its stand-ins."""
         return self.primary
