@@ -280,6 +280,8 @@ class DecodeAhead:
         if not self._in_file_order or not self._fetch_ahead(following):
             return  # not (yet) seen reading in file order; or a local file, whose kernel reads ahead itself
         with self._lock:
+            if self._chain and self._chain[0][0] != following.slot:
+                self._chain.clear()  # advised for another place in the file: not what lies ahead of this one
             last = self._chain[-1][1] if self._chain else view
             ahead = sum(chained.size for _, chained in self._chain)
         advice: list[tuple[str, int, int]] = []

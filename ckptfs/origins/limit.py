@@ -198,7 +198,8 @@ class HeldSlot:
     for a version check before its bytes are served) or when the fetch ends, whichever comes first. Giving it
     back at the body keeps the origin busy: a version check's wait (tens of ms behind a distant origin) would
     otherwise hold every landed piece's slot and stall the next round of pieces. ``then`` runs after it is
-    given back (a read-ahead starts its next piece)."""
+    given back (a read-ahead starts its next piece). A piece of several runs (chunks already held between
+    them) gives it back at its first body: its other requests go out beside the limit."""
 
     def __init__(self, limit: OriginLimit, then: Callable[[], None] | None = None) -> None:
         self._limit, self._then = limit, then

@@ -126,7 +126,6 @@ class ReadAhead:
         if is_decided_above():
             self._follow(offset, size)
             return
-        limit = self._source.origin_limit()
         with self._lock:
             streak = self._run.observe(offset, size, max(SLACK, SLACK_READS * size))
             reader = -(-self._run.end // CHUNK)
