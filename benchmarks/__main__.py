@@ -24,7 +24,7 @@ WORKLOADS = {
     "hf": "transformers from_pretrained(MNT/hf) vs from_pretrained(dir, gguf_file=...)",
     "gguf_view": "llama.cpp on a --gguf mount's gguf/model.gguf vs convert_hf_to_gguf.py then loading",
     "clients": "llama.cpp through a local mount / a cold https:// mount vs the file / downloading first",
-    "remote": "a fresh remote mount's stream behind a capped origin vs hf_transfer and aria2c; uncapped vs local",
+    "remote": "a fresh remote mount's stream behind a capped origin vs hf_transfer and aria2c; uncapped and warm vs local",
     "packed": "GPTQ 4096 x 4096 view: random 4 KiB read and stream vs AutoGPTQ's dequantization",
     "tiers": "shared tiers: second daemon vs cold / no tier; Redis killed or frozen; eight workers, one copy",
     "cache_mac": "a shared-tier hit's check with a key (HMAC-SHA256) vs without (crc32)",
