@@ -24,7 +24,10 @@ A missing downloader (no ``hf_transfer`` module, no ``aria2c``) is skipped with 
 come from nginx's access log (each request's start and end: ``Nginx.request_spans``): the peak and the
 time-weighted mean over the case, measured, not assumed. Ratios are to the faster of hf_transfer (hub
 defaults) and aria2c in the same round. Then, uncapped (no ``limit_rate``, no proxy): the largest ``.raw``
-and every ``.raw`` on a fresh remote mount against a fresh mount of the local file, alternated.
+and every ``.raw`` on a fresh remote mount against a fresh mount of the local file, alternated. Then warm
+(``warm_section``): two ``ckptfs prefetch`` runs started together into one empty folder (what the origin
+sent), the URL mounted over that folder against the local file in alternating rounds, and the folder
+mounted with nginx stopped, every ``.raw`` compared with gguf-py's.
 
 ``--s3`` adds the same through moto's S3 server (a ``FaultProxy`` pacing each answer to ``--rate`` in front
 of it): ``s5cmd cp`` (its defaults, if installed), boto3's ``download_file`` (its TransferConfig defaults)
