@@ -38,7 +38,6 @@ cost per request weighs on every client, most on those sending many small ranges
 from __future__ import annotations
 
 import filecmp
-import hashlib
 import json
 import mmap
 import os
@@ -53,6 +52,7 @@ from pathlib import Path
 
 from benchmarks import REPO, SCRIPTS, SKELETONS
 from benchmarks.ceiling import cpu_seconds
+from benchmarks.integrity import sha256_file
 from ckptfs.bench.remote import BenchMount, stream
 from ckptfs.core.options import OpenOptions
 from ckptfs.util.procinfo import peak_rss
@@ -379,14 +379,6 @@ def _c_file_reads(mnt: Path) -> int:
     return stats["c_reads"]["by_kind"].get("file", {}).get("reads", 0)
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while block := fh.read(16 * MiB):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def warm_case(kind: str, src: str, options: OpenOptions, files: list[Path], gguf: str, largest: str,
               offsets: list[int]) -> dict:
     """One fresh mount (the local file, or the URL over a filled ``--cache-dir``): the own file and the largest
@@ -404,7 +396,7 @@ def warm_case(kind: str, src: str, options: OpenOptions, files: list[Path], gguf
         n1, s1 = stream(m.mnt, [gguf])
         n2, s2 = stream(m.mnt, [largest])
         return {"own_MBps": round(n1 / s1 / 1e6, 1), "raw_MBps": round(n2 / s2 / 1e6, 1),
-                "random_4k_p50_us": round(_direct_p50_us(own, offsets), 1), "sha256": _sha256(own),
+                "random_4k_p50_us": round(_direct_p50_us(own, offsets), 1), "sha256": sha256_file(str(own)),
                 "c_file_reads": _c_file_reads(m.mnt)}
 
 
@@ -417,7 +409,7 @@ def warm_section(root: Path, model: Path, args) -> dict:
 
     raw_order, largest, gguf = layout(model)
     size = model.stat().st_size
-    digest = _sha256(model)
+    digest = sha256_file(str(model))
     rng = random.Random(7)
     offsets = [rng.randrange(size // 4096) * 4096 for _ in range(RANDOM_READS)]
     cache = Path(tempfile.mkdtemp(prefix="ckptfs-bench-warm-", dir=root))

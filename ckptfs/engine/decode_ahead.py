@@ -209,7 +209,7 @@ class DecodeAhead:
                     self._schedule(stream, start, stop, generation, first)
                 if rest and rest_to > rest_from:
                     stream.far = self._advise_rest(stream.view, rest_from, rest_to) or stream.far
-                if chain:
+                if chain and stream.far:
                     self._chain_after(stream.view)
                 if beyond:
                     self._follow(stream, beyond)
@@ -272,13 +272,14 @@ class DecodeAhead:
         """For a reader in file order near the end of ``view``: advise the stored bytes of the files stored
         after it until ``FOLLOW_ADVICE_BYTES`` of them are advised ahead (``FOLLOW_FILES`` more at most), as a
         few merged ranges. The files advised and not yet opened are kept in order (``_chain``), so each file
-        extends the chain from its end instead of walking it again."""
+        extends the chain from its end instead of walking it again. Called for a stream whose source fetches
+        what is advised (``_Stream.far``): a local file's kernel reads ahead itself."""
         following = view.following()
         if following is None:
             return
         self._expected = following.slot
-        if not self._in_file_order or not self._fetch_ahead(following):
-            return  # not (yet) seen reading in file order; or a local file, whose kernel reads ahead itself
+        if not self._in_file_order:
+            return  # not (yet) seen reading in file order
         with self._lock:
             if self._chain and self._chain[0][0] != following.slot:
                 self._chain.clear()  # advised for another place in the file: not what lies ahead of this one
