@@ -6,10 +6,31 @@ NAME.raw / NAME.meta.json files. Importing ckptfs never needs libfuse: only a mo
 
 from __future__ import annotations
 
-from ckptfs.checkpoint.api import Checkpoint, Tensor, open
+from typing import TYPE_CHECKING, Any
+
 from ckptfs.core.errors import CheckpointError
 from ckptfs.core.options import OpenOptions
-from ckptfs.quant import Codec, register_codec
+
+if TYPE_CHECKING:
+    from ckptfs.checkpoint.api import Checkpoint, Tensor, open
+    from ckptfs.quant import Codec, register_codec
+
+#: Names imported at their first use, not with the package: they bring numpy and the codecs, which a command
+#: that starts by talking to a server (``ckptfs prefetch URL``) imports while its first requests are out.
+_LAZY = {"open": "ckptfs.checkpoint.api", "Checkpoint": "ckptfs.checkpoint.api", "Tensor": "ckptfs.checkpoint.api",
+         "Codec": "ckptfs.quant", "register_codec": "ckptfs.quant"}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'ckptfs' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
 
 __version__ = "0.1.0"
 

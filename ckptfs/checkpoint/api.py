@@ -24,7 +24,8 @@ from ckptfs.core.features import feature
 from ckptfs.core.options import DEFAULT_CACHE_BYTES, OpenOptions, absolute, spelled_fields
 from ckptfs.engine.blocks import UNCACHED_STEP_BYTES, TensorData
 from ckptfs.engine.values import TensorValues
-from ckptfs.quant import DTYPE_MODES, Codec, codec_for, output_dtype
+from ckptfs.core.options import DTYPE_MODES
+from ckptfs.quant import Codec, codec_for, output_dtype
 from ckptfs.sources import DEFAULT_OPENER, ByteSource, SourcePool, checkpoint_content_id
 
 if TYPE_CHECKING:  # source_plan imports it when a checkpoint's sources need one

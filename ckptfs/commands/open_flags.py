@@ -22,7 +22,7 @@ from typing import Any
 import click
 
 from ckptfs.core.options import OpenOptions, Spelling, spelled_fields, spelling_of
-from ckptfs.quant import DTYPE_MODES
+from ckptfs.core.options import DTYPE_MODES
 from ckptfs.util.sizes import parse_size
 
 

@@ -38,6 +38,8 @@ from typing import Any, ClassVar
 #: The decoded-group memory cache of a checkpoint when nothing else is asked for.
 DEFAULT_CACHE_BYTES = 512 * 1024 * 1024
 DEFAULT_MAX_OPEN_FILES = 64
+#: What ``--dtype`` / ``dtype=`` accept (``ckptfs.quant.output_dtype`` says what each serves).
+DTYPE_MODES = ("auto", "float32", "float16")
 
 _URL = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]*://")
 _SPELLING = "ckptfs.spelling"
@@ -106,7 +108,7 @@ class OpenOptions:
     #: the fields ``ckptfs.open()`` also takes by position, after ``src``
     POSITIONAL: ClassVar[tuple[str, ...]] = ("dtype", "cache_size", "max_open_files")
 
-    dtype: str = option("auto", flag="--dtype", kind="dtype", help=DTYPE_HELP)  # ckptfs.quant.DTYPE_MODES
+    dtype: str = option("auto", flag="--dtype", kind="dtype", help=DTYPE_HELP)  # one of DTYPE_MODES
     cache_size: int = option(
         DEFAULT_CACHE_BYTES, flag="--cache-size", kind="size",
         help="Decoded-block cache bound, binary units (64M = 64 MiB; 0: no cache).")

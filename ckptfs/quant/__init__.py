@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ckptfs.core.options import DTYPE_MODES
 from ckptfs.quant.geometry import GEOMETRY as GEOMETRY, geometry as geometry  # re-exported
 from ckptfs.quant.native import NativeDecoder
 
@@ -177,7 +178,6 @@ def known_types() -> list[str]:
     return sorted(_registry)
 
 
-DTYPE_MODES = ("auto", "float32", "float16")
 
 
 def output_dtype(codec: Codec, mode: str = "auto") -> np.dtype:

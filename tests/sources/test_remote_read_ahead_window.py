@@ -112,3 +112,35 @@ def test_a_fetch_ahead_gives_its_slot_back_once_when_its_body_is_in():
     slot.release()  # the job's end: nothing more to give back
     read.body_in()
     assert limit.in_flight == 0 and started == [0]
+
+
+class HeldSource(RecordingSource):
+    """Fetches that land only when let go (``release``): the origin's slots stay taken meanwhile."""
+
+    def __init__(self, size: int) -> None:
+        super().__init__(size)
+        self.gate = threading.Event()
+
+    def fetch_claimed(self, runs: list[Run], memory: bool = True, slot: Slot | None = None) -> Exception | None:
+        assert self.gate.wait(10)
+        return None
+
+
+def test_advice_away_from_the_reader_waits_for_a_slot_instead_of_being_dropped(monkeypatch):
+    """A reader in file order has the files stored after the one it reads advised once, as ranges well past its
+    window. Advice given while the origin's limit is taken by the stream's own pieces is started when those
+    land; dropped, each of those files would be fetched only when read, one round trip each."""
+    monkeypatch.setattr(fetch_ahead, "FETCH_BUDGET", 16 * MiB)
+    source = HeldSource(256 * MiB)
+    ahead = ReadAhead(source)
+    with decided_above():
+        ahead.observe(0, MiB)
+        ahead.observe(MiB, MiB)
+        ahead.prefetch(2 * MiB // CHUNK, 18 * MiB // CHUNK)  # the stream's rest: the limit's 4 slots taken
+        assert wait_until(lambda: source.limit.in_flight == source.limit.limit, timeout=10)
+        ahead.prefetch(100 * MiB // CHUNK, 108 * MiB // CHUNK)  # the files after it: no slot free now
+        assert not any(100 * MiB // CHUNK <= c < 108 * MiB // CHUNK for c in source.claimed)
+        source.gate.set()  # the stream's pieces land
+        assert wait_until(lambda: all(c in source.claimed for c in range(100 * MiB // CHUNK, 108 * MiB // CHUNK)),
+                          timeout=10)
+    _settled(source)

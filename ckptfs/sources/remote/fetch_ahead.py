@@ -22,7 +22,10 @@ everything in flight. The chunks are claimed, fetched and abandoned through the 
 ``fetch_claimed`` / ``abandon``: a reader arriving at a chunk on its way waits for that fetch.
 
 The block engine's own read-ahead calls ``advise`` on the stored bytes of the groups it will decode next;
-that lands here too (``prefetch``), under the same limit and budget. A stream that a mount's handle tracks
+that lands here too (``prefetch``), under the same limit and budget. Advice away from the reader's window
+(the files a reader in file order reaches next, advised once each) that finds no slot or no room waits, in
+order and within ``FETCH_BUDGET``, and is started as slots free up: dropped, each of those files would be
+fetched only when read, one round trip each. A stream that a mount's handle tracks
 is decided there, once (``ckptfs.readahead.detect``): its reads come inside ``decided_above`` and run no
 detection here, they only move the reader's position, and the window is what the handle advises (its decode
 window's stored bytes, the rest of the tensor as one unit once it found the stream).
@@ -35,6 +38,7 @@ under way fail over to their readers: threads do not survive ``fork``.
 
 from __future__ import annotations
 
+import collections
 import threading
 import weakref
 from typing import Protocol
@@ -115,6 +119,9 @@ class ReadAhead:
         # where the window stops: the file's end for a run detected here; for a stream decided above, the end
         # of what its handle advised (it decides what comes after: the next tensor's file, or nothing)
         self._until: int | None = None
+        # advised runs of chunks away from the run (the files a reader in file order reaches next) that had no
+        # slot or room when advised: started as slots free up, so advice given once is never lost
+        self._wanted: collections.deque[Run] = collections.deque()
         _readaheads.add(self)
 
     def observe(self, offset: int, size: int) -> None:
@@ -160,9 +167,15 @@ class ReadAhead:
         self.pump()
 
     def pump(self) -> None:
-        """Start pieces at the run's frontier while the window, the origin's limit and the budget allow."""
+        """Start pieces at the run's frontier while the window, the origin's limit and the budget allow; then,
+        with what room is left, the advised runs still waiting (``prefetch``)."""
         if self._source.closed:
             return
+        if self._pump_window():
+            self._pump_wanted()
+
+    def _pump_window(self) -> bool:
+        """The window's pieces; whether room is left for the advised runs waiting."""
         limit = self._source.origin_limit()
         chunks = -(-self._source.size // CHUNK)
         while True:
@@ -179,13 +192,37 @@ class ReadAhead:
                 short_ok = (end == chunks or take >= (self._window // CHUNK) // 2
                             or (end == last and frontier - self._reader < piece))
                 if take <= 0 or (take < piece and not short_ok):
-                    return
+                    return True
                 if not SCHEDULER.has_room(take * CHUNK) or not limit.try_start():
-                    return
+                    return False
                 self._frontier = frontier + take
-            if not self._start(frontier, frontier + take, limit, then_pump=True):
+            if not self._start(frontier, frontier + take, limit):
                 with self._lock:  # not started: ask again from there on a later read
                     self._frontier = min(self._frontier, frontier)
+                return False
+
+    def _pump_wanted(self) -> None:
+        """Start pieces of the advised runs waiting, oldest first, while the limit and the budget have room.
+        A run the reader has passed is dropped (its bytes were read, or are no longer ahead)."""
+        limit = self._source.origin_limit()
+        while True:
+            with self._lock:
+                while self._wanted and self._wanted[0][1] <= self._reader:
+                    self._wanted.popleft()
+                if not self._wanted:
+                    return
+                c0, c1 = self._wanted[0]
+                step = piece_bytes(limit.limit, self._source.piece_bytes) // CHUNK
+                last = min(c1, c0 + step)
+                if not SCHEDULER.has_room((last - c0) * CHUNK) or not limit.try_start():
+                    return
+                if last < c1:
+                    self._wanted[0] = (last, c1)
+                else:
+                    self._wanted.popleft()
+            if not self._start(c0, last, limit):
+                with self._lock:  # refused: the run waits again, in front
+                    self._wanted.appendleft((c0, last))
                 return
 
     def prefetch(self, c0: int, c1: int) -> None:
@@ -204,19 +241,25 @@ class ReadAhead:
                 self._window = max(self._window, min(FETCH_BUDGET, (c1 - reader) * CHUNK))
                 if is_decided_above():
                     self._until = c1 if self._until is None else max(self._until, c1)
-        if continues:
-            self.pump()
-            return
-        limit = self._source.origin_limit()
-        step = piece_bytes(limit.limit, self._source.piece_bytes) // CHUNK
-        for first in range(c0, c1, step):
-            last = min(c1, first + step)
-            if not SCHEDULER.has_room((last - first) * CHUNK) or not limit.try_start():
-                return  # over budget or at the limit: a later read asks again
-            if not self._start(first, last, limit, then_pump=False):
-                return
+            else:
+                self._want(c0, c1)
+        self.pump()
 
-    def _start(self, c0: int, c1: int, limit: OriginLimit, then_pump: bool) -> bool:
+    def _want(self, c0: int, c1: int) -> None:
+        """Queue an advised run away from the reader's window (called under the lock), within ``FETCH_BUDGET``
+        of runs waiting: advice past that is dropped (the handle advises at most that much ahead)."""
+        waiting = sum(b - a for a, b in self._wanted)
+        room = FETCH_BUDGET // CHUNK - waiting
+        if room <= 0:
+            return
+        c1 = min(c1, c0 + room)
+        if self._wanted and self._wanted[-1][1] >= c0 and self._wanted[-1][0] <= c0:
+            a, b = self._wanted[-1]
+            self._wanted[-1] = (a, max(b, c1))
+        else:
+            self._wanted.append((c0, c1))
+
+    def _start(self, c0: int, c1: int, limit: OriginLimit) -> bool:
         """Claim [c0, c1) and fetch it on the scheduler, holding one of ``limit``'s slots until it lands;
         False when the scheduler refused it (the slot given back, the claims abandoned)."""
         runs = self._source.claim(c0, c1)
@@ -226,7 +269,7 @@ class ReadAhead:
 
         # the slot is given back when the body is in, and the next piece started then: a version check that
         # the landed bytes still wait for does not keep the origin idle
-        slot = limit.held(then=self.pump if then_pump else None)
+        slot = limit.held(then=self.pump)
 
         def job() -> None:
             try:
@@ -236,8 +279,7 @@ class ReadAhead:
 
         nbytes = sum(stop - start for start, stop in runs) * CHUNK
         # the window topped up once the piece's bytes are released: its room is the next piece's
-        then = self.pump if then_pump else None
-        if SCHEDULER.submit("fetch", job, nbytes, cap=FETCH_BUDGET, then=then) is None:
+        if SCHEDULER.submit("fetch", job, nbytes, cap=FETCH_BUDGET, then=self.pump) is None:
             limit.done()
             self._source.abandon(runs, RuntimeError("read-ahead over budget"))
             return False
