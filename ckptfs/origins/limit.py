@@ -4,7 +4,8 @@ Object stores and CDNs cap what one connection carries (a few tens of MB/s a req
 stream is as fast as the number of ranges in flight: four requests behind a 20 MB/s-per-request origin make
 80 MB/s however fast the link is. How many help depends on the origin (its per-request cap, its latency, its
 throttling) and cannot be known in advance, so each origin gets an :class:`OriginLimit` that climbs like a
-parallel downloader tuned by hand would: start small, **grow while throughput grows** (each step is kept
+parallel downloader tuned by hand would: start where downloaders do (hf_transfer keeps 20-25 ranges in flight
+with the Hub's settings), **grow while throughput grows** (each step is kept
 only when an epoch at the new limit moved at least ``GAIN`` more bytes a second than the one before it),
 **step back when it stops paying** (a larger limit that moved no more bytes, or whose requests took much
 longer each, costs connections and memory for nothing), and **halve at once on a throttle** (HTTP 429/503,
@@ -28,7 +29,7 @@ import time
 from ckptfs.util.forks import after_fork_in_child
 
 #: Requests in flight per origin: where a new origin starts, and the bounds of the climb.
-INITIAL = 16
+INITIAL = 32
 FLOOR = 1
 CEILING = 64
 #: Growth factor per step, and the gain in throughput a step must show to be kept.

@@ -61,6 +61,7 @@ def origin(tmp_path_factory):
         write_gguf(root / "big.gguf", {"w": (rng.standard_normal((1536, 4096)).astype(np.float32), "F32")})  # 24 MiB
         (root / "resume.gguf").write_bytes((root / "big.gguf").read_bytes())
         (root / "full.gguf").write_bytes((root / "big.gguf").read_bytes())
+        (root / "spread.gguf").write_bytes((root / "big.gguf").read_bytes())
         (root / "junk.gguf").write_bytes(rng.integers(0, 256, 24 << 20, dtype=np.uint8).tobytes())  # no checkpoint
 
     with nginx_origin(tmp_path_factory, fill) as (server, root, _):
@@ -233,6 +234,22 @@ def test_every_shard_of_a_split_gguf_is_warmed(origin, tmp_path, mounted):
     for shard in shards:
         seen = server.ranges(f"split/{shard.name}", before)
         assert data_ranges(seen, shard.stat().st_size) == [], (shard.name, seen)
+
+
+def test_the_warm_ups_last_round_is_spread_over_the_origins_slots(origin, tmp_path):
+    """Behind an origin that caps each request, a warm-up's end is as slow as its largest last request: the
+    rest is split over the limit's slots (here pinned at 2), so its last requests are smaller than its first,
+    and every byte is still asked for once."""
+    server, root = origin
+    size = (root / "spread.gguf").stat().st_size
+    before = len(server.access_log())
+    result = run_cli("prefetch", f"{server.url}/spread.gguf", "--cache-dir", str(tmp_path / "cache"),
+                     CKPTFS_REMOTE_IN_FLIGHT="2", timeout=120)
+    assert result.returncode == 0, result.stderr
+    fetched = sorted(data_ranges(server.ranges("spread.gguf", before), size))
+    assert sum(b - a for a, b in fetched) == size and all(a == b for (_, a), (b, _) in zip(fetched, fetched[1:]))
+    sizes = [b - a for a, b in fetched]
+    assert max(sizes) == 4 * MiB and sizes[-1] <= MiB and sizes[-2] <= 2 * MiB, sizes
 
 
 def test_a_file_that_is_no_checkpoint_is_refused_after_its_first_read_not_fetched_whole(origin, tmp_path):

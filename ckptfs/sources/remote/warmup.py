@@ -60,7 +60,7 @@ from ckptfs.readahead import SCHEDULER
 from ckptfs.origins.limit import HeldSlot, OriginLimit
 from ckptfs.sources.base import ByteSource, Mirrored, WrapsSource
 from ckptfs.sources.pool import SourcePool
-from ckptfs.sources.remote.fetch_ahead import FETCH_BUDGET, piece_bytes
+from ckptfs.sources.remote.fetch_ahead import FETCH_BUDGET, MIN_PIECE, piece_bytes
 from ckptfs.sources.remote.transport import RemoteSource
 from ckptfs.util.redact import public_name
 from ckptfs.util.sizes import format_size
@@ -333,6 +333,7 @@ class _Dispatch:
         self._k = 0
         self._running = 0  # this pass's pieces started and not yet landed
         self._started = 0  # this pass's pieces started
+        self._left = sum(len(f.missing) for f in files)  # chunks of this pass not yet in a started piece
         self._lock = threading.Lock()
         self._idle = threading.Condition(self._lock)
 
@@ -359,10 +360,14 @@ class _Dispatch:
                     continue
                 limit = f.remote.origin_limit()
                 step = piece_bytes(limit.limit, f.remote.piece_bytes) // CHUNK  # as the limit has grown by now
+                # the last round spread over the limit's slots: the warm-up's end is many small requests
+                # landing together, not a few whole pieces at the origin's per-request rate
+                step = min(step, max(MIN_PIECE // CHUNK, -(-self._left // limit.limit)))
                 j = _next_piece(f.missing, self._k, step)
                 started = self._start(f, f.missing[self._k], f.missing[j - 1] + 1, limit)
                 if started is None:
                     return  # no slot or no room now: a landing piece (or the caller's poll) asks again
+                self._left -= j - self._k
                 self._k = j
 
     def _start(self, f: _File, first: int, last: int, limit: OriginLimit) -> bool | None:
