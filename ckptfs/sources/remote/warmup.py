@@ -19,6 +19,11 @@ How it is built:
   ``then``; ``_Dispatch``), or by the calling thread's poll when others hold the slots. A mount's background
   warm-up takes at most half of the origin's slots and half the fetch budget (``share``), leaving the rest
   to its readers' read-ahead.
+- **The last round spread.** Behind an origin that caps each request, pieces of one size started as slots
+  free up end one round after another, and the last round is as slow as a whole piece. Once what is left is
+  less than a round (the limit's slots of whole pieces), the pieces are what is left over the limit (at
+  least ``MIN_PIECE``): the warm-up ends on many small requests landing together (measured on a 242 MiB
+  prefetch behind the capped origin of docs/remote.md: 1.28 to 1.22 s, medians of 8 alternating runs).
 - **Resumable.** Only chunks the store lacks are fetched (``RemoteSource.unstored_chunks``): a second run
   after an interrupted one fetches the rest, a run after a complete one fetches nothing.
 - **Bounded by ``--cache-dir-size``.** The store deletes its least recently used entries past its bound, so a
@@ -334,8 +339,10 @@ class _Dispatch:
         self._running = 0  # this pass's pieces started and not yet landed
         self._started = 0  # this pass's pieces started
         self._left = sum(len(f.missing) for f in files)  # chunks of this pass not yet in a started piece
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # the counters above (held briefly)
         self._idle = threading.Condition(self._lock)
+        self._drain = threading.Lock()  # held by the one thread starting pieces: the cursor is its
+        self._again = False  # another thread asked for a refill while one ran: it goes round once more
 
     def ended(self) -> bool:
         return bool(self.errors) or (self.stop is not None and self.stop.is_set())
@@ -351,28 +358,41 @@ class _Dispatch:
                 self._idle.wait(ROOM_POLL_S if self._running == 0 else 1.0)
 
     def refill(self) -> None:
-        """Start pieces at the cursor while the origin's limit and the budget have room."""
-        with self._lock:
-            while self._file < len(self.files) and not self.ended():
-                f = self.files[self._file]
-                if self._k >= len(f.missing):
-                    self._file, self._k = self._file + 1, 0
-                    continue
-                limit = f.remote.origin_limit()
-                step = piece_bytes(limit.limit, f.remote.piece_bytes) // CHUNK  # as the limit has grown by now
-                # the last round spread over the limit's slots: the warm-up's end is many small requests
-                # landing together, not a few whole pieces at the origin's per-request rate
-                step = min(step, max(MIN_PIECE // CHUNK, -(-self._left // limit.limit)))
-                j = _next_piece(f.missing, self._k, step)
-                started = self._start(f, f.missing[self._k], f.missing[j - 1] + 1, limit)
-                if started is None:
-                    return  # no slot or no room now: a landing piece (or the caller's poll) asks again
-                self._left -= j - self._k
-                self._k = j
+        """Start pieces at the cursor while the origin's limit and the budget have room. One thread does it at
+        a time; one that finds another at it leaves a note and returns, and the one at it goes round again
+        (32 workers whose pieces landed together queued on a lock here, a fifth of a warm-up's samples)."""
+        self._again = True
+        while self._again:
+            if not self._drain.acquire(blocking=False):
+                return  # the thread at it sees the note once it lets go
+            try:
+                self._again = False
+                self._refill()
+            finally:
+                self._drain.release()
+
+    def _refill(self) -> None:
+        """Start pieces at the cursor (the thread holding ``_drain``)."""
+        while self._file < len(self.files) and not self.ended():
+            f = self.files[self._file]
+            if self._k >= len(f.missing):
+                self._file, self._k = self._file + 1, 0
+                continue
+            limit = f.remote.origin_limit()
+            step = piece_bytes(limit.limit, f.remote.piece_bytes) // CHUNK  # as the limit has grown by now
+            # the last round spread over the limit's slots: the warm-up's end is many small requests
+            # landing together, not a few whole pieces at the origin's per-request rate
+            step = min(step, max(MIN_PIECE // CHUNK, -(-self._left // limit.limit)))
+            j = _next_piece(f.missing, self._k, step)
+            started = self._start(f, f.missing[self._k], f.missing[j - 1] + 1, limit)
+            if started is None:
+                return  # no slot or no room now: a landing piece (or the caller's poll) asks again
+            self._left -= j - self._k
+            self._k = j
 
     def _start(self, f: _File, first: int, last: int, limit: OriginLimit) -> bool | None:
-        """Start the piece [first, last) of ``f`` (called under the lock): True when started or when there
-        is nothing to fetch (in memory, or on its way by a reader); None when no slot of the origin's limit or
+        """Start the piece [first, last) of ``f`` (called by the thread refilling): True when started or when
+        there is nothing to fetch (in memory, or on its way by a reader); None when no slot of the origin's limit or
         no room in the budget is free."""
         nbytes = (last - first) * CHUNK
         if self.share < 1.0 and limit.in_flight >= max(1, int(limit.limit * self.share)):
@@ -390,10 +410,12 @@ class _Dispatch:
         # the slot is given back once the piece's body is in (its bytes may still wait for a version check and
         # the store's write: the origin no longer works for it), and the next pieces started then
         piece = _Piece(f, runs, limit.held(then=self.refill), self.landed, self.errors, self.stop)
-        self._running += 1
-        self._started += 1
+        with self._lock:
+            self._running += 1
+            self._started += 1
         if SCHEDULER.submit("fetch", piece, nbytes, cap=self.cap, then=self._landed) is None:
-            self._running -= 1
+            with self._lock:
+                self._running -= 1
             limit.done()
             f.remote.abandon(runs, RuntimeError("prefetch over budget"))
             return None
