@@ -94,6 +94,7 @@ def _after_fork_in_child() -> None:
     for readahead in list(_readaheads):
         readahead._source.forget_fetches()
         readahead._lock = threading.Lock()
+        readahead._wanted.clear()  # the parent's advice: its readers are not the child's
 
 
 after_fork_in_child(_after_fork_in_child)
