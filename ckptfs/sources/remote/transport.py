@@ -206,8 +206,10 @@ class RemoteSource(ByteSource):
         """Bytes [start, end) from the origin as the scheme read them (consecutive parts, ``CHUNK`` bytes each
         but the last for a scheme that reads chunk by chunk), retried, and confirmed by the version pin."""
         fetch = read.bounded(read.deadline)  # this fetch's own answered_at: the read's may fan out to workers
-        parts = self.client.fetch(start, end, fetch, lambda one: self._attempt_parts(start, end, one))
-        if self._pin is not None:
+        if self._pin is None:
+            return self.client.fetch(start, end, fetch, lambda one: self._attempt_parts(start, end, one))
+        with self._pin.fetching():
+            parts = self.client.fetch(start, end, fetch, lambda one: self._attempt_parts(start, end, one))
             self._pin.confirm(fetch.answered_at if fetch.answered_at is not None else time.monotonic(), fetch,
                               start)
         return parts

@@ -7,13 +7,17 @@ file the open keeps a digest of its last ``SAMPLE_BYTES`` (it joins the content 
 :class:`VersionPin` re-asks for them after each fetch. A replaced file answers every request after the
 replacement with the new version, so a check sent after a fetch that still finds the old last bytes proves
 the fetch old too. Concurrent fetches share one check; a fetch ahead of readers (read-ahead, a warm-up)
-waits for one sent at least ``CHECK_SPACING_S`` after the one before it.
+waits for one sent at least ``CHECK_SPACING_S`` after the one before it while other fetches are under way
+to share it. Alone (the last piece of a stream or of a warm-up), it is checked at once: nothing would land
+meanwhile to share the wait.
 """
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
+from collections.abc import Iterator
 
 from ckptfs.core.errors import CheckpointError
 from ckptfs.sources.netstats import COUNTERS
@@ -40,6 +44,19 @@ class VersionPin:
         self._lock = threading.Lock()
         self._checked_at = float("-inf")  # when the last check that passed was sent
         self._check_sent = float("-inf")  # when the last check was sent
+        self._under_way = 0  # fetches between their request and their confirm
+        self._count = threading.Lock()
+
+    @contextlib.contextmanager
+    def fetching(self) -> Iterator[None]:
+        """The scope of one fetch whose bytes this pin confirms: from its request to its ``confirm``."""
+        with self._count:
+            self._under_way += 1
+        try:
+            yield
+        finally:
+            with self._count:
+                self._under_way -= 1
 
     def confirm(self, fetched_at: float, read: ReadContext, offset: int) -> None:
         """Bytes fetched by ``fetched_at`` may be served: a check sent after that found the file's last bytes
@@ -47,7 +64,7 @@ class VersionPin:
         scheme says (``ReadContext.answered``: its version was fixed then), else when its body was in.
         CheckpointError when the last bytes differ."""
         start, end, digest = self.sample
-        if read.ahead:
+        if read.ahead and self._under_way > 1:  # others under way may share the check: wait for them
             now = time.monotonic()  # (never more than half the time left: the check itself needs the rest)
             pause = min(self._check_sent + CHECK_SPACING_S - now, (read.deadline - now) / 2)
             if pause > 0 and self._checked_at <= fetched_at:
