@@ -178,8 +178,6 @@ def known_types() -> list[str]:
     return sorted(_registry)
 
 
-
-
 def output_dtype(codec: Codec, mode: str = "auto") -> np.dtype:
     """The numpy dtype a tensor of this codec is served as, under the API/mount ``dtype`` setting.
 
