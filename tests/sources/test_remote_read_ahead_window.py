@@ -65,6 +65,12 @@ class RecordingSource:
             return max(self.claimed, default=-1) + 1
 
 
+def _start_stream(ahead: ReadAhead) -> None:
+    """The first two 1 MiB reads of a stream a mount's handle decided (inside ``decided_above``)."""
+    ahead.observe(0, MiB)
+    ahead.observe(MiB, MiB)
+
+
 def _settled(source: RecordingSource) -> None:
     assert wait_until(lambda: source.limit.in_flight == 0, timeout=10)
 
@@ -74,8 +80,7 @@ def test_a_read_behind_the_reader_keeps_the_window_of_a_decided_stream(monkeypat
     source = RecordingSource(64 * MiB)
     ahead = ReadAhead(source)
     with decided_above():
-        ahead.observe(0, MiB)
-        ahead.observe(MiB, MiB)
+        _start_stream(ahead)
         ahead.prefetch(2 * MiB // CHUNK, 64 * MiB // CHUNK)  # the handle advises the rest, once
         _settled(source)
         assert source.furthest() * CHUNK == 10 * MiB  # 8 MiB ahead of the reader
@@ -92,8 +97,7 @@ def test_the_window_of_a_decided_stream_stops_where_its_advice_ends(monkeypatch)
     source = RecordingSource(64 * MiB)
     ahead = ReadAhead(source)
     with decided_above():
-        ahead.observe(0, MiB)
-        ahead.observe(MiB, MiB)
+        _start_stream(ahead)
         ahead.prefetch(2 * MiB // CHUNK, 12 * MiB // CHUNK)  # a tensor's rest: 10 MiB
         for offset in range(2 * MiB, 12 * MiB, MiB):
             ahead.observe(offset, MiB)
@@ -134,8 +138,7 @@ def test_advice_away_from_the_reader_waits_for_a_slot_instead_of_being_dropped(m
     source = HeldSource(256 * MiB)
     ahead = ReadAhead(source)
     with decided_above():
-        ahead.observe(0, MiB)
-        ahead.observe(MiB, MiB)
+        _start_stream(ahead)
         ahead.prefetch(2 * MiB // CHUNK, 18 * MiB // CHUNK)  # the stream's rest: the limit's 4 slots taken
         assert wait_until(lambda: source.limit.in_flight == source.limit.limit, timeout=10)
         ahead.prefetch(100 * MiB // CHUNK, 108 * MiB // CHUNK)  # the files after it: no slot free now

@@ -81,7 +81,7 @@ def test_a_fetch_ahead_among_others_waits_to_share_a_check(pauses):
     assert len(pauses) == 1 and 0 < pauses[0] <= version.CHECK_SPACING_S
 
 
-def test_a_changed_tail_is_refused_alone_or_not(pauses):
+def test_a_changed_tail_is_refused_when_checked_alone(pauses):
     source = TailSource()
     pin = _pin(source)
     source.tail = b"another version!" * 200
