@@ -164,7 +164,7 @@ def _early_warmup(src: str, options: OpenOptions, stop: threading.Event, bar: By
     if names_folder(src) or parse_shard_name(name) is not None or is_index_name(name) or options.mirrors:
         return None  # (with mirrors the open may need them: an early warm-up would read the primary alone)
     source = SourcePlan(src, options).opener(src)
-    # a file that is no checkpoint: nothing warmed before the open says so
+    # a file that is no checkpoint: the warm-up stops after its first round once the check says so
     return EarlyWarmup(source, stop=stop, progress=bar, check=lambda source: detect(src, source=source)).start()
 
 
