@@ -35,6 +35,8 @@ _SPAN = re.compile(r'" \d+ (?P<bytes>\d+) .* rt=(?P<rt>[\d.]+) end=(?P<end>[\d.]
 _RANGE = re.compile(r'"GET /(?P<path>\S+) [^"]*" 206 \d+ .*range="bytes=(?P<a>\d+)-(?P<b>\d+)"')
 #: nginx's ETag is weak (mtime to the second): every open, and each fetch after it, asks for the last 4 KiB
 WEAK_ETAG_TAIL = 4096
+#: What an open with a --cache-dir asks for first: the file's first bytes (size, identity, format), no more.
+OPEN_HEAD = 4096
 START_TIMEOUT = 20.0
 #: How long a reader of nginx's access log waits for the lines it expects (``Nginx.access_log``).
 LOG_TIMEOUT = 10.0
@@ -518,9 +520,9 @@ def quote_path(path: str) -> str:
 
 
 def data_ranges(ranges: list[tuple[int, int]], size: int) -> list[tuple[int, int]]:
-    """Of the ranges a ckptfs source asked nginx for, those that fetched data: not an open's one-byte probe,
-    nor the weak ETag's check of the file's last ``WEAK_ETAG_TAIL`` bytes."""
-    return [r for r in ranges if r != (0, 1) and r != (max(0, size - WEAK_ETAG_TAIL), size)]
+    """Of the ranges a ckptfs source asked nginx for, those that fetched data: not an open's probe of the first
+    ``OPEN_HEAD`` bytes, nor the weak ETag's check of the file's last ``WEAK_ETAG_TAIL`` bytes."""
+    return [r for r in ranges if r != (0, OPEN_HEAD) and r != (max(0, size - WEAK_ETAG_TAIL), size)]  # (as asked)
 
 
 def requests_since(server: Nginx, before: int, path: str | None = None,

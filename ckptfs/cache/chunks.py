@@ -29,8 +29,6 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
-import numpy as np
-
 from ckptfs.cache import sparse_store
 from ckptfs.cache.chunk_store import ChunkStore
 from ckptfs.cache.keys import CacheKey
@@ -40,6 +38,8 @@ from ckptfs.cache.sparse_store import DEFAULT_MIN_FREE, SparseStore
 from ckptfs.util.forks import after_fork_in_child
 
 if TYPE_CHECKING:  # imported when fetched chunks are shared through Redis
+    import numpy as np
+
     from ckptfs.cache.redis_tier import RedisTier
 
 T = TypeVar("T")
@@ -231,6 +231,8 @@ class ChunkCache:
 
     def _share(self, key: CacheKey, data: bytes) -> None:
         if self.redis is not None:
+            import numpy as np
+
             self._redis(self.redis.put, key, np.frombuffer(data, np.uint8))
 
     def _keep(self, key: CacheKey, data: bytes, persist: bool = True, memory: bool = True) -> None:

@@ -41,13 +41,15 @@ import threading
 import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
 
 from ckptfs.cache import auth, entry
 from ckptfs.cache.counters import TierCounters
 from ckptfs.cache.writer import BackgroundWriter
+
+if TYPE_CHECKING:  # (imported where values are decoded: a remote fetch into the store does not need numpy)
+    import numpy as np
 
 log = logging.getLogger(__name__)
 
@@ -175,6 +177,8 @@ class DiskStore:
 
     def put(self, key: str, data: bytes) -> None:
         """Store ``data`` for ``key``; never raises for a full, read-only or deleted folder."""
+        import numpy as np
+
         self.put_array(key, np.frombuffer(data, np.uint8))
 
     def put_array(self, key: str, values: np.ndarray) -> None:
@@ -184,8 +188,8 @@ class DiskStore:
     def put_parts(self, key: str, parts: list[bytes]) -> bool:
         """Store the bytes ``parts`` (at hand: a run of fetched chunks) one after the other as the entry of
         ``key``, in one write, without joining them. True when the entry is in place."""
-        header = entry.header_for(key, np.dtype(np.uint8), parts, self._mac_key)
-        return self.write_chunks(key, np.dtype(np.uint8), sum(len(part) for part in parts), parts, header=header)
+        header = entry.header_for(key, "|u1", parts, self._mac_key)
+        return self.write_chunks(key, "|u1", sum(len(part) for part in parts), parts, header=header)
 
     def write_chunks(self, key: str, dtype: np.dtype | str, nbytes: int, chunks: Iterable[Any],
                      header: bytes | None = None) -> bool:

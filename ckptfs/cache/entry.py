@@ -31,11 +31,13 @@ import hmac
 import mmap
 import struct
 import zlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
 
 from ckptfs.util.crc import crc32
+
+if TYPE_CHECKING:  # (imported where values are decoded: a remote fetch into the store does not need numpy)
+    import numpy as np
 
 MAGIC = b"CKPTFSE2"
 HEADER_SIZE = 64
@@ -65,6 +67,8 @@ def payload_crc(payload: bytes | memoryview, value: int = 0) -> int:
 
 @functools.lru_cache(maxsize=64)
 def _dtype_field(dtype: np.dtype | str) -> bytes:
+    import numpy as np
+
     return str(np.dtype(dtype).str).encode("ascii")
 
 
@@ -88,6 +92,8 @@ def make_header(key: str, dtype: np.dtype | str, length: int, crc: int, mac: Any
 
 def encode(key: str, value: np.ndarray, mac_key: bytes | None = None) -> tuple[bytes, memoryview]:
     """(header, payload) for a 1-D contiguous array; the payload is a view of ``value``, not a copy."""
+    import numpy as np
+
     payload = np.ascontiguousarray(value).data.cast("B")
     return header_for(key, value.dtype, [payload], mac_key), payload
 
@@ -107,6 +113,8 @@ def header_for(key: str, dtype: np.dtype | str, parts: list[Any], mac_key: bytes
 
 def parse_header(key: str, header: bytes | memoryview | mmap.mmap) -> tuple[np.dtype, int, int]:
     """(dtype, payload length, payload crc) of a header written for ``key``; BadEntry if it is not one."""
+    import numpy as np
+
     if len(header) < HEADER_SIZE:
         raise BadEntry(f"short header ({len(header)} bytes)")
     header = bytes(header[:HEADER_SIZE])
@@ -130,6 +138,8 @@ def parse_header(key: str, header: bytes | memoryview | mmap.mmap) -> tuple[np.d
 def decode(key: str, data: bytes | memoryview | mmap.mmap, offset: int = 0, mac_key: bytes | None = None) -> np.ndarray:
     """The read-only 1-D array stored in ``data`` (bytes, memoryview or mmap) for ``key``, without copying;
     BadEntry when anything in it does not check out (ForgedEntry: the MAC under ``mac_key``, when given)."""
+    import numpy as np
+
     view = memoryview(data)[offset:]
     dtype, length, crc = parse_header(key, view[:HEADER_SIZE])
     if len(view) != HEADER_SIZE + length:

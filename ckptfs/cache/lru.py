@@ -11,12 +11,13 @@ import threading
 from collections import OrderedDict
 from collections.abc import Hashable
 from dataclasses import dataclass
-from typing import Generic, TypeVar, Union
+from typing import TYPE_CHECKING, Generic, TypeVar, Union
 
-import numpy as np
+if TYPE_CHECKING:  # (numpy is imported where values are decoded: a remote fetch does not need it)
+    import numpy as np
 
 #: What the LRU holds: buffers whose size it can tell.
-Buffer = Union[np.ndarray, bytes, bytearray, memoryview]
+Buffer = Union["np.ndarray", bytes, bytearray, memoryview]
 V = TypeVar("V", bound=Buffer)
 
 

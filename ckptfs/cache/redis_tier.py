@@ -54,10 +54,8 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
-
-import numpy as np
 
 from ckptfs.cache import auth, entry
 from ckptfs.cache.breaker import Breaker
@@ -65,6 +63,9 @@ from ckptfs.cache.counters import TierCounters
 from ckptfs.cache.keys import CacheKey
 from ckptfs.readahead import SequentialRun
 from ckptfs.cache.writer import BackgroundWriter
+
+if TYPE_CHECKING:  # (imported where values are decoded: a remote fetch into the store does not need numpy)
+    import numpy as np
 
 log = logging.getLogger(__name__)
 

@@ -21,8 +21,10 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
-import numpy as np
+if TYPE_CHECKING:  # (imported where values are decoded: a remote fetch into the store does not need numpy)
+    import numpy as np
 
 log = logging.getLogger(__name__)
 

@@ -533,8 +533,10 @@ def source_plan(src: str, options: OpenOptions) -> SourcePlan | None:
     return SourcePlan(src, options)
 
 
-def open_with(src: PathOrUrl, options: OpenOptions) -> Checkpoint:
-    """Open ``src`` (a path, bytes or os.PathLike, or a URL) as ``options`` say."""
+def open_with(src: PathOrUrl, options: OpenOptions, plan: SourcePlan | None = None) -> Checkpoint:
+    """Open ``src`` (a path, bytes or os.PathLike, or a URL) as ``options`` say. ``plan``: the ``source_plan``
+    of ``src`` and ``options`` made before (``ckptfs prefetch`` opened the file with it to start its warm-up):
+    the open reuses what that learnt (each file's probe, ``RemoteOptions.probes``) instead of asking again."""
     from ckptfs.formats.multi import read_checkpoint
 
     src = src if isinstance(src, str) else os.fsdecode(os.fspath(src))
@@ -542,7 +544,8 @@ def open_with(src: PathOrUrl, options: OpenOptions) -> Checkpoint:
     if options.shared_tiers:
         from ckptfs.cache.build import build_tiers
         cache = build_tiers(options)
-    plan = source_plan(src, options)
+    if plan is None:
+        plan = source_plan(src, options)
     parsed = read_checkpoint(src, plan.header_opener() if plan is not None else DEFAULT_OPENER)
     wrapper = None
     if options.manifest is not None:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import sys
 import threading
 import time
+from typing import TYPE_CHECKING
 
 import click
 
@@ -28,6 +29,9 @@ from ckptfs.commands.open_flags import open_flags
 from ckptfs.commands.source import with_source
 from ckptfs.core.options import OpenOptions
 from ckptfs.util.sizes import format_size
+
+if TYPE_CHECKING:
+    from ckptfs.sources.plan import SourcePlan
 
 #: The memory cache of the checkpoint a prefetch opens: decoded groups go on to the shared tiers.
 PREFETCH_CACHE_BYTES = 64 << 20
@@ -88,7 +92,6 @@ def prefetch(src, names, open_options, decode, include, quiet, verbose):
     holding several checkpoints (a repository) has each of them warmed (--include to choose)."""
     import logging
 
-    from ckptfs.formats.repository import SeveralCheckpoints
     from ckptfs.sources import is_url
 
     remote = is_url(src)
@@ -109,14 +112,26 @@ def prefetch(src, names, open_options, decode, include, quiet, verbose):
     stop = threading.Event()  # set on Ctrl-C: queued pieces are dropped, not fetched on the way out
     early = None
     try:
-        from ckptfs.checkpoint.api import open as open_checkpoint
         from ckptfs.sources.netstats import COUNTERS
 
         started, before = time.monotonic(), COUNTERS.snapshot()
         bar = ByteBar(enabled=fetch_bytes and not quiet and sys.stderr.isatty())
-        early = _early_warmup(src, options, stop, bar) if fetch_bytes and not include else None
+        plan = None
+        if fetch_bytes and not include and options.needs_source_plan(src):  # (a URL always does)
+            from ckptfs.sources.plan import SourcePlan
+            from ckptfs.sources.registry import load_scheme
+
+            plan = SourcePlan(src, options)  # one for the early warm-up and the open: the open reuses its probe
+            load_scheme(src)
+            # what the open needs (the formats, numpy, the codecs: about 40 ms) is imported while the early
+            # warm-up's first requests are on the wire, not before them (nor beside the imports they need)
+            _import_ahead("ckptfs.formats", "ckptfs.checkpoint.api")
+            early = _early_warmup(src, plan, stop, bar)
+        from ckptfs.checkpoint.api import open_with
+        from ckptfs.formats.repository import SeveralCheckpoints
+
         try:
-            with open_checkpoint(src, options=options) as ck:
+            with open_with(src, options, plan) as ck:
                 if include:
                     raise click.UsageError(f"--include chooses among the checkpoints of a repository: {src} is "
                                            f"one checkpoint")
@@ -148,23 +163,41 @@ def prefetch(src, names, open_options, decode, include, quiet, verbose):
     sys.exit(0 if ok else 1)
 
 
-def _early_warmup(src: str, options: OpenOptions, stop: threading.Event, bar: ByteBar):
+def _import_ahead(*modules: str) -> None:
+    """Import ``modules`` on a thread of their own, while the caller waits on the network (best effort: a
+    module that fails to import fails again where it is used, and says why there)."""
+    import importlib
+
+    def run() -> None:
+        for name in modules:
+            try:
+                importlib.import_module(name)
+            except Exception:  # noqa: BLE001 - see the docstring
+                return
+
+    threading.Thread(target=run, name="ckptfs-import-ahead", daemon=True).start()
+
+
+def _early_warmup(src: str, plan: SourcePlan, stop: threading.Event, bar: ByteBar):
     """For a SRC that is one remote file and the whole checkpoint (not a shard of a split set, an index or a
     folder), without mirrors: its warm-up started now, before the open (``EarlyWarmup``: best effort, on a
     thread of its own), or None. Its source is made here, before the open: what the store holds of the file
     is measured before the open stores the header chunks it reads (``EarlyWarmup.start``), and a source that
     cannot be made (a 404, a dead server) is the error the open would give, said once. Anything that goes
     wrong after that is left to the open and the warm-up after it, which say it in their own words."""
-    from ckptfs.formats import detect
-    from ckptfs.formats.shards import is_index_name, parse_shard_name
-    from ckptfs.sources.plan import SourcePlan, names_folder
+    from ckptfs.sources.plan import names_folder
     from ckptfs.sources.remote.warmup import EarlyWarmup
 
-    name = src.rstrip("/").rsplit("/", 1)[-1]
-    if names_folder(src) or parse_shard_name(name) is not None or is_index_name(name) or options.mirrors:
+    if names_folder(src) or plan.mirrors:
         return None  # (with mirrors the open may need them: an early warm-up would read the primary alone)
-    source = SourcePlan(src, options).opener(src)
-    # a file that is no checkpoint: the warm-up stops after its first round once the check says so
+    source = plan.opener(src)  # first: the formats' modules are still being imported (``_import_ahead``)
+    from ckptfs.formats import detect
+    from ckptfs.formats.shards import is_index_name, parse_shard_name
+
+    name = src.rstrip("/").rsplit("/", 1)[-1]
+    if parse_shard_name(name) is not None or is_index_name(name):
+        return None  # (its probe is not lost: the open reuses it)
+    # a file that is no checkpoint: the check refuses it from the bytes the open brought, before any piece
     return EarlyWarmup(source, stop=stop, progress=bar, check=lambda source: detect(src, source=source)).start()
 
 

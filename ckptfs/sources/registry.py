@@ -62,6 +62,15 @@ def is_url(src: object) -> bool:
     return scheme_of(src) is not None
 
 
+def load_scheme(src: str) -> None:
+    """Import the module that opens ``src``'s scheme now, as its first open would (CheckpointError for an
+    unknown scheme or a missing optional package): a caller that then waits on the network can do other
+    work beside that wait (``ckptfs prefetch`` imports what its open needs) without slowing the request."""
+    scheme = scheme_of(src)
+    if scheme is not None:
+        _scheme_openers(scheme)
+
+
 def _scheme_openers(scheme: str) -> tuple[SourceOpener, FolderOpener | None, bool]:
     entry = _openers.get(scheme)
     if entry is None and scheme in LAZY_SCHEMES:

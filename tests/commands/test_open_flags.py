@@ -67,13 +67,16 @@ class Recorder:
             recorder.options = options
             raise OSError("recorded")
 
+        def opened_with(src, options, plan=None):
+            return opened(src, options=options)
+
         def run_bench(src, as_json=False, options=None, verbose=False):
             recorder.options = options
             return 0
 
         monkeypatch.setattr(ckptfs.fs.mount, "run_mount", run_mount)
         monkeypatch.setattr(ckptfs, "open", opened)  # info
-        monkeypatch.setattr(ckptfs.checkpoint.api, "open", opened)  # prefetch
+        monkeypatch.setattr(ckptfs.checkpoint.api, "open_with", opened_with)  # prefetch
         monkeypatch.setattr(ckptfs.bench, "run_bench", run_bench)
 
     def run(self, command: str, *args: str, src: str = "model.gguf") -> OpenOptions:

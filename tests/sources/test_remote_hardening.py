@@ -182,6 +182,7 @@ def test_user_info_is_basic_auth_for_its_origin_only(site):
             np.testing.assert_array_equal(np.asarray(ck["w"]), values)
     want = "Basic " + base64.b64encode(f"alice:{SECRET}".encode()).decode()
     assert origin.auth and all(a == want for a in origin.auth), origin.auth
+    server.wait_idle()  # every answered request is in the log
     assert server.access_log() and all('auth="-"' in line for line in server.access_log())  # not to the target
 
 

@@ -27,7 +27,7 @@ from faultproxy import FaultProxy  # noqa: E402
 from fixtures import big_vocab_gguf, write_gguf, write_mixed_gguf, quantized  # noqa: E402
 from servers import Nginx, require_nginx  # noqa: E402
 from servers import requests_since  # noqa: F401
-from servers import is_tail_check
+from servers import OPEN_HEAD, data_ranges, is_tail_check
 
 MiB = 1 << 20
 _RANGE = re.compile(r'range="bytes=(\d+)-(\d+)"')
@@ -50,6 +50,7 @@ def site(tmp_path_factory):
     rng = np.random.default_rng(5)
     write_gguf(root / "big.gguf", {"big.q4k": (quantized("Q4_K", (4096, 4096), rng), "Q4_K"),
                                    "small.f32": (rng.standard_normal(100).astype(np.float32), "F32")})
+    (root / "head.gguf").write_bytes((root / "big.gguf").read_bytes())  # read by one test only (no chunk in memory)
     with Nginx(root) as server:
         yield server, root, mixed
 
@@ -91,6 +92,27 @@ def test_vocabulary_header_in_few_requests(site):
     assert tail_checks_since(server, before) <= len(seen)  # the version's sample at open, one after each fetch
 
 
+def test_an_open_with_a_cache_dir_asks_for_the_first_4_kib_and_serves_them_from_memory(site, tmp_path):
+    """With a --cache-dir the open asks for the file's first bytes only (their chunk may be stored already),
+    and reads inside them (a format check's 64 bytes) are answered from them: no second request."""
+    from ckptfs.core.options import OpenOptions
+    from ckptfs.sources.registry import Opener
+    from ckptfs.sources.remote.options import RemoteOptions
+
+    server, root, _ = site
+    data = (root / "head.gguf").read_bytes()
+    before = len(server.access_log())
+    options = RemoteOptions(OpenOptions.build(timeout=10, cache_dir=str(tmp_path / "cache")), read_ahead=False)
+    source = Opener(options).source(server.url + "/head.gguf")
+    assert source.pread(0, 64) == data[:64] and source.pread(100, OPEN_HEAD - 100) == data[100:OPEN_HEAD]
+    server.wait_idle()  # nginx logs a request once its answer is sent
+    assert server.ranges("head.gguf", before)[0] == (0, OPEN_HEAD)
+    assert data_ranges(server.ranges("head.gguf", before), len(data)) == []  # (and the weak ETag's tail)
+    assert source.pread(OPEN_HEAD - 1, 2) == data[OPEN_HEAD - 1:OPEN_HEAD + 1]  # past them: fetched
+    server.wait_idle()
+    assert data_ranges(server.ranges("head.gguf", before), len(data))
+
+
 def test_random_small_read_fetches_one_block_group(site):
     server, _, _ = site
     with ckptfs.open(server.url + "/big.gguf") as ck:
@@ -126,8 +148,8 @@ def test_cli_info_of_a_url(site):
                                 server.url + "/vocab.gguf"], capture_output=True, text=True, timeout=120, cwd=REPO)
         assert again.returncode == 0, again.stderr
         seen.append(requests_since(server, before, checks=False))
-    assert len(seen[0]) <= 4  # cold: a one-byte identity check, then the header as without a cache directory
-    assert all(n <= 1 for _, _, n in seen[1])  # warm: only the identity check (and the last 4 KiB's)
+    assert len(seen[0]) <= 4  # cold: the identity check (the first 4 KiB), then the header as without a cache directory
+    assert all(n <= OPEN_HEAD for _, _, n in seen[1])  # warm: only the identity check (and the last 4 KiB's)
     missing = subprocess.run([sys.executable, "-m", "ckptfs.commands.cli", "info", server.url + "/none.gguf"],
                              capture_output=True, text=True, timeout=120, cwd=REPO)
     assert missing.returncode == 1
@@ -136,7 +158,7 @@ def test_cli_info_of_a_url(site):
 
 def test_warm_cache_dir_sends_no_data_request(site, tmp_path):
     """A second process with the same --cache-dir reads the bytes the first fetched from the disk store: its
-    only request is the one-byte identity check at open."""
+    only request is the identity check at open (the file's first 4 KiB)."""
     server, _, _ = site
     url = server.url + "/big.gguf"
     script = ("import sys, numpy as np, ckptfs\n"
@@ -152,7 +174,7 @@ def test_warm_cache_dir_sends_no_data_request(site, tmp_path):
     assert second.returncode == 0, second.stderr
     assert second.stdout == first.stdout
     seen = requests_since(server, before, checks=False)
-    assert seen and all(n <= 1 for _, _, n in seen), seen
+    assert seen and all(n <= OPEN_HEAD for _, _, n in seen), seen
     assert tail_checks_since(server, before) == 1  # the version's sample at open, nothing else
 
 
@@ -245,7 +267,7 @@ def test_a_second_mount_with_the_same_cache_dir_fetches_nothing_again(site, moun
     for name in npys:
         assert (second / name).read_bytes() == want[name]
     seen = requests_since(server, before, checks=False)
-    assert seen and all(n <= 1 for _, _, n in seen), seen  # only the identity checks at open
+    assert seen and all(n <= OPEN_HEAD for _, _, n in seen), seen  # only the identity checks at open
 
 
 def test_a_94000_tensor_safetensors_header_in_two_requests(tmp_path):

@@ -22,7 +22,7 @@ import contextlib
 import contextvars
 import dataclasses
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -102,6 +102,7 @@ class ReadContext:
     once: bool = False               # one attempt, no retry (``once_scope``)
     answered_at: float | None = None  # when the answer to this attempt's ranged request began (None: unsaid)
     slot: Slot | None = None          # the origin slot a fetch ahead holds: given back once its body is in
+    on_answer: Callable[[], None] | None = None  # told when the answer begins (``version.VersionPin.fetching``)
 
     @classmethod
     def entering(cls, timeout: float) -> ReadContext:
@@ -131,3 +132,5 @@ class ReadContext:
         is fixed (the server opened the file before answering). A version check sent after this moment covers
         the answer's bytes even while its body is still arriving (``ckptfs.sources.remote.version``)."""
         self.answered_at = time.monotonic()
+        if self.on_answer is not None:
+            self.on_answer()

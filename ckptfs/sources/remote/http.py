@@ -58,7 +58,7 @@ from ckptfs.sources.remote.context import ReadContext
 from ckptfs.sources.remote.odd import OddAnswer, asked_twice, content_range
 from ckptfs.sources.remote.options import POOL_CONNECTIONS, RemoteOptions
 from ckptfs.sources.remote.origin import Changed, Retryable, stalled, wait_bound
-from ckptfs.sources.remote.transport import RemoteSource, joined
+from ckptfs.sources.remote.transport import OPEN_HEAD_BYTES, RemoteSource, joined
 from ckptfs.sources.remote.version import SAMPLE_BYTES
 from ckptfs.util.forks import after_fork_in_child
 from ckptfs.util.redact import public_name, redact
@@ -367,9 +367,10 @@ class HttpSource(RemoteSource):
         return probe.tail
 
     def _probe_once(self, read: ReadContext) -> Probe:
-        # With a --cache-dir the header's bytes may be there already: ask for one byte, only to learn the size
-        # and identity (a remount then sends no request for bytes it fetched before).
-        first = 1 if self.options.cache_dir else self.initial_read
+        # With a --cache-dir the header's bytes may be there already: ask for a few (OPEN_HEAD_BYTES), to learn
+        # the size and identity and judge the format (a remount then sends no request for bytes it fetched
+        # before).
+        first = OPEN_HEAD_BYTES if self.options.cache_dir else self.initial_read
         deadline = read.deadline
         answer = self._http.send("GET", self.url, {"Range": f"bytes=0-{first - 1}"}, deadline, self.url)
         resp, headers = answer.resp, answer.resp.headers

@@ -40,7 +40,7 @@ from ckptfs.sources.remote.context import ReadContext
 from ckptfs.sources.remote.odd import OddAnswer, asked_twice, content_range
 from ckptfs.sources.remote.options import DEFAULT_OPTIONS, POOL_CONNECTIONS, RemoteOptions
 from ckptfs.sources.remote.origin import Changed, Retryable, stalled
-from ckptfs.sources.remote.transport import RemoteSource
+from ckptfs.sources.remote.transport import OPEN_HEAD_BYTES, RemoteSource
 from ckptfs.util.forks import after_fork_in_child
 
 _FILE_SUFFIXES = (".gguf", ".safetensors", ".json")
@@ -176,7 +176,7 @@ class S3Source(RemoteSource):
             raise Retryable(f"connection failed: {exc}") from None
 
     def _probe(self, read: ReadContext) -> tuple[int, str | None, bytes]:
-        first = 1 if self.options.cache_dir else self.initial_read
+        first = OPEN_HEAD_BYTES if self.options.cache_dir else self.initial_read
         try:
             resp = self._call("get_object", None, Range=f"bytes=0-{first - 1}")
         except Changed:  # InvalidRange on the first byte: an empty object

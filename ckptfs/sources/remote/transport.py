@@ -44,6 +44,11 @@ log = logging.getLogger(__name__)
 #: costs at most log2(H / 2 MiB) + 1 requests and fetches at most max(2 MiB, 2 H): a 6.2 MiB vocabulary
 #: header is 3 requests, an 8.4 MiB one 4.
 REMOTE_INITIAL_READ = 2 * 1024 * 1024
+#: The first bytes of a file an open with a ``--cache-dir`` asks for (where the header's bytes may be stored
+#: already, so it asks for no more): they cost nothing beside the round trip the size and identity take, and
+#: they answer a format check (``ckptfs.formats.detect`` reads 64 bytes) with no request of its own, so a
+#: prefetch's check passes before its first pieces land instead of waiting for them.
+OPEN_HEAD_BYTES = 4096
 
 
 def check_range(source: ByteSource, offset: int, size: int) -> bool:
@@ -74,6 +79,7 @@ class RemoteSource(ByteSource):
         self.client = OriginClient(self)
         self.fetcher = ChunkFetcher(name, self.options, self.client, self._fetch_parts, self._piece_chunks)
         self._pin: VersionPin | None = None  # for a validator that cannot tell versions apart (_set_identity)
+        self._head = b""  # the file's first bytes as the open's first request answered (_keep_prefix)
         self._readahead = ReadAhead(self)
         self._closed = False
 
@@ -141,7 +147,10 @@ class RemoteSource(ByteSource):
         return self.fetcher.content_id
 
     def _keep_prefix(self, data: bytes) -> None:
-        """Cache the whole chunks of bytes fetched from offset 0 at open (the header read's start)."""
+        """Keep the bytes fetched from offset 0 at open (the header read's start): their first
+        ``OPEN_HEAD_BYTES`` in memory, read from there (the version the open pinned), and the whole chunks in
+        the chunk cache."""
+        self._head = bytes(data[:OPEN_HEAD_BYTES])
         full = len(data) if len(data) == self.size else len(data) - len(data) % CHUNK
         if full and self.fetcher.cache.has(self.fetcher.key(0)):
             return  # an open memoized from an earlier one: its bytes are in already
@@ -157,6 +166,8 @@ class RemoteSource(ByteSource):
         """Exactly ``size`` bytes at ``offset`` (as the object was at open), or CheckpointError."""
         if not check_range(self, offset, size):
             return b""
+        if offset + size <= len(self._head):
+            return self._head[offset: offset + size]
         parts = self._covering_parts(offset, size)
         whole = parts[0].obj if len(parts) == 1 else None
         if isinstance(whole, bytes) and len(parts[0]) == len(whole):
@@ -167,6 +178,9 @@ class RemoteSource(ByteSource):
         """``pread`` straight into ``target`` (libfuse's buffer): the chunks' covering slices are copied there
         once, instead of joined and copied again."""
         if not check_range(self, offset, len(target)):
+            return
+        if offset + len(target) <= len(self._head):
+            target[:] = self._head[offset: offset + len(target)]
             return
         at = 0
         for part in self._covering_parts(offset, len(target)):
@@ -208,7 +222,7 @@ class RemoteSource(ByteSource):
         fetch = read.bounded(read.deadline)  # this fetch's own answered_at: the read's may fan out to workers
         if self._pin is None:
             return self.client.fetch(start, end, fetch, lambda one: self._attempt_parts(start, end, one))
-        with self._pin.fetching():
+        with self._pin.fetching(fetch) as fetch:
             parts = self.client.fetch(start, end, fetch, lambda one: self._attempt_parts(start, end, one))
             self._pin.confirm(fetch.answered_at if fetch.answered_at is not None else time.monotonic(), fetch,
                               start)

@@ -10,19 +10,31 @@ the fetch old too. Concurrent fetches share one check; a fetch ahead of readers 
 waits for one sent at least ``CHECK_SPACING_S`` after the one before it while other fetches are under way
 to share it. Alone (the last piece of a stream or of a warm-up), it is checked at once: nothing would land
 meanwhile to share the wait.
+
+A check covers an answer from the moment its headers are in (the server opened the file then), so it need
+not wait for the body: once every fetch under way has its answer (the last pieces of a warm-up or of a
+stream, a reader's lone fetch), a check goes out at once, beside the bodies still arriving, and their
+``confirm`` finds it done instead of sending one a round trip after the last body. That early check is best
+effort: a confirm waits for it about as long as a check takes, then sends its own as before.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import logging
 import threading
 import time
+import weakref
 from collections.abc import Iterator
 
 from ckptfs.core.errors import CheckpointError
 from ckptfs.sources.netstats import COUNTERS
 from ckptfs.sources.remote.context import ReadContext
-from ckptfs.sources.remote.origin import Asked, OriginClient
+from ckptfs.sources.remote.origin import Asked, OriginClient, Retryable
+from ckptfs.util.forks import after_fork_in_child
+
+log = logging.getLogger(__name__)
 
 #: How many last bytes of a file stand for its version where the validator cannot (see the module docstring).
 SAMPLE_BYTES = 4096
@@ -33,6 +45,30 @@ SAMPLE_BYTES = 4096
 CHECK_SPACING_S = 0.05
 
 
+_pins: weakref.WeakSet[VersionPin] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    """The parent's fetches and checks are gone in the child (threads do not survive ``fork``): a lock one of
+    them held is free, and none is under way."""
+    for pin in list(_pins):
+        pin._lock, pin._count = threading.Lock(), threading.Lock()
+        pin._under_way = pin._unanswered = 0
+        pin._early = None
+
+
+after_fork_in_child(_after_fork_in_child)
+
+
+class _EarlyCheck:
+    """A check sent once every fetch under way had its answer (``VersionPin._check_early``): when it went
+    out, and set once it has ended (passed or not)."""
+
+    def __init__(self) -> None:
+        self.sent = time.monotonic()
+        self.ended = threading.Event()
+
+
 class VersionPin:
     """One file's pinned last bytes (``(start, end, digest)``), re-checked after each fetch (see the module
     docstring)."""
@@ -41,29 +77,64 @@ class VersionPin:
         self.source = source
         self.client = client
         self.sample = sample
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # held by a confirm's check being sent (one at a time)
         self._checked_at = float("-inf")  # when the last check that passed was sent
         self._check_sent = float("-inf")  # when the last check was sent
+        self._check_took = CHECK_SPACING_S  # how long the last check that passed took, answer and all
+        self._count = threading.Lock()  # the state below, and ``_checked_at``'s updates
         self._under_way = 0  # fetches between their request and their confirm
-        self._count = threading.Lock()
+        self._unanswered = 0  # of those, the ones whose answer has not begun
+        self._last_answer = float("-inf")  # when the latest answer began
+        self._early: _EarlyCheck | None = None  # the early check on its way, if any
+        _pins.add(self)
 
     @contextlib.contextmanager
-    def fetching(self) -> Iterator[None]:
-        """The scope of one fetch whose bytes this pin confirms: from its request to its ``confirm``."""
+    def fetching(self, read: ReadContext) -> Iterator[ReadContext]:
+        """The scope of one fetch whose bytes this pin confirms, from its request to its ``confirm``: ``read``
+        as the fetch's context, whose answer tells the pin it has begun (see the module docstring)."""
+        heard = False
+
+        def answered() -> None:
+            nonlocal heard
+            early = None
+            with self._count:
+                self._last_answer = time.monotonic()
+                if heard:
+                    return  # a retry's answer: the first one already counted (and may have sent the check)
+                heard = True
+                self._unanswered -= 1
+                # (no thread while the checkpoint's headers are read: a mount forks its daemon after that)
+                if self._unanswered == 0 and self._early is None and self.source.options.read_ahead:
+                    early = self._early = _EarlyCheck()
+            if early is not None:
+                threading.Thread(target=self._check_early, args=(early, read.deadline),
+                                 name="ckptfs-version-check", daemon=True).start()
+
         with self._count:
             self._under_way += 1
+            self._unanswered += 1
         try:
-            yield
+            yield dataclasses.replace(read, on_answer=answered)
         finally:
             with self._count:
                 self._under_way -= 1
+                if not heard:
+                    self._unanswered -= 1
 
     def confirm(self, fetched_at: float, read: ReadContext, offset: int) -> None:
         """Bytes fetched by ``fetched_at`` may be served: a check sent after that found the file's last bytes
         unchanged (this one, or one another fetch sent). ``fetched_at`` is when the answer began where the
         scheme says (``ReadContext.answered``: its version was fixed then), else when its body was in.
         CheckpointError when the last bytes differ."""
-        start, end, digest = self.sample
+        if self._checked_at > fetched_at:
+            return  # a check sent after these bytes arrived passed
+        early = self._early
+        if early is not None and early.sent > fetched_at:
+            # the early check covers these bytes: wait for it about as long as a check takes, no longer (one
+            # that stalls costs the confirms a round trip or two, not the stall timeout)
+            early.ended.wait(max(0.0, min(2 * self._check_took, read.deadline - time.monotonic())))
+            if self._checked_at > fetched_at:
+                return
         if read.ahead and self._under_way > 1:  # others under way may share the check: wait for them
             now = time.monotonic()  # (never more than half the time left: the check itself needs the rest)
             pause = min(self._check_sent + CHECK_SPACING_S - now, (read.deadline - now) / 2)
@@ -74,18 +145,50 @@ class VersionPin:
         try:
             if self._checked_at > fetched_at:
                 return  # a check sent after these bytes arrived passed
-            from ckptfs.sources.identity import sample_digest
-
-            sent = self._check_sent = time.monotonic()
-            data = self.client.retrying(lambda one: self.source._attempt(start, end, one), read, offset,
-                                        "re-checking the file's last bytes: ")
-            COUNTERS.request(self.source.scheme, "ok", len(data))
-            if sample_digest(data) != digest:
-                COUNTERS.request(self.source.scheme, "error")
-                raise CheckpointError(self.source.name, offset,
-                                      f"changed since it was opened: its last {end - start} bytes differ "
-                                      f"(replaced by a file of the same size within the validator's one-second "
-                                      f"resolution)")
-            self._checked_at = sent
+            self._check(read, offset)
         finally:
             self._lock.release()
+
+    def _check_early(self, early: _EarlyCheck, deadline: float) -> None:
+        """The early check (see the module docstring), on a thread of its own, at once: nothing else is to be
+        answered that could share a later one. Best effort, one attempt outside the origin client's retries
+        and outage rule, and without the lock a confirm's check holds: a failure, or an answer slower than
+        ``confirm`` waits for, is left to the confirms, which send their own check through the client and
+        report it (an early check that ran to the read's deadline would otherwise be the request that finds an
+        outage, and the read's own error would say less)."""
+        try:
+            self._check(ReadContext(deadline, ahead=True), None, early)
+        except Exception as exc:  # noqa: BLE001 - said by the confirm that checks again
+            if isinstance(exc, Retryable) and exc.throttled:  # (the origin's word on its load, whoever asked)
+                self.client.origin_limit().throttled()
+            log.debug("%s: version check beside the last bodies: %s", self.source.name, exc)
+        finally:
+            early.ended.set()
+            with self._count:
+                self._early = None
+
+    def _check(self, read: ReadContext, offset: int | None, early: _EarlyCheck | None = None) -> None:
+        """Send one check: the file's last bytes asked again and compared with the pinned digest (a confirm's
+        holds ``_lock``, through the client; an ``early`` one is one attempt). CheckpointError when they
+        differ."""
+        from ckptfs.sources.identity import sample_digest
+
+        start, end, digest = self.sample
+        sent = early.sent if early is not None else time.monotonic()
+        self._check_sent = max(self._check_sent, sent)
+        check = dataclasses.replace(read, on_answer=None)  # (its own answer is no fetch's)
+        if early is not None:
+            data = self.source._attempt(start, end, check)
+        else:
+            data = self.client.retrying(lambda one: self.source._attempt(start, end, one), check, offset,
+                                        "re-checking the file's last bytes: ")
+        COUNTERS.request(self.source.scheme, "ok", len(data))
+        if sample_digest(data) != digest:
+            COUNTERS.request(self.source.scheme, "error")
+            raise CheckpointError(self.source.name, offset,
+                                  f"changed since it was opened: its last {end - start} bytes differ "
+                                  f"(replaced by a file of the same size within the validator's one-second "
+                                  f"resolution)")
+        with self._count:
+            self._check_took = time.monotonic() - sent
+            self._checked_at = max(self._checked_at, sent)

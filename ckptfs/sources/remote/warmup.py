@@ -88,19 +88,9 @@ class WarmupError(CheckpointError):
 
 
 class StopSignal(Protocol):
-    """What ends a warm-up early (a ``threading.Event``, or :class:`EitherSet` of two): asked, never waited on."""
+    """What ends a warm-up early (a ``threading.Event``): asked, never waited on."""
 
     def is_set(self) -> bool: ...
-
-
-class EitherSet:
-    """Set when either of two signals is: the caller's stop, or a warm-up's own reason to end."""
-
-    def __init__(self, first: StopSignal | None, second: StopSignal):
-        self.first, self.second = first, second
-
-    def is_set(self) -> bool:
-        return self.second.is_set() or (self.first is not None and self.first.is_set())
 
 
 class OpenedCheckpoint(Protocol):
@@ -198,14 +188,13 @@ def _chunk_bytes(remote: RemoteSource, first: int, last: int) -> int:
 
 def warm(sources: Iterable[ByteSource], *, stop: StopSignal | None = None,
          progress: Callable[[int, int], None] | None = None, share: float = 1.0,
-         cached_before: dict[str, int] | None = None, gate: Gate | None = None) -> WarmupReport:
+         cached_before: dict[str, int] | None = None) -> WarmupReport:
     """Fetch every chunk of ``sources`` the ``--cache-dir`` store lacks (see the module docstring).
     ``progress(done, total)``: bytes in the store so far of the remote files' total, called as pieces land
     (from worker threads). ``share``: the fraction of each origin's in-flight slots and of the fetch budget
     the warm-up may hold (a mount leaves the rest to its readers' read-ahead). ``cached_before``: for files
     an :class:`EarlyWarmup` fetched already, by content identity, the bytes the store held before it (what
-    the report counts as cached for them). ``gate``: until it opens, one round of pieces (the origin's limit)
-    at most. WarmupError when it cannot start (no store, a checkpoint bigger
+    the report counts as cached for them). WarmupError when it cannot start (no store, a checkpoint bigger
     than the store); failures while fetching are in the report's ``errors``."""
     started = time.monotonic()
     report = WarmupReport()
@@ -262,7 +251,7 @@ def warm(sources: Iterable[ByteSource], *, stop: StopSignal | None = None,
                 break
             log.info("prefetch: %d chunks not in the store after the first pass: fetching them again",
                      sum(len(f.missing) for f in files))
-        _Dispatch(files, report.errors, landed, stop, share, gate).run()
+        _Dispatch(files, report.errors, landed, stop, share).run()
         if report.errors or (stop is not None and stop.is_set()):
             break
     if stop is not None and stop.is_set():
@@ -292,34 +281,6 @@ def _missing_once_landed(remote: RemoteSource, stop: StopSignal | None) -> list[
     return remote.unstored_chunks()
 
 
-class Gate:
-    """Held shut while a warm-up may still turn out unwanted (``EarlyWarmup``: the file's format not yet
-    checked): a dispatcher starts one round of pieces at most until it opens, then goes on from there."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._open = False
-        self._waiting: list[Callable[[], None]] = []
-
-    def is_open(self) -> bool:
-        return self._open
-
-    def when_open(self, then: Callable[[], None]) -> None:
-        """Run ``then`` once the gate opens (at once when it is open)."""
-        with self._lock:
-            if not self._open:
-                self._waiting.append(then)
-                return
-        then()
-
-    def open(self) -> None:
-        with self._lock:
-            self._open = True
-            waiting, self._waiting = self._waiting, []
-        for then in waiting:
-            then()
-
-
 class _Dispatch:
     """One pass over the files' missing chunks, in file order: pieces are started by the calling thread and,
     as each lands, by the worker it ran on (the scheduler's ``then``: once the piece's bytes are released,
@@ -330,14 +291,12 @@ class _Dispatch:
     mount's readers)."""
 
     def __init__(self, files: list[_File], errors: list[str], landed: Landed, stop: StopSignal | None,
-                 share: float, gate: Gate | None = None):
+                 share: float):
         self.files, self.errors, self.landed, self.stop, self.share = files, errors, landed, stop, share
-        self.gate = gate
         self.cap = max(CHUNK, int(FETCH_BUDGET * share))
         self._file = 0  # the cursor: the next piece starts at files[_file].missing[_k]
         self._k = 0
         self._running = 0  # this pass's pieces started and not yet landed
-        self._started = 0  # this pass's pieces started
         self._left = sum(len(f.missing) for f in files)  # chunks of this pass not yet in a started piece
         self._lock = threading.Lock()  # the counters above (held briefly)
         self._idle = threading.Condition(self._lock)
@@ -348,8 +307,6 @@ class _Dispatch:
         return bool(self.errors) or (self.stop is not None and self.stop.is_set())
 
     def run(self) -> None:
-        if self.gate is not None:
-            self.gate.when_open(self.refill)
         while True:
             self.refill()
             with self._idle:
@@ -397,8 +354,6 @@ class _Dispatch:
         nbytes = (last - first) * CHUNK
         if self.share < 1.0 and limit.in_flight >= max(1, int(limit.limit * self.share)):
             return None  # a mount's warm-up leaves its readers' read-ahead the other slots
-        if self.gate is not None and not self.gate.is_open() and self._started >= limit.limit:
-            return None  # one round until the gate opens (its opening starts the next pieces)
         if self._running >= 2 * limit.limit:
             return None  # a round of pieces past their bodies (waiting for a check or the store): no more yet
         if not SCHEDULER.has_room(nbytes) or not limit.try_start():
@@ -412,7 +367,6 @@ class _Dispatch:
         piece = _Piece(f, runs, limit.held(then=self.refill), self.landed, self.errors, self.stop)
         with self._lock:
             self._running += 1
-            self._started += 1
         if SCHEDULER.submit("fetch", piece, nbytes, cap=self.cap, then=self._landed) is None:
             with self._lock:
                 self._running -= 1
@@ -489,13 +443,13 @@ class EarlyWarmup:
     before the thread starts, and the caller opens the checkpoint only after that: the open stores the header
     chunks it reads, and a measure taken once it had would count them as found cached.
 
-    Best effort: the source is judged by ``check`` (``ckptfs prefetch``: its format detected from its first
-    read) on a thread beside the warm-up's, whose first piece that read joins; a failure there ends the
-    warm-up (the pieces in flight finish: at most one round of the origin's limit) and is logged and dropped, since the warm-up of the opened
-    checkpoint that always follows (``warm``, through the checkpoint's own sources: mirrors, the fit check of
-    every file) fetches whatever is still missing and reports its own errors. Only for a source that is one whole checkpoint (the caller
-    decides: not a shard of a split set, not a folder or an index), so the fit check made here for it is the
-    checkpoint's."""
+    Best effort: the source is first judged by ``check`` (``ckptfs prefetch``: its format detected from its
+    first bytes, which the open's first request brought: ``transport.OPEN_HEAD_BYTES``, so the check costs no
+    request and a file that is no checkpoint none beyond it); a failure there, or in the warm-up, is logged
+    and dropped, since the warm-up of the opened checkpoint that always follows (``warm``, through the
+    checkpoint's own sources: mirrors, the fit check of every file) fetches whatever is still missing and
+    reports its own errors. Only for a source that is one whole checkpoint (the caller decides: not a shard
+    of a split set, not a folder or an index), so the fit check made here for it is the checkpoint's."""
 
     def __init__(self, source: ByteSource, stop: StopSignal | None = None,
                  progress: Callable[[int, int], None] | None = None,
@@ -522,33 +476,13 @@ class EarlyWarmup:
         if remote is None or not remote.stores_chunks:
             return
         name = public_name(remote.name)
-        refused = threading.Event()  # the check found the file not worth warming: no more pieces start
-        judged = Gate()  # the check passed: pieces past the first round may start
-        why: list[Exception] = []
-
-        def judge() -> None:
+        try:
             try:
                 if self.check is not None:
                     self.check(remote)
-            except Exception as exc:  # noqa: BLE001 - said below, once the warm-up has ended
-                why.append(exc)
-                refused.set()
+                self.report = warm([remote], stop=self.stop, progress=self.progress)
             finally:
-                judged.open()
-
-        # the check's first read joins the warm-up's first piece (one flight per chunk): it costs no round
-        # trip before the pieces, and a file that is no checkpoint costs at most the first round of them
-        judging = threading.Thread(target=judge, name="ckptfs-prefetch-check", daemon=True)
-        judging.start()
-        try:
-            try:
-                self.report = warm([remote], stop=EitherSet(self.stop, refused), progress=self.progress,
-                                   gate=judged)
-            finally:
-                judging.join()
                 self._kept = max(0, remote.stored_bytes() - self.cached[remote.content_id()])
-            if why:
-                raise why[0]
             if self.report.errors:
                 raise WarmupError(remote.name, None, self.report.errors[0])
         except Exception as exc:  # noqa: BLE001 - best effort: the checkpoint's warm-up fetches the rest
