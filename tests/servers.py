@@ -33,6 +33,8 @@ from urllib.parse import quote, unquote, urlsplit
 NGINX = "/usr/sbin/nginx"
 _SPAN = re.compile(r'" \d+ (?P<bytes>\d+) .* rt=(?P<rt>[\d.]+) end=(?P<end>[\d.]+)$')
 _RANGE = re.compile(r'"GET /(?P<path>\S+) [^"]*" 206 \d+ .*range="bytes=(?P<a>\d+)-(?P<b>\d+)"')
+#: a suffix range (``bytes=-N``: an open's tail sample asked before the size is known), as nginx answered it
+_SUFFIX_RANGE = re.compile(r'"GET /(?P<path>\S+) [^"]*" 206 \d+ .*range="bytes=-\d+" cr="bytes (?P<a>\d+)-(?P<b>\d+)/')
 #: nginx's ETag is weak (mtime to the second): every open, and each fetch after it, asks for the last 4 KiB
 WEAK_ETAG_TAIL = 4096
 #: What an open with a --cache-dir asks for first: the file's first bytes (size, identity, format), no more.
@@ -207,7 +209,7 @@ events {{ worker_connections 1024; }}
 http {{
     log_format withauth '$remote_addr - - [$time_local] "$request" $status $body_bytes_sent '
                         '"$http_referer" "$http_user_agent" auth="$http_authorization" range="$http_range" '
-                        'rt=$request_time end=$msec';
+                        'cr="$sent_http_content_range" rt=$request_time end=$msec';
     access_log {self._dir}/access.log withauth{f" buffer=64k flush={self.log_flush}" if self.log_flush else ""};
     client_body_temp_path {self._dir}/body;
     proxy_temp_path {self._dir}/proxy;
@@ -297,10 +299,11 @@ http {{
 
     def ranges(self, path: str, before: int = 0) -> list[tuple[int, int]]:
         """The [start, end) byte ranges answered with 206 for ``path`` (as requested, without the leading
-        ``/``) in the log lines after the first ``before``."""
+        ``/``) in the log lines after the first ``before``: as asked, or for a suffix range (``bytes=-N``) as
+        answered."""
         out = []
         for line in self.access_log()[before:]:
-            m = _RANGE.search(line)
+            m = _RANGE.search(line) or _SUFFIX_RANGE.search(line)
             if m and m["path"] == path:
                 out.append((int(m["a"]), int(m["b"]) + 1))
         return out
@@ -539,13 +542,17 @@ def requests_since(server: Nginx, before: int, path: str | None = None,
 
 _LOG_LINE = re.compile(r'"(?P<method>[A-Z]+) (?P<path>\S+) [^"]*" (?P<status>\d+) (?P<bytes>\d+)')
 _RANGE_ASKED = re.compile(r'range="bytes=(?P<a>\d+)-(?P<b>\d+)"')  # any answer's asked range (_RANGE: a 206's)
+_SUFFIX_ASKED = re.compile(r'range="bytes=-(?P<n>\d+)"')
 
 
 def is_tail_check(server: Nginx, line: str) -> bool:
-    """Whether an access-log line is a request for the file's last ``WEAK_ETAG_TAIL`` bytes (its version's check)."""
-    m, r = _LOG_LINE.search(line), _RANGE_ASKED.search(line)
-    if not m or not r:
+    """Whether an access-log line is a request for the file's last ``WEAK_ETAG_TAIL`` bytes (its version's check,
+    or the open's sample asked beside its probe as a suffix range)."""
+    m, r, suffix = _LOG_LINE.search(line), _RANGE_ASKED.search(line), _SUFFIX_ASKED.search(line)
+    if not m or not (r or suffix):
         return False
     size = (Path(server.root) / m["path"].split("?")[0].lstrip("/")).stat().st_size
+    if suffix:
+        return int(suffix["n"]) == WEAK_ETAG_TAIL and int(m["bytes"]) == min(WEAK_ETAG_TAIL, size)
     start, end = int(r["a"]), int(r["b"])
     return end == size - 1 and end + 1 - start == min(WEAK_ETAG_TAIL, size) == int(m["bytes"])

@@ -79,6 +79,8 @@ HEADER_SIZE = 64                           # _HEADER (60 bytes) + its crc32
 _RECORD = struct.Struct("<16sII")          # MAC, length (0: absent), last use (minutes since the epoch)
 RECORD = _RECORD.size
 _USED_AT = 20                              # the last-use field's offset in a record
+_LENGTH_WORD = 4                           # the length field's index among a record's 32-bit words
+_SCAN_RECORDS = 4096                       # records read at once when looking for an absent chunk (96 KiB)
 
 FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE = 0x01, 0x02
 _libc = ctypes.CDLL(None, use_errno=True)  # the process's own C library
@@ -147,7 +149,12 @@ class StoredFile:
             os.close(self.index)
             raise
         self.lock = threading.Lock()
-        self.leases = 0  # leases this process holds on ``data`` (it is not closed while any are held)
+        # one writer of the data at a time in this process: the kernel takes the file's inode lock for each
+        # buffered write anyway, and fetch threads waiting on it there spin on the CPU (writing 240 MiB in 4 MiB
+        # pieces from 32 threads: twice the system time of one writer), where a waiter on this lock sleeps
+        self.writing = threading.Lock()
+        self.leases = 0
+        self._first_absent = 0  # ``complete``'s hint: every chunk before it was present when last looked at  # leases this process holds on ``data`` (it is not closed while any are held)
         try:
             self.chunks, self.size, self.sealed = self._read_header()
         except BaseException:
@@ -188,6 +195,35 @@ class StoredFile:
         first = indexes[0]
         records = self.records(first, indexes[-1] + 1 - first)
         return {i for i in indexes if records[i - first][1]}
+
+    def complete(self) -> bool:
+        """Whether every chunk's record says present (the chunk count known). A warm-up asks after each piece
+        it stores, so the records are not read whole each time (quadratic: 2 CPU-seconds over a 4.4 GiB
+        file's 1,100 pieces, 160 over a 40 GiB one's): only from the first chunk found absent before, in blocks,
+        the lengths scanned in C. Once none from there on is absent, every record is read once more, since an
+        eviction may have cleared one before it meanwhile; only that full look says complete. The hint is
+        shared by the threads storing pieces unlocked: a stale one costs a longer look, never a wrong answer."""
+        if not self.chunks:
+            return False
+        start = self._first_absent
+        while start < self.chunks:
+            lengths = self._lengths(start, min(self.chunks - start, _SCAN_RECORDS))
+            if 0 in lengths:
+                self._first_absent = start + lengths.index(0)
+                return False
+            start += len(lengths)
+        lengths = self._lengths(0, self.chunks)
+        if 0 in lengths:
+            self._first_absent = lengths.index(0)
+            return False
+        return True
+
+    def _lengths(self, first: int, count: int) -> list[int]:
+        """The length fields of the records of chunks ``first .. first + count`` (0: absent, as is a chunk past
+        the index's end)."""
+        raw = os.pread(self.index, count * RECORD, HEADER_SIZE + first * RECORD)
+        raw += bytes(count * RECORD - len(raw))
+        return memoryview(raw).cast("I")[_LENGTH_WORD::RECORD // 4].tolist()  # (0 reads 0 in either byte order)
 
     def has(self, index: int) -> bool:
         return bool(self.records(index, 1)[0][1])
@@ -416,8 +452,9 @@ class SparseStore:
             if not absent:
                 return True
             try:
-                for k0, k1 in _runs(absent):
-                    written += _write_all(f.data, views[k0:k1], (first + k0) * CHUNK)
+                with f.writing:
+                    for k0, k1 in _runs(absent):
+                        written += _write_all(f.data, views[k0:k1], (first + k0) * CHUNK)
                 for k0, k1 in _runs(absent):
                     write_out(f.data, (first + k0) * CHUNK, sum(view.nbytes for view in views[k0:k1]))
             except OSError:
@@ -444,16 +481,13 @@ class SparseStore:
 
     def _maybe_seal(self, f: StoredFile) -> None:
         """Seal ``f`` when its every chunk is present: index synced first, then the header says so."""
-        if not f.chunks or f.sealed:
-            return
-        records = f.records(0, f.chunks)
-        if not all(length for _, length, _ in records):
+        if not f.chunks or f.sealed or not f.complete():
             return
         with f.lock:
             if f.sealed:
                 return
             os.fsync(f.index)
-            f.size = (f.chunks - 1) * CHUNK + records[-1][1]
+            f.size = (f.chunks - 1) * CHUNK + f.records(f.chunks - 1, 1)[0][1]
             f.sealed = True
             f.write_header()
         self._count(sealed=1)

@@ -20,6 +20,7 @@ from ckptfs.util.oneline import one_line
 from ckptfs.commands.open_flags import open_flags
 from ckptfs.commands.failure import fail, verbose_option
 from ckptfs.commands.cache import cache_group
+from ckptfs.commands.ending import end_process
 from ckptfs.commands.prefetch import prefetch
 from ckptfs.commands.source import with_source
 from ckptfs.util.redact import hide_in_argv
@@ -217,5 +218,15 @@ main.add_command(manifest_command)
 main.add_command(verify_command)
 main.add_command(diff_command)
 
+
+def program() -> None:
+    """The ``ckptfs`` program (its console script, ``python -m ckptfs.commands.cli``): ``main``, and the end of
+    the process at once after a command that asked for it (``ckptfs.commands.ending``)."""
+    try:
+        main()
+    except SystemExit as exc:
+        end_process(exc)
+
+
 if __name__ == "__main__":
-    main()
+    program()

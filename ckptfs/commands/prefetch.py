@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 
 import click
 
+from ckptfs.commands.ending import exit_at_once
 from ckptfs.commands.failure import fail
 from ckptfs.commands.open_flags import open_flags
 from ckptfs.commands.source import with_source
@@ -160,7 +161,7 @@ def prefetch(src, names, open_options, decode, include, quiet, verbose):
     except Exception as exc:  # noqa: BLE001 - the CLI turns every failure into one line
         kept = early.stored if early is not None else 0  # the open failed after the warm-up stored bytes
         fail(exc, verbose, f"; {format_size(kept)} in the cache folder from before it, kept" if kept else "")
-    sys.exit(0 if ok else 1)
+    exit_at_once(0 if ok else 1)  # every byte fetched is on the device by now (ckptfs.commands.ending)
 
 
 def _import_ahead(*modules: str) -> None:

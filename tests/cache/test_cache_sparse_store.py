@@ -127,6 +127,36 @@ def test_a_crash_before_the_data_is_synced_leaves_the_chunk_absent(tmp_path, mon
     assert fresh.get(CONTENT, 0) is None
 
 
+@pytest.mark.parametrize("order", ["in file order", "backwards", "odd ones first"])
+def test_a_file_seals_when_its_last_absent_chunk_lands_whatever_the_order(tmp_path, monkeypatch, order):
+    monkeypatch.setattr(sparse_store, "_SCAN_RECORDS", 3)  # the records read in several blocks
+    s = store(tmp_path)
+    indexes = {"in file order": list(range(N)), "backwards": list(range(N))[::-1],
+               "odd ones first": [*range(1, N, 2), *range(0, N, 2)]}[order]
+    for k, i in enumerate(indexes):
+        assert s.sealed_path(CONTENT) is None, f"sealed with {N - k} chunks absent"
+        s.put_chunks(CONTENT, i, [chunk(i)], N)
+    with open(s.sealed_path(CONTENT), "rb") as fh:
+        assert fh.read() == DATA
+
+
+def test_a_chunk_evicted_behind_the_filling_keeps_the_file_unsealed_until_it_is_stored_again(tmp_path, monkeypatch):
+    monkeypatch.setattr(sparse_store, "_SCAN_RECORDS", 3)
+    s = store(tmp_path)
+    s.put_chunks(CONTENT, 0, [chunk(i) for i in range(N - 2)], N)
+    s.put_chunks(CONTENT, N - 2, [chunk(N - 2)], N)  # the store has looked past chunk 1 by now
+    data_path, index_path = s.paths_for(CONTENT)
+    with open(index_path, "r+b") as fh:  # another process evicts chunk 1 (its record cleared, as eviction does)
+        fh.seek(HEADER_SIZE + 1 * RECORD)
+        fh.write(bytes(RECORD))
+    s.put_chunks(CONTENT, N - 1, [chunk(N - 1)], N)
+    assert s.sealed_path(CONTENT) is None
+    assert s.stored_chunks(CONTENT, range(N)) == set(range(N)) - {1}
+    s.put_chunks(CONTENT, 1, [chunk(1)], N)
+    with open(s.sealed_path(CONTENT), "rb") as fh:
+        assert fh.read() == DATA
+
+
 def test_eviction_punches_old_chunks_of_unsealed_files_and_removes_sealed_ones_whole(tmp_path):
     s = store(tmp_path)
     sealed = CONTENT + ":sealed"
@@ -324,6 +354,19 @@ def test_the_free_space_floor_is_a_flag_of_the_commands(tmp_path):
         "--cache-dir-min-free", "7"]  # the fstab spelling
 
 
+def _open_in(folder) -> list[str]:
+    """The files under ``folder`` this process holds a descriptor of."""
+    held = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:  # (closed meanwhile, or the listing's own descriptor)
+            continue
+        if target.startswith(str(folder)):
+            held.append(target)
+    return held
+
+
 def test_a_damaged_index_header_drops_the_file_with_one_line_and_leaks_no_descriptor(tmp_path, caplog):
     s = store(tmp_path)
     s.put_chunks(CONTENT, 0, [chunk(0)], N)
@@ -332,10 +375,11 @@ def test_a_damaged_index_header_drops_the_file_with_one_line_and_leaks_no_descri
         fh.seek(30)
         fh.write(b"\xff\xff")  # inside the crc'd header
     fresh = SparseStore(tmp_path / "cache", 1 << 30)
-    fds = len(os.listdir("/proc/self/fd"))
+    held = len(_open_in(tmp_path))  # (the first store's: the files it wrote)
     with caplog.at_level(logging.WARNING, logger="ckptfs.cache.sparse_store"):
         assert fresh.get(CONTENT, 0) is None and fresh.get(CONTENT, 0) is None
-    assert len(os.listdir("/proc/self/fd")) == fds
+    # (counted in the folder: other tests' threads may open descriptors elsewhere meanwhile)
+    assert len(_open_in(tmp_path)) == held
     assert not os.path.exists(index_path) and not os.path.exists(data_path)
     assert len([r for r in caplog.records if "header checksum mismatch" in r.getMessage()]) == 1
     assert fresh.put_chunks(CONTENT, 0, [chunk(0)], N) and fresh.get(CONTENT, 0) == chunk(0)

@@ -106,11 +106,61 @@ def test_an_open_with_a_cache_dir_asks_for_the_first_4_kib_and_serves_them_from_
     source = Opener(options).source(server.url + "/head.gguf")
     assert source.pread(0, 64) == data[:64] and source.pread(100, OPEN_HEAD - 100) == data[100:OPEN_HEAD]
     server.wait_idle()  # nginx logs a request once its answer is sent
-    assert server.ranges("head.gguf", before)[0] == (0, OPEN_HEAD)
+    assert (0, OPEN_HEAD) in server.ranges("head.gguf", before)
     assert data_ranges(server.ranges("head.gguf", before), len(data)) == []  # (and the weak ETag's tail)
     assert source.pread(OPEN_HEAD - 1, 2) == data[OPEN_HEAD - 1:OPEN_HEAD + 1]  # past them: fetched
     server.wait_idle()
     assert data_ranges(server.ranges("head.gguf", before), len(data))
+
+
+def _open_source(server, name: str, cache_dir=None):
+    from ckptfs.core.options import OpenOptions
+    from ckptfs.sources.registry import Opener
+    from ckptfs.sources.remote.options import RemoteOptions
+
+    options = RemoteOptions(OpenOptions.build(timeout=10, cache_dir=cache_dir), read_ahead=False)
+    return Opener(options).source(f"{server.url}/{name}")
+
+
+def test_an_open_with_a_cache_dir_asks_for_the_tail_sample_beside_its_probe(site, tmp_path):
+    """nginx's ETag is weak: the open needs the file's last 4 KiB for its identity. With a --cache-dir it asks
+    for them as a suffix range beside the probe (no round trip after it), and the identity is the one an open
+    asking after its probe finds."""
+    server, root, _ = site
+    size = (root / "big.gguf").stat().st_size
+    before = len(server.access_log())
+    beside = _open_source(server, "big.gguf", str(tmp_path / "cache"))
+    server.wait_idle()
+    asked = [re.search(r'range="([^"]*)"', line)[1] for line in server.access_log()[before:]]
+    assert sorted(asked) == ["bytes=-4096", f"bytes=0-{OPEN_HEAD - 1}"], asked
+    before = len(server.access_log())
+    after = _open_source(server, "big.gguf")  # no --cache-dir: the sample asked once the size is known
+    server.wait_idle()
+    assert server.ranges("big.gguf", before)[-1] == (size - 4096, size)
+    assert beside.content_id() == after.content_id() and "unvalidated" not in beside.content_id()
+
+
+def test_a_tail_sample_beside_the_probe_that_is_not_the_files_is_asked_again(site, tmp_path, monkeypatch):
+    """An answer to the suffix range that is not the probed file's last bytes (another size: a file replaced
+    between the two requests, a proxy's odd answer) is dropped, and the open asks for them after its probe."""
+    from ckptfs.sources.remote import http
+
+    server, root, _ = site
+    size = (root / "big.gguf").stat().st_size
+    asked_beside = http._TailAhead._ask
+
+    def another_files(self, deadline):
+        asked_beside(self, deadline)
+        if self._answer is not None:
+            self._answer = (self._answer[0] + 1, *self._answer[1:])
+
+    monkeypatch.setattr(http._TailAhead, "_ask", another_files)
+    before = len(server.access_log())
+    source = _open_source(server, "big.gguf", str(tmp_path / "cache"))
+    server.wait_idle()
+    assert server.ranges("big.gguf", before).count((size - 4096, size)) == 2  # the suffix's answer, then asked again
+    assert len(server.access_log()) - before == 3
+    assert source.content_id() == _open_source(server, "big.gguf").content_id()
 
 
 def test_random_small_read_fetches_one_block_group(site):

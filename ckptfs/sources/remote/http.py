@@ -3,7 +3,9 @@
 Opening sends one GET for the first ``REMOTE_INITIAL_READ`` bytes (``Range: bytes=0-...``), not a HEAD: the
 answer fixes size (``Content-Range``) and identity (``ETag``, else ``Last-Modified``), and its bytes are the
 start of the header the reader is about to parse, so a checkpoint's first request is never wasted. (A
-presigned S3 URL is signed for GET only; a HEAD would be refused.) Opens are memoized per options object
+presigned S3 URL is signed for GET only; a HEAD would be refused.) With a ``--cache-dir`` the first GET asks
+for ``OPEN_HEAD_BYTES`` only, and the last ``SAMPLE_BYTES`` a weak validator needs for the content identity
+are asked beside it (``_TailAhead``). Opens are memoized per options object
 (one ``ckptfs.open`` or mount), because header detection, the header reader and the pool each open the file.
 
 Every later answer is checked against the identity fixed at open (``Content-Range`` total and the
@@ -35,6 +37,7 @@ that is refused fails at once with one line (retrying cannot change it), naming 
 from __future__ import annotations
 
 import base64
+import logging
 import email.utils
 import os
 import re
@@ -63,8 +66,13 @@ from ckptfs.sources.remote.version import SAMPLE_BYTES
 from ckptfs.util.forks import after_fork_in_child
 from ckptfs.util.redact import public_name, redact
 
+log = logging.getLogger(__name__)
+
 MAX_REDIRECTS = 10
 PROBE_MEMO_SECONDS = 60.0
+#: How long an open waits for the tail sample asked beside its probe, at least (else as long as the probe took:
+#: both were sent at once), before it asks for it again itself.
+TAIL_AHEAD_WAIT_S = 0.05
 _REDIRECTS = (301, 302, 303, 307, 308)
 _UNSATISFIED_RANGE = re.compile(r"^\s*bytes\s+\*/(\d+)\s*$", re.IGNORECASE)
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
@@ -348,13 +356,21 @@ class HttpSource(RemoteSource):
         found = memo.get(key)
         if isinstance(found, Probe) and time.monotonic() - found.at < PROBE_MEMO_SECONDS:
             return found
-        probe = self.client.retrying(self._probe_once, ReadContext.entering(self.options.timeout), None, "cannot open: ")
+        read = ReadContext.entering(self.options.timeout)
+        # with a --cache-dir the content identity names the store's file, and every fetch waits for it: a weak
+        # validator's tail sample is asked beside the probe, not a round trip after it (the Hub names its
+        # files by their sha256: never needed there)
+        ahead = _TailAhead(self, read.deadline) if self.options.cache_dir and self.scheme != "hf" else None
+        started = time.monotonic()
+        probe = self.client.retrying(self._probe_once, read, None, "cannot open: ")
+        if ahead is not None and probe.sha256 is None and weak_validator(probe.validator, probe.size):
+            probe.tail = ahead.take(probe, max(TAIL_AHEAD_WAIT_S, time.monotonic() - started))
         memo[key] = probe
         return probe
 
     def _tail_sample(self, probe: Probe) -> bytes:
         """The file's last ``SAMPLE_BYTES`` (see ``weak_validator``): from the first read when it holds the
-        whole file, else one request, memoized with the probe."""
+        whole file, or as asked beside it (``_TailAhead``), else one request, memoized with the probe."""
         n = min(SAMPLE_BYTES, probe.size)
         if probe.tail is None:
             if len(probe.head) == probe.size:
@@ -532,6 +548,52 @@ def _odd(resp: BaseHTTPResponse, signature: tuple[object, ...], final: Exception
     """An odd answer (see ``OddAnswer``), its body dropped unread with its connection."""
     _discard(resp)
     return OddAnswer(signature, final)
+
+
+class _TailAhead:
+    """A file's last ``SAMPLE_BYTES`` asked as a suffix range (``bytes=-4096``) on a thread, beside the probe that
+    learns the file's size: the sample a weak validator needs (``weak_validator``) then costs an open no round
+    trip of its own. Best effort: an answer that is not the probed file's last bytes (another size or
+    validator, another range, an error) or none within ``take``'s wait is dropped, and the open asks for them
+    after the probe as before. For a file whose validator turns out strong, the answer is not used: one small
+    request more per open."""
+
+    def __init__(self, source: HttpSource, deadline: float) -> None:
+        self._source = source
+        self._answer: tuple[int, str | None, bytes] | None = None  # (the file's size, its validator, the bytes)
+        self._thread = threading.Thread(target=self._ask, args=(deadline,), name="ckptfs-tail-sample", daemon=True)
+        self._thread.start()
+
+    def _ask(self, deadline: float) -> None:
+        source = self._source
+        try:
+            answer = source._http.send("GET", source.url, {"Range": f"bytes=-{SAMPLE_BYTES}"}, deadline, source.url)
+        except (CheckpointError, Retryable) as exc:
+            log.debug("%s: the tail sample beside the probe: %s", public_name(source.name), exc)
+            return
+        resp = answer.resp
+        got = content_range(resp.headers.get("content-range")) if resp.status == 206 else None
+        if got is None or got[2] is None or got[1] != got[2] - 1 or got[1] + 1 - got[0] > SAMPLE_BYTES:
+            _finish_small(resp)  # (a 200 of the whole file has no small length: its connection is closed)
+            return
+        try:
+            body = source._read_body(resp, got[1] + 1 - got[0], deadline)
+        except (CheckpointError, Retryable) as exc:
+            log.debug("%s: the tail sample beside the probe: %s", public_name(source.name), exc)
+            return
+        COUNTERS.request(source.scheme, "ok", len(body))
+        self._answer = (got[2], _validator(resp.headers), body)
+
+    def take(self, probe: Probe, wait: float) -> bytes | None:
+        """The sample, when its answer came within ``wait`` seconds more and is the probed file's."""
+        self._thread.join(wait)
+        answer = self._answer
+        if answer is None:
+            return None
+        size, validator, body = answer
+        if size != probe.size or validator != probe.validator or len(body) != min(SAMPLE_BYTES, probe.size):
+            return None
+        return body
 
 
 def _origin_of(url: str) -> str:
