@@ -104,6 +104,10 @@ def prefetch(src, names, open_options, decode, include, quiet, verbose):
         logging.basicConfig(level=logging.INFO, format="ckptfs: %(levelname)s %(name)s: %(message)s")
     elif not decode:  # every failure of a byte warm-up ends in its one error line: no log lines before it
         logging.getLogger("ckptfs").addHandler(logging.NullHandler())
+    if fetch_bytes and not decode:  # a transfer that ends with the process (ckptfs.util.heap)
+        from ckptfs.util.heap import keep_freed_memory
+
+        keep_freed_memory()
     if fetch_bytes and not cache_dir:
         raise click.UsageError("a remote SRC is prefetched into --cache-dir DIR (or $CKPTFS_CACHE_DIR): "
                                "without it the bytes would be lost at exit")

@@ -40,3 +40,4 @@ def test_in_process_a_command_that_ends_at_once_raises_system_exit():
     with pytest.raises(SystemExit) as raised:
         ending.exit_at_once(1)
     assert raised.value.code == 1
+
