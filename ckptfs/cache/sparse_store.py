@@ -153,8 +153,8 @@ class StoredFile:
         # buffered write anyway, and fetch threads waiting on it there spin on the CPU (writing 240 MiB in 4 MiB
         # pieces from 32 threads: twice the system time of one writer), where a waiter on this lock sleeps
         self.writing = threading.Lock()
-        self.leases = 0
-        self._first_absent = 0  # ``complete``'s hint: every chunk before it was present when last looked at  # leases this process holds on ``data`` (it is not closed while any are held)
+        self.leases = 0  # leases this process holds on ``data`` (it is not closed while any are held)
+        self._first_absent = 0  # ``complete``'s hint: every chunk before it was present when last looked at
         try:
             self.chunks, self.size, self.sealed = self._read_header()
         except BaseException:

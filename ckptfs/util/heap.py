@@ -5,7 +5,7 @@ chunk is stored. glibc returns such blocks to the system when they are freed (``
 adaptive threshold, or trimmed off the heap's top), so the next buffer is fresh memory again, each of its
 pages a fault to zero: about 50,000 in a 242 MiB ``ckptfs prefetch``. ``keep_freed_memory`` makes glibc keep
 what is freed for the next allocation (``mallopt``: blocks up to 32 MiB from the heap, no trimming), which
-took 25 ms off such a prefetch (a median of 14 paired runs; docs/remote.md). The process's peak memory is
+took 25–37 ms off such a prefetch (medians of 14 and 12 paired runs; docs/remote.md). The process's peak memory is
 the same — the fetch budget bounds what is in flight — but it is not handed back before the process ends,
 so only a command that ends when its transfer does (``ckptfs prefetch``) asks for it, never a mount. A C
 library without ``mallopt`` (musl) is left as it is.

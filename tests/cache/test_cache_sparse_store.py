@@ -185,8 +185,10 @@ def test_eviction_punches_old_chunks_of_unsealed_files_and_removes_sealed_ones_w
 
 
 def test_the_bound_and_the_free_space_floor_are_measured_in_blocks(tmp_path):
+    # written within a roomy bound (a write past the bound starts a prune on a thread, which would race the
+    # measure below), then measured and pruned under a bound of 3 chunks
+    store(tmp_path).put_chunks(CONTENT, 0, [chunk(i) for i in range(6)], N)
     s = store(tmp_path, max_bytes=3 * CHUNK)
-    s.put_chunks(CONTENT, 0, [chunk(i) for i in range(6)], N)
     assert s.excess() >= 6 * CHUNK - int(3 * CHUNK * sparse_store.LOW_WATER)
     s.prune()
     assert sparse_store.folder_bytes(tmp_path / "cache") <= 3 * CHUNK * sparse_store.LOW_WATER + 65536

@@ -37,8 +37,8 @@ that is refused fails at once with one line (retrying cannot change it), naming 
 from __future__ import annotations
 
 import base64
-import logging
 import email.utils
+import logging
 import os
 import re
 import socket
