@@ -137,13 +137,35 @@ def test_advice_away_from_the_reader_waits_for_a_slot_instead_of_being_dropped(m
     monkeypatch.setattr(fetch_ahead, "FETCH_BUDGET", 16 * MiB)
     source = HeldSource(256 * MiB)
     ahead = ReadAhead(source)
+    advised = range(100 * MiB // CHUNK, 108 * MiB // CHUNK)
     with decided_above():
         _start_stream(ahead)
         ahead.prefetch(2 * MiB // CHUNK, 18 * MiB // CHUNK)  # the stream's rest: the limit's 4 slots taken
         assert wait_until(lambda: source.limit.in_flight == source.limit.limit, timeout=10)
-        ahead.prefetch(100 * MiB // CHUNK, 108 * MiB // CHUNK)  # the files after it: no slot free now
-        assert not any(100 * MiB // CHUNK <= c < 108 * MiB // CHUNK for c in source.claimed)
+        ahead.prefetch(advised.start, advised.stop)  # the files after it: no slot free now
+        assert not any(c in source.claimed for c in advised)
         source.gate.set()  # the stream's pieces land
-        assert wait_until(lambda: all(c in source.claimed for c in range(100 * MiB // CHUNK, 108 * MiB // CHUNK)),
-                          timeout=10)
+        for offset in range(2 * MiB, 90 * MiB, MiB):  # and the reader comes within the budget of the advice
+            ahead.observe(offset, MiB)
+        assert wait_until(lambda: all(c in source.claimed for c in advised), timeout=10)
     _settled(source)
+
+
+def test_advice_further_ahead_than_the_budget_waits_for_the_reader_to_come_near(monkeypatch):
+    """Advice past ``FETCH_BUDGET`` from the reader is not fetched yet: with the rest of the reader's tensor
+    advised up to the budget ahead, both would fill the chunk memory (twice the budget) with bytes not read
+    yet and evict the ones the reader reaches next. It is fetched once the reader comes within the budget."""
+    monkeypatch.setattr(fetch_ahead, "FETCH_BUDGET", 16 * MiB)
+    source = RecordingSource(256 * MiB)
+    ahead = ReadAhead(source)
+    far = range(100 * MiB // CHUNK, 108 * MiB // CHUNK)
+    with decided_above():
+        _start_stream(ahead)
+        ahead.prefetch(far.start, far.stop)  # the files stored after the reader's, advised once
+        _settled(source)
+        assert not any(c in source.claimed for c in far)
+        for offset in range(2 * MiB, 90 * MiB, MiB):  # the reader goes on (its own bytes advised as it goes)
+            ahead.prefetch(offset // CHUNK, (offset + MiB) // CHUNK)
+            ahead.observe(offset, MiB)
+            _settled(source)
+        assert all(c in source.claimed for c in far)
