@@ -180,9 +180,12 @@ class StoredFile:
         chunks past the index's end are absent."""
         if count is None:
             count = max(0, (os.fstat(self.index).st_size - HEADER_SIZE) // RECORD - first)
+        return list(_RECORD.iter_unpack(self._raw_records(first, count)))
+
+    def _raw_records(self, first: int, count: int) -> bytes:
+        """The index's bytes for the records of chunks ``first .. first + count``, zeros past its end (absent)."""
         raw = os.pread(self.index, count * RECORD, HEADER_SIZE + first * RECORD)
-        raw += bytes(count * RECORD - len(raw))
-        return list(_RECORD.iter_unpack(raw))
+        return raw + bytes(count * RECORD - len(raw))
 
     def present(self, indexes: Iterable[int] | None = None) -> set[int]:
         """Of ``indexes`` (sorted; None: every chunk), those whose records say present: one read of the
@@ -221,9 +224,7 @@ class StoredFile:
     def _lengths(self, first: int, count: int) -> list[int]:
         """The length fields of the records of chunks ``first .. first + count`` (0: absent, as is a chunk past
         the index's end)."""
-        raw = os.pread(self.index, count * RECORD, HEADER_SIZE + first * RECORD)
-        raw += bytes(count * RECORD - len(raw))
-        return memoryview(raw).cast("I")[_LENGTH_WORD::RECORD // 4].tolist()  # (0 reads 0 in either byte order)
+        return memoryview(self._raw_records(first, count)).cast("I")[_LENGTH_WORD::RECORD // 4].tolist()  # (0 reads 0 in either byte order)
 
     def has(self, index: int) -> bool:
         return bool(self.records(index, 1)[0][1])

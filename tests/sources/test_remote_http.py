@@ -92,18 +92,23 @@ def test_vocabulary_header_in_few_requests(site):
     assert tail_checks_since(server, before) <= len(seen)  # the version's sample at open, one after each fetch
 
 
-def test_an_open_with_a_cache_dir_asks_for_the_first_4_kib_and_serves_them_from_memory(site, tmp_path):
-    """With a --cache-dir the open asks for the file's first bytes only (their chunk may be stored already),
-    and reads inside them (a format check's 64 bytes) are answered from them: no second request."""
+def _open_source(server, name: str, cache_dir=None):
+    """The source of ``name`` as a mount opens it (no read-ahead), with or without a --cache-dir."""
     from ckptfs.core.options import OpenOptions
     from ckptfs.sources.registry import Opener
     from ckptfs.sources.remote.options import RemoteOptions
 
+    options = RemoteOptions(OpenOptions.build(timeout=10, cache_dir=cache_dir), read_ahead=False)
+    return Opener(options).source(f"{server.url}/{name}")
+
+
+def test_an_open_with_a_cache_dir_asks_for_the_first_4_kib_and_serves_them_from_memory(site, tmp_path):
+    """With a --cache-dir the open asks for the file's first bytes only (their chunk may be stored already),
+    and reads inside them (a format check's 64 bytes) are answered from them: no second request."""
     server, root, _ = site
     data = (root / "head.gguf").read_bytes()
     before = len(server.access_log())
-    options = RemoteOptions(OpenOptions.build(timeout=10, cache_dir=str(tmp_path / "cache")), read_ahead=False)
-    source = Opener(options).source(server.url + "/head.gguf")
+    source = _open_source(server, "head.gguf", str(tmp_path / "cache"))
     assert source.pread(0, 64) == data[:64] and source.pread(100, OPEN_HEAD - 100) == data[100:OPEN_HEAD]
     server.wait_idle()  # nginx logs a request once its answer is sent
     assert (0, OPEN_HEAD) in server.ranges("head.gguf", before)
@@ -111,15 +116,6 @@ def test_an_open_with_a_cache_dir_asks_for_the_first_4_kib_and_serves_them_from_
     assert source.pread(OPEN_HEAD - 1, 2) == data[OPEN_HEAD - 1:OPEN_HEAD + 1]  # past them: fetched
     server.wait_idle()
     assert data_ranges(server.ranges("head.gguf", before), len(data))
-
-
-def _open_source(server, name: str, cache_dir=None):
-    from ckptfs.core.options import OpenOptions
-    from ckptfs.sources.registry import Opener
-    from ckptfs.sources.remote.options import RemoteOptions
-
-    options = RemoteOptions(OpenOptions.build(timeout=10, cache_dir=cache_dir), read_ahead=False)
-    return Opener(options).source(f"{server.url}/{name}")
 
 
 def test_an_open_with_a_cache_dir_asks_for_the_tail_sample_beside_its_probe(site, tmp_path):
