@@ -356,16 +356,18 @@ def test_the_free_space_floor_is_a_flag_of_the_commands(tmp_path):
         "--cache-dir-min-free", "7"]  # the fstab spelling
 
 
-def _open_in(folder) -> list[str]:
-    """The files under ``folder`` this process holds a descriptor of."""
-    held = []
+def _descriptors_of(*paths) -> int:
+    """How many descriptors this process holds of ``paths`` (deleted since, too). Only the entry's own files
+    are counted: a store's background prune opens the folder's ``.lock`` and walks its subfolders while it
+    runs, and other tests' threads open descriptors elsewhere."""
+    names = {str(p) for p in paths}
+    held = 0
     for fd in os.listdir("/proc/self/fd"):
         try:
             target = os.readlink(f"/proc/self/fd/{fd}")
         except OSError:  # (closed meanwhile, or the listing's own descriptor)
             continue
-        if target.startswith(str(folder)):
-            held.append(target)
+        held += target.removesuffix(" (deleted)") in names
     return held
 
 
@@ -377,11 +379,11 @@ def test_a_damaged_index_header_drops_the_file_with_one_line_and_leaks_no_descri
         fh.seek(30)
         fh.write(b"\xff\xff")  # inside the crc'd header
     fresh = SparseStore(tmp_path / "cache", 1 << 30)
-    held = len(_open_in(tmp_path))  # (the first store's: the files it wrote)
+    held = _descriptors_of(data_path, index_path)  # (the first store's: the files it wrote)
+    assert held == 2
     with caplog.at_level(logging.WARNING, logger="ckptfs.cache.sparse_store"):
         assert fresh.get(CONTENT, 0) is None and fresh.get(CONTENT, 0) is None
-    # (counted in the folder: other tests' threads may open descriptors elsewhere meanwhile)
-    assert len(_open_in(tmp_path)) == held
+    assert _descriptors_of(data_path, index_path) == held
     assert not os.path.exists(index_path) and not os.path.exists(data_path)
     assert len([r for r in caplog.records if "header checksum mismatch" in r.getMessage()]) == 1
     assert fresh.put_chunks(CONTENT, 0, [chunk(0)], N) and fresh.get(CONTENT, 0) == chunk(0)
