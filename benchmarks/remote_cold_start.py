@@ -385,10 +385,7 @@ def warm_case(kind: str, src: str, options: OpenOptions, files: list[Path], gguf
     """One fresh mount (the local file, or the URL over a filled ``--cache-dir``): the own file and the largest
     ``.raw`` streamed with 1 MiB reads, random 4 KiB ``O_DIRECT`` reads of the own file, and the own file's
     sha256 through the mount. A warm mount is read once its store file is served in C (the daemon checks a
-    sealed file's MACs in the background at its first open). Dirty pages are written back first: the earlier
-    sections write about six times the file (downloads, stores), and their writeback (the kernel's, 30 s
-    after the writes) landing among one case's 4 KiB reads took their median from 10-20 to 80 us."""
-    os.sync()
+    sealed file's MACs in the background at its first open)."""
     _into_page_cache(files)
     with BenchMount(src, options) as m:
         own = m.mnt / gguf
