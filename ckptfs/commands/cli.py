@@ -219,17 +219,22 @@ main.add_command(verify_command)
 main.add_command(diff_command)
 
 
-#: numpy's OpenBLAS starts a pool of threads when numpy is imported, which spin for a while before they sleep:
-#: 0.06 CPU-seconds of every ckptfs process on a 2-core machine (numpy's import 0.14 CPU-s, 0.08 with one
-#: thread), taken from what the process starts beside it (a prefetch's first transfers). ckptfs calls no BLAS
-#: (its decoders are element-wise), so its processes hold OpenBLAS to one thread unless told otherwise.
 BLAS_THREADS_VARIABLE = "OPENBLAS_NUM_THREADS"
+
+
+def hold_blas_to_one_thread() -> None:
+    """numpy's OpenBLAS starts a pool of threads when numpy is imported, which spin for a while before they
+    sleep: 0.06 CPU-seconds of every ckptfs process on a 2-core machine (numpy's import 0.14 CPU-s, 0.08 with
+    one thread), taken from what the process starts beside it (a prefetch's first transfers). ckptfs calls no
+    BLAS (its decoders are element-wise), so its programs hold OpenBLAS to one thread unless told otherwise;
+    called before anything imports numpy."""
+    os.environ.setdefault(BLAS_THREADS_VARIABLE, "1")
 
 
 def program() -> None:
     """The ``ckptfs`` program (its console script, ``python -m ckptfs.commands.cli``): ``main``, and the end of
     the process at once after a command that asked for it (``ckptfs.commands.ending``)."""
-    os.environ.setdefault(BLAS_THREADS_VARIABLE, "1")  # before anything imports numpy
+    hold_blas_to_one_thread()
     try:
         main()
     except SystemExit as exc:

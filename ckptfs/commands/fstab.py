@@ -132,9 +132,11 @@ def mount_arguments(call: HelperCall, command) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the installed helper: translate mount(8)'s call and run ``ckptfs mount``."""
+    from ckptfs.commands.cli import hold_blas_to_one_thread
     from ckptfs.commands.cli import main as cli_main
     from ckptfs.commands.cli import mount as mount_command
 
+    hold_blas_to_one_thread()  # as the ckptfs program does (the mount daemon is this process, forked)
     argv = sys.argv[1:] if argv is None else argv
     try:
         call = parse_helper_argv(argv)

@@ -32,7 +32,7 @@ def test_the_program_holds_blas_to_one_thread_unless_told(preset):
     if preset is not None:
         env[BLAS_THREADS_VARIABLE] = preset
     result = subprocess.run([sys.executable, "-c", CHILD, BLAS_THREADS_VARIABLE], capture_output=True, text=True,
-                            env=env, timeout=60)
+                            env=env, timeout=60, check=False)
     assert result.returncode == 0, result.stderr
     value, threads = result.stdout.splitlines()[-1].split()
     if preset is None:
