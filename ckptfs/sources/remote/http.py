@@ -568,15 +568,11 @@ class _TailAhead:
         source = self._source
         try:
             answer = source._http.send("GET", source.url, {"Range": f"bytes=-{SAMPLE_BYTES}"}, deadline, source.url)
-        except (CheckpointError, Retryable) as exc:
-            log.debug("%s: the tail sample beside the probe: %s", public_name(source.name), exc)
-            return
-        resp = answer.resp
-        got = content_range(resp.headers.get("content-range")) if resp.status == 206 else None
-        if got is None or got[2] is None or got[1] != got[2] - 1 or got[1] + 1 - got[0] > SAMPLE_BYTES:
-            _finish_small(resp)  # (a 200 of the whole file has no small length: its connection is closed)
-            return
-        try:
+            resp = answer.resp
+            got = content_range(resp.headers.get("content-range")) if resp.status == 206 else None
+            if got is None or got[2] is None or got[1] != got[2] - 1 or got[1] + 1 - got[0] > SAMPLE_BYTES:
+                _finish_small(resp)  # (a 200 of the whole file has no small length: its connection is closed)
+                return
             body = source._read_body(resp, got[1] + 1 - got[0], deadline)
         except (CheckpointError, Retryable) as exc:
             log.debug("%s: the tail sample beside the probe: %s", public_name(source.name), exc)
