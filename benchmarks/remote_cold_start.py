@@ -20,6 +20,10 @@ file (a Gemma-3-270M-shaped Q4_K_M GGUF, ``make_realistic_gguf.py --shapes``; ``
 - ``ckptfs prefetch URL --cache-dir D`` into an empty folder (every stored byte into the folder), timed as a
   process, in every round unless ``--prefetch-rounds N``.
 
+The cases that write the file to disk (the downloaders and the prefetch) run first in each round, in the
+order of a balanced design (``balanced_order``: each at each place and right after each of the others as
+often), the mount's reads after them: on a VM what ran just before moves a case's time (docs/remote.md).
+
 A missing downloader (no ``hf_transfer`` module, no ``aria2c``) is skipped with a note. Requests in flight
 come from nginx's access log (each request's start and end: ``Nginx.request_spans``): the peak and the
 time-weighted mean over the case, measured, not assumed. Ratios are to the faster of hf_transfer (hub
@@ -209,24 +213,44 @@ def first_byte(src: str, largest: str) -> dict:
         return {"seconds": round(time.perf_counter() - start, 3), "mount_s": round(m.seconds, 3)}
 
 
+def prefetch_command_present() -> bool:
+    """Whether this tree has ``ckptfs prefetch`` (asked once, before the rounds)."""
+    return subprocess.run([sys.executable, "-m", "ckptfs.commands.cli", "prefetch", "--help"],
+                          capture_output=True, text=True, check=False).returncode == 0
+
+
 def prefetch_case(url: str, size: int, origin: Origin) -> dict:
     """``ckptfs prefetch URL --cache-dir D`` into an empty folder: seconds, MB/s of the file's size."""
-    help_text = subprocess.run([sys.executable, "-m", "ckptfs.commands.cli", "prefetch", "--help"],
-                               capture_output=True, text=True)
-    if help_text.returncode != 0:
-        return {"skipped": "ckptfs prefetch skipped: no such command in this tree"}
     cache = Path(tempfile.mkdtemp(prefix="ckptfs-bench-prefetch-"))
     try:
         t0 = time.time()
         secs = timed([sys.executable, "-m", "ckptfs.commands.cli", "prefetch", url, "--cache-dir", str(cache)],
                      timeout=1200)
-        fetched = sum(p.stat().st_size for p in (cache / "bytes").rglob("*") if p.is_file()) \
-            if (cache / "bytes").exists() else 0
         return {"seconds": round(secs, 3), "MBps": round(size / secs / 1e6, 1),
-                "cache_dir_bytes_MiB": round(fetched / MiB, 1),
                 **in_flight(origin.spans(), t0, time.time())}
     finally:
         shutil.rmtree(cache, ignore_errors=True)
+
+
+def balanced_order(cases: list, i: int) -> list:
+    """``cases`` in round ``i``'s order, from a Williams design: over ``len(cases)`` rounds (twice as many for an
+    odd count) each case runs as often at each place and right after each of the others. On the machine of
+    docs/remote.md what ran just before moves a case's time (memory another process has just freed is cheap
+    to touch again; freed a few seconds earlier, the VM has handed it back to its host), so no case may always
+    follow the same one (see ``capped_section``)."""
+    n = len(cases)
+    if n < 2:
+        return list(cases)
+    first, low, high = [0], 1, n - 1  # 0, 1, n-1, 2, n-2, ...: every difference between neighbours once
+    while len(first) < n:
+        first.append(low)
+        low += 1
+        if len(first) < n:
+            first.append(high)
+            high -= 1
+    row = i % (n if n % 2 == 0 else 2 * n)
+    order = [cases[(k + row) % n] for k in first]
+    return order if row < n else order[::-1]
 
 
 def layout(model: Path) -> tuple[list[str], str, str]:
@@ -279,26 +303,38 @@ def capped_section(root: Path, model: Path, args, notes: list[str]) -> dict:
         url = f"{origin.url}/{model.name}"
         dest_dir = Path(tempfile.mkdtemp(prefix="ckptfs-bench-download-", dir=root))
         rounds = []
+        prefetch = prefetch_command_present()
+        if not prefetch:
+            notes.append("ckptfs prefetch skipped: no such command in this tree")
+
+        def download(name: str, fn, whole: bool) -> dict:
+            dest = dest_dir / model.name
+            t0, cpu = time.time(), proxy.cpu_seconds()
+            secs = fn(url, dest)
+            result = {"seconds": round(secs, 3), "MBps": round(size / secs / 1e6, 1),
+                      "proxy_cpu_s": round(proxy.cpu_seconds() - cpu, 2),
+                      **in_flight(origin.spans(), t0, time.time())}
+            check_download(name, dest, model, whole)
+            return result
+
         try:
             for i in range(args.rounds):
-                row: dict = {}
-                for name, fn in downloaders:
-                    dest = dest_dir / model.name
-                    t0, cpu = time.time(), proxy.cpu_seconds()
-                    secs = fn(url, dest)
-                    row[name] = {"seconds": round(secs, 3), "MBps": round(size / secs / 1e6, 1),
-                                 "proxy_cpu_s": round(proxy.cpu_seconds() - cpu, 2),
-                                 **in_flight(origin.spans(), t0, time.time())}
-                    check_download(name, dest, model, whole=i == 0)
+                done: dict = {}
+                # the cases that write the file to disk run together, in a balanced order (``balanced_order``)
+                writers = [(name, lambda name=name, fn=fn, whole=i == 0: download(name, fn, whole))
+                           for name, fn in downloaders]
+                if prefetch and (args.prefetch_rounds is None or i < args.prefetch_rounds):
+                    writers.append(("ckptfs prefetch", lambda: prefetch_case(url, size, origin)))
+                for name, case in balanced_order(writers, i):
+                    done[name] = case()
                 for name, fn in reads:
                     cpu = proxy.cpu_seconds()
-                    row[name] = run_mount_case(url, fn, origin)
-                    row[name]["proxy_cpu_s"] = round(proxy.cpu_seconds() - cpu, 2)
-                row["first_byte"] = first_byte(url, largest)
-                if args.prefetch_rounds is None or i < args.prefetch_rounds:
-                    row["ckptfs prefetch"] = prefetch_case(url, size, origin)
-                    if "skipped" in row["ckptfs prefetch"] and i == 0:
-                        notes.append(row["ckptfs prefetch"]["skipped"])
+                    done[name] = run_mount_case(url, fn, origin)
+                    done[name]["proxy_cpu_s"] = round(proxy.cpu_seconds() - cpu, 2)
+                done["first_byte"] = first_byte(url, largest)
+                # the table's order whatever the round's: the downloaders, the mount's reads, prefetch last
+                row = {name: done[name] for name in [*(n for n, _ in downloaders), *(n for n, _ in reads),
+                                                     "first_byte", "ckptfs prefetch"] if name in done}
                 rounds.append(row)
                 print(f"capped round {i + 1}: " + ", ".join(f"{k} {v['MBps']}" for k, v in row.items()
                                                           if "MBps" in v), file=sys.stderr)

@@ -157,3 +157,21 @@ def test_missing_downloaders_are_notes(monkeypatch):
     assert cases == []
     assert any(n.startswith("hf_transfer skipped: not installed") for n in notes)
     assert any(n.startswith("aria2c skipped: not installed") for n in notes)
+
+
+@pytest.mark.parametrize("count", [2, 3, 4, 5])
+def test_the_cases_writing_the_file_take_turns_at_each_place_and_after_each_other(count):
+    # what ran just before a case moves its time on this machine (memory just freed is cheap to touch again):
+    # over a design's rounds each case runs as often at each place and right after each of the others
+    cases = [f"case{k}" for k in range(count)]
+    rounds = count if count % 2 == 0 else 2 * count
+    orders = [remote_cold_start.balanced_order(cases, i) for i in range(rounds)]
+    assert all(sorted(order) == cases for order in orders)
+    for place in range(count):
+        placed = [order[place] for order in orders]
+        assert all(placed.count(c) == rounds // count for c in cases)
+    after = [(order[k - 1], order[k]) for order in orders for k in range(1, count)]
+    pairs = {(a, b) for a in cases for b in cases if a != b}
+    assert set(after) == pairs and all(after.count(p) == len(after) // len(pairs) for p in pairs)
+    assert remote_cold_start.balanced_order(cases, rounds) == orders[0]  # and again from the start
+    assert remote_cold_start.balanced_order([], 3) == [] and remote_cold_start.balanced_order(["a"], 1) == ["a"]
