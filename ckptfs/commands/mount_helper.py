@@ -14,10 +14,18 @@ HELPER_MARK = "# mount(8) helper for fuse.ckptfs, written by `ckptfs install-mou
 
 
 def helper_script(python: str | None = None) -> str:
-    """The helper's text: this interpreter (the one ckptfs is installed for), by absolute path."""
+    """The helper's text: this interpreter (the one ckptfs is installed for), by absolute path. An interpreter
+    that is gone since (its virtual environment removed or moved) is one line naming it and the fix, exit 1,
+    instead of the shell's "exec: not found" and 127 at boot."""
     python = os.path.abspath(python or sys.executable)
     return (f"#!/bin/sh\n{HELPER_MARK}\nPATH={SAFE_PATH}\nexport PATH\n"
-            f"exec {shlex.quote(python)} -I -m ckptfs.commands.fstab \"$@\"\n")
+            f"PY={shlex.quote(python)}\n"
+            f"if [ ! -x \"$PY\" ]; then\n"
+            f"  echo \"mount.fuse.ckptfs: error: $PY, the Python ckptfs was installed with, is gone: run "
+            f"'ckptfs install-mount-helper' with the ckptfs to use\" >&2\n"
+            f"  exit 1\n"
+            f"fi\n"
+            f"exec \"$PY\" -I -m ckptfs.commands.fstab \"$@\"\n")
 
 
 def install_helper(target: str = HELPER_PATH, python: str | None = None) -> str:

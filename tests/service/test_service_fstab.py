@@ -11,6 +11,7 @@ util-linux 2.38 does).
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -24,7 +25,7 @@ from fixtures import write_mixed_gguf
 
 from ckptfs.commands.cli import mount as mount_command
 from ckptfs.commands.fstab import HelperError, mount_arguments, parse_helper_argv
-from ckptfs.commands.mount_helper import HELPER_MARK, HELPER_PATH
+from ckptfs.commands.mount_helper import HELPER_MARK, HELPER_PATH, helper_script
 
 
 @pytest.fixture(scope="module")
@@ -151,12 +152,39 @@ def test_install_refuses_to_replace_a_foreign_helper(tmp_path):
     install(tmp_path)  # ours: replaced in place
 
 
+def test_a_helper_whose_python_is_gone_says_so_in_one_line(tmp_path):
+    # the virtual environment it was installed with removed or moved: the fix named, not the shell's 127
+    gone = tmp_path / "removed venv" / "bin" / "python"
+    helper = tmp_path / "mount.fuse.ckptfs"
+    helper.write_text(helper_script(str(gone)))
+    helper.chmod(0o755)
+    result = subprocess.run(["env", "-i", str(helper), "/m/x.gguf", "/mnt/x", "-o", "ro"], capture_output=True,
+                            text=True, timeout=60, check=False)
+    assert result.returncode == 1 and result.stdout == ""
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and str(gone) in lines[0] and "ckptfs install-mount-helper" in lines[0], lines
+
+
+def _helper_python(text: str) -> str | None:
+    """The interpreter an installed helper runs (its ``PY=`` line, or an older helper's ``exec`` line)."""
+    for line in text.splitlines():
+        if line.startswith("PY="):
+            return shlex.split(line[3:])[0]
+        if line.startswith("exec ") and " -m ckptfs.commands.fstab" in line:
+            return shlex.split(line)[1]
+    return None
+
+
 def system_helper() -> None:
     require_fuse()
     if os.geteuid() != 0 or shutil.which("mount") is None:
         skip_or_fail("mount -t fuse.ckptfs needs root and util-linux mount")
-    if not os.path.exists(HELPER_PATH) or HELPER_MARK not in Path(HELPER_PATH).read_text(errors="replace"):
+    text = Path(HELPER_PATH).read_text(errors="replace") if os.path.exists(HELPER_PATH) else ""
+    if HELPER_MARK not in text:
         skip_or_fail(f"{HELPER_PATH} is not installed (scripts/setup.sh runs `ckptfs install-mount-helper`)")
+    python = _helper_python(text)
+    if python is not None and not os.access(python, os.X_OK):
+        skip_or_fail(f"{HELPER_PATH} runs {python}, which is gone: run `ckptfs install-mount-helper` again")
 
 
 def test_mount_t_fuse_ckptfs(source, tmp_path):
