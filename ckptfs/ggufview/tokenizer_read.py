@@ -73,12 +73,20 @@ class TransformersTokenizer:
 
 
 class RustTokenizer:
-    """``tokenizer.json`` read by the ``tokenizers`` library."""
+    """``tokenizer.json`` read by the ``tokenizers`` library, without its ``padding`` and ``truncation``.
+
+    Those two sections are settings for batching model inputs (sentence-transformers folders such as
+    all-MiniLM-L6-v2 pad to 128 and truncate at 128). transformers resets them on every call that does not
+    ask for them, so the converter's tokenizer never applies them; read as they are, they would pad each
+    special token's text with ``[PAD]`` and cut the pre-tokenizer's check text, naming another
+    pre-tokenizer."""
 
     def __init__(self, path: Path):
         from tokenizers import Tokenizer
 
         self._tokenizer = Tokenizer.from_file(str(path))
+        self._tokenizer.no_padding()
+        self._tokenizer.no_truncation()
 
     def vocab(self) -> dict[str, int]:
         return self._tokenizer.get_vocab(with_added_tokens=True)
