@@ -79,7 +79,7 @@ class Tensor:
         the checkpoint's tensor list, which holds Tensors weakly and may make this one again."""
         return self._ck.tensors.annotations(self.index)
 
-    #: True for a tensor computed from other stored tensors (a GPTQ/AWQ view): .npy and .meta.json only
+    #: True for a tensor computed from other stored tensors (a GPTQ/AWQ/FP8 view): .npy and .meta.json only
     virtual = False
 
     @property
@@ -283,6 +283,7 @@ class TensorList(Sequence["Tensor"]):
         self._annotations: dict[int, dict[str, Any]] = {}
         self._lock = threading.Lock()
         self._hooks: list[Callable[[Tensor], None]] = []
+        self._replaced: dict[int, int] = {}  # virtual index -> the stored tensor of that name it stands for
 
     def __len__(self) -> int:
         return len(self._infos) + len(self._extra)
@@ -334,10 +335,18 @@ class TensorList(Sequence["Tensor"]):
     def __iter__(self) -> Iterator[Tensor]:
         return (self[i] for i in range(len(self)))
 
-    def append(self, tensor: Tensor) -> None:
+    def append(self, tensor: Tensor, replaces: int | None = None) -> None:
+        """Add a virtual tensor; ``replaces``: the index of the stored tensor of the same name whose ``.npy``
+        and ``.meta.json`` it takes over (the stored one keeps its ``.raw``)."""
         for hook in self._hooks:
             hook(tensor)
+        if replaces is not None:
+            self._replaced[len(self._infos) + len(self._extra)] = replaces
         self._extra.append(tensor)
+
+    def replaced(self) -> dict[int, int]:
+        """``{virtual index: stored index}`` of the views that stand in a stored tensor's name."""
+        return dict(self._replaced)
 
     def made(self, index: int) -> Tensor | None:
         """The Tensor at ``index`` if it was made already (a virtual one always is), else None."""
@@ -425,6 +434,7 @@ class Checkpoint(Mapping[str, Tensor]):
         self._finalizer.atexit = False
         self.tensors = TensorList(self, parsed.tensors)
         self._by_name: dict[str, int] = {}
+        self._stored_by_name: dict[str, int] = {}  # names a view stands in: the stored tensor's index
         for i, name in enumerate(self.tensors.names()):
             self._by_name.setdefault(name, i)
         self.packed_views: list[dict[str, Any]] = []
@@ -450,10 +460,29 @@ class Checkpoint(Mapping[str, Tensor]):
     def __len__(self) -> int:
         return len(self._by_name)
 
-    def add_virtual(self, tensor: Tensor) -> None:
-        """Append a virtual tensor (``tensor.index`` must be its position); a stored name always wins."""
-        self.tensors.append(tensor)
-        self._by_name.setdefault(tensor.name, tensor.index)
+    def add_virtual(self, tensor: Tensor, replaces: bool = False) -> None:
+        """Append a virtual tensor (``tensor.index`` must be its position). A stored tensor of the same name
+        wins, unless ``replaces``: then the view is ``ck[name]`` and the stored tensor ``ck.stored(name)``
+        (an FP8 ``X.weight`` stored as F8_E4M3, whose dense view has the same name)."""
+        stored = self._by_name.get(tensor.name)
+        if replaces and (stored is None or stored >= len(self.parsed.tensors)):
+            raise ValueError(f"no stored tensor {tensor.name!r} for the view to stand in for")
+        self.tensors.append(tensor, stored if replaces else None)
+        if replaces:
+            assert stored is not None
+            self._stored_by_name[tensor.name] = stored
+            self._by_name[tensor.name] = tensor.index
+        else:
+            self._by_name.setdefault(tensor.name, tensor.index)
+
+    def stored(self, name: str) -> Tensor:
+        """The stored tensor ``name`` even where a view stands in its name (``ck.stored("X.weight")``: the
+        F8_E4M3 codes of an FP8 layer, whose ``ck["X.weight"]`` is the dense view); KeyError for a name
+        only a view has."""
+        index = self._stored_by_name.get(name, self._by_name.get(name))
+        if index is None or index >= len(self.parsed.tensors):
+            raise KeyError(name)
+        return self.tensors[index]
 
     def damaged(self) -> list[Tensor]:
         return [self.tensors[i] for i in self.tensors.damaged_indices()]

@@ -59,11 +59,16 @@ def summary(ck: Checkpoint, hf: bool = False, gguf: bool = False) -> dict[str, A
 
 
 def _packed_views(ck: Checkpoint) -> dict[str, Any] | None:
-    """GPTQ/AWQ/compressed-tensors layers: how many views, and why any layer has none (None: no such layers)."""
+    """Quantized layers: how many views (in all and per scheme), and why any layer has none (None: no such
+    layers)."""
     rows = ck.packed_views
     if not rows:
         return None
-    return {"schemes": sorted({r["scheme"] for r in rows}), "views": sum(1 for r in rows if r["present"]),
+    schemes = sorted({r["scheme"] for r in rows})
+    return {"schemes": schemes, "views": sum(1 for r in rows if r["present"]),
+            "per_scheme": {s: {"views": sum(1 for r in rows if r["scheme"] == s and r["present"]),
+                               "absent": sum(1 for r in rows if r["scheme"] == s and not r["present"])}
+                           for s in schemes},
             "absent": [{"name": r["name"], "reason": r["reason"]} for r in rows if not r["present"]]}
 
 
@@ -150,8 +155,9 @@ def render(info: dict[str, Any], every: bool = False) -> str:
         lines.append(f"gguf/: {info['gguf']}")
     packed = info.get("packed_views")
     if packed:
-        lines.append(f"packed views ({', '.join(packed['schemes'])}): {packed['views']}, "
-                     f"absent: {len(packed['absent'])}")
+        per = packed.get("per_scheme") or {}
+        counts = ", ".join(f"{s} {per[s]['views']}" if s in per else s for s in packed["schemes"])
+        lines.append(f"packed views ({counts}): {packed['views']}, absent: {len(packed['absent'])}")
         for row in packed["absent"]:
             lines.append(f"  no view {row['name']!r}: {row['reason']}")
     for note in info["notes"]:

@@ -24,15 +24,20 @@ import numpy as np
 from ckptfs.core.descriptors import TensorInfo
 from ckptfs.packed import native
 from ckptfs.packed.bits import round_to, scale_to_f32, unpack_fields
-from ckptfs.packed.base import (INT32_TYPES, SCALE_TYPES, Absent, Layout, Parts, check_ndim, check_shape, check_type,
-                     f16_fast, group_index_fast, int_setting, require)
+from ckptfs.packed.detect import Method, Scheme, one_format
+from ckptfs.packed.base import (INT32_TYPES, SCALE_TYPES, Absent, Context, Layout, Parts, check_ndim, check_shape,
+                                check_type, f16_fast,
+                                group_index_fast, int_setting, require)
 
 ROLES = ("qweight", "qzeros", "scales")
 REVERSE_ORDER = np.array([0, 4, 1, 5, 2, 6, 3, 7])
 VERSIONS = ("gemm", "gemv")
+SCHEMES = [Scheme("awq", "awq", "", "awq", "qweight", ROLES)]
+METHODS = [Method("awq", one_format)]
 
 
-def build(prefix: str, parts: Mapping[str, TensorInfo], settings: Mapping[str, Any]) -> Layout:
+def build(prefix: str, parts: Mapping[str, TensorInfo], settings: Mapping[str, Any],
+          context: Context | None = None) -> Layout:
     bits = int_setting(settings, "bits", "w_bit")
     if bits != 4:
         raise Absent(f"AWQ bits={bits} is not supported (4)")

@@ -18,6 +18,7 @@ backend (``ckptfs.engine.decode.decode_parts``), which is what a packed view's t
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -27,17 +28,26 @@ import numpy as np
 from ckptfs.core.descriptors import TensorInfo
 from ckptfs.engine.decode import register_parts_backend
 from ckptfs.packed.bits import f16_normal, scale_to_f32
+from ckptfs.packed.detect import Absent
 from ckptfs.packed.native import use_kernel
 
 
-class Absent(Exception):
-    """The view of a layer cannot be offered; ``str(exc)`` says why in one line."""
+@dataclass(frozen=True)
+class Context:
+    """What a scheme's ``build`` may ask of the checkpoint besides the parts' headers: the values of small
+    stored tensors (read at open: compressed-tensors' ``weight_shape``, bitsandbytes' ``quant_state``
+    JSON), and the release's dtype (``torch_dtype``, None when the config names none)."""
+
+    small_ints: Callable[[TensorInfo], tuple[int, ...]]
+    small_bytes: Callable[[TensorInfo, int], bytes]
+    torch_dtype: str | None = None
 
 
 class Parts(Protocol):  # what decode_rows reads through (ckptfs.packed.views.PartReader)
     def whole(self, role: str) -> np.ndarray: ...
     def read_whole(self, role: str) -> np.ndarray: ...
     def rows(self, role: str, r0: int, r1: int) -> np.ndarray: ...
+    def flat_rows(self, role: str, r0: int, r1: int, width: int) -> np.ndarray: ...
     def derived(self, what: str, roles: tuple[str, ...], shape: tuple[int, ...],
                 build: Callable[[], np.ndarray]) -> np.ndarray: ...
 
@@ -46,8 +56,8 @@ class Parts(Protocol):  # what decode_rows reads through (ckptfs.packed.views.Pa
 class Layout:
     """One quantized linear layer: its parts, its weight's shape and how to decode rows of it."""
 
-    scheme: str                                 # "gptq" | "awq" | "compressed-tensors"
-    parameters: dict[str, Any]                  # what meta.json shows: bits, group_size, ...
+    scheme: str                                 # the Scheme id: "gptq", "fp8", "compressed-tensors", ...
+    parameters: dict[str, Any]                  # what meta.json shows: bits, group_size, block, ...
     out_features: int
     in_features: int
     parts: dict[str, TensorInfo]                # role ("qweight", "scales", ...) -> stored tensor
@@ -57,9 +67,20 @@ class Layout:
     extra: dict[str, Any] = field(default_factory=dict)
     # the same rows through the C kernel, into a float32/float16 buffer; False when it cannot take the call
     kernel: Callable[[Parts, int, int, np.ndarray], bool] | None = None
+    # the view's shape when it is not [out_features, in_features] (gpt-oss experts [E, in, out]): rows are
+    # then the flattened leading axes, prod(view_shape[:-1]) == out_features, view_shape[-1] == in_features
+    view_shape: tuple[int, ...] | None = None
+
+    def __post_init__(self) -> None:
+        shape = self.view_shape
+        if shape is not None and (not shape or shape[-1] != self.in_features
+                                  or math.prod(shape[:-1]) != self.out_features):
+            raise Absent(f"view shape {list(shape)} does not hold {self.out_features} rows of {self.in_features}")
 
     @property
-    def shape(self) -> tuple[int, int]:
+    def shape(self) -> tuple[int, ...]:
+        if self.view_shape is not None:
+            return self.view_shape
         return self.out_features, self.in_features
 
     def decode_rows(self, parts: Parts, o0: int, o1: int, out: np.ndarray | None = None,

@@ -22,27 +22,26 @@ import numpy as np
 
 from ckptfs.core.descriptors import TensorInfo
 from ckptfs.packed.bits import packed_words, round_to, scale_to_f32, unpack_fields
-from ckptfs.packed.base import (INT32_TYPES, INT_TYPES, SCALE_TYPES, Absent, Layout, Parts, check_ndim, check_shape,
-                     check_type, f16_fast, group_index_fast, int_setting, require)
+from ckptfs.packed.detect import Method, Scheme
+from ckptfs.packed.base import (INT32_TYPES, INT_TYPES, SCALE_TYPES, Absent, Context, Layout, Parts, check_ndim,
+                                check_shape, check_type, f16_fast, group_index_fast, int_setting, require)
 
 ROLES = ("weight_packed", "weight_scale", "weight_zero_point", "weight_shape", "weight_g_idx")
 FORMAT = "pack-quantized"
 STRATEGIES = ("group", "channel", "tensor")
+METHOD = "compressed-tensors"
 
 
-def scheme_for(prefix: str, settings: Mapping[str, Any]) -> Mapping[str, Any]:
-    """The ``weights`` arguments of the config group that covers layer ``prefix`` (Absent if none does).
+def config_group(prefix: str, settings: Mapping[str, Any]) -> tuple[str, Mapping[str, Any]]:
+    """The config group that covers layer ``prefix``: ``(name, group)`` (Absent if none does).
 
     Targets are module names, ``re:`` regular expressions over them, or class names (``Linear``): a layer
     found here by its stored parts is a quantized linear layer, so a class-name target matches every layer;
-    a target naming the layer itself wins over it. Layers in ``ignore`` are not quantized."""
+    a target naming the layer itself wins over it. (``ignore`` is honoured with the other modules-not-
+    quantized lists, ``detect.not_quantized``.)"""
     groups = settings.get("config_groups")
     if not isinstance(groups, Mapping) or not groups:
         raise Absent("compressed-tensors config has no config_groups")
-    ignore = settings.get("ignore") or ()
-    for pattern in [ignore] if isinstance(ignore, str) else ignore:
-        if _matches(str(pattern), prefix):
-            raise Absent(f"layer is in the config's ignore list ({pattern})")
     by_name, by_class = [], []
     for name, group in groups.items():
         if not isinstance(group, Mapping):
@@ -57,13 +56,51 @@ def scheme_for(prefix: str, settings: Mapping[str, Any]) -> Mapping[str, Any]:
     found = by_name or by_class
     if not found:
         raise Absent("no config group of the compressed-tensors config targets this layer")
-    name, group = found[0]
+    return found[0]
+
+
+def group_format(group: Mapping[str, Any], settings: Mapping[str, Any]) -> str:
+    """A config group's format: its own, else the config's (``mixed-precision`` names none of its own)."""
+    fmt = group.get("format") or settings.get("format")
+    return str(fmt) if fmt is not None else ""
+
+
+def formats(settings: Mapping[str, Any]) -> tuple[str, ...]:
+    """The formats a compressed-tensors config uses: its ``format``, or each config group's where it is
+    ``mixed-precision`` (or names none)."""
+    fmt = settings.get("format")
+    groups = settings.get("config_groups")
+    if fmt not in (None, "mixed-precision"):
+        return (str(fmt),)
+    if not isinstance(groups, Mapping) or not groups:
+        raise Absent("compressed-tensors config has no config_groups")
+    found: list[str] = []
+    for group in groups.values():
+        if isinstance(group, Mapping) and group.get("format") and str(group["format"]) not in found:
+            found.append(str(group["format"]))
+    if not found:
+        raise Absent(f"compressed-tensors format {fmt!r} names no format per config group")
+    return tuple(found)
+
+
+def route(prefix: str, settings: Mapping[str, Any]) -> str | None:
+    """The format of the config group covering ``prefix`` (None when none does: the build says why)."""
+    try:
+        return group_format(config_group(prefix, settings)[1], settings)
+    except Absent:
+        return None
+
+
+def scheme_for(prefix: str, settings: Mapping[str, Any], served: tuple[str, ...] = (FORMAT,)) -> Mapping[str, Any]:
+    """The ``weights`` arguments of the config group that covers layer ``prefix``, whose format must be one
+    of ``served`` (Absent otherwise)."""
+    name, group = config_group(prefix, settings)
     weights = group.get("weights")
     if not isinstance(weights, Mapping):
         raise Absent(f"config group {name} quantizes no weights")
-    fmt = group.get("format") or settings.get("format")
-    if fmt != FORMAT:
-        raise Absent(f"compressed-tensors format {fmt!r} is not supported ({FORMAT})")
+    fmt = group_format(group, settings)
+    if fmt not in served:
+        raise Absent(f"config group {name} has format {fmt!r}, not {' or '.join(served)}")
     return weights
 
 
@@ -76,8 +113,12 @@ def _matches(target: str, prefix: str) -> bool:
     return prefix == target or prefix.endswith("." + target)
 
 
-def build(prefix: str, parts: Mapping[str, TensorInfo], settings: Mapping[str, Any], weight_shape) -> Layout:
-    """``weight_shape(info) -> (out, in)`` reads the small stored shape tensor (the caller does the I/O)."""
+SCHEMES = [Scheme("compressed-tensors", METHOD, FORMAT, "compressed", "weight_packed", ROLES)]
+METHODS = [Method(METHOD, formats, route)]
+
+
+def build(prefix: str, parts: Mapping[str, TensorInfo], settings: Mapping[str, Any], context: Context) -> Layout:
+    """``context.small_ints`` reads the small stored shape tensor (the caller does the I/O)."""
     weights = scheme_for(prefix, settings)
     if weights.get("type", "int") != "int":
         raise Absent(f"compressed-tensors weight type {weights.get('type')!r} is not supported (int)")
@@ -99,7 +140,7 @@ def build(prefix: str, parts: Mapping[str, TensorInfo], settings: Mapping[str, A
     check_type(shape_part, INT_TYPES)
     check_ndim(packed, 2)
     check_shape(shape_part, (2,), "a 2-D weight")
-    out, in_features = weight_shape(shape_part)
+    out, in_features = context.small_ints(shape_part)
     if out <= 0 or in_features <= 0:
         raise Absent(f"{shape_part.name} holds [{out}, {in_features}], not a weight shape")
     check_shape(packed, (out, packed_words(in_features, bits)), f"{bits}-bit dense packing of [{out}, {in_features}]")

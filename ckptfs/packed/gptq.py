@@ -26,15 +26,19 @@ import numpy as np
 from ckptfs.core.descriptors import TensorInfo
 from ckptfs.packed import native
 from ckptfs.packed.bits import packed_words, round_to, scale_to_f32, unpack_fields
-from ckptfs.packed.base import (INT32_TYPES, INT_TYPES, SCALE_TYPES, Absent, Layout, Parts, check_ndim, check_shape,
-                     check_type, f16_fast, gathered, group_index_fast, int_setting, require)
+from ckptfs.packed.detect import Method, Scheme, one_format
+from ckptfs.packed.base import (INT32_TYPES, INT_TYPES, SCALE_TYPES, Absent, Context, Layout, Parts, check_ndim,
+                                check_shape, check_type, f16_fast, gathered, group_index_fast, int_setting, require)
 
 ROLES = ("qweight", "qzeros", "scales", "g_idx")
 BITS = (2, 3, 4, 8)
 FORMATS = ("gptq", "gptq_v2")
+SCHEMES = [Scheme("gptq", "gptq", "", "gptq", "qweight", ROLES)]
+METHODS = [Method("gptq", one_format)]
 
 
-def build(prefix: str, parts: Mapping[str, TensorInfo], settings: Mapping[str, Any]) -> Layout:
+def build(prefix: str, parts: Mapping[str, TensorInfo], settings: Mapping[str, Any],
+          context: Context | None = None) -> Layout:
     bits = int_setting(settings, "bits", "w_bit")
     if bits not in BITS:
         raise Absent(f"GPTQ bits={bits} is not supported (2, 3, 4 or 8)")

@@ -36,7 +36,8 @@ WHOLE_STEP_BYTES = 1024 * 1024
 
 #: numpy dtype of each stored part type (BF16 scales stay raw 16-bit patterns; ``bits`` widens them).
 PART_DTYPES = {"I8": "i1", "U8": "u1", "I16": "<i2", "U16": "<u2", "I32": "<i4", "U32": "<u4", "I64": "<i8",
-               "U64": "<u8", "F16": "<f2", "F32": "<f4", "BF16": "<u2"}
+               "U64": "<u8", "F16": "<f2", "F32": "<f4", "BF16": "<u2",
+               "F8_E4M3": "u1", "F8_E5M2": "u1", "F8_E8M0": "u1"}  # 8-bit floats as their codes
 
 
 class PartReader:
@@ -84,6 +85,14 @@ class PartReader:
         dtype = np.dtype(PART_DTYPES[info.storage_type])
         raw = self._pread(info, r0 * width * dtype.itemsize, (r1 - r0) * width * dtype.itemsize)
         return np.frombuffer(raw, dtype).reshape((r1 - r0,) + tuple(info.shape[1:]))
+
+    def flat_rows(self, role: str, r0: int, r1: int, width: int) -> np.ndarray:
+        """Rows [r0, r1) of a part read as ``[-1, width]`` elements (a ``[E, out, in]`` weight's rows are
+        its flattened leading axes), read now, not cached."""
+        info = self._layout.parts[role]
+        dtype = np.dtype(PART_DTYPES[info.storage_type])
+        raw = self._pread(info, r0 * width * dtype.itemsize, (r1 - r0) * width * dtype.itemsize)
+        return np.frombuffer(raw, dtype).reshape(r1 - r0, width)
 
     def derived(self, what: str, roles: tuple[str, ...], shape: tuple[int, ...],
                 build: Callable[[], np.ndarray]) -> np.ndarray:
@@ -203,11 +212,14 @@ class PackedData(TensorValues):
 
 
 class PackedTensor(Tensor):
-    """The dequantized ``[out_features, in_features]`` weight of one packed layer (a virtual tensor)."""
+    """The dequantized weight of one quantized layer (a virtual tensor), ``[out_features, in_features]`` or
+    the layout's ``view_shape``."""
 
     virtual = True
 
-    def __init__(self, checkpoint, layout: Layout, name: str, index: int, origin: str):
+    def __init__(self, checkpoint, layout: Layout, name: str, index: int, origin: str,
+                 stored: TensorInfo | None = None):
+        """``stored``: the stored tensor of the same name the view stands in for (its codes), if any."""
         dtype = np.dtype("<f2") if checkpoint.dtype_mode == "float16" else np.dtype("<f4")
         marker = next(iter(layout.parts.values()))
         rows = max(layout.row_align, TILE_TARGET_BYTES // max(1, layout.in_features * dtype.itemsize)
@@ -218,6 +230,7 @@ class PackedTensor(Tensor):
         super().__init__(checkpoint, info, index)   # no codec: the layout decodes (see data)
         self.layout = layout
         self.origin = origin
+        self.stored_info = stored
         self.dtype = dtype
         self._served = dtype  # what dtype is, never None for a view (Tensor.dtype may be)
         self._packed: PackedData | None = None
@@ -254,9 +267,16 @@ class PackedTensor(Tensor):
                           for role, p in layout.parts.items()},
                 "damaged": None,
             }
+            if self.stored_info is not None:
+                info = self.stored_info
+                self._meta["stored"] = {"storage_type": info.storage_type, "shape": list(info.shape),
+                                        "offset": info.offset, "stored_nbytes": info.stored_nbytes,
+                                        "reach": "its .raw file; ckptfs.Checkpoint.stored(name) in Python"}
         return self._meta
 
     def raw(self) -> bytes:
+        if self.stored_info is not None:  # the view stands in a stored tensor's name: its bytes are those
+            return self._ck.stored(self.name).raw()
         raise CheckpointError(self.info.source, None, f"tensor {self.name!r} is a view of packed parts "
                                                       f"({', '.join(p.name for p in self.layout.parts.values())}): "
                                                       f"it has no stored bytes of its own")

@@ -340,14 +340,20 @@ def to_torch(tensor, device="cpu", dtype=None, *, rows: slice | None = None,
 
 def load(src, names: Sequence[str] | None = None, *, device="cpu", dtype=None,
          use_kernels: bool | None = None) -> dict[str, torch.Tensor]:
-    """``{name: torch.Tensor}`` for ``names`` (default: every decodable, undamaged tensor) of ``src`` (a
-    path, or an open Checkpoint, which is left open). Reads are coalesced across tensors and decoded on
-    every core (CPU), or uploaded and dequantized on the GPU (CUDA)."""
+    """``{name: torch.Tensor}`` for ``names`` (default: every decodable, undamaged tensor of the release,
+    below) of ``src`` (a path, or an open Checkpoint, which is left open). Reads are coalesced across tensors
+    and decoded on every core (CPU), or uploaded and dequantized on the GPU (CUDA).
+
+    A quantized folder's default is the unquantized release's state dict: each layer's dense view under
+    its name, and not the stored parts a view is computed from (``qweight``, ``weight_scale_inv``,
+    ``input_scale``...); ``names`` may still name them, and ``ck.stored(name)`` reaches codes a view
+    stands in for."""
     resolve_device(device)
     resolve_dtype(dtype)
     with opened(src) as ck:
         if names is None:
-            names = [n for n in ck if ck[n].decodable and not ck[n].info.damaged]
+            parts = {p for row in ck.packed_views if row["present"] for p in row["parts"] if p != row["name"]}
+            names = [n for n in ck if n not in parts and ck[n].decodable and not ck[n].info.damaged]
         names = names if isinstance(names, str) else list(names)
         tensors = batch.tensors_named(ck, names)
         return dict(zip(names, load_tensors(ck, tensors, device, dtype, use_kernels=use_kernels)))

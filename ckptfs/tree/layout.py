@@ -58,9 +58,9 @@ def tensor_providers(layout: str) -> tuple | None:
         raise ValueError(f"layout must be one of {', '.join(LAYOUTS)}, not {layout!r}")
     if layout == "flat":
         return None
-    from ckptfs.tree.mount_tree import DEFAULT_PROVIDERS, tensor_files
+    from ckptfs.tree.mount_tree import DEFAULT_PROVIDERS, tensor_files, tensor_stems
 
     def tree_tensor_files(ck):
-        return tensor_files(ck, tree_stems([t.name for t in ck.tensors]))
+        return tensor_files(ck, tensor_stems(ck, tree_stems))
 
     return tuple(tree_tensor_files if p is tensor_files else p for p in DEFAULT_PROVIDERS)

@@ -6,7 +6,9 @@ that an opt-in feature adds. :class:`MountTree` composes them; a new kind of fil
 hold ``/``: folders are created implicitly, so a provider can add a whole folder.
 
 Default content: for every tensor ``STEM.raw`` and ``STEM.meta.json``, and ``STEM.npy`` when the tensor can be
-decoded (unknown storage types are raw-only; a virtual tensor — a GPTQ/AWQ view — has no ``.raw``); then
+decoded (unknown storage types are raw-only; a virtual tensor — a GPTQ/AWQ view — has no ``.raw``; a view
+standing in a stored tensor's name — FP8's ``X.weight`` — serves that stem's ``.npy`` and ``.meta.json``,
+the stored tensor its ``.raw``); then
 ``metadata.json``; then a model folder's other files, passed through; then the checkpoint's own files (the
 file named, or every shard) under their own names. Tensor files and ``metadata.json`` win a name clash with a
 pass-through or checkpoint file, which then gets ``~2``, ``~3``... before its extension, so nothing the
@@ -66,9 +68,19 @@ def _npy_fits_in_a_file(shape: tuple[int, ...], dtype, nbytes: int) -> bool:
     return len(npy_header(shape, dtype)) + nbytes <= MAX_FILE_BYTES
 
 
-def tensor_stems(ck: Checkpoint) -> list[str]:
-    """The file stem of every tensor of ``ck``, in order (names.assign_stems: escaped, numbered, capped)."""
-    return assign_stems(ck.tensors.names())
+def tensor_stems(ck: Checkpoint, stemmer: Callable[[list[str]], list[str]] = assign_stems) -> list[str]:
+    """The file stem of every tensor of ``ck``, in order (``stemmer``: names.assign_stems, escaped, numbered,
+    capped; or a layout's). A view that stands in a stored tensor's name (an FP8 ``X.weight``) has that
+    tensor's stem: it serves the stem's ``.npy`` and ``.meta.json``, the stored tensor its ``.raw``."""
+    names = ck.tensors.names()
+    replaced = ck.tensors.replaced()
+    own = [i for i in range(len(names)) if i not in replaced]
+    stems = [""] * len(names)
+    for i, stem in zip(own, stemmer([names[i] for i in own])):
+        stems[i] = stem
+    for view, stored in replaced.items():
+        stems[view] = stems[stored]
+    return stems
 
 
 class TensorFiles:
@@ -86,11 +98,28 @@ class TensorFiles:
     def __init__(self, ck: Checkpoint, stems: Sequence[str] | None = None):
         self.ck = ck
         self.stems = list(stems) if stems is not None else tensor_stems(ck)
+        self.replacing = ck.tensors.replaced()     # view index -> the stored index whose name it stands in
+        self._view_of = {stored: view for view, stored in self.replacing.items()}
         self._dtypes: dict[tuple[str, int, str], np.dtype | None] = {}  # served dtype by storage layout
         self._next_stored: dict[int, int] | None = None  # tensor index -> the index stored after it
 
+    def resolve(self, index: int, kind: str) -> int:
+        """The tensor serving file ``kind`` of stem ``index``: the view standing in a stored tensor's name
+        serves its ``.npy`` and ``.meta.json``."""
+        view = self._view_of.get(index)
+        return index if view is None or kind == "raw" else view
+
     def kinds(self, index: int) -> tuple[str, ...]:
-        """The kinds of file tensor ``index`` has, in listing order."""
+        """The kinds of file tensor ``index`` has, in listing order (a view standing in a stored tensor's
+        name has none of its own: they are listed under the stored tensor's stem)."""
+        if index in self.replacing:
+            return ()
+        view = self._view_of.get(index)
+        if view is not None:
+            return ("npy",) * ("npy" in self._kinds(view)) + ("raw", "json")
+        return self._kinds(index)
+
+    def _kinds(self, index: int) -> tuple[str, ...]:
         tensor = self.ck.tensors.made(index)
         if tensor is not None:
             npy = (tensor.dtype is not None and tensor.nbytes is not None
@@ -107,6 +136,7 @@ class TensorFiles:
         return ("npy",) * npy + ("raw",) * raw + ("json",)
 
     def view(self, index: int, kind: str) -> View:
+        index = self.resolve(index, kind)
         tensor = self.ck.tensors[index]
         view: View
         if kind == "npy":
@@ -247,6 +277,8 @@ class MountTree:
         """Tensor files come first and always keep their names: only their stems are recorded."""
         self._tensor_files = files
         for index, stem in enumerate(files.stems):
+            if index in files.replacing:  # its files are under the stored tensor's stem
+                continue
             self._stem_index[stem] = index
             folder = stem.rpartition("/")[0]
             if folder:
@@ -261,7 +293,7 @@ class MountTree:
             if path.endswith(suffix):
                 index = self._stem_index.get(path[:-len(suffix)])
                 if index is not None and kind in self._tensor_files.kinds(index):
-                    return index, kind
+                    return self._tensor_files.resolve(index, kind), kind
                 return None
         return None
 

@@ -65,7 +65,9 @@ def test_scales_that_do_not_match_the_group_size(tmp_path):
         assert np.array_equal(ck[A + ".weight"].numpy(), good.expected())  # the intact layer keeps its view
     data, text = info_of(folder)
     assert data["packed_views"] == {"schemes": ["gptq"], "views": 1,
+                                    "per_scheme": {"gptq": {"views": 1, "absent": 1}},
                                     "absent": [{"name": B + ".weight", "reason": reason}]}
+    assert "packed views (gptq 1): 1, absent: 1" in text.splitlines()
     assert f"  no view '{B}.weight': {reason}" in text.splitlines()
     assert data["tensor_count"] == 8  # the stored tensors; the view is not one
 
