@@ -38,14 +38,14 @@ from __future__ import annotations
 
 import json
 import math
-import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
 
 from ckptfs.core.descriptors import TensorInfo
-from ckptfs.packed.base import Absent, Layout, Parts, check_type, require
+from ckptfs.packed.base import Absent, Context, Layout, Parts, check_type, require
+from ckptfs.packed.detect import Method, Scheme
 from ckptfs.quant.native import DISABLED
 
 try:
@@ -64,64 +64,47 @@ FP4 = np.array([0, 0.0625, 8.0, 12.0, 4.0, 6.0, 2.0, 3.0, 0, -0.0625, -8.0, -12.
                np.float32) / np.float32(12.0)
 TABLES = {"nf4": NF4, "fp4": FP4}
 BLOCKSIZES = (32, 64, 128, 256, 512, 1024, 2048, 4096)  # what bitsandbytes' dequantize_4bit accepts
-DTYPES = {"float32": "F32", "float16": "F16", "bfloat16": "BF16"}
+DTYPES = ("float32", "float16", "bfloat16")      # a quant state's dtype: what the reference rounds to
 INT8_RECIPROCAL = np.float32(7.874015718698502e-3)       # bitsandbytes' 1 / 127 constant, as float32
 
 QUANT_STATE = "weight.quant_state.bitsandbytes__"
-ROLES_4BIT = ("weight", "weight.absmax", "weight.quant_map", "weight.nested_absmax", "weight.nested_quant_map")
+ROLES_4BIT = ("weight", "weight.absmax", "weight.quant_map", "weight.nested_absmax", "weight.nested_quant_map",
+              QUANT_STATE + "nf4", QUANT_STATE + "fp4")
 ROLES_8BIT = ("weight", "SCB", "weight_format")
 MAX_QUANT_STATE_BYTES = 64 * 1024
 F32 = ("F32",)
 
 
-def roles(prefix: str, names: Sequence[str]) -> dict[str, str]:
-    """The stored parts of layer ``prefix`` among ``names``: ``role -> stored name`` (the 4-bit quant state's
-    role is ``weight.quant_state.bitsandbytes__<type>``, whichever type is stored)."""
-    present = set(names)
-    found = {role: f"{prefix}.{role}" for role in ROLES_4BIT + ROLES_8BIT if f"{prefix}.{role}" in present}
-    lead = f"{prefix}.{QUANT_STATE}"
-    for name in names:
-        if name.startswith(lead):
-            found[name[len(prefix) + 1:]] = name
-    return found
+def formats(settings: Mapping[str, Any]) -> tuple[str, ...]:
+    """Both layouts whichever mode the config names: a layer is recognized by its parts, and one whose parts
+    contradict the config's ``load_in_4bit`` / ``load_in_8bit`` is named with the reason it has no view."""
+    if not settings.get("load_in_4bit") and not settings.get("load_in_8bit"):
+        raise Absent("the bitsandbytes config sets neither load_in_4bit nor load_in_8bit")
+    return ("4bit", "int8")
 
 
-def skipped(prefix: str, patterns: Any) -> str | None:
-    """The ``llm_int8_skip_modules`` pattern that keeps layer ``prefix`` unquantized, if one does: as
-    transformers matches them (``should_convert_module``), from the start of the name up to a module boundary
-    (as a regular expression), or as a suffix of the name."""
-    if not patterns:
-        return None
-    for pattern in [patterns] if isinstance(patterns, str) else patterns:
-        key = str(pattern)
-        try:
-            hit = re.match(rf"(?:{key})(?:(?<=\.)|(?=\.|$))", prefix) is not None
-        except re.error:
-            hit = False
-        if hit or prefix.endswith(key):
-            return key
-    return None
+#: a 4-bit layer is marked by its block scales, an LLM.int8 layer by its row scales; the view is the
+#: weight, in the name of the stored codes
+SCHEMES = [Scheme("bitsandbytes-4bit", "bitsandbytes", "4bit", "bnb", "weight.absmax", ROLES_4BIT,
+                  requires=("weight",)),
+           Scheme("bitsandbytes-int8", "bitsandbytes", "int8", "bnb", "SCB", ROLES_8BIT, marker_types=F32,
+                  requires=("weight",))]
+METHODS = [Method("bitsandbytes", formats)]
 
 
-def build(prefix: str, parts: Mapping[str, TensorInfo], settings: Mapping[str, Any],
-          read_small: Callable[[TensorInfo, int], bytes]) -> Layout:
-    """The layout of layer ``prefix`` (parts by role, see :func:`roles`); ``read_small(info, limit)`` reads
-    a small stored tensor's bytes (the quant state's JSON; the caller does the I/O)."""
-    pattern = skipped(prefix, settings.get("llm_int8_skip_modules"))
-    if pattern is not None:
-        raise Absent(f"layer is in llm_int8_skip_modules ({pattern})")
+def build(prefix: str, parts: Mapping[str, TensorInfo], settings: Mapping[str, Any], context: Context) -> Layout:
+    """The layout of layer ``prefix`` (``parts`` by role); ``context.small_bytes`` reads the quant state's
+    JSON at open. The config's skip list is applied before (``detect.not_quantized``)."""
     states = sorted(role for role in parts if role.startswith(QUANT_STATE))
-    if states:
-        if settings.get("load_in_8bit") and not settings.get("load_in_4bit"):
-            raise Absent("the layer stores 4-bit parts but the config says load_in_8bit")
-        if len(states) > 1:
-            raise Absent(f"more than one quant state is stored ({', '.join(states)})")
-        return _build_4bit(prefix, parts, states[0], read_small)
-    if "SCB" in parts:
-        if settings.get("load_in_4bit") and not settings.get("load_in_8bit"):
-            raise Absent("the layer stores LLM.int8 parts but the config says load_in_4bit")
-        return _build_int8(prefix, parts)
-    raise Absent(f"neither {prefix}.{QUANT_STATE}nf4/fp4 nor {prefix}.SCB is stored")
+    if "SCB" not in parts:
+        if not settings.get("load_in_4bit"):
+            raise Absent("the layer stores 4-bit parts but the config does not say load_in_4bit")
+        if len(states) != 1:
+            raise Absent(f"{len(states)} quant states are stored ({QUANT_STATE}nf4 or fp4: one expected)")
+        return _build_4bit(prefix, parts, states[0], context.small_bytes)
+    if not settings.get("load_in_8bit"):
+        raise Absent("the layer stores LLM.int8 parts but the config does not say load_in_8bit")
+    return _build_int8(prefix, parts)
 
 
 # ------------------------------------------------------------------------------------------------- 4-bit
@@ -283,7 +266,7 @@ def _build_4bit(prefix: str, parts: Mapping[str, TensorInfo], state_role: str,
                              (o1 - o0) * in_features, dest.reshape(-1))
         return True
 
-    return Layout("bitsandbytes", parameters, out, in_features, used, "F32", decode,
+    return Layout("bitsandbytes-4bit", parameters, out, in_features, used, "F32", decode,
                   kernel=kernel if _kernel_built() else None)
 
 
@@ -338,7 +321,7 @@ def _build_int8(prefix: str, parts: Mapping[str, TensorInfo]) -> Layout:
                              dest.reshape(-1))
         return True
 
-    return Layout("bitsandbytes", {"bits": 8, "format": "row"}, out, in_features, used, "F32", decode,
+    return Layout("bitsandbytes-int8", {"bits": 8, "format": "row"}, out, in_features, used, "F32", decode,
                   kernel=kernel if _kernel_built() else None)
 
 

@@ -41,7 +41,7 @@ from typing import Any
 
 CONFIG_FILES = ("config.json", "quantize_config.json", "hf_quant_config.json")
 #: the modules under ckptfs.packed that declare SCHEMES and METHODS (imported when a folder has a config)
-SCHEME_MODULES = ("gptq", "awq", "compressed", "fp8")
+SCHEME_MODULES = ("gptq", "awq", "compressed", "fp8", "bnb")
 MAX_CONFIG_BYTES = 16 << 20
 
 

@@ -16,7 +16,8 @@ from packed_fixtures import require_package, same_bits
 
 import ckptfs
 from ckptfs.packed import bnb
-from ckptfs.packed.base import Absent
+from ckptfs.packed.base import Absent, Context
+from ckptfs.packed.detect import not_quantized
 from ckptfs.packed.native import available as native_available
 from ckptfs.packed.views import PartReader
 
@@ -31,14 +32,17 @@ PREFIX = "model.layers.0.mlp.up_proj"
 
 
 def layout_of(ck, prefix: str, settings: dict):
-    names = ck.tensors.names()
-    parts = {role: ck[name].info for role, name in bnb.roles(prefix, names).items()}
+    """The layer's layout built from its stored parts' headers (``ck.stored``: the codes, where the mount's
+    own view stands in their name)."""
+    names = set(ck.tensors.names())
+    parts = {role: ck.stored(f"{prefix}.{role}").info for role in bnb.ROLES_4BIT + bnb.ROLES_8BIT
+             if f"{prefix}.{role}" in names}
 
     def read_small(info, limit):
         assert info.stored_nbytes <= limit
         return ck.sources.get(info.source).pread(info.offset, info.stored_nbytes)
 
-    return bnb.build(prefix, parts, settings, read_small)
+    return bnb.build(prefix, parts, settings, Context(lambda info: (), read_small))
 
 
 def decode(ck, layout, o0: int, o1: int) -> np.ndarray:
@@ -276,4 +280,22 @@ def test_skip_modules_as_transformers_matches_them(pattern, prefix, hit):
     from transformers.quantizers.quantizers_utils import should_convert_module
 
     assert should_convert_module(prefix, [pattern]) is not hit
-    assert (bnb.skipped(prefix, [pattern]) is not None) is hit
+    assert (not_quantized(prefix, {"llm_int8_skip_modules": [pattern]}) is not None) is hit
+
+
+@pytest.mark.parametrize("storage", ["bfloat16", "float32"])
+def test_codes_stored_in_another_quant_storage(tmp_path, storage):
+    """``bnb_4bit_quant_storage``: the same code bytes held as bfloat16 or float32 elements."""
+    import bitsandbytes.functional as F
+
+    torch.manual_seed(9)
+    codes, state = F.quantize_4bit(torch.randn(24, 40), blocksize=64, compress_statistics=True, quant_type="nf4",
+                                   quant_storage=getattr(torch, storage))
+    tensors = {"weight": codes, **{f"weight.{k}": v for k, v in state.as_dict(packed=True).items()}}
+    assert codes.dtype == getattr(torch, storage)
+    oracle = as_numpy(dequantize_4bit(dict(tensors, weight=codes.view(torch.uint8)), torch.float32))
+    folder = write_folder(tmp_path / "m", {PREFIX: tensors}, bnb_config(4, "nf4", True))
+    with ckptfs.open(folder) as ck:
+        layout = layout_of(ck, PREFIX, bnb_config(4, "nf4", True))
+        assert same_bits(decode(ck, layout, 0, 24), oracle)
+        assert same_bits(decode(ck, layout, 7, 11), oracle[7:11])
