@@ -6,16 +6,20 @@ names are shown as ``public_name`` shows them (no user info, no query: they are 
 
 from __future__ import annotations
 
+import logging
 from collections import Counter
 from typing import Any
 
 import numpy as np
 
 from ckptfs.checkpoint.api import Checkpoint
+from ckptfs.tree.optional import build_or_reason
 from ckptfs.util.jsonutil import to_jsonable
 from ckptfs.util.oneline import one_line
 from ckptfs.util.redact import public_name, redact
 from ckptfs.util.sizes import format_size
+
+log = logging.getLogger("ckptfs.info")
 
 BIG_ARRAY = 16
 #: Names a text listing shows before "... and N more" (a folder of 50,000 files is not one 650 KB line).
@@ -73,13 +77,21 @@ def _packed_views(ck: Checkpoint) -> dict[str, Any] | None:
 
 
 def _hf_folder(ck: Checkpoint) -> str | None:
-    """For a GGUF: whether a mount with --hf gets an hf/ folder, and if not, why (None for other formats)."""
+    """For a GGUF: whether a mount with --hf gets an hf/ folder, and if not, why (None for other formats).
+    The folder is built as the mount builds it (config, tokenizer, the tensor plan; seconds for a big
+    vocabulary), so "available" is what the mount then serves."""
     if ck.format != "gguf":
         return None
-    from ckptfs.hffolder import unavailable_reason
+    from ckptfs.hffolder import Unsupported, unavailable_reason
 
     reason = unavailable_reason(ck)
-    return "available (mount with --hf)" if reason is None else f"none: {reason}"
+    if reason is None:
+        from ckptfs.hffolder.folder import HfFolder
+
+        folder, reason, _ = build_or_reason(lambda: HfFolder(ck), Unsupported, log)
+        if folder is not None:
+            return f"available (mount with --hf): {len(folder)} files"
+    return f"none: {reason}"
 
 
 def _gguf_file(ck: Checkpoint) -> str:
@@ -87,10 +99,9 @@ def _gguf_file(ck: Checkpoint) -> str:
     from ckptfs.ggufview import Unsupported
     from ckptfs.ggufview.provider import build_view
 
-    try:
-        view = build_view(ck, "auto")
-    except Unsupported as exc:
-        return f"none: {exc}"
+    view, reason, _ = build_or_reason(lambda: build_view(ck, "auto"), Unsupported, log)
+    if view is None:
+        return f"none: {reason}"
     return f"available (mount with --gguf): {len(view.plans)} tensors, {view.size} bytes in the auto type"
 
 

@@ -18,7 +18,6 @@ every conflicting key is named in a note.
 
 from __future__ import annotations
 
-import json
 import os
 import posixpath
 from collections.abc import Sequence
@@ -31,6 +30,7 @@ from ckptfs.sources import DEFAULT_OPENER, Opener
 from ckptfs.formats import read_file
 from ckptfs.formats.combine import ShardPart, combine, require_format
 from ckptfs.formats.shards import name_list, natural_key
+from ckptfs.util.jsonutil import JsonRefused, loads
 
 #: An index lists names and file names only; even 100k tensors make a few MB. Anything far larger is not one.
 MAX_INDEX_BYTES = 256 * 1024 * 1024
@@ -72,11 +72,11 @@ def read_index(path: str, opener: Opener = DEFAULT_OPENER) -> ShardIndex:
     finally:
         source.close()
     try:
-        doc = json.loads(data.decode("utf-8"))
+        doc = loads(data.decode("utf-8"), "index")
     except UnicodeDecodeError as exc:
         raise CheckpointError(path, exc.start, "index is not valid UTF-8") from None
-    except ValueError as exc:
-        raise CheckpointError(path, None, f"index is not valid JSON: {exc}") from None
+    except JsonRefused as exc:  # not JSON, or nested past the parser's bound
+        raise CheckpointError(path, None, str(exc)) from None
     if not isinstance(doc, dict):
         raise CheckpointError(path, None, "index is not a JSON object")
     weight_map = doc.get("weight_map")

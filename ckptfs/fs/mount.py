@@ -133,7 +133,12 @@ def _prepare(request: MountRequest) -> _Plan:
     except SeveralCheckpoints as several:  # a folder of several checkpoints: mounted whole
         tree = _repository_tree(request, several.repository)
     else:
-        tree = MountTree(checkpoint, providers=tensor_providers(request.layout), extra=_virtual_files(request))
+        try:
+            tree = MountTree(checkpoint, providers=tensor_providers(request.layout),
+                             extra=_virtual_files(request, required=True))
+        except BaseException:  # a requested view that cannot be built: the mount fails with its line
+            checkpoint.close()
+            raise
     return _Plan(request, mountpoint, options, binding, tree, log_file, metrics)
 
 
@@ -185,14 +190,16 @@ def _resolved(request: MountRequest) -> MountRequest:
     return dataclasses.replace(request, src=local(request.src), log_file=local(request.log_file))
 
 
-def _virtual_files(request: MountRequest) -> list:
-    """Providers after the defaults: model.gguf of a split GGUF set, hf/ and gguf/ when asked for."""
+def _virtual_files(request: MountRequest, required: bool = False) -> list:
+    """Providers after the defaults: model.gguf of a split GGUF set, hf/ and gguf/ when asked for
+    (``required``: of the one checkpoint mounted, whose view not built fails the mount; a repository's
+    members are served without theirs, with one line: ``tree.optional``)."""
     from ckptfs.ggufmerge.provider import merged_gguf
     from ckptfs.ggufview.provider import gguf_provider
     from ckptfs.hffolder.provider import hf_provider
 
-    return ([merged_gguf] + ([hf_provider(request.hf_dtype)] if request.hf else [])
-            + ([gguf_provider(request.gguf_type)] if request.gguf else []))
+    return ([merged_gguf] + ([hf_provider(request.hf_dtype, required)] if request.hf else [])
+            + ([gguf_provider(request.gguf_type, required)] if request.gguf else []))
 
 
 def _metrics_address(spec: str | None) -> tuple[str, int] | None:

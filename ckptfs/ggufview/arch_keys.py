@@ -3,10 +3,10 @@ ones, by the rules of the converter's class for it; every writer gets ``(GGUFWri
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from ckptfs.ggufview import Config, Unsupported
+from ckptfs.ggufview.files import pooling_config
 from ckptfs.ggufview.generated import longrope_attention_factor
 from ckptfs.ggufview.hparams import block_count, find, rope_parameters
 
@@ -25,14 +25,8 @@ def pooling_keys(writer, config: Config, folder: Path) -> None:
     import gguf
 
     modes = {"mean": gguf.PoolingType.MEAN, "cls": gguf.PoolingType.CLS, "lasttoken": gguf.PoolingType.LAST}
-    modules_path = folder / "modules.json"
-    pooling_path = None
-    if modules_path.is_file():
-        with open(modules_path, encoding="utf-8") as f:
-            pooling_path = next((m["path"] for m in json.load(f) if m["type"].endswith("Pooling")), None)
-    if pooling_path is not None:
-        with open(folder / pooling_path / "config.json", encoding="utf-8") as f:
-            pooling = json.load(f)
+    pooling = pooling_config(folder)
+    if pooling is not None:
         flags = (("pooling_mode_mean_tokens", "mean"), ("pooling_mode_cls_token", "cls"),
                  ("pooling_mode_lasttoken", "lasttoken"))
         mode = next((mode for key, mode in flags if pooling.get(key)), pooling.get("pooling_mode"))

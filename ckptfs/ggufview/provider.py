@@ -1,8 +1,9 @@
 """The mount-tree provider of ``gguf/model.gguf`` (opt-in, ``--gguf``).
 
 The header is built when the mount is set up, so a folder it cannot serve (an architecture not in the
-table, a tokenizer not handled, a machine without ``ckptfs[gguf]``) gets no ``gguf/`` and one log line
-saying why; it never stops the mount.
+table, a tokenizer not handled, a hostile file, a machine without ``ckptfs[gguf]``) gets no ``gguf/``, with
+one line saying why: the mount's error when the folder is the one checkpoint mounted (``required``), a log
+line for a member of a repository (``tree.optional``).
 """
 
 from __future__ import annotations
@@ -50,11 +51,12 @@ def build_view(ck: Checkpoint, output_type: str):
     return VirtualGgufView(ck, output_type)
 
 
-def gguf_provider(output_type: str = "auto") -> Provider:
-    """A provider of ``gguf/model.gguf`` in ``output_type`` (auto, f32, f16, bf16, q8_0)."""
+def gguf_provider(output_type: str = "auto", required: bool = False) -> Provider:
+    """A provider of ``gguf/model.gguf`` in ``output_type`` (auto, f32, f16, bf16, q8_0); ``required``: a
+    folder that cannot have it fails the tree (``tree.optional``)."""
 
     def provider(ck: Checkpoint) -> Iterable[Entry]:
-        view = built_or_logged(GGUF_DIR, lambda: build_view(ck, output_type), Unsupported, log)
+        view = built_or_logged(GGUF_DIR, lambda: build_view(ck, output_type), Unsupported, log, ck.src, required)
         if view is None:
             return []
         return [Entry(f"{GGUF_DIR}/{GGUF_FILE}", "file", lambda: view)]

@@ -11,7 +11,6 @@ from it as the converter run on a download of that folder would.
 
 from __future__ import annotations
 
-import json
 import os
 import tempfile
 from collections.abc import Iterator
@@ -20,6 +19,7 @@ from pathlib import Path, PurePosixPath
 
 from ckptfs.checkpoint.api import Checkpoint
 from ckptfs.ggufview import Unsupported
+from ckptfs.ggufview.files import inside, pooling_modules
 
 STAGED_SUFFIXES = (".json", ".model", ".txt", ".md", ".jinja")
 MAX_STAGED_BYTES = 512 << 20  # a file past this is not one the tokenizer libraries read
@@ -44,8 +44,8 @@ def model_folder(ck: Checkpoint) -> Iterator[Path]:
         for file_name, remote in ck.passthrough.items():
             if file_name.endswith(STAGED_SUFFIXES) and "/" not in file_name:
                 _fetch(ck, remote, folder / file_name)
-        for module in _pooling_modules(folder):
-            _fetch(ck, f"{base}{module}/config.json", folder / module / "config.json")
+        for module in pooling_modules(folder):
+            _fetch(ck, f"{base}{module}/config.json", inside(folder, module) / "config.json")
         yield folder
 
 
@@ -56,13 +56,3 @@ def _fetch(ck: Checkpoint, remote: str, local: Path) -> None:
     local.parent.mkdir(parents=True, exist_ok=True)
     local.write_bytes(source.pread(0, source.size))
 
-
-def _pooling_modules(folder: Path) -> list[str]:
-    """The sub-folders of ``modules.json``'s Pooling modules (plain names only)."""
-    path = folder / "modules.json"
-    if not path.is_file():
-        return []
-    with open(path, encoding="utf-8") as f:
-        modules = json.load(f)
-    return [m["path"] for m in modules if str(m.get("type", "")).endswith("Pooling")
-            and m.get("path") and all(part not in ("", ".", "..") for part in PurePosixPath(m["path"]).parts)]

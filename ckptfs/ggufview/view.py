@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import bisect
 import io
-import json
 import logging
 from pathlib import Path
 
@@ -21,8 +20,8 @@ from ckptfs.engine.values import BytePart
 from ckptfs.engine.views import HeaderBodyView
 from ckptfs.ggufview import Unsupported
 from ckptfs.ggufview.archs import architecture_of
-from ckptfs.ggufview.files import one_build
-from ckptfs.ggufview.hparams import add_common_keys, block_count
+from ckptfs.ggufview.files import one_build, read_json, vet
+from ckptfs.ggufview.hparams import add_common_keys, block_count, check_sizes
 from ckptfs.ggufview.liblog import library_logs_to
 from ckptfs.ggufview.staging import model_folder
 from ckptfs.ggufview.tensors import TensorPlan, convert_stored, file_type_of, plan_tensors, stored_rows
@@ -32,8 +31,7 @@ log = logging.getLogger("ckptfs.ggufview")
 
 
 def _config(folder: Path) -> dict:
-    with open(folder / "config.json", encoding="utf-8") as f:
-        config = json.load(f)
+    config = read_json(folder / "config.json")
     if not isinstance(config, dict):
         raise Unsupported("config.json is not a JSON object")
     return config
@@ -45,9 +43,11 @@ class VirtualGgufView(HeaderBodyView):
     def __init__(self, ck: Checkpoint, output_type: str = "auto"):
         self._sources = ck.sources
         with library_logs_to(log), model_folder(ck) as folder, one_build():
+            vet(folder)
             config = _config(folder)
             arch = architecture_of(config)
             infos = [tensor.info for tensor in ck.tensors]
+            check_sizes(config, infos)
             file_type = file_type_of(output_type, infos)
             n_blocks = block_count(config)
             self.plans = plan_tensors(arch, config, infos, file_type, n_blocks, folder)
@@ -124,11 +124,7 @@ class VirtualGgufView(HeaderBodyView):
 def _repetition_penalty(meta, folder: Path) -> None:
     """``general.sampling.penalty_repeat`` from ``generation_config.json``'s ``repetition_penalty`` when it has
     no ``penalty_repeat``: the converter's gguf-py reads both, the pinned gguf-py 0.19.0 only the latter."""
-    path = folder / "generation_config.json"
-    if not path.is_file():
-        return
-    with open(path, encoding="utf-8") as f:
-        generation = json.load(f)
+    generation = read_json(folder / "generation_config.json")
     if isinstance(generation, dict) and "penalty_repeat" not in generation and "repetition_penalty" in generation:
         meta.sampling_penalty_repeat = generation["repetition_penalty"]
 

@@ -33,11 +33,12 @@ from __future__ import annotations
 
 import fnmatch
 import importlib
-import json
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+from ckptfs.util.jsonutil import loads
 
 CONFIG_FILES = ("config.json", "quantize_config.json", "hf_quant_config.json")
 #: the modules under ckptfs.packed that declare SCHEMES and METHODS (imported when a folder has a config)
@@ -134,7 +135,7 @@ def read_config(passthrough: Mapping[str, str], read: Callable[[str], bytes]) ->
         if path is None:
             continue
         try:
-            doc = json.loads(read(path))
+            doc = loads(read(path), name)
         except (OSError, ValueError) as exc:  # CheckpointError is a ValueError
             problems.append(f"{name} cannot be read: {exc}")
             continue

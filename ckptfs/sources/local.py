@@ -291,6 +291,12 @@ def link_roots(folder: str) -> list[str]:
         here = parent
 
 
+def within(path: str, roots: list[str]) -> bool:
+    """Whether ``path``, every link resolved, lies in one of ``roots`` (``link_roots``): where a folder's
+    listing lets a link lead."""
+    return _inside(os.path.realpath(path), roots)
+
+
 def _inside(path: str, roots: list[str]) -> bool:
     return any(path == root or path.startswith(root.rstrip(os.sep) + os.sep) for root in roots)
 

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from cli_runs import one_error_line, run_cli
 from conftest import ckptfs_cli, cli_env, mount_stats
 from gguf_view_models import LLAMA3_ROPE, assert_same_greedy, assert_same_gguf, convert, make_llama, set_architecture
 from gguf_view_models import converter, mounted_gguf  # noqa: F401 - fixtures
@@ -81,30 +82,25 @@ def test_llama_cpp_greedy_tokens(mounted_gguf, folders, converter, tmp_path, cas
     assert_same_greedy(reference, mounted_gguf(folders[case], "auto"), N_PREDICT)
 
 
-def test_unsupported_architecture_gets_no_gguf(mounted, folders, tmp_path):
+def test_unsupported_architecture_refuses_gguf_in_one_line(mounted, mountpoint, folders, tmp_path):
+    """--gguf asked of a folder that cannot have it: the mount fails with the reason; without --gguf the
+    folder mounts as ever."""
     folder = tmp_path / "other"
     shutil.copytree(folders["llama"], folder)
     set_architecture(folder, "FalconForCausalLM")
-    log = tmp_path / "mount.log"
-    mnt = mounted(folder, "--gguf", "--log-file", str(log))
-    assert not (mnt / "gguf").exists()
+    refused = run_cli("mount", str(folder), str(mountpoint), "--gguf")
+    one_error_line(refused, 1, "no gguf/ folder", f"FalconForCausalLM is not served (supported: {SUPPORTED})")
+    mnt = mounted(folder)
     assert (mnt / "config.json").exists()
-    lines = [line for line in log.read_text().splitlines() if "gguf/" in line]
-    assert len(lines) == 1, lines
-    assert f"FalconForCausalLM is not served (supported: {SUPPORTED})" in lines[0]
 
 
-def test_a_folder_without_a_tokenizer_gets_one_line(mounted, folders, tmp_path):
+def test_a_folder_without_a_tokenizer_gets_one_line(mountpoint, folders, tmp_path):
     folder = tmp_path / "weights-only"
     folder.mkdir()
     for name in ("config.json", "model.safetensors"):
         shutil.copy(folders["llama"] / name, folder / name)
-    log = tmp_path / "mount.log"
-    mnt = mounted(folder, "--gguf", "--log-file", str(log))
-    assert not (mnt / "gguf").exists()
-    lines = [line for line in log.read_text().splitlines() if "gguf/" in line]
-    assert len(lines) == 1 and "WARNING" in lines[0], lines
-    assert "the folder has no tokenizer (tokenizer.model, tokenizer.json or vocab.json)" in lines[0]
+    refused = run_cli("mount", str(folder), str(mountpoint), "--gguf")
+    one_error_line(refused, 1, "the folder has no tokenizer (tokenizer.model, tokenizer.json or vocab.json)")
 
 
 def test_info_says_why(folders, tmp_path):

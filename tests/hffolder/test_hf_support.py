@@ -9,6 +9,7 @@ import sys
 
 import numpy as np
 import pytest
+from cli_runs import one_error_line, run_cli
 from conftest import cli_env, ckptfs_cli, mount_stats
 from fixtures import write_gguf
 from hf_models import sentencepiece_vocab, write_model
@@ -33,7 +34,7 @@ def test_bfloat16_and_float16_round_as_torch():
         assert np.array_equal(convert(values, name).view(np.uint16), expected), name
 
 
-def test_an_architecture_transformers_cannot_map(mounted, tmp_path):
+def test_an_architecture_transformers_cannot_map(mounted, mountpoint, tmp_path):
     pytest.importorskip("transformers")
     path = tmp_path / "rwkv.gguf"
     write_gguf(path, {"token_embd.weight": (np.zeros((8, 32), np.float32), "F32")}, arch="rwkv7")
@@ -46,8 +47,9 @@ def test_an_architecture_transformers_cannot_map(mounted, tmp_path):
     plain = subprocess.run([*ckptfs_cli(), "info", "--json", str(path)], env=cli_env(), capture_output=True,
                            text=True, check=True)
     assert json.loads(plain.stdout)["hf"] is None  # opt-in: the check imports transformers and torch
-    mnt = mounted(str(path), "--hf")
-    assert not (mnt / "hf").exists()
+    refused = run_cli("mount", str(path), str(mountpoint), "--hf")
+    one_error_line(refused, 1, "no hf/ folder: transformers has no GGUF mapping for architecture 'rwkv7'")
+    mnt = mounted(str(path))  # without --hf, the tensors as ever
     assert (mnt / "token_embd.weight.npy").exists()
 
 
@@ -63,20 +65,19 @@ def test_a_processor_that_reshapes_is_refused_with_its_reason(tmp_path):
             ckptfs.hf_folder(ck)
 
 
-def test_without_transformers_one_line_and_no_folder(mounted, tmp_path):
+def test_without_transformers_one_line_and_no_folder(mounted, mountpoint, tmp_path):
     vocab = sentencepiece_vocab(tmp_path / "spm", gemma=False)
     path = write_model(tmp_path / "llama.gguf", "llama", vocab).path
     info = subprocess.run([*NO_TRANSFORMERS, "info", "--hf", "--json", str(path)], env=cli_env(), capture_output=True,
                           text=True, check=True)
     assert json.loads(info.stdout)["hf"] == ("none: transformers not installed: pip install 'ckptfs[hf]' "
                                              "(transformers, torch and gguf)")
-    mnt = mounted(str(path), "--hf", cli=NO_TRANSFORMERS, foreground=True)
-    assert not (mnt / "hf").exists()
+    refused = subprocess.run([*NO_TRANSFORMERS, "mount", str(path), str(mountpoint), "--hf", "-f"], env=cli_env(),
+                             capture_output=True, text=True, timeout=120)
+    one_error_line(refused, 1, "no hf/ folder: transformers not installed: pip install 'ckptfs[hf]' "
+                               "(transformers, torch and gguf)")
+    mnt = mounted(str(path), cli=NO_TRANSFORMERS)
     assert (mnt / "token_embd.weight.npy").exists()
-    log = (mnt.parent / f"{mnt.name}.foreground.log").read_text()
-    lines = [line for line in log.splitlines() if "hf/" in line]
-    assert lines == ["no hf/ folder: transformers not installed: pip install 'ckptfs[hf]' (transformers, torch "
-                     "and gguf)"], log
 
 
 def _maps(pid: int) -> str:
@@ -111,3 +112,29 @@ def test_api_closes_only_what_it_opened(tmp_path):
     own.close()
     with pytest.raises(ckptfs.CheckpointError):
         own.read("model.safetensors")
+
+
+def test_info_runs_the_check_the_mount_runs(mounted, mountpoint, tmp_path):
+    """A GGUF whose architecture transformers maps but whose folder cannot be built (no tokenizer): info says
+    so, as the mount does; --hf of that one checkpoint fails the mount (exit 1, one line); as a member of a
+    repository it is served without hf/ (one line in the log) beside a member that has one."""
+    pytest.importorskip("transformers")
+    path = tmp_path / "no-tokenizer.gguf"
+    write_gguf(path, {"token_embd.weight": (np.zeros((8, 32), np.float32), "F32")}, arch="llama")
+    reason = "the GGUF holds no tokenizer (no tokenizer.ggml.tokens)"
+    info = run_cli("info", "--hf", "--json", str(path))
+    assert info.returncode == 0, info.stderr
+    assert json.loads(info.stdout)["hf"] == f"none: {reason}"
+    one_error_line(run_cli("mount", str(path), str(mountpoint), "--hf"), 1, f"no hf/ folder: {reason}")
+
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    path.rename(repo / "no-tokenizer.gguf")
+    write_model(repo / "llama.gguf", "llama", sentencepiece_vocab(tmp_path / "spm", gemma=False))
+    log = tmp_path / "mount.log"
+    mnt = mounted(str(repo), "--hf", "--log-file", str(log))
+    assert (mnt / "llama" / "hf" / "config.json").exists()
+    assert (mnt / "no-tokenizer" / "token_embd.weight.npy").exists()
+    assert not (mnt / "no-tokenizer" / "hf").exists()
+    lines = [line for line in log.read_text().splitlines() if "hf/" in line]
+    assert len(lines) == 1 and f"no hf/ folder: {reason}" in lines[0], lines
