@@ -5,8 +5,9 @@ Two rules keep that to the user running ckptfs (the attack they stop: another lo
 folder a documented recipe names (docs/guide/caches.md), or rewrites entries with a forged payload and recomputed crc32s):
 
 - **Modes, like ssh's StrictModes.** A cache folder must be owned by this process's user (``geteuid``) and
-  not writable by group or others; each folder above it must be owned by this user or root and, when
-  writable by others, sticky (``/tmp``, ``/dev/shm``). A key file must be owned by this user and readable by
+  not writable by group or others; each folder on the way to it (symbolic links followed, ``walk``) must be
+  owned by this user or root and, when writable by others, sticky (``/tmp``, ``/dev/shm``), and so must each
+  symbolic link met on the way (a link's owner can point it elsewhere). A key file must be owned by this user and readable by
   nobody else. Anything else is refused with one line naming the fix, before anything is read or written.
   Folders ckptfs creates are 0700 and entries 0600 whatever the umask. Root using a folder a normal user
   made is refused like any other owner mismatch.
@@ -27,7 +28,6 @@ import os
 import pwd
 import stat
 import threading
-from collections.abc import Iterable
 from pathlib import Path
 
 from ckptfs.util.forks import after_fork_in_child
@@ -68,27 +68,75 @@ def _check_own(path: str | os.PathLike[str], st: os.stat_result, what: str, kind
 
 
 def check_dir(path: str | os.PathLike[str], what: str = "cache dir") -> None:
-    """CacheRefused unless ``path`` (an existing folder) and every folder above it pass the mode rules."""
+    """CacheRefused unless ``path`` (an existing folder), every folder on the way to it and every symbolic link
+    met on the way pass the mode rules (``walk``)."""
     path = Path(os.path.abspath(path))
-    st = os.stat(path)
+    real, missing = walk(path, what)
+    if missing:
+        raise FileNotFoundError(2, "No such file or directory", str(path))
+    st = os.stat(real)
     if not stat.S_ISDIR(st.st_mode):
         raise CacheRefused(f"{what} {path} is not a folder")
     _check_own(path, st, what, "folder", 0o022, "writable", "chmod 700")
-    _check_above(path, Path(os.path.realpath(path)).parents, what)
 
 
-def _check_above(path: Path, folders: Iterable[Path], what: str) -> None:
-    """CacheRefused unless each of ``folders`` (those above ``path``) is owned by this user or root and, when
-    writable by group or others, sticky: otherwise its owner could swap ``path`` for a folder of their own."""
+#: symbolic links followed on one path at most (the kernel's own limit, ELOOP past it)
+MAX_LINKS = 40
+
+
+def walk(path: Path, what: str) -> tuple[Path, list[str]]:
+    """Follow absolute ``path`` from ``/`` as the kernel does, checking as it goes (as ssh's StrictModes
+    judges a path): each folder a name is looked up in must be owned by this user or root and, when writable
+    by group or others, sticky (``_check_folder``); each symbolic link met must be owned by this user or root
+    (its owner could point it elsewhere: a link in ``/tmp`` is another user's to replace). Returns the real
+    path of the longest part of ``path`` that exists, and the names after it that do not (none: all exist).
+    CacheRefused for a component that fails; NotADirectoryError for a name looked up in a file."""
     euid = os.geteuid()
-    for parent in folders:
-        pst = os.stat(parent)
-        if pst.st_uid not in (0, euid):
-            raise CacheRefused(f"{what} {path}: the folder {parent} above it is owned by {_user(pst.st_uid)}, who "
-                               f"could replace it: use a folder under one owned by you or root")
-        if pst.st_mode & 0o022 and not pst.st_mode & stat.S_ISVTX:
-            raise CacheRefused(f"{what} {path}: the folder {parent} above it is writable by group or others "
-                               f"(mode {stat.S_IMODE(pst.st_mode):04o}) and not sticky: chmod go-w {parent}")
+    todo = list(path.parts[1:])
+    todo.reverse()
+    here, links = Path("/"), 0
+    while todo:
+        name = todo.pop()
+        if name in ("", "."):
+            continue
+        if name == "..":
+            here = here.parent
+            continue
+        _check_folder(path, here, what)
+        nxt = here / name
+        try:
+            st = os.lstat(nxt)
+        except FileNotFoundError:
+            return here, [name, *reversed(todo)]
+        if stat.S_ISLNK(st.st_mode):
+            links += 1
+            if links > MAX_LINKS:
+                raise CacheRefused(f"{what} {path}: more than {MAX_LINKS} symbolic links on its path")
+            if st.st_uid not in (0, euid):
+                raise CacheRefused(f"{what} {path}: the symbolic link {nxt} on its path is owned by "
+                                   f"{_user(st.st_uid)}, who could point it elsewhere: use a path without it")
+            target = os.readlink(nxt)
+            if target.startswith("/"):
+                here = Path("/")
+            todo.extend(reversed(Path(target).parts[1:] if target.startswith("/") else Path(target).parts))
+            continue
+        if todo and not stat.S_ISDIR(st.st_mode):
+            raise NotADirectoryError(20, "Not a directory", str(nxt))
+        here = nxt
+    return here, []
+
+
+def _check_folder(path: Path, folder: Path, what: str) -> None:
+    """CacheRefused unless ``folder`` (one ``path`` is reached through) is owned by this user or root and, when
+    writable by group or others, sticky: otherwise its owner could swap what is below it for their own."""
+    euid = os.geteuid()
+    pst = os.stat(folder)
+    if pst.st_uid not in (0, euid):
+        raise CacheRefused(f"{what} {path}: the folder {folder} above it is owned by {_user(pst.st_uid)}, who "
+                           f"could replace it: use a folder under one owned by you or root")
+    if pst.st_mode & 0o022 and not pst.st_mode & stat.S_ISVTX:
+        raise CacheRefused(f"{what} {path}: the folder {folder} above it is writable by group or others "
+                           f"(mode {stat.S_IMODE(pst.st_mode):04o}) and not sticky: chmod go-w {folder}")
 
 
 def make_dirs(path: str | os.PathLike[str]) -> None:
@@ -105,18 +153,16 @@ def make_dirs(path: str | os.PathLike[str]) -> None:
 
 
 def check_creatable(path: str | os.PathLike[str], what: str = "cache dir") -> None:
-    """CacheRefused when ``path`` is missing and the nearest folder above it that exists (or one above that)
-    would make ``check_dir`` refuse it once made: a refused folder is never created, nothing is left behind."""
+    """CacheRefused when ``path`` is missing and the way to the nearest folder of it that exists, or that
+    folder itself, would make ``check_dir`` refuse it once made: a refused folder is never created, nothing
+    is left behind."""
     path = Path(os.path.abspath(path))
-    existing = path
-    while not existing.exists():
-        existing = existing.parent
-    if existing == path:
+    real, missing = walk(path, what)
+    if not missing:
         return
-    real = Path(os.path.realpath(existing))
     if not real.is_dir():
-        raise CacheRefused(f"{what} {path}: {existing} above it is not a folder")
-    _check_above(path, [real, *real.parents], what)
+        raise CacheRefused(f"{what} {path}: {real} above it is not a folder")
+    _check_folder(path, real, what)
 
 
 def prepare_dir(path: str | os.PathLike[str]) -> None:

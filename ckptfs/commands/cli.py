@@ -23,7 +23,7 @@ from ckptfs.commands.cache import cache_group
 from ckptfs.commands.ending import end_process
 from ckptfs.commands.prefetch import prefetch
 from ckptfs.commands.source import with_source
-from ckptfs.util.redact import hide_in_argv
+from ckptfs.util.redact import hide_in_argv, redact
 
 
 _NO_ARGS_IS_HELP = getattr(click.exceptions, "NoArgsIsHelpError", ())  # probe: third-party (click >= 8.2)
@@ -46,10 +46,10 @@ class OneLineGroup(click.Group):
             sys.exit(exc.exit_code)
         except click.UsageError as exc:
             hint = f" (see '{exc.ctx.command_path} --help')" if exc.ctx is not None else ""
-            click.echo(one_line(f"ckptfs: usage error: {exc.format_message()}") + hint, err=True)
+            click.echo(one_line(redact(f"ckptfs: usage error: {exc.format_message()}")) + hint, err=True)
             sys.exit(exc.exit_code)
         except click.ClickException as exc:
-            click.echo(one_line(f"ckptfs: error: {exc.format_message()}"), err=True)
+            click.echo(one_line(redact(f"ckptfs: error: {exc.format_message()}")), err=True)
             sys.exit(exc.exit_code)
         except click.Abort:
             click.echo("ckptfs: aborted", err=True)

@@ -11,6 +11,7 @@ import click
 from ckptfs.core.errors import CheckpointError
 from ckptfs.fs.errors import MountError
 from ckptfs.util.oneline import one_line
+from ckptfs.util.redact import redact
 
 
 #: ``-v``/``--verbose`` of a command whose only verbosity is the traceback behind its one-line error
@@ -27,5 +28,5 @@ def fail(exc: BaseException, verbose: bool, detail: str = "") -> None:
     # a MountError says its code; so do click's exceptions (not all of them: Abort has none)
     code = exc.exit_code if isinstance(exc, MountError) else getattr(exc, "exit_code", 1)  # probe: third-party
     kind = "usage error" if code == 2 else "error"  # as click's usage errors say it (OneLineGroup)
-    click.echo(one_line(f"ckptfs: {kind}: {message}{detail}"), err=True)
+    click.echo(one_line(redact(f"ckptfs: {kind}: {message}{detail}")), err=True)  # no URL secret in it
     sys.exit(code)

@@ -18,6 +18,7 @@ import click
 
 from ckptfs.commands.failure import fail, verbose_option
 from ckptfs.commands.source import with_source
+from ckptfs.util.redact import public_name
 
 MISMATCH_EXIT = 3
 
@@ -122,7 +123,7 @@ def verify_command(src, manifest_path, as_json, verbose):
         for m in mismatches:
             click.echo(m.line())
         what = "the manifest" if manifest_path is not None else "its structure"
-        click.echo(f"{plural(len(mismatches), 'mismatch')} against {what}" if mismatches else f"ok: {src} matches {what}",
+        click.echo(f"{plural(len(mismatches), 'mismatch')} against {what}" if mismatches else f"ok: {public_name(src)} matches {what}",
                    err=True)
     sys.exit(MISMATCH_EXIT if mismatches else 0)
 

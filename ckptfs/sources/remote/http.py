@@ -48,7 +48,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import unquote, urljoin, urlsplit
+from urllib.parse import urljoin, urlsplit
 
 import urllib3
 from urllib3 import BaseHTTPResponse
@@ -64,7 +64,7 @@ from ckptfs.sources.remote.origin import Changed, Retryable, stalled, wait_bound
 from ckptfs.sources.remote.transport import OPEN_HEAD_BYTES, RemoteSource, joined
 from ckptfs.sources.remote.version import SAMPLE_BYTES
 from ckptfs.util.forks import after_fork_in_child
-from ckptfs.util.redact import public_name, redact
+from ckptfs.util.redact import public_name, redact, split_source
 
 log = logging.getLogger(__name__)
 
@@ -280,13 +280,11 @@ def _reason(exc: BaseException) -> str:
 
 def basic_auth(url: str) -> tuple[str, Credentials]:
     """``url`` without its user info, and the HTTP Basic credentials it held (none: ``NO_CREDENTIALS``)."""
-    parts = urlsplit(url)
-    if "@" not in parts.netloc:
+    parts = split_source(url)  # the one split of a URL's user info (util.redact): the last "@", the first ":"
+    if parts is None or not parts.has_userinfo:
         return url, NO_CREDENTIALS
-    userinfo, _, host = parts.netloc.rpartition("@")
-    user, _, password = userinfo.partition(":")
-    token = base64.b64encode(f"{unquote(user)}:{unquote(password)}".encode()).decode("ascii")
-    return (parts._replace(netloc=host).geturl(),
+    token = base64.b64encode(f"{parts.user}:{parts.password or ''}".encode()).decode("ascii")
+    return (parts.without_userinfo(),
             Credentials((("Authorization", f"Basic {token}"),), "HTTP Basic auth from the URL's user info"))
 
 

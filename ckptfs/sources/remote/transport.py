@@ -316,9 +316,11 @@ class RemoteSource(ByteSource):
 
 
 def record_name(src: str) -> str:
-    """The name a source's record is kept under in the ``--cache-dir`` store: its URL without user info,
-    query or fragment (no credential is written, and a presigned URL's next signature finds the record)."""
-    return strip_url(src)
+    """The name a source's record is kept under in the ``--cache-dir`` store: its URL as an identity names it
+    (``identity.content_url``: no credential is written, and a presigned URL's next signature finds it)."""
+    from ckptfs.sources.identity import content_url
+
+    return content_url(src)
 
 
 def joined(parts: list[bytes]) -> bytes:
