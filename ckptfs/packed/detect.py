@@ -42,7 +42,7 @@ from ckptfs.util.jsonutil import loads
 
 CONFIG_FILES = ("config.json", "quantize_config.json", "hf_quant_config.json")
 #: the modules under ckptfs.packed that declare SCHEMES and METHODS (imported when a folder has a config)
-SCHEME_MODULES = ("gptq", "awq", "compressed", "fp8", "bnb")
+SCHEME_MODULES = ("gptq", "awq", "compressed", "fp8", "fbgemm", "ct_float", "modelopt", "bnb")
 MAX_CONFIG_BYTES = 16 << 20
 
 
@@ -52,7 +52,8 @@ class Absent(Exception):
 
 @dataclass(frozen=True)
 class Scheme:
-    """One stored layout of quantized layers.
+    """One stored layout of quantized layers (a scheme may have several: fbgemm's linear layers and its
+    experts share the id ``fbgemm_fp8``).
 
     A layer is ``PREFIX + joiner + marker`` stored with one of ``marker_types`` (any type when empty) while
     every part of ``requires`` is stored too; its parts are ``PREFIX + joiner + role`` for each of ``roles``
@@ -89,9 +90,9 @@ def one_format(settings: Mapping[str, Any]) -> tuple[str, ...]:
 
 @dataclass
 class Registry:
-    schemes: dict[str, Scheme] = field(default_factory=dict)
+    schemes: list[Scheme] = field(default_factory=list)
     methods: dict[str, Method] = field(default_factory=dict)
-    by_format: dict[tuple[str, str], Scheme] = field(default_factory=dict)
+    by_format: dict[tuple[str, str], list[Scheme]] = field(default_factory=dict)
 
 
 _registry: Registry | None = None
@@ -105,8 +106,8 @@ def registry() -> Registry:
         for name in SCHEME_MODULES:
             module = importlib.import_module(f"ckptfs.packed.{name}")
             for scheme in getattr(module, "SCHEMES", ()):
-                found.schemes[scheme.id] = scheme
-                found.by_format[scheme.method, scheme.format] = scheme
+                found.schemes.append(scheme)
+                found.by_format.setdefault((scheme.method, scheme.format), []).append(scheme)
             for method in getattr(module, "METHODS", ()):
                 found.methods[method.name] = method
         _registry = found
@@ -121,7 +122,7 @@ class QuantConfig:
     settings: Mapping[str, Any] = field(default_factory=dict)
     origin: str = ""                    # "config.json quantization_config" | "quantize_config.json" | ...
     problem: str | None = None          # why no view can be made (unknown method or format, unreadable file)
-    schemes: tuple[str, ...] = ()       # the scheme ids the settings use
+    schemes: tuple[Scheme, ...] = ()    # the layouts the settings use
     torch_dtype: str | None = None      # the release's dtype (config.json torch_dtype / dtype), if named
 
 
@@ -183,7 +184,7 @@ def _config(name: str, settings: Mapping[str, Any], origin: str, torch_dtype: st
     if unknown:
         return QuantConfig(method, settings, origin, f"{method} format {unknown[0]!r} is not supported "
                                                      f"(in {origin})", torch_dtype=torch_dtype)
-    return QuantConfig(method, settings, origin, None, tuple(reg.by_format[method, f].id for f in formats),
+    return QuantConfig(method, settings, origin, None, tuple(s for f in formats for s in reg.by_format[method, f]),
                        torch_dtype)
 
 
@@ -206,7 +207,7 @@ def find_layers(names: list[str], types: Callable[[int], str], config: QuantConf
     the config's problem as the reason."""
     reg = registry()
     usable = config.problem is None
-    candidates = [reg.schemes[s] for s in config.schemes if s in reg.schemes] if usable else list(reg.schemes.values())
+    candidates = list(config.schemes) if usable else reg.schemes
     method = reg.methods.get(config.method or "") if usable else None
     present = set(names)
     layers: dict[str, Layer] = {}
@@ -228,8 +229,11 @@ def find_layers(names: list[str], types: Callable[[int], str], config: QuantConf
             continue
         prefix, scheme = claims[0]
         if len(claims) > 1 and method is not None and method.route is not None:
-            chosen = method.route(prefix, config.settings)
-            scheme = next((s for p, s in claims if s.format == chosen), scheme)
+            try:
+                chosen = method.route(prefix, config.settings)
+            except Absent:  # the build of the first claim says why
+                chosen = None
+            prefix, scheme = next(((p, s) for p, s in claims if s.format == chosen), claims[0])
         parts = {role: f"{prefix}{scheme.joiner}{role}" for role in scheme.roles
                  if f"{prefix}{scheme.joiner}{role}" in present}
         layers[prefix + scheme.view] = Layer(prefix, scheme if usable else None, parts, prefix + scheme.view)

@@ -71,11 +71,13 @@ class Grid:
         return (r // self.out) * self.rows[0] + (r % self.out) // self.bh
 
 
-def grid_for(weight: TensorInfo, scale: TensorInfo, block: tuple[int, int] | None, why: str) -> Grid:
+def grid_for(weight: TensorInfo, scale: TensorInfo, block: tuple[int, int] | None, why: str,
+             loose: bool = False) -> Grid:
     """The grid of ``weight`` ``[*lead, out, in]`` and its ``scale``: ``block`` (bh, bw) given by the config
     (the scale must then be ``[*lead, ceil(out/bh), ceil(in/bw)]``), else told by the scale's shape: one
     element (per tensor, or per matrix ``[*lead, 1, 1]``), ``[*lead, out, 1]`` / ``[*lead, out]`` (per row),
-    ``[*lead, out, in / g]`` (groups of ``g`` columns)."""
+    ``[*lead, out, in / g]`` (groups of ``g`` columns). ``loose``: with ``block``, axes of size 1 in the
+    scale's shape do not count (fbgemm's expert scales ``[E, 1, N]`` and ``[E, N, 1]``)."""
     if len(weight.shape) < 2:
         raise Absent(f"{weight.name} has shape {list(weight.shape)} (expected at least 2 dimensions)")
     *lead_list, out, in_features = weight.shape
@@ -88,7 +90,7 @@ def grid_for(weight: TensorInfo, scale: TensorInfo, block: tuple[int, int] | Non
         if bh <= 0 or bw <= 0:
             raise Absent(f"block size {list(block)} is not valid ({why})")
         grid = Grid(lead, out, in_features, bh, bw)
-        if shape != grid.shape:
+        if shape != grid.shape and not (loose and _squeezed(shape) == _squeezed(grid.shape)):
             raise Absent(f"{scale.name} has shape {list(shape)}, {why} block {bh}x{bw} of {weight.name} "
                          f"{list(weight.shape)} expects {list(grid.shape)}")
         return grid
@@ -106,6 +108,10 @@ def grid_for(weight: TensorInfo, scale: TensorInfo, block: tuple[int, int] | Non
                  f"{list(weight.shape)} (one, [out, 1] per row, [out, in/g] per group)")
 
 
+def _squeezed(shape: tuple[int, ...]) -> tuple[int, ...]:
+    return tuple(n for n in shape if n != 1)
+
+
 def _per_matrix(weight: TensorInfo, scale: TensorInfo, lead, out, in_features, why) -> Grid:
     raise Absent(f"{scale.name} holds one scale for the {math.prod(lead)} matrices of {weight.name} ({why})")
 
@@ -114,14 +120,14 @@ def build_scaled(scheme: str, prefix: str, parts: Mapping[str, TensorInfo], *, w
                  scale_role: str, code_types: tuple[str, ...], block: tuple[int, int] | None,
                  parameters: dict[str, Any], scale_types: tuple[str, ...] = SCALE_TYPES,
                  scale_as: str | None = None, zero_role: str | None = None, g_idx_role: str | None = None,
-                 why: str = "the config's") -> Layout:
+                 why: str = "the config's", loose: bool = False) -> Layout:
     """The layout of a scaled-codes layer (module docstring). ``scale_as``: read the scale bytes as this
     type (``"F8_E8M0"`` for U8 scales a config says are ue8m0)."""
     weight = require(parts, weight_role, prefix)
     scale = require(parts, scale_role, prefix)
     check_type(weight, code_types)
     check_type(scale, scale_types)
-    grid = grid_for(weight, scale, block, why)
+    grid = grid_for(weight, scale, block, why, loose)
     table = CODE_TABLES[weight.storage_type]
     scale_type = scale_as or scale.storage_type
     used = {weight_role: weight, scale_role: scale}
