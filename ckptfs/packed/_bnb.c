@@ -6,17 +6,21 @@
  * the development machine, below the mount's stream of the stored codes); here each value is written once.
  * Results are bit-identical to the numpy path, which stays the reference and the fallback:
  *
- * - 4-bit: value = table[code] * absmax[block] in float32, the block scales already decoded (the nested ones
- *   by numpy, as bitsandbytes computes them). Per block the 16 possible products are computed once (the same
- *   float32 multiplies) and the codes only select them; codes are read high nibble first.
+ * - 4-bit: value = table[code] * absmax[block] in float32. With double quantization the block scale is
+ *   decoded here as bitsandbytes computes it: absmax = nested_map[absmax_code] * nested_absmax[block /
+ *   nested_blocksize], then + offset (two float32 roundings: no fused multiply-add). Per block the 16
+ *   possible products are computed once (the same float32 multiplies) and the codes only select them; codes
+ *   are read high nibble first.
  * - LLM.int8: value = ((float)w * scb[row]) * 7.874015718698502e-3f, two float32 multiplies in that order.
  *
  * Built with -ffp-contract=off (no fused multiply-add may merge the int8 path's two products). The GIL is
  * released while decoding; every index is checked against the buffers before anything is read or written.
  *
- * Interface: dequantize_4bit(codes, table, absmax, blocksize, skip, count, out): elements [skip, skip + count)
- * of the run of blocks that `codes` starts (element j in nibble j of the bytes, high first; block j / blocksize
- * scaled by absmax[j / blocksize]) into out[0, count). dequantize_int8(weights, scb, rows, in_features, out).
+ * Interface: dequantize_4bit(codes, table, absmax, blocksize, skip, count, out, nested_map, nested_absmax,
+ * nested_blocksize, first_block, offset): elements [skip, skip + count) of the run of blocks that `codes`
+ * starts (element j in nibble j of the bytes, high first; block j / blocksize scaled by absmax[j / blocksize])
+ * into out[0, count). absmax is float32, or with nested_map (not None) uint8 codes of the blocks from
+ * first_block on. dequantize_int8(weights, scb, rows, in_features, out).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -29,12 +33,25 @@ static int fail(const char *message) {
     return 0;
 }
 
-static void run_4bit(const uint8_t *codes, const float *table, const float *absmax, Py_ssize_t blocksize,
-                     Py_ssize_t skip, Py_ssize_t count, float *out) {
+typedef struct {
+    const float *map, *absmax;      /* NULL map: the block scales are float32 */
+    Py_ssize_t blocksize, first;
+    float offset;
+} Nested;
+
+static void run_4bit(const uint8_t *codes, const float *table, const void *absmax, Py_ssize_t blocksize,
+                     Py_ssize_t skip, Py_ssize_t count, float *out, const Nested *nested) {
     const Py_ssize_t end = skip + count;
     float lut[16];
     for (Py_ssize_t k = skip / blocksize; k * blocksize < end; k++) {
-        const float a = absmax[k];
+        float a;
+        if (nested->map) {
+            const float scaled = nested->map[((const uint8_t *)absmax)[k]] *
+                                 nested->absmax[(nested->first + k) / nested->blocksize];
+            a = scaled + nested->offset;
+        } else {
+            a = ((const float *)absmax)[k];
+        }
         for (int c = 0; c < 16; c++) lut[c] = table[c] * a;
         Py_ssize_t j = k * blocksize > skip ? k * blocksize : skip;
         const Py_ssize_t hi = (k + 1) * blocksize < end ? (k + 1) * blocksize : end;
@@ -50,27 +67,47 @@ static void run_4bit(const uint8_t *codes, const float *table, const float *absm
 }
 
 static PyObject *dequantize_4bit(PyObject *self, PyObject *args) {
-    Py_buffer codes, table, absmax, out;
+    Py_buffer codes, table, absmax, out, map = {0}, nested_absmax = {0};
+    PyObject *map_obj, *nested_obj;
     Py_ssize_t blocksize, skip, count;
+    Nested nested = {0};
     (void)self;
-    if (!PyArg_ParseTuple(args, "y*y*y*nnnw*", &codes, &table, &absmax, &blocksize, &skip, &count, &out))
+    if (!PyArg_ParseTuple(args, "y*y*y*nnnw*OOnnf", &codes, &table, &absmax, &blocksize, &skip, &count, &out,
+                          &map_obj, &nested_obj, &nested.blocksize, &nested.first, &nested.offset))
         return NULL;
     PyObject *result = NULL;
-    int ok = 1;
-    if (blocksize <= 0 || skip < 0 || count < 0) ok = fail("negative or empty geometry");
-    else if (skip > PY_SSIZE_T_MAX / 2 - count) ok = fail("range too large");
-    else if (table.len < 16 * 4) ok = fail("table buffer too small");
-    else if (count && codes.len <= (skip + count - 1) / 2) ok = fail("codes buffer too small");
-    else if (count && absmax.len / 4 <= (skip + count - 1) / blocksize) ok = fail("absmax buffer too small");
-    else if (out.len / 4 < count) ok = fail("output buffer too small");
+    int ok = 1, have_map = 0, have_nested = 0;
+    if (map_obj != Py_None) {
+        if (PyObject_GetBuffer(map_obj, &map, PyBUF_C_CONTIGUOUS) < 0) ok = 0;
+        else have_map = 1;
+        if (ok && PyObject_GetBuffer(nested_obj, &nested_absmax, PyBUF_C_CONTIGUOUS) < 0) ok = 0;
+        else if (ok) have_nested = 1;
+    }
+    const Py_ssize_t last_block = count && blocksize > 0 ? (skip + count - 1) / blocksize : 0;
     if (ok) {
+        if (blocksize <= 0 || skip < 0 || count < 0) ok = fail("negative or empty geometry");
+        else if (skip > PY_SSIZE_T_MAX / 2 - count) ok = fail("range too large");
+        else if (table.len < 16 * 4) ok = fail("table buffer too small");
+        else if (count && codes.len <= (skip + count - 1) / 2) ok = fail("codes buffer too small");
+        else if (count && absmax.len / (have_map ? 1 : 4) <= last_block) ok = fail("absmax buffer too small");
+        else if (out.len / 4 < count) ok = fail("output buffer too small");
+        else if (have_map && (map.len < 256 * 4 || nested.blocksize <= 0 || nested.first < 0 ||
+                              nested.first > PY_SSIZE_T_MAX / 2 - last_block ||
+                              (count && nested_absmax.len / 4 <= (nested.first + last_block) / nested.blocksize)))
+            ok = fail("nested scales do not cover the blocks");
+    }
+    if (ok) {
+        nested.map = have_map ? (const float *)map.buf : NULL;
+        nested.absmax = have_map ? (const float *)nested_absmax.buf : NULL;
         Py_BEGIN_ALLOW_THREADS
-        if (count) run_4bit((const uint8_t *)codes.buf, (const float *)table.buf, (const float *)absmax.buf,
-                            blocksize, skip, count, (float *)out.buf);
+        if (count) run_4bit((const uint8_t *)codes.buf, (const float *)table.buf, absmax.buf, blocksize, skip,
+                            count, (float *)out.buf, &nested);
         Py_END_ALLOW_THREADS
         result = Py_None;
         Py_INCREF(result);
     }
+    if (have_map) PyBuffer_Release(&map);
+    if (have_nested) PyBuffer_Release(&nested_absmax);
     PyBuffer_Release(&codes);
     PyBuffer_Release(&table);
     PyBuffer_Release(&absmax);
@@ -113,7 +150,8 @@ static PyObject *dequantize_int8(PyObject *self, PyObject *args) {
 
 static PyMethodDef METHODS[] = {
     {"dequantize_4bit", dequantize_4bit, METH_VARARGS,
-     "dequantize_4bit(codes, table, absmax, blocksize, skip, count, out): NF4/FP4 elements into float32 out."},
+     "dequantize_4bit(codes, table, absmax, blocksize, skip, count, out, nested_map, nested_absmax, "
+     "nested_blocksize, first_block, offset): NF4/FP4 elements into float32 out."},
     {"dequantize_int8", dequantize_int8, METH_VARARGS,
      "dequantize_int8(weights, scb, rows, in_features, out): LLM.int8 rows into float32 out."},
     {NULL, NULL, 0, NULL},

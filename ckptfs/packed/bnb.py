@@ -215,11 +215,10 @@ def _build_4bit(prefix: str, parts: Mapping[str, TensorInfo], state_role: str,
             raise Absent(f"{quant_map.name} is not bitsandbytes' {quant_type} table, which its dequantization uses")
         return values
 
-    def scales(reader: Parts, k0: int, k1: int) -> np.ndarray:
-        """absmax of blocks [k0, k1) as float32 (the nested ones decoded as bitsandbytes does: code value
-        times its group's scale, then plus the offset, each rounded to float32)."""
-        held = small(reader)
-        stored = reader.rows("weight.absmax", k0, k1).reshape(-1)
+    def scales(stored: np.ndarray, held: np.ndarray, k0: int, k1: int) -> np.ndarray:
+        """absmax of blocks [k0, k1) as float32 from their stored values (the nested ones decoded as
+        bitsandbytes does: code value times its group's scale, then plus the offset, each rounded to
+        float32)."""
         if not nested:
             return stored.astype(np.float32)
         values = held[1:257].take(stored)
@@ -234,16 +233,20 @@ def _build_4bit(prefix: str, parts: Mapping[str, TensorInfo], state_role: str,
         raw = np.ascontiguousarray(reader.rows("weight", r0, r1)).reshape(-1).view(np.uint8)
         return raw[b0 - r0 * row_bytes: b1 - r0 * row_bytes]
 
-    def inputs(reader: Parts, o0: int, o1: int) -> tuple[np.ndarray, np.ndarray, int, int]:
-        """The code bytes and block scales of the blocks covering rows [o0, o1), the covering run's first
-        element and its length."""
+    def inputs(reader: Parts, o0: int, o1: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, int, int, int]:
+        """What rows [o0, o1) decode from: the code bytes and stored block scales of the blocks covering
+        them, the layer's small parts (:func:`small`), the first block, its first element and the elements
+        of the run."""
+        held = small(reader)
         e0, e1 = o0 * in_features, o1 * in_features
         k0, k1 = e0 // blocksize, -(-e1 // blocksize)
         s0, s1 = k0 * blocksize, min(k1 * blocksize, n)      # s0 is even: the run starts on a byte
-        return code_bytes(reader, s0 // 2, -(-s1 // 2)), scales(reader, k0, k1), s0, s1 - s0
+        stored = reader.rows("weight.absmax", k0, k1).reshape(-1)
+        return code_bytes(reader, s0 // 2, -(-s1 // 2)), stored, held, k0, s0, s1 - s0
 
     def decode(reader: Parts, o0: int, o1: int, dest: np.ndarray | None) -> np.ndarray:
-        data, absmax_values, s0, span = inputs(reader, o0, o1)
+        data, stored, held, k0, s0, span = inputs(reader, o0, o1)
+        absmax_values = scales(stored, held, k0, k0 + len(stored))
         values = pairs.take(data).view(np.float32)[:span]
         full = span // blocksize
         body = values[:full * blocksize].reshape(full, blocksize)
@@ -261,9 +264,15 @@ def _build_4bit(prefix: str, parts: Mapping[str, TensorInfo], state_role: str,
     def kernel(reader: Parts, o0: int, o1: int, dest: np.ndarray) -> bool:
         if dest.dtype != np.float32 or not dest.flags.c_contiguous or not dest.flags.writeable:
             return False
-        data, absmax_values, s0, _ = inputs(reader, o0, o1)
-        _bnb.dequantize_4bit(data, table, absmax_values, blocksize, o0 * in_features - s0,
-                             (o1 - o0) * in_features, dest.reshape(-1))
+        data, stored, held, k0, s0, _ = inputs(reader, o0, o1)
+        if nested:
+            _bnb.dequantize_4bit(data, table, np.ascontiguousarray(stored), blocksize, o0 * in_features - s0,
+                                 (o1 - o0) * in_features, dest.reshape(-1), held[1:257], held[257:],
+                                 nested_blocksize, k0, float(offset))
+        else:
+            _bnb.dequantize_4bit(data, table, np.ascontiguousarray(stored, np.float32), blocksize,
+                                 o0 * in_features - s0, (o1 - o0) * in_features, dest.reshape(-1), None, None, 1, 0,
+                                 0.0)
         return True
 
     return Layout("bitsandbytes-4bit", parameters, out, in_features, used, "F32", decode,

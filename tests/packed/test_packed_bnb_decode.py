@@ -299,3 +299,27 @@ def test_codes_stored_in_another_quant_storage(tmp_path, storage):
         layout = layout_of(ck, PREFIX, bnb_config(4, "nf4", True))
         assert same_bits(decode(ck, layout, 0, 24), oracle)
         assert same_bits(decode(ck, layout, 7, 11), oracle[7:11])
+
+
+def test_kernel_checks_its_buffers():
+    """Every index the C kernel would touch is checked first: a buffer too small is a ValueError, nothing
+    written."""
+    if bnb._bnb is None:
+        pytest.skip("ckptfs.packed._bnb is not built")
+    codes, table, out = np.zeros(32, np.uint8), bnb.NF4, np.zeros(64, np.float32)
+    nested_map, nested_scales = np.ones(256, np.float32), np.ones(1, np.float32)
+    bnb._bnb.dequantize_4bit(codes, table, np.ones(1, np.float32), 64, 0, 64, out, None, None, 1, 0, 0.0)
+    assert out.tolist() == [-1.0] * 64
+    for args, message in [((codes[:31], table, np.ones(1, np.float32), 64, 0, 64, out, None, None, 1, 0, 0.0), "codes"),
+                          ((codes, table, np.ones(0, np.float32), 64, 0, 64, out, None, None, 1, 0, 0.0), "absmax"),
+                          ((codes, table, np.ones(1, np.float32), 64, 0, 64, out[:63], None, None, 1, 0, 0.0), "output"),
+                          ((codes, table[:15], np.ones(1, np.float32), 64, 0, 64, out, None, None, 1, 0, 0.0), "table"),
+                          ((codes, table, np.zeros(1, np.uint8), 64, 0, 64, out, nested_map, nested_scales, 256, 256,
+                            0.0), "nested scales"),
+                          ((codes, table, np.zeros(1, np.uint8), 64, 0, 64, out, nested_map[:255], nested_scales, 256,
+                            0, 0.0), "nested scales"),
+                          ((codes, table, np.ones(1, np.float32), 0, 0, 64, out, None, None, 1, 0, 0.0), "geometry")]:
+        with pytest.raises(ValueError, match=message):
+            bnb._bnb.dequantize_4bit(*args)
+    with pytest.raises(ValueError, match="SCB"):
+        bnb._bnb.dequantize_int8(np.zeros(6, np.int8), np.ones(1, np.float32), 2, 3, np.zeros(6, np.float32))
