@@ -26,6 +26,7 @@ from ckptfs.engine.blocks import UNCACHED_STEP_BYTES, TensorData
 from ckptfs.engine.values import TensorValues
 from ckptfs.core.options import DTYPE_MODES
 from ckptfs.quant import Codec, codec_for, output_dtype
+from ckptfs.util.redact import redact
 from ckptfs.sources import DEFAULT_OPENER, ByteSource, SourcePool, checkpoint_content_id
 
 if TYPE_CHECKING:  # source_plan imports it when a checkpoint's sources need one
@@ -505,7 +506,8 @@ class Checkpoint(Mapping[str, Tensor]):
         self.close()
 
     def __repr__(self) -> str:
-        return f"<ckptfs.Checkpoint {self.src!r} {self.format} tensors={len(self.tensors)}>"
+        # a repr ends up in logs and tracebacks: the source as every shown name is (no URL secret)
+        return f"<ckptfs.Checkpoint {redact(repr(self.src))} {self.format} tensors={len(self.tensors)}>"
 
 
 def open(src: PathOrUrl, *positional: Any, options: OpenOptions | None = None,  # noqa: A001

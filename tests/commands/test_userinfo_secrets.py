@@ -117,7 +117,7 @@ def test_another_user_sees_no_password_in_the_mount_table_or_any_command_line(si
 def test_nothing_shown_names_the_password(site, public_dir, tmp_path, spelling):
     """Everything a mount and the commands show of a source given on the command line: the files of the
     mount (``meta.json``'s ``source``), ``ckptfs stats``, the metrics' ``ckptfs_info{source}``, the log
-    file, ``ckptfs info``, a manifest and a failure's one line."""
+    file, ``ckptfs info``, a manifest, a failure's one line and the library's ``repr`` of the checkpoint."""
     userinfo, _ = SPELLINGS[spelling]
     mnt = public_dir / "mnt"
     mnt.mkdir()
@@ -143,6 +143,10 @@ def test_nothing_shown_names_the_password(site, public_dir, tmp_path, spelling):
     manifest = run_cli("manifest", url_of(site, userinfo))
     assert manifest.returncode == 0 and "m.gguf" in manifest.stdout, manifest.stderr
     assert_no_secret(manifest.stdout + manifest.stderr, "the manifest")
+    import ckptfs
+
+    with ckptfs.open(url_of(site, userinfo)) as ck:
+        assert repr(ck).startswith(f"<ckptfs.Checkpoint '{site.url}/m.gguf'"), repr(ck)
     missing = run_cli("info", url_of(site, userinfo, "missing.gguf"))
     assert_no_secret(one_error_line(missing, 1, f"{site.url}/missing.gguf", "404"), "an error line")
     run_cli("umount", str(mnt))
