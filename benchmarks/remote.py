@@ -20,6 +20,7 @@ Usage: python -m benchmarks remote [--dir DIR] [--layers 6] [--rounds 3] [--json
 ``--capped`` runs the cold starts behind a capped origin instead (``benchmarks/remote_cold_start.py``: a fresh
 mount against hf_transfer and aria2c behind nginx's ``limit_rate``, then uncapped against the local file):
   python -m benchmarks remote --capped [--rounds 3] [--rate 20m] [--latency-ms 30] [--s3] [--out FILE]
+  python -m benchmarks remote --capped --sections warm --rounds 5   # the warm mount against the local file
 """
 
 from __future__ import annotations
@@ -129,6 +130,8 @@ def main(argv: list[str] | None = None) -> int:
     capped.add_argument("--s3", action="store_true", help="also through moto's S3 server")
     capped.add_argument("--s3-rounds", type=int, default=1)
     capped.add_argument("--out", default=None, help="JSON results [DIR/cold-start.json]")
+    capped.add_argument("--sections", default=None,
+                        help="comma-separated, of capped,uncapped,warm,s3: run only these [all]")
     args = parser.parse_args(argv)
     root = Path(args.dir)
     root.mkdir(parents=True, exist_ok=True)

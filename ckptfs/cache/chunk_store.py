@@ -37,9 +37,11 @@ class ChunkStore(Protocol):
     def release(self, content_id: str, indexes: Sequence[int]) -> None:
         """Give up leases unfetched: their waiters fetch them."""
 
-    def sealed_copy(self, content_id: str, size: int) -> tuple[int, int, int] | None:
-        """``(descriptor, size, mtime_ns)`` of the file's complete, checked local copy, or None (not complete,
-        not checked yet in this process, or no such copy)."""
+    def sealed_copy(self, content_id: str, size: int) -> tuple[int, int, int, int] | None:
+        """``(descriptor, size, mtime_ns, gate)`` of the file's complete local copy, or None (not complete, it
+        failed its check, or no such copy). ``gate``: the address of an int64 that says how many bytes from
+        the start this process has checked against their MACs so far (-1 once the check failed): only those
+        may be read from the descriptor."""
 
     def stats(self) -> dict[str, Any]:
         """This process's counters."""

@@ -241,8 +241,8 @@ class ChunkCache:
         if persist and self.disk is not None:
             self._store(self.disk.put_chunks, False, key.content_id, key.start, [data], None)
 
-    def local_copy(self, content_id: str, size: int) -> tuple[int, int, int] | None:
-        """The store's checked complete copy of the file (``ChunkStore.sealed_copy``), or None."""
+    def local_copy(self, content_id: str, size: int) -> tuple[int, int, int, int] | None:
+        """The store's complete copy of the file and its check gate (``ChunkStore.sealed_copy``), or None."""
         if self.disk is None:
             return None
         return self._store(self.disk.sealed_copy, None, content_id, size)

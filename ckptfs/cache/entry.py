@@ -168,3 +168,14 @@ def chunk_mac(mac_key: bytes, file_digest: bytes, index: int, data: bytes | memo
     mac = hmac.new(mac_key, file_digest + struct.pack("<QI", index, memoryview(data).nbytes), hashlib.sha256)
     mac.update(data)
     return mac.digest()[:MAC_SIZE]
+
+
+def sealed_stamp(mac_key: bytes, file_digest: bytes, st_ino: int, st_size: int, mtime_ns: int, ctime_ns: int,
+                 boot_id: bytes) -> bytes:
+    """The ``MAC_SIZE``-byte stamp a sealed file of the sparse store gets once its every chunk's MAC is known
+    good (written by the process that sealed it, or that checked it): its data file's inode, size, mtime and
+    ctime, and the boot, under the folder's key. A process that finds the stamp still matching skips the
+    check: any write to the data file moves its ctime (which no ``touch -r`` sets back), and a reboot (a crash
+    that may have lost blocks) changes the boot's id."""
+    facts = struct.pack("<QQqq", st_ino, st_size, mtime_ns, ctime_ns)
+    return hmac.new(mac_key, b"sealed\0" + file_digest + facts + boot_id, hashlib.sha256).digest()[:MAC_SIZE]

@@ -2,7 +2,8 @@
 
 ``DIR/remote/<2 hex>/<32 hex>.data`` holds the remote file's bytes at their own offsets (chunks never
 fetched are holes), ``.idx`` beside it what is present: a 64-byte header (magic and format version, the
-digest of the content identity the name comes from, the chunk count once known, the sealed flag, a crc32)
+digest of the content identity the name comes from, the chunk count once known, the sealed flag, the
+sealed file's check stamp, a crc32)
 then one 24-byte record per chunk: its MAC (``entry.chunk_mac`` under the folder's key, ``auth.py``), its
 length (0: absent) and when it was last used (minutes, the eviction clock).
 
@@ -18,7 +19,12 @@ Why it is built this way:
   read (dropped, a miss, fetched again), as it does for bytes damaged any other way.
 - **Sealed.** When a file's last absent chunk lands, the index is synced and its header marked sealed:
   the file is complete and never written again; it is evicted only whole (``unlink``: processes that have it
-  open keep reading their copy).
+  open keep reading their copy). A chunk found bad later (its MAC) is dropped alone: the file is unsealed
+  (record cleared first) and sealed again once the chunk is fetched.
+- **Checked once per boot.** The C read path serves a sealed file's bytes once checked against their MACs
+  (``sealed_copy``). The sealing process stamps the header (``entry.sealed_stamp``: the data file's inode,
+  size, mtime, ctime and the boot id under the folder's key), as does a process whose check passed; a
+  matching stamp means no check, a check otherwise runs ahead of the readers (a gate the C reader polls).
 - **Eviction by what the disk holds** (``st_blocks``, holes free): a process that wrote ``max_bytes / 64``
   since its last check walks the folder (every namespace counts, the decoded groups' entries too) and,
   while the folder is over ``--cache-dir-size`` or its file system has less than ``--cache-dir-min-free``
@@ -46,6 +52,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import ctypes
+import functools
 import logging
 import os
 import struct
@@ -74,7 +81,8 @@ LOW_WATER = 0.9
 TOUCH_AFTER_MIN = 1          # a hit refreshes its chunk's clock when it is older than this (minutes)
 LEASE_POLL_S = (0.002, 0.05)  # a waiter looks again after this long, doubling from the first to the second
 
-_HEADER = struct.Struct("<8s16sIIQB19x")   # magic, key digest, chunk size, chunks (0: not known), size, sealed
+_HEADER = struct.Struct("<8s16sIIQB16s3x")  # magic, key digest, chunk size, chunks (0: not known), size, sealed,
+#                                            the sealed file's check stamp (zeros: none; ``entry.sealed_stamp``)
 HEADER_SIZE = 64                           # _HEADER (60 bytes) + its crc32
 _RECORD = struct.Struct("<16sII")          # MAC, length (0: absent), last use (minutes since the epoch)
 RECORD = _RECORD.size
@@ -112,12 +120,25 @@ def _minutes() -> int:
     return int(time.time() // 60)
 
 
+CHECK_STEP = 4                # chunks a sealed file's check takes at once (the gate moves by 1 MiB)
+CHECK_THREADS = max(1, min(4, os.cpu_count() or 1))
+
+
+class SealedCopy:
+    """A sealed data file open read-only for the process's C reads, and its check gate: the bytes from the
+    start that passed their MAC check (``c_int64``, at a fixed address the C reader polls; -1: failed)."""
+
+    def __init__(self, fd: int, size: int, mtime_ns: int) -> None:
+        self.fd, self.size, self.mtime_ns = fd, size, mtime_ns
+        self.gate = ctypes.c_int64(0)
+
+
 class BadIndex(ValueError):
     """An index file that is not this store's index of this file."""
 
 
-def _header(digest: bytes, chunks: int, size: int, sealed: bool) -> bytes:
-    head = _HEADER.pack(MAGIC, digest, CHUNK, chunks, size, int(sealed))
+def _header(digest: bytes, chunks: int, size: int, sealed: bool, stamp: bytes = bytes(entry.MAC_SIZE)) -> bytes:
+    head = _HEADER.pack(MAGIC, digest, CHUNK, chunks, size, int(sealed), stamp if sealed else bytes(entry.MAC_SIZE))
     return head + struct.pack("<I", zlib.crc32(head) & 0xFFFFFFFF)
 
 
@@ -125,7 +146,7 @@ def parse_header(data: bytes, digest: bytes) -> tuple[int, int, bool]:
     """(chunks, size, sealed) of an index header written for ``digest``; BadIndex otherwise."""
     if len(data) < HEADER_SIZE:
         raise BadIndex(f"short index header ({len(data)} bytes)")
-    magic, found, chunk, chunks, size, sealed = _HEADER.unpack_from(data)
+    magic, found, chunk, chunks, size, sealed, _ = _HEADER.unpack_from(data)
     if magic != MAGIC:
         raise BadIndex("bad magic")
     if zlib.crc32(data[:_HEADER.size]) & 0xFFFFFFFF != struct.unpack_from("<I", data, _HEADER.size)[0]:
@@ -133,6 +154,22 @@ def parse_header(data: bytes, digest: bytes) -> tuple[int, int, bool]:
     if found != digest or chunk != CHUNK:
         raise BadIndex("index of another file")
     return chunks, size, bool(sealed)
+
+
+def header_stamp(data: bytes) -> bytes:
+    """The check stamp in an index header (``parse_header`` checked it first)."""
+    stamp: bytes = _HEADER.unpack_from(data)[6]
+    return stamp
+
+
+@functools.lru_cache(maxsize=1)
+def boot_id() -> bytes:
+    """This boot's id (Linux), part of a sealed file's check stamp: a reboot means a check again."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id", "rb") as fh:
+            return fh.read().strip()
+    except OSError:
+        return b""
 
 
 class StoredFile:
@@ -155,6 +192,7 @@ class StoredFile:
         self.writing = threading.Lock()
         self.leases = 0  # leases this process holds on ``data`` (it is not closed while any are held)
         self._first_absent = 0  # ``complete``'s hint: every chunk before it was present when last looked at
+        self.stamp = bytes(entry.MAC_SIZE)  # the header's check stamp (``entry.sealed_stamp``) when sealed
         try:
             self.chunks, self.size, self.sealed = self._read_header()
         except BaseException:
@@ -168,12 +206,27 @@ class StoredFile:
             if not data:
                 os.pwrite(self.index, _header(self.digest, 0, 0, False), 0)
                 return 0, 0, False
-            return parse_header(data, self.digest)
+            found = parse_header(data, self.digest)
+            self.stamp = header_stamp(data)
+            return found
         finally:
             range_lease.unlock(self.index, 0, HEADER_SIZE)
 
     def write_header(self) -> None:
-        os.pwrite(self.index, _header(self.digest, self.chunks, self.size, self.sealed), 0)
+        os.pwrite(self.index, _header(self.digest, self.chunks, self.size, self.sealed, self.stamp), 0)
+
+    def reread_sealed(self) -> bool:
+        """Whether the index's header says sealed now (``sealed`` and, when sealed, ``chunks`` and ``size``
+        updated): another process may have sealed the file since, or unsealed it (a chunk dropped)."""
+        try:
+            data = os.pread(self.index, HEADER_SIZE, 0)
+            chunks, size, sealed = parse_header(data, self.digest)
+        except (OSError, BadIndex):
+            return self.sealed
+        if sealed:
+            self.chunks, self.size = chunks, size
+        self.sealed, self.stamp = sealed, header_stamp(data)
+        return sealed
 
     def records(self, first: int = 0, count: int | None = None) -> list[tuple[bytes, int, int]]:
         """The records of chunks ``first .. first + count`` (all those written when ``count`` is None);
@@ -258,8 +311,10 @@ class SparseStore:
         self._lock = threading.Lock()
         self._files: dict[str, StoredFile] = {}
         self._retired: list[StoredFile] = []  # files evicted by another process while open here
-        #: content id -> "checking", "bad" or (descriptor, size, mtime_ns) of its checked sealed copy
-        self._copies: dict[str, object] = {}
+        #: content id -> its sealed copy under or past its check (``sealed_copy``), or "bad"
+        self._copies: dict[str, SealedCopy | str] = {}
+        self._kept: list[SealedCopy] = []  # copies that failed their check: C reads may still hold them
+        self._copy_lock = threading.Lock()
         self._written_since_check = 0
         self._checked_once = False
         self._pruning = False
@@ -331,9 +386,9 @@ class SparseStore:
             if not length:
                 self._count(misses=1)
                 return None
-            data = os.pread(f.data, length, index * CHUNK)
+            data = os.pread(f.data, length, index * CHUNK) if length <= CHUNK else b""
             if len(data) != length or entry.chunk_mac(self._mac_key, f.digest, index, data) != mac:
-                self._drop_chunk(f, index, "corrupt" if len(data) != length else "forged")
+                self._drop_chunk(f, index, "corrupt" if len(data) != length else "forged", content_id)
                 return None
             now = _minutes()
             if now - used >= TOUCH_AFTER_MIN:
@@ -345,17 +400,25 @@ class SparseStore:
         self._count(hits=1, hit_bytes=length)
         return data
 
-    def _drop_chunk(self, f: StoredFile, index: int, kind: str) -> None:
-        """A chunk whose bytes fail their MAC: its record cleared (a miss, fetched again); a sealed file, never
-        written again, is evicted whole instead."""
+    def _drop_chunk(self, f: StoredFile, index: int, kind: str, content_id: str) -> None:
+        """A chunk whose bytes or record fail their MAC: its record cleared (a miss: fetched again, or an error
+        for that range alone offline), the rest of the file kept. A sealed file is unsealed (record first, so
+        a crash in between leaves a sealed file with a chunk absent, which its check drops again), and this
+        process's C reads of it stop (its gate: -1)."""
         self._warn_once(kind, "cache dir %s: %s chunk %d of %s: dropped, fetching it again (further %s chunks "
                         "are counted, not logged)", self.root, kind, index, os.path.basename(f.data_path), kind)
         self._count(misses=1, **{kind: 1})
-        if f.sealed:
-            _remove(f.data_path[:-len(".data")])
-            return
-        with contextlib.suppress(OSError):
+        with self._copy_lock:
+            copy = self._copies.get(content_id)
+        if isinstance(copy, SealedCopy):
+            copy.gate.value = -1
+        with f.lock, contextlib.suppress(OSError):
             os.pwrite(f.index, bytes(RECORD), HEADER_SIZE + index * RECORD)
+            f._first_absent = min(f._first_absent, index)
+            if f.reread_sealed():
+                os.fsync(f.index)
+                f.sealed, f.stamp = False, bytes(entry.MAC_SIZE)
+                f.write_header()
 
     def stored_chunks(self, content_id: str, indexes: Sequence[int]) -> set[int]:
         f = self._file(content_id, create=False)
@@ -367,27 +430,24 @@ class SparseStore:
         """Whether chunk ``key`` (a ``chunks.chunk_key``) is stored."""
         return bool(self.stored_chunks(key.content_id, (key.start,)))
 
-    def sealed_copy(self, content_id: str, size: int) -> tuple[int, int, int] | None:
-        """``(descriptor, size, mtime_ns)`` of ``content_id``'s sealed data file, read-only, once this process
-        has checked every chunk's MAC in it; None before (the check is started on a thread of its own at the
-        first call: Python serves meanwhile), for a file not sealed, of another size, or one that failed the
-        check (then evicted whole, fetched again). The C read path serves it as a plain local file range
-        (``ckptfs.fs.direct``); a sealed file is never written again, so the size and mtime pinned here
-        hold. Each call counts as a use of the file for eviction."""
-        with self._lock:
-            state = self._copies.get(content_id)
-            if state is None:
-                self._copies[content_id] = "checking"
-        if state is None:
-            f = self._file(content_id, create=False)
-            if f is None or not f.sealed or f.size != size:
-                with self._lock:
-                    del self._copies[content_id]
-                return None
-            threading.Thread(target=self._check_sealed, args=(content_id, f), name="ckptfs-store-check",
-                             daemon=True).start()
-            return None
-        if not isinstance(state, tuple):
+    def sealed_copy(self, content_id: str, size: int) -> tuple[int, int, int, int] | None:
+        """``(descriptor, size, mtime_ns, gate)`` of ``content_id``'s sealed data file, read-only; None for a
+        file not sealed, of another size, or one that failed its check. The C read path serves it as a plain
+        local file range (``ckptfs.fs.direct``); a sealed file is never written again, so the size and mtime
+        pinned here hold (a chunk dropped later unseals it, and its rewrite changes the mtime).
+
+        The first call starts this process's one check of the file (``_check_sealed``: every chunk's MAC, on
+        threads of its own, from the start of the file) and returns the copy at once: ``gate`` is the address
+        of an int64 that says how many bytes from the start the check has passed, which a reader serves up to
+        and waits on (a stream opened right after a prefetch runs just behind the check instead of in
+        Python); -1 once the check failed. Each call counts as a use of the file for eviction."""
+        with self._copy_lock:
+            copy = self._copies.get(content_id)
+            if copy is None:
+                copy = self._open_copy(content_id, size)
+                if copy is None:
+                    return None
+        if not isinstance(copy, SealedCopy) or copy.gate.value < 0 or copy.size != size:
             return None
         f = self._file(content_id, create=False)
         if f is not None and f.sealed:
@@ -396,37 +456,112 @@ class SparseStore:
             if now - used >= TOUCH_AFTER_MIN:
                 with contextlib.suppress(OSError):
                     os.pwrite(f.index, struct.pack("<I", now), HEADER_SIZE + _USED_AT)
-        return state
+        return copy.fd, copy.size, copy.mtime_ns, ctypes.addressof(copy.gate)
 
-    def _check_sealed(self, content_id: str, f: StoredFile) -> None:
-        """``sealed_copy``'s check: every chunk of the sealed file read and its MAC compared, once per process."""
-        result: object = "bad"
+    def _open_copy(self, content_id: str, size: int) -> SealedCopy | str | None:
+        """``sealed_copy``'s first call for ``content_id`` (under ``_copy_lock``): the sealed file opened and
+        its check started, kept in ``_copies``; "bad" (kept: Python serves it, checking each chunk) for a data
+        file whose size is not the sealed one; None (not kept: asked again later) for one not sealed."""
+        f = self._file(content_id, create=False)
+        if f is None or not (f.sealed or f.reread_sealed()) or f.size != size:
+            return None
+        fd = os.open(f.data_path, os.O_RDONLY | os.O_CLOEXEC)
+        st = os.fstat(fd)
+        if st.st_size != f.size:
+            os.close(fd)
+            self._warn_once("sealed", "cache dir %s: sealed file %s holds %d bytes, sealed at %d: read chunk by "
+                            "chunk", self.root, os.path.basename(f.data_path), st.st_size, f.size)
+            self._copies[content_id] = "bad"
+            return "bad"
+        copy = self._copies[content_id] = SealedCopy(fd, f.size, st.st_mtime_ns)
+        if f.stamp == self._stamp(f, st):  # sealed, or checked, with the file as it is now, in this boot
+            copy.gate.value = copy.size
+            return copy
+        threading.Thread(target=self._check_sealed, args=(content_id, f, copy), name="ckptfs-store-check",
+                         daemon=True).start()
+        return copy
+
+    def _stamp(self, f: StoredFile, st: os.stat_result) -> bytes:
+        return entry.sealed_stamp(self._mac_key, f.digest, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns,
+                                  boot_id())
+
+    def _check_sealed(self, content_id: str, f: StoredFile, copy: SealedCopy) -> None:
+        """``sealed_copy``'s check: every chunk of the sealed file read and its MAC compared, in steps taken in
+        order by ``CHECK_THREADS`` threads (the MAC, like the read, runs without the GIL), the gate moved past
+        every step done with all those before it. The first chunk that fails is dropped (fetched again), the
+        gate set to -1, and the copy forgotten: an open after the file is complete again checks it afresh."""
         try:
-            fd = os.open(f.data_path, os.O_RDONLY | os.O_CLOEXEC)
-            try:
-                for i, (mac, length, _) in enumerate(f.records(0, f.chunks)):
-                    data = os.pread(fd, length, i * CHUNK)
-                    if not length or entry.chunk_mac(self._mac_key, f.digest, i, data) != mac:
-                        raise BadIndex(f"chunk {i} fails its MAC")
-                st = os.fstat(fd)
-                if st.st_size != f.size:
-                    raise BadIndex(f"{st.st_size} bytes, sealed at {f.size}")
-                result, fd = (fd, f.size, st.st_mtime_ns), -1  # kept open for the process's C reads
-            finally:
-                if fd >= 0:
-                    os.close(fd)
-        except (OSError, BadIndex) as exc:
-            self._warn_once("sealed", "cache dir %s: sealed file %s (%s): evicted, fetching it again (further "
-                            "ones are counted, not logged)", self.root, os.path.basename(f.data_path), exc)
-            self._count(corrupt=1)
-            _remove(f.data_path[:-len(".data")])
-        with self._lock:
-            self._copies[content_id] = result
+            records = f.records(0, f.chunks)
+        except OSError:
+            records = []
+        steps = -(-len(records) // CHECK_STEP) if records else -1
+        done = bytearray(steps)
+        lock = threading.Lock()
+        state = {"next": 0, "passed": 0, "bad": -1}
+
+        def check() -> None:
+            while True:
+                with lock:
+                    step = state["next"]
+                    if state["bad"] >= 0 or step >= steps:
+                        return
+                    state["next"] = step + 1
+                for i in range(step * CHECK_STEP, min(len(records), (step + 1) * CHECK_STEP)):
+                    if not self._chunk_checks(f, copy.fd, i, records[i]):
+                        with lock:
+                            state["bad"] = i if state["bad"] < 0 else min(i, state["bad"])
+                        return
+                with lock:
+                    done[step] = 1
+                    passed = state["passed"]
+                    while passed < steps and done[passed]:
+                        passed += 1
+                    state["passed"] = passed
+                    copy.gate.value = min(passed * CHECK_STEP * CHUNK, copy.size)
+
+        helpers = [threading.Thread(target=check, name="ckptfs-store-check", daemon=True)
+                   for _ in range(CHECK_THREADS - 1)]
+        for helper in helpers:
+            helper.start()
+        check()
+        for helper in helpers:
+            helper.join()
+        if state["bad"] < 0 and state["passed"] == steps:
+            self._stamp_checked(f, copy)
+            return
+        if state["bad"] >= 0:  # (the gate stays short of it meanwhile)
+            self._drop_chunk(f, state["bad"], "forged", content_id)
+        copy.gate.value = -1
+        with self._copy_lock:
+            if self._copies.get(content_id) is copy:
+                del self._copies[content_id]
+            self._kept.append(copy)  # registered handles may still hold its descriptor and gate
+
+    def _stamp_checked(self, f: StoredFile, copy: SealedCopy) -> None:
+        """Stamp a file that passed its check (``entry.sealed_stamp``) so that the processes after this one in
+        this boot skip the check, unless it changed meanwhile."""
+        with f.lock, contextlib.suppress(OSError):
+            st = os.fstat(copy.fd)
+            if f.reread_sealed() and (st.st_size, st.st_mtime_ns) == (copy.size, copy.mtime_ns):
+                f.stamp = self._stamp(f, st)
+                f.write_header()
+
+    def _chunk_checks(self, f: StoredFile, fd: int, index: int, record: tuple[bytes, int, int]) -> bool:
+        """Whether chunk ``index`` of ``f`` read from ``fd`` matches its ``record`` (present, its length a
+        chunk's at most, its MAC)."""
+        mac, length, _ = record
+        if not 0 < length <= CHUNK:
+            return False
+        try:
+            data = os.pread(fd, length, index * CHUNK)
+        except OSError:
+            return False
+        return len(data) == length and entry.chunk_mac(self._mac_key, f.digest, index, data) == mac
 
     def sealed_path(self, content_id: str) -> str | None:
         """The data file of ``content_id`` when it is sealed (complete, never written again), else None."""
         f = self._file(content_id, create=False)
-        return f.data_path if f is not None and f.sealed else None
+        return f.data_path if f is not None and (f.sealed or f.reread_sealed()) else None
 
     # -- writes --------------------------------------------------------------------------------------
 
@@ -445,7 +580,7 @@ class SparseStore:
                 if chunks and not f.chunks:
                     f.chunks = chunks
                     f.write_header()
-            if f.sealed:
+            if f.sealed and f.reread_sealed():  # (another process may have dropped a chunk of it)
                 return True
             records = f.records(first, len(views))
             absent = [k for k, (_, length, _) in enumerate(records) if not length]
@@ -490,6 +625,7 @@ class SparseStore:
             os.fsync(f.index)
             f.size = (f.chunks - 1) * CHUNK + f.records(f.chunks - 1, 1)[0][1]
             f.sealed = True
+            f.stamp = self._stamp(f, os.fstat(f.data))  # every chunk's MAC was made from the bytes written
             f.write_header()
         self._count(sealed=1)
 
@@ -752,6 +888,7 @@ class SparseStore:
         self._files = {}
         self._copies = {}  # (a check under way in the parent has no thread here)
         self._lock = threading.Lock()
+        self._copy_lock = threading.Lock()
 
 
 def folder_bytes(root: Path) -> int:

@@ -18,9 +18,12 @@
  * Guarantees kept from the Python path (sources/local.py): a read returns min(size, length - offset) bytes
  * exactly as the files were when pinned; after each pread the descriptor is fstat'ed, and a changed size or
  * mtime, a short read or an error sends the read to Python, which answers it (EIO, with its log line and
- * error counter). Descriptors and memory are Python's, held by it while the handle is registered: each read
- * holds a reference on its entry, and `unregister` returns only once no read uses the entry, so Python never
- * lets a descriptor (or the memory) go under a read of ours.
+ * error counter). A segment may be gated (a sealed file of the --cache-dir store whose MAC check is under way,
+ * run ahead of the readers chunk by chunk: cache/sparse_store.py): its bytes are read once the check has
+ * passed them, and a read the check has not reached soon, or one of a file that failed it, goes to Python,
+ * which checks each chunk it reads. Descriptors, memory and gates are Python's, held by it while the handle is
+ * registered: each read holds a reference on its entry, and `unregister` returns only once no read uses the
+ * entry, so Python never lets a descriptor (or the memory) go under a read of ours.
  *
  * The table is chained hash buckets under one rwlock, held only for a lookup, never during I/O.
  */
@@ -35,6 +38,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/types.h>
+#include <time.h>
 #include <unistd.h>
 
 typedef int (*read_fn)(const char *, char *, size_t, off_t, void *);
@@ -42,7 +46,7 @@ typedef int (*read_fn)(const char *, char *, size_t, off_t, void *);
 #define BUCKETS 4096
 #define KINDS 16
 
-/* One segment as Python packs it (fs/direct.py, SEGMENT = struct "<QQqqqqQ"). */
+/* One segment as Python packs it (fs/direct.py, SEGMENT = struct "<QQqqqqQQ"). */
 struct segment {
     uint64_t start;    /* where it starts in the mount's file */
     uint64_t length;
@@ -51,6 +55,8 @@ struct segment {
     int64_t st_size;   /* the source file as pinned at open: a read checks it is still so */
     int64_t mtime_ns;
     uint64_t memory;   /* fd == -1: the address of `length` bytes (Python holds them), or 0 for zeros */
+    uint64_t gate;     /* fd >= 0: 0, or the address of an int64 Python advances: how many bytes from the start of
+                        * the file have been checked (a sealed store file under its check), -1 once it failed */
 };
 
 struct entry {
@@ -101,9 +107,49 @@ static struct entry *get(uint64_t fh) {
     return e;
 }
 
+/* A read of a gated file never waits for a check this far behind it: a read that far ahead (a jump to the
+ * end of the file) is handed to Python, which checks the chunks it reads itself. */
+#define GATE_AHEAD (64LL << 20)
+/* ... nor for one that has not moved for this long (nanoseconds): a check starved of CPU. */
+#define GATE_IDLE_NS 2000000000LL
+
+static int64_t monotonic_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+/* 1 when the file's bytes before `end` have been checked (at once for an ungated file); while its check runs
+ * a little behind the read, wait for it; 0 when the check failed, is far behind or makes no progress. */
+static int checked(const struct segment *s, int64_t end) {
+    if (s->gate == 0)
+        return 1;
+    const _Atomic int64_t *gate = (const _Atomic int64_t *)(uintptr_t)s->gate;
+    int64_t seen = atomic_load(gate);
+    if (seen >= end)
+        return 1;
+    if (seen < 0 || end - seen > GATE_AHEAD)
+        return 0;
+    for (int64_t moved = monotonic_ns(); monotonic_ns() - moved < GATE_IDLE_NS;) {
+        usleep(50);
+        int64_t now = atomic_load(gate);
+        if (now >= end)
+            return 1;
+        if (now < 0)
+            return 0;
+        if (now != seen) {
+            seen = now;
+            moved = monotonic_ns();
+        }
+    }
+    return 0;
+}
+
 /* 1 when `n` bytes at `at` of the segment's file were read completely and the file is still as pinned. */
 static int read_file(const struct segment *s, char *buf, size_t n, int64_t at) {
     int fd = (int)s->fd;
+    if (!checked(s, at + (int64_t)n))
+        return 0;
     size_t done = 0;
     while (done < n) {
         ssize_t got = pread(fd, buf + done, n - done, (off_t)(at + (int64_t)done));

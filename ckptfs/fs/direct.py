@@ -19,9 +19,12 @@ Registered only where the bytes are read as they are:
 - the view gives ``plain_segments()``: the ``.npy`` of a decoded type, a JSON file or a virtual
   safetensors file is decoded, built or converted per read, and stays in Python;
 - every source is a plain ``FileSource`` (local file), or a remote source whose file the ``--cache-dir``
-  store holds complete (sealed) and this process has checked against its MACs once (``RemoteSource.local_copy``:
-  the store's file keeps the remote file's offsets; the check starts at the first open and runs in the
-  background, Python serving meanwhile). Wrapped sources are not: a manifest-checked source (``--manifest``:
+  store holds complete (sealed) (``RemoteSource.local_copy``: the store's file keeps the remote file's
+  offsets). The store checks such a file against its MACs once per process, from the first open, on threads
+  of its own, chunk by chunk from the start; the copy comes with a *gate*, the address of how many bytes the
+  check has passed, and C reads only bytes before it: a stream from the first open is served in C right
+  behind the check, a read far ahead of it (or of a file that failed it) is Python's, which checks the
+  chunks it reads itself. Wrapped sources are not: a manifest-checked source (``--manifest``:
   every read is verified) or a mirror; nor a remote file only partly stored;
 - every range lies inside its file as pinned (a tensor whose bytes the file does not hold, a damaged one, is
   read by Python, which answers EIO with its log line).
@@ -58,8 +61,9 @@ log = logging.getLogger(__name__)
 
 ENV = "CKPTFS_C_READS"
 #: One segment as ``_direct.c`` reads it (``struct segment``): start, length, fd (-1: memory or zeros),
-#: offset in the file, the file's pinned size and mtime, the address of memory bytes (0: zeros).
-SEGMENT = struct.Struct("<QQqqqqQ")
+#: offset in the file, the file's pinned size and mtime, the address of memory bytes (0: zeros), the address
+#: of the file's check gate (0: none).
+SEGMENT = struct.Struct("<QQqqqqQQ")
 
 
 def enabled_from_env() -> bool:
@@ -104,14 +108,14 @@ class DirectReads:
         slot = self._slot(kind)
         if slot is None:
             return False
-        copies: dict[int, tuple[int, int, int]] = {}  # remote sources' checked local copies
+        copies: dict[int, tuple[int, int, int, int]] = {}  # remote sources' complete local copies
         for _, length, what, offset in segments:
             if isinstance(what, (bytes, type(None))):
                 continue
             if type(what) is not FileSource:
                 copy = copies.get(id(what)) or _local_copy(what)
                 if copy is None:
-                    return False  # wrapped (checked, mirrored), or remote with no complete local copy yet
+                    return False  # wrapped (checked, mirrored), or remote with no complete local copy
                 copies[id(what)] = copy
             if offset < 0 or offset + length > what.size:
                 return False  # bytes the file does not hold
@@ -122,14 +126,14 @@ class DirectReads:
         try:
             for start, length, what, offset in segments:
                 if what is None:
-                    packed += SEGMENT.pack(start, length, -1, 0, 0, 0, 0)
+                    packed += SEGMENT.pack(start, length, -1, 0, 0, 0, 0, 0)
                 elif isinstance(what, bytes):
                     if offset < 0 or offset + length > len(what):
                         return False
-                    packed += SEGMENT.pack(start, length, -1, 0, 0, 0, _address(what) + offset)
-                elif id(what) in copies:  # the store's descriptor, open for the process: nothing to hold
-                    fd, st_size, mtime_ns = copies[id(what)]
-                    packed += SEGMENT.pack(start, length, fd, offset, st_size, mtime_ns, 0)
+                    packed += SEGMENT.pack(start, length, -1, 0, 0, 0, _address(what) + offset, 0)
+                elif id(what) in copies:  # the store's descriptor and gate, kept for the process: nothing to hold
+                    fd, st_size, mtime_ns, gate = copies[id(what)]
+                    packed += SEGMENT.pack(start, length, fd, offset, st_size, mtime_ns, 0, gate)
                 else:
                     pinned = fds.get(id(what))
                     if pinned is None:
@@ -137,7 +141,7 @@ class DirectReads:
                         pinned = fds[id(what)] = what._acquire_fd()
                         held.append(what)
                     _, _, st_size, mtime_ns, _ = what.identity
-                    packed += SEGMENT.pack(start, length, pinned, offset, st_size, mtime_ns, 0)
+                    packed += SEGMENT.pack(start, length, pinned, offset, st_size, mtime_ns, 0, 0)
             registered = _direct.register(fh, slot, view.size, bytes(packed))
         except CheckpointError:  # a source replaced since it was pinned: Python's read of it says so
             return False
@@ -190,10 +194,10 @@ class DirectReads:
         return _direct.counters()[3] if self.active else 0
 
 
-def _local_copy(source: Any) -> tuple[int, int, int] | None:
-    """A remote source's complete, checked local copy in the ``--cache-dir`` store (``RemoteSource.local_copy``:
-    its bytes at the remote file's own offsets), else None. Asking starts the store's one check of the copy
-    in this process, so a later open finds it."""
+def _local_copy(source: Any) -> tuple[int, int, int, int] | None:
+    """A remote source's complete local copy in the ``--cache-dir`` store (``RemoteSource.local_copy``: its
+    bytes at the remote file's own offsets, and its check gate), else None. Asking starts the store's one
+    check of the copy in this process."""
     if not isinstance(source, HasLocalCopy):
         return None
     return source.local_copy()

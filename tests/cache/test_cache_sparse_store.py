@@ -319,16 +319,31 @@ def test_an_unsealed_file_left_without_chunks_is_removed_unless_it_is_being_fill
         holder.wait(10)
 
 
-def test_a_damaged_chunk_of_a_sealed_file_evicts_it_whole(tmp_path):
+@pytest.mark.parametrize("damage", ["bytes", "record", "length"])
+def test_a_damaged_chunk_or_record_of_a_sealed_file_drops_that_chunk_alone(tmp_path, damage):
     s = store(tmp_path)
     s.put_chunks(CONTENT, 0, [chunk(i) for i in range(N)], N)
-    path = s.sealed_path(CONTENT)
+    other = store(tmp_path)  # another process's view of the folder, the file open there while sealed
+    assert other.get(CONTENT, 0) == chunk(0)
+    data_path, index_path = s.paths_for(CONTENT)
+    if damage == "bytes":
+        path, at, value = data_path, 3 * CHUNK + 5, bytes([DATA[3 * CHUNK + 5] ^ 1])
+    elif damage == "record":  # a byte of chunk 3's MAC
+        path, at, value = index_path, HEADER_SIZE + 3 * RECORD + 2, None
+    else:  # chunk 3's length: a chunk's at most, or no read of it is made
+        path, at, value = index_path, HEADER_SIZE + 3 * RECORD + 16, struct.pack("<I", 0xFFFF_FFF0)
     with open(path, "r+b") as fh:
-        fh.seek(3 * CHUNK + 5)
-        fh.write(b"x")
-    assert s.get(CONTENT, 3) is None and s.stats()["forged"] == 1
-    assert not os.path.exists(path) and s.stored_chunks(CONTENT, range(N)) == set()  # fetched again, all
-    assert s.put_chunks(CONTENT, 3, [chunk(3)], N) and s.get(CONTENT, 3) == chunk(3)
+        if value is None:
+            fh.seek(at)
+            value = bytes([fh.read(1)[0] ^ 1])
+        fh.seek(at)
+        fh.write(value)
+    assert s.get(CONTENT, 3) is None and s.stats()["forged"] + s.stats()["corrupt"] == 1
+    assert os.path.exists(data_path) and s.sealed_path(CONTENT) is None  # unsealed, the rest kept
+    assert s.stored_chunks(CONTENT, range(N)) == set(range(N)) - {3}
+    assert [s.get(CONTENT, i) for i in range(N) if i != 3] == [chunk(i) for i in range(N) if i != 3]
+    assert other.put_chunks(CONTENT, 3, [chunk(3)], N)  # stored again, by the process that thought it sealed
+    assert s.get(CONTENT, 3) == chunk(3) and s.sealed_path(CONTENT) == data_path  # complete: sealed again
 
 
 def test_the_free_space_floor_is_a_flag_of_the_commands(tmp_path):

@@ -266,10 +266,10 @@ class RemoteSource(ByteSource):
         """Whether fetched chunks are kept in a ``--cache-dir`` store (beyond this process's memory)."""
         return self.fetcher.cache.disk is not None
 
-    def local_copy(self) -> tuple[int, int, int] | None:
-        """``(descriptor, size, mtime_ns)`` of this file's complete local copy in the ``--cache-dir`` store once
-        this process has checked it (``ChunkCache.local_copy``), else None: the mount's C read path serves a
-        file that has one as a local file (``ckptfs.fs.direct``)."""
+    def local_copy(self) -> tuple[int, int, int, int] | None:
+        """``(descriptor, size, mtime_ns, gate)`` of this file's complete local copy in the ``--cache-dir``
+        store (``ChunkCache.local_copy``), else None: the mount's C read path serves a file that has one as a
+        local file, behind its check (``ckptfs.fs.direct``)."""
         return self.fetcher.cache.local_copy(self.content_id(), self.size)
 
     def store_trouble(self) -> str | None:
