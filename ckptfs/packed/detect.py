@@ -42,7 +42,8 @@ from ckptfs.util.jsonutil import loads
 
 CONFIG_FILES = ("config.json", "quantize_config.json", "hf_quant_config.json")
 #: the modules under ckptfs.packed that declare SCHEMES and METHODS (imported when a folder has a config)
-SCHEME_MODULES = ("gptq", "awq", "compressed", "fp8", "fbgemm", "ct_float", "modelopt", "bnb")
+SCHEME_MODULES = ("gptq", "awq", "compressed", "fp8", "fbgemm", "ct_float", "modelopt", "bnb", "nvfp4", "mxfp",
+                  "gptoss")
 MAX_CONFIG_BYTES = 16 << 20
 
 

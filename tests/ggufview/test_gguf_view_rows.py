@@ -8,29 +8,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from counting import Counting
 from gguf_view_models import make_llama
 
 from ckptfs.checkpoint.api import Checkpoint
 from ckptfs.formats.multi import read_checkpoint
-from ckptfs.sources.base import ByteSource
 
 pytest.importorskip("transformers")
 pytest.importorskip("gguf")
-
-
-class Counting(ByteSource):
-    """Records every range read of a file."""
-
-    def __init__(self, inner: ByteSource, calls: list):
-        self.inner, self.name, self.size, self.identity = inner, inner.name, inner.size, inner.identity
-        self.calls = calls
-
-    def content_id(self) -> str:
-        return self.inner.content_id()
-
-    def pread(self, offset: int, size: int) -> bytes:
-        self.calls.append((offset, size))
-        return self.inner.pread(offset, size)
 
 
 @pytest.fixture(scope="module")
