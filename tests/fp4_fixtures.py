@@ -198,3 +198,31 @@ def transformers_mxfp4(blocks: np.ndarray, scales: np.ndarray, dtype: str = "bfl
     result = convert_moe_packed_tensors(torch.from_numpy(blocks), torch.from_numpy(scales),
                                        dtype=getattr(torch, dtype))
     return result.float().numpy()
+
+
+# ------------------------------------------------------------------------------------------ ModelOpt NVFP4
+
+def modelopt_nvfp4_layer(rng: np.random.Generator, out: int, in_features: int, scalar: bool = True) -> dict[str, Any]:
+    """A ModelOpt NVFP4 layer as ``nvidia/*-FP4`` exports store it (torch tensors): ``weight`` U8
+    ``[out, in/2]`` (random nibbles), ``weight_scale`` F8_E4M3 ``[out, in/16]`` (positive E4M3 values, one
+    NaN code), ``weight_scale_2`` and ``input_scale`` F32 (0-d, or ``[1]``)."""
+    import torch
+
+    codes = rng.integers(0, 256, (out, in_features // 2), dtype=np.uint8)
+    scale = rng.uniform(0.01, 448.0, (out, in_features // 16)).astype(ml_dtypes.float8_e4m3fn).view(np.uint8)
+    scale[0, 0] = 0x7F
+    shape = () if scalar else (1,)
+    return {"weight": torch.from_numpy(codes),
+            "weight_scale": torch.from_numpy(scale.copy()).view(torch.float8_e4m3fn),
+            "weight_scale_2": torch.tensor(rng.uniform(1e-4, 1e-2), dtype=torch.float32).reshape(shape),
+            "input_scale": torch.tensor(rng.uniform(0.01, 1.0), dtype=torch.float32).reshape(shape)}
+
+
+def modelopt_fp8_layer(rng: np.random.Generator, out: int, in_features: int) -> dict[str, Any]:
+    """A ModelOpt FP8 layer: ``weight`` F8_E4M3, per-tensor ``weight_scale`` and ``input_scale`` F32 (0-d)."""
+    import torch
+
+    weight = rng.standard_normal((out, in_features)).astype(ml_dtypes.float8_e4m3fn).view(np.uint8)
+    return {"weight": torch.from_numpy(weight.copy()).view(torch.float8_e4m3fn),
+            "weight_scale": torch.tensor(0.0123, dtype=torch.float32),
+            "input_scale": torch.tensor(0.5, dtype=torch.float32)}
