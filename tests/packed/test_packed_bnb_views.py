@@ -202,3 +202,48 @@ def test_the_mount_of_a_folder_saved_by_transformers(tmp_path, mounted):
     assert "virtual" not in meta or meta["virtual"] is False
     names = os.listdir(mnt)
     assert "model.layers.0.mlp.down_proj.weight.npy" in names
+
+
+def test_prefetch_and_shared(tmp_path):
+    """``ckptfs prefetch FOLDER --cache-dir DIR`` stores an NF4 view's tiles, which a later open reads without
+    decoding anything; ``Tensor.shared()`` maps one decoded copy of the view."""
+    from cli_runs import run_cli
+
+    torch.manual_seed(8)
+    tensors = quantize_4bit(torch.randn(300, 600).to(torch.bfloat16), "nf4", 64, True)
+    expected = as_numpy(dequantize_4bit(tensors, torch.float32))
+    folder = write_folder(tmp_path / "m", {UP: tensors}, bnb_config(4, "nf4", True))
+    cache_dir = tmp_path / "cache"
+    result = run_cli("prefetch", str(folder), "--cache-dir", str(cache_dir))
+    assert result.returncode == 0 and "failed" not in result.stdout, result.stdout + result.stderr
+    with ckptfs.open(folder, cache_dir=str(cache_dir)) as ck:
+        view = ck[UP + ".weight"]
+        assert view.data.n_blocks > 2
+        assert same_bits(view[0:300], expected)
+        assert ck.cache.decoded_bytes == 0
+    shared_dir = tmp_path / "shared"
+    with ckptfs.open(folder, cache_dir=str(shared_dir)) as ck:
+        values = ck[UP + ".weight"].shared()
+        assert not values.flags.writeable and same_bits(np.asarray(values), expected)
+    with ckptfs.open(folder, cache_dir=str(shared_dir)) as ck:
+        assert same_bits(np.asarray(ck[UP + ".weight"].shared()), expected)
+        assert ck.cache.decoded_bytes == 0
+
+
+def test_a_remote_folder_on_s3(tmp_path):
+    """The same folder uploaded to S3 (moto's server on loopback): the views equal bitsandbytes' values and the
+    stored codes their bytes, read through ``s3://``."""
+    boto3 = pytest.importorskip("boto3")
+    pytest.importorskip("moto")
+    from servers import MotoS3, environment
+
+    folder, layers, _ = nf4_folder(tmp_path)
+    with MotoS3() as server, environment(server.env()):
+        client = boto3.client("s3", endpoint_url=server.endpoint)
+        client.create_bucket(Bucket="models")
+        for path in sorted(folder.iterdir()):
+            client.upload_file(str(path), "models", f"bnb/{path.name}")
+        with ckptfs.open("s3://models/bnb/", timeout=10) as ck:
+            for prefix, tensors in layers.items():
+                assert same_bits(ck[prefix + ".weight"].numpy(), as_numpy(dequantize_4bit(tensors, torch.float32)))
+                assert ck.stored(prefix + ".weight").raw() == tensors["weight"].numpy().tobytes()
