@@ -29,7 +29,7 @@ from ckptfs.core.errors import CheckpointError
 from ckptfs.util.oneline import one_line
 from ckptfs.engine.decode_ahead import DecodeAhead
 from ckptfs.tree.mount_tree import MountTree
-from ckptfs.tree.ownership import Ownership
+from ckptfs.tree.ownership import MODES_TTL_S, Ownership
 
 if TYPE_CHECKING:  # imported when a folder of several checkpoints is mounted
     from ckptfs.tree.repository import RepositoryTree
@@ -172,8 +172,9 @@ class CkptOperations:
         self._read_scope = tree.read_scope
         mtime_ns = tree.mtime_ns
         self._times = {"st_atime": mtime_ns, "st_mtime": mtime_ns, "st_ctime": mtime_ns}
-        #: per path, files and folders: owner and mode come from what each is made of (tree.ownership)
-        self._file_attrs: dict[str | None, dict[str, int]] = {}
+        #: per path, files and folders: (when taken, attributes); owner and mode come from what each is made of
+        #: as it is now, so they are taken again once older than MODES_TTL_S (tree.ownership)
+        self._file_attrs: dict[str | None, tuple[float, dict[str, int]]] = {}
         self._handles: dict[int, View] = {}
         #: handles opened with O_DIRECT: what they read the kernel's page cache does not hold (see _serve)
         self._uncached: set[int] = set()
@@ -235,17 +236,19 @@ class CkptOperations:
 
     @_guarded
     def getattr(self, path: str | None, fh: int | None = None) -> dict[str, int]:
-        attrs = self._file_attrs.get(path)
-        if attrs is None:
-            if path is None:  # a handle's attributes: libfuse passes the path unless told otherwise
-                raise FsError(errno.ENOENT)
-            if path == "/" or (path and path[0] == "/" and self.tree.is_dir(path[1:])):
-                attrs = self._attrs(DIR_MODE, 0, nlink=2, owner=self.tree.owner(path[1:]))
-            else:
-                # The size is exact from the first lookup: mmap and the page cache trust it.
-                size = self._view(path).size
-                attrs = self._attrs(FILE_MODE, size, owner=self.tree.owner(path[1:]))
-            self._file_attrs[path] = attrs
+        taken = self._file_attrs.get(path)
+        now = time.monotonic()
+        if taken is not None and now - taken[0] < MODES_TTL_S:
+            return taken[1]
+        if path is None:  # a handle's attributes: libfuse passes the path unless told otherwise
+            raise FsError(errno.ENOENT)
+        if path == "/" or (path and path[0] == "/" and self.tree.is_dir(path[1:])):
+            attrs = self._attrs(DIR_MODE, 0, nlink=2, owner=self.tree.owner(path[1:]))
+        else:
+            # The size is exact from the first lookup: mmap and the page cache trust it.
+            size = self._view(path).size
+            attrs = self._attrs(FILE_MODE, size, owner=self.tree.owner(path[1:]))
+        self._file_attrs[path] = (now, attrs)
         return attrs
 
     @_guarded

@@ -1,9 +1,12 @@
 """FUSE mount options: ours, fixed for immutable data, plus what the user passes with ``-o``.
 
 Ours: ``ro`` and ``auto_unmount`` always (a killed daemon leaves no dead mount); ``kernel_cache`` and long
-entry/attr/negative timeouts, because the data never changes while mounted — without ``kernel_cache`` every
+entry/negative timeouts, because the data never changes while mounted — without ``kernel_cache`` every
 open() drops the file's cached pages (np.load opens a file three times); ``default_permissions`` so the kernel
-checks the 0444/0555 modes itself (with ``allow_other``, every user may read). Never ``direct_io``: it makes a
+checks the modes getattr reports itself (with ``allow_other``, every user may read what those allow). The
+attribute timeout is long for a remote source (0444/0555: nothing changes) and ``ATTR_TIMEOUT_S`` for a local
+one, whose owners and modes follow the files' (tree.ownership): a ``chmod`` after the mount is honoured within
+it plus ``MODES_TTL_S``. Never ``direct_io``: it makes a
 shared mmap of the file fail (np.load with mmap_mode) and bypasses the page cache.
 
 ``nonempty`` is ours to handle (libfuse 3 dropped it): it only relaxes our own mountpoint check.
@@ -17,6 +20,7 @@ from dataclasses import dataclass, field
 from ckptfs.fs.errors import MountError
 
 CACHE_TIMEOUT = "86400"  # seconds; the tree never changes during a mount
+ATTR_TIMEOUT_S = 1  # seconds; a local mount's owners and modes are those of its files now
 
 REFUSED = {
     "rw": "ckptfs mounts are read-only (checkpoint data cannot be written through the mount)",
@@ -54,7 +58,7 @@ def fixed_options(src: str, libfuse_major: int) -> dict[str, str | bool]:
         "default_permissions": True,
         "kernel_cache": True,
         "entry_timeout": CACHE_TIMEOUT,
-        "attr_timeout": CACHE_TIMEOUT,
+        "attr_timeout": CACHE_TIMEOUT if "://" in src else str(ATTR_TIMEOUT_S),
         "negative_timeout": CACHE_TIMEOUT,
         "fsname": _escape(f"ckptfs:{src}"),
         "subtype": "ckptfs",

@@ -59,6 +59,6 @@ def gguf_provider(output_type: str = "auto", required: bool = False) -> Provider
         view = built_or_logged(GGUF_DIR, lambda: build_view(ck, output_type), Unsupported, log, ck.src, required)
         if view is None:
             return []
-        return [Entry(f"{GGUF_DIR}/{GGUF_FILE}", "file", lambda: view)]
+        return [Entry(f"{GGUF_DIR}/{GGUF_FILE}", "file", lambda: view, made_from=view.made_from)]
 
     return provider

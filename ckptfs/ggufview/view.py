@@ -42,7 +42,10 @@ class VirtualGgufView(HeaderBodyView):
 
     def __init__(self, ck: Checkpoint, output_type: str = "auto"):
         self._sources = ck.sources
-        with library_logs_to(log), model_folder(ck) as folder, one_build():
+        with library_logs_to(log), model_folder(ck) as staged, one_build():
+            folder = staged.path
+            #: the folder's files the header is made from (tree.mount_tree.Entry.made_from)
+            self.made_from = staged.files
             vet(folder)
             config = _config(folder)
             arch = architecture_of(config)

@@ -35,7 +35,7 @@ from ckptfs.formats.lazy import LazyMetadata
 from ckptfs.util.jsonutil import dumps_bytes
 from ckptfs.util.redact import strip_url
 from ckptfs.tree.names import assign_stems, capped_name, file_name, numbered_name
-from ckptfs.tree.ownership import Ownership, Stamps, as_folder, check_pinned, combined, of_file, of_folder
+from ckptfs.tree.ownership import Ownership, Stamps, as_folder, check_pinned, of_file, of_folder
 from ckptfs.engine.views import BytesView, FileView, NpyView, RawView, View, npy_header
 
 log = logging.getLogger(__name__)
@@ -49,12 +49,15 @@ MAX_FILE_BYTES = (1 << 63) - 1
 class Entry:
     """One file of a mount: where it is, what kind it is (a metrics label: npy, raw, json, file, hf), how to
     make its view (called once, on first lookup), and for a file passed through unchanged, the path of the
-    file it is (``origin``: its owner and mode are the entry's, and it is pinned to that file as mounted)."""
+    file it is (``origin``: its owner and mode are the entry's, and it is pinned to that file as mounted).
+    A file made from the checkpoint's files names the other files it is made from too (``made_from``: a
+    folder's config and tokenizer files): it is readable only by those who may read every one of them."""
 
     path: str
     kind: str
     make_view: Callable[[], View]
     origin: str | None = None
+    made_from: tuple[str, ...] = ()
 
 
 Provider = Callable[[Checkpoint], Iterable[Entry]]
@@ -240,10 +243,11 @@ class MountTree:
                  extra: Sequence[Provider] = (), stamps: Stamps | None = None):
         self.checkpoint = checkpoint
         self._stamps = stamps if stamps is not None else Stamps()
-        self._stamps.take([*checkpoint.files, *checkpoint.passthrough.values()])
+        self._stamps.take([*checkpoint.files, *checkpoint.passthrough.values()])  # the pins
         for path in checkpoint.files:
             check_pinned(path, checkpoint.sources.get(path).identity, self._stamps.get(path))
-        self._entries: dict[str, tuple[str, Callable[[], View], str | None]] = {}
+        #: path -> (kind, make_view, origin, the files it is made from when it has no origin)
+        self._entries: dict[str, tuple[str, Callable[[], View], str | None, tuple[str, ...]]] = {}
         self._dirs: dict[str, list[str]] = {"": []}
         self._tensor_files: TensorFiles | None = None
         self._stem_index: dict[str, int] = {}        # tensor file stem (with folders) -> tensor index
@@ -260,18 +264,19 @@ class MountTree:
         self.mtime_ns = max((s.mtime_ns for s in checkpoint.sources.sources()), default=0)
         self._views: dict[str, View] = {}
         self._lock = threading.Lock()
-        file_stamps = [self._stamps.get(path) for path in checkpoint.files]
-        self._combined = None if None in file_stamps else combined(s for s in file_stamps if s is not None)
         self._tensor_sources: list[str] | None = None  # the file of each stored tensor, when first asked
-        self._root = self._root_owner()
 
     def _root_owner(self) -> Ownership | None:
         """The root's owner and mode: a folder's own (a folder mount); else r-x for the readers of the
-        checkpoint's files (a single-file mount); None when they are remote."""
-        folder = self._stamps.get(self.checkpoint.src) if isinstance(self.checkpoint.src, str) else None
+        checkpoint's files (a single-file mount); walled in by the folders above it; None when remote."""
+        src = self.checkpoint.src if isinstance(self.checkpoint.src, str) else None
+        folder = self._stamps.now(src) if src is not None else None
         if folder is not None and stat.S_ISDIR(folder.mode):
-            return of_folder(folder)
-        return as_folder(self._combined) if self._combined is not None else None
+            return self._stamps.walled(of_folder(folder), src)
+        readers = self._stamps.readers(self.checkpoint.files)
+        if readers is None:
+            return None
+        return as_folder(readers) if src is None else self._stamps.walled(as_folder(readers), src)
 
     def _add_tensor_files(self, files: TensorFiles) -> None:
         """Tensor files come first and always keep their names: only their stems are recorded."""
@@ -311,7 +316,8 @@ class MountTree:
         if self._taken(path) or not name or not self._make_dirs(parent):
             log.warning("left out %s: the name is taken", path)
             return
-        self._entries[path] = (entry.kind, entry.make_view, entry.origin)
+        made_from = () if entry.origin is not None else tuple(dict.fromkeys([*self.checkpoint.files, *entry.made_from]))
+        self._entries[path] = (entry.kind, entry.make_view, entry.origin, made_from)
         self._dirs[parent].append(name)
 
     def _make_dirs(self, folder: str) -> bool:
@@ -402,12 +408,12 @@ class MountTree:
         """The owner and permission bits of file or folder ``path`` (``tree.ownership``), or None for the
         mounting user's with 0444/0555 (a remote file, a folder that only sorts names)."""
         if path == "":
-            return self._root
+            return self._root_owner()
         entry = self._entries.get(path)
         if entry is not None:
             if entry[2] is None:
-                return self._combined
-            stamp = self._stamps.get(entry[2])
+                return self._stamps.readers(entry[3])
+            stamp = self._stamps.now(entry[2])
             return None if stamp is None else of_file(stamp, keep_execute=True)
         found = self._tensor_file(path)
         return None if found is None else self._tensor_owner(found[0])
@@ -416,8 +422,8 @@ class MountTree:
         if self._tensor_sources is None:  # once, from the columns: `ls -l` of 282,000 files makes no TensorInfo
             self._tensor_sources = [source for source, _ in self.checkpoint.tensors.positions()]
         if index >= len(self._tensor_sources):  # a virtual tensor (a view of packed parts): perhaps of several files
-            return self._combined
-        stamp = self._stamps.get(self._tensor_sources[index])
+            return self._stamps.readers(self.checkpoint.files)
+        stamp = self._stamps.now(self._tensor_sources[index])
         return None if stamp is None else of_file(stamp, keep_execute=False)
 
     # -- what the filesystem asks of the checkpoints behind the tree (a repository tree has several) --------

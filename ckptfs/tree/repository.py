@@ -31,7 +31,7 @@ from ckptfs.engine.views import Ahead, FileView, View
 from ckptfs.formats.repository import Repository
 from ckptfs.sources import ByteSource, SourcePool
 from ckptfs.tree.mount_tree import DEFAULT_PROVIDERS, RENUMBERED, MountTree, Provider
-from ckptfs.tree.ownership import Ownership, Stamps, as_folder, check_pinned, combined, of_file, of_folder
+from ckptfs.tree.ownership import Ownership, Stamps, as_folder, check_pinned, of_file, of_folder
 from ckptfs.sources.local import FileStamp, stamp_path
 
 log = logging.getLogger(__name__)
@@ -200,15 +200,15 @@ class RepositoryTree:
         file's for a file of the folder, r-x for the readers of its files for a checkpoint's folder, the
         member tree's below that; None for a remote repository's."""
         if path == "":
-            stamp = self._stamps.get(self.repository.folder)
-            return None if stamp is None else of_folder(stamp)
+            stamp = self._stamps.now(self.repository.folder)
+            return None if stamp is None else self._stamps.walled(of_folder(stamp), self.repository.folder)
         if path in self.repository.files:
-            stamp = self._stamps.get(self.repository.files[path][0])
+            stamp = self._stamps.now(self.repository.files[path][0])
             return None if stamp is None else of_file(stamp, keep_execute=True)
         index = self._members.get(path)
         if index is not None:
-            stamps = [self._stamps.get(self.repository.files[name][0]) for name in self.repository.members[index].files]
-            readers = None if None in stamps else combined(s for s in stamps if s is not None)
+            files = self.repository.members[index].files
+            readers = self._stamps.readers(self.repository.files[name][0] for name in files)
             return None if readers is None else as_folder(readers)
         split = self._split(path)
         return None if split is None else self.member_tree(split[0]).owner(split[1])

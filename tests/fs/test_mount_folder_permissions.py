@@ -7,6 +7,10 @@ The second user is a real one: a uid and gid no account uses, entered with ``set
 mount (``cat``, ``ls``), and the answers must agree; a file they may read has the same bytes both ways.
 Symlinks: one planted in the folder that leads outside it (to a 0600 file) is not in the mount; one that stays
 inside the folder is, as are the links of a Hugging Face cache snapshot (``snapshots/REV/* -> ../../blobs/*``).
+A view made from several files (``gguf/model.gguf``: the weights, config and tokenizer files) is readable only
+by those who read them all, and never embeds a file the listing leaves out; a folder below a 0700 folder is
+closed to them through the mount as it is without it; a ``chmod`` after the mount is honoured within the
+documented bound (``ATTR_TIMEOUT_S`` + ``MODES_TTL_S``: the test waits that long, it asserts no speed).
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import pwd
 import shutil
 import stat
 import subprocess
+import time
 from pathlib import Path
 
 import numpy as np
@@ -26,7 +31,12 @@ from fixtures import write_gguf
 from multifile_sets import hf_cache_layout, safetensors_tensors, write_safetensors_set
 from users import public_dir  # noqa: F401 - the fixture: a folder other users can traverse
 
+from ckptfs.fs.options import ATTR_TIMEOUT_S
 from ckptfs.sources.local import LocalFolder
+from ckptfs.tree.ownership import MODES_TTL_S
+
+#: how long a chmod may take to show through a mount (docs/mount.md), and a margin for the clock's ticks
+HONOURED_WITHIN_S = ATTR_TIMEOUT_S + MODES_TTL_S + 0.5
 
 
 def _free_id(taken) -> int:
@@ -205,3 +215,105 @@ def test_a_view_of_several_files_is_readable_by_those_who_read_them_all():
     assert combined([stamp(5, 6, 0o644), stamp(7, 6, 0o640)]) == Ownership(5, 6, 0o040)
     assert as_folder(Ownership(5, 6, 0o440)) == Ownership(5, 6, 0o550)
     assert combined([FileStamp.MISSING, stamp(5, 6, 0o644)]).perm == 0
+
+
+def _open_folder(folder: Path, shards: int) -> Path:
+    """A model folder of ``shards`` safetensors shards and a config.json, all 0644, the folder 0755."""
+    write_safetensors_set(folder, safetensors_tensors(shards))
+    (folder / "config.json").write_text('{"model_type": "test"}')
+    for path in folder.iterdir():
+        path.chmod(0o644)
+    folder.chmod(0o755)
+    return folder
+
+
+def _chmod_and_wait(path: Path, mode: int) -> None:
+    path.chmod(mode)
+    time.sleep(HONOURED_WITHIN_S)
+
+
+def test_a_chmod_after_the_mount_is_honoured(public_dir, stranger, mounted):  # noqa: F811
+    folder = _open_folder(public_dir / "model", 2)
+    mnt = mounted(folder, "-o", "allow_other", mountpoint=place(public_dir, "mnt"))
+    shard = "model-00001-of-00002.safetensors"
+    tensor = next(t for t, s in json.loads((folder / "model.safetensors.index.json").read_text())["weight_map"].items()
+                  if s == shard)
+    watched = (mnt / "config.json", mnt / shard, mnt / f"{tensor}.npy", mnt / "metadata.json")
+    assert all(readable(stranger, path) is not None for path in watched)
+    _chmod_and_wait(folder / "config.json", 0o600)
+    _chmod_and_wait(folder / shard, 0o600)
+    assert readable(stranger, folder / "config.json") is None
+    assert all(readable(stranger, path) is None for path in watched), [readable(stranger, p) for p in watched]
+    assert readable(stranger, mnt / "model-00002-of-00002.safetensors") is not None
+    _chmod_and_wait(folder / "config.json", 0o644)
+    assert readable(stranger, mnt / "config.json") == (folder / "config.json").read_bytes()
+
+
+def test_a_folder_below_a_closed_folder_stays_closed(public_dir, stranger, mounted):  # noqa: F811
+    parent = public_dir / "p"
+    parent.mkdir(mode=0o700)
+    folder = _open_folder(parent / "m", 1)
+    parent.chmod(0o700)
+    mnt = mounted(folder, "-o", "allow_other", mountpoint=place(public_dir, "mnt"))
+    tensor = next(name for name in os.listdir(mnt) if name.endswith(".npy"))
+    for name in ("config.json", "model.safetensors", tensor, "metadata.json"):
+        assert readable(stranger, folder / name) is None, name
+        assert readable(stranger, mnt / name) is None, name
+    assert readable(stranger, mnt) is None
+    assert stat.S_IMODE(os.stat(mnt).st_mode) == 0o500  # the folder's 0755, walled in by its 0700 parent
+    _chmod_and_wait(parent, 0o755)  # opened: the mount follows
+    assert readable(stranger, mnt / "config.json") == (folder / "config.json").read_bytes()
+    assert stat.S_IMODE(os.stat(mnt).st_mode) == 0o555
+
+
+@pytest.fixture
+def llama_folder(public_dir) -> Path:  # noqa: F811
+    pytest.importorskip("transformers")
+    pytest.importorskip("gguf")
+    from gguf_view_models import make_llama
+
+    folder = make_llama(public_dir / "tiny-llama")
+    (folder / "vocab.txt").write_text("[PAD]\n[UNK]\nhello\n")  # read by the view as the folder's other files are
+    for path in folder.iterdir():
+        path.chmod(0o644)
+    folder.chmod(0o755)
+    return folder
+
+
+def test_the_gguf_view_is_no_more_open_than_each_file_it_is_made_from(llama_folder, public_dir, stranger,
+                                                                       mounted):  # noqa: F811
+    mnt = mounted(llama_folder, "--gguf", "-o", "allow_other", mountpoint=place(public_dir, "mnt"))
+    view = mnt / "gguf" / "model.gguf"
+    assert readable(stranger, view) == view.read_bytes()
+    for name in ("tokenizer.json", "config.json", "vocab.txt"):
+        _chmod_and_wait(llama_folder / name, 0o600)
+        assert readable(stranger, llama_folder / name) is None
+        assert readable(stranger, view) is None, name
+        assert stat.S_IMODE(os.stat(view).st_mode) == 0o400, name
+        _chmod_and_wait(llama_folder / name, 0o644)
+        assert readable(stranger, view) is not None, name
+    # mounted with a 0600 tokenizer.json: closed from the start
+    (llama_folder / "tokenizer.json").chmod(0o600)
+    closed = mounted(llama_folder, "--gguf", "-o", "allow_other", mountpoint=place(public_dir, "mnt2"))
+    assert readable(stranger, closed / "gguf" / "model.gguf") is None
+
+
+def test_a_file_the_listing_leaves_out_is_never_read_into_a_view(llama_folder, public_dir, stranger,
+                                                                  mounted):  # noqa: F811
+    from tokenizers import Tokenizer
+
+    outside = public_dir / "outside-tokenizer.json"
+    planted = Tokenizer.from_file(str(llama_folder / "tokenizer.json"))
+    planted.add_special_tokens(["<|hunter2-planted|>"])
+    planted.save(str(outside))
+    outside.chmod(0o600)
+    (llama_folder / "tokenizer.json").unlink()
+    os.symlink(outside, llama_folder / "tokenizer.json")
+    log = public_dir / "mount.log"
+    mnt = mounted(llama_folder, "--gguf", "--log-file", str(log), "-o", "allow_other",
+                  mountpoint=place(public_dir, "mnt"))
+    assert "tokenizer.json" not in os.listdir(mnt)
+    view = mnt / "gguf" / "model.gguf"
+    if view.exists():  # a view without that tokenizer, if it can be built from the other files
+        assert b"hunter2-planted" not in view.read_bytes()
+    assert "hunter2" not in log.read_text()
