@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from ckptfs.checkpoint.api import Checkpoint
+from ckptfs.core.errors import CheckpointError
 from ckptfs.ggufview import Unsupported
 from ckptfs.ggufview.files import inside, pooling_modules
 from ckptfs.sources.local import LocalFolder
@@ -67,7 +68,8 @@ def model_folder(ck: Checkpoint) -> Iterator[StagedFolder]:
 def _pooling_config(base: str, module: str) -> str | None:
     """The ``config.json`` of pooling module ``module`` of the folder at ``base``: a remote folder's URL; a
     local folder's path when the module folder's listing holds it (a regular file, a link only when it stays
-    inside the module folder or its Hugging Face cache), else None."""
+    inside the module folder or its Hugging Face cache), else None; Unsupported for one that is there but is
+    no regular file (a FIFO, a dangling link)."""
     if "://" in base:
         return f"{base}{module}/config.json"
     module_folder = LocalFolder(os.path.join(base, module))
@@ -75,13 +77,23 @@ def _pooling_config(base: str, module: str) -> str | None:
         listed = module_folder.list()
     except OSError:
         return None
-    return module_folder.join("config.json") if "config.json" in listed else None
+    if "config.json" in listed:
+        return module_folder.join("config.json")
+    if "config.json" in module_folder.broken():
+        raise Unsupported(f"{module.rstrip('/')}/config.json is not a regular file")
+    return None
 
 
 def _fetch(ck: Checkpoint, remote: str, local: Path) -> None:
-    source = ck.sources.get(remote)
-    if source.size > MAX_STAGED_BYTES:
-        raise Unsupported(f"{remote} is {source.size} bytes, too large for a tokenizer or config file")
+    """Copy one file through the checkpoint's sources; Unsupported (one line) for one too large, or that
+    cannot be read as it was mounted (changed since, or not the bytes a ``--manifest`` lists)."""
+    try:
+        source = ck.sources.get(remote)
+        if source.size > MAX_STAGED_BYTES:
+            raise Unsupported(f"{remote} is {source.size} bytes, too large for a tokenizer or config file")
+        data = source.pread(0, source.size)
+    except CheckpointError as exc:
+        raise Unsupported(str(exc)) from None
     local.parent.mkdir(parents=True, exist_ok=True)
-    local.write_bytes(source.pread(0, source.size))
+    local.write_bytes(data)
 
