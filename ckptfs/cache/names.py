@@ -3,8 +3,10 @@ for when its bytes were fetched, so the stored bytes can be found and served wit
 
 The store's files are keyed by content identity (``ckptfs.sources.identity``: ETag, size and URL, the tail
 digest of a weak validator, or the LFS oid), which only the origin can tell for a URL. A name record closes
-that gap: ``DIR/remote/<2 hex>/<32 hex>.name`` (the digest of ``name:<URL>``), a small JSON object under an
-HMAC of the folder's key (``auth.py``), naming
+that gap: ``DIR/remote/<2 hex>/<32 hex>.name`` (the digest of ``name:<URL>``, the URL as
+``identity.content_url`` names it: no user info, no signing parameter, no query in clear, so nothing in a
+record is a credential and a re-signed URL finds it), a small JSON object under an HMAC of the folder's key
+(``auth.py``), naming
 
 - for a file: the content identity, size, validator, the LFS oid, the tail digest and range of a weak
   validator, the revision's commit where the origin sent one, its modification time, and when its first
