@@ -323,3 +323,22 @@ def test_kernel_checks_its_buffers():
             bnb._bnb.dequantize_4bit(*args)
     with pytest.raises(ValueError, match="SCB"):
         bnb._bnb.dequantize_int8(np.zeros(6, np.int8), np.ones(1, np.float32), 2, 3, np.zeros(6, np.float32))
+
+
+@pytest.mark.parametrize("double_quant", [False, True])
+def test_non_finite_and_extreme_scales(tmp_path, double_quant):
+    """Block scales of inf, NaN, -0.0, a subnormal and the float32 maximum (a hostile file, or an overflowing
+    nested decode) give the IEEE products bitsandbytes gives (0 · inf is NaN), bit for bit, on both paths."""
+    torch.manual_seed(10)
+    tensors = quantize_4bit(torch.randn(8, 64), "nf4", 64, double_quant)
+    if double_quant:
+        tensors["weight.nested_absmax"] = torch.tensor([3e38])          # products overflow to inf
+        tensors["weight.nested_quant_map"][0] = float("nan")
+        tensors["weight.absmax"][:3] = torch.tensor([0, 255, 128], dtype=torch.uint8)
+    else:
+        tensors["weight.absmax"][:6] = torch.tensor([float("inf"), float("nan"), -0.0, 1e-40, 3.4028235e38, -2.0])
+    oracle = as_numpy(dequantize_4bit(tensors, torch.float32))
+    assert not np.isfinite(oracle).all()
+    folder = write_folder(tmp_path / "m", {PREFIX: tensors}, bnb_config(4, "nf4", double_quant))
+    with ckptfs.open(folder) as ck:
+        assert same_bits(decode(ck, layout_of(ck, PREFIX, bnb_config(4, "nf4", double_quant)), 0, 8), oracle)
