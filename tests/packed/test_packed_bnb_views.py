@@ -247,3 +247,13 @@ def test_a_remote_folder_on_s3(tmp_path):
             for prefix, tensors in layers.items():
                 assert same_bits(ck[prefix + ".weight"].numpy(), as_numpy(dequantize_4bit(tensors, torch.float32)))
                 assert ck.stored(prefix + ".weight").raw() == tensors["weight"].numpy().tobytes()
+
+
+def test_info_counts_the_views_per_scheme(tmp_path):
+    from cli_runs import run_cli
+
+    folder, _, _ = nf4_folder(tmp_path, skip=["lm_head", "k_proj"])
+    result = run_cli("info", str(folder))
+    assert result.returncode == 0, result.stderr
+    assert "packed views (bitsandbytes-4bit 1): 1, absent: 1" in result.stdout, result.stdout
+    assert "llm_int8_skip_modules" in result.stdout
