@@ -27,6 +27,7 @@ WORKLOADS = {
     "remote": "a fresh remote mount's stream behind a capped origin vs hf_transfer and aria2c; uncapped and warm vs local",
     "packed": "GPTQ 4096 x 4096 view: random 4 KiB read and stream vs AutoGPTQ's dequantization",
     "bnb": "bitsandbytes NF4 4096 x 4096 view: random 4 KiB read vs its dequantization; .npy vs .raw stream",
+    "fp8": "FP8 7168 x 2048 block view: random 4 KiB read vs FP8BlockDequantizer; .npy stream vs .raw stream",
     "tiers": "shared tiers: second daemon vs cold / no tier; Redis killed or frozen; eight workers, one copy",
     "cache_mac": "a shared-tier hit's check with a key (HMAC-SHA256) vs without (crc32)",
     "fleet": "a fleet of daemons through one Redis Cluster vs each fetching alone",

@@ -26,6 +26,12 @@
  * per-value finishing step over float32 values, for tests). Word k of row r (of 8-row block r for AWQ GEMM)
  * is words[r * row_step + k * word_step]: the stored qweight is read as it is (its columns are the rows:
  * row_step 1, word_step the column count), without the transposed copy the numpy path needs.
+ *
+ * scaled_rows(codes, table, width, scales, scale_rows, groups, block_width, zeros, out, out_half, n_rows):
+ * the scaled-codes layers (FP8, compressed-tensors int8: ckptfs/packed/scaled.py). Each byte of a row is a
+ * code whose value is table[code] (256 float32: E4M3 decoded, or an int8's integer); value =
+ * (table[code] - z) * s in float32 with the row's scale row scales[scale_rows[r] * groups + j / block_width]
+ * (and zeros likewise, when given), then stored as float32 or converted to float16 (nearest-even).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -312,7 +318,76 @@ static PyObject *convert(PyObject *self, PyObject *args) {
     return result;
 }
 
+static PyObject *scaled_rows(PyObject *self, PyObject *args) {
+    Py_buffer codes, table, scales, srows, zeros = {0}, out;
+    Py_ssize_t width, groups, bw, n;
+    PyObject *z_obj;
+    int out_half;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "y*y*ny*y*nnOw*in", &codes, &table, &width, &scales, &srows, &groups, &bw,
+                          &z_obj, &out, &out_half, &n))
+        return NULL;
+    PyObject *result = NULL;
+    int have_z = z_obj != Py_None;
+    if (have_z && PyObject_GetBuffer(z_obj, &zeros, PyBUF_C_CONTIGUOUS) < 0) {
+        have_z = -1;
+    } else if (width <= 0 || groups <= 0 || bw <= 0 || n < 0 || groups > (width + bw - 1) / bw
+               || groups * bw < width) {
+        PyErr_SetString(PyExc_ValueError, "block geometry does not fit the row width");
+    } else if (table.len != 256 * 4 || codes.len < n * width || srows.len / 8 < n
+               || out.len / (out_half ? 2 : 4) < n * width || (have_z && zeros.len != scales.len)) {
+        PyErr_SetString(PyExc_ValueError, "a buffer is too small for the rows");
+    } else {
+        const Py_ssize_t rows_of_scales = scales.len / 4 / groups;
+        const int64_t *sr = (const int64_t *)srows.buf;
+        int ok = 1;
+        for (Py_ssize_t r = 0; r < n; r++)
+            if (sr[r] < 0 || sr[r] >= rows_of_scales) ok = 0;
+        if (!ok) {
+            PyErr_SetString(PyExc_ValueError, "a scale row is out of range");
+        } else {
+            const uint8_t *c = (const uint8_t *)codes.buf;
+            const float *t = (const float *)table.buf, *s = (const float *)scales.buf;
+            const float *z = have_z ? (const float *)zeros.buf : NULL;
+            const int half = out_half != 0;
+            Py_BEGIN_ALLOW_THREADS
+            for (Py_ssize_t r = 0; r < n; r++) {
+                const uint8_t *row = c + r * width;
+                const float *srow = s + sr[r] * groups, *zrow = z ? z + sr[r] * groups : NULL;
+                for (Py_ssize_t g = 0; g < groups; g++) {
+                    const Py_ssize_t j0 = g * bw, j1 = j0 + bw < width ? j0 + bw : width;
+                    const float sv = srow[g], zv = zrow ? zrow[g] : 0.0f;
+                    if (half) {
+                        uint16_t *o = (uint16_t *)out.buf + r * width;
+                        for (Py_ssize_t j = j0; j < j1; j++)
+                            o[j] = f32_to_f16(bits_of(zrow ? (t[row[j]] - zv) * sv : t[row[j]] * sv));
+                    } else {
+                        float *o = (float *)out.buf + r * width;
+                        if (zrow)
+                            for (Py_ssize_t j = j0; j < j1; j++) o[j] = (t[row[j]] - zv) * sv;
+                        else
+                            for (Py_ssize_t j = j0; j < j1; j++) o[j] = t[row[j]] * sv;
+                    }
+                }
+            }
+            Py_END_ALLOW_THREADS
+            result = Py_None;
+            Py_INCREF(result);
+        }
+    }
+    if (have_z == 1) PyBuffer_Release(&zeros);
+    PyBuffer_Release(&codes);
+    PyBuffer_Release(&table);
+    PyBuffer_Release(&scales);
+    PyBuffer_Release(&srows);
+    PyBuffer_Release(&out);
+    return result;
+}
+
 static PyMethodDef METHODS[] = {
+    {"scaled_rows", scaled_rows, METH_VARARGS,
+     "scaled_rows(codes, table, width, scales, scale_rows, groups, block_width, zeros, out, out_half, n_rows): "
+     "rows of a scaled-codes weight (FP8, int8) into out."},
     {"dequantize_rows", dequantize_rows, METH_VARARGS,
      "dequantize_rows(mode, words, row_step, word_step, bits, in_features, phase, zeros, scales, groups, "
      "g_idx, group_size, rounding, out, out_half, n_rows): decode n_rows rows of a packed weight into out."},

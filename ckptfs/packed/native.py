@@ -1,4 +1,5 @@
-"""The optional C kernel (``_kernels``) for GPTQ and AWQ rows, and the choice between it and numpy.
+"""The optional C kernel (``_kernels``) for GPTQ, AWQ and scaled-codes (FP8, int8) rows, and the choice
+between it and numpy.
 
 The numpy decoders (``gptq.py``, ``awq.py`` with ``bits.py``) are the reference: the kernel reads the same
 per-layer arrays they cache (zero points unpacked, scales as float32, ``g_idx``) and computes the same float32
@@ -75,4 +76,23 @@ def dequantize_rows(out: np.ndarray, words: np.ndarray, bits: int, in_features: 
                              np.ascontiguousarray(zeros, dtype=np.int16),
                              np.ascontiguousarray(scales, dtype=np.float32), groups, g_idx, group_size,
                              ROUNDING[storage_type], out.reshape(-1), int(out.dtype == np.float16), rows)
+    return True
+
+
+def scaled_rows(out: np.ndarray, codes: np.ndarray, table: np.ndarray, scales: np.ndarray, scale_rows: np.ndarray,
+                block_width: int, zeros: np.ndarray | None = None) -> bool:
+    """Rows of a scaled-codes layer (``scaled.py``) into ``out`` (float32 or float16, ``codes.size`` values,
+    contiguous): ``(table[code] - zeros[row]) * scales[row]`` per block of ``block_width`` columns, the rows of
+    the flat ``scales [rows, groups]`` (float32; ``zeros`` alike or None) given by ``scale_rows`` (int64).
+    Returns False (nothing written) when the kernel cannot take the call."""
+    if not available() or out.dtype not in _OUT_TYPES or not out.flags.c_contiguous or not out.flags.writeable \
+            or out.size != codes.size or codes.ndim != 2:
+        return False
+    n, width = codes.shape
+    groups = scales.shape[1]
+    _kernels.scaled_rows(np.ascontiguousarray(codes).view(np.uint8).reshape(-1),
+                         np.ascontiguousarray(table, dtype=np.float32), width,
+                         np.ascontiguousarray(scales, dtype=np.float32), np.ascontiguousarray(scale_rows, dtype=np.int64),
+                         groups, block_width, None if zeros is None else np.ascontiguousarray(zeros, dtype=np.float32),
+                         out.reshape(-1), int(out.dtype == np.float16), n)
     return True

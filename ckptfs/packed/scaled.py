@@ -13,7 +13,8 @@ a 16-bit float's 8 or 11; not for F32 scales, where the one float32 multiply is 
 rounding it once to a 16-bit release dtype gives what a reference computing in that dtype gives.
 
 Rows are the flattened leading axes (``rows = prod(shape[:-1])``): a tile of rows reads only its rows' codes
-and the (cached, small) scale grid.
+and the (cached, small) scale grid. The C kernel (``_kernels.scaled_rows``) computes the same float32
+values in one pass (no ``g_idx``); the numpy path is the reference and the fallback.
 """
 
 from __future__ import annotations
@@ -26,12 +27,16 @@ from typing import Any
 import numpy as np
 
 from ckptfs.core.descriptors import TensorInfo
+from ckptfs.packed import native
 from ckptfs.packed.base import Absent, Layout, Parts, check_type, require
 from ckptfs.packed.bits import scale_to_f32
 from ckptfs.quant.floats import F8_E4M3_TABLE, F8_E5M2_TABLE, F8_E8M0_TABLE
 
 #: what a code of each storage type is worth (None: its integer value)
 CODE_TABLES: dict[str, np.ndarray | None] = {"F8_E4M3": F8_E4M3_TABLE, "F8_E5M2": F8_E5M2_TABLE, "I8": None}
+#: every byte's value for the C kernel: the tables above, and an int8's integer
+BYTE_TABLES = {"F8_E4M3": F8_E4M3_TABLE, "F8_E5M2": F8_E5M2_TABLE,
+               "I8": np.arange(256, dtype=np.uint8).view(np.int8).astype(np.float32)}
 SCALE_TYPES = ("F32", "BF16", "F16", "F8_E8M0")
 ZERO_TYPES = ("I8", "U8", "I16", "I32", "F16", "BF16", "F32")
 
@@ -193,7 +198,16 @@ def build_scaled(scheme: str, prefix: str, parts: Mapping[str, TensorInfo], *, w
         _apply_blocks(values, s, z, grid.bw)
         return values
 
-    return Layout(scheme, parameters, rows, grid.in_features, used, "F32", decode,
+    byte_table = BYTE_TABLES[weight.storage_type]
+
+    def kernel(reader: Parts, o0: int, o1: int, dest: np.ndarray) -> bool:
+        if g_idx is not None:
+            return False
+        codes = reader.flat_rows(weight_role, o0, o1, grid.in_features)
+        return native.scaled_rows(dest, codes, byte_table, scales(reader), grid.scale_rows(o0, o1), grid.bw,
+                                  zeros(reader) if zero is not None else None)
+
+    return Layout(scheme, parameters, rows, grid.in_features, used, "F32", decode, kernel=kernel,
                   view_shape=tuple(weight.shape) if grid.lead else None)
 
 

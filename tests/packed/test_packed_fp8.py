@@ -177,3 +177,61 @@ def test_the_mount_serves_the_view_in_the_codes_name(tmp_path, mounted):
     assert set(meta["parts"]) == {"weight", "weight_scale_inv"}
     for file in folder.iterdir():
         assert (mnt / file.name).read_bytes() == file.read_bytes()
+
+
+def test_the_c_kernel_equals_the_numpy_path(tmp_path):
+    """``_kernels.scaled_rows`` and the numpy reference give the same bits, float32 and float16 (overflow to
+    infinity, subnormals), NaN codes and an E8M0 scale of 255 (NaN) included, with and without zero points."""
+    from ckptfs.packed.native import available
+
+    if not available():
+        pytest.skip("the C kernel is not built")
+    rng = np.random.default_rng(9)
+    codes, scales = block_quantize(rng, (300, 260), (64, 128), E8M0, nonfinite=True)
+    scales.reshape(-1)[1] = np.array(np.nan, np.float32).astype(E8M0)        # byte 255
+    scales.reshape(-1)[2] = np.array(2.0 ** 12, np.float32).astype(E8M0)     # products beyond float16
+    scales.reshape(-1)[3] = np.array(2.0 ** -20, np.float32).astype(E8M0)    # float16 subnormals
+    folder = write_model(tmp_path / "m", {Q + ".weight": codes, Q + ".weight_scale_inv": scales},
+                         fp8_config((64, 128), scale_fmt="ue8m0"))
+    expected = expected_blocks(codes, scales, (64, 128))
+    assert np.isnan(expected[:64, 128:256]).all()
+    for dtype in ("float32", "float16"):
+        values = {}
+        for backend in ("numpy", "native"):
+            with ckptfs.open(folder, dtype=dtype) as ck:
+                data = ck[Q + ".weight"].data
+                data.backend = backend
+                values[backend] = data.read(0, data.n_elements).reshape(300, 260)
+        assert same_bits(values["numpy"], values["native"]), dtype
+        with np.errstate(over="ignore"):
+            assert same_bits(values["native"], expected.astype(dtype)), dtype
+
+
+def test_a_small_read_reads_only_its_rows(tmp_path):
+    """4 KiB of a [7168, 2048] block-scaled view read through the API: the source bytes read are the codes of
+    the one tile of rows under the read and the (small, whole) scale grid, not the layer's 14 MiB of codes."""
+    rng = np.random.default_rng(10)
+    codes = rng.integers(0, 0x7E, (7168, 2048), dtype=np.uint8).view(E4M3)
+    scales = rng.uniform(1e-4, 1e-2, (56, 16)).astype(np.float32)
+    folder = write_model(tmp_path / "m", {Q + ".weight": codes, Q + ".weight_scale_inv": scales}, fp8_config())
+    with ckptfs.open(folder) as ck:
+        view = ck[Q + ".weight"]
+        stored, scale = ck.stored(Q + ".weight").info, ck[Q + ".weight_scale_inv"].info
+        source = ck.sources.get(stored.source)
+        reads: list[tuple[int, int]] = []
+        pread = source.pread
+
+        def counting(offset, size):
+            reads.append((offset, size))
+            return pread(offset, size)
+
+        source.pread = counting
+        start = 5000 * 2048 + 300                                  # an element inside row 5000
+        values = view.data.read(start, start + 1024)               # 4 KiB of float32
+        row = expected_blocks(codes[5000:5001], scales[5000 // 128: 5000 // 128 + 1], (128, 128))
+        assert same_bits(values, row.reshape(-1)[300:1324])
+        rows = view.data.rows_per_tile
+        tile = 5000 // rows
+        assert sorted(reads) == sorted([(stored.offset + tile * rows * 2048, rows * 2048),
+                                        (scale.offset, scale.stored_nbytes)])
+        assert sum(size for _, size in reads) < stored.stored_nbytes // 50

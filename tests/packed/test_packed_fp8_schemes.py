@@ -109,6 +109,10 @@ def test_compressed_tensors_float_and_int(tmp_path, weights, block, shape):
         got = view.numpy()
         assert ck.stored(Q + ".weight").storage_type == ("F8_E4M3" if weights["type"] == "float" else "I8")
     assert same_bits(got, expected)
+    with ckptfs.open(folder) as ck:  # the numpy reference path too (the C kernel serves by default)
+        data = ck[Q + ".weight"].data
+        data.backend = "numpy"
+        assert same_bits(data.read(0, data.n_elements).reshape(shape), expected)
     assert np.array_equal(round_bits(got, BF16), oracle)
 
 
