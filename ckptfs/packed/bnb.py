@@ -73,6 +73,8 @@ ROLES_4BIT = ("weight", "weight.absmax", "weight.quant_map", "weight.nested_absm
 ROLES_8BIT = ("weight", "SCB", "weight_format")
 MAX_QUANT_STATE_BYTES = 64 * 1024
 F32 = ("F32",)
+#: what ``bnb_4bit_quant_storage`` may hold the code bytes as (the bytes are the same whatever the type)
+CODE_TYPES = ("U8", "I8", "U16", "I16", "F16", "BF16", "U32", "I32", "F32", "U64", "I64")
 
 
 def formats(settings: Mapping[str, Any]) -> tuple[str, ...]:
@@ -158,8 +160,7 @@ def _build_4bit(prefix: str, parts: Mapping[str, TensorInfo], state_role: str,
     blocks = -(-n // blocksize)
 
     codes = require(parts, "weight", prefix)
-    if codes.byte_order != "<" and codes.storage_type not in ("U8", "I8"):
-        raise Absent(f"{codes.name} is big-endian")
+    check_type(codes, CODE_TYPES)
     if codes.stored_nbytes != -(-n // 2) or not codes.shape or codes.stored_nbytes % codes.shape[0]:
         raise Absent(f"{codes.name} holds {codes.stored_nbytes} bytes as {list(codes.shape)}, the 4-bit codes "
                      f"of {shape} take {-(-n // 2)} bytes in rows")
@@ -178,8 +179,9 @@ def _build_4bit(prefix: str, parts: Mapping[str, TensorInfo], state_role: str,
         if doc.get("nested_dtype", "float32") != "float32":
             raise Absent(f"{where}: nested_dtype {doc.get('nested_dtype')!r} is not supported (float32)")
         raw_offset = doc.get("nested_offset")
-        if isinstance(raw_offset, bool) or not isinstance(raw_offset, (int, float)) or not math.isfinite(raw_offset):
-            raise Absent(f"{where}: nested_offset {raw_offset!r} is not a finite number")
+        if isinstance(raw_offset, bool) or not isinstance(raw_offset, (int, float)) \
+                or not abs(raw_offset) <= float(np.finfo(np.float32).max):
+            raise Absent(f"{where}: nested_offset {raw_offset!r} is not a finite float32 number")
         offset = np.float32(raw_offset)  # QuantState.from_dict: torch.tensor(float(...)), a float32
         check_type(absmax, ("U8",))
         _count(absmax, blocks, f"{blocks} blocks of {blocksize}")

@@ -210,6 +210,8 @@ BAD = {
     "missing quant_map": (lambda t: t.pop("weight.quant_map"), "weight.quant_map is missing"),
     "fp4 state under an nf4 name": (lambda t: t.update({"weight.quant_state.bitsandbytes__nf4":
                                                         _state(quant_type="fp4")}), "not nf4 or fp4"),
+    "codes held as float64": (lambda t: t.update({"weight": t["weight"].reshape(-1).view(torch.float64)}),
+                              "stored as F64 \\(expected U8 or"),
     "3-D shape": (lambda t: t.update({"weight.quant_state.bitsandbytes__nf4": _state(shape=[2, 4, 16])}),
                   "is not a 2-D weight shape"),
 }
@@ -233,6 +235,8 @@ def test_nested_parts_missing_or_offset_bad(tmp_path):
     for change, reason in ((lambda t: t.pop("weight.nested_absmax"), "nested_absmax is missing"),
                            (lambda t: t.update({"weight.quant_state.bitsandbytes__nf4": _state(
                                shape=[8, 64], nested_blocksize=256, nested_offset="x")}), "nested_offset"),
+                           (lambda t: t.update({"weight.quant_state.bitsandbytes__nf4": _state(
+                               shape=[8, 64], nested_blocksize=256, nested_offset=1e39)}), "not a finite float32"),
                            (lambda t: t.update({"weight.nested_quant_map": torch.ones(16)}), "expects 256")):
         tensors = dict(good)
         change(tensors)
