@@ -235,3 +235,30 @@ def test_a_small_read_reads_only_its_rows(tmp_path):
         assert sorted(reads) == sorted([(stored.offset + tile * rows * 2048, rows * 2048),
                                         (scale.offset, scale.stored_nbytes)])
         assert sum(size for _, size in reads) < stored.stored_nbytes // 50
+
+
+def test_prefetch_shared_and_experts_row_picks(tmp_path):
+    """``ckptfs prefetch FOLDER --cache-dir DIR`` stores the view's tiles (a later open decodes nothing);
+    ``Tensor.shared()`` maps one decoded copy; row picks of an ``[E, out, in]`` experts view are its experts."""
+    from cli_runs import run_cli
+
+    rng = np.random.default_rng(12)
+    codes, scales = block_quantize(rng, (3, 300, 200), (128, 128), BF16)
+    expected = expected_blocks(codes, scales, (128, 128))
+    folder = write_model(tmp_path / "m", {Q + ".weight": codes, Q + ".weight_scale_inv": scales}, fp8_config())
+    cache_dir = tmp_path / "cache"
+    result = run_cli("prefetch", str(folder), "--cache-dir", str(cache_dir))
+    assert result.returncode == 0 and "failed" not in result.stdout, result.stdout + result.stderr
+    with ckptfs.open(folder, cache_dir=str(cache_dir)) as ck:
+        view = ck[Q + ".weight"]
+        assert view.data.n_blocks > 2
+        assert same_bits(view.data.read(0, view.size).reshape(view.shape), expected)
+        assert ck.cache.decoded_bytes == 0
+        assert same_bits(view[[1, 0]], expected[[1, 0]]) and same_bits(view[1, 299], expected[1, 299])
+    shared_dir = tmp_path / "shared"
+    with ckptfs.open(folder, cache_dir=str(shared_dir)) as ck:
+        values = ck[Q + ".weight"].shared()
+        assert not values.flags.writeable and same_bits(np.asarray(values), expected)
+    with ckptfs.open(folder, cache_dir=str(shared_dir)) as ck:
+        assert same_bits(np.asarray(ck[Q + ".weight"].shared()), expected)
+        assert ck.cache.decoded_bytes == 0
