@@ -286,3 +286,16 @@ def same_bits(a: np.ndarray, b: np.ndarray) -> bool:
         return False
     unsigned = {2: np.uint16, 4: np.uint32}[a.dtype.itemsize]
     return np.array_equal(a.view(unsigned), b.view(unsigned))
+
+
+def check_shared(folder, name: str, expected: np.ndarray, shared_dir) -> None:
+    """``Tensor.shared()`` of view ``name`` maps one read-only decoded copy: a second open with the same
+    cache folder maps it again without decoding anything."""
+    import ckptfs
+
+    with ckptfs.open(folder, cache_dir=str(shared_dir)) as ck:
+        values = ck[name].shared()
+        assert not values.flags.writeable and same_bits(np.asarray(values), expected)
+    with ckptfs.open(folder, cache_dir=str(shared_dir)) as ck:
+        assert same_bits(np.asarray(ck[name].shared()), expected)
+        assert ck.cache.decoded_bytes == 0

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from bnb_fixtures import (as_numpy, bnb_config, dequantize_4bit, dequantize_int8, quantize_4bit, quantize_int8,
                           saved_by_transformers, stored_layers, write_folder)
-from packed_fixtures import require_package, same_bits
+from packed_fixtures import check_shared, require_package, same_bits
 
 import ckptfs
 
@@ -221,13 +221,7 @@ def test_prefetch_and_shared(tmp_path):
         assert view.data.n_blocks > 2
         assert same_bits(view[0:300], expected)
         assert ck.cache.decoded_bytes == 0
-    shared_dir = tmp_path / "shared"
-    with ckptfs.open(folder, cache_dir=str(shared_dir)) as ck:
-        values = ck[UP + ".weight"].shared()
-        assert not values.flags.writeable and same_bits(np.asarray(values), expected)
-    with ckptfs.open(folder, cache_dir=str(shared_dir)) as ck:
-        assert same_bits(np.asarray(ck[UP + ".weight"].shared()), expected)
-        assert ck.cache.decoded_bytes == 0
+    check_shared(folder, UP + ".weight", expected, tmp_path / "shared")
 
 
 def test_a_remote_folder_on_s3(tmp_path):

@@ -12,7 +12,7 @@ import os
 import numpy as np
 import pytest
 from fp8_fixtures import BF16, E4M3, E8M0, block_quantize, expected_blocks, round_bits, write_model
-from packed_fixtures import same_bits
+from packed_fixtures import check_shared, same_bits
 
 import ckptfs
 
@@ -255,10 +255,4 @@ def test_prefetch_shared_and_experts_row_picks(tmp_path):
         assert same_bits(view.data.read(0, view.size).reshape(view.shape), expected)
         assert ck.cache.decoded_bytes == 0
         assert same_bits(view[[1, 0]], expected[[1, 0]]) and same_bits(view[1, 299], expected[1, 299])
-    shared_dir = tmp_path / "shared"
-    with ckptfs.open(folder, cache_dir=str(shared_dir)) as ck:
-        values = ck[Q + ".weight"].shared()
-        assert not values.flags.writeable and same_bits(np.asarray(values), expected)
-    with ckptfs.open(folder, cache_dir=str(shared_dir)) as ck:
-        assert same_bits(np.asarray(ck[Q + ".weight"].shared()), expected)
-        assert ck.cache.decoded_bytes == 0
+    check_shared(folder, Q + ".weight", expected, tmp_path / "shared")
