@@ -79,6 +79,8 @@ def test_int8_and_fp4_views(tmp_path):
         assert same_bits(view.numpy(), as_numpy(dequantize_int8(int8)))
         assert same_bits(view[7:8], as_numpy(dequantize_int8(int8))[7:8])
         assert ck.stored(UP + ".weight").raw() == int8["weight"].numpy().tobytes()
+    state = ckptfs.load(folder8)  # the release's dense state dict: no SCB, no weight_format
+    assert set(state) == {UP + ".weight"} and same_bits(state[UP + ".weight"].numpy(), as_numpy(dequantize_int8(int8)))
     with ckptfs.open(folder4) as ck:
         assert same_bits(ck[UP + ".weight"].numpy(), as_numpy(dequantize_4bit(fp4, torch.float32)))
 
