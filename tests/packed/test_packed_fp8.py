@@ -256,3 +256,27 @@ def test_prefetch_shared_and_experts_row_picks(tmp_path):
         assert ck.cache.decoded_bytes == 0
         assert same_bits(view[[1, 0]], expected[[1, 0]]) and same_bits(view[1, 299], expected[1, 299])
     check_shared(folder, Q + ".weight", expected, tmp_path / "shared")
+
+
+def test_info_counts_views_per_scheme(tmp_path):
+    """``ckptfs info`` (the real CLI) counts the views per scheme and names the layer without one."""
+    import subprocess
+
+    from conftest import ckptfs_cli, cli_env
+
+    rng = np.random.default_rng(13)
+    codes, scales = block_quantize(rng, (130, 260), (128, 128), np.float32)
+    good, good_scales = block_quantize(rng, (64, 64), (128, 128), np.float32)
+    folder = write_model(tmp_path / "m", {Q + ".weight": codes, Q + ".weight_scale_inv": scales[:1],
+                                          P + ".weight": good, P + ".weight_scale_inv": good_scales}, fp8_config())
+
+    def run(*args: str) -> str:
+        return subprocess.run([*ckptfs_cli(), "info", str(folder), *args], env=cli_env(), capture_output=True,
+                              text=True, timeout=120, check=True).stdout
+
+    data = json.loads(run("--json"))["packed_views"]
+    assert data["per_scheme"] == {"fp8": {"views": 1, "absent": 1}} and data["views"] == 1
+    assert [row["name"] for row in data["absent"]] == [Q + ".weight"]
+    text = run().splitlines()
+    assert "packed views (fp8 1): 1, absent: 1" in text
+    assert any(line.startswith(f"  no view '{Q}.weight': {Q}.weight_scale_inv has shape [1, 3]") for line in text)
