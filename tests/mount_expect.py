@@ -1,7 +1,7 @@
 """What a mount of a reference-written checkpoint must show, spelled out independently of ckptfs: the
 expected files (bytes, JSON, arrays) and the checks every mount test shares (test_mount, the fusepy and
 daemon variants, the tree layout). Expected file names follow the mount layout in docs/interfaces.md,
-written here without ckptfs/tree/names.py.
+written here without ckptfs/util/names.py.
 
 References: gguf-py (writer, reader offsets, dequantize), the safetensors layout written by tests/fixtures.py,
 numpy's own np.save for the .npy bytes, ml_dtypes.

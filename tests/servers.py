@@ -441,7 +441,7 @@ class HubStandIn:
 
     # -- answers -------------------------------------------------------------------------------------------
     def _handle(self, req, head: bool) -> None:
-        path = unquote(urlsplit(req.path).path)
+        path = unquote(urlsplit(req.path).path, errors="surrogateescape")  # a name's bytes that are not UTF-8
         self.requests.append((req.command, path, "authorization" in {k.lower() for k in req.headers}))
         if self.token is not None and req.headers.get("authorization") != f"Bearer {self.token}":
             return self._send(req, 401, {"X-Error-Code": "RepoNotFound"}, b'{"error":"unauthorized"}', head)

@@ -23,7 +23,6 @@ are in the repository, and a note says so. Candidates whose files an index names
 from __future__ import annotations
 
 from typing import Any
-import os
 from dataclasses import dataclass
 
 from ckptfs.core.errors import CheckpointError
@@ -102,7 +101,7 @@ def repository_of(scan: FolderScan) -> Repository:
         indexed.update(shards)
         add(_stem(index_name), scan.path(index_name), [index_name, *shards], index_name)
     for candidate in scan.candidates:
-        names = [os.path.basename(p.rstrip("/")) for p in candidate.paths]
+        names = [scan.name_of(p) for p in candidate.paths]
         if any(n in indexed for n in names):
             continue
         if candidate.shard is not None and candidate.shard.ext == "safetensors":

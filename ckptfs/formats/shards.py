@@ -100,9 +100,19 @@ class FolderScan:
     broken: tuple[str, ...]
     #: every regular file listed, name -> size (-1 when the listing does not say), in natural order
     sizes: Mapping[str, int] = field(default_factory=dict)
+    #: name -> the source string the folder joins it to, where that is not the folder's name and the file's
+    #: (a Hub listing names a file as a mount does, escaped and capped: ``Folder.join`` knows its path)
+    joined: Mapping[str, str] = field(default_factory=dict)
 
     def path(self, name: str) -> str:
-        return os.path.join(self.folder, name)
+        return self.joined.get(name) or os.path.join(self.folder, name)
+
+    def name_of(self, path: str) -> str:
+        """The listed name of the file a candidate's ``path`` is."""
+        for name, joined in self.joined.items():
+            if joined == path:
+                return name
+        return os.path.basename(path.rstrip("/"))
 
 
 def scan_folder(folder: str | Folder) -> FolderScan:
@@ -138,8 +148,10 @@ def scan_folder(folder: str | Folder) -> FolderScan:
         members.sort(key=_shard_number)
         candidates.append(Candidate(tuple(join(n) for n in members), parse_shard_name(members[0])))
     candidates.sort(key=lambda c: natural_key(os.path.basename(c.paths[0])))
+    joined = {name: join(name) for name in names}
     return FolderScan(folder.name, tuple(indexes), tuple(candidates), tuple(others), tuple(broken),
-                      {name: files[name] for name in names})
+                      {name: files[name] for name in names},
+                      {name: path for name, path in joined.items() if path != os.path.join(folder.name, name)})
 
 
 def _shard_number(name: str) -> int:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ckptfs.tree.names import NAME_MAX, assign_stems, encode_name
+from ckptfs.util.names import NAME_MAX, assign_stems, encode_name
 
 LAYOUTS = ("flat", "tree")
 

@@ -34,7 +34,7 @@ from ckptfs.checkpoint.api import Checkpoint, decode_plan
 from ckptfs.formats.lazy import LazyMetadata
 from ckptfs.util.jsonutil import dumps_bytes
 from ckptfs.util.redact import strip_url
-from ckptfs.tree.names import assign_stems, capped_name, file_name, numbered_name
+from ckptfs.util.names import assign_stems, capped_name, file_name, numbered_name
 from ckptfs.tree.ownership import Ownership, Stamps, as_folder, check_pinned, of_file, of_folder
 from ckptfs.engine.views import BytesView, FileView, NpyView, RawView, View, npy_header
 
@@ -206,8 +206,8 @@ def checkpoint_files(ck: Checkpoint) -> Iterable[Entry]:
 def own_name(path: str, file_format: str = "gguf") -> str:
     """The name a checkpoint file has in a mount: the last part of its path, or of a URL's path (no query, no
     fragment: a presigned URL's signature is not a name; an ``http(s)`` name percent-decoded, then escaped
-    and capped as a tensor name is — bytes that are not UTF-8 stay ``%XX``; any name past 255 bytes is cut
-    with a hash: names.file_name, names.capped_name)."""
+    and capped as a tensor name is — bytes that are not UTF-8 stay ``%XX``; an ``hf://`` name, raw, the same;
+    any name past 255 bytes is cut with a hash: names.file_name, names.capped_name)."""
     if "://" not in path:
         return os.path.basename(path.rstrip("/")) or f"model.{file_format}"
     scheme, _, rest = strip_url(path).partition("://")
@@ -217,7 +217,7 @@ def own_name(path: str, file_format: str = "gguf") -> str:
         name = urllib.parse.unquote_to_bytes(name).decode("utf-8", "surrogateescape")
     if not name or name in (".", ".."):
         return f"model.{file_format}"
-    return file_name(name) if decoded else capped_name(name)
+    return file_name(name) if decoded or scheme.lower() == "hf" else capped_name(name)
 
 
 def _numbered_path(path: str, n: int) -> str:

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 from fixtures import write_gguf, write_safetensors
 
-from ckptfs.tree.names import NAME_MAX
+from ckptfs.util.names import NAME_MAX
 
 
 @pytest.fixture(scope="module")

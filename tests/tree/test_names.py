@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 
-from ckptfs.tree.names import NAME_MAX, assign_stems, capped_name, encode_name, file_name, file_stem, numbered_name
+from ckptfs.util.names import NAME_MAX, assign_stems, capped_name, encode_name, file_name, file_stem, numbered_name
 
 
 def test_plain_names_stay_as_they_are():

@@ -6,28 +6,38 @@ hand with the token dropped on the way, the CDN location remembered for later re
 ``.gguf``, ``.safetensors`` or ``.json`` names a file without any API call. The file's content identity is
 the LFS sha256 the Hub sends as ``X-Linked-Etag``, so caches are shared by every copy of the same bytes.
 
-A folder (no PATH, or a PATH without such a suffix) is listed with ``huggingface_hub``'s ``list_repo_tree``
-(one level); its files are then ``hf://ORG/REPO@REV/NAME`` sources. A listing the ``--cache-dir`` store
-keeps a copy of (``stored``) asks the Hub once: one TCP connection first, since huggingface_hub retries a
-refused connection for half a minute; a connection failure is a ``SourceUnavailable`` (the stored listing
-serves), an answer that refuses is a ``CheckpointError``. The token comes from ``HF_TOKEN``, else
-from ``huggingface_hub``'s login; messages say which one was sent, never its value.
+A folder (no PATH, or a PATH without such a suffix) is listed at the Hub's tree API (one level, the pages
+it links), with ``huggingface_hub``'s session, headers and error mapping but one request per page and no
+retry, all pages within ``--timeout``: huggingface_hub's own ``list_repo_tree`` retries a dead Hub for half
+a minute, logging each retry. No answer in time is a ``SourceUnavailable`` (one line; a listing the
+``--cache-dir`` store keeps serves), an answer that refuses is a ``CheckpointError``. Listed names follow the
+mount's file-name rules (``util.names.file_name``: ``%XX`` for a NUL and bytes that are not UTF-8, at most
+255 bytes); a file listed from a sub-folder takes its last part, and a name taken by an earlier file is
+numbered (``~2``) with one log line; each name's file is then its path in the repository
+(``hf://ORG/REPO@REV/PATH``). The token comes from ``HF_TOKEN``, else from ``huggingface_hub``'s login;
+messages say which one was sent, never its value.
 """
 
 from __future__ import annotations
 
+import builtins
+import logging
 import os
-import socket
+import time
 from dataclasses import dataclass
-from urllib.parse import quote, urlsplit
+from typing import Any
+from urllib.parse import quote, unquote
 
 from ckptfs.core.errors import CheckpointError, SourceUnavailable
 from ckptfs.sources.registry import register_scheme
 from ckptfs.sources.base import Folder
 from ckptfs.sources.remote.http import Credentials, HttpSource
 from ckptfs.sources.netstats import COUNTERS
-from ckptfs.sources.remote.context import once_requested
-from ckptfs.sources.remote.options import DEFAULT_STALL_TIMEOUT, RemoteOptions
+from ckptfs.sources.remote.options import DEFAULT_TIMEOUT, RemoteOptions
+from ckptfs.util.names import file_name, numbered_name
+from ckptfs.util.redact import public_name
+
+log = logging.getLogger("ckptfs.sources")
 
 DEFAULT_ENDPOINT = "https://huggingface.co"
 _FILE_SUFFIXES = (".gguf", ".safetensors", ".json")
@@ -66,7 +76,7 @@ def endpoint() -> str:
 
 
 def resolve_url(path: HfPath) -> str:
-    return f"{endpoint()}/{path.repo}/resolve/{quote(path.rev, safe='')}/{quote(path.path, safe='/')}"
+    return f"{endpoint()}/{path.repo}/resolve/{quote(path.rev, safe='')}/{quote(_raw(path.path), safe='/')}"
 
 
 def credentials() -> Credentials:
@@ -97,41 +107,43 @@ def open_hf(src: str, options: RemoteOptions | None = None) -> HttpSource:
 
 
 class HfFolder(Folder):
-    """A folder of a Hub repository, listed through ``huggingface_hub``."""
+    """A folder of a Hub repository, listed at the Hub's tree API (see the module docstring)."""
 
-    def __init__(self, src: str, path: HfPath):
+    def __init__(self, src: str, path: HfPath, options: RemoteOptions | None = None):
         self.name = src.rstrip("/")
         self.path = path
+        self.timeout = options.timeout if options is not None else DEFAULT_TIMEOUT
         self.sha256: dict[str, str] = {}
+        self._paths: dict[str, str] = {}  # listed name -> the file's path in the repository
 
     def list(self) -> dict[str, int]:
         try:
-            from huggingface_hub import HfApi, RepoFile
+            from huggingface_hub import get_session
             from huggingface_hub.errors import HfHubHTTPError, RepositoryNotFoundError, RevisionNotFoundError
+            from huggingface_hub.utils import build_hf_headers, hf_raise_for_status
         except ImportError:
             raise CheckpointError(self.name, None, "listing a Hub repository needs huggingface_hub (pip install "
                                                    "'ckptfs[remote]'); hf:// files ending in .gguf, .safetensors "
                                                    "or .json do not") from None
 
-        if once_requested() and not _answers(endpoint(), DEFAULT_STALL_TIMEOUT):
-            # huggingface_hub retries a refused connection for half a minute: one attempt is asked for here
-            COUNTERS.request("hf", "error")
-            raise SourceUnavailable(self.name, None, f"cannot list the repository: {endpoint()} does not answer")
         creds = credentials()
         token = creds.headers[0][1].split(" ", 1)[1] if creds.headers else False
-        api = HfApi(endpoint=endpoint(), token=token)
-        files: dict[str, int] = {}
+        headers = build_hf_headers(token=token)
+        deadline = time.monotonic() + self.timeout
+        entries: builtins.list[Any] = []
+        url: str | None = self._tree_url()
+        params: dict[str, Any] | None = {"recursive": False, "expand": False}
         try:
-            for entry in api.list_repo_tree(self.path.repo, path_in_repo=self.path.path or None,
-                                            revision=self.path.revision, recursive=False):
-                if not isinstance(entry, RepoFile):
-                    continue  # a folder
-                name = entry.path.rsplit("/", 1)[-1]
-                if name.startswith("."):
-                    continue
-                files[name] = int(entry.size)
-                if entry.lfs is not None:
-                    self.sha256[name] = entry.lfs.sha256
+            while url is not None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError
+                # one request, no retry: huggingface_hub's own listing retries a dead Hub for half a minute
+                response = get_session().get(url, headers=headers, params=params, timeout=left)
+                hf_raise_for_status(response)
+                page = response.json()
+                entries += page if isinstance(page, list) else []
+                url, params = response.links.get("next", {}).get("url"), None
         except RepositoryNotFoundError:
             COUNTERS.request("hf", "error")
             raise CheckpointError(self.name, None, f"repository not found or not accessible (sent "
@@ -149,12 +161,56 @@ class HfFolder(Folder):
             if not isinstance(exc, OSError) and not _transport_error(exc):
                 raise
             COUNTERS.request("hf", "error")  # no answer: it may answer later (a stored listing may serve)
-            raise SourceUnavailable(self.name, None, f"cannot list the repository: {exc}") from None
+            raise SourceUnavailable(self.name, None, f"cannot list the repository: {endpoint()} gave no listing "
+                                                     f"within {self.timeout:g} s (--timeout)") from None
         COUNTERS.request("hf", "ok")
+        return self._named(entries)
+
+    def _tree_url(self) -> str:
+        rev = quote(self.path.rev, safe="")
+        inside = "/" + quote(_raw(self.path.path), safe="") if self.path.path else ""
+        return f"{endpoint()}/api/models/{self.path.repo}/tree/{rev}{inside}"
+
+    def _named(self, entries: builtins.list[Any]) -> dict[str, int]:
+        """Listed name -> size of the files the listing holds, named as a mount names files (``names.file_name``:
+        escaped, within 255 bytes). An entry in a sub-folder is listed by its last part; a name taken by an
+        earlier entry is numbered (``~2``) with one log line."""
+        files: dict[str, int] = {}
+        self._paths, self.sha256 = {}, {}
+        for entry in entries:
+            if not isinstance(entry, dict) or entry.get("type") != "file" or not isinstance(entry.get("path"), str):
+                continue  # a folder, or no file the listing can name
+            path = entry["path"]
+            last = path.rsplit("/", 1)[-1]
+            if not last or last.startswith("."):
+                continue
+            name = file_name(last)
+            n = 1
+            while name in files:
+                n += 1
+                name = numbered_name(file_name(last), n)
+            if n > 1:
+                log.warning("%s: %s is listed as %s: its name is taken by another file of the listing",
+                            public_name(self.name), "/".join(map(file_name, path.split("/"))), name)
+            size = entry.get("size")
+            files[name] = size if isinstance(size, int) and not isinstance(size, bool) and size >= 0 else -1
+            self._paths[name] = path
+            lfs = entry.get("lfs")
+            if isinstance(lfs, dict) and isinstance(lfs.get("oid"), str):
+                self.sha256[name] = lfs["oid"]
         return files
 
     def join(self, name: str) -> str:
-        return self.path.url(name)
+        path = self._paths.get(name)
+        if path is None:  # not listed by this process (a listing kept in the store): the name unescaped
+            return self.path.url(unquote(name, errors="surrogateescape"))
+        at = f"@{self.path.revision}" if self.path.revision else ""
+        return f"hf://{self.path.repo}{at}/{path}"
+
+
+def _raw(text: str) -> bytes:
+    """``text``'s bytes, a byte that is not UTF-8 (held as a lone surrogate) as that byte, for a URL."""
+    return text.encode("utf-8", "surrogateescape")
 
 
 def _transport_error(exc: BaseException) -> bool:
@@ -164,20 +220,9 @@ def _transport_error(exc: BaseException) -> bool:
                for cls in type(exc).__mro__)  # probe: third-party
 
 
-def _answers(url: str, timeout: float) -> bool:
-    """Whether anything takes a connection at ``url``'s host and port: one TCP connection, no retry."""
-    parts = urlsplit(url)
-    port = parts.port or (443 if parts.scheme == "https" else 80)
-    try:
-        socket.create_connection((parts.hostname or "", port), timeout).close()
-    except OSError:
-        return False
-    return True
-
-
-def open_hf_folder(src: str) -> HfFolder | None:
+def open_hf_folder(src: str, options: RemoteOptions | None = None) -> HfFolder | None:
     path = parse(src)
-    return None if names_file(path) else HfFolder(src, path)
+    return None if names_file(path) else HfFolder(src, path, options)
 
 
 register_scheme("hf", open_hf, open_hf_folder)

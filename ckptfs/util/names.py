@@ -10,8 +10,9 @@ suffix; a name too long once ``.meta.json`` is added is cut to 200 bytes (on a c
 A checkpoint file's own name taken from an ``http(s)`` URL (``file_name``) follows the same rules, so that
 two URLs never map to one name and ``cp -r`` of a mount never meets a name too long: the percent-decoded
 name escaped as above, and a name over NAME_MAX bytes becomes a 200-byte stem, ``~``, 16 hex digits of the
-SHA-256 of the name, and the original extension (``.gguf``, ``.safetensors``). Names that were never
-percent-decoded (an ``s3://`` or ``hf://`` key) are only capped that way (``capped_name``), and so are numbered
+SHA-256 of the name, and the original extension (``.gguf``, ``.safetensors``). A Hub repository's file names
+(``hf://``: the listing's names, a file's own name) are raw names too, and take the same rules. Keys that
+were never percent-decoded (an ``s3://`` key) are only capped that way (``capped_name``), and so are numbered
 names (``~2``) that would grow past the limit.
 """
 
