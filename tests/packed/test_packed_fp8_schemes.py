@@ -248,3 +248,31 @@ def test_modelopt_fp8_per_tensor_per_channel_and_mixed_precision(tmp_path):
         assert not o_proj.virtual
         assert o_proj.meta["packed_view"]["reason"] == "layer is not in the config's quantized_layers (MIXED_PRECISION)"
 
+
+
+def test_an_unknown_format_or_a_group_without_one_serves_the_stored_tensors(tmp_path, caplog):
+    """A compressed-tensors format no scheme serves, or a group whose format is not the scheme's: the views
+    are absent with the reason (logged once for a config-wide one), the stored codes served as stored."""
+    pytest.importorskip("compressed_tensors")
+    rng = np.random.default_rng(25)
+    weights = {"num_bits": 8, "type": "float", "strategy": "channel", "symmetric": True}
+    tensors, _ = ct_layer(rng, 32, 64, weights)
+    stored = {f"{Q}.{k}": v for k, v in tensors.items()} | {f"{K}.{k}": v for k, v in tensors.items()}
+    config = {**compressed_config({"group_0": {"targets": ["Linear"], "weights": weights}}),
+              "format": "sparse-24-bitmask"}
+    folder = write_model(tmp_path / "a", stored, config)
+    with caplog.at_level("WARNING", logger="ckptfs.packed"), ckptfs.open(folder) as ck:
+        for prefix in (Q, K):
+            weight = ck[prefix + ".weight"]
+            assert not weight.virtual and weight.raw() == tensors["weight"].tobytes()
+            assert weight.meta["packed_view"]["reason"] == ("compressed-tensors format 'sparse-24-bitmask' is not "
+                                                            "supported (in config.json quantization_config)")
+    assert len([r for r in caplog.records if "no view" in r.getMessage()]) == 1
+    config = {**compressed_config({"g": {"targets": [K], "weights": weights, "format": "float-quantized"},
+                                   "h": {"targets": [Q], "weights": weights, "format": "pack-quantized"}}),
+              "format": "mixed-precision"}
+    folder = write_model(tmp_path / "b", stored, config)
+    with ckptfs.open(folder) as ck:
+        assert same_bits(ck[K + ".weight"].numpy(), expected_ct(tensors, (1, 64)))
+        assert ck[Q + ".weight"].meta["packed_view"]["reason"] == \
+            "config group h has format 'pack-quantized', not float-quantized or int-quantized or naive-quantized"
