@@ -6,7 +6,10 @@ checkpoint's folder joined to the mirror's) and returns a :class:`MirrorSource`.
 line, a mirror that is not the same file: one whose first bytes (the header) differ, or that is smaller
 than the primary. A mirror that cannot be reached at open (``SourceUnavailable``: connection refused, a
 timeout, 5xx; one attempt, so it does not spend the open's deadline) does not refuse the primary: one warning
-line, and it is a :class:`DeferredMirror`, opened and checked by the first read that fails over to it. A
+line, and it is a :class:`DeferredMirror`, opened and checked by the first read that fails over to it. An
+open opens each file several times (the format's detection, the header reader, the pool), each with a
+``MirrorSet``; a mirror found down is remembered for the open (``RemoteOptions.mirrors_down``): it is asked
+and warned about once, not at each of them. A
 primary that is shorter than its mirrors is a truncated download: the source takes the
 mirrors' size, and bytes past the primary's end come from a mirror.
 
@@ -209,12 +212,17 @@ class MirrorSet:
 
     def __call__(self, source: ByteSource) -> ByteSource:
         members: list[ByteSource] = []
+        down = self.options.mirrors_down  # one per open: the header read's opens and the pool's share it
         for mirror in self.mirrors:
             name = self.mirror_name(source.name, mirror)
+            if name in down:  # found down by this open already (said once): a read opens it when it fails over
+                members.append(DeferredMirror(self, name, source.name))
+                continue
             try:
                 members.append(self.open_mirror(name, source.name))
             except SourceUnavailable as exc:
                 # down now: the primary is mounted anyway, and this mirror is opened when a read needs it
+                down.add(name)
                 log.warning("mirror %s of %s is unavailable (%s): it is tried again when a read fails over",
                             public_name(name), public_name(source.name), exc.reason)
                 members.append(DeferredMirror(self, name, source.name))

@@ -305,6 +305,25 @@ def test_a_mirror_down_at_mount_time_does_not_refuse_a_healthy_primary(site, mou
     np.testing.assert_array_equal(np.load(mnt / "w.npy"), values)
 
 
+def test_a_mirror_down_at_open_is_warned_about_once(site, tmp_path):
+    """An open reads each file several times over (detection, the header, the pool): the dead mirror is asked
+    and warned about once, by the mount command as by ``ckptfs.open``."""
+    _, root, values = site
+    local = tmp_path / "local.gguf"
+    local.write_bytes((root / "v.gguf").read_bytes())
+    dead = f"http://127.0.0.1:{free_port()}/v.gguf"
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    done = _cli("mount", str(local), str(mnt), "--mirror", dead, "--timeout", "10")
+    try:
+        assert done.returncode == 0, done.stderr
+        warned = [line for line in done.stderr.splitlines() if "is unavailable" in line]
+        assert len(warned) == 1 and dead in warned[0], done.stderr
+        np.testing.assert_array_equal(np.load(mnt / "w.npy"), values)
+    finally:
+        force_unmount(mnt)
+
+
 def test_a_mirror_down_at_open_is_used_once_it_answers(site):
     """A mirror down when the checkpoint is opened is opened by the first read that fails over to it."""
     server, _, values = site

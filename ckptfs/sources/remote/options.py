@@ -3,8 +3,8 @@
 It holds the checkpoint's ``OpenOptions`` whole (timeouts, the cache folder and its bounds, the fleet's
 Redis: the settings as the user gave them, ``None`` where they took the default) and what belongs to the
 remote layer alone: whether sources may read ahead (not while headers are read, before a mount forks its
-daemon), and what is learnt per open (``probes``: opens memoized, ``outages``: each origin's outage state),
-so a later open of the same origin starts afresh. A default stands in for an unset option here, each taken
+daemon), and what is learnt per open (``probes``: opens memoized, ``outages``: each origin's outage state,
+``mirrors_down``: the mirrors that could not be reached when a file was first opened), so a later open of the same origin starts afresh. A default stands in for an unset option here, each taken
 from its one home: the timeouts' below, the store's bounds from ``ckptfs.cache``.
 """
 
@@ -39,6 +39,7 @@ class RemoteOptions:
     max_retries: int | None = None  # None: as many as the deadline allows
     probes: dict[Any, Any] = field(default_factory=dict, repr=False, compare=False)  # a scheme's opens
     outages: dict[str, Outage] = field(default_factory=dict, repr=False, compare=False)  # origin -> its Outage (outage.py)
+    mirrors_down: set[str] = field(default_factory=set, repr=False, compare=False)  # unreachable at open (mirror.py)
 
     @property
     def timeout(self) -> float:
