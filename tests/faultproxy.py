@@ -13,6 +13,9 @@ every request until ``always(None)``. Faults:
 - ``"slow:SECONDS"``: send the body in 16 pieces, sleeping SECONDS/16 between them;
 - ``"stall:SECONDS"``: send headers and half the body, then send nothing for SECONDS;
 - ``"short"``: announce the full Content-Length, send half the body, close;
+- ``"headers:SECONDS"``: send the status line and headers, then nothing for SECONDS (default 10) and close;
+- ``"trickle:SECONDS"``: send the status line and headers, then the body one byte a second, for at most SECONDS
+  (default 30), and close (an origin that keeps answering, too slowly to matter);
 - ``"etag"``: relay the answer with another ETag (as after the file was replaced);
 - ``"total"``: relay the answer with another total in its ``Content-Range`` (one byte more: another file);
 - ``"norange"``: forward without the Range header (the upstream answers 200 with the whole file);
@@ -279,6 +282,19 @@ class FaultProxy:
             req.wfile.write(body[:half])
             req.wfile.flush()
             time.sleep(float(arg or 5))
+            req.close_connection = True
+        elif kind == "headers":
+            req.wfile.flush()
+            time.sleep(float(arg or 10))
+            req.close_connection = True
+        elif kind == "trickle":
+            until = time.monotonic() + float(arg or 30)
+            for i in range(len(body)):
+                if time.monotonic() >= until:
+                    break
+                req.wfile.write(body[i:i + 1])
+                req.wfile.flush()
+                time.sleep(1.0)
             req.close_connection = True
         elif kind == "slow":
             pieces = 16

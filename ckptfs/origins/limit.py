@@ -26,6 +26,7 @@ import os
 import threading
 import time
 
+from ckptfs.origins.tally import tally_stats
 from ckptfs.util.forks import after_fork_in_child
 
 #: Requests in flight per origin: where a new origin starts, and the bounds of the climb.
@@ -177,8 +178,12 @@ def origin_limit(origin: str) -> OriginLimit:
 
 
 def origin_stats() -> dict[str, dict[str, Any]]:
+    """Each origin's learnt limit, and what it cost its readers (``tally``: its outages and deadlines met)."""
     with _limits_lock:
-        return {origin: limit.stats() for origin, limit in _limits.items()}
+        found = {origin: limit.stats() for origin, limit in _limits.items()}
+    for origin, counts in tally_stats().items():
+        found.setdefault(origin, {}).update(counts)
+    return found
 
 
 def _forget_in_child() -> None:

@@ -161,33 +161,48 @@ def _run_frozen(server, target, path, outcome: dict, into: float = 1.0) -> float
 
 
 def test_the_outage_rule():
-    """An origin silent for a whole --timeout: deadlines cut to the outage's start + --timeout, new fetches
-    refused but for one probe at a time (an hour apart here); anything from the origin ends it."""
+    """A fetch that used its whole --timeout: deadlines cut to the outage's start (that fetch's arrival) +
+    --timeout, new fetches refused but for one probe at a time (an hour apart here); the fetches that arrive
+    while it is in flight wait for its answer; only a success ends the outage."""
     outage = Outage(probe_interval=3600)
     now = time.monotonic()
     assert outage.admit(5) is Admission.ASK and outage.bound(now + 30, 5) == now + 30
-    outage.heard_at = now - 100  # silent since long before the fetch arrived
-    outage.timed_out(now - 7)
-    assert outage.since == now - 7
+    assert outage.timed_out(now - 7, 5, "HTTP 500")
+    assert outage.since == now - 7 and outage.reason == "HTTP 500"
     assert outage.bound(now + 30, 5) == now - 2  # a fetch under way ends at once
-    outage.timed_out(now - 1)  # a later fetch running out does not move the start
+    assert not outage.timed_out(now - 6, 5)  # a later fetch running out does not move the start
     assert outage.since == now - 7
+    assert outage.tally.stats() == {"outages": 1, "deadlines_met": 1}  # side by side: one wait
     assert outage.admit(5) is Admission.PROBE  # the first fetch past the start + --timeout probes
-    assert outage.admit(5) is Admission.REFUSE  # the others fail at once meanwhile
+    assert outage.admit(5) is Admission.WAIT  # the others wait for its answer meanwhile
+    waited: list[bool] = []
+    waiter = threading.Thread(target=lambda: waited.append(outage.wait_probe(30)))
+    waiter.start()
     outage.probed(False)
-    assert outage.admit(5) is Admission.REFUSE  # the next probe waits for its second
-    outage.probed(True)  # an answer: the outage is over
+    waiter.join(10)
+    assert waited == [False]  # the probe failed: the fetch that waited fails
+    assert outage.admit(5) is Admission.REFUSE  # and the next probe waits for its interval
+    outage.probe_interval = 0
+    assert outage.admit(5) is Admission.PROBE and outage.admit(5) is Admission.WAIT
+    waiter = threading.Thread(target=lambda: waited.append(outage.wait_probe(30)))
+    waiter.start()
+    outage.probed(True)  # answered: the outage is over, the fetch that waited goes on
+    waiter.join(10)
+    assert waited == [False, True]
     assert outage.since is None and outage.admit(5) is Admission.ASK and outage.bound(now + 30, 5) == now + 30
 
 
-def test_an_origin_slow_but_answering_is_not_out():
+def test_only_a_success_ends_an_outage():
+    """Bytes trickling in or errors answered do not end an outage (the origin serves nothing a read can use);
+    a fetch that got its bytes does. A fetch that runs out after an outage ended starts the next."""
     outage = Outage()
     now = time.monotonic()
-    outage.heard_at = now  # bytes came a moment ago
-    outage.timed_out(now - 30)  # a fetch that arrived 30 s ago ran out (a slow body)
-    assert outage.since == now and outage.admit(30) is Admission.ASK  # the outage starts now, if at all
-    outage.heard()
-    assert outage.since is None
+    outage.timed_out(now - 30, 30)
+    assert outage.since == now - 30 and outage.admit(30) is not Admission.ASK
+    outage.succeeded()
+    assert outage.since is None and outage.admit(30) is Admission.ASK
+    assert outage.timed_out(now, 30)
+    assert outage.tally.stats() == {"outages": 2, "deadlines_met": 2}
 
 
 def test_decode_workers_carry_the_readers_deadline():

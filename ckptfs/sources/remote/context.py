@@ -103,6 +103,7 @@ class ReadContext:
     answered_at: float | None = None  # when the answer to this attempt's ranged request began (None: unsaid)
     slot: Slot | None = None          # the origin slot a fetch ahead holds: given back once its body is in
     on_answer: Callable[[], None] | None = None  # told when the answer begins (``version.VersionPin.fetching``)
+    cut: Callable[[float], float] | None = None  # an attempt's deadline as the origin's outage cuts it (``until``)
 
     @classmethod
     def entering(cls, timeout: float) -> ReadContext:
@@ -117,9 +118,16 @@ class ReadContext:
         the origin slot it holds, if any."""
         return cls(time.monotonic() + timeout, ahead=True, slot=slot)
 
-    def bounded(self, deadline: float) -> ReadContext:
-        """This read's context for one attempt that must end by ``deadline`` (no answer heard yet)."""
-        return dataclasses.replace(self, deadline=deadline, answered_at=None)
+    def bounded(self, deadline: float, cut: Callable[[float], float] | None = None) -> ReadContext:
+        """This read's context for one attempt that must end by ``deadline`` (no answer heard yet); ``cut``: how
+        an outage of its origin found meanwhile cuts that deadline (``outage.Outage.bound``)."""
+        return dataclasses.replace(self, deadline=deadline, answered_at=None, cut=cut)
+
+    def until(self) -> float:
+        """When this attempt must end, asked at each of its waits: its deadline, or sooner once its origin is
+        found in an outage meanwhile (a body trickling in, a stall after the headers: such an attempt ends with
+        the outage's patience, not its own)."""
+        return self.deadline if self.cut is None else self.cut(self.deadline)
 
     def body_in(self) -> None:
         """A request's whole body is in: the origin slot this fetch holds is given back (the fetch may still

@@ -143,8 +143,10 @@ class ChunkFetcher:
             error = flight.error
             reason = error.reason if isinstance(error, CheckpointError) else str(error)
             raise CheckpointError(self.name, i * CHUNK, reason)
-        if read.fallback or time.monotonic() >= bound:
-            # (in an outage found meanwhile: its one message, not one per chunk waited for)
+        if time.monotonic() >= bound:  # its whole deadline waited: the outage's one message, not one per chunk
+            raise self.client.ran_out(read, f"waited --timeout {self.options.timeout:g} s for the fetch of byte "
+                                            f"{i * CHUNK} under way")
+        if read.fallback:
             raise self.client.outage_error() if outage.since is not None else self.client.timeout_error(i * CHUNK)
         data = b"".join(self.fetch_parts(i * CHUNK, min(self.size, (i + 1) * CHUNK), read))
         self.cache.put(self.key(i), data)

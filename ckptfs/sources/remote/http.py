@@ -188,12 +188,10 @@ def fresh_pool() -> urllib3.PoolManager:
 class HttpClient:
     """Sends one request with redirects followed by hand (see the module docstring)."""
 
-    def __init__(self, scheme: str, credentials: Credentials, options: RemoteOptions,
-                 heard: Callable[[], None] = lambda: None):
+    def __init__(self, scheme: str, credentials: Credentials, options: RemoteOptions):
         self.scheme = scheme
         self.credentials = credentials
         self.options = options
-        self.heard = heard  # told of every answer (the origin's outage state: outage.py)
 
     def send(self, method: str, url: str, headers: Mapping[str, str], deadline: float, auth_origin: str,
              fresh: bool = False) -> Answer:
@@ -247,7 +245,6 @@ class HttpClient:
             raise CheckpointError(url, None, refused) from None
         except (urllib3.exceptions.HTTPError, OSError) as exc:
             raise Retryable(f"connection failed: {_reason(exc)}") from None
-        self.heard()
         return resp
 
 
@@ -329,7 +326,7 @@ class HttpSource(RemoteSource):
         self.url = url
         self.scheme = scheme or urlsplit(url).scheme.lower() or "http"  # the counters' label
         self.credentials = credentials
-        self._http = HttpClient(self.scheme, credentials, self.options, lambda: self.outage().heard())
+        self._http = HttpClient(self.scheme, credentials, self.options)
         self._origin = _origin_of(url)
         probe = self._probe()
         self._location = probe.location
@@ -478,7 +475,7 @@ class HttpSource(RemoteSource):
             raise error
         if answer.url != url:
             self._location = answer.url
-        return self._read_parts(resp, end - start, read.deadline)
+        return self._read_parts(resp, end - start, read.until)
 
     def _check_validator(self, resp: BaseHTTPResponse, headers: Mapping[str, str], answer: Answer) -> None:
         now = _validator(headers)
@@ -493,23 +490,23 @@ class HttpSource(RemoteSource):
 
     def _read_body(self, resp: BaseHTTPResponse, expected: int, deadline: float) -> bytes:
         """Exactly ``expected`` body bytes; each wait bounded by the stall timeout, the whole by ``deadline``."""
-        return joined(self._read_parts(resp, expected, deadline))
+        return joined(self._read_parts(resp, expected, lambda: deadline))
 
-    def _read_parts(self, resp: BaseHTTPResponse, expected: int, deadline: float) -> list[bytes]:
+    def _read_parts(self, resp: BaseHTTPResponse, expected: int, until: Callable[[], float]) -> list[bytes]:
         """``_read_body``'s bytes as consecutive parts of ``CHUNK`` bytes (the last shorter), read so that no
         socket read crosses a chunk boundary: a chunk that arrives in one read is kept as it came, and one
         that arrives in several is joined once. A range's bytes then reach the chunk cache with at most one
         copy after the socket's, instead of read in pieces, joined and cut into chunks again (two copies of
         every byte, a quarter of a cold stream's CPU). Each socket wait is bounded by the stall timeout and
-        the whole by ``deadline``."""
+        the whole by ``until()``, asked at every wait (``ReadContext.until``: an outage found meanwhile ends
+        the body's wait too)."""
         parts: list[bytes] = []
         pending: list[bytes] = []  # the pieces of the chunk being read
         filled = got = 0
         sock = getattr(getattr(resp, "connection", None), "sock", None)  # probe: third-party (urllib3's response)
-        heard = self.outage().heard
         try:
             while got < expected:
-                wait, by_deadline = wait_bound(self.options, deadline)
+                wait, by_deadline = wait_bound(self.options, until())
                 if wait <= 0:
                     raise Retryable(f"had received {got} of {expected} bytes", deadline=True)
                 if sock is not None:
@@ -525,7 +522,6 @@ class HttpSource(RemoteSource):
                                     f"{_reason(exc)}") from None
                 if not piece:
                     raise Retryable(f"short body: {got} of {expected} bytes")
-                heard()
                 pending.append(piece)
                 got += len(piece)
                 filled += len(piece)

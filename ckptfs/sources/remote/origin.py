@@ -11,10 +11,12 @@ A scheme (``http``, ``s3``) makes one attempt at a time (``_attempt``) and says 
   30 s ``--timeout`` costs 3 s, not the read. With a mirror to turn to (``ReadContext.fallback``) a failure
   is retried once and a stall not at all, so the next copy gets the rest of the deadline (``max_retries``
   bounds the count too where a caller sets it). Everything else ends the read at once.
-- An origin that answers nothing for a whole ``--timeout`` is in an outage (``outage``): until anything
-  comes from it again, every request to it ends by the outage's start + ``--timeout`` and new ones fail at
-  once, but for a probe about once a second; so an application's read, however many kernel requests it
-  is, ends within ``--timeout`` (and a second) of its first request that met the outage.
+- An origin from which a request got nothing usable for a whole ``--timeout`` (silence, a trickle, errors
+  answered) is in an outage (``outage``): until a request to it succeeds again, every request to it ends by
+  the outage's start + ``--timeout`` and new ones fail at once, with one message, but for a probe about
+  once a second (the requests that arrive meanwhile wait for its answer); so an application's read, however
+  many kernel requests it is, ends within ``--timeout`` (and a second) of its first request that met the
+  outage, and the first read once the origin serves again is answered.
 - Timeouts are reported as what they are: a wait cut short by the read's deadline says ``--timeout`` and
   its number; a server silent for ``--stall-timeout`` seconds, with time left, is a stall (and retried).
 """
@@ -25,6 +27,7 @@ import logging
 import random
 import time
 from collections.abc import Callable
+from datetime import datetime, timezone
 from typing import Protocol, TypeVar
 
 from ckptfs.core.errors import CheckpointError, SourceUnavailable
@@ -32,7 +35,7 @@ from ckptfs.origins.limit import OriginLimit, origin_limit
 from ckptfs.sources.netstats import COUNTERS
 from ckptfs.sources.remote.context import ReadContext
 from ckptfs.sources.remote.options import RemoteOptions
-from ckptfs.sources.remote.outage import PROBE_SECONDS, Admission, Outage, outage_for
+from ckptfs.sources.remote.outage import PROBE_BYTES, PROBE_SECONDS, Admission, Outage, outage_for
 from ckptfs.util.redact import public_name
 
 log = logging.getLogger(__name__)
@@ -92,6 +95,7 @@ class Asked(Protocol):
     name: str
     scheme: str
     options: RemoteOptions
+    size: int
 
     def origin(self) -> str: ...
 
@@ -135,7 +139,7 @@ class OriginClient:
         parts = body if isinstance(body, list) else [body]
         got = sum(len(p) for p in parts)
         done = time.monotonic()
-        self.outage().heard()
+        self.outage().succeeded()
         self.origin_limit().finished(got, done - sent)
         if got != end - start:
             raise CheckpointError(self.source.name, start, f"got {got} bytes for a {end - start}-byte range")
@@ -148,31 +152,40 @@ class OriginClient:
         long as ``read.deadline`` allows; each attempt's context is bounded by the deadline or, while the
         origin is in an outage, the outage's end of patience (``outage``), and a deadline that runs out
         starts one. A request that finds the origin in an outage fails at once, or sends the probe that is
-        due (``_admit``). ``what`` prefixes the final error's reason."""
-        outage, timeout = self.outage(), self.source.options.timeout
-        self._admit(offset)
+        due, or waits for the one in flight (``_admit``). ``what`` prefixes the final error's reason."""
+        self._admit(offset, what)
         try:
-            return self._retrying(attempt, read, offset, what, outage)
-        except TimedOut:  # this request's whole deadline ran out: the origin is out since it arrived
-            if outage.timed_out(read.deadline - timeout):
-                raise  # the request that found the outage says what it saw
-            raise self.outage_error() from None
+            return self._retrying(attempt, read, offset, what, self.outage())
+        except TimedOut as exc:
+            raise self.ran_out(read, exc.reason.removeprefix(what), what) from None
 
-    def _admit(self, offset: int | None) -> None:
+    def ran_out(self, read: ReadContext, reason: str, what: str = "") -> SourceUnavailable:
+        """A request (or a reader waiting for another's fetch of its bytes) reached its deadline without its
+        bytes (``reason``: what it saw): the origin is out since the read arrived, unless an outage is in
+        force already; the outage's one message (``outage_error``)."""
+        timeout = self.source.options.timeout
+        self.outage().timed_out(read.deadline - timeout, timeout, reason)
+        return self.outage_error(what)
+
+    def _admit(self, offset: int | None, what: str = "") -> None:
         """Before a request asks the origin: nothing to do unless the origin is in an outage (``outage``); then
-        this request sends the probe that is due (one byte at ``offset``, ``PROBE_SECONDS`` allowed) and goes
-        on if it was answered, or fails at once."""
+        this request sends the probe that is due (``PROBE_BYTES`` at ``offset``, all in within
+        ``PROBE_SECONDS``) and goes on if it was answered, or waits for the probe in flight and goes on if that
+        was answered, or fails at once."""
         offset = offset or 0
         outage, source = self.outage(), self.source
         admission = outage.admit(source.options.timeout)
         if admission is Admission.ASK:
             return
+        if admission is Admission.WAIT and outage.wait_probe(PROBE_SECONDS):
+            return
         if admission is Admission.PROBE:
-            answered = True  # any answer, even a wrong one, says the origin is back (the fetch will judge it)
+            answered = True  # an answer that is not the bytes (404, another version) is the fetch's to judge
+            end = min(offset + PROBE_BYTES, source.size) if source.size > offset else offset + 1
             try:
-                source._attempt(offset, offset + 1, ReadContext(time.monotonic() + PROBE_SECONDS))
-            except Retryable:  # no answer, or one that counts as an answer (a 5xx: the client heard it)
-                answered = outage.since is None
+                source._attempt(offset, end, ReadContext(time.monotonic() + PROBE_SECONDS))
+            except Retryable:  # no answer, or not all of it in time (a trickle, a stall, a 5xx, a short body)
+                answered = False
             except Exception:  # noqa: BLE001 - see above
                 pass
             finally:
@@ -181,14 +194,19 @@ class OriginClient:
                 COUNTERS.request(source.scheme, "ok")
                 return
         COUNTERS.request(source.scheme, "timeout")
-        raise self.outage_error()
+        raise self.outage_error(what)
 
-    def outage_error(self) -> SourceUnavailable:
-        """How a request fails while its origin is in an outage: one message for all (one log line per file)."""
-        timeout = self.source.options.timeout
-        return SourceUnavailable(self.source.name, None, f"{public_name(self.source.origin())} is not answering "
-                                                         f"(nothing came from it for --timeout {timeout:g} s); its "
-                                                         f"reads fail at once until it answers again")
+    def outage_error(self, what: str = "") -> SourceUnavailable:
+        """How a request fails while its origin is in an outage: one message for all of the outage (one log
+        line per file), naming when it was found and what the request that found it saw (``what``: the
+        caller's prefix, as for the retry loop's errors)."""
+        outage, timeout = self.outage(), self.source.options.timeout
+        found = datetime.fromtimestamp(outage.found_at, timezone.utc).strftime("%H:%M:%S.%f")[:-3]
+        saw = f"{outage.reason}; " if outage.reason else ""
+        return SourceUnavailable(self.source.name, None,
+                                 f"{what}{saw}{public_name(self.source.origin())} is not answering (nothing usable "
+                                 f"came from it for --timeout {timeout:g} s, since {found} UTC): its reads fail at "
+                                 f"once until it answers again")
 
     def _retrying(self, attempt: Callable[[ReadContext], T], read: ReadContext, offset: int | None, what: str,
                   outage: Outage) -> T:
@@ -206,7 +224,7 @@ class OriginClient:
             if time.monotonic() >= bound:
                 raise self.timeout_error(offset, what, tries)
             try:
-                one = read.bounded(bound)
+                one = read.bounded(bound, lambda deadline: outage.bound(deadline, options.timeout))
                 result = attempt(one)
                 read.answered_at = one.answered_at
                 return result

@@ -24,6 +24,7 @@ import ipaddress
 import os
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -184,7 +185,7 @@ class S3Source(RemoteSource):
             COUNTERS.request(self.scheme, "ok")
             return int(head["ContentLength"]), head.get("ETag"), b""
         total = _total(resp.get("ContentRange"), int(resp["ContentLength"]))
-        data = self._read_body(resp["Body"], int(resp["ContentLength"]), read.deadline)
+        data = self._read_body(resp["Body"], int(resp["ContentLength"]), lambda: read.deadline)
         COUNTERS.request(self.scheme, "ok", len(data))
         return total, resp.get("ETag"), data
 
@@ -220,16 +221,18 @@ class S3Source(RemoteSource):
                 body.close()
                 raise OddAnswer(("range", first, last), CheckpointError(
                     self.name, start, f"asked for bytes {start}-{end - 1}, the server sent {first}-{last}"))
-            return self._read_body(body, end - start, read.deadline)
+            return self._read_body(body, end - start, read.until)
         finally:
             if client is not None:
                 client.close()
 
-    def _read_body(self, body: Any, expected: int, deadline: float) -> bytes:
+    def _read_body(self, body: Any, expected: int, until: Callable[[], float]) -> bytes:
+        """Exactly ``expected`` bytes of ``body``, by ``until()`` (asked before each piece:
+        ``ReadContext.until``)."""
         buf = bytearray()
         try:
             while len(buf) < expected:
-                if time.monotonic() >= deadline:
+                if time.monotonic() >= until():
                     raise Retryable(f"had received {len(buf)} of {expected} bytes", deadline=True)
                 chunk = body.read(min(64 * 1024, expected - len(buf)))
                 if not chunk:
