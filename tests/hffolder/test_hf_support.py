@@ -10,7 +10,7 @@ import sys
 import numpy as np
 import pytest
 from cli_runs import one_error_line, run_cli
-from conftest import cli_env, ckptfs_cli, mount_stats
+from conftest import REPO, cli_env, ckptfs_cli, mount_stats
 from fixtures import write_gguf
 from hf_models import sentencepiece_vocab, write_model
 
@@ -138,3 +138,20 @@ def test_info_runs_the_check_the_mount_runs(mounted, mountpoint, tmp_path):
     assert not (mnt / "no-tokenizer" / "hf").exists()
     lines = [line for line in log.read_text().splitlines() if "hf/" in line]
     assert len(lines) == 1 and f"no hf/ folder: {reason}" in lines[0], lines
+
+
+def test_the_demo_gguf_info_and_mount_agree(mountpoint, tmp_path):
+    """The set-up's demo GGUF (no tokenizer transformers can build): ``info --hf`` says it gets no hf/, and
+    ``mount --hf`` fails with the same reason, where info said "available" and the mount exited 0 without it."""
+    pytest.importorskip("transformers")
+    sys.path.insert(0, str(REPO / "scripts"))
+    from make_demo_gguf import write_demo
+
+    path = tmp_path / "demo.gguf"
+    write_demo(str(path))
+    info = run_cli("info", "--hf", "--json", str(path), timeout=180)
+    assert info.returncode == 0, info.stderr
+    said = json.loads(info.stdout)["hf"]
+    assert said.startswith("none: transformers cannot build its tokenizer"), said
+    one_error_line(run_cli("mount", str(path), str(mountpoint), "--hf", timeout=180), 1,
+                   f"no hf/ folder: {said[len('none: '):]}")
