@@ -66,9 +66,10 @@ from typing import Any
 from ckptfs.cache import auth, entry, range_lease
 from ckptfs.cache.counters import TierCounters
 from ckptfs.cache.keys import CacheKey
-from ckptfs.cache.disk import DiskStore, _folder_lock, _open_private, _scandir, _unlink
+from ckptfs.cache.disk import PAUSE_S, DiskStore, _folder_lock, _open_private, _scandir, _unlink
 from ckptfs.cache.names import NameRecords
 from ckptfs.util.runs import runs as _runs
+from ckptfs.util.sizes import format_size
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +78,7 @@ NAMESPACE = "remote"
 OLD_NAMESPACE = "bytes"      # the previous format's folder of fetched chunks
 MAGIC = b"CKPTFSR3"          # format version 3 of fetched-byte storage
 DEFAULT_MIN_FREE = 5.0       # --cache-dir-min-free, percent of the file system
+BELOW_FLOOR = "its file system is at the --cache-dir-min-free floor"  # ``writes_paused``'s reason
 LOW_WATER = 0.9
 TOUCH_AFTER_MIN = 1          # a hit refreshes its chunk's clock when it is older than this (minutes)
 LEASE_POLL_S = (0.002, 0.05)  # a waiter looks again after this long, doubling from the first to the second
@@ -587,6 +589,8 @@ class SparseStore:
             written = 0
             if not absent:
                 return True
+            if not self._room_for(sum(views[k].nbytes for k in absent), f):
+                return False
             try:
                 with f.writing:
                     for k0, k1 in _runs(absent):
@@ -734,6 +738,38 @@ class SparseStore:
     _start_prune = DiskStore._start_prune
     _background_prune = DiskStore._background_prune
 
+    def _room_for(self, nbytes: int, f: StoredFile) -> bool:
+        """Whether ``nbytes`` more of ``f`` can be written leaving the file system its ``--cache-dir-min-free``
+        floor: a ``statvfs`` before every write (cheap). Short of it, the least recently used of the other
+        files are evicted for the difference at once (evicting ``f``'s own chunks to store others of it would
+        only churn); still short, nothing is written and writing pauses as on a full disk (the reads are
+        served from the fetched bytes; a warm-up stops on it: ``writes_paused``). A floor of 0 leaves a full
+        disk to the write itself (ENOSPC: ``_trouble``)."""
+        if self.min_free <= 0:
+            return True
+        short = self._short_of_floor(nbytes)
+        if short <= 0:
+            return True
+        with contextlib.suppress(Exception):  # (a failed prune leaves the store as it was: short)
+            self.prune(wait=True, need=short, keep=f.data_path[:-len(".data")])
+        short = self._short_of_floor(nbytes)
+        if short <= 0:
+            return True
+        self._paused_until = time.monotonic() + PAUSE_S["full"]
+        self._paused_why = BELOW_FLOOR
+        self._warn_once("floor", "cache dir %s: %s more would leave less than --cache-dir-min-free %g%% of its "
+                        "file system free: not storing for %.0f s, serving from the origin", self.root,
+                        format_size(nbytes), self.min_free, PAUSE_S["full"])
+        return False
+
+    def _short_of_floor(self, nbytes: int) -> int:
+        """How many bytes the file system would lack of its floor after writing ``nbytes`` (<= 0: none)."""
+        try:
+            free, floor = free_and_floor(self.root, self.min_free)
+        except OSError:
+            return 0  # (the write says what is wrong with the folder)
+        return nbytes - (free - floor)
+
     def excess(self) -> int:
         """Bytes to free now: past 90 % of the bound when over it, and what the free-space floor lacks."""
         total = folder_bytes(self.root)
@@ -741,16 +777,16 @@ class SparseStore:
             self._folder_bytes = total
         over = total - int(self.max_bytes * LOW_WATER) if total > self.max_bytes else 0
         try:
-            st = os.statvfs(self.root)
-            floor = st.f_blocks * st.f_frsize * self.min_free / 100
-            short = int(floor - st.f_bavail * st.f_frsize)
+            free, floor = free_and_floor(self.root, self.min_free)
+            short = floor - free
         except OSError:
             short = 0
         return max(over, short, 0)
 
-    def prune(self, wait: bool = True, need: int | None = None) -> dict[str, int]:
+    def prune(self, wait: bool = True, need: int | None = None, keep: str | None = None) -> dict[str, int]:
         """Evict least-recently-used chunks of unsealed files and whole sealed files until ``need`` bytes
-        (default: ``excess()``) are freed. Returns {"chunks", "files", "bytes"} evicted."""
+        (default: ``excess()``) are freed, none of the file whose path stem is ``keep``. Returns {"chunks",
+        "files", "bytes"} evicted."""
         removed = {"chunks": 0, "files": 0, "bytes": 0}
         with _folder_lock(self.root, wait) as locked:
             if not locked:
@@ -758,7 +794,7 @@ class SparseStore:
             need = self.excess() if need is None else need
             if need <= 0:
                 return removed
-            candidates = sorted(self._candidates())
+            candidates = sorted(c for c in self._candidates() if c[2] != keep)
             left = collections.Counter(stem for _, kind, stem, _, _ in candidates if kind == "chunk")
             for _, kind, stem, index, size in candidates:
                 if removed["bytes"] >= need:
@@ -889,6 +925,13 @@ class SparseStore:
         self._copies = {}  # (a check under way in the parent has no thread here)
         self._lock = threading.Lock()
         self._copy_lock = threading.Lock()
+
+
+def free_and_floor(root: str | os.PathLike[str], min_free: float) -> tuple[int, int]:
+    """(bytes free, the ``--cache-dir-min-free`` floor in bytes) of the file system of ``root``: what can be
+    written before it is down to ``min_free`` percent free is the difference (negative: below it already)."""
+    st = os.statvfs(root)
+    return st.f_bavail * st.f_frsize, int(st.f_blocks * st.f_frsize * min_free / 100)
 
 
 def folder_bytes(root: Path) -> int:

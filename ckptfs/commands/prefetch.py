@@ -191,11 +191,14 @@ def _early_warmup(src: str, plan: SourcePlan, stop: threading.Event, bar: ByteBa
     cannot be made (a 404, a dead server) is the error the open would give, said once. Anything that goes
     wrong after that is left to the open and the warm-up after it, which say it in their own words."""
     from ckptfs.sources.plan import names_folder
-    from ckptfs.sources.remote.warmup import EarlyWarmup
+    from ckptfs.sources.remote.warmup import EarlyWarmup, check_room, remote_of
 
     if names_folder(src) or plan.mirrors:
         return None  # (with mirrors the open may need them: an early warm-up would read the primary alone)
     source = plan.opener(src)  # first: the formats' modules are still being imported (``_import_ahead``)
+    remote = remote_of(source)
+    if remote is not None:  # a file the folder cannot take above its free-space floor: refused before the open
+        check_room([remote])
     from ckptfs.formats import detect
     from ckptfs.formats.shards import is_index_name, parse_shard_name
 

@@ -198,7 +198,7 @@ def test_the_bound_and_the_free_space_floor_are_measured_in_blocks(tmp_path):
 
 def test_a_full_file_system_costs_storage_never_a_read(tmp_path, caplog):
     with tmpfs(tmp_path / "small", "1m") as root:
-        s = SparseStore(root, 1 << 30)
+        s = SparseStore(root, 1 << 30, min_free=0.0)  # no floor: the writes find the file system full
         with caplog.at_level(logging.WARNING, logger="ckptfs.cache.sparse_store"):
             stored = [i for i in range(N) if s.put_chunks(CONTENT, i, [chunk(i)], N) or
                       setattr(s, "_paused_until", 0.0)]

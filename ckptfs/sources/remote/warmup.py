@@ -58,11 +58,13 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol
 
 from ckptfs.cache.chunks import CHUNK, STORED_RUN
 from ckptfs.cache.disk import FULL, NOT_WRITABLE
 from ckptfs.cache.entry import HEADER_SIZE
+from ckptfs.cache.sparse_store import BELOW_FLOOR, DEFAULT_MIN_FREE, NAMESPACE, folder_bytes, free_and_floor
 from ckptfs.core.errors import CheckpointError
 from ckptfs.readahead import SCHEDULER
 from ckptfs.origins.limit import HeldSlot, OriginLimit
@@ -227,6 +229,8 @@ def warm(sources: Iterable[ByteSource], *, stop: StopSignal | None = None,
         f.missing = f.remote.unstored_chunks()
         stored = f.remote.size - sum(_chunk_bytes(f.remote, i, i + 1) for i in f.missing)
         report.cached += (cached_before or {}).get(f.remote.content_id(), stored)
+    check_room([f.remote for f in files],
+               sum(_chunk_bytes(f.remote, i, i + 1) for f in files for i in f.missing))
     for f in files:  # a store that takes nothing now (an earlier warm-up of this process found it full)
         trouble = f.remote.store_trouble() if f.missing else None
         if trouble:
@@ -509,6 +513,35 @@ class EarlyWarmup:
         return self.cached
 
 
+def check_room(remotes: Sequence[RemoteSource], missing: int | None = None) -> None:
+    """WarmupError (one line) when the ``missing`` bytes the store lacks of ``remotes`` (None: measured here)
+    cannot be stored before the cache folder's file system is down to its ``--cache-dir-min-free`` floor,
+    even once every other remote file stored there is evicted: ``ckptfs prefetch`` refuses such a run
+    before it fetches, rather than fetching bytes the store must refuse (``SparseStore`` checks the floor
+    before every write)."""
+    stores = [remote for remote in remotes if remote.stores_chunks]
+    if not stores:
+        return
+    folder = stores[0].options.cache_dir
+    given = stores[0].options.open_options.cache_dir_min_free
+    min_free = float(given) if given is not None else DEFAULT_MIN_FREE
+    kept = sum(remote.stored_bytes() for remote in stores)
+    if missing is None:
+        missing = sum(remote.size for remote in stores) - kept
+    try:
+        free, floor = free_and_floor(folder or ".", min_free)
+        others = max(0, folder_bytes(Path(folder or ".") / NAMESPACE) - kept)  # what eviction could free
+    except OSError:
+        return  # (the folder's trouble is said by the writes)
+    if missing > free - floor + others:
+        raise WarmupError(stores[0].name if len(stores) == 1 else folder, None,
+                          f"{format_size(missing)} to fetch do not fit in the cache folder {folder}: its file "
+                          f"system has {format_size(free)} free and --cache-dir-min-free {min_free:g}% keeps "
+                          f"{format_size(floor)} of it free (other files stored there: "
+                          f"{format_size(others)}): free space there, lower --cache-dir-min-free, or give a "
+                          f"--cache-dir on a file system with room")
+
+
 def _store_error(remote: RemoteSource, why: str) -> str:
     """The warm-up's line for a store that takes no bytes (``RemoteSource.store_trouble``)."""
     folder = remote.options.cache_dir
@@ -519,6 +552,8 @@ def _store_error(remote: RemoteSource, why: str) -> str:
         except OSError:
             pass
         advice = "free space there, or give a --cache-dir on a file system with room for the checkpoint"
+    elif why == BELOW_FLOOR:
+        advice = "free space there, lower --cache-dir-min-free, or give a --cache-dir with room"
     elif why == NOT_WRITABLE:
         advice = "make it writable for this user, or give another --cache-dir"
     else:
