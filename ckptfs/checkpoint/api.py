@@ -114,7 +114,7 @@ class Tensor:
     def meta(self) -> dict[str, Any]:
         """The dict NAME.meta.json holds."""
         if self._meta is None:
-            self._meta = {**tensor_meta(self), **self.annotations}
+            self._meta = {**tensor_meta(self, self._ck), **self.annotations}
         return self._meta
 
     def raw(self) -> bytes:

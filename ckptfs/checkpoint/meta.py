@@ -6,6 +6,7 @@ GPTQ/AWQ view) describes itself with its own ``meta``.
 
 from __future__ import annotations
 
+from collections.abc import Container
 from typing import TYPE_CHECKING, Any
 
 from ckptfs.engine.views import npy_header
@@ -15,8 +16,13 @@ if TYPE_CHECKING:
     from ckptfs.engine.batch import Tensor  # what a tensor's meta is made of (api.py imports this module)
 
 
-def tensor_meta(tensor: Tensor) -> dict[str, Any]:
-    """The dict ``NAME.meta.json`` holds (docs/reference/layout.md)."""
+#: tensors llama.cpp loads beside a GGUF weight ``X.weight`` as ``X.SUFFIX``, and the meta.json key naming each
+GGUF_COMPANIONS = {"scale": "companion_scale", "input_scale": "input_scale"}
+
+
+def tensor_meta(tensor: Tensor, names: Container[str] = ()) -> dict[str, Any]:
+    """The dict ``NAME.meta.json`` holds (docs/reference/layout.md); ``names``: the checkpoint's tensor names
+    (where a GGUF weight's companions are looked up)."""
     info = tensor.info
     meta: dict[str, Any] = {
         "name": info.name,
@@ -34,5 +40,19 @@ def tensor_meta(tensor: Tensor) -> dict[str, Any]:
     }
     if info.gguf_dims is not None:
         meta["gguf_dims"] = list(info.gguf_dims)
+        meta.update(gguf_companions(info.name, names))
     meta["damaged"] = info.damaged
     return meta
+
+
+def gguf_companions(name: str, names: Container[str]) -> dict[str, str]:
+    """The companion tensors of GGUF weight ``name`` that the checkpoint stores, by meta.json key.
+
+    A GGUF converted from ModelOpt NVFP4 may carry ``X.scale`` (F32, one value, or one per expert for
+    ``*_exps``: the second-level scale, which llama.cpp multiplies into the layer's output; the converter
+    leaves it out when it is all 1.0) and ``X.input_scale`` (the activations' scale, never applied to the
+    weight). ``X.weight.npy`` holds the stored weight's values without either; its meta.json names them."""
+    if not name.endswith(".weight"):
+        return {}
+    base = name[:-len(".weight")]
+    return {key: f"{base}.{suffix}" for suffix, key in GGUF_COMPANIONS.items() if f"{base}.{suffix}" in names}
