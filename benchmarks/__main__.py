@@ -28,6 +28,7 @@ WORKLOADS = {
     "packed": "GPTQ 4096 x 4096 view: random 4 KiB read and stream vs AutoGPTQ's dequantization",
     "bnb": "bitsandbytes NF4 4096 x 4096 view: random 4 KiB read vs its dequantization; .npy vs .raw stream",
     "fp8": "FP8 7168 x 2048 block view: random 4 KiB read vs FP8BlockDequantizer; .npy stream vs .raw stream",
+    "fp4": "NVFP4 4096 x 4096 and gpt-oss MXFP4 expert views: random 4 KiB read vs the references; .npy vs .raw",
     "tiers": "shared tiers: second daemon vs cold / no tier; Redis killed or frozen; eight workers, one copy",
     "cache_mac": "a shared-tier hit's check with a key (HMAC-SHA256) vs without (crc32)",
     "fleet": "a fleet of daemons through one Redis Cluster vs each fetching alone",

@@ -384,7 +384,65 @@ static PyObject *scaled_rows(PyObject *self, PyObject *args) {
     return result;
 }
 
+/* Rows of E2M1 nibbles (two a byte, low first) times a float32 scale per group of `group` values:
+ * value j of row r is pairs[2 * byte + j % 2] * scales[r * scale_step + j / group], where byte is
+ * codes[r * code_step + j / 2] (a row's bytes may lie apart: gpt-oss' block columns). Written row by row
+ * (out[r * width + j]) or, with `transpose`, as the columns of the output (out[j * n + r]: gpt-oss' view is
+ * the stored matrices transposed). The pairs table already holds each nibble's float32 value (or twice it),
+ * so the one multiply per value is the numpy path's. */
+static PyObject *fp4_rows(PyObject *self, PyObject *args) {
+    Py_buffer codes, pairs, scales, out;
+    Py_ssize_t code_step, scale_step, width, group, n;
+    int out_half, transpose;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "y*ny*y*nnnw*inp", &codes, &code_step, &pairs, &scales, &scale_step, &width,
+                          &group, &out, &out_half, &n, &transpose))
+        return NULL;
+    PyObject *result = NULL;
+    const Py_ssize_t groups = group > 0 ? (width + group - 1) / group : 0;
+    if (width <= 0 || width % 2 || group <= 0 || group % 2 || n < 0 || code_step < width / 2
+        || scale_step < groups) {
+        PyErr_SetString(PyExc_ValueError, "row geometry does not fit");
+    } else if (pairs.len != 512 * 4 || (n && (codes.len < (n - 1) * code_step + width / 2
+               || scales.len / 4 < (n - 1) * scale_step + groups)) || out.len / (out_half ? 2 : 4) < n * width) {
+        PyErr_SetString(PyExc_ValueError, "a buffer is too small for the rows");
+    } else {
+        const uint8_t *c = (const uint8_t *)codes.buf;
+        const float *t = (const float *)pairs.buf, *s = (const float *)scales.buf;
+        const int half = out_half != 0;
+        Py_BEGIN_ALLOW_THREADS
+        for (Py_ssize_t r = 0; r < n; r++) {
+            const uint8_t *row = c + r * code_step;
+            const float *srow = s + r * scale_step;
+            for (Py_ssize_t b = 0; b < width / 2; b++) {
+                const float sv = srow[2 * b / group];
+                const float v0 = t[2 * row[b]] * sv, v1 = t[2 * row[b] + 1] * sv;
+                const Py_ssize_t i0 = transpose ? 2 * b * n + r : r * width + 2 * b;
+                const Py_ssize_t i1 = transpose ? i0 + n : i0 + 1;
+                if (half) {
+                    ((uint16_t *)out.buf)[i0] = f32_to_f16(bits_of(v0));
+                    ((uint16_t *)out.buf)[i1] = f32_to_f16(bits_of(v1));
+                } else {
+                    ((float *)out.buf)[i0] = v0;
+                    ((float *)out.buf)[i1] = v1;
+                }
+            }
+        }
+        Py_END_ALLOW_THREADS
+        result = Py_None;
+        Py_INCREF(result);
+    }
+    PyBuffer_Release(&codes);
+    PyBuffer_Release(&pairs);
+    PyBuffer_Release(&scales);
+    PyBuffer_Release(&out);
+    return result;
+}
+
 static PyMethodDef METHODS[] = {
+    {"fp4_rows", fp4_rows, METH_VARARGS,
+     "fp4_rows(codes, code_step, pairs, scales, scale_step, width, group, out, out_half, n_rows, transpose): "
+     "rows of E2M1 nibbles times a scale per group into out (or its columns)."},
     {"scaled_rows", scaled_rows, METH_VARARGS,
      "scaled_rows(codes, table, width, scales, scale_rows, groups, block_width, zeros, out, out_half, n_rows): "
      "rows of a scaled-codes weight (FP8, int8) into out."},

@@ -9,3 +9,6 @@ def dequantize_rows(mode: int, words: np.ndarray, row_step: int, word_step: int,
 def scaled_rows(codes: np.ndarray, table: np.ndarray, width: int, scales: np.ndarray, scale_rows: np.ndarray,
                 groups: int, block_width: int, zeros: np.ndarray | None, out: np.ndarray, out_half: int,
                 n_rows: int) -> None: ...
+
+def fp4_rows(codes: np.ndarray, code_step: int, pairs: np.ndarray, scales: np.ndarray, scale_step: int, width: int,
+             group: int, out: np.ndarray, out_half: int, n_rows: int, transpose: bool) -> None: ...

@@ -18,7 +18,9 @@ The view's rows (``E * in`` of them, ``out`` values each) are the stored tensor'
 ``[x, i0..i1)`` needs the 16-byte blocks ``[x, :, i0 / 32 .. i1 / 32]`` of every output row, spread over the
 whole expert. A tile therefore reads its expert's blocks and scales once, into the shared cache (the
 expert's ``out * in / 2`` bytes, 1/E of the part), and the 32-row block columns of that expert decode from
-there; tiles are multiples of 32 rows, so no block is split between two of them.
+there; tiles are multiples of 32 rows, so no block is split between two of them. The C kernel
+(``native.fp4_rows``) writes a tile's block columns straight into the tile's rows (the transposition in the
+same pass); numpy is the reference and fallback.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ import numpy as np
 from ckptfs.core.descriptors import TensorInfo
 from ckptfs.packed.base import Absent, Context, Layout, Parts, check_ndim, check_shape, check_type, require
 from ckptfs.packed.detect import Method, Scheme, one_format
+from ckptfs.packed import native
 from ckptfs.packed.minifloats import E2M1_DOUBLE_PAIRS, E8M0_HALF, e2m1_rows, e8m0_scales
 
 BLOCK = 32
@@ -80,7 +83,18 @@ def build(prefix: str, parts: Mapping[str, TensorInfo], settings: Mapping[str, A
             r += i1 - i0
         return result
 
+    def kernel(reader: Parts, o0: int, o1: int, dest: np.ndarray) -> bool:
+        """Whole block columns of one expert only (what every tile is); the rest goes to numpy."""
+        x, i0 = divmod(o0, in_features)
+        i1 = i0 + o1 - o0
+        if i0 % BLOCK or i1 > in_features or (i1 % BLOCK and i1 != in_features):
+            return False
+        k0, k1 = i0 // BLOCK, -(-i1 // BLOCK)
+        codes, s = expert(reader, x)
+        return native.fp4_rows(dest, codes.reshape(-1)[k0 * BLOCK // 2:], columns * BLOCK // 2, E2M1_DOUBLE_PAIRS,
+                               s.reshape(-1)[k0:], columns, (k1 - k0) * BLOCK, BLOCK, out, transpose=True)
+
     parameters = {"quant_method": "mxfp4", "block_size": BLOCK, "experts": experts, "scale": "ldexp(code, e - 127)",
                   "stored_layout": "[E, out, in/32, 16]", "reference_dtype": "BF16"}
     return Layout(METHOD, parameters, experts * in_features, out, {"blocks": blocks, "scales": scales}, "F32",
-                  decode, row_align=BLOCK, view_shape=(experts, in_features, out))
+                  decode, row_align=BLOCK, kernel=kernel, view_shape=(experts, in_features, out))

@@ -10,7 +10,8 @@ compressed-tensors' ``decompress`` turns the scale into ``2.0 ** (e - 127)`` in 
 two; ``e = 255`` gives 2^128 = +inf, not the OCP rule's NaN) and multiplies the codes by it in bfloat16.
 Here ``W = code * 2^(e - 127)`` is one float32 multiply (``minifloats``): the exact product except where
 it leaves float32's range, so rounding it to bfloat16 gives the reference's value bit for bit. A read takes
-only its rows of codes and scales.
+only its rows of codes and scales. The C kernels (``native.fp4_rows``, ``native.scaled_rows``) compute the
+same products in one pass; numpy is the reference and fallback.
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ from ckptfs.core.descriptors import TensorInfo
 from ckptfs.packed.base import Absent, Context, Layout, Parts, check_ndim, check_shape, check_type, require
 from ckptfs.packed.compressed import METHOD, scheme_for
 from ckptfs.packed.detect import Scheme
-from ckptfs.packed.minifloats import E4M3, apply_blocks, e2m1_rows, e8m0_scales
+from ckptfs.packed import native
+from ckptfs.packed.minifloats import E2M1_PAIRS, E4M3, apply_blocks, e2m1_rows, e8m0_scales
 from ckptfs.packed.nvfp4 import check_weight_args
 
 GROUP = 32
@@ -57,6 +59,14 @@ def build(prefix: str, parts: Mapping[str, TensorInfo], settings: Mapping[str, A
         raise Absent(f"in_features {in_features} is not a multiple of the {fmt} group of {GROUP}")
     check_shape(scale, (out, in_features // GROUP), f"{fmt} of [{out}, {in_features}]")
 
+    def kernel(reader: Parts, o0: int, o1: int, dest: np.ndarray) -> bool:
+        s = e8m0_scales(reader.rows("weight_scale", o0, o1))
+        stored = reader.rows(codes_role, o0, o1)
+        if bits == 4:
+            return native.fp4_rows(dest, stored, in_features // 2, E2M1_PAIRS, s, in_features // GROUP, in_features,
+                                   GROUP, o1 - o0)
+        return native.scaled_rows(dest, stored, E4M3, s, np.arange(o1 - o0, dtype=np.int64), GROUP)
+
     def decode(reader: Parts, o0: int, o1: int, dest: np.ndarray | None) -> np.ndarray:
         s = e8m0_scales(reader.rows("weight_scale", o0, o1))
         stored = reader.rows(codes_role, o0, o1)
@@ -72,4 +82,4 @@ def build(prefix: str, parts: Mapping[str, TensorInfo], settings: Mapping[str, A
     parameters = {"format": fmt, "num_bits": bits, "group_size": GROUP, "formula": "code * 2.0 ** (e - 127)",
                   "reference_dtype": "BF16"}
     return Layout(f"{METHOD}/{fmt}", parameters, out, in_features, {codes_role: codes, "weight_scale": scale},
-                  "F32", decode)
+                  "F32", decode, kernel=kernel)

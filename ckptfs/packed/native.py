@@ -1,5 +1,5 @@
-"""The optional C kernel (``_kernels``) for GPTQ, AWQ and scaled-codes (FP8, int8) rows, and the choice
-between it and numpy.
+"""The optional C kernel (``_kernels``) for GPTQ, AWQ, scaled-codes (FP8, int8) and FP4 (E2M1) rows, and the
+choice between it and numpy.
 
 The numpy decoders (``gptq.py``, ``awq.py`` with ``bits.py``) are the reference: the kernel reads the same
 per-layer arrays they cache (zero points unpacked, scales as float32, ``g_idx``) and computes the same float32
@@ -95,4 +95,21 @@ def scaled_rows(out: np.ndarray, codes: np.ndarray, table: np.ndarray, scales: n
                          np.ascontiguousarray(scales, dtype=np.float32), np.ascontiguousarray(scale_rows, dtype=np.int64),
                          groups, block_width, None if zeros is None else np.ascontiguousarray(zeros, dtype=np.float32),
                          out.reshape(-1), int(out.dtype == np.float16), n)
+    return True
+
+
+def fp4_rows(out: np.ndarray, codes: np.ndarray, code_step: int, pairs: np.ndarray, scales: np.ndarray,
+             scale_step: int, width: int, group: int, rows: int, transpose: bool = False) -> bool:
+    """``rows`` rows of E2M1 nibbles (``minifloats``) into ``out`` (float32 or float16, ``rows * width``
+    values, contiguous): value ``j`` of row ``r`` is ``pairs[byte][j % 2] * scales[r * scale_step + j //
+    group]`` with ``byte = codes[r * code_step + j // 2]`` (``codes`` u8 and ``scales`` float32, flat and
+    contiguous); with ``transpose`` the rows are written as the output's columns. Returns False (nothing
+    written) when the kernel cannot take the call."""
+    if not available() or out.dtype not in _OUT_TYPES or not out.flags.c_contiguous or not out.flags.writeable \
+            or out.size != rows * width or not codes.flags.c_contiguous or not scales.flags.c_contiguous \
+            or codes.dtype != np.uint8 or scales.dtype != np.float32:
+        return False
+    _kernels.fp4_rows(codes.reshape(-1), code_step, np.ascontiguousarray(pairs, dtype=np.float32).reshape(-1),
+                      scales.reshape(-1), scale_step, width, group, out.reshape(-1), int(out.dtype == np.float16),
+                      rows, transpose)
     return True

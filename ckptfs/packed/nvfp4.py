@@ -17,7 +17,8 @@ Two producers store the same codes under different names and combine the two sca
 
 Both pack element ``2i`` into the low nibble of byte ``i``. An E4M3 scale byte 0x7F or 0xFF is NaN (OCP
 e4m3fn), so its 16 values are NaN, as in both references. Tiles are row ranges: a read takes only its rows'
-codes and scales (``in / 2 + in / 16`` bytes a row) and the 4-byte global scale.
+codes and scales (``in / 2 + in / 16`` bytes a row) and the 4-byte global scale. The C kernel
+(``native.fp4_rows``) multiplies the same combined scales in one pass; numpy is the reference and fallback.
 """
 
 from __future__ import annotations
@@ -32,7 +33,8 @@ from ckptfs.packed.base import Absent, Context, Layout, Parts, check_ndim, check
 from ckptfs.packed.bits import round_to
 from ckptfs.packed.compressed import METHOD, scheme_for
 from ckptfs.packed.detect import Scheme
-from ckptfs.packed.minifloats import e2m1_rows, e4m3_scales
+from ckptfs.packed import native
+from ckptfs.packed.minifloats import E2M1_PAIRS, e2m1_rows, e4m3_scales
 from ckptfs.packed.modelopt import MIXED, layer_entry, settings_of
 
 GROUP = 16
@@ -109,16 +111,22 @@ def _layout(scheme: str, prefix: str, parts: Mapping[str, TensorInfo], codes_rol
         raise Absent(f"{global_scale.name} has shape {list(global_scale.shape)}, expected one value")
     scalar_bf16 = divide and global_scale.shape == ()  # a 0-d divisor keeps the bfloat16 scale's dtype
 
-    def decode(reader: Parts, o0: int, o1: int, dest: np.ndarray | None) -> np.ndarray:
+    def scales(reader: Parts, o0: int, o1: int) -> np.ndarray:
+        """Rows [o0, o1)'s combined float32 scales, in the reference's order."""
         g = reader.whole(global_role).reshape(1).astype(np.float32)
         s = e4m3_scales(reader.rows("weight_scale", o0, o1))
         with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
             s = s / g if divide else s * g
-        if scalar_bf16:
-            s = round_to(s, "BF16")
-        return e2m1_rows(reader.rows(codes_role, o0, o1), s, GROUP, dest)
+        return round_to(s, "BF16") if scalar_bf16 else s
+
+    def decode(reader: Parts, o0: int, o1: int, dest: np.ndarray | None) -> np.ndarray:
+        return e2m1_rows(reader.rows(codes_role, o0, o1), scales(reader, o0, o1), GROUP, dest)
+
+    def kernel(reader: Parts, o0: int, o1: int, dest: np.ndarray) -> bool:
+        return native.fp4_rows(dest, reader.rows(codes_role, o0, o1), in_features // 2, E2M1_PAIRS,
+                               scales(reader, o0, o1), in_features // GROUP, in_features, GROUP, o1 - o0)
 
     used = {codes_role: codes, "weight_scale": scale, global_role: global_scale}
     order = "e2m1 * (weight_scale / weight_global_scale)" if divide else "e2m1 * (weight_scale * weight_scale_2)"
     return Layout(scheme, dict(parameters, formula=order, reference_dtype="BF16" if divide else None), out,
-                  in_features, used, "F32", decode)
+                  in_features, used, "F32", decode, kernel=kernel)

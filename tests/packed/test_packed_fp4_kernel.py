@@ -1,0 +1,74 @@
+"""The C kernel of the FP4/MX views (``_kernels.fp4_rows``, and ``scaled_rows`` for MXFP8) gives the numpy
+path's bits, float32 and float16 (overflow to infinity, NaN scales), for compressed-tensors NVFP4, MXFP4,
+MXFP8, ModelOpt NVFP4 and gpt-oss' transposed experts; and both equal the float32 formula."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from fp4_fixtures import (GPT_OSS_CONFIG, as_numpy, ct_config, ct_layer, ct_mx_formula, gptoss_experts,
+                          gptoss_formula, modelopt_nvfp4_layer, nvfp4_formula, write_torch_folder)
+from packed_fixtures import same_bits, write_folder
+
+import ckptfs
+
+PREFIX = "model.layers.0.mlp.down_proj"
+EXPERTS = "model.layers.0.mlp.experts.gate_up_proj"
+
+
+def both_backends(folder, name: str) -> dict[str, dict[str, np.ndarray]]:
+    values: dict[str, dict[str, np.ndarray]] = {}
+    for dtype in ("float32", "float16"):
+        for backend in ("numpy", "native"):
+            with ckptfs.open(folder, dtype=dtype) as ck:
+                view = ck[name]
+                data = view.data
+                data.backend = backend
+                values.setdefault(dtype, {})[backend] = data.read(0, data.n_elements).reshape(view.shape)
+    return values
+
+
+def check(values, expected: np.ndarray) -> None:
+    for dtype, pair in values.items():
+        assert same_bits(pair["numpy"], pair["native"]), dtype
+        with np.errstate(over="ignore"):
+            assert same_bits(pair["native"], expected.astype(dtype)), dtype
+
+
+@pytest.fixture(autouse=True)
+def kernel_built():
+    from ckptfs.packed.native import available
+
+    if not available():
+        pytest.skip("the C kernel is not built")
+
+
+@pytest.mark.parametrize("preset", ["NVFP4", "MXFP4", "MXFP8"])
+def test_compressed_tensors(tmp_path, preset):
+    pytest.importorskip("compressed_tensors")
+    config, tensors = ct_layer(preset, 70, 320, seed=11)
+    a = {k: as_numpy(v) for k, v in tensors.items()}
+    if preset == "NVFP4":
+        expected = nvfp4_formula(a["weight_packed"], a["weight_scale"], a["weight_global_scale"], True)
+    else:
+        expected = ct_mx_formula(a.get("weight_packed", a.get("weight")), a["weight_scale"], 4 if preset == "MXFP4" else 8)
+    folder = write_torch_folder(tmp_path / "m", {f"{PREFIX}.{k}": v for k, v in tensors.items()},
+                                {"quantization_config": ct_config({"group_0": config}, config["format"])})
+    check(both_backends(folder, PREFIX + ".weight"), expected)
+
+
+def test_modelopt_nvfp4(tmp_path):
+    layer = modelopt_nvfp4_layer(np.random.default_rng(3), 50, 256)
+    a = {k: as_numpy(v) for k, v in layer.items()}
+    folder = write_torch_folder(tmp_path / "m", {f"{PREFIX}.{k}": v for k, v in layer.items()},
+                                {"quantization_config": {"quant_method": "modelopt", "quant_algo": "NVFP4"}})
+    check(both_backends(folder, PREFIX + ".weight"),
+          nvfp4_formula(a["weight"], a["weight_scale"], a["weight_scale_2"], False))
+
+
+def test_gptoss_experts(tmp_path):
+    """Tiles of 32 rows (rows of 1088 values) are whole block columns of one expert: the kernel takes them."""
+    parts = gptoss_experts(np.random.default_rng(5), 3, 1088, 96)
+    stored = {f"{EXPERTS}_{role}": value for role, value in parts.items()}
+    folder = write_folder(tmp_path / "m", {}, GPT_OSS_CONFIG, extra_tensors=stored)
+    check(both_backends(folder, EXPERTS), gptoss_formula(parts["blocks"], parts["scales"]))
