@@ -63,7 +63,7 @@ def attach(checkpoint) -> None:
                 raise Absent(skipped)
             if view_name in checkpoint and not replaces:
                 raise Absent(f"a stored tensor is named {view_name!r}; it is served instead of the view")
-            parts = {role: checkpoint[name].info for role, name in layer.parts.items()}
+            parts = {role: checkpoint.stored(name).info for role, name in layer.parts.items()}
             layout = _build(layer, parts, config, context)
         except Exception as exc:  # noqa: BLE001 - a hostile config costs this layer its view, never the open
             reason = str(exc) if isinstance(exc, Absent) else f"the quantization settings cannot be used: {exc}"
