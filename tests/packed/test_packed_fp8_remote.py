@@ -1,4 +1,5 @@
-"""An FP8 folder on ``s3://`` (moto's standalone S3 server on loopback, objects uploaded by boto3): the views
+"""An FP8 folder on ``s3://`` (moto's standalone S3 server on loopback, objects uploaded by boto3) and on ``hf://``
+(the Hub stand-in): the views
 are exact through the API and through a mount, the stored codes and scales byte for byte, the config and
 shards served as uploaded."""
 
@@ -63,3 +64,23 @@ def test_s3_fp8_mount(s3_fp8, mounted):
     for path in folder.iterdir():
         assert (mnt / path.name).read_bytes() == path.read_bytes()
     assert len([n for n in os.listdir(mnt) if n.endswith(".weight.npy")]) == 2
+
+
+def test_hf_fp8_views(tmp_path):
+    """The same kind of folder as an ``hf://`` repository (the Hub stand-in on loopback, its LFS files on
+    nginx): the views are exact, the codes' bytes as stored."""
+    pytest.importorskip("huggingface_hub")
+    from hub_origin import hub_origin
+
+    rng = np.random.default_rng(31)
+    codes, scales = block_quantize(rng, (150, 300), (128, 128), BF16)
+
+    def fill(repo):
+        write_model(repo, {Q + ".weight": codes, Q + ".weight_scale_inv": scales},
+                    {"quant_method": "fp8", "weight_block_size": [128, 128], "activation_scheme": "dynamic"})
+
+    with hub_origin(tmp_path, "org/fp8", fill):
+        with ckptfs.open("hf://org/fp8", timeout=30) as ck:
+            view = ck[Q + ".weight"]
+            assert view.virtual and same_bits(view.numpy(), expected_blocks(codes, scales, (128, 128)))
+            assert ck.stored(Q + ".weight").raw() == codes.tobytes()
