@@ -9,12 +9,22 @@ found good is remembered for as long as the file keeps its identity (size, mtime
 source's ``identity``), so later reads of it cost nothing extra.
 
 A file's header (the bytes before its first tensor: GGUF metadata and tensor infos, the safetensors JSON) is
-checked once, when the file is opened: its sha256 must be the manifest's ``header_sha256``, else the open (and
-the mount) fails with one line naming the file. What the header says was parsed already by then, and
-``metadata.json``, a tensor's shape and the mount's own copy of the file are served from it, so a header
-checked on first read would come too late. A manifest written before ``header_sha256`` existed checks no
-header, and says so once (``warn_without_header_hashes``). Padding between tensors is passed through
-unchecked; the tensors the header names must match the manifest's (``ManifestCheck``).
+checked when the file is opened: its sha256 must be the manifest's ``header_sha256``, else the open (and
+the mount) fails with one line naming the file. A file the mount passes through or a view reads (a model
+folder's ``config.json``, tokenizer files, chat template: listed in the manifest without tensors) is all
+header: its whole sha256 is checked when it is opened, so a tampered ``config.json`` is never served, nor
+built into ``gguf/``. A manifest written before it listed those files checks only the weights, and says so
+once. What the header says was parsed already by then, and ``metadata.json``, a tensor's shape and the
+mount's own copy of the file are served from it, so a header checked on first read would come too late. A
+manifest written before ``header_sha256`` existed checks no header, and says so once
+(``warn_without_header_hashes``). Padding between tensors is passed through unchecked; the tensors the
+header names must match the manifest's (``ManifestCheck``).
+
+A change the mtime hides is caught: when the source sees its file's ctime change (``ByteSource.changes``:
+a ``chmod``, a ``chown``, or an in-place rewrite followed by ``touch -r``), everything found good of that
+file is forgotten, so each chunk (and the header) is verified again before it is served; a read during
+which the ctime changed is read and checked again. A ``chmod`` mid-stream costs one more check of the
+chunks read after it; a rewrite is an ``IntegrityError``.
 
 A mismatch raises ``IntegrityError`` (a ``CheckpointError``) naming the tensor, the chunk and both crc32s:
 the mount answers EIO with that one log line, and a mirror layer (``Mirror(Checked(primary),
@@ -24,8 +34,10 @@ same way.
 
 from __future__ import annotations
 
+import logging
 from bisect import bisect_left
 from collections.abc import Sequence
+from collections.abc import Set as AbstractSet
 
 from ckptfs.core.descriptors import ParsedCheckpoint
 from ckptfs.core.errors import CheckpointError, IntegrityError
@@ -33,6 +45,13 @@ from ckptfs.sources.base import ByteSource
 from ckptfs.integrity.crc import crc32
 from ckptfs.integrity.manifest import (Manifest, TensorEntry, file_names, header_end, header_sha256, load_manifest,
                                        warn_without_header_hashes)
+
+log = logging.getLogger(__name__)
+
+#: Reads of one request when the file's ctime keeps changing while it is read, before it is an error.
+RECHECKS = 3
+#: The manifests already said to leave a folder's other files unchecked (one warning per manifest and process).
+_warned_unlisted: set[str] = set()
 
 
 class ManifestCheck:
@@ -43,21 +62,23 @@ class ManifestCheck:
         self.manifest = manifest
         self.where = where
         names = _manifest_names(list(parsed.files), manifest)
-        self._file_entry = {path: manifest.file(name) for path, name in names.items()}
-        _check_same_tensors(manifest, parsed, names, where)
-        self._tensors: dict[str, list[TensorEntry]] = {path: [] for path in parsed.files}
+        others = _other_files(parsed, manifest, where)
+        self._file_entry = {path: manifest.file(name) for path, name in {**names, **others}.items()}
+        _check_same_tensors(manifest, parsed, names, where, set(others.values()))
+        self._tensors: dict[str, list[TensorEntry]] = {path: [] for path in [*parsed.files, *others]}
         by_name = {name: path for path, name in names.items()}
         for t in manifest.tensors:
             if t.stored_nbytes:
                 self._tensors[by_name[t.file]].append(t)
         self._index = {path: _Index(sorted(ts, key=lambda t: t.offset)) for path, ts in self._tensors.items()}
         self._verified: dict[tuple, list[bytearray]] = {}
-        self._first: dict[str, list[int]] = {path: [] for path in parsed.files}  # each file's first tensor offset
+        # each file's first tensor offset (none: a file without tensors is all header)
+        self._first: dict[str, list[int]] = {path: [] for path in self._tensors}
         for info in parsed.tensors:
             first = self._first[info.source]
             if not first or info.offset < first[0]:
                 first[:] = [info.offset]
-        self._headers_ok: set[tuple] = set()  # (path, identity) of the files whose header matched
+        self._headers: dict[tuple, _HeaderCheck] = {}  # (path, identity) -> its header's check
         warn_without_header_hashes(manifest, where)
 
     def wrap(self, source: ByteSource, path: str | None = None) -> ByteSource:
@@ -71,22 +92,18 @@ class ManifestCheck:
             raise CheckpointError(source.name, None, f"size {source.size} bytes, the manifest {self.where} says "
                                                      f"{entry.size}: not the file the manifest describes")
         key = (path, source.identity)
-        if entry.header_sha256 is not None and key not in self._headers_ok:
-            self._check_header(source, path, entry.header_sha256)
-            self._headers_ok.add(key)
+        header = self._headers.get(key)
+        if header is None and entry.header_sha256 is not None:
+            end = header_end(self._first[path], source.size)
+            header = self._headers.setdefault(key, _HeaderCheck(end, entry.header_sha256, self.where,
+                                                                whole=not self._first[path]))
         verified = self._verified.get(key)
         if verified is None:
             verified = self._verified.setdefault(key, [bytearray(len(t.chunks_crc32)) for t in self._index[path].entries])
-        return CheckedSource(source, self._index[path], verified, self.manifest.chunk_size)
-
-    def _check_header(self, source: ByteSource, path: str, expected: str) -> None:
-        """IntegrityError unless the header of ``source`` (checkpoint file ``path``) hashes to ``expected``."""
-        end = header_end(self._first[path], source.size)
-        got = header_sha256(source, end)
-        if got != expected:
-            raise IntegrityError(source.name, None, f"its header (bytes 0..{end}: metadata and tensor infos) differs "
-                                                    f"from the manifest {self.where} (sha256 {got[:16]}..., manifest "
-                                                    f"{expected[:16]}...): not the checkpoint the manifest describes")
+        checked = CheckedSource(source, self._index[path], verified, self.manifest.chunk_size, header)
+        if header is not None and not header.ok:
+            header.check(source)
+        return checked
 
     def __call__(self, source: ByteSource) -> ByteSource:
         """The ``source_wrapper`` hook of ``Checkpoint``."""
@@ -99,6 +116,32 @@ def checked_wrapper(manifest: Manifest | str, parsed: ParsedCheckpoint) -> Manif
         return ManifestCheck(manifest, parsed)
     path = str(manifest)
     return ManifestCheck(load_manifest(path), parsed, path)
+
+
+class _HeaderCheck:
+    """A file's header (bytes 0..``end``) and the sha256 the manifest gives it; ``ok`` once the bytes there
+    were found to match (shared by every wrapper of the file; cleared when its ctime changes). ``whole``: a
+    file without tensors (a folder's config or tokenizer file), whose header is all of it."""
+
+    def __init__(self, end: int, expected: str, where: str, whole: bool):
+        self.end = end
+        self.expected = expected
+        self.where = where
+        self.whole = whole
+        self.ok = False
+
+    def check(self, source: ByteSource) -> None:
+        """IntegrityError unless bytes 0..end of ``source`` hash to the manifest's sha256."""
+        got = header_sha256(source, self.end)
+        if got != self.expected:
+            what = "its bytes" if self.whole else "its header"
+            detail = f"0..{self.end}" if self.whole else f"bytes 0..{self.end}: metadata and tensor infos"
+            whose = "file" if self.whole else "checkpoint"
+            verb = "differ" if self.whole else "differs"
+            raise IntegrityError(source.name, None, f"{what} ({detail}) {verb} from the manifest "
+                                                    f"{self.where} (sha256 {got[:16]}..., manifest "
+                                                    f"{self.expected[:16]}...): not the {whose} the manifest describes")
+        self.ok = True
 
 
 class _Index:
@@ -127,7 +170,8 @@ class _Index:
 class CheckedSource(ByteSource):
     """A ByteSource whose reads of tensor bytes are checked against manifest chunk crc32s (module docstring)."""
 
-    def __init__(self, inner: ByteSource, index: _Index, verified: list[bytearray], chunk_size: int):
+    def __init__(self, inner: ByteSource, index: _Index, verified: list[bytearray], chunk_size: int,
+                 header: _HeaderCheck | None = None):
         self.inner = inner
         self.name = inner.name
         self.size = inner.size
@@ -136,6 +180,8 @@ class CheckedSource(ByteSource):
         self._index = index
         self._verified = verified
         self._chunk = chunk_size
+        self._header = header
+        self._seen = inner.changes  # the inner source's count of ctime changes when what is known good was
 
     @property
     def fetches_ahead(self) -> bool:
@@ -164,6 +210,30 @@ class CheckedSource(ByteSource):
     def pread(self, offset: int, size: int) -> bytes:
         if size <= 0:
             return b""
+        for _ in range(RECHECKS):
+            seen = self.inner.changes
+            if seen != self._seen:
+                self._forget(seen)
+            data = self._checked_read(offset, size)
+            if self.inner.changes == seen:
+                return data
+        raise IntegrityError(self.name, offset, "its status keeps changing while it is read (ctime): not served")
+
+    def _forget(self, seen: int) -> None:
+        """The file's ctime changed (a chmod, or a rewrite that put its mtime back): nothing read before is
+        known good any more; every chunk and the header are verified again before they are served."""
+        log.info("%s: its status changed since it was opened (ctime): its bytes are checked against the "
+                 "manifest again", self.name)
+        self._seen = seen
+        for done in self._verified:
+            done[:] = bytes(len(done))
+        if self._header is not None:
+            self._header.ok = False
+
+    def _checked_read(self, offset: int, size: int) -> bytes:
+        header = self._header
+        if header is not None and not header.ok and offset < header.end:
+            header.check(self.inner)
         todo = self._unchecked(offset, offset + size)
         if not todo:
             return self.inner.pread(offset, size)
@@ -219,13 +289,31 @@ def _manifest_names(paths: list[str], manifest: Manifest) -> dict[str, str]:
     return names
 
 
-def _check_same_tensors(manifest: Manifest, parsed: ParsedCheckpoint, names: dict[str, str], where: str) -> None:
-    """Refuse a manifest of another checkpoint: same files, and the same tensors at the same places."""
+def _other_files(parsed: ParsedCheckpoint, manifest: Manifest, where: str) -> dict[str, str]:
+    """The files the mount passes through (a folder's config, tokenizer, chat template) that the manifest
+    lists, each -> its name there. Those it does not list are served unchecked, said once."""
+    others = [path for path in parsed.passthrough.values() if path not in parsed.files]
+    names = file_names([*parsed.files, *others])
+    listed = {f.name for f in manifest.files}
+    unlisted = [names[path] for path in others if names[path] not in listed]
+    if unlisted and where not in _warned_unlisted:
+        _warned_unlisted.add(where)
+        shown = unlisted[0] if len(unlisted) == 1 else f"{unlisted[0]} and {len(unlisted) - 1} more"
+        log.warning("manifest %s does not list %s (written before manifests covered a folder's other files, or "
+                    "added since): served unchecked; write it again with `ckptfs manifest` to check them",
+                    where, shown)
+    return {path: names[path] for path in others if names[path] in listed}
+
+
+def _check_same_tensors(manifest: Manifest, parsed: ParsedCheckpoint, names: dict[str, str], where: str,
+                        others: AbstractSet[str] = frozenset()) -> None:
+    """Refuse a manifest of another checkpoint: same files, and the same tensors at the same places
+    (``others``: the names of the folder's other files the manifest lists, checked whole)."""
 
     def fail(reason: str) -> CheckpointError:
         return CheckpointError(where, None, f"the manifest does not describe this checkpoint: {reason}")
 
-    listed = {f.name for f in manifest.files}
+    listed = {f.name for f in manifest.files} - others
     for path, name in names.items():
         if name not in listed:
             raise fail(f"it has no file {name!r}")

@@ -50,13 +50,17 @@ class Change:
 
 @dataclass(frozen=True)
 class HeaderChange:
-    """A file whose header (metadata, tensor infos) differs between the sides: its name and both sha256s."""
+    """A file whose header (metadata, tensor infos) differs between the sides: its name and both sha256s;
+    ``whole``: a file without tensors (a folder's config or tokenizer file), whose header is all of it."""
 
     file: str
     a: str
     b: str
+    whole: bool = False
 
     def line(self) -> str:
+        if self.whole:
+            return f"{self.file!r} differs (sha256 {self.a[:12]}... -> {self.b[:12]}...)"
         return (f"header of {self.file!r} differs (metadata or tensor infos; sha256 {self.a[:12]}... -> "
                 f"{self.b[:12]}...)")
 
@@ -143,7 +147,8 @@ def header_changes(a: Manifest, b: Manifest) -> list[HeaderChange]:
     else:
         theirs = {f.name: f for f in b.files}
         pairs = [(f, theirs[f.name]) for f in a.files if f.name in theirs]
-    return [HeaderChange(fa.name, fa.header_sha256, fb.header_sha256)
+    holding = {t.file for t in a.tensors}
+    return [HeaderChange(fa.name, fa.header_sha256, fb.header_sha256, whole=fa.name not in holding)
             for fa, fb in pairs
             if fa.header_sha256 is not None and fb.header_sha256 is not None and fa.header_sha256 != fb.header_sha256]
 

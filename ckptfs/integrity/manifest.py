@@ -212,12 +212,14 @@ class _TensorHasher:
 
 @dataclass
 class FileJob:
-    """One file to hash: its source (anything with ``size`` and ``pread``) and the tensors stored in it."""
+    """One file to hash: its source (anything with ``size`` and ``pread``) and the tensors stored in it;
+    ``other``: a file the mount passes through (a folder's config or tokenizer file), not a weights file."""
 
     path: str
     name: str
     source: Any
     tensors: list[tuple[str, int, int]]  # (tensor name, offset, stored bytes), in manifest order
+    other: bool = False
 
 
 #: Buffers read ahead of the hashing threads (bounds memory to about this many READ_SIZE buffers).
@@ -344,13 +346,17 @@ def _each(jobs: Sequence[FileJob], hash_one: Callable[[FileJob], tuple[FileEntry
 
 
 def jobs_for(checkpoint) -> list[FileJob]:
-    """One FileJob per file of an opened Checkpoint, its tensors in file order (duplicates kept)."""
-    names = file_names(list(checkpoint.files))
+    """One FileJob per file of an opened Checkpoint, its tensors in file order (duplicates kept), then one per
+    other file its mount serves or a view reads (a model folder's ``config.json``, tokenizer files, chat
+    template, index: every file passed through), hashed whole: a manifest covers every byte a mount shows."""
+    others = [path for path in checkpoint.passthrough.values() if path not in checkpoint.files]
+    names = file_names([*checkpoint.files, *others])
     by_file: dict[str, list[tuple[str, int, int]]] = {path: [] for path in checkpoint.files}
     order = {path: k for k, path in enumerate(checkpoint.files)}
     for info in sorted(checkpoint.parsed.tensors, key=lambda i: (order[i.source], i.offset)):
         by_file[info.source].append((info.name, info.offset, info.stored_nbytes))
-    return [FileJob(path, names[path], checkpoint.sources.get(path), by_file[path]) for path in checkpoint.files]
+    return ([FileJob(path, names[path], checkpoint.sources.get(path), by_file[path]) for path in checkpoint.files] +
+            [FileJob(path, names[path], checkpoint.sources.get(path), [], other=True) for path in others])
 
 
 def build_manifest(checkpoint, *, progress: Progress | None = None, workers: int | None = None,
@@ -361,7 +367,7 @@ def build_manifest(checkpoint, *, progress: Progress | None = None, workers: int
 
 
 def total_bytes(checkpoint) -> int:
-    return sum(checkpoint.sources.get(path).size for path in checkpoint.files)
+    return sum(job.source.size for job in jobs_for(checkpoint))
 
 
 # ----------------------------------------------------------------------------------------------- loading

@@ -12,10 +12,13 @@ sha256 (a Hub file's LFS oid, ``content_id()`` "sha256:<hex>") that the bytes ha
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
 from ckptfs.integrity.manifest import FileJob, Manifest, Progress, TensorEntry, file_names, hash_files, jobs_for
+
+log = logging.getLogger(__name__)
 
 #: How many differing chunks a mismatch line lists by number before it only counts them.
 LISTED_CHUNKS = 8
@@ -40,9 +43,23 @@ def verify(checkpoint, manifest: Manifest | None = None, *, progress: Progress |
     """Every mismatch between ``checkpoint`` and ``manifest`` (or, without one, its structural problems)."""
     if manifest is None:
         return check_structure(checkpoint, progress=progress, workers=workers)
-    actual = hash_files(jobs_for(checkpoint), chunk_size=manifest.chunk_size, progress=progress, workers=workers,
-                        short=True)
+    actual = hash_files(listed_jobs(checkpoint, manifest), chunk_size=manifest.chunk_size, progress=progress,
+                        workers=workers, short=True)
     return compare(manifest, actual)
+
+
+def listed_jobs(checkpoint, manifest: Manifest) -> list[FileJob]:
+    """The files of ``checkpoint`` to hash against ``manifest``: its weights, and the folder's other files
+    (config, tokenizer...) the manifest lists; when it lists none of them (written before manifests covered
+    them) they are left out, said once, rather than each reported as not in the manifest."""
+    jobs = jobs_for(checkpoint)
+    listed = {f.name for f in manifest.files}
+    others = [job for job in jobs if job.other]
+    if others and not any(job.name in listed for job in others):
+        log.warning("the manifest lists only the weight files: %s and the folder's other files are not checked "
+                    "(write it again with `ckptfs manifest` to check them)", others[0].name)
+        return [job for job in jobs if not job.other]
+    return jobs
 
 
 def compare(expected: Manifest, actual: Manifest) -> list[Mismatch]:
@@ -187,7 +204,7 @@ def _check_known_hashes(checkpoint, names: dict[str, str], progress: Progress | 
 def bytes_to_check(checkpoint, manifest: Manifest | None) -> int:
     """How many bytes ``verify`` reads (for a progress bar)."""
     if manifest is not None:
-        return sum(checkpoint.sources.get(path).size for path in checkpoint.files)
+        return sum(job.source.size for job in listed_jobs(checkpoint, manifest))
     total = 0
     for path in checkpoint.files:
         source = checkpoint.sources.get(path)

@@ -33,6 +33,10 @@ class ByteSource:
     mtime_ns: int = 0
     #: Bytes a header reader asks for at least in its first read (remote sources: each read is a round trip).
     initial_read: int = 0
+    #: How many times the source has seen its file's status change since it was opened with its size and
+    #: mtime unchanged (a local file's ctime: chmod, chown, link, rename — or a rewrite that put the mtime
+    #: back). It never fails a read; a reader that checks bytes (``integrity.checked``) checks them again.
+    changes: int = 0
 
     def pread(self, offset: int, size: int) -> bytes:  # pragma: no cover - interface
         raise NotImplementedError

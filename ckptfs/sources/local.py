@@ -11,10 +11,13 @@ error, never other bytes. A replaced or deleted file keeps serving its old bytes
 descriptor. When the descriptor had to be closed (the pool bounds open files), reopening checks that the
 path still names the same file.
 
-Identity: ``(dev, ino, size, mtime_ns, ctime_ns)`` fixed at open. Each read re-checks size and mtime (a
-``chmod`` changes only ctime and must not break a mount); ctime is part of the *content identity* that
-caches shared across processes key on, so an in-place rewrite that restores the mtime (``rsync --inplace
--t``) still gets a new identity at the next open.
+Identity: ``(dev, ino, size, mtime_ns, ctime_ns)`` fixed at open. Each read re-checks size and mtime, and
+ctime: a change of ctime alone (a ``chmod``, ``chown``, ``link``, ``rename``, or an in-place rewrite that
+put the mtime back: ``touch -r``, ``rsync --inplace -t``) never fails a read — a ``chmod`` must not break
+a mount — but is counted (``changes``), and the readers that check bytes check them again: a manifest's
+chunks (``integrity.checked``), the checksums of what was served (``integrity.served``). ctime is part of
+the *content identity* that caches shared across processes key on, so such a rewrite gets a new identity at
+the next open.
 """
 
 from __future__ import annotations
@@ -99,6 +102,7 @@ class FileSource(ByteSource):
         self._stamp = (st.st_size, st.st_mtime_ns)
         self.identity = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
         self.mtime_ns = st.st_mtime_ns
+        self._ctime_ns = st.st_ctime_ns  # the last ctime seen: a change is counted in ``changes``
         self._fd = fd
 
     def content_id(self) -> str:
@@ -122,7 +126,14 @@ class FileSource(ByteSource):
             if (st.st_dev, st.st_ino) != self._identity or (st.st_size, st.st_mtime_ns) != self._stamp:
                 os.close(fd)
                 raise CheckpointError(self.path, None, "the file was replaced or changed since it was opened")
+            self._saw(st.st_ctime_ns)
             self._fd = fd
+
+    def _saw(self, ctime_ns: int) -> None:
+        """Count a ctime other than the last one seen (``changes``: the bytes checkers check again)."""
+        if ctime_ns != self._ctime_ns:
+            self._ctime_ns = ctime_ns
+            self.changes += 1
 
     def ensure_open(self) -> None:
         """Reopen the descriptor if the pool closed it, refusing a file that is no longer the same."""
@@ -199,6 +210,7 @@ class FileSource(ByteSource):
             self._release_fd()
         if done < size or (st.st_size, st.st_mtime_ns) != self._stamp:
             raise CheckpointError(self.path, offset, "the file changed since it was opened (truncated or rewritten)")
+        self._saw(st.st_ctime_ns)
 
     def advise(self, offset: int, size: int, sequential: bool = False) -> None:
         """Tell the kernel these bytes are wanted soon (best effort; never fails, never reopens)."""

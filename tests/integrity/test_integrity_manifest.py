@@ -3,6 +3,7 @@ checks every field and says what is wrong in one line."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -69,9 +70,14 @@ def test_shard_folder_files_named_relative_to_the_folder(tmp_path):
     (tmp_path / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
     with ckptfs.open(tmp_path) as ck:
         manifest = build_manifest(ck, workers=2)
-    assert [f.name for f in manifest.files] == ["model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"]
-    for f in manifest.files:
+    # the shards, then the folder's other files the mount serves (here the index), hashed whole
+    assert [f.name for f in manifest.files] == ["model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors",
+                                                "model.safetensors.index.json"]
+    for f in manifest.files[:2]:
         check_against_reference(manifest, tmp_path / f.name, f.name)
+    index = manifest.files[2]
+    whole = hashlib.sha256((tmp_path / index.name).read_bytes()).hexdigest()
+    assert (index.size, index.sha256, index.header_sha256) == ((tmp_path / index.name).stat().st_size, whole, whole)
 
 
 def test_tensors_sharing_bytes_each_listed(tmp_path):
