@@ -44,7 +44,7 @@ MODELOPT_ROLES = ("weight", "weight_scale", "weight_scale_2", "input_scale")
 SCHEMES = [Scheme(f"{METHOD}/{CT_FORMAT}", METHOD, CT_FORMAT, "nvfp4", "weight_packed", CT_ROLES,
                   marker_types=("U8",)),
            Scheme("modelopt/NVFP4", "modelopt", "NVFP4", "nvfp4", "weight", MODELOPT_ROLES, marker_types=("U8",),
-                  requires=("weight_scale", "weight_scale_2"))]
+                  requires=("weight_scale",))]
 
 
 def build(prefix: str, parts: Mapping[str, TensorInfo], settings: Mapping[str, Any],

@@ -68,3 +68,29 @@ def test_nvfp4_and_fp8_in_mixed_precision(tmp_path, mounted):
     assert (mnt / (DOWN + ".weight.raw")).read_bytes() == as_numpy(nvfp4["weight"]).tobytes()
     meta = json.loads((mnt / (DOWN + ".weight.meta.json")).read_text())
     assert meta["scheme"] == "modelopt/NVFP4" and meta["parameters"]["quant_algo"] == "NVFP4"
+
+
+@pytest.mark.parametrize("damage,reason", [
+    ("no_scale_2", f"part {Q}.weight_scale_2 is missing"),
+    ("scale_shape", f"{Q}.weight_scale has shape [37, 5], NVFP4 of [37, 96] expects [37, 6]"),
+    ("scale_type", f"{Q}.weight_scale is stored as BF16 (expected F8_E4M3)"),
+])
+def test_hostile_layers_keep_their_codes(tmp_path, damage, reason):
+    """A missing ``weight_scale_2``, a scale grid that does not fit, a scale of another type: no view, the
+    reason in the codes' meta.json, the codes served under their own name."""
+    import torch
+
+    layer = modelopt_nvfp4_layer(np.random.default_rng(9), 37, 96)
+    if damage == "no_scale_2":
+        del layer["weight_scale_2"]
+    elif damage == "scale_shape":
+        layer["weight_scale"] = layer["weight_scale"][:, :5].contiguous()
+    else:
+        layer["weight_scale"] = layer["weight_scale"].float().to(torch.bfloat16)
+    folder = hf_quant_folder(tmp_path / "m", {Q: layer}, ["lm_head"])
+    with ckptfs.open(folder) as ck:
+        codes = ck[Q + ".weight"]
+        assert codes.storage_type == "U8" and not codes.virtual
+        note = codes.meta["packed_view"]
+        assert note["present"] is False and note["reason"] == reason, note
+        assert codes.raw() == as_numpy(layer["weight"]).tobytes()
