@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from fp4_fixtures import (as_numpy, ct_config, ct_decompress, ct_layer, ct_mx_formula, nvfp4_formula, same_values,
                           to_bf16, write_torch_folder)
-from packed_fixtures import same_bits
+from packed_fixtures import compressed_dequantize, compressed_layer, same_bits
 
 import ckptfs
 
@@ -64,18 +64,24 @@ def test_nvfp4_scalar_global_scale(tmp_path):
 def test_mixed_precision_groups_and_ignore(tmp_path):
     """A ``mixed-precision`` config: an NVFP4 group for the attention, an MXFP4 group for the MLP's up and an
     MXFP8 one for its down projection (each with its own ``format``), and an ignored layer whose parts are
-    served without a view."""
+    served without a view; an int4 ``pack-quantized`` group beside them (its ``weight_packed`` too)."""
     attn_cfg, attn = ct_layer("NVFP4", 32, 64, seed=1)
     mlp_cfg, mlp = ct_layer("MXFP4", 48, 64, seed=2)
     down_cfg, down = ct_layer("MXFP8", 64, 96, seed=6)
     down_cfg["targets"] = ["re:.*down_proj"]
+    import torch
+
+    gate = compressed_layer(np.random.default_rng(8), 32, 64, 4, "group", 32, True, scale_dtype="float16")
+    gate_cfg = dict(gate.extra["scheme"], targets=["re:.*gate_proj"], format="pack-quantized")
     skip_cfg, skipped = ct_layer("NVFP4", 16, 32, seed=4)
     attn_cfg["targets"] = ["re:.*self_attn.*"]
     mlp_cfg["targets"] = ["re:.*mlp.*"]
     names = {"model.layers.0.self_attn.q_proj": attn, "model.layers.0.mlp.up_proj": mlp,
              "model.layers.0.mlp.down_proj": down, "model.layers.0.self_attn.k_proj": skipped}
     tensors = {f"{prefix}.{k}": v for prefix, layer in names.items() for k, v in layer.items()}
-    config = ct_config({"group_0": attn_cfg, "group_2": down_cfg, "group_1": mlp_cfg}, "mixed-precision",
+    tensors.update({f"model.layers.0.mlp.gate_proj.{k}": torch.from_numpy(v) for k, v in gate.tensors.items()})
+    config = ct_config({"group_0": attn_cfg, "group_2": down_cfg, "group_3": gate_cfg, "group_1": mlp_cfg},
+                       "mixed-precision",
                        ignore=["lm_head", "model.layers.0.self_attn.k_proj"])
     folder = write_torch_folder(tmp_path / "m", tensors, {"quantization_config": config})
     with ckptfs.open(folder) as ck:
@@ -84,6 +90,8 @@ def test_mixed_precision_groups_and_ignore(tmp_path):
         assert same_values(to_bf16(ck["model.layers.0.mlp.up_proj.weight"].numpy()),
                            ct_decompress("MXFP4", mlp_cfg, mlp))
         assert same_bits(ck["model.layers.0.mlp.down_proj.weight"].numpy(), formula("MXFP8", down))
+        assert same_bits(ck["model.layers.0.mlp.gate_proj.weight"].numpy(),
+                         compressed_dequantize(gate.tensors, gate.extra["scheme"]))
         assert "model.layers.0.self_attn.k_proj.weight" not in ck
         note = ck["model.layers.0.self_attn.k_proj.weight_packed"].meta["packed_view"]
         assert note["present"] is False and "ignore" in note["reason"]
