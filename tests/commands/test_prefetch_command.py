@@ -445,6 +445,9 @@ def _settled(proxy: FaultProxy, quiet: float = 0.5):
     return check
 
 
+SLOW_PIECE_S = 15
+
+
 def test_ctrl_c_ends_a_run_at_once_and_keeps_what_it_stored(origin, tmp_path):
     import signal
     import subprocess
@@ -456,7 +459,9 @@ def test_ctrl_c_ends_a_run_at_once_and_keeps_what_it_stored(origin, tmp_path):
     cache = tmp_path / "cache"
     with FaultProxy(server.url) as proxy:
         proxy.plan(*[""] * 4)
-        proxy.always("slow:3")  # every piece takes 3 s: the interrupt comes while the first round is in flight
+        # every piece takes 15 s: the first round is in flight long after the interrupt is sent, however loaded
+        # the machine (with 3 s, a loaded one let the whole run end before the interrupt reached it)
+        proxy.always(f"slow:{SLOW_PIECE_S}")
         env = cli_env()
         env.pop("CKPTFS_CACHE_DIR", None)
         proc = subprocess.Popen([*ckptfs_cli(), "prefetch", f"{proxy.url}/big.gguf", "--cache-dir", str(cache)],
@@ -467,6 +472,7 @@ def test_ctrl_c_ends_a_run_at_once_and_keeps_what_it_stored(origin, tmp_path):
             assert wait_until(_settled(proxy), timeout=30)  # every piece of the first round is on its way
             server.wait_idle()  # and in nginx's log (it logs a request once it has sent the answer to the proxy)
             at_interrupt = len(server.access_log())
+            assert proc.poll() is None, proc.communicate()  # the run is under way: its first round in flight
             proc.send_signal(signal.SIGINT)
             out, err = proc.communicate(timeout=60)
         finally:
