@@ -22,7 +22,7 @@ from typing import Any
 from ckptfs.core.descriptors import TensorInfo
 from ckptfs.packed.base import Absent, Context, Layout, int_setting
 from ckptfs.packed.compressed import METHOD, scheme_for
-from ckptfs.packed.detect import Scheme
+from ckptfs.packed.detect import Method, Scheme
 from ckptfs.packed.fp8 import block_setting
 from ckptfs.packed.scaled import build_scaled
 
@@ -30,6 +30,7 @@ FORMATS = ("float-quantized", "int-quantized", "naive-quantized")
 ROLES = ("weight", "weight_scale", "weight_zero_point", "weight_g_idx", "input_scale", "input_zero_point")
 SCHEMES = [Scheme(f"{METHOD}/{fmt}", METHOD, fmt, "ct_float", "weight", ROLES, marker_types=("F8_E4M3", "I8"),
                   requires=("weight_scale",)) for fmt in FORMATS]
+METHODS: list[Method] = []  # compressed-tensors' method is compressed.py's
 STRATEGIES = ("tensor", "channel", "group", "block")
 
 

@@ -15,7 +15,8 @@ The settings come from ``config.json``'s ``quantization_config`` (what transform
   bitsandbytes' ``bnb_4bit_quant_type``...) and, when a stored name could mark a layer of several of them,
   which one a layer is (``route``).
 
-A new scheme is a module with those two lists and its name added to ``SCHEME_MODULES``.
+A new scheme is a module with those two lists (:class:`SchemeModule`; either may be empty) and its name
+added to ``SCHEME_MODULES``.
 
 The scheme is chosen by ``quant_method``, then by the format the method's ``schemes`` reads, then by the
 tensor names: a layer is found by its marker part (``PREFIX.weight`` stored as F8_E4M3, ``PREFIX.qweight``,
@@ -34,9 +35,9 @@ from __future__ import annotations
 import fnmatch
 import importlib
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol, cast
 
 from ckptfs.util.jsonutil import loads
 
@@ -89,6 +90,13 @@ def one_format(settings: Mapping[str, Any]) -> tuple[str, ...]:
     return ("",)
 
 
+class SchemeModule(Protocol):
+    """What a module of ``SCHEME_MODULES`` declares (either list may be empty)."""
+
+    SCHEMES: Sequence[Scheme]
+    METHODS: Sequence[Method]
+
+
 @dataclass
 class Registry:
     schemes: list[Scheme] = field(default_factory=list)
@@ -105,11 +113,11 @@ def registry() -> Registry:
     if _registry is None:
         found = Registry()
         for name in SCHEME_MODULES:
-            module = importlib.import_module(f"ckptfs.packed.{name}")
-            for scheme in getattr(module, "SCHEMES", ()):
+            module = cast(SchemeModule, importlib.import_module(f"ckptfs.packed.{name}"))
+            for scheme in module.SCHEMES:
                 found.schemes.append(scheme)
                 found.by_format.setdefault((scheme.method, scheme.format), []).append(scheme)
-            for method in getattr(module, "METHODS", ()):
+            for method in module.METHODS:
                 found.methods[method.name] = method
         _registry = found
     return _registry

@@ -24,7 +24,7 @@ import numpy as np
 from ckptfs.core.descriptors import TensorInfo
 from ckptfs.packed.base import Absent, Context, Layout, Parts, check_ndim, check_shape, check_type, require
 from ckptfs.packed.compressed import METHOD, scheme_for
-from ckptfs.packed.detect import Scheme
+from ckptfs.packed.detect import Method, Scheme
 from ckptfs.packed import native
 from ckptfs.packed.minifloats import E2M1_PAIRS, E4M3, apply_blocks, e2m1_rows, e8m0_scales
 from ckptfs.packed.nvfp4 import check_weight_args
@@ -36,6 +36,7 @@ SCHEMES = [Scheme(f"{METHOD}/{MXFP4}", METHOD, MXFP4, "mxfp", "weight_packed", (
                   marker_types=("U8",)),
            Scheme(f"{METHOD}/{MXFP8}", METHOD, MXFP8, "mxfp", "weight", ("weight",) + ROLES,
                   marker_types=("F8_E4M3",), requires=("weight_scale",))]
+METHODS: list[Method] = []  # compressed-tensors' method is compressed.py's
 
 
 def build(prefix: str, parts: Mapping[str, TensorInfo], settings: Mapping[str, Any],

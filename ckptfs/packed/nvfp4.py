@@ -32,7 +32,7 @@ from ckptfs.core.descriptors import TensorInfo
 from ckptfs.packed.base import Absent, Context, Layout, Parts, check_ndim, check_shape, check_type, int_setting, require
 from ckptfs.packed.bits import round_to
 from ckptfs.packed.compressed import METHOD, scheme_for
-from ckptfs.packed.detect import Scheme
+from ckptfs.packed.detect import Method, Scheme
 from ckptfs.packed import native
 from ckptfs.packed.minifloats import E2M1_PAIRS, e2m1_rows, e4m3_scales
 from ckptfs.packed.modelopt import MIXED, layer_entry, settings_of
@@ -45,6 +45,7 @@ SCHEMES = [Scheme(f"{METHOD}/{CT_FORMAT}", METHOD, CT_FORMAT, "nvfp4", "weight_p
                   marker_types=("U8",)),
            Scheme("modelopt/NVFP4", "modelopt", "NVFP4", "nvfp4", "weight", MODELOPT_ROLES, marker_types=("U8",),
                   requires=("weight_scale",))]
+METHODS: list[Method] = []  # the methods are compressed.py's and modelopt.py's
 
 
 def build(prefix: str, parts: Mapping[str, TensorInfo], settings: Mapping[str, Any],

@@ -1,7 +1,6 @@
-"""An FP8 folder on ``s3://`` (moto's standalone S3 server on loopback, objects uploaded by boto3) and on ``hf://``
-(the Hub stand-in): the views
-are exact through the API and through a mount, the stored codes and scales byte for byte, the config and
-shards served as uploaded."""
+"""An FP8 folder on ``s3://`` (moto's standalone S3 server on loopback, objects uploaded by boto3) and on
+``hf://`` (the Hub stand-in): the views are exact through the API and through a mount, the stored codes and
+scales byte for byte, the config and shards served as uploaded."""
 
 from __future__ import annotations
 
