@@ -1,7 +1,8 @@
 """Running the real CLI from a test and checking what it says.
 
-- ``run_cli(*args, env=None, timeout=90, **extra_env)``: ``python -m ckptfs.commands.cli ARGS`` from this
-  checkout (``env``: the whole environment; default ``cli_env(**extra_env)``), output captured as text.
+- ``run_cli(*args, env=None, timeout=90, address_space=None, **extra_env)``: ``python -m ckptfs.commands.cli
+  ARGS`` from this checkout (``env``: the whole environment; default ``cli_env(**extra_env)``), output
+  captured as text; ``address_space``: held to that many bytes (``RLIMIT_AS``), a daemon it forks too.
 - ``one_error_line(result, code, *words)``: the single stderr line of a failed command, checked.
 - ``mounts_at(path)``: how many mounts the mount table has at ``path`` (a stacked one counts twice).
 - ``mountpoint`` (a fixture, registered by conftest): an empty folder for tests that run the CLI themselves;
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import os
 import re
+import resource
 import signal
 import subprocess
 from collections.abc import Iterator
@@ -26,15 +28,21 @@ _USER_SETTINGS = ("CKPTFS_CACHE_DIR", "CKPTFS_CACHE_KEY_FILE")
 
 
 def run_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 90,
-            **extra_env: str) -> subprocess.CompletedProcess:
+            address_space: int | None = None, **extra_env: str) -> subprocess.CompletedProcess:
     """The real ``ckptfs`` command (this checkout's code), its output captured; ``extra_env`` added to the
-    environment, from which an inherited ``$CKPTFS_CACHE_DIR``/``$CKPTFS_CACHE_KEY_FILE`` is dropped."""
+    environment, from which an inherited ``$CKPTFS_CACHE_DIR``/``$CKPTFS_CACHE_KEY_FILE`` is dropped.
+    ``address_space``: the command (and a mount daemon it forks) held to that many bytes (``RLIMIT_AS``)."""
     if env is None:
         env = cli_env(**extra_env)
         for name in _USER_SETTINGS:
             if name not in extra_env:
                 env.pop(name, None)
-    return subprocess.run([*ckptfs_cli(), *args], env=env, stdin=subprocess.DEVNULL,
+
+    def limited() -> None:
+        if address_space is not None:
+            resource.setrlimit(resource.RLIMIT_AS, (address_space, address_space))
+
+    return subprocess.run([*ckptfs_cli(), *args], env=env, stdin=subprocess.DEVNULL, preexec_fn=limited,
                           capture_output=True, text=True, timeout=timeout)
 
 

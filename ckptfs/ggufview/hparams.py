@@ -3,10 +3,10 @@ of synonyms that the config has; rope scaling from ``rope_parameters`` or ``rope
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from typing import Any
 
+from ckptfs.core.counts import BLOCK_KEYS, count_problem
 from ckptfs.core.descriptors import TensorInfo
 from ckptfs.ggufview import Config, Unsupported
 
@@ -39,54 +39,16 @@ def rope_parameters(config: Config) -> dict[str, Any]:
     return rope
 
 
-_BLOCK_KEYS = ("n_layers", "num_hidden_layers", "n_layer", "num_layers")
-
-#: config.json keys whose value sizes something the header builder makes (a vocabulary padded to it, a name
-#: table per block, a rotary table of a head's size): each must be a count no tensor dimension is below.
-_SIZE_KEYS = ("vocab_size", "vocab_size_per_layer_input", "type_vocab_size", "hidden_size", "n_embd", "dim",
-              "intermediate_size", "num_attention_heads", "n_head", "n_heads", "num_key_value_heads",
-              "n_kv_heads", "n_head_kv", "head_dim")
-
-
 def block_count(config: Config) -> int:
-    return find(config, _BLOCK_KEYS)
-
-
-def _count(config: Config, key: str) -> int:
-    value = config[key]
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise Unsupported(f"config.json's {key} is {_shown(value)}, not a count")
-    return value
-
-
-def _shown(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 40 else text[:37] + "..."
-
-
-_INDEX = re.compile(r"(?<![^.])\d+(?![^.])")  # a dotted part of a tensor name that is a number
+    return find(config, BLOCK_KEYS)
 
 
 def check_sizes(config: Config, infos: Sequence[TensorInfo]) -> None:
     """Unsupported (one line) unless every count config.json gives that the header builder sizes or loops by
-    is one the tensors present bear out: the block count names a last block (``layers.N-1``) that some
-    tensor belongs to, and no size is larger than the largest tensor dimension (a vocabulary is no longer
-    than the embedding's rows). Checked before anything is sized by them, so a ``num_hidden_layers`` of
-    10**9 or a ``vocab_size`` of 10**8 costs nothing."""
-    largest = max((d for info in infos for d in info.shape), default=0)
-    for key in _SIZE_KEYS:
-        if key in config and config[key] is not None and _count(config, key) > largest:
-            raise Unsupported(f"config.json's {key} {config[key]} is larger than any tensor dimension "
-                              f"({largest})")
-    block_key = next((key for key in _BLOCK_KEYS if key in config), None)
-    if block_key is None:
-        return
-    blocks = _count(config, block_key)
-    indexes = {int(m) for info in infos for m in _INDEX.findall(info.name)}
-    if blocks > 0 and blocks - 1 not in indexes:
-        raise Unsupported(f"config.json's {block_key} is {blocks}, but no tensor belongs to a block {blocks - 1}")
-    if blocks > len(infos):
-        raise Unsupported(f"config.json's {block_key} is {blocks}, more than the {len(infos)} tensors present")
+    is one the tensors present bear out (``core.counts``): checked before anything is sized by them."""
+    problem = count_problem(config, infos, "config.json")
+    if problem is not None:
+        raise Unsupported(problem)
 
 
 def add_common_keys(writer, config: Config, file_type: int) -> None:

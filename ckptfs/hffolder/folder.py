@@ -12,6 +12,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 from ckptfs.checkpoint.api import Checkpoint
+from ckptfs.core.counts import count_problem
 from ckptfs.engine.views import BytesView, View
 from ckptfs.hffolder.config import Unsupported, check_supported, config_dict, config_files
 from ckptfs.hffolder.safetensors_view import DTYPES, SafetensorsView
@@ -39,6 +40,9 @@ class HfFolder(Mapping):
         metadata = checkpoint.metadata
         architecture, _ = check_supported(metadata)
         values = config_dict(metadata, [t.name for t in checkpoint.tensors])
+        problem = count_problem(values, [t.info for t in checkpoint.tensors], "the GGUF")
+        if problem is not None:  # before transformers sizes its config by them (layer types per block...)
+            raise Unsupported(problem)
         self.config, files = config_files(values, metadata, dtype)
         files.update(tokenizer_files(metadata, self.config.model_type))
         self.params = plan(checkpoint, architecture, self.config, values)

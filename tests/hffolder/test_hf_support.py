@@ -155,3 +155,26 @@ def test_the_demo_gguf_info_and_mount_agree(mountpoint, tmp_path):
     assert said.startswith("none: transformers cannot build its tokenizer"), said
     one_error_line(run_cli("mount", str(path), str(mountpoint), "--hf", timeout=180), 1,
                    f"no hf/ folder: {said[len('none: '):]}")
+
+
+@pytest.mark.parametrize("key,value,words", [
+    ("llama.block_count", 10**9, "num_hidden_layers is 1000000000, more than the"),
+    ("llama.block_count", 9, "no tensor belongs to a block 8"),
+    ("llama.embedding_length", 10**9, "hidden_size 1000000000 is larger than any tensor dimension"),
+    ("llama.attention.head_count", 10**9, "num_attention_heads 1000000000 is larger than any tensor dimension"),
+])
+def test_a_hostile_count_in_the_metadata_is_one_line(mounted, mountpoint, tmp_path, key, value, words):
+    """A count in a GGUF's metadata that its tensors do not bear out: ``mount --hf`` under RLIMIT_AS 1 GiB is
+    one line (a block count of 10**9 had transformers size its config by it: a MemoryError after 40 s), and
+    the plain mount serves the tensors as gguf-py reads them."""
+    pytest.importorskip("transformers")
+    from gguf import GGUFReader
+    from gguf.quants import dequantize
+
+    vocab = sentencepiece_vocab(tmp_path / "spm", gemma=False)
+    path = write_model(tmp_path / "hostile.gguf", "llama", vocab, extra={key: value}).path
+    refused = run_cli("mount", str(path), str(mountpoint), "--hf", address_space=1 << 30, timeout=120)
+    one_error_line(refused, 1, "no hf/ folder: the GGUF's", words)
+    mnt = mounted(str(path))
+    tensor = next(t for t in GGUFReader(path).tensors if t.name == "token_embd.weight")
+    assert np.array_equal(np.load(mnt / "token_embd.weight.npy"), dequantize(tensor.data, tensor.tensor_type))
