@@ -103,3 +103,19 @@ def test_a_dead_hub_is_one_line_within_the_timeout(mountpoint, hub):
         if sock is not None:
             sock.close()
     one_error_line(done, 1, "cannot list the repository", "within 2 s (--timeout)")
+
+
+@pytest.mark.parametrize("answer", [b"<html>not a listing</html>", b"[" * 100_000 + b"]" * 100_000, b'{"a": 1}'])
+def test_a_listing_that_is_no_listing_is_one_line(tmp_path, mountpoint, answer):
+    """A Hub whose tree answer is not a JSON list (HTML, nesting past the parser's bound, an object): one
+    line, exit 1, never a traceback."""
+    def fill(repo: Path) -> None:
+        (repo / "plain.bin").write_bytes(b"plain")
+
+    with hub_origin(tmp_path, "org/odd", fill) as (stand_in, _, _):
+        def garbage(req, repo: str, rev: str, rel: str, head: bool) -> None:
+            stand_in._send(req, 200, {"Content-Type": "application/json"}, answer, head)
+
+        stand_in._tree = garbage
+        done = run_cli("mount", "hf://org/odd", str(mountpoint), "--timeout", "10", timeout=60)
+    one_error_line(done, 1, "cannot list the repository", "the listing")

@@ -35,6 +35,7 @@ from ckptfs.sources.remote.http import Credentials, HttpSource
 from ckptfs.sources.netstats import COUNTERS
 from ckptfs.sources.remote.options import DEFAULT_TIMEOUT, RemoteOptions
 from ckptfs.util.names import file_name, numbered_name
+from ckptfs.util.jsonutil import JsonRefused, loads
 from ckptfs.util.redact import public_name
 
 log = logging.getLogger("ckptfs.sources")
@@ -141,9 +142,14 @@ class HfFolder(Folder):
                 # one request, no retry: huggingface_hub's own listing retries a dead Hub for half a minute
                 response = get_session().get(url, headers=headers, params=params, timeout=left)
                 hf_raise_for_status(response)
-                page = response.json()
-                entries += page if isinstance(page, list) else []
+                page = loads(response.content, "the listing")
+                if not isinstance(page, list):
+                    raise JsonRefused("the listing is not a JSON list")
+                entries += page
                 url, params = response.links.get("next", {}).get("url"), None
+        except JsonRefused as exc:  # an answer, but no listing: as a refusal
+            COUNTERS.request("hf", "error")
+            raise CheckpointError(self.name, None, f"cannot list the repository: {exc}") from None
         except RepositoryNotFoundError:
             COUNTERS.request("hf", "error")
             raise CheckpointError(self.name, None, f"repository not found or not accessible (sent "
