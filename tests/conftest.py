@@ -85,6 +85,13 @@ def ckptfs_cli() -> list[str]:
     return [sys.executable, "-m", "ckptfs.commands.cli"]
 
 
+#: A command prefix giving the child the default action of SIGHUP, SIGINT and SIGTERM, for a test that sends one
+#: of them: the child would otherwise inherit whatever the test runner ignores (``nohup`` ignores SIGHUP, a
+#: shell's background job SIGINT), and neither libfuse (its handlers go only where the action is the default)
+#: nor Python (no KeyboardInterrupt for an ignored SIGINT) would then act on the signal.
+DEFAULT_SIGNALS = ["env", "--default-signal=HUP,INT,TERM"]
+
+
 def cli_env(binding: str | None = None, **extra: str) -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(REPO), *filter(None, [env.get("PYTHONPATH")])])

@@ -445,28 +445,29 @@ def _settled(proxy: FaultProxy, quiet: float = 0.5):
     return check
 
 
-SLOW_PIECE_S = 15
+SLOW_PIECE_S = 8
 
 
 def test_ctrl_c_ends_a_run_at_once_and_keeps_what_it_stored(origin, tmp_path):
     import signal
     import subprocess
 
-    from conftest import ckptfs_cli, cli_env
+    from conftest import DEFAULT_SIGNALS, ckptfs_cli, cli_env
 
     server, root = origin
     size = (root / "big.gguf").stat().st_size
     cache = tmp_path / "cache"
     with FaultProxy(server.url) as proxy:
         proxy.plan(*[""] * 4)
-        # every piece takes 15 s: the first round is in flight long after the interrupt is sent, however loaded
-        # the machine (with 3 s, a loaded one let the whole run end before the interrupt reached it)
+        # every piece takes 8 s: the first round is still in flight when the interrupt is sent, however loaded
+        # the machine
         proxy.always(f"slow:{SLOW_PIECE_S}")
         env = cli_env()
         env.pop("CKPTFS_CACHE_DIR", None)
-        proc = subprocess.Popen([*ckptfs_cli(), "prefetch", f"{proxy.url}/big.gguf", "--cache-dir", str(cache)],
-                                env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                text=True)
+        # (SIGINT as at a terminal: run as a shell's background job, the suite's children ignore it)
+        proc = subprocess.Popen([*DEFAULT_SIGNALS, *ckptfs_cli(), "prefetch", f"{proxy.url}/big.gguf", "--cache-dir",
+                                 str(cache)], env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
         try:
             assert wait_until(lambda: proxy.requests["GET"] >= 8, timeout=30)  # the open, the first pieces
             assert wait_until(_settled(proxy), timeout=30)  # every piece of the first round is on its way

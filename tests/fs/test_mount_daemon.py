@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from cli_runs import mounts_at, one_error_line, run_cli
-from conftest import (REPO, ckptfs_cli, cli_env, force_unmount, is_mounted, mount_stats, pid_alive,
+from conftest import (DEFAULT_SIGNALS, REPO, ckptfs_cli, cli_env, force_unmount, is_mounted, mount_stats, pid_alive,
                       require_fuse, skip_or_fail, wait_until)
 from fixtures import Written, write_gguf
 from mount_expect import big_tensors, expected_gguf, read_direct
@@ -122,7 +122,8 @@ def test_files_changed_under_the_mount_give_eio_never_other_bytes(tmp_path, moun
 
 
 def start_foreground(src: Path, mnt: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen:
-    proc = subprocess.Popen([*ckptfs_cli(), "mount", "-f", str(src), str(mnt), *args], env=env or cli_env(),
+    proc = subprocess.Popen([*DEFAULT_SIGNALS, *ckptfs_cli(), "mount", "-f", str(src), str(mnt), *args],
+                            env=env or cli_env(),
                             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     if not wait_until(lambda: is_mounted(mnt) or proc.poll() is not None, timeout=60) or proc.poll() is not None:
         proc.kill()
