@@ -36,7 +36,6 @@ a build without it, decodes through numpy.
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -47,6 +46,7 @@ from ckptfs.core.descriptors import TensorInfo
 from ckptfs.packed.base import Absent, Context, Layout, Parts, check_type, require
 from ckptfs.packed.detect import Method, Scheme
 from ckptfs.quant.native import DISABLED
+from ckptfs.util.jsonutil import loads
 
 try:
     from ckptfs.packed import _bnb
@@ -117,7 +117,7 @@ def _quant_state(info: TensorInfo, read_small: Callable[[TensorInfo, int], bytes
     if info.stored_nbytes > MAX_QUANT_STATE_BYTES:
         raise Absent(f"{info.name} holds {info.stored_nbytes} bytes, too many for a quant state")
     try:
-        doc = json.loads(read_small(info, MAX_QUANT_STATE_BYTES).decode("utf-8"))
+        doc = loads(read_small(info, MAX_QUANT_STATE_BYTES).decode("utf-8"), info.name)
     except (UnicodeDecodeError, ValueError) as exc:
         raise Absent(f"{info.name} is not a JSON quant state: {exc}") from None
     if not isinstance(doc, dict):

@@ -200,6 +200,8 @@ BAD = {
     "unparsable quant state": (lambda t: t.update({"weight.quant_state.bitsandbytes__nf4":
                                                    torch.tensor(list(b"{not json"), dtype=torch.uint8)}),
                                "is not a JSON quant state"),
+    "quant state nested too deep": (lambda t: t.update({"weight.quant_state.bitsandbytes__nf4": torch.tensor(
+        list(b"[" * 20_000 + b"]" * 20_000), dtype=torch.uint8)}), "nested too deeply to be read"),
     "block size 0": (lambda t: t.update({"weight.quant_state.bitsandbytes__nf4": _state(blocksize=0)}),
                      "blocksize=0 is not a positive integer"),
     "block size 48": (lambda t: t.update({"weight.quant_state.bitsandbytes__nf4": _state(blocksize=48)}),
