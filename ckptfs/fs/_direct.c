@@ -18,7 +18,8 @@
  * Guarantees kept from the Python path (sources/local.py): a read returns min(size, length - offset) bytes
  * exactly as the files were when pinned; after each pread the descriptor is fstat'ed, and a changed size or
  * mtime, a short read or an error sends the read to Python, which answers it (EIO, with its log line and
- * error counter). A segment may be gated (a sealed file of the --cache-dir store whose MAC check is under way,
+ * error counter); the chunks it touches are recorded in, or once the ctime moved compared with, the file's
+ * served checksums (sources/served.py), and a chunk other than served before goes to Python too. A segment may be gated (a sealed file of the --cache-dir store whose MAC check is under way,
  * run ahead of the readers chunk by chunk: cache/sparse_store.py): its bytes are read once the check has
  * passed them, and a read the check has not reached soon, or one of a file that failed it, goes to Python,
  * which checks each chunk it reads. Descriptors, memory and gates are Python's, held by it while the handle is
@@ -46,7 +47,7 @@ typedef int (*read_fn)(const char *, char *, size_t, off_t, void *);
 #define BUCKETS 4096
 #define KINDS 16
 
-/* One segment as Python packs it (fs/direct.py, SEGMENT = struct "<QQqqqqQQ"). */
+/* One segment as Python packs it (fs/direct.py, SEGMENT = struct "<QQqqqqQQQ"). */
 struct segment {
     uint64_t start;    /* where it starts in the mount's file */
     uint64_t length;
@@ -57,7 +58,35 @@ struct segment {
     uint64_t memory;   /* fd == -1: the address of `length` bytes (Python holds them), or 0 for zeros */
     uint64_t gate;     /* fd >= 0: 0, or the address of an int64 Python advances: how many bytes from the start of
                         * the file have been checked (a sealed store file under its check), -1 once it failed */
+    uint64_t sums;     /* fd >= 0: 0, or the address of the source's served checksums (sources/served.py): an
+                        * int64 ctime as pinned, an int64 chunk count n, n uint64 sums, n "recorded" bytes */
 };
+
+/* Served checksums (sources/served.py): a sum of each SUM_CHUNK-byte chunk of a file, taken when a read first
+ * touched it while the file's ctime was as pinned (its bytes then are the pinned bytes); once the ctime
+ * differs (a chmod, or a rewrite that put the mtime back), each recorded chunk a read touches is compared
+ * before it is served, and a mismatch is handed to Python (EIO, its log line). The sum is served.py's
+ * (the same values): each little-endian 64-bit word, the last one zero-padded, xored with its index times
+ * SUM_K1, times SUM_K2, added up modulo 2^64 — a multiply and two adds per 8 bytes, several times zlib's
+ * crc32 here, for a first read of every byte of a stream. */
+#define SUM_CHUNK 65536
+#define SUM_K1 0x9E3779B97F4A7C15ULL
+#define SUM_K2 0xC2B2AE3D27D4EB4FULL
+
+static uint64_t chunk_sum(const unsigned char *bytes, size_t n) {
+    uint64_t sum = 0, word;
+    size_t words = n / 8, i;
+    for (i = 0; i < words; i++) {
+        memcpy(&word, bytes + 8 * i, 8);
+        sum += (word ^ (i * SUM_K1)) * SUM_K2;
+    }
+    if (n % 8) {
+        word = 0;
+        memcpy(&word, bytes + 8 * words, n % 8);
+        sum += (word ^ (words * SUM_K1)) * SUM_K2;
+    }
+    return sum;
+}
 
 struct entry {
     uint64_t fh;
@@ -145,25 +174,75 @@ static int checked(const struct segment *s, int64_t end) {
     return 0;
 }
 
-/* 1 when `n` bytes at `at` of the segment's file were read completely and the file is still as pinned. */
-static int read_file(const struct segment *s, char *buf, size_t n, int64_t at) {
-    int fd = (int)s->fd;
-    if (!checked(s, at + (int64_t)n))
-        return 0;
+/* 1 when all `n` bytes at `at` of `fd` were read into buf. */
+static int read_all(int fd, void *buf, size_t n, int64_t at) {
     size_t done = 0;
     while (done < n) {
-        ssize_t got = pread(fd, buf + done, n - done, (off_t)(at + (int64_t)done));
+        ssize_t got = pread(fd, (char *)buf + done, n - done, (off_t)(at + (int64_t)done));
         if (got < 0 && errno == EINTR)
             continue;
         if (got <= 0)
             return 0;
         done += (size_t)got;
     }
+    return 1;
+}
+
+static int64_t ctime_of(const struct stat *st) {
+    return (int64_t)st->st_ctim.tv_sec * 1000000000 + st->st_ctim.tv_nsec;
+}
+
+/* 1 when every chunk the `n` bytes at `at` of the file touch is as served before (recorded now when the ctime
+ * is as pinned, compared when it is not); a chunk the read covers only in part is read whole from `fd` into
+ * a scratch buffer, and the file must then still have ctime `ctime_ns`. 0 on a mismatch, a failed read, a
+ * ctime that moved meanwhile: Python answers (sources/served.py does the same). */
+static int served(uint64_t sums, int fd, int64_t size, const char *buf, size_t n, int64_t at, int64_t ctime_ns) {
+    static __thread unsigned char scratch[SUM_CHUNK];
+    const int64_t *head = (const int64_t *)(uintptr_t)sums;
+    int64_t chunks = head[1];
+    uint64_t *recorded = (uint64_t *)(uintptr_t)(sums + 16);
+    _Atomic uint8_t *have = (_Atomic uint8_t *)(uintptr_t)(sums + 16 + 8 * (uint64_t)chunks);
+    int changed = ctime_ns != head[0], edges = 0;
+    int64_t end = at + (int64_t)n;
+    for (int64_t k = at / SUM_CHUNK; k * SUM_CHUNK < end && k < chunks; k++) {
+        int known = atomic_load_explicit(&have[k], memory_order_acquire);
+        if (known && !changed)
+            continue;
+        int64_t start = k * SUM_CHUNK;
+        size_t length = size - start < SUM_CHUNK ? (size_t)(size - start) : SUM_CHUNK;  /* the last: shorter */
+        const unsigned char *bytes;
+        if (start >= at && start + (int64_t)length <= end) {
+            bytes = (const unsigned char *)buf + (start - at);
+        } else {  /* an edge: the whole chunk read again */
+            if (!read_all(fd, scratch, length, start))
+                return 0;
+            bytes = scratch;
+            edges = 1;
+        }
+        uint64_t got = chunk_sum(bytes, length);
+        if (known && got != recorded[k])
+            return 0;
+        if (!known) {
+            recorded[k] = got;
+            atomic_store_explicit(&have[k], 1, memory_order_release);
+        }
+    }
+    struct stat st;
+    return !edges || (fstat(fd, &st) == 0 && ctime_of(&st) == ctime_ns);
+}
+
+/* 1 when `n` bytes at `at` of the segment's file were read completely and the file is still as pinned. */
+static int read_file(const struct segment *s, char *buf, size_t n, int64_t at) {
+    int fd = (int)s->fd;
+    if (!checked(s, at + (int64_t)n) || !read_all(fd, buf, n, at))
+        return 0;
     struct stat st;
     if (fstat(fd, &st) != 0)
         return 0;
     int64_t mtime_ns = (int64_t)st.st_mtim.tv_sec * 1000000000 + st.st_mtim.tv_nsec;
-    return (int64_t)st.st_size == s->st_size && mtime_ns == s->mtime_ns;
+    if ((int64_t)st.st_size != s->st_size || mtime_ns != s->mtime_ns)
+        return 0;
+    return s->sums == 0 || served(s->sums, fd, s->st_size, buf, n, at, ctime_of(&st));
 }
 
 /* Bytes [offset, offset + n) of the entry's file into buf (n > 0, inside the file); 1 on success. */
@@ -349,7 +428,18 @@ static PyObject *counters(PyObject *self, PyObject *unused) {
                          (long)atomic_load(&registered), (unsigned long long)atomic_load(&short_replies));
 }
 
+/* chunk_sum(data) -> the served-checksum sum of `data` (the value sources/served.py computes; for tests). */
+static PyObject *chunk_sum_py(PyObject *self, PyObject *args) {
+    Py_buffer data;
+    if (!PyArg_ParseTuple(args, "y*", &data))
+        return NULL;
+    uint64_t sum = chunk_sum((const unsigned char *)data.buf, (size_t)data.len);
+    PyBuffer_Release(&data);
+    return PyLong_FromUnsignedLongLong(sum);
+}
+
 static PyMethodDef methods[] = {
+    {"chunk_sum", chunk_sum_py, METH_VARARGS, "chunk_sum(data) -> the served-checksum sum of data"},
     {"install", install, METH_VARARGS,
      "install(python_read_address, fh_offset) -> address of the C read callback"},
     {"register", register_handle, METH_VARARGS,
@@ -368,7 +458,8 @@ PyMODINIT_FUNC PyInit__direct(void) {
     if (m == NULL)
         return NULL;
     if (PyModule_AddIntConstant(m, "KINDS", KINDS) != 0 ||
-        PyModule_AddIntConstant(m, "SEGMENT_SIZE", (long)sizeof(struct segment)) != 0) {
+        PyModule_AddIntConstant(m, "SEGMENT_SIZE", (long)sizeof(struct segment)) != 0 ||
+        PyModule_AddIntConstant(m, "SUM_CHUNK", SUM_CHUNK) != 0) {
         Py_DECREF(m);
         return NULL;
     }

@@ -29,8 +29,9 @@ Registered only where the bytes are read as they are:
 - every range lies inside its file as pinned (a tensor whose bytes the file does not hold, a damaged one, is
   read by Python, which answers EIO with its log line).
 
-In C, a read that ends short, fails, or finds a file's size or mtime changed since open is handed back to
-Python, which answers it as it always does (an EIO with its log line and error counter): the C path only
+In C, a read that ends short, fails, finds a file's size or mtime changed since open, or a chunk other than
+it served before (the file's served checksums, sources/served.py: recorded at a chunk's first read, compared
+once the ctime moved) is handed back to Python, which answers it as it always does (an EIO with its log line and error counter): the C path only
 ever answers what Python would have answered with the same bytes.
 
 Counters stay exact: the helper counts the reads and bytes it served per file kind (atomics); ``snapshot``
@@ -50,6 +51,7 @@ from typing import Any
 
 from ckptfs.core.errors import CheckpointError
 from ckptfs.sources.local import FileSource
+from ckptfs.sources.served import SUM_CHUNK
 from ckptfs.sources.base import HasLocalCopy
 
 try:
@@ -62,8 +64,8 @@ log = logging.getLogger(__name__)
 ENV = "CKPTFS_C_READS"
 #: One segment as ``_direct.c`` reads it (``struct segment``): start, length, fd (-1: memory or zeros),
 #: offset in the file, the file's pinned size and mtime, the address of memory bytes (0: zeros), the address
-#: of the file's check gate (0: none).
-SEGMENT = struct.Struct("<QQqqqqQQ")
+#: of the file's check gate (0: none), the address of the file's served checksums (0: none).
+SEGMENT = struct.Struct("<QQqqqqQQQ")
 
 
 def enabled_from_env() -> bool:
@@ -86,6 +88,8 @@ class DirectReads:
         for every read it does not serve; ``fh_offset``: where ``fh`` lies in libfuse's fuse_file_info."""
         if SEGMENT.size != _direct.SEGMENT_SIZE:  # a helper built from another version of _direct.c
             raise RuntimeError(f"ckptfs.fs._direct packs {_direct.SEGMENT_SIZE}-byte segments, not {SEGMENT.size}")
+        if SUM_CHUNK != _direct.SUM_CHUNK:
+            raise RuntimeError(f"ckptfs.fs._direct checksums {_direct.SUM_CHUNK}-byte chunks, not {SUM_CHUNK}")
         address = _direct.install(python_read_address, fh_offset)
         self.active = True
         return address
@@ -126,14 +130,14 @@ class DirectReads:
         try:
             for start, length, what, offset in segments:
                 if what is None:
-                    packed += SEGMENT.pack(start, length, -1, 0, 0, 0, 0, 0)
+                    packed += SEGMENT.pack(start, length, -1, 0, 0, 0, 0, 0, 0)
                 elif isinstance(what, bytes):
                     if offset < 0 or offset + length > len(what):
                         return False
-                    packed += SEGMENT.pack(start, length, -1, 0, 0, 0, _address(what) + offset, 0)
+                    packed += SEGMENT.pack(start, length, -1, 0, 0, 0, _address(what) + offset, 0, 0)
                 elif id(what) in copies:  # the store's descriptor and gate, kept for the process: nothing to hold
                     fd, st_size, mtime_ns, gate = copies[id(what)]
-                    packed += SEGMENT.pack(start, length, fd, offset, st_size, mtime_ns, 0, gate)
+                    packed += SEGMENT.pack(start, length, fd, offset, st_size, mtime_ns, 0, gate, 0)
                 else:
                     pinned = fds.get(id(what))
                     if pinned is None:
@@ -141,7 +145,8 @@ class DirectReads:
                         pinned = fds[id(what)] = what._acquire_fd()
                         held.append(what)
                     _, _, st_size, mtime_ns, _ = what.identity
-                    packed += SEGMENT.pack(start, length, pinned, offset, st_size, mtime_ns, 0, 0)
+                    # its served checksums: recorded and compared as Python's reads do (sources/served.py)
+                    packed += SEGMENT.pack(start, length, pinned, offset, st_size, mtime_ns, 0, 0, what.sums.address)
             registered = _direct.register(fh, slot, view.size, bytes(packed))
         except CheckpointError:  # a source replaced since it was pinned: Python's read of it says so
             return False

@@ -15,7 +15,7 @@ Identity: ``(dev, ino, size, mtime_ns, ctime_ns)`` fixed at open. Each read re-c
 ctime: a change of ctime alone (a ``chmod``, ``chown``, ``link``, ``rename``, or an in-place rewrite that
 put the mtime back: ``touch -r``, ``rsync --inplace -t``) never fails a read — a ``chmod`` must not break
 a mount — but is counted (``changes``), and the readers that check bytes check them again: a manifest's
-chunks (``integrity.checked``), the checksums of what was served (``integrity.served``). ctime is part of
+chunks (``integrity.checked``), the checksums of what was served (``sources.served``). ctime is part of
 the *content identity* that caches shared across processes key on, so such a rewrite gets a new identity at
 the next open.
 """
@@ -34,6 +34,7 @@ from typing import Any, ClassVar
 from ckptfs.core.errors import CheckpointError
 from ckptfs.sources.base import ByteSource, Folder
 from ckptfs.sources.identity import local_content_id
+from ckptfs.sources.served import ServedSums
 
 log = logging.getLogger(__name__)
 
@@ -103,6 +104,8 @@ class FileSource(ByteSource):
         self.identity = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
         self.mtime_ns = st.st_mtime_ns
         self._ctime_ns = st.st_ctime_ns  # the last ctime seen: a change is counted in ``changes``
+        #: a checksum of each chunk as first read, compared once the ctime moves (sources/served.py)
+        self.sums = ServedSums(self.size, st.st_ctime_ns)
         self._fd = fd
 
     def content_id(self) -> str:
@@ -178,8 +181,10 @@ class FileSource(ByteSource):
             chunks.append(chunk)
             return len(chunk)
 
-        self._read_checked(offset, size, read)
-        return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        ctime_ns = self._read_checked(offset, size, read)
+        data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        self._check_served(offset, data, ctime_ns)
+        return data
 
     def pread_into(self, offset: int, target: memoryview) -> None:
         """``pread`` straight into ``target`` (a writable byte buffer): no intermediate bytes object."""
@@ -187,11 +192,42 @@ class FileSource(ByteSource):
             target = memoryview(target)  # slicing a bytearray would copy it: the read would fill the copy
         size = len(target)
         if size > 0:
-            self._read_checked(offset, size, lambda fd, done: os.preadv(fd, [target[done:]], offset + done))
+            ctime_ns = self._read_checked(offset, size, lambda fd, done: os.preadv(fd, [target[done:]], offset + done))
+            self._check_served(offset, target, ctime_ns)
 
-    def _read_checked(self, offset: int, size: int, read: Callable[[int, int], int]) -> None:
+    def _check_served(self, offset: int, data: bytes | memoryview, ctime_ns: int) -> None:
+        """CheckpointError when bytes served before differ now (a rewrite that put the mtime back), or when
+        the file's ctime keeps moving while the chunks a read covers in part are read whole for the check."""
+        changed, edges = self.sums.check(offset, data, ctime_ns, self._chunk)
+        if changed is not None:
+            raise CheckpointError(self.path, changed, "bytes served before differ now: the file was rewritten in "
+                                                      "place (its ctime moved, its size and mtime kept)")
+        if edges and self._ctime_now() != ctime_ns:
+            raise CheckpointError(self.path, offset, "the file's status changed while its bytes were checked "
+                                                     "(ctime): read it again")
+
+    def _chunk(self, start: int, length: int) -> bytes:
+        """The whole served-checksum chunk at ``start`` (sources/served.py)."""
+        fd = self._acquire_fd()
+        try:
+            data = os.pread(fd, length, start)
+        finally:
+            self._release_fd()
+        if len(data) != length:
+            raise CheckpointError(self.path, start, "the file changed since it was opened (truncated or rewritten)")
+        return data
+
+    def _ctime_now(self) -> int:
+        fd = self._acquire_fd()
+        try:
+            return os.fstat(fd).st_ctime_ns
+        finally:
+            self._release_fd()
+
+    def _read_checked(self, offset: int, size: int, read: Callable[[int, int], int]) -> int:
         """Run ``read(fd, bytes done so far) -> bytes read`` until ``size`` bytes at ``offset`` are read, then
-        check the file is as it was at open (size and mtime); CheckpointError otherwise."""
+        check the file is as it was at open (size and mtime); CheckpointError otherwise. Returns the file's
+        ctime after the read (a change is counted, never an error)."""
         if offset < 0 or offset + size > self.size:
             raise CheckpointError(self.path, max(offset, self.size),
                                   f"bytes {offset}..{offset + size} lie past the end of the file ({self.size} bytes)")
@@ -211,6 +247,7 @@ class FileSource(ByteSource):
         if done < size or (st.st_size, st.st_mtime_ns) != self._stamp:
             raise CheckpointError(self.path, offset, "the file changed since it was opened (truncated or rewritten)")
         self._saw(st.st_ctime_ns)
+        return st.st_ctime_ns
 
     def advise(self, offset: int, size: int, sequential: bool = False) -> None:
         """Tell the kernel these bytes are wanted soon (best effort; never fails, never reopens)."""

@@ -1,7 +1,9 @@
 """A change the mtime hides (docs/damage.md): a ``chmod`` mid-stream keeps a mount serving the right bytes; an
-in-place rewrite with the mtime put back (``touch -r``) is never served, by a buffered reader nor an O_DIRECT
-one, under ``--manifest``; and a folder's manifest covers every file its mount serves or its views read,
-so a tampered ``config.json`` fails ``verify`` and ``diff`` and is not served under ``--manifest``.
+in-place rewrite with the mtime put back (``touch -r``) of bytes already served is never served, by a
+buffered reader nor an O_DIRECT one, with ``--manifest`` (every chunk checked again) and without (the
+checksums kept when they were served, in Python and in the C read path); and a folder's manifest covers
+every file its mount serves or its views read, so a tampered ``config.json`` fails ``verify`` and ``diff``
+and is not served under ``--manifest``.
 
 Real mounts; the expected bytes are the file's own, read before anything changed; the manifest is the one
 ``ckptfs manifest`` writes.
@@ -66,10 +68,18 @@ def _rewrite_name(path: Path) -> None:
     assert os.stat(path).st_mtime_ns == st.st_mtime_ns and os.stat(path).st_ctime_ns != st.st_ctime_ns
 
 
-@pytest.mark.parametrize("direct", [False, True], ids=["buffered", "O_DIRECT"])
-def test_chmod_mid_stream_keeps_serving(model, mounted, direct):
+def _mount(mounted, model: Path, manifest: bool) -> Path:
+    return mounted(model, *(["--manifest", str(model.with_name("g.manifest.json"))] if manifest else []))
+
+
+CASES = [(False, False), (True, False), (False, True), (True, True)]
+IDS = ["buffered", "O_DIRECT", "buffered-manifest", "O_DIRECT-manifest"]
+
+
+@pytest.mark.parametrize("direct,manifest", CASES, ids=IDS)
+def test_chmod_mid_stream_keeps_serving(model, mounted, direct, manifest):
     expected = model.read_bytes()
-    mnt = mounted(model, "--manifest", str(model.with_name("g.manifest.json")))
+    mnt = _mount(mounted, model, manifest)
     own = mnt / model.name
     half = len(expected) // 2
     first = read_direct(own, [(0, half)])[0] if direct else _uncached(own)[:half]
@@ -80,10 +90,10 @@ def test_chmod_mid_stream_keeps_serving(model, mounted, direct):
         assert (mnt / f"{name}.raw").read_bytes() == data
 
 
-@pytest.mark.parametrize("direct", [False, True], ids=["buffered", "O_DIRECT"])
-def test_a_rewrite_that_puts_the_mtime_back_is_never_served(model, mounted, direct):
+@pytest.mark.parametrize("direct,manifest", CASES, ids=IDS)
+def test_a_rewrite_that_puts_the_mtime_back_is_never_served(model, mounted, direct, manifest):
     expected = model.read_bytes()
-    mnt = mounted(model, "--manifest", str(model.with_name("g.manifest.json")))
+    mnt = _mount(mounted, model, manifest)
     own = mnt / model.name
     assert (read_direct(own, [(0, len(expected))])[0] if direct else _uncached(own)) == expected  # all checked once
     _rewrite_name(model)
@@ -94,15 +104,20 @@ def test_a_rewrite_that_puts_the_mtime_back_is_never_served(model, mounted, dire
     assert failed.value.errno == errno.EIO
 
 
-def test_a_tensor_chunk_checked_once_is_checked_again_after_a_rewrite(model, mounted):
-    mnt = mounted(model, "--manifest", str(model.with_name("g.manifest.json")))
+@pytest.mark.parametrize("manifest", [False, True], ids=["served", "manifest"])
+def test_a_tensor_chunk_read_once_is_checked_again_after_a_rewrite(model, mounted, manifest):
+    mnt = _mount(mounted, model, manifest)
     offset = {name: where for name, where, _ in reference_tensors(model)}["big"]
-    original = np.load(mnt / "big.npy")  # every chunk of it checked
+    original = read_direct(mnt / "big.raw", [(0, 4 * MIB)])[0]  # every chunk of it read (and checked)
     flip(model, offset + 3 * MIB + 5)  # mtime put back
-    with pytest.raises(OSError) as failed:
-        read_direct(mnt / "big.raw", [(3 * MIB, MIB)])
-    assert failed.value.errno == errno.EIO
-    assert original.shape == (1 << 20,)
+    for path, start in ((mnt / "big.raw", 3 * MIB), (mnt / model.name, offset + 3 * MIB)):
+        with pytest.raises(OSError) as failed:
+            got = read_direct(path, [(start, MIB)])[0]
+            assert got == original[3 * MIB:]  # reached only if the read did not fail: then the old bytes
+            raise OSError(errno.EIO, "old bytes served")
+        assert failed.value.errno == errno.EIO, path
+    np.testing.assert_array_equal(np.load(mnt / "small.npy"), np.frombuffer(
+        {n: d for n, _, d in reference_tensors(model)}["small"], np.float32))
 
 
 @pytest.fixture
@@ -162,3 +177,33 @@ def test_a_tampered_config_never_flows_into_the_gguf_view(tmp_path):
         if refused.returncode == 0:
             cli("umount", str(mnt))
     shutil.rmtree(mnt, ignore_errors=True)
+
+
+def test_a_small_file_rewritten_after_it_was_served_is_never_served_again(folder, mounted):
+    """Without a manifest: a folder's config.json (shorter than a checksum chunk) read once, then rewritten
+    with its mtime put back, is EIO through an O_DIRECT reader, never the new bytes."""
+    mnt = mounted(folder)
+    config = folder / "config.json"
+    before = config.read_bytes()
+    assert read_direct(mnt / "config.json", [(0, 4096)])[0] == before
+    flip(config, 5)
+    with pytest.raises(OSError) as failed:
+        got = read_direct(mnt / "config.json", [(0, 4096)])[0]
+        assert got == before  # reached only if the read did not fail: then the old bytes
+        raise OSError(errno.EIO, "old bytes served")
+    assert failed.value.errno == errno.EIO
+
+
+def test_the_c_read_path_sums_chunks_as_python_does():
+    """The served checksums are recorded by either path and compared by the other: the same value for every
+    length (a whole chunk, the shorter last one, lengths that are no multiple of 8)."""
+    direct = pytest.importorskip("ckptfs.fs._direct")
+    from ckptfs.sources.served import SUM_CHUNK, chunk_sum
+
+    rng = np.random.default_rng(3)
+    for n in (0, 1, 7, 8, 9, 4095, SUM_CHUNK - 3, SUM_CHUNK):
+        data = rng.integers(0, 256, n, dtype=np.uint8).tobytes()
+        assert direct.chunk_sum(data) == chunk_sum(data), n
+    flipped = bytearray(data)
+    flipped[12345] ^= 1
+    assert chunk_sum(bytes(flipped)) != chunk_sum(data)
