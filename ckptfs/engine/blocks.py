@@ -67,6 +67,55 @@ def byte_views(segments: list[np.ndarray], itemsize: int, e0: int, e1: int, d0: 
     return views
 
 
+def covering_groups(d0: int, d1: int, group_bytes: int, end: int) -> tuple[list[int], list[tuple[int, int, int]]]:
+    """The groups (of ``group_bytes`` each, the last ending at ``end``) under bytes [d0, d1): those the range
+    covers whole, and ``(group, a, b)`` for each one its ends cut (bytes [a, b) of it are asked for)."""
+    whole, cut = [], []
+    for g in range(d0 // group_bytes, (d1 - 1) // group_bytes + 1):
+        lo, hi = g * group_bytes, min((g + 1) * group_bytes, end)
+        if lo >= d0 and hi <= d1:
+            whole.append(g)
+        else:
+            cut.append((g, max(d0, lo), min(d1, hi)))
+    return whole, cut
+
+
+def spread_runs(groups: list[int], run_into: Callable[[int, int], None]) -> None:
+    """``run_into(g0, g1)`` for runs of consecutive ``groups`` (ascending; g1 inclusive), each run cut into at
+    most ``DECODE_TASKS`` parts, spread over the cores (``ckptfs.engine.parallel``): one decode each."""
+    tasks, run = [], [groups[0]]
+    for g in groups[1:] + [None]:
+        if g is not None and g == run[-1] + 1:
+            run.append(g)
+            continue
+        for part in split(run, DECODE_TASKS):
+            tasks.append(functools.partial(run_into, part[0], part[-1]))
+        if g is not None:
+            run = [g]
+    spread(tasks)
+
+
+def range_into(a: int, b: int, target: np.ndarray, unit_bytes: int, dtype: np.dtype,
+               decode: Callable[..., np.ndarray]) -> None:
+    """Bytes [a, b) of values made of units of ``unit_bytes`` (blocks, aligned row runs; the last may be
+    shorter) decoded into ``target[: b - a]`` without the cache: ``decode(u0, u1, out)`` writes units
+    [u0, u1) into ``out`` (a ``dtype`` array) for the units wholly inside, ``decode(u0, u1)`` returns the (at
+    most two) units the ends cut, copied from a scratch array."""
+    first, last = a // unit_bytes, -(-b // unit_bytes)
+    inner, outer = -(-a // unit_bytes), b // unit_bytes  # the units wholly inside [a, b)
+    if inner < outer:
+        place = target[inner * unit_bytes - a: outer * unit_bytes - a]
+        decode(inner, outer, place.view(dtype))
+        cut = [(first, inner), (outer, last)]
+    else:
+        cut = [(first, last)]
+    for u0, u1 in cut:
+        if u1 > u0:
+            values = decode(u0, u1).view(np.uint8)
+            lo, hi = max(a, u0 * unit_bytes), min(b, u1 * unit_bytes)
+            target[lo - a: hi - a] = values[lo - u0 * unit_bytes: hi - u0 * unit_bytes]
+
+
 class TensorData(TensorValues):
     """Decoded values of one stored tensor, by element range."""
 
@@ -80,6 +129,8 @@ class TensorData(TensorValues):
         self._sources = sources
         self._cache = cache
         self.direct = codec.exact and info.byte_order == "<" and codec.dtype == self.dtype
+        # a decoded type whose codec writes the served dtype (a cast one goes through the cached group)
+        self.decodes_into_reply = not self.direct and codec.dtype == self.dtype
         out_block_bytes = info.block_elements * self.dtype.itemsize
         self.group_blocks = max(1, GROUP_TARGET_BYTES // max(1, out_block_bytes))
         self._available_blocks: int | None = None
@@ -167,13 +218,12 @@ class TensorData(TensorValues):
             return
         group_bytes = self.group_blocks * self.info.block_elements * item
         end = self.n_elements * item
-        whole = []
-        for g in range(d0 // group_bytes, (d1 - 1) // group_bytes + 1):
-            lo = g * group_bytes
-            if lo >= d0 and min(lo + group_bytes, end) <= d1 and self.codec.dtype == self.dtype:
-                whole.append(g)
-            else:
-                self._part_into(g, max(d0, lo), min(d1, lo + group_bytes, end), target[max(d0, lo) - d0:])
+        whole, cut = covering_groups(d0, d1, group_bytes, end)
+        if self.codec.dtype != self.dtype:  # a cast dtype goes through the cached group (``_part_into``)
+            cut = sorted(cut + [(g, g * group_bytes, min((g + 1) * group_bytes, end)) for g in whole])
+            whole = []
+        for g, a, b in cut:
+            self._part_into(g, a, b, target[a - d0:])
         if not whole:
             return
 
@@ -206,20 +256,7 @@ class TensorData(TensorValues):
     def _range_into(self, a: int, b: int, target: np.ndarray) -> None:
         """Bytes [a, b) of the values (present blocks) decoded into ``target[: b - a]`` without the cache: the
         blocks wholly inside straight there, the (at most two) blocks the ends cut through a scratch array."""
-        block_bytes = self.info.block_elements * self.dtype.itemsize
-        first, last = a // block_bytes, -(-b // block_bytes)
-        inner, outer = -(-a // block_bytes), b // block_bytes  # the blocks wholly inside [a, b)
-        if inner < outer:
-            place = target[inner * block_bytes - a: outer * block_bytes - a]
-            self._decode_blocks(inner, outer, place.view(self.dtype))
-            cut = [(first, inner), (outer, last)]
-        else:
-            cut = [(first, last)]
-        for blk0, blk1 in cut:
-            if blk1 > blk0:
-                values = self._decode_blocks(blk0, blk1).view(np.uint8)
-                lo, hi = max(a, blk0 * block_bytes), min(b, blk1 * block_bytes)
-                target[lo - a: hi - a] = values[lo - blk0 * block_bytes: hi - blk0 * block_bytes]
+        range_into(a, b, target, self.info.block_elements * self.dtype.itemsize, self.dtype, self._decode_blocks)
 
     def prime(self) -> None:
         """Decode the first block into a scratch array, past the cache (no lookup counted, nothing kept): a
@@ -232,18 +269,9 @@ class TensorData(TensorValues):
         """Groups ``groups`` (ascending) decoded into their places ``out(g0, g1)``: each run of consecutive
         groups cut into at most ``DECODE_TASKS`` parts, one ``pread`` and one decode each, spread over the
         cores."""
-        tasks, run = [], [groups[0]]
-        for g in groups[1:] + [None]:
-            if g is not None and g == run[-1] + 1:
-                run.append(g)
-                continue
-            for part in split(run, DECODE_TASKS):
-                tasks.append(functools.partial(self._decode_run_into, part[0], part[-1], out))
-            if g is not None:
-                run = [g]
-        spread(tasks)
+        spread_runs(groups, functools.partial(self._decode_run_into, out=out))
 
-    def _decode_run_into(self, g0: int, g1: int, out: Callable[..., np.ndarray]) -> None:
+    def _decode_run_into(self, g0: int, g1: int, *, out: Callable[..., np.ndarray]) -> None:
         b0 = g0 * self.group_blocks
         self._decode_blocks(b0, min((g1 + 1) * self.group_blocks, self.available_blocks()), out(g0, g1))
 

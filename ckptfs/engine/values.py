@@ -30,6 +30,9 @@ class TensorValues(Protocol):
     n_blocks: int
     direct: bool           # the served values are the stored bytes (no decode, no cache)
     group_blocks: int      # blocks per cached group (read-ahead's unit)
+    #: ``bytes_into`` decodes what it misses straight into its target, on every core: a mount's read-ahead
+    #: then only advises (decoding ahead into the cache would be a second decode and a copy)
+    decodes_into_reply: bool
 
     @abstractmethod
     def read(self, e0: int, e1: int, use_cache: bool = True) -> np.ndarray:
@@ -38,6 +41,13 @@ class TensorValues(Protocol):
     @abstractmethod
     def byte_segments(self, d0: int, d1: int) -> list[BytePart]:
         """Bytes [d0, d1) of the values as buffers (zero-copy slices of cached groups)."""
+
+    @abstractmethod
+    def bytes_into(self, d0: int, target: np.ndarray, keep: bool = True) -> None:
+        """Bytes [d0, d0 + len(target)) of the values written into ``target`` (a writable uint8 array: a
+        mount's reply buffer), each byte once: the groups the range covers whole decoded straight there
+        (``TieredCache.fill_into``; with ``keep`` a copy of each is cached), the parts of the groups its ends
+        cut sliced from the cache or decoded there without it."""
 
     @abstractmethod
     def group_of_element(self, e: int) -> int: ...

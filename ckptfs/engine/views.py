@@ -235,17 +235,15 @@ class HeaderBodyView(View):
 class NpyView(HeaderBodyView):
     """A real .npy file of the decoded tensor: np.save's header, then the values in C order.
 
-    Only the elements under the requested bytes are decoded (through ``TensorData``, block by block).
+    Only the elements under the requested bytes are decoded (through its ``TensorValues``: a stored
+    tensor's blocks, a packed view's tiles of rows).
     """
 
     reads_ahead = True
 
     def __init__(self, data: TensorValues) -> None:
         self.data = data
-        # a stored tensor's values decode straight into a reply buffer; a packed view's are copied from its tiles
-        self._bytes_into = data.bytes_into if isinstance(data, TensorData) else None
-        self.decodes_into_reply = (isinstance(data, TensorData) and not data.direct
-                                   and data.codec.dtype == data.dtype)
+        self.decodes_into_reply = data.decodes_into_reply
         self.header = npy_header(data.info.shape, data.dtype)
         self.itemsize = data.dtype.itemsize
         self.size = len(self.header) + data.n_elements * self.itemsize
@@ -281,11 +279,9 @@ class NpyView(HeaderBodyView):
         return [(0, hlen, self.header, 0), (hlen, self.size - hlen, data.source, data.info.offset)]
 
     def body_into(self, d0: int, target: np.ndarray, keep: bool = True) -> None:
-        bytes_into = self._bytes_into
-        if bytes_into is None:
-            super().body_into(d0, target)
-        else:
-            bytes_into(d0, target, keep)
+        """The values decoded straight into the reply (``TensorValues.bytes_into``: a stored tensor's block
+        groups, a packed view's tiles of rows)."""
+        self.data.bytes_into(d0, target, keep)
 
 
 def header_and_parts(header: bytes, offset: int, end: int,

@@ -3,7 +3,8 @@
 :class:`PackedTensor` is what ``checkpoint.tensors`` and ``checkpoint[PREFIX + ".weight"]`` hold for a view:
 a ``ckptfs.Tensor`` (indexing, ``numpy()``, pickling, ``to_torch``) marked ``virtual`` (the mount gives it
 ``.npy`` and ``.meta.json``, no ``.raw``). Its :class:`PackedData` offers what ``NpyView`` and the read-ahead
-use from a ``TensorData``: ``read``, ``byte_segments``, and groups (here: tiles of rows) to decode ahead.
+use from a ``TensorData``: ``read``, ``byte_segments``, ``bytes_into`` (a mount's reads: decoded straight
+into the reply), and groups (here: tiles of rows) to decode ahead.
 
 A tile is ``rows_per_tile`` whole rows of the weight (about ``TILE_TARGET_BYTES`` of output), so a read
 decodes only the tiles its bytes cover. Tiles go to the checkpoint's cache like GGUF block groups; so do the
@@ -25,7 +26,7 @@ from ckptfs.cache.keys import CacheKey
 from ckptfs.checkpoint.api import Tensor
 from ckptfs.core.descriptors import TensorInfo
 from ckptfs.core.errors import CheckpointError
-from ckptfs.engine.blocks import byte_views, group_slices
+from ckptfs.engine.blocks import byte_views, covering_groups, group_slices, range_into, spread_runs
 from ckptfs.engine.decode import decode_parts
 from ckptfs.engine.values import TensorValues
 from ckptfs.engine.views import npy_header
@@ -105,6 +106,7 @@ class PackedData(TensorValues):
 
     direct = False
     group_blocks = 1  # read-ahead groups: one tile each (``info.block_elements`` is a tile's elements)
+    decodes_into_reply = True  # the layouts decode rows into any float32/float16 buffer (``bytes_into``)
     backend: str | None = None  # Layout.decode_rows' choice: None/"auto", "numpy" or "native"
 
     def __init__(self, info: TensorInfo, layout: Layout, reader: PartReader, dtype: np.dtype, cache):
@@ -158,9 +160,11 @@ class PackedData(TensorValues):
         return self._key_prefix.with_range(o0, min(o0 + self.rows_per_tile, self.layout.out_features))
 
     def _tile(self, t: int) -> np.ndarray:
+        return self._cache.get_or_load(self._key(t), lambda: self._decode_tile(t))
+
+    def _decode_tile(self, t: int) -> np.ndarray:
         o0 = t * self.rows_per_tile
-        o1 = min(o0 + self.rows_per_tile, self.layout.out_features)
-        return self._cache.get_or_load(self._key(t), lambda: self._decode(o0, o1))
+        return self._decode(o0, min(o0 + self.rows_per_tile, self.layout.out_features))
 
     def _segments(self, e0: int, e1: int) -> list[np.ndarray]:
         return group_slices(self._tile, self.info.block_elements, e0, e1)
@@ -190,6 +194,60 @@ class PackedData(TensorValues):
         if e1 <= e0:
             return []
         return byte_views(self._segments(e0, e1), item, e0, e1, d0, d1)
+
+    def bytes_into(self, d0: int, target: np.ndarray, keep: bool = True) -> None:
+        """Bytes [d0, d0 + len(target)) of the values written into ``target`` (a mount's reply buffer): the
+        tiles the range covers whole decoded straight there by the layout (``decode_rows(..., out=)``), runs
+        of them spread over the cores, a copy of each cached only with ``keep``; of a tile the range's ends
+        cut, the part inside is sliced from the cache when the tile is there (or waited for while another
+        reader decodes it), else only the rows under it are decoded, into place (``_rows_into``)."""
+        item = self.dtype.itemsize
+        tile_bytes, end = self.info.block_elements * item, self.n_elements * item
+        d1 = min(d0 + len(target), end)
+        if d1 <= d0:
+            return
+        whole, cut = covering_groups(d0, d1, tile_bytes, end)
+        for t, a, b in cut:
+            self._part_into(t, a, b, target[a - d0: b - d0])
+        if not whole:
+            return
+        rows, out_rows = self.rows_per_tile, self.layout.out_features
+
+        def out(t0: int, t1: int | None = None) -> np.ndarray:
+            """The place of tiles t0..t1 (inclusive; t1 = t0 by default) in ``target``, as served values."""
+            stop = min(((t0 if t1 is None else t1) + 1) * tile_bytes, end)
+            return target[t0 * tile_bytes - d0: stop - d0].view(self.dtype)
+
+        def run_into(t0: int, t1: int) -> None:
+            self._decode(t0 * rows, min((t1 + 1) * rows, out_rows), out(t0, t1))
+
+        self._cache.fill_into([(self._key(t), out(t)) for t in whole],
+                              lambda picked: spread_runs([whole[i] for i in picked], run_into),
+                              lambda i: self._decode_tile(whole[i]), keep)
+
+    def _part_into(self, t: int, a: int, b: int, target: np.ndarray) -> None:
+        """Bytes [a, b) of the values, all in tile ``t`` but not the whole of it, written into ``target``. The
+        tile is looked up once; with disk/Redis tiers it goes through them (what another process decoded is
+        not decoded again)."""
+        key = self._key(t)
+        values = self._cache.memory.get(key)
+        if values is None and (self._cache.shared_tiers or self._cache.pending(key)):
+            values = self._tile(t)
+        if values is not None:
+            lo = t * self.info.block_elements * self.dtype.itemsize
+            target[:] = values.view(np.uint8)[a - lo: b - lo]
+            return
+        self._rows_into(a, b, target)
+
+    def _rows_into(self, a: int, b: int, target: np.ndarray) -> None:
+        """Bytes [a, b) decoded without the cache: the runs of ``row_align`` rows wholly inside straight into
+        ``target``, the (at most two) the ends cut through a scratch array (``range_into``)."""
+        align, out_rows = self.layout.row_align, self.layout.out_features
+
+        def decode(u0: int, u1: int, out: np.ndarray | None = None) -> np.ndarray:
+            return self._decode(u0 * align, min(u1 * align, out_rows), out)
+
+        range_into(a, b, target, align * self.row_elements * self.dtype.itemsize, self.dtype, decode)
 
     # read-ahead (ckptfs.engine.decode_ahead) treats tiles as block groups
     def group_of_element(self, e: int) -> int:

@@ -35,7 +35,7 @@ def test_the_configuration_finds_a_planted_error(tmp_path):
     planted = tmp_path / "planted.py"
     planted.write_text("from ckptfs.engine.values import TensorValues\n\n\n"
                        "def f(values: TensorValues) -> int:\n"
-                       "    return values.bytes_into(0)\n")
+                       "    return values.pread_into(0)\n")
     done = _mypy(str(planted))
     assert done.returncode == 1, done.stdout[-4000:] + done.stderr[-2000:]
-    assert '"TensorValues" has no attribute "bytes_into"' in done.stdout
+    assert '"TensorValues" has no attribute "pread_into"' in done.stdout

@@ -1,0 +1,109 @@
+"""A packed view's ``.npy`` read as the mount reads it (``View.read_into`` into a reply buffer): the tiles a
+request covers whole are decoded straight into the reply by the layout, the rows of the tiles its ends cut
+decoded there too, and with ``keep=False`` (a stream) nothing is left in the cache; every byte equals
+``np.save`` of the FP8 block formula (checked against compressed-tensors' dequantizer in test_packed_fp8)."""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import pytest
+from fp8_fixtures import block_quantize, expected_blocks, write_model
+from packed_fixtures import same_bits
+
+import ckptfs
+from ckptfs.tree.mount_tree import MountTree
+
+P = "model.layers.0.self_attn.kv_a_proj_with_mqa"
+SHAPE, BLOCK = (576, 7168), (128, 128)  # a float32 row is 28 KiB: a tile is 9 rows (252 KiB)
+KIB, MIB = 1 << 10, 1 << 20
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    rng = np.random.default_rng(7)
+    codes, scales = block_quantize(rng, SHAPE, BLOCK, np.float32)
+    config = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic", "weight_block_size": list(BLOCK)}
+    path = write_model(tmp_path_factory.mktemp("into") / "m", {P + ".weight": codes, P + ".weight_scale_inv": scales},
+                       config)
+    return path, expected_blocks(codes, scales, BLOCK)
+
+
+def streamed(view, request: int, keep: bool) -> bytes:
+    """The file as a sequence of ``read_into`` calls of ``request`` bytes, each into a buffer of its own."""
+    out = bytearray(view.size)
+    for offset in range(0, view.size, request):
+        buf = bytearray(request)
+        done = view.read_into(offset, memoryview(buf), keep)
+        assert done == min(request, view.size - offset)
+        out[offset: offset + done] = buf[:done]
+    return bytes(out)
+
+
+def counted(data) -> list[tuple[int, int, bool]]:
+    """Each decode of the view's rows from now on: ``(first row, end row, into a given buffer)``."""
+    calls: list[tuple[int, int, bool]] = []
+    decode = data._decode
+
+    def spy(o0, o1, out=None):
+        calls.append((o0, o1, out is not None))
+        return decode(o0, o1, out)
+
+    data._decode = spy
+    return calls
+
+
+def tiles_cached(ck, data) -> int:
+    return sum(ck.cache.memory.peek(data._key(t)) is not None for t in range(data.n_tiles))
+
+
+@pytest.mark.parametrize("request_bytes", [128 * KIB, MIB, 3 * MIB + 4 * KIB])
+def test_a_stream_decodes_every_row_once_into_the_reply_and_keeps_nothing(folder, request_bytes):
+    path, expected = folder
+    ck = ckptfs.open(path, cache_size=64 << 20)
+    view = MountTree(ck).view(P + ".weight.npy")
+    calls = counted(view.data)
+    data = streamed(view, request_bytes, keep=False)
+    assert same_bits(np.load(io.BytesIO(data)), expected)
+    assert tiles_cached(ck, view.data) == 0  # nothing kept: a stream's bytes stay in the page cache
+    rows = sum(o1 - o0 for o0, o1, _ in calls)
+    requests = -(-view.size // request_bytes)
+    assert SHAPE[0] <= rows <= SHAPE[0] + 2 * requests  # each row once, but the rows a request's end cuts
+    # every row a request covers whole is decoded into that request's buffer, none through a scratch array
+    assert sum(o1 - o0 for o0, o1, into in calls if not into) <= 2 * requests
+
+
+def test_whole_tiles_are_kept_when_asked_and_then_served_from_the_cache(folder):
+    path, expected = folder
+    ck = ckptfs.open(path, cache_size=64 << 20)
+    view = MountTree(ck).view(P + ".weight.npy")
+    data = view.data
+    tile = data.info.block_elements * 4
+    hlen = len(view.header)
+    # body bytes [tile - 100, 4 tiles - 100): tiles 1 and 2 whole, 0 and 3 cut
+    offset, size = hlen + tile - 100, 3 * tile
+    buf = memoryview(bytearray(size))
+    view.read_into(offset, buf, keep=True)
+    assert [data._key(t) in ck.cache for t in range(5)] == [False, True, True, False, False]
+    calls = counted(data)
+    again = memoryview(bytearray(size))
+    view.read_into(offset, again, keep=True)
+    assert bytes(again) == bytes(buf) == view.read(offset, size)
+    assert calls and all(o1 <= 9 or o0 >= 27 for o0, o1, _ in calls)  # tiles 1 and 2 (rows 9-27): cached
+    tile1 = np.frombuffer(bytes(buf), np.uint8)[100: tile + 100]  # body bytes [1 tile, 2 tiles)
+    assert same_bits(tile1.view(np.float32), expected[9:18].reshape(-1))
+
+
+def test_odd_ranges_in_float16_equal_read(folder):
+    path, _ = folder
+    ck = ckptfs.open(path, dtype="float16", cache_size=64 << 20)
+    view = MountTree(ck).view(P + ".weight.npy")
+    whole = view.read(0, view.size)
+    ck.cache.clear()
+    rng = np.random.default_rng(5)
+    for _ in range(40):
+        offset, n = int(rng.integers(0, view.size)), int(rng.integers(1, 2 * MIB))
+        buf = bytearray(n)
+        done = view.read_into(offset, memoryview(buf), bool(rng.integers(0, 2)))
+        assert bytes(buf[:done]) == whole[offset: offset + n], (offset, n)
