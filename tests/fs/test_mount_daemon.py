@@ -295,10 +295,13 @@ def _as_nobody(*command: str, **kwargs) -> subprocess.CompletedProcess:
 def test_allow_other_lets_another_user_read(big_gguf, public_dir):
     require_fuse()
     expected = expected_gguf(big_gguf, str(big_gguf.path))
+    source = public_dir / "big.gguf"  # a file the other user can read directly (pytest's folders are 0700)
+    shutil.copyfile(big_gguf.path, source)
+    source.chmod(0o644)
     for options, readable in (("allow_other", True), ("", False)):
         mnt = public_dir / f"mnt{options}"
         mnt.mkdir()
-        args = ["mount", str(big_gguf.path), str(mnt)] + (["-o", options] if options else [])
+        args = ["mount", str(source), str(mnt)] + (["-o", options] if options else [])
         assert run_cli(*args).returncode == 0
         result = _as_nobody("cat", str(mnt / "big.q4_k.npy"))
         if readable:
