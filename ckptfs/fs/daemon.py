@@ -138,6 +138,22 @@ def _await_ready(read_fd: int, pid: int, timeout: float) -> None:
     raise MountError(f"the mount daemon {how} before the mount was ready")
 
 
+#: The signals that end a mount (libfuse's handlers unmount on each).
+TERMINATION_SIGNALS = (signal.SIGHUP, signal.SIGINT, signal.SIGTERM)
+
+
+def _default_termination_signals() -> None:
+    """Give the detached daemon the default action of each termination signal it inherited as ignored.
+
+    The daemon has left the starting shell's session, yet it inherits what that shell ignored: ``nohup``
+    ignores SIGHUP, a background job SIGINT. libfuse installs its unmounting handlers only for signals at
+    their default action, so an inherited "ignore" left a daemon that a documented ``kill -HUP`` never
+    unmounted. A foreground mount (``-f``) keeps what it was started with: its caller chose."""
+    for signum in TERMINATION_SIGNALS:
+        if signal.getsignal(signum) == signal.SIG_IGN:
+            signal.signal(signum, signal.SIG_DFL)
+
+
 def detach(run_child: Callable[[ReadinessPipe], int], timeout: float = READY_TIMEOUT,
            verify: Callable[[int], None] | None = None, in_child: Callable[[], None] | None = None) -> None:
     """Fork; the child runs ``run_child(pipe)`` and exits with its result; return once it reports ``ok``
@@ -162,6 +178,7 @@ def detach(run_child: Callable[[ReadinessPipe], int], timeout: float = READY_TIM
             if in_child is not None:
                 in_child()
             os.setsid()
+            _default_termination_signals()
             code = run_child(ReadinessPipe(write_fd))
         finally:
             os._exit(code)

@@ -412,3 +412,20 @@ def test_simultaneous_mounts_at_one_mountpoint_make_one_mount(small, mountpoint)
     assert sorted(code for code, _ in results) == [0, 1, 1, 1], results
     assert all("already a mount point" in err for code, err in results if code), results
     assert mounts_at(mountpoint) == 1  # before: several stacked mounts, only the top one visible
+
+
+@pytest.mark.parametrize("signum", [signal.SIGHUP, signal.SIGTERM])
+def test_a_daemon_started_with_the_signal_ignored_still_unmounts_on_it(big_gguf, mountpoint, signum):
+    """``nohup ckptfs mount ...`` (SIGHUP ignored) or a caller ignoring SIGTERM: the detached daemon does not
+    inherit the "ignore", so the signal unmounts as documented."""
+    name = signal.Signals(signum).name[3:]
+    result = subprocess.run(["env", f"--ignore-signal={name}", *ckptfs_cli(), "mount", str(big_gguf.path),
+                             str(mountpoint)], env=cli_env(), stdin=subprocess.DEVNULL, capture_output=True,
+                            text=True, timeout=90)
+    assert result.returncode == 0, result.stderr
+    pid = daemon_pid(mountpoint)
+    assert (mountpoint / "big.q8_0.npy").stat().st_size > 0
+    os.kill(pid, signum)
+    assert wait_until(lambda: not pid_alive(pid), timeout=20)
+    assert wait_until(lambda: not is_mounted(mountpoint), timeout=5)
+    assert os.listdir(mountpoint) == []
