@@ -124,3 +124,12 @@ class Folder:
     def join(self, name: str) -> str:  # pragma: no cover - interface
         """The source string (path or URL) of the file ``name`` in this folder."""
         raise NotImplementedError
+
+    def places(self) -> dict[str, str]:
+        """Listed names that ``join`` cannot derive from the name alone (a Hub file listed from a sub-folder,
+        numbered ``~2`` or shortened with a hash): name -> its path in the folder. A listing kept for offline
+        use keeps these with it, so each name still reads its own file."""
+        return {}
+
+    def adopt_places(self, places: dict[str, str]) -> None:
+        """Take ``places`` from a kept listing (this process did not list the folder itself)."""

@@ -4,7 +4,8 @@ files on an nginx as its CDN): names as the mount names files, and a listing bou
 - The stand-in lists names no file system could hold: 300 bytes long, holding a NUL, holding bytes that are
   not UTF-8, and, in a listing that should be one level deep, ``sub/b.gguf`` beside ``b.gguf``. The mount
   lists each within 255 bytes (a hash suffix), escaped as ``%XX`` (the NUL, each byte that is not UTF-8),
-  the second ``b.gguf`` numbered (``b~2.gguf``) with one log line; every file reads its own bytes.
+  the second ``b.gguf`` numbered (``b~2.gguf``) with one log line; every file reads its own bytes, online
+  and offline from the listing kept in ``--cache-dir``.
 - A Hub that takes the connection and never answers, or where nothing listens: ``mount hf://ORG/REPO
   --timeout 2`` exits non-zero with one line on stderr (no retry lines from huggingface_hub, whose own
   client retries for half a minute).
@@ -68,7 +69,8 @@ def test_listed_names_follow_the_mount_name_rules(tmp_path, mounted):
 
         stand_in._entries = hostile
         log = tmp_path / "mount.log"
-        mnt = mounted("hf://org/odd", "--timeout", "30", "--log-file", str(log))
+        cache = tmp_path / "cache"
+        mnt = mounted("hf://org/odd", "--timeout", "30", "--log-file", str(log), "--cache-dir", str(cache))
         names = set(os.listdir(mnt))
         assert all(len(os.fsencode(n)) <= NAME_MAX for n in names), names
         assert not any("\x00" in n or "\udce9" in n for n in names), names
@@ -80,6 +82,12 @@ def test_listed_names_follow_the_mount_name_rules(tmp_path, mounted):
             assert _sha((mnt / name).read_bytes()) == _sha(data), name
         lines = [line for line in log.read_text().splitlines() if "its name is taken" in line]
         assert len(lines) == 1 and "sub/b.gguf is listed as b~2.gguf" in lines[0], lines
+        # offline, from the listing kept in the cache folder: each name still reads its own file (the numbered
+        # and the shortened names cannot be derived from the name alone)
+        offline = mounted("hf://org/odd", "--offline", "--cache-dir", str(cache))
+        assert set(os.listdir(offline)) == names
+        for name, data in expected.items():
+            assert _sha((offline / name).read_bytes()) == _sha(data), name
 
 
 def _silent_listener() -> tuple[socket.socket, int]:

@@ -206,6 +206,14 @@ class HfFolder(Folder):
                 self.sha256[name] = lfs["oid"]
         return files
 
+    def places(self) -> dict[str, str]:
+        """Every listed name whose path is not the name unescaped (see ``Folder.places``)."""
+        return {name: path for name, path in self._paths.items()
+                if unquote(name, errors="surrogateescape") != path}
+
+    def adopt_places(self, places: dict[str, str]) -> None:
+        self._paths = dict(places)
+
     def join(self, name: str) -> str:
         path = self._paths.get(name)
         if path is None:  # not listed by this process (a listing kept in the store): the name unescaped

@@ -154,7 +154,7 @@ class StoredFolder(Folder):
                                                        f"(--offline: the origin is not asked; prefetch it first)")
             log.info("%s: offline: the listing of revision %s from the cache folder, listed %s",
                      public_name(self.name), record.get("revision"), fetched_when(record, "listed_at"))
-            return _files(record)
+            return self._kept(record)
         try:
             if record is None:
                 files = self.inner.list()
@@ -167,10 +167,18 @@ class StoredFolder(Folder):
             log.warning("%s: the origin did not answer (%s): the listing of revision %s from the cache folder, "
                         "listed %s", public_name(self.name), exc.reason, record.get("revision"),
                         fetched_when(record, "listed_at"))
-            return _files(record)
+            return self._kept(record)
         if self.store is not None:
-            self.store.remember(name, {"files": files, "revision": self.revision, "listed_at": time.time()})
+            self.store.remember(name, {"files": files, "places": self.inner.places(), "revision": self.revision,
+                                       "listed_at": time.time()})
         return files
+
+    def _kept(self, record: dict[str, Any]) -> dict[str, int]:
+        """The kept listing's files, the folder told where the names it cannot derive lead."""
+        places = record.get("places")
+        if isinstance(places, dict):
+            self.inner.adopt_places({str(k): str(v) for k, v in places.items()})
+        return _files(record)
 
     def broken(self) -> builtins.list[str]:  # builtins: ``list`` here is the method
         return self.inner.broken()
