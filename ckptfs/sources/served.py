@@ -27,30 +27,58 @@ stand in a manifest.
 from __future__ import annotations
 
 import ctypes
+import functools
 import struct
 from collections.abc import Callable
-
-import numpy as np
+from typing import Any
 
 #: Bytes per checksum: a whole chunk must lie inside a read to be recorded or compared (the kernel asks for
 #: 128 KiB or more per request of a stream; must equal fs/_direct.c's SUM_CHUNK).
 SUM_CHUNK = 64 * 1024
-K1 = np.uint64(0x9E3779B97F4A7C15)
-K2 = np.uint64(0xC2B2AE3D27D4EB4F)
+K1 = 0x9E3779B97F4A7C15
+K2 = 0xC2B2AE3D27D4EB4F
+#: Bytes summed at a time (a multiple of 8): bounds what one sum allocates, and what a chunk read in part
+#: for it costs, to a few pieces of this size, whatever the chunk's.
+PIECE = 8 * 1024
 _HEAD = struct.Struct("<qq")
-#: each word's index times K1, for a whole chunk (the multiplication wraps modulo 2^64, as in C)
-_KEYS = np.arange(SUM_CHUNK // 8 + 1, dtype=np.uint64) * K1
+
+
+@functools.cache
+def _numpy() -> tuple[Any, Any, Any]:
+    """numpy, ``K2`` as a numpy word and each word's index times ``K1`` (the multiplication wraps modulo
+    2^64, as in C), on first use: a local source's module is imported by commands that must not import numpy
+    before their own start (``ckptfs prefetch URL``; the BLAS thread hold in ``commands.cli``)."""
+    import numpy as np
+
+    keys = np.arange(SUM_CHUNK // 8 + 1, dtype=np.uint64) * np.uint64(K1)
+    return np, np.uint64(K2), keys
+
+
+def _words_sum(piece: memoryview, first_word: int) -> int:
+    """The sum's terms of ``piece`` (at most ``PIECE`` bytes, starting at word ``first_word`` of its chunk),
+    added up modulo 2^64."""
+    np, k2, keys = _numpy()
+    words, rest = divmod(len(piece), 8)
+    values = np.frombuffer(piece, "<u8", words)
+    if rest:
+        values = np.append(values, np.frombuffer(bytes(piece[8 * words:]) + bytes(8 - rest), "<u8"))
+    with np.errstate(over="ignore"):
+        mixed = values ^ keys[first_word:first_word + len(values)]
+        mixed *= k2
+        return int(mixed.sum(dtype=np.uint64))
 
 
 def chunk_sum(data: bytes | memoryview) -> int:
     """The sum of one chunk (module docstring)."""
     view = memoryview(data).cast("B")
-    words, rest = divmod(len(view), 8)
-    values = np.frombuffer(view, "<u8", words)
-    if rest:
-        values = np.append(values, np.frombuffer(bytes(view[8 * words:]) + bytes(8 - rest), "<u8"))
-    with np.errstate(over="ignore"):
-        return int(((values ^ _KEYS[:len(values)]) * K2).sum(dtype=np.uint64))
+    return sum(_words_sum(view[at:at + PIECE], at // 8) for at in range(0, len(view), PIECE)) % (1 << 64)
+
+
+def chunk_sum_read(read: Callable[[int, int], bytes], start: int, length: int) -> int:
+    """The sum of the chunk of ``length`` bytes at ``start``, read with ``read(offset, size)`` a piece at a
+    time (a read that covers a chunk in part: a row of a table should not cost a whole chunk in memory)."""
+    return sum(_words_sum(memoryview(read(start + at, min(PIECE, length - at))), at // 8)
+               for at in range(0, length, PIECE)) % (1 << 64)
 
 
 class ServedSums:
@@ -62,6 +90,7 @@ class ServedSums:
         self.ctime_ns = ctime_ns
         self._buffer = bytearray(_HEAD.size + 9 * self.chunks)
         _HEAD.pack_into(self._buffer, 0, ctime_ns, self.chunks)
+        np = _numpy()[0]
         self._sums = np.frombuffer(self._buffer, np.uint64, self.chunks, _HEAD.size)
         self._have = np.frombuffer(self._buffer, np.uint8, self.chunks, _HEAD.size + 8 * self.chunks)
         self._c = (ctypes.c_char * len(self._buffer)).from_buffer(self._buffer)
@@ -74,7 +103,7 @@ class ServedSums:
     def check(self, offset: int, data: bytes | memoryview, ctime_ns: int,
               read_chunk: Callable[[int, int], bytes]) -> tuple[int | None, bool]:
         """Record or compare the chunks ``data`` (read at ``offset``, the file's ctime ``ctime_ns`` after the
-        read) touches, those it covers in part read whole with ``read_chunk(start, length)``: (the offset of the first
+        read) touches, those it covers in part read piece by piece with ``read_chunk(start, length)``: (the offset of the first
         chunk that differs from what was served before, or None; whether ``read_chunk`` was called — the
         caller then checks the ctime did not move meanwhile)."""
         changed = ctime_ns != self.ctime_ns
@@ -90,7 +119,7 @@ class ServedSums:
             if start >= offset and start + length <= end:
                 got = chunk_sum(view[start - offset:start - offset + length])
             else:
-                got = chunk_sum(read_chunk(start, length))
+                got = chunk_sum_read(read_chunk, start, length)
                 edges = True
             if not known:
                 self._sums[k] = got
