@@ -29,13 +29,11 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.packed import stream
-from ckptfs.bench import bench_mount, random_reads
+from benchmarks.view_rounds import in_turn, random_read_times, stream_mb_s, view_row
 from ckptfs.core.options import OpenOptions
 
 PREFIX = "model.layers.0.mlp.up_proj"
 OUT = IN = 4096
-READ = 4096
 NUMPY_ONLY = {"CKPTFS_NO_NATIVE": "1"}
 
 
@@ -91,33 +89,26 @@ def main(argv: list[str] | None = None) -> int:
         expected = reference(layer).numpy()
         options = OpenOptions(cache_size=args.cache_size)
         npy, raw = PREFIX + ".weight.npy", PREFIX + ".weight.raw"
+
+        def check(path: str) -> None:  # the mount serves bitsandbytes' values
+            assert np.array_equal(np.load(io.BytesIO(Path(path).read_bytes())), expected), "values differ"
+
         for r in range(args.rounds):
-            row: dict = {}
             ref_before = timed_reference(layer)
-            with bench_mount(str(folder), work, f"random{r}", options) as mount:
-                path = mount.file(npy)
-                size = os.path.getsize(path)
-                offsets = rng.integers(0, (size - READ) // READ, args.reads) * READ
-                times = random_reads(path, offsets)
-                if r == 0:  # the mount serves bitsandbytes' values
-                    assert np.array_equal(np.load(io.BytesIO(Path(path).read_bytes())), expected), "values differ"
-            with bench_mount(str(folder), work, f"stream{r}", options) as mount:
-                order = (npy, raw) if r % 2 == 0 else (raw, npy)
-                seconds = {name: stream(mount.file(name)) for name in order}
-                sizes = {name: os.path.getsize(mount.file(name)) for name in order}
-            with bench_mount(str(folder), work, f"stream-numpy{r}", options, NUMPY_ONLY) as mount:
-                numpy_s = stream(mount.file(npy))
+            times = random_read_times(str(folder), work, f"random{r}", options, npy, rng, args.reads,
+                                      check if r == 0 else None)
+            order = in_turn(r, npy, raw)
+            streams = stream_mb_s(str(folder), work, f"stream{r}", options, order)
+            numpy_mbs = stream_mb_s(str(folder), work, f"stream-numpy{r}", options, [npy], NUMPY_ONLY)[npy]
             ref_s = statistics.median([ref_before, timed_reference(layer)])
-            npy_mbs, raw_mbs = sizes[npy] / seconds[npy] / 1e6, sizes[raw] / seconds[raw] / 1e6
-            p50 = float(np.percentile(times, 50))
-            row.update(reference_s=ref_s, read_p50_s=p50, read_p90_s=float(np.percentile(times, 90)),
-                       p50_speedup=ref_s / p50, npy_mb_s=npy_mbs, raw_mb_s=raw_mbs, npy_vs_raw=npy_mbs / raw_mbs,
-                       numpy_npy_mb_s=sizes[npy] / numpy_s / 1e6, numpy_npy_vs_raw=sizes[npy] / numpy_s / 1e6 / raw_mbs,
-                       first=order[0].rsplit(".", 1)[-1], load1=os.getloadavg()[0])
+            row: dict = view_row(ref_s, times, streams[npy], streams[raw])
+            row.update(numpy_npy_mb_s=numpy_mbs, numpy_npy_vs_raw=numpy_mbs / streams[raw],
+                       first=order[0].rsplit(".", 1)[-1])
             results["rounds"].append(row)
-            print(f"round {r}: bitsandbytes whole layer {ref_s * 1e3:.0f} ms; 4 KiB read p50 {p50 * 1e3:.3f} ms "
+            print(f"round {r}: bitsandbytes whole layer {ref_s * 1e3:.0f} ms; 4 KiB read p50 "
+                  f"{row['read_p50_s'] * 1e3:.3f} ms "
                   f"(p90 {row['read_p90_s'] * 1e3:.3f} ms) = {row['p50_speedup']:.0f}x faster; .npy "
-                  f"{npy_mbs:.0f} MB/s vs .raw {raw_mbs:.0f} MB/s = {row['npy_vs_raw']:.2f}x (numpy path "
+                  f"{row['npy_mb_s']:.0f} MB/s vs .raw {row['raw_mb_s']:.0f} MB/s = {row['npy_vs_raw']:.2f}x (numpy path "
                   f"{row['numpy_npy_mb_s']:.0f} MB/s = {row['numpy_npy_vs_raw']:.2f}x; {row['first']} first); "
                   f"load {row['load1']:.1f}", flush=True)
     rounds = results["rounds"]

@@ -33,11 +33,9 @@ from typing import Any, Callable
 
 import numpy as np
 
-from benchmarks.packed import stream
-from ckptfs.bench import bench_mount, random_reads
+from benchmarks.view_rounds import in_turn, random_read_times, stream_mb_s, view_row
 from ckptfs.core.options import OpenOptions
 
-READ = 4096
 NVFP4_PREFIX = "model.layers.0.mlp.up_proj"
 GPTOSS_PREFIX = "model.layers.0.mlp.experts.gate_up_proj"
 
@@ -122,30 +120,22 @@ def main(argv: list[str] | None = None) -> int:
             for name, (reference, npy, raw) in layers.items():
                 folder = str(Path(work) / name)
                 ref_before = timed(reference)
-                with bench_mount(folder, work, f"{name}-random{r}", options) as mount:
-                    path = mount.file(npy)
-                    size = os.path.getsize(path)
-                    offsets = rng.integers(0, (size - READ) // READ, args.reads) * READ
-                    times = random_reads(path, offsets)
-                    if r == 0:  # the mount serves the reference's values, rounded as it rounds them
-                        import torch
-                        served = torch.from_numpy(np.load(io.BytesIO(Path(path).read_bytes())))
-                        assert torch.equal(served.to(torch.bfloat16).view(torch.int16),
-                                           reference().view(torch.int16)), f"{name}: values differ"
-                with bench_mount(folder, work, f"{name}-stream{r}", options) as mount:
-                    order = (npy, raw) if r % 2 == 0 else (raw, npy)
-                    seconds = {f: stream(mount.file(f)) for f in order}
-                    sizes = {f: os.path.getsize(mount.file(f)) for f in order}
-                ref_s = statistics.median([ref_before, timed(reference)])
-                npy_mbs, raw_mbs = sizes[npy] / seconds[npy] / 1e6, sizes[raw] / seconds[raw] / 1e6
-                p50 = float(np.percentile(times, 50))
-                row = dict(reference_s=ref_s, read_p50_s=p50, read_p90_s=float(np.percentile(times, 90)),
-                           p50_speedup=ref_s / p50, npy_mb_s=npy_mbs, raw_mb_s=raw_mbs, npy_vs_raw=npy_mbs / raw_mbs,
-                           load1=os.getloadavg()[0])
+
+                def check(path: str) -> None:  # the reference's values, rounded as it rounds them
+                    import torch
+                    served = torch.from_numpy(np.load(io.BytesIO(Path(path).read_bytes())))
+                    assert torch.equal(served.to(torch.bfloat16).view(torch.int16),
+                                       reference().view(torch.int16)), f"{name}: values differ"
+
+                times = random_read_times(folder, work, f"{name}-random{r}", options, npy, rng, args.reads,
+                                          check if r == 0 else None)
+                order = in_turn(r, npy, raw)
+                streams = stream_mb_s(folder, work, f"{name}-stream{r}", options, order)
+                row = view_row(statistics.median([ref_before, timed(reference)]), times, streams[npy], streams[raw])
                 results["layers"].setdefault(name, []).append(row)
-                print(f"round {r} {name}: reference whole layer {ref_s * 1e3:.0f} ms; 4 KiB read p50 "
-                      f"{p50 * 1e3:.3f} ms (p90 {row['read_p90_s'] * 1e3:.3f} ms) = {row['p50_speedup']:.0f}x; "
-                      f".npy {npy_mbs:.0f} MB/s vs .raw {raw_mbs:.0f} MB/s = {row['npy_vs_raw']:.2f}x "
+                print(f"round {r} {name}: reference whole layer {row['reference_s'] * 1e3:.0f} ms; 4 KiB read p50 "
+                      f"{row['read_p50_s'] * 1e3:.3f} ms (p90 {row['read_p90_s'] * 1e3:.3f} ms) = {row['p50_speedup']:.0f}x; "
+                      f".npy {row['npy_mb_s']:.0f} MB/s vs .raw {row['raw_mb_s']:.0f} MB/s = {row['npy_vs_raw']:.2f}x "
                       f"({'npy' if order[0] == npy else 'raw'} first); load {row['load1']:.1f}", flush=True)
     results["median"] = {name: {k: statistics.median(r[k] for r in rows) for k in rows[0]}
                          for name, rows in results["layers"].items()}

@@ -27,14 +27,12 @@ from pathlib import Path
 
 import numpy as np
 
-from ckptfs.bench import bench_mount, random_reads
+from benchmarks.view_rounds import in_turn, random_read_times, stream_mb_s, view_row
 from ckptfs.core.options import OpenOptions
 
 PREFIX = "model.layers.3.mlp.down_proj"
 OUT, IN = 7168, 2048
 BLOCK = (128, 128)
-READ = 4096
-STREAM_CHUNK = 1 << 20
 
 
 def make_layer(folder: Path, seed: int):
@@ -71,19 +69,6 @@ def timed_reference(tensors) -> float:
     return time.perf_counter() - start
 
 
-def stream(path: str) -> tuple[float, int]:
-    """Seconds to read the whole file in 1 MiB reads, and its size."""
-    size = os.path.getsize(path)
-    start = time.perf_counter()
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        while os.read(fd, STREAM_CHUNK):
-            pass
-    finally:
-        os.close(fd)
-    return time.perf_counter() - start, size
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5)
@@ -99,41 +84,31 @@ def main(argv: list[str] | None = None) -> int:
         tensors = make_layer(folder, 17)
         expected = reference(tensors, "float32").numpy()
         options = OpenOptions(cache_size=args.cache_size)
+        npy, raw = PREFIX + ".weight.npy", PREFIX + ".weight.raw"
+
+        def check(path: str) -> None:  # the mount serves the oracle's float32 values
+            assert np.array_equal(np.load(io.BytesIO(Path(path).read_bytes())), expected), "values differ"
+
         for r in range(args.rounds):
-            row: dict = {}
             ref_before = timed_reference(tensors)
-            with bench_mount(str(folder), work, f"random{r}", options) as mount:
-                path = mount.file(PREFIX + ".weight.npy")
-                size = os.path.getsize(path)
-                offsets = rng.integers(0, (size - READ) // READ, args.reads) * READ
-                times = random_reads(path, offsets)
-                if r == 0:  # the mount serves the oracle's float32 values
-                    assert np.array_equal(np.load(io.BytesIO(Path(path).read_bytes())), expected), "values differ"
-            # alternate which file streams first
-            order = ("npy", "raw") if r % 2 == 0 else ("raw", "npy")
-            streams = {}
-            for kind in order:
-                with bench_mount(str(folder), work, f"stream-{kind}{r}", options) as mount:
-                    streams[kind] = stream(mount.file(f"{PREFIX}.weight.{kind}"))
-            ref_after = timed_reference(tensors)
-            ref_s = statistics.median([ref_before, ref_after])
-            npy_mbs = streams["npy"][1] / streams["npy"][0] / 1e6
-            raw_mbs = streams["raw"][1] / streams["raw"][0] / 1e6
-            row.update(reference_s=ref_s, read_p50_s=float(np.percentile(times, 50)),
-                       read_p90_s=float(np.percentile(times, 90)), npy_stream_mb_s=npy_mbs, raw_stream_mb_s=raw_mbs,
-                       p50_speedup=ref_s / float(np.percentile(times, 50)), npy_vs_raw=npy_mbs / raw_mbs,
-                       load1=os.getloadavg()[0])
+            times = random_read_times(str(folder), work, f"random{r}", options, npy, rng, args.reads,
+                                      check if r == 0 else None)
+            streams: dict[str, float] = {}
+            for name in in_turn(r, npy, raw):  # each from a cold cache: a fresh mount each
+                streams.update(stream_mb_s(str(folder), work, f"stream-{name[-3:]}{r}", options, [name]))
+            ref_s = statistics.median([ref_before, timed_reference(tensors)])
+            row = view_row(ref_s, times, streams[npy], streams[raw])
             results["rounds"].append(row)
             print(f"round {r}: oracle whole layer {ref_s * 1e3:.0f} ms; 4 KiB .npy read p50 "
                   f"{row['read_p50_s'] * 1e3:.2f} ms (p90 {row['read_p90_s'] * 1e3:.2f} ms) = "
-                  f"{row['p50_speedup']:.0f}x faster; .npy stream {npy_mbs:.0f} MB/s, .raw stream {raw_mbs:.0f} MB/s "
-                  f"= {row['npy_vs_raw']:.2f}x; load {row['load1']:.1f}", flush=True)
+                  f"{row['p50_speedup']:.0f}x faster; .npy stream {row['npy_mb_s']:.0f} MB/s, .raw stream "
+                  f"{row['raw_mb_s']:.0f} MB/s = {row['npy_vs_raw']:.2f}x; load {row['load1']:.1f}", flush=True)
     rounds = results["rounds"]
     results["median"] = {k: statistics.median(r[k] for r in rounds) for k in rounds[0]}
     m = results["median"]
     print(f"median of {len(rounds)}: 4 KiB read p50 {m['p50_speedup']:.0f}x faster than the oracle's whole-layer "
-          f"dequantization (target >= 100x); .npy stream {m['npy_stream_mb_s']:.0f} MB/s = {m['npy_vs_raw']:.2f}x "
-          f"the .raw stream's {m['raw_stream_mb_s']:.0f} MB/s (target >= 0.7x)")
+          f"dequantization (target >= 100x); .npy stream {m['npy_mb_s']:.0f} MB/s = {m['npy_vs_raw']:.2f}x "
+          f"the .raw stream's {m['raw_mb_s']:.0f} MB/s (target >= 0.7x)")
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))
     return 0
