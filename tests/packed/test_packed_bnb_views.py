@@ -12,9 +12,12 @@ import numpy as np
 import pytest
 from bnb_fixtures import (as_numpy, bnb_config, dequantize_4bit, dequantize_int8, quantize_4bit, quantize_int8,
                           saved_by_transformers, stored_layers, write_folder)
+from counting import Counting
 from packed_fixtures import check_shared, require_package, same_bits
 
 import ckptfs
+from ckptfs.checkpoint.api import Checkpoint
+from ckptfs.formats.multi import read_checkpoint
 
 torch = pytest.importorskip("torch")
 
@@ -128,18 +131,11 @@ def test_a_small_read_reads_only_its_blocks(tmp_path):
     torch.manual_seed(6)
     tensors = quantize_4bit(torch.randn(2048, 512), "nf4", 64, True)
     folder = write_folder(tmp_path / "m", {UP: tensors}, bnb_config(4, "nf4", True))
-    with ckptfs.open(folder) as ck:
+    reads: list[tuple[int, int]] = []
+    with Checkpoint(read_checkpoint(str(folder)), str(folder), source_wrapper=lambda s: Counting(s, reads)) as ck:
         view = ck[UP + ".weight"]
         codes, absmax = ck.stored(UP + ".weight").info, ck[UP + ".weight.absmax"].info
-        source = ck.sources.get(codes.source)
-        reads: list[tuple[int, int]] = []
-        pread = source.pread
-
-        def counting(offset, size):
-            reads.append((offset, size))
-            return pread(offset, size)
-
-        source.pread = counting
+        reads.clear()                                              # what the open read
         start = 1000 * 512 + 100                                   # an element inside row 1000
         values = view.data.read(start, start + 1024)               # 4 KiB of float32
         assert same_bits(values, as_numpy(dequantize_4bit(tensors, torch.float32)).reshape(-1)[start:start + 1024])

@@ -12,10 +12,13 @@ import pickle
 
 import numpy as np
 import pytest
+from counting import Counting
 from fp8_fixtures import BF16, E4M3, E8M0, block_quantize, expected_blocks, round_bits, write_model
 from packed_fixtures import check_shared, same_bits
 
 import ckptfs
+from ckptfs.checkpoint.api import Checkpoint
+from ckptfs.formats.multi import read_checkpoint
 
 P = "model.layers.0.self_attn.kv_a_proj_with_mqa"
 Q = "model.layers.0.mlp.down_proj"
@@ -223,18 +226,11 @@ def test_a_small_read_reads_only_its_rows(tmp_path):
     codes = rng.integers(0, 0x7E, (7168, 2048), dtype=np.uint8).view(E4M3)
     scales = rng.uniform(1e-4, 1e-2, (56, 16)).astype(np.float32)
     folder = write_model(tmp_path / "m", {Q + ".weight": codes, Q + ".weight_scale_inv": scales}, fp8_config())
-    with ckptfs.open(folder) as ck:
+    reads: list[tuple[int, int]] = []
+    with Checkpoint(read_checkpoint(str(folder)), str(folder), source_wrapper=lambda s: Counting(s, reads)) as ck:
         view = ck[Q + ".weight"]
         stored, scale = ck.stored(Q + ".weight").info, ck[Q + ".weight_scale_inv"].info
-        source = ck.sources.get(stored.source)
-        reads: list[tuple[int, int]] = []
-        pread = source.pread
-
-        def counting(offset, size):
-            reads.append((offset, size))
-            return pread(offset, size)
-
-        source.pread = counting
+        reads.clear()                                              # what the open read
         start = 5000 * 2048 + 300                                  # an element inside row 5000
         values = view.data.read(start, start + 1024)               # 4 KiB of float32
         row = expected_blocks(codes[5000:5001], scales[5000 // 128: 5000 // 128 + 1], (128, 128))
