@@ -57,7 +57,7 @@ def attach(checkpoint) -> None:
         replaces = view_name in layer.parts.values()
         try:
             if config.problem is not None or layer.scheme is None:
-                raise Absent(config.problem or "no scheme of the config fits this layer")
+                raise Absent(config.problem or layer.reason or "no scheme of the config fits this layer")
             skipped = not_quantized(layer.prefix, config.settings)
             if skipped is not None:
                 raise Absent(skipped)

@@ -133,6 +133,9 @@ class QuantConfig:
     problem: str | None = None          # why no view can be made (unknown method or format, unreadable file)
     schemes: tuple[Scheme, ...] = ()    # the layouts the settings use
     torch_dtype: str | None = None      # the release's dtype (config.json torch_dtype / dtype), if named
+    #: format -> why it cannot be used, for a config of several formats (``mixed-precision``) of which only
+    #: some are unknown: only the layers routed to these lose their views
+    unsupported: Mapping[str, str] = field(default_factory=dict)
 
 
 def read_config(passthrough: Mapping[str, str], read: Callable[[str], bytes]) -> QuantConfig | None:
@@ -189,12 +192,13 @@ def _config(name: str, settings: Mapping[str, Any], origin: str, torch_dtype: st
         return QuantConfig(method, settings, origin, f"{exc} in {origin}", torch_dtype=torch_dtype)
     except (TypeError, ValueError, AttributeError) as exc:
         return QuantConfig(method, settings, origin, f"{origin} cannot be used: {exc}", torch_dtype=torch_dtype)
-    unknown = [f for f in formats if (method, f) not in reg.by_format]
-    if unknown:
-        return QuantConfig(method, settings, origin, f"{method} format {unknown[0]!r} is not supported "
-                                                     f"(in {origin})", torch_dtype=torch_dtype)
-    return QuantConfig(method, settings, origin, None, tuple(s for f in formats for s in reg.by_format[method, f]),
-                       torch_dtype)
+    unknown = {f: f"{method} format {f!r} is not supported (in {origin})"
+               for f in formats if (method, f) not in reg.by_format}
+    if len(unknown) == len(formats) or (unknown and found.route is None):
+        # every format unknown, or no way to tell which layers are the unknown one's: no layer is decoded
+        return QuantConfig(method, settings, origin, next(iter(unknown.values())), torch_dtype=torch_dtype)
+    known = tuple(s for f in formats if f not in unknown for s in reg.by_format[method, f])
+    return QuantConfig(method, settings, origin, None, known, torch_dtype, unknown)
 
 
 @dataclass
@@ -206,6 +210,7 @@ class Layer:
     scheme: Scheme | None
     parts: dict[str, str]
     view_name: str
+    reason: str | None = None  # why a layer without a scheme has none, when the config says (an unknown format)
 
 
 def find_layers(names: list[str], types: Callable[[int], str], config: QuantConfig) -> list[Layer]:
@@ -213,10 +218,14 @@ def find_layers(names: list[str], types: Callable[[int], str], config: QuantConf
 
     With a usable config, the markers are those of the schemes it uses (a layer several could claim is
     routed by the method); otherwise every registered marker names a layer, whose view will be absent with
-    the config's problem as the reason."""
+    the config's problem as the reason. Where only some of a config's formats are unknown
+    (``config.unsupported``), a layer the method routes to one of them is named too, without a scheme and
+    with that format's reason, whichever registered marker found it."""
     reg = registry()
     usable = config.problem is None
     candidates = list(config.schemes) if usable else reg.schemes
+    if usable and config.unsupported:  # the unknown formats' layers: found by any marker, routed below
+        candidates += [s for s in reg.schemes if s not in candidates]
     method = reg.methods.get(config.method or "") if usable else None
     present = set(names)
     layers: dict[str, Layer] = {}
@@ -237,15 +246,20 @@ def find_layers(names: list[str], types: Callable[[int], str], config: QuantConf
         if not claims:
             continue
         prefix, scheme = claims[0]
-        if len(claims) > 1 and method is not None and method.route is not None:
+        chosen = None
+        if (len(claims) > 1 or config.unsupported) and method is not None and method.route is not None:
             try:
                 chosen = method.route(prefix, config.settings)
             except Absent:  # the build of the first claim says why
                 chosen = None
             prefix, scheme = next(((p, s) for p, s in claims if s.format == chosen), claims[0])
+        reason = config.unsupported.get(chosen or "") if usable else None
+        if usable and reason is None and scheme not in config.schemes:
+            continue  # a marker of a scheme the config does not use, on a layer of a format it does
         parts = {role: f"{prefix}{scheme.joiner}{role}" for role in scheme.roles
                  if f"{prefix}{scheme.joiner}{role}" in present}
-        layers[prefix + scheme.view] = Layer(prefix, scheme if usable else None, parts, prefix + scheme.view)
+        layers[prefix + scheme.view] = Layer(prefix, scheme if usable and reason is None else None, parts,
+                                             prefix + scheme.view, reason)
     return list(layers.values())
 
 

@@ -276,3 +276,36 @@ def test_an_unknown_format_or_a_group_without_one_serves_the_stored_tensors(tmp_
         assert same_bits(ck[K + ".weight"].numpy(), expected_ct(tensors, (1, 64)))
         assert ck[Q + ".weight"].meta["packed_view"]["reason"] == \
             "config group h has format 'pack-quantized', not float-quantized or int-quantized or naive-quantized"
+
+
+def test_a_mixed_precision_format_nobody_serves_costs_only_its_own_layers_their_views(tmp_path, caplog):
+    """``mixed-precision`` with one group in an unsupported format: only the layers that group targets lose
+    their views (one log line, the reason in their parts' ``meta.json``); the other groups' layers keep theirs.
+    The unsupported group's layer stores parts another scheme's marker would claim (F8_E4M3 ``weight``, and
+    a ``weight_packed`` on a third layer): routed by its group, it is not decoded as that scheme either."""
+    pytest.importorskip("compressed_tensors")
+    rng = np.random.default_rng(26)
+    weights = {"num_bits": 8, "type": "float", "strategy": "channel", "symmetric": True}
+    tensors, _ = ct_layer(rng, 32, 64, weights)
+    int4 = compressed_layer(rng, 32, 64, 4, "group", 32, True)
+    v = "model.layers.0.self_attn.v_proj"
+    stored = ({f"{Q}.{k}": val for k, val in tensors.items()} | {f"{K}.{k}": val for k, val in tensors.items()}
+              | {f"{v}.{k}": val for k, val in int4.tensors.items()})
+    config = {**compressed_config({
+        "g": {"targets": [K], "weights": weights, "format": "float-quantized"},
+        "h": {"targets": [Q, v], "weights": weights, "format": "sparse-24-bitmask"}}), "format": "mixed-precision"}
+    folder = write_model(tmp_path / "m", stored, config)
+    reason = "compressed-tensors format 'sparse-24-bitmask' is not supported (in config.json quantization_config)"
+    with caplog.at_level("WARNING", logger="ckptfs.packed"), ckptfs.open(folder) as ck:
+        assert ck[K + ".weight"].virtual
+        assert same_bits(ck[K + ".weight"].numpy(), expected_ct(tensors, (1, 64)))
+        weight = ck[Q + ".weight"]
+        assert not weight.virtual and weight.raw() == tensors["weight"].tobytes()
+        assert weight.meta["packed_view"] == {"name": Q + ".weight", "scheme": "compressed-tensors",
+                                              "present": False, "reason": reason}
+        assert v + ".weight" not in ck
+        assert ck[v + ".weight_packed"].meta["packed_view"]["reason"] == reason
+        assert ck[v + ".weight_packed"].raw() == int4.tensors["weight_packed"].tobytes()
+        rows = {row["name"]: row for row in ck.packed_views}
+        assert rows[K + ".weight"]["present"] and not rows[Q + ".weight"]["present"]
+    assert len([r for r in caplog.records if "no view" in r.getMessage()]) == 1
