@@ -17,7 +17,10 @@ setup(ext_modules=[Extension("ckptfs.quant._native", ["ckptfs/quant/_native.c"],
                              optional=True),
                    # reads of stored bytes answered in C, without the GIL (fs/direct.py)
                    Extension("ckptfs.fs._direct", ["ckptfs/fs/_direct.c"], extra_compile_args=flags,
-                             optional=True),
+                             depends=["ckptfs/sources/chunk_sum.h"], optional=True),
+                   # the served checksums of Python's reads summed without the GIL (sources/served.py)
+                   Extension("ckptfs.sources._sums", ["ckptfs/sources/_sums.c"], extra_compile_args=flags,
+                             depends=["ckptfs/sources/chunk_sum.h"], optional=True),
                    # the string arrays of a GGUF header (a vocabulary) walked in one loop (formats/gguf_values.py)
                    Extension("ckptfs.formats._strings", ["ckptfs/formats/_strings.c"], extra_compile_args=flags,
                              optional=True),

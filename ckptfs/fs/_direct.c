@@ -65,28 +65,9 @@ struct segment {
 /* Served checksums (sources/served.py): a sum of each SUM_CHUNK-byte chunk of a file, taken when a read first
  * touched it while the file's ctime was as pinned (its bytes then are the pinned bytes); once the ctime
  * differs (a chmod, or a rewrite that put the mtime back), each recorded chunk a read touches is compared
- * before it is served, and a mismatch is handed to Python (EIO, its log line). The sum is served.py's
- * (the same values): each little-endian 64-bit word, the last one zero-padded, xored with its index times
- * SUM_K1, times SUM_K2, added up modulo 2^64 — a multiply and two adds per 8 bytes, several times zlib's
- * crc32 here, for a first read of every byte of a stream. */
-#define SUM_CHUNK 65536
-#define SUM_K1 0x9E3779B97F4A7C15ULL
-#define SUM_K2 0xC2B2AE3D27D4EB4FULL
-
-static uint64_t chunk_sum(const unsigned char *bytes, size_t n) {
-    uint64_t sum = 0, word;
-    size_t words = n / 8, i;
-    for (i = 0; i < words; i++) {
-        memcpy(&word, bytes + 8 * i, 8);
-        sum += (word ^ (i * SUM_K1)) * SUM_K2;
-    }
-    if (n % 8) {
-        word = 0;
-        memcpy(&word, bytes + 8 * words, n % 8);
-        sum += (word ^ (words * SUM_K1)) * SUM_K2;
-    }
-    return sum;
-}
+ * before it is served, and a mismatch is handed to Python (EIO, its log line). The sum (chunk_sum) is
+ * served.py's, defined once for both C users in sources/chunk_sum.h. */
+#include "../sources/chunk_sum.h"
 
 struct entry {
     uint64_t fh;

@@ -34,7 +34,7 @@ from typing import Any, ClassVar
 from ckptfs.core.errors import CheckpointError
 from ckptfs.sources.base import ByteSource, Folder
 from ckptfs.sources.identity import local_content_id
-from ckptfs.sources.served import ServedSums
+from ckptfs.sources.served import ServedSums, chunk_sum_fd
 
 log = logging.getLogger(__name__)
 
@@ -198,7 +198,7 @@ class FileSource(ByteSource):
     def _check_served(self, offset: int, data: bytes | memoryview, ctime_ns: int) -> None:
         """CheckpointError when bytes served before differ now (a rewrite that put the mtime back), or when
         the file's ctime keeps moving while the chunks a read covers in part are read whole for the check."""
-        changed, edges = self.sums.check(offset, data, ctime_ns, self._chunk)
+        changed, edges = self.sums.check(offset, data, ctime_ns, self._chunk_sum)
         if changed is not None:
             raise CheckpointError(self.path, changed, "bytes served before differ now: the file was rewritten in "
                                                       "place (its ctime moved, its size and mtime kept)")
@@ -206,16 +206,18 @@ class FileSource(ByteSource):
             raise CheckpointError(self.path, offset, "the file's status changed while its bytes were checked "
                                                      "(ctime): read it again")
 
-    def _chunk(self, start: int, length: int) -> bytes:
-        """The whole served-checksum chunk at ``start`` (sources/served.py)."""
+    def _chunk_sum(self, start: int, length: int) -> int:
+        """The sum of the whole served-checksum chunk at ``start``, read for it (sources/served.py)."""
         fd = self._acquire_fd()
         try:
-            data = os.pread(fd, length, start)
+            got = chunk_sum_fd(fd, start, length)
+        except OSError as exc:
+            raise CheckpointError(self.path, start, f"read failed: {exc.strerror}") from None
         finally:
             self._release_fd()
-        if len(data) != length:
+        if got is None:
             raise CheckpointError(self.path, start, "the file changed since it was opened (truncated or rewritten)")
-        return data
+        return got
 
     def _ctime_now(self) -> int:
         fd = self._acquire_fd()

@@ -16,21 +16,30 @@ are recorded and compared the same way: an int64 pinned ctime, an int64 chunk co
 "recorded" bytes (set after the sum is written). A chunk costs one sum the first time it is read, nothing
 after while the ctime is unchanged.
 
-The sum (``chunk_sum``, computed the same way in C): each little-endian 64-bit word (the last one
-zero-padded), xored with its index times ``K1``, times ``K2``, added up modulo 2^64. Not a crc32: it must
-cost little on the first read of every byte a mount streams (a multiply and two adds per 8 bytes in C,
-several times zlib's crc32 here; zlib's crc32 cost a first stream a third of its speed), and it only has to
-tell the bytes of one file at one place from other bytes there (any change of one word changes it), not
-stand in a manifest.
+The sum (``chunk_sum``): each little-endian 64-bit word (the last one zero-padded), xored with its index
+times ``K1``, times ``K2``, added up modulo 2^64. Not a crc32: it must cost little on the first read of
+every byte a mount streams (a multiply and two adds per 8 bytes in C, several times zlib's crc32 here;
+zlib's crc32 cost a first stream a third of its speed), and it only has to tell the bytes of one file at one
+place from other bytes there (any change of one word changes it), not stand in a manifest. It is computed in
+C (``sources/chunk_sum.h``: the mount's C read path and ``_sums.c``, which sums Python's reads without the
+GIL and reads a chunk a read covers in part into a buffer of its thread); numpy computes the same value where
+the extension is not built (``numpy_chunk_sum``, the reference the tests compare the C sums with). In numpy
+the sums of a decoded view's first stream were half of its CPU.
 """
 
 from __future__ import annotations
 
 import ctypes
 import functools
+import os
 import struct
 from collections.abc import Callable
 from typing import Any
+
+try:
+    from ckptfs.sources import _sums  # optional C helper (setup.py); without it numpy sums
+except ImportError:
+    _sums = None  # type: ignore[assignment]  # not built: numpy_chunk_sum serves
 
 #: Bytes per checksum: a whole chunk must lie inside a read to be recorded or compared (the kernel asks for
 #: 128 KiB or more per request of a stream; must equal fs/_direct.c's SUM_CHUNK).
@@ -70,15 +79,32 @@ def _words_sum(piece: memoryview, first_word: int) -> int:
 
 def chunk_sum(data: bytes | memoryview) -> int:
     """The sum of one chunk (module docstring)."""
+    if _sums is not None:
+        return _sums.chunk_sum(data)
+    return numpy_chunk_sum(data)
+
+
+def numpy_chunk_sum(data: bytes | memoryview) -> int:
+    """The sum of one chunk computed by numpy, a piece at a time (the fallback, and the C sums' reference)."""
     view = memoryview(data).cast("B")
     return sum(_words_sum(view[at:at + PIECE], at // 8) for at in range(0, len(view), PIECE)) % (1 << 64)
 
 
-def chunk_sum_read(read: Callable[[int, int], bytes], start: int, length: int) -> int:
-    """The sum of the chunk of ``length`` bytes at ``start``, read with ``read(offset, size)`` a piece at a
-    time (a read that covers a chunk in part: a row of a table should not cost a whole chunk in memory)."""
-    return sum(_words_sum(memoryview(read(start + at, min(PIECE, length - at))), at // 8)
-               for at in range(0, length, PIECE)) % (1 << 64)
+def chunk_sum_fd(fd: int, start: int, length: int) -> int | None:
+    """The sum of the chunk of ``length`` bytes at ``start`` of ``fd``'s file (a read that covers a chunk in
+    part: the whole chunk is read for it, never held whole in Python's memory: in C into a buffer of the
+    thread, in numpy a piece at a time), or None when the file holds fewer bytes there; OSError when a read
+    fails."""
+    if _sums is not None:
+        return _sums.chunk_sum_fd(fd, start, length)
+    total = 0
+    for at in range(0, length, PIECE):
+        want = min(PIECE, length - at)
+        piece = os.pread(fd, want, start + at)
+        if len(piece) != want:
+            return None
+        total += _words_sum(memoryview(piece), at // 8)
+    return total % (1 << 64)
 
 
 class ServedSums:
@@ -101,11 +127,11 @@ class ServedSums:
         return ctypes.addressof(self._c)
 
     def check(self, offset: int, data: bytes | memoryview, ctime_ns: int,
-              read_chunk: Callable[[int, int], bytes]) -> tuple[int | None, bool]:
+              sum_chunk: Callable[[int, int], int]) -> tuple[int | None, bool]:
         """Record or compare the chunks ``data`` (read at ``offset``, the file's ctime ``ctime_ns`` after the
-        read) touches, those it covers in part read piece by piece with ``read_chunk(start, length)``: (the offset of the first
-        chunk that differs from what was served before, or None; whether ``read_chunk`` was called — the
-        caller then checks the ctime did not move meanwhile)."""
+        read) touches, the sums of those it covers in part given by ``sum_chunk(start, length)`` (which reads
+        the whole chunk): (the offset of the first chunk that differs from what was served before, or None;
+        whether ``sum_chunk`` was called — the caller then checks the ctime did not move meanwhile)."""
         changed = ctime_ns != self.ctime_ns
         view = memoryview(data).cast("B")
         end = offset + len(view)
@@ -119,7 +145,7 @@ class ServedSums:
             if start >= offset and start + length <= end:
                 got = chunk_sum(view[start - offset:start - offset + length])
             else:
-                got = chunk_sum_read(read_chunk, start, length)
+                got = sum_chunk(start, length)
                 edges = True
             if not known:
                 self._sums[k] = got

@@ -194,16 +194,35 @@ def test_a_small_file_rewritten_after_it_was_served_is_never_served_again(folder
     assert failed.value.errno == errno.EIO
 
 
-def test_the_c_read_path_sums_chunks_as_python_does():
-    """The served checksums are recorded by either path and compared by the other: the same value for every
-    length (a whole chunk, the shorter last one, lengths that are no multiple of 8)."""
+def test_the_c_read_path_sums_chunks_as_python_does(tmp_path):
+    """The served checksums are recorded by either path and compared by the other: the C sums (the mount's C
+    read path's, and ``_sums``' for Python's reads: of a buffer, and of a chunk read from a descriptor) give
+    numpy's value for every length (a whole chunk, the shorter last one, lengths that are no multiple of 8);
+    a chunk the file does not hold whole is None."""
     direct = pytest.importorskip("ckptfs.fs._direct")
-    from ckptfs.sources.served import SUM_CHUNK, chunk_sum
+    sums = pytest.importorskip("ckptfs.sources._sums")
+    from ckptfs.sources import served
+    from ckptfs.sources.served import SUM_CHUNK, numpy_chunk_sum
 
     rng = np.random.default_rng(3)
-    for n in (0, 1, 7, 8, 9, 4095, SUM_CHUNK - 3, SUM_CHUNK):
-        data = rng.integers(0, 256, n, dtype=np.uint8).tobytes()
-        assert direct.chunk_sum(data) == chunk_sum(data), n
+    blob = rng.integers(0, 256, 2 * SUM_CHUNK, dtype=np.uint8).tobytes()
+    (tmp_path / "f").write_bytes(blob)
+    fd = os.open(tmp_path / "f", os.O_RDONLY)
+    try:
+        for n in (0, 1, 7, 8, 9, 4095, SUM_CHUNK - 3, SUM_CHUNK):
+            data = rng.integers(0, 256, n, dtype=np.uint8).tobytes()
+            assert direct.chunk_sum(data) == sums.chunk_sum(data) == numpy_chunk_sum(data), n
+            assert sums.chunk_sum_fd(fd, 5, n) == numpy_chunk_sum(blob[5:5 + n]), n
+        assert sums.chunk_sum_fd(fd, 2 * SUM_CHUNK - 8, 9) is None
+        served._sums = None  # the fallback reads and sums the same way
+        try:
+            assert served.chunk_sum_fd(fd, 3, SUM_CHUNK) == numpy_chunk_sum(blob[3:3 + SUM_CHUNK])
+            assert served.chunk_sum_fd(fd, 2 * SUM_CHUNK - 8, 9) is None
+        finally:
+            served._sums = sums
+    finally:
+        os.close(fd)
     flipped = bytearray(data)
     flipped[12345] ^= 1
-    assert chunk_sum(bytes(flipped)) != chunk_sum(data)
+    assert numpy_chunk_sum(bytes(flipped)) != numpy_chunk_sum(data)
+    assert sums.chunk_sum(bytes(flipped)) != sums.chunk_sum(data)

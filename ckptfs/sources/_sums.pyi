@@ -1,0 +1,6 @@
+"""The served checksums summed in C (``_sums.c``): what ``ckptfs.sources.served`` calls."""
+
+SUM_CHUNK: int
+
+def chunk_sum(data: bytes | bytearray | memoryview) -> int: ...
+def chunk_sum_fd(fd: int, start: int, length: int) -> int | None: ...
