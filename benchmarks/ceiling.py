@@ -88,7 +88,7 @@ class ZeroWork:
 
     use_ns = True
 
-    def init_with_config(self, conn, config) -> None:  # noqa: ANN001 - mfusepy's ctypes structures
+    def init_with_config(self, conn, config) -> None:  # mfusepy's ctypes structures
         if self.readahead_kib:  # what ckptfs does for its mounts (fs/kernel.py), nothing more
             from ckptfs.fs.kernel import set_mount_readahead
 
@@ -143,7 +143,7 @@ def splice_fuse_class(base: type) -> type:
                     ("buf", Buf * 1)]
 
     class SpliceFUSE(base):
-        def read_buf(self, path, bufpp, size, offset, fip):  # noqa: ANN001 - ctypes arguments
+        def read_buf(self, path, bufpp, size, offset, fip):  # ctypes arguments
             ops = self.operations
             address = libc.malloc(ctypes.sizeof(BufVec))
             if not address:

@@ -48,7 +48,7 @@ t = time.perf_counter(); gguf.GGUFReader(sys.argv[1]); print(time.perf_counter()
 
 def ensure_file(path: Path) -> Path:
     if not path.exists():
-        from fixtures import big_vocab_gguf  # noqa: PLC0415 - test-only dependency (gguf-py), only when needed
+        from fixtures import big_vocab_gguf  # test-only dependency (gguf-py), only when needed
 
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".partial")

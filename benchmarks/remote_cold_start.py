@@ -459,7 +459,7 @@ def warm_section(root: Path, model: Path, args) -> dict:
     the same folder mounted with nginx stopped, every tensor's ``.raw`` compared with gguf-py's."""
     import gguf as gguf_py
 
-    raw_order, largest, gguf = layout(model)
+    _, largest, gguf = layout(model)
     size = model.stat().st_size
     digest = sha256_file(str(model))
     rng = random.Random(7)

@@ -58,12 +58,10 @@ def _status(field: str) -> int:
 
 def child(mode: str, path: str) -> dict:
     """Run one mode in this (fresh) process; its time, output size and peak RSS growth."""
-    import gguf
     import torch
     from gguf import GGUFReader
     from gguf.quants import dequantize
 
-    import ckptfs
     from ckptfs.torchio import api
 
     reader = GGUFReader(path) if mode == "gguf-py-decode" else None

@@ -210,7 +210,7 @@ def percentile(values: list[float], q: float) -> float:
     """The ``q`` quantile (0..1) of sorted ``values`` (nearest rank); 0.0 for none."""
     if not values:
         return 0.0
-    return values[min(len(values) - 1, max(0, int(round(q * len(values) + 0.5)) - 1))]
+    return values[min(len(values) - 1, max(0, round(q * len(values) + 0.5) - 1))]
 
 
 def summary(results: list[dict]) -> dict:

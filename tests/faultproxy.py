@@ -335,7 +335,7 @@ class FaultProxy:
         with self._lock:
             self.spans.append(span)
             if self._spans_file is not None:
-                self._spans_file.write("%.6f %.6f %d\n" % span)
+                self._spans_file.write(f"{span[0]:.6f} {span[1]:.6f} {span[2]:d}\n")
 
 
 def _later(value: str) -> str:

@@ -20,9 +20,9 @@ import pytest
 from conftest import REPO, skip_or_fail
 
 sys.path.append(str(REPO / "scripts"))
-import llama_client  # noqa: E402
-import llama_convert  # noqa: E402
-from llama_convert import llama_cpp_tree  # noqa: E402
+import llama_client
+import llama_convert
+from llama_convert import llama_cpp_tree
 
 LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|"
                 r"\s*[\r\n]+|\s+(?!\S)|\s+")

@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-import llama_client  # noqa: E402
+import llama_client
 import pytest
 
 from conftest import REPO, skip_or_fail

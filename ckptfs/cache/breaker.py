@@ -53,7 +53,7 @@ class Breaker:
             self._reconnector_pid = os.getpid() if start else self._reconnector_pid
         try:
             self._drop()
-        except Exception:  # noqa: BLE001, S110 - dropping dead sockets must not fail
+        except Exception:  # noqa: BLE001 - dropping dead sockets must not fail
             pass
         if first:
             log.warning("redis %s unreachable (%s: %s): decoding instead, reconnecting in the background",

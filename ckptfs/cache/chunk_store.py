@@ -9,7 +9,8 @@ read, and ``ChunkCache`` swallows its errors).
 
 from __future__ import annotations
 
-from typing import Any, Protocol, Sequence
+from collections.abc import Sequence
+from typing import Any, Protocol
 
 
 class ChunkStore(Protocol):

@@ -476,7 +476,7 @@ class RedisTier:
         if client is not None:
             try:
                 client.close()
-            except Exception:  # noqa: BLE001, S110
+            except Exception:  # noqa: BLE001
                 pass
 
 

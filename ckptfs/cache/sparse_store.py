@@ -824,7 +824,7 @@ class SparseStore:
                 try:
                     with open(item.path, "rb") as fh:
                         raw = fh.read()
-                    chunks, _, sealed = parse_header(raw, bytes.fromhex(os.path.basename(stem)))
+                    _, _, sealed = parse_header(raw, bytes.fromhex(os.path.basename(stem)))
                     blocks = os.stat(stem + ".data").st_blocks * 512
                 except (OSError, ValueError):
                     continue
@@ -866,7 +866,7 @@ class SparseStore:
             try:
                 fd = os.open(stem + ".idx", os.O_RDWR | os.O_CLOEXEC)
                 try:
-                    chunks, _, sealed = parse_header(os.pread(fd, HEADER_SIZE, 0),
+                    _, _, sealed = parse_header(os.pread(fd, HEADER_SIZE, 0),
                                                      bytes.fromhex(os.path.basename(stem)))
                     if sealed:
                         return False  # sealed meanwhile: only whole

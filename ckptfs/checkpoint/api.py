@@ -510,7 +510,7 @@ class Checkpoint(Mapping[str, Tensor]):
         return f"<ckptfs.Checkpoint {redact(repr(self.src))} {self.format} tensors={len(self.tensors)}>"
 
 
-def open(src: PathOrUrl, *positional: Any, options: OpenOptions | None = None,  # noqa: A001
+def open(src: PathOrUrl, *positional: Any, options: OpenOptions | None = None,
          **changes: Any) -> Checkpoint:
     """Open a checkpoint: a GGUF or safetensors file, a split-GGUF shard, a shard folder or an index file.
 

@@ -141,7 +141,7 @@ def flag(name: str, cls: type[OpenOptions] = OpenOptions) -> Callable:
     return _click_option(field, spelling_of(name, cls))
 
 
-def open_flags(omit: Mapping[str, str] | None = None, help: Mapping[str, str] | None = None,  # noqa: A002
+def open_flags(omit: Mapping[str, str] | None = None, help: Mapping[str, str] | None = None,
                cls: type[OpenOptions] = OpenOptions) -> Callable:
     """Decorator: the command gets a flag for every field of ``cls`` but those in ``omit`` (name -> why the
     command has no use for it), and is called with ``open_options=`` the ``cls`` they build (checked and

@@ -138,7 +138,7 @@ class OpenOptions:
         help="Secret key authenticating the --cache-dir and --redis entries (owned by you, mode 0600; the same "
              "file on every machine sharing a Redis; default $CKPTFS_CACHE_KEY_FILE, else the folder's own "
              "DIR/.key and a Redis trusted as-is).")
-    manifest: Any = option(  # a manifest file's path, or a loaded ckptfs.integrity Manifest (the API only)
+    manifest: Any = option(  # noqa: RUF009 - a field; a manifest file's path, or a loaded ckptfs.integrity Manifest (the API only)
         None, flag="--manifest", kind="file",
         help="Check every read against this `ckptfs manifest` file (a mismatch: EIO and one log line).")
     mirrors: tuple[str, ...] = option(

@@ -17,7 +17,7 @@ This module needs only numpy (``load_batch`` returns numpy arrays); api.py plugs
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 

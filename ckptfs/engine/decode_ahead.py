@@ -193,7 +193,7 @@ class DecodeAhead:
             # full to its end instead of falling back to the decode window's few MiB)
             rest = (stream.advised_to < stream.view.size
                     and (not stream.advised
-                         or stream.far and end + WHOLE_ADVICE_BYTES >= stream.advised_to + ADVICE_STEP))
+                         or (stream.far and end + WHOLE_ADVICE_BYTES >= stream.advised_to + ADVICE_STEP)))
             if (stop <= start or start - end > self._ahead // 2) and not beyond and not rest and not chain:
                 return True  # at end of file, or more than half a window is already ahead
             first = not stream.advised
@@ -213,7 +213,7 @@ class DecodeAhead:
                     self._chain_after(stream.view)
                 if beyond:
                     self._follow(stream, beyond)
-        except Exception:  # noqa: BLE001 - read-ahead is an optimization; the read itself reports errors
+        except Exception:  # read-ahead is an optimization; the read itself reports errors
             log.debug("read-ahead of %d..%d failed", start, stop, exc_info=True)
         return True
 

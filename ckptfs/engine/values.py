@@ -7,14 +7,14 @@ both speak it; a packed layer's view (``ckptfs.packed.views.PackedData``) implem
 from __future__ import annotations
 
 from abc import abstractmethod
-from typing import Protocol, Union
+from typing import Protocol
 
 import numpy as np
 
 from ckptfs.core.descriptors import TensorInfo
 
 #: A piece of a file's bytes as the views hand them out (a FUSE read joins them once).
-BytePart = Union[bytes, bytearray, memoryview]
+BytePart = bytes | bytearray | memoryview
 
 
 class TensorValues(Protocol):

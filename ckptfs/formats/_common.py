@@ -62,7 +62,7 @@ def only_checkpoint_errors(reader: Callable[..., R]) -> Callable[..., R]:
             return reader(path, *args, **kwargs)
         except CheckpointError:
             raise
-        except Exception as exc:  # noqa: BLE001 - the point is to convert everything
+        except Exception as exc:  # the point is to convert everything
             raise CheckpointError(path, None, f"unreadable header ({type(exc).__name__}: {exc})") from exc
 
     return wrapper

@@ -138,7 +138,7 @@ def _reads_in_c(fuse_class: type, module: Any) -> type:
     here, as mfusepy makes its own, and kept for as long as the mount runs."""
 
     class CReadFUSE(fuse_class):
-        def __init__(self, operations: FuseOperations, mountpoint, *args, **kwargs):  # noqa: ANN001 - mfusepy's
+        def __init__(self, operations: FuseOperations, mountpoint, *args, **kwargs):  # mfusepy's
             direct = operations.direct_reads
             if not direct.enabled:
                 super().__init__(operations, mountpoint, *args, **kwargs)
@@ -148,14 +148,14 @@ def _reads_in_c(fuse_class: type, module: Any) -> type:
             fh_offset = module.fuse_file_info.fh.offset
             kept: list = []
 
-            def fuse_main_real(argc, argv, ops_pointer, size, user_data):  # noqa: ANN001 - ctypes arguments
+            def fuse_main_real(argc, argv, ops_pointer, size, user_data):  # ctypes arguments
                 ops = ops_pointer.contents
                 if ctypes.cast(ops.read, ctypes.c_void_p).value:  # mfusepy registered our read
                     try:
                         fallback = prototype(functools.partial(self._wrapper, self.read))
                         kept.append(fallback)
                         address = direct.install(ctypes.cast(fallback, ctypes.c_void_p).value, fh_offset)
-                    except Exception:  # noqa: BLE001 - a helper or an mfusepy that does not fit: reads stay Python's
+                    except Exception:  # a helper or an mfusepy that does not fit: reads stay Python's
                         log.warning("reads stay in Python: the C read helper could not be installed", exc_info=True)
                     else:
                         ops.read = prototype(address)
@@ -178,7 +178,7 @@ def _reads_into_buffer(fuse_class: type) -> type:
     fewer (the operations are ``FuseOperations``)."""
 
     class BufferReadFUSE(fuse_class):
-        def read(self, path, buf, size, offset, fip):  # noqa: ANN001 - mfusepy's ctypes arguments
+        def read(self, path, buf, size, offset, fip):  # mfusepy's ctypes arguments
             read_into = self.operations.read_into
             fh = fip.contents if self.raw_fi else fip.contents.fh
             # addressof, not ctypes.cast: cast is a foreign call that lets go of the GIL and, under load,
@@ -205,7 +205,7 @@ def _fast_listings(fuse_class: type, libfuse_major: int) -> type:
     """
 
     class FastListingsFUSE(fuse_class):
-        def _readdir(self, path, buf, filler, offset, fip):  # noqa: ANN001 - mfusepy's ctypes arguments
+        def _readdir(self, path, buf, filler, offset, fip):  # mfusepy's ctypes arguments
             decoded = None if path is None else path.decode(self.encoding, self.errors)
             cache = self.__dict__.setdefault("_ckptfs_listings", {})
             names = cache.get(decoded)

@@ -101,7 +101,7 @@ class DirectReads:
             return False
         try:
             return self._register(fh, view, kind)
-        except Exception:  # noqa: BLE001 - e.g. a source that cannot be opened: its read will say so
+        except Exception:  # e.g. a source that cannot be opened: its read will say so
             log.debug("reads of handle %d left to Python", fh, exc_info=True)
             return False
 

@@ -50,7 +50,7 @@ def tune_connection(conn: Any, mountpoint: str | None) -> None:
             log.debug("kernel readahead of %s left as it is (not root, or no sysfs)", mountpoint)
             return
         conn.max_readahead = max(int(conn.max_readahead), kib * 1024)
-    except Exception:  # noqa: BLE001
+    except Exception:
         log.debug("raising the readahead of %s failed", mountpoint, exc_info=True)
 
 

@@ -91,7 +91,7 @@ def _answer(self: CkptOperations, method: Callable, op: str, path: str | None, a
             log.error("EIO: %s%s: %s", one_line(path), _describe_range(op, args), one_line(exc),
                       extra={"op": op, "path": path, "errno": "EIO"})
         raise FsError(errno.EIO) from None
-    except Exception as exc:  # noqa: BLE001 - a bug must not become EINVAL or kill the daemon
+    except Exception as exc:  # a bug must not become EINVAL or kill the daemon
         self.counters.errors.add((op, errno.EIO))
         if self._causes.first((op, path, type(exc).__name__, str(exc))):
             log.debug("unexpected failure in %s(%r, %r)", op, path, args, exc_info=True)
@@ -143,12 +143,12 @@ def prime_read_path(tree: MountTree | RepositoryTree) -> None:
                 if tensor.decodable:
                     NpyView(tensor.data)
                     tensor.data.prime()
-            except Exception:  # noqa: BLE001 - priming is an optimization
+            except Exception:  # priming is an optimization
                 log.debug("priming the read path with %s failed", tensor.name, exc_info=True)
 
     try:
         tree.each_checkpoint(prime)
-    except Exception:  # noqa: BLE001
+    except Exception:
         log.debug("priming the read path failed", exc_info=True)
 
 
@@ -216,7 +216,7 @@ class CkptOperations:
         try:
             if self._on_ready is not None:
                 self._on_ready()
-        except Exception:  # noqa: BLE001
+        except Exception:
             log.exception("reporting readiness failed")
 
     def init_with_config(self, conn: Any, config: Any) -> None:
@@ -231,7 +231,7 @@ class CkptOperations:
         try:
             self._prefetch.close(wait=False)
             self.tree.close()
-        except Exception:  # noqa: BLE001
+        except Exception:
             log.exception("closing the checkpoint at unmount failed")
 
     @_guarded

@@ -45,9 +45,9 @@ class Architecture:
     generated: Callable[[Config], dict[str, np.ndarray]] = generated.nothing
     vocab: Keys = vocab.add_llama_vocab    # every tokenizer key
     common_keys: bool = True               # the common text-model keys (phi3 writes its own set)
-    tensor_name: Callable[[str], "str | None"] = transforms.default_name  # None: not in the file
+    tensor_name: Callable[[str], str | None] = transforms.default_name  # None: not in the file
     shift: Callable[[str], float] = transforms.no_shift            # added to every value (float32 rule)
-    rows_kept: Callable[[str, Path, Config], "int | None"] = transforms.all_rows
+    rows_kept: Callable[[str, Path, Config], int | None] = transforms.all_rows
 
 
 def _llama_check(config: Config) -> None:

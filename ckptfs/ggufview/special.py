@@ -103,7 +103,7 @@ def normalizer_flags(normalizer: dict | None) -> dict[str, bool]:
 class SpecialVocab(gguf.SpecialVocab):
     """gguf-py's special vocabulary, read by the converter's rules (module docstring)."""
 
-    normalizer: dict[str, bool] = {}  # replaced, never changed in place
+    normalizer: dict[str, bool] = {}  # noqa: RUF012 - replaced, never changed in place
 
     def _try_load_from_tokenizer_json(self, path: Path) -> bool:
         loaded = super()._try_load_from_tokenizer_json(path)

@@ -314,7 +314,7 @@ def _check_same_tensors(manifest: Manifest, parsed: ParsedCheckpoint, names: dic
         return CheckpointError(where, None, f"the manifest does not describe this checkpoint: {reason}")
 
     listed = {f.name for f in manifest.files} - others
-    for path, name in names.items():
+    for name in names.values():
         if name not in listed:
             raise fail(f"it has no file {name!r}")
     if len(listed) != len(names):

@@ -40,7 +40,7 @@ def _square(op: _Operator) -> _Operator:
     return tuple(_apply(op, column) for column in op)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _power_of_two(k: int) -> _Operator:
     """The shift by 2^k zero bytes."""
     if k == 0:

@@ -151,7 +151,7 @@ def root_of(paths: Sequence[str]) -> str:
     """The common folder prefix (ending in "/", or empty) of a checkpoint's file paths or URLs."""
     if not paths:
         return ""
-    prefix = os.path.commonprefix([p[: p.rfind("/") + 1] for p in paths])
+    prefix = os.path.commonprefix([p[: p.rfind("/") + 1] for p in paths])  # noqa: RUF071 - cut at a "/" below
     return prefix[: prefix.rfind("/") + 1]
 
 

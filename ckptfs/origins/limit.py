@@ -132,7 +132,7 @@ class OriginLimit:
         if self._hold > 0:
             self._hold -= 1
             return
-        grown = min(self.ceiling, max(self.limit + 1, int(math.ceil(self.limit * STEP))))
+        grown = min(self.ceiling, max(self.limit + 1, math.ceil(self.limit * STEP)))
         if grown != self.limit:
             self.limit = grown
             self.peak = max(self.peak, grown)

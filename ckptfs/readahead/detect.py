@@ -23,7 +23,7 @@ import contextvars
 _decided: contextvars.ContextVar[bool] = contextvars.ContextVar("ckptfs_stream_decided_above", default=False)
 
 
-class decided_above:  # noqa: N801 - used as a function: ``with decided_above():``
+class decided_above:  # used as a function: ``with decided_above():``
     """Reads inside belong to a stream whose read-ahead a layer above the byte source decides (and advises).
     A class, not a generator: it wraps every read of a mount's tracked handle (half the cost: 0.8 µs)."""
 

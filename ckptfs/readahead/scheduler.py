@@ -121,14 +121,14 @@ class Scheduler:
     def _run(self, kind: str, job: Callable[[], None], nbytes: int, then: Callable[[], None] | None) -> None:
         try:
             job()
-        except Exception:  # noqa: BLE001 - read-ahead is an optimization; the read itself reports errors
+        except Exception:  # read-ahead is an optimization; the read itself reports errors
             log.debug("%s-ahead job %r failed", kind, job, exc_info=True)
         finally:
             self._release(kind, nbytes)
         if then is not None:
             try:
                 then()
-            except Exception:  # noqa: BLE001 - as the job's own
+            except Exception:  # as the job's own
                 log.debug("%s-ahead continuation %r failed", kind, then, exc_info=True)
 
     def _release(self, kind: str, nbytes: int) -> None:

@@ -27,6 +27,8 @@ import threading
 import urllib.parse
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from itertools import pairwise
+from typing import ClassVar
 
 import numpy as np
 
@@ -96,7 +98,7 @@ class TensorFiles:
     """
 
     SUFFIXES = ((".npy", "npy"), (".raw", "raw"), (".meta.json", "json"))
-    SUFFIX_OF = {kind: suffix for suffix, kind in SUFFIXES}
+    SUFFIX_OF: ClassVar[dict[str, str]] = {kind: suffix for suffix, kind in SUFFIXES}
 
     def __init__(self, ck: Checkpoint, stems: Sequence[str] | None = None):
         self.ck = ck
@@ -159,7 +161,7 @@ class TensorFiles:
         if self._next_stored is None:
             positions = self.ck.tensors.positions()
             order = sorted(range(len(positions)), key=positions.__getitem__)
-            self._next_stored = {a: b for a, b in zip(order, order[1:])
+            self._next_stored = {a: b for a, b in pairwise(order)
                                  if positions[a][0] == positions[b][0] and positions[b][1] > positions[a][1]}
         following = self._next_stored.get(index)
         if following is None or kind not in self.kinds(following):

@@ -33,7 +33,7 @@ def build_or_reason(build: Callable[[], T], expected: type[Exception],
         return build(), None, True
     except expected as exc:
         return None, str(exc), True
-    except Exception as exc:  # noqa: BLE001 - see above
+    except Exception as exc:  # see above
         log.debug("building the folder failed", exc_info=True)
         return None, f"unexpected {type(exc).__name__}: {exc}", False
 

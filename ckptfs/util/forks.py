@@ -45,7 +45,7 @@ def _in_child() -> None:
     for fn in list(_callbacks):
         try:
             fn()
-        except Exception:  # noqa: BLE001 - the other callbacks still run; the child's own work reports errors
+        except Exception:  # the other callbacks still run; the child's own work reports errors
             log.warning("after-fork callback %r failed", fn, exc_info=True)
 
 

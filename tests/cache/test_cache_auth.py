@@ -67,7 +67,7 @@ def test_a_folder_another_user_made_first_is_refused(model, sticky_dir, tmp_path
     # a key file of another user's is refused the same way
     key = sticky_dir / "key"
     subprocess.run([*AS_NOBODY, "sh", "-c", f"umask 077; head -c 32 /dev/urandom > {key}"], check=True, timeout=30)
-    with pytest.raises(CacheRefused, match="key file .* owned by nobody"):
+    with pytest.raises(CacheRefused, match=r"key file .* owned by nobody"):
         ckptfs.open(path, cache_dir=str(tmp_path / "mine"), cache_key_file=str(key))
 
 

@@ -19,10 +19,10 @@ import pytest
 
 pytest.importorskip("urllib3")
 
-from cli_runs import one_error_line, run_cli  # noqa: E402
-from conftest import tmpfs  # noqa: E402
-from fixtures import write_gguf  # noqa: E402
-from servers import Nginx, data_ranges, require_nginx  # noqa: E402
+from cli_runs import one_error_line, run_cli
+from conftest import tmpfs
+from fixtures import write_gguf
+from servers import Nginx, data_ranges, require_nginx
 
 MiB = 1 << 20
 

@@ -15,9 +15,9 @@ import pytest
 
 pytest.importorskip("urllib3")
 
-from conftest import ckptfs_cli, cli_env, wait_until  # noqa: E402
-from fixtures import write_gguf  # noqa: E402
-from servers import Nginx, data_ranges, require_nginx  # noqa: E402
+from conftest import ckptfs_cli, cli_env, wait_until
+from fixtures import write_gguf
+from servers import Nginx, data_ranges, require_nginx
 
 
 def _prefetch(url: str, cache) -> subprocess.Popen:

@@ -23,14 +23,14 @@ import pytest
 
 pytest.importorskip("urllib3")
 
-from cli_runs import run_cli  # noqa: E402
-from conftest import mount_stats, wait_until  # noqa: E402
-from fixtures import write_gguf, write_mixed_gguf  # noqa: E402
-from mount_expect import read_direct  # noqa: E402
-from servers import Nginx, data_ranges, require_nginx  # noqa: E402
+from cli_runs import run_cli
+from conftest import mount_stats, wait_until
+from fixtures import write_gguf, write_mixed_gguf
+from mount_expect import read_direct
+from servers import Nginx, data_ranges, require_nginx
 
-from ckptfs.cache.sparse_store import CHUNK, SparseStore  # noqa: E402
-from ckptfs.fs import direct  # noqa: E402
+from ckptfs.cache.sparse_store import CHUNK, SparseStore
+from ckptfs.fs import direct
 
 pytestmark = pytest.mark.skipif(direct._direct is None, reason="the C helper ckptfs.fs._direct is not built")
 

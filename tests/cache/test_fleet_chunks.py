@@ -26,12 +26,12 @@ from redis_server import server as redis  # noqa: F401 - the fixture: a started 
 
 pytest.importorskip("redis")
 
-from ckptfs.cache import chunks, entry  # noqa: E402
-from ckptfs.cache.chunks import CHUNK, chunk_key  # noqa: E402
-from ckptfs.cache.redis_tier import RedisTier  # noqa: E402
-from ckptfs.sources.registry import Opener  # noqa: E402
-from ckptfs.core.options import OpenOptions  # noqa: E402
-from ckptfs.sources.remote.options import RemoteOptions  # noqa: E402
+from ckptfs.cache import chunks, entry
+from ckptfs.cache.chunks import CHUNK, chunk_key
+from ckptfs.cache.redis_tier import RedisTier
+from ckptfs.sources.registry import Opener
+from ckptfs.core.options import OpenOptions
+from ckptfs.sources.remote.options import RemoteOptions
 
 HANG_GUARD_S = 120.0
 

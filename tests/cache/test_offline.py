@@ -27,14 +27,14 @@ import pytest
 
 pytest.importorskip("urllib3")
 
-from cli_runs import run_cli  # noqa: E402
-from fixtures import quantized, write_gguf  # noqa: E402
-from multifile_sets import gguf_reference  # noqa: E402
-from hub_origin import hub_origin  # noqa: E402
-from servers import Nginx, data_ranges, require_nginx  # noqa: E402
+from cli_runs import run_cli
+from fixtures import quantized, write_gguf
+from multifile_sets import gguf_reference
+from hub_origin import hub_origin
+from servers import Nginx, data_ranges, require_nginx
 
-import ckptfs  # noqa: E402
-from ckptfs.sources.netstats import COUNTERS  # noqa: E402
+import ckptfs
+from ckptfs.sources.netstats import COUNTERS
 
 
 def _write_model(path: Path, seed: int) -> None:

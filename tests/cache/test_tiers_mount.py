@@ -16,7 +16,7 @@ from redis_server import RedisServer, require_redis_server
 from tier_models import write_model
 
 from ckptfs.cache.entry import HEADER_SIZE
-from tier_models import expected_files, read_all, settled  # noqa: F401
+from tier_models import expected_files, read_all, settled
 
 
 

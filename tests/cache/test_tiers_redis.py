@@ -19,7 +19,7 @@ from redis_server import RedisServer, require_redis_server
 
 pytest.importorskip("redis")
 
-from ckptfs.cache.redis_tier import GROUPS, RedisTier  # noqa: E402
+from ckptfs.cache.redis_tier import GROUPS, RedisTier
 from redis_server import server  # noqa: F401
 
 HANG_GUARD_S = 10.0

@@ -192,7 +192,7 @@ def test_safetensors_bf16_values(tmp_path):
 def test_bad_file_is_a_checkpoint_error(tmp_path):
     path = tmp_path / "junk.bin"
     path.write_bytes(b"PK\x03\x04 this is a zip, not a checkpoint")
-    with pytest.raises(ckptfs.CheckpointError, match="junk.bin"):
+    with pytest.raises(ckptfs.CheckpointError, match=r"junk\.bin"):
         ckptfs.open(path)
     assert issubclass(ckptfs.CheckpointError, ValueError)
 

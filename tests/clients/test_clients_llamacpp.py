@@ -27,7 +27,7 @@ from gguf import GGUFReader
 from servers import Nginx, require_nginx
 
 sys.path.append(str(REPO / "scripts"))
-import llama_client  # noqa: E402
+import llama_client
 from llama_models import N_PREDICT, check_same, direct, make_model, probe  # noqa: F401
 
 

@@ -42,14 +42,14 @@ def model(tmp_path_factory) -> dict[str, Path]:
 
 
 @pytest.fixture(scope="module")
-def other(probe, model, direct) -> dict:  # noqa: F811
+def other(probe, model, direct) -> dict:
     """The probe on the other quantization's file: its own oracle, unlike the model's."""
     out = llama_client.run(model["repo"] / "m-other.gguf", "mmap", N_PREDICT, probe=probe)
     assert out["tokens"] != direct["mmap"]["tokens"]
     return out
 
 
-def load_both(mnt: Path, direct: dict, other: dict, probe: Path, modes=("mmap",)) -> None:  # noqa: F811
+def load_both(mnt: Path, direct: dict, other: dict, probe: Path, modes=("mmap",)) -> None:
     for mode in modes:
         check_same(llama_client.run(mnt / "m-Q4_K_M.gguf", mode, N_PREDICT, probe=probe), direct[mode], mode)
         check_same(llama_client.run(mnt / "m-other.gguf", mode, N_PREDICT, probe=probe), other, mode)
@@ -67,7 +67,7 @@ def https_mount(module_mounted, model):
 
 
 @pytest.mark.parametrize("mode", ["mmap", "dio"])
-def test_a_gguf_over_https(https_mount, direct, probe, mode):  # noqa: F811
+def test_a_gguf_over_https(https_mount, direct, probe, mode):
     mnt, server = https_mount
     check_same(llama_client.run(mnt / "one.gguf", mode, N_PREDICT, probe=probe), direct[mode], mode)
     assert any(" 206 " in line for line in server.access_log())
@@ -95,12 +95,12 @@ def s3_mount(s3, module_mounted):
 
 
 @pytest.mark.parametrize("mode", ["mmap", "dio"])
-def test_a_gguf_from_s3(s3_mount, direct, probe, mode):  # noqa: F811
+def test_a_gguf_from_s3(s3_mount, direct, probe, mode):
     mnt = s3_mount
     check_same(llama_client.run(mnt / "one.gguf", mode, N_PREDICT, probe=probe), direct[mode], mode)
 
 
-def test_an_s3_repository_of_two_quantizations(s3, mounted, direct, other, probe):  # noqa: F811
+def test_an_s3_repository_of_two_quantizations(s3, mounted, direct, other, probe):
     mnt = mounted("s3://models/quants/", *TIMEOUTS, env=s3.env())
     load_both(mnt, direct, other, probe, modes=("mmap", "dio"))
 
@@ -126,13 +126,13 @@ def hf_mount(hub, module_mounted):
 
 
 @pytest.mark.parametrize("mode", ["mmap", "dio"])
-def test_a_gguf_from_the_hub(hub, hf_mount, direct, probe, mode):  # noqa: F811
+def test_a_gguf_from_the_hub(hub, hf_mount, direct, probe, mode):
     mnt, cdn = hf_mount, hub[1]
     check_same(llama_client.run(mnt / "one.gguf", mode, N_PREDICT, probe=probe), direct[mode], mode)
     assert any(" 206 " in line for line in cdn.access_log())  # the CDN, per range
 
 
-def test_an_hf_repository_of_two_quantizations(hub, mounted, direct, other, probe):  # noqa: F811
+def test_an_hf_repository_of_two_quantizations(hub, mounted, direct, other, probe):
     stand_in, _ = hub
     mnt = mounted("hf://org/quants", *TIMEOUTS, env={"HF_ENDPOINT": stand_in.url})
     load_both(mnt, direct, other, probe, modes=("mmap", "dio"))

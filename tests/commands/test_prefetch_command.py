@@ -23,6 +23,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
+from itertools import pairwise
 from pathlib import Path
 
 import numpy as np
@@ -30,17 +31,17 @@ import pytest
 
 pytest.importorskip("urllib3")
 
-from cli_runs import one_error_line, run_cli  # noqa: E402
-from conftest import REPO, tmpfs, wait_until  # noqa: E402
-from faultproxy import FaultProxy  # noqa: E402
-from fixtures import quantized, write_gguf  # noqa: E402
-from multifile_sets import gguf_reference, gguf_tensors, write_split_gguf  # noqa: E402
-from servers import (OPEN_HEAD, WEAK_ETAG_TAIL, Nginx, data_ranges, free_port, nginx_origin,  # noqa: E402
+from cli_runs import one_error_line, run_cli
+from conftest import REPO, tmpfs, wait_until
+from faultproxy import FaultProxy
+from fixtures import quantized, write_gguf
+from multifile_sets import gguf_reference, gguf_tensors, write_split_gguf
+from servers import (OPEN_HEAD, WEAK_ETAG_TAIL, Nginx, data_ranges, free_port, nginx_origin,
                      require_nginx)
 
-from ckptfs.cache.chunks import CHUNK  # noqa: E402
-from ckptfs.cache.disk import DiskStore  # noqa: E402
-from ckptfs.cache.sparse_store import HEADER_SIZE as SPARSE_HEADER, RECORD  # noqa: E402
+from ckptfs.cache.chunks import CHUNK
+from ckptfs.cache.disk import DiskStore
+from ckptfs.cache.sparse_store import HEADER_SIZE as SPARSE_HEADER, RECORD
 
 MiB = 1 << 20
 
@@ -265,7 +266,7 @@ def test_the_warm_ups_last_round_is_spread_over_the_origins_slots(origin, tmp_pa
                      CKPTFS_REMOTE_IN_FLIGHT="2", timeout=120)
     assert result.returncode == 0, result.stderr
     fetched = sorted(data_ranges(server.ranges("spread.gguf", before), size))
-    assert sum(b - a for a, b in fetched) == size and all(a == b for (_, a), (b, _) in zip(fetched, fetched[1:]))
+    assert sum(b - a for a, b in fetched) == size and all(a == b for (_, a), (b, _) in pairwise(fetched))
     sizes = [b - a for a, b in fetched]
     assert max(sizes) == 4 * MiB and sizes[-1] < 4 * MiB and sizes[-2] < 4 * MiB, sizes
     assert len([n for n in sizes if n < 4 * MiB]) == 2, sizes  # the last round: one piece per slot

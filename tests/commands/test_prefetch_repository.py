@@ -23,15 +23,15 @@ import pytest
 
 pytest.importorskip("urllib3")
 
-from cli_runs import one_error_line, run_cli  # noqa: E402
-from conftest import mount_stats, wait_until  # noqa: E402
-from fixtures import quantized, write_gguf  # noqa: E402
-from multifile_sets import gguf_reference  # noqa: E402
-from hub_origin import hub_origin  # noqa: E402
-from servers import MotoS3, environment  # noqa: E402
+from cli_runs import one_error_line, run_cli
+from conftest import mount_stats, wait_until
+from fixtures import quantized, write_gguf
+from multifile_sets import gguf_reference
+from hub_origin import hub_origin
+from servers import MotoS3, environment
 
-from ckptfs.cache.chunks import CHUNK  # noqa: E402
-from ckptfs.cache.sparse_store import HEADER_SIZE as SPARSE_HEADER, RECORD  # noqa: E402
+from ckptfs.cache.chunks import CHUNK
+from ckptfs.cache.sparse_store import HEADER_SIZE as SPARSE_HEADER, RECORD
 
 MEMBERS = ("model-Q8_0", "model-F32")
 

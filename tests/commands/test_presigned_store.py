@@ -15,10 +15,10 @@ import pytest
 
 pytest.importorskip("urllib3")
 
-from cli_runs import mountpoint, run_cli  # noqa: E402,F401
-from conftest import ckptfs_cli, cli_env  # noqa: E402
-from fixtures import write_gguf  # noqa: E402
-from servers import Nginx, nginx_origin  # noqa: E402
+from cli_runs import mountpoint, run_cli  # noqa: F401
+from conftest import ckptfs_cli, cli_env
+from fixtures import write_gguf
+from servers import Nginx, nginx_origin
 
 VALUES = np.random.default_rng(5).standard_normal((2048, 2048)).astype(np.float32)  # 16 MiB
 SIZE = VALUES.nbytes

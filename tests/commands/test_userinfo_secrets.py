@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import base64
 import json
-import os
 import subprocess
 import urllib.request
 from pathlib import Path
@@ -20,11 +19,11 @@ import pytest
 
 pytest.importorskip("urllib3")
 
-from cli_runs import one_error_line, run_cli  # noqa: E402
-from conftest import ckptfs_cli, cli_env, mount_stats  # noqa: E402
-from fixtures import write_gguf  # noqa: E402
-from servers import Nginx, free_port, nginx_origin  # noqa: E402
-from users import AS_NOBODY, public_dir  # noqa: E402,F401
+from cli_runs import one_error_line, run_cli
+from conftest import ckptfs_cli, cli_env, mount_stats
+from fixtures import write_gguf
+from servers import Nginx, free_port, nginx_origin
+from users import AS_NOBODY, public_dir  # noqa: F401
 
 VALUES = np.random.default_rng(48).standard_normal((64, 64)).astype(np.float32)
 

@@ -122,7 +122,7 @@ def test_streams_are_advised_to_the_kernel(gguf_path, monkeypatch):
     # the stream's own stored bytes first; its window reaches past q.npy's end, so tensor-aware read-ahead
     # also advises the start of f, the tensor stored next (what a reader of every .npy in turn opens next)
     assert calls and q.offset <= calls[0][0] and calls[0][0] + calls[0][1] <= q.offset + q.stored_nbytes
-    assert all(q.offset <= o and o + n <= q.offset + q.stored_nbytes or f.offset <= o and o + n <= f.offset + f.stored_nbytes
+    assert all((q.offset <= o and o + n <= q.offset + q.stored_nbytes) or (f.offset <= o and o + n <= f.offset + f.stored_nbytes)
                for o, n, _ in calls)
 
 

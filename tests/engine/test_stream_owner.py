@@ -15,13 +15,13 @@ import pytest
 pytest.importorskip("urllib3")
 pytest.importorskip("gguf")
 
-import ckptfs  # noqa: E402
-from ckptfs.engine.decode_ahead import DecodeAhead  # noqa: E402
-from ckptfs.readahead import SequentialRun  # noqa: E402
-from ckptfs.sources.remote import fetch_ahead as remote_readahead  # noqa: E402
-from ckptfs.tree.mount_tree import MountTree  # noqa: E402
-from fixtures import quantized, write_gguf  # noqa: E402
-from servers import Nginx, require_nginx  # noqa: E402
+import ckptfs
+from ckptfs.engine.decode_ahead import DecodeAhead
+from ckptfs.readahead import SequentialRun
+from ckptfs.sources.remote import fetch_ahead as remote_readahead
+from ckptfs.tree.mount_tree import MountTree
+from fixtures import quantized, write_gguf
+from servers import Nginx, require_nginx
 
 STEP = 128 * 1024  # what the kernel asks per request
 ROWS, COLS = 2048, 4096  # Q8_0: 8.5 MiB stored, 32 MiB served as float32

@@ -19,10 +19,10 @@ import pytest
 
 pytest.importorskip("urllib3")
 
-from cli_runs import run_cli  # noqa: E402
-from conftest import ckptfs_cli, cli_env, force_unmount, is_mounted, wait_until  # noqa: E402
-from fixtures import write_gguf  # noqa: E402
-from servers import Nginx, require_nginx  # noqa: E402
+from cli_runs import run_cli
+from conftest import ckptfs_cli, cli_env, force_unmount, is_mounted, wait_until
+from fixtures import write_gguf
+from servers import Nginx, require_nginx
 
 VALUES = np.random.default_rng(5).standard_normal((256, 256)).astype(np.float32)
 

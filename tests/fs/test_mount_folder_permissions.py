@@ -94,7 +94,7 @@ def write_folder(folder: Path, outside: Path) -> None:
     folder.chmod(0o755)
 
 
-def test_a_second_user_reads_through_the_mount_only_what_they_can_read(public_dir, stranger, mounted):  # noqa: F811
+def test_a_second_user_reads_through_the_mount_only_what_they_can_read(public_dir, stranger, mounted):
     folder = public_dir / "model"
     write_folder(folder, public_dir / "outside-secret.txt")
     mnt = mounted(folder, "-o", "allow_other", mountpoint=place(public_dir, "mnt"))
@@ -120,7 +120,7 @@ def test_a_second_user_reads_through_the_mount_only_what_they_can_read(public_di
     assert readable(stranger, mnt) is not None  # the folder is 0755: its listing is theirs to read
 
 
-def test_a_repository_and_a_single_file_keep_their_files_modes(public_dir, stranger, mounted):  # noqa: F811
+def test_a_repository_and_a_single_file_keep_their_files_modes(public_dir, stranger, mounted):
     folder = public_dir / "repo"
     folder.mkdir()
     folder.chmod(0o755)
@@ -233,7 +233,7 @@ def _chmod_and_wait(path: Path, mode: int) -> None:
     time.sleep(HONOURED_WITHIN_S)
 
 
-def test_a_chmod_after_the_mount_is_honoured(public_dir, stranger, mounted):  # noqa: F811
+def test_a_chmod_after_the_mount_is_honoured(public_dir, stranger, mounted):
     folder = _open_folder(public_dir / "model", 2)
     mnt = mounted(folder, "-o", "allow_other", mountpoint=place(public_dir, "mnt"))
     shard = "model-00001-of-00002.safetensors"
@@ -250,7 +250,7 @@ def test_a_chmod_after_the_mount_is_honoured(public_dir, stranger, mounted):  # 
     assert readable(stranger, mnt / "config.json") == (folder / "config.json").read_bytes()
 
 
-def test_a_folder_below_a_closed_folder_stays_closed(public_dir, stranger, mounted):  # noqa: F811
+def test_a_folder_below_a_closed_folder_stays_closed(public_dir, stranger, mounted):
     parent = public_dir / "p"
     parent.mkdir(mode=0o700)
     folder = _open_folder(parent / "m", 1)
@@ -268,7 +268,7 @@ def test_a_folder_below_a_closed_folder_stays_closed(public_dir, stranger, mount
 
 
 @pytest.fixture
-def llama_folder(public_dir) -> Path:  # noqa: F811
+def llama_folder(public_dir) -> Path:
     pytest.importorskip("transformers")
     pytest.importorskip("gguf")
     from gguf_view_models import make_llama
@@ -282,7 +282,7 @@ def llama_folder(public_dir) -> Path:  # noqa: F811
 
 
 def test_the_gguf_view_is_no_more_open_than_each_file_it_is_made_from(llama_folder, public_dir, stranger,
-                                                                       mounted):  # noqa: F811
+                                                                       mounted):
     mnt = mounted(llama_folder, "--gguf", "-o", "allow_other", mountpoint=place(public_dir, "mnt"))
     view = mnt / "gguf" / "model.gguf"
     assert readable(stranger, view) == view.read_bytes()
@@ -300,7 +300,7 @@ def test_the_gguf_view_is_no_more_open_than_each_file_it_is_made_from(llama_fold
 
 
 def test_a_file_the_listing_leaves_out_is_never_read_into_a_view(llama_folder, public_dir, stranger,
-                                                                  mounted):  # noqa: F811
+                                                                  mounted):
     from tokenizers import Tokenizer
 
     outside = public_dir / "outside-tokenizer.json"

@@ -26,7 +26,7 @@ from gguf import GGUFReader
 from mount_expect import read_direct
 from multifile_sets import gguf_tensors, write_split_gguf
 from multifile_sets import check_merged
-from mount_expect import check_same_file, descriptors_on  # noqa: F401
+from mount_expect import check_same_file, descriptors_on
 
 MiB = 1 << 20
 

@@ -10,9 +10,9 @@ import pytest
 
 pytest.importorskip("redis")
 
-from cli_runs import run_cli  # noqa: E402
-from conftest import ckptfs_cli, cli_env, force_unmount, is_mounted, wait_until  # noqa: E402
-from redis_server import RedisServer  # noqa: E402
+from cli_runs import run_cli
+from conftest import ckptfs_cli, cli_env, force_unmount, is_mounted, wait_until
+from redis_server import RedisServer
 
 WARNING = "no --cache-key-file, so its values are trusted as-is"
 

@@ -11,7 +11,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/, for fixtures.py when run as a script
 
-from fixtures import VT, Written, quantized, write_gguf, write_safetensors  # noqa: E402
+from fixtures import VT, Written, quantized, write_gguf, write_safetensors
 
 
 def gguf_seeds(folder: Path) -> list[tuple[Path, int]]:

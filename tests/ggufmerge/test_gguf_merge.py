@@ -11,7 +11,7 @@ import pytest
 from gguf import GGUFReader
 from hf_models import sentencepiece_vocab, split_copy, write_model
 from multifile_sets import gguf_tensors, write_split_gguf
-from multifile_sets import check_merged  # noqa: F401
+from multifile_sets import check_merged
 from multifile_sets import _fields, _tensors  # noqa: F401
 
 

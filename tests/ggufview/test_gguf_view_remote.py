@@ -28,7 +28,7 @@ def folders(tmp_path_factory) -> dict[str, Path]:
 
 
 @pytest.mark.parametrize("name", ["tiny-qwen2", "tiny-bert"])
-def test_hf_folder_equal_to_the_converter(mounted, folders, converter, tmp_path, name):  # noqa: F811
+def test_hf_folder_equal_to_the_converter(mounted, folders, converter, tmp_path, name):
     pytest.importorskip("huggingface_hub")
     require_nginx()
     cdn = tmp_path / "cdn"
@@ -41,7 +41,7 @@ def test_hf_folder_equal_to_the_converter(mounted, folders, converter, tmp_path,
             assert any(path.endswith("/model.safetensors") for _, path, _ in hub.requests)
 
 
-def test_s3_folder_equal_to_the_converter(mounted, folders, converter, tmp_path):  # noqa: F811
+def test_s3_folder_equal_to_the_converter(mounted, folders, converter, tmp_path):
     boto3 = pytest.importorskip("boto3")
     folder = folders["tiny-qwen2"]
     reference = convert(folder, tmp_path / "converted.gguf", "q8_0", pre=PRE["tiny-qwen2"])

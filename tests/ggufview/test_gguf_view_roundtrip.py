@@ -26,7 +26,7 @@ pytest.importorskip("gguf")
 SKELETON = REPO / "scripts" / "real-shapes" / "gemma3-270m-q4_k_m.json"
 
 
-def test_hf_folder_of_a_gguf_mount_round_trips(mounted, converter, tmp_path):  # noqa: F811
+def test_hf_folder_of_a_gguf_mount_round_trips(mounted, converter, tmp_path):
     source = tmp_path / "gemma3.gguf"
     subprocess.run([sys.executable, str(REPO / "scripts" / "make_realistic_gguf.py"), str(source),
                     "--shapes", str(SKELETON)], check=True, capture_output=True, timeout=300)

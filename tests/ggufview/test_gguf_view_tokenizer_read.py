@@ -43,7 +43,7 @@ def test_a_tokenizer_json_that_transformers_reads_alike_is_read_without_transfor
 
 
 def test_a_folder_transformers_reads_differently_goes_through_transformers_and_equals_the_converter(
-        qwen2, tmp_path, mounted_gguf, converter):  # noqa: F811
+        qwen2, tmp_path, mounted_gguf, converter):
     folder = tmp_path / "tiny-qwen2-config"
     subprocess.run(["cp", "-r", str(qwen2), str(folder)], check=True)
     config_path = folder / "tokenizer_config.json"

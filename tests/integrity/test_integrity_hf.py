@@ -12,13 +12,13 @@ import pytest
 
 pytest.importorskip("urllib3")
 
-from conftest import ckptfs_cli, cli_env  # noqa: E402
-from fixtures import write_mixed_gguf  # noqa: E402
-from integrity_fixtures import flip, reference_tensors  # noqa: E402
-from servers import HubStandIn, Nginx  # noqa: E402
+from conftest import ckptfs_cli, cli_env
+from fixtures import write_mixed_gguf
+from integrity_fixtures import flip, reference_tensors
+from servers import HubStandIn, Nginx
 
-import ckptfs  # noqa: E402
-from ckptfs.integrity.manifest import build_manifest  # noqa: E402
+import ckptfs
+from ckptfs.integrity.manifest import build_manifest
 
 URL = "hf://org/model/mixed.gguf"
 

@@ -124,7 +124,7 @@ def test_rewrite_keeping_size_and_mtime_is_caught(tmp_path):
     with ckptfs.open(path, manifest=manifest) as ck:
         with pytest.raises(IntegrityError, match="tensor 'w'"):
             ck["w"].numpy()
-        with pytest.raises(IntegrityError, match="^[^']*tensor 'w': stored"):  # named once, still an IntegrityError
+        with pytest.raises(IntegrityError, match=r"^[^']*tensor 'w': stored"):  # named once, still an IntegrityError
             ckptfs.load_batch(ck, ["b", "w"])
         np.testing.assert_array_equal(ck["b"].numpy(), np.ones(16, np.float32))
 

@@ -184,7 +184,7 @@ def test_saved_by_transformers(tmp_path, bits):
 
 # ------------------------------------------------------------------------------------------ refused layers
 
-def _state(**doc) -> "torch.Tensor":
+def _state(**doc) -> torch.Tensor:
     import json
     base = {"quant_type": "nf4", "blocksize": 64, "dtype": "bfloat16", "shape": [8, 16]}
     base.update(doc)

@@ -40,7 +40,7 @@ def expected_path(name: str) -> str:
 
 def files_under(mnt: Path) -> set[str]:
     found = set()
-    for root, dirs, files in os.walk(mnt):
+    for root, _dirs, files in os.walk(mnt):
         for f in files:
             found.add(os.path.relpath(os.path.join(root, f), mnt))
     return found

@@ -20,6 +20,7 @@ import subprocess
 import threading
 import urllib.parse
 import urllib.request
+from itertools import pairwise
 from pathlib import Path
 
 import numpy as np
@@ -110,7 +111,7 @@ def test_read_bytes_count_exactly_what_readers_got(mnt, source):
         assert read_bytes(after, kind) - read_bytes(before, kind) == n, kind
     assert read_bytes(after, "file") == read_bytes(after, "hf") == 0
     series = [before, *scrapes, after]
-    for a, b in zip(series, series[1:]):
+    for a, b in pairwise(series):
         for key in ("npy", "raw"):
             assert value(b, "ckptfs_read_bytes_total", kind=key) >= value(a, "ckptfs_read_bytes_total", kind=key)
     # every read answered in Python was counted as a read request, and timed; those answered in C (the .raw,

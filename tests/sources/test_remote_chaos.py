@@ -24,10 +24,10 @@ import pytest
 
 pytest.importorskip("urllib3")
 
-from conftest import mount_stats, pid_alive  # noqa: E402
-from faultproxy import FaultProxy  # noqa: E402
-from fixtures import write_gguf  # noqa: E402
-from servers import nginx_origin  # noqa: E402
+from conftest import mount_stats, pid_alive
+from faultproxy import FaultProxy
+from fixtures import write_gguf
+from servers import nginx_origin
 
 MiB = 1 << 20
 THREADS, READS = 16, 40

@@ -17,13 +17,13 @@ import pytest
 
 pytest.importorskip("urllib3")
 
-from ckptfs.core.errors import CheckpointError  # noqa: E402
-from ckptfs.sources import Opener  # noqa: E402
-from ckptfs.sources.netstats import COUNTERS  # noqa: E402
-from ckptfs.core.options import OpenOptions  # noqa: E402
-from ckptfs.sources.remote.options import RemoteOptions  # noqa: E402
-from faultproxy import FaultProxy  # noqa: E402
-from servers import Nginx, require_nginx  # noqa: E402
+from ckptfs.core.errors import CheckpointError
+from ckptfs.sources import Opener
+from ckptfs.sources.netstats import COUNTERS
+from ckptfs.core.options import OpenOptions
+from ckptfs.sources.remote.options import RemoteOptions
+from faultproxy import FaultProxy
+from servers import Nginx, require_nginx
 
 SIZE = 6 * 1024 * 1024 + 12345
 TIMEOUT, STALL = 4.0, 1.0

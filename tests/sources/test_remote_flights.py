@@ -21,14 +21,14 @@ import pytest
 
 pytest.importorskip("urllib3")
 
-from ckptfs.cache.names import name_path  # noqa: E402
-from ckptfs.cache.chunks import CHUNK, MEMORY, chunk_key  # noqa: E402
-from ckptfs.sources import Opener  # noqa: E402
-from ckptfs.core.options import OpenOptions  # noqa: E402
-from ckptfs.sources.remote.options import RemoteOptions  # noqa: E402
-from ckptfs.sources.remote.transport import record_name  # noqa: E402
-from ckptfs.sources.remote.warmup import warm  # noqa: E402
-from servers import data_ranges, nginx_origin, same_bytes  # noqa: E402
+from ckptfs.cache.names import name_path
+from ckptfs.cache.chunks import CHUNK, MEMORY, chunk_key
+from ckptfs.sources import Opener
+from ckptfs.core.options import OpenOptions
+from ckptfs.sources.remote.options import RemoteOptions
+from ckptfs.sources.remote.transport import record_name
+from ckptfs.sources.remote.warmup import warm
+from servers import data_ranges, nginx_origin, same_bytes
 
 MiB = 1 << 20
 

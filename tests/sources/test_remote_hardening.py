@@ -28,12 +28,12 @@ import pytest
 
 pytest.importorskip("urllib3")
 
-import ckptfs  # noqa: E402
-from ckptfs.core.errors import CheckpointError  # noqa: E402
-from conftest import ckptfs_cli, cli_env, force_unmount, mount_stats  # noqa: E402
-from faultproxy import FaultProxy  # noqa: E402
-from fixtures import write_gguf  # noqa: E402
-from servers import Nginx, free_port, require_nginx, wait_for_port  # noqa: E402
+import ckptfs
+from ckptfs.core.errors import CheckpointError
+from conftest import ckptfs_cli, cli_env, force_unmount, mount_stats
+from faultproxy import FaultProxy
+from fixtures import write_gguf
+from servers import Nginx, free_port, require_nginx, wait_for_port
 
 SECRET = "SEKRET123"
 SHAPE = (1024, 1024)  # float32: 4 MiB of data, past the 2 MiB the open fetches

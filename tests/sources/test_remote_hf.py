@@ -113,7 +113,7 @@ def test_missing_token_is_named_in_one_line(hub, monkeypatch):
     with pytest.raises(CheckpointError, match=r"access denied \(HTTP 401; sent no token") as info:
         ckptfs.open("hf://org/gguf-model/mixed.gguf", timeout=10)
     assert "\n" not in str(info.value) and TOKEN not in str(info.value)
-    with pytest.raises(CheckpointError, match="not accessible|HTTP 401"):
+    with pytest.raises(CheckpointError, match=r"not accessible|HTTP 401"):
         ckptfs.open("hf://org/st-model", timeout=10)
 
 

@@ -23,12 +23,12 @@ import pytest
 
 pytest.importorskip("huggingface_hub")
 
-from cli_runs import one_error_line, run_cli  # noqa: E402
-from fixtures import write_gguf  # noqa: E402
-from hub_origin import hub_origin  # noqa: E402
-from servers import free_port  # noqa: E402
+from cli_runs import one_error_line, run_cli
+from fixtures import write_gguf
+from hub_origin import hub_origin
+from servers import free_port
 
-from ckptfs.util.names import NAME_MAX  # noqa: E402
+from ckptfs.util.names import NAME_MAX
 
 LONG = "x" * 300 + ".bin"
 WITH_NUL = "nul\x00name.bin"

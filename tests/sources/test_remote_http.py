@@ -20,13 +20,13 @@ import pytest
 
 pytest.importorskip("urllib3")
 
-import ckptfs  # noqa: E402
-from ckptfs.core.errors import CheckpointError  # noqa: E402
-from conftest import REPO, mount_stats  # noqa: E402
-from faultproxy import FaultProxy  # noqa: E402
-from fixtures import big_vocab_gguf, write_gguf, write_mixed_gguf, quantized  # noqa: E402
-from servers import Nginx, require_nginx  # noqa: E402
-from servers import requests_since  # noqa: F401
+import ckptfs
+from ckptfs.core.errors import CheckpointError
+from conftest import REPO, mount_stats
+from faultproxy import FaultProxy
+from fixtures import big_vocab_gguf, write_gguf, write_mixed_gguf, quantized
+from servers import Nginx, require_nginx
+from servers import requests_since
 from servers import OPEN_HEAD, data_ranges, is_tail_check
 
 MiB = 1 << 20

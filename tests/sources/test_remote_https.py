@@ -22,10 +22,10 @@ import pytest
 
 pytest.importorskip("urllib3")
 
-import ckptfs  # noqa: E402
-from conftest import ckptfs_cli, cli_env, is_mounted, require_fuse  # noqa: E402
-from fixtures import write_mixed_gguf  # noqa: E402
-from servers import Nginx, TestCA, require_nginx  # noqa: E402
+import ckptfs
+from conftest import ckptfs_cli, cli_env, is_mounted, require_fuse
+from fixtures import write_mixed_gguf
+from servers import Nginx, TestCA, require_nginx
 
 TLS_VARIABLES = ("SSL_CERT_FILE", "SSL_CERT_DIR", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE")
 

@@ -15,14 +15,14 @@ import pytest
 
 pytest.importorskip("urllib3")
 
-import ckptfs  # noqa: E402
-from ckptfs.core.errors import CheckpointError  # noqa: E402
-from ckptfs.sources.netstats import COUNTERS  # noqa: E402
-from faultproxy import FaultProxy  # noqa: E402
-from fixtures import quantized, write_gguf  # noqa: E402
-from multifile_sets import safetensors_tensors, write_safetensors_set  # noqa: E402
-from safetensors.numpy import load_file  # noqa: E402
-from servers import Nginx, require_nginx  # noqa: E402
+import ckptfs
+from ckptfs.core.errors import CheckpointError
+from ckptfs.sources.netstats import COUNTERS
+from faultproxy import FaultProxy
+from fixtures import quantized, write_gguf
+from multifile_sets import safetensors_tensors, write_safetensors_set
+from safetensors.numpy import load_file
+from servers import Nginx, require_nginx
 
 MiB = 1 << 20
 

@@ -28,13 +28,13 @@ import pytest
 
 pytest.importorskip("urllib3")
 
-from ckptfs.engine.parallel import spread  # noqa: E402
-from ckptfs.readahead import Scheduler  # noqa: E402
-from ckptfs.sources.remote.outage import Admission, Outage  # noqa: E402
-from ckptfs.sources.remote.context import deadline_scope, read_deadline  # noqa: E402
-from conftest import mount_stats, pid_alive, wait_until  # noqa: E402
-from fixtures import quantized, write_gguf  # noqa: E402
-from servers import Nginx, nginx_origin  # noqa: E402
+from ckptfs.engine.parallel import spread
+from ckptfs.readahead import Scheduler
+from ckptfs.sources.remote.outage import Admission, Outage
+from ckptfs.sources.remote.context import deadline_scope, read_deadline
+from conftest import mount_stats, pid_alive, wait_until
+from fixtures import quantized, write_gguf
+from servers import Nginx, nginx_origin
 
 MiB = 1 << 20
 TIMEOUT = 5

@@ -18,12 +18,12 @@ import pytest
 
 pytest.importorskip("urllib3")
 
-from ckptfs.origins.limit import REPROBE_EPOCHS, OriginLimit  # noqa: E402
-from ckptfs.sources import Opener  # noqa: E402
-from ckptfs.core.options import OpenOptions  # noqa: E402
-from ckptfs.sources.remote.options import RemoteOptions  # noqa: E402
-from faultproxy import FaultProxy  # noqa: E402
-from servers import Nginx, nginx_origin, require_nginx, same_bytes  # noqa: E402
+from ckptfs.origins.limit import REPROBE_EPOCHS, OriginLimit
+from ckptfs.sources import Opener
+from ckptfs.core.options import OpenOptions
+from ckptfs.sources.remote.options import RemoteOptions
+from faultproxy import FaultProxy
+from servers import Nginx, nginx_origin, require_nginx, same_bytes
 
 MiB = 1 << 20
 SIZE = 160 * MiB

@@ -11,11 +11,11 @@ import pytest
 
 pytest.importorskip("urllib3")
 
-from ckptfs.sources import Opener  # noqa: E402
-from ckptfs.cache.chunks import CHUNK  # noqa: E402
-from ckptfs.core.options import OpenOptions  # noqa: E402
-from ckptfs.sources.remote.options import RemoteOptions  # noqa: E402
-from servers import Nginx, require_nginx  # noqa: E402
+from ckptfs.sources import Opener
+from ckptfs.cache.chunks import CHUNK
+from ckptfs.core.options import OpenOptions
+from ckptfs.sources.remote.options import RemoteOptions
+from servers import Nginx, require_nginx
 
 MiB = 1 << 20
 

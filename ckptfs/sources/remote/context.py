@@ -36,7 +36,7 @@ class _Scope:
     once: bool = False             # one attempt only: a stored copy is served when it fails (an open)
 
 
-_scope: contextvars.ContextVar[_Scope] = contextvars.ContextVar("ckptfs_read_scope", default=_Scope())
+_scope: contextvars.ContextVar[_Scope] = contextvars.ContextVar("ckptfs_read_scope", default=_Scope())  # noqa: B039 - frozen
 
 
 @contextlib.contextmanager

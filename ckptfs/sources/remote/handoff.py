@@ -10,6 +10,7 @@ for any other fetch under way (their flights), and fetches a piece itself if its
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable
 
@@ -32,7 +33,7 @@ def hand_out(name: str, runs: list[tuple[int, int]], step: int,
         mine.append((start, min(stop, start + step)))
         for first in range(start + step, stop, step):
             last = min(stop, first + step)
-            job = (lambda a=first, b=last: _fetch_handed(name, fetch, a, b))
+            job = functools.partial(_fetch_handed, name, fetch, first, last)
             if SCHEDULER.submit("fetch", job, (last - first) * CHUNK, cap=FETCH_BUDGET) is None:
                 mine.append((first, last))
             else:

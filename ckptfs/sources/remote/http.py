@@ -41,7 +41,6 @@ import email.utils
 import logging
 import os
 import re
-import socket
 import ssl
 import threading
 import time
@@ -233,7 +232,7 @@ class HttpClient:
                                              timeout=urllib3.Timeout(connect=wait, read=wait))
         except urllib3.exceptions.NewConnectionError as exc:  # a subclass of the timeout error, but refused
             raise Retryable(f"connection failed: {_reason(exc)}") from None
-        except (urllib3.exceptions.TimeoutError, socket.timeout):
+        except (TimeoutError, urllib3.exceptions.TimeoutError):
             if by_deadline:
                 raise Retryable("had no answer yet", deadline=True) from None
             raise stalled("no answer", self.options) from None
@@ -513,7 +512,7 @@ class HttpSource(RemoteSource):
                     sock.settimeout(wait)
                 try:
                     piece = resp.read1(min(CHUNK - filled, expected - got), decode_content=False)
-                except (urllib3.exceptions.TimeoutError, socket.timeout):
+                except (TimeoutError, urllib3.exceptions.TimeoutError):
                     if by_deadline:
                         raise Retryable(f"had received {got} of {expected} bytes", deadline=True) from None
                     raise stalled("the body stalled", self.options, f" after {got} of {expected} bytes") from None

@@ -140,7 +140,7 @@ class RemoteSource(ByteSource):
             return
         try:
             disk.pin(self.content_id(), record_name(self.name), record)
-        except Exception:  # noqa: BLE001 - a store that fails costs the offline open, never this one
+        except Exception:  # a store that fails costs the offline open, never this one
             log.debug("%s: the cache folder's name record not kept", public_name(self.name), exc_info=True)
 
     def content_id(self) -> str:

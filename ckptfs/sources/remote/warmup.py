@@ -649,7 +649,7 @@ class BackgroundWarmup:
             self.error = f"{type(exc).__name__}: {exc}"
         try:
             self._stored_at_end = stored_in_folder(sources)
-        except Exception:  # noqa: BLE001 - the figure for the stats; its lack leaves the last progress
+        except Exception:  # the figure for the stats; its lack leaves the last progress
             log.debug("prefetch of %s: the cache folder could not be measured", self.name, exc_info=True)
         report = self.report  # None only when it failed (the error set)
         if self.error is None and report is not None and report.errors:
