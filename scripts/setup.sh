@@ -86,6 +86,8 @@ log "llama.cpp (libllama + the client probe) for the client tests, cached in /va
 PYTHON="$ROOT/.venv/bin/python" bash scripts/build_llama_cpp.sh
 log "venv .venv-np1 (numpy 1.26) for the dequantization tests"
 make_venv "$ROOT/.venv-np1" "numpy==1.26.*" -e "$ROOT[test]"
+log "venv .venv-core (the core dependencies alone, no extra) where the type check runs again"
+make_venv "$ROOT/.venv-core" -e "$ROOT" "mypy>=1.10"
 
 if [ "${1:-}" = "--demo" ]; then
     log "demo: generate a small mixed-type GGUF, mount it, list it, load a tensor"

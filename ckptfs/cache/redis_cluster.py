@@ -74,7 +74,7 @@ class RedisClusterTier(RedisTier):
         from redis.retry import Retry
 
         connect_timeout, op_timeout = self._timeouts
-        nodes = [ClusterNode(host, port) for host, port in self.seeds]  # type: ignore[no-untyped-call]
+        nodes = [ClusterNode(host, port) for host, port in self.seeds]  # type: ignore[no-untyped-call, unused-ignore]
         return RedisCluster(startup_nodes=nodes,
                             socket_connect_timeout=connect_timeout, socket_timeout=op_timeout,
                             retry=Retry(NoBackoff(), 0), require_full_coverage=False)

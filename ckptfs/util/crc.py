@@ -12,17 +12,23 @@ from __future__ import annotations
 
 import functools
 import zlib
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from _typeshed import ReadableBuffer
 
 
 @functools.cache
-def _implementation():
+def _implementation() -> Callable[[ReadableBuffer, int], int]:
     try:
         from isal.isal_zlib import crc32 as isal_crc32
     except ImportError:  # the optional speed-up is not installed: zlib's own, same values
         return zlib.crc32
-    return isal_crc32
+    isal: Callable[[ReadableBuffer, int], int] = isal_crc32  # zlib's signature (untyped where isal is absent)
+    return isal
 
 
-def crc32(data, value: int = 0) -> int:
+def crc32(data: ReadableBuffer, value: int = 0) -> int:
     """``zlib.crc32(data, value)`` (unsigned), computed by the fastest implementation installed."""
     return _implementation()(data, value)

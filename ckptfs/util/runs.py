@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 
-def runs(indexes) -> list[tuple[int, int]]:
+
+def runs(indexes: Iterable[int]) -> list[tuple[int, int]]:
     """Sorted ``indexes`` as contiguous ``[start, stop)`` runs."""
     out: list[tuple[int, int]] = []
     for i in indexes:
