@@ -54,7 +54,8 @@ def load_batch(src, names, *, stack=False):
 
 
 def hf_folder(src, dtype="bfloat16", **open_kwargs):
-    """A GGUF (file, split-set shard or open Checkpoint) as a Hugging Face model folder: file name -> View,
-    ``.read(name)``, ``.write_to(dir)``. Needs ckptfs[hf], imported only now. See ckptfs.hffolder.hf_folder."""
+    """A GGUF (file, split-set shard or open Checkpoint) as a Hugging Face model folder, or a quantized
+    safetensors folder as its unquantized release: file name -> View, ``.read(name)``, ``.write_to(dir)``. A
+    GGUF's needs ckptfs[hf], imported only now. See ckptfs.hffolder.hf_folder."""
     from ckptfs.hffolder import hf_folder as make_folder
     return make_folder(src, dtype=dtype, **open_kwargs)

@@ -98,6 +98,17 @@ class Tensor:
             self._data = TensorData(self.info, self.codec, self.dtype, self._ck.sources, self._ck.cache)
         return self._data
 
+    def values_as(self, dtype: np.dtype) -> TensorValues:
+        """The values read through as ``dtype`` whatever the checkpoint's dtype mode: hf/ rounds each float32
+        value once to its own dtype, never a float16 one again (a view answers with its own kind:
+        ``PackedTensor.values_as``)."""
+        if self.dtype is not None and np.dtype(dtype) == self.dtype:
+            return self.data
+        if self.codec is None:
+            raise CheckpointError(self.info.source, self.info.offset,
+                                  f"tensor {self.name!r}: cannot decode: {self.info.damaged or 'no codec'}")
+        return TensorData(self.info, self.codec, np.dtype(dtype), self._ck.sources, self._ck.cache)
+
     @property
     def ndim(self) -> int:
         return len(self.shape)
@@ -484,6 +495,13 @@ class Checkpoint(Mapping[str, Tensor]):
         if index is None or index >= len(self.parsed.tensors):
             raise KeyError(name)
         return self.tensors[index]
+
+    def release_names(self) -> list[str]:
+        """The names of the unquantized release's state dict: every decodable, undamaged tensor, a quantized
+        layer's view under its name and none of the stored parts a present view is computed from
+        (``qweight``, ``weight_scale_inv``, ``input_scale``...). ``ckptfs.load``'s default and hf/'s tensors."""
+        parts = {p for row in self.packed_views if row["present"] for p in row["parts"] if p != row["name"]}
+        return [n for n in self if n not in parts and self[n].decodable and not self[n].info.damaged]
 
     def damaged(self) -> list[Tensor]:
         return [self.tensors[i] for i in self.tensors.damaged_indices()]

@@ -75,9 +75,10 @@ def main() -> None:
               help="tree: dotted tensor names as folders (blk/0/attn_q.weight.npy).")
 @click.option("--metrics", default=None, metavar="[HOST:]PORT",
               help="Serve Prometheus metrics at http://HOST:PORT/metrics (HOST: 127.0.0.1; needs ckptfs[metrics]).")
-@click.option("--hf", is_flag=True, help="Add hf/: the GGUF as a Hugging Face model folder (needs ckptfs[hf]).")
+@click.option("--hf", is_flag=True, help="Add hf/: a GGUF as a Hugging Face model folder (needs ckptfs[hf]), or a quantized "
+                   "folder's unquantized release.")
 @click.option("--hf-dtype", type=click.Choice(["bfloat16", "float16", "float32"]), default="bfloat16",
-              show_default=True, help="dtype of hf/model.safetensors.")
+              show_default=True, help="dtype of hf/'s safetensors files.")
 @click.option("--gguf", is_flag=True,
               help="Add gguf/model.gguf: a Hugging Face folder as llama.cpp's converter writes it "
                    "(needs ckptfs[gguf]).")
@@ -128,7 +129,7 @@ def umount(mountpoint, verbose):
                   "manifest": "it reads no tensor bytes to check (ckptfs verify does)"})
 @verbose_option
 @click.option("--hf", "hf", is_flag=True,
-              help="Also say whether a mount with --hf gets hf/, or why not (imports transformers).")
+              help="Also say whether a mount with --hf gets hf/, or why not (a GGUF's: imports transformers).")
 @click.option("--gguf", "gguf", is_flag=True,
               help="Also say whether a mount with --gguf gets gguf/model.gguf, or why not (builds its header).")
 @click.option("--all", "every", is_flag=True, help="List every file and checkpoint (the text form shows the first 20).")

@@ -77,18 +77,16 @@ def _packed_views(ck: Checkpoint) -> dict[str, Any] | None:
 
 
 def _hf_folder(ck: Checkpoint) -> str | None:
-    """For a GGUF: whether a mount with --hf gets an hf/ folder, and if not, why (None for other formats).
-    The folder is built as the mount builds it (config, tokenizer, the tensor plan; seconds for a big
-    vocabulary), so "available" is what the mount then serves."""
-    if ck.format != "gguf":
+    """For a GGUF or a safetensors folder: whether a mount with --hf gets an hf/ folder, and if not, why (None
+    for other formats). The folder is built as the mount builds it (a GGUF's config, tokenizer and tensor plan:
+    seconds for a big vocabulary; a quantized folder's release), so "available" is what the mount then serves."""
+    if ck.format not in ("gguf", "safetensors"):
         return None
-    from ckptfs.hffolder import Unsupported, unavailable_reason
+    from ckptfs.hffolder import Unsupported, build, unavailable_reason
 
     reason = unavailable_reason(ck)
     if reason is None:
-        from ckptfs.hffolder.folder import HfFolder
-
-        folder, reason, _ = build_or_reason(lambda: HfFolder(ck), Unsupported, log)
+        folder, reason, _ = build_or_reason(lambda: build(ck), Unsupported, log)
         if folder is not None:
             return f"available (mount with --hf): {len(folder)} files"
     return f"none: {reason}"

@@ -55,8 +55,8 @@ class MountRequest:
     open_options: OpenOptions = OpenOptions()
     log_file: str | None = None
     verbose: bool = False
-    hf: bool = False  # add hf/ (a Hugging Face folder) to a GGUF mount
-    hf_dtype: str = "bfloat16"  # dtype of hf/model.safetensors
+    hf: bool = False  # add hf/ (a Hugging Face folder: a GGUF's, or a quantized folder's release)
+    hf_dtype: str = "bfloat16"  # dtype of hf/'s safetensors files
     gguf: bool = False  # add gguf/model.gguf (the converter's GGUF) to a Hugging Face folder's mount
     gguf_type: str = "auto"  # its output type: auto, f32, f16, bf16, q8_0
     log_format: str = "text"

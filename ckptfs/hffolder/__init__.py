@@ -1,7 +1,10 @@
-"""A GGUF as a Hugging Face model folder (``hf/`` in a mount with ``--hf``; ``ckptfs.hf_folder(src)``).
+"""A checkpoint as a Hugging Face model folder (``hf/`` in a mount with ``--hf``; ``ckptfs.hf_folder(src)``):
+a GGUF as the folder transformers would build from it, a quantized safetensors folder as its unquantized
+release.
 
-Needs the optional extra ``ckptfs[hf]`` (transformers, torch, gguf-py's tables); ``import ckptfs`` never
-imports this package's dependencies, and neither does a mount without ``--hf``.
+A GGUF's folder needs the optional extra ``ckptfs[hf]`` (transformers, torch, gguf-py's tables); the release of
+a quantized folder needs nothing more than ckptfs. ``import ckptfs`` never imports these dependencies, and
+neither does a mount without ``--hf``.
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ import sys
 from ckptfs.hffolder.config import Unsupported
 
 INSTALL_HINT = "pip install 'ckptfs[hf]' (transformers, torch and gguf)"
-__all__ = ["HfFolder", "Unsupported", "hf_folder", "missing_packages", "unavailable_reason", "INSTALL_HINT"]
+__all__ = ["HfFolder", "Unsupported", "build", "hf_folder", "missing_packages", "unavailable_reason", "INSTALL_HINT"]
 
 
 def missing_packages() -> list[str]:
@@ -27,9 +30,14 @@ def _importable(name: str) -> bool:
 
 
 def unavailable_reason(checkpoint) -> str | None:
-    """Why this checkpoint gets no hf/ folder (one line), or None when it gets one. Cheap: builds nothing."""
+    """Why this checkpoint gets no hf/ folder (one line), or None when it gets one. Cheap: builds nothing.
+    A GGUF's folder needs transformers; a quantized safetensors folder's release (``dense``) needs none."""
+    if checkpoint.format == "safetensors":
+        from ckptfs.hffolder.dense import release_problem
+
+        return release_problem(checkpoint)
     if checkpoint.format != "gguf":
-        return f"hf/ is made from GGUF checkpoints; this one is {checkpoint.format}"
+        return f"hf/ is made from a GGUF or a quantized safetensors folder; this is {checkpoint.format}"
     missing = missing_packages()
     if missing:
         return f"{', '.join(missing)} not installed: {INSTALL_HINT}"
@@ -42,18 +50,31 @@ def unavailable_reason(checkpoint) -> str | None:
     return None
 
 
-def hf_folder(src, dtype: str = "bfloat16", **open_kwargs):
-    """``src`` (a GGUF file or any shard of a split set) as an HfFolder: file name -> View, ``.read(name)``,
-    ``.write_to(directory)``. Raises Unsupported (one line) when transformers cannot map the architecture."""
-    from ckptfs.checkpoint.api import Checkpoint, open as open_checkpoint
+def build(checkpoint, dtype: str = "bfloat16"):
+    """The hf/ folder of ``checkpoint``: a GGUF's (``folder.HfFolder``) or a quantized safetensors folder's
+    unquantized release (``dense.DenseFolder``); Unsupported (one line) when it has none."""
+    if checkpoint.format == "safetensors":
+        from ckptfs.hffolder.dense import DenseFolder
+
+        return DenseFolder(checkpoint, dtype)
     from ckptfs.hffolder.folder import HfFolder
 
-    missing = missing_packages()
-    if missing:
-        raise Unsupported(f"{', '.join(missing)} not installed: {INSTALL_HINT}")
+    return HfFolder(checkpoint, dtype)
+
+
+def hf_folder(src, dtype: str = "bfloat16", **open_kwargs):
+    """``src`` as an hf/ folder: file name -> View, ``.read(name)``, ``.write_to(directory)``. ``src``: a GGUF
+    file or any shard of a split set (a folder transformers can load, needs ckptfs[hf]), or a quantized
+    safetensors folder (its unquantized release; needs nothing more). Raises Unsupported (one line) when it
+    has none (an architecture transformers cannot map, a folder that is not quantized...)."""
+    from ckptfs.checkpoint.api import Checkpoint, open as open_checkpoint
+
     checkpoint = src if isinstance(src, Checkpoint) else open_checkpoint(src, **open_kwargs)
     try:
-        folder = HfFolder(checkpoint, dtype)
+        reason = unavailable_reason(checkpoint)
+        if reason is not None:
+            raise Unsupported(reason)
+        folder = build(checkpoint, dtype)
         folder.owns_checkpoint = checkpoint is not src
         return folder
     except BaseException:

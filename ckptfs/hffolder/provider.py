@@ -1,7 +1,8 @@
 """The mount-tree provider of ``hf/`` (opt-in, ``--hf``).
 
-``hf_provider(dtype)`` builds the folder when the mount is set up, so a GGUF that transformers cannot map,
-or a machine without transformers, gets no ``hf/``, with one line saying why: the mount's error when the GGUF
+``hf_provider(dtype)`` builds the folder when the mount is set up (a GGUF's, or a quantized folder's release),
+so a GGUF that transformers cannot map, a machine without transformers, or a folder that is not quantized gets
+no ``hf/``, with one line saying why: the mount's error when the GGUF
 is the one checkpoint mounted (``required``), a log line for a member of a repository (``tree.optional``).
 """
 
@@ -14,7 +15,7 @@ from collections.abc import Iterable
 from ckptfs.checkpoint.api import Checkpoint
 from ckptfs.tree.mount_tree import Entry, Provider
 from ckptfs.tree.optional import built_or_logged, refused
-from ckptfs.hffolder import Unsupported, unavailable_reason
+from ckptfs.hffolder import Unsupported, build, unavailable_reason
 
 log = logging.getLogger("ckptfs.hffolder")
 
@@ -22,19 +23,19 @@ HF_DIR = "hf"
 
 
 def hf_provider(dtype: str = "bfloat16", required: bool = False) -> Provider:
-    """A provider of ``hf/`` (config, tokenizer, model.safetensors in ``dtype``); ``required``: a GGUF that
-    cannot have it fails the tree (``tree.optional``)."""
+    """A provider of ``hf/`` (config, tokenizer, safetensors in ``dtype``); ``required``: a checkpoint that
+    cannot have it fails the tree (``tree.optional``). A file passed through unchanged is pinned to its source
+    and has its mode; the others are made from the checkpoint's files and the folder's config."""
 
     def provider(ck: Checkpoint) -> Iterable[Entry]:
         reason = unavailable_reason(ck)
         if reason is not None:
             refused(HF_DIR, reason, ck.src, required, log)
             return []
-        from ckptfs.hffolder.folder import HfFolder
-
-        folder = built_or_logged(HF_DIR, lambda: HfFolder(ck, dtype), Unsupported, log, ck.src, required)
+        folder = built_or_logged(HF_DIR, lambda: build(ck, dtype), Unsupported, log, ck.src, required)
         if folder is None:
             return []
-        return [Entry(f"{HF_DIR}/{name}", "hf", functools.partial(folder.__getitem__, name)) for name in folder]
+        return [Entry(f"{HF_DIR}/{name}", "hf", functools.partial(folder.__getitem__, name),
+                      origin=folder.origins.get(name), made_from=folder.made_from) for name in folder]
 
     return provider

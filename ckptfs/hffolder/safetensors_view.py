@@ -1,15 +1,18 @@
-"""A virtual safetensors file: header from the GGUF header alone, data decoded per read.
+"""A virtual safetensors file: header from the tensors' names and shapes alone, data decoded per read.
 
 Layout (safetensors' format): u64 little-endian header length N, N bytes of JSON (padded with spaces to a
 multiple of 8, as the safetensors writer pads), then each tensor's bytes back to back, C order. The header
 is known without decoding anything: names, shapes and the served dtype fix every offset.
 
-A read of bytes [a, b) of one parameter decodes only the GGUF rows behind it (through the block engine and
-its cache), applies the parameter's row order and value map (weights.py) in float32 — transformers' loader
-works in float32 too — and converts to the served dtype: bfloat16 rounded to nearest-even exactly as
+One builder serves both hf/ folders: model.safetensors of a GGUF and the shards of a quantized folder's
+unquantized release. A read of bytes [a, b) of one parameter decodes only the stored blocks behind it (a GGUF
+tensor's rows through the block engine, a quantized layer's tiles through its view, both with their cache),
+applies the parameter's row order and value map (weights.py) in float32 — transformers' loader works in
+float32 too — and converts to the served dtype: bfloat16 rounded to nearest-even exactly as
 ``torch.Tensor.to(torch.bfloat16)`` does on CPU (NaN becomes 0xFFFF as torch writes it), float16 with
 numpy's IEEE rounding (torch's too; a NaN gets its quiet bit set, as torch sets it). A float32 parameter
-stored as F32 with no transform is served straight from the stored bytes, as a ``.npy`` is.
+stored as F32 (or a view served in float32) with no transform is served straight from its values' bytes, as a
+``.npy`` is; an integer tensor keeps its stored type.
 """
 
 from __future__ import annotations
@@ -21,16 +24,19 @@ import struct
 
 import numpy as np
 
-from ckptfs.engine.blocks import GROUP_TARGET_BYTES, TensorData
+from ckptfs.engine.blocks import GROUP_TARGET_BYTES
 from ckptfs.engine.parallel import spread
-from ckptfs.cache.tiered import cache_key
-from ckptfs.checkpoint.api import Checkpoint
+from ckptfs.engine.values import TensorValues
+from ckptfs.cache.tiered import TieredCache, cache_key
 from ckptfs.engine.views import Ahead, HeaderBodyView
 from ckptfs.hffolder.weights import ParamSource
 from ckptfs.quant.native import encode_bf16
 
 #: --hf-dtype -> (safetensors dtype name, bytes per element)
 DTYPES = {"bfloat16": ("BF16", 2), "float16": ("F16", 2), "float32": ("F32", 4)}
+#: numpy dtype (no byte order) -> safetensors dtype name, for the non-float tensors served as stored
+SAFETENSORS_NAMES = {"i1": "I8", "u1": "U8", "i2": "I16", "u2": "U16", "i4": "I32", "u4": "U32", "i8": "I64",
+                     "u8": "U64", "b1": "BOOL"}
 
 
 def bfloat16_bits(values: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
@@ -78,26 +84,33 @@ class ParamData:
     A parameter served as its float32 values untouched reads through the block engine like a .npy. Any other
     (a transform, or bfloat16/float16) is produced in *served groups* of about ``GROUP_TARGET_BYTES``: whole
     output rows, decoded (uncached: the float32 values are needed once), transformed, converted, and cached as
-    bytes under a key naming the dtype, the parameter and transformers' version. Reads then only slice cached
+    bytes under a key naming the dtype, the parameter and its maker (``key_tag``). Reads then only slice cached
     groups, and read-ahead (``SafetensorsView.ahead``) builds the next groups in the background, as it decodes
     a .npy's block groups.
     """
 
-    def __init__(self, param: ParamSource, checkpoint: Checkpoint, dtype: str):
+    def __init__(self, param: ParamSource, values: TensorValues, dtype: str, key_tag: str, cache: TieredCache):
+        """``values``: the parameter's stored values by element range, float32 for a float parameter (a GGUF
+        tensor's ``TensorData``, a quantized layer's view), or a non-float tensor's own values, which are
+        served as stored; ``key_tag``: what its served groups' cache keys say they are made by (hf/ of a GGUF
+        names transformers' version, whose tables the transforms come from); ``cache``: the checkpoint's."""
         self.param = param
         self.dtype = dtype
+        self.data = values
         self.st_dtype, self.itemsize = DTYPES[dtype]
-        tensor = param.tensor
-        assert tensor.codec is not None  # a parameter of the folder is a decodable tensor
-        self.data = TensorData(tensor.info, tensor.codec, np.dtype(np.float32), checkpoint.sources, checkpoint.cache)
-        self._cache = checkpoint.cache
-        self.n_elements = tensor.info.n_elements
+        floating = values.dtype.kind == "f"
+        if not floating:  # an integer or boolean tensor of the release keeps its type (a buffer of indices)
+            self.st_dtype, self.itemsize = SAFETENSORS_NAMES[values.dtype.str.lstrip("<>|=")], values.dtype.itemsize
+        self._cache = cache
+        self.n_elements = values.n_elements
         self.nbytes = self.n_elements * self.itemsize
         self.rows = param.shape[0] if len(param.shape) > 1 else 1
         self.row_elements = self.n_elements // self.rows if self.rows else 0
-        self.passthrough = (dtype == "float32" and param.row_order is None and param.value_map is None)
+        self.passthrough = not floating or (dtype == "float32" and param.row_order is None
+                                            and param.value_map is None)
         self.group_rows = max(1, GROUP_TARGET_BYTES // max(1, self.row_elements * self.itemsize))
         self.group_bytes = self.group_rows * self.row_elements * self.itemsize
+        self._key_tag = f"{key_tag}:{dtype}:{param.name}"
         self._key_prefix: tuple[str, int, str, str] | None = None
 
     def rows_f32(self, r0: int, r1: int) -> np.ndarray:
@@ -117,11 +130,8 @@ class ParamData:
 
     def _key(self, g: int) -> str:
         if self._key_prefix is None:
-            from transformers import __version__ as version
-
             info = self.data.info
-            self._key_prefix = (self.data.content_id(), info.offset, info.storage_type,
-                                f"hf:{version}:{self.dtype}:{self.param.name}")
+            self._key_prefix = (self.data.content_id(), info.offset, info.storage_type, self._key_tag)
         r0 = g * self.group_rows
         return cache_key(*self._key_prefix, r0, min(self.rows, r0 + self.group_rows))
 
@@ -221,14 +231,13 @@ def build_header(params: list[ParamData], metadata: dict[str, str] | None = None
 
 
 class SafetensorsView(HeaderBodyView):
-    """model.safetensors of the hf/ folder."""
+    """A safetensors file of an hf/ folder: ``params`` in order (model.safetensors of a GGUF, a shard of a
+    quantized folder's release)."""
 
     reads_ahead = True
 
-    def __init__(self, params: list[ParamSource], checkpoint: Checkpoint, dtype: str):
-        if dtype not in DTYPES:
-            raise ValueError(f"hf dtype must be one of {', '.join(DTYPES)}, not {dtype!r}")
-        self.params = [ParamData(p, checkpoint, dtype) for p in params]
+    def __init__(self, params: list[ParamData]):
+        self.params = params
         self.header = build_header(self.params)
         self.starts = []  # where each parameter's bytes start in the body (after the header)
         pos = 0

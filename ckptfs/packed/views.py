@@ -305,6 +305,13 @@ class PackedTensor(Tensor):
             self._packed = self._data = PackedData(self.info, self.layout, reader, self._served, self._ck.cache)
         return self._packed
 
+    def values_as(self, dtype: np.dtype) -> PackedData:
+        """The view's values decoded as ``dtype`` (hf/ takes float32 under ``--dtype float16`` too)."""
+        if np.dtype(dtype) == self._served:
+            return self.data
+        return PackedData(self.info, self.layout, PartReader(self._ck, self.layout, self.name), np.dtype(dtype),
+                          self._ck.cache)
+
     @property
     def meta(self) -> dict[str, Any]:
         if self._meta is None:

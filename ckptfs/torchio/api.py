@@ -352,8 +352,7 @@ def load(src, names: Sequence[str] | None = None, *, device="cpu", dtype=None,
     resolve_dtype(dtype)
     with opened(src) as ck:
         if names is None:
-            parts = {p for row in ck.packed_views if row["present"] for p in row["parts"] if p != row["name"]}
-            names = [n for n in ck if n not in parts and ck[n].decodable and not ck[n].info.damaged]
+            names = ck.release_names()
         names = names if isinstance(names, str) else list(names)
         tensors = batch.tensors_named(ck, names)
         return dict(zip(names, load_tensors(ck, tensors, device, dtype, use_kernels=use_kernels)))
