@@ -37,7 +37,7 @@ class FolderFiles(Mapping):
     folder files every other file is made from beside the checkpoint's own (its config and tokenizer files)."""
 
     _views: dict[str, View]
-    origins: dict[str, str] = {}
+    origins: dict[str, str]
     made_from: tuple[str, ...] = ()
     checkpoint: Checkpoint
 
@@ -82,6 +82,7 @@ class HfFolder(FolderFiles):
             raise Unsupported(f"hf/ is made from GGUF checkpoints; this one is {checkpoint.format}")
         self.checkpoint = checkpoint
         self.dtype = dtype
+        self.origins = {}  # every file is made from the GGUF
         metadata = checkpoint.metadata
         architecture, _ = check_supported(metadata)
         values = config_dict(metadata, [t.name for t in checkpoint.tensors])
