@@ -386,43 +386,54 @@ static PyObject *scaled_rows(PyObject *self, PyObject *args) {
 
 /* Rows of E2M1 nibbles (two a byte, low first) times a float32 scale per group of `group` values:
  * value j of row r is pairs[2 * byte + j % 2] * scales[r * scale_step + j / group], where byte is
- * codes[r * code_step + j / 2] (a row's bytes may lie apart: gpt-oss' block columns). Written row by row
- * (out[r * width + j]) or, with `transpose`, as the columns of the output (out[j * n + r]: gpt-oss' view is
- * the stored matrices transposed). The pairs table already holds each nibble's float32 value (or twice it),
- * so the one multiply per value is the numpy path's.
+ * codes[r * code_step + j / 2] (a row's bytes may lie apart: gpt-oss' block columns). Values [first,
+ * first + width) of each row are written, row by row (out[r * width + j - first]) or, with `transpose`, as
+ * the columns of the output (out[(j - first) * n + r]: gpt-oss' view is the stored matrices transposed, and
+ * a read that cuts a 32-row block column decodes only the view rows it serves, starting inside the block at
+ * any nibble). The pairs table already holds each nibble's float32 value (or twice it), so the one multiply
+ * per value is the numpy path's.
  *
  * Speed: each group's scale is loaded once and its values are a branch-free loop of table loads and
- * multiplies (no division per value, the output type and direction chosen once per call). Transposed, FP4_RB
- * rows are decoded into a small row-major scratch and then written column by column, FP4_RB contiguous values
- * per output row, instead of one value per output row and decoded row. */
+ * multiplies (no division per value, the output type and direction chosen once per call; an odd first or
+ * last value of a span is the only one taken alone). Transposed, FP4_RB rows are decoded into a small
+ * row-major scratch and then written column by column, FP4_RB contiguous values per output row, instead of
+ * one value per output row and decoded row. */
 enum { FP4_RB = 32, FP4_CB = 128 };
 
 typedef struct {
     const uint8_t *codes;
     const float *pairs, *scales;
-    Py_ssize_t code_step, scale_step, width, group, n;
+    Py_ssize_t code_step, scale_step, first, width, group, n;
 } Fp4Job;
 
-/* Values [j0, j1) of row r (j0, j1 even; j0 a multiple of the group, or j1 - j0 within one group) into dst. */
+/* Values [j0, j1) of row r (0 <= j0 <= j1, the row's own value indices) into dst[0 .. j1 - j0). */
 ALWAYS_INLINE void fp4_span(const Fp4Job *job, Py_ssize_t r, Py_ssize_t j0, Py_ssize_t j1, float *restrict dst) {
     const uint8_t *restrict row = job->codes + r * job->code_step;
     const float *restrict t = job->pairs;
     const float *srow = job->scales + r * job->scale_step;
     const Py_ssize_t group = job->group;
     for (Py_ssize_t g0 = j0; g0 < j1;) {
-        const Py_ssize_t g1 = (g0 / group + 1) * group < j1 ? (g0 / group + 1) * group : j1;
+        const Py_ssize_t end = (g0 / group + 1) * group, g1 = end < j1 ? end : j1;
         const float sv = srow[g0 / group];
-        for (Py_ssize_t j = g0; j < g1; j += 2) {
+        Py_ssize_t j = g0;
+        if (j & 1) {  /* a high nibble first: only at the span's start (groups are even) */
+            dst[j - j0] = t[2 * row[j / 2] + 1] * sv;
+            j++;
+        }
+        for (; j + 1 < g1; j += 2) {
             const unsigned byte = row[j / 2];
             dst[j - j0] = t[2 * byte] * sv;
             dst[j - j0 + 1] = t[2 * byte + 1] * sv;
         }
+        if (j < g1)  /* a low nibble last: only at the span's end */
+            dst[j - j0] = t[2 * row[j / 2]] * sv;
         g0 = g1;
     }
 }
 
 static void fp4_rows_f32(const Fp4Job *job, float *restrict out) {
-    for (Py_ssize_t r = 0; r < job->n; r++) fp4_span(job, r, 0, job->width, out + r * job->width);
+    for (Py_ssize_t r = 0; r < job->n; r++)
+        fp4_span(job, r, job->first, job->first + job->width, out + r * job->width);
 }
 
 static void fp4_rows_f16(const Fp4Job *job, uint16_t *restrict out) {
@@ -430,7 +441,7 @@ static void fp4_rows_f16(const Fp4Job *job, uint16_t *restrict out) {
     for (Py_ssize_t r = 0; r < job->n; r++)
         for (Py_ssize_t j0 = 0; j0 < job->width; j0 += FP4_CB) {
             const Py_ssize_t j1 = j0 + FP4_CB < job->width ? j0 + FP4_CB : job->width;
-            fp4_span(job, r, j0, j1, buf);
+            fp4_span(job, r, job->first + j0, job->first + j1, buf);
             uint16_t *o = out + r * job->width + j0;
             for (Py_ssize_t j = 0; j < j1 - j0; j++) o[j] = f32_to_f16(bits_of(buf[j]));
         }
@@ -438,12 +449,12 @@ static void fp4_rows_f16(const Fp4Job *job, uint16_t *restrict out) {
 
 ALWAYS_INLINE void fp4_columns(const Fp4Job *job, void *out, int half) {
     float buf[FP4_RB * FP4_CB];
-    const Py_ssize_t n = job->n, width = job->width;
+    const Py_ssize_t n = job->n, width = job->width, first = job->first;
     for (Py_ssize_t r0 = 0; r0 < n; r0 += FP4_RB) {
         const Py_ssize_t rb = r0 + FP4_RB < n ? FP4_RB : n - r0;
         for (Py_ssize_t j0 = 0; j0 < width; j0 += FP4_CB) {
             const Py_ssize_t cb = j0 + FP4_CB < width ? FP4_CB : width - j0;
-            for (Py_ssize_t i = 0; i < rb; i++) fp4_span(job, r0 + i, j0, j0 + cb, buf + i * cb);
+            for (Py_ssize_t i = 0; i < rb; i++) fp4_span(job, r0 + i, first + j0, first + j0 + cb, buf + i * cb);
             for (Py_ssize_t j = 0; j < cb; j++) {
                 if (half) {
                     uint16_t *o = (uint16_t *)out + (j0 + j) * n + r0;
@@ -472,23 +483,23 @@ static void fp4_run(const Fp4Job *job, void *out, int half, int transpose) {
 
 static PyObject *fp4_rows(PyObject *self, PyObject *args) {
     Py_buffer codes, pairs, scales, out;
-    Py_ssize_t code_step, scale_step, width, group, n;
+    Py_ssize_t code_step, scale_step, first, width, group, n;
     int out_half, transpose;
     (void)self;
-    if (!PyArg_ParseTuple(args, "y*ny*y*nnnw*inp", &codes, &code_step, &pairs, &scales, &scale_step, &width,
-                          &group, &out, &out_half, &n, &transpose))
+    if (!PyArg_ParseTuple(args, "y*ny*y*nnnnw*inp", &codes, &code_step, &pairs, &scales, &scale_step, &first,
+                          &width, &group, &out, &out_half, &n, &transpose))
         return NULL;
     PyObject *result = NULL;
-    const Py_ssize_t groups = group > 0 ? (width + group - 1) / group : 0;
-    if (width <= 0 || width % 2 || group <= 0 || group % 2 || n < 0 || code_step < width / 2
-        || scale_step < groups) {
+    /* the bytes and groups a row's values [first, first + width) lie in */
+    const Py_ssize_t bytes = (first + width + 1) / 2, groups = group > 0 ? (first + width + group - 1) / group : 0;
+    if (width <= 0 || first < 0 || group <= 0 || group % 2 || n < 0 || code_step < bytes || scale_step < groups) {
         PyErr_SetString(PyExc_ValueError, "row geometry does not fit");
-    } else if (pairs.len != 512 * 4 || (n && (codes.len < (n - 1) * code_step + width / 2
+    } else if (pairs.len != 512 * 4 || (n && (codes.len < (n - 1) * code_step + bytes
                || scales.len / 4 < (n - 1) * scale_step + groups)) || out.len / (out_half ? 2 : 4) < n * width) {
         PyErr_SetString(PyExc_ValueError, "a buffer is too small for the rows");
     } else {
         const Fp4Job job = {(const uint8_t *)codes.buf, (const float *)pairs.buf, (const float *)scales.buf,
-                            code_step, scale_step, width, group, n};
+                            code_step, scale_step, first, width, group, n};
         Py_BEGIN_ALLOW_THREADS
         fp4_run(&job, out.buf, out_half != 0, transpose);
         Py_END_ALLOW_THREADS
@@ -504,8 +515,9 @@ static PyObject *fp4_rows(PyObject *self, PyObject *args) {
 
 static PyMethodDef METHODS[] = {
     {"fp4_rows", fp4_rows, METH_VARARGS,
-     "fp4_rows(codes, code_step, pairs, scales, scale_step, width, group, out, out_half, n_rows, transpose): "
-     "rows of E2M1 nibbles times a scale per group into out (or its columns)."},
+     "fp4_rows(codes, code_step, pairs, scales, scale_step, first, width, group, out, out_half, n_rows, "
+     "transpose): values [first, first + width) of rows of E2M1 nibbles times a scale per group into out (or "
+     "its columns)."},
     {"scaled_rows", scaled_rows, METH_VARARGS,
      "scaled_rows(codes, table, width, scales, scale_rows, groups, block_width, zeros, out, out_half, n_rows): "
      "rows of a scaled-codes weight (FP8, int8) into out."},

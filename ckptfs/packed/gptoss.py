@@ -20,7 +20,11 @@ whole expert. A tile therefore reads its expert's blocks and scales once, into t
 expert's ``out * in / 2`` bytes, 1/E of the part), and the 32-row block columns of that expert decode from
 there; tiles are multiples of 32 rows, so no block is split between two of them. The C kernel
 (``native.fp4_rows``) writes a tile's block columns straight into the tile's rows (the transposition in the
-same pass); numpy is the reference and fallback.
+same pass); numpy is the reference and fallback. The kernel starts and ends anywhere inside a block column
+(any nibble), so a read that cuts a tile (a 1 MiB read cuts one or two of these 720 KiB tiles) decodes only
+the rows it touches, not the whole 32-row block columns they lie in, and in one call
+(``cut_in_one_call``): a call's cost is mostly the expert's stored rows it sweeps (a cache line of each for
+a view row as for 32), so the rows a read's ends cut are not decoded by calls of their own.
 """
 
 from __future__ import annotations
@@ -84,17 +88,25 @@ def build(prefix: str, parts: Mapping[str, TensorInfo], settings: Mapping[str, A
         return result
 
     def kernel(reader: Parts, o0: int, o1: int, dest: np.ndarray) -> bool:
-        """Whole block columns of one expert only (what every tile is); the rest goes to numpy."""
-        x, i0 = divmod(o0, in_features)
-        i1 = i0 + o1 - o0
-        if i0 % BLOCK or i1 > in_features or (i1 % BLOCK and i1 != in_features):
+        """Any rows, expert by expert: view rows [i0, i1) of expert x are values [i0 - 32 k0, i1 - 32 k0) of
+        the expert's stored rows from block column k0 = i0 // 32, written transposed."""
+        if not native.available():
             return False
-        k0, k1 = i0 // BLOCK, -(-i1 // BLOCK)
-        codes, s = expert(reader, x)
-        return native.fp4_rows(dest, codes.reshape(-1)[k0 * BLOCK // 2:], columns * BLOCK // 2, E2M1_DOUBLE_PAIRS,
-                               s.reshape(-1)[k0:], columns, (k1 - k0) * BLOCK, BLOCK, out, transpose=True)
+        rows = dest.reshape(o1 - o0, out)
+        r = o0
+        while r < o1:
+            x, i0 = divmod(r, in_features)
+            i1 = min(in_features, i0 + o1 - r)
+            k0 = i0 // BLOCK
+            codes, s = expert(reader, x)
+            if not native.fp4_rows(rows[r - o0:r - o0 + i1 - i0], codes.reshape(-1)[k0 * BLOCK // 2:],
+                                   columns * BLOCK // 2, E2M1_DOUBLE_PAIRS, s.reshape(-1)[k0:], columns,
+                                   i1 - i0, BLOCK, out, transpose=True, first=i0 - k0 * BLOCK):
+                return False  # not taken: numpy decodes (and so overwrites) the whole range
+            r += i1 - i0
+        return True
 
     parameters = {"quant_method": "mxfp4", "block_size": BLOCK, "experts": experts, "scale": "ldexp(code, e - 127)",
                   "stored_layout": "[E, out, in/32, 16]", "reference_dtype": "BF16"}
     return Layout(METHOD, parameters, experts * in_features, out, {"blocks": blocks, "scales": scales}, "F32",
-                  decode, row_align=BLOCK, kernel=kernel, view_shape=(experts, in_features, out))
+                  decode, row_align=BLOCK, cut_in_one_call=True, kernel=kernel, view_shape=(experts, in_features, out))

@@ -241,8 +241,18 @@ class PackedData(TensorValues):
 
     def _rows_into(self, a: int, b: int, target: np.ndarray) -> None:
         """Bytes [a, b) decoded without the cache: the runs of ``row_align`` rows wholly inside straight into
-        ``target``, the (at most two) the ends cut through a scratch array (``range_into``)."""
+        ``target``, the (at most two) the ends cut through a scratch array (``range_into``); with the
+        layout's ``cut_in_one_call``, every row the range touches in one call (into ``target`` when the
+        range is whole rows)."""
         align, out_rows = self.layout.row_align, self.layout.out_features
+        if self.layout.cut_in_one_call:
+            row_bytes = self.row_elements * self.dtype.itemsize
+            r0, r1 = a // row_bytes, -(-b // row_bytes)
+            if a == r0 * row_bytes and b == min(r1, out_rows) * row_bytes:
+                self._decode(r0, r1, target.view(self.dtype))
+            else:
+                target[:] = self._decode(r0, r1).view(np.uint8)[a - r0 * row_bytes: b - r0 * row_bytes]
+            return
 
         def decode(u0: int, u1: int, out: np.ndarray | None = None) -> np.ndarray:
             return self._decode(u0 * align, min(u1 * align, out_rows), out)

@@ -72,3 +72,31 @@ def test_gptoss_experts(tmp_path):
     stored = {f"{EXPERTS}_{role}": value for role, value in parts.items()}
     folder = write_folder(tmp_path / "m", {}, GPT_OSS_CONFIG, extra_tensors=stored)
     check(both_backends(folder, EXPERTS), gptoss_formula(parts["blocks"], parts["scales"]))
+
+
+def test_gptoss_row_ranges_that_start_and_end_inside_block_columns(tmp_path):
+    """The kernel decodes any view rows of gpt-oss' experts, starting and ending at any nibble of a 32-row
+    block column (odd and even) and crossing experts: the formula's bits, float32 and float16, never the
+    numpy fallback (the spy sees the kernel take every call)."""
+    parts = gptoss_experts(np.random.default_rng(9), 3, 96, 128)
+    stored = {f"{EXPERTS}_{role}": value for role, value in parts.items()}
+    folder = write_folder(tmp_path / "m", {}, GPT_OSS_CONFIG, extra_tensors=stored)
+    expected = gptoss_formula(parts["blocks"], parts["scales"]).reshape(3 * 128, 96)
+    ranges = [(0, 1), (1, 2), (3, 36), (7, 8), (31, 33), (33, 64), (120, 140), (127, 129), (5, 383), (200, 384)]
+    for dtype in ("float32", "float16"):
+        with ckptfs.open(folder, dtype=dtype) as ck:
+            data = ck[EXPERTS].data
+            layout, taken = data.layout, []
+            kernel = layout.kernel
+
+            def spy(reader, o0, o1, dest):
+                taken.append(kernel(reader, o0, o1, dest))
+                return taken[-1]
+
+            layout.kernel = spy
+            data.backend = "native"
+            for o0, o1 in ranges:
+                got = data._decode(o0, o1).reshape(o1 - o0, 96)
+                with np.errstate(over="ignore"):
+                    assert same_bits(got, expected[o0:o1].astype(dtype)), (dtype, o0, o1)
+            assert taken == [True] * len(ranges)

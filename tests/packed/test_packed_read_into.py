@@ -107,3 +107,26 @@ def test_odd_ranges_in_float16_equal_read(folder):
         buf = bytearray(n)
         done = view.read_into(offset, memoryview(buf), bool(rng.integers(0, 2)))
         assert bytes(buf[:done]) == whole[offset: offset + n], (offset, n)
+
+
+def test_a_gptoss_stream_decodes_only_the_rows_it_serves(tmp_path):
+    """gpt-oss' tiles are whole 32-row block columns (256 rows of 1 KiB here); a request that cuts them, at
+    rows that are no multiple of 32, decodes only the rows under it, not the block columns they lie in (each
+    row once, plus the two rows each request's ends cut through), and every byte is the formula's."""
+    from fp4_fixtures import GPT_OSS_CONFIG, gptoss_experts, gptoss_formula
+    from packed_fixtures import write_folder
+
+    experts = "model.layers.0.mlp.experts.gate_up_proj"
+    parts = gptoss_experts(np.random.default_rng(4), 2, 256, 320)
+    path = write_folder(tmp_path / "m", {}, GPT_OSS_CONFIG,
+                        extra_tensors={f"{experts}_{role}": value for role, value in parts.items()})
+    ck = ckptfs.open(path, cache_size=64 << 20)
+    view = MountTree(ck).view(experts + ".npy")
+    assert view.data.rows_per_tile % 32 == 0 and view.data.info.block_elements * 4 > 20 * KIB
+    calls = counted(view.data)
+    request = 20 * KIB + 4  # every request cuts a tile at both ends, at rows that are no multiple of 32
+    data = streamed(view, request, keep=False)
+    assert same_bits(np.load(io.BytesIO(data)), gptoss_formula(parts["blocks"], parts["scales"]))
+    rows = sum(o1 - o0 for o0, o1, _ in calls)
+    requests = -(-view.size // request)
+    assert 2 * 320 <= rows <= 2 * 320 + 2 * requests
