@@ -21,6 +21,7 @@ import numpy as np
 from ckptfs.core.descriptors import TensorInfo
 from ckptfs.ggufview import Config, Unsupported
 from ckptfs.ggufview.archs import Architecture
+from ckptfs.ggufview.quantized import Converted, QuantRows
 
 if TYPE_CHECKING:
     from gguf import GGMLQuantizationType, LlamaFileType
@@ -42,6 +43,7 @@ class TensorPlan:
     shape: tuple[int, ...] = ()    # as served (numpy order)
     shift: float = 0.0             # added to every value before conversion
     stored_row_bytes: int = 0      # bytes of one stored row
+    quantized: QuantRows | None = None  # a quantized layer's rows (dequantized or repacked), not stored rows
 
     @property
     def nbytes(self) -> int:
@@ -50,7 +52,8 @@ class TensorPlan:
 
 def file_type_of(output_type: str, infos: list[TensorInfo]) -> LlamaFileType:
     """``general.file_type`` (gguf.LlamaFileType) for ``--gguf-type``; ``auto`` from the first stored
-    tensor of two or more dimensions, as the converter guesses it."""
+    tensor of two or more dimensions that is BF16 or F16, as the converter guesses it (it passes over F32
+    ones and a quantized folder's codes and scales), F16 when there is none."""
     import gguf
 
     fixed = {"f32": gguf.LlamaFileType.ALL_F32, "f16": gguf.LlamaFileType.MOSTLY_F16,
@@ -63,13 +66,13 @@ def file_type_of(output_type: str, infos: list[TensorInfo]) -> LlamaFileType:
                 return gguf.LlamaFileType.MOSTLY_BF16
             if info.storage_type == "F16":
                 return gguf.LlamaFileType.MOSTLY_F16
-            break
     return gguf.LlamaFileType.MOSTLY_F16
 
 
-def plan_tensors(arch: Architecture, config: Config, infos: list[TensorInfo], file_type: LlamaFileType,
+def plan_tensors(arch: Architecture, config: Config, converted: Converted, file_type: LlamaFileType,
                  block_count: int, folder: Path) -> list[TensorPlan]:
-    """The tensors the converter computes (F32), then every stored one in stored order; Unsupported for a
+    """The tensors the converter computes (F32), then every stored one in stored order (a quantized layer's
+    weight where the converter puts it, its companion scales after it: ``quantized``); Unsupported for a
     name the architecture's map lacks or a stored type that is not a float."""
     import gguf
 
@@ -83,11 +86,12 @@ def plan_tensors(arch: Architecture, config: Config, infos: list[TensorInfo], fi
         rows = data.size // cols if cols else 0
         plans.append(TensorPlan(name, None, rows, cols, gguf.GGMLQuantizationType.F32, 4 * cols, None,
                                 data.tobytes(), tuple(data.shape)))
-    for info in infos:
+    for info in converted.infos:
         hf_name = arch.tensor_name(info.name)
         if hf_name is None or hf_name.endswith(SKIPPED_SUFFIXES):
             continue
-        if info.storage_type not in _STORED:
+        quantized = converted.rows.get(info.name)
+        if quantized is None and info.storage_type not in _STORED:
             raise Unsupported(f"tensor {info.name} is stored as {info.storage_type}; only F32, F16 and BF16 "
                               "folders are served")
         mapped = name_map.get_name(key=hf_name, try_suffixes=(".weight", ".bias"))
@@ -103,10 +107,18 @@ def plan_tensors(arch: Architecture, config: Config, infos: list[TensorInfo], fi
         if kept is not None and kept < shape[0]:
             shape = (kept, *shape[1:])
             rows = math.prod(shape[:-1]) if len(shape) > 1 else kept
-        qtype = _output_type(name, len(shape), file_type, cols, name in always_f32)
+        if quantized is not None and quantized.kind == "nvfp4":
+            qtype = gguf.GGMLQuantizationType.NVFP4
+        else:
+            qtype = _output_type(name, len(shape), file_type, cols, name in always_f32)
         order = arch.row_order(hf_name, (rows, cols), config)
         plans.append(TensorPlan(name, info, rows, cols, qtype, _row_bytes(qtype, cols), order, shape=shape,
-                                shift=arch.shift(hf_name), stored_row_bytes=stored_row_bytes))
+                                shift=arch.shift(hf_name), stored_row_bytes=stored_row_bytes,
+                                quantized=quantized))
+        for suffix, values in converted.companions.get(info.name, ()):
+            plans.append(TensorPlan(name.removesuffix(".weight") + suffix, None, 1, values.size,
+                                    gguf.GGMLQuantizationType.F32, 4 * values.size, None, values.tobytes(),
+                                    (values.size,)))
     return plans
 
 
@@ -174,6 +186,13 @@ def convert(plan: TensorPlan, values: np.ndarray) -> bytes:
     if plan.shift:
         values = values + np.asarray(plan.shift, dtype=values.dtype)
     return gguf.quants.quantize(values, plan.qtype).tobytes()
+
+
+def convert_quantized(plan: TensorPlan, quantized: QuantRows, rows: np.ndarray) -> bytes:
+    """A quantized layer's output rows from its stored rows ``rows``: repacked bytes as they are, dequantized
+    float32 values converted as a stored float32 tensor's are."""
+    produced = quantized.output(rows)
+    return produced if isinstance(produced, bytes) else convert(plan, produced)
 
 
 def convert_stored(plan: TensorPlan, raw: bytes, rows: int) -> bytes:

@@ -24,7 +24,9 @@ from ckptfs.ggufview.files import one_build, read_json, vet
 from ckptfs.ggufview.hparams import add_common_keys, block_count, check_sizes
 from ckptfs.ggufview.liblog import library_logs_to
 from ckptfs.ggufview.staging import model_folder
-from ckptfs.ggufview.tensors import TensorPlan, convert_stored, file_type_of, plan_tensors, stored_rows
+from ckptfs.ggufview.quantized import converted_tensors
+from ckptfs.ggufview.tensors import (TensorPlan, convert_quantized, convert_stored, file_type_of, plan_tensors,
+                                     stored_rows)
 from ckptfs.ggufview.writer import new_writer
 
 log = logging.getLogger("ckptfs.ggufview")
@@ -49,16 +51,16 @@ class VirtualGgufView(HeaderBodyView):
             vet(folder)
             config = _config(folder)
             arch = architecture_of(config)
-            infos = [tensor.info for tensor in ck.tensors]
-            check_sizes(config, infos)
-            file_type = file_type_of(output_type, infos)
+            converted = converted_tensors(ck, config, folder)
+            check_sizes(config, converted.infos)
+            file_type = file_type_of(output_type, list(ck.parsed.tensors))
             n_blocks = block_count(config)
-            self.plans = plan_tensors(arch, config, infos, file_type, n_blocks, folder)
+            self.plans = plan_tensors(arch, config, converted, file_type, n_blocks, folder)
             writer = new_writer(arch.name)
             for plan in self.plans:
                 writer.add_tensor_info(plan.name, plan.shape or (1,), np.dtype(np.float32), plan.nbytes,
                                        raw_dtype=plan.qtype)
-            self._add_metadata(writer, folder, config, arch, file_type)
+            self._add_metadata(writer, folder, config, arch, converted.file_type_key(file_type))
         self.header, self._starts, self.size = _serialize(writer)
 
     @staticmethod
@@ -118,9 +120,11 @@ class VirtualGgufView(HeaderBodyView):
             raise ValueError(f"{plan.name} is computed but has no bytes")
         r0, r1 = b0 // plan.row_bytes, -(-b1 // plan.row_bytes)
         rows = stored_rows(plan, r0, r1)
+        skip = b0 - r0 * plan.row_bytes
+        if plan.quantized is not None:
+            return convert_quantized(plan, plan.quantized, rows)[skip: skip + b1 - b0]
         data = read_rows(self._sources.get(plan.info.source), plan.info, plan.stored_row_bytes, rows)
         out = convert_stored(plan, data, len(rows))
-        skip = b0 - r0 * plan.row_bytes
         return out[skip: skip + b1 - b0]
 
 

@@ -1,0 +1,103 @@
+"""``gguf/model.gguf`` of quantized folders against llama.cpp's converter.
+
+Tiny folders made at test time in the releases' layouts (``gguf_quantized_models``): a Qwen3 in Qwen3-FP8's
+block-scaled FP8 (BF16 ``weight_scale_inv``, blocks of 48 x 32 so the edge blocks are partial) and one with
+one F32 scale per tensor, a Qwen3 in compressed-tensors ``nvfp4-pack-quantized`` and a Llama in ModelOpt
+``NVFP4`` (its q/k rows permuted, codes and group scales together). The converter dequantizes the FP8
+layers and repacks the NVFP4 ones into GGML NVFP4 with companion ``.scale`` / ``.input_scale`` tensors;
+every key and tensor of the mount's file equals its output, and llama.cpp generates the same greedy tokens
+from both.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from gguf_quantized_models import fp8_folder, nvfp4_compressed_folder, nvfp4_modelopt_folder
+from gguf_view_models import assert_same_greedy, assert_same_gguf, convert, gguf_maps, make_causal, make_llama
+from gguf_view_models import converter, mounted_gguf  # noqa: F401 - fixtures
+from cli_runs import run_cli
+from llama_models import probe  # noqa: F401 - fixture
+
+pytest.importorskip("transformers")
+pytest.importorskip("gguf")
+pytest.importorskip("safetensors")
+
+N_PREDICT = 12
+#: case -> (how it is made, the name the reference run registers the test tokenizer's pre-tokenizer under)
+CASES = {
+    "fp8-block": (lambda p: fp8_folder(make_causal(p, "qwen3", seed=11), (48, 32)), "qwen2"),
+    "fp8-tensor": (lambda p: fp8_folder(make_causal(p, "qwen3", seed=12), None), "qwen2"),
+    "nvfp4-ct": (lambda p: nvfp4_compressed_folder(make_causal(p, "qwen3", seed=13)), "qwen2"),
+    "nvfp4-modelopt": (lambda p: nvfp4_modelopt_folder(make_llama(p, seed=14)), "llama-bpe"),
+}
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("hfq")
+    return {case: make(root / f"tiny-{case}") for case, (make, _) in CASES.items()}
+
+
+@pytest.fixture(scope="module")
+def references(folders, converter, tmp_path_factory) -> Callable[[str, str], Path]:
+    root = tmp_path_factory.mktemp("converted")
+    made: dict[tuple[str, str], Path] = {}
+
+    def get(case: str, outtype: str) -> Path:
+        if (case, outtype) not in made:
+            made[case, outtype] = convert(folders[case], root / f"{case}-{outtype}.gguf", outtype, pre=CASES[case][1])
+        return made[case, outtype]
+
+    return get
+
+
+@pytest.mark.parametrize("case,outtype", [("fp8-block", "auto"), ("fp8-block", "q8_0"), ("fp8-block", "f32"),
+                                          ("fp8-tensor", "auto"), ("nvfp4-ct", "auto"),
+                                          ("nvfp4-modelopt", "auto"), ("nvfp4-modelopt", "q8_0")])
+def test_equal_to_the_converter(mounted_gguf, folders, references, case, outtype):
+    reference = references(case, outtype)
+    _, tensors = gguf_maps(reference)
+    if case.startswith("fp8"):  # dequantized: no FP8 code or scale left, the projections in the file type
+        assert not any("scale" in name for name in tensors)
+    else:  # repacked: NVFP4 projections with their companion scales
+        assert tensors["blk.0.attn_q.weight"][0] == "NVFP4"
+        assert {"blk.0.attn_q.scale", "blk.0.attn_q.input_scale", "blk.1.ffn_down.scale"} <= set(tensors)
+    assert_same_gguf(mounted_gguf(folders[case], outtype), reference)
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_same_greedy_tokens(mounted_gguf, folders, references, probe, case):
+    assert_same_greedy(references(case, "auto"), mounted_gguf(folders[case], "auto"), N_PREDICT)
+
+
+def test_a_method_the_converter_does_not_convert_is_one_line(folders, tmp_path):
+    """A compressed-tensors FP8 folder of per-tensor strategy: the converter asserts channel or block; the
+    mount refuses with one line naming it (and gguf/ is absent from ``ckptfs info --gguf``)."""
+    folder = tmp_path / "tiny-ct-tensor"
+    shutil.copytree(folders["fp8-tensor"], folder)
+    config = json.loads((folder / "config.json").read_text())
+    config["quantization_config"] = {
+        "quant_method": "compressed-tensors", "format": "float-quantized",
+        "config_groups": {"group_0": {"targets": ["Linear"], "format": "float-quantized", "weights": {
+            "num_bits": 8, "type": "float", "strategy": "tensor", "symmetric": True, "dynamic": False}}}}
+    (folder / "config.json").write_text(json.dumps(config))
+    _rename_scales(folder)
+    result = run_cli("info", "--gguf", str(folder))
+    assert result.returncode == 0, result.stderr
+    line = next(line for line in result.stdout.splitlines() if line.startswith("gguf/"))
+    assert "strategy 'tensor'" in line and "Traceback" not in result.stdout + result.stderr
+
+
+def _rename_scales(folder: Path) -> None:
+    """compressed-tensors names a weight's scale ``weight_scale``."""
+    from safetensors.torch import load_file, save_file
+
+    path = folder / "model.safetensors"
+    tensors = load_file(path)
+    save_file({name.replace("weight_scale_inv", "weight_scale"): value for name, value in tensors.items()}, path,
+              metadata={"format": "pt"})
