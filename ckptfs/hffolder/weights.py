@@ -9,7 +9,8 @@ tensors as transformers does:
 
 - a *row order* (LLaMA's q/k head permutation): the processor is run on a column of row numbers, and output
   row r is then stored row ``order[r]``;
-- a *value map* (Gemma's norms stored as ``1 + w``): the processor itself is run on each decoded row range.
+- a *value map* (Gemma's norms stored as ``1 + w``): the processor itself is run on each decoded row range;
+  a weight with a companion ``X.scale`` (a GGUF converted from ModelOpt NVFP4) is multiplied by it first.
 
 Only processors known to be row-local (``config.ROW_LOCAL_PROCESSORS``) are used this way; for the others
 the architecture gets no hf/ folder (``config.check_supported``).
@@ -101,5 +102,33 @@ def plan(checkpoint: Checkpoint, architecture: str, config: Any, config_values: 
         kind = ROW_LOCAL_PROCESSORS.get(cls.__name__)
         order = _row_order(processor, tensor.name, rows) if kind == "rows" else None
         values = _value_map(processor, tensor.name) if kind == "values" else None
+        scale = companion_scale(checkpoint, tensor.name)
+        if scale is not None:
+            values = _scaled(scale, values)
         params.append(ParamSource(hf_name, tensor, tuple(tensor.shape), order, values))
     return params
+
+
+def companion_scale(checkpoint: Checkpoint, name: str) -> np.float32 | None:
+    """The companion scale of GGUF weight ``name`` (``X.scale`` beside ``X.weight``: the second-level scale of
+    a GGUF converted from ModelOpt NVFP4, which llama.cpp multiplies into the layer's output), or None. One
+    value per weight; a scale per expert belongs to MoE tensors, which hf/ does not serve."""
+    if not name.endswith(".weight"):
+        return None
+    scale_name = name[:-len(".weight")] + ".scale"
+    if scale_name not in checkpoint:
+        return None
+    tensor = checkpoint[scale_name]
+    if not tensor.decodable or tensor.info.damaged or tensor.size != 1:
+        raise Unsupported(f"the companion scale {scale_name!r} is not one readable value "
+                          f"({tensor.info.damaged or f'{tensor.size} values'})")
+    return np.float32(tensor.numpy().reshape(-1)[0])
+
+
+def _scaled(scale: np.float32, then: ValueMap | None) -> ValueMap:
+    """The weight times its companion scale (one float32 multiply, as llama.cpp's F32 scale), then ``then``."""
+    def apply(values: np.ndarray) -> np.ndarray:
+        scaled = np.multiply(values, scale, dtype=np.float32)
+        return scaled if then is None else then(scaled)
+
+    return apply
