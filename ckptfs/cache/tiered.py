@@ -204,6 +204,12 @@ class TieredCache:
             if items[i][0] not in claimed:
                 self._fill_one(items[i][0], items[i][1], functools.partial(decode, [i]), keep)
 
+    def count_decoded(self, nbytes: int) -> None:
+        """Count ``nbytes`` decoded by a caller straight into its own buffer, past the cache (a packed view's
+        stream: ``decoded_bytes`` stays the decoder's output)."""
+        with self._lock:
+            self.decoded_bytes += nbytes
+
     def _fill_one(self, key: str, out: np.ndarray, decode: Callable[[], None], keep: bool) -> None:
         """One key of :meth:`fill_into` that another caller was decoding: its value once there, or decoded
         here (it failed there, was not kept, or finished before this caller asked)."""

@@ -206,6 +206,13 @@ class PackedData(TensorValues):
         d1 = min(d0 + len(target), end)
         if d1 <= d0:
             return
+        if not keep and self._none_at_hand(d0 // tile_bytes, (d1 - 1) // tile_bytes + 1):
+            # a stream's request: nothing to copy from the cache and nothing to keep, so its rows are decoded
+            # into the reply in as few calls as the layout allows, not tile by tile (a 1 MiB request cuts a
+            # tile at each end: two calls each, and the whole tiles between them two more)
+            self._rows_into(d0, d1, target[:d1 - d0], spread=True)
+            self._cache.count_decoded(d1 - d0)
+            return
         whole, cut = covering_groups(d0, d1, tile_bytes, end)
         for t, a, b in cut:
             self._part_into(t, a, b, target[a - d0: b - d0])
@@ -239,12 +246,20 @@ class PackedData(TensorValues):
             return
         self._rows_into(a, b, target)
 
-    def _rows_into(self, a: int, b: int, target: np.ndarray) -> None:
+    def _none_at_hand(self, t0: int, t1: int) -> bool:
+        """Whether none of tiles [t0, t1) is in the memory cache or being decoded by another reader, and there
+        are no shared tiers (which another process may have filled)."""
+        cache = self._cache
+        return not cache.shared_tiers and not any(
+            self._key(t) in cache or cache.pending(self._key(t)) for t in range(t0, t1))
+
+    def _rows_into(self, a: int, b: int, target: np.ndarray, spread: bool = False) -> None:
         """Bytes [a, b) decoded without the cache: the runs of ``row_align`` rows wholly inside straight into
-        ``target``, the (at most two) the ends cut through a scratch array (``range_into``); with the
-        layout's ``cut_in_one_call``, every row the range touches in one call (into ``target`` when the
-        range is whole rows)."""
+        ``target`` (``spread``: cut in parts decoded on every core, ``spread_runs``), the (at most two) the
+        ends cut through a scratch array (``range_into``); with the layout's ``cut_in_one_call``, every row
+        the range touches in one call (into ``target`` when the range is whole rows)."""
         align, out_rows = self.layout.row_align, self.layout.out_features
+        unit = align * self.row_elements
         if self.layout.cut_in_one_call:
             row_bytes = self.row_elements * self.dtype.itemsize
             r0, r1 = a // row_bytes, -(-b // row_bytes)
@@ -255,9 +270,17 @@ class PackedData(TensorValues):
             return
 
         def decode(u0: int, u1: int, out: np.ndarray | None = None) -> np.ndarray:
-            return self._decode(u0 * align, min(u1 * align, out_rows), out)
+            if out is None or not spread or u1 - u0 < 2:
+                return self._decode(u0 * align, min(u1 * align, out_rows), out)
 
-        range_into(a, b, target, align * self.row_elements * self.dtype.itemsize, self.dtype, decode)
+            def run_into(g0: int, g1: int) -> None:  # units g0..g1 (inclusive) into their place in ``out``
+                assert out is not None
+                self._decode(g0 * align, min((g1 + 1) * align, out_rows), out[(g0 - u0) * unit:(g1 + 1 - u0) * unit])
+
+            spread_runs(list(range(u0, u1)), run_into)
+            return out
+
+        range_into(a, b, target, unit * self.dtype.itemsize, self.dtype, decode)
 
     # read-ahead (ckptfs.engine.decode_ahead) treats tiles as block groups
     def group_of_element(self, e: int) -> int:

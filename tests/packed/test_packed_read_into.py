@@ -13,6 +13,7 @@ from fp8_fixtures import block_quantize, expected_blocks, write_model
 from packed_fixtures import same_bits
 
 import ckptfs
+from ckptfs.engine.blocks import DECODE_TASKS
 from ckptfs.tree.mount_tree import MountTree
 
 P = "model.layers.0.self_attn.kv_a_proj_with_mqa"
@@ -72,6 +73,24 @@ def test_a_stream_decodes_every_row_once_into_the_reply_and_keeps_nothing(folder
     assert SHAPE[0] <= rows <= SHAPE[0] + 2 * requests  # each row once, but the rows a request's end cuts
     # every row a request covers whole is decoded into that request's buffer, none through a scratch array
     assert sum(o1 - o0 for o0, o1, into in calls if not into) <= 2 * requests
+    # and in few calls: the two rows its ends cut, and the rows between them in one part per core at most
+    # (not two calls per tile its ends cut plus the whole tiles' own)
+    assert len(calls) <= requests * (2 + DECODE_TASKS)
+
+
+def test_a_stream_request_decodes_in_one_call_per_core_and_cut_row(folder):
+    """A 1 MiB request of the stream (36 rows of 28 KiB: tiles of 9 rows, four of them whole, and one cut at
+    each end) decodes the two rows its ends cut and the rows between them in at most one part per core."""
+    path, _ = folder
+    ck = ckptfs.open(path, cache_size=64 << 20)
+    view = MountTree(ck).view(P + ".weight.npy")
+    calls = counted(view.data)
+    buf = memoryview(bytearray(MIB))
+    assert view.read_into(3 * MIB, buf, False) == MIB
+    made = list(calls)
+    assert bytes(buf) == view.read(3 * MIB, MIB)
+    assert len(made) <= 2 + DECODE_TASKS, made
+    assert sum(o1 - o0 for o0, o1, into in made if into) >= 34  # the rows between the cut ones: into the reply
 
 
 def test_whole_tiles_are_kept_when_asked_and_then_served_from_the_cache(folder):
