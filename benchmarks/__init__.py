@@ -6,10 +6,11 @@ module has ``main(argv) -> int``; ``make_bench_safetensors``, ``make_scale_safet
 ``fleet_model`` write or compute what the workloads need, ``remote_cold_start`` is the capped half of
 ``remote``.
 
-The workloads start the test suite's servers (tests/servers.py: nginx, moto's S3, Redis) and use the fixture
-writers in scripts/ (make_realistic_gguf.py, llama_client.py, llama_convert.py), which the documentation
-and users call from there too: both folders go on the import path here, once, after the installed
-packages, so that a module of the suite imports them by name.
+The workloads start the servers of the repository's ``loopback`` package (nginx, moto's S3, Redis, the fault
+proxy), which the tests start too, and use the writers and clients in scripts/ (make_realistic_gguf.py,
+llama_client.py, llama_convert.py), which the documentation and users call from there too: that folder goes
+on the import path here, once, after the installed packages, so that a module of the suite imports them by
+name. Nothing of the test suite is imported: the benchmarks run without it.
 """
 
 from __future__ import annotations
@@ -22,9 +23,8 @@ REPO = Path(__file__).resolve().parents[1]
 SCRIPTS = REPO / "scripts"
 SKELETONS = SCRIPTS / "real-shapes"
 
-for _folder in (REPO / "tests", SCRIPTS):
-    if str(_folder) not in sys.path:
-        sys.path.append(str(_folder))
+if str(SCRIPTS) not in sys.path:
+    sys.path.append(str(SCRIPTS))
 
 
 def workload(name: str, *args: str) -> list[str]:

@@ -13,13 +13,13 @@ Cases, each in every ``--modes`` load mode (mmap: llama.cpp's default; dio: its 
 - ``mount, single file`` and ``http, single file``: a fresh mount of the single file, llama.cpp on the file
   of the same name in it — measured where the mount shows it (the checkpoint's own file in a single-file
   mount), listed as not measured otherwise;
-- ``http``: a fresh mount of the split set served by nginx on loopback (``http://127.0.0.1``; tests/
-  servers.py), every byte fetched per range as llama.cpp reads;
+- ``http``: a fresh mount of the split set served by nginx on loopback (``http://127.0.0.1``;
+  loopback/servers.py), every byte fetched per range as llama.cpp reads;
 - ``download, then load``: the single file fetched from the same nginx by a parallel downloader (8 threads,
   16 MiB ranges, as hf_transfer-style downloaders do), then loaded from local disk: first token = download
   + load;
 - ``https, single file`` and ``download over https, then load``: the same two over TLS, from nginx with a
-  certificate of a CA made at start (tests/servers.py ``TestCA``), trusted through ``SSL_CERT_FILE``;
+  certificate of a CA made at start (loopback/servers.py ``TestCA``), trusted through ``SSL_CERT_FILE``;
 - ``https capped, single file`` and ``download over https capped, then load``: the same from an nginx that
   caps every request at ``--capped-rate`` (nginx's ``limit_rate``, default 20m: 20 MB/s per request, as a
   CDN or object store caps one stream), where parallel ranges pay; ``--capped-rate ''`` leaves them out.
@@ -54,13 +54,13 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from benchmarks import SKELETONS
-from ckptfs.bench.harness import _drop_page_cache
+from ckptfs.bench.harness import drop_page_cache
 from ckptfs.bench.remote import BenchMount
-from ckptfs.bench.run import _machine
+from ckptfs.bench import run as bench_run
 
-import llama_client  # scripts/ and tests/ are on the import path (benchmarks/__init__.py)
+import llama_client  # scripts/ is on the import path (benchmarks/__init__.py)
 from make_realistic_gguf import write_skeleton
-from servers import Nginx, TestCA
+from loopback.servers import Nginx, TestCA
 
 SKELETON = SKELETONS / "gemma3-270m-q4_k_m.json"
 PIECE = 16 << 20
@@ -112,7 +112,7 @@ def machine() -> dict:
     """ckptfs bench's machine record (CPU, load average, versions) plus the memory size."""
     with open("/proc/meminfo") as f:
         mem = int(next(line.split()[1] for line in f if line.startswith("MemTotal"))) * 1024
-    record = _machine()
+    record = bench_run.machine()
     record["load_average_at_start"] = [round(x, 2) for x in record.pop("load_average")]
     return {**record, "memory_gib": round(mem / 2**30, 1)}
 
@@ -158,13 +158,13 @@ class Bench:
               f"{row['tok_s']:6.1f} tok/s", file=sys.stderr)
 
     def direct(self, mode: str) -> dict:
-        _drop_page_cache((str(self.one),))
+        drop_page_cache((str(self.one),))
         return {**self.run(self.one, mode), "mount_s": 0.0}
 
     def mounted(self, src: str, name: str, mode: str, sources: tuple[str, ...]) -> dict | None:
         """A fresh mount of ``src`` (its sources' pages dropped), llama.cpp on ``name`` in it; None where the
         mount does not show ``name``."""
-        _drop_page_cache(sources)
+        drop_page_cache(sources)
         with BenchMount(src) as mount:
             if name not in mount.names:
                 return None

@@ -28,8 +28,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import os
-import platform
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -214,17 +212,12 @@ def bench_case(case: Case, shape: tuple[int, int], repeat: int, rng: np.random.G
 
 
 def machine_line() -> str:
-    model = platform.processor() or "?"
-    try:
-        with open("/proc/cpuinfo") as f:
-            model = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
+    from ckptfs.bench.run import machine
     from ckptfs.quant import native
 
+    m = machine()
     kernels = ", ".join(sorted(native.native_types())) or "none (numpy only)"
-    return (f"{model}; {os.cpu_count()} CPUs; Python {platform.python_version()}; numpy {np.__version__}; "
-            f"native kernels: {kernels}")
+    return f"{m['cpu']}; {m['cpus']} CPUs; Python {m['python']}; numpy {m['numpy']}; native kernels: {kernels}"
 
 
 def speed(row: Row, seconds: float) -> str:

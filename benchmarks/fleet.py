@@ -4,7 +4,7 @@ For N = 1, 2, 4, 8 (``--fleet``): N ckptfs daemons, each a separate process with
 mount the same GGUF from one loopback nginx origin (a real-shaped Q4_K_M, scripts/make_realistic_gguf.py
 with the shapes of ``--shapes``), capped per request at ``--rate`` (nginx's ``limit_rate``, as an object
 store or CDN caps a connection; uncapped without it), with ``--redis-cluster`` on one 3-node Redis Cluster on
-loopback (tests/redis_cluster_server.py), emptied before each N. All start together (one barrier) and stream
+loopback (loopback/redis_cluster_server.py), emptied before each N. All start together (one barrier) and stream
 the same ``.npy`` files in the same order. Per node: origin bytes (the mount's ``source.bytes``), chunk bytes
 the cluster served it instead (``source.shared_bytes``), decoded-group bytes it served (``hit_bytes``),
 decoded bytes, leases taken and waits (groups, then chunks), time to the last byte. Fleet-wide: decodes per
@@ -35,8 +35,8 @@ from pathlib import Path
 from benchmarks import REPO, SCRIPTS, SKELETONS, tiers
 from benchmarks.tiers import unmount
 
-from redis_cluster_server import RedisClusterServers  # tests/, on the import path (benchmarks/__init__.py)
-from servers import Nginx
+from loopback.redis_cluster_server import RedisClusterServers
+from loopback.servers import Nginx
 
 #: The ckptfs the daemons run: $PYTHONPATH's first entry (another checkout) or this one.
 TREE = Path(os.environ["PYTHONPATH"].split(os.pathsep)[0]) if os.environ.get("PYTHONPATH") else REPO

@@ -8,7 +8,8 @@ same process (codec modules already imported: the header work alone) and ckptfs 
 first access, which ckptfs defers and gguf-py does at open.
 
 Usage: python -m benchmarks open [--runs 3] [--gguf-runs 3] [--file PATH]
-The test file is generated with gguf-py's writer (tests/fixtures.py) if absent.
+The file is written if absent: scripts/make_realistic_gguf.py's 262,144-token vocabulary (word pieces, scores
+and token types, as a SentencePiece model's) and three small tensors, with gguf-py's writer.
 """
 
 from __future__ import annotations
@@ -20,7 +21,11 @@ import sys
 import tempfile
 from pathlib import Path
 
+import numpy as np
+
 from benchmarks import REPO
+
+VOCAB = 262_144
 
 CKPTFS_OPEN = """
 import sys, time
@@ -48,13 +53,28 @@ t = time.perf_counter(); gguf.GGUFReader(sys.argv[1]); print(time.perf_counter()
 
 def ensure_file(path: Path) -> Path:
     if not path.exists():
-        from fixtures import big_vocab_gguf  # test-only dependency (gguf-py), only when needed
-
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".partial")
-        big_vocab_gguf(tmp)
+        write_big_vocab(tmp)
         tmp.rename(path)
     return path
+
+
+def write_big_vocab(path: Path) -> None:
+    """A GGUF whose header is a 262,144-token vocabulary and three small tensors (the open-speed case)."""
+    import gguf
+    import make_realistic_gguf as realistic  # scripts/, on the import path (benchmarks/__init__.py)
+
+    rng = np.random.default_rng(7)
+    writer = gguf.GGUFWriter(str(path), "llama")
+    tokens, scores, types = realistic.vocabulary(VOCAB, rng)
+    writer.add_tokenizer_model("llama")
+    writer.add_token_list(tokens)
+    writer.add_token_scores(scores.tolist())
+    writer.add_token_types(types.tolist())
+    realistic.add_random_tensors(writer, [("token_embd.weight", (4, 64), "Q8_0"), ("output_norm.weight", (64,), "F32"),
+                                          ("blk.0.attn_q.weight", (2, 256), "Q4_K")], rng)
+    realistic.finish(writer, str(path))
 
 
 def timed(code: str, path: Path, runs: int) -> list[float]:
@@ -72,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=3, help="fresh processes per ckptfs measurement")
     parser.add_argument("--gguf-runs", type=int, default=3, help="fresh processes for gguf-py (slow)")
     parser.add_argument("--file", type=Path, default=Path(tempfile.gettempdir()) / "ckptfs-bench" /
-                        "vocab-262144.gguf")
+                        "vocab-262144-pieces.gguf")
     args = parser.parse_args(argv)
     path = ensure_file(args.file)
     print(f"file: {path} ({path.stat().st_size / 2**20:.1f} MiB, 262,144-token vocabulary)")

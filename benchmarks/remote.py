@@ -3,7 +3,7 @@
 ``ckptfs bench URL``'s workloads plus the server's own counts: requests, bytes, header bytes, cold
 first-read latency and stream throughput.
 
-Serves the files with Debian's nginx on 127.0.0.1 (the test suite's ``tests/servers.py``), mounts each
+Serves the files with Debian's nginx on 127.0.0.1 (``loopback/servers.py``, as the tests do), mounts each
 through the real CLI, and counts requests and bytes from nginx's own access log (what the server saw, not
 what ckptfs says it asked for). Workloads, each remote beside local in the same run:
 
@@ -38,7 +38,7 @@ from benchmarks import SCRIPTS
 from ckptfs.bench.remote import BenchMount, header_bytes, stream, timed_read
 from ckptfs.core.options import OpenOptions
 
-from servers import Nginx  # tests/, on the import path (benchmarks/__init__.py)
+from loopback.servers import Nginx
 
 MiB = 1 << 20
 _LOG = re.compile(r'"(?P<method>[A-Z]+) (?P<path>\S+) [^"]*" (?P<status>\d+) (?P<bytes>\d+)')

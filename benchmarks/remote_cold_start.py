@@ -4,7 +4,7 @@ docs/remote.md, "Cold starts behind a capped origin").
 
 Object stores and CDNs cap what one connection carries, and the tools that load fast open many ranges at
 once. The origin here is Debian's nginx on 127.0.0.1 with ``limit_rate`` per request (``--rate``, default
-20m: 20 MiB/s, so an 8 MiB range takes 0.4 s), behind ``tests/faultproxy.py`` in a process of its own that
+20m: 20 MiB/s, so an 8 MiB range takes 0.4 s), behind ``loopback/faultproxy.py`` in a process of its own that
 waits ``--latency-ms`` before forwarding each request (latency to first byte). Each round runs, on the same
 file (a Gemma-3-270M-shaped Q4_K_M GGUF, ``make_realistic_gguf.py --shapes``; ``--shapes qwen2-7b-q4_k_m``: 4.4 GiB):
 
@@ -63,7 +63,7 @@ from ckptfs.core.options import OpenOptions
 from ckptfs.util.procinfo import peak_rss
 from ckptfs.util.sizes import parse_size
 
-from servers import MotoS3, Nginx, environment  # tests/, on the import path (benchmarks/__init__.py)
+from loopback.servers import MotoS3, Nginx, environment
 
 MiB = 1 << 20
 DIRECT_READ = 64 * MiB
@@ -569,7 +569,7 @@ def s3_section(model: Path, args, notes: list[str]) -> dict:
 
 
 class DelayProxy:
-    """``tests/faultproxy.py`` in a process of its own: ``delay`` seconds before each request, each answer paced
+    """``loopback/faultproxy.py`` in a process of its own: ``delay`` seconds before each request, each answer paced
     to ``rate`` bytes per second if given (neither: no proxy, ``url`` is the upstream's)."""
 
     def __init__(self, upstream: str, delay: float, rate: int | None = None, spans: Path | None = None):
@@ -589,7 +589,7 @@ class DelayProxy:
         if not self.delay and not self.rate:
             self.url = self.upstream
             return self
-        argv = [sys.executable, str(REPO / "tests" / "faultproxy.py"), self.upstream,
+        argv = [sys.executable, str(REPO / "loopback" / "faultproxy.py"), self.upstream,
                 "--first-byte-delay", str(self.delay)]
         argv += ["--rate", str(self.rate)] if self.rate else []
         argv += ["--spans", str(self.spans_path)] if self.spans_path else []
@@ -597,7 +597,7 @@ class DelayProxy:
         self.url = self.proc.stdout.readline().strip()
         if not self.url.startswith("http://"):
             self.__exit__()
-            raise RuntimeError("the delay proxy (tests/faultproxy.py) did not start")
+            raise RuntimeError("the delay proxy (loopback/faultproxy.py) did not start")
         return self
 
     def __exit__(self, *exc) -> None:
@@ -629,7 +629,7 @@ def fixture(root: Path, shapes: str = SHAPES[0]) -> Path:
 
 
 def run(root: Path, args) -> dict:
-    from ckptfs.bench.run import _machine
+    from ckptfs.bench.run import machine
 
     model = fixture(root, getattr(args, "shapes", SHAPES[0]))
     # the CLI's start as installed: pip compiles a package's modules when it installs it, an editable install
@@ -637,7 +637,7 @@ def run(root: Path, args) -> dict:
     # compile them again, 70 ms of its start here)
     compileall.compile_dir(str(REPO / "ckptfs"), quiet=1)
     notes: list[str] = []
-    results: dict = {"machine": _machine(), "command": " ".join(sys.argv), "notes": notes, "section_s": {}}
+    results: dict = {"machine": machine(), "command": " ".join(sys.argv), "notes": notes, "section_s": {}}
     sections = [("capped", lambda: capped_section(root, model, args, notes)),
                 ("uncapped", lambda: uncapped_section(root, model, args)),
                 ("warm", lambda: warm_section(root, model, args))]

@@ -153,7 +153,7 @@ def second_daemon(model: Path, work: Path, tier: str, rounds: int, server) -> di
 
 
 def redis_outage(model: Path, work: Path, how: str) -> dict:
-    from redis_server import RedisServer
+    from loopback.redis_server import RedisServer
 
     server = RedisServer().start()
     warm = mount(model, work / f"warm-{how}", "--redis", server.url, "--cache-size", "0")
@@ -326,7 +326,7 @@ def main(argv: list[str] | None = None) -> int:
     skip = set(filter(None, args.skip.split(",")))
 
     from make_realistic_gguf import write
-    from redis_server import RedisServer
+    from loopback.redis_server import RedisServer
 
     work = Path(tempfile.mkdtemp(prefix="ckptfs-bench-tiers-"))
     results: dict = {"machine": f"{os.cpu_count()} CPUs, loaded by other work; loopback Redis "

@@ -8,8 +8,10 @@
   with the real CLI (``python -m ckptfs.commands.cli mount``; as a daemon, or ``-f`` in a child process), returns
   once the mount is ready, and unmounts at teardown whatever happened in the test.
 - ``mount_stats(mnt)`` (the root's ``user.ckptfs.stats`` xattr: cache counters, daemon pid, binding),
-  ``is_mounted(path)``, ``force_unmount(path)``, ``wait_until(predicate, timeout)``, ``ckptfs_cli()``,
-  ``cli_env()``.
+  ``is_mounted(path)``, ``force_unmount(path)``, ``wait_until(predicate, timeout)`` (loopback/polling.py),
+  ``ckptfs_cli()``, ``cli_env()``.
+- ``require_nginx()`` and ``nginx_origin(...)``: the remote tests' nginx (loopback/servers.py) as a module's
+  origin; a server's program that is not installed (``MissingTool``) skips the test, or fails it under CI.
 - the fixtures of the helper modules ``cli_runs`` (``mountpoint``) and ``model_fixtures`` (``small``,
   ``index_gguf``), registered here as plugins so that every test module can ask for them by name.
 - ``tmpfs(path, size)``: a real tmpfs mounted at ``path`` for a with block (root only, else skipped): a file
@@ -29,13 +31,14 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from ckptfs.util import procinfo
+from loopback.polling import wait_until
+from loopback.servers import MissingTool, NGINX, Nginx
 
 REPO = Path(__file__).resolve().parents[1]
 pytest_plugins = ("cli_runs", "model_fixtures")
@@ -47,6 +50,36 @@ def skip_or_fail(reason: str) -> None:
     if os.environ.get("CI", "").lower() == "true":
         pytest.fail(f"required in CI: {reason}")
     pytest.skip(reason)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):
+    """A loopback server's missing program (``MissingTool``, in a fixture or the test) is a skip, as
+    :func:`skip_or_fail` would make it; under CI=true it stays the failure it is."""
+    outcome = yield
+    report = outcome.get_result()
+    if (call.excinfo is not None and call.excinfo.errisinstance(MissingTool)
+            and os.environ.get("CI", "").lower() != "true"):
+        report.outcome = "skipped"
+        report.longrepr = (str(item.path), item.location[1] or 0, f"Skipped: {call.excinfo.value}")
+
+
+def require_nginx() -> None:
+    """Skip a test that needs nginx where it is not installed — fail under CI=true (skip_or_fail)."""
+    if not os.path.exists(NGINX):
+        skip_or_fail(f"nginx is not installed ({NGINX}; Debian: apt-get install nginx-light)")
+
+
+@contextlib.contextmanager
+def nginx_origin(tmp_path_factory, fill, name: str = "www", **nginx_options):
+    """The remote tests' module-scoped origin, spelled once: nginx on loopback (``Nginx(root, **nginx_options)``,
+    after ``require_nginx``) serving a fresh folder that ``fill(root)`` wrote; yields (server, root, what
+    ``fill`` returned)."""
+    require_nginx()
+    root = tmp_path_factory.mktemp(name)
+    made = fill(root)
+    with Nginx(root, **nginx_options) as server:
+        yield server, root, made
 
 
 def fuse_problem(binding: str | None = None) -> str | None:
@@ -112,16 +145,6 @@ def _mount_points() -> set[str]:
 def is_mounted(path: str | os.PathLike) -> bool:
     """In the mount table (true for a dead FUSE mount too, unlike os.path.ismount)."""
     return os.path.abspath(path) in _mount_points()
-
-
-def wait_until(predicate: Callable[[], bool], timeout: float = 10.0, interval: float = 0.05) -> bool:
-    deadline = time.monotonic() + timeout
-    while True:
-        if predicate():
-            return True
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(interval)
 
 
 def force_unmount(path: str | os.PathLike) -> None:

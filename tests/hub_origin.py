@@ -8,7 +8,8 @@ import contextlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from servers import HubStandIn, Nginx, environment, require_nginx
+from loopback.servers import HubStandIn, Nginx, environment
+from conftest import require_nginx
 
 
 @contextlib.contextmanager

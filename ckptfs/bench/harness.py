@@ -30,7 +30,7 @@ class MountFailed(RuntimeError):
     """The CLI daemon did not mount (its one-line reason)."""
 
 
-def _drop_page_cache(paths: tuple[str, ...]) -> None:
+def drop_page_cache(paths: tuple[str, ...]) -> None:
     """Evict the checkpoint's pages from the kernel page cache, so "cold" means read from the disk.
 
     posix_fadvise(DONTNEED) drops clean pages of a file for everyone; it needs no privileges. Best effort.

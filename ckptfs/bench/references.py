@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from ckptfs.bench.harness import BenchMount, _drop_page_cache
+from ckptfs.bench.harness import BenchMount, drop_page_cache
 from ckptfs.bench.plan import NpyFile, Plan
 from ckptfs.bench.progress import Progress
 from ckptfs.bench.workloads import _timed
@@ -40,7 +40,7 @@ class Reference:
 
 def _time_process(code: str, plan: Plan) -> float:
     """Wall time of a fresh Python process running ``code`` on the checkpoint, page cache dropped first."""
-    _drop_page_cache(plan.files)
+    drop_page_cache(plan.files)
     seconds, result = _timed(lambda: subprocess.run([sys.executable, "-c", code, plan.src], stdin=subprocess.DEVNULL,
                                                     capture_output=True, text=True))
     if result.returncode != 0:

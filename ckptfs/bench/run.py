@@ -23,7 +23,7 @@ from ckptfs.bench.harness import (
     AnonMemorySampler,
     BenchMount,
     MountFailed,
-    _drop_page_cache,
+    drop_page_cache,
     bench_mount,
 )
 from ckptfs.bench.plan import Plan, make_plan
@@ -46,7 +46,9 @@ RANDOM_READS = 200
 RANDOM_ROWS = 200
 
 
-def _machine() -> dict[str, Any]:
+def machine() -> dict[str, Any]:
+    """The machine a run measured on (CPU model and count, load, kernel, versions): every report's header,
+    ``ckptfs bench``'s and the benchmark suite's alike."""
     model = platform.processor() or "?"
     try:
         with open("/proc/cpuinfo") as f:
@@ -65,7 +67,7 @@ def _measure_mount(plan: Plan, workdir: str, options: OpenOptions, progress: Pro
     m: dict[str, Any] = results["mount"]
     reference = None
     progress.step("mount (cold page cache)")
-    _drop_page_cache(plan.files)
+    drop_page_cache(plan.files)
     with bench_mount(plan.src, workdir, "mnt", options) as mount:
         _mount_workloads(plan, mount, progress, m)
         if with_reference:
@@ -192,7 +194,7 @@ def run_bench(src: str, as_json: bool = False, options: OpenOptions | None = Non
     progress = Progress(steps, enabled=sys.stderr.isatty() and not verbose, log_phases=verbose)
     results: dict[str, Any] = {"checkpoint": src, "format": plan.format, "files": len(plan.files),
                                "tensors": plan.tensors, "stored_bytes": plan.stored_bytes, "cache_size": cache_size,
-                               "machine": _machine(), "mount": {},
+                               "machine": machine(), "mount": {},
                                "damaged": [{"name": name, "reason": reason} for name, reason in plan.damaged]}
     workdir = tempfile.mkdtemp(prefix="ckptfs-bench-")
     with _sigterm_as_interrupt():

@@ -1,5 +1,5 @@
 """The capped origin of ``python -m benchmarks remote --capped`` (``benchmarks/remote_cold_start.py``) really caps:
-nginx's ``limit_rate`` bounds one request's throughput, ``tests/faultproxy.py`` delays each first byte and
+nginx's ``limit_rate`` bounds one request's throughput, ``loopback/faultproxy.py`` delays each first byte and
 paces a body to its ``rate``, every byte relayed unchanged; the requests-in-flight figures are computed right
 from the server's own spans; and a missing downloader is a note, not a crash.
 
@@ -17,8 +17,9 @@ from pathlib import Path
 import pytest
 
 from benchmarks import remote_cold_start
-from faultproxy import FaultProxy
-from servers import Nginx, require_nginx
+from loopback.faultproxy import FaultProxy
+from loopback.servers import Nginx
+from conftest import require_nginx
 
 MiB = 1 << 20
 

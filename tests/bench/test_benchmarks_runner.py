@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import ast
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -59,3 +60,20 @@ def test_each_workload_starts(name):
     done = _run("-m", "benchmarks", name, "--help")
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.startswith(f"usage: python -m benchmarks {name} "), done.stdout[:300]
+
+
+def test_the_suite_stands_without_the_test_suite():
+    """Every workload module imports with nothing of tests/ on the import path or among the loaded modules: the
+    servers both start come from the ``loopback`` package, the writers from scripts/."""
+    code = ("import importlib, json, sys\n"
+            f"for name in {WORKLOADS!r}:\n"
+            "    importlib.import_module('benchmarks.' + name)\n"
+            "print(json.dumps({'path': sys.path, 'files': [getattr(m, '__file__', None) or '' for m in "
+            "list(sys.modules.values())]}))\n")
+    done = _run("-c", code, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    tests = str(REPO / "tests")
+    assert not [p for p in seen["path"] if p.rstrip("/") == tests]
+    assert not [f for f in seen["files"] if f.startswith(tests + "/")]
+    assert any(f.startswith(str(REPO / "loopback") + "/") for f in seen["files"])  # what they share is there

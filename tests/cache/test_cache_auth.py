@@ -17,7 +17,8 @@ import numpy as np
 import pytest
 from cli_runs import one_error_line, run_cli
 from conftest import force_unmount, mount_stats
-from redis_server import RedisServer, require_redis_server
+from loopback.redis_server import RedisServer
+from redis_fixtures import require_redis_server
 from users import AS_NOBODY, NOBODY
 from users import public_dir as _public_dir
 from tier_models import expected_files, read_all, settled

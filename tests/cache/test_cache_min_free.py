@@ -20,9 +20,9 @@ import pytest
 pytest.importorskip("urllib3")
 
 from cli_runs import one_error_line, run_cli
-from conftest import tmpfs
+from conftest import require_nginx, tmpfs
 from fixtures import write_gguf
-from servers import Nginx, data_ranges, require_nginx
+from loopback.servers import Nginx, data_ranges
 
 MiB = 1 << 20
 

@@ -15,9 +15,9 @@ import pytest
 
 pytest.importorskip("urllib3")
 
-from conftest import ckptfs_cli, cli_env, wait_until
+from conftest import ckptfs_cli, cli_env, require_nginx, wait_until
 from fixtures import write_gguf
-from servers import Nginx, data_ranges, require_nginx
+from loopback.servers import Nginx, data_ranges
 
 
 def _prefetch(url: str, cache) -> subprocess.Popen:

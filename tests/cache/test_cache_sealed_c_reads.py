@@ -24,10 +24,10 @@ import pytest
 pytest.importorskip("urllib3")
 
 from cli_runs import run_cli
-from conftest import mount_stats, wait_until
+from conftest import mount_stats, require_nginx, wait_until
 from fixtures import write_gguf, write_mixed_gguf
 from mount_expect import read_direct
-from servers import Nginx, data_ranges, require_nginx
+from loopback.servers import Nginx, data_ranges
 
 from ckptfs.cache.sparse_store import CHUNK, SparseStore
 from ckptfs.fs import direct

@@ -23,8 +23,9 @@ import uuid
 import numpy as np
 import pytest
 from conftest import tmpfs
-from redis_cluster_server import RedisClusterServers, require_redis_cluster
-from redis_server import RedisServer, require_redis_server
+from loopback.redis_cluster_server import RedisClusterServers
+from redis_fixtures import require_redis_cluster, require_redis_server
+from loopback.redis_server import RedisServer
 
 from ckptfs.cache.disk import DiskTier
 from ckptfs.cache.keys import CacheKey

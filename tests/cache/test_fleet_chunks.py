@@ -14,14 +14,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import bounded, mount_stats
+from conftest import bounded, mount_stats, nginx_origin
 from fixtures import quantized, write_gguf
-from redis_cluster_server import RedisClusterServers, require_redis_cluster
-from redis_server import RedisServer, require_redis_server
-from servers import Nginx, nginx_origin
-from servers import requests_since
+from loopback.redis_cluster_server import RedisClusterServers
+from redis_fixtures import require_redis_cluster, require_redis_server
+from redis_fixtures import server as redis  # noqa: F401 - the fixture: a started redis-server
+from loopback.redis_server import RedisServer
+from loopback.servers import Nginx, requests_since
 from tier_models import expected_files, read_all
-from redis_server import server as redis  # noqa: F401 - the fixture: a started redis-server
 
 
 pytest.importorskip("redis")

@@ -31,7 +31,8 @@ from cli_runs import run_cli
 from fixtures import quantized, write_gguf
 from multifile_sets import gguf_reference
 from hub_origin import hub_origin
-from servers import Nginx, data_ranges, require_nginx
+from loopback.servers import Nginx, data_ranges
+from conftest import require_nginx
 
 import ckptfs
 from ckptfs.sources.netstats import COUNTERS

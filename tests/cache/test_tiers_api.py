@@ -21,7 +21,8 @@ import numpy as np
 import pytest
 from cli_runs import run_cli
 from conftest import cli_env
-from redis_server import RedisServer, require_redis_server
+from loopback.redis_server import RedisServer
+from redis_fixtures import require_redis_server
 from fixtures import write_mixed_gguf
 from tier_models import write_model
 
@@ -242,7 +243,7 @@ def test_cache_command_usage_errors(model, tmp_path):
 def test_prefetch_reports_a_redis_that_is_down(model):
     require_redis_server()
     pytest.importorskip("redis")
-    from redis_server import free_port
+    from loopback.servers import free_port
 
     path, _ = model
     result = run_cli("prefetch", str(path), "--redis", f"redis://127.0.0.1:{free_port()}/0")

@@ -12,7 +12,8 @@ import subprocess
 
 import pytest
 from conftest import mount_stats
-from redis_server import RedisServer, require_redis_server
+from loopback.redis_server import RedisServer
+from redis_fixtures import require_redis_server
 from tier_models import write_model
 
 from ckptfs.cache.entry import HEADER_SIZE

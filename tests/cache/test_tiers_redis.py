@@ -15,12 +15,12 @@ import time
 import numpy as np
 import pytest
 from conftest import bounded, wait_until
-from redis_server import RedisServer, require_redis_server
+from loopback.redis_server import RedisServer
+from redis_fixtures import require_redis_server, server  # noqa: F401
 
 pytest.importorskip("redis")
 
 from ckptfs.cache.redis_tier import GROUPS, RedisTier
-from redis_server import server  # noqa: F401
 
 HANG_GUARD_S = 10.0
 
@@ -145,7 +145,7 @@ def test_full_server_refuses_writes_but_serves_lookups(caplog):
 
 def test_an_unreachable_url_is_a_miss_not_an_error():
     require_redis_server()
-    from redis_server import free_port
+    from loopback.servers import free_port
 
     tier = RedisTier(f"redis://127.0.0.1:{free_port()}/0")
     try:

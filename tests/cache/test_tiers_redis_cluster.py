@@ -1,5 +1,5 @@
 """The Redis Cluster tier (``--redis-cluster``) and the cross-process lease, against a real 3-node Redis
-Cluster on loopback (tests/redis_cluster_server.py) and real FUSE mounts.
+Cluster on loopback (loopback/redis_cluster_server.py) and real FUSE mounts.
 
 Values are np.save of gguf-py's dequantize (tests/tier_models.py, tests/fixtures.py). What is proved: the
 API and a mount serve exact values through the cluster and a second reader decodes nothing; the keys land on
@@ -18,8 +18,9 @@ import numpy as np
 import pytest
 from conftest import HANG_GUARD_S, bounded, mount_stats
 from fixtures import quantized, write_gguf
-from redis_cluster_server import RedisClusterServers, require_redis_cluster
-from redis_server import RedisServer
+from loopback.redis_cluster_server import RedisClusterServers
+from redis_fixtures import require_redis_cluster
+from loopback.redis_server import RedisServer
 from tier_models import expected_files, read_all, settled
 from tier_models import write_model
 

@@ -22,9 +22,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import REPO
+from conftest import REPO, require_nginx
 from gguf import GGUFReader
-from servers import Nginx, require_nginx
+from loopback.servers import Nginx
 
 sys.path.append(str(REPO / "scripts"))
 import llama_client

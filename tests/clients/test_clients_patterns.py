@@ -27,11 +27,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 from client_patterns import RssSampler, run_workers, summary
-from conftest import REPO, mount_stats
+from conftest import REPO, mount_stats, require_nginx
 
 from ckptfs.cache.chunks import DEFAULT_MEMORY_BYTES as REMOTE_CHUNKS
 from ckptfs.readahead.scheduler import DEFAULT_BUDGET as READ_AHEAD_BUDGET
-from servers import Nginx, require_nginx
+from loopback.servers import Nginx
 
 CACHE = 16 << 20
 #: RssAnon growth allowed besides the cache: libfuse's request buffers (max_read per worker thread), the

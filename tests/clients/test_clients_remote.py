@@ -2,7 +2,7 @@
 
 The probe, the model (scripts/make_realistic_gguf.py: 4 layers, a 4,096-token vocabulary, the Q4_K_M type
 mix) and the oracle (the probe on the original file, in the same load mode) are those of
-tests/clients/test_clients_llamacpp.py. The sources, all on loopback (tests/servers.py):
+tests/clients/test_clients_llamacpp.py. The sources, all on loopback (loopback/servers.py):
 
 - ``https://``: nginx with a certificate from a CA generated at test time, trusted by the mount through
   ``SSL_CERT_FILE`` (docs/remote.md, "TLS"); mmap and O_DIRECT (which must not fall back);
@@ -20,7 +20,8 @@ import shutil
 from pathlib import Path
 
 import pytest
-from servers import HubStandIn, MotoS3, Nginx, environment, require_nginx
+from loopback.servers import HubStandIn, MotoS3, Nginx, environment
+from conftest import require_nginx
 from llama_models import N_PREDICT, check_same, direct, llama_client, make_model, probe  # noqa: F401
 
 pytest.importorskip("urllib3")

@@ -14,9 +14,9 @@ import pytest
 pytest.importorskip("urllib3")
 
 from cli_runs import one_error_line, run_cli
-from conftest import ckptfs_cli, cli_env, mount_stats, wait_until
+from conftest import ckptfs_cli, cli_env, mount_stats, require_nginx, wait_until
 from fixtures import write_gguf
-from servers import Nginx, require_nginx
+from loopback.servers import Nginx
 
 SECRET = "SEKRET456"
 VALUES = np.random.default_rng(9).standard_normal((1024, 1024)).astype(np.float32)  # 4 MiB

@@ -32,12 +32,11 @@ import pytest
 pytest.importorskip("urllib3")
 
 from cli_runs import one_error_line, run_cli
-from conftest import REPO, tmpfs, wait_until
-from faultproxy import FaultProxy
+from conftest import REPO, nginx_origin, require_nginx, tmpfs, wait_until
+from loopback.faultproxy import FaultProxy
 from fixtures import quantized, write_gguf
 from multifile_sets import gguf_reference, gguf_tensors, write_split_gguf
-from servers import (OPEN_HEAD, WEAK_ETAG_TAIL, Nginx, data_ranges, free_port, nginx_origin,
-                     require_nginx)
+from loopback.servers import Nginx, OPEN_HEAD, WEAK_ETAG_TAIL, data_ranges, free_port
 
 from ckptfs.cache.chunks import CHUNK
 from ckptfs.cache.disk import DiskStore

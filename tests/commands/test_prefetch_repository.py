@@ -28,7 +28,7 @@ from conftest import mount_stats, wait_until
 from fixtures import quantized, write_gguf
 from multifile_sets import gguf_reference
 from hub_origin import hub_origin
-from servers import MotoS3, environment
+from loopback.servers import MotoS3, environment
 
 from ckptfs.cache.chunks import CHUNK
 from ckptfs.cache.sparse_store import HEADER_SIZE as SPARSE_HEADER, RECORD

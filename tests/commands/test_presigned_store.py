@@ -16,9 +16,9 @@ import pytest
 pytest.importorskip("urllib3")
 
 from cli_runs import mountpoint, run_cli  # noqa: F401
-from conftest import ckptfs_cli, cli_env
+from conftest import ckptfs_cli, cli_env, nginx_origin
 from fixtures import write_gguf
-from servers import Nginx, nginx_origin
+from loopback.servers import Nginx
 
 VALUES = np.random.default_rng(5).standard_normal((2048, 2048)).astype(np.float32)  # 16 MiB
 SIZE = VALUES.nbytes

@@ -20,9 +20,9 @@ import pytest
 pytest.importorskip("urllib3")
 
 from cli_runs import one_error_line, run_cli
-from conftest import ckptfs_cli, cli_env, mount_stats
+from conftest import ckptfs_cli, cli_env, mount_stats, nginx_origin
 from fixtures import write_gguf
-from servers import Nginx, free_port, nginx_origin
+from loopback.servers import Nginx, free_port
 from users import AS_NOBODY, public_dir  # noqa: F401
 
 VALUES = np.random.default_rng(48).standard_normal((64, 64)).astype(np.float32)

@@ -21,7 +21,8 @@ from ckptfs.readahead import SequentialRun
 from ckptfs.sources.remote import fetch_ahead as remote_readahead
 from ckptfs.tree.mount_tree import MountTree
 from fixtures import quantized, write_gguf
-from servers import Nginx, require_nginx
+from loopback.servers import Nginx
+from conftest import require_nginx
 
 STEP = 128 * 1024  # what the kernel asks per request
 ROWS, COLS = 2048, 4096  # Q8_0: 8.5 MiB stored, 32 MiB served as float32

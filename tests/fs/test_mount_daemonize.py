@@ -20,9 +20,9 @@ import pytest
 pytest.importorskip("urllib3")
 
 from cli_runs import run_cli
-from conftest import ckptfs_cli, cli_env, force_unmount, is_mounted, wait_until
+from conftest import ckptfs_cli, cli_env, force_unmount, is_mounted, require_nginx, wait_until
 from fixtures import write_gguf
-from servers import Nginx, require_nginx
+from loopback.servers import Nginx
 
 VALUES = np.random.default_rng(5).standard_normal((256, 256)).astype(np.float32)
 

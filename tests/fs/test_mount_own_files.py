@@ -131,7 +131,8 @@ def test_a_path_with_dot_and_tilde_names_the_real_file(mounted, tmp_path):
 def site(tmp_path_factory):
     """nginx serving one 9 MiB GGUF (test_remote_http's site has it among others; importing that module here
     would skip these local tests where urllib3 is missing)."""
-    from servers import Nginx, require_nginx
+    from loopback.servers import Nginx
+    from conftest import require_nginx
 
     require_nginx()
     root = tmp_path_factory.mktemp("www")
@@ -143,7 +144,7 @@ def site(tmp_path_factory):
 
 
 def test_an_https_file_mount_holds_the_file_fetched_per_range(site, mounted):
-    from servers import requests_since
+    from loopback.servers import requests_since
 
     server, root = site
     size = (root / "big.gguf").stat().st_size
@@ -161,7 +162,7 @@ def test_an_https_file_mount_holds_the_file_fetched_per_range(site, mounted):
 def test_an_s3_file_mount_holds_the_file(tmp_path, mounted):
     boto3 = pytest.importorskip("boto3")
     pytest.importorskip("moto")
-    from servers import MotoS3, environment
+    from loopback.servers import MotoS3, environment
 
     written = write_mixed_gguf(tmp_path / "mixed.gguf")
     with MotoS3() as server, environment(server.env()):
@@ -175,7 +176,8 @@ def test_an_s3_file_mount_holds_the_file(tmp_path, mounted):
 
 def test_an_hf_file_mount_holds_the_file(tmp_path, mounted):
     pytest.importorskip("huggingface_hub")
-    from servers import HubStandIn, Nginx, environment, require_nginx
+    from loopback.servers import HubStandIn, Nginx, environment
+    from conftest import require_nginx
 
     require_nginx()
     repo, cdn = tmp_path / "repo", tmp_path / "cdn"

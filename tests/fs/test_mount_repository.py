@@ -222,7 +222,7 @@ def check_remote(mnt: Path, folder: Path, members: dict[str, list[Path]], base: 
 def test_an_s3_prefix_repository(tmp_path, mounted):
     boto3 = pytest.importorskip("boto3")
     pytest.importorskip("moto")
-    from servers import MotoS3, environment
+    from loopback.servers import MotoS3, environment
 
     folder = tmp_path / "repo"
     members = write_repository(folder)
@@ -237,7 +237,8 @@ def test_an_s3_prefix_repository(tmp_path, mounted):
 
 def test_an_hf_repository(tmp_path, mounted):
     pytest.importorskip("huggingface_hub")
-    from servers import HubStandIn, Nginx, environment, require_nginx
+    from loopback.servers import HubStandIn, Nginx, environment
+    from conftest import require_nginx
 
     require_nginx()
     folder, cdn = tmp_path / "repo", tmp_path / "cdn"

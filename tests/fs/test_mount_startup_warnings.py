@@ -12,7 +12,7 @@ pytest.importorskip("redis")
 
 from cli_runs import run_cli
 from conftest import ckptfs_cli, cli_env, force_unmount, is_mounted, wait_until
-from redis_server import RedisServer
+from loopback.redis_server import RedisServer
 
 WARNING = "no --cache-key-file, so its values are trusted as-is"
 

@@ -23,7 +23,8 @@ from ckptfs.util.names import NAME_MAX
 
 @pytest.fixture(scope="module")
 def site(tmp_path_factory):
-    from servers import Nginx, require_nginx
+    from loopback.servers import Nginx
+    from conftest import require_nginx
 
     require_nginx()
     root = tmp_path_factory.mktemp("www")

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 from gguf_view_models import assert_same_gguf, convert, make_bert, make_causal
 from gguf_view_models import converter  # noqa: F401 - fixture
-from servers import HubStandIn, MotoS3, Nginx, environment, require_nginx
+from loopback.servers import HubStandIn, MotoS3, Nginx, environment
+from conftest import require_nginx
 
 pytest.importorskip("transformers")
 pytest.importorskip("gguf")

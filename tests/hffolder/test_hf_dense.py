@@ -337,7 +337,7 @@ def test_s3_folder_release(tmp_path, mounted):
     by range."""
     boto3 = pytest.importorskip("boto3")
     pytest.importorskip("moto")
-    from servers import MotoS3, environment
+    from loopback.servers import MotoS3, environment
 
     folder, expected = fp8_block(tmp_path / "m")
     with_kept_files(folder)

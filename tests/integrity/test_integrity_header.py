@@ -181,7 +181,8 @@ def test_a_remote_header_is_checked_from_the_bytes_the_open_fetched(tmp_path, mo
     serves the original, and refuses a copy with one token changed, in one line naming its URL."""
     pytest.importorskip("urllib3")
     from fixtures import big_vocab_gguf
-    from servers import Nginx, require_nginx
+    from loopback.servers import Nginx
+    from conftest import require_nginx
 
     require_nginx()
     root = tmp_path / "www"

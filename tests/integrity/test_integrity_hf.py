@@ -1,6 +1,6 @@
 """``ckptfs verify hf://...``: without a manifest each Hub file is hashed and compared with its LFS oid (the
 sha256 the Hub sends as X-Linked-Etag); with one, a tensor changed on the CDN is named. Against the loopback
-Hub stand-in (tests/servers.py) with nginx as the CDN."""
+Hub stand-in (loopback/servers.py) with nginx as the CDN."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ pytest.importorskip("urllib3")
 from conftest import ckptfs_cli, cli_env
 from fixtures import write_mixed_gguf
 from integrity_fixtures import flip, reference_tensors
-from servers import HubStandIn, Nginx
+from loopback.servers import HubStandIn, Nginx
 
 import ckptfs
 from ckptfs.integrity.manifest import build_manifest

@@ -227,7 +227,7 @@ def test_a_remote_folder_on_s3(tmp_path):
     stored codes their bytes, read through ``s3://``."""
     boto3 = pytest.importorskip("boto3")
     pytest.importorskip("moto")
-    from servers import MotoS3, environment
+    from loopback.servers import MotoS3, environment
 
     folder, layers, _ = nf4_folder(tmp_path)
     with MotoS3() as server, environment(server.env()):

@@ -12,7 +12,7 @@ pytest.importorskip("moto")
 import ckptfs  # noqa: E402
 from fp4_fixtures import GPT_OSS_CONFIG, gptoss_experts, gptoss_formula  # noqa: E402
 from packed_fixtures import same_bits, write_folder  # noqa: E402
-from servers import MotoS3, environment  # noqa: E402
+from loopback.servers import MotoS3, environment  # noqa: E402
 
 BUCKET = "fp4"
 EXPERTS = "model.layers.0.mlp.experts"

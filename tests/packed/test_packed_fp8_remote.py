@@ -16,7 +16,7 @@ import ckptfs  # noqa: E402
 from fp8_fixtures import BF16, block_quantize, expected_blocks, write_model  # noqa: E402
 from mount_expect import npy_bytes  # noqa: E402
 from packed_fixtures import same_bits  # noqa: E402
-from servers import MotoS3, environment  # noqa: E402
+from loopback.servers import MotoS3, environment  # noqa: E402
 
 BUCKET = "fp8"
 Q = "model.layers.0.mlp.down_proj"

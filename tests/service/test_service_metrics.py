@@ -28,7 +28,7 @@ import pytest
 
 from conftest import REPO, ckptfs_cli, cli_env, force_unmount, mount_stats, require_fuse, skip_or_fail, wait_until
 from fixtures import quantized, write_gguf
-from servers import free_port
+from loopback.servers import free_port
 from mount_expect import read_direct
 from metrics_samples import scrape, value
 

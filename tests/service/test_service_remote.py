@@ -18,9 +18,9 @@ pytest.importorskip("urllib3")
 parser = pytest.importorskip("prometheus_client.parser")
 
 from conftest import mount_stats  # noqa: E402
-from faultproxy import FaultProxy  # noqa: E402
+from loopback.faultproxy import FaultProxy  # noqa: E402
 from fixtures import quantized, write_gguf  # noqa: E402
-from servers import Nginx  # noqa: E402
+from loopback.servers import Nginx  # noqa: E402
 from metrics_samples import scrape  # noqa: E402
 
 ACCESS = re.compile(r'"(GET|HEAD) (\S+) HTTP/[\d.]+" (\d{3}) (\d+)')

@@ -25,7 +25,8 @@ import memsource
 import numpy as np
 import pytest
 from fixtures import write_gguf
-from servers import HubStandIn, MotoS3, Nginx, environment, require_nginx
+from loopback.servers import HubStandIn, MotoS3, Nginx, environment
+from conftest import require_nginx
 
 import ckptfs
 from ckptfs.cache.chunks import CHUNK

@@ -24,10 +24,9 @@ import pytest
 
 pytest.importorskip("urllib3")
 
-from conftest import mount_stats, pid_alive
-from faultproxy import FaultProxy
+from conftest import mount_stats, nginx_origin, pid_alive
+from loopback.faultproxy import FaultProxy
 from fixtures import write_gguf
-from servers import nginx_origin
 
 MiB = 1 << 20
 THREADS, READS = 16, 40

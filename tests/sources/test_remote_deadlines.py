@@ -1,6 +1,6 @@
 """The outage rule against an origin that keeps answering badly, not only one that falls silent.
 
-Debian's nginx on loopback behind the project's fault proxy (``tests/faultproxy.py``), read through a real FUSE
+Debian's nginx on loopback behind the project's fault proxy (``loopback/faultproxy.py``), read through a real FUSE
 mount with ``--timeout 2`` the way llama.cpp loads a model: one 64 MiB O_DIRECT read of the mount's own file
 (64 kernel requests of 1 MiB on libfuse's threads). Against each misbehaviour — a body trickling one byte a
 second, headers and then nothing, every answer a 500, every body cut short — the read ends in EIO having met one
@@ -24,10 +24,9 @@ import pytest
 pytest.importorskip("urllib3")
 
 from ckptfs.sources.remote.outage import PROBE_INTERVAL_S, PROBE_SECONDS
-from conftest import mount_stats, pid_alive
-from faultproxy import FaultProxy
+from conftest import mount_stats, nginx_origin, pid_alive
+from loopback.faultproxy import FaultProxy
 from fixtures import write_gguf
-from servers import nginx_origin
 
 MiB = 1 << 20
 TIMEOUT = 2

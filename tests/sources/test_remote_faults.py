@@ -22,8 +22,9 @@ from ckptfs.sources import Opener
 from ckptfs.sources.netstats import COUNTERS
 from ckptfs.core.options import OpenOptions
 from ckptfs.sources.remote.options import RemoteOptions
-from faultproxy import FaultProxy
-from servers import Nginx, require_nginx
+from loopback.faultproxy import FaultProxy
+from loopback.servers import Nginx
+from conftest import require_nginx
 
 SIZE = 6 * 1024 * 1024 + 12345
 TIMEOUT, STALL = 4.0, 1.0
@@ -155,7 +156,7 @@ def test_many_faults_in_a_row_never_give_wrong_bytes(upstream, proxy):
 
 
 def test_unreachable_server_is_one_line_at_open(tmp_path):
-    from servers import free_port
+    from loopback.servers import free_port
 
     port = free_port()
     with pytest.raises(CheckpointError, match="cannot open: connection failed") as info:
@@ -188,7 +189,7 @@ def test_one_line_errors_at_open(upstream, proxy, fault, message):
 def test_empty_and_small_files(upstream, tmp_path):
     """An empty file (the server answers 416 to the first range) opens with size 0; a file smaller than the
     first read comes whole in that one request."""
-    from servers import Nginx as Server
+    from loopback.servers import Nginx as Server
 
     (tmp_path / "empty.bin").write_bytes(b"")
     (tmp_path / "small.bin").write_bytes(b"0123456789")

@@ -28,7 +28,8 @@ from ckptfs.core.options import OpenOptions
 from ckptfs.sources.remote.options import RemoteOptions
 from ckptfs.sources.remote.transport import record_name
 from ckptfs.sources.remote.warmup import warm
-from servers import data_ranges, nginx_origin, same_bytes
+from loopback.servers import data_ranges, same_bytes
+from conftest import nginx_origin
 
 MiB = 1 << 20
 

@@ -30,10 +30,10 @@ pytest.importorskip("urllib3")
 
 import ckptfs
 from ckptfs.core.errors import CheckpointError
-from conftest import ckptfs_cli, cli_env, force_unmount, mount_stats
-from faultproxy import FaultProxy
+from conftest import ckptfs_cli, cli_env, force_unmount, mount_stats, require_nginx
+from loopback.faultproxy import FaultProxy
 from fixtures import write_gguf
-from servers import Nginx, free_port, require_nginx, wait_for_port
+from loopback.servers import Nginx, free_port, wait_for_port
 
 SECRET = "SEKRET123"
 SHAPE = (1024, 1024)  # float32: 4 MiB of data, past the 2 MiB the open fetches

@@ -23,7 +23,8 @@ from ckptfs.sources import open_source  # noqa: E402
 from fixtures import write_mixed_gguf  # noqa: E402
 from multifile_sets import MODEL_FILES, safetensors_tensors, write_model_files, write_safetensors_set  # noqa: E402
 from safetensors.numpy import load_file  # noqa: E402
-from servers import HubStandIn, Nginx, environment, require_nginx  # noqa: E402
+from loopback.servers import HubStandIn, Nginx, environment  # noqa: E402
+from conftest import require_nginx  # noqa: E402
 
 TOKEN = "hf_loopback_secret_token"
 
@@ -144,7 +145,7 @@ def test_hf_resolve_paths_served_by_nginx(tmp_path, monkeypatch):
 def test_an_expired_cdn_location_is_resolved_again_through_the_hub(hub, tmp_path):
     """Reads go straight to the CDN location the Hub redirected to; when it refuses (an expired signed URL)
     the resolve URL is asked again, and another CDN's ETag for the same LFS sha256 is the same file."""
-    from faultproxy import FaultProxy
+    from loopback.faultproxy import FaultProxy
 
     stand_in, cdn, gguf_repo, _ = hub
     data = os.urandom(6 << 20)

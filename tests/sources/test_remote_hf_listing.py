@@ -26,7 +26,7 @@ pytest.importorskip("huggingface_hub")
 from cli_runs import one_error_line, run_cli
 from fixtures import write_gguf
 from hub_origin import hub_origin
-from servers import free_port
+from loopback.servers import free_port
 
 from ckptfs.util.names import NAME_MAX
 

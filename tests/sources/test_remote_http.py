@@ -22,12 +22,10 @@ pytest.importorskip("urllib3")
 
 import ckptfs
 from ckptfs.core.errors import CheckpointError
-from conftest import REPO, mount_stats
-from faultproxy import FaultProxy
+from conftest import REPO, mount_stats, require_nginx
+from loopback.faultproxy import FaultProxy
 from fixtures import big_vocab_gguf, write_gguf, write_mixed_gguf, quantized
-from servers import Nginx, require_nginx
-from servers import requests_since
-from servers import OPEN_HEAD, data_ranges, is_tail_check
+from loopback.servers import Nginx, OPEN_HEAD, data_ranges, is_tail_check, requests_since
 
 MiB = 1 << 20
 _RANGE = re.compile(r'range="bytes=(\d+)-(\d+)"')

@@ -1,5 +1,5 @@
 """``https://`` checkpoints from nginx on loopback with a certificate from a CA generated at test time
-(tests/servers.py ``TestCA``: the openssl CLI; subjectAltName IP:127.0.0.1 and DNS:localhost).
+(loopback/servers.py ``TestCA``: the openssl CLI; subjectAltName IP:127.0.0.1 and DNS:localhost).
 
 A private CA is trusted through the environment (docs/remote.md, "TLS"): ``SSL_CERT_FILE`` for the mount,
 ``REQUESTS_CA_BUNDLE`` / ``CURL_CA_BUNDLE`` when OpenSSL's own variables are unset. Through a trusted mount
@@ -23,9 +23,9 @@ import pytest
 pytest.importorskip("urllib3")
 
 import ckptfs
-from conftest import ckptfs_cli, cli_env, is_mounted, require_fuse
+from conftest import ckptfs_cli, cli_env, is_mounted, require_fuse, require_nginx
 from fixtures import write_mixed_gguf
-from servers import Nginx, TestCA, require_nginx
+from loopback.servers import Nginx, TestCA
 
 TLS_VARIABLES = ("SSL_CERT_FILE", "SSL_CERT_DIR", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE")
 

@@ -18,11 +18,12 @@ pytest.importorskip("urllib3")
 import ckptfs
 from ckptfs.core.errors import CheckpointError
 from ckptfs.sources.netstats import COUNTERS
-from faultproxy import FaultProxy
+from loopback.faultproxy import FaultProxy
 from fixtures import quantized, write_gguf
 from multifile_sets import safetensors_tensors, write_safetensors_set
 from safetensors.numpy import load_file
-from servers import Nginx, require_nginx
+from loopback.servers import Nginx
+from conftest import require_nginx
 
 MiB = 1 << 20
 

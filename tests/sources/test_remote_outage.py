@@ -32,9 +32,9 @@ from ckptfs.engine.parallel import spread
 from ckptfs.readahead import Scheduler
 from ckptfs.sources.remote.outage import Admission, Outage
 from ckptfs.sources.remote.context import deadline_scope, read_deadline
-from conftest import mount_stats, pid_alive, wait_until
+from conftest import mount_stats, nginx_origin, pid_alive, wait_until
 from fixtures import quantized, write_gguf
-from servers import Nginx, nginx_origin
+from loopback.servers import Nginx
 
 MiB = 1 << 20
 TIMEOUT = 5

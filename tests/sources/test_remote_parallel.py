@@ -22,8 +22,9 @@ from ckptfs.origins.limit import REPROBE_EPOCHS, OriginLimit
 from ckptfs.sources import Opener
 from ckptfs.core.options import OpenOptions
 from ckptfs.sources.remote.options import RemoteOptions
-from faultproxy import FaultProxy
-from servers import Nginx, nginx_origin, require_nginx, same_bytes
+from loopback.faultproxy import FaultProxy
+from loopback.servers import Nginx, same_bytes
+from conftest import nginx_origin, require_nginx
 
 MiB = 1 << 20
 SIZE = 160 * MiB

@@ -15,7 +15,8 @@ from ckptfs.sources import Opener
 from ckptfs.cache.chunks import CHUNK
 from ckptfs.core.options import OpenOptions
 from ckptfs.sources.remote.options import RemoteOptions
-from servers import Nginx, require_nginx
+from loopback.servers import Nginx
+from conftest import require_nginx
 
 MiB = 1 << 20
 

@@ -19,7 +19,7 @@ from ckptfs.sources.netstats import COUNTERS  # noqa: E402
 from fixtures import write_mixed_gguf  # noqa: E402
 from multifile_sets import MODEL_FILES, safetensors_tensors, write_model_files, write_safetensors_set  # noqa: E402
 from safetensors.numpy import load_file  # noqa: E402
-from servers import MotoS3, environment  # noqa: E402
+from loopback.servers import MotoS3, environment  # noqa: E402
 
 BUCKET = "models"
 

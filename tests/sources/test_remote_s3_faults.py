@@ -17,8 +17,8 @@ from ckptfs.core.errors import CheckpointError  # noqa: E402
 from ckptfs.core.options import OpenOptions  # noqa: E402
 from ckptfs.sources import Opener  # noqa: E402
 from ckptfs.sources.remote.options import RemoteOptions  # noqa: E402
-from faultproxy import FaultProxy  # noqa: E402
-from servers import MotoS3, environment  # noqa: E402
+from loopback.faultproxy import FaultProxy  # noqa: E402
+from loopback.servers import MotoS3, environment  # noqa: E402
 
 BUCKET, KEY = "faults", "blob.bin"
 SIZE = 6 * 1024 * 1024 + 123

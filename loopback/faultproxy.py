@@ -38,7 +38,7 @@ moto's S3 server). Bodies are relayed as they arrive (the faults that cut or alt
 first). ``spans`` holds ``(start, end, body bytes)`` of every forwarded GET, in ``time.time()`` seconds, for
 counting requests in flight; ``spans_file`` also appends each as a line ``start end bytes``.
 
-``python tests/faultproxy.py UPSTREAM [--first-byte-delay S] [--rate BPS] [--spans FILE]`` runs one in a
+``python loopback/faultproxy.py UPSTREAM [--first-byte-delay S] [--rate BPS] [--spans FILE]`` runs one in a
 process of its own (benchmarks: its relaying then does not compete with theirs for one interpreter), prints
 its URL and serves until its stdin closes.
 """

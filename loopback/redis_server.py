@@ -2,13 +2,12 @@
 
 ``RedisServer().start()`` runs Debian's ``redis-server`` with no persistence (``--save '' --appendonly no``)
 and the DEBUG command enabled (``DEBUG SLEEP`` pauses it); ``stop()`` ends it and is safe to call twice.
-``redis_server`` (a pytest fixture, also importable from conftest) yields a started server and stops it at
-teardown whatever happened. Missing redis-server: skip, or fail under ``CI=true``.
+The tests' fixture that yields a started one, and their check for ``redis-server``, are in
+tests/redis_fixtures.py.
 """
 
 from __future__ import annotations
 
-import os
 import shutil
 import signal
 import socket
@@ -16,9 +15,7 @@ import subprocess
 import tempfile
 import time
 
-import pytest
-
-from servers import free_port
+from loopback.servers import free_port
 
 REDIS_SERVER = shutil.which("redis-server") or "/usr/bin/redis-server"
 
@@ -86,22 +83,3 @@ class RedisServer:
 
     def __exit__(self, *exc) -> None:
         self.stop()
-
-
-def require_redis_server() -> None:
-    import pytest
-
-    if not os.access(REDIS_SERVER, os.X_OK):
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail("required in CI: redis-server is not installed")
-        pytest.skip("redis-server is not installed")
-
-
-@pytest.fixture
-def server():
-    require_redis_server()
-    srv = RedisServer().start()
-    try:
-        yield srv
-    finally:
-        srv.stop()

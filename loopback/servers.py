@@ -1,4 +1,4 @@
-"""Real servers on loopback for the remote-source tests, started and stopped by the tests.
+"""Real servers on loopback for the remote-source tests and the benchmarks, started and stopped by them.
 
 - ``Nginx(root)``: Debian's nginx serving a folder with Range, ETag and Last-Modified (as a non-daemon child
   with a generated config in a temporary directory); ``Nginx(root, tls=True)`` serves it over ``https://``
@@ -9,7 +9,9 @@
   files, with ``ETag``, ``X-Linked-Etag``, ``X-Linked-Size``, ``X-Repo-Commit``; small files answered
   directly), ``/api/models/ORG/REPO/tree/REV[/PATH]`` and ``/api/models/ORG/REPO[/revision/REV]``.
 
-Every wait is bounded; ``stop()`` kills what was started (by its own pid) and waits for it.
+Every wait is bounded; ``stop()`` kills what was started (by its own pid) and waits for it. A tool that is not
+installed (nginx, openssl) is a :class:`MissingTool` error, which the tests turn into a skip (a failure under
+``CI=true``).
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ import time
 from pathlib import Path
 from urllib.parse import quote, unquote, urlsplit
 
+from loopback.polling import wait_until
+
 NGINX = "/usr/sbin/nginx"
 _SPAN = re.compile(r'" \d+ (?P<bytes>\d+) .* rt=(?P<rt>[\d.]+) end=(?P<end>[\d.]+)$')
 _RANGE = re.compile(r'"GET /(?P<path>\S+) [^"]*" 206 \d+ .*range="bytes=(?P<a>\d+)-(?P<b>\d+)"')
@@ -42,6 +46,10 @@ OPEN_HEAD = 4096
 START_TIMEOUT = 20.0
 #: How long a reader of nginx's access log waits for the lines it expects (``Nginx.access_log``).
 LOG_TIMEOUT = 10.0
+
+
+class MissingTool(RuntimeError):
+    """A program a server needs is not installed on this machine (the message says which, and its package)."""
 
 
 @contextlib.contextmanager
@@ -57,26 +65,6 @@ def environment(values: dict[str, str]):
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
-
-
-def require_nginx() -> None:
-    """Skip a test that needs nginx where it is not installed — fail under CI=true (conftest.skip_or_fail)."""
-    if not os.path.exists(NGINX):
-        from conftest import skip_or_fail
-
-        skip_or_fail(f"nginx is not installed ({NGINX}; Debian: apt-get install nginx-light)")
-
-
-@contextlib.contextmanager
-def nginx_origin(tmp_path_factory, fill, name: str = "www", **nginx_options):
-    """The remote tests' module-scoped origin, spelled once: nginx on loopback (``Nginx(root, **nginx_options)``,
-    after ``require_nginx``) serving a fresh folder that ``fill(root)`` wrote; yields (server, root, what
-    ``fill`` returned)."""
-    require_nginx()
-    root = tmp_path_factory.mktemp(name)
-    made = fill(root)
-    with Nginx(root, **nginx_options) as server:
-        yield server, root, made
 
 
 def same_bytes(root: Path, names, size: int) -> bytes:
@@ -141,9 +129,7 @@ class TestCA:
     @staticmethod
     def _openssl(*args) -> None:
         if shutil.which("openssl") is None:
-            from conftest import skip_or_fail
-
-            skip_or_fail("the openssl CLI is not installed (Debian: apt-get install openssl)")
+            raise MissingTool("the openssl CLI is not installed (Debian: apt-get install openssl)")
         done = subprocess.run(["openssl", *map(str, args)], capture_output=True, text=True, timeout=60,
                               stdin=subprocess.DEVNULL)
         if done.returncode != 0:
@@ -262,8 +248,6 @@ http {{
     def access_log(self, expect: int = 0) -> list[str]:
         """The access log's lines, once it has at least ``expect`` (waited for up to ``LOG_TIMEOUT``, then an
         AssertionError): see the class docstring."""
-        from conftest import wait_until
-
         path = Path(self._dir) / "access.log"
         lines: list[str] = []
 
@@ -282,8 +266,6 @@ http {{
         process (``master_process off``) logs a request in the same step that takes it off those counts.
         Bounded: an AssertionError after ``timeout`` seconds."""
         import urllib.request
-
-        from conftest import wait_until
 
         status = ""
 

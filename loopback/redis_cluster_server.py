@@ -14,9 +14,8 @@ import shutil
 import subprocess
 import time
 
-import pytest
-from redis_server import RedisServer, require_redis_server
-from servers import free_port
+from loopback.redis_server import RedisServer
+from loopback.servers import free_port
 
 REDIS_CLI = shutil.which("redis-cli") or "/usr/bin/redis-cli"
 CLUSTER_ARGS = ("--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf", "--cluster-node-timeout", "2000",
@@ -70,18 +69,3 @@ class RedisClusterServers:
 
     def __exit__(self, *exc) -> None:
         self.stop()
-
-
-def require_redis_cluster() -> None:
-    """Skip (fail under CI=true) without redis-server, redis-cli or redis-py."""
-    import os
-
-
-    require_redis_server()
-    if not os.access(REDIS_CLI, os.X_OK):
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail("required in CI: redis-cli is not installed")
-        pytest.skip("redis-cli is not installed")
-    pytest.importorskip("redis")
-
-
