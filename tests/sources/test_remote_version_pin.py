@@ -27,7 +27,7 @@ TAIL = b"the file's last bytes" * 100
 
 
 class TailSource:
-    """What the pin asks of a source (``origin.Asked``): its tail, counted."""
+    """What the pin asks of a range client (``ranges.RangeClient``): its tail, counted."""
 
     scheme = "http"
     name = "http://origin.test/model.gguf"
@@ -37,7 +37,7 @@ class TailSource:
         self.asked = 0
         self.options = types.SimpleNamespace(read_ahead=read_ahead)  # False: a checkpoint's headers being read
 
-    def _attempt(self, start: int, end: int, read: ReadContext) -> bytes:
+    def fetch(self, start: int, end: int, read: ReadContext) -> bytes:
         self.asked += 1
         return self.tail[start:end]
 
@@ -147,13 +147,13 @@ class HangingTail(TailSource):
         self.hang = threading.Event()
         self.release = threading.Event()
 
-    def _attempt(self, start: int, end: int, read: ReadContext) -> bytes:
+    def fetch(self, start: int, end: int, read: ReadContext) -> bytes:
         if self.hang.is_set():
             self.hang.clear()  # (the next asks are answered)
             self.asked += 1
             self.release.wait(30)
             return self.tail[start:end]
-        return super()._attempt(start, end, read)
+        return super().fetch(start, end, read)
 
 
 def test_an_early_check_that_hangs_costs_the_confirm_its_own_check_not_the_wait(pauses):

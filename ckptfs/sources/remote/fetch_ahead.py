@@ -68,8 +68,9 @@ Run = tuple[int, int]
 
 
 class Fetches(Protocol):
-    """What read-ahead needs of its source (``transport.RemoteSource``): its options, size and largest piece,
-    its origin's in-flight limit, and claiming, fetching and abandoning runs of chunks."""
+    """What read-ahead needs of the part below it, the file's chunks (``fetcher.ChunkFetcher``): its options,
+    size and largest piece, whether its source is closed, its origin's in-flight limit, and claiming,
+    fetching and abandoning runs of chunks."""
 
     options: RemoteOptions
     size: int
@@ -104,6 +105,13 @@ def _after_fork_in_child() -> None:
 after_fork_in_child(_after_fork_in_child)
 
 
+def piece_chunks(options: RemoteOptions, limit: int, largest: int) -> int:
+    """Chunks per piece a reader's long run is cut into for the scheduler (``handoff``) at an in-flight limit
+    of ``limit``; 0 for a source without read-ahead (reading headers, before a mount forks its daemon: no
+    thread may start)."""
+    return piece_bytes(limit, largest) // CHUNK if options.read_ahead else 0
+
+
 def piece_bytes(limit: int, largest: int) -> int:
     """One read-ahead request's size at an in-flight limit of ``limit``: the budget shared by the requests in
     flight, between ``MIN_PIECE`` and the scheme's ``largest``, in whole chunks."""
@@ -115,7 +123,7 @@ class ReadAhead:
     """Sequential detection and background fetches for one remote source."""
 
     def __init__(self, source: Fetches) -> None:
-        self._source = source
+        self._source = source  # the chunks below (``Fetches``): read-ahead holds nothing above it
         self._lock = threading.Lock()
         self._run = SequentialRun(SLACK)
         self._window = 0    # bytes wanted ahead of the reader

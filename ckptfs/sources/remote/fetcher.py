@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
 from typing import cast
 
 from ckptfs.cache.chunks import CHUNK, CHUNK_LEASE_MS, CHUNK_WAIT_S, ChunkCache, chunk_key
@@ -27,9 +26,11 @@ from ckptfs.cache.flight import Flight, SingleFlight, flights_for
 from ckptfs.core.errors import CheckpointError
 from ckptfs.sources.netstats import COUNTERS
 from ckptfs.sources.remote.context import ReadContext, Slot
+from ckptfs.origins.limit import OriginLimit
 from ckptfs.sources.remote.handoff import hand_out
 from ckptfs.sources.remote.options import RemoteOptions
 from ckptfs.sources.remote.origin import OriginClient
+from ckptfs.sources.remote.version import Unpinned, VersionPin
 from ckptfs.util.redact import public_name
 from ckptfs.util.runs import runs
 
@@ -43,20 +44,30 @@ Run = tuple[int, int]
 
 class ChunkFetcher:
     """One remote file's chunks: the cache they go to, the fetches under way, the fleet's leases (see the
-    module docstring). ``fetch_parts(start, end, read)`` fetches bytes from the origin (retried, the version
-    confirmed); ``piece_chunks()`` is how many chunks a handed-out piece holds (0: hand nothing out)."""
+    module docstring). It asks the origin through ``client`` (retries, the outage rule, the origin's limit:
+    ``origin.OriginClient``) and, for a file whose validator cannot tell versions apart, confirms what lands
+    with ``pin`` (``version.VersionPin``, set at open): both below it, nothing above. ``piece_bytes``: the
+    scheme's largest request (fetch-ahead's pieces are at most this)."""
 
-    def __init__(self, name: str, options: RemoteOptions, client: OriginClient,
-                 fetch_parts: Callable[[int, int, ReadContext], list[bytes]], piece_chunks: Callable[[], int]):
+    def __init__(self, name: str, options: RemoteOptions, client: OriginClient, piece_bytes: int):
         self.name = name
         self.options = options
         self.client = client
-        self.fetch_parts = fetch_parts
-        self.piece_chunks = piece_chunks
+        self.piece_bytes = piece_bytes
+        self.pin: Unpinned | VersionPin = Unpinned()
         self.cache = options.chunk_cache()
         self.flights = SingleFlight()  # chunk index -> its fetch under way, shared by content once known
         self.content_id = ""
         self.size = 0
+        self.closed = False  # the source was closed: nothing more is fetched ahead (``fetch_ahead``)
+
+    def origin_limit(self) -> OriginLimit:
+        """The in-flight limit of the origin these chunks come from (``ckptfs.origins.limit``)."""
+        return self.client.origin_limit()
+
+    def forget_fetches(self) -> None:
+        """In a forked child: the parent's fetches are gone; their readers fetch for themselves."""
+        self.flights.fail_all(RuntimeError("fetch interrupted by fork"))
 
     def identify(self, content_id: str, size: int, shared: bool) -> None:
         """The file's content identity and size, fixed at open. ``shared``: its bytes may be shared beyond
@@ -85,9 +96,9 @@ class ChunkFetcher:
         self.cache.put_run(keys, [bytes(data[i: i + CHUNK]) for i in range(0, full, CHUNK)], self.chunks)
 
     # -- a reader's chunks ---------------------------------------------------------------------------------
-    def get_chunks(self, c0: int, c1: int, read: ReadContext) -> list[bytes]:
+    def get_chunks(self, c0: int, c1: int, read: ReadContext, step: int = 0) -> list[bytes]:
         """Chunks [c0, c1): cached ones at once, the ones under way waited for, the rest fetched here (long
-        runs partly on the scheduler's workers: ``handoff``)."""
+        runs partly on the scheduler's workers, in pieces of ``step`` chunks: ``handoff``; 0: all here)."""
         found: dict[int, bytes] = {}
         mine: list[int] = []
         waits: dict[int, Flight] = {}
@@ -101,7 +112,6 @@ class ChunkFetcher:
                 mine.append(i)
             else:
                 waits[i] = flight
-        step = self.piece_chunks()
         handed: list[int] = []
         try:
             own = runs(mine)
@@ -148,7 +158,10 @@ class ChunkFetcher:
                                             f"{i * CHUNK} under way")
         if read.fallback:
             raise self.client.outage_error() if outage.since is not None else self.client.timeout_error(i * CHUNK)
-        data = b"".join(self.fetch_parts(i * CHUNK, min(self.size, (i + 1) * CHUNK), read))
+        with self.pin.fetching(read.bounded(read.deadline)) as fetch:
+            parts = self.client.fetch(i * CHUNK, min(self.size, (i + 1) * CHUNK), fetch)
+            self.pin.landed(fetch, i * CHUNK)
+        data = b"".join(parts)
         self.cache.put(self.key(i), data)
         return data
 
@@ -186,7 +199,11 @@ class ChunkFetcher:
             for first in range(c0, c1, step):
                 last = min(c1, first + step)
                 start, end = first * CHUNK, min(self.size, last * CHUNK)
-                parts = self.fetch_parts(start, end, read)
+                # this fetch's own context (its answered_at: the read's may fan out to workers), confirmed by
+                # the version pin where the file has one; the origin asked directly (one frame per part)
+                with self.pin.fetching(read.bounded(read.deadline)) as fetch:
+                    parts = self.client.fetch(start, end, fetch)
+                    self.pin.landed(fetch, start)
                 if len(parts) != last - first or any(len(p) != CHUNK for p in parts[:-1]):
                     data = b"".join(parts)  # a scheme that answers in other pieces: cut it into chunks
                     parts = [data[k * CHUNK: (k + 1) * CHUNK] for k in range(last - first)]

@@ -14,7 +14,7 @@ that answers a Range request with the whole body (200) is refused with one line,
 exactly the range asked for. An answer that cannot be the bytes asked for (a 200 to a Range request, another
 range or total in ``Content-Range``, another validator, a 416) is not believed at once: one backend behind a
 load balancer, or a proxy, may be wrong while the origin is not. Its body is dropped unread and the range
-asked again on a fresh connection (``odd.asked_twice``); only a second answer that is wrong the same way
+asked again on a fresh connection (``odd``); only a second answer that is wrong the same way
 decides (the file was replaced, or the server cannot serve ranges). Two different wrong answers are retried
 like a reset, within the read's deadline.
 
@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import base64
 import email.utils
+import functools
 import logging
 import os
 import re
@@ -57,8 +58,8 @@ from ckptfs.core.errors import CheckpointError
 from ckptfs.sources.registry import register_scheme
 from ckptfs.sources.netstats import COUNTERS
 from ckptfs.sources.remote.context import ReadContext
-from ckptfs.sources.remote.odd import OddAnswer, asked_twice, content_range
-from ckptfs.sources.remote.options import POOL_CONNECTIONS, RemoteOptions
+from ckptfs.sources.remote.odd import OddAnswer, asked_again, content_range
+from ckptfs.sources.remote.options import DEFAULT_OPTIONS, POOL_CONNECTIONS, RemoteOptions
 from ckptfs.sources.remote.origin import Changed, Retryable, stalled, wait_bound
 from ckptfs.sources.remote.transport import OPEN_HEAD_BYTES, RemoteSource, joined
 from ckptfs.sources.remote.version import SAMPLE_BYTES
@@ -199,10 +200,32 @@ class HttpClient:
         hops: list[Mapping[str, str]] = []
         send_auth = _origin(url) == _origin(auth_origin)
         pool = fresh_pool() if fresh else None
-        if fresh:
-            headers = {**headers, "Connection": "close"}
+        sent = {"Accept-Encoding": "identity", "User-Agent": "ckptfs", **headers,
+                **({"Connection": "close"} if fresh else {})}
         for _ in range(MAX_REDIRECTS + 1):
-            resp = self._one(method, url, headers, deadline, send_auth, pool)
+            # the request itself, here and not in a helper: a read's walk down the chain is one frame per part
+            wait, by_deadline = wait_bound(self.options, deadline)
+            if wait <= 0:
+                raise Retryable("had no time left to ask", deadline=True)
+            all_headers = {**sent, **dict(self.credentials.headers)} if send_auth else sent
+            try:
+                resp = (pool or connection_pool()).request(method, url, headers=all_headers, preload_content=False,
+                                                 decode_content=False, redirect=False, retries=False,
+                                                 timeout=urllib3.Timeout(connect=wait, read=wait))
+            except urllib3.exceptions.NewConnectionError as exc:  # a subclass of the timeout error, but refused
+                raise Retryable(f"connection failed: {_reason(exc)}") from None
+            except (TimeoutError, urllib3.exceptions.TimeoutError):
+                if by_deadline:
+                    raise Retryable("had no answer yet", deadline=True) from None
+                raise stalled("no answer", self.options) from None
+            except urllib3.exceptions.SSLError as exc:
+                refused = _tls_refusal(exc)
+                if refused is None:  # a handshake cut short: the next connection may succeed
+                    raise Retryable(f"connection failed: {_reason(exc)}") from None
+                COUNTERS.request(self.scheme, "error")
+                raise CheckpointError(url, None, refused) from None
+            except (urllib3.exceptions.HTTPError, OSError) as exc:
+                raise Retryable(f"connection failed: {_reason(exc)}") from None
             location = resp.headers.get("location")
             if resp.status not in _REDIRECTS or not location:
                 return Answer(resp, url, hops)
@@ -217,34 +240,6 @@ class HttpClient:
             seen.add(target)
             url = target
         raise CheckpointError(url, None, f"too many redirects (more than {MAX_REDIRECTS})")
-
-    def _one(self, method: str, url: str, headers: Mapping[str, str], deadline: float, send_auth: bool,
-             pool: urllib3.PoolManager | None = None) -> BaseHTTPResponse:
-        wait, by_deadline = wait_bound(self.options, deadline)
-        if wait <= 0:
-            raise Retryable("had no time left to ask", deadline=True)
-        all_headers = {"Accept-Encoding": "identity", "User-Agent": "ckptfs", **headers}
-        if send_auth:
-            all_headers.update(self.credentials.headers)
-        try:
-            resp = (pool or connection_pool()).request(method, url, headers=all_headers, preload_content=False,
-                                             decode_content=False, redirect=False, retries=False,
-                                             timeout=urllib3.Timeout(connect=wait, read=wait))
-        except urllib3.exceptions.NewConnectionError as exc:  # a subclass of the timeout error, but refused
-            raise Retryable(f"connection failed: {_reason(exc)}") from None
-        except (TimeoutError, urllib3.exceptions.TimeoutError):
-            if by_deadline:
-                raise Retryable("had no answer yet", deadline=True) from None
-            raise stalled("no answer", self.options) from None
-        except urllib3.exceptions.SSLError as exc:
-            refused = _tls_refusal(exc)
-            if refused is None:  # a handshake cut short: the next connection may succeed
-                raise Retryable(f"connection failed: {_reason(exc)}") from None
-            COUNTERS.request(self.scheme, "error")
-            raise CheckpointError(url, None, refused) from None
-        except (urllib3.exceptions.HTTPError, OSError) as exc:
-            raise Retryable(f"connection failed: {_reason(exc)}") from None
-        return resp
 
 
 _NAME_MISMATCH = (62, 64)  # X509_V_ERR_HOSTNAME_MISMATCH, X509_V_ERR_IP_ADDRESS_MISMATCH
@@ -318,21 +313,18 @@ class HttpSource(RemoteSource):
     """One object behind an http(s) URL (see the module docstring)."""
 
     scheme = "http"
+    range: HttpRange
 
     def __init__(self, url: str, credentials: Credentials = NO_CREDENTIALS, options: RemoteOptions | None = None,
                  name: str | None = None, scheme: str | None = None):
-        super().__init__(name or url, options)
         self.url = url
         self.scheme = scheme or urlsplit(url).scheme.lower() or "http"  # the counters' label
         self.credentials = credentials
-        self._http = HttpClient(self.scheme, credentials, self.options)
-        self._origin = _origin_of(url)
+        options = options if options is not None else DEFAULT_OPTIONS
+        super().__init__(name or url, options, HttpRange(name or url, url, self.scheme, credentials, options))
         probe = self._probe()
-        self._location = probe.location
-        # the CDN host after a redirect: its own in-flight limit and outage state
-        self._origin = _origin_of(probe.location)
-        self.client.moved()
-        self._sha256 = probe.sha256
+        self.range.opened(probe)
+        self.client.moved()  # the CDN host after a redirect: its own in-flight limit and outage state
         self.size, self.validator = probe.size, probe.validator
         sample = self._tail_sample(probe) if probe.sha256 is None and weak_validator(probe.validator, probe.size) \
             else None
@@ -341,7 +333,7 @@ class HttpSource(RemoteSource):
         self._keep_prefix(probe.head)
 
     def origin(self) -> str:
-        return self._origin
+        return self.range.origin()
 
     # -- opening ---------------------------------------------------------------------------------------
     def _probe(self) -> Probe:
@@ -354,7 +346,7 @@ class HttpSource(RemoteSource):
         # with a --cache-dir the content identity names the store's file, and every fetch waits for it: a weak
         # validator's tail sample is asked beside the probe, not a round trip after it (the Hub names its
         # files by their sha256: never needed there)
-        ahead = _TailAhead(self, read.deadline) if self.options.cache_dir and self.scheme != "hf" else None
+        ahead = _TailAhead(self.range, read.deadline) if self.options.cache_dir and self.scheme != "hf" else None
         started = time.monotonic()
         probe = self.client.retrying(self._probe_once, read, None, "cannot open: ")
         if ahead is not None and probe.sha256 is None and weak_validator(probe.validator, probe.size):
@@ -371,8 +363,8 @@ class HttpSource(RemoteSource):
                 probe.tail = bytes(probe.head[probe.size - n:])
             else:
                 read = ReadContext.entering(self.options.timeout)
-                probe.tail = self.client.retrying(lambda one: self._attempt(probe.size - n, probe.size, one), read,
-                                                  None, "cannot open: ")
+                probe.tail = joined(self.client.retrying(functools.partial(self.range.fetch, probe.size - n,
+                                                                           probe.size), read, None, "cannot open: "))
                 COUNTERS.request(self.scheme, "ok", len(probe.tail))
         return probe.tail
 
@@ -382,7 +374,7 @@ class HttpSource(RemoteSource):
         # before).
         first = OPEN_HEAD_BYTES if self.options.cache_dir else self.initial_read
         deadline = read.deadline
-        answer = self._http.send("GET", self.url, {"Range": f"bytes=0-{first - 1}"}, deadline, self.url)
+        answer = self.range.http.send("GET", self.url, {"Range": f"bytes=0-{first - 1}"}, deadline, self.url)
         resp, headers = answer.resp, answer.resp.headers
         linked = _linked_sha256(answer.hops) or _linked_sha256([headers])
         if resp.status == 416:
@@ -397,7 +389,7 @@ class HttpSource(RemoteSource):
             if start != 0 or total is None:
                 _discard(resp)
                 raise CheckpointError(self.name, 0, f"unusable Content-Range {headers.get('content-range')!r}")
-            head = self._read_body(resp, end + 1 - start, deadline)
+            head = self.range.read_body(resp, end + 1 - start, deadline)
         elif resp.status == 200:
             length = headers.get("content-length")
             if length is None or not length.isdigit() or int(length) > first:
@@ -405,7 +397,7 @@ class HttpSource(RemoteSource):
                 raise CheckpointError(self.name, None, "the server does not support Range requests (it answered "
                                                        "200 with the whole file to a Range request)")
             total = int(length)  # a file smaller than the first read: the whole body is the range
-            head = self._read_body(resp, total, deadline)
+            head = self.range.read_body(resp, total, deadline)
         else:
             error = status_error(self.name, None, resp.status, resp.reason or "", self.credentials, headers,
                                  self.scheme)
@@ -416,30 +408,65 @@ class HttpSource(RemoteSource):
         return Probe(total, _validator(headers), answer.url, linked, head, time.monotonic(), _mtime_ns(headers),
                      commit=commit)
 
-    # -- reading ---------------------------------------------------------------------------------------
-    def _attempt(self, start: int, end: int, read: ReadContext) -> bytes:
-        return joined(self._attempt_parts(start, end, read))
 
-    def _attempt_parts(self, start: int, end: int, read: ReadContext) -> list[bytes]:
-        url = self._location
-        try:
-            return self._asked_twice(url, start, end, read)
-        except Retryable:
-            self._location = self.url  # a remembered CDN host that fails: the retry resolves the URL again
-            raise
-        except CheckpointError:
-            if url == self.url:
+class HttpRange:
+    """The ``http(s)://`` range client (``ranges.RangeClient``): one ranged GET of the file, at the location
+    its URL was last redirected to, checked against the identity fixed at open (see the module docstring)."""
+
+    def __init__(self, name: str, url: str, scheme: str, credentials: Credentials, options: RemoteOptions):
+        self.name = name
+        self.url = url
+        self.scheme = scheme
+        self.credentials = credentials
+        self.options = options
+        self.http = HttpClient(scheme, credentials, options)
+        self.location = url  # where range reads go: the URL's last redirect target (the Hub's CDN)
+        self._origin = _origin_of(url)
+        self.sha256: str | None = None
+        self.size = 0
+        self.validator: str | None = None
+
+    def opened(self, probe: Probe) -> None:
+        """The open's answer: the identity later answers are checked against, and where to ask (the CDN host
+        after a redirect: its own in-flight limit and outage state, ``OriginClient.moved``)."""
+        self.location = probe.location
+        self._origin = _origin_of(probe.location)
+        self.sha256 = probe.sha256
+        self.size, self.validator = probe.size, probe.validator
+
+    def origin(self) -> str:
+        return self._origin
+
+    def fetch(self, start: int, end: int, read: ReadContext) -> list[bytes]:
+        """One attempt at bytes [start, end): a GET at the remembered location; an odd answer asked again at
+        once on a fresh connection (``odd``); a remembered redirect target that refuses (an expired signed CDN
+        URL) resolved again through the original URL. The request is sent from here (no helper between): a
+        read's walk down the chain stays one frame per part."""
+        url, odd = self.location, None
+        while True:
+            try:
+                try:
+                    answer = self.http.send("GET", url, {"Range": f"bytes={start}-{end - 1}"}, read.deadline,
+                                            self.url, odd is not None)
+                    return self._answered(answer, url, start, end, read)
+                except OddAnswer as exc:
+                    if odd is None:
+                        odd = exc
+                        continue
+                    raise asked_again(odd, exc) from None
+            except Retryable:
+                self.location = self.url  # a remembered CDN host that fails: the retry resolves the URL again
                 raise
-        # a remembered redirect target refused (an expired signed CDN URL): resolve the original URL again
-        self._location = self.url
-        return self._asked_twice(self.url, start, end, read)
+            except CheckpointError:
+                if url == self.url:
+                    raise
+            # a remembered redirect target refused (an expired signed CDN URL): resolve the original URL again
+            url = self.location = self.url
+            odd = None
 
-    def _asked_twice(self, url: str, start: int, end: int, read: ReadContext) -> list[bytes]:
-        """``_range_get``, with an odd answer asked again at once on a fresh connection (``odd``)."""
-        return asked_twice(lambda fresh: self._range_get(url, start, end, read, fresh))
-
-    def _range_get(self, url: str, start: int, end: int, read: ReadContext, fresh: bool = False) -> list[bytes]:
-        answer = self._http.send("GET", url, {"Range": f"bytes={start}-{end - 1}"}, read.deadline, self.url, fresh)
+    def _answered(self, answer: Answer, url: str, start: int, end: int, read: ReadContext) -> list[bytes]:
+        """The bytes of ``answer`` to the GET of [start, end) at ``url``, or an OddAnswer / Retryable / Changed
+        / CheckpointError."""
         resp, headers = answer.resp, answer.resp.headers
         if resp.status == 206:
             try:
@@ -473,26 +500,26 @@ class HttpSource(RemoteSource):
             _finish_small(resp)
             raise error
         if answer.url != url:
-            self._location = answer.url
+            self.location = answer.url
         return self._read_parts(resp, end - start, read.until)
 
     def _check_validator(self, resp: BaseHTTPResponse, headers: Mapping[str, str], answer: Answer) -> None:
         now = _validator(headers)
         if self.validator is None or now is None or now == self.validator:
             return
-        if self._sha256 is not None and _linked_sha256(answer.hops) == self._sha256:
+        if self.sha256 is not None and _linked_sha256(answer.hops) == self.sha256:
             # Resolved again through the Hub, which vouches for the same content (its LFS sha256): another
             # CDN's ETag for the same bytes. Later reads compare with this one.
             self.validator = now
             return
         raise _odd(resp, ("validator", now), Changed(f"validator {now} differs from {self.validator}"))
 
-    def _read_body(self, resp: BaseHTTPResponse, expected: int, deadline: float) -> bytes:
+    def read_body(self, resp: BaseHTTPResponse, expected: int, deadline: float) -> bytes:
         """Exactly ``expected`` body bytes; each wait bounded by the stall timeout, the whole by ``deadline``."""
         return joined(self._read_parts(resp, expected, lambda: deadline))
 
     def _read_parts(self, resp: BaseHTTPResponse, expected: int, until: Callable[[], float]) -> list[bytes]:
-        """``_read_body``'s bytes as consecutive parts of ``CHUNK`` bytes (the last shorter), read so that no
+        """``read_body``'s bytes as consecutive parts of ``CHUNK`` bytes (the last shorter), read so that no
         socket read crosses a chunk boundary: a chunk that arrives in one read is kept as it came, and one
         that arrives in several is joined once. A range's bytes then reach the chunk cache with at most one
         copy after the socket's, instead of read in pieces, joined and cut into chunks again (two copies of
@@ -551,7 +578,7 @@ class _TailAhead:
     after the probe as before. For a file whose validator turns out strong, the answer is not used: one small
     request more per open."""
 
-    def __init__(self, source: HttpSource, deadline: float) -> None:
+    def __init__(self, source: HttpRange, deadline: float) -> None:
         self._source = source
         self._answer: tuple[int, str | None, bytes] | None = None  # (the file's size, its validator, the bytes)
         self._thread = threading.Thread(target=self._ask, args=(deadline,), name="ckptfs-tail-sample", daemon=True)
@@ -560,13 +587,13 @@ class _TailAhead:
     def _ask(self, deadline: float) -> None:
         source = self._source
         try:
-            answer = source._http.send("GET", source.url, {"Range": f"bytes=-{SAMPLE_BYTES}"}, deadline, source.url)
+            answer = source.http.send("GET", source.url, {"Range": f"bytes=-{SAMPLE_BYTES}"}, deadline, source.url)
             resp = answer.resp
             got = content_range(resp.headers.get("content-range")) if resp.status == 206 else None
             if got is None or got[2] is None or got[1] != got[2] - 1 or got[1] + 1 - got[0] > SAMPLE_BYTES:
                 _finish_small(resp)  # (a 200 of the whole file has no small length: its connection is closed)
                 return
-            body = source._read_body(resp, got[1] + 1 - got[0], deadline)
+            body = source.read_body(resp, got[1] + 1 - got[0], deadline)
         except (CheckpointError, Retryable) as exc:
             log.debug("%s: the tail sample beside the probe: %s", public_name(source.name), exc)
             return

@@ -50,6 +50,12 @@ def asked_twice(ask: Callable[[bool], T]) -> T:
         try:
             return ask(True)
         except OddAnswer as second:
-            if second.signature == first.signature:
-                raise second.final from None
-            raise Retryable(f"two different wrong answers: {first}; then {second}") from None
+            raise asked_again(first, second) from None
+
+
+def asked_again(first: OddAnswer, second: OddAnswer) -> Exception:
+    """What two odd answers to one request mean: the second's error when it is wrong the same way as the
+    first (the file was replaced, the server cannot serve ranges), else a Retryable."""
+    if second.signature == first.signature:
+        return second.final
+    return Retryable(f"two different wrong answers: {first}; then {second}")

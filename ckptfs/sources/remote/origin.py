@@ -1,8 +1,8 @@
 """The retrying origin client: one request to a remote source's origin, asked until it is answered within the
 read's deadline, and what its failures mean.
 
-A scheme (``http``, ``s3``) makes one attempt at a time (``_attempt``) and says how it failed: a
-:class:`Retryable` (connection errors, stalls, 5xx, 429, short bodies: another attempt may succeed), a
+A scheme's range client (``ranges.RangeClient``: ``http``, ``s3``) makes one attempt at a time and says how it
+failed: a :class:`Retryable` (connection errors, stalls, 5xx, 429, short bodies: another attempt may succeed), a
 :class:`Changed` (the medium answered with another identity than the one fixed at open) or a final
 ``CheckpointError`` (404, 403). :class:`OriginClient` turns attempts into an answer:
 
@@ -23,12 +23,13 @@ A scheme (``http``, ``s3``) makes one attempt at a time (``_attempt``) and says 
 
 from __future__ import annotations
 
+import functools
 import logging
 import random
 import time
 from collections.abc import Callable
 from datetime import datetime, timezone
-from typing import Protocol, TypeVar
+from typing import TypeVar
 
 from ckptfs.core.errors import CheckpointError, SourceUnavailable
 from ckptfs.origins.limit import OriginLimit, origin_limit
@@ -36,6 +37,7 @@ from ckptfs.sources.netstats import COUNTERS
 from ckptfs.sources.remote.context import ReadContext
 from ckptfs.sources.remote.options import RemoteOptions
 from ckptfs.sources.remote.outage import PROBE_BYTES, PROBE_SECONDS, Admission, Outage, outage_for
+from ckptfs.sources.remote.ranges import RangeClient
 from ckptfs.util.redact import public_name
 
 log = logging.getLogger(__name__)
@@ -88,25 +90,12 @@ def backoff_delay(attempt: int) -> float:
     return random.uniform(0.5, 1.0) * min(BACKOFF_CAP, BACKOFF_BASE * 2.0 ** (attempt - 1))
 
 
-class Asked(Protocol):
-    """What the client asks through: a remote source's name and scheme (the counters' label), its options,
-    its origin (whose outage state and in-flight limit it keeps) and the scheme's one attempt."""
-
-    name: str
-    scheme: str
-    options: RemoteOptions
-    size: int
-
-    def origin(self) -> str: ...
-
-    def _attempt(self, start: int, end: int, read: ReadContext) -> bytes: ...
-
-
 class OriginClient:
-    """Requests to one source's origin, retried within the read's deadline (see the module docstring)."""
+    """Requests to one file's origin through its range client (``ranges.RangeClient``, the one part below),
+    retried within the read's deadline (see the module docstring)."""
 
-    def __init__(self, source: Asked):
-        self.source = source
+    def __init__(self, range_client: RangeClient):
+        self.range = range_client
         self._limit: OriginLimit | None = None
         self._outage: Outage | None = None
 
@@ -114,27 +103,32 @@ class OriginClient:
         """The in-flight limit learnt for this origin (``ckptfs.origins.limit``: one per scheme and host)."""
         limit = self._limit
         if limit is None:
-            limit = self._limit = origin_limit(self.source.origin())
+            limit = self._limit = origin_limit(self.range.origin())
         return limit
 
     def outage(self) -> Outage:
         """This origin's outage state (``outage``: shared by every source of the origin in one open)."""
         outage = self._outage
         if outage is None:
-            outage = self._outage = outage_for(self.source.options.outages, self.source.origin())
+            outage = self._outage = outage_for(self.range.options.outages, self.range.origin())
         return outage
 
     def moved(self) -> None:
         """The source's origin changed (a redirect to a CDN host): its own limit and outage state from now."""
         self._limit = self._outage = None
 
-    def fetch(self, start: int, end: int, read: ReadContext,
-              attempt: Callable[[ReadContext], bytes | list[bytes]]) -> list[bytes]:
-        """Bytes [start, end) as ``attempt`` read them (consecutive parts), retried; counted, heard by the
-        outage state and timed for the in-flight limit. ``read.answered_at`` is the successful attempt's.
-        A short answer is never served (a scheme's attempt must check; this is the last line)."""
+    def fetch(self, start: int, end: int, read: ReadContext) -> list[bytes]:
+        """Bytes [start, end) as the range client read them (consecutive parts), retried (``retrying``);
+        counted, heard by the outage state and timed for the in-flight limit. ``read.answered_at`` is the
+        successful attempt's. A short answer is never served (a range client must check; this is the last
+        line). The retry loop is entered directly, not through ``retrying``: a read's walk down the chain
+        stays one frame per part."""
         sent = time.monotonic()
-        body = self.retrying(attempt, read, start)
+        self._admit(start)
+        try:
+            body = self._retrying(functools.partial(self.range.fetch, start, end), read, start, "", self.outage())
+        except TimedOut as exc:
+            raise self.ran_out(read, exc.reason) from None
         read.body_in()
         parts = body if isinstance(body, list) else [body]
         got = sum(len(p) for p in parts)
@@ -142,8 +136,8 @@ class OriginClient:
         self.outage().succeeded()
         self.origin_limit().finished(got, done - sent)
         if got != end - start:
-            raise CheckpointError(self.source.name, start, f"got {got} bytes for a {end - start}-byte range")
-        COUNTERS.request(self.source.scheme, "ok", got)
+            raise CheckpointError(self.range.name, start, f"got {got} bytes for a {end - start}-byte range")
+        COUNTERS.request(self.range.scheme, "ok", got)
         return parts
 
     def retrying(self, attempt: Callable[[ReadContext], T], read: ReadContext, offset: int | None,
@@ -163,7 +157,7 @@ class OriginClient:
         """A request (or a reader waiting for another's fetch of its bytes) reached its deadline without its
         bytes (``reason``: what it saw): the origin is out since the read arrived, unless an outage is in
         force already; the outage's one message (``outage_error``)."""
-        timeout = self.source.options.timeout
+        timeout = self.range.options.timeout
         self.outage().timed_out(read.deadline - timeout, timeout, reason)
         return self.outage_error(what)
 
@@ -173,7 +167,7 @@ class OriginClient:
         ``PROBE_SECONDS``) and goes on if it was answered, or waits for the probe in flight and goes on if that
         was answered, or fails at once."""
         offset = offset or 0
-        outage, source = self.outage(), self.source
+        outage, source = self.outage(), self.range
         admission = outage.admit(source.options.timeout)
         if admission is Admission.ASK:
             return
@@ -183,7 +177,7 @@ class OriginClient:
             answered = True  # an answer that is not the bytes (404, another version) is the fetch's to judge
             end = min(offset + PROBE_BYTES, source.size) if source.size > offset else offset + 1
             try:
-                source._attempt(offset, end, ReadContext(time.monotonic() + PROBE_SECONDS))
+                source.fetch(offset, end, ReadContext(time.monotonic() + PROBE_SECONDS))
             except Retryable:  # no answer, or not all of it in time (a trickle, a stall, a 5xx, a short body)
                 answered = False
             except Exception:  # noqa: BLE001 - see above
@@ -200,17 +194,17 @@ class OriginClient:
         """How a request fails while its origin is in an outage: one message for all of the outage (one log
         line per file), naming when it was found and what the request that found it saw (``what``: the
         caller's prefix, as for the retry loop's errors)."""
-        outage, timeout = self.outage(), self.source.options.timeout
+        outage, timeout = self.outage(), self.range.options.timeout
         found = datetime.fromtimestamp(outage.found_at, timezone.utc).strftime("%H:%M:%S.%f")[:-3]
         saw = f"{outage.reason}; " if outage.reason else ""
-        return SourceUnavailable(self.source.name, None,
-                                 f"{what}{saw}{public_name(self.source.origin())} is not answering (nothing usable "
+        return SourceUnavailable(self.range.name, None,
+                                 f"{what}{saw}{public_name(self.range.origin())} is not answering (nothing usable "
                                  f"came from it for --timeout {timeout:g} s, since {found} UTC): its reads fail at "
                                  f"once until it answers again")
 
     def _retrying(self, attempt: Callable[[ReadContext], T], read: ReadContext, offset: int | None, what: str,
                   outage: Outage) -> T:
-        source, options = self.source, self.source.options
+        source, options = self.range, self.range.options
         tries = 0
         started = time.monotonic()
         before: Retryable | None = None  # the failure before the last, for the final message
@@ -255,7 +249,7 @@ class OriginClient:
                   started: float, too_late: bool) -> SourceUnavailable:
         """The error of a request given up after ``tries`` attempts, the last failing with ``exc``;
         ``too_late``: no time was left in the deadline for another."""
-        timeout = self.source.options.timeout
+        timeout = self.range.options.timeout
         count = f"{tries} attempt{'s' if tries > 1 else ''}"
         if exc.deadline:  # the last attempt itself was cut short by the deadline
             return self.timeout_error(offset, what, tries, exc, before)
@@ -265,21 +259,21 @@ class OriginClient:
                    f"(--timeout {timeout:g} s)")
         elif too_late:
             why = f" ({count} in {spent:.1f} s, until the read's deadline: --timeout {timeout:g} s)"
-            return TimedOut(self.source.name, offset, f"{what}{exc}{why}")
+            return TimedOut(self.range.name, offset, f"{what}{exc}{why}")
         else:
             why = f" (gave up after {count} in {spent:.1f} s)"
-        return SourceUnavailable(self.source.name, offset, f"{what}{exc}{why}")
+        return SourceUnavailable(self.range.name, offset, f"{what}{exc}{why}")
 
     def timeout_error(self, offset: int | None, what: str = "", tries: int = 0, last: Retryable | None = None,
                       before: Retryable | None = None) -> TimedOut:
         """The read's deadline (``--timeout``) passed: say so, with the number, and what the last attempt
         was doing (counted here unless ``last`` was counted by the retry loop)."""
         if last is None:
-            COUNTERS.request(self.source.scheme, "timeout")
+            COUNTERS.request(self.range.scheme, "timeout")
         detail = f" after {tries} attempt{'s' if tries > 1 else ''}" if tries else ""
         if last is not None:
             detail += f"; the last {last}"
         if before is not None and not before.deadline:
             detail += f"; the one before: {before}"
-        return TimedOut(self.source.name, offset, f"{what}read timed out (--timeout {self.source.options.timeout:g} s"
+        return TimedOut(self.range.name, offset, f"{what}read timed out (--timeout {self.range.options.timeout:g} s"
                                                   f"{detail})")

@@ -134,22 +134,60 @@ class S3Source(RemoteSource):
 
     scheme = "s3"
     piece_bytes = 8 << 20  # S3's guidance for ranged GETs: 8-16 MB a request
+    range: S3Range
 
     def __init__(self, url: str, options: RemoteOptions | None = None):
-        super().__init__(url, options)
+        options = options if options is not None else DEFAULT_OPTIONS
         self.bucket, self.key = split_url(url)
         if not self.key:
             raise CheckpointError(url, None, "names a bucket, not an object (a folder is s3://BUCKET/PREFIX/)")
-        self._client, self.credentials = client_for(self.options.stall_timeout)
+        client, self.credentials = client_for(options.stall_timeout)
+        super().__init__(url, options, S3Range(url, self.bucket, self.key, client, self.credentials, options))
         read = ReadContext.entering(self.options.timeout)
         size, etag, head = self.client.retrying(self._probe, read, None, "cannot open: ")
+        self.range.size, self.range.validator = size, etag
         self._set_identity(size, etag, url)
         self._keep_prefix(head)
 
     def origin(self) -> str:
+        return self.range.origin()
+
+    def _probe(self, read: ReadContext) -> tuple[int, str | None, bytes]:
+        first = OPEN_HEAD_BYTES if self.options.cache_dir else self.initial_read
+        try:
+            resp = self.range.call("get_object", None, Range=f"bytes=0-{first - 1}")
+        except Changed:  # InvalidRange on the first byte: an empty object
+            head = self.range.call("head_object", None)
+            COUNTERS.request(self.scheme, "ok")
+            return int(head["ContentLength"]), head.get("ETag"), b""
+        total = _total(resp.get("ContentRange"), int(resp["ContentLength"]))
+        data = self.range.read_body(resp["Body"], int(resp["ContentLength"]), lambda: read.deadline)
+        COUNTERS.request(self.scheme, "ok", len(data))
+        return total, resp.get("ETag"), data
+
+class S3Range:
+    """The ``s3://`` range client (``ranges.RangeClient``): one ranged GetObject of the object, with
+    ``If-Match`` its ETag as opened (see the module docstring)."""
+
+    scheme = "s3"
+
+    def __init__(self, name: str, bucket: str, key: str, client: Any, credentials: str, options: RemoteOptions):
+        self.name = name
+        self.bucket, self.key = bucket, key
+        self._client = client
+        self.credentials = credentials
+        self.options = options
+        self.size = 0
+        self.validator: str | None = None
+
+    def origin(self) -> str:
         return f"s3://{_endpoint() or 'aws'}/{self.bucket}"  # S3 scales (and throttles) per bucket prefix
 
-    def _call(self, what: str, offset: int | None, client: Any = None, **kwargs: Any) -> Any:
+    def fetch(self, start: int, end: int, read: ReadContext) -> bytes:
+        """One attempt at bytes [start, end); an odd answer asked again at once on a client of its own."""
+        return asked_twice(lambda fresh: self._ranged_get(start, end, read, fresh))
+
+    def call(self, what: str, offset: int | None, client: Any = None, **kwargs: Any) -> Any:
         """One GetObject/HeadObject (on ``client``, default the pooled one); failures mapped to Retryable /
         Changed / one-line CheckpointError."""
         try:
@@ -176,22 +214,6 @@ class S3Source(RemoteSource):
                 botocore.exceptions.HTTPClientError) as exc:
             raise Retryable(f"connection failed: {exc}") from None
 
-    def _probe(self, read: ReadContext) -> tuple[int, str | None, bytes]:
-        first = OPEN_HEAD_BYTES if self.options.cache_dir else self.initial_read
-        try:
-            resp = self._call("get_object", None, Range=f"bytes=0-{first - 1}")
-        except Changed:  # InvalidRange on the first byte: an empty object
-            head = self._call("head_object", None)
-            COUNTERS.request(self.scheme, "ok")
-            return int(head["ContentLength"]), head.get("ETag"), b""
-        total = _total(resp.get("ContentRange"), int(resp["ContentLength"]))
-        data = self._read_body(resp["Body"], int(resp["ContentLength"]), lambda: read.deadline)
-        COUNTERS.request(self.scheme, "ok", len(data))
-        return total, resp.get("ETag"), data
-
-    def _attempt(self, start: int, end: int, read: ReadContext) -> bytes:
-        return asked_twice(lambda fresh: self._ranged_get(start, end, read, fresh))
-
     def _ranged_get(self, start: int, end: int, read: ReadContext, fresh: bool) -> bytes:
         """One ranged GetObject (``fresh``: on a client of its own): exactly the bytes asked for, or an
         OddAnswer for an answer that cannot be them (its body dropped unread, see the module docstring)."""
@@ -199,7 +221,7 @@ class S3Source(RemoteSource):
         try:
             extra = {"IfMatch": self.validator} if self.validator else {}
             try:
-                resp = self._call("get_object", start, client, Range=f"bytes={start}-{end - 1}", **extra)
+                resp = self.call("get_object", start, client, Range=f"bytes={start}-{end - 1}", **extra)
             except Changed as exc:  # 412 (If-Match refused) or 416
                 raise OddAnswer(("refused", str(exc)), exc) from None
             body, got = resp["Body"], content_range(resp.get("ContentRange"))
@@ -221,12 +243,12 @@ class S3Source(RemoteSource):
                 body.close()
                 raise OddAnswer(("range", first, last), CheckpointError(
                     self.name, start, f"asked for bytes {start}-{end - 1}, the server sent {first}-{last}"))
-            return self._read_body(body, end - start, read.until)
+            return self.read_body(body, end - start, read.until)
         finally:
             if client is not None:
                 client.close()
 
-    def _read_body(self, body: Any, expected: int, until: Callable[[], float]) -> bytes:
+    def read_body(self, body: Any, expected: int, until: Callable[[], float]) -> bytes:
         """Exactly ``expected`` bytes of ``body``, by ``until()`` (asked before each piece:
         ``ReadContext.until``)."""
         buf = bytearray()

@@ -68,17 +68,36 @@ def fetched_when(record: dict[str, Any], key: str = "fetched_at") -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(at))
 
 
+class StoredRange:
+    """The range client of a file served from the store alone (``ranges.RangeClient``): it never asks the
+    origin; a fetch of bytes the store lacks fails at once."""
+
+    def __init__(self, name: str, url: str, scheme: str, size: int, options: RemoteOptions, why: str):
+        self.name, self.url, self.scheme, self.size, self.options, self.why = name, url, scheme, size, options, why
+
+    def origin(self) -> str:
+        return f"stored:{self.url}"
+
+    def fetch(self, start: int, end: int, read: ReadContext) -> bytes:
+        """The failure of a read of bytes the store lacks (a mount logs it as the read's one EIO line)."""
+        raise CheckpointError(self.name, start, f"not in the cache folder {self.options.cache_dir} ({self.why}: "
+                                                f"the origin is not asked)")
+
+
 class StoredSource(RemoteSource):
     """A remote file served by its name record from the ``--cache-dir`` store alone (see the module
     docstring): the origin is never asked; an absent chunk is a failed read."""
 
     def __init__(self, name: str, options: RemoteOptions, record: dict[str, Any], why: str):
-        super().__init__(name, options)
-        self.scheme = str(record.get("scheme") or "remote")
-        self.url = str(record.get("url") or name)
+        scheme = str(record.get("scheme") or "remote")
+        url = str(record.get("url") or name)
+        size = int(record["size"])
+        super().__init__(name, options, StoredRange(name, url, scheme, size, options, why))
+        self.scheme = scheme
+        self.url = url
         self.record = record
         self.why = why
-        self.size = int(record["size"])
+        self.size = size
         self.validator = record.get("validator")
         self.identity = (self.size, self.validator, self.url)
         self.mtime_ns = int(record.get("mtime_ns") or 0)
@@ -86,17 +105,6 @@ class StoredSource(RemoteSource):
 
     def origin(self) -> str:
         return f"stored:{self.url}"
-
-    def _absent(self, offset: int) -> CheckpointError:
-        """The failure of a read of bytes the store lacks (a mount logs it as the read's one EIO line)."""
-        return CheckpointError(self.name, offset, f"not in the cache folder {self.options.cache_dir} ({self.why}: "
-                                                  f"the origin is not asked)")
-
-    def _attempt(self, start: int, end: int, read: ReadContext) -> bytes:
-        raise self._absent(start)
-
-    def _fetch_parts(self, start: int, end: int, read: ReadContext) -> list[bytes]:
-        raise self._absent(start)
 
 
 def open_file(open_online: Callable[[], ByteSource], src: str, options: RemoteOptions) -> ByteSource:

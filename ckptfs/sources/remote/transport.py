@@ -1,18 +1,22 @@
-"""``RemoteSource``: what every remote byte source shares, assembled from one module per concern.
+"""``RemoteSource``: what every remote byte source shares, the top of a chain that calls only downward.
 
-A scheme module (``http``, ``s3``) subclasses :class:`RemoteSource` and supplies two things: opening (size
-and validator fixed at open, see ``_set_identity``) and one ranged fetch attempt (``_attempt``). The rest is
-here, each part in its own module:
+A scheme module (``http``, ``s3``) subclasses :class:`RemoteSource`, builds the scheme's range client (one
+request for a byte range, ``ranges.RangeClient``) and opens the file (size and validator fixed at open, see
+``_set_identity``). The parts below the source each hold only the part below them (``ranges`` draws the
+chain):
 
-- ``context``: a read's state (deadline, a mirror behind it, whether it fetches ahead, when its answer
-  began), passed explicitly from ``pread`` down to each attempt; entering from ``ByteSource.pread`` it
-  takes the caller's scope (``deadline_scope``, ``fallback_scope``: a mirror wrapper, a mount's FUSE read);
-- ``origin``: the retrying origin client (backoff within the deadline, the outage rule, what each failure
-  means);
+- ``fetch_ahead``: fetching ahead of a sequential reader (:class:`ReadAhead`, over the chunks);
+- ``fetcher``: aligned chunks, single-flight fetches, the fleet's leases and the ``--cache-dir`` store, and
+  ``handoff``: a reader's long runs as parallel pieces on the scheduler's workers;
 - ``version``: the version pin of a file whose validator cannot tell versions apart;
-- ``fetcher``: aligned chunks, single-flight fetches, the fleet's leases, and ``handoff``: a reader's long
-  runs as parallel pieces on the scheduler's workers;
-- ``fetch_ahead``: fetching ahead of a sequential reader.
+- ``origin``: the retrying origin client (backoff within the deadline, the outage rule, the origin's
+  in-flight limit, what each failure means);
+- the scheme's range client.
+
+A read's state (deadline, a mirror behind it, whether it fetches ahead, when its answer began) is one
+``context.ReadContext``, made here as the read enters and passed down to each attempt; entering from
+``ByteSource.pread`` it takes the caller's scope (``deadline_scope``, ``fallback_scope``: a mirror wrapper, a
+mount's FUSE read).
 
 Options (timeouts, cache directory, read-ahead) are a ``RemoteOptions`` (``options``) handed to each source
 when it is opened.
@@ -34,7 +38,8 @@ from ckptfs.sources.remote.fetcher import ChunkFetcher, Run
 from ckptfs.sources.remote.options import DEFAULT_OPTIONS, RemoteOptions
 from ckptfs.sources.remote.origin import OriginClient
 from ckptfs.sources.remote.outage import Outage
-from ckptfs.sources.remote.fetch_ahead import ReadAhead, piece_bytes
+from ckptfs.sources.remote.fetch_ahead import ReadAhead, piece_chunks
+from ckptfs.sources.remote.ranges import RangeClient
 from ckptfs.sources.remote.version import VersionPin
 from ckptfs.util.redact import public_name, strip_url
 
@@ -62,26 +67,26 @@ def check_range(source: ByteSource, offset: int, size: int) -> bool:
 
 
 class RemoteSource(ByteSource):
-    """Base of the remote sources (see the module docstring). Subclasses call ``_set_identity`` while
-    opening and implement ``_attempt(start, end, read) -> bytes`` (``read.deadline`` bounds it)."""
+    """Base of the remote sources (see the module docstring). Subclasses hand their range client to
+    ``__init__`` and call ``_set_identity`` while opening."""
 
     scheme = "remote"
     initial_read = REMOTE_INITIAL_READ
     #: The largest request read-ahead makes (``fetch_ahead.piece_bytes`` shrinks it as more are in flight).
     piece_bytes = 4 << 20
 
-    def __init__(self, name: str, options: RemoteOptions | None = None):
+    def __init__(self, name: str, options: RemoteOptions | None, range_client: RangeClient):
         self.name = name
         self.options = options if options is not None else DEFAULT_OPTIONS
         self.size = 0
         self.identity: tuple[object, ...] = ()
         self.validator: str | None = None
-        self.client = OriginClient(self)
-        self.fetcher = ChunkFetcher(name, self.options, self.client, self._fetch_parts, self._piece_chunks)
-        self._pin: VersionPin | None = None  # for a validator that cannot tell versions apart (_set_identity)
+        # the chain, built bottom up: each part is handed the one below it and holds nothing above
+        self.range = range_client
+        self.client = OriginClient(range_client)
+        self.fetcher = ChunkFetcher(name, self.options, self.client, self.piece_bytes)
         self._head = b""  # the file's first bytes as the open's first request answered (_keep_prefix)
-        self._readahead = ReadAhead(self)
-        self._closed = False
+        self._readahead = ReadAhead(self.fetcher)
 
     @property
     def fetches_ahead(self) -> bool:
@@ -101,7 +106,7 @@ class RemoteSource(ByteSource):
 
     @property
     def closed(self) -> bool:
-        return self._closed
+        return self.fetcher.closed
 
     # -- opening ---------------------------------------------------------------------------------------
     def _set_identity(self, size: int, validator: str | None, url: str, sha256: str | None = None,
@@ -118,7 +123,7 @@ class RemoteSource(ByteSource):
         tail = None
         if sample is not None:
             tail = (size - len(sample), size, sample_digest(sample))
-            self._pin = VersionPin(self, self.client, tail)
+            self.fetcher.pin = VersionPin(self.range, self.client, tail)
         if sha256:
             self.fetcher.identify(sha256_content_id(sha256), size, shared=True)
         elif validator:
@@ -168,7 +173,10 @@ class RemoteSource(ByteSource):
             return b""
         if offset + size <= len(self._head):
             return self._head[offset: offset + size]
-        parts = self._covering_parts(offset, size)
+        read, c0, c1, upto, step = self._span(offset, size)
+        chunks = self.fetcher.get_chunks(c0, upto, read, step)[: c1 - c0]
+        self._readahead.observe(offset, size)
+        parts = _covering(chunks, offset - c0 * CHUNK, offset + size - (c1 - 1) * CHUNK)
         whole = parts[0].obj if len(parts) == 1 else None
         if isinstance(whole, bytes) and len(parts[0]) == len(whole):
             return whole  # a whole chunk: no copy
@@ -177,66 +185,41 @@ class RemoteSource(ByteSource):
     def pread_into(self, offset: int, target: memoryview) -> None:
         """``pread`` straight into ``target`` (libfuse's buffer): the chunks' covering slices are copied there
         once, instead of joined and copied again."""
-        if not check_range(self, offset, len(target)):
+        size = len(target)
+        if not check_range(self, offset, size):
             return
-        if offset + len(target) <= len(self._head):
-            target[:] = self._head[offset: offset + len(target)]
+        if offset + size <= len(self._head):
+            target[:] = self._head[offset: offset + size]
             return
+        read, c0, c1, upto, step = self._span(offset, size)
+        chunks = self.fetcher.get_chunks(c0, upto, read, step)[: c1 - c0]
+        self._readahead.observe(offset, size)
         at = 0
-        for part in self._covering_parts(offset, len(target)):
+        for part in _covering(chunks, offset - c0 * CHUNK, offset + size - (c1 - 1) * CHUNK):
             target[at: at + len(part)] = part
             at += len(part)
 
-    def _covering_parts(self, offset: int, size: int) -> list[memoryview]:
-        """Views of the chunks holding bytes [offset, offset + size) (fetched as needed), in order; the read
-        is noted for read-ahead."""
+    def _span(self, offset: int, size: int) -> tuple[ReadContext, int, int, int, int]:
+        """A read entering now: its context, the chunks [c0, c1) holding bytes [offset, offset + size), how
+        far to fetch (``upto``: c1, or further for the header's first read) and the pieces a long run of them
+        is cut into for the scheduler (``step`` chunks, ``fetch_ahead.piece_chunks``). The read then asks the
+        chunks itself (``pread``, ``pread_into``), so the walk down to the request is one frame per part."""
+        step = piece_chunks(self.options, self.fetcher.origin_limit().limit, self.piece_bytes)
         read = ReadContext.entering(self.options.timeout)
         c0, c1 = offset // CHUNK, (offset + size - 1) // CHUNK + 1
         head = min(self.fetcher.chunks, self.initial_read // CHUNK)
         if c0 == 0 and c1 < head and not self.fetcher.cache.has(self.fetcher.key(0)):
             # the first read of the header (after a one-byte open with --cache-dir): take the whole first
             # read at once, as an open without a cache directory does, instead of one chunk now and more later
-            chunks = self.fetcher.get_chunks(0, head, read)[:c1]
-        else:
-            chunks = self.fetcher.get_chunks(c0, c1, read)
-        self._readahead.observe(offset, size)
-        return _covering(chunks, offset - c0 * CHUNK, offset + size - (c1 - 1) * CHUNK)
+            return read, 0, c1, head, step
+        return read, c0, c1, c1, step
 
     def advise(self, offset: int, size: int, sequential: bool = False) -> None:
         """Fetch the chunks covering these bytes in the background (best effort)."""
-        if size > 0 and not self._closed:
+        if size > 0 and not self.closed:
             end = min(self.size, offset + size)
             if end > offset >= 0:
                 self._readahead.prefetch(offset // CHUNK, (end - 1) // CHUNK + 1)
-
-    def _piece_chunks(self) -> int:
-        """Chunks per piece a reader's long run is cut into for the scheduler (``handoff``); 0 for a source
-        without read-ahead (reading headers, before a mount forks its daemon: no thread may start)."""
-        if not self.options.read_ahead:
-            return 0
-        return piece_bytes(self.origin_limit().limit, self.piece_bytes) // CHUNK
-
-    def _fetch_parts(self, start: int, end: int, read: ReadContext) -> list[bytes]:
-        """Bytes [start, end) from the origin as the scheme read them (consecutive parts, ``CHUNK`` bytes each
-        but the last for a scheme that reads chunk by chunk), retried, and confirmed by the version pin."""
-        fetch = read.bounded(read.deadline)  # this fetch's own answered_at: the read's may fan out to workers
-        if self._pin is None:
-            return self.client.fetch(start, end, fetch, lambda one: self._attempt_parts(start, end, one))
-        with self._pin.fetching(fetch) as fetch:
-            parts = self.client.fetch(start, end, fetch, lambda one: self._attempt_parts(start, end, one))
-            self._pin.confirm(fetch.answered_at if fetch.answered_at is not None else time.monotonic(), fetch,
-                              start)
-        return parts
-
-    def _attempt(self, start: int, end: int, read: ReadContext) -> bytes:  # pragma: no cover - interface
-        """One request for bytes [start, end), within ``read.deadline``: exactly those bytes, or Retryable /
-        Changed / CheckpointError. ``read.answered()`` once the answer's headers are in, where known."""
-        raise NotImplementedError
-
-    def _attempt_parts(self, start: int, end: int, read: ReadContext) -> bytes | list[bytes]:
-        """``_attempt``, answered as the scheme reads the body: one ``bytes``, or consecutive parts of ``CHUNK``
-        bytes but the last (a scheme that can read chunk by chunk overrides this: no join, no cutting)."""
-        return self._attempt(start, end, read)
 
     # -- fetching ahead (ckptfs.sources.remote.fetch_ahead, warmup) ---------------------------------------
     def claim(self, c0: int, c1: int) -> list[Run]:
@@ -258,7 +241,7 @@ class RemoteSource(ByteSource):
 
     def forget_fetches(self) -> None:
         """In a forked child: the parent's fetches are gone; their readers fetch for themselves."""
-        self.fetcher.flights.fail_all(RuntimeError("fetch interrupted by fork"))
+        self.fetcher.forget_fetches()
 
     # -- the --cache-dir store ---------------------------------------------------------------------------
     @property
@@ -309,10 +292,10 @@ class RemoteSource(ByteSource):
         return True  # holds no descriptor: the pool's bound on open files does not apply
 
     def ensure_open(self) -> None:
-        self._closed = False
+        self.fetcher.closed = False
 
     def close(self) -> None:
-        self._closed = True
+        self.fetcher.closed = True
 
 
 def record_name(src: str) -> str:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import logging
 import threading
 import time
@@ -31,7 +32,8 @@ from collections.abc import Iterator
 from ckptfs.core.errors import CheckpointError
 from ckptfs.sources.netstats import COUNTERS
 from ckptfs.sources.remote.context import ReadContext
-from ckptfs.sources.remote.origin import Asked, OriginClient, Retryable
+from ckptfs.sources.remote.origin import OriginClient, Retryable
+from ckptfs.sources.remote.ranges import RangeClient
 from ckptfs.util.forks import after_fork_in_child
 
 log = logging.getLogger(__name__)
@@ -69,11 +71,23 @@ class _EarlyCheck:
         self.ended = threading.Event()
 
 
+class Unpinned:
+    """A file whose validator tells its versions apart: its fetches are served as they land (the chunk
+    fetcher asks this or a :class:`VersionPin` alike)."""
+
+    def fetching(self, read: ReadContext) -> contextlib.AbstractContextManager[ReadContext]:
+        return contextlib.nullcontext(read)
+
+    def landed(self, read: ReadContext, offset: int) -> None:
+        return None
+
+
 class VersionPin:
     """One file's pinned last bytes (``(start, end, digest)``), re-checked after each fetch (see the module
-    docstring)."""
+    docstring). It asks through the file's range client (``source``: one attempt, for the early check) and
+    its origin client (``client``: retried), both below it in the chain (``ranges``)."""
 
-    def __init__(self, source: Asked, client: OriginClient, sample: tuple[int, int, str]):
+    def __init__(self, source: RangeClient, client: OriginClient, sample: tuple[int, int, str]):
         self.source = source
         self.client = client
         self.sample = sample
@@ -120,6 +134,10 @@ class VersionPin:
                 self._under_way -= 1
                 if not heard:
                     self._unanswered -= 1
+
+    def landed(self, read: ReadContext, offset: int) -> None:
+        """``confirm`` the bytes of the fetch ``read`` (the context ``fetching`` gave it), which just landed."""
+        self.confirm(read.answered_at if read.answered_at is not None else time.monotonic(), read, offset)
 
     def confirm(self, fetched_at: float, read: ReadContext, offset: int) -> None:
         """Bytes fetched by ``fetched_at`` may be served: a check sent after that found the file's last bytes
@@ -178,10 +196,11 @@ class VersionPin:
         self._check_sent = max(self._check_sent, sent)
         check = dataclasses.replace(read, on_answer=None)  # (its own answer is no fetch's)
         if early is not None:
-            data = self.source._attempt(start, end, check)
+            body = self.source.fetch(start, end, check)
         else:
-            data = self.client.retrying(lambda one: self.source._attempt(start, end, one), check, offset,
+            body = self.client.retrying(functools.partial(self.source.fetch, start, end), check, offset,
                                         "re-checking the file's last bytes: ")
+        data = body if isinstance(body, bytes) else b"".join(body)
         COUNTERS.request(self.source.scheme, "ok", len(data))
         if sample_digest(data) != digest:
             COUNTERS.request(self.source.scheme, "error")
