@@ -81,7 +81,7 @@ class Breaker:
                     continue
                 try:
                     self._ping()
-                except Exception:  # noqa: BLE001
+                except Exception:  # noqa: BLE001 - any failure of the probe is "still down": back off
                     with self._lock:
                         self._backoff = min(self._backoff * 2, self._backoff_max)
                         self._down_until = time.monotonic() + self._backoff

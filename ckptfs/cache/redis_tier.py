@@ -476,7 +476,7 @@ class RedisTier:
         if client is not None:
             try:
                 client.close()
-            except Exception:  # noqa: BLE001
+            except Exception:  # noqa: BLE001 - closing a client that is being dropped must not fail
                 pass
 
 

@@ -26,7 +26,7 @@ def unavailable_reason() -> str | None:
     transformers is looked up, not imported: importing it (torch with it) costs a mount seconds, and a
     folder whose ``tokenizer.json`` is read directly never needs it."""
     try:
-        import gguf  # noqa: F401
+        import gguf  # noqa: F401 - installed? (imported for its answer, not its names)
     except ImportError as exc:
         return f"{exc.name} is not installed: pip install 'ckptfs[gguf]'"
     if not _installed("transformers"):

@@ -113,7 +113,7 @@ def direct_tokenizer(folder: Path) -> RustTokenizer | None:
     if not path.is_file():
         return None
     try:
-        import tokenizers  # noqa: F401
+        import tokenizers  # noqa: F401 - installed? (imported for its answer, not its names)
     except ImportError:
         return None
     config = read_json(folder / "tokenizer_config.json") or {}

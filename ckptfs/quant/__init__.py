@@ -142,7 +142,7 @@ def _load_builtins() -> None:
     if _builtins_loaded:
         return
     _builtins_loaded = True
-    from ckptfs.quant import floats, legacy, kquants, iquants, ternary, fp4, lowbit  # noqa: F401  (self-registering)
+    from ckptfs.quant import floats, legacy, kquants, iquants, ternary, fp4, lowbit  # noqa: F401 - self-registering
 
 
 def _load_plugins() -> None:
