@@ -17,7 +17,9 @@ Two producers store the same codes under different names and combine the two sca
 
 Both pack element ``2i`` into the low nibble of byte ``i``. An E4M3 scale byte 0x7F or 0xFF is NaN (OCP
 e4m3fn), so its 16 values are NaN, as in both references. Tiles are row ranges: a read takes only its rows'
-codes and scales (``in / 2 + in / 16`` bytes a row) and the 4-byte global scale. The C kernel
+codes and scales (``in / 2 + in / 16`` bytes a row) and the 4-byte global scale. The combined scale of a group
+depends on its E4M3 byte alone (the global scale is one value), so each layer combines the 256 possible bytes
+once (a cached table, the same float32 operations) and a tile looks its groups' bytes up. The C kernel
 (``native.fp4_rows``) multiplies the same combined scales in one pass; numpy is the reference and fallback.
 """
 
@@ -34,7 +36,7 @@ from ckptfs.packed.bits import round_to
 from ckptfs.packed.compressed import METHOD, scheme_for
 from ckptfs.packed.detect import Method, Scheme
 from ckptfs.packed import native
-from ckptfs.packed.minifloats import E2M1_PAIRS, e2m1_rows, e4m3_scales
+from ckptfs.packed.minifloats import E2M1_PAIRS, E4M3, e2m1_rows
 from ckptfs.packed.modelopt import MIXED, layer_entry, settings_of
 
 GROUP = 16
@@ -112,13 +114,19 @@ def _layout(scheme: str, prefix: str, parts: Mapping[str, TensorInfo], codes_rol
         raise Absent(f"{global_scale.name} has shape {list(global_scale.shape)}, expected one value")
     scalar_bf16 = divide and global_scale.shape == ()  # a 0-d divisor keeps the bfloat16 scale's dtype
 
-    def scales(reader: Parts, o0: int, o1: int) -> np.ndarray:
-        """Rows [o0, o1)'s combined float32 scales, in the reference's order."""
+    def combined(reader: Parts) -> np.ndarray:
+        """The combined float32 scale of each of the 256 E4M3 scale bytes, in the reference's order: the
+        global scale is one value, so a group's combined scale is a function of its byte alone, and looking
+        it up gives the bits the per-group division (or product, and rounding) gives."""
         g = reader.whole(global_role).reshape(1).astype(np.float32)
-        s = e4m3_scales(reader.rows("weight_scale", o0, o1))
         with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
-            s = s / g if divide else s * g
+            s = E4M3 / g if divide else E4M3 * g
         return round_to(s, "BF16") if scalar_bf16 else s
+
+    def scales(reader: Parts, o0: int, o1: int) -> np.ndarray:
+        """Rows [o0, o1)'s combined float32 scales: their bytes looked up in the layer's table (cached)."""
+        table = reader.derived("nvfp4:combined", (global_role,), (256,), lambda: combined(reader))
+        return np.take(table, reader.rows("weight_scale", o0, o1))
 
     def decode(reader: Parts, o0: int, o1: int, dest: np.ndarray | None) -> np.ndarray:
         return e2m1_rows(reader.rows(codes_role, o0, o1), scales(reader, o0, o1), GROUP, dest)
