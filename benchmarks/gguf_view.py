@@ -21,7 +21,12 @@ the tests run it (scripts/llama_convert.py). The page cache is left
 warm for both (the folder's files were just written; pass ``--drop-caches`` as root for cold runs).
 Medians of ``--runs`` are printed, with each run, as one JSON object.
 
+``--scheme fp8``: the same folder with its projections in fine-grained FP8 as Qwen3-*-FP8 releases them
+(scripts/fp8_folder.py: E4M3 codes, a BF16 ``weight_scale_inv`` per 128 x 128 block), which the converter
+dequantizes and writes in BF16 (``auto``: the embedding is BF16), and the mount serves dequantized per read.
+
 Usage: python -m benchmarks gguf_view [--work /tmp/ckptfs-bench/gguf-view] [--runs 3] [--threads 2]
+       [--scheme bf16|fp8]
 """
 
 from __future__ import annotations
@@ -39,7 +44,8 @@ from pathlib import Path
 
 from benchmarks import SCRIPTS, SKELETONS
 
-import llama_convert  # scripts/, on the import path (benchmarks/__init__.py)
+import fp8_folder  # scripts/, on the import path (benchmarks/__init__.py)
+import llama_convert
 
 SKELETON = SKELETONS / "gemma3-270m-q4_k_m.json"
 CKPTFS = [shutil.which("ckptfs", path=str(Path(sys.executable).parent)) or "ckptfs"]
@@ -117,6 +123,16 @@ def prepare(work: Path) -> Path:
     return folder
 
 
+def prepare_fp8(work: Path) -> Path:
+    """``prepare``'s folder with its projections in 128 x 128 block FP8 (made once per work folder)."""
+    folder = work / "gemma-3-270m-fp8"
+    if (folder / "config.json").is_file() and "quantization_config" in (folder / "config.json").read_text():
+        return folder
+    shutil.rmtree(folder, ignore_errors=True)
+    shutil.copytree(prepare(work), folder)
+    return fp8_folder.convert_folder(folder, (128, 128))
+
+
 def median_of(runs: list[dict], key: str) -> float:
     return statistics.median(run[key] for run in runs)
 
@@ -127,10 +143,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--drop-caches", action="store_true", help="drop the page cache before each run (root)")
+    parser.add_argument("--scheme", choices=["bf16", "fp8"], default="bf16",
+                        help="the folder as made (bf16) or with its projections in block FP8")
     args = parser.parse_args(argv)
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
-    folder = prepare(work)
+    folder = prepare(work) if args.scheme == "bf16" else prepare_fp8(work)
     mounts, converts = [], []
     for _ in range(args.runs):
         for runs, run in ((mounts, run_mount), (converts, run_convert)):
@@ -140,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
     if any(m["tokens"] != c["tokens"] for m, c in zip(mounts, converts)):
         raise SystemExit("the mount's greedy tokens differ from the converted file's")
     ratio = median_of(mounts, "ttft_s") / median_of(converts, "ttft_s")
-    print(json.dumps({"machine": {"cpus": os.cpu_count(), "uname": " ".join(os.uname())},
+    print(json.dumps({"machine": {"cpus": os.cpu_count(), "uname": " ".join(os.uname())}, "scheme": args.scheme,
                       "folder_bytes": sum(p.stat().st_size for p in folder.iterdir()),
                       "mount_ttft_s": median_of(mounts, "ttft_s"), "convert_ttft_s": median_of(converts, "ttft_s"),
                       "ratio": ratio, "mount": mounts, "convert": converts}, indent=1))

@@ -44,12 +44,13 @@ def llama_cpp_tree() -> Path:
     return probe_path().parent.parent / "src" / "llama.cpp"
 
 
-def convert(folder: str | Path, out: str | Path, outtype: str, pre: str, timeout: float = 1800) -> dict:
-    """The converter on ``folder`` into ``out``: ``wall_s``, ``write_bytes``, ``maxrss_kib``; RuntimeError
-    with its stderr's end when it fails."""
+def convert(folder: str | Path, out: str | Path, outtype: str, pre: str, timeout: float = 1800,
+            extra: tuple[str, ...] = ()) -> dict:
+    """The converter on ``folder`` into ``out`` (``extra``: more of its options): ``wall_s``,
+    ``write_bytes``, ``maxrss_kib``; RuntimeError with its stderr's end when it fails."""
     start = time.perf_counter()
     done = subprocess.run([sys.executable, "-c", _CONVERT, str(llama_cpp_tree()), pre, str(folder),
-                           "--outfile", str(out), "--outtype", outtype],
+                           "--outfile", str(out), "--outtype", outtype, *extra],
                           capture_output=True, text=True, timeout=timeout)
     wall = time.perf_counter() - start
     if done.returncode != 0:

@@ -241,10 +241,10 @@ def set_architecture(folder: Path, name: str) -> None:
     path.write_text(json.dumps(config))
 
 
-def convert(folder: Path, out: Path, outtype: str, pre: str = "llama-bpe") -> Path:
+def convert(folder: Path, out: Path, outtype: str, pre: str = "llama-bpe", extra: tuple[str, ...] = ()) -> Path:
     """llama.cpp's convert_hf_to_gguf.py on ``folder`` (the project's Python, the tree's gguf-py), the
-    test tokenizer's pre-tokenizer registered under ``pre``."""
-    llama_convert.convert(folder, out, outtype, pre, timeout=600)
+    test tokenizer's pre-tokenizer registered under ``pre``; ``extra``: more of its options."""
+    llama_convert.convert(folder, out, outtype, pre, timeout=600, extra=extra)
     return out
 
 

@@ -84,11 +84,14 @@ def main() -> None:
                    "(needs ckptfs[gguf]).")
 @click.option("--gguf-type", type=click.Choice(["auto", "f32", "f16", "bf16", "q8_0"]), default="auto",
               show_default=True, help="Output type of gguf/model.gguf (auto: bf16 for a BF16 folder, else f16).")
+@click.option("--gguf-fp8-as-q8", is_flag=True,
+              help="gguf/model.gguf: a quantized folder's FP8 layers in Q8_0 whatever --gguf-type (the converter's "
+                   "--fp8-as-q8).")
 @click.option("--prefetch", is_flag=True,
               help="Once mounted, fetch every stored byte of a remote SRC into --cache-dir in the background.")
 @click.option("-v", "--verbose", is_flag=True, help="Verbose logging; tracebacks on errors.")
 def mount(src, mountpoint, foreground, options, open_options, log_file, hf, hf_dtype, log_format, layout, metrics,
-          verbose, prefetch, gguf, gguf_type):
+          verbose, prefetch, gguf, gguf_type, gguf_fp8_as_q8):
     """Mount checkpoint SRC read-only at MOUNTPOINT."""
     from ckptfs.fs.mount import MountError, MountRequest, run_mount
     from ckptfs.sources import is_url
@@ -99,7 +102,7 @@ def mount(src, mountpoint, foreground, options, open_options, log_file, hf, hf_d
     try:
         request = MountRequest(src=src, mountpoint=mountpoint, foreground=foreground, options=",".join(options),
                                open_options=open_options, log_file=log_file, hf=hf, hf_dtype=hf_dtype,
-                               gguf=gguf, gguf_type=gguf_type, verbose=verbose, log_format=log_format,
+                               gguf=gguf, gguf_type=gguf_type, gguf_fp8_as_q8=gguf_fp8_as_q8, verbose=verbose, log_format=log_format,
                                metrics=metrics, layout=layout, prefetch=prefetch)
         code = run_mount(request)
     except (CheckpointError, MountError, OSError, ValueError) as exc:

@@ -59,6 +59,7 @@ class MountRequest:
     hf_dtype: str = "bfloat16"  # dtype of hf/'s safetensors files
     gguf: bool = False  # add gguf/model.gguf (the converter's GGUF) to a Hugging Face folder's mount
     gguf_type: str = "auto"  # its output type: auto, f32, f16, bf16, q8_0
+    gguf_fp8_as_q8: bool = False  # a quantized folder's FP8 layers in Q8_0 (the converter's --fp8-as-q8)
     log_format: str = "text"
     metrics: str | None = None  # [HOST:]PORT of the Prometheus exporter
     layout: str = "flat"  # --layout: "tree" makes dotted tensor names folders (ckptfs.tree.layout)
@@ -199,7 +200,7 @@ def _virtual_files(request: MountRequest, required: bool = False) -> list:
     from ckptfs.hffolder.provider import hf_provider
 
     return ([merged_gguf] + ([hf_provider(request.hf_dtype, required)] if request.hf else [])
-            + ([gguf_provider(request.gguf_type, required)] if request.gguf else []))
+            + ([gguf_provider(request.gguf_type, required, request.gguf_fp8_as_q8)] if request.gguf else []))
 
 
 def _metrics_address(spec: str | None) -> tuple[str, int] | None:

@@ -41,22 +41,23 @@ def _installed(name: str) -> bool:
     return importlib.util.find_spec(name) is not None
 
 
-def build_view(ck: Checkpoint, output_type: str):
+def build_view(ck: Checkpoint, output_type: str, fp8_as_q8: bool = False):
     """The view, or Unsupported with the reason."""
     reason = unavailable_reason()
     if reason is not None:
         raise Unsupported(reason)
     from ckptfs.ggufview.view import VirtualGgufView
 
-    return VirtualGgufView(ck, output_type)
+    return VirtualGgufView(ck, output_type, fp8_as_q8)
 
 
-def gguf_provider(output_type: str = "auto", required: bool = False) -> Provider:
+def gguf_provider(output_type: str = "auto", required: bool = False, fp8_as_q8: bool = False) -> Provider:
     """A provider of ``gguf/model.gguf`` in ``output_type`` (auto, f32, f16, bf16, q8_0); ``required``: a
-    folder that cannot have it fails the tree (``tree.optional``)."""
+    folder that cannot have it fails the tree (``tree.optional``); ``fp8_as_q8``: a quantized folder's FP8
+    layers in Q8_0 (the converter's ``--fp8-as-q8``)."""
 
     def provider(ck: Checkpoint) -> Iterable[Entry]:
-        view = built_or_logged(GGUF_DIR, lambda: build_view(ck, output_type), Unsupported, log, ck.src, required)
+        view = built_or_logged(GGUF_DIR, lambda: build_view(ck, output_type, fp8_as_q8), Unsupported, log, ck.src, required)
         if view is None:
             return []
         return [Entry(f"{GGUF_DIR}/{GGUF_FILE}", "file", lambda: view, made_from=view.made_from)]

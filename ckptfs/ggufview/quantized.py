@@ -63,6 +63,7 @@ class QuantRows(Protocol):
     """The output rows of one converted layer, from the stored rows ``rows`` (in output order)."""
 
     kind: str  # "dequantized": float32 values to convert; "nvfp4": the tensor's bytes as they are
+    fp8: bool  # dequantized from FP8 codes (what the converter's --fp8-as-q8 writes in Q8_0)
 
     def output(self, rows: np.ndarray) -> np.ndarray | bytes: ...
 
@@ -116,7 +117,8 @@ def converted_tensors(ck: Checkpoint, config: Config, folder: Path) -> Converted
             if scheme == "fp8" and "weight_scale_inv" not in tensor.layout.parts:
                 raise Unsupported(f"layer {name} has no weight_scale_inv, which llama.cpp's converter "
                                   "dequantizes an fp8 weight by, so no gguf/")
-            info, rows, companions = _dequantized(ck, tensor), DequantizedRows(ck, tensor), []
+            info, companions = _dequantized(ck, tensor), []
+            rows = DequantizedRows(ck, tensor, _fp8_marked(scheme, tensor, groups))
         else:
             raise Unsupported(f"layer {name} is quantized as {scheme}, which llama.cpp's converter does not "
                               "convert as ckptfs serves it, so no gguf/")
@@ -224,7 +226,8 @@ class DequantizedRows:
 
     kind = "dequantized"
 
-    def __init__(self, ck: Checkpoint, tensor: PackedTensor):
+    def __init__(self, ck: Checkpoint, tensor: PackedTensor, fp8: bool):
+        self.fp8 = fp8
         self._layout = tensor.layout
         self._reader = PartReader(ck, tensor.layout, tensor.name)
 
@@ -234,6 +237,21 @@ class DequantizedRows:
         for start, stop, at in _runs(rows):
             decode_parts("packed", self._layout, self._reader, start, stop, out[at: at + stop - start])
         return out
+
+
+def _fp8_marked(scheme: str, tensor: PackedTensor, groups: Mapping[str, Any]) -> bool:
+    """Whether the converter's ``--fp8-as-q8`` counts this dequantized layer as FP8: every ``fp8`` layer,
+    a compressed-tensors ``float-quantized`` one whose group says 8-bit floats, a ModelOpt one whose weight
+    is stored as E4M3 or E5M2."""
+    if scheme == "fp8":
+        return True
+    if scheme == f"{CT}/float-quantized":
+        weights = next(iter(groups.values())).get("weights") or {}
+        return weights.get("type") == "float" and weights.get("num_bits") == 8
+    if scheme == "modelopt/FP8":
+        return any(part.storage_type in ("F8_E4M3", "F8_E5M2") for role, part in tensor.layout.parts.items()
+                   if role == "weight")
+    return False
 
 
 def _runs(rows: np.ndarray) -> list[tuple[int, int, int]]:
@@ -251,6 +269,7 @@ class Nvfp4Rows:
     moved (module docstring)."""
 
     kind = "nvfp4"
+    fp8 = False
 
     def __init__(self, ck: Checkpoint, tensor: PackedTensor, codes_role: str):
         self._reader = PartReader(ck, tensor.layout, tensor.name)

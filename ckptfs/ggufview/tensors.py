@@ -70,10 +70,12 @@ def file_type_of(output_type: str, infos: list[TensorInfo]) -> LlamaFileType:
 
 
 def plan_tensors(arch: Architecture, config: Config, converted: Converted, file_type: LlamaFileType,
-                 block_count: int, folder: Path) -> list[TensorPlan]:
+                 block_count: int, folder: Path, fp8_as_q8: bool = False) -> list[TensorPlan]:
     """The tensors the converter computes (F32), then every stored one in stored order (a quantized layer's
     weight where the converter puts it, its companion scales after it: ``quantized``); Unsupported for a
-    name the architecture's map lacks or a stored type that is not a float."""
+    name the architecture's map lacks or a stored type that is not a float. ``fp8_as_q8``: dequantized FP8
+    layers of two or more dimensions in Q8_0 whatever the file type (F16 for rows that are not whole
+    blocks), as the converter's ``--fp8-as-q8`` forces them."""
     import gguf
 
     model_arch = getattr(gguf.MODEL_ARCH, arch.model_arch)
@@ -109,6 +111,8 @@ def plan_tensors(arch: Architecture, config: Config, converted: Converted, file_
             rows = math.prod(shape[:-1]) if len(shape) > 1 else kept
         if quantized is not None and quantized.kind == "nvfp4":
             qtype = gguf.GGMLQuantizationType.NVFP4
+        elif quantized is not None and fp8_as_q8 and quantized.fp8 and len(shape) >= 2:
+            qtype = _output_type(name, len(shape), gguf.LlamaFileType.MOSTLY_Q8_0, cols, False)
         else:
             qtype = _output_type(name, len(shape), file_type, cols, name in always_f32)
         order = arch.row_order(hf_name, (rows, cols), config)

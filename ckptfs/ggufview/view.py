@@ -40,9 +40,10 @@ def _config(folder: Path) -> dict:
 
 
 class VirtualGgufView(HeaderBodyView):
-    """The GGUF file of a Hugging Face model folder, in ``output_type``."""
+    """The GGUF file of a Hugging Face model folder, in ``output_type`` (``fp8_as_q8``: a quantized folder's
+    FP8 layers in Q8_0, as the converter's ``--fp8-as-q8``)."""
 
-    def __init__(self, ck: Checkpoint, output_type: str = "auto"):
+    def __init__(self, ck: Checkpoint, output_type: str = "auto", fp8_as_q8: bool = False):
         self._sources = ck.sources
         with library_logs_to(log), model_folder(ck) as staged, one_build():
             folder = staged.path
@@ -55,7 +56,7 @@ class VirtualGgufView(HeaderBodyView):
             check_sizes(config, converted.infos)
             file_type = file_type_of(output_type, list(ck.parsed.tensors))
             n_blocks = block_count(config)
-            self.plans = plan_tensors(arch, config, converted, file_type, n_blocks, folder)
+            self.plans = plan_tensors(arch, config, converted, file_type, n_blocks, folder, fp8_as_q8)
             writer = new_writer(arch.name)
             for plan in self.plans:
                 writer.add_tensor_info(plan.name, plan.shape or (1,), np.dtype(np.float32), plan.nbytes,

@@ -70,6 +70,17 @@ def test_equal_to_the_converter(mounted_gguf, folders, references, case, outtype
     assert_same_gguf(mounted_gguf(folders[case], outtype), reference)
 
 
+def test_fp8_as_q8_equal_to_the_converter(mounted_gguf, folders, converter, tmp_path):
+    """``--gguf-fp8-as-q8`` with ``bf16``: the dequantized FP8 projections in Q8_0, the rest in BF16, as the
+    converter's ``--fp8-as-q8`` writes them."""
+    folder = folders["fp8-block"]
+    reference = convert(folder, tmp_path / "q8.gguf", "bf16", pre="qwen2", extra=("--fp8-as-q8",))
+    types = {name: value[0] for name, value in gguf_maps(reference)[1].items()}
+    assert types["blk.0.attn_q.weight"] == "Q8_0" and types["token_embd.weight"] == "BF16"
+    mine = mounted_gguf.mount(folder, "--gguf", "--gguf-type", "bf16", "--gguf-fp8-as-q8") / "gguf" / "model.gguf"
+    assert_same_gguf(mine, reference)
+
+
 @pytest.mark.parametrize("case", list(CASES))
 def test_same_greedy_tokens(mounted_gguf, folders, references, probe, case):
     assert_same_greedy(references(case, "auto"), mounted_gguf(folders[case], "auto"), N_PREDICT)
