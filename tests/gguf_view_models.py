@@ -288,6 +288,26 @@ def assert_same_gguf(mine: Path, reference: Path) -> None:
     assert mine.stat().st_size == reference.stat().st_size
 
 
+def s3_gguf_copy(mounted, folder: Path, out: Path, *mount_args: str) -> Path:
+    """``folder`` put in a moto S3 bucket, mounted as ``s3://models/NAME/`` with ``--gguf`` and
+    ``mount_args``, and its ``gguf/model.gguf`` copied to ``out`` (while the server runs)."""
+    import shutil
+
+    import boto3
+    from loopback.servers import MotoS3, environment
+
+    with MotoS3() as server, environment(server.env()):
+        client = boto3.client("s3", endpoint_url=server.endpoint)
+        client.create_bucket(Bucket="models")
+        for path in folder.rglob("*"):
+            if path.is_file():
+                client.put_object(Bucket="models", Key=f"{folder.name}/{path.relative_to(folder).as_posix()}",
+                                  Body=path.read_bytes())
+        mnt = mounted(f"s3://models/{folder.name}/", "--gguf", *mount_args, "--timeout", "30", env=server.env())
+        shutil.copyfile(mnt / "gguf" / "model.gguf", out)
+    return out
+
+
 def converter_tree() -> Path:
     """The llama.cpp tree holding the converter (skip, or fail where the suite requires it, when absent)."""
     tree = llama_cpp_tree()

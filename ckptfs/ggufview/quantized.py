@@ -196,9 +196,9 @@ def _check_method(method: str | None, fmt: str | None, groups: Mapping[str, Any]
             raise Unsupported(f"llama.cpp's converter does not convert compressed-tensors {fmt} with strategy "
                               f"{strategy!r} (only channel or block), so no gguf/")
         return
-    shown = method if fmt is None or method != CT else f"{method} {fmt}"
-    raise Unsupported(f"gguf/ of a {shown} folder is not served: llama.cpp's converter does not convert it to "
-                      "the values ckptfs's view decodes (see docs/gguf-view.md)")
+    shown = repr(method) if fmt is None or method != CT else f"{method!r} format {fmt!r}"
+    raise Unsupported(f"no gguf/ for quant_method {shown}: llama.cpp's converter does not convert it to the "
+                      "values ckptfs's view decodes (see docs/gguf-view.md)")
 
 
 def _dropped_suffixes(method: str | None, repack: bool) -> tuple[str, ...]:

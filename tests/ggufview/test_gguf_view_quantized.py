@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pytest
 from gguf_quantized_models import fp8_folder, nvfp4_compressed_folder, nvfp4_modelopt_folder
-from gguf_view_models import assert_same_greedy, assert_same_gguf, convert, gguf_maps, make_causal, make_llama
+from gguf_view_models import (assert_same_greedy, assert_same_gguf, convert, gguf_maps, make_causal, make_llama,
+                              s3_gguf_copy)
 from gguf_view_models import converter, mounted_gguf  # noqa: F401 - fixtures
 from cli_runs import run_cli
 from llama_models import probe  # noqa: F401 - fixture
@@ -86,29 +87,43 @@ def test_same_greedy_tokens(mounted_gguf, folders, references, probe, case):
     assert_same_greedy(references(case, "auto"), mounted_gguf(folders[case], "auto"), N_PREDICT)
 
 
-def test_a_method_the_converter_does_not_convert_is_one_line(folders, tmp_path):
-    """A compressed-tensors FP8 folder of per-tensor strategy: the converter asserts channel or block; the
-    mount refuses with one line naming it (and gguf/ is absent from ``ckptfs info --gguf``)."""
-    folder = tmp_path / "tiny-ct-tensor"
+CT_TENSOR = {"quant_method": "compressed-tensors", "format": "float-quantized",
+             "config_groups": {"group_0": {"targets": ["Linear"], "format": "float-quantized", "weights": {
+                 "num_bits": 8, "type": "float", "strategy": "tensor", "symmetric": True, "dynamic": False}}}}
+
+
+@pytest.mark.parametrize("settings,expected", [
+    (CT_TENSOR, "strategy 'tensor'"),
+    ({"quant_method": "fbgemm_fp8", "activation_scale_ub": 1200.0}, "quant_method 'fbgemm_fp8'")])
+def test_a_method_the_converter_does_not_convert_is_one_line(folders, tmp_path, settings, expected):
+    """A compressed-tensors FP8 folder of per-tensor strategy (the converter asserts channel or block) and an
+    fbgemm FP8 one (a method it does not know): ``ckptfs info --gguf`` says why in one line."""
+    folder = tmp_path / "tiny-refused"
     shutil.copytree(folders["fp8-tensor"], folder)
     config = json.loads((folder / "config.json").read_text())
-    config["quantization_config"] = {
-        "quant_method": "compressed-tensors", "format": "float-quantized",
-        "config_groups": {"group_0": {"targets": ["Linear"], "format": "float-quantized", "weights": {
-            "num_bits": 8, "type": "float", "strategy": "tensor", "symmetric": True, "dynamic": False}}}}
+    config["quantization_config"] = settings
     (folder / "config.json").write_text(json.dumps(config))
-    _rename_scales(folder)
+    _rename_scales(folder)  # both name a weight's scale weight_scale
     result = run_cli("info", "--gguf", str(folder))
     assert result.returncode == 0, result.stderr
     line = next(line for line in result.stdout.splitlines() if line.startswith("gguf/"))
-    assert "strategy 'tensor'" in line and "Traceback" not in result.stdout + result.stderr
+    assert line.startswith("gguf/: none:") and expected in line, line
+    assert "Traceback" not in result.stdout + result.stderr
 
 
 def _rename_scales(folder: Path) -> None:
-    """compressed-tensors names a weight's scale ``weight_scale``."""
+    """``weight_scale_inv`` renamed ``weight_scale``."""
     from safetensors.torch import load_file, save_file
 
     path = folder / "model.safetensors"
     tensors = load_file(path)
     save_file({name.replace("weight_scale_inv", "weight_scale"): value for name, value in tensors.items()}, path,
               metadata={"format": "pt"})
+
+
+def test_s3_nvfp4_folder_equal_to_the_converter(mounted, folders, references, tmp_path):
+    """An ``s3://`` (moto) copy of the ModelOpt NVFP4 folder: its parts are read through the remote sources,
+    and the file equals the converter's output on the local folder."""
+    pytest.importorskip("boto3")
+    copy = s3_gguf_copy(mounted, folders["nvfp4-modelopt"], tmp_path / "copy.gguf")
+    assert_same_gguf(copy, references("nvfp4-modelopt", "auto"))

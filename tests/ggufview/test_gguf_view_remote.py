@@ -6,13 +6,12 @@ keys may differ), a BERT folder's pooling (``modules.json`` and its sub-folder's
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import pytest
-from gguf_view_models import assert_same_gguf, convert, make_bert, make_causal
+from gguf_view_models import assert_same_gguf, convert, make_bert, make_causal, s3_gguf_copy
 from gguf_view_models import converter  # noqa: F401 - fixture
-from loopback.servers import HubStandIn, MotoS3, Nginx, environment
+from loopback.servers import HubStandIn, Nginx, environment
 from conftest import require_nginx
 
 pytest.importorskip("transformers")
@@ -43,18 +42,7 @@ def test_hf_folder_equal_to_the_converter(mounted, folders, converter, tmp_path,
 
 
 def test_s3_folder_equal_to_the_converter(mounted, folders, converter, tmp_path):
-    boto3 = pytest.importorskip("boto3")
+    pytest.importorskip("boto3")
     folder = folders["tiny-qwen2"]
     reference = convert(folder, tmp_path / "converted.gguf", "q8_0", pre=PRE["tiny-qwen2"])
-    with MotoS3() as server, environment(server.env()):
-        client = boto3.client("s3", endpoint_url=server.endpoint)
-        client.create_bucket(Bucket="models")
-        for path in folder.rglob("*"):
-            if path.is_file():
-                client.put_object(Bucket="models", Key=f"tiny-qwen2/{path.relative_to(folder).as_posix()}",
-                                  Body=path.read_bytes())
-        mnt = mounted("s3://models/tiny-qwen2/", "--gguf", "--gguf-type", "q8_0", "--timeout", "30",
-                      env=server.env())
-        local = tmp_path / "copy.gguf"
-        shutil.copyfile(mnt / "gguf" / "model.gguf", local)
-    assert_same_gguf(local, reference)
+    assert_same_gguf(s3_gguf_copy(mounted, folder, tmp_path / "copy.gguf", "--gguf-type", "q8_0"), reference)
