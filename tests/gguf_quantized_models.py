@@ -100,3 +100,28 @@ def nvfp4_modelopt_folder(folder: Path) -> Path:
     settings = {"quant_method": "modelopt", "quant_algo": "NVFP4", "group_size": 16,
                 "exclude_modules": ["lm_head"]}
     return _rewrite(folder, quantize, settings)
+
+
+def modelopt_mixed_folder(folder: Path) -> Path:
+    """ModelOpt ``MIXED_PRECISION``: the attention projections in NVFP4 (as ``nvfp4_modelopt_folder``), the
+    MLP ones in FP8 (``weight`` F8_E4M3, one F32 ``weight_scale``, an ``input_scale``), each layer named in
+    ``quantized_layers`` with its ``quant_algo``."""
+    import torch
+
+    seeds = iter(range(1000))
+    layers: dict[str, dict] = {}
+
+    def quantize(name: str, weight):
+        base = name.removesuffix(".weight")
+        if ".mlp." in name:
+            codes, scale = fp8_folder_script.quantize(weight, None)
+            layers[base] = {"quant_algo": "FP8"}
+            return {name: codes, base + ".weight_scale": scale.float(), base + ".input_scale": torch.tensor(0.5)}
+        codes, scales = _nvfp4_parts(weight, next(seeds))
+        layers[base] = {"quant_algo": "NVFP4", "group_size": 16}
+        return {name: codes, base + ".weight_scale": scales, base + ".weight_scale_2": torch.tensor(0.25),
+                base + ".input_scale": torch.tensor(2.0)}
+
+    settings = {"quant_method": "modelopt", "quant_algo": "MIXED_PRECISION", "quantized_layers": layers,
+                "exclude_modules": ["lm_head"]}
+    return _rewrite(folder, quantize, settings)

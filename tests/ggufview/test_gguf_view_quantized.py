@@ -2,8 +2,9 @@
 
 Tiny folders made at test time in the releases' layouts (``gguf_quantized_models``): a Qwen3 in Qwen3-FP8's
 block-scaled FP8 (BF16 ``weight_scale_inv``, blocks of 48 x 32 so the edge blocks are partial) and one with
-one F32 scale per tensor, a Qwen3 in compressed-tensors ``nvfp4-pack-quantized`` and a Llama in ModelOpt
-``NVFP4`` (its q/k rows permuted, codes and group scales together). The converter dequantizes the FP8
+one F32 scale per tensor, a Qwen3 in compressed-tensors ``nvfp4-pack-quantized``, a Llama in ModelOpt
+``NVFP4`` (its q/k rows permuted, codes and group scales together) and one in ModelOpt ``MIXED_PRECISION``
+(NVFP4 attention, FP8 MLP). The converter dequantizes the FP8
 layers and repacks the NVFP4 ones into GGML NVFP4 with companion ``.scale`` / ``.input_scale`` tensors;
 every key and tensor of the mount's file equals its output, and llama.cpp generates the same greedy tokens
 from both.
@@ -17,7 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from gguf_quantized_models import fp8_folder, nvfp4_compressed_folder, nvfp4_modelopt_folder
+from gguf_quantized_models import fp8_folder, modelopt_mixed_folder, nvfp4_compressed_folder, nvfp4_modelopt_folder
 from gguf_view_models import (assert_same_greedy, assert_same_gguf, convert, gguf_maps, make_causal, make_llama,
                               s3_gguf_copy)
 from gguf_view_models import converter, mounted_gguf  # noqa: F401 - fixtures
@@ -35,6 +36,7 @@ CASES = {
     "fp8-tensor": (lambda p: fp8_folder(make_causal(p, "qwen3", seed=12), None), "qwen2"),
     "nvfp4-ct": (lambda p: nvfp4_compressed_folder(make_causal(p, "qwen3", seed=13)), "qwen2"),
     "nvfp4-modelopt": (lambda p: nvfp4_modelopt_folder(make_llama(p, seed=14)), "llama-bpe"),
+    "modelopt-mixed": (lambda p: modelopt_mixed_folder(make_llama(p, seed=15)), "llama-bpe"),
 }
 
 
@@ -59,12 +61,16 @@ def references(folders, converter, tmp_path_factory) -> Callable[[str, str], Pat
 
 @pytest.mark.parametrize("case,outtype", [("fp8-block", "auto"), ("fp8-block", "q8_0"), ("fp8-block", "f32"),
                                           ("fp8-tensor", "auto"), ("nvfp4-ct", "auto"),
-                                          ("nvfp4-modelopt", "auto"), ("nvfp4-modelopt", "q8_0")])
+                                          ("nvfp4-modelopt", "auto"), ("nvfp4-modelopt", "q8_0"),
+                                          ("modelopt-mixed", "auto")])
 def test_equal_to_the_converter(mounted_gguf, folders, references, case, outtype):
     reference = references(case, outtype)
     _, tensors = gguf_maps(reference)
     if case.startswith("fp8"):  # dequantized: no FP8 code or scale left, the projections in the file type
         assert not any("scale" in name for name in tensors)
+    elif case == "modelopt-mixed":  # NVFP4 attention, the FP8 MLP dequantized (no scale of its own left)
+        assert tensors["blk.0.attn_q.weight"][0] == "NVFP4" and tensors["blk.0.ffn_down.weight"][0] == "BF16"
+        assert "blk.0.attn_q.scale" in tensors and "blk.0.ffn_down.scale" not in tensors
     else:  # repacked: NVFP4 projections with their companion scales
         assert tensors["blk.0.attn_q.weight"][0] == "NVFP4"
         assert {"blk.0.attn_q.scale", "blk.0.attn_q.input_scale", "blk.1.ffn_down.scale"} <= set(tensors)
