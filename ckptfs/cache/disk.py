@@ -66,7 +66,116 @@ FULL = "the file system is full"
 NOT_WRITABLE = "the folder is not writable"
 
 
-class DiskStore:
+class FolderBound:
+    """What the two stores of a ``--cache-dir`` folder share (the decoded groups' :class:`DiskStore` and the
+    fetched bytes' ``sparse_store.SparseStore``): the schedule of the folder's size bound — a check every
+    ``max_bytes / 64`` written, its prune on a thread of its own (a read never walks the folder), held back
+    while a process is about to fork (:class:`PruneHold`) — and trouble: a full, read-only or vanished folder
+    pauses writing for ``PAUSE_S`` and is logged once. A store says how it prunes (``_prune_due``)."""
+
+    def __init__(self, root: str | os.PathLike[str], max_bytes: int, counters: tuple[str, ...],
+                 logger: logging.Logger) -> None:
+        self.root = Path(root)
+        self.max_bytes = int(max_bytes)
+        self._check_every = max(4 << 20, self.max_bytes // 64)
+        self._lock = threading.Lock()
+        self._written_since_check = 0
+        self._checked_once = False
+        self._pruning = False
+        self._pruner_pid = os.getpid()  # a child forked during a prune has no pruning thread
+        self._paused_until = 0.0
+        self._paused_why = ""  # what paused writing (``writes_paused``)
+        self._counters = TierCounters(logger, counters)
+        self._count, self._warn_once = self._counters.add, self._counters.warn_once
+        self._folder_bytes = 0
+
+    def _prune_due(self) -> None:  # pragma: no cover - interface
+        """Prune the folder as the bound's schedule found it due (``wait=False``: give up at once when another
+        process is pruning)."""
+        raise NotImplementedError
+
+    def _after_write(self, size: int) -> None:
+        with self._lock:
+            self._written_since_check += size
+            self._folder_bytes += size
+            due = not self._checked_once or self._written_since_check >= self._check_every
+            if self._pruning and self._pruner_pid != os.getpid():
+                self._pruning = False
+            if not due or self._pruning:
+                return
+            self._pruning = True
+            self._pruner_pid = os.getpid()
+            self._checked_once = True
+            self._written_since_check = 0
+        if not PRUNES.owe(self):
+            self._start_prune()
+
+    def _start_prune(self) -> None:
+        """The prune that fell due, on a thread of its own (a read never walks the folder)."""
+        with self._lock:  # also after a fork: the thread runs in this process
+            self._pruning = True
+            self._pruner_pid = os.getpid()
+        threading.Thread(target=self._background_prune, name="ckptfs-cache-prune", daemon=True).start()
+
+    def _background_prune(self) -> None:
+        """Prune until no prune is owed: writes made while one walks the folder can make the next one due,
+        and ``_after_write`` does not start a second thread beside this one, so this one runs again (a burst
+        of writes ending during a prune would otherwise leave the folder over its bound until the next write)."""
+        while True:
+            try:
+                self._prune_due()
+            except Exception as exc:  # noqa: BLE001 - a failed prune must not kill the process or a read
+                self._warn_once("prune", "cache dir %s: prune failed: %s", self.root, exc)
+                with self._lock:
+                    self._pruning = False
+                return
+            with self._lock:
+                if self._written_since_check < self._check_every:
+                    self._pruning = False
+                    return
+                self._written_since_check = 0
+
+    # -- trouble and counters ------------------------------------------------------------------------
+
+    def _trouble(self, op: str, exc: OSError) -> None:
+        code = exc.errno
+        if code in (errno.ENOSPC, errno.EDQUOT):
+            kind, what = "full", FULL
+        elif code in (errno.EROFS, errno.EACCES, errno.EPERM):
+            kind, what = "read-only", NOT_WRITABLE
+        elif code == errno.ENOENT:
+            kind, what = "error", "the folder is gone"
+        else:
+            kind, what = "error", errno.errorcode.get(code, str(code)) if code is not None else str(exc)
+        self._count(errors=1)
+        if op != "read":
+            self._paused_until = time.monotonic() + PAUSE_S[kind]
+            self._paused_why = what
+            self._warn_once(kind, "cache dir %s: %s (%s: %s): not storing for %.0f s, decoding instead",
+                            self.root, what, op, exc.strerror or exc, PAUSE_S[kind])
+            if kind == "full":
+                with self._lock:
+                    self._checked_once = False  # the next successful write checks the bound again
+        else:
+            self._warn_once(f"read-{kind}", "cache dir %s: cannot read an entry (%s): decoding instead",
+                            self.root, exc.strerror or exc)
+
+    def writes_paused(self) -> str | None:
+        """Why this process stores nothing now (``"the file system is full"``, ...: the last write failed
+        and writing pauses for ``PAUSE_S``), or None while writes go. A warm-up stops fetching on it: every
+        byte it fetched would be thrown away."""
+        return self._paused_why if time.monotonic() < self._paused_until else None
+
+    def stats(self) -> dict[str, Any]:
+        """This process's counters (``forged``: entries that failed the MAC, ``corrupt``: damaged ones); ``folder_bytes`` is the folder's size as last measured plus what this
+        process wrote since (the whole folder, every namespace)."""
+        counts = self._counters.snapshot()
+        with self._lock:
+            return {**counts, "bytes": counts["hit_bytes"], "folder_bytes": self._folder_bytes,
+                    "max_bytes": self.max_bytes}
+
+
+class DiskStore(FolderBound):
     """Authenticated entries in ``root/namespace``; safe to share between threads and processes.
 
     ``key_file``: the key's file (``--cache-key-file``), else the folder's own ``root/.key``. The folder is
@@ -78,24 +187,12 @@ class DiskStore:
         if "/" in namespace or namespace.startswith("."):
             raise ValueError(f"bad cache namespace {namespace!r}")
         self._mac_key = auth.folder_key(root, key_file)
+        super().__init__(root, max_bytes, ("hits", "misses", "hit_bytes", "stored", "stored_bytes", "corrupt",
+                                           "forged", "errors"), log)
         self.key_file = os.fspath(key_file) if key_file else None
-        self.root = Path(root)
         self.namespace = namespace
         self.dir = self.root / namespace
         self._dir = os.fspath(self.dir) + os.sep  # str paths on the hot path: pathlib costs more than the syscalls
-        self.max_bytes = int(max_bytes)
-        self._check_every = max(4 << 20, self.max_bytes // 64)
-        self._lock = threading.Lock()
-        self._written_since_check = 0
-        self._checked_once = False
-        self._pruning = False
-        self._pruner_pid = os.getpid()  # a child forked during a prune has no pruning thread
-        self._paused_until = 0.0
-        self._paused_why = ""  # what paused writing (``writes_paused``)
-        self._counters = TierCounters(log, ("hits", "misses", "hit_bytes", "stored", "stored_bytes", "corrupt",
-                                            "forged", "errors"))
-        self._count, self._warn_once = self._counters.add, self._counters.warn_once
-        self._folder_bytes = 0
 
     # -- names ---------------------------------------------------------------------------------------
 
@@ -264,46 +361,8 @@ class DiskStore:
 
     # -- the size bound ------------------------------------------------------------------------------
 
-    def _after_write(self, size: int) -> None:
-        with self._lock:
-            self._written_since_check += size
-            self._folder_bytes += size
-            due = not self._checked_once or self._written_since_check >= self._check_every
-            if self._pruning and self._pruner_pid != os.getpid():
-                self._pruning = False
-            if not due or self._pruning:
-                return
-            self._pruning = True
-            self._pruner_pid = os.getpid()
-            self._checked_once = True
-            self._written_since_check = 0
-        if not PRUNES.owe(self):
-            self._start_prune()
-
-    def _start_prune(self) -> None:
-        """The prune that fell due, on a thread of its own (a read never walks the folder)."""
-        with self._lock:  # also after a fork: the thread runs in this process
-            self._pruning = True
-            self._pruner_pid = os.getpid()
-        threading.Thread(target=self._background_prune, name="ckptfs-cache-prune", daemon=True).start()
-
-    def _background_prune(self) -> None:
-        """Prune until no prune is owed: writes made while one walks the folder can make the next one due,
-        and ``_after_write`` does not start a second thread beside this one, so this one runs again (a burst
-        of writes ending during a prune would otherwise leave the folder over its bound until the next write)."""
-        while True:
-            try:
-                self.prune(wait=False)
-            except Exception as exc:  # noqa: BLE001 - a failed prune must not kill the process or a read
-                self._warn_once("prune", "cache dir %s: prune failed: %s", self.root, exc)
-                with self._lock:
-                    self._pruning = False
-                return
-            with self._lock:
-                if self._written_since_check < self._check_every:
-                    self._pruning = False
-                    return
-                self._written_since_check = 0
+    def _prune_due(self) -> None:
+        self.prune(wait=False)
 
     def prune(self, max_bytes: int | None = None, wait: bool = True) -> dict[str, int]:
         """Delete least-recently-used entries (every namespace) until the folder is at most 90 % of the bound
@@ -353,45 +412,6 @@ class DiskStore:
                 ns["bytes"] += st.st_size
         return found
 
-    # -- trouble and counters ------------------------------------------------------------------------
-
-    def _trouble(self, op: str, exc: OSError) -> None:
-        code = exc.errno
-        if code in (errno.ENOSPC, errno.EDQUOT):
-            kind, what = "full", FULL
-        elif code in (errno.EROFS, errno.EACCES, errno.EPERM):
-            kind, what = "read-only", NOT_WRITABLE
-        elif code == errno.ENOENT:
-            kind, what = "error", "the folder is gone"
-        else:
-            kind, what = "error", errno.errorcode.get(code, str(code)) if code is not None else str(exc)
-        self._count(errors=1)
-        if op != "read":
-            self._paused_until = time.monotonic() + PAUSE_S[kind]
-            self._paused_why = what
-            self._warn_once(kind, "cache dir %s: %s (%s: %s): not storing for %.0f s, decoding instead",
-                            self.root, what, op, exc.strerror or exc, PAUSE_S[kind])
-            if kind == "full":
-                with self._lock:
-                    self._checked_once = False  # the next successful write checks the bound again
-        else:
-            self._warn_once(f"read-{kind}", "cache dir %s: cannot read an entry (%s): decoding instead",
-                            self.root, exc.strerror or exc)
-
-    def writes_paused(self) -> str | None:
-        """Why this process stores nothing now (``"the file system is full"``, ...: the last write failed
-        and writing pauses for ``PAUSE_S``), or None while writes go. A warm-up stops fetching on it: every
-        byte it fetched would be thrown away."""
-        return self._paused_why if time.monotonic() < self._paused_until else None
-
-    def stats(self) -> dict[str, Any]:
-        """This process's counters (``forged``: entries that failed the MAC, ``corrupt``: damaged ones); ``folder_bytes`` is the folder's size as last measured plus what this
-        process wrote since (the whole folder, every namespace)."""
-        counts = self._counters.snapshot()
-        with self._lock:
-            return {**counts, "bytes": counts["hit_bytes"], "folder_bytes": self._folder_bytes,
-                    "max_bytes": self.max_bytes}
-
 
 class PruneHold:
     """Prunes that fall due while a process is about to fork wait here instead of starting their thread.
@@ -408,13 +428,13 @@ class PruneHold:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._held = False
-        self._owed: list[DiskStore] = []
+        self._owed: list[FolderBound] = []
 
     def hold(self) -> None:
         with self._lock:
             self._held = True
 
-    def owe(self, store: DiskStore) -> bool:
+    def owe(self, store: FolderBound) -> bool:
         """True when prunes are held: ``store``'s prune is started by ``release`` instead of now."""
         with self._lock:
             if self._held and store not in self._owed:

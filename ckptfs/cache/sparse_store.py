@@ -64,9 +64,8 @@ from pathlib import Path
 from typing import Any
 
 from ckptfs.cache import auth, entry, range_lease
-from ckptfs.cache.counters import TierCounters
 from ckptfs.cache.keys import CacheKey
-from ckptfs.cache.disk import PAUSE_S, DiskStore, _folder_lock, _open_private, _scandir, _unlink
+from ckptfs.cache.disk import PAUSE_S, FolderBound, _folder_lock, _open_private, _scandir, _unlink
 from ckptfs.cache.names import NameRecords
 from ckptfs.util.runs import runs as _runs
 from ckptfs.util.sizes import format_size
@@ -296,7 +295,7 @@ class StoredFile:
         os.close(self.index)
 
 
-class SparseStore:
+class SparseStore(FolderBound):
     """The store (see the module docstring); one per process and folder (``chunks.disk_store``), safe to
     share between threads. The folder is created and checked here: ``auth.CacheRefused`` (one line) for one
     this user must not trust, OSError for one that cannot be made."""
@@ -304,30 +303,18 @@ class SparseStore:
     def __init__(self, root: str | os.PathLike[str], max_bytes: int, key_file: str | os.PathLike[str] | None = None,
                  min_free: float = DEFAULT_MIN_FREE) -> None:
         self._mac_key = auth.folder_key(root, key_file)
-        self.root = Path(root)
+        super().__init__(root, max_bytes, ("hits", "misses", "hit_bytes", "stored", "stored_bytes", "corrupt",
+                                           "forged", "errors", "sealed", "lease_waits", "evicted_chunks",
+                                           "evicted_files"), log)
         self.dir = self.root / NAMESPACE
         self._dir = os.fspath(self.dir) + os.sep
-        self.max_bytes = int(max_bytes)
         self.min_free = float(min_free)
-        self._check_every = max(4 << 20, self.max_bytes // 64)
-        self._lock = threading.Lock()
         self._files: dict[str, StoredFile] = {}
         self._retired: list[StoredFile] = []  # files evicted by another process while open here
         #: content id -> its sealed copy under or past its check (``sealed_copy``), or "bad"
         self._copies: dict[str, SealedCopy | str] = {}
         self._kept: list[SealedCopy] = []  # copies that failed their check: C reads may still hold them
         self._copy_lock = threading.Lock()
-        self._written_since_check = 0
-        self._checked_once = False
-        self._pruning = False
-        self._pruner_pid = os.getpid()
-        self._paused_until = 0.0
-        self._paused_why = ""
-        self._folder_bytes = 0
-        self._counters = TierCounters(log, ("hits", "misses", "hit_bytes", "stored", "stored_bytes", "corrupt",
-                                            "forged", "errors", "sealed", "lease_waits", "evicted_chunks",
-                                            "evicted_files"))
-        self._count, self._warn_once = self._counters.add, self._counters.warn_once
         self.names = NameRecords(self.dir, self._mac_key)
         self._pinned: dict[str, list[tuple[str, dict[str, Any]]]] = {}  # content id -> records awaiting bytes
         self._note_old_format()
@@ -728,15 +715,10 @@ class SparseStore:
 
     # -- the size bound ------------------------------------------------------------------------------
 
-    # the decoded groups' store's schedule (a check every ``max_bytes / 64`` written, on a thread of its own,
-    # held back while a process is about to fork: ``disk.PruneHold``); it calls this store's ``prune``
-    # borrowed from DiskStore, whose attributes of the bound (and of trouble, below) this store has too; the
-    # type checker checks ``self`` as a DiskStore there (a shared base class would tell it otherwise)
-    def _after_write(self, size: int) -> None:
-        DiskStore._after_write(self, size)  # type: ignore[arg-type]
-
-    _start_prune = DiskStore._start_prune
-    _background_prune = DiskStore._background_prune
+    # the bound's schedule (a check every ``max_bytes / 64`` written, on a thread of its own, held back while a
+    # process is about to fork) is the folder's, shared with the decoded groups' store (``disk.FolderBound``)
+    def _prune_due(self) -> None:
+        self.prune(wait=False)
 
     def _room_for(self, nbytes: int, f: StoredFile) -> bool:
         """Whether ``nbytes`` more of ``f`` can be written leaving the file system its ``--cache-dir-min-free``
@@ -907,17 +889,6 @@ class SparseStore:
         return removed
 
     # -- trouble and counters ------------------------------------------------------------------------
-
-    # a full, read-only or vanished folder pauses writing and is logged once, as the decoded groups' store does
-    def _trouble(self, op: str, exc: OSError) -> None:
-        DiskStore._trouble(self, op, exc)  # type: ignore[arg-type]  # borrowed: see _after_write
-    writes_paused = DiskStore.writes_paused
-
-    def stats(self) -> dict[str, Any]:
-        counts = self._counters.snapshot()
-        with self._lock:
-            return {**counts, "bytes": counts["hit_bytes"], "folder_bytes": self._folder_bytes,
-                    "max_bytes": self.max_bytes}
 
     def forget_files(self) -> None:
         """In a forked child: open the store's files afresh (the parent's descriptions hold its leases)."""
