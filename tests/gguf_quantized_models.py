@@ -4,10 +4,11 @@
 Each starts as a tiny BF16 folder (``gguf_view_models``) whose projection weights are then replaced by the
 scheme's parts, written with torch (its ``float8_e4m3fn``) and ``safetensors`` as those checkpoints store
 them: Qwen3-*-FP8's fine-grained FP8 (``weight`` F8_E4M3, ``weight_scale_inv`` per block, BF16; or one F32
-scale per tensor), compressed-tensors ``nvfp4-pack-quantized`` (llm-compressor's ``*-NVFP4``) and NVIDIA
-ModelOpt ``NVFP4``. The NVFP4 codes and group scales are random (the values are what they are; the
-comparison is of bytes and of greedy tokens), with per-tensor and activation scales that are not 1, so the
-converter writes its companion ``.scale`` and ``.input_scale`` tensors.
+scale per tensor), compressed-tensors ``float-quantized`` FP8 and ``nvfp4-pack-quantized`` (llm-compressor's
+``*-FP8-dynamic`` and ``*-NVFP4``), NVIDIA ModelOpt ``NVFP4`` and ``MIXED_PRECISION``. The NVFP4 codes and
+group scales are random (the values are what they are; the comparison is of bytes and of greedy tokens), with
+per-tensor and activation scales that are not 1, so the converter writes its companion ``.scale`` and
+``.input_scale`` tensors.
 """
 
 from __future__ import annotations
@@ -124,4 +125,29 @@ def modelopt_mixed_folder(folder: Path) -> Path:
 
     settings = {"quant_method": "modelopt", "quant_algo": "MIXED_PRECISION", "quantized_layers": layers,
                 "exclude_modules": ["lm_head"]}
+    return _rewrite(folder, quantize, settings)
+
+
+def ct_fp8_folder(folder: Path, block: tuple[int, int] | None) -> Path:
+    """compressed-tensors ``float-quantized`` (llm-compressor's ``*-FP8-dynamic`` / ``*-FP8-block``): each
+    projection's ``weight`` F8_E4M3 and a BF16 ``weight_scale``, per output channel ``[out, 1]`` or per
+    ``block`` (``block_structure``)."""
+    import torch
+
+    def quantize(name: str, weight):
+        w = weight.float()
+        if block is None:
+            scale = (w.abs().amax(dim=1, keepdim=True) / fp8_folder_script.E4M3_MAX).bfloat16()
+            full = scale.float()
+        else:
+            scale, full = fp8_folder_script.block_scales(w, block)
+        codes = (w / full).clamp(-fp8_folder_script.E4M3_MAX, fp8_folder_script.E4M3_MAX).to(torch.float8_e4m3fn)
+        return {name: codes, name.removesuffix(".weight") + ".weight_scale": scale}
+
+    weights = {"num_bits": 8, "type": "float", "symmetric": True, "dynamic": False,
+               "strategy": "channel" if block is None else "block",
+               **({"block_structure": list(block)} if block else {})}
+    settings = {"quant_method": "compressed-tensors", "format": "float-quantized", "quantization_status": "compressed",
+                "ignore": ["lm_head"], "config_groups": {"group_0": {"targets": ["Linear"], "weights": weights,
+                                                                     "format": "float-quantized"}}}
     return _rewrite(folder, quantize, settings)

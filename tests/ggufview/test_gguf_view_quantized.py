@@ -18,7 +18,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from gguf_quantized_models import fp8_folder, modelopt_mixed_folder, nvfp4_compressed_folder, nvfp4_modelopt_folder
+from gguf_quantized_models import (ct_fp8_folder, fp8_folder, modelopt_mixed_folder, nvfp4_compressed_folder,
+                                   nvfp4_modelopt_folder)
 from gguf_view_models import (assert_same_greedy, assert_same_gguf, convert, gguf_maps, make_causal, make_llama,
                               s3_gguf_copy)
 from gguf_view_models import converter, mounted_gguf  # noqa: F401 - fixtures
@@ -37,6 +38,8 @@ CASES = {
     "nvfp4-ct": (lambda p: nvfp4_compressed_folder(make_causal(p, "qwen3", seed=13)), "qwen2"),
     "nvfp4-modelopt": (lambda p: nvfp4_modelopt_folder(make_llama(p, seed=14)), "llama-bpe"),
     "modelopt-mixed": (lambda p: modelopt_mixed_folder(make_llama(p, seed=15)), "llama-bpe"),
+    "ct-fp8-channel": (lambda p: ct_fp8_folder(make_causal(p, "qwen3", seed=16), None), "qwen2"),
+    "ct-fp8-block": (lambda p: ct_fp8_folder(make_causal(p, "qwen3", seed=17), (48, 32)), "qwen2"),
 }
 
 
@@ -62,11 +65,12 @@ def references(folders, converter, tmp_path_factory) -> Callable[[str, str], Pat
 @pytest.mark.parametrize("case,outtype", [("fp8-block", "auto"), ("fp8-block", "q8_0"), ("fp8-block", "f32"),
                                           ("fp8-tensor", "auto"), ("nvfp4-ct", "auto"),
                                           ("nvfp4-modelopt", "auto"), ("nvfp4-modelopt", "q8_0"),
-                                          ("modelopt-mixed", "auto")])
+                                          ("modelopt-mixed", "auto"), ("ct-fp8-channel", "auto"),
+                                          ("ct-fp8-block", "q8_0")])
 def test_equal_to_the_converter(mounted_gguf, folders, references, case, outtype):
     reference = references(case, outtype)
     _, tensors = gguf_maps(reference)
-    if case.startswith("fp8"):  # dequantized: no FP8 code or scale left, the projections in the file type
+    if "fp8" in case:  # dequantized: no FP8 code or scale left, the projections in the file type
         assert not any("scale" in name for name in tensors)
     elif case == "modelopt-mixed":  # NVFP4 attention, the FP8 MLP dequantized (no scale of its own left)
         assert tensors["blk.0.attn_q.weight"][0] == "NVFP4" and tensors["blk.0.ffn_down.weight"][0] == "BF16"
