@@ -65,7 +65,13 @@ def main(argv: list[str]) -> int:
         print(f"no workload {name!r}; python -m benchmarks lists them", file=sys.stderr)
         return 2
     sys.argv = [f"python -m benchmarks {name}", *rest]  # argparse's prog in usage lines
-    return importlib.import_module(f"benchmarks.{name}").main(rest) or 0
+    from loopback.servers import MissingTool
+
+    try:
+        return importlib.import_module(f"benchmarks.{name}").main(rest) or 0
+    except MissingTool as exc:  # a server the workload starts cannot run here: one line, not a traceback
+        print(f"benchmarks {name}: {exc}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

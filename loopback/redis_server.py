@@ -8,6 +8,7 @@ tests/redis_fixtures.py.
 
 from __future__ import annotations
 
+import os
 import shutil
 import signal
 import socket
@@ -15,7 +16,7 @@ import subprocess
 import tempfile
 import time
 
-from loopback.servers import free_port
+from loopback.servers import MissingTool, free_port
 
 REDIS_SERVER = shutil.which("redis-server") or "/usr/bin/redis-server"
 
@@ -32,6 +33,8 @@ class RedisServer:
         return f"redis://127.0.0.1:{self.port}/0"
 
     def start(self, timeout: float = 10.0) -> RedisServer:
+        if not os.access(REDIS_SERVER, os.X_OK):
+            raise MissingTool(f"redis-server is not installed ({REDIS_SERVER}; Debian: apt-get install redis-server)")
         cmd = [REDIS_SERVER, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
                "--dir", self.dir, "--enable-debug-command", "yes", "--protected-mode", "no", *self.extra]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import http.server
+import importlib.util
 import json
 import os
 import re
@@ -50,6 +51,13 @@ LOG_TIMEOUT = 10.0
 
 class MissingTool(RuntimeError):
     """A program a server needs is not installed on this machine (the message says which, and its package)."""
+
+
+def nginx_missing() -> str | None:
+    """Why nginx cannot run here (not installed), or None."""
+    if os.path.exists(NGINX):
+        return None
+    return f"nginx is not installed ({NGINX}; Debian: apt-get install nginx-light)"
 
 
 @contextlib.contextmanager
@@ -228,6 +236,8 @@ http {{
                 "ssl_session_cache shared:tls:1m;")
 
     def start(self) -> Nginx:
+        if reason := nginx_missing():
+            raise MissingTool(reason)
         conf = Path(self._dir) / "nginx.conf"
         conf.write_text(self._config())
         self._proc = subprocess.Popen([NGINX, "-p", self._dir, "-c", str(conf)], stdin=subprocess.DEVNULL,
@@ -325,6 +335,8 @@ class MotoS3:
         self._proc: subprocess.Popen | None = None
 
     def start(self) -> MotoS3:
+        if importlib.util.find_spec("moto") is None:
+            raise MissingTool("moto is not installed (pip install 'moto[server]'; ckptfs's test-oracles extra)")
         self._proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
                                       stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         wait_for_port(self.port, self._proc, timeout=60.0)

@@ -38,7 +38,7 @@ import pytest
 
 from ckptfs.util import procinfo
 from loopback.polling import wait_until
-from loopback.servers import MissingTool, NGINX, Nginx
+from loopback.servers import MissingTool, Nginx, nginx_missing
 
 REPO = Path(__file__).resolve().parents[1]
 pytest_plugins = ("cli_runs", "model_fixtures")
@@ -66,8 +66,8 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):
 
 def require_nginx() -> None:
     """Skip a test that needs nginx where it is not installed — fail under CI=true (skip_or_fail)."""
-    if not os.path.exists(NGINX):
-        skip_or_fail(f"nginx is not installed ({NGINX}; Debian: apt-get install nginx-light)")
+    if reason := nginx_missing():
+        skip_or_fail(reason)
 
 
 @contextlib.contextmanager

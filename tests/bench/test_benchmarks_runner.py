@@ -49,6 +49,21 @@ def test_listing_imports_no_workload():
     assert done.stdout.strip() == "['benchmarks.__main__']"
 
 
+def test_a_server_that_cannot_run_is_one_line():
+    """A workload whose server's program is not installed (``loopback.servers.MissingTool``) ends with one line
+    naming it and exit status 1, not a traceback."""
+    code = ("import sys, types\n"
+            "from loopback.servers import MissingTool\n"
+            "def main(argv):\n"
+            "    raise MissingTool('nginx is not installed (/usr/sbin/nginx; Debian: apt-get install nginx-light)')\n"
+            "sys.modules['benchmarks.remote'] = types.SimpleNamespace(main=main)\n"
+            "from benchmarks.__main__ import main as run\n"
+            "sys.exit(run(['remote']))\n")
+    done = _run("-c", code)
+    assert done.returncode == 1, done.stderr[-3000:]
+    assert done.stderr.strip() == "benchmarks remote: nginx is not installed (/usr/sbin/nginx; Debian: apt-get install nginx-light)"
+
+
 def test_an_unknown_workload_is_an_error():
     done = _run("-m", "benchmarks", "no_such_workload")
     assert done.returncode == 2
