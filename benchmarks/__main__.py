@@ -22,6 +22,7 @@ WORKLOADS = {
     "scale": "94k-tensor safetensors header: mount + listings / ckptfs.open vs safe_open + keys",
     "torch": "ckptfs.load to float32 CPU tensors vs gguf-py reader + dequantize + torch.from_numpy",
     "hf": "transformers from_pretrained(MNT/hf) vs from_pretrained(dir, gguf_file=...)",
+    "hf_release": "from_pretrained(MNT/hf) of an FP8 folder vs compressed-tensors' dequantize-to-disk then loading",
     "gguf_view": "llama.cpp on a --gguf mount's gguf/model.gguf vs convert_hf_to_gguf.py then loading",
     "clients": "llama.cpp through a local mount / a cold https:// mount vs the file / downloading first",
     "remote": "a fresh remote mount's stream behind a capped origin vs hf_transfer and aria2c; uncapped and warm vs local",

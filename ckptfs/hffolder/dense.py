@@ -133,7 +133,7 @@ class DenseFolder(FolderFiles):
             tensors.sort(key=lambda t: t.info.offset)
             file = WEIGHTS_FILE if single else own_name(path, "safetensors")
             shards[file] = [ParamData(ParamSource(t.name, t, tuple(t.shape)), _values(t), self.dtype, KEY_TAG,
-                                      ck.cache) for t in tensors]
+                                      ck.cache, ck.sources) for t in tensors]
         return shards
 
 

@@ -96,5 +96,6 @@ class HfFolder(FolderFiles):
         from transformers import __version__ as version
 
         self._views[WEIGHTS_FILE] = SafetensorsView([
-            ParamData(p, p.tensor.values_as(np.dtype(np.float32)), dtype, f"hf:{version}", checkpoint.cache)
+            ParamData(p, p.tensor.values_as(np.dtype(np.float32)), dtype, f"hf:{version}", checkpoint.cache,
+                      checkpoint.sources)
             for p in self.params])

@@ -12,7 +12,8 @@ float32 too — and converts to the served dtype: bfloat16 rounded to nearest-ev
 ``torch.Tensor.to(torch.bfloat16)`` does on CPU (NaN becomes 0xFFFF as torch writes it), float16 with
 numpy's IEEE rounding (torch's too; a NaN gets its quiet bit set, as torch sets it). A float32 parameter
 stored as F32 (or a view served in float32) with no transform is served straight from its values' bytes, as a
-``.npy`` is; an integer tensor keeps its stored type.
+``.npy`` is, and one stored in the served type already (BF16 served as bfloat16, F16 as float16) from its stored
+bytes; an integer tensor keeps its stored type.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from ckptfs.engine.blocks import GROUP_TARGET_BYTES
 from ckptfs.engine.parallel import spread
 from ckptfs.engine.values import TensorValues
 from ckptfs.cache.tiered import TieredCache, cache_key
+from ckptfs.sources import ByteSource, SourcePool
 from ckptfs.engine.views import Ahead, HeaderBodyView
 from ckptfs.hffolder.weights import ParamSource
 from ckptfs.quant.native import encode_bf16
@@ -89,11 +91,14 @@ class ParamData:
     a .npy's block groups.
     """
 
-    def __init__(self, param: ParamSource, values: TensorValues, dtype: str, key_tag: str, cache: TieredCache):
+    def __init__(self, param: ParamSource, values: TensorValues, dtype: str, key_tag: str, cache: TieredCache,
+                 sources: SourcePool | None = None):
         """``values``: the parameter's stored values by element range, float32 for a float parameter (a GGUF
         tensor's ``TensorData``, a quantized layer's view), or a non-float tensor's own values, which are
         served as stored; ``key_tag``: what its served groups' cache keys say they are made by (hf/ of a GGUF
-        names transformers' version, whose tables the transforms come from); ``cache``: the checkpoint's."""
+        names transformers' version, whose tables the transforms come from); ``cache``: the checkpoint's;
+        ``sources``: its pool, from which a tensor stored in the served layout already (a BF16 tensor served as
+        bfloat16, untransformed) is served byte for byte, with no conversion and no cache."""
         self.param = param
         self.dtype = dtype
         self.data = values
@@ -106,12 +111,21 @@ class ParamData:
         self.nbytes = self.n_elements * self.itemsize
         self.rows = param.shape[0] if len(param.shape) > 1 else 1
         self.row_elements = self.n_elements // self.rows if self.rows else 0
-        self.passthrough = not floating or (dtype == "float32" and param.row_order is None
-                                            and param.value_map is None)
+        plain = param.row_order is None and param.value_map is None
+        self.passthrough = not floating or (dtype == "float32" and plain)
+        info = values.info
+        self._sources = sources
+        self.stored = (sources is not None and floating and plain and info.storage_type == self.st_dtype
+                       and info.byte_order == "<" and info.stored_nbytes == self.nbytes)
+        self._source, self._offset = info.source, info.offset
         self.group_rows = max(1, GROUP_TARGET_BYTES // max(1, self.row_elements * self.itemsize))
         self.group_bytes = self.group_rows * self.row_elements * self.itemsize
         self._key_tag = f"{key_tag}:{dtype}:{param.name}"
         self._key_prefix: tuple[str, int, str, str] | None = None
+
+    def _stored_source(self) -> ByteSource:
+        assert self._sources is not None  # self.stored says so
+        return self._sources.get(self._source)
 
     def rows_f32(self, r0: int, r1: int) -> np.ndarray:
         """Output rows [r0, r1) in float32, flat, transforms applied."""
@@ -148,6 +162,8 @@ class ParamData:
         b0, b1 = max(0, b0), min(b1, self.nbytes)
         if b1 <= b0:
             return []
+        if self.stored:
+            return [self._stored_source().pread(self._offset + b0, b1 - b0)]
         if self.passthrough:
             return self.data.byte_segments(b0, b1)
         parts = []
@@ -161,6 +177,9 @@ class ParamData:
         buffer): served groups the range covers whole are built straight there, spread over the cores (with
         ``keep`` a copy is cached), the groups its ends cut come from the cache (``segments``)."""
         b1 = b0 + len(target)
+        if self.stored:
+            self._stored_source().pread_into(self._offset + b0, target.data)
+            return
         if self.passthrough:
             self.data.bytes_into(b0, target, keep)
             return
@@ -205,6 +224,8 @@ class ParamData:
         if e1 <= e0:
             return [], []
         advise = [(data.info.source, *data.stored_range(e0, e1))]
+        if self.stored:
+            return [(self._source, self._offset + d0, d1 - d0)], []
         if self.passthrough:
             if data.direct:
                 return advise, []

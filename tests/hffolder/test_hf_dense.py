@@ -363,3 +363,20 @@ def test_hf_repository_release(tmp_path, mounted):
     with hub_origin(tmp_path, "org/fp8", fill):
         mnt = mounted("hf://org/fp8", "--hf", "--timeout", "30")
         check_sharded(mnt / "hf", made)
+
+
+def test_a_tensor_stored_in_the_served_type_is_served_as_stored(tmp_path):
+    """A BF16 tensor of the release served as bfloat16 is its stored bytes (a NaN keeps its payload, where a
+    round trip through float32 would write torch's 0xFFFF), and read without converting anything."""
+    rng = np.random.default_rng(12)
+    codes, scales = block_quantize(rng, (64, 64), (32, 32), np.float32)
+    norm = rng.standard_normal(64).astype(BF16)
+    norm.view(np.uint16)[:2] = [0x7FC1, 0x8000]   # a NaN with a payload, -0.0
+    folder = write_model(tmp_path / "m", {LINEAR + ".weight": codes, LINEAR + ".weight_scale_inv": scales,
+                                          NORM: norm}, {"quant_method": "fp8", "weight_block_size": [32, 32]})
+    hf = ckptfs.hf_folder(folder)
+    try:
+        path = hf.write_to(tmp_path / "out") / "model.safetensors"
+    finally:
+        hf.close()
+    assert read_safetensors(path)[NORM] == ("BF16", [64], norm.tobytes())
