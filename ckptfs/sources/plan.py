@@ -59,8 +59,7 @@ class StoredOpener(Opener):
         options = self.options
         if not is_url(src) or not (options.cache_dir or options.open_options.offline):
             return super().source(src, base_dir)
-        plain = Opener(options)
-        source = stored.open_file(lambda: plain.source(src, base_dir), src, options)
+        source = stored.open_file(lambda given: Opener(given).source(src, base_dir), src, options)
         return self.wrapper(source) if self.wrapper is not None else source
 
     def folder(self, src: str) -> Folder | None:

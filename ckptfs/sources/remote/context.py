@@ -33,7 +33,6 @@ class _Scope:
 
     deadline: float | None = None  # monotonic seconds; None: each read's own --timeout
     fallback: bool = False         # another copy is tried when this read fails
-    once: bool = False             # one attempt only: a stored copy is served when it fails (an open)
 
 
 _scope: contextvars.ContextVar[_Scope] = contextvars.ContextVar("ckptfs_read_scope", default=_Scope())  # noqa: B039 - frozen
@@ -62,23 +61,6 @@ def fallback_scope(has_fallback: bool = True) -> Iterator[None]:
         _scope.reset(token)
 
 
-@contextlib.contextmanager
-def once_scope() -> Iterator[None]:
-    """Requests inside are sent once, not retried: the caller has a stored copy to serve when the origin
-    does not answer (``stored``: opening a file whose bytes the ``--cache-dir`` store holds)."""
-    token = _scope.set(dataclasses.replace(_scope.get(), once=True))
-    try:
-        yield
-    finally:
-        _scope.reset(token)
-
-
-def once_requested() -> bool:
-    """Whether the caller asked for one attempt (``once_scope``): for a request sent through another
-    library's client (the Hub's listing), which has retries of its own."""
-    return _scope.get().once
-
-
 def read_deadline(timeout: float) -> float:
     """The deadline of a read entering now: ``timeout`` from now, or the enclosing scope's end if sooner."""
     return ReadContext.entering(timeout).deadline
@@ -99,18 +81,19 @@ class ReadContext:
     deadline: float                  # monotonic seconds: the read ends by then
     fallback: bool = False           # a mirror waits behind this read
     ahead: bool = False              # fetched ahead of readers (read-ahead, a warm-up)
-    once: bool = False               # one attempt, no retry (``once_scope``)
+    once: bool = False               # one attempt, no retry (an open with a stored copy behind it)
     answered_at: float | None = None  # when the answer to this attempt's ranged request began (None: unsaid)
     slot: Slot | None = None          # the origin slot a fetch ahead holds: given back once its body is in
     on_answer: Callable[[], None] | None = None  # told when the answer begins (``version.VersionPin.fetching``)
     cut: Callable[[float], float] | None = None  # an attempt's deadline as the origin's outage cuts it (``until``)
 
     @classmethod
-    def entering(cls, timeout: float) -> ReadContext:
-        """The context of a read that enters a remote source now, under the caller's scope."""
+    def entering(cls, timeout: float, once: bool = False) -> ReadContext:
+        """The context of a read that enters a remote source now, under the caller's scope; ``once``: one
+        attempt (an open whose options say so: ``RemoteOptions.open_once``)."""
         scope = _scope.get()
         end = time.monotonic() + timeout
-        return cls(end if scope.deadline is None else min(scope.deadline, end), scope.fallback, once=scope.once)
+        return cls(end if scope.deadline is None else min(scope.deadline, end), scope.fallback, once=once)
 
     @classmethod
     def fetching_ahead(cls, timeout: float, slot: Slot | None = None) -> ReadContext:

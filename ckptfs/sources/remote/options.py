@@ -37,6 +37,8 @@ class RemoteOptions:
     open_options: OpenOptions = field(default_factory=OpenOptions)
     read_ahead: bool = True         # False while a checkpoint's headers are read (no thread before a fork)
     max_retries: int | None = None  # None: as many as the deadline allows
+    #: an open sends one attempt, no retries: a stored copy is served when it fails (``stored.open_file``)
+    open_once: bool = False
     probes: dict[Any, Any] = field(default_factory=dict, repr=False, compare=False)  # a scheme's opens
     outages: dict[str, Outage] = field(default_factory=dict, repr=False, compare=False)  # origin -> its Outage (outage.py)
     mirrors_down: set[str] = field(default_factory=set, repr=False, compare=False)  # unreachable at open (mirror.py)

@@ -211,7 +211,7 @@ class OriginClient:
         max_retries = options.max_retries
         if read.fallback:
             max_retries = 1 if max_retries is None else min(1, max_retries)
-        if read.once:  # a stored copy waits behind this request (``context.once_scope``)
+        if read.once:  # a stored copy waits behind this request (``RemoteOptions.open_once``)
             max_retries = 0
         while True:
             bound = outage.bound(read.deadline, options.timeout)

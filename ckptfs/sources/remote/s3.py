@@ -143,7 +143,7 @@ class S3Source(RemoteSource):
             raise CheckpointError(url, None, "names a bucket, not an object (a folder is s3://BUCKET/PREFIX/)")
         client, self.credentials = client_for(options.stall_timeout)
         super().__init__(url, options, S3Range(url, self.bucket, self.key, client, self.credentials, options))
-        read = ReadContext.entering(self.options.timeout)
+        read = ReadContext.entering(self.options.timeout, self.options.open_once)
         size, etag, head = self.client.retrying(self._probe, read, None, "cannot open: ")
         self.range.size, self.range.validator = size, etag
         self._set_identity(size, etag, url)

@@ -6,7 +6,7 @@ record*, ``ckptfs.cache.names``: content identity, size, validator, the LFS oid 
 digest, the revision's commit, when it was fetched) and, for a repository folder, its listing. Opening goes:
 
 - **Online, with a record** (the file's bytes were stored before): the origin is asked once — the open's
-  probe is one attempt, no retries (``context.once_scope``). It answers: the normal open, its identity
+  probe is one attempt, no retries (``RemoteOptions.open_once``). It answers: the normal open, its identity
   fixed from that answer, so a version that changed at the origin is a new content identity and never
   mixed with the stored one (the store's files are keyed by it). It does not answer (no connection, a
   stall, a 5xx): the file is served from the store by its record (:class:`StoredSource`), with one log line
@@ -23,6 +23,7 @@ its one line for the failed read): it never asks the origin, so it never hangs.
 from __future__ import annotations
 
 import builtins
+import dataclasses
 import logging
 import time
 from collections.abc import Callable
@@ -31,7 +32,7 @@ from typing import Any
 from ckptfs.cache.chunk_store import ChunkStore
 from ckptfs.core.errors import CheckpointError, SourceUnavailable
 from ckptfs.sources.base import ByteSource, Folder
-from ckptfs.sources.remote.context import ReadContext, once_scope
+from ckptfs.sources.remote.context import ReadContext
 from ckptfs.sources.remote.options import RemoteOptions
 from ckptfs.sources.remote.transport import RemoteSource, record_name
 from ckptfs.util.redact import public_name
@@ -107,9 +108,9 @@ class StoredSource(RemoteSource):
         return f"stored:{self.url}"
 
 
-def open_file(open_online: Callable[[], ByteSource], src: str, options: RemoteOptions) -> ByteSource:
-    """The source of the remote file ``src`` (see the module docstring): ``open_online()`` opens it at its
-    origin."""
+def open_file(open_online: Callable[[RemoteOptions], ByteSource], src: str, options: RemoteOptions) -> ByteSource:
+    """The source of the remote file ``src`` (see the module docstring): ``open_online(options)`` opens it at
+    its origin under ``options`` (these, or these with one attempt at open: ``RemoteOptions.open_once``)."""
     offline = bool(options.open_options.offline)
     store = store_of(options)
     if offline and store is None:
@@ -124,13 +125,12 @@ def open_file(open_online: Callable[[], ByteSource], src: str, options: RemoteOp
                  version_of(record), fetched_when(record))
         return StoredSource(src, options, record, "--offline")
     if record is None:
-        return open_online()
+        return open_online(options)
     memo = ("stored", record_name(src))  # the open's later opens of the file (header reader, pool): no probe
     if memo in options.probes:
         return StoredSource(src, options, record, "its origin did not answer at open")
     try:
-        with once_scope():
-            return open_online()
+        return open_online(dataclasses.replace(options, open_once=True))
     except SourceUnavailable as exc:
         log.warning("%s: the origin did not answer (%s): serving %s from the cache folder, fetched %s",
                     public_name(src), exc.reason, version_of(record), fetched_when(record))
@@ -164,11 +164,7 @@ class StoredFolder(Folder):
                      public_name(self.name), record.get("revision"), fetched_when(record, "listed_at"))
             return self._kept(record)
         try:
-            if record is None:
-                files = self.inner.list()
-            else:
-                with once_scope():
-                    files = self.inner.list()
+            files = self.inner.list()  # (one request: a listing is never retried, stored or not)
         except SourceUnavailable as exc:
             if record is None:
                 raise
