@@ -135,6 +135,43 @@ def bnb_nf4(root: Path):
                     NORM: norm.float().numpy()}
 
 
+def ct_fp8_dynamic(root: Path):
+    """compressed-tensors ``float-quantized`` per channel (``*-FP8-dynamic``): E4M3 codes, a BF16 scale per row;
+    the oracle is its own ``NaiveQuantizationCompressor.decompress`` (in the scale's dtype)."""
+    torch = pytest.importorskip("torch")
+    from compressed_tensors.compressors.naive_quantized.base import NaiveQuantizationCompressor
+    from compressed_tensors.quantization import QuantizationScheme
+
+    rng = np.random.default_rng(13)
+    w = rng.standard_normal((56, 80)).astype(np.float32)
+    scale = (np.abs(w).max(axis=1, keepdims=True) / np.float32(448)).astype(BF16)
+    codes = (w / scale.astype(np.float32)).astype(E4M3)
+    weights = {"num_bits": 8, "type": "float", "strategy": "channel", "symmetric": True, "dynamic": False}
+    tensors = {"weight": torch.from_numpy(codes.view(np.uint8).copy()).view(torch.float8_e4m3fn),
+               "weight_scale": torch.from_numpy(scale.view(np.uint16).copy()).view(torch.bfloat16)}
+    scheme = QuantizationScheme(targets=["Linear"], weights=weights)
+    oracle = NaiveQuantizationCompressor.decompress(dict(tensors), scheme)["weight"]
+    expected = codes.astype(np.float32) * scale.astype(np.float32)
+    assert bf16_of(expected) == oracle.to(torch.bfloat16).view(torch.int16).numpy().tobytes()
+    group = {"targets": ["Linear"], "weights": weights, "format": "float-quantized"}
+    folder = write_torch_folder(root, {f"{LINEAR}.{k}": v for k, v in tensors.items()},
+                                {"architectures": ["LlamaForCausalLM"], "model_type": "llama",
+                                 "quantization_config": ct_config({"group_0": group}, "float-quantized")})
+    return folder, {LINEAR + ".weight": expected}
+
+
+def bnb_int8(root: Path):
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("bitsandbytes")
+    from packed.bnb_fixtures import bnb_config, dequantize_int8, quantize_int8
+    from packed.bnb_fixtures import write_folder as write_bnb
+
+    torch.manual_seed(14)
+    tensors = quantize_int8(torch.randn(40, 72) * 2)
+    folder = write_bnb(root, {LINEAR: tensors}, bnb_config(8))
+    return folder, {LINEAR + ".weight": dequantize_int8(tensors).float().numpy()}
+
+
 def gptq(root: Path):
     layer = gptq_layer(np.random.default_rng(7), 64, 128, 4, 32)
     config = {"bits": 4, "group_size": 32, "desc_act": False, "sym": True}
@@ -150,7 +187,8 @@ def awq(root: Path):
 
 
 SCHEMES = {"fp8": fp8_block, "fbgemm": fbgemm, "ct-nvfp4": ct_nvfp4, "modelopt-nvfp4": modelopt_nvfp4,
-           "gpt-oss": gpt_oss, "bnb-nf4": bnb_nf4, "gptq": gptq, "awq": awq}
+           "gpt-oss": gpt_oss, "bnb-nf4": bnb_nf4, "bnb-int8": bnb_int8, "ct-fp8-dynamic": ct_fp8_dynamic,
+           "gptq": gptq, "awq": awq}
 
 
 def check_release(hf: Path, expected: dict[str, np.ndarray], source: Path) -> None:
@@ -189,6 +227,18 @@ def test_hf_of_each_scheme_is_the_release(schemes, mounted, scheme):
     mnt = mounted(str(folder), "--hf")
     check_release(mnt / "hf", expected, folder)
     assert (mnt / "config.json").read_bytes() == (folder / "config.json").read_bytes()   # the folder's own
+
+
+def test_the_release_needs_no_torch(tmp_path, mounted):
+    """A quantized folder's hf/ is made without transformers or torch: the daemon maps no libtorch after the
+    whole release was read."""
+    from conftest import mount_stats
+
+    folder, _ = fp8_block(tmp_path / "m")
+    mnt = mounted(str(folder), "--hf")
+    assert read_safetensors(mnt / "hf" / "model.safetensors")
+    with open(f"/proc/{mount_stats(mnt)['pid']}/maps") as f:
+        assert "libtorch" not in f.read()
 
 
 def test_float32_and_float16_are_the_values_rounded_once(tmp_path, mounted):
