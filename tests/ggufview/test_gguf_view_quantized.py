@@ -137,3 +137,13 @@ def test_s3_nvfp4_folder_equal_to_the_converter(mounted, folders, references, tm
     pytest.importorskip("boto3")
     copy = s3_gguf_copy(mounted, folders["nvfp4-modelopt"], tmp_path / "copy.gguf")
     assert_same_gguf(copy, references("nvfp4-modelopt", "auto"))
+
+
+def test_nvfp4_rows_not_whole_blocks_are_one_line(tmp_path):
+    """NVFP4 weights of 96 columns (6 groups of 16, not whole 64-value GGML blocks): the converter cannot
+    repack them (it fails on a reshape); ``ckptfs info --gguf`` says so in one line."""
+    folder = nvfp4_modelopt_folder(make_llama(tmp_path / "tiny-nvfp4-96", seed=18, hidden=96, heads=4, kv_heads=2))
+    result = run_cli("info", "--gguf", str(folder))
+    assert result.returncode == 0, result.stderr
+    line = next(line for line in result.stdout.splitlines() if line.startswith("gguf/"))
+    assert line.startswith("gguf/: none:") and "not whole NVFP4 blocks of 64" in line, line
