@@ -3,8 +3,9 @@
 An entry says which ``config.json`` ``architectures`` names it serves, llama.cpp's architecture (gguf-py's
 ``MODEL_ARCH`` member, which gives the tensor-name map), whether the common text-model keys are written and
 which keys follow them, the per-tensor rules (``transforms``: renames, row order, rows kept, a value added),
-the tensors computed from the config, and the tokenizer export (``vocab``). Adding an architecture is one
-entry here plus its test against the converter.
+the tensors computed from the config, the tensors made from several stored parts (``parts``: gpt-oss's
+MXFP4 experts) and the tokenizer export (``vocab``). Adding an architecture is one entry here plus its test
+against the converter.
 """
 
 from __future__ import annotations
@@ -12,12 +13,16 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ckptfs.core.descriptors import TensorInfo
 from ckptfs.ggufview import Config, Unsupported
-from ckptfs.ggufview import arch_keys, generated, transforms, vocab
+from ckptfs.ggufview import arch_keys, generated, gptoss, transforms, vocab
+
+if TYPE_CHECKING:
+    from ckptfs.ggufview.tensors import RowReader, TensorPlan
 
 #: (HF tensor name, its 2-D shape (rows, cols), config) -> the stored row of each output row, or None
 RowOrder = Callable[[str, tuple[int, int], Config], "np.ndarray | None"]
@@ -25,8 +30,17 @@ RowOrder = Callable[[str, tuple[int, int], Config], "np.ndarray | None"]
 Keys = Callable[[Any, Config, Path], None]
 
 
+#: (config, stored tensors, gguf-py's name map, file type, a reader of stored rows) -> (tensors made from
+#: several stored parts, the names of the stored tensors they consume)
+Parts = Callable[[Config, list[TensorInfo], Any, Any, "RowReader"], "tuple[list[TensorPlan], set[str]]"]
+
+
 def _no_keys(writer, config: Config, folder: Path) -> None:
     return None
+
+
+def _no_parts(config: Config, infos: list[TensorInfo], name_map, file_type, read) -> tuple[list, set[str]]:
+    return [], set()
 
 
 def _no_check(config: Config) -> None:
@@ -48,6 +62,7 @@ class Architecture:
     tensor_name: Callable[[str], str | None] = transforms.default_name  # None: not in the file
     shift: Callable[[str], float] = transforms.no_shift            # added to every value (float32 rule)
     rows_kept: Callable[[str, Path, Config], int | None] = transforms.all_rows
+    parts: Parts = _no_parts                # tensors made from several stored parts (gpt-oss's MXFP4 experts)
 
 
 def _llama_check(config: Config) -> None:
@@ -80,6 +95,8 @@ ARCHITECTURES: tuple[Architecture, ...] = (
                  generated=generated.phi3_rope_factors, vocab=vocab.add_phi3_vocab, common_keys=False),
     Architecture("bert", ("BertModel", "BertForMaskedLM"), "BERT", arch_keys.bert_keys, check=_bert_check,
                  vocab=vocab.add_wordpiece_vocab, tensor_name=transforms.bert_name),
+    Architecture("gpt-oss", ("GptOssForCausalLM",), "GPT_OSS", gptoss.gptoss_keys, check=gptoss.check,
+                 vocab=vocab.add_gpt2_vocab, tensor_name=gptoss.tensor_name, parts=gptoss.expert_parts),
 )
 
 

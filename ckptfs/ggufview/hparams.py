@@ -102,7 +102,29 @@ def add_common_keys(writer, config: Config, file_type: int) -> None:
         writer.add_layer_norm_rms_eps(eps)
     if (eps := find(config, ("layer_norm_eps", "layer_norm_epsilon", "norm_epsilon"))) is not None:
         writer.add_layer_norm_eps(eps)
+    _add_expert_keys(writer, config)
     if (head_dim := config.get("head_dim")) is not None:
         writer.add_key_length(head_dim)
         writer.add_value_length(head_dim)
     writer.add_file_type(file_type)
+
+
+def _add_expert_keys(writer, config: Config) -> None:
+    """A mixture of experts' counts, groups and gating function, as the converter's common rules write them."""
+    import gguf
+
+    if (experts := find(config, ("num_local_experts", "num_experts", "n_routed_experts"))) is not None:
+        writer.add_expert_count(experts)
+    if (used := find(config, ("num_experts_per_tok", "num_experts_per_token", "top_k_experts"))) is not None:
+        writer.add_expert_used_count(used)
+    if (groups := config.get("n_group")) is not None:
+        writer.add_expert_group_count(groups)
+    if (groups_used := config.get("topk_group")) is not None:
+        writer.add_expert_group_used_count(groups_used)
+    score = find(config, ("score_function", "scoring_func", "score_func", "moe_router_activation",
+                          "moe_router_activation_func", "expert_selection_fn"))
+    if score is not None:
+        gating = {"sigmoid": gguf.ExpertGatingFuncType.SIGMOID, "softmax": gguf.ExpertGatingFuncType.SOFTMAX}
+        if score not in gating:
+            raise Unsupported(f"the expert gating function {score!r} is not served")
+        writer.add_expert_gating_func(gating[score])

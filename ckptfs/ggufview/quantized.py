@@ -16,6 +16,8 @@ The converter handles a quantized safetensors folder before naming any tensor:
   multiplies in is a companion F32 tensor ``NAME.scale`` (ModelOpt's ``weight_scale_2``; for
   compressed-tensors ``1 / weight_global_scale`` in float32), the activations' ``NAME.input_scale`` likewise
   (``input_scale``; ``1 / input_global_scale``); each is left out when it is one value within 1e-6 of 1.
+- ``quant_method: mxfp4`` (gpt-oss) is served as stored: the architecture's entry repacks the MoE experts'
+  blocks and scales into GGML's MXFP4 (``gptoss``), and ``general.file_type`` says ``MOSTLY_MXFP4_MOE``.
 - Any other method (GPTQ, compressed-tensors ``pack-quantized``, bitsandbytes, AWQ, fbgemm FP8, ...) gets no
   ``gguf/``: the converter refuses most of them; for GPTQ and ``pack-quantized`` it computes in float32
   where the views round to the release's 16-bit type as the reference does, so the bytes would differ.
@@ -51,6 +53,7 @@ REPACKED = ("compressed-tensors/nvfp4-pack-quantized", "modelopt/NVFP4")
 CT = "compressed-tensors"
 CT_DEQUANTIZED_FORMATS = ("float-quantized", "int-quantized", "naive-quantized")
 NVFP4_FORMAT = "nvfp4-pack-quantized"
+MXFP4 = "mxfp4"  # gpt-oss's quant_method
 #: the parts of a layer the converter uses up, by scheme (None: all); the others reach its name map (an FP8
 #: layer's input_scale, a zero point), which refuses them
 CONSUMED: dict[str, tuple[str, ...]] = {
@@ -62,7 +65,7 @@ CONSUMED: dict[str, tuple[str, ...]] = {
 class QuantRows(Protocol):
     """The output rows of one converted layer, from the stored rows ``rows`` (in output order)."""
 
-    kind: str  # "dequantized": float32 values to convert; "nvfp4": the tensor's bytes as they are
+    kind: str  # "dequantized": float32 values to convert; "nvfp4", "mxfp4": the tensor's bytes as they are
     fp8: bool  # dequantized from FP8 codes (what the converter's --fp8-as-q8 writes in Q8_0)
 
     def output(self, rows: np.ndarray) -> np.ndarray | bytes: ...
@@ -79,25 +82,31 @@ class Converted:
     rows: dict[str, QuantRows] = field(default_factory=dict)
     companions: dict[str, list[tuple[str, np.ndarray]]] = field(default_factory=dict)
     nvfp4: bool = False  # the converter takes its NVFP4 path (the folder's settings say NVFP4)
+    mxfp4: bool = False  # quant_method mxfp4 (gpt-oss: its entry repacks the experts, ``gptoss``)
 
     def file_type_key(self, file_type: int) -> int:
         """``general.file_type`` as the converter writes it: an NVFP4 folder converted to a float type
-        (``f32``, ``f16``, ``bf16``, ``auto``) is called ``MOSTLY_NVFP4``, its other tensors still in that
-        float type."""
+        (``f32``, ``f16``, ``bf16``, ``auto``) is called ``MOSTLY_NVFP4``, an MXFP4 one ``MOSTLY_MXFP4_MOE``,
+        its other tensors still in that float type."""
         import gguf
 
         ft = gguf.LlamaFileType
-        if self.nvfp4 and file_type in (ft.ALL_F32, ft.MOSTLY_F16, ft.MOSTLY_BF16):
-            return int(ft.MOSTLY_NVFP4)
+        if file_type in (ft.ALL_F32, ft.MOSTLY_F16, ft.MOSTLY_BF16):
+            if self.nvfp4:
+                return int(ft.MOSTLY_NVFP4)
+            if self.mxfp4:
+                return int(ft.MOSTLY_MXFP4_MOE)
         return int(file_type)
 
 
 def converted_tensors(ck: Checkpoint, config: Config, folder: Path) -> Converted:
     """The converter's view of ``ck``'s tensors (a folder without quantization settings: as stored)."""
     stored = [info for info in ck.parsed.tensors]
+    method, fmt, groups = _settings(config, folder)
+    if method == MXFP4:  # gpt-oss: its architecture entry makes the experts from the stored parts
+        return Converted(stored, mxfp4=True)
     if not ck.packed_views:
         return Converted(stored)
-    method, fmt, groups = _settings(config, folder)
     repack = _is_nvfp4(method, fmt, groups, config, folder)
     _check_method(method, fmt, groups, repack)
     dropped = _dropped_suffixes(method, repack)

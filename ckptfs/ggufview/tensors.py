@@ -12,15 +12,15 @@ so a range of rows converts on its own.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
 from ckptfs.core.descriptors import TensorInfo
 from ckptfs.ggufview import Config, Unsupported
-from ckptfs.ggufview.archs import Architecture
 from ckptfs.ggufview.quantized import Converted, QuantRows
 
 if TYPE_CHECKING:
@@ -28,6 +28,32 @@ if TYPE_CHECKING:
 
 SKIPPED_SUFFIXES = (".attention.masked_bias", ".attention.bias", ".rotary_emb.inv_freq")
 _STORED = {"F32": "<f4", "F16": "<f2", "BF16": "bf16"}  # numpy dtype of a stored type (BF16 widened)
+
+#: (stored tensor, bytes of one stored row, the stored rows wanted in order) -> their bytes
+RowReader = Callable[[TensorInfo, int, np.ndarray], bytes]
+
+
+class Architecture(Protocol):
+    """What planning asks of an entry of ``archs.ARCHITECTURES`` (a Protocol, not that class: an entry's own
+    rules, gpt-oss's among them, make ``TensorPlan``s, so they import this module)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def model_arch(self) -> str: ...
+    @property
+    def generated(self) -> Callable[[Config], dict[str, np.ndarray]]: ...
+    @property
+    def parts(self) -> Callable[[Config, list[TensorInfo], Any, Any, RowReader],
+                                tuple[list[TensorPlan], set[str]]]: ...
+    @property
+    def tensor_name(self) -> Callable[[str], str | None]: ...
+    @property
+    def rows_kept(self) -> Callable[[str, Path, Config], int | None]: ...
+    @property
+    def row_order(self) -> Callable[[str, tuple[int, int], Config], np.ndarray | None]: ...
+    @property
+    def shift(self) -> Callable[[str], float]: ...
 
 
 @dataclass(frozen=True)
@@ -70,10 +96,12 @@ def file_type_of(output_type: str, infos: list[TensorInfo]) -> LlamaFileType:
 
 
 def plan_tensors(arch: Architecture, config: Config, converted: Converted, file_type: LlamaFileType,
-                 block_count: int, folder: Path, fp8_as_q8: bool = False) -> list[TensorPlan]:
-    """The tensors the converter computes (F32), then every stored one in stored order (a quantized layer's
-    weight where the converter puts it, its companion scales after it: ``quantized``); Unsupported for a
-    name the architecture's map lacks or a stored type that is not a float. ``fp8_as_q8``: dequantized FP8
+                 block_count: int, folder: Path, read: RowReader, fp8_as_q8: bool = False) -> list[TensorPlan]:
+    """The tensors the architecture makes from several stored parts (``arch.parts``, reading with ``read``:
+    they consume those parts), the ones the converter computes (F32), then every other stored one in stored
+    order (a quantized layer's weight where the converter puts it, its companion scales after it:
+    ``quantized``); Unsupported for a name the architecture's map lacks or a stored type that is not a
+    float. ``fp8_as_q8``: dequantized FP8
     layers of two or more dimensions in Q8_0 whatever the file type (F16 for rows that are not whole
     blocks), as the converter's ``--fp8-as-q8`` forces them."""
     import gguf
@@ -81,7 +109,7 @@ def plan_tensors(arch: Architecture, config: Config, converted: Converted, file_
     model_arch = getattr(gguf.MODEL_ARCH, arch.model_arch)
     name_map = gguf.get_tensor_name_map(model_arch, block_count)
     always_f32 = _always_f32_names(model_arch, block_count)
-    plans = []
+    plans, consumed = arch.parts(config, converted.infos, name_map, file_type, read)
     for name, values in arch.generated(config).items():
         data = np.ascontiguousarray(values, "<f4")
         cols = data.shape[-1] if data.ndim else 1
@@ -89,6 +117,8 @@ def plan_tensors(arch: Architecture, config: Config, converted: Converted, file_
         plans.append(TensorPlan(name, None, rows, cols, gguf.GGMLQuantizationType.F32, 4 * cols, None,
                                 data.tobytes(), tuple(data.shape)))
     for info in converted.infos:
+        if info.name in consumed:
+            continue
         hf_name = arch.tensor_name(info.name)
         if hf_name is None or hf_name.endswith(SKIPPED_SUFFIXES):
             continue
@@ -112,11 +142,11 @@ def plan_tensors(arch: Architecture, config: Config, converted: Converted, file_
         if quantized is not None and quantized.kind == "nvfp4":
             qtype = gguf.GGMLQuantizationType.NVFP4
         elif quantized is not None and fp8_as_q8 and quantized.fp8 and len(shape) >= 2:
-            qtype = _output_type(name, len(shape), gguf.LlamaFileType.MOSTLY_Q8_0, cols, False)
+            qtype = output_type(name, len(shape), gguf.LlamaFileType.MOSTLY_Q8_0, cols, False)
         else:
-            qtype = _output_type(name, len(shape), file_type, cols, name in always_f32)
+            qtype = output_type(name, len(shape), file_type, cols, name in always_f32)
         order = arch.row_order(hf_name, (rows, cols), config)
-        plans.append(TensorPlan(name, info, rows, cols, qtype, _row_bytes(qtype, cols), order, shape=shape,
+        plans.append(TensorPlan(name, info, rows, cols, qtype, row_bytes(qtype, cols), order, shape=shape,
                                 shift=arch.shift(hf_name), stored_row_bytes=stored_row_bytes,
                                 quantized=quantized))
         for suffix, values in converted.companions.get(info.name, ()):
@@ -149,8 +179,8 @@ def _always_f32_names(model_arch, block_count: int) -> set[str]:
     return names
 
 
-def _output_type(name: str, n_dims: int, file_type: LlamaFileType, cols: int,
-                 always_f32: bool) -> GGMLQuantizationType:
+def output_type(name: str, n_dims: int, file_type: LlamaFileType, cols: int,
+                always_f32: bool = False) -> GGMLQuantizationType:
     import gguf
 
     qt, ft = gguf.GGMLQuantizationType, gguf.LlamaFileType
@@ -162,7 +192,7 @@ def _output_type(name: str, n_dims: int, file_type: LlamaFileType, cols: int,
     return qt.F16 if cols % block else qtype
 
 
-def _row_bytes(qtype: GGMLQuantizationType, cols: int) -> int:
+def row_bytes(qtype: GGMLQuantizationType, cols: int) -> int:
     import gguf
 
     block, size = gguf.GGML_QUANT_SIZES[qtype]

@@ -56,7 +56,8 @@ class VirtualGgufView(HeaderBodyView):
             check_sizes(config, converted.infos)
             file_type = file_type_of(output_type, list(ck.parsed.tensors))
             n_blocks = block_count(config)
-            self.plans = plan_tensors(arch, config, converted, file_type, n_blocks, folder, fp8_as_q8)
+            self.plans = plan_tensors(arch, config, converted, file_type, n_blocks, folder, self._read_rows,
+                                      fp8_as_q8)
             writer = new_writer(arch.name)
             for plan in self.plans:
                 writer.add_tensor_info(plan.name, plan.shape or (1,), np.dtype(np.float32), plan.nbytes,
@@ -127,6 +128,11 @@ class VirtualGgufView(HeaderBodyView):
         data = read_rows(self._sources.get(plan.info.source), plan.info, plan.stored_row_bytes, rows)
         out = convert_stored(plan, data, len(rows))
         return out[skip: skip + b1 - b0]
+
+
+    def _read_rows(self, info: TensorInfo, size: int, rows: np.ndarray) -> bytes:
+        """``read_rows`` from the stored tensor's own source (what an entry's multi-part tensors read with)."""
+        return read_rows(self._sources.get(info.source), info, size, rows)
 
 
 def _repetition_penalty(meta, folder: Path) -> None:

@@ -85,6 +85,12 @@ def add_spm_or_gpt2_vocab(writer, config: Config, folder: Path) -> None:
         _gpt2(writer, folder, config)
 
 
+def add_gpt2_vocab(writer, config: Config, folder: Path) -> None:
+    """gpt-oss: GPT-2 BPE only."""
+    _require_tokenizer(folder)
+    _gpt2(writer, folder, config)
+
+
 def add_gemma3_vocab(writer, config: Config, folder: Path) -> None:
     """gemma3: SentencePiece without a space prefix, else GPT-2 BPE."""
     _require_tokenizer(folder)

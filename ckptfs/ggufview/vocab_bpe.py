@@ -29,6 +29,10 @@ PRE_TOKENIZER_REGEXES = {
     r"\s+(?!\S)|\s+": "llama-bpe",
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|"
     r"\s+(?!\S)|\s+": "qwen2",
+    # o200k (GPT-4o, gpt-oss): llama.cpp splits the same way for every name it lists with this regex
+    r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?|"
+    r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|"
+    r"\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+": "gpt-4o",
 }
 #: A SentencePiece-style BPE ``tokenizer.json`` (spaces made ``▁`` by the normalizer, merges over the whole
 #: text: a ``tokenizer.json`` converted from a SentencePiece model, as Gemma's) whose hash is not listed: the

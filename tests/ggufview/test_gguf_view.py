@@ -27,8 +27,8 @@ pytest.importorskip("transformers")
 pytest.importorskip("gguf")
 
 N_PREDICT = 16
-SUPPORTED = ("BertForMaskedLM, BertModel, Gemma3ForCausalLM, LLaMAForCausalLM, LlamaForCausalLM, MistralForCausalLM, "
-             "Phi3ForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM")
+SUPPORTED = ("BertForMaskedLM, BertModel, Gemma3ForCausalLM, GptOssForCausalLM, LLaMAForCausalLM, LlamaForCausalLM, "
+             "MistralForCausalLM, Phi3ForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM")
 
 
 @pytest.fixture(scope="module")
