@@ -23,6 +23,7 @@ import numpy as np
 
 from ckptfs.core.descriptors import TensorInfo
 from ckptfs.ggufview import Config, Unsupported
+from ckptfs.ggufview.quantized import halves
 from ckptfs.ggufview.tensors import RowReader, TensorPlan, output_type, row_bytes, widen
 from ckptfs.ggufview.transforms import default_name
 
@@ -59,9 +60,7 @@ def repack(blocks: np.ndarray, scales: np.ndarray) -> np.ndarray:
     """The release's ``blocks`` ``[n, k, 16]`` and ``scales`` ``[n, k]`` (u8) as GGML MXFP4 rows ``[n, 17 * k]``:
     each block's scale byte, then byte ``j`` = value ``j`` (low nibble) and value ``j + 16`` (high nibble)."""
     n, k = scales.shape
-    values = np.stack((blocks & 0x0F, blocks >> 4), axis=-1).reshape(n, k, BLOCK)
-    codes = values[..., :16] | (values[..., 16:] << 4)
-    return np.concatenate((scales.reshape(n, k, 1), codes), axis=-1).reshape(n, k * 17)
+    return np.concatenate((scales.reshape(n, k, 1), halves(blocks)), axis=-1).reshape(n, k * 17)
 
 
 class Repack:

@@ -295,13 +295,20 @@ class Nvfp4Rows:
         return nvfp4_blocks(codes, scales).tobytes()
 
 
+def halves(pairs: np.ndarray) -> np.ndarray:
+    """Blocks of 4-bit codes as the releases pack them (``[..., half]`` bytes, code ``2i`` in the low nibble of
+    byte ``i``) as GGML packs a block: code ``j`` in the low nibble of byte ``j``, code ``j + half`` in its
+    high nibble. The codes themselves are unchanged: GGML's FP4 blocks index the same E2M1 table."""
+    half = pairs.shape[-1]
+    values = np.stack((pairs & 0x0F, pairs >> 4), axis=-1).reshape(*pairs.shape[:-1], 2 * half)
+    return values[..., :half] | (values[..., half:] << 4)
+
+
 def nvfp4_blocks(codes: np.ndarray, scales: np.ndarray) -> np.ndarray:
     """Rows of packed E2M1 codes (element ``2i`` in the low nibble of byte ``i``) and their E4M3 group
     scales as GGML NVFP4 blocks ``[rows, cols / 64 * 36]``."""
     n, groups = scales.shape
-    pairs = codes.reshape(n, groups, 8)
-    values = np.stack((pairs & 0x0F, pairs >> 4), axis=-1).reshape(n, groups, 16)
-    packed = values[:, :, :8] | (values[:, :, 8:] << 4)
+    packed = halves(codes.reshape(n, groups, 8))
     supers = groups // 4
     out = np.empty((n, supers, NVFP4_BYTES), np.uint8)
     out[:, :, :4] = (scales & 0x7F).reshape(n, supers, 4)
