@@ -390,7 +390,8 @@ static PyObject *scaled_rows(PyObject *self, PyObject *args) {
  * first + width) of each row are written, row by row (out[r * width + j - first]) or, with `transpose`, as
  * the columns of the output (out[(j - first) * n + r]: gpt-oss' view is the stored matrices transposed, and
  * a read that cuts a 32-row block column decodes only the view rows it serves, starting inside the block at
- * any nibble). The pairs table already holds each nibble's float32 value (or twice it), so the one multiply
+ * any nibble; output rows `out_step` apart, so that ranges of stored rows are decoded by calls of their own,
+ * on several cores, into one output). The pairs table already holds each nibble's float32 value (or twice it), so the one multiply
  * per value is the numpy path's.
  *
  * Speed: each group's scale is loaded once and its values are a branch-free loop of table loads and
@@ -403,7 +404,7 @@ enum { FP4_RB = 32, FP4_CB = 128 };
 typedef struct {
     const uint8_t *codes;
     const float *pairs, *scales;
-    Py_ssize_t code_step, scale_step, first, width, group, n;
+    Py_ssize_t code_step, scale_step, first, width, group, n, out_step;
 } Fp4Job;
 
 /* Values [j0, j1) of row r (0 <= j0 <= j1, the row's own value indices) into dst[0 .. j1 - j0). */
@@ -449,7 +450,7 @@ static void fp4_rows_f16(const Fp4Job *job, uint16_t *restrict out) {
 
 ALWAYS_INLINE void fp4_columns(const Fp4Job *job, void *out, int half) {
     float buf[FP4_RB * FP4_CB];
-    const Py_ssize_t n = job->n, width = job->width, first = job->first;
+    const Py_ssize_t n = job->n, width = job->width, first = job->first, step = job->out_step;
     for (Py_ssize_t r0 = 0; r0 < n; r0 += FP4_RB) {
         const Py_ssize_t rb = r0 + FP4_RB < n ? FP4_RB : n - r0;
         for (Py_ssize_t j0 = 0; j0 < width; j0 += FP4_CB) {
@@ -457,13 +458,13 @@ ALWAYS_INLINE void fp4_columns(const Fp4Job *job, void *out, int half) {
             for (Py_ssize_t i = 0; i < rb; i++) fp4_span(job, r0 + i, first + j0, first + j0 + cb, buf + i * cb);
             for (Py_ssize_t j = 0; j < cb; j++) {
                 if (half) {
-                    uint16_t *o = (uint16_t *)out + (j0 + j) * n + r0;
+                    uint16_t *o = (uint16_t *)out + (j0 + j) * step + r0;
                     for (Py_ssize_t i = 0; i < rb; i++) o[i] = f32_to_f16(bits_of(buf[i * cb + j]));
                 } else if (rb == FP4_RB) {
-                    float *restrict o = (float *)out + (j0 + j) * n + r0;
+                    float *restrict o = (float *)out + (j0 + j) * step + r0;
                     for (int i = 0; i < FP4_RB; i++) o[i] = buf[i * cb + j];
                 } else {
-                    float *o = (float *)out + (j0 + j) * n + r0;
+                    float *o = (float *)out + (j0 + j) * step + r0;
                     for (Py_ssize_t i = 0; i < rb; i++) o[i] = buf[i * cb + j];
                 }
             }
@@ -483,23 +484,27 @@ static void fp4_run(const Fp4Job *job, void *out, int half, int transpose) {
 
 static PyObject *fp4_rows(PyObject *self, PyObject *args) {
     Py_buffer codes, pairs, scales, out;
-    Py_ssize_t code_step, scale_step, first, width, group, n;
+    Py_ssize_t code_step, scale_step, first, width, group, n, out_step;
     int out_half, transpose;
     (void)self;
-    if (!PyArg_ParseTuple(args, "y*ny*y*nnnnw*inp", &codes, &code_step, &pairs, &scales, &scale_step, &first,
-                          &width, &group, &out, &out_half, &n, &transpose))
+    if (!PyArg_ParseTuple(args, "y*ny*y*nnnnw*inpn", &codes, &code_step, &pairs, &scales, &scale_step, &first,
+                          &width, &group, &out, &out_half, &n, &transpose, &out_step))
         return NULL;
     PyObject *result = NULL;
-    /* the bytes and groups a row's values [first, first + width) lie in */
+    /* the bytes and groups a row's values [first, first + width) lie in; the values out must hold: transposed,
+     * `width` output rows `out_step` apart (the part's rows are columns [0, n) of a wider output: a call per
+     * range of stored rows), else n rows of `width` */
     const Py_ssize_t bytes = (first + width + 1) / 2, groups = group > 0 ? (first + width + group - 1) / group : 0;
-    if (width <= 0 || first < 0 || group <= 0 || group % 2 || n < 0 || code_step < bytes || scale_step < groups) {
+    const Py_ssize_t needed = transpose ? (width - 1) * out_step + n : n * width;
+    if (width <= 0 || first < 0 || group <= 0 || group % 2 || n < 0 || code_step < bytes || scale_step < groups
+        || (transpose && out_step < n)) {
         PyErr_SetString(PyExc_ValueError, "row geometry does not fit");
     } else if (pairs.len != 512 * 4 || (n && (codes.len < (n - 1) * code_step + bytes
-               || scales.len / 4 < (n - 1) * scale_step + groups)) || out.len / (out_half ? 2 : 4) < n * width) {
+               || scales.len / 4 < (n - 1) * scale_step + groups || out.len / (out_half ? 2 : 4) < needed))) {
         PyErr_SetString(PyExc_ValueError, "a buffer is too small for the rows");
     } else {
         const Fp4Job job = {(const uint8_t *)codes.buf, (const float *)pairs.buf, (const float *)scales.buf,
-                            code_step, scale_step, first, width, group, n};
+                            code_step, scale_step, first, width, group, n, out_step};
         Py_BEGIN_ALLOW_THREADS
         fp4_run(&job, out.buf, out_half != 0, transpose);
         Py_END_ALLOW_THREADS
@@ -516,8 +521,8 @@ static PyObject *fp4_rows(PyObject *self, PyObject *args) {
 static PyMethodDef METHODS[] = {
     {"fp4_rows", fp4_rows, METH_VARARGS,
      "fp4_rows(codes, code_step, pairs, scales, scale_step, first, width, group, out, out_half, n_rows, "
-     "transpose): values [first, first + width) of rows of E2M1 nibbles times a scale per group into out (or "
-     "its columns)."},
+     "transpose, out_step): values [first, first + width) of rows of E2M1 nibbles times a scale per group into "
+     "out (or its columns, output rows out_step apart)."},
     {"scaled_rows", scaled_rows, METH_VARARGS,
      "scaled_rows(codes, table, width, scales, scale_rows, groups, block_width, zeros, out, out_half, n_rows): "
      "rows of a scaled-codes weight (FP8, int8) into out."},

@@ -29,12 +29,15 @@ a view row as for 32), so the rows a read's ends cut are not decoded by calls of
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
 from ckptfs.core.descriptors import TensorInfo
+from ckptfs.engine.blocks import DECODE_TASKS, split
+from ckptfs.engine.parallel import spread
 from ckptfs.packed.base import Absent, Context, Layout, Parts, check_ndim, check_shape, check_type, require
 from ckptfs.packed.detect import Method, Scheme, one_format
 from ckptfs.packed import native
@@ -46,6 +49,18 @@ METHOD = "mxfp4"
 SCHEMES = [Scheme(METHOD, METHOD, "", "gptoss", "blocks", ("blocks", "scales"), marker_types=("U8",),
                   requires=("scales",), view="", joiner="_")]
 METHODS = [Method(METHOD, one_format)]
+
+
+def _columns(out: np.ndarray, *args: Any, **kwargs: Any) -> None:
+    """One part of :func:`build`'s kernel call: its arguments are checked there, so a refusal is a bug."""
+    if not native.fp4_rows(out, *args, **kwargs):
+        raise RuntimeError("the FP4 kernel refused a part of a checked call")
+
+
+def _parts(rows: int, n: int) -> list[tuple[int, int]]:
+    """``[0, rows)`` in at most ``n`` consecutive parts whose bounds are multiples of 32 (the kernel's rows
+    at a time)."""
+    return [(BLOCK * part[0], min(rows, BLOCK * (part[-1] + 1))) for part in split(list(range(-(-rows // BLOCK))), n)]
 
 
 def build(prefix: str, parts: Mapping[str, TensorInfo], settings: Mapping[str, Any],
@@ -89,21 +104,29 @@ def build(prefix: str, parts: Mapping[str, TensorInfo], settings: Mapping[str, A
 
     def kernel(reader: Parts, o0: int, o1: int, dest: np.ndarray) -> bool:
         """Any rows, expert by expert: view rows [i0, i1) of expert x are values [i0 - 32 k0, i1 - 32 k0) of
-        the expert's stored rows from block column k0 = i0 // 32, written transposed."""
-        if not native.available():
+        the expert's stored rows from block column k0 = i0 // 32, written transposed; the stored rows in
+        parts of multiples of 32, one per core (``spread``: the kernel runs without the GIL), each writing
+        its columns of the rows."""
+        if not native.available() or dest.dtype not in (np.float32, np.float16) or not dest.flags.c_contiguous \
+                or not dest.flags.writeable:
             return False
         rows = dest.reshape(o1 - o0, out)
+        tasks = []
         r = o0
         while r < o1:
             x, i0 = divmod(r, in_features)
             i1 = min(in_features, i0 + o1 - r)
             k0 = i0 // BLOCK
             codes, s = expert(reader, x)
-            if not native.fp4_rows(rows[r - o0:r - o0 + i1 - i0], codes.reshape(-1)[k0 * BLOCK // 2:],
-                                   columns * BLOCK // 2, E2M1_DOUBLE_PAIRS, s.reshape(-1)[k0:], columns,
-                                   i1 - i0, BLOCK, out, transpose=True, first=i0 - k0 * BLOCK):
-                return False  # not taken: numpy decodes (and so overwrites) the whole range
+            flat_codes, flat_scales = codes.reshape(-1), s.reshape(-1)
+            place = rows[r - o0:r - o0 + i1 - i0].reshape(-1)
+            for a, b in _parts(out, DECODE_TASKS):
+                tasks.append(functools.partial(
+                    _columns, place[a:], flat_codes[a * columns * BLOCK // 2 + k0 * BLOCK // 2:],
+                    columns * BLOCK // 2, E2M1_DOUBLE_PAIRS, flat_scales[a * columns + k0:], columns, i1 - i0, BLOCK,
+                    b - a, transpose=True, first=i0 - k0 * BLOCK, out_step=out))
             r += i1 - i0
+        spread(tasks)
         return True
 
     parameters = {"quant_method": "mxfp4", "block_size": BLOCK, "experts": experts, "scale": "ldexp(code, e - 127)",
