@@ -19,7 +19,8 @@ Usage: python -m benchmarks remote [--dir DIR] [--layers 6] [--rounds 3] [--json
 
 ``--capped`` runs the cold starts behind a capped origin instead (``benchmarks/remote_cold_start.py``: a fresh
 mount against hf_transfer and aria2c behind nginx's ``limit_rate``, then uncapped against the local file):
-  python -m benchmarks remote --capped [--rounds 3] [--rate 20m] [--latency-ms 30] [--s3] [--out FILE]
+  python -m benchmarks remote --capped [--rounds 3] [--rate 20m] [--latency-ms 30] [--latency-by nginx|proxy]
+      [--s3] [--out FILE]
   python -m benchmarks remote --capped --sections warm --rounds 5   # the warm mount against the local file
 """
 
@@ -120,6 +121,9 @@ def main(argv: list[str] | None = None) -> int:
     capped.add_argument("--capped", action="store_true")
     capped.add_argument("--rate", default="20m", help="nginx limit_rate per request [20m]")
     capped.add_argument("--latency-ms", type=float, default=30.0, help="added before each request's first byte [30]")
+    capped.add_argument("--latency-by", choices=("nginx", "proxy"), default="nginx",
+                        help="who adds the latency: nginx's echo_sleep, or the Python delay proxy in front of "
+                             "it (the older method, for comparison) [nginx]")
     capped.add_argument("--hf-tuned", default="64,4", help="hf_transfer's tuned variant: FILES,CHUNK_MiB [64,4]")
     capped.add_argument("--shapes", default="gemma3-270m-q4_k_m",
                         choices=("gemma3-270m-q4_k_m", "qwen2-7b-q4_k_m"),

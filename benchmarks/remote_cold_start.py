@@ -4,8 +4,12 @@ docs/remote.md, "Cold starts behind a capped origin").
 
 Object stores and CDNs cap what one connection carries, and the tools that load fast open many ranges at
 once. The origin here is Debian's nginx on 127.0.0.1 with ``limit_rate`` per request (``--rate``, default
-20m: 20 MiB/s, so an 8 MiB range takes 0.4 s), behind ``loopback/faultproxy.py`` in a process of its own that
-waits ``--latency-ms`` before forwarding each request (latency to first byte). Each round runs, on the same
+20m: 20 MiB/s, so an 8 MiB range takes 0.4 s), each request waiting ``--latency-ms`` before it is served
+(latency to first byte) on nginx's own timer: the echo module's ``echo_sleep``, then ``echo_exec`` to the file
+(Debian's libnginx-mod-http-echo; ``Nginx(first_byte_delay=...)``), so no process stands between the clients
+and the origin and the wait costs no CPU. ``--latency-by proxy`` adds it the older way instead, with
+``loopback/faultproxy.py`` in a process of its own in front of nginx: one Python process relaying every
+client's bytes, itself a bottleneck they share on a small machine (docs/performance.md has both side by side). Each round runs, on the same
 file (a Gemma-3-270M-shaped Q4_K_M GGUF, ``make_realistic_gguf.py --shapes``; ``--shapes qwen2-7b-q4_k_m``: 4.4 GiB):
 
 - ``hf_transfer.download`` with the arguments huggingface_hub passed it (``max_files=100``, ``chunk_size=
@@ -24,7 +28,9 @@ The cases that write the file to disk (the downloaders and the prefetch) run fir
 order of a balanced design (``balanced_order``: each at each place and right after each of the others as
 often), the mount's reads after them: on a VM what ran just before moves a case's time (docs/remote.md).
 
-A missing downloader (no ``hf_transfer`` module, no ``aria2c``) is skipped with a note. Requests in flight
+A missing downloader (no ``hf_transfer`` module, no ``aria2c``) is skipped with a note; nginx without its
+echo module stops the run before it starts, in one line. Each writer's CPU-seconds (user + system, its
+threads and children) per GB of the file are in the results. Requests in flight
 come from nginx's access log (each request's start and end: ``Nginx.request_spans``): the peak and the
 time-weighted mean over the case, measured, not assumed. Ratios are to the faster of hf_transfer (hub
 defaults) and aria2c in the same round. Then, uncapped (no ``limit_rate``, no proxy): the largest ``.raw``
@@ -47,6 +53,7 @@ import json
 import mmap
 import os
 import random
+import resource
 import shutil
 import statistics
 import subprocess
@@ -63,7 +70,7 @@ from ckptfs.core.options import OpenOptions
 from ckptfs.util.procinfo import peak_rss
 from ckptfs.util.sizes import parse_size
 
-from loopback.servers import MotoS3, Nginx, environment
+from loopback.servers import MissingTool, MotoS3, Nginx, echo_module_missing, environment
 
 MiB = 1 << 20
 DIRECT_READ = 64 * MiB
@@ -135,11 +142,29 @@ class Origin:
 
 
 def timed(argv: list[str], env: dict | None = None, timeout: float = 600) -> float:
-    start = time.perf_counter()
+    return timed_cpu(argv, env, timeout)[0]
+
+
+def _children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def timed_cpu(argv: list[str], env: dict | None = None, timeout: float = 600) -> tuple[float, float]:
+    """Run ``argv`` to its end: (seconds, the CPU-seconds it used, user and system, its threads and children
+    included: what the kernel counts for a waited child). The cases run one at a time, so nothing else is
+    reaped meanwhile."""
+    cpu, start = _children_cpu(), time.perf_counter()
     result = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=env)
+    secs = time.perf_counter() - start
     if result.returncode != 0:
         raise RuntimeError(f"{Path(argv[0]).name} failed ({result.returncode}): {result.stderr.strip()[-400:]}")
-    return time.perf_counter() - start
+    return secs, _children_cpu() - cpu
+
+
+def cpu_fields(cpu: float, size: int) -> dict:
+    """A writer's CPU-seconds, and per GB (1e9 bytes) of the file it wrote."""
+    return {"cpu_s": round(cpu, 3), "cpu_s_per_GB": round(cpu / (size / 1e9), 3)}
 
 
 def check_download(name: str, dest: Path, model: Path, whole: bool) -> None:
@@ -152,7 +177,8 @@ def check_download(name: str, dest: Path, model: Path, whole: bool) -> None:
 
 
 def downloader_cases(hf_tuned: tuple[int, int]) -> tuple[list[tuple[str, object]], list[str]]:
-    """The http downloaders present here, as (name, function(url, dest) -> seconds), and notes on the absent."""
+    """The http downloaders present here, as (name, function(url, dest) -> (seconds, CPU-seconds)), and notes on
+    the absent."""
     cases, notes = [], []
     try:
         import hf_transfer  # noqa: F401
@@ -160,7 +186,7 @@ def downloader_cases(hf_tuned: tuple[int, int]) -> tuple[list[tuple[str, object]
         notes.append("hf_transfer skipped: not installed (pip install hf-transfer; the bench extra has it)")
     else:
         def hf(files: int, chunk: int):
-            return lambda url, dest: timed([sys.executable, "-c", _HF, url, str(dest), str(files), str(chunk)])
+            return lambda url, dest: timed_cpu([sys.executable, "-c", _HF, url, str(dest), str(files), str(chunk)])
 
         cases.append(("hf_transfer", hf(HUB_MAX_FILES, HUB_CHUNK)))
         cases.append((f"hf_transfer {hf_tuned[0]}x{hf_tuned[1] // MiB}MiB", hf(*hf_tuned)))
@@ -168,7 +194,7 @@ def downloader_cases(hf_tuned: tuple[int, int]) -> tuple[list[tuple[str, object]
     if aria2c is None:
         notes.append("aria2c skipped: not installed (Debian: apt-get install aria2; scripts/setup.sh does)")
     else:
-        cases.append(("aria2c -x16", lambda url, dest: timed(
+        cases.append(("aria2c -x16", lambda url, dest: timed_cpu(
             [aria2c, "-x16", "-s16", "-q", "--allow-overwrite=true", "--auto-file-renaming=false",
              "-d", str(dest.parent), "-o", dest.name, url])))
     return cases, notes
@@ -224,9 +250,9 @@ def prefetch_case(url: str, size: int, origin: Origin) -> dict:
     cache = Path(tempfile.mkdtemp(prefix="ckptfs-bench-prefetch-"))
     try:
         t0 = time.time()
-        secs = timed([sys.executable, "-m", "ckptfs.commands.cli", "prefetch", url, "--cache-dir", str(cache)],
-                     timeout=1200)
-        return {"seconds": round(secs, 3), "MBps": round(size / secs / 1e6, 1),
+        secs, cpu = timed_cpu([sys.executable, "-m", "ckptfs.commands.cli", "prefetch", url, "--cache-dir",
+                               str(cache)], timeout=1200)
+        return {"seconds": round(secs, 3), "MBps": round(size / secs / 1e6, 1), **cpu_fields(cpu, size),
                 **in_flight(origin.spans(), t0, time.time())}
     finally:
         shutil.rmtree(cache, ignore_errors=True)
@@ -281,6 +307,9 @@ def summarize(rounds: list[dict], reference: tuple[str, ...]) -> dict:
                      "peak_in_flight": max(r[name].get("peak_in_flight", 0) for r in rounds if name in r)}
         for key in ("mean_in_flight", "requests", "small_requests", "median_request_MiB", "fetched_MiB"):
             out[name][key] = statistics.median(r[name].get(key, 0) for r in rounds if name in r)
+        cpu = [r[name]["cpu_s_per_GB"] for r in rounds if "cpu_s_per_GB" in r.get(name, {})]
+        if cpu:
+            out[name]["cpu_s_per_GB"] = round(statistics.median(cpu), 3)
         rss = [r[name]["peak_rss_MiB"] for r in rounds if "peak_rss_MiB" in r.get(name, {})]
         if rss:
             out[name]["peak_rss_MiB"] = max(rss)
@@ -295,10 +324,13 @@ def capped_section(root: Path, model: Path, args, notes: list[str]) -> dict:
     downloaders, more = downloader_cases((files, chunk_mib * MiB))
     notes += more
     reads = ckptfs_cases(raw_order, largest, gguf)
-    out: dict = {"rate": args.rate, "rate_Bps": rate, "latency_ms": args.latency_ms, "file_bytes": size,
-                 "largest_raw": largest, "raw_files": len(raw_order)}
-    with Nginx(root, limit_rate=args.rate) as server, \
-            DelayProxy(server.url, args.latency_ms / 1e3) as proxy:
+    by = getattr(args, "latency_by", "nginx")
+    out: dict = {"rate": args.rate, "rate_Bps": rate, "latency_ms": args.latency_ms, "latency_by": by,
+                 "file_bytes": size, "largest_raw": largest, "raw_files": len(raw_order)}
+    delay = args.latency_ms / 1e3
+    # the latency: nginx's own timer (echo_sleep), or the Python proxy in front of it (--latency-by proxy)
+    with Nginx(root, limit_rate=args.rate, first_byte_delay=0.0 if by == "proxy" else delay) as server, \
+            DelayProxy(server.url, delay if by == "proxy" else 0.0) as proxy:
         origin = Origin(proxy.url, lambda: server.request_spans())
         url = f"{origin.url}/{model.name}"
         dest_dir = Path(tempfile.mkdtemp(prefix="ckptfs-bench-download-", dir=root))
@@ -310,8 +342,8 @@ def capped_section(root: Path, model: Path, args, notes: list[str]) -> dict:
         def download(name: str, fn, whole: bool) -> dict:
             dest = dest_dir / model.name
             t0, cpu = time.time(), proxy.cpu_seconds()
-            secs = fn(url, dest)
-            result = {"seconds": round(secs, 3), "MBps": round(size / secs / 1e6, 1),
+            secs, cpu = fn(url, dest)
+            result = {"seconds": round(secs, 3), "MBps": round(size / secs / 1e6, 1), **cpu_fields(cpu, size),
                       "proxy_cpu_s": round(proxy.cpu_seconds() - cpu, 2),
                       **in_flight(origin.spans(), t0, time.time())}
             check_download(name, dest, model, whole)
@@ -346,8 +378,9 @@ def capped_section(root: Path, model: Path, args, notes: list[str]) -> dict:
     out["summary"] = summarize(rounds, reference)
     fastest = [min(r[k]["seconds"] for k in reference) for r in rounds] if reference else []
     # how busy the proxy was: CPU seconds per second of the case (a mount's time included for ckptfs)
-    out["proxy_cpu_per_s"] = {name: max(r[name]["proxy_cpu_s"] / r[name]["seconds"] for r in rounds if name in r)
-                              for name in out["summary"] if "proxy_cpu_s" in rounds[0].get(name, {})}
+    if by == "proxy":
+        out["proxy_cpu_per_s"] = {name: max(r[name]["proxy_cpu_s"] / r[name]["seconds"] for r in rounds if name in r)
+                                  for name in out["summary"] if "proxy_cpu_s" in rounds[0].get(name, {})}
     out["first_byte_s"] = [r["first_byte"]["seconds"] for r in rounds]
     out["fastest_download_s"] = fastest
     from ckptfs.cache.chunks import DEFAULT_MEMORY_BYTES
@@ -631,6 +664,10 @@ def fixture(root: Path, shapes: str = SHAPES[0]) -> Path:
 def run(root: Path, args) -> dict:
     from ckptfs.bench.run import machine
 
+    only = getattr(args, "sections", None)
+    if (not only or "capped" in only.split(",")) and getattr(args, "latency_by", "nginx") == "nginx" \
+            and args.latency_ms and (reason := echo_module_missing()):
+        raise MissingTool(reason)  # before the fixture is made: the run could not measure what it says
     model = fixture(root, getattr(args, "shapes", SHAPES[0]))
     # the CLI's start as installed: pip compiles a package's modules when it installs it, an editable install
     # leaves it to the first import, which PYTHONDONTWRITEBYTECODE forbids (each `ckptfs prefetch` would then
@@ -643,7 +680,6 @@ def run(root: Path, args) -> dict:
                 ("warm", lambda: warm_section(root, model, args))]
     if args.s3:
         sections.append(("s3", lambda: s3_section(model, args, notes)))
-    only = getattr(args, "sections", None)
     if only:
         sections = [(name, section) for name, section in sections if name in only.split(",")]
     for name, section in sections:
@@ -688,7 +724,9 @@ def render(results: dict) -> str:
 
 def _render_capped(results: dict) -> list[str]:
     c = results["capped"]
-    lines = [f"capped origin: nginx limit_rate {c['rate']} per request, {c['latency_ms']} ms to first byte; "
+    by = ("a Python delay proxy in front of nginx" if c.get("latency_by") == "proxy"
+          else "nginx's echo_sleep, no proxy")
+    lines = [f"capped origin: nginx limit_rate {c['rate']} per request, {c['latency_ms']} ms to first byte ({by}); "
              f"file {c['file_bytes'] / MiB:.0f} MiB, largest .raw {c['largest_raw']}; {len(c['rounds'])} rounds",
              f"reference: the faster of {' and '.join(c['reference']) or '-'} in each round; requests and MB/s of "
              "the read alone (a mount's own requests apart)", "", TABLE]
@@ -697,6 +735,10 @@ def _render_capped(results: dict) -> list[str]:
     lines.append(f"time to first byte (mount command to the first 1 MiB of the largest .raw): "
                  f"{', '.join(f'{x:.2f}' for x in c['first_byte_s'])} s; the faster downloader finished in "
                  f"{', '.join(f'{x:.2f}' for x in c['fastest_download_s'])} s")
+    cpu = {name: s["cpu_s_per_GB"] for name, s in c["summary"].items() if "cpu_s_per_GB" in s}
+    if cpu:
+        lines.append("CPU-seconds per GB written (user + system, median): "
+                     + ", ".join(f"{name} {value:.2f}" for name, value in cpu.items()))
     if c.get("proxy_cpu_per_s"):
         busiest = max(c["proxy_cpu_per_s"], key=c["proxy_cpu_per_s"].get)
         lines.append(f"delay proxy (one Python process): at most {c['proxy_cpu_per_s'][busiest]:.2f} CPU-seconds "

@@ -36,6 +36,8 @@ from urllib.parse import quote, unquote, urlsplit
 from loopback.polling import wait_until
 
 NGINX = "/usr/sbin/nginx"
+#: Debian's libnginx-mod-http-echo: ``echo_sleep`` waits on a timer (no CPU) before a request is served
+ECHO_MODULE = "/usr/lib/nginx/modules/ngx_http_echo_module.so"
 _SPAN = re.compile(r'" \d+ (?P<bytes>\d+) .* rt=(?P<rt>[\d.]+) end=(?P<end>[\d.]+)$')
 _RANGE = re.compile(r'"GET /(?P<path>\S+) [^"]*" 206 \d+ .*range="bytes=(?P<a>\d+)-(?P<b>\d+)"')
 #: a suffix range (``bytes=-N``: an open's tail sample asked before the size is known), as nginx answered it
@@ -58,6 +60,13 @@ def nginx_missing() -> str | None:
     if os.path.exists(NGINX):
         return None
     return f"nginx is not installed ({NGINX}; Debian: apt-get install nginx-light)"
+
+
+def echo_module_missing() -> str | None:
+    """Why nginx cannot add latency here (its echo module is not installed), or None."""
+    if os.path.exists(ECHO_MODULE):
+        return None
+    return f"nginx's echo module is not installed ({ECHO_MODULE}; Debian: apt-get install libnginx-mod-http-echo)"
 
 
 @contextlib.contextmanager
@@ -158,7 +167,12 @@ class Nginx:
     """nginx serving ``root`` on a free loopback port (``url``); use as a context manager.
 
     ``limit_rate`` (nginx's own directive, e.g. ``"20m"``: bytes per second per request) caps what each
-    request gets, as object stores and CDNs do per connection. Each access-log line ends with
+    request gets, as object stores and CDNs do per connection. ``first_byte_delay`` (seconds) makes every
+    request wait that long before it is served, as a distant origin's latency to the first byte: the echo
+    module's ``echo_sleep`` (a timer in nginx's event loop, no CPU and no process in between), then
+    ``echo_exec`` to a named location that serves the file as without it (Range, ETag, ``limit_rate``); it
+    needs Debian's libnginx-mod-http-echo (``echo_module_missing``; else a :class:`MissingTool` error). The
+    delay is part of a request's span in the access log. Each access-log line ends with
     ``rt=<seconds the request took> end=<epoch seconds it ended>`` (``request_spans`` turns them into
     start/end pairs, for counting requests in flight).
 
@@ -173,8 +187,10 @@ class Nginx:
     ``ca_file`` is the CA certificate to trust (None for plain http)."""
 
     def __init__(self, root: str | os.PathLike, limit_rate: str | None = None, tls: bool | TestCA = False,
-                 tls_names: tuple[str, ...] = ("IP:127.0.0.1", "DNS:localhost"), log_flush: str | None = None):
+                 tls_names: tuple[str, ...] = ("IP:127.0.0.1", "DNS:localhost"), log_flush: str | None = None,
+                 first_byte_delay: float = 0.0):
         self.root = str(Path(root).resolve())
+        self.first_byte_delay = first_byte_delay
         self.log_flush = log_flush
         self.limit_rate = limit_rate  # nginx's per-request cap (e.g. "20m"), as a CDN or object store has
         self.port = free_port()
@@ -194,7 +210,8 @@ class Nginx:
 
     def _config(self) -> str:
         user = "user root root;\n" if os.geteuid() == 0 else ""
-        return f"""{user}daemon off;
+        load = f"load_module {ECHO_MODULE};\n" if self.first_byte_delay else ""
+        return f"""{load}{user}daemon off;
 master_process off;
 worker_processes 1;
 pid {self._dir}/nginx.pid;
@@ -218,7 +235,7 @@ http {{
         listen 127.0.0.1:{self.port}{" ssl" if self._cert else ""};
         {self._tls_config()}
         root {self.root};
-        location / {{ {f"limit_rate {self.limit_rate};" if self.limit_rate else ""} }}
+        {self._locations()}
     }}
     server {{
         listen 127.0.0.1:{self._status_port};
@@ -228,6 +245,13 @@ http {{
 }}
 """
 
+    def _locations(self) -> str:
+        cap = f"limit_rate {self.limit_rate};" if self.limit_rate else ""
+        if not self.first_byte_delay:
+            return f"location / {{ {cap} }}"
+        return (f"location / {{ echo_sleep {self.first_byte_delay:.3f}; echo_exec @file; }}\n"
+                f"        location @file {{ {cap} }}")
+
     def _tls_config(self) -> str:
         if self._cert is None:
             return ""
@@ -236,7 +260,7 @@ http {{
                 "ssl_session_cache shared:tls:1m;")
 
     def start(self) -> Nginx:
-        if reason := nginx_missing():
+        if reason := nginx_missing() or (echo_module_missing() if self.first_byte_delay else None):
             raise MissingTool(reason)
         conf = Path(self._dir) / "nginx.conf"
         conf.write_text(self._config())

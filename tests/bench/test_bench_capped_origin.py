@@ -1,6 +1,8 @@
 """The capped origin of ``python -m benchmarks remote --capped`` (``benchmarks/remote_cold_start.py``) really caps:
-nginx's ``limit_rate`` bounds one request's throughput, ``loopback/faultproxy.py`` delays each first byte and
-paces a body to its ``rate``, every byte relayed unchanged; the requests-in-flight figures are computed right
+nginx's ``limit_rate`` bounds one request's throughput, nginx's echo module delays each first byte with Range
+answers and the cap unchanged, ``loopback/faultproxy.py`` (the older method) delays each first byte and
+paces a body to its ``rate``, every byte relayed unchanged; a missing echo module stops the benchmark in one
+line; the requests-in-flight figures are computed right
 from the server's own spans; and a missing downloader is a note, not a crash.
 
 The only timings asserted are lower bounds on the fixture's own caps, with a wide margin (a loaded machine
@@ -18,8 +20,9 @@ import pytest
 
 from benchmarks import remote_cold_start
 from loopback.faultproxy import FaultProxy
-from loopback.servers import Nginx
-from conftest import require_nginx
+from loopback import servers
+from loopback.servers import MissingTool, Nginx
+from conftest import require_nginx, skip_or_fail
 
 MiB = 1 << 20
 
@@ -33,12 +36,16 @@ def served(tmp_path_factory) -> tuple[Path, bytes]:
     return root, data
 
 
-def get(url: str, first: int, last: int) -> tuple[bytes, float, float]:
-    """(body, seconds to the first body byte, seconds in all) of one ranged GET."""
+def get(url: str, first: int | str, last: int | str = "",
+        headers: dict | None = None) -> tuple[bytes, float, float]:
+    """(body, seconds to the first body byte, seconds in all) of one ranged GET (``first`` "" and ``last`` N: the
+    last N bytes); the answer's headers go into ``headers`` if given."""
     start = time.perf_counter()
     req = urllib.request.Request(url, headers={"Range": f"bytes={first}-{last}"})
     with urllib.request.urlopen(req, timeout=60) as resp:
         assert resp.status == 206
+        if headers is not None:
+            headers.update(resp.headers)
         head = resp.read(1)
         ttfb = time.perf_counter() - start
         body = head + resp.read()
@@ -102,6 +109,57 @@ def test_uncapped_nginx_has_no_limit_rate(served):
         assert "limit_rate" not in server._config()
         body, _, _ = get(f"{server.url}/blob.bin", 0, MiB - 1)
     assert body == data[:MiB]
+
+
+def require_echo_module() -> None:
+    require_nginx()
+    if reason := servers.echo_module_missing():
+        skip_or_fail(reason)
+
+
+def test_nginx_delays_each_request_on_its_own_timer_with_range_and_limit_rate_intact(served):
+    # the capped benchmark's latency with no process in between: echo_sleep, then echo_exec to the file
+    require_echo_module()
+    root, data = served
+    size = len(data)
+    with Nginx(root, limit_rate="2m", first_byte_delay=0.3) as server:
+        assert server._config().startswith(f"load_module {servers.ECHO_MODULE};")
+        url = f"{server.url}/blob.bin"
+        headers: dict = {}
+        body, ttfb, _ = get(url, 100, 4195, headers)
+        assert body == data[100:4196] and ttfb >= 0.25
+        assert headers["Content-Range"] == f"bytes 100-4195/{size}" and headers["Content-Length"] == "4096"
+        assert headers["ETag"] and headers["Last-Modified"]
+        headers.clear()
+        body, _, _ = get(url, "", 4096, headers)  # a suffix range: the open's tail sample
+        assert body == data[-4096:] and headers["Content-Range"] == f"bytes {size - 4096}-{size - 1}/{size}"
+        # 6 MiB at 2 MiB/s: about 2 s after the 0.3 s wait (the first 2 MiB piece goes at once)
+        body, _, seconds = get(url, 0, 6 * MiB - 1)
+        assert body == data[:6 * MiB] and seconds >= 1.5, f"6 MiB at limit_rate 2m took {seconds:.2f} s"
+        spans = server.request_spans(expect=3)
+    assert [n for _, _, n in spans] == [4096, 4096, 6 * MiB]
+    assert all(end - start >= 0.25 for start, end, _ in spans)  # the wait is part of each request's span
+
+
+def test_a_missing_echo_module_is_one_line(served, monkeypatch, capsys, tmp_path):
+    from benchmarks.__main__ import main as benchmarks_main
+
+    require_nginx()
+    monkeypatch.setattr(servers, "ECHO_MODULE", str(tmp_path / "ngx_http_echo_module.so"))
+    delayed = Nginx(served[0], first_byte_delay=0.03)
+    try:
+        with pytest.raises(MissingTool, match="apt-get install libnginx-mod-http-echo"):
+            delayed.start()
+    finally:
+        delayed.stop()  # its folder
+    with Nginx(served[0]) as server:  # without a delay the module is not needed
+        assert "load_module" not in server._config()
+    # the benchmark stops before it makes its fixture (nothing written into --dir but the folder)
+    monkeypatch.setattr(sys, "argv", list(sys.argv))  # the runner names the workload in it
+    assert benchmarks_main(["remote", "--capped", "--dir", str(tmp_path / "bench"), "--rounds", "1"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "libnginx-mod-http-echo" in err and "Traceback" not in err
+    assert list((tmp_path / "bench").iterdir()) == []
 
 
 def test_proxy_delays_first_byte_and_paces_the_body(served):
