@@ -81,21 +81,57 @@ def test_llama_cpp_greedy_tokens(mounted_gguf, folder, converter, tmp_path):
     assert_same_greedy(reference, mounted_gguf(folder, "auto"), N_PREDICT)
 
 
-def test_dense_experts_are_refused(folder, tmp_path):
-    """A gpt-oss folder without ``quant_method: mxfp4`` (a dense copy) gets no ``gguf/``: one line naming why."""
+def _info_gguf(folder: Path) -> str:
+    """``ckptfs info --gguf``'s line about gguf/ (no traceback on the way)."""
     import subprocess
 
     from conftest import ckptfs_cli, cli_env
 
+    done = subprocess.run([*ckptfs_cli(), "info", "--gguf", str(folder)], env=cli_env(), capture_output=True,
+                          text=True, timeout=180, stdin=subprocess.DEVNULL)
+    assert "Traceback" not in done.stderr, done.stderr
+    return next((line for line in done.stdout.splitlines() if line.startswith("gguf/: ")), done.stdout + done.stderr)
+
+
+def test_dense_experts_are_refused(folder, tmp_path):
+    """A gpt-oss folder without ``quant_method: mxfp4`` (a dense copy) gets no ``gguf/``: one line naming why."""
     copy = tmp_path / "tiny-gpt-oss"
     shutil.copytree(folder, copy)
     config = json.loads((copy / "config.json").read_text())
     del config["quantization_config"]
     (copy / "config.json").write_text(json.dumps(config))
-    done = subprocess.run([*ckptfs_cli(), "info", "--gguf", str(copy)], env=cli_env(), capture_output=True,
-                          text=True, timeout=180, stdin=subprocess.DEVNULL)
-    assert "gguf/: none: a gpt-oss folder whose experts are not MXFP4" in done.stdout, done.stdout + done.stderr
-    assert "Traceback" not in done.stderr
+    assert _info_gguf(folder).startswith("gguf/: available")
+    assert _info_gguf(copy).startswith("gguf/: none: a gpt-oss folder whose experts are not MXFP4")
+
+
+@pytest.mark.parametrize("damage,line", [
+    ("no scales", "model.layers.1.mlp.experts.down_proj_blocks has no _scales beside it"),
+    ("scales cut", "model.layers.1.mlp.experts.down_proj_scales is U8 [4, 64, 1]: expected U8 [4, 64, 2]"),
+    ("blocks 3-D", "model.layers.1.mlp.experts.down_proj_blocks is U8 [4, 64, 32]: expected U8 [experts, out, "
+                   "in / 32, 16]"),
+])
+def test_damaged_parts_get_one_line(folder, tmp_path, damage, line):
+    """A layer's MXFP4 parts that do not fit together (a scale tensor missing or of another shape, blocks
+    without their 16-byte axis) give ``gguf/: none`` with the one line naming the tensor, never a traceback."""
+    from safetensors.torch import load_file, save_file
+
+    copy = tmp_path / "tiny-gpt-oss"
+    shutil.copytree(folder, copy)
+    shard = copy / "model-00002-of-00002.safetensors"
+    tensors = load_file(str(shard))
+    prefix = "model.layers.1.mlp.experts.down_proj"
+    if damage == "no scales":
+        del tensors[f"{prefix}_scales"]
+    elif damage == "scales cut":
+        tensors[f"{prefix}_scales"] = tensors[f"{prefix}_scales"][..., :1].contiguous()
+    else:
+        tensors[f"{prefix}_blocks"] = tensors[f"{prefix}_blocks"].reshape(4, 64, 32).contiguous()
+    save_file(tensors, str(shard), metadata={"format": "pt"})
+    index = json.loads((copy / "model.safetensors.index.json").read_text())
+    index["weight_map"] = {name: file for name, file in index["weight_map"].items()
+                           if file != shard.name or name in tensors}
+    (copy / "model.safetensors.index.json").write_text(json.dumps(index))
+    assert _info_gguf(copy) == f"gguf/: none: {line}"
 
 
 def test_a_range_reads_only_its_rows(folder):
