@@ -101,7 +101,7 @@ def gpt_oss_config(*, vocab: int, hidden: int, heads: int, kv_heads: int, head_d
 
 def make_gpt_oss(folder: Path, *, seed: int = 0, hidden: int = 64, heads: int = 4, kv_heads: int = 2,
                  head_dim: int = 16, layers: int = 2, experts: int = 4, top_k: int = 2,
-                 intermediate: int = 64) -> Path:
+                 intermediate: int = 96) -> Path:
     """The folder (see the module docstring): ``model-00001-of-00002.safetensors`` holds the embeddings and
     layer 0, the second shard the rest."""
     import torch

@@ -106,8 +106,8 @@ def test_dense_experts_are_refused(folder, tmp_path):
 
 @pytest.mark.parametrize("damage,line", [
     ("no scales", "model.layers.1.mlp.experts.down_proj_blocks has no _scales beside it"),
-    ("scales cut", "model.layers.1.mlp.experts.down_proj_scales is U8 [4, 64, 1]: expected U8 [4, 64, 2]"),
-    ("blocks 3-D", "model.layers.1.mlp.experts.down_proj_blocks is U8 [4, 64, 32]: expected U8 [experts, out, "
+    ("scales cut", "model.layers.1.mlp.experts.down_proj_scales is U8 [4, 64, 1]: expected U8 [4, 64, 3]"),
+    ("blocks 3-D", "model.layers.1.mlp.experts.down_proj_blocks is U8 [4, 64, 48]: expected U8 [experts, out, "
                    "in / 32, 16]"),
 ])
 def test_damaged_parts_get_one_line(folder, tmp_path, damage, line):
@@ -125,7 +125,7 @@ def test_damaged_parts_get_one_line(folder, tmp_path, damage, line):
     elif damage == "scales cut":
         tensors[f"{prefix}_scales"] = tensors[f"{prefix}_scales"][..., :1].contiguous()
     else:
-        tensors[f"{prefix}_blocks"] = tensors[f"{prefix}_blocks"].reshape(4, 64, 32).contiguous()
+        tensors[f"{prefix}_blocks"] = tensors[f"{prefix}_blocks"].reshape(4, 64, 48).contiguous()
     save_file(tensors, str(shard), metadata={"format": "pt"})
     index = json.loads((copy / "model.safetensors.index.json").read_text())
     index["weight_map"] = {name: file for name, file in index["weight_map"].items()
@@ -148,13 +148,15 @@ def test_a_range_reads_only_its_rows(folder):
     view = VirtualGgufView(ck, "auto")
     whole = view.read(0, view.size)
     plan, start = view.tensor_at("blk.1.ffn_up_exps.weight")
-    assert (plan.rows, plan.cols, plan.row_bytes, plan.qtype.name) == (4 * 64, 64, 2 * 17, "MXFP4")
+    # 4 experts of 96 up rows (the intermediate size), each 64 inputs: 2 blocks of 17 bytes
+    assert (plan.rows, plan.cols, plan.row_bytes, plan.qtype.name) == (4 * 96, 64, 2 * 17, "MXFP4")
+    assert plan.shape == (4, 96, 64)
     blocks = ck.stored("model.layers.1.mlp.experts.gate_up_proj_blocks").info
     scales = ck.stored("model.layers.1.mlp.experts.gate_up_proj_scales").info
-    # output rows 70..73 are up rows 6..9 of expert 1: stored rows 128 + 1 + 2 * (6..9) = 141..147
+    # output rows 100..103 are up rows 4..7 of expert 1: stored rows 192 + 1 + 2 * (4..7) = 201..207
     calls.clear()
-    first, last = start + 70 * 34 + 5, start + 73 * 34 + 20
+    first, last = start + 100 * 34 + 5, start + 103 * 34 + 20
     got = view.read(first, last - first)
-    assert sorted(calls) == sorted([(blocks.offset + 141 * 32, 7 * 32), (scales.offset + 141 * 2, 7 * 2)])
+    assert sorted(calls) == sorted([(blocks.offset + 201 * 32, 7 * 32), (scales.offset + 201 * 2, 7 * 2)])
     assert got == whole[first:last]
     ck.close()
