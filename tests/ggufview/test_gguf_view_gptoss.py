@@ -4,7 +4,8 @@ A tiny gpt-oss is made at test time in the release's layout (``tests/gptoss_mode
 weights, the experts quantized to MXFP4 blocks and scales with numpy + ml_dtypes, an o200k-shaped tokenizer
 with the harmony special tokens and a ``chat_template.jinja``, two shards). The mount's file equals the
 converter's as maps (every key, the experts repacked into GGML MXFP4, the gate/up split of the experts and
-their biases), in ``auto`` (the file type ``MOSTLY_MXFP4_MOE``, the other matrices BF16) and ``q8_0``;
+their biases), in ``auto`` (the file type ``MOSTLY_MXFP4_MOE``, the other matrices BF16), ``f16`` (the same
+file type, the other matrices F16) and ``q8_0``;
 gguf-py's MXFP4 dequantizer reads from the served experts the values transformers' own gpt-oss
 dequantization gives for the stored parts; llama.cpp generates the same greedy tokens from both files.
 """
@@ -32,7 +33,7 @@ def folder(tmp_path_factory) -> Path:
     return make_gpt_oss(tmp_path_factory.mktemp("hf") / "tiny-gpt-oss")
 
 
-@pytest.mark.parametrize("outtype", ["auto", "q8_0"])
+@pytest.mark.parametrize("outtype", ["auto", "f16", "q8_0"])
 def test_equal_to_the_converter(mounted_gguf, folder, converter, tmp_path, outtype):
     reference = convert(folder, tmp_path / "converted.gguf", outtype, pre=PRE)
     assert_same_gguf(mounted_gguf(folder, outtype), reference)
