@@ -151,3 +151,47 @@ def ct_fp8_folder(folder: Path, block: tuple[int, int] | None) -> Path:
                 "ignore": ["lm_head"], "config_groups": {"group_0": {"targets": ["Linear"], "weights": weights,
                                                                      "format": "float-quantized"}}}
     return _rewrite(folder, quantize, settings)
+
+
+def gptq_folder(folder: Path, desc_act: bool = True) -> Path:
+    """GPTQ v1 4-bit (AutoGPTQ's layout: ``qweight`` I32 ``[in / 8, out]``, ``qzeros`` minus one, F16
+    ``scales``, ``g_idx`` permuted when ``desc_act``), groups of 32; made by ``packed_fixtures.gptq_layer``."""
+    import numpy as np
+    import torch
+    from packed_fixtures import gptq_layer
+
+    rng = np.random.default_rng(21)
+
+    def quantize(name: str, weight):
+        out, cols = weight.shape
+        layer = gptq_layer(rng, out, cols, 4, 32, desc_act=desc_act)
+        base = name.removesuffix(".weight")
+        return {f"{base}.{part}": torch.from_numpy(np.ascontiguousarray(value)) for part, value in layer.tensors.items()}
+
+    settings = {"quant_method": "gptq", "bits": 4, "group_size": 32, "desc_act": desc_act, "sym": True,
+                "checkpoint_format": "gptq"}
+    return _rewrite(folder, quantize, settings)
+
+
+def ct_pack_folder(folder: Path) -> Path:
+    """compressed-tensors ``pack-quantized`` int4 (llm-compressor's ``*-W4A16``): ``weight_packed`` I32 by
+    compressed-tensors' own ``pack_to_int32``, BF16 ``weight_scale`` per group of 32, ``weight_shape``;
+    made by ``packed_fixtures.compressed_layer``."""
+    import numpy as np
+    import torch
+    from packed_fixtures import compressed_config, compressed_layer, compressed_scheme
+
+    rng = np.random.default_rng(22)
+
+    def tensor(value: np.ndarray):
+        if value.dtype.name == "bfloat16":
+            return torch.from_numpy(np.ascontiguousarray(value).view(np.uint16).astype(np.int16)).view(torch.bfloat16)
+        return torch.from_numpy(np.ascontiguousarray(value))
+
+    def quantize(name: str, weight):
+        out, cols = weight.shape
+        layer = compressed_layer(rng, out, cols, 4, "group", 32, True)
+        base = name.removesuffix(".weight")
+        return {f"{base}.{part}": tensor(value) for part, value in layer.tensors.items()}
+
+    return _rewrite(folder, quantize, compressed_config({"group_0": compressed_scheme(4, "group", 32, True)}))

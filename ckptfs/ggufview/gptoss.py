@@ -70,6 +70,7 @@ class Repack:
 
     kind = "mxfp4"
     fp8 = False
+    rounded = "F32"
 
     def __init__(self, read: RowReader, blocks: TensorInfo, scales: TensorInfo, out: int, columns: int,
                  first: int, step: int):
@@ -97,6 +98,7 @@ class Columns:
 
     kind = "dequantized"
     fp8 = False
+    rounded = "F32"  # the stored values widened, never rounded
 
     def __init__(self, read: RowReader, info: TensorInfo, first: int, step: int):
         self._read, self._info, self._first, self._step = read, info, first, step

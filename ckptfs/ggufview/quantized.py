@@ -18,9 +18,12 @@ The converter handles a quantized safetensors folder before naming any tensor:
   (``input_scale``; ``1 / input_global_scale``); each is left out when it is one value within 1e-6 of 1.
 - ``quant_method: mxfp4`` (gpt-oss) is served as stored: the architecture's entry repacks the MoE experts'
   blocks and scales into GGML's MXFP4 (``gptoss``), and ``general.file_type`` says ``MOSTLY_MXFP4_MOE``.
-- Any other method (GPTQ, compressed-tensors ``pack-quantized``, bitsandbytes, AWQ, fbgemm FP8, ...) gets no
-  ``gguf/``: the converter refuses most of them; for GPTQ and ``pack-quantized`` it computes in float32
-  where the views round to the release's 16-bit type as the reference does, so the bytes would differ.
+- GPTQ (2, 4 or 8 bits, with ``g_idx``) and compressed-tensors ``pack-quantized`` (int, group strategy) are
+  dequantized by the converter in float32, ``scale * (q - zero)``; their views compute that product and then
+  round it to the scales' type as AutoGPTQ and compressed-tensors do, and a value rounded once to a type is
+  unchanged by rounding to it again: the file is the converter's when the output type of those layers is the
+  scales' type (F16 for AutoGPTQ's folders, whose ``auto`` type is F16), and refused in one line otherwise.
+- Any other method (bitsandbytes, AWQ, fbgemm FP8, ...) gets no ``gguf/``: the converter refuses them.
 
 Activation and KV-cache scales the converter drops are dropped here too; a part it keeps (an FP8 layer's
 ``input_scale``) reaches the name map, which refuses it as the converter does.
@@ -48,7 +51,7 @@ from ckptfs.packed.views import PackedTensor, PartReader
 #: GGML NVFP4: 64 weights in 4 groups of 16, stored as 4 scale bytes then 32 code bytes
 NVFP4_BLOCK, NVFP4_GROUP, NVFP4_BYTES = 64, 16, 36
 DEQUANTIZED = ("fp8", "modelopt/FP8", "compressed-tensors/float-quantized", "compressed-tensors/int-quantized",
-               "compressed-tensors/naive-quantized")
+               "compressed-tensors/naive-quantized", "gptq", "compressed-tensors")
 REPACKED = ("compressed-tensors/nvfp4-pack-quantized", "modelopt/NVFP4")
 CT = "compressed-tensors"
 CT_DEQUANTIZED_FORMATS = ("float-quantized", "int-quantized", "naive-quantized")
@@ -58,6 +61,8 @@ MXFP4 = "mxfp4"  # gpt-oss's quant_method
 #: layer's input_scale, a zero point), which refuses them
 CONSUMED: dict[str, tuple[str, ...]] = {
     "fp8": ("weight", "weight_scale_inv", "activation_scale"),
+    "gptq": ("qweight", "qzeros", "scales", "g_idx"),
+    CT: ("weight_packed", "weight_shape", "weight_scale", "weight_zero_point"),
     **{f"{CT}/{fmt}": ("weight", "weight_scale") for fmt in ("float-quantized", "int-quantized",
                                                              "naive-quantized")}}
 
@@ -67,6 +72,8 @@ class QuantRows(Protocol):
 
     kind: str  # "dequantized": float32 values to convert; "nvfp4", "mxfp4": the tensor's bytes as they are
     fp8: bool  # dequantized from FP8 codes (what the converter's --fp8-as-q8 writes in Q8_0)
+    #: the type the view rounds its values to as the scheme's reference does (F32: not rounded)
+    rounded: str
 
     def output(self, rows: np.ndarray) -> np.ndarray | bytes: ...
 
@@ -108,7 +115,7 @@ def converted_tensors(ck: Checkpoint, config: Config, folder: Path) -> Converted
     if not ck.packed_views:
         return Converted(stored)
     repack = _is_nvfp4(method, fmt, groups, config, folder)
-    _check_method(method, fmt, groups, repack)
+    _check_method(method, fmt, groups, repack, config)
     dropped = _dropped_suffixes(method, repack)
     consumed: dict[str, str] = {}          # stored part -> the layer's weight name
     made: dict[str, tuple[TensorInfo, QuantRows, list[tuple[str, np.ndarray]]]] = {}
@@ -126,6 +133,9 @@ def converted_tensors(ck: Checkpoint, config: Config, folder: Path) -> Converted
             if scheme == "fp8" and "weight_scale_inv" not in tensor.layout.parts:
                 raise Unsupported(f"layer {name} has no weight_scale_inv, which llama.cpp's converter "
                                   "dequantizes an fp8 weight by, so no gguf/")
+            if scheme == "gptq" and "g_idx" not in tensor.layout.parts:
+                raise Unsupported(f"layer {name} has no g_idx, which llama.cpp's converter needs to dequantize "
+                                  "a gptq layer, so no gguf/")
             info, companions = _dequantized(ck, tensor), []
             rows = DequantizedRows(ck, tensor, _fp8_marked(scheme, tensor, groups))
         else:
@@ -191,9 +201,26 @@ def _is_nvfp4(method: str | None, fmt: str | None, groups: Mapping[str, Any], co
                                             for v in layers.values() if isinstance(v, dict))
 
 
-def _check_method(method: str | None, fmt: str | None, groups: Mapping[str, Any], repack: bool) -> None:
+def _quant(config: Config) -> Mapping[str, Any]:
+    quant = config.get("quantization_config")
+    return quant if isinstance(quant, dict) else {}
+
+
+def _check_method(method: str | None, fmt: str | None, groups: Mapping[str, Any], repack: bool,
+                  config: Config) -> None:
     """Unsupported, in one line, for a method or format the converter does not convert as served here."""
     if repack or method in ("fp8", "modelopt"):
+        return
+    if method == "gptq":
+        if _quant(config).get("bits") not in (2, 4, 8):
+            raise Unsupported(f"llama.cpp's converter does not convert {_quant(config).get('bits')}-bit gptq, "
+                              "so no gguf/")
+        return
+    if method == CT and fmt == "pack-quantized":
+        weights = next(iter(groups.values())).get("weights") or {} if len(groups) == 1 else {}
+        if weights.get("strategy") != "group" or weights.get("type", "int") != "int":
+            raise Unsupported("llama.cpp's converter converts compressed-tensors pack-quantized of one config "
+                              "group with strategy group and int weights only, so no gguf/")
         return
     if method == CT and fmt in CT_DEQUANTIZED_FORMATS:
         if len(groups) != 1:
@@ -237,6 +264,7 @@ class DequantizedRows:
 
     def __init__(self, ck: Checkpoint, tensor: PackedTensor, fp8: bool):
         self.fp8 = fp8
+        self.rounded = tensor.layout.scale_type
         self._layout = tensor.layout
         self._reader = PartReader(ck, tensor.layout, tensor.name)
 
@@ -279,6 +307,7 @@ class Nvfp4Rows:
 
     kind = "nvfp4"
     fp8 = False
+    rounded = "F32"
 
     def __init__(self, ck: Checkpoint, tensor: PackedTensor, codes_role: str):
         self._reader = PartReader(ck, tensor.layout, tensor.name)

@@ -145,6 +145,11 @@ def plan_tensors(arch: Architecture, config: Config, converted: Converted, file_
             qtype = output_type(name, len(shape), gguf.LlamaFileType.MOSTLY_Q8_0, cols, False)
         else:
             qtype = output_type(name, len(shape), file_type, cols, name in always_f32)
+        if quantized is not None and quantized.rounded not in ("F32", qtype.name):
+            raise Unsupported(f"{info.name}: its view rounds the values to {quantized.rounded} as the scheme's "
+                              f"reference does, where llama.cpp's converter writes the unrounded ones in "
+                              f"{qtype.name}: this folder's gguf/ is served in --gguf-type "
+                              f"{quantized.rounded.lower()} only")
         order = arch.row_order(hf_name, (rows, cols), config)
         plans.append(TensorPlan(name, info, rows, cols, qtype, row_bytes(qtype, cols), order, shape=shape,
                                 shift=arch.shift(hf_name), stored_row_bytes=stored_row_bytes,

@@ -18,8 +18,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from gguf_quantized_models import (ct_fp8_folder, fp8_folder, modelopt_mixed_folder, nvfp4_compressed_folder,
-                                   nvfp4_modelopt_folder)
+from gguf_quantized_models import (ct_fp8_folder, ct_pack_folder, fp8_folder, gptq_folder, modelopt_mixed_folder,
+                                   nvfp4_compressed_folder, nvfp4_modelopt_folder)
 from gguf_view_models import (assert_same_greedy, assert_same_gguf, convert, gguf_maps, make_causal, make_llama,
                               s3_gguf_copy)
 from gguf_view_models import converter, mounted_gguf  # noqa: F401 - fixtures
@@ -40,6 +40,8 @@ CASES = {
     "modelopt-mixed": (lambda p: modelopt_mixed_folder(make_llama(p, seed=15)), "llama-bpe"),
     "ct-fp8-channel": (lambda p: ct_fp8_folder(make_causal(p, "qwen3", seed=16), None), "qwen2"),
     "ct-fp8-block": (lambda p: ct_fp8_folder(make_causal(p, "qwen3", seed=17), (48, 32)), "qwen2"),
+    "gptq": (lambda p: gptq_folder(make_causal(p, "qwen3", dtype="float16", seed=19)), "qwen2"),
+    "ct-int4": (lambda p: ct_pack_folder(make_causal(p, "qwen3", seed=20)), "qwen2"),
 }
 
 
@@ -66,11 +68,12 @@ def references(folders, converter, tmp_path_factory) -> Callable[[str, str], Pat
                                           ("fp8-tensor", "auto"), ("nvfp4-ct", "auto"),
                                           ("nvfp4-modelopt", "auto"), ("nvfp4-modelopt", "q8_0"),
                                           ("modelopt-mixed", "auto"), ("ct-fp8-channel", "auto"),
-                                          ("ct-fp8-block", "q8_0")])
+                                          ("ct-fp8-block", "q8_0"), ("gptq", "auto"), ("gptq", "f16"),
+                                          ("ct-int4", "auto")])
 def test_equal_to_the_converter(mounted_gguf, folders, references, case, outtype):
     reference = references(case, outtype)
     _, tensors = gguf_maps(reference)
-    if "fp8" in case:  # dequantized: no FP8 code or scale left, the projections in the file type
+    if "fp8" in case or case in ("gptq", "ct-int4"):  # dequantized: no FP8 code or scale left, the projections in the file type
         assert not any("scale" in name for name in tensors)
     elif case == "modelopt-mixed":  # NVFP4 attention, the FP8 MLP dequantized (no scale of its own left)
         assert tensors["blk.0.attn_q.weight"][0] == "NVFP4" and tensors["blk.0.ffn_down.weight"][0] == "BF16"
@@ -147,3 +150,14 @@ def test_nvfp4_rows_not_whole_blocks_are_one_line(tmp_path):
     assert result.returncode == 0, result.stderr
     line = next(line for line in result.stdout.splitlines() if line.startswith("gguf/"))
     assert line.startswith("gguf/: none:") and "not whole NVFP4 blocks of 64" in line, line
+
+
+def test_gptq_in_another_type_than_its_views_is_one_line(folders, tmp_path):
+    """The GPTQ views round to F16 as AutoGPTQ computes; the converter writes the unrounded float32 values,
+    so only an F16 file can be its output: ``mount --gguf --gguf-type q8_0`` fails with one line."""
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    result = run_cli("mount", str(folders["gptq"]), str(mnt), "--gguf", "--gguf-type", "q8_0")
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "served in --gguf-type f16 only" in result.stderr and "Traceback" not in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
