@@ -36,6 +36,7 @@ WORKLOADS = {
     "integrity": "ckptfs manifest / verify vs one hashlib.sha256 pass over the file",
     "metrics": "--metrics scraped every second vs a plain mount streaming every .npy",
     "store_writes": "docs/remote.md: the disk store's writes vs a downloader writing one file",
+    "commits": "two checkouts side by side: ckptfs bench (local), an uncapped and a warm remote stream, new/old",
     "fleet_model": "docs/scale.md: the fleet model's table (no measurement)",
     "make_bench_safetensors": "fixture: a real-shaped safetensors file for ckptfs bench",
     "make_scale_safetensors": "fixture: the ~94,000-tensor safetensors file of scale",
