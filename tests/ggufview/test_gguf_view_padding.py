@@ -75,7 +75,8 @@ def test_the_views_reader_drops_them(folders):
 
 
 @pytest.mark.parametrize("case,outtype", [("llama", "auto"), ("qwen2", "auto"), ("qwen3", "auto"),
-                                          ("gemma3", "q8_0"), ("bert", "auto"), ("bert", "q8_0")])
+                                          ("gemma3", "q8_0"), ("bert", "auto"), ("bert", "f16"),
+                                          ("bert", "q8_0")])
 def test_equal_to_the_converter(mounted_gguf, folders, converter, tmp_path, case, outtype):
     reference = convert(folders[case], tmp_path / "converted.gguf", outtype, pre=CASES[case][1])
     assert_same_gguf(mounted_gguf(folders[case], outtype), reference)
