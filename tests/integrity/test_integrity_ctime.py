@@ -226,3 +226,39 @@ def test_the_c_read_path_sums_chunks_as_python_does(tmp_path):
     flipped[12345] ^= 1
     assert numpy_chunk_sum(bytes(flipped)) != numpy_chunk_sum(data)
     assert sums.chunk_sum(bytes(flipped)) != sums.chunk_sum(data)
+
+
+@pytest.mark.parametrize("summer", ["c", "numpy"])
+def test_a_python_read_records_the_chunks_it_cuts_and_finds_them_rewritten(tmp_path, summer):
+    """A read through a local source (the path of a decoded view's parts) whose range cuts a chunk at each end
+    records those chunks whole (read for their sums: ``chunk_sum_fd``, in C or by numpy); a byte of such a
+    chunk outside the first read, rewritten with the mtime put back, is refused when read later, never served
+    (a chmod alone keeps serving)."""
+    from ckptfs.core.errors import CheckpointError
+    from ckptfs.sources import served
+    from ckptfs.sources.local import FileSource
+    from ckptfs.sources.served import SUM_CHUNK
+
+    if summer == "c":
+        pytest.importorskip("ckptfs.sources._sums")
+    path = tmp_path / "f.bin"
+    data = np.random.default_rng(8).integers(0, 256, 4 * SUM_CHUNK, dtype=np.uint8).tobytes()
+    path.write_bytes(data)
+    saved = served._sums
+    if summer == "numpy":
+        served._sums = None
+    try:
+        source = FileSource(str(path))
+        assert source.pread(SUM_CHUNK + 100, SUM_CHUNK) == data[SUM_CHUNK + 100:2 * SUM_CHUNK + 100]
+        os.chmod(path, 0o600)  # the ctime moves: recorded chunks are compared from now on
+        assert source.pread(SUM_CHUNK, 50) == data[SUM_CHUNK:SUM_CHUNK + 50]
+        stat = os.stat(path)
+        with open(path, "r+b") as f:  # in place, in chunk 2 after the first read's end
+            f.seek(2 * SUM_CHUNK + 5000)
+            f.write(bytes([data[2 * SUM_CHUNK + 5000] ^ 1]))
+        os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+        with pytest.raises(CheckpointError, match="served before differ"):
+            source.pread(2 * SUM_CHUNK + 4000, 2000)
+        assert source.pread(3 * SUM_CHUNK, 10) == data[3 * SUM_CHUNK:3 * SUM_CHUNK + 10]  # never read: no sum
+    finally:
+        served._sums = saved
