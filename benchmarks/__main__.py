@@ -35,6 +35,7 @@ WORKLOADS = {
     "fleet": "a fleet of daemons through one Redis Cluster vs each fetching alone",
     "integrity": "ckptfs manifest / verify vs one hashlib.sha256 pass over the file",
     "metrics": "--metrics scraped every second vs a plain mount streaming every .npy",
+    "range_clients": "docs/remote.md: the bulk byte path's candidates (urllib3, pycurl, obstore) against nginx",
     "store_writes": "docs/remote.md: the disk store's writes vs a downloader writing one file",
     "commits": "two checkouts side by side: ckptfs bench (local), an uncapped and a warm remote stream, new/old",
     "fleet_model": "docs/scale.md: the fleet model's table (no measurement)",
