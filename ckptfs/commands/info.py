@@ -6,20 +6,17 @@ names are shown as ``public_name`` shows them (no user info, no query: they are 
 
 from __future__ import annotations
 
-import logging
 from collections import Counter
 from typing import Any
 
 import numpy as np
 
 from ckptfs.checkpoint.api import Checkpoint
-from ckptfs.tree.optional import build_or_reason
+from ckptfs.tree.registry import describe
 from ckptfs.util.jsonutil import to_jsonable
 from ckptfs.util.oneline import one_line
 from ckptfs.util.redact import public_name, redact
 from ckptfs.util.sizes import format_size
-
-log = logging.getLogger("ckptfs.info")
 
 BIG_ARRAY = 16
 #: Names a text listing shows before "... and N more" (a folder of 50,000 files is not one 650 KB line).
@@ -56,8 +53,8 @@ def summary(ck: Checkpoint, hf: bool = False, gguf: bool = False) -> dict[str, A
                     for t in ck.damaged()],
         "notes": [redact(note) for note in ck.notes],
         "passthrough": sorted(ck.passthrough),
-        "hf": _hf_folder(ck) if hf else None,
-        "gguf": _gguf_file(ck) if gguf else None,
+        "hf": describe("hf", ck) if hf else None,  # whether a mount with --hf gets hf/, or why not
+        "gguf": describe("gguf", ck) if gguf else None,
         "packed_views": _packed_views(ck),
     }
 
@@ -74,33 +71,6 @@ def _packed_views(ck: Checkpoint) -> dict[str, Any] | None:
                                "absent": sum(1 for r in rows if r["scheme"] == s and not r["present"])}
                            for s in schemes},
             "absent": [{"name": r["name"], "reason": r["reason"]} for r in rows if not r["present"]]}
-
-
-def _hf_folder(ck: Checkpoint) -> str | None:
-    """For a GGUF or a safetensors folder: whether a mount with --hf gets an hf/ folder, and if not, why (None
-    for other formats). The folder is built as the mount builds it (a GGUF's config, tokenizer and tensor plan:
-    seconds for a big vocabulary; a quantized folder's release), so "available" is what the mount then serves."""
-    if ck.format not in ("gguf", "safetensors"):
-        return None
-    from ckptfs.hffolder import Unsupported, build, unavailable_reason
-
-    reason = unavailable_reason(ck)
-    if reason is None:
-        folder, reason, _ = build_or_reason(lambda: build(ck), Unsupported, log)
-        if folder is not None:
-            return f"available (mount with --hf): {len(folder)} files"
-    return f"none: {reason}"
-
-
-def _gguf_file(ck: Checkpoint) -> str:
-    """Whether a mount with --gguf gets gguf/model.gguf (its header built as the mount builds it), or why not."""
-    from ckptfs.ggufview import Unsupported
-    from ckptfs.ggufview.provider import build_view
-
-    view, reason, _ = build_or_reason(lambda: build_view(ck, "auto"), Unsupported, log)
-    if view is None:
-        return f"none: {reason}"
-    return f"available (mount with --gguf): {len(view.plans)} tensors, {view.size} bytes in the auto type"
 
 
 def repository_summary(repository) -> dict[str, Any]:

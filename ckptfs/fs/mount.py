@@ -21,6 +21,7 @@ from ckptfs.checkpoint.api import OpenOptions, open_with, source_plan
 from ckptfs.formats.repository import SeveralCheckpoints
 from ckptfs.tree.layout import tensor_providers
 from ckptfs.tree.mount_tree import MountTree
+from ckptfs.tree.registry import providers_for
 from ckptfs.fs.binding import Binding, load_binding
 from ckptfs.fs import logs
 from ckptfs.fs.counters import MountCounters
@@ -192,15 +193,16 @@ def _resolved(request: MountRequest) -> MountRequest:
 
 
 def _virtual_files(request: MountRequest, required: bool = False) -> list:
-    """Providers after the defaults: model.gguf of a split GGUF set, hf/ and gguf/ when asked for
-    (``required``: of the one checkpoint mounted, whose view not built fails the mount; a repository's
-    members are served without theirs, with one line: ``tree.optional``)."""
-    from ckptfs.ggufmerge.provider import merged_gguf
-    from ckptfs.ggufview.provider import gguf_provider
-    from ckptfs.hffolder.provider import hf_provider
-
-    return ([merged_gguf] + ([hf_provider(request.hf_dtype, required)] if request.hf else [])
-            + ([gguf_provider(request.gguf_type, required, request.gguf_fp8_as_q8)] if request.gguf else []))
+    """The file views' providers after the defaults (``tree.registry``): those of every mount (model.gguf of
+    a split GGUF set), hf/ and gguf/ when asked for (``required``: of the one checkpoint mounted, whose view
+    not built fails the mount; a repository's members are served without theirs, with one line:
+    ``tree.optional``). A view's module is imported only when it is asked for."""
+    wanted: dict[str, dict[str, object]] = {}
+    if request.hf:
+        wanted["hf"] = {"dtype": request.hf_dtype}
+    if request.gguf:
+        wanted["gguf"] = {"output_type": request.gguf_type, "fp8_as_q8": request.gguf_fp8_as_q8}
+    return providers_for(wanted, required)
 
 
 def _metrics_address(spec: str | None) -> tuple[str, int] | None:

@@ -3,7 +3,8 @@
 The header is built when the mount is set up, so a folder it cannot serve (an architecture not in the
 table, a tokenizer not handled, a hostile file, a machine without ``ckptfs[gguf]``) gets no ``gguf/``, with
 one line saying why: the mount's error when the folder is the one checkpoint mounted (``required``), a log
-line for a member of a repository (``tree.optional``).
+line for a member of a repository (``tree.optional``). Registered as ``gguf`` in ``tree.registry``, so this
+module is imported only by a mount with ``--gguf``.
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ from collections.abc import Iterable
 from ckptfs.checkpoint.api import Checkpoint
 from ckptfs.ggufview import GGUF_DIR, GGUF_FILE, Unsupported
 from ckptfs.tree.mount_tree import Entry, Provider
-from ckptfs.tree.optional import built_or_logged
+from ckptfs.tree.optional import build_or_reason, built_or_logged
+from ckptfs.tree.registry import register_provider
 
 log = logging.getLogger("ckptfs.ggufview")
 
@@ -63,3 +65,15 @@ def gguf_provider(output_type: str = "auto", required: bool = False, fp8_as_q8: 
         return [Entry(f"{GGUF_DIR}/{GGUF_FILE}", "file", lambda: view, made_from=view.made_from)]
 
     return provider
+
+
+def availability(ck: Checkpoint) -> str:
+    """Whether a mount with --gguf gets gguf/model.gguf (its header built as the mount builds it), or why not
+    (``ckptfs info --gguf``)."""
+    view, reason, _ = build_or_reason(lambda: build_view(ck, "auto"), Unsupported, log)
+    if view is None:
+        return f"none: {reason}"
+    return f"available (mount with --gguf): {len(view.plans)} tensors, {view.size} bytes in the auto type"
+
+
+register_provider("gguf", gguf_provider, describe=availability)
