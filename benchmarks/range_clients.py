@@ -26,8 +26,12 @@ Beside the figures, what the bulk path needs of a client, checked here where loo
 ``--s3`` adds the S3 column through moto's S3 server (a Python server: reported, never a bound):
 ckptfs's boto3 range client, obstore's S3Store, and libcurl signing SigV4 itself.
 
+``--tls`` serves ``https://`` with a throwaway CA instead, handed to each client as ckptfs would hand it (a
+file: ``CAINFO``, ``ca_certs``, obstore's ``root_certificate``; ckptfs's own path reads
+``REQUESTS_CA_BUNDLE``), and checks that each client refuses the server when it is not handed the CA.
+
 Usage: python -m benchmarks range_clients [--mib 256] [--rounds 5] [--piece-mib 8] [--inflight 8]
-       [--random 64] [--s3] [--s3-mib 64] [--out FILE]
+       [--random 64] [--tls] [--s3] [--s3-mib 64] [--out FILE]
 """
 
 from __future__ import annotations
@@ -49,7 +53,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from loopback.servers import MissingTool, MotoS3, Nginx, environment
+from loopback.servers import MissingTool, MotoS3, Nginx, TestCA, environment
 
 MiB = 1 << 20
 ABORT_DEADLINE_S = 0.5
@@ -127,11 +131,11 @@ class Urllib3Readinto(Client):
     name = "urllib3 readinto"
     SLICE = 1 << 20
 
-    def __init__(self, url: str):
+    def __init__(self, url: str, ca: str | None = None):
         import urllib3
 
         self.url = url
-        self.pool = urllib3.PoolManager(maxsize=16, retries=False)
+        self.pool = urllib3.PoolManager(maxsize=16, retries=False, **({"ca_certs": ca} if ca else {}))
 
     def get(self, start: int, end: int, out: memoryview, deadline: float | None = None) -> None:
         resp = self.pool.request("GET", self.url, headers={"Range": f"bytes={start}-{end - 1}"},
@@ -255,7 +259,9 @@ class CurlMulti(CurlEasy):
                 if failed:
                     raise Failed(f"{failed[0][2]}")
                 if running and not done:
-                    m.select(1.0)
+                    wait = m.timeout()  # libcurl's own next deadline (0: bytes already decrypted, go on)
+                    if wait != 0:
+                        m.select(1.0 if wait < 0 else min(wait / 1000, 1.0))
         finally:
             for c, *_ in running.values():
                 m.remove_handle(c)
@@ -317,14 +323,57 @@ class Obstore(Client):
         asyncio.run(all_of())
 
 
-def http_store(base: str, extra: dict | None = None):
+def http_store(base: str, extra: dict | None = None, ca: str | None = None):
     from obstore.store import HTTPStore
 
-    return HTTPStore.from_url(base, client_options={"allow_http": True, **(extra or {})})
+    trust = {"root_certificate": Path(ca).read_text()} if ca else {}
+    return HTTPStore.from_url(base, client_options={"allow_http": True, **trust, **(extra or {})})
 
 
-def http_clients(url: str, base: str, path: str) -> list[Client]:
-    return [CkptfsHttp(url), Urllib3Readinto(url), CurlEasy(url), CurlMulti(url), Obstore(http_store(base), path)]
+def curl_trust(ca: str | None) -> Callable[[object], None] | None:
+    """libcurl's CA bundle, handed as a file (``CURLOPT_CAINFO``), as ckptfs would hand what it resolved."""
+    if ca is None:
+        return None
+
+    def trust(c) -> None:
+        import pycurl
+
+        c.setopt(pycurl.CAINFO, ca)
+
+    return trust
+
+
+def http_clients(url: str, base: str, path: str, ca: str | None = None) -> list[Client]:
+    """The candidates for ``url`` (``base`` + ``/`` + ``path``); ``ca``: the CA file each one is handed for
+    ``https://`` (ckptfs's own path reads it from ``REQUESTS_CA_BUNDLE``, as its users set it)."""
+    return [CkptfsHttp(url), Urllib3Readinto(url, ca), CurlEasy(url, curl_trust(ca)), CurlMulti(url, curl_trust(ca)),
+            Obstore(http_store(base, ca=ca), path)]
+
+
+def ckptfs_trust(ca_file: Path | None) -> dict[str, str]:
+    """The environment that hands ckptfs's own path the CA (``REQUESTS_CA_BUNDLE``), with OpenSSL's own
+    variables emptied (ckptfs takes an empty one as unset): else a ``SSL_CERT_FILE`` set for the system's
+    store would win, and the other clients' default contexts would trust what they were not handed."""
+    if ca_file is None:
+        return {}
+    return {"REQUESTS_CA_BUNDLE": str(ca_file), "SSL_CERT_FILE": "", "SSL_CERT_DIR": ""}
+
+
+def trusts_only_what_it_is_handed(url: str, base: str, path: str) -> dict[str, str]:
+    """Over ``https://`` with the test CA not handed to them, each client (ckptfs's own apart: its CA comes
+    from the environment) must refuse the server: verification is on, not skipped."""
+    makers: list[tuple[str, Callable[[], Client]]] = [
+        (Urllib3Readinto.name, lambda: Urllib3Readinto(url)), (CurlEasy.name, lambda: CurlEasy(url)),
+        (CurlMulti.name, lambda: CurlMulti(url)), (Obstore.name, lambda: Obstore(http_store(base), path))]
+    out = {}
+    for name, make in makers:
+        try:
+            make().get(0, 1024, memoryview(bytearray(1024)))
+        except Exception as exc:  # noqa: BLE001 - any refusal will do (obstore's at building its client)
+            out[name] = f"yes ({type(exc).__name__})"
+        else:
+            out[name] = "no (an unknown CA was trusted)"
+    return out
 
 
 # -- measuring ---------------------------------------------------------------------------------------------
@@ -443,18 +492,22 @@ def follows_no_redirect(client: Client) -> str:
     return "no (followed it)"
 
 
-def checks(url: str, base: str, path: str, root: Path, piece: int, size: int) -> dict:
+def checks(url: str, base: str, path: str, root: Path, piece: int, size: int, ca: TestCA | None) -> dict:
     out: dict[str, dict[str, str | float]] = {}
-    for client in http_clients(url, base, path):
+    cafile = str(ca.ca_file) if ca is not None else None
+    for client in http_clients(url, base, path, cafile):
         out[client.name] = {"python calls/GB": interpreter_calls(client, size, piece)}
-    with Nginx(root, limit_rate="2m") as slow:
+    if ca is not None:
+        for name, refused in trusts_only_what_it_is_handed(url, base, path).items():
+            out[name]["refuses an unknown CA"] = refused
+    with Nginx(root, limit_rate="2m", tls=ca or False) as slow:
         # obstore's sync call has no deadline of its own: its store's request timeout stands in for it
-        slow_clients = http_clients(f"{slow.url}/{path}", slow.url, path)[:-1] + [
-            Obstore(http_store(slow.url, {"timeout": f"{int(ABORT_DEADLINE_S * 1000)}ms"}), path)]
+        slow_clients = http_clients(f"{slow.url}/{path}", slow.url, path, cafile)[:-1] + [
+            Obstore(http_store(slow.url, {"timeout": f"{int(ABORT_DEADLINE_S * 1000)}ms"}, cafile), path)]
         for client in slow_clients:
             out[client.name]["abort"] = aborts(client, size)
     with redirector(base) as hop:
-        for client in http_clients(f"{hop}/{path}", hop, path)[1:]:  # ckptfs follows redirects by design
+        for client in http_clients(f"{hop}/{path}", hop, path, cafile)[1:]:  # ckptfs follows redirects by design
             out[client.name]["no redirect"] = follows_no_redirect(client)
     out["ckptfs urllib3"]["no redirect"] = "follows by hand (its own rule)"
     return out
@@ -524,6 +577,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--random", type=int, default=64, help="random 1 MiB ranges per round [64]")
     ap.add_argument("--s3", action="store_true", help="also through moto's S3 server (reported, not a bound)")
     ap.add_argument("--s3-mib", type=int, default=64)
+    ap.add_argument("--tls", action="store_true",
+                    help="serve https:// with a throwaway CA, handed to each client (the column real origins give)")
     ap.add_argument("--no-checks", action="store_true", help="figures only: skip abort/redirect/GIL checks")
     ap.add_argument("--out", help="write the results as JSON here")
     args = ap.parse_args(argv)
@@ -535,23 +590,25 @@ def main(argv: list[str] | None = None) -> int:
     size = args.mib * MiB
     data = os.urandom(size)
     results: dict = {"machine": f"{os.cpu_count()} cores, load {os.getloadavg()[0]:.1f} at start",
-                     "file_mib": args.mib, "rounds": args.rounds}
+                     "file_mib": args.mib, "rounds": args.rounds, "tls": args.tls}
     with tempfile.TemporaryDirectory(prefix="ckptfs-range-clients-") as tmp:
         root = Path(tmp)
         (root / "blob.bin").write_bytes(data)
-        with Nginx(root) as server:
+        with Nginx(root, tls=args.tls) as server, environment(ckptfs_trust(server.ca_file)):
+            ca = server.ca
+            trusted = {"REQUESTS_CA_BUNDLE": str(ca.ca_file)} if ca is not None else {}
             url = f"{server.url}/blob.bin"
-            clients = http_clients(url, server.url, "blob.bin")
+            clients = http_clients(url, server.url, "blob.bin", trusted.get("REQUESTS_CA_BUNDLE"))
             for client in clients:
                 verify(client, data, args.piece_mib * MiB)
             print("every client's bytes equal the file's", flush=True)
             results["nginx"] = measure(clients, size, args, "nginx")
             if not args.no_checks:
-                results["checks"] = checks(url, server.url, "blob.bin", root, args.piece_mib * MiB, size)
+                results["checks"] = checks(url, server.url, "blob.bin", root, args.piece_mib * MiB, size, ca)
     if args.s3:
         results["s3"] = s3_column(data[:args.s3_mib * MiB], args)
     results["load_at_end"] = round(os.getloadavg()[0], 1)
-    print(f"\nnginx on loopback, {args.mib} MiB, medians of {args.rounds} rounds ({results['machine']}):")
+    print(f"\nnginx on loopback{' (https)' if args.tls else ''}, {args.mib} MiB, medians of {args.rounds} rounds ({results['machine']}):")
     print(table(results["nginx"]))
     for name, fig in results.get("checks", {}).items():
         print(f"  {name:16} " + "  ".join(f"{k}: {v}" for k, v in fig.items()))

@@ -44,3 +44,24 @@ def test_the_range_client_bench_times_every_client_and_checks_them(tmp_path):
         assert checks[name]["no redirect"].startswith("yes"), checks
     assert checks["obstore"]["no redirect"].startswith("no"), checks
     assert all(c["python calls/GB"] > 0 for c in checks.values())
+
+
+def test_over_https_every_client_is_handed_the_ca_and_refuses_the_server_without_it(tmp_path):
+    require_nginx()
+    for module in ("pycurl", "obstore"):
+        if importlib.util.find_spec(module) is None:
+            skip_or_fail(f"{module} is not installed (the bench extra)")
+    out_file = tmp_path / "r.json"
+    out = subprocess.run([sys.executable, "-m", "benchmarks", "range_clients", "--mib", "12", "--rounds", "1",
+                          "--random", "3", "--tls", "--out", str(out_file)],
+                         capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "every client's bytes equal the file's" in out.stdout  # each trusted the CA it was handed
+    results = json.loads(out_file.read_text())
+    assert results["tls"] is True
+    assert all(set(per) == CLIENTS for per in results["nginx"].values())
+    checks = results["checks"]
+    refused = {name: c["refuses an unknown CA"] for name, c in checks.items() if "refuses an unknown CA" in c}
+    assert set(refused) == CLIENTS - {"ckptfs urllib3"}, checks
+    assert all(r.startswith("yes") for r in refused.values()), refused
+    assert all(c["abort"].startswith("yes") for c in checks.values()), checks
