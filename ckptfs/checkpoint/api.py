@@ -450,6 +450,7 @@ class Checkpoint(Mapping[str, Tensor]):
         for i, name in enumerate(self.tensors.names()):
             self._by_name.setdefault(name, i)
         self.packed_views: list[dict[str, Any]] = []
+        self.activation_scales: list[str] = []  # stored scales of activations and the KV cache (packed.attach)
         if any(name in parsed.passthrough for name in ("config.json", "quantize_config.json")):
             feature("packed_views")(self)  # GPTQ/AWQ/compressed-tensors views; a plain file never imports them
 
@@ -499,8 +500,11 @@ class Checkpoint(Mapping[str, Tensor]):
     def release_names(self) -> list[str]:
         """The names of the unquantized release's state dict: every decodable, undamaged tensor, a quantized
         layer's view under its name and none of the stored parts a present view is computed from
-        (``qweight``, ``weight_scale_inv``, ``input_scale``...). ``ckptfs.load``'s default and hf/'s tensors."""
+        (``qweight``, ``weight_scale_inv``, ``input_scale``...) nor the scales of activations and the KV cache
+        no layer claims (``self_attn.k_scale``: ``activation_scales``), which the unquantized model has no
+        parameter for. ``ckptfs.load``'s default and hf/'s tensors."""
         parts = {p for row in self.packed_views if row["present"] for p in row["parts"] if p != row["name"]}
+        parts.update(self.activation_scales)
         return [n for n in self if n not in parts and self[n].decodable and not self[n].info.damaged]
 
     def damaged(self) -> list[Tensor]:

@@ -26,7 +26,8 @@ from typing import Any
 
 import numpy as np
 
-from ckptfs.packed.detect import Absent, Layer, QuantConfig, find_layers, not_quantized, read_config
+from ckptfs.packed.detect import (Absent, Layer, QuantConfig, activation_scales, find_layers, not_quantized,
+                                  read_config)
 from ckptfs.packed.base import INT_TYPES, Context, Layout
 
 log = logging.getLogger(__name__)
@@ -39,7 +40,9 @@ def attach(checkpoint) -> None:
     """Add the views of ``checkpoint``'s quantized layers to it and note the layers without one.
 
     Sets ``checkpoint.packed_views``: one row per layer, ``{"name", "scheme", "parts", "present"}`` plus
-    ``"reason"`` for an absent view (what ``ckptfs info`` lists)."""
+    ``"reason"`` for an absent view (what ``ckptfs info`` lists); and, for usable settings,
+    ``checkpoint.activation_scales``: the stored activation and KV-cache scales no layer claims
+    (``detect.ACTIVATION_SCALES``), which the release leaves out."""
     from ckptfs.packed.views import PackedTensor
 
     checkpoint.packed_views = []
@@ -51,7 +54,10 @@ def attach(checkpoint) -> None:
     context = Context(lambda info: _small_ints(checkpoint, info), lambda info, limit: _small_bytes(checkpoint, info, limit),
                       config.torch_dtype)
     logged: set[str] = set()  # a reason shared by every layer (a config setting) is logged once
-    for layer in find_layers(names, lambda i: tensors.layout(i)[0], config):
+    layers = find_layers(names, lambda i: tensors.layout(i)[0], config)
+    if config.problem is None:
+        checkpoint.activation_scales = activation_scales(names, layers)
+    for layer in layers:
         view_name = layer.view_name
         scheme = layer.scheme.id if layer.scheme is not None else (config.method or "unknown")
         replaces = view_name in layer.parts.values()

@@ -263,6 +263,31 @@ def find_layers(names: list[str], types: Callable[[int], str], config: QuantConf
     return list(layers.values())
 
 
+# ------------------------------------------------------------------------------ activation and KV-cache scales
+
+#: The last name part of the scales (and zero points) a quantizing runtime applies to activations and to the
+#: KV cache, never to a weight. The unquantized model has no parameter of these names (transformers' loader
+#: reports them as unexpected keys), so the release holds none of them wherever they are stored:
+#: compressed-tensors' activation qparams (``input_``/``output_`` + ``scale``, ``zero_point``,
+#: ``global_scale``) and its ``kv_cache_scheme``'s ``k_scale``/``v_scale`` (``q_scale`` with attention
+#: quantization; zero points when asymmetric) on the attention module, or ``k_proj.output_scale`` in older
+#: exports; ModelOpt's ``input_scale``/``output_scale`` and, under ``kv_cache_quant_algo``, ``k_proj.k_scale``
+#: and ``v_proj.v_scale``; transformers' FP8 ``activation_scale``; fbgemm's ``input_scale_ub``; AutoFP8's
+#: ``kv_scale``. Names a layer's scheme claims as parts (ModelOpt FP8's ``k_scale``) are that layer's.
+ACTIVATION_SCALES = frozenset({
+    "input_scale", "input_zero_point", "input_global_scale", "output_scale", "output_zero_point",
+    "output_global_scale", "k_scale", "v_scale", "q_scale", "k_zero_point", "v_zero_point", "q_zero_point",
+    "kv_scale", "activation_scale", "input_scale_ub"})
+
+
+def activation_scales(names: Sequence[str], layers: Sequence[Layer]) -> list[str]:
+    """The stored tensors of ``names`` that scale activations or the KV cache (:data:`ACTIVATION_SCALES`) and
+    are no part of a layer in ``layers`` (a layer's parts go with its view: dropped from the release when
+    the view is present, kept when it is absent)."""
+    parts = {name for layer in layers for name in layer.parts.values()}
+    return [name for name in names if name.rpartition(".")[2] in ACTIVATION_SCALES and name not in parts]
+
+
 # ------------------------------------------------------------------------------ modules left unquantized
 
 #: setting -> the matching rule of the producer that writes it

@@ -346,7 +346,8 @@ def load(src, names: Sequence[str] | None = None, *, device="cpu", dtype=None,
 
     A quantized folder's default is the unquantized release's state dict: each layer's dense view under
     its name, and not the stored parts a view is computed from (``qweight``, ``weight_scale_inv``,
-    ``input_scale``...); ``names`` may still name them, and ``ck.stored(name)`` reaches codes a view
+    ``input_scale``...) nor the activation and KV-cache scales (``self_attn.k_scale``...); ``names`` may
+    still name them, and ``ck.stored(name)`` reaches codes a view
     stands in for."""
     resolve_device(device)
     resolve_dtype(dtype)

@@ -6,6 +6,10 @@ tiles; the quantization written with numpy + ml_dtypes as Qwen3-FP8 stores it, B
 compressed-tensors' ``FP8BlockDequantizer``), a Llama in bitsandbytes nf4 with double quant (quantized and saved
 by transformers + bitsandbytes on CPU; the oracle is bitsandbytes' own dequantization), and a gpt-oss in MXFP4
 (random codes in the release's layout; the oracle is transformers' ``convert_moe_packed_tensors``).
+
+Tiny Llamas whose producers stored activation and KV-cache scales beside the layers (compressed-tensors FP8
+with a ``kv_cache_scheme``, ModelOpt NVFP4 with ``kv_cache_quant_algo``): hf/ holds exactly the model's
+parameters, and transformers' loading info reports no key missing or unexpected.
 """
 
 from __future__ import annotations
@@ -165,3 +169,103 @@ def test_gpt_oss_mxfp4(tmp_path, mounted):
     save_folder(tmp_path / "dense", doc, dense)
     save_folder(tmp_path / "mxfp4", {**doc, "quantization_config": GPT_OSS_CONFIG}, quantized)
     assert_loads_the_same(mounted(str(tmp_path / "mxfp4"), "--hf"), tmp_path / "dense")
+
+
+def load_info(folder: Path) -> dict:
+    """transformers' loading info of ``folder`` (``output_loading_info=True``): the keys it reports as
+    missing, unexpected or mismatched."""
+    from transformers import AutoModelForCausalLM
+
+    _, info = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.bfloat16, device_map="cpu",
+                                                   output_loading_info=True)
+    return {key: sorted(value) for key, value in info.items() if key != "error_msgs"}
+
+
+def assert_no_scheme_part(mnt: Path, folder: Path, state: dict) -> None:
+    """hf/ holds exactly the model's parameters (the release's names: no activation or KV-cache scale), as
+    ``ckptfs.load(folder)`` does, and transformers reports no key as missing or unexpected."""
+    import ckptfs
+    from safetensors import safe_open
+
+    with safe_open(str(mnt / "hf" / "model.safetensors"), "pt") as f:
+        names = sorted(f.keys())
+    assert names == sorted(state)
+    assert sorted(ckptfs.load(str(folder))) == names
+    assert load_info(mnt / "hf") == {"missing_keys": [], "unexpected_keys": [], "mismatched_keys": []}
+
+
+def tiny_llama():
+    from transformers import LlamaConfig
+
+    return LlamaConfig(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=2,
+                       num_key_value_heads=1, head_dim=32, vocab_size=128, max_position_embeddings=64,
+                       tie_word_embeddings=False)
+
+
+def test_compressed_tensors_fp8_with_a_kv_cache_scheme(tmp_path, mounted):
+    """A compressed-tensors FP8 folder (static per-tensor weights and activations) whose ``kv_cache_scheme``
+    stored ``self_attn.k_scale``/``v_scale`` (and, as older exports did, ``k_proj.output_scale``): hf/ holds
+    none of them, and loads bit-identical to a folder of compressed-tensors' own decompression."""
+    from compressed_tensors.compressors.naive_quantized.base import NaiveQuantizationCompressor
+    from compressed_tensors.quantization import QuantizationScheme
+
+    config = tiny_llama()
+    state = model_state(config)
+    fp8 = {"num_bits": 8, "type": "float", "strategy": "tensor", "symmetric": True, "dynamic": False}
+    scheme = QuantizationScheme(targets=["Linear"], weights=fp8, input_activations=fp8)
+    quantized, dense = {}, {}
+    for name, value in state.items():
+        if ".layers." in name and name.endswith("_proj.weight"):
+            prefix = name[:-len(".weight")]
+            scale = (value.float().abs().max() / 448).reshape(1)
+            codes = (value.float() / scale).to(torch.float8_e4m3fn)
+            quantized[name], quantized[prefix + ".weight_scale"] = codes, scale
+            quantized[prefix + ".input_scale"] = torch.tensor([0.02], dtype=torch.float32)
+            out = NaiveQuantizationCompressor.decompress({"weight": codes, "weight_scale": scale}, scheme)
+            dense[name] = out["weight"].to(torch.bfloat16)
+        else:
+            quantized[name] = dense[name] = value
+    for layer in range(config.num_hidden_layers):
+        attn = f"model.layers.{layer}.self_attn"
+        quantized[attn + ".k_scale"] = torch.tensor([0.05], dtype=torch.bfloat16)
+        quantized[attn + ".v_scale"] = torch.tensor([0.03], dtype=torch.bfloat16)
+    quantized["model.layers.0.self_attn.k_proj.output_scale"] = torch.tensor([0.05], dtype=torch.float32)
+    doc = config.to_dict()
+    doc["dtype"] = "bfloat16"
+    save_folder(tmp_path / "dense", doc, dense)
+    group = {"targets": ["Linear"], "weights": fp8, "input_activations": fp8, "format": "float-quantized"}
+    settings = {"quant_method": "compressed-tensors", "format": "float-quantized", "quantization_status": "compressed",
+                "config_groups": {"group_0": group}, "ignore": ["lm_head"], "kv_cache_scheme": fp8}
+    save_folder(tmp_path / "ct", {**doc, "quantization_config": settings}, quantized)
+    mnt = mounted(str(tmp_path / "ct"), "--hf")
+    assert_no_scheme_part(mnt, tmp_path / "ct", state)
+    assert_loads_the_same(mnt, tmp_path / "dense")
+
+
+def test_modelopt_nvfp4_with_kv_cache_scales(tmp_path, mounted):
+    """A ModelOpt NVFP4 export with an FP8 KV cache (``kv_cache_quant_algo``): ``k_proj.k_scale`` and
+    ``v_proj.v_scale`` beside each layer's ``input_scale``; hf/ holds none of them."""
+    from fp4_fixtures import modelopt_nvfp4_layer
+
+    config = tiny_llama()
+    state = model_state(config)
+    rng = np.random.default_rng(2)
+    quantized = {}
+    for name, value in state.items():
+        if ".layers." in name and name.endswith("_proj.weight"):
+            prefix = name[:-len(".weight")]
+            out, n_in = value.shape
+            for role, part in modelopt_nvfp4_layer(rng, out, n_in).items():
+                quantized[f"{prefix}.{role}"] = part
+            if prefix.endswith(("k_proj", "v_proj")):
+                kind = prefix[-6]
+                quantized[f"{prefix}.{kind}_scale"] = torch.tensor(0.04, dtype=torch.float32)
+        else:
+            quantized[name] = value
+    doc = {**config.to_dict(), "dtype": "bfloat16"}
+    hf_quant = {"producer": {"name": "modelopt", "version": "0.29.0"},
+                "quantization": {"quant_algo": "NVFP4", "kv_cache_quant_algo": "FP8", "group_size": 16,
+                                 "exclude_modules": ["lm_head"]}}
+    folder = save_folder(tmp_path / "modelopt", doc, quantized)
+    (folder / "hf_quant_config.json").write_text(json.dumps(hf_quant))
+    assert_no_scheme_part(mounted(str(folder), "--hf"), folder, state)
