@@ -5,11 +5,11 @@ loads prometheus-client. The exporter (prometheus-client's own HTTP server threa
 after the fork, bound to 127.0.0.1 unless a host is given.
 
 Nothing is kept twice: one custom collector reads, at scrape time, the counters the daemon keeps anyway —
-the stats builder's tiers and source counters (``user.ckptfs.stats`` shows the same numbers), the decode
-counters, the FUSE request counters of ``CkptOperations`` and the process's page faults (getrusage). Only two
-things are observed per event, into ``counters.Histogram`` (one bisect under one lock): FUSE request seconds
-per operation, and decode seconds per storage type. The names and labels are fixed in
-docs/reference/metrics.md.
+the stats builder's tiers and source counters, per scheme and per origin (``user.ckptfs.stats`` shows the
+same numbers), the decode counters, the FUSE request counters of ``CkptOperations`` and the process's page
+faults (getrusage). Only two things are observed per event, into ``counters.Histogram`` (one bisect under one
+lock): FUSE request seconds per operation, and decode seconds per storage type. The names and labels are
+fixed in docs/reference/metrics.md.
 """
 
 from __future__ import annotations
@@ -150,7 +150,19 @@ def _source_families(source: dict[str, Any], scheme: str):
     shared = CounterMetricFamily("ckptfs_source_shared_bytes", "Fetched-chunk bytes the shared tier (--redis, "
                                  "--redis-cluster) served instead of the sources.")
     shared.add_metric([], int(source.get("shared_bytes", 0)))
-    return requests, fetched, failovers, shared
+    return requests, fetched, failovers, shared, *_origin_families(source.get("origins") or {})
+
+
+def _origin_families(origins: dict[str, dict[str, Any]]):
+    """What each remote origin cost its readers (``ckptfs.origins.limit``): none on a local mount."""
+    outages = CounterMetricFamily("ckptfs_source_outages", "Outages of the origin: a fetch used its whole "
+                                  "--timeout without its bytes.", labels=["origin"])
+    deadlines = CounterMetricFamily("ckptfs_source_deadlines_met", "Times readers waited a whole --timeout for "
+                                    "the origin (fetches running out side by side: one).", labels=["origin"])
+    for origin, figures in sorted(origins.items()):
+        outages.add_metric([origin], int(figures.get("outages", 0)))
+        deadlines.add_metric([origin], int(figures.get("deadlines_met", 0)))
+    return outages, deadlines
 
 
 def start_exporter(host: str, port: int, operations: Any, info: dict[str, str]) -> tuple[str, int]:

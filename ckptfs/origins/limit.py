@@ -1,4 +1,5 @@
-"""How many requests one origin gets in flight at once: found by measuring, not assumed.
+"""What the process keeps per origin: how many requests it gets in flight at once (found by measuring, not
+assumed), and what it cost its readers.
 
 Object stores and CDNs cap what one connection carries (a few tens of MB/s a request is common), so a cold
 stream is as fast as the number of ranges in flight: four requests behind a 20 MB/s-per-request origin make
@@ -15,6 +16,11 @@ every ``REPROBE_EPOCHS`` epochs, since origins change.
 
 The limit gates read-ahead only (``ckptfs.sources.remote.fetch_ahead`` asks ``try_start`` before each piece);
 a reader's own request is never held back, but every request, read-ahead or not, is measured (``finished``).
+
+The process keeps one :class:`Origin` per origin, in one registry (``origin_state``): its limit, and what the
+origin cost its readers (:class:`OriginTally`: its outages and the full deadlines they met, counted by
+``ckptfs.sources.remote.outage``). ``origin_stats`` shows both, under ``source.origins`` in ``ckptfs stats``
+and as the ``ckptfs_source_*`` per-origin families of ``--metrics``.
 """
 
 from __future__ import annotations
@@ -26,7 +32,6 @@ import os
 import threading
 import time
 
-from ckptfs.origins.tally import tally_stats
 from ckptfs.util.forks import after_fork_in_child
 
 #: Requests in flight per origin: where a new origin starts, and the bounds of the climb.
@@ -150,8 +155,37 @@ class OriginLimit:
                     "throttles": self.throttles}
 
 
-_limits: dict[str, OriginLimit] = {}
-_limits_lock = threading.Lock()
+class OriginTally:
+    """What one origin cost its readers in this process. Thread-safe.
+
+    An **outage** (``ckptfs.sources.remote.outage``) starts when a fetch used its whole ``--timeout`` without
+    getting its bytes; while it lasts, fetches end by its start + ``--timeout`` or fail at once.
+    ``deadlines_met`` counts the times readers waited a whole ``--timeout`` for the origin: fetches that ran
+    out side by side (the kernel's parallel requests of one read, arrived before the first of them ran out) are
+    one wait, as the application sees it. With the rule holding, an origin that stays down costs one deadline
+    per outage (``deadlines_met`` == ``outages``); more means reads met a deadline each."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.outages = 0
+        self.deadlines_met = 0
+        self._counted_until = float("-inf")  # the end of the last wait counted (monotonic seconds)
+
+    def outage(self) -> None:
+        with self._lock:
+            self.outages += 1
+
+    def deadline_met(self, arrival: float, timeout: float) -> None:
+        """A fetch that arrived at ``arrival`` ran out of its whole ``timeout``: one more wait unless it began
+        inside the one counted last."""
+        with self._lock:
+            if arrival >= self._counted_until:
+                self.deadlines_met += 1
+                self._counted_until = arrival + timeout
+
+    def stats(self) -> dict[str, Any]:
+        with self._lock:
+            return {"outages": self.outages, "deadlines_met": self.deadlines_met}
 
 
 #: ``CKPTFS_REMOTE_IN_FLIGHT=N`` pins every origin's limit at N requests in flight instead of learning it (as
@@ -168,31 +202,60 @@ def _new_limit() -> OriginLimit:
     return OriginLimit()
 
 
-def origin_limit(origin: str) -> OriginLimit:
-    """The process's limit for ``origin`` (a scheme and host: every source on it shares what it learns)."""
-    with _limits_lock:
-        found = _limits.get(origin)
+class Origin:
+    """Everything the process keeps about one origin (a scheme and host: every source and every open of it
+    share it): its in-flight limit and its tally."""
+
+    def __init__(self) -> None:
+        self.limit = _new_limit()
+        self.tally = OriginTally()
+
+    def stats(self) -> dict[str, Any]:
+        return {**self.limit.stats(), **self.tally.stats()}
+
+    def forget_in_child(self) -> None:
+        """A forked child's requests are its own (what the parent had in flight is not); it counts on from the
+        parent's figures. Fresh locks: a parent's thread may have held one at the fork."""
+        self.limit._lock = threading.Lock()
+        self.limit.in_flight = 0
+        self.tally._lock = threading.Lock()
+
+
+_origins: dict[str, Origin] = {}
+_origins_lock = threading.Lock()
+
+
+def origin_state(origin: str) -> Origin:
+    """The process's :class:`Origin` for ``origin``, made on first use."""
+    with _origins_lock:
+        found = _origins.get(origin)
         if found is None:
-            found = _limits[origin] = _new_limit()
+            found = _origins[origin] = Origin()
         return found
 
 
+def origin_limit(origin: str) -> OriginLimit:
+    """The process's limit for ``origin`` (every source on it shares what it learns)."""
+    return origin_state(origin).limit
+
+
+def origin_tally(origin: str) -> OriginTally:
+    """The process's counters of ``origin`` (every open of it adds to the same)."""
+    return origin_state(origin).tally
+
+
 def origin_stats() -> dict[str, dict[str, Any]]:
-    """Each origin's learnt limit, and what it cost its readers (``tally``: its outages and deadlines met)."""
-    with _limits_lock:
-        found = {origin: limit.stats() for origin, limit in _limits.items()}
-    for origin, counts in tally_stats().items():
-        found.setdefault(origin, {}).update(counts)
-    return found
+    """Each origin's learnt limit and what it cost its readers (its outages and deadlines met)."""
+    with _origins_lock:
+        found = list(_origins.items())
+    return {origin: state.stats() for origin, state in found}
 
 
 def _forget_in_child() -> None:
-    """A forked child's requests are its own: what the parent had in flight is not."""
-    global _limits_lock
-    _limits_lock = threading.Lock()
-    for limit in _limits.values():
-        limit._lock = threading.Lock()
-        limit.in_flight = 0
+    global _origins_lock
+    _origins_lock = threading.Lock()
+    for state in _origins.values():
+        state.forget_in_child()
 
 
 after_fork_in_child(_forget_in_child)

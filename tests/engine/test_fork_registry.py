@@ -3,17 +3,21 @@
 - the callbacks run in a forked child, in the order registered, and one that raises does not keep the next
   from running;
 - the scheduler's pools work in a child forked while the parent's workers run (its reset is registered);
+- the per-origin registry works in a child forked while a parent's thread holds its locks: the child has no
+  request in flight and counts on from the parent's outages and deadlines met;
 - no module of ckptfs calls ``os.register_at_fork`` but the registry.
 """
 
 from __future__ import annotations
 
 import ast
+import json
 import os
 import select
 import threading
 from pathlib import Path
 
+from ckptfs.origins import limit as origins
 from ckptfs.readahead.scheduler import SCHEDULER
 from ckptfs.util import forks
 
@@ -95,6 +99,40 @@ def test_the_scheduler_serves_a_child_forked_while_its_workers_run():
         assert _in_child(child) == b"ran"
     finally:
         release.set()
+
+
+def test_the_origin_registry_serves_a_child_forked_while_its_locks_are_held():
+    origin = "http://forked.test:1"
+    state = origins.origin_state(origin)
+    assert state.limit.try_start()  # a request of the parent's in flight at the fork
+    state.tally.outage()
+    state.tally.deadline_met(0.0, 5.0)
+    holding, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with origins._origins_lock, state.limit._lock, state.tally._lock:
+            holding.set()
+            release.wait(WAIT_S)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    assert holding.wait(WAIT_S)
+    try:
+        def child() -> bytes:
+            again = origins.origin_state(origin)
+            assert again.limit.try_start()
+            again.tally.outage()
+            return json.dumps([again is state, origins.origin_stats()[origin]]).encode()
+
+        got = _in_child(child)
+    finally:
+        release.set()
+        holder.join(WAIT_S)
+        state.limit.done()
+    assert got, "the child hung on a lock a parent's thread held at the fork"
+    inherited, figures = json.loads(got)
+    assert inherited  # the parent's object: one registry, reset in place
+    assert (figures["in_flight"], figures["outages"], figures["deadlines_met"]) == (1, 2, 1)
 
 
 def test_only_the_registry_registers_with_os():
