@@ -96,7 +96,7 @@ def module_state(root: Path) -> list[str]:
     return found
 
 
-#: The module-level state of the package as it stands (52 names, locks included).
+#: The module-level state of the package as it stands (50 names, locks included).
 KNOWN = {
     "ckptfs.cache.auth._keys",
     "ckptfs.cache.auth._keys_lock",
@@ -123,10 +123,8 @@ KNOWN = {
     "ckptfs.ggufview.liblog._active",
     "ckptfs.integrity.checked._warned_unlisted",
     "ckptfs.integrity.manifest._warned",
-    "ckptfs.origins.limit._limits",
-    "ckptfs.origins.limit._limits_lock",
-    "ckptfs.origins.tally._tallies",
-    "ckptfs.origins.tally._tallies_lock",
+    "ckptfs.origins.limit._origins",
+    "ckptfs.origins.limit._origins_lock",
     "ckptfs.packed.bits._scratch",
     "ckptfs.packed.detect._registry",
     "ckptfs.quant._registry",
