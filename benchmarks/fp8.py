@@ -93,9 +93,7 @@ def main(argv: list[str] | None = None) -> int:
             ref_before = timed_reference(tensors)
             times = random_read_times(str(folder), work, f"random{r}", options, npy, rng, args.reads,
                                       check if r == 0 else None)
-            streams: dict[str, float] = {}
-            for name in in_turn(r, npy, raw):  # each from a cold cache: a fresh mount each
-                streams.update(stream_mb_s(str(folder), work, f"stream-{name[-3:]}{r}", options, [name]))
+            streams = stream_mb_s(str(folder), work, f"stream{r}", options, in_turn(r, npy, raw))
             ref_s = statistics.median([ref_before, timed_reference(tensors)])
             row = view_row(ref_s, times, streams[npy], streams[raw])
             results["rounds"].append(row)

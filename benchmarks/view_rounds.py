@@ -34,10 +34,14 @@ def random_read_times(folder: str, work: str, tag: str, options: OpenOptions, np
 
 def stream_mb_s(folder: str, work: str, tag: str, options: OpenOptions, names: Sequence[str],
                 env: dict[str, str] | None = None) -> dict[str, float]:
-    """MB/s of each file of ``names`` streamed whole in 1 MiB reads, in that order, on one fresh mount."""
-    with bench_mount(folder, work, tag, options, env) as mount:
-        seconds = {name: stream(mount.file(name)) for name in names}
-        return {name: os.path.getsize(mount.file(name)) / seconds[name] / 1e6 for name in names}
+    """MB/s of each file of ``names`` streamed whole in 1 MiB reads, in that order, each on a fresh mount of its
+    own: a file streamed second on a shared mount would find the source's chunks already checked and its
+    cache warm from the first (a round's ratio then depended on which file went first)."""
+    speeds = {}
+    for i, name in enumerate(names):
+        with bench_mount(folder, work, f"{tag}-{i}", options, env) as mount:
+            speeds[name] = os.path.getsize(mount.file(name)) / stream(mount.file(name)) / 1e6
+    return speeds
 
 
 def in_turn(r: int, npy: str, raw: str) -> tuple[str, str]:
