@@ -204,3 +204,20 @@ def test_the_architecture_s_layer_map_names_modules_that_exist():
                 missing.append(f"{package}/{module}")
     assert seen >= 30, seen
     assert not missing, "docs/architecture.md names modules that do not exist: " + ", ".join(missing)
+
+
+def test_every_module_is_on_the_architecture_map():
+    """The module map of docs/architecture.md names every module of the package (each ``.py`` but
+    ``__init__.py``, and each C extension's ``.c``) by its path in ``ckptfs/``, and nothing else."""
+    page = (REPO / "docs" / "architecture.md").read_text(encoding="utf-8")
+    section = page.split("\n## Module map\n", 1)[1].split("\n## ", 1)[0]
+    root = REPO / "ckptfs"
+    modules = {path.relative_to(root).as_posix() for suffix in ("*.py", "*.c") for path in root.rglob(suffix)
+               if path.name != "__init__.py"}
+    packages = "|".join(p.name for p in root.iterdir() if p.is_dir() and p.name != "__pycache__")
+    named = set(re.findall(rf"`((?:{packages})/[\w/]+\.(?:py|c))`", section))
+    assert len(modules) >= 150, len(modules)
+    assert not modules - named, ("modules missing from the module map of docs/architecture.md: "
+                                 + ", ".join(sorted(modules - named)))
+    assert not named - modules, ("the module map of docs/architecture.md names modules that do not exist: "
+                                 + ", ".join(sorted(named - modules)))
