@@ -38,8 +38,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
-import http.server
 import json
 import os
 import random
@@ -49,11 +47,11 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from loopback.servers import MissingTool, MotoS3, Nginx, TestCA, environment
+from loopback.servers import MissingTool, MotoS3, Nginx, Redirector, TestCA, environment
 
 MiB = 1 << 20
 ABORT_DEADLINE_S = 0.5
@@ -459,30 +457,6 @@ def aborts(client: Client, size: int) -> str:
     return f"no (whole range in {time.monotonic() - t0:.2f} s)"
 
 
-@contextlib.contextmanager
-def redirector(target: str) -> Iterator[str]:
-    """A loopback server answering every GET with a 302 to ``target`` + the path asked."""
-
-    class Redirect(http.server.BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            self.send_response(302)
-            self.send_header("Location", target + self.path)
-            self.send_header("Content-Length", "0")
-            self.end_headers()
-
-        def log_message(self, *a) -> None:
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Redirect)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
-
-
 def follows_no_redirect(client: Client) -> str:
     """"yes" when the 302 reaches the caller (the range is not served through it)."""
     try:
@@ -506,7 +480,8 @@ def checks(url: str, base: str, path: str, root: Path, piece: int, size: int, ca
             Obstore(http_store(slow.url, {"timeout": f"{int(ABORT_DEADLINE_S * 1000)}ms"}, cafile), path)]
         for client in slow_clients:
             out[client.name]["abort"] = aborts(client, size)
-    with redirector(base) as hop:
+    with Redirector(base) as redirect:
+        hop = redirect.url
         for client in http_clients(f"{hop}/{path}", hop, path, cafile)[1:]:  # ckptfs follows redirects by design
             out[client.name]["no redirect"] = follows_no_redirect(client)
     out["ckptfs urllib3"]["no redirect"] = "follows by hand (its own rule)"

@@ -389,6 +389,44 @@ LFS_SUFFIXES = (".safetensors", ".gguf", ".bin", ".model")
 LFS_MIN_SIZE = 10 * 1024 * 1024
 
 
+class Redirector:
+    """A loopback server answering every GET with a 302 to ``target`` + the path asked (its query left out),
+    recording each request's Authorization header (``auth``): whoever follows the redirect, and with what
+    credentials, is then seen."""
+
+    def __init__(self, target: str):
+        self.target = target
+        self.auth: list[str | None] = []
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        redirector = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args) -> None:
+                pass
+
+            def do_GET(self) -> None:
+                redirector.auth.append(self.headers.get("authorization"))
+                self.send_response(302)
+                self.send_header("Location", redirector.target + self.path.split("?")[0])
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+        self._server = http.server.ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
+        self._server.daemon_threads = True
+
+    def __enter__(self) -> Redirector:
+        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+        wait_for_port(self.port)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+
 class HubStandIn:
     """A loopback stand-in for the Hub's resolve and tree endpoints over a folder per repository.
 

@@ -15,11 +15,9 @@ from __future__ import annotations
 
 import base64
 import errno
-import http.server
 import json
 import os
 import subprocess
-import threading
 import time
 from pathlib import Path
 
@@ -33,7 +31,7 @@ from ckptfs.core.errors import CheckpointError
 from conftest import ckptfs_cli, cli_env, force_unmount, mount_stats, require_nginx
 from loopback.faultproxy import FaultProxy
 from fixtures import write_gguf
-from loopback.servers import Nginx, free_port, wait_for_port
+from loopback.servers import Nginx, Redirector, free_port
 
 SECRET = "SEKRET123"
 SHAPE = (1024, 1024)  # float32: 4 MiB of data, past the 2 MiB the open fetches
@@ -138,45 +136,9 @@ def test_errors_and_bench_output_show_no_secret(site):
     assert json.loads(out.stdout)["checkpoint"] == f"{server.url}/v.gguf?…"
 
 
-class _Redirector:
-    """A loopback server answering every GET with a 302 to ``target`` (another origin); records the
-    Authorization header of each request."""
-
-    def __init__(self, target: str):
-        self.target = target
-        self.auth: list[str | None] = []
-        self.port = free_port()
-        redirector = self
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *args) -> None:
-                pass
-
-            def do_GET(self) -> None:
-                redirector.auth.append(self.headers.get("authorization"))
-                self.send_response(302)
-                self.send_header("Location", redirector.target + self.path.split("?")[0])
-                self.send_header("Content-Length", "0")
-                self.end_headers()
-
-        self._server = http.server.ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
-        self._server.daemon_threads = True
-
-    def __enter__(self) -> _Redirector:
-        threading.Thread(target=self._server.serve_forever, daemon=True).start()
-        wait_for_port(self.port)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._server.shutdown()
-        self._server.server_close()
-
-
 def test_user_info_is_basic_auth_for_its_origin_only(site):
     server, _, values = site
-    with _Redirector(server.url) as origin:
+    with Redirector(server.url) as origin:
         url = f"http://alice:{SECRET}@127.0.0.1:{origin.port}/v.gguf"
         with ckptfs.open(url, timeout=10) as ck:
             np.testing.assert_array_equal(np.asarray(ck["w"]), values)
