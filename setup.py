@@ -11,13 +11,14 @@ from setuptools import Extension, setup
 
 flags = [] if sys.platform == "win32" else ["-O2", "-ffp-contract=off"]
 setup(ext_modules=[Extension("ckptfs.quant._native", ["ckptfs/quant/_native.c"],
-                             extra_compile_args=flags, optional=True),
+                             extra_compile_args=flags, depends=["ckptfs/quant/float_bits.h"], optional=True),
                    # the mount's folder listings handed to libfuse in one loop (fs/binding.py)
                    Extension("ckptfs.fs._listing", ["ckptfs/fs/_listing.c"], extra_compile_args=flags,
                              optional=True),
                    # reads of stored bytes answered in C, without the GIL (fs/direct.py)
                    Extension("ckptfs.fs._direct", ["ckptfs/fs/_direct.c"], extra_compile_args=flags,
-                             depends=["ckptfs/sources/chunk_sum.h"], optional=True),
+                             depends=["ckptfs/sources/chunk_sum.h", "ckptfs/packed/scaled_rows.h",
+                                      "ckptfs/quant/float_bits.h"], optional=True),
                    # the served checksums of Python's reads summed without the GIL (sources/served.py)
                    Extension("ckptfs.sources._sums", ["ckptfs/sources/_sums.c"], extra_compile_args=flags,
                              depends=["ckptfs/sources/chunk_sum.h"], optional=True),
@@ -26,7 +27,7 @@ setup(ext_modules=[Extension("ckptfs.quant._native", ["ckptfs/quant/_native.c"],
                              optional=True),
                    # GPTQ / AWQ rows decoded in one pass (packed/native.py)
                    Extension("ckptfs.packed._kernels", ["ckptfs/packed/_kernels.c"], extra_compile_args=flags,
-                             optional=True),
+                             depends=["ckptfs/quant/float_bits.h", "ckptfs/packed/scaled_rows.h"], optional=True),
                    # bitsandbytes NF4/FP4 and LLM.int8 rows decoded in one pass (packed/bnb.py)
                    Extension("ckptfs.packed._bnb", ["ckptfs/packed/_bnb.c"], extra_compile_args=flags,
                              optional=True)])

@@ -258,6 +258,10 @@ class TensorData(TensorValues):
         blocks wholly inside straight there, the (at most two) blocks the ends cut through a scratch array."""
         range_into(a, b, target, self.info.block_elements * self.dtype.itemsize, self.dtype, self._decode_blocks)
 
+    def scaled_codes(self) -> None:
+        """None: a stored tensor's decoded types go through the decode engine (its cache, its read-ahead)."""
+        return None
+
     def prime(self) -> None:
         """Decode the first block into a scratch array, past the cache (no lookup counted, nothing kept): a
         mount runs each storage type's read path once before its first reader (``fs.operations``)."""

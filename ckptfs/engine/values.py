@@ -7,6 +7,7 @@ both speak it; a packed layer's view (``ckptfs.packed.views.PackedData``) implem
 from __future__ import annotations
 
 from abc import abstractmethod
+from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
@@ -15,6 +16,38 @@ from ckptfs.core.descriptors import TensorInfo
 
 #: A piece of a file's bytes as the views hand them out (a FUSE read joins them once).
 BytePart = bytes | bytearray | memoryview
+
+
+@dataclass(frozen=True)
+class ScaledCodes:
+    """Values that are a closed form of stored codes, row by row: one code byte per value times a scale per
+    block (a scaled-codes layer: ``ckptfs.packed.scaled``). Row ``r``'s codes are the ``width`` bytes at
+    ``offset + r * width`` of ``source``; its scale row is ``(r // matrix_rows) * grid_rows + (r % matrix_rows)
+    // block_height`` of ``scales`` (float32, ``groups`` wide, one per ``block_width`` values), likewise of
+    ``zeros`` when given; ``table`` holds each code byte's float32 value. A mount computes such values per
+    read in C (``ckptfs.fs.direct``, ``packed/scaled_rows.h``: the same arithmetic as the layer's kernel),
+    which needs neither the decode engine's cache nor Python per request."""
+
+    source: object           # the byte source holding the codes (a pool's source)
+    offset: int              # where row 0's codes start in it
+    rows: int
+    width: int
+    table: np.ndarray        # float32 [256]
+    scales: np.ndarray       # float32 [scale rows, groups]
+    zeros: np.ndarray | None  # float32 like scales, or None
+    block_width: int
+    matrix_rows: int
+    grid_rows: int
+    block_height: int
+
+
+@dataclass(frozen=True)
+class ComputedSegment:
+    """A file segment whose bytes are :class:`ScaledCodes`' values written as ``dtype`` ("float32",
+    "float16" or "bfloat16"), row-major: what ``View.plain_segments`` gives for them."""
+
+    codes: ScaledCodes
+    dtype: str
 
 
 class TensorValues(Protocol):
@@ -72,6 +105,11 @@ class TensorValues(Protocol):
     def content_id(self) -> str:
         """The content identity of every stored byte the values are computed from: what a key of the whole
         decoded tensor in a shared tier starts with (``Tensor.shared()``)."""
+
+    @abstractmethod
+    def scaled_codes(self) -> ScaledCodes | None:
+        """The values as :class:`ScaledCodes` when they are such a closed form and may be computed outside
+        the decode engine (no shared tier to fill or read), else None."""
 
     @abstractmethod
     def prime(self) -> None:

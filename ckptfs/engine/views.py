@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ckptfs.engine.blocks import TensorData
-from ckptfs.engine.values import BytePart, TensorValues
+from ckptfs.engine.values import BytePart, ComputedSegment, TensorValues
 from ckptfs.core.descriptors import TensorInfo
 from ckptfs.core.errors import CheckpointError
 from ckptfs.sources import SourcePool
@@ -80,8 +80,10 @@ class View:
     def plain_segments(self) -> list[tuple[int, int, object, int]] | None:
         """This file's bytes as pieces that are read, not made: ``(start, length, what, offset)`` in file order,
         covering the file, where ``what`` is a byte source of the pool (its bytes from ``offset``, as they
-        are), a ``bytes`` object (its bytes from ``offset``) or None (zeros). None for a file whose bytes
-        are decoded or converted. The mount answers reads of such files in C (``ckptfs.fs.direct``)."""
+        are), a ``bytes`` object (its bytes from ``offset``), None (zeros) or a :class:`ComputedSegment`
+        (values computed from its codes' source row by row; ``offset`` where they start). None for a file
+        whose bytes are decoded or converted otherwise. The mount answers reads of such files in C
+        (``ckptfs.fs.direct``)."""
         return None
 
     def _clip(self, offset: int, size: int) -> tuple[int, int]:
@@ -271,12 +273,15 @@ class NpyView(HeaderBodyView):
 
     def plain_segments(self) -> list[tuple[int, int, object, int]] | None:
         """A type served as its stored bytes (``direct``: F32, F16, ... little-endian): the header, then the
-        tensor's bytes in its source, as they are."""
-        data = self.data
-        if not isinstance(data, TensorData) or not data.direct:
+        tensor's bytes in its source, as they are; values that are scaled codes (``scaled_codes``): the
+        header, then those values computed from the codes."""
+        data, hlen = self.data, len(self.header)
+        if isinstance(data, TensorData) and data.direct:
+            return [(0, hlen, self.header, 0), (hlen, self.size - hlen, data.source, data.info.offset)]
+        codes = data.scaled_codes() if data.dtype in (np.float32, np.float16) else None
+        if codes is None:
             return None
-        hlen = len(self.header)
-        return [(0, hlen, self.header, 0), (hlen, self.size - hlen, data.source, data.info.offset)]
+        return [(0, hlen, self.header, 0), (hlen, self.size - hlen, ComputedSegment(codes, data.dtype.name), codes.offset)]
 
     def body_into(self, d0: int, target: np.ndarray, keep: bool = True) -> None:
         """The values decoded straight into the reply (``TensorValues.bytes_into``: a stored tensor's block

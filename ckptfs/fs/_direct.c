@@ -1,11 +1,15 @@
-/* Reads of stored bytes answered in C, on libfuse's own threads, without the GIL (fs/direct.py).
+/* Reads of stored bytes, and of values computed from them row by row, answered in C, on libfuse's own
+ * threads, without the GIL (fs/direct.py).
  *
  * A file whose bytes are ranges of local files, as they are (a tensor's NAME.raw, the checkpoint's own files,
  * a split GGUF set's merged model.gguf: its header held in memory, then each tensor's range of its shard,
- * zeros between them) needs no Python per request: the answer is a pread or two. Python registers each such
- * open file handle here at open (fh -> its segments: for each, where it starts in the file, its length, and
- * either a source descriptor with the offset there and the source's size and mtime as pinned at open, or
- * bytes in memory, or zeros) and unregisters it at release; `direct_read`, installed in libfuse's
+ * zeros between them) needs no Python per request: the answer is a pread or two. Neither does the .npy of a
+ * weight whose values are a closed form of its stored codes, row by row (a scaled-codes layer: FP8 or int8
+ * codes times a scale per block, packed/scaled_rows.h): the answer is a pread of the rows' codes and one pass
+ * over them. Python registers each such open file handle here at open (fh -> its segments: for each, where it
+ * starts in the file, its length, and either a source descriptor with the offset there and the source's size
+ * and mtime as pinned at open (and, for computed values, the program that computes them), or bytes in memory,
+ * or zeros) and unregisters it at release; `direct_read`, installed in libfuse's
  * fuse_operations in place of mfusepy's read callback (fs/binding.py), serves registered handles and hands
  * every other read, and any read it cannot finish cleanly, to that Python callback (a ctypes callback: it
  * takes the GIL itself).
@@ -60,6 +64,31 @@ struct segment {
                         * the file have been checked (a sealed store file under its check), -1 once it failed */
     uint64_t sums;     /* fd >= 0: 0, or the address of the source's served checksums (sources/served.py): an
                         * int64 ctime as pinned, an int64 chunk count n, n uint64 sums, n "recorded" bytes */
+    uint64_t program;  /* fd >= 0: 0 (the file's bytes as they are), or the address of a struct program: the
+                        * segment's bytes are values computed from codes at `offset` of the file */
+};
+
+/* A segment computed from stored codes (fs/direct.py, PROGRAM = struct "<qqqqQQQqqqqqq"): the values of a
+ * scaled-codes weight (packed/scaled_rows.h), `rows` rows of `width` values each as float32, float16 or
+ * bfloat16, row r computed from the `width` code bytes at offset + r * width of the segment's file and its
+ * scale row (r / matrix_rows) * grid_rows + (r % matrix_rows) / block_height of `scales` (and `zeros`), each
+ * `groups` float32 wide, one per `block_width` values. The tables are Python's, held while registered. */
+enum { PROGRAM_SCALED = 1 };
+
+struct program {
+    int64_t kind;
+    int64_t out_type;       /* ROW_OUT_F32, ROW_OUT_F16, ROW_OUT_BF16 */
+    int64_t rows;
+    int64_t width;
+    uint64_t table;         /* 256 float32 */
+    uint64_t scales;        /* float32 [scale_rows, groups] */
+    uint64_t zeros;         /* 0, or float32 [scale_rows, groups] */
+    int64_t scale_rows;
+    int64_t groups;
+    int64_t block_width;
+    int64_t matrix_rows;
+    int64_t grid_rows;
+    int64_t block_height;
 };
 
 /* Served checksums (sources/served.py): a sum of each SUM_CHUNK-byte chunk of a file, taken when a read first
@@ -68,6 +97,7 @@ struct segment {
  * before it is served, and a mismatch is handed to Python (EIO, its log line). The sum (chunk_sum) is
  * served.py's, defined once for both C users in sources/chunk_sum.h. */
 #include "../sources/chunk_sum.h"
+#include "../packed/scaled_rows.h"
 
 struct entry {
     uint64_t fh;
@@ -226,6 +256,92 @@ static int read_file(const struct segment *s, char *buf, size_t n, int64_t at) {
     return s->sums == 0 || served(s->sums, fd, s->st_size, buf, n, at, ctime_of(&st));
 }
 
+/* A buffer of this thread's that grows to what it is asked for (NULL when memory runs out); freed with the
+ * thread (libfuse's workers come and go). */
+struct scratch {
+    void *data;
+    size_t size;
+};
+static pthread_key_t scratch_key;
+static pthread_once_t scratch_once = PTHREAD_ONCE_INIT;
+
+static void scratch_free(void *p) {
+    struct scratch *s = p;
+    free(s->data);
+    free(s);
+}
+
+static void scratch_init(void) { pthread_key_create(&scratch_key, scratch_free); }
+
+static void *scratch_of(int which, size_t size) {
+    pthread_once(&scratch_once, scratch_init);
+    struct scratch *pair = pthread_getspecific(scratch_key);
+    if (pair == NULL) {
+        if ((pair = calloc(2, sizeof *pair)) == NULL || pthread_setspecific(scratch_key, pair) != 0) {
+            free(pair);
+            return NULL;
+        }
+    }
+    struct scratch *s = &pair[which];
+    if (s->size < size) {
+        void *grown = realloc(s->data, size);
+        if (grown == NULL)
+            return NULL;
+        s->data = grown;
+        s->size = size;
+    }
+    return s->data;
+}
+
+static int64_t item_of(const struct program *p) { return p->out_type == ROW_OUT_F32 ? 4 : 2; }
+
+/* Bytes [within, within + n) of a computed segment's values into buf: the codes of the rows they touch read
+ * (with every check of read_file), the rows wholly inside computed in place, the (at most two) rows the range
+ * cuts computed into a scratch row and copied. 1 on success. */
+static int read_computed(const struct segment *s, char *buf, size_t n, uint64_t within) {
+    const struct program *p = (const struct program *)(uintptr_t)s->program;
+    const int64_t width = p->width, row_bytes = width * item_of(p);
+    const int64_t r0 = (int64_t)within / row_bytes, r1 = ((int64_t)(within + n) + row_bytes - 1) / row_bytes;
+    uint8_t *codes = scratch_of(0, (size_t)((r1 - r0) * width));
+    if (codes == NULL || !read_file(s, (char *)codes, (size_t)((r1 - r0) * width), s->offset + r0 * width))
+        return 0;
+    const float *table = (const float *)(uintptr_t)p->table, *scales = (const float *)(uintptr_t)p->scales;
+    const float *zeros = (const float *)(uintptr_t)p->zeros;
+    for (int64_t r = r0; r < r1; r++) {
+        const int64_t srow = (r / p->matrix_rows) * p->grid_rows + (r % p->matrix_rows) / p->block_height;
+        const int64_t lo = r * row_bytes, hi = lo + row_bytes;
+        const int64_t a = lo > (int64_t)within ? lo : (int64_t)within;
+        const int64_t b = hi < (int64_t)(within + n) ? hi : (int64_t)(within + n);
+        char *place = buf + (a - (int64_t)within);
+        char *row = (a == lo && b == hi) ? place : scratch_of(1, (size_t)row_bytes);
+        if (row == NULL)
+            return 0;
+        scaled_row(codes + (r - r0) * width, table, scales + srow * p->groups, zeros ? zeros + srow * p->groups : NULL,
+                   width, p->block_width, row, (int)p->out_type);
+        if (row != place)
+            memcpy(place, row + (a - lo), (size_t)(b - a));
+    }
+    return 1;
+}
+
+/* Whether a program fits the segment it computes: its values are the segment's bytes, its codes lie inside
+ * the pinned file, every row's scale row lies inside the scales. */
+static int program_fits(const struct segment *s) {
+    const struct program *p = (const struct program *)(uintptr_t)s->program;
+    if (p->kind != PROGRAM_SCALED || p->out_type < ROW_OUT_F32 || p->out_type > ROW_OUT_BF16 || p->rows <= 0
+        || p->width <= 0 || p->table == 0 || p->scales == 0 || p->groups <= 0 || p->block_width <= 0
+        || p->matrix_rows <= 0 || p->grid_rows <= 0 || p->block_height <= 0 || p->rows % p->matrix_rows != 0)
+        return 0;
+    if (p->width > INT64_MAX / 4 / p->rows || (uint64_t)(p->rows * p->width * item_of(p)) != s->length)
+        return 0;
+    if (p->groups * p->block_width < p->width || (p->groups - 1) * p->block_width >= p->width)
+        return 0;
+    if ((p->matrix_rows - 1) / p->block_height >= p->grid_rows
+        || (p->rows / p->matrix_rows) * p->grid_rows > p->scale_rows)
+        return 0;
+    return s->offset + p->rows * p->width <= s->st_size;
+}
+
 /* Bytes [offset, offset + n) of the entry's file into buf (n > 0, inside the file); 1 on success. */
 static int read_segments(const struct entry *e, char *buf, size_t n, uint64_t offset) {
     size_t lo = 0, hi = e->count;  /* the last segment starting at or before offset */
@@ -243,7 +359,10 @@ static int read_segments(const struct entry *e, char *buf, size_t n, uint64_t of
         size_t take = (size_t)(s->length - within);
         if (take > n - done)
             take = n - done;
-        if (s->fd >= 0) {
+        if (s->program != 0) {
+            if (!read_computed(s, buf + done, take, within))
+                return 0;
+        } else if (s->fd >= 0) {
             if (!read_file(s, buf + done, take, s->offset + (int64_t)within))
                 return 0;
         } else if (s->memory != 0) {
@@ -334,6 +453,8 @@ static PyObject *register_handle(PyObject *self, PyObject *args) {
             const struct segment *s = &e->segments[i];
             if (s->start != at || s->length == 0 || (s->fd >= 0 && (s->offset < 0 || s->fd > INT32_MAX)))
                 problem = "register: segments must be contiguous, non-empty, with valid descriptors";
+            else if (s->program != 0 && (s->fd < 0 || !program_fits(s)))
+                problem = "register: a computed segment's program does not fit it";
             at += s->length;
         }
         if (problem == NULL && at != length)
@@ -439,6 +560,7 @@ PyMODINIT_FUNC PyInit__direct(void) {
     if (m == NULL)
         return NULL;
     if (PyModule_AddIntConstant(m, "KINDS", KINDS) != 0 ||
+        PyModule_AddIntConstant(m, "PROGRAM_SIZE", (long)sizeof(struct program)) != 0 ||
         PyModule_AddIntConstant(m, "SEGMENT_SIZE", (long)sizeof(struct segment)) != 0 ||
         PyModule_AddIntConstant(m, "SUM_CHUNK", SUM_CHUNK) != 0) {
         Py_DECREF(m);

@@ -2,6 +2,7 @@
 
 KINDS: int
 SEGMENT_SIZE: int
+PROGRAM_SIZE: int
 SUM_CHUNK: int
 
 def chunk_sum(data: bytes) -> int: ...

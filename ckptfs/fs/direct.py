@@ -14,9 +14,19 @@ of its sources' descriptors (the pool does not close a source in use, so the dae
 file, as before) and holds the memory segments' bytes objects; ``release`` unregisters it, which returns
 once no read of the handle is in progress, and only then lets them go.
 
-Registered only where the bytes are read as they are:
+The ``.npy`` of a scaled-codes view (FP8 and int8 codes times a scale per block: ``packed/scaled.py``) is a
+header, then values computed from the codes row by row: its data segment is *computed*
+(``engine.values.ComputedSegment``), registered with a program (the code table, the scale grid as float32,
+its geometry, the output type) whose arithmetic is the layer's kernel's (``packed/scaled_rows.h``, included by
+both C extensions). A read there preads the codes of the rows it touches, with every check of a plain read,
+and computes them into the reply: no Python, no decode engine, no cache, since computing a row costs less
+than looking one up. Such a handle also holds the program and its arrays. Views that need the decode engine
+keep it: other schemes, a layer with ``g_idx``, a mount with shared tiers (their decoded tiles are what other
+daemons read), the numpy backend (``CKPTFS_NO_NATIVE=1``).
 
-- the view gives ``plain_segments()``: the ``.npy`` of a decoded type, a JSON file or a virtual
+Registered only where the bytes are read as they are or computed so:
+
+- the view gives ``plain_segments()``: the ``.npy`` of another decoded type, a JSON file or a virtual
   safetensors file is decoded, built or converted per read, and stays in Python;
 - every source is a plain ``FileSource`` (local file), or a remote source whose file the ``--cache-dir``
   store holds complete (sealed) (``RemoteSource.local_copy``: the store's file keeps the remote file's
@@ -49,7 +59,10 @@ import struct
 import threading
 from typing import Any
 
+import numpy as np
+
 from ckptfs.core.errors import CheckpointError
+from ckptfs.engine.values import ComputedSegment
 from ckptfs.sources.local import FileSource
 from ckptfs.sources.served import SUM_CHUNK
 from ckptfs.sources.base import HasLocalCopy
@@ -64,8 +77,14 @@ log = logging.getLogger(__name__)
 ENV = "CKPTFS_C_READS"
 #: One segment as ``_direct.c`` reads it (``struct segment``): start, length, fd (-1: memory or zeros),
 #: offset in the file, the file's pinned size and mtime, the address of memory bytes (0: zeros), the address
-#: of the file's check gate (0: none), the address of the file's served checksums (0: none).
-SEGMENT = struct.Struct("<QQqqqqQQQ")
+#: of the file's check gate (0: none), the address of the file's served checksums (0: none), the address of a
+#: computed segment's program (0: the file's bytes as they are).
+SEGMENT = struct.Struct("<QQqqqqQQQQ")
+#: A computed segment's program as ``_direct.c`` reads it (``struct program``): kind (1: scaled codes), output
+#: type (0 float32, 1 float16, 2 bfloat16), rows, width, the addresses of the code table, the scales and the
+#: zeros (0: none), the scales' rows, groups, block width, rows per matrix, grid rows per matrix, block height.
+PROGRAM = struct.Struct("<qqqqQQQqqqqqq")
+OUT_TYPES = {"float32": 0, "float16": 1, "bfloat16": 2}
 
 
 def enabled_from_env() -> bool:
@@ -80,14 +99,17 @@ class DirectReads:
         self.active = False  # set once the binding installed the C callback (mfusepy only)
         self._kinds: dict[str, int] = {}
         self._lock = threading.Lock()
-        #: registered handle -> (the sources whose descriptors it reads, the bytes objects it reads)
-        self._held: dict[int, tuple[list[FileSource], list[bytes]]] = {}
+        #: registered handle -> (the sources whose descriptors it reads, the memory it reads: bytes objects,
+        #: computed segments' programs and their tables)
+        self._held: dict[int, tuple[list[FileSource], list[object]]] = {}
 
     def install(self, python_read_address: int, fh_offset: int) -> int:
         """The C read callback's address, falling back to ``python_read_address`` (mfusepy's read callback)
         for every read it does not serve; ``fh_offset``: where ``fh`` lies in libfuse's fuse_file_info."""
         if SEGMENT.size != _direct.SEGMENT_SIZE:  # a helper built from another version of _direct.c
             raise RuntimeError(f"ckptfs.fs._direct packs {_direct.SEGMENT_SIZE}-byte segments, not {SEGMENT.size}")
+        if PROGRAM.size != _direct.PROGRAM_SIZE:
+            raise RuntimeError(f"ckptfs.fs._direct packs {_direct.PROGRAM_SIZE}-byte programs, not {PROGRAM.size}")
         if SUM_CHUNK != _direct.SUM_CHUNK:
             raise RuntimeError(f"ckptfs.fs._direct checksums {_direct.SUM_CHUNK}-byte chunks, not {SUM_CHUNK}")
         address = _direct.install(python_read_address, fh_offset)
@@ -116,28 +138,37 @@ class DirectReads:
         for _, length, what, offset in segments:
             if isinstance(what, (bytes, type(None))):
                 continue
-            if type(what) is not FileSource:
-                copy = copies.get(id(what)) or _local_copy(what)
+            source, extent = _file_range(what, length)
+            if type(source) is not FileSource:
+                copy = copies.get(id(source)) or _local_copy(source)
                 if copy is None:
                     return False  # wrapped (checked, mirrored), or remote with no complete local copy
-                copies[id(what)] = copy
-            if offset < 0 or offset + length > what.size:
+                copies[id(source)] = copy
+            if offset < 0 or offset + extent > source.size:
                 return False  # bytes the file does not hold
         held: list[FileSource] = []  # the sources whose descriptors the handle uses, acquired once each
+        kept: list[object] = []      # what C reads in memory: bytes segments, programs and their tables
         fds: dict[int, int] = {}
         packed = bytearray()
         registered = False
         try:
             for start, length, what, offset in segments:
                 if what is None:
-                    packed += SEGMENT.pack(start, length, -1, 0, 0, 0, 0, 0, 0)
-                elif isinstance(what, bytes):
+                    packed += SEGMENT.pack(start, length, -1, 0, 0, 0, 0, 0, 0, 0)
+                    continue
+                if isinstance(what, bytes):
                     if offset < 0 or offset + length > len(what):
                         return False
-                    packed += SEGMENT.pack(start, length, -1, 0, 0, 0, _address(what) + offset, 0, 0)
-                elif id(what) in copies:  # the store's descriptor and gate, kept for the process: nothing to hold
+                    packed += SEGMENT.pack(start, length, -1, 0, 0, 0, _address(what) + offset, 0, 0, 0)
+                    kept.append(what)
+                    continue
+                program = 0
+                if isinstance(what, ComputedSegment):
+                    program = _program(what, kept)
+                    what = what.codes.source
+                if id(what) in copies:  # the store's descriptor and gate, kept for the process: nothing to hold
                     fd, st_size, mtime_ns, gate = copies[id(what)]
-                    packed += SEGMENT.pack(start, length, fd, offset, st_size, mtime_ns, 0, gate, 0)
+                    packed += SEGMENT.pack(start, length, fd, offset, st_size, mtime_ns, 0, gate, 0, program)
                 else:
                     pinned = fds.get(id(what))
                     if pinned is None:
@@ -146,7 +177,8 @@ class DirectReads:
                         held.append(what)
                     _, _, st_size, mtime_ns, _ = what.identity
                     # its served checksums: recorded and compared as Python's reads do (sources/served.py)
-                    packed += SEGMENT.pack(start, length, pinned, offset, st_size, mtime_ns, 0, 0, what.sums.address)
+                    packed += SEGMENT.pack(start, length, pinned, offset, st_size, mtime_ns, 0, 0, what.sums.address,
+                                           program)
             registered = _direct.register(fh, slot, view.size, bytes(packed))
         except CheckpointError:  # a source replaced since it was pinned: Python's read of it says so
             return False
@@ -156,8 +188,7 @@ class DirectReads:
                     source._release_fd()
         if registered:
             with self._lock:
-                # what the C side reads: the sources' descriptors and the memory segments' bytes
-                self._held[fh] = (held, [what for _, _, what, _ in segments if isinstance(what, bytes)])
+                self._held[fh] = (held, kept)
         return registered
 
     def unregister(self, fh: int) -> None:
@@ -197,6 +228,30 @@ class DirectReads:
         """Answers of registered handles with fewer bytes than due before the end of the file, turned into EIO
         by the C helper (0 unless there is a bug: see ``short_replies`` in the mount's stats)."""
         return _direct.counters()[3] if self.active else 0
+
+
+def _file_range(what: Any, length: int) -> tuple[Any, int]:
+    """The source a segment reads and how many of its bytes (from the segment's offset): a computed segment's
+    codes, one byte per value."""
+    if isinstance(what, ComputedSegment):
+        return what.codes.source, what.codes.rows * what.codes.width
+    return what, length
+
+
+def _program(segment: ComputedSegment, kept: list[object]) -> int:
+    """The address of ``segment``'s packed program; the program and the arrays it points at are appended to
+    ``kept`` (held while the handle is registered)."""
+    codes = segment.codes
+    table = np.ascontiguousarray(codes.table, np.float32)
+    scales = np.ascontiguousarray(codes.scales, np.float32)
+    zeros = None if codes.zeros is None else np.ascontiguousarray(codes.zeros, np.float32)
+    if table.size != 256 or scales.ndim != 2 or (zeros is not None and zeros.shape != scales.shape):
+        raise ValueError("a computed segment's tables do not fit its program")
+    program = PROGRAM.pack(1, OUT_TYPES[segment.dtype], codes.rows, codes.width, table.ctypes.data,
+                           scales.ctypes.data, 0 if zeros is None else zeros.ctypes.data, scales.shape[0],
+                           scales.shape[1], codes.block_width, codes.matrix_rows, codes.grid_rows, codes.block_height)
+    kept += [program, table, scales, zeros]
+    return _address(program)
 
 
 def _local_copy(source: Any) -> tuple[int, int, int, int] | None:

@@ -25,9 +25,9 @@ import struct
 
 import numpy as np
 
-from ckptfs.engine.blocks import GROUP_TARGET_BYTES
+from ckptfs.engine.blocks import GROUP_TARGET_BYTES, TensorData
 from ckptfs.engine.parallel import spread
-from ckptfs.engine.values import TensorValues
+from ckptfs.engine.values import ComputedSegment, TensorValues
 from ckptfs.cache.tiered import TieredCache, cache_key
 from ckptfs.sources import ByteSource, SourcePool
 from ckptfs.engine.views import Ahead, HeaderBodyView
@@ -141,6 +141,21 @@ class ParamData:
             values = self.param.value_map(values.reshape(r1 - r0, c) if len(self.param.shape) > 1 else values)
             values = np.asarray(values, np.float32).reshape(-1)
         return values
+
+    def plain_segment(self) -> tuple[object, int] | None:
+        """The parameter's bytes as one piece a mount reads in C (``View.plain_segments``): a tensor stored as
+        served (its source, its offset), one served as its stored bytes (a type read as it is), or a
+        scaled-codes view with no transform (a :class:`ComputedSegment` of its codes, rounded once to the
+        served dtype in C as ``convert`` rounds it); None for any other (decoded, transformed: Python's)."""
+        data = self.data
+        if self.stored:
+            return self._stored_source(), self._offset
+        if isinstance(data, TensorData):
+            return (data.source, data.info.offset) if self.passthrough and data.direct else None
+        if self.param.row_order is not None or self.param.value_map is not None or data.dtype != np.float32:
+            return None
+        codes = data.scaled_codes()
+        return None if codes is None else (ComputedSegment(codes, self.dtype), codes.offset)
 
     def _key(self, g: int) -> str:
         if self._key_prefix is None:
@@ -279,6 +294,20 @@ class SafetensorsView(HeaderBodyView):
         for start, p in self._covering(d0, d1):
             parts += p.segments(max(d0, start) - start, min(d1, start + p.nbytes) - start)
         return parts
+
+    def plain_segments(self) -> list[tuple[int, int, object, int]] | None:
+        """The header, then each parameter's piece (``ParamData.plain_segment``), when every one has one: such
+        a file is read in C (a quantized folder's release of scaled-codes layers and BF16 tensors)."""
+        hlen = len(self.header)
+        segments: list[tuple[int, int, object, int]] = [(0, hlen, self.header, 0)]
+        for start, p in zip(self.starts, self.params):
+            if p.nbytes == 0:
+                continue
+            piece = p.plain_segment()
+            if piece is None:
+                return None
+            segments.append((hlen + start, p.nbytes, *piece))
+        return segments
 
     def body_into(self, d0: int, target: np.ndarray, keep: bool = True) -> None:
         d1 = d0 + len(target)

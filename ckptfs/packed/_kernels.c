@@ -39,6 +39,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../quant/float_bits.h"
+#include "scaled_rows.h"
+
 #if defined(__GNUC__)
 #define ALWAYS_INLINE static inline __attribute__((always_inline))
 #else
@@ -50,33 +53,6 @@ enum { ROUND_NONE = 0, ROUND_F16 = 1, ROUND_BF16 = 2 };
 
 /* AutoAWQ GEMM: output column 8c + j of a word is its nibble REVERSE_ORDER[j]. */
 static const int AWQ_REVERSE_ORDER[8] = {0, 4, 1, 5, 2, 6, 3, 7};
-
-static inline uint32_t bits_of(float f) { uint32_t u; memcpy(&u, &f, sizeof u); return u; }
-static inline float float_of(uint32_t u) { float f; memcpy(&f, &u, sizeof f); return f; }
-
-/* float32 bits -> float16 bits, round to nearest even; subnormals, overflow to infinity; a NaN keeps its sign
- * and top payload bits and stays a NaN (numpy's npy_floatbits_to_halfbits). */
-static inline uint16_t f32_to_f16(uint32_t f) {
-    const uint32_t sign = (f >> 16) & 0x8000u, a = f & 0x7fffffffu;
-    if (a >= 0x7f800000u) {
-        if (a == 0x7f800000u) return (uint16_t)(sign | 0x7c00u);
-        uint32_t nan = 0x7c00u + ((a & 0x7fffffu) >> 13);
-        if (nan == 0x7c00u) nan++;
-        return (uint16_t)(sign | nan);
-    }
-    if (a >= 0x47800000u) return (uint16_t)(sign | 0x7c00u);          /* >= 2^16: infinity */
-    if (a >= 0x38800000u) {                                             /* normal float16 range */
-        const uint32_t r = (a + 0x0fffu + ((a >> 13) & 1u)) >> 13;      /* a carry may reach 0x7c00 = inf */
-        return (uint16_t)(sign | (r - 0x1c000u));
-    }
-    if (a <= 0x33000000u) return (uint16_t)sign;                        /* <= 2^-25: rounds to zero */
-    const uint32_t e = a >> 23, m = (a & 0x7fffffu) | 0x800000u;        /* subnormal: units of 2^-24 */
-    const unsigned shift = 126u - e;                                    /* 14..24 */
-    uint32_t h = m >> shift;
-    const uint32_t rest = m & ((1u << shift) - 1u), half = 1u << (shift - 1u);
-    if (rest > half || (rest == half && (h & 1u))) h++;
-    return (uint16_t)(sign | h);
-}
 
 /* float16 bits -> float32 bits (exact). */
 static inline uint32_t f16_to_f32(uint16_t h) {
@@ -349,27 +325,11 @@ static PyObject *scaled_rows(PyObject *self, PyObject *args) {
             const uint8_t *c = (const uint8_t *)codes.buf;
             const float *t = (const float *)table.buf, *s = (const float *)scales.buf;
             const float *z = have_z ? (const float *)zeros.buf : NULL;
-            const int half = out_half != 0;
+            const int out_type = out_half ? ROW_OUT_F16 : ROW_OUT_F32, item = out_half ? 2 : 4;
             Py_BEGIN_ALLOW_THREADS
-            for (Py_ssize_t r = 0; r < n; r++) {
-                const uint8_t *row = c + r * width;
-                const float *srow = s + sr[r] * groups, *zrow = z ? z + sr[r] * groups : NULL;
-                for (Py_ssize_t g = 0; g < groups; g++) {
-                    const Py_ssize_t j0 = g * bw, j1 = j0 + bw < width ? j0 + bw : width;
-                    const float sv = srow[g], zv = zrow ? zrow[g] : 0.0f;
-                    if (half) {
-                        uint16_t *o = (uint16_t *)out.buf + r * width;
-                        for (Py_ssize_t j = j0; j < j1; j++)
-                            o[j] = f32_to_f16(bits_of(zrow ? (t[row[j]] - zv) * sv : t[row[j]] * sv));
-                    } else {
-                        float *o = (float *)out.buf + r * width;
-                        if (zrow)
-                            for (Py_ssize_t j = j0; j < j1; j++) o[j] = (t[row[j]] - zv) * sv;
-                        else
-                            for (Py_ssize_t j = j0; j < j1; j++) o[j] = t[row[j]] * sv;
-                    }
-                }
-            }
+            for (Py_ssize_t r = 0; r < n; r++)
+                scaled_row(c + r * width, t, s + sr[r] * groups, z ? z + sr[r] * groups : NULL, width, bw,
+                           (char *)out.buf + r * width * item, out_type);
             Py_END_ALLOW_THREADS
             result = Py_None;
             Py_INCREF(result);

@@ -27,6 +27,7 @@ import numpy as np
 
 from ckptfs.core.descriptors import TensorInfo
 from ckptfs.engine.decode import register_parts_backend
+from ckptfs.engine.values import ScaledCodes
 from ckptfs.packed.bits import f16_normal, scale_to_f32
 from ckptfs.packed.detect import Absent
 from ckptfs.packed.native import use_kernel
@@ -48,6 +49,7 @@ class Parts(Protocol):  # what decode_rows reads through (ckptfs.packed.views.Pa
     def read_whole(self, role: str) -> np.ndarray: ...
     def rows(self, role: str, r0: int, r1: int) -> np.ndarray: ...
     def flat_rows(self, role: str, r0: int, r1: int, width: int) -> np.ndarray: ...
+    def source_of(self, role: str) -> object: ...
     def derived(self, what: str, roles: tuple[str, ...], shape: tuple[int, ...],
                 build: Callable[[], np.ndarray]) -> np.ndarray: ...
 
@@ -75,6 +77,9 @@ class Layout:
     # the view's shape when it is not [out_features, in_features] (gpt-oss experts [E, in, out]): rows are
     # then the flattened leading axes, prod(view_shape[:-1]) == out_features, view_shape[-1] == in_features
     view_shape: tuple[int, ...] | None = None
+    # the values as scaled codes (engine.values.ScaledCodes: one code byte times a scale per block, row by
+    # row), which a mount computes in C per read; None where the layer is not such a closed form
+    scaled_codes: Callable[[Parts], ScaledCodes | None] | None = None
 
     def __post_init__(self) -> None:
         shape = self.view_shape

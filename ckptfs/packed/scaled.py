@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from ckptfs.core.descriptors import TensorInfo
+from ckptfs.engine.values import ScaledCodes
 from ckptfs.packed import native
 from ckptfs.packed.base import Absent, Layout, Parts, check_type, require
 from ckptfs.packed.bits import scale_to_f32
@@ -207,8 +208,15 @@ def build_scaled(scheme: str, prefix: str, parts: Mapping[str, TensorInfo], *, w
         return native.scaled_rows(dest, codes, byte_table, scales(reader), grid.scale_rows(o0, o1), grid.bw,
                                   zeros(reader) if zero is not None else None)
 
+    def codes(reader: Parts) -> ScaledCodes | None:
+        if g_idx is not None:
+            return None
+        return ScaledCodes(reader.source_of(weight_role), weight.offset, rows, grid.in_features, byte_table,
+                           scales(reader), zeros(reader) if zero is not None else None, grid.bw, grid.out,
+                           grid.rows[0], grid.bh)
+
     return Layout(scheme, parameters, rows, grid.in_features, used, "F32", decode, kernel=kernel,
-                  view_shape=tuple(weight.shape) if grid.lead else None)
+                  view_shape=tuple(weight.shape) if grid.lead else None, scaled_codes=codes)
 
 
 def _apply_blocks(values: np.ndarray, s: np.ndarray, z: np.ndarray | None, bw: int) -> None:

@@ -28,8 +28,9 @@ from ckptfs.core.descriptors import TensorInfo
 from ckptfs.core.errors import CheckpointError
 from ckptfs.engine.blocks import byte_views, covering_groups, group_slices, range_into, spread_runs
 from ckptfs.engine.decode import decode_parts
-from ckptfs.engine.values import TensorValues
+from ckptfs.engine.values import ScaledCodes, TensorValues
 from ckptfs.engine.views import npy_header
+from ckptfs.packed import native
 from ckptfs.packed.base import Absent, Layout
 
 TILE_TARGET_BYTES = 256 * 1024
@@ -61,6 +62,10 @@ class PartReader:
                 key = self._ids[role] = f"{source_id}@{info.offset}:{info.stored_nbytes}:{info.storage_type}"
             out.append(key)
         return "+".join(out)
+
+    def source_of(self, role: str) -> object:
+        """The byte source holding part ``role``."""
+        return self._ck.sources.get(self._layout.parts[role].source)
 
     def _pread(self, info: TensorInfo, offset: int, size: int) -> bytes:
         try:
@@ -292,6 +297,15 @@ class PackedData(TensorValues):
 
     def prime(self) -> None:
         """Nothing: a view's decode runs through the layout's kernels, primed by the first tile it decodes."""
+
+    def scaled_codes(self) -> ScaledCodes | None:
+        """The layout's scaled codes (FP8 and int8 layers), unless shared tiers are on: their decoded tiles
+        are what another daemon reads, so reads keep going through the cache that fills them; nor with the C
+        kernels off (``CKPTFS_NO_NATIVE=1``, the numpy backend): then every value comes from the reference."""
+        if self.layout.scaled_codes is None or self._cache.shared_tiers or self.backend == "numpy" \
+                or not native.available():
+            return None
+        return self.layout.scaled_codes(self._reader)
 
     def stored_range(self, e0: int, e1: int) -> tuple[int, int]:
         """(file offset, size) of the marker part's bytes in proportion to the rows asked for: a hint for the

@@ -17,6 +17,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "float_bits.h"
+
 /* IEEE half -> float, exact for every pattern (subnormals normalized; inf/NaN keep sign and payload). */
 static inline float half_to_float(const uint8_t *p) {
     uint32_t h = (uint32_t)p[0] | ((uint32_t)p[1] << 8);
@@ -337,16 +339,8 @@ static PyObject *dequantize(PyObject *self, PyObject *args) {
 static void to_bf16(const uint32_t *restrict x, uint16_t *restrict y, Py_ssize_t n) {
     Py_ssize_t i = 0;
     for (; i + 16 <= n; i += 16)                    /* fixed-length inner loop: vectorized at -O2 */
-        for (int k = 0; k < 16; k++) {
-            const uint32_t b = x[i + k];
-            const uint32_t r = (b + 0x7FFFu + ((b >> 16) & 1u)) >> 16;
-            y[i + k] = (uint16_t)(((b & 0x7FFFFFFFu) > 0x7F800000u) ? 0xFFFFu : r);
-        }
-    for (; i < n; i++) {
-        const uint32_t b = x[i];
-        const uint32_t r = (b + 0x7FFFu + ((b >> 16) & 1u)) >> 16;
-        y[i] = (uint16_t)(((b & 0x7FFFFFFFu) > 0x7F800000u) ? 0xFFFFu : r);
-    }
+        for (int k = 0; k < 16; k++) y[i + k] = f32_to_bf16(x[i + k]);
+    for (; i < n; i++) y[i] = f32_to_bf16(x[i]);
 }
 
 static PyObject *encode_bf16(PyObject *self, PyObject *args) {

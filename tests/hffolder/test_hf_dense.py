@@ -254,6 +254,41 @@ def test_float32_and_float16_are_the_values_rounded_once(tmp_path, mounted):
     assert f16[LINEAR + ".weight"][2] == values.astype(np.float16).tobytes()
 
 
+def test_a_release_of_scaled_codes_and_bf16_tensors_is_read_in_c(tmp_path, mounted):
+    """An FP8 folder's release (the FP8 layer, a BF16 norm) is read in C, its bytes those Python serves
+    (``CKPTFS_C_READS=0``) and the formula's rounded once, whole and at odd O_DIRECT offsets; a release that
+    holds a tensor to convert (an F32 norm served as bfloat16) stays Python's."""
+    from conftest import mount_stats
+    from mount_expect import read_direct
+
+    folder, expected = fp8_block(tmp_path / "m")
+    folder = with_kept_files(folder)
+    mnt = mounted(str(folder), "--hf")
+    python = mounted(str(folder), "--hf", env={"CKPTFS_C_READS": "0"})
+    data = (python / "hf" / "model.safetensors").read_bytes()
+    check_release(mnt / "hf", expected, folder)
+    assert (mnt / "hf" / "model.safetensors").read_bytes() == data
+    rng = np.random.default_rng(2)
+    ranges = [(0, 9), (7, 4096), (len(data) - 5, 10)] + [
+        (int(rng.integers(0, len(data))), int(rng.integers(1, 9000))) for _ in range(30)]
+    for (offset, size), got in zip(ranges, read_direct(mnt / "hf" / "model.safetensors", ranges)):
+        assert got == data[offset:offset + size], (offset, size)
+    served = mount_stats(mnt)["c_reads"]
+    assert served["handed_back"] == 0 and served["bytes"] >= 2 * len(data)
+    assert mount_stats(python)["c_reads"]["bytes"] == 0
+
+    other = tmp_path / "f32norm"
+    rng = np.random.default_rng(3)
+    codes, scales = block_quantize(rng, (64, 64), (32, 32), np.float32)
+    write_model(other, {LINEAR + ".weight": codes, LINEAR + ".weight_scale_inv": scales,
+                        NORM: rng.standard_normal(64).astype(np.float32)},
+                {"quant_method": "fp8", "weight_block_size": [32, 32]})
+    mnt = mounted(str(other), "--hf")
+    tensors = read_safetensors(mnt / "hf" / "model.safetensors")
+    assert tensors[LINEAR + ".weight"][2] == bf16_of(expected_blocks(codes, scales, (32, 32)))
+    assert mount_stats(mnt)["c_reads"]["bytes"] == 0
+
+
 SHARDS = ["model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"]
 
 
