@@ -18,7 +18,7 @@ setup(ext_modules=[Extension("ckptfs.quant._native", ["ckptfs/quant/_native.c"],
                    # reads of stored bytes answered in C, without the GIL (fs/direct.py)
                    Extension("ckptfs.fs._direct", ["ckptfs/fs/_direct.c"], extra_compile_args=flags,
                              depends=["ckptfs/sources/chunk_sum.h", "ckptfs/packed/scaled_rows.h",
-                                      "ckptfs/quant/float_bits.h"], optional=True),
+                                      "ckptfs/packed/nibble_pairs.h", "ckptfs/quant/float_bits.h"], optional=True),
                    # the served checksums of Python's reads summed without the GIL (sources/served.py)
                    Extension("ckptfs.sources._sums", ["ckptfs/sources/_sums.c"], extra_compile_args=flags,
                              depends=["ckptfs/sources/chunk_sum.h"], optional=True),

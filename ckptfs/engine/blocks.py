@@ -258,7 +258,7 @@ class TensorData(TensorValues):
         blocks wholly inside straight there, the (at most two) blocks the ends cut through a scratch array."""
         range_into(a, b, target, self.info.block_elements * self.dtype.itemsize, self.dtype, self._decode_blocks)
 
-    def scaled_codes(self) -> None:
+    def computed_codes(self) -> None:
         """None: a stored tensor's decoded types go through the decode engine (its cache, its read-ahead)."""
         return None
 

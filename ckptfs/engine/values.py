@@ -42,11 +42,33 @@ class ScaledCodes:
 
 
 @dataclass(frozen=True)
-class ComputedSegment:
-    """A file segment whose bytes are :class:`ScaledCodes`' values written as ``dtype`` ("float32",
-    "float16" or "bfloat16"), row-major: what ``View.plain_segments`` gives for them."""
+class PairedNibbles:
+    """Values that are 4-bit codes, two a byte, times a scale per block of elements, the weight's elements in
+    order whatever its rows (NVFP4, MXFP4, bitsandbytes NF4/FP4: ``ckptfs.packed``). Element ``e``'s byte is
+    ``offset + e // 2`` of ``source``; ``pairs`` holds each byte's two values in element order (512 float32);
+    its scale is ``scales[e // block]`` (float32), or with ``scale_table`` (256 float32) the table's entry for
+    the byte ``scales[e // block]`` (uint8). A mount computes them per read in C (``packed/nibble_pairs.h``)."""
 
-    codes: ScaledCodes
+    source: object
+    offset: int
+    rows: int
+    width: int
+    pairs: np.ndarray               # float32 [512]
+    scales: np.ndarray              # float32 or uint8, a value per block
+    scale_table: np.ndarray | None  # float32 [256] when ``scales`` are bytes
+    block: int
+
+
+#: What a mount can compute in C from stored codes, per read.
+CodeValues = ScaledCodes | PairedNibbles
+
+
+@dataclass(frozen=True)
+class ComputedSegment:
+    """A file segment whose bytes are :data:`CodeValues`' values written as ``dtype`` ("float32", "float16"
+    or "bfloat16"), row-major: what ``View.plain_segments`` gives for them."""
+
+    codes: CodeValues
     dtype: str
 
 
@@ -107,9 +129,9 @@ class TensorValues(Protocol):
         decoded tensor in a shared tier starts with (``Tensor.shared()``)."""
 
     @abstractmethod
-    def scaled_codes(self) -> ScaledCodes | None:
-        """The values as :class:`ScaledCodes` when they are such a closed form and may be computed outside
-        the decode engine (no shared tier to fill or read), else None."""
+    def computed_codes(self) -> CodeValues | None:
+        """The values as :data:`CodeValues` when they are such a closed form of stored codes and may be
+        computed outside the decode engine (no shared tier to fill or read), else None."""
 
     @abstractmethod
     def prime(self) -> None:

@@ -273,12 +273,12 @@ class NpyView(HeaderBodyView):
 
     def plain_segments(self) -> list[tuple[int, int, object, int]] | None:
         """A type served as its stored bytes (``direct``: F32, F16, ... little-endian): the header, then the
-        tensor's bytes in its source, as they are; values that are scaled codes (``scaled_codes``): the
+        tensor's bytes in its source, as they are; values computed from codes (``computed_codes``): the
         header, then those values computed from the codes."""
         data, hlen = self.data, len(self.header)
         if isinstance(data, TensorData) and data.direct:
             return [(0, hlen, self.header, 0), (hlen, self.size - hlen, data.source, data.info.offset)]
-        codes = data.scaled_codes() if data.dtype in (np.float32, np.float16) else None
+        codes = data.computed_codes() if data.dtype in (np.float32, np.float16) else None
         if codes is None:
             return None
         return [(0, hlen, self.header, 0), (hlen, self.size - hlen, ComputedSegment(codes, data.dtype.name), codes.offset)]

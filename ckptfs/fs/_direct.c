@@ -4,9 +4,9 @@
  * A file whose bytes are ranges of local files, as they are (a tensor's NAME.raw, the checkpoint's own files,
  * a split GGUF set's merged model.gguf: its header held in memory, then each tensor's range of its shard,
  * zeros between them) needs no Python per request: the answer is a pread or two. Neither does the .npy of a
- * weight whose values are a closed form of its stored codes, row by row (a scaled-codes layer: FP8 or int8
- * codes times a scale per block, packed/scaled_rows.h): the answer is a pread of the rows' codes and one pass
- * over them. Python registers each such open file handle here at open (fh -> its segments: for each, where it
+ * weight whose values are a closed form of its stored codes (FP8 or int8 codes times a scale per block,
+ * packed/scaled_rows.h; 4-bit codes two a byte times a scale per block, packed/nibble_pairs.h): the answer is
+ * a pread of the codes under the read and one pass over them. Python registers each such open file handle here at open (fh -> its segments: for each, where it
  * starts in the file, its length, and either a source descriptor with the offset there and the source's size
  * and mtime as pinned at open (and, for computed values, the program that computes them), or bytes in memory,
  * or zeros) and unregisters it at release; `direct_read`, installed in libfuse's
@@ -68,21 +68,27 @@ struct segment {
                         * segment's bytes are values computed from codes at `offset` of the file */
 };
 
-/* A segment computed from stored codes (fs/direct.py, PROGRAM = struct "<qqqqQQQqqqqqq"): the values of a
- * scaled-codes weight (packed/scaled_rows.h), `rows` rows of `width` values each as float32, float16 or
- * bfloat16, row r computed from the `width` code bytes at offset + r * width of the segment's file and its
- * scale row (r / matrix_rows) * grid_rows + (r % matrix_rows) / block_height of `scales` (and `zeros`), each
- * `groups` float32 wide, one per `block_width` values. The tables are Python's, held while registered. */
-enum { PROGRAM_SCALED = 1 };
+/* A segment computed from stored codes (fs/direct.py, PROGRAM = struct "<qqqqQQQQqqqqqq"): `rows` rows of
+ * `width` values each, as float32, float16 or bfloat16, computed from codes at `offset` of the segment's file.
+ * The tables are Python's, held while registered.
+ *
+ * PROGRAM_SCALED (packed/scaled_rows.h): a code byte per value; row r's codes are the `width` bytes at
+ * offset + r * width, its scale row (r / matrix_rows) * grid_rows + (r % matrix_rows) / block_height of
+ * `scales` (and `zeros`), each `groups` float32 wide, one per `block_width` values; `table`: 256 float32.
+ * PROGRAM_NIBBLES (packed/nibble_pairs.h): two 4-bit codes a byte, the values' elements in order from
+ * `offset`; `table`: the 512 float32 pairs; a scale per `block_width` elements, `scale_rows` of them: float32
+ * `scales`, or with `scale_table` (256 float32) a byte each. */
+enum { PROGRAM_SCALED = 1, PROGRAM_NIBBLES = 2 };
 
 struct program {
     int64_t kind;
     int64_t out_type;       /* ROW_OUT_F32, ROW_OUT_F16, ROW_OUT_BF16 */
     int64_t rows;
     int64_t width;
-    uint64_t table;         /* 256 float32 */
-    uint64_t scales;        /* float32 [scale_rows, groups] */
-    uint64_t zeros;         /* 0, or float32 [scale_rows, groups] */
+    uint64_t table;
+    uint64_t scales;
+    uint64_t zeros;         /* PROGRAM_SCALED: 0, or float32 [scale_rows, groups] */
+    uint64_t scale_table;   /* PROGRAM_NIBBLES: 0 (float32 scales), or 256 float32 (a scale byte per block) */
     int64_t scale_rows;
     int64_t groups;
     int64_t block_width;
@@ -97,6 +103,7 @@ struct program {
  * before it is served, and a mismatch is handed to Python (EIO, its log line). The sum (chunk_sum) is
  * served.py's, defined once for both C users in sources/chunk_sum.h. */
 #include "../sources/chunk_sum.h"
+#include "../packed/nibble_pairs.h"
 #include "../packed/scaled_rows.h"
 
 struct entry {
@@ -295,10 +302,10 @@ static void *scratch_of(int which, size_t size) {
 
 static int64_t item_of(const struct program *p) { return p->out_type == ROW_OUT_F32 ? 4 : 2; }
 
-/* Bytes [within, within + n) of a computed segment's values into buf: the codes of the rows they touch read
- * (with every check of read_file), the rows wholly inside computed in place, the (at most two) rows the range
- * cuts computed into a scratch row and copied. 1 on success. */
-static int read_computed(const struct segment *s, char *buf, size_t n, uint64_t within) {
+/* Bytes [within, within + n) of a PROGRAM_SCALED segment's values into buf: the codes of the rows they touch
+ * read (with every check of read_file), the rows wholly inside computed in place, the (at most two) rows the
+ * range cuts computed into a scratch row and copied. 1 on success. */
+static int read_scaled(const struct segment *s, char *buf, size_t n, uint64_t within) {
     const struct program *p = (const struct program *)(uintptr_t)s->program;
     const int64_t width = p->width, row_bytes = width * item_of(p);
     const int64_t r0 = (int64_t)within / row_bytes, r1 = ((int64_t)(within + n) + row_bytes - 1) / row_bytes;
@@ -324,22 +331,64 @@ static int read_computed(const struct segment *s, char *buf, size_t n, uint64_t 
     return 1;
 }
 
+/* Bytes [within, within + n) of a PROGRAM_NIBBLES segment's values into buf: the code bytes of the elements
+ * they touch read (with every check of read_file), the elements wholly inside computed in place, an element
+ * the range cuts (an odd offset) computed alone and its bytes copied. 1 on success. */
+static int read_nibbles(const struct segment *s, char *buf, size_t n, uint64_t within) {
+    const struct program *p = (const struct program *)(uintptr_t)s->program;
+    const int64_t item = item_of(p), a = (int64_t)within, b = a + (int64_t)n;
+    const int64_t e0 = a / item, e1 = (b + item - 1) / item, first = e0 / 2, bytes = (e1 + 1) / 2 - first;
+    uint8_t *codes = scratch_of(0, (size_t)bytes);
+    if (codes == NULL || !read_file(s, (char *)codes, (size_t)bytes, s->offset + first))
+        return 0;
+    const struct nibble_scales sc = {
+        p->scale_table ? NULL : (const float *)(uintptr_t)p->scales,
+        p->scale_table ? (const uint8_t *)(uintptr_t)p->scales : NULL,
+        (const float *)(uintptr_t)p->scale_table, p->block_width};
+    const float *pairs = (const float *)(uintptr_t)p->table;
+    int64_t w0 = (a + item - 1) / item, w1 = b / item;  /* the elements wholly inside */
+    if (w1 < w0)
+        w1 = w0;
+    if (w0 < w1)
+        paired_nibbles(codes + (w0 / 2 - first), w0, w1, pairs, &sc, buf + (w0 * item - a), (int)p->out_type);
+    for (int64_t e = e0; e < e1; e = e < e1 - 1 ? e1 - 1 : e1) {  /* the first and the last element */
+        if (e >= w0 && e < w1)
+            continue;
+        char one[4];
+        paired_nibbles(codes + (e / 2 - first), e, e + 1, pairs, &sc, one, (int)p->out_type);
+        const int64_t lo = e * item > a ? e * item : a, hi = (e + 1) * item < b ? (e + 1) * item : b;
+        memcpy(buf + (lo - a), one + (lo - e * item), (size_t)(hi - lo));
+    }
+    return 1;
+}
+
+static int read_computed(const struct segment *s, char *buf, size_t n, uint64_t within) {
+    const struct program *p = (const struct program *)(uintptr_t)s->program;
+    return p->kind == PROGRAM_SCALED ? read_scaled(s, buf, n, within) : read_nibbles(s, buf, n, within);
+}
+
 /* Whether a program fits the segment it computes: its values are the segment's bytes, its codes lie inside
  * the pinned file, every row's scale row lies inside the scales. */
 static int program_fits(const struct segment *s) {
     const struct program *p = (const struct program *)(uintptr_t)s->program;
-    if (p->kind != PROGRAM_SCALED || p->out_type < ROW_OUT_F32 || p->out_type > ROW_OUT_BF16 || p->rows <= 0
-        || p->width <= 0 || p->table == 0 || p->scales == 0 || p->groups <= 0 || p->block_width <= 0
-        || p->matrix_rows <= 0 || p->grid_rows <= 0 || p->block_height <= 0 || p->rows % p->matrix_rows != 0)
+    if (p->out_type < ROW_OUT_F32 || p->out_type > ROW_OUT_BF16 || p->rows <= 0 || p->width <= 0 || p->table == 0
+        || p->scales == 0 || p->scale_rows <= 0 || p->groups <= 0 || p->block_width <= 0)
         return 0;
     if (p->width > INT64_MAX / 4 / p->rows || (uint64_t)(p->rows * p->width * item_of(p)) != s->length)
+        return 0;
+    const int64_t values = p->rows * p->width;
+    if (p->kind == PROGRAM_NIBBLES)  /* a scale for every block of the run, the run's bytes in the file */
+        return p->zeros == 0 && p->groups == 1 && (values + p->block_width - 1) / p->block_width <= p->scale_rows
+               && s->offset + (values + 1) / 2 <= s->st_size;
+    if (p->kind != PROGRAM_SCALED || p->scale_table != 0 || p->matrix_rows <= 0 || p->grid_rows <= 0
+        || p->block_height <= 0 || p->rows % p->matrix_rows != 0)
         return 0;
     if (p->groups * p->block_width < p->width || (p->groups - 1) * p->block_width >= p->width)
         return 0;
     if ((p->matrix_rows - 1) / p->block_height >= p->grid_rows
         || (p->rows / p->matrix_rows) * p->grid_rows > p->scale_rows)
         return 0;
-    return s->offset + p->rows * p->width <= s->st_size;
+    return s->offset + values <= s->st_size;
 }
 
 /* Bytes [offset, offset + n) of the entry's file into buf (n > 0, inside the file); 1 on success. */

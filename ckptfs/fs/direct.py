@@ -62,7 +62,7 @@ from typing import Any
 import numpy as np
 
 from ckptfs.core.errors import CheckpointError
-from ckptfs.engine.values import ComputedSegment
+from ckptfs.engine.values import ComputedSegment, PairedNibbles
 from ckptfs.sources.local import FileSource
 from ckptfs.sources.served import SUM_CHUNK
 from ckptfs.sources.base import HasLocalCopy
@@ -80,10 +80,11 @@ ENV = "CKPTFS_C_READS"
 #: of the file's check gate (0: none), the address of the file's served checksums (0: none), the address of a
 #: computed segment's program (0: the file's bytes as they are).
 SEGMENT = struct.Struct("<QQqqqqQQQQ")
-#: A computed segment's program as ``_direct.c`` reads it (``struct program``): kind (1: scaled codes), output
-#: type (0 float32, 1 float16, 2 bfloat16), rows, width, the addresses of the code table, the scales and the
-#: zeros (0: none), the scales' rows, groups, block width, rows per matrix, grid rows per matrix, block height.
-PROGRAM = struct.Struct("<qqqqQQQqqqqqq")
+#: A computed segment's program as ``_direct.c`` reads it (``struct program``): kind (1: scaled codes, 2: paired
+#: nibbles), output type (0 float32, 1 float16, 2 bfloat16), rows, width, the addresses of the code table (or
+#: pairs), the scales, the zeros (0: none) and the scale table (0: none), the scales' rows, groups, block width,
+#: rows per matrix, grid rows per matrix, block height.
+PROGRAM = struct.Struct("<qqqqQQQQqqqqqq")
 OUT_TYPES = {"float32": 0, "float16": 1, "bfloat16": 2}
 
 
@@ -232,9 +233,10 @@ class DirectReads:
 
 def _file_range(what: Any, length: int) -> tuple[Any, int]:
     """The source a segment reads and how many of its bytes (from the segment's offset): a computed segment's
-    codes, one byte per value."""
+    codes, a byte per value or per two."""
     if isinstance(what, ComputedSegment):
-        return what.codes.source, what.codes.rows * what.codes.width
+        values = what.codes.rows * what.codes.width
+        return what.codes.source, (values + 1) // 2 if isinstance(what.codes, PairedNibbles) else values
     return what, length
 
 
@@ -242,14 +244,26 @@ def _program(segment: ComputedSegment, kept: list[object]) -> int:
     """The address of ``segment``'s packed program; the program and the arrays it points at are appended to
     ``kept`` (held while the handle is registered)."""
     codes = segment.codes
+    out = OUT_TYPES[segment.dtype]
+    if isinstance(codes, PairedNibbles):
+        pairs = np.ascontiguousarray(codes.pairs, np.float32)
+        table = None if codes.scale_table is None else np.ascontiguousarray(codes.scale_table, np.float32)
+        scales = np.ascontiguousarray(codes.scales, np.float32 if table is None else np.uint8).reshape(-1)
+        if pairs.size != 512 or (table is not None and table.size != 256):
+            raise ValueError("a computed segment's tables do not fit its program")
+        program = PROGRAM.pack(2, out, codes.rows, codes.width, pairs.ctypes.data, scales.ctypes.data, 0,
+                               0 if table is None else table.ctypes.data, scales.size, 1, codes.block, codes.rows,
+                               1, codes.rows)
+        kept += [program, pairs, scales, table]
+        return _address(program)
     table = np.ascontiguousarray(codes.table, np.float32)
     scales = np.ascontiguousarray(codes.scales, np.float32)
     zeros = None if codes.zeros is None else np.ascontiguousarray(codes.zeros, np.float32)
-    if table.size != 256 or scales.ndim != 2 or (zeros is not None and zeros.shape != scales.shape):
+    if table.size != 256 or scales.ndim != 2 or not len(scales) or (zeros is not None and zeros.shape != scales.shape):
         raise ValueError("a computed segment's tables do not fit its program")
-    program = PROGRAM.pack(1, OUT_TYPES[segment.dtype], codes.rows, codes.width, table.ctypes.data,
-                           scales.ctypes.data, 0 if zeros is None else zeros.ctypes.data, scales.shape[0],
-                           scales.shape[1], codes.block_width, codes.matrix_rows, codes.grid_rows, codes.block_height)
+    program = PROGRAM.pack(1, out, codes.rows, codes.width, table.ctypes.data, scales.ctypes.data,
+                           0 if zeros is None else zeros.ctypes.data, 0, len(scales), scales.size // len(scales),
+                           codes.block_width, codes.matrix_rows, codes.grid_rows, codes.block_height)
     kept += [program, table, scales, zeros]
     return _address(program)
 

@@ -145,7 +145,7 @@ class ParamData:
     def plain_segment(self) -> tuple[object, int] | None:
         """The parameter's bytes as one piece a mount reads in C (``View.plain_segments``): a tensor stored as
         served (its source, its offset), one served as its stored bytes (a type read as it is), or a
-        scaled-codes view with no transform (a :class:`ComputedSegment` of its codes, rounded once to the
+        view computed from its codes with no transform (a :class:`ComputedSegment` of its codes, rounded once to the
         served dtype in C as ``convert`` rounds it); None for any other (decoded, transformed: Python's)."""
         data = self.data
         if self.stored:
@@ -154,7 +154,7 @@ class ParamData:
             return (data.source, data.info.offset) if self.passthrough and data.direct else None
         if self.param.row_order is not None or self.param.value_map is not None or data.dtype != np.float32:
             return None
-        codes = data.scaled_codes()
+        codes = data.computed_codes()
         return None if codes is None else (ComputedSegment(codes, self.dtype), codes.offset)
 
     def _key(self, g: int) -> str:

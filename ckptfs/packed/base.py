@@ -27,7 +27,7 @@ import numpy as np
 
 from ckptfs.core.descriptors import TensorInfo
 from ckptfs.engine.decode import register_parts_backend
-from ckptfs.engine.values import ScaledCodes
+from ckptfs.engine.values import CodeValues
 from ckptfs.packed.bits import f16_normal, scale_to_f32
 from ckptfs.packed.detect import Absent
 from ckptfs.packed.native import use_kernel
@@ -77,9 +77,9 @@ class Layout:
     # the view's shape when it is not [out_features, in_features] (gpt-oss experts [E, in, out]): rows are
     # then the flattened leading axes, prod(view_shape[:-1]) == out_features, view_shape[-1] == in_features
     view_shape: tuple[int, ...] | None = None
-    # the values as scaled codes (engine.values.ScaledCodes: one code byte times a scale per block, row by
-    # row), which a mount computes in C per read; None where the layer is not such a closed form
-    scaled_codes: Callable[[Parts], ScaledCodes | None] | None = None
+    # the values as codes a mount computes in C per read (engine.values.CodeValues: one code byte times a
+    # scale per block, or 4-bit codes two a byte times a scale per block); None where there is no such form
+    computed_codes: Callable[[Parts], CodeValues | None] | None = None
 
     def __post_init__(self) -> None:
         shape = self.view_shape

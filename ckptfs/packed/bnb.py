@@ -43,6 +43,7 @@ from typing import Any
 import numpy as np
 
 from ckptfs.core.descriptors import TensorInfo
+from ckptfs.engine.values import PairedNibbles
 from ckptfs.packed.base import Absent, Context, Layout, Parts, check_type, require
 from ckptfs.packed.detect import Method, Scheme
 from ckptfs.quant.native import DISABLED
@@ -277,8 +278,20 @@ def _build_4bit(prefix: str, parts: Mapping[str, TensorInfo], state_role: str,
                                  0.0)
         return True
 
+    def computed(reader: Parts) -> PairedNibbles:
+        """The layer for a mount's reads in C: its codes as the flat run they are (blocks may straddle rows),
+        every block's absmax decoded once (``scales``: the nested ones as bitsandbytes combines them)."""
+        held = small(reader)
+
+        def build() -> np.ndarray:
+            return scales(reader.read_whole("weight.absmax").reshape(-1), held, 0, blocks)
+
+        absmax_values = reader.derived("bnb:absmax", ("weight.absmax",), (blocks,), build)
+        return PairedNibbles(reader.source_of("weight"), codes.offset, out, in_features, pairs.view(np.float32),
+                             absmax_values, None, blocksize)
+
     return Layout("bitsandbytes-4bit", parameters, out, in_features, used, "F32", decode,
-                  kernel=kernel if _kernel_built() else None)
+                  kernel=kernel if _kernel_built() else None, computed_codes=computed)
 
 
 def _pair_table(table: np.ndarray) -> np.ndarray:

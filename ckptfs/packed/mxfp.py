@@ -22,11 +22,12 @@ from typing import Any
 import numpy as np
 
 from ckptfs.core.descriptors import TensorInfo
+from ckptfs.engine.values import CodeValues, PairedNibbles, ScaledCodes
 from ckptfs.packed.base import Absent, Context, Layout, Parts, check_ndim, check_shape, check_type, require
 from ckptfs.packed.compressed import METHOD, scheme_for
 from ckptfs.packed.detect import Method, Scheme
 from ckptfs.packed import native
-from ckptfs.packed.minifloats import E2M1_PAIRS, E4M3, apply_blocks, e2m1_rows, e8m0_scales
+from ckptfs.packed.minifloats import E2M1_PAIRS, E4M3, E8M0_POW2, apply_blocks, e2m1_rows, e8m0_scales
 from ckptfs.packed.nvfp4 import check_weight_args
 
 GROUP = 32
@@ -80,7 +81,18 @@ def build(prefix: str, parts: Mapping[str, TensorInfo], settings: Mapping[str, A
             apply_blocks(values, s, None, GROUP)
         return values
 
+    def computed(reader: Parts) -> CodeValues:
+        """The layer for a mount's reads in C: MXFP4 as a flat run of nibbles (every row is whole groups of
+        32) with its scale bytes and the E8M0 table; MXFP8 as scaled codes with a scale row per row."""
+        if bits == 4:
+            return PairedNibbles(reader.source_of(codes_role), codes.offset, out, in_features, E2M1_PAIRS,
+                                 reader.whole("weight_scale"), E8M0_POW2, GROUP)
+        s = reader.derived("mxfp8:scales", ("weight_scale",), (out, in_features // GROUP),
+                           lambda: e8m0_scales(reader.whole("weight_scale")))
+        return ScaledCodes(reader.source_of(codes_role), codes.offset, out, in_features, E4M3, s, None, GROUP,
+                           out, out, 1)
+
     parameters = {"format": fmt, "num_bits": bits, "group_size": GROUP, "formula": "code * 2.0 ** (e - 127)",
                   "reference_dtype": "BF16"}
     return Layout(f"{METHOD}/{fmt}", parameters, out, in_features, {codes_role: codes, "weight_scale": scale},
-                  "F32", decode, kernel=kernel)
+                  "F32", decode, kernel=kernel, computed_codes=computed)

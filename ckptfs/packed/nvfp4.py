@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from ckptfs.core.descriptors import TensorInfo
+from ckptfs.engine.values import PairedNibbles
 from ckptfs.packed.base import Absent, Context, Layout, Parts, check_ndim, check_shape, check_type, int_setting, require
 from ckptfs.packed.bits import round_to
 from ckptfs.packed.compressed import METHOD, scheme_for
@@ -135,7 +136,14 @@ def _layout(scheme: str, prefix: str, parts: Mapping[str, TensorInfo], codes_rol
         return native.fp4_rows(dest, reader.rows(codes_role, o0, o1), in_features // 2, E2M1_PAIRS,
                                scales(reader, o0, o1), in_features // GROUP, in_features, GROUP, o1 - o0)
 
+    def computed(reader: Parts) -> PairedNibbles:
+        """The layer as a flat run of nibbles (every row is whole groups): a scale byte per group of 16 and
+        the layer's combined table (``combined``), for a mount's reads in C."""
+        table = reader.derived("nvfp4:combined", (global_role,), (256,), lambda: combined(reader))
+        return PairedNibbles(reader.source_of(codes_role), codes.offset, out, in_features, E2M1_PAIRS,
+                             reader.whole("weight_scale"), table, GROUP)
+
     used = {codes_role: codes, "weight_scale": scale, global_role: global_scale}
     order = "e2m1 * (weight_scale / weight_global_scale)" if divide else "e2m1 * (weight_scale * weight_scale_2)"
     return Layout(scheme, dict(parameters, formula=order, reference_dtype="BF16" if divide else None), out,
-                  in_features, used, "F32", decode, kernel=kernel)
+                  in_features, used, "F32", decode, kernel=kernel, computed_codes=computed)

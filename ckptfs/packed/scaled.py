@@ -216,7 +216,7 @@ def build_scaled(scheme: str, prefix: str, parts: Mapping[str, TensorInfo], *, w
                            grid.rows[0], grid.bh)
 
     return Layout(scheme, parameters, rows, grid.in_features, used, "F32", decode, kernel=kernel,
-                  view_shape=tuple(weight.shape) if grid.lead else None, scaled_codes=codes)
+                  view_shape=tuple(weight.shape) if grid.lead else None, computed_codes=codes)
 
 
 def _apply_blocks(values: np.ndarray, s: np.ndarray, z: np.ndarray | None, bw: int) -> None:

@@ -28,7 +28,7 @@ from ckptfs.core.descriptors import TensorInfo
 from ckptfs.core.errors import CheckpointError
 from ckptfs.engine.blocks import byte_views, covering_groups, group_slices, range_into, spread_runs
 from ckptfs.engine.decode import decode_parts
-from ckptfs.engine.values import ScaledCodes, TensorValues
+from ckptfs.engine.values import CodeValues, TensorValues
 from ckptfs.engine.views import npy_header
 from ckptfs.packed import native
 from ckptfs.packed.base import Absent, Layout
@@ -298,14 +298,14 @@ class PackedData(TensorValues):
     def prime(self) -> None:
         """Nothing: a view's decode runs through the layout's kernels, primed by the first tile it decodes."""
 
-    def scaled_codes(self) -> ScaledCodes | None:
-        """The layout's scaled codes (FP8 and int8 layers), unless shared tiers are on: their decoded tiles
+    def computed_codes(self) -> CodeValues | None:
+        """The layout's codes a mount computes in C (FP8, int8, NVFP4, MXFP4, bitsandbytes 4-bit), unless shared tiers are on: their decoded tiles
         are what another daemon reads, so reads keep going through the cache that fills them; nor with the C
         kernels off (``CKPTFS_NO_NATIVE=1``, the numpy backend): then every value comes from the reference."""
-        if self.layout.scaled_codes is None or self._cache.shared_tiers or self.backend == "numpy" \
+        if self.layout.computed_codes is None or self._cache.shared_tiers or self.backend == "numpy" \
                 or not native.available():
             return None
-        return self.layout.scaled_codes(self._reader)
+        return self.layout.computed_codes(self._reader)
 
     def stored_range(self, e0: int, e1: int) -> tuple[int, int]:
         """(file offset, size) of the marker part's bytes in proportion to the rows asked for: a hint for the

@@ -1,11 +1,14 @@
-"""The ``.npy`` of a scaled-codes view (FP8 and int8 codes times a scale per block) read through a mount is
-computed in C (``ckptfs/fs/_direct.c`` with ``ckptfs/packed/scaled_rows.h``), bit for bit the float32 formula:
+"""The ``.npy`` of a view whose values are a closed form of its codes, read through a mount, is computed in C
+(``ckptfs/fs/_direct.c`` with ``ckptfs/packed/scaled_rows.h`` and ``nibble_pairs.h``), bit for bit:
 
 - every layer of a DeepSeek-style FP8 folder (128 x 128 blocks, partial edge tiles, F32 scales with a NaN, the
   largest code and a signed zero among the codes) and of a compressed-tensors int8 folder with zero points:
   the whole file, and O_DIRECT reads at odd offsets (the header seam, row and block straddles, past the end),
   each equal to the formula computed here with ml_dtypes (``fp8_fixtures``) — and the C path served them
   (``c_reads`` in the stats), nothing handed back;
+- NVFP4 and MXFP4 quantized by compressed-tensors (NaN and zero scales among them) and MXFP8, against its
+  own ``decompress``; bitsandbytes NF4 with double quantization whose blocks straddle rows, an odd element
+  count and FP4, against bitsandbytes' dequantization — at odd offsets too (elements cut by the read);
 - ``--dtype float16``: the formula rounded once to float16;
 - ``CKPTFS_C_READS=0`` and ``CKPTFS_NO_NATIVE=1``: the same bytes, not one ``.npy`` read served in C;
 - a file rewritten under the mount (same size, new mtime) is not computed from: the read goes to Python,
@@ -141,3 +144,61 @@ def test_a_shared_tier_keeps_views_in_the_decode_engine(tmp_path, mounted):
     check_views(mnt, expected)
     stats = mount_stats(mnt)
     assert stats["c_reads"]["by_kind"].get("npy", {"reads": 0})["reads"] == 0
+
+
+def fp4_folder(path):
+    """compressed-tensors NVFP4, MXFP4 and MXFP8 layers (one folder per format, as its configs hold one), each
+    view's values by compressed-tensors' own decompress (in bfloat16, the release's dtype: the view's float32
+    values are compared rounded to it)."""
+    pytest.importorskip("compressed_tensors")
+    from fp4_fixtures import ct_config, ct_decompress, ct_layer, to_bf16, write_torch_folder
+
+    folders = []
+    for k, (preset, shape) in enumerate({"NVFP4": (33, 160), "MXFP4": (20, 96), "MXFP8": (17, 64)}.items()):
+        config, tensors = ct_layer(preset, *shape, seed=k)
+        name = f"model.layers.{k}.mlp.up_proj"
+        folder = write_torch_folder(path / preset, {f"{name}.{role}": v for role, v in tensors.items()},
+                                    {"architectures": ["LlamaForCausalLM"], "model_type": "llama",
+                                     "quantization_config": ct_config({"group_0": config}, config["format"])})
+        folders.append((folder, {f"{name}.weight": ct_decompress(preset, config, tensors)}, to_bf16))
+    return folders
+
+
+def bnb_folder(path):
+    """bitsandbytes 4-bit layers as Linear4bit saves them: NF4 with double quantization [37, 100] (blocks of 64
+    straddle rows), NF4 [7, 9] (an odd element count), FP4 blocks of 128; bitsandbytes' float32 values."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("bitsandbytes")
+    from packed.bnb_fixtures import bnb_config, dequantize_4bit, quantize_4bit, write_folder
+
+    torch.manual_seed(11)
+    layers = {"model.layers.0.self_attn.q_proj": quantize_4bit(torch.randn(37, 100).to(torch.bfloat16), "nf4", 64, True),
+              "model.layers.0.self_attn.k_proj": quantize_4bit(torch.randn(7, 9).to(torch.bfloat16), "nf4", 64, True)}
+    fp4 = {"model.layers.1.self_attn.q_proj": quantize_4bit(torch.randn(24, 200).to(torch.bfloat16), "fp4", 128)}
+    made = []
+    for sub, group, quant_type in (("nf4", layers, "nf4"), ("fp4", fp4, "fp4")):
+        folder = write_folder(path / sub, group, bnb_config(4, quant_type, quant_type == "nf4"))
+        made.append((folder, {f"{prefix}.weight": dequantize_4bit(tensors, torch.float32).numpy()
+                              for prefix, tensors in group.items()}, lambda values: values))
+    return made
+
+
+@pytest.mark.parametrize("make", [fp4_folder, bnb_folder], ids=["compressed-tensors-mx-nvfp4", "bitsandbytes-4bit"])
+def test_nibble_views_are_computed_in_c_bit_for_bit(tmp_path, mounted, make):
+    """The values are the oracle's (a NaN for a NaN: its payload is the arithmetic's), and each byte the one
+    Python serves (``CKPTFS_C_READS=0``: numpy's NaN bits), whole and at odd offsets, float32 and float16."""
+    from fp4_fixtures import same_values
+
+    for folder, oracle, as_oracle in make(tmp_path):
+        python = mounted(folder, env={"CKPTFS_C_READS": "0"})
+        expected = {name: np.load(python / f"{name}.npy") for name in oracle}
+        for name, values in oracle.items():
+            assert same_values(as_oracle(expected[name]), values), name
+        mnt = mounted(folder)
+        asked = check_views(mnt, expected)
+        served = mount_stats(mnt)["c_reads"]
+        assert served["handed_back"] == 0 and served["by_kind"]["npy"]["bytes"] >= asked, folder.name
+        half = mounted(folder, "--dtype", "float16")
+        with np.errstate(over="ignore", invalid="ignore"):
+            check_views(half, expected, np.float16)
+        assert mount_stats(half)["c_reads"]["by_kind"]["npy"]["reads"] > 0
