@@ -30,4 +30,5 @@ setup(ext_modules=[Extension("ckptfs.quant._native", ["ckptfs/quant/_native.c"],
                              depends=["ckptfs/quant/float_bits.h", "ckptfs/packed/scaled_rows.h"], optional=True),
                    # bitsandbytes NF4/FP4 and LLM.int8 rows decoded in one pass (packed/bnb.py)
                    Extension("ckptfs.packed._bnb", ["ckptfs/packed/_bnb.c"], extra_compile_args=flags,
-                             optional=True)])
+                             depends=["ckptfs/packed/nibble_pairs.h", "ckptfs/packed/scaled_rows.h",
+                                      "ckptfs/quant/float_bits.h"], optional=True)])

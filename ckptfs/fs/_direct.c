@@ -344,7 +344,7 @@ static int read_nibbles(const struct segment *s, char *buf, size_t n, uint64_t w
     const struct nibble_scales sc = {
         p->scale_table ? NULL : (const float *)(uintptr_t)p->scales,
         p->scale_table ? (const uint8_t *)(uintptr_t)p->scales : NULL,
-        (const float *)(uintptr_t)p->scale_table, p->block_width};
+        (const float *)(uintptr_t)p->scale_table, p->block_width, 0};
     const float *pairs = (const float *)(uintptr_t)p->table;
     int64_t w0 = (a + item - 1) / item, w1 = b / item;  /* the elements wholly inside */
     if (w1 < w0)

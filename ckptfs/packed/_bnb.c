@@ -8,9 +8,9 @@
  *
  * - 4-bit: value = table[code] * absmax[block] in float32. With double quantization the block scale is
  *   decoded here as bitsandbytes computes it: absmax = nested_map[absmax_code] * nested_absmax[block /
- *   nested_blocksize], then + offset (two float32 roundings: no fused multiply-add). Per block the 16
- *   possible products are computed once (the same float32 multiplies) and the codes only select them; codes
- *   are read high nibble first.
+ *   nested_blocksize], then + offset (two float32 roundings: no fused multiply-add). The codes are read high
+ *   nibble first, two a byte, by packed/nibble_pairs.h (the one home of that product, which a mount's reads
+ *   in C compute with too).
  * - LLM.int8: value = ((float)w * scb[row]) * 7.874015718698502e-3f, two float32 multiplies in that order.
  *
  * Built with -ffp-contract=off (no fused multiply-add may merge the int8 path's two products). The GIL is
@@ -25,6 +25,8 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stdint.h>
+
+#include "nibble_pairs.h"
 
 static const float INT8_RECIPROCAL = 7.874015718698502e-3f; /* bitsandbytes' 1/127 constant as float32 */
 
@@ -42,7 +44,11 @@ typedef struct {
 static void run_4bit(const uint8_t *codes, const float *table, const void *absmax, Py_ssize_t blocksize,
                      Py_ssize_t skip, Py_ssize_t count, float *out, const Nested *nested) {
     const Py_ssize_t end = skip + count;
-    float lut[16];
+    float pairs[512];  /* each byte's two values, high nibble first */
+    for (int b = 0; b < 256; b++) {
+        pairs[2 * b] = table[b >> 4];
+        pairs[2 * b + 1] = table[b & 15];
+    }
     for (Py_ssize_t k = skip / blocksize; k * blocksize < end; k++) {
         float a;
         if (nested->map) {
@@ -52,17 +58,10 @@ static void run_4bit(const uint8_t *codes, const float *table, const void *absma
         } else {
             a = ((const float *)absmax)[k];
         }
-        for (int c = 0; c < 16; c++) lut[c] = table[c] * a;
-        Py_ssize_t j = k * blocksize > skip ? k * blocksize : skip;
+        const Py_ssize_t j = k * blocksize > skip ? k * blocksize : skip;
         const Py_ssize_t hi = (k + 1) * blocksize < end ? (k + 1) * blocksize : end;
-        float *o = out - skip;
-        if (j < hi && (j & 1)) { o[j] = lut[codes[j >> 1] & 15u]; j++; }
-        for (; j + 1 < hi; j += 2) {
-            const uint8_t b = codes[j >> 1];
-            o[j] = lut[b >> 4];
-            o[j + 1] = lut[b & 15u];
-        }
-        if (j < hi) o[j] = lut[codes[j >> 1] >> 4];
+        const struct nibble_scales scale = {&a, NULL, NULL, blocksize, k};
+        paired_nibbles(codes + j / 2, j, hi, pairs, &scale, out + (j - skip), ROW_OUT_F32);
     }
 }
 

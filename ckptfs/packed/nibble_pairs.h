@@ -1,7 +1,7 @@
 /* A flat run of 4-bit codes, two a byte, times a scale per block of elements: NVFP4 (compressed-tensors and
  * ModelOpt), compressed-tensors MXFP4 and bitsandbytes NF4/FP4, whose values are the elements of the weight in
  * order whatever its rows (a bitsandbytes block may straddle two). fs/_direct.c computes a mount's .npy reads
- * of such views with it (fs/direct.py).
+ * of such views with it (fs/direct.py), packed/_bnb.c bitsandbytes' 4-bit rows for Python's decode calls.
  *
  * Element e lies in byte e / 2; `pairs` holds each byte's two values in element order (pairs[2 * byte +
  * e % 2]: the low nibble first for E2M1, the high first for bitsandbytes), as float32 (twice the value where
@@ -24,6 +24,7 @@ struct nibble_scales {
     const uint8_t *scale_codes;  /* a byte per block (with scale_table), or NULL */
     const float *scale_table;
     int64_t block;
+    int64_t first_block;         /* the block scales[0] (scale_codes[0]) belongs to */
 };
 
 static inline __attribute__((always_inline)) void nibble_store(void *dst, int64_t i, float v, int out_type) {
@@ -43,7 +44,8 @@ static inline __attribute__((always_inline)) void nibble_span(const uint8_t *res
     const uint8_t *base = bytes - e0 / 2;  /* base[e / 2] is element e's byte */
     for (int64_t b0 = e0; b0 < e1;) {
         const int64_t k = b0 / sc->block, end = (k + 1) * sc->block, b1 = end < e1 ? end : e1;
-        const float sv = sc->scale_codes ? sc->scale_table[sc->scale_codes[k]] : sc->scales[k];
+        const float sv = sc->scale_codes ? sc->scale_table[sc->scale_codes[k - sc->first_block]]
+                                         : sc->scales[k - sc->first_block];
         int64_t e = b0;
         if (e & 1) {
             nibble_store(dst, e - e0, pairs[2 * base[e / 2] + 1] * sv, out_type);
