@@ -20,7 +20,7 @@ crc32s catch damage, not intent: anyone can recompute them, so a tier with a key
 given ``--cache-key-file``) checks the MAC instead of the payload crc32, and an entry whose MAC fails is
 ``ForgedEntry`` (overwritten by someone without the key, or written under another key) when its crc32s
 still agree, ``BadEntry`` (damage) when they do not. HMAC-SHA256 over BLAKE2b because it is the faster of
-the two here (SHA extensions: 1.5 GB/s against 0.75; docs/caches.md has the figures).
+the two on CPUs with SHA extensions (docs/caches.md).
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """How the ``ckptfs`` program ends: a command whose results are all on disk may end its process at once.
 
 Python's teardown after a command collects and frees every object the process made (the modules, the
-checkpoint's tables, the chunk buffers): 37 ms after a 242 MiB ``ckptfs prefetch`` on the machine of
-docs/remote.md, 4 % of its time, spent on nothing its result needs. A command that knows its results are
+checkpoint's tables, the chunk buffers): a few percent of a ``ckptfs prefetch``'s time (docs/remote.md),
+spent on nothing its result needs. A command that knows its results are
 written (the store's chunks are on the device before it returns) ends with :func:`exit_at_once`; the
 program's entry (``ckptfs.commands.cli.program``) then flushes the output streams and the log and ends the
 process with ``os._exit``. Nothing else is cut short: ckptfs's own threads are daemons, which any exit ends

@@ -128,7 +128,7 @@ def prefetch(src, names, open_options, decode, include, quiet, verbose):
 
             plan = SourcePlan(src, options)  # one for the early warm-up and the open: the open reuses its probe
             load_scheme(src)
-            # what the open needs (the formats, numpy, the codecs: about 40 ms) is imported while the early
+            # what the open needs (the formats, numpy, the codecs: tens of ms) is imported while the early
             # warm-up's first requests are on the wire, not before them (nor beside the imports they need)
             _import_ahead("ckptfs.formats", "ckptfs.checkpoint.api")
             early = _early_warmup(src, plan, stop, bar)

@@ -152,8 +152,8 @@ class ValueWalker:
         """End of ``count`` back-to-back strings at ``offset``: only their lengths are read.
 
         This is the hot loop of opening a file with a big vocabulary (Gemma 3: 262,144 tokens), so the walk
-        over the loaded bytes is C when the optional extension is built (``_strings``: about 1 ms against
-        60), else a loop whose body is a single unpack and add per string. A walk stops at a length field
+        over the loaded bytes is C when the optional extension is built (``_strings``: docs/performance.md),
+        else a loop whose body is a single unpack and add per string. A walk stops at a length field
         beyond the loaded bytes (then more is loaded, or the file is too short); a string body that ends
         beyond the file is caught the same way by the next length, and for the last string by the final
         check.

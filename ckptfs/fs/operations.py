@@ -124,8 +124,8 @@ def prime_read_path(tree: MountTree | RepositoryTree) -> None:
     """Run the read path once per storage type before the first request (from ``init``, before the mount is
     ready): the ``.npy`` view of the first tensor of each type is made and its first block decoded into a
     scratch array (``TensorData.prime``: past the cache, no lookup counted). A fresh daemon's first read
-    otherwise pays for the first calls of its codec, the block engine and numpy's paths (measured: about
-    0.2-0.3 ms of a first 4 KiB read, docs/performance.md). One block per type whatever the checkpoint's
+    otherwise pays for the first calls of its codec, the block engine and numpy's paths, which cost more
+    than the read itself. One block per type whatever the checkpoint's
     size; never raises (a tensor that cannot be read now will say so when it is read). Not for remote
     checkpoints (those with a read scope): the mount must not wait for a server before it is ready."""
     if tree.read_scope is not None:
@@ -311,7 +311,7 @@ class CkptOperations:
         # What a read decodes into its reply is kept in the block cache only for a reader the kernel's page
         # cache does not serve (O_DIRECT): the mount is kernel_cache, so everything else it serves stays in
         # the page cache, and a copy here would be the same bytes twice in memory and one more copy per
-        # request (0.3-0.5 ms of a 1.6 ms mmap fault's read-around; docs/performance.md). A sequential
+        # request (a sizeable part of an mmap fault's read-around). A sequential
         # stream keeps nothing either way: it will not come back.
         keep = fh in self._uncached and not streaming
         data: bytes | int

@@ -2,8 +2,8 @@
  * Optional C kernel for bitsandbytes views (packed/bnb.py): NF4/FP4 blocks and LLM.int8 rows decoded in one
  * pass straight into the caller's float32 buffer.
  *
- * Why: the numpy path makes a lookup pass, a scaling pass and a copy over every tile (1.4 GB/s of float32 on
- * the development machine, below the mount's stream of the stored codes); here each value is written once.
+ * Why: the numpy path makes a lookup pass, a scaling pass and a copy over every tile (slower than the mount's
+ * stream of the stored codes: docs/performance.md); here each value is written once.
  * Results are bit-identical to the numpy path, which stays the reference and the fallback:
  *
  * - 4-bit: value = table[code] * absmax[block] in float32. With double quantization the block scale is

@@ -25,7 +25,7 @@ _decided: contextvars.ContextVar[bool] = contextvars.ContextVar("ckptfs_stream_d
 
 class decided_above:  # used as a function: ``with decided_above():``
     """Reads inside belong to a stream whose read-ahead a layer above the byte source decides (and advises).
-    A class, not a generator: it wraps every read of a mount's tracked handle (half the cost: 0.8 µs)."""
+    A class, not a generator: it wraps every read of a mount's tracked handle, and costs half as much."""
 
     __slots__ = ("_token",)
 

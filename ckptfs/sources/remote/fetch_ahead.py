@@ -28,8 +28,8 @@ order and within ``FETCH_BUDGET``, and is started as slots free up: dropped, eac
 fetched only when read, one round trip each. It is started only once the reader is within ``FETCH_BUDGET``
 of it: the rest of the reader's tensor may be advised that far ahead already, and the two together filled
 the chunk LRU (twice the budget) with bytes not yet read, whose oldest — the ones the reader reached next —
-it then evicted (a ``cp`` of every ``.raw`` of a 4.4 GiB checkpoint fetched 1.35x to 1.7x its bytes and,
-behind a capped origin, fell to 97 MB/s; 476 MB/s and 1.00x with this bound). A stream that a mount's handle tracks
+it then evicted (a ``cp`` of every ``.raw`` fetched bytes more than once and slowed to a fraction of the
+origin's speed: docs/remote.md). A stream that a mount's handle tracks
 is decided there, once (``ckptfs.readahead.detect``): its reads come inside ``decided_above`` and run no
 detection here, they only move the reader's position, and the window is what the handle advises (its decode
 window's stored bytes, the rest of the tensor as one unit once it found the stream).

@@ -24,9 +24,7 @@ How it is built:
   less than a round (the limit's slots of whole pieces), the rest is split over the limit's slots once, in
   pieces of one size (at least ``MIN_PIECE``): the warm-up ends on smaller requests landing together, one
   per slot. Split again at each start, as the pieces start one by one, they shrank to ``MIN_PIECE``, twice
-  as many as the slots (measured on a 242 MiB prefetch behind the capped origin of docs/remote.md: a spread
-  at all, 1.28 to 1.22 s, medians of 8 alternating runs; split once, 54 ms less than split at each start,
-  the median of 14 paired runs: 93 to 97 requests where there were 127 to 143).
+  as many as the slots, and more requests cost more time behind the capped origin of docs/remote.md.
 - **Resumable.** Only chunks the store lacks are fetched (``RemoteSource.unstored_chunks``): a second run
   after an interrupted one fetches the rest, a run after a complete one fetches nothing.
 - **Bounded by ``--cache-dir-size``.** The store deletes its least recently used entries past its bound, so a
