@@ -356,16 +356,36 @@ static PyObject *scaled_rows(PyObject *self, PyObject *args) {
  *
  * Speed: each group's scale is loaded once and its values are a branch-free loop of table loads and
  * multiplies (no division per value, the output type and direction chosen once per call; an odd first or
- * last value of a span is the only one taken alone). Transposed, FP4_RB rows are decoded into a small
- * row-major scratch and then written column by column, FP4_RB contiguous values per output row, instead of
- * one value per output row and decoded row. */
-enum { FP4_RB = 32, FP4_CB = 128 };
+ * last value of a span is the only one taken alone). Transposed, see fp4_quads and fp4_columns. */
+enum { FP4_RB = 32, FP4_CB = 128, FP4_AHEAD = 16 };
+#if defined(__SSE__) || defined(_M_X64)
+#include <xmmintrin.h>
+#define FP4_SSE 1
+#else
+#define FP4_SSE 0
+#endif
+#if defined(__GNUC__)
+#define FP4_PREFETCH(p) __builtin_prefetch(p)
+#else
+#define FP4_PREFETCH(p) ((void)(p))
+#endif
 
 typedef struct {
     const uint8_t *codes;
     const float *pairs, *scales;
     Py_ssize_t code_step, scale_step, first, width, group, n, out_step;
 } Fp4Job;
+
+/* Transposed, a stored row's values go to as many output rows, a cache line of codes and one of scales
+ * per view row's worth: the rows FP4_AHEAD on are fetched while this one decodes (their lines are far
+ * apart, beyond what the hardware prefetchers follow). b0, b1: the first and last byte of the values, g0:
+ * their first group (no division per row). */
+ALWAYS_INLINE void fp4_fetch_row(const Fp4Job *job, Py_ssize_t r, Py_ssize_t b0, Py_ssize_t b1, Py_ssize_t g0) {
+    const uint8_t *c = job->codes + r * job->code_step;
+    FP4_PREFETCH(c + b0);
+    FP4_PREFETCH(c + b1);
+    FP4_PREFETCH(job->scales + r * job->scale_step + g0);
+}
 
 /* Values [j0, j1) of row r (0 <= j0 <= j1, the row's own value indices) into dst[0 .. j1 - j0). */
 ALWAYS_INLINE void fp4_span(const Fp4Job *job, Py_ssize_t r, Py_ssize_t j0, Py_ssize_t j1, float *restrict dst) {
@@ -408,33 +428,145 @@ static void fp4_rows_f16(const Fp4Job *job, uint16_t *restrict out) {
         }
 }
 
-ALWAYS_INLINE void fp4_columns(const Fp4Job *job, void *out, int half) {
+/* The stored-row positions [lo, hi) of a band of rb rows whose first value would go to out[base]: those
+ * inside [0, out_len) (a window's first and last output rows are cut, every other row is whole). */
+ALWAYS_INLINE void fp4_clip(Py_ssize_t base, Py_ssize_t rb, Py_ssize_t out_len, Py_ssize_t *lo, Py_ssize_t *hi) {
+    *lo = base < 0 ? -base : 0;
+    *hi = out_len - base < rb ? out_len - base : rb;
+}
+
+/* Transposed: value j of stored row r goes to out[(j - first) * out_step + r + offset] when that index lies
+ * in [0, out_len): an output of whole rows (offset 0), a part of one (offset: the part's first stored row),
+ * or a window of the view's values cut anywhere (a read that is not whole view rows, written in place:
+ * the cut rows' other values are decoded and dropped, never written). The portable way (and the last
+ * n % 4 rows of fp4_quads' calls): per band of FP4_RB stored rows and FP4_CB values, the values are decoded
+ * row-major into `buf`, then written out FP4_RB contiguous values per output row. */
+ALWAYS_INLINE void fp4_columns(const Fp4Job *job, void *out, int half, Py_ssize_t offset, Py_ssize_t out_len) {
     float buf[FP4_RB * FP4_CB];
     const Py_ssize_t n = job->n, width = job->width, first = job->first, step = job->out_step;
     for (Py_ssize_t r0 = 0; r0 < n; r0 += FP4_RB) {
         const Py_ssize_t rb = r0 + FP4_RB < n ? FP4_RB : n - r0;
         for (Py_ssize_t j0 = 0; j0 < width; j0 += FP4_CB) {
-            const Py_ssize_t cb = j0 + FP4_CB < width ? FP4_CB : width - j0;
-            for (Py_ssize_t i = 0; i < rb; i++) fp4_span(job, r0 + i, first + j0, first + j0 + cb, buf + i * cb);
+            const Py_ssize_t cb = j0 + FP4_CB < width ? FP4_CB : width - j0, g_first = (first + j0) / job->group;
+            for (Py_ssize_t i = 0; i < rb; i++) {
+                if (r0 + i + FP4_AHEAD < n)
+                    fp4_fetch_row(job, r0 + i + FP4_AHEAD, (first + j0) / 2, (first + j0 + cb - 1) / 2, g_first);
+                fp4_span(job, r0 + i, first + j0, first + j0 + cb, buf + i * cb);
+            }
             for (Py_ssize_t j = 0; j < cb; j++) {
+                const Py_ssize_t base = (j0 + j) * step + r0 + offset;
+                Py_ssize_t lo, hi;
+                fp4_clip(base, rb, out_len, &lo, &hi);
                 if (half) {
-                    uint16_t *o = (uint16_t *)out + (j0 + j) * step + r0;
-                    for (Py_ssize_t i = 0; i < rb; i++) o[i] = f32_to_f16(bits_of(buf[i * cb + j]));
-                } else if (rb == FP4_RB) {
-                    float *restrict o = (float *)out + (j0 + j) * step + r0;
-                    for (int i = 0; i < FP4_RB; i++) o[i] = buf[i * cb + j];
+                    uint16_t *o = (uint16_t *)out + base;
+                    for (Py_ssize_t i = lo; i < hi; i++) o[i] = f32_to_f16(bits_of(buf[i * cb + j]));
                 } else {
-                    float *o = (float *)out + (j0 + j) * step + r0;
-                    for (Py_ssize_t i = 0; i < rb; i++) o[i] = buf[i * cb + j];
+                    float *o = (float *)out + base;
+                    for (Py_ssize_t i = lo; i < hi; i++) o[i] = buf[i * cb + j];
                 }
             }
         }
     }
 }
 
-static void fp4_run(const Fp4Job *job, void *out, int half, int transpose) {
+#if FP4_SSE
+/* 4 values of stored row c (j even): two bytes' pairs from the table. */
+ALWAYS_INLINE __m128 fp4_four(const float *t, const uint8_t *c, Py_ssize_t j) {
+    return _mm_loadh_pi(_mm_loadl_pi(_mm_setzero_ps(), (const __m64 *)(t + 2 * c[j / 2])),
+                        (const __m64 *)(t + 2 * c[j / 2 + 1]));
+}
+
+/* out[base .. base + 4) = v, of which only the indices in [0, out_len) (a window's cut ends). */
+ALWAYS_INLINE void fp4_put4(float *out, Py_ssize_t base, Py_ssize_t out_len, __m128 v) {
+    if (base >= 0 && base + 4 <= out_len) {
+        _mm_storeu_ps(out + base, v);
+    } else {
+        float four[4];
+        _mm_storeu_ps(four, v);
+        for (Py_ssize_t q = 0; q < 4; q++)
+            if (base + q >= 0 && base + q < out_len) out[base + q] = four[q];
+    }
+}
+
+/* Transposed float32 with SSE (fp4_columns' meaning), stored rows 4 at a time (the first n & ~3; the rest
+ * go to fp4_columns): the 4 rows' values j .. j + 3 (one group's, two bytes a row: 4 vectors), times their
+ * scales, are transposed in registers into the 4 output rows' values of those stored rows, one 16-byte store
+ * each: no scratch, 2 table loads, 1 multiply and 1 store per 4 values. A span's odd first value, and a
+ * group's last 2 or 1, go the same way with 1 or 2 of the 4 output rows stored. The same products as
+ * fp4_span (the multiply is IEEE float32 either way). float16 stays with fp4_columns: its conversion, one
+ * value at a time, is what costs there. */
+static Py_ssize_t fp4_quads(const Fp4Job *job, float *out, Py_ssize_t offset, Py_ssize_t out_len) {
+    const Py_ssize_t n = job->n & ~(Py_ssize_t)3, first = job->first, end = first + job->width;
+    const Py_ssize_t step = job->out_step, group = job->group, cs = job->code_step, ss = job->scale_step;
+    const float *t = job->pairs;
+    const Py_ssize_t g_first = first / group;
+    for (Py_ssize_t r = 0; r < n; r += 4) {
+        const uint8_t *c0 = job->codes + r * cs, *c1 = c0 + cs, *c2 = c1 + cs, *c3 = c2 + cs;
+        const float *s0 = job->scales + r * ss;
+        for (Py_ssize_t a = r + FP4_AHEAD; a < r + FP4_AHEAD + 4 && a < job->n; a++)
+            fp4_fetch_row(job, a, first / 2, (end - 1) / 2, g_first);
+        for (Py_ssize_t g0 = first, g = g_first; g0 < end; g++) {
+            const Py_ssize_t g1 = (g + 1) * group < end ? (g + 1) * group : end;
+            const __m128 k0 = _mm_set1_ps(s0[g]), k1 = _mm_set1_ps(s0[ss + g]);
+            const __m128 k2 = _mm_set1_ps(s0[2 * ss + g]), k3 = _mm_set1_ps(s0[3 * ss + g]);
+            for (Py_ssize_t j = g0; j < g1;) {
+                __m128 v0, v1, v2, v3;
+                Py_ssize_t m;
+                if ((j & 1) || j + 1 == g1) {  /* one value: a high nibble first or a low nibble last */
+                    const Py_ssize_t h = j & 1;
+                    v0 = _mm_load_ss(t + 2 * c0[j / 2] + h);
+                    v1 = _mm_load_ss(t + 2 * c1[j / 2] + h);
+                    v2 = _mm_load_ss(t + 2 * c2[j / 2] + h);
+                    v3 = _mm_load_ss(t + 2 * c3[j / 2] + h);
+                    m = 1;
+                } else if (j + 4 <= g1) {
+                    v0 = fp4_four(t, c0, j);
+                    v1 = fp4_four(t, c1, j);
+                    v2 = fp4_four(t, c2, j);
+                    v3 = fp4_four(t, c3, j);
+                    m = 4;
+                } else {  /* a group's last two values */
+                    v0 = _mm_loadl_pi(_mm_setzero_ps(), (const __m64 *)(t + 2 * c0[j / 2]));
+                    v1 = _mm_loadl_pi(_mm_setzero_ps(), (const __m64 *)(t + 2 * c1[j / 2]));
+                    v2 = _mm_loadl_pi(_mm_setzero_ps(), (const __m64 *)(t + 2 * c2[j / 2]));
+                    v3 = _mm_loadl_pi(_mm_setzero_ps(), (const __m64 *)(t + 2 * c3[j / 2]));
+                    m = 2;
+                }
+                v0 = _mm_mul_ps(v0, k0);
+                v1 = _mm_mul_ps(v1, k1);
+                v2 = _mm_mul_ps(v2, k2);
+                v3 = _mm_mul_ps(v3, k3);
+                _MM_TRANSPOSE4_PS(v0, v1, v2, v3);
+                const Py_ssize_t base = (j - first) * step + r + offset;
+                fp4_put4(out, base, out_len, v0);
+                if (m > 1) fp4_put4(out, base + step, out_len, v1);
+                if (m > 2) {
+                    fp4_put4(out, base + 2 * step, out_len, v2);
+                    fp4_put4(out, base + 3 * step, out_len, v3);
+                }
+                j += m;
+            }
+            g0 = g1;
+        }
+    }
+    return n;
+}
+#endif
+
+static void fp4_run(const Fp4Job *job, void *out, int half, int transpose, Py_ssize_t offset, Py_ssize_t out_len) {
     if (transpose) {
-        if (half) fp4_columns(job, out, 1); else fp4_columns(job, out, 0);
+        Py_ssize_t done = 0;
+#if FP4_SSE
+        if (!half) done = fp4_quads(job, (float *)out, offset, out_len);
+#endif
+        if (done < job->n) {  /* the rows fp4_quads leaves (all of them without SSE, or for float16) */
+            Fp4Job rest = *job;
+            rest.codes += done * job->code_step;
+            rest.scales += done * job->scale_step;
+            rest.n -= done;
+            if (half) fp4_columns(&rest, out, 1, offset + done, out_len);
+            else fp4_columns(&rest, out, 0, offset + done, out_len);
+        }
     } else if (half) {
         fp4_rows_f16(job, (uint16_t *)out);
     } else {
@@ -444,29 +576,29 @@ static void fp4_run(const Fp4Job *job, void *out, int half, int transpose) {
 
 static PyObject *fp4_rows(PyObject *self, PyObject *args) {
     Py_buffer codes, pairs, scales, out;
-    Py_ssize_t code_step, scale_step, first, width, group, n, out_step;
+    Py_ssize_t code_step, scale_step, first, width, group, n, out_step, offset;
     int out_half, transpose;
     (void)self;
-    if (!PyArg_ParseTuple(args, "y*ny*y*nnnnw*inpn", &codes, &code_step, &pairs, &scales, &scale_step, &first,
-                          &width, &group, &out, &out_half, &n, &transpose, &out_step))
+    if (!PyArg_ParseTuple(args, "y*ny*y*nnnnw*inpnn", &codes, &code_step, &pairs, &scales, &scale_step, &first,
+                          &width, &group, &out, &out_half, &n, &transpose, &out_step, &offset))
         return NULL;
     PyObject *result = NULL;
-    /* the bytes and groups a row's values [first, first + width) lie in; the values out must hold: transposed,
-     * `width` output rows `out_step` apart (the part's rows are columns [0, n) of a wider output: a call per
-     * range of stored rows), else n rows of `width` */
+    /* the bytes and groups a row's values [first, first + width) lie in; the values out must hold: n rows of
+     * `width` (transposed, every write is clipped to out instead: `width` output rows `out_step` apart, the
+     * part's rows at columns offset .. offset + n of them, of which out may hold any window) */
     const Py_ssize_t bytes = (first + width + 1) / 2, groups = group > 0 ? (first + width + group - 1) / group : 0;
-    const Py_ssize_t needed = transpose ? (width - 1) * out_step + n : n * width;
+    const Py_ssize_t needed = transpose ? 0 : n * width, out_len = out.len / (out_half ? 2 : 4);
     if (width <= 0 || first < 0 || group <= 0 || group % 2 || n < 0 || code_step < bytes || scale_step < groups
         || (transpose && out_step < n)) {
         PyErr_SetString(PyExc_ValueError, "row geometry does not fit");
     } else if (pairs.len != 512 * 4 || (n && (codes.len < (n - 1) * code_step + bytes
-               || scales.len / 4 < (n - 1) * scale_step + groups || out.len / (out_half ? 2 : 4) < needed))) {
+               || scales.len / 4 < (n - 1) * scale_step + groups || out_len < needed))) {
         PyErr_SetString(PyExc_ValueError, "a buffer is too small for the rows");
     } else {
         const Fp4Job job = {(const uint8_t *)codes.buf, (const float *)pairs.buf, (const float *)scales.buf,
                             code_step, scale_step, first, width, group, n, out_step};
         Py_BEGIN_ALLOW_THREADS
-        fp4_run(&job, out.buf, out_half != 0, transpose);
+        fp4_run(&job, out.buf, out_half != 0, transpose, offset, out_len);
         Py_END_ALLOW_THREADS
         result = Py_None;
         Py_INCREF(result);
@@ -481,8 +613,9 @@ static PyObject *fp4_rows(PyObject *self, PyObject *args) {
 static PyMethodDef METHODS[] = {
     {"fp4_rows", fp4_rows, METH_VARARGS,
      "fp4_rows(codes, code_step, pairs, scales, scale_step, first, width, group, out, out_half, n_rows, "
-     "transpose, out_step): values [first, first + width) of rows of E2M1 nibbles times a scale per group into "
-     "out (or its columns, output rows out_step apart)."},
+     "transpose, out_step, offset): values [first, first + width) of rows of E2M1 nibbles times a scale per group "
+     "into out (or, transposed, its columns: value j of row r at out[(j - first) * out_step + r + offset] where "
+     "that lies inside out)."},
     {"scaled_rows", scaled_rows, METH_VARARGS,
      "scaled_rows(codes, table, width, scales, scale_rows, groups, block_width, zeros, out, out_half, n_rows): "
      "rows of a scaled-codes weight (FP8, int8) into out."},

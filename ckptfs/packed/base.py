@@ -66,14 +66,19 @@ class Layout:
     scale_type: str                             # F16 | BF16 | F32: the dtype the reference computes in
     decode: Callable[[Parts, int, int, np.ndarray | None], np.ndarray]
     row_align: int = 1                          # row tiles start at multiples of this
-    # a read that cuts a tile decodes the rows it touches in one call, into a scratch array whose bytes it
-    # copies: for gpt-oss' experts, whose every call sweeps all of an expert's stored rows (a view row is a
-    # stored column) and whose kernel starts inside a 32-row block column. Otherwise the row_align runs
-    # wholly inside are decoded into place and the (at most two) the ends cut by calls of their own.
+    # a read that cuts a tile decodes the rows it touches in one call: for gpt-oss' experts, whose every
+    # call sweeps all of an expert's stored rows (a view row is a stored column) and whose kernel starts
+    # inside a 32-row block column; straight into the read's buffer by ``window`` where it takes the call,
+    # else into a scratch array whose bytes are copied. Otherwise the row_align runs wholly inside are
+    # decoded into place and the (at most two) the ends cut by calls of their own.
     cut_in_one_call: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
     # the same rows through the C kernel, into a float32/float16 buffer; False when it cannot take the call
     kernel: Callable[[Parts, int, int, np.ndarray], bool] | None = None
+    # with cut_in_one_call: window(parts, o0, o1, skip, out) writes values [skip, skip + out.size) of rows
+    # [o0, o1) (flattened) into out through the C kernel, the cut rows' other values left out; False when
+    # it cannot take the call
+    window: Callable[[Parts, int, int, int, np.ndarray], bool] | None = None
     # the view's shape when it is not [out_features, in_features] (gpt-oss experts [E, in, out]): rows are
     # then the flattened leading axes, prod(view_shape[:-1]) == out_features, view_shape[-1] == in_features
     view_shape: tuple[int, ...] | None = None

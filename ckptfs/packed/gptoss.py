@@ -24,7 +24,9 @@ same pass); numpy is the reference and fallback. The kernel starts and ends anyw
 (any nibble), so a read that cuts a tile (a 1 MiB read cuts one or two of these 720 KiB tiles) decodes only
 the rows it touches, not the whole 32-row block columns they lie in, and in one call
 (``cut_in_one_call``): a call's cost is mostly the expert's stored rows it sweeps (a cache line of each for
-a view row as for 32), so the rows a read's ends cut are not decoded by calls of their own.
+a view row as for 32), so the rows a read's ends cut are not decoded by calls of their own. That call writes
+the read's values straight into its buffer (``window``: the kernel leaves out the cut rows' values outside
+the read), with no scratch rows to copy from.
 """
 
 from __future__ import annotations
@@ -102,15 +104,18 @@ def build(prefix: str, parts: Mapping[str, TensorInfo], settings: Mapping[str, A
             r += i1 - i0
         return result
 
-    def kernel(reader: Parts, o0: int, o1: int, dest: np.ndarray) -> bool:
-        """Any rows, expert by expert: view rows [i0, i1) of expert x are values [i0 - 32 k0, i1 - 32 k0) of
-        the expert's stored rows from block column k0 = i0 // 32, written transposed; the stored rows in
-        parts of multiples of 32, one per core (``spread``: the kernel runs without the GIL), each writing
-        its columns of the rows."""
+    ranges = _parts(out, DECODE_TASKS)  # the stored rows in one part per core, the same for every call
+
+    def window(reader: Parts, o0: int, o1: int, skip: int, dest: np.ndarray) -> bool:
+        """Values ``[skip, skip + dest.size)`` of rows ``[o0, o1)`` (flattened) into ``dest``, expert by
+        expert: view rows [i0, i1) of expert x are values [i0 - 32 k0, i1 - 32 k0) of the expert's stored rows
+        from block column k0 = i0 // 32, written transposed; the stored rows in parts of multiples of 32, one
+        per core (``spread``: the kernel runs without the GIL), each writing its columns of the rows, the
+        kernel leaving out what falls outside ``dest`` (the rows a read's ends cut)."""
         if not native.available() or dest.dtype not in (np.float32, np.float16) or not dest.flags.c_contiguous \
                 or not dest.flags.writeable:
             return False
-        rows = dest.reshape(o1 - o0, out)
+        flat = dest.reshape(-1)
         tasks = []
         r = o0
         while r < o1:
@@ -119,17 +124,22 @@ def build(prefix: str, parts: Mapping[str, TensorInfo], settings: Mapping[str, A
             k0 = i0 // BLOCK
             codes, s = expert(reader, x)
             flat_codes, flat_scales = codes.reshape(-1), s.reshape(-1)
-            place = rows[r - o0:r - o0 + i1 - i0].reshape(-1)
-            for a, b in _parts(out, DECODE_TASKS):
+            at = (r - o0) * out - skip  # where the expert's first view row starts in dest
+            for a, b in ranges:
                 tasks.append(functools.partial(
-                    _columns, place[a:], flat_codes[a * columns * BLOCK // 2 + k0 * BLOCK // 2:],
+                    _columns, flat, flat_codes[a * columns * BLOCK // 2 + k0 * BLOCK // 2:],
                     columns * BLOCK // 2, E2M1_DOUBLE_PAIRS, flat_scales[a * columns + k0:], columns, i1 - i0, BLOCK,
-                    b - a, transpose=True, first=i0 - k0 * BLOCK, out_step=out))
+                    b - a, transpose=True, first=i0 - k0 * BLOCK, out_step=out, offset=at + a))
             r += i1 - i0
         spread(tasks)
         return True
 
+    def kernel(reader: Parts, o0: int, o1: int, dest: np.ndarray) -> bool:
+        """Rows [o0, o1) whole (``window``)."""
+        return dest.size == (o1 - o0) * out and window(reader, o0, o1, 0, dest)
+
     parameters = {"quant_method": "mxfp4", "block_size": BLOCK, "experts": experts, "scale": "ldexp(code, e - 127)",
                   "stored_layout": "[E, out, in/32, 16]", "reference_dtype": "BF16"}
     return Layout(METHOD, parameters, experts * in_features, out, {"blocks": blocks, "scales": scales}, "F32",
-                  decode, row_align=BLOCK, cut_in_one_call=True, kernel=kernel, view_shape=(experts, in_features, out))
+                  decode, row_align=BLOCK, cut_in_one_call=True, kernel=kernel, window=window,
+                  view_shape=(experts, in_features, out))

@@ -100,7 +100,7 @@ def scaled_rows(out: np.ndarray, codes: np.ndarray, table: np.ndarray, scales: n
 
 def fp4_rows(out: np.ndarray, codes: np.ndarray, code_step: int, pairs: np.ndarray, scales: np.ndarray,
              scale_step: int, width: int, group: int, rows: int, transpose: bool = False, first: int = 0,
-             out_step: int | None = None) -> bool:
+             out_step: int | None = None, offset: int | None = None) -> bool:
     """Values ``[first, first + width)`` of ``rows`` rows of E2M1 nibbles (``minifloats``) into ``out``
     (float32 or float16, ``rows * width`` values, contiguous): value ``j`` of row ``r`` is
     ``pairs[byte][j % 2] * scales[r * scale_step + j // group]`` with ``byte = codes[r * code_step + j // 2]``
@@ -108,14 +108,19 @@ def fp4_rows(out: np.ndarray, codes: np.ndarray, code_step: int, pairs: np.ndarr
     output's columns, ``out_step`` values apart (default ``rows``: a range of stored rows decoded on its own
     writes its columns of a wider output; ``out`` then starts at the range's first column and holds at least
     ``(width - 1) * out_step + rows`` values). ``first`` may be odd (a span starting at a high nibble).
+    Transposed with ``offset``, ``out`` is a window of such an output cut anywhere: value ``j`` of row ``r``
+    goes to ``out[(j - first) * out_step + r + offset]`` where that index lies inside ``out``, and nothing
+    outside it is written (a read's values in place, whatever rows its ends cut).
     Returns False (nothing written) when the kernel cannot take the call."""
     step = rows if out_step is None else out_step
     size = (width - 1) * step + rows if transpose else rows * width
+    window = transpose and offset is not None
     if not available() or out.dtype not in _OUT_TYPES or not out.flags.c_contiguous or not out.flags.writeable \
-            or (out.size != size if out_step is None else out.size < size) or not codes.flags.c_contiguous \
-            or not scales.flags.c_contiguous or codes.dtype != np.uint8 or scales.dtype != np.float32:
+            or (not window and (out.size != size if out_step is None else out.size < size)) \
+            or not codes.flags.c_contiguous or not scales.flags.c_contiguous or codes.dtype != np.uint8 \
+            or scales.dtype != np.float32:
         return False
     _kernels.fp4_rows(codes.reshape(-1), code_step, np.ascontiguousarray(pairs, dtype=np.float32).reshape(-1),
                       scales.reshape(-1), scale_step, first, width, group, out.reshape(-1),
-                      int(out.dtype == np.float16), rows, transpose, step)
+                      int(out.dtype == np.float16), rows, transpose, step, 0 if offset is None else offset)
     return True

@@ -32,6 +32,7 @@ from ckptfs.engine.values import CodeValues, TensorValues
 from ckptfs.engine.views import npy_header
 from ckptfs.packed import native
 from ckptfs.packed.base import Absent, Layout
+from ckptfs.packed.native import use_kernel
 
 TILE_TARGET_BYTES = 256 * 1024
 WHOLE_STEP_BYTES = 1024 * 1024
@@ -262,7 +263,8 @@ class PackedData(TensorValues):
         """Bytes [a, b) decoded without the cache: the runs of ``row_align`` rows wholly inside straight into
         ``target`` (``spread``: cut in parts decoded on every core, ``spread_runs``), the (at most two) the
         ends cut through a scratch array (``range_into``); with the layout's ``cut_in_one_call``, every row
-        the range touches in one call (into ``target`` when the range is whole rows)."""
+        the range touches in one call, into ``target`` (whole rows, or any whole values by the layout's
+        ``window``; else through a scratch array)."""
         align, out_rows = self.layout.row_align, self.layout.out_features
         unit = align * self.row_elements
         if self.layout.cut_in_one_call:
@@ -270,7 +272,7 @@ class PackedData(TensorValues):
             r0, r1 = a // row_bytes, -(-b // row_bytes)
             if a == r0 * row_bytes and b == min(r1, out_rows) * row_bytes:
                 self._decode(r0, r1, target.view(self.dtype))
-            else:
+            elif not self._window_into(a, r0, r1, target):
                 target[:] = self._decode(r0, r1).view(np.uint8)[a - r0 * row_bytes: b - r0 * row_bytes]
             return
 
@@ -286,6 +288,15 @@ class PackedData(TensorValues):
             return out
 
         range_into(a, b, target, unit * self.dtype.itemsize, self.dtype, decode)
+
+    def _window_into(self, a: int, r0: int, r1: int, target: np.ndarray) -> bool:
+        """Bytes [a, a + len(target)) of rows [r0, r1) written in place by the layout's ``window`` kernel,
+        when the range is whole values: no scratch rows and no copy. False when it cannot (no window
+        kernel, the numpy backend, a range cut inside a value): the caller decodes the rows whole."""
+        item, window = self.dtype.itemsize, self.layout.window
+        if window is None or a % item or len(target) % item or not use_kernel(self.backend, True):
+            return False
+        return window(self._reader, r0, r1, a // item - r0 * self.row_elements, target.view(self.dtype))
 
     # read-ahead (ckptfs.engine.decode_ahead) treats tiles as block groups
     def group_of_element(self, e: int) -> int:

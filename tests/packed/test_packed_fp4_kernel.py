@@ -100,3 +100,38 @@ def test_gptoss_row_ranges_that_start_and_end_inside_block_columns(tmp_path):
                 with np.errstate(over="ignore"):
                     assert same_bits(got, expected[o0:o1].astype(dtype)), (dtype, o0, o1)
             assert taken == [True] * len(ranges)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_transposed_windows_write_exactly_their_values(dtype):
+    """The transposed kernel's windows (``offset``: a read's values in place, cut anywhere): stored rows in
+    whole and partial 32-row bands (77 = 32 + 32 + 13), in parts of their own, spans from odd and even
+    nibbles, windows starting and ending inside output rows and inside bands, smaller than a band: every
+    value is the numpy path's, and not one value outside the window is written."""
+    from ckptfs.packed import native
+    from ckptfs.packed.minifloats import E2M1_DOUBLE_PAIRS, E8M0_HALF, e2m1_rows
+
+    rng = np.random.default_rng(21)
+    rows, columns = 77, 5
+    codes = rng.integers(0, 256, (rows, columns * 16), dtype=np.uint8)
+    scales = E8M0_HALF[rng.integers(100, 140, (rows, columns))]
+    scales[3, 1], scales[40, 0] = E8M0_HALF[255], E8M0_HALF[0]
+    values = e2m1_rows(codes, scales, 32, pairs=E2M1_DOUBLE_PAIRS)  # [rows, columns * 32]
+    cases = [(first, width) for first in (0, 1, 6, 31, 33, 63) for width in (1, 2, 5, 31, 64, 160 - first)]
+    for first, width in cases:
+        with np.errstate(over="ignore"):
+            full = values[:, first:first + width].T.astype(dtype).reshape(-1)  # the output's rows, flattened
+        for skip, count in {(0, full.size), (1, full.size - 1), (13, 40), (rows - 1, 2), (5, 200), (76, 1),
+                            (full.size - 3, 3), (33, rows * 3 + 7), (0, 1), (0, rows * 3 + 10),
+                            (rows + 5, rows * 3 + 1)}:
+            if skip + count > full.size or count <= 0:
+                continue
+            for parts in ([(0, rows)], [(0, 32), (32, 77)], [(0, 64), (64, 77)]):
+                buf = np.full(count + 2 * 64, 7, dtype)
+                window = buf[64:64 + count]
+                for a, b in parts:
+                    assert native.fp4_rows(window, codes.reshape(-1)[a * columns * 16:], columns * 16,
+                                           E2M1_DOUBLE_PAIRS, scales.reshape(-1)[a * columns:], columns, width,
+                                           32, b - a, transpose=True, first=first, out_step=rows, offset=a - skip)
+                assert same_bits(window, full[skip:skip + count]), (first, width, skip, count, parts)
+                assert (buf[:64] == 7).all() and (buf[64 + count:] == 7).all(), (first, width, skip, count, parts)

@@ -128,10 +128,20 @@ def test_odd_ranges_in_float16_equal_read(folder):
         assert bytes(buf[:done]) == whole[offset: offset + n], (offset, n)
 
 
-def test_a_gptoss_stream_decodes_only_the_rows_it_serves(tmp_path):
-    """gpt-oss' tiles are whole 32-row block columns (256 rows of 1 KiB here); a request that cuts them, at
-    rows that are no multiple of 32, decodes only the rows under it, not the block columns they lie in (each
-    row once, plus the two rows each request's ends cut through), and every byte is the formula's."""
+def counted_windows(layout) -> list[tuple[int, int, int, int]]:
+    """Each call of the layout's window kernel from now on: ``(first row, end row, skip, values)``."""
+    calls: list[tuple[int, int, int, int]] = []
+    window = layout.window
+
+    def spy(reader, o0, o1, skip, out):
+        calls.append((o0, o1, skip, out.size))
+        return window(reader, o0, o1, skip, out)
+
+    layout.window = spy
+    return calls
+
+
+def gptoss_view(tmp_path, dtype: str = "float32"):
     from fp4_fixtures import GPT_OSS_CONFIG, gptoss_experts, gptoss_formula
     from packed_fixtures import write_folder
 
@@ -139,13 +149,48 @@ def test_a_gptoss_stream_decodes_only_the_rows_it_serves(tmp_path):
     parts = gptoss_experts(np.random.default_rng(4), 2, 256, 320)
     path = write_folder(tmp_path / "m", {}, GPT_OSS_CONFIG,
                         extra_tensors={f"{experts}_{role}": value for role, value in parts.items()})
-    ck = ckptfs.open(path, cache_size=64 << 20)
-    view = MountTree(ck).view(experts + ".npy")
+    ck = ckptfs.open(path, cache_size=64 << 20, dtype=dtype)
+    return ck, MountTree(ck).view(experts + ".npy"), gptoss_formula(parts["blocks"], parts["scales"])
+
+
+def test_a_gptoss_stream_decodes_only_the_rows_it_serves(tmp_path):
+    """gpt-oss' tiles are whole 32-row block columns (256 rows of 1 KiB here); a request that cuts them, at
+    rows that are no multiple of 32, decodes only the rows under it, not the block columns they lie in (each
+    row once, plus the two rows each request's ends cut through), in place: the kernel writes the request's
+    values straight into its buffer (the cut rows' other values left out), through no scratch rows, and
+    every byte is the formula's."""
+    _, view, expected = gptoss_view(tmp_path)
     assert view.data.rows_per_tile % 32 == 0 and view.data.info.block_elements * 4 > 20 * KIB
-    calls = counted(view.data)
+    calls, windows = counted(view.data), counted_windows(view.data.layout)
     request = 20 * KIB + 4  # every request cuts a tile at both ends, at rows that are no multiple of 32
     data = streamed(view, request, keep=False)
-    assert same_bits(np.load(io.BytesIO(data)), gptoss_formula(parts["blocks"], parts["scales"]))
-    rows = sum(o1 - o0 for o0, o1, _ in calls)
+    assert same_bits(np.load(io.BytesIO(data)), expected)
+    rows = sum(o1 - o0 for o0, o1, _ in calls) + sum(o1 - o0 for o0, o1, _, _ in windows)
     requests = -(-view.size // request)
     assert 2 * 320 <= rows <= 2 * 320 + 2 * requests
+    assert not [c for c in calls if not c[2]]  # nothing decoded into a scratch array
+    assert len(windows) >= requests - 2 and all(values * 4 <= request for *_, values in windows)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_gptoss_reads_cut_anywhere_equal_the_formula(tmp_path, dtype):
+    """Reads of gpt-oss' ``.npy`` at random offsets and lengths (inside one view row, across experts, cut
+    inside a value, ending at the file's end), as a stream reads them (nothing at hand in the cache): every
+    byte is the formula's, float32 and float16, and the bytes past each read are left as they were."""
+    ck, view, expected = gptoss_view(tmp_path, dtype)
+    with np.errstate(over="ignore"):
+        whole = view.header + expected.astype(dtype).tobytes()
+    assert len(whole) == view.size
+    windows = counted_windows(view.data.layout)
+    rng = np.random.default_rng(11)
+    spans = [(len(view.header), 4), (len(view.header) + 2, 6), (view.size - 3000, 3000), (len(view.header), 320 * 2)]
+    item = np.dtype(dtype).itemsize  # whole values (a stream's requests) by the window kernel, others cut
+    spans += [(int(rng.integers(0, view.size // item)) * item, int(rng.integers(1, 75 * KIB)) * item)
+              for _ in range(40)]
+    spans += [(int(rng.integers(0, view.size)), int(rng.integers(1, 300 * KIB))) for _ in range(10)]
+    for offset, n in spans:
+        buf = bytearray(b"\xa5" * (n + 8))
+        done = view.read_into(offset, memoryview(buf)[:n], False)
+        assert bytes(buf[:done]) == whole[offset: offset + n], (offset, n)
+        assert buf[done:] == b"\xa5" * (n + 8 - done)
+    assert tiles_cached(ck, view.data) == 0 and len(windows) >= 30  # the window kernel served them
