@@ -470,10 +470,13 @@ ALWAYS_INLINE void fp4_columns(const Fp4Job *job, void *out, int half, Py_ssize_
 }
 
 #if FP4_SSE
-/* 4 values of stored row c (j even): two bytes' pairs from the table. */
+/* 4 values of stored row c (j even): two bytes' pairs from the table (the bytes in one load: x86 is
+ * little-endian). */
 ALWAYS_INLINE __m128 fp4_four(const float *t, const uint8_t *c, Py_ssize_t j) {
-    return _mm_loadh_pi(_mm_loadl_pi(_mm_setzero_ps(), (const __m64 *)(t + 2 * c[j / 2])),
-                        (const __m64 *)(t + 2 * c[j / 2 + 1]));
+    uint16_t w;
+    memcpy(&w, c + j / 2, 2);
+    return _mm_loadh_pi(_mm_loadl_pi(_mm_setzero_ps(), (const __m64 *)(t + 2 * (w & 255))),
+                        (const __m64 *)(t + 2 * (w >> 8)));
 }
 
 /* out[base .. base + 4) = v, of which only the indices in [0, out_len) (a window's cut ends). */
