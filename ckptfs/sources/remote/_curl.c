@@ -292,7 +292,7 @@ static int set_options(CURL *easy, Transfer *t, const char *url, struct curl_sli
     SET(CURLOPT_NOSIGNAL, 1L);
     SET(CURLOPT_FOLLOWLOCATION, 0L);
     SET(CURLOPT_HTTP_VERSION, (long)CURL_HTTP_VERSION_1_1);
-    SET(CURLOPT_BUFFERSIZE, (long)(1 << 20));
+    SET(CURLOPT_BUFFERSIZE, (long)(256 << 10)); /* a receive buffer that stays in cache for its copy out */
     SET(CURLOPT_HEADERFUNCTION, on_header);
     SET(CURLOPT_HEADERDATA, (void *)t);
     SET(CURLOPT_WRITEFUNCTION, on_body);
