@@ -1,7 +1,8 @@
 """The bulk byte path in C: one range GET through libcurl (``_curl.c``), the GIL released for the transfer.
 
-``http.HttpRange`` sends its range GETs here when the extension is built and the URL is ``http(s)://`` (the
-probe that opens a file, its tail sample and the Hub's metadata stay on urllib3). The body is copied once,
+``http.HttpRange`` sends its range GETs through ``native.get`` when ``enabled`` says so (the extension is
+built, the URL is ``http(s)://``) and reads the answer with ``outcome``; the probe that opens a file, the
+tail sample asked beside it and the Hub's metadata stay on urllib3. The body is copied once,
 from libcurl's receive buffer into the ``CHUNK``-sized bytes objects the chunk cache keeps, with no Python
 between socket reads; Python is entered once per answer, when its status and headers are in (``decide``:
 the range client's checks, which take the body, drop it, or raise, ending the transfer with the body
