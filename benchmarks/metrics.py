@@ -91,8 +91,8 @@ def per_request_overhead(src: str, repeats: int = 15, calls: int = 5000) -> dict
     from ckptfs.fs.operations import CkptOperations
     from ckptfs.tree.mount_tree import MountTree
 
-    saved = os.environ.get("CKPTFS_PREFETCH")
-    os.environ["CKPTFS_PREFETCH"] = "0"
+    saved = os.environ.get("CKPTFS_DECODE_AHEAD")
+    os.environ["CKPTFS_DECODE_AHEAD"] = "0"
     try:
         with ckptfs.open(src) as ck:
             path = "/" + make_plan(ck, src).largest.file
@@ -117,9 +117,9 @@ def per_request_overhead(src: str, repeats: int = 15, calls: int = 5000) -> dict
                 ops.release(path, handles[timed])
     finally:
         if saved is None:
-            os.environ.pop("CKPTFS_PREFETCH", None)
+            os.environ.pop("CKPTFS_DECODE_AHEAD", None)
         else:
-            os.environ["CKPTFS_PREFETCH"] = saved
+            os.environ["CKPTFS_DECODE_AHEAD"] = saved
     out = {}
     for op in ("getattr", "read"):
         plain, timed = min(times[(op, False)]), min(times[(op, True)])

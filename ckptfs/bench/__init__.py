@@ -9,8 +9,8 @@ counter before and after to show it was cold), random 4 KiB reads in it (p50, p9
 tensor cold and warm, ``np.load(mmap_mode="r")`` with random rows, and sequential scans of every ``.npy``
 and every ``.raw`` with 1 MiB reads (``cat``; ``.raw`` is the mount's transport ceiling), while sampling the
 daemon's anonymous memory (RssAnon of it and its children; file-backed pages of the checkpoint are the
-kernel's page cache and do not count). A second fresh daemon with ``CKPTFS_PREFETCH=0`` repeats the ``.npy``
-scan, so the prefetch gain is measured in the same run.
+kernel's page cache and do not count). A second fresh daemon with ``CKPTFS_DECODE_AHEAD=0`` repeats the ``.npy``
+scan, so the decode-ahead gain is measured in the same run.
 
 Where gguf-py or safetensors is installed (``pip install 'ckptfs[bench]'``; imported here lazily, never by
 the rest of the package), the same workloads run through it: opening the file as a whole process, decoding

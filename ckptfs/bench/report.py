@@ -67,11 +67,11 @@ def _summarize(results: dict[str, Any], reference: Reference | None, cache_size:
     m = results["mount"]
     m["npy_mbs"] = m["npy_bytes"] / m["npy_s"] / 1e6 if m.get("npy_s") else None
     m["raw_mbs"] = m["raw_bytes"] / m["raw_s"] / 1e6 if m.get("raw_s") else None
-    m["npy_noprefetch_mbs"] = (m["npy_noprefetch_bytes"] / m["npy_noprefetch_s"] / 1e6
-                               if m.get("npy_noprefetch_s") else None)
+    m["npy_no_decode_ahead_mbs"] = (m["npy_no_decode_ahead_bytes"] / m["npy_no_decode_ahead_s"] / 1e6
+                               if m.get("npy_no_decode_ahead_s") else None)
     ratios: dict[str, float | None] = {
         "npy_over_raw": _ratio(m["npy_mbs"], m["raw_mbs"]),
-        "prefetch_gain": _ratio(m["npy_mbs"], m["npy_noprefetch_mbs"]),
+        "decode_ahead_gain": _ratio(m["npy_mbs"], m["npy_no_decode_ahead_mbs"]),
     }
     limit = cache_size + RSS_SLACK
     targets = [{"name": "daemon peak RssAnon <= cache + 100 MiB", "value": m["daemon_peak_rss_anon"],
@@ -162,8 +162,8 @@ def render(results: dict[str, Any]) -> str:
     rows += [
         (f".npy stream, 1 MiB reads ({format_size(m['npy_bytes'])})", _mbs(m["npy_mbs"]),
          f"{_mbs(r.get('all_mbs'))} decode" if r else "", _times(q.get("stream"))),
-        ("  prefetch off (a fresh daemon)", _mbs(m["npy_noprefetch_mbs"]), "", ""),
-        ("  prefetch gain", _times(q.get("prefetch_gain")), "", ""),
+        ("  decode-ahead off (a fresh daemon)", _mbs(m["npy_no_decode_ahead_mbs"]), "", ""),
+        ("  decode-ahead gain", _times(q.get("decode_ahead_gain")), "", ""),
         ("  .npy stream / .raw stream", _times(q.get("npy_over_raw")), "", ""),
         (f".raw stream, 1 MiB reads ({format_size(m['raw_bytes'])})", _mbs(m["raw_mbs"]), "", ""),
         ("daemon peak RssAnon (+children)", format_size(m["daemon_peak_rss_anon"]), "", ""),

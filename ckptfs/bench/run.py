@@ -63,7 +63,7 @@ def machine() -> dict[str, Any]:
 def _measure_mount(plan: Plan, workdir: str, options: OpenOptions, progress: Progress, with_reference: bool,
                    results: dict[str, Any]) -> Reference | None:
     """Everything on the first fresh daemon, the reference workloads while it is still mounted (their
-    values are compared with the files it served), then the .npy scan again on a daemon without prefetch."""
+    values are compared with the files it served), then the .npy scan again on a daemon without decode-ahead."""
     m: dict[str, Any] = results["mount"]
     reference = None
     progress.step("mount (cold page cache)")
@@ -76,14 +76,14 @@ def _measure_mount(plan: Plan, workdir: str, options: OpenOptions, progress: Pro
                                                                                                  progress)
             except Exception as exc:  # noqa: BLE001 - a reference that cannot read the file is a finding
                 results["reference_error"] = one_line(f"{type(exc).__name__}: {exc}")
-    progress.step("scan every .npy with prefetch off (a fresh daemon)")
-    with bench_mount(plan.src, workdir, "mnt-noprefetch", options, env={"CKPTFS_PREFETCH": "0"}) as plain:
+    progress.step("scan every .npy with decode-ahead off (a fresh daemon)")
+    with bench_mount(plan.src, workdir, "mnt-no-decode-ahead", options, env={"CKPTFS_DECODE_AHEAD": "0"}) as plain:
         sampler = AnonMemorySampler(plain.pid)
         try:
-            m["npy_noprefetch_bytes"], m["npy_noprefetch_s"] = scan([plain.file(f.file) for f in plan.npy],
+            m["npy_no_decode_ahead_bytes"], m["npy_no_decode_ahead_s"] = scan([plain.file(f.file) for f in plan.npy],
                                                                     progress)
         finally:
-            m["daemon_peak_rss_anon_noprefetch"] = sampler.stop()
+            m["daemon_peak_rss_anon_no_decode_ahead"] = sampler.stop()
     return reference
 
 

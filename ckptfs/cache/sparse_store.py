@@ -428,7 +428,7 @@ class SparseStore(FolderBound):
         The first call starts this process's one check of the file (``_check_sealed``: every chunk's MAC, on
         threads of its own, from the start of the file) and returns the copy at once: ``gate`` is the address
         of an int64 that says how many bytes from the start the check has passed, which a reader serves up to
-        and waits on (a stream opened right after a prefetch runs just behind the check instead of in
+        and waits on (a stream opened right after ``ckptfs prefetch`` runs just behind the check instead of in
         Python); -1 once the check failed. Each call counts as a use of the file for eviction."""
         with self._copy_lock:
             copy = self._copies.get(content_id)

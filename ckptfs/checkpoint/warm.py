@@ -95,7 +95,7 @@ def _warm_tensor(data: TensorValues, bar: Any) -> int:
     group_elements = data.group_blocks * data.info.block_elements
     n_groups = -(-data.available_blocks() // data.group_blocks)
     for g in range(n_groups):
-        data.prefetch_group(g)
+        data.decode_group(g)
         _advance(bar, min(group_elements, data.n_elements - g * group_elements) * item)
     if data.available_blocks() < data.n_blocks:
         data.read(0, data.n_elements)  # raises the CheckpointError naming the missing bytes

@@ -339,7 +339,7 @@ class TensorData(TensorValues):
         except CheckpointError as exc:
             raise exc.about_tensor(self.info.name) from None
 
-    def prefetch_group(self, g: int) -> None:
+    def decode_group(self, g: int) -> None:
         """Decode group ``g`` into the cache if it is not there (for background read-ahead). A group already
         cached is left alone without a lookup, so read-ahead does not count as cache hits."""
         if not self.direct and g * self.group_blocks < self.available_blocks() and self._key(g) not in self._cache:

@@ -22,8 +22,9 @@ a remote source under it fetches what the advice names, following its reader, in
 stream again with a rule of its own. A handle whose stream is not tracked (read-ahead off, a view that does
 not read ahead) leaves the decision to the source.
 
-``CKPTFS_PREFETCH=0`` turns the read-ahead off (for measuring its gain), ``CKPTFS_PREFETCH=kernel`` keeps
-only the advice (no background decoding: no worker thread, no decoded data ahead in memory). Knows nothing
+``CKPTFS_DECODE_AHEAD=0`` turns it off (for measuring its gain), ``CKPTFS_DECODE_AHEAD=kernel`` keeps only
+the advice (no background decoding: no worker thread, no decoded data ahead in memory). ``CKPTFS_PREFETCH``
+is the variable's older name, read when the new one is not set. Knows nothing
 of FUSE: it sees file handles, views and byte ranges.
 """
 
@@ -48,6 +49,8 @@ from ckptfs.sources import ByteSource
 
 log = logging.getLogger(__name__)
 
+DECODE_AHEAD_ENV = "CKPTFS_DECODE_AHEAD"
+#: the older name of DECODE_AHEAD_ENV, kept as an alias (docs/reference/environment.md)
 PREFETCH_ENV = "CKPTFS_PREFETCH"
 MAX_AHEAD_BYTES = 8 << 20
 #: How much of a streamed file's rest is advised at once when the stream is found (its stored bytes: the
@@ -73,12 +76,20 @@ class Sources(Protocol):
     def get(self, path: str) -> ByteSource: ...
 
 
+def _setting() -> str:
+    """``CKPTFS_DECODE_AHEAD``, else its alias ``CKPTFS_PREFETCH``, else "1"."""
+    value = os.environ.get(DECODE_AHEAD_ENV)
+    if value is None:
+        value = os.environ.get(PREFETCH_ENV, "1")
+    return value.strip().lower()
+
+
 def enabled_from_env() -> bool:
-    return os.environ.get(PREFETCH_ENV, "1").strip().lower() not in ("0", "false", "no", "off")
+    return _setting() not in ("0", "false", "no", "off")
 
 
 def decode_ahead_from_env() -> bool:
-    return enabled_from_env() and os.environ.get(PREFETCH_ENV, "").strip().lower() != "kernel"
+    return enabled_from_env() and _setting() != "kernel"
 
 
 @dataclass
@@ -126,7 +137,8 @@ class DecodeAhead:
 
     @classmethod
     def from_env(cls, sources: Sources, cache_capacity: int) -> DecodeAhead:
-        """A prefetcher configured by ``CKPTFS_PREFETCH`` (the mount daemon's)."""
+        """A decode-ahead configured by ``CKPTFS_DECODE_AHEAD`` (its older name ``CKPTFS_PREFETCH`` too: the
+        mount daemon's)."""
         return cls(sources, cache_capacity, enabled_from_env(), decode_ahead=decode_ahead_from_env(), into_reply=True)
 
     def opened(self, fh: int, view: View) -> None:
@@ -157,7 +169,7 @@ class DecodeAhead:
 
     def reading(self, fh: int) -> AbstractContextManager[None]:
         """The scope of a read of handle ``fh``: decided here when the handle's stream is tracked (the source
-        below follows this prefetcher's advice), else left to the source."""
+        below follows this decode-ahead's advice), else left to the source."""
         return decided_above() if fh in self._streams else contextlib.nullcontext()
 
     def on_read(self, fh: int, offset: int, size: int) -> bool:
@@ -325,7 +337,7 @@ class DecodeAhead:
             self._pending.discard(future)
 
     def _run(self, stream: _Stream, generation: int, job: Callable[[], None]) -> None:
-        """A decode job, unless its stream ended, turned random or this prefetcher closed since it was queued
+        """A decode job, unless its stream ended, turned random or this decode-ahead closed since it was queued
         (a failing group fails the read that needs it, with its own error: the scheduler logs it)."""
         if not self._closed and not stream.closed and stream.generation == generation:
             with decided_above():
@@ -336,7 +348,7 @@ class DecodeAhead:
             self._sources.get(path).advise(offset, nbytes, sequential=sequential)
 
     def close(self, wait: bool = False) -> None:
-        """Stop: queued work of this prefetcher is skipped, or with ``wait`` finished first (the scheduler's
+        """Stop: queued work of this decode-ahead is skipped, or with ``wait`` finished first (the scheduler's
         workers are the process's and stay)."""
         if wait:
             with self._lock:

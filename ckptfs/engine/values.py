@@ -108,8 +108,8 @@ class TensorValues(Protocol):
     def group_of_element(self, e: int) -> int: ...
 
     @abstractmethod
-    def prefetch_group(self, g: int) -> None:
-        """Decode group ``g`` into the cache unless it is there (background read-ahead)."""
+    def decode_group(self, g: int) -> None:
+        """Decode group ``g`` into the cache unless it is there (decode-ahead's jobs, a warm-up's walk)."""
 
     @abstractmethod
     def stored_range(self, e0: int, e1: int) -> tuple[int, int]:

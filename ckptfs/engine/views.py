@@ -264,7 +264,7 @@ class NpyView(HeaderBodyView):
             return Ahead(advise)
         group_elements = data.group_blocks * data.info.block_elements
         group_bytes = group_elements * item
-        jobs = tuple((hlen + (g + 1) * group_bytes, group_bytes, functools.partial(data.prefetch_group, g))
+        jobs = tuple((hlen + (g + 1) * group_bytes, group_bytes, functools.partial(data.decode_group, g))
                      for g in range(data.group_of_element(e0), data.group_of_element(e1 - 1) + 1))
         return Ahead(advise, jobs)
 

@@ -77,7 +77,7 @@ class _Plan:
     log_file: logs.LogFile | None
     metrics: tuple[str, int] | None
     #: the background warm-up once ``--prefetch`` started it (``ckptfs stats`` shows its progress)
-    prefetching: list = field(default_factory=list, compare=False)
+    warmups: list = field(default_factory=list, compare=False)
 
     @property
     def log_fd(self) -> int | None:
@@ -229,7 +229,8 @@ def _serve(plan: _Plan, on_ready) -> BaseException | None:
     """Run FUSE until unmounted; the exception it ended with, if any."""
     describe = {"binding": plan.binding.name, "libfuse": plan.binding.libfuse_major, "mountpoint": plan.mountpoint}
     if plan.request.prefetch:
-        describe["prefetch"] = lambda: _prefetch_status(plan)
+        # "prefetch": the key's older name, kept as an alias (docs/guide/remote.md)
+        describe["warmup"] = describe["prefetch"] = lambda: _warmup_status(plan)
     operations = CkptOperations(plan.tree, on_ready, describe=describe,
                                 counters=MountCounters(timed=plan.metrics is not None))
     if plan.log_file is not None:
@@ -265,7 +266,7 @@ def _start_exporter(plan: _Plan, operations: CkptOperations) -> MountError | Non
     return None
 
 
-def _start_prefetch(plan: _Plan) -> list:
+def _start_warmup(plan: _Plan) -> list:
     """``--prefetch``: the background warm-up of the mounted checkpoint's stored bytes, started (none when not
     asked for). A folder of several checkpoints has one per checkpoint, each started when the one before
     it ends; a checkpoint not opened yet is opened by its warm-up."""
@@ -275,15 +276,15 @@ def _start_prefetch(plan: _Plan) -> list:
 
     tree = plan.tree
     if isinstance(tree, MountTree):
-        plan.prefetching.append(BackgroundWarmup.for_checkpoint(tree.checkpoint, _mount_name(plan.request.src)))
+        plan.warmups.append(BackgroundWarmup.for_checkpoint(tree.checkpoint, _mount_name(plan.request.src)))
     else:  # a RepositoryTree
         for index, member in enumerate(tree.repository.members):
             member_sources = functools.partial(_member_sources, tree, index)
-            plan.prefetching.append(BackgroundWarmup(member_sources, member.name))
+            plan.warmups.append(BackgroundWarmup(member_sources, member.name))
     before = None
-    for warmup in plan.prefetching:
+    for warmup in plan.warmups:
         before = warmup.start(after=before)
-    return list(plan.prefetching)
+    return list(plan.warmups)
 
 
 def _member_sources(tree: RepositoryTree, index: int) -> list[ByteSource]:
@@ -293,16 +294,16 @@ def _member_sources(tree: RepositoryTree, index: int) -> list[ByteSource]:
     return checkpoint_sources(tree.member_tree(index).checkpoint)
 
 
-def _prefetch_status(plan: _Plan) -> dict:
+def _warmup_status(plan: _Plan) -> dict:
     """``--prefetch``'s entry in the mount's stats: the warm-up's state and progress, read when asked (a
     repository's: each checkpoint's under ``checkpoints``, and their sums)."""
-    if not plan.prefetching:
+    if not plan.warmups:
         return {"state": "starting"}
     if isinstance(plan.tree, MountTree):
-        return plan.prefetching[0].status()
+        return plan.warmups[0].status()
     from ckptfs.sources.remote.warmup import combined_status
 
-    return combined_status({warmup.name: warmup for warmup in plan.prefetching})
+    return combined_status({warmup.name: warmup for warmup in plan.warmups})
 
 
 def _describe(plan: _Plan) -> str:
@@ -370,7 +371,7 @@ class _StartupCheck:
         if self._lock is not None:
             self._lock.release()
         log.info("mounted %s", _describe(plan))
-        self._warmup.extend(_start_prefetch(plan))
+        self._warmup.extend(_start_warmup(plan))
 
     def settle(self) -> str:
         """Once the session has ended: the outcome (``"moot"`` if the check was still waiting), after the
@@ -433,7 +434,7 @@ def _run_daemon(plan: _Plan, pipe: ReadinessPipe) -> int:
         capture.release(after_start)
         log.info("mounted %s", _describe(plan))
         pipe.ok()
-        warmup.extend(_start_prefetch(plan))
+        warmup.extend(_start_warmup(plan))
 
     try:
         error = _serve(plan, on_ready)

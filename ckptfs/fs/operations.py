@@ -179,7 +179,7 @@ class CkptOperations:
         #: handles opened with O_DIRECT: what they read the kernel's page cache does not hold (see _serve)
         self._uncached: set[int] = set()
         use_one_malloc_arena()  # a memory bound, not a speed-up to switch off (fs/kernel.py)
-        self._prefetch = DecodeAhead.from_env(tree.sources, tree.cache.capacity)
+        self._decode_ahead = DecodeAhead.from_env(tree.sources, tree.cache.capacity)
         self._next_handle = itertools.count(1)
         self._stored_bytes = tree.stored_bytes()
         #: plain ranges of local files, read in C without the GIL once the binding installed it (fs/direct.py)
@@ -229,7 +229,7 @@ class CkptOperations:
         """Unmount: stop read-ahead, then close the cache tiers and the sources (never raises: libfuse is
         tearing the session down and cannot report an error)."""
         try:
-            self._prefetch.close(wait=False)
+            self._decode_ahead.close(wait=False)
             self.tree.close()
         except Exception:
             log.exception("closing the checkpoint at unmount failed")
@@ -281,7 +281,7 @@ class CkptOperations:
         self._handles[handle] = view
         if flags & getattr(os, "O_DIRECT", 0):  # probe: platform
             self._uncached.add(handle)
-        self._prefetch.opened(handle, view)
+        self._decode_ahead.opened(handle, view)
         if self.direct_reads.active:
             self.direct_reads.register(handle, view, self._kind(path))
         return handle
@@ -307,7 +307,7 @@ class CkptOperations:
         view = self._handles.get(fh)
         if view is None:
             view = self._view(path)
-        streaming = self._prefetch.on_read(fh, offset, size)
+        streaming = self._decode_ahead.on_read(fh, offset, size)
         # What a read decodes into its reply is kept in the block cache only for a reader the kernel's page
         # cache does not serve (O_DIRECT): the mount is kernel_cache, so everything else it serves stays in
         # the page cache, and a copy here would be the same bytes twice in memory and one more copy per
@@ -318,7 +318,7 @@ class CkptOperations:
         if self._read_scope is None:  # local sources: nothing below reads a stream decision or a deadline
             data = view.read(offset, size) if target is None else view.read_into(offset, target, keep)
         else:  # the handle decides its stream's read-ahead, not the remote source below; the read's deadline
-            with self._prefetch.reading(fh), self._read_scope():
+            with self._decode_ahead.reading(fh), self._read_scope():
                 data = view.read(offset, size) if target is None else view.read_into(offset, target, keep)
         served = len(data) if isinstance(data, bytes) else data
         if served != size and served != max(0, min(size, view.size - offset)):
@@ -347,7 +347,7 @@ class CkptOperations:
         self.direct_reads.unregister(fh)
         self._handles.pop(fh, None)
         self._uncached.discard(fh)
-        self._prefetch.released(fh)
+        self._decode_ahead.released(fh)
         return 0
 
     @_guarded

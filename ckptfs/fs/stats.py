@@ -90,11 +90,11 @@ def render_table(stats: dict[str, Any]) -> str:
     lines += ["", "source: " + ", ".join(
         f"{key} {format_size(int(source.get(key, 0))) if key == 'bytes' else int(source.get(key, 0))}"
         for key in SOURCE_KEYS)]
-    prefetch = stats.get("prefetch")
-    if isinstance(prefetch, dict):  # a mount's --prefetch (a repository's: a line per checkpoint after it)
-        lines += ["", _prefetch_line(prefetch, format_size)]
-        for name, each in dict(prefetch.get("checkpoints") or {}).items():
-            lines.append(f"  {name}: " + _prefetch_line(each, format_size).removeprefix("prefetch: "))
+    warmup = stats.get("warmup", stats.get("prefetch"))
+    if isinstance(warmup, dict):  # a mount's --prefetch (a repository's: a line per checkpoint after it)
+        lines += ["", _warmup_line(warmup, format_size)]
+        for name, each in dict(warmup.get("checkpoints") or {}).items():
+            lines.append(f"  {name}: " + _warmup_line(each, format_size).removeprefix("warm-up: "))
     skip = {"decoded_bytes", "tiers", "source", "cache"}
     other = [(k, v) for k, v in stats.items() if k not in skip and not isinstance(v, (dict, list))]
     if other:
@@ -103,14 +103,14 @@ def render_table(stats: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _prefetch_line(prefetch: dict[str, Any], format_size) -> str:
-    """``prefetch: running, 120.0 MiB of 241.6 MiB in the cache folder`` (``failed: why`` after it)."""
-    line = f"prefetch: {prefetch.get('state', '?')}"
-    total = int(prefetch.get("total_bytes", 0))
+def _warmup_line(warmup: dict[str, Any], format_size) -> str:
+    """``warm-up: running, 120.0 MiB of 241.6 MiB in the cache folder`` (``failed: why`` after it)."""
+    line = f"warm-up: {warmup.get('state', '?')}"
+    total = int(warmup.get("total_bytes", 0))
     if total:
-        line += f", {format_size(int(prefetch.get('stored_bytes', 0)))} of {format_size(total)} in the cache folder"
-    if "fetched_bytes" in prefetch:
-        line += f" ({format_size(int(prefetch['fetched_bytes']))} fetched in {prefetch.get('seconds', 0)} s)"
-    if prefetch.get("error"):
-        line += f"; {prefetch['error']}"
+        line += f", {format_size(int(warmup.get('stored_bytes', 0)))} of {format_size(total)} in the cache folder"
+    if "fetched_bytes" in warmup:
+        line += f" ({format_size(int(warmup['fetched_bytes']))} fetched in {warmup.get('seconds', 0)} s)"
+    if warmup.get("error"):
+        line += f"; {warmup['error']}"
     return line

@@ -167,7 +167,7 @@ class ParamData:
     def _served_group(self, g: int) -> np.ndarray:
         return self._cache.get_or_load(self._key(g), lambda: self._built(g))
 
-    def prefetch_group(self, g: int) -> None:
+    def decode_group(self, g: int) -> None:
         """Build served group ``g`` into the cache unless it is there (read-ahead)."""
         if self._key(g) not in self._cache:
             self._served_group(g)
@@ -246,10 +246,10 @@ class ParamData:
                 return advise, []
             group = data.group_blocks * data.info.block_elements
             return advise, [(at + min(self.nbytes, (g + 1) * group * 4), group * 4,
-                             functools.partial(data.prefetch_group, g))
+                             functools.partial(data.decode_group, g))
                             for g in range(data.group_of_element(e0), data.group_of_element(e1 - 1) + 1)]
         return advise, [(at + min(self.nbytes, (g + 1) * self.group_bytes), self.group_bytes,
-                         functools.partial(self.prefetch_group, g))
+                         functools.partial(self.decode_group, g))
                         for g in range(d0 // self.group_bytes, (d1 - 1) // self.group_bytes + 1)]
 
 

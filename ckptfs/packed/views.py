@@ -302,7 +302,7 @@ class PackedData(TensorValues):
     def group_of_element(self, e: int) -> int:
         return e // self.info.block_elements
 
-    def prefetch_group(self, g: int) -> None:
+    def decode_group(self, g: int) -> None:
         if 0 <= g < self.n_tiles and self._key(g) not in self._cache:
             self._tile(g)
 

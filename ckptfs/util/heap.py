@@ -3,9 +3,9 @@
 Every body a fetch reads arrives in a new buffer of up to 256 KiB (``http._read_parts``), freed once its
 chunk is stored. glibc returns such blocks to the system when they are freed (``mmap``'d past its
 adaptive threshold, or trimmed off the heap's top), so the next buffer is fresh memory again, each of its
-pages a fault to zero: tens of thousands in a prefetch of a few hundred MiB. ``keep_freed_memory`` makes
+pages a fault to zero: tens of thousands in a ``ckptfs prefetch`` of a few hundred MiB. ``keep_freed_memory`` makes
 glibc keep what is freed for the next allocation (``mallopt``: blocks up to 32 MiB from the heap, no
-trimming), which shortens such a prefetch by those faults. The process's peak memory is
+trimming), which shortens such a run by those faults. The process's peak memory is
 the same — the fetch budget bounds what is in flight — but it is not handed back before the process ends,
 so only a command that ends when its transfer does (``ckptfs prefetch``) asks for it, never a mount. A C
 library without ``mallopt`` (musl) is left as it is.

@@ -52,7 +52,7 @@ def test_table(tiny_gguf: Path, tmp_path: Path):
     assert result.returncode == 0, result.stderr
     out = result.stdout
     for label in ("mount ready + os.listdir", "first 4 KiB read, fresh daemon (misses 0->", "random 4 KiB read p50",
-                  "np.load(mmap_mode='r')", ".npy stream", ".raw stream", "prefetch off", "daemon peak RssAnon",
+                  "np.load(mmap_mode='r')", ".npy stream", ".raw stream", "decode-ahead off", "daemon peak RssAnon",
                   "gguf-py", "targets:", "by storage type", "  Q4_K ", "by size class", "  small <64 KiB "):
         assert label in out, f"{label!r} missing from:\n{out}"
     assert "values vs gguf-py" in out and ": equal (4 tensors)" in out
@@ -68,18 +68,18 @@ def test_json_gguf(tiny_gguf: Path, tmp_path: Path):
     m = data["mount"]
     for key in ("ready_s", "listdir_s", "metadata_json_first_s", "stat_all_s", "first_read_s", "random_read_p50_s",
                 "random_read_p99_s", "tensor_cold_s", "tensor_warm_s", "mmap_open_s", "mmap_row_p50_s", "npy_mbs",
-                "raw_mbs", "npy_noprefetch_mbs", "daemon_peak_rss_anon"):
+                "raw_mbs", "npy_no_decode_ahead_mbs", "daemon_peak_rss_anon"):
         assert isinstance(m[key], (int, float)) and m[key] > 0, key
     assert m["files"] == 4 * 3 + 2  # .npy, .raw, .meta.json per tensor, metadata.json and the file itself
     before, after = m["first_read_cache_misses"]
     assert before == 0 and after >= 1  # the first read was a real decode in a fresh daemon
     expected_npy = 300 * 64 * 4 + 64 * 256 * 4 + 64 * 64 * 4 + 64 * 4
-    assert m["npy_bytes"] - m["npy_noprefetch_bytes"] == 0
+    assert m["npy_bytes"] - m["npy_no_decode_ahead_bytes"] == 0
     assert expected_npy < m["npy_bytes"] < expected_npy + 4 * 4096  # data plus four .npy headers
     ref = data["reference"]
     assert ref["library"].startswith("gguf-py") and ref["bytes_equal"] is True
     assert ref["compared"] == 4 and ref["mismatches"] == [] and ref["all_bytes"] == expected_npy
-    assert set(data["ratios"]) >= {"open", "first_read", "random_read_p50", "stream", "npy_over_raw", "prefetch_gain"}
+    assert set(data["ratios"]) >= {"open", "first_read", "random_read_p50", "stream", "npy_over_raw", "decode_ahead_gain"}
     assert len(data["targets"]) == 4 and all(isinstance(t["met"], bool) for t in data["targets"])
     groups = m["groups"]
     types = groups["storage_type"]

@@ -378,16 +378,18 @@ def test_mount_prefetch_fills_the_folder_in_the_background(origin, tmp_path, mou
     log = tmp_path / "mount.log"
     mnt = mounted(f"{server.url}/other.gguf", "--cache-dir", str(cache), "--prefetch", "--log-file", str(log))
     assert wait_until(lambda: _stored_chunks(cache) == -(-size // CHUNK), timeout=60)
-    assert wait_until(lambda: "prefetch of" in log.read_text() and "done" in log.read_text(), timeout=30), \
+    assert wait_until(lambda: "warm-up of" in log.read_text() and "done" in log.read_text(), timeout=30), \
         log.read_text()
     assert "failed" not in log.read_text()
     # the mount's stats say so too: its state, and the bytes in the folder (measured there) of the total
     from conftest import mount_stats
 
-    status = mount_stats(mnt)["prefetch"]
+    stats = mount_stats(mnt)
+    status = stats["warmup"]
     assert status["state"] == "done" and status["stored_bytes"] == status["total_bytes"] == size, status
+    assert stats["prefetch"] == status  # the key's older name, kept as an alias
     shown = run_cli("stats", str(mnt))
-    assert shown.returncode == 0 and "prefetch: done, " in shown.stdout, shown.stdout
+    assert shown.returncode == 0 and "warm-up: done, " in shown.stdout, shown.stdout
 
 
 def test_mount_prefetch_into_a_full_disk_says_so_in_its_stats_and_keeps_serving(origin, tmp_path, mounted):
@@ -396,12 +398,12 @@ def test_mount_prefetch_into_a_full_disk_says_so_in_its_stats_and_keeps_serving(
     server, root = origin
     with tmpfs(tmp_path / "small", "3m") as small:
         mnt = mounted(f"{server.url}/copy.gguf", "--cache-dir", str(small / "cache"), "--prefetch")
-        assert wait_until(lambda: mount_stats(mnt)["prefetch"]["state"] == "failed", timeout=60), \
-            mount_stats(mnt)["prefetch"]
-        status = mount_stats(mnt)["prefetch"]
+        assert wait_until(lambda: mount_stats(mnt)["warmup"]["state"] == "failed", timeout=60), \
+            mount_stats(mnt)["warmup"]
+        status = mount_stats(mnt)["warmup"]
         assert "do not fit in the cache folder" in status["error"], status  # refused before fetching
         assert 0 < status["stored_bytes"] < 3 * MiB, status  # the open's header chunks, measured
-        assert "prefetch: failed; " in run_cli("stats", str(mnt)).stdout
+        assert "warm-up: failed; " in run_cli("stats", str(mnt)).stdout
         # and reads go on: every tensor as gguf-py reads it, the bytes fetched as they are needed
         _assert_values_equal_gguf_py(mnt, [str(root / "copy.gguf")])
 
@@ -424,12 +426,12 @@ def test_unmount_stops_a_background_prefetch_cleanly(origin, tmp_path, mounted):
         mnt = mounted(f"{proxy.url}/big.gguf", "--cache-dir", str(tmp_path / "cache"), "--prefetch",
                       "--log-file", str(log))
         pid = mount_stats(mnt)["pid"]
-        assert wait_until(lambda: "prefetch of" in log.read_text(), timeout=30), log.read_text()
+        assert wait_until(lambda: "warm-up of" in log.read_text(), timeout=30), log.read_text()
         result = run_cli("umount", str(mnt))
         assert result.returncode == 0, result.stderr
         assert wait_until(lambda: not pid_alive(pid), timeout=60)  # the pieces in flight end, nothing new starts
     text = log.read_text()
-    assert "prefetch of" in text and "stopped" in text and "Traceback" not in text, text
+    assert "warm-up of" in text and "stopped" in text and "Traceback" not in text, text
 
 
 def _settled(proxy: FaultProxy, quiet: float = 0.5):

@@ -136,9 +136,9 @@ def test_mount_prefetch_of_a_repository_warms_each_checkpoint_and_stats_show_eac
     stand_in, server, repo = hub
     cache = tmp_path / "cache"
     mnt = mounted("hf://org/multi", "--cache-dir", str(cache), "--prefetch")
-    assert wait_until(lambda: mount_stats(mnt)["prefetch"]["state"] == "done", timeout=120), \
-        mount_stats(mnt)["prefetch"]
-    status = mount_stats(mnt)["prefetch"]
+    assert wait_until(lambda: mount_stats(mnt)["warmup"]["state"] == "done", timeout=120), \
+        mount_stats(mnt)["warmup"]
+    status = mount_stats(mnt)["warmup"]
     assert sorted(status["checkpoints"]) == sorted(MEMBERS), status
     for member in MEMBERS:
         each = status["checkpoints"][member]
@@ -147,6 +147,6 @@ def test_mount_prefetch_of_a_repository_warms_each_checkpoint_and_stats_show_eac
     assert _stored_chunks(cache) == sum(_chunks(repo / f"{m}.gguf") for m in MEMBERS)
     shown = run_cli("stats", str(mnt))
     assert shown.returncode == 0, shown.stderr
-    assert "prefetch: done, " in shown.stdout and all(f"  {m}: done, " in shown.stdout for m in MEMBERS), \
+    assert "warm-up: done, " in shown.stdout and all(f"  {m}: done, " in shown.stdout for m in MEMBERS), \
         shown.stdout
     _assert_members_served(mnt, repo)

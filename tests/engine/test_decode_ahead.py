@@ -203,10 +203,20 @@ def test_kernel_only_mode_advises_without_decoding(gguf_path, monkeypatch):
 
 @pytest.mark.parametrize("value, enabled, decode", [("0", False, False), ("off", False, False), ("1", True, True),
                                                     ("", True, True), ("kernel", True, False)])
-def test_env_switch(monkeypatch, value, enabled, decode):
-    monkeypatch.setenv(decode_ahead.PREFETCH_ENV, value)
+@pytest.mark.parametrize("name", ["CKPTFS_DECODE_AHEAD", "CKPTFS_PREFETCH"])
+def test_env_switch(monkeypatch, value, enabled, decode, name):
+    """``CKPTFS_DECODE_AHEAD``, and its older name ``CKPTFS_PREFETCH`` when it is not set."""
+    monkeypatch.delenv(decode_ahead.DECODE_AHEAD_ENV, raising=False)
+    monkeypatch.delenv(decode_ahead.PREFETCH_ENV, raising=False)
+    monkeypatch.setenv(name, value)
     assert decode_ahead.enabled_from_env() is enabled
     assert decode_ahead.decode_ahead_from_env() is decode
+
+
+def test_the_new_name_wins_over_the_alias(monkeypatch):
+    monkeypatch.setenv(decode_ahead.PREFETCH_ENV, "0")
+    monkeypatch.setenv(decode_ahead.DECODE_AHEAD_ENV, "kernel")
+    assert decode_ahead.enabled_from_env() and not decode_ahead.decode_ahead_from_env()
 
 
 def test_a_found_stream_has_the_rest_of_its_file_advised_as_one_unit(gguf_path, monkeypatch):

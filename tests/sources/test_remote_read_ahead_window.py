@@ -81,7 +81,7 @@ def test_a_read_behind_the_reader_keeps_the_window_of_a_decided_stream(monkeypat
     ahead = ReadAhead(source)
     with decided_above():
         _start_stream(ahead)
-        ahead.prefetch(2 * MiB // CHUNK, 64 * MiB // CHUNK)  # the handle advises the rest, once
+        ahead.follow_advice(2 * MiB // CHUNK, 64 * MiB // CHUNK)  # the handle advises the rest, once
         _settled(source)
         assert source.furthest() * CHUNK == 10 * MiB  # 8 MiB ahead of the reader
         ahead.observe(3 * MiB, MiB)
@@ -98,7 +98,7 @@ def test_the_window_of_a_decided_stream_stops_where_its_advice_ends(monkeypatch)
     ahead = ReadAhead(source)
     with decided_above():
         _start_stream(ahead)
-        ahead.prefetch(2 * MiB // CHUNK, 12 * MiB // CHUNK)  # a tensor's rest: 10 MiB
+        ahead.follow_advice(2 * MiB // CHUNK, 12 * MiB // CHUNK)  # a tensor's rest: 10 MiB
         for offset in range(2 * MiB, 12 * MiB, MiB):
             ahead.observe(offset, MiB)
             _settled(source)
@@ -140,9 +140,9 @@ def test_advice_away_from_the_reader_waits_for_a_slot_instead_of_being_dropped(m
     advised = range(100 * MiB // CHUNK, 108 * MiB // CHUNK)
     with decided_above():
         _start_stream(ahead)
-        ahead.prefetch(2 * MiB // CHUNK, 18 * MiB // CHUNK)  # the stream's rest: the limit's 4 slots taken
+        ahead.follow_advice(2 * MiB // CHUNK, 18 * MiB // CHUNK)  # the stream's rest: the limit's 4 slots taken
         assert wait_until(lambda: source.limit.in_flight == source.limit.limit, timeout=10)
-        ahead.prefetch(advised.start, advised.stop)  # the files after it: no slot free now
+        ahead.follow_advice(advised.start, advised.stop)  # the files after it: no slot free now
         assert not any(c in source.claimed for c in advised)
         source.gate.set()  # the stream's pieces land
         for offset in range(2 * MiB, 90 * MiB, MiB):  # and the reader comes within the budget of the advice
@@ -161,11 +161,11 @@ def test_advice_further_ahead_than_the_budget_waits_for_the_reader_to_come_near(
     far = range(100 * MiB // CHUNK, 108 * MiB // CHUNK)
     with decided_above():
         _start_stream(ahead)
-        ahead.prefetch(far.start, far.stop)  # the files stored after the reader's, advised once
+        ahead.follow_advice(far.start, far.stop)  # the files stored after the reader's, advised once
         _settled(source)
         assert not any(c in source.claimed for c in far)
         for offset in range(2 * MiB, 90 * MiB, MiB):  # the reader goes on (its own bytes advised as it goes)
-            ahead.prefetch(offset // CHUNK, (offset + MiB) // CHUNK)
+            ahead.follow_advice(offset // CHUNK, (offset + MiB) // CHUNK)
             ahead.observe(offset, MiB)
             _settled(source)
         assert all(c in source.claimed for c in far)

@@ -22,7 +22,7 @@ everything in flight. The chunks are claimed, fetched and abandoned through the 
 ``fetch_claimed`` / ``abandon``: a reader arriving at a chunk on its way waits for that fetch.
 
 The block engine's own read-ahead calls ``advise`` on the stored bytes of the groups it will decode next;
-that lands here too (``prefetch``), under the same limit and budget. Advice away from the reader's window
+that lands here too (``follow_advice``), under the same limit and budget. Advice away from the reader's window
 (the files a reader in file order reaches next, advised once each) that finds no slot or no room waits, in
 order and within ``FETCH_BUDGET``, and is started as slots free up: dropped, each of those files would be
 fetched only when read, one round trip each. It is started only once the reader is within ``FETCH_BUDGET``
@@ -140,7 +140,7 @@ class ReadAhead:
     def observe(self, offset: int, size: int) -> None:
         """Note a read; when it continues a sequential run, fetch ahead of it. A read of a stream decided
         above (a mount's handle: ``ckptfs.readahead.detect``) is not judged again here: it only moves the
-        reader on, and what is fetched ahead of it is what that handle advises (``prefetch``)."""
+        reader on, and what is fetched ahead of it is what that handle advises (``follow_advice``)."""
         if not self._source.options.read_ahead:
             return
         if is_decided_above():
@@ -181,7 +181,7 @@ class ReadAhead:
 
     def pump(self) -> None:
         """Start pieces at the run's frontier while the window, the origin's limit and the budget allow; then,
-        with what room is left, the advised runs still waiting (``prefetch``)."""
+        with what room is left, the advised runs still waiting (``follow_advice``)."""
         if self._source.closed:
             return
         if self._pump_window():
@@ -241,7 +241,7 @@ class ReadAhead:
                     self._wanted.appendleft((c0, last))
                 return
 
-    def prefetch(self, c0: int, c1: int) -> None:
+    def follow_advice(self, c0: int, c1: int) -> None:
         """Fetch chunks [c0, c1) in the background, as pieces under the origin's limit (best effort). Bytes
         that continue the reader's run (a tensor's rest, advised as one unit when its stream is found) widen
         the run's window to cover them, so ``pump`` keeps fetching them as pieces land."""

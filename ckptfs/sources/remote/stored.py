@@ -120,7 +120,7 @@ def open_file(open_online: Callable[[RemoteOptions], ByteSource], src: str, opti
     if offline:
         if record is None:
             raise CheckpointError(src, None, f"not in the cache folder {options.cache_dir} (--offline: the origin "
-                                             f"is not asked; prefetch it first)")
+                                             f"is not asked; run ckptfs prefetch first)")
         log.info("%s: offline: serving %s from the cache folder, fetched %s", public_name(src),
                  version_of(record), fetched_when(record))
         return StoredSource(src, options, record, "--offline")
@@ -159,7 +159,7 @@ class StoredFolder(Folder):
                                                        "--cache-dir DIR")
             if record is None:
                 raise CheckpointError(self.name, None, f"no listing in the cache folder {self.options.cache_dir} "
-                                                       f"(--offline: the origin is not asked; prefetch it first)")
+                                                       f"(--offline: the origin is not asked; run ckptfs prefetch first)")
             log.info("%s: offline: the listing of revision %s from the cache folder, listed %s",
                      public_name(self.name), record.get("revision"), fetched_when(record, "listed_at"))
             return self._kept(record)

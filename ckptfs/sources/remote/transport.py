@@ -52,7 +52,7 @@ REMOTE_INITIAL_READ = 2 * 1024 * 1024
 #: The first bytes of a file an open with a ``--cache-dir`` asks for (where the header's bytes may be stored
 #: already, so it asks for no more): they cost nothing beside the round trip the size and identity take, and
 #: they answer a format check (``ckptfs.formats.detect`` reads 64 bytes) with no request of its own, so a
-#: prefetch's check passes before its first pieces land instead of waiting for them.
+#: ``ckptfs prefetch``'s check passes before its first pieces land instead of waiting for them.
 OPEN_HEAD_BYTES = 4096
 
 
@@ -219,7 +219,7 @@ class RemoteSource(ByteSource):
         if size > 0 and not self.closed:
             end = min(self.size, offset + size)
             if end > offset >= 0:
-                self._readahead.prefetch(offset // CHUNK, (end - 1) // CHUNK + 1)
+                self._readahead.follow_advice(offset // CHUNK, (end - 1) // CHUNK + 1)
 
     # -- fetching ahead (ckptfs.sources.remote.fetch_ahead, warmup) ---------------------------------------
     def claim(self, c0: int, c1: int) -> list[Run]:

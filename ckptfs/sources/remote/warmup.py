@@ -211,7 +211,7 @@ def warm(sources: Iterable[ByteSource], *, stop: StopSignal | None = None,
             why = ("no --cache-dir store could be used" if remote.options.cache_dir else "no --cache-dir given")
             if remote.options.cache_dir and "unvalidated-" in remote.content_id():
                 why = "the server sends no ETag or Last-Modified, so its bytes are never kept"
-            raise WarmupError(remote.name, None, f"cannot be prefetched: {why}")
+            raise WarmupError(remote.name, None, f"cannot be warmed up: {why}")
         files.append(_File(remote, source, []))
         report.files += 1
         report.total += remote.size
@@ -254,7 +254,7 @@ def warm(sources: Iterable[ByteSource], *, stop: StopSignal | None = None,
                 f.missing = _missing_once_landed(f.remote, stop)
             if not any(f.missing for f in files):
                 break
-            log.info("prefetch: %d chunks not in the store after the first pass: fetching them again",
+            log.info("warm-up: %d chunks not in the store after the first pass: fetching them again",
                      sum(len(f.missing) for f in files))
         _Dispatch(files, report.errors, landed, stop, share).run()
         if report.errors or (stop is not None and stop.is_set()):
@@ -383,7 +383,7 @@ class _Dispatch:
             with self._lock:
                 self._running -= 1
             limit.done()
-            f.remote.abandon(runs, RuntimeError("prefetch over budget"))
+            f.remote.abandon(runs, RuntimeError("warm-up over budget"))
             return None
         return True
 
@@ -409,7 +409,7 @@ class _Piece:
         remote = self.file.remote
         try:
             if self.errors or (self.stop is not None and self.stop.is_set()):
-                remote.abandon(self.runs, RuntimeError("prefetch stopped"))  # queued when it ended: not fetched
+                remote.abandon(self.runs, RuntimeError("warm-up stopped"))  # queued when it ended: not fetched
                 return
             # for the store: readers' LRU untouched; the slot given back once the body is in
             error = remote.fetch_claimed(self.runs, memory=False, slot=self.slot)
@@ -441,12 +441,12 @@ class _Piece:
         return None
 
     def __repr__(self) -> str:
-        return f"<prefetch {public_name(self.file.remote.name)} {self.runs}>"
+        return f"<warm-up {public_name(self.file.remote.name)} {self.runs}>"
 
 
 class EarlyWarmup:
     """The warm-up of one remote file, started before its checkpoint is opened (``ckptfs prefetch`` of a
-    single file): the open's probes, header reads and parsing, most of a cold prefetch of a small model,
+    single file): the open's probes, header reads and parsing, most of a cold warm-up of a small model,
     overlap the fetching of the rest instead of coming first. The open's header reads join the warm-up's
     fetches of the same chunks (``ckptfs.cache.flight.flights_for``: one flight per content in a process), so
     no byte is fetched twice.
@@ -473,7 +473,7 @@ class EarlyWarmup:
         self.cached: dict[str, int] = {}  # content identity -> bytes in the store before this run
         self.report: WarmupReport | None = None
         self._kept = 0  # bytes it added to the store (measured there: a full store keeps less than fetched)
-        self._thread = threading.Thread(target=self._run, name="ckptfs-prefetch-early", daemon=True)
+        self._thread = threading.Thread(target=self._run, name="ckptfs-warmup-early", daemon=True)
 
     def start(self) -> EarlyWarmup:
         """What the store holds of the file, measured here (see above), then the warm-up on its thread."""
@@ -498,7 +498,7 @@ class EarlyWarmup:
             if self.report.errors:
                 raise WarmupError(remote.name, None, self.report.errors[0])
         except Exception as exc:  # noqa: BLE001 - best effort: the checkpoint's warm-up fetches the rest
-            log.info("prefetch of %s before its open: %s (fetched after the open instead)", name, exc)
+            log.info("warm-up of %s before its open: %s (fetched after the open instead)", name, exc)
 
     @property
     def stored(self) -> int:
@@ -611,7 +611,7 @@ class BackgroundWarmup:
         """Start it; with ``after``, it waits for that one to end first (the checkpoints of a repository are
         warmed one after the other, each within the same share of the origin)."""
         self._after = after
-        self._thread = threading.Thread(target=self._run, name="ckptfs-prefetch", daemon=True)
+        self._thread = threading.Thread(target=self._run, name="ckptfs-warmup", daemon=True)
         self._thread.start()
         return self
 
@@ -625,7 +625,7 @@ class BackgroundWarmup:
         now = time.monotonic()
         if now - self._last_log >= self.LOG_EVERY_S:
             self._last_log = now
-            log.info("prefetch of %s: %s of %s in the cache folder", self.name, format_size(done), format_size(total))
+            log.info("warm-up of %s: %s of %s in the cache folder", self.name, format_size(done), format_size(total))
 
     def _run(self) -> None:
         after = self._after
@@ -634,9 +634,9 @@ class BackgroundWarmup:
         self._after = None
         if self._stop.is_set():
             self.report = WarmupReport(stopped=True)
-            log.info("prefetch of %s: stopped before it started", self.name)
+            log.info("warm-up of %s: stopped before it started", self.name)
             return
-        log.info("prefetch of %s: started", self.name)
+        log.info("warm-up of %s: started", self.name)
         sources: list[ByteSource] = []
         try:
             sources = self.sources()
@@ -648,18 +648,18 @@ class BackgroundWarmup:
         try:
             self._stored_at_end = stored_in_folder(sources)
         except Exception:  # the figure for the stats; its lack leaves the last progress
-            log.debug("prefetch of %s: the cache folder could not be measured", self.name, exc_info=True)
+            log.debug("warm-up of %s: the cache folder could not be measured", self.name, exc_info=True)
         report = self.report  # None only when it failed (the error set)
         if self.error is None and report is not None and report.errors:
             self.error = report.errors[0]
         if self.error is not None or report is None:
-            log.warning("prefetch of %s failed: %s (reads fetch what they need)", self.name, self.error)
+            log.warning("warm-up of %s failed: %s (reads fetch what they need)", self.name, self.error)
         elif not report.files:
-            log.info("prefetch of %s: nothing to fetch (its files are local)", self.name)
+            log.info("warm-up of %s: nothing to fetch (its files are local)", self.name)
         elif report.stopped:
-            log.info("prefetch of %s: stopped (%s)", self.name, report.summary())
+            log.info("warm-up of %s: stopped (%s)", self.name, report.summary())
         else:
-            log.info("prefetch of %s: done: %s", self.name, report.summary())
+            log.info("warm-up of %s: done: %s", self.name, report.summary())
 
     @classmethod
     def for_checkpoint(cls, ck: OpenedCheckpoint, name: str, share: float = 0.5) -> BackgroundWarmup:
