@@ -27,7 +27,8 @@ setup(ext_modules=[Extension("ckptfs.quant._native", ["ckptfs/quant/_native.c"],
                              optional=True),
                    # GPTQ / AWQ rows decoded in one pass (packed/native.py)
                    Extension("ckptfs.packed._kernels", ["ckptfs/packed/_kernels.c"], extra_compile_args=flags,
-                             depends=["ckptfs/quant/float_bits.h", "ckptfs/packed/scaled_rows.h"], optional=True),
+                             depends=["ckptfs/quant/float_bits.h", "ckptfs/packed/scaled_rows.h",
+                                      "ckptfs/packed/nibble_pairs.h"], optional=True),
                    # bitsandbytes NF4/FP4 and LLM.int8 rows decoded in one pass (packed/bnb.py)
                    Extension("ckptfs.packed._bnb", ["ckptfs/packed/_bnb.c"], extra_compile_args=flags,
                              depends=["ckptfs/packed/nibble_pairs.h", "ckptfs/packed/scaled_rows.h",

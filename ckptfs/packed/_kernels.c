@@ -40,6 +40,7 @@
 #include <string.h>
 
 #include "../quant/float_bits.h"
+#include "nibble_pairs.h"
 #include "scaled_rows.h"
 
 #if defined(__GNUC__)
@@ -347,8 +348,9 @@ static PyObject *scaled_rows(PyObject *self, PyObject *args) {
 /* Rows of E2M1 nibbles (two a byte, low first) times a float32 scale per group of `group` values:
  * value j of row r is pairs[2 * byte + j % 2] * scales[r * scale_step + j / group], where byte is
  * codes[r * code_step + j / 2] (a row's bytes may lie apart: gpt-oss' block columns). Values [first,
- * first + width) of each row are written, row by row (out[r * width + j - first]) or, with `transpose`, as
- * the columns of the output (out[(j - first) * n + r]: gpt-oss' view is the stored matrices transposed, and
+ * first + width) of each row are written, row by row (out[r * width + j - first]: contiguous rows of whole
+ * groups only, which are one flat run of nibbles computed by nibble_pairs.h, the home of that product for
+ * every C path) or, with `transpose`, as the columns of the output (out[(j - first) * n + r]: gpt-oss' view is the stored matrices transposed, and
  * a read that cuts a 32-row block column decodes only the view rows it serves, starting inside the block at
  * any nibble; output rows `out_step` apart, so that ranges of stored rows are decoded by calls of their own,
  * on several cores, into one output). The pairs table already holds each nibble's float32 value (or twice it), so the one multiply
@@ -410,22 +412,6 @@ ALWAYS_INLINE void fp4_span(const Fp4Job *job, Py_ssize_t r, Py_ssize_t j0, Py_s
             dst[j - j0] = t[2 * row[j / 2]] * sv;
         g0 = g1;
     }
-}
-
-static void fp4_rows_f32(const Fp4Job *job, float *restrict out) {
-    for (Py_ssize_t r = 0; r < job->n; r++)
-        fp4_span(job, r, job->first, job->first + job->width, out + r * job->width);
-}
-
-static void fp4_rows_f16(const Fp4Job *job, uint16_t *restrict out) {
-    float buf[FP4_CB];
-    for (Py_ssize_t r = 0; r < job->n; r++)
-        for (Py_ssize_t j0 = 0; j0 < job->width; j0 += FP4_CB) {
-            const Py_ssize_t j1 = j0 + FP4_CB < job->width ? j0 + FP4_CB : job->width;
-            fp4_span(job, r, job->first + j0, job->first + j1, buf);
-            uint16_t *o = out + r * job->width + j0;
-            for (Py_ssize_t j = 0; j < j1 - j0; j++) o[j] = f32_to_f16(bits_of(buf[j]));
-        }
 }
 
 /* The stored-row positions [lo, hi) of a band of rb rows whose first value would go to out[base]: those
@@ -570,10 +556,9 @@ static void fp4_run(const Fp4Job *job, void *out, int half, int transpose, Py_ss
             if (half) fp4_columns(&rest, out, 1, offset + done, out_len);
             else fp4_columns(&rest, out, 0, offset + done, out_len);
         }
-    } else if (half) {
-        fp4_rows_f16(job, (uint16_t *)out);
-    } else {
-        fp4_rows_f32(job, (float *)out);
+    } else {  /* contiguous rows (fp4_rows checks it): one flat run of nibbles, nibble_pairs.h */
+        const struct nibble_scales scale = {job->scales, NULL, NULL, job->group, 0};
+        paired_nibbles(job->codes, 0, job->n * job->width, job->pairs, &scale, out, half ? ROW_OUT_F16 : ROW_OUT_F32);
     }
 }
 
@@ -592,7 +577,8 @@ static PyObject *fp4_rows(PyObject *self, PyObject *args) {
     const Py_ssize_t bytes = (first + width + 1) / 2, groups = group > 0 ? (first + width + group - 1) / group : 0;
     const Py_ssize_t needed = transpose ? 0 : n * width, out_len = out.len / (out_half ? 2 : 4);
     if (width <= 0 || first < 0 || group <= 0 || group % 2 || n < 0 || code_step < bytes || scale_step < groups
-        || (transpose && out_step < n)) {
+        || (transpose && out_step < n)
+        || (!transpose && (first || width % 2 || code_step * 2 != width || scale_step * group != width))) {
         PyErr_SetString(PyExc_ValueError, "row geometry does not fit");
     } else if (pairs.len != 512 * 4 || (n && (codes.len < (n - 1) * code_step + bytes
                || scales.len / 4 < (n - 1) * scale_step + groups || out_len < needed))) {

@@ -115,6 +115,8 @@ def fp4_rows(out: np.ndarray, codes: np.ndarray, code_step: int, pairs: np.ndarr
     step = rows if out_step is None else out_step
     size = (width - 1) * step + rows if transpose else rows * width
     window = transpose and offset is not None
+    if not transpose and (first or width % 2 or code_step * 2 != width or scale_step * group != width):
+        return False  # row by row, the kernel takes contiguous rows of whole groups (a flat run of nibbles)
     if not available() or out.dtype not in _OUT_TYPES or not out.flags.c_contiguous or not out.flags.writeable \
             or (not window and (out.size != size if out_step is None else out.size < size)) \
             or not codes.flags.c_contiguous or not scales.flags.c_contiguous or codes.dtype != np.uint8 \
