@@ -104,14 +104,14 @@ def build(prefix: str, parts: Mapping[str, TensorInfo], settings: Mapping[str, A
             r += i1 - i0
         return result
 
-    ranges = _parts(out, DECODE_TASKS)  # the stored rows in one part per core, the same for every call
+    per_core = _parts(out, DECODE_TASKS)  # the stored rows in one part per core, the same for every call
 
-    def window(reader: Parts, o0: int, o1: int, skip: int, dest: np.ndarray) -> bool:
+    def run(reader: Parts, o0: int, o1: int, skip: int, dest: np.ndarray, ranges: list[tuple[int, int]]) -> bool:
         """Values ``[skip, skip + dest.size)`` of rows ``[o0, o1)`` (flattened) into ``dest``, expert by
         expert: view rows [i0, i1) of expert x are values [i0 - 32 k0, i1 - 32 k0) of the expert's stored rows
-        from block column k0 = i0 // 32, written transposed; the stored rows in parts of multiples of 32, one
-        per core (``spread``: the kernel runs without the GIL), each writing its columns of the rows, the
-        kernel leaving out what falls outside ``dest`` (the rows a read's ends cut)."""
+        from block column k0 = i0 // 32, written transposed, one kernel call per range of stored rows of
+        ``ranges`` (``spread`` over the cores: the kernel runs without the GIL), each writing its columns of
+        the rows, the kernel leaving out what falls outside ``dest`` (the rows a read's ends cut)."""
         if not native.available() or dest.dtype not in (np.float32, np.float16) or not dest.flags.c_contiguous \
                 or not dest.flags.writeable:
             return False
@@ -135,8 +135,15 @@ def build(prefix: str, parts: Mapping[str, TensorInfo], settings: Mapping[str, A
         return True
 
     def kernel(reader: Parts, o0: int, o1: int, dest: np.ndarray) -> bool:
-        """Rows [o0, o1) whole (``window``)."""
-        return dest.size == (o1 - o0) * out and window(reader, o0, o1, 0, dest)
+        """Rows [o0, o1) whole (tiles, whole-tensor reads: one caller waits for them), the stored rows in one
+        part per core."""
+        return dest.size == (o1 - o0) * out and run(reader, o0, o1, 0, dest, per_core)
+
+    def window(reader: Parts, o0: int, o1: int, skip: int, dest: np.ndarray) -> bool:
+        """A mount's read cut anywhere, all the stored rows in one call on the reading thread: a stream's
+        requests come several at once (the kernel's readahead), so the cores are already busy with different
+        requests, and cutting each one in parts only added hand-offs between threads."""
+        return run(reader, o0, o1, skip, dest, [(0, out)])
 
     parameters = {"quant_method": "mxfp4", "block_size": BLOCK, "experts": experts, "scale": "ldexp(code, e - 127)",
                   "stored_layout": "[E, out, in/32, 16]", "reference_dtype": "BF16"}
