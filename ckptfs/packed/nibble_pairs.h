@@ -27,20 +27,10 @@ struct nibble_scales {
     int64_t first_block;         /* the block scales[0] (scale_codes[0]) belongs to */
 };
 
-static inline __attribute__((always_inline)) void nibble_store(void *dst, int64_t i, float v, int out_type) {
-    if (out_type == ROW_OUT_F32)
-        ((float *)dst)[i] = v;
-    else if (out_type == ROW_OUT_F16)
-        ((uint16_t *)dst)[i] = f32_to_f16(bits_of(v));
-    else
-        ((uint16_t *)dst)[i] = f32_to_bf16(bits_of(v));
-}
-
-/* Values [e0, e1) into dst[0 .. e1 - e0); `bytes` points at the byte holding element e0 (byte e0 / 2). */
-static inline __attribute__((always_inline)) void nibble_span(const uint8_t *restrict bytes, int64_t e0, int64_t e1,
-                                                              const float *restrict pairs,
-                                                              const struct nibble_scales *sc, void *restrict dst,
-                                                              int out_type) {
+/* Values [e0, e1) as float32 into dst[0 .. e1 - e0); `bytes` points at the byte holding element e0 (byte
+ * e0 / 2). */
+static inline void nibble_span(const uint8_t *restrict bytes, int64_t e0, int64_t e1, const float *restrict pairs,
+                               const struct nibble_scales *sc, float *restrict dst) {
     const uint8_t *base = bytes - e0 / 2;  /* base[e / 2] is element e's byte */
     for (int64_t b0 = e0; b0 < e1;) {
         const int64_t k = b0 / sc->block, end = (k + 1) * sc->block, b1 = end < e1 ? end : e1;
@@ -48,29 +38,40 @@ static inline __attribute__((always_inline)) void nibble_span(const uint8_t *res
                                          : sc->scales[k - sc->first_block];
         int64_t e = b0;
         if (e & 1) {
-            nibble_store(dst, e - e0, pairs[2 * base[e / 2] + 1] * sv, out_type);
+            dst[e - e0] = pairs[2 * base[e / 2] + 1] * sv;
             e++;
         }
         for (; e + 1 < b1; e += 2) {
             const unsigned byte = base[e / 2];
-            nibble_store(dst, e - e0, pairs[2 * byte] * sv, out_type);
-            nibble_store(dst, e - e0 + 1, pairs[2 * byte + 1] * sv, out_type);
+            dst[e - e0] = pairs[2 * byte] * sv;
+            dst[e - e0 + 1] = pairs[2 * byte + 1] * sv;
         }
         if (e < b1)
-            nibble_store(dst, e - e0, pairs[2 * base[e / 2]] * sv, out_type);
+            dst[e - e0] = pairs[2 * base[e / 2]] * sv;
         b0 = b1;
     }
 }
 
-/* nibble_span with the output type a constant in each branch (the compiler specializes each loop). */
+/* nibble_span into float32, or for a 16-bit output through a small float32 buffer converted in a loop of its
+ * own (faster than converting each value as it is made). */
 static inline void paired_nibbles(const uint8_t *bytes, int64_t e0, int64_t e1, const float *pairs,
                                   const struct nibble_scales *sc, void *dst, int out_type) {
-    if (out_type == ROW_OUT_F32)
-        nibble_span(bytes, e0, e1, pairs, sc, dst, ROW_OUT_F32);
-    else if (out_type == ROW_OUT_F16)
-        nibble_span(bytes, e0, e1, pairs, sc, dst, ROW_OUT_F16);
-    else
-        nibble_span(bytes, e0, e1, pairs, sc, dst, ROW_OUT_BF16);
+    if (out_type == ROW_OUT_F32) {
+        nibble_span(bytes, e0, e1, pairs, sc, (float *)dst);
+        return;
+    }
+    enum { STEP = 256 };  /* even: each piece after the first starts on a byte */
+    float buf[STEP];
+    uint16_t *out = (uint16_t *)dst;
+    for (int64_t a = e0; a < e1;) {
+        const int64_t b = (a / STEP + 1) * STEP < e1 ? (a / STEP + 1) * STEP : e1;
+        nibble_span(bytes + (a / 2 - e0 / 2), a, b, pairs, sc, buf);
+        if (out_type == ROW_OUT_F16)
+            for (int64_t i = 0; i < b - a; i++) out[a - e0 + i] = f32_to_f16(bits_of(buf[i]));
+        else
+            for (int64_t i = 0; i < b - a; i++) out[a - e0 + i] = f32_to_bf16(bits_of(buf[i]));
+        a = b;
+    }
 }
 
 #endif
