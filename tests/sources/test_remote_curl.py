@@ -202,7 +202,10 @@ def test_the_switch_reads_the_environment(monkeypatch):
 
 
 _INTERRUPTED = """
-import sys, time
+import signal, sys, time
+# Python's own Ctrl-C handler, whatever this process inherited (a SIGINT ignored by the test runner's parent,
+# or left at libfuse's default by an in-process mount, would otherwise keep the signal from reaching it)
+signal.signal(signal.SIGINT, signal.default_int_handler)
 from ckptfs.sources.remote.context import ReadContext
 from ckptfs.sources.remote.http import HttpSource
 src = HttpSource(sys.argv[1])

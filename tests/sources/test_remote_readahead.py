@@ -5,6 +5,7 @@ nginx's access log (with the Range header of each request)."""
 from __future__ import annotations
 
 import os
+import time
 
 import numpy as np
 import pytest
@@ -32,6 +33,19 @@ def blob(tmp_path_factory):
         yield server, data
 
 
+def _settled(server: Nginx) -> int:
+    """The access log's length once the open's requests are all in it: its first GET and the tail sample sent
+    beside it end on their own, so the latter may be logged after the open returned (bounded: 5 s)."""
+    seen = -1
+    for _ in range(50):
+        now = len(server.access_log())
+        if now == seen:
+            return now
+        seen = now
+        time.sleep(0.1)
+    return seen
+
+
 def _open(server: Nginx, name: str):
     return Opener(RemoteOptions(OpenOptions.build(timeout=10, stall_timeout=2))).source(f"{server.url}/{name}")
 
@@ -39,7 +53,7 @@ def _open(server: Nginx, name: str):
 def test_sequential_reads_are_fetched_ahead_in_large_requests(blob):
     server, data = blob
     source = _open(server, "blob.bin")
-    before = len(server.access_log())
+    before = _settled(server)
     start, step, reads = 4 * MiB, 128 * 1024, 160  # 20 MiB in 128 KiB reads, as the kernel sends them
     for i in range(reads):
         offset = start + i * step
@@ -54,17 +68,20 @@ def test_sequential_reads_are_fetched_ahead_in_large_requests(blob):
 def test_random_reads_fetch_only_their_chunks(blob):
     server, data = blob
     source = _open(server, "random.bin")
-    before = len(server.access_log())
+    before = _settled(server)
     rng = np.random.default_rng(3)
     offsets = sorted(int(o) for o in rng.integers(4 * MiB, 47 * MiB, 12))
     for offset in rng.permutation(offsets):
         offset = int(offset)
         assert source.pread(offset, 4096) == data[offset:offset + 4096]
     ranges = server.ranges("random.bin", before)
-    tail = (len(data) - 4096, len(data))  # nginx's ETag is weak: each fetch is followed by a check of the last 4 KiB
+    # nginx's ETag is weak: each fetch is followed by a check of the last 4 KiB, sent as its answer begins
+    # (sources/remote/version.py); a confirm that finds that early check still out after about as long as a
+    # check takes (a loaded machine) sends its own: at least one check per fetch, at most two
+    tail = (len(data) - 4096, len(data))
     checks = ranges.count(tail)
     ranges = [r for r in ranges if r != tail]
-    assert len(ranges) <= len(offsets) and checks <= len(ranges)
+    assert len(ranges) <= len(offsets) and len(ranges) <= checks <= 2 * len(ranges), (len(ranges), checks)
     for begin, end in ranges:
         assert begin % CHUNK == 0 and end - begin <= 2 * CHUNK
         assert any(begin <= o < end for o in offsets)
