@@ -45,18 +45,26 @@ class ScaledCodes:
 class PairedNibbles:
     """Values that are 4-bit codes, two a byte, times a scale per block of elements, the weight's elements in
     order whatever its rows (NVFP4, MXFP4, bitsandbytes NF4/FP4: ``ckptfs.packed``). Element ``e``'s byte is
-    ``offset + e // 2`` of ``source``; ``pairs`` holds each byte's two values in element order (512 float32);
-    its scale is ``scales[e // block]`` (float32), or with ``scale_table`` (256 float32) the table's entry for
-    the byte ``scales[e // block]`` (uint8). A mount computes them per read in C (``packed/nibble_pairs.h``)."""
+    ``offset + e // 2`` of ``source``; ``pairs`` holds each byte's two values in element order (512 float32).
+    Block ``k``'s scale is stored in the same file at ``scale_offset``, ``blocks`` of them, and read with the
+    codes that need it (so nothing proportional to the layer is held): ``"f32"`` a float32 each; ``"table"`` a
+    byte each, worth ``table[byte]``; ``"nested"`` a byte each, worth ``table[byte] * nested[k //
+    nested_block] + nested_offset`` in float32 (bitsandbytes' double quantization). A mount computes them per
+    read in C (``packed/nibble_pairs.h``)."""
 
     source: object
     offset: int
     rows: int
     width: int
     pairs: np.ndarray               # float32 [512]
-    scales: np.ndarray              # float32 or uint8, a value per block
-    scale_table: np.ndarray | None  # float32 [256] when ``scales`` are bytes
     block: int
+    blocks: int
+    scale_offset: int
+    scale_kind: str                 # "f32", "table" or "nested"
+    table: np.ndarray | None = None   # float32 [256] ("table", "nested")
+    nested: np.ndarray | None = None  # float32 second-level scales ("nested")
+    nested_block: int = 1
+    nested_offset: float = 0.0
 
 
 #: What a mount can compute in C from stored codes, per read.

@@ -68,7 +68,7 @@ struct segment {
                         * segment's bytes are values computed from codes at `offset` of the file */
 };
 
-/* A segment computed from stored codes (fs/direct.py, PROGRAM = struct "<qqqqQQQQqqqqqq"): `rows` rows of
+/* A segment computed from stored codes (fs/direct.py, PROGRAM = struct "<qqqqQQQQqqqqqqqqqqf4x"): `rows` rows of
  * `width` values each, as float32, float16 or bfloat16, computed from codes at `offset` of the segment's file.
  * The tables are Python's, held while registered.
  *
@@ -76,9 +76,13 @@ struct segment {
  * offset + r * width, its scale row (r / matrix_rows) * grid_rows + (r % matrix_rows) / block_height of
  * `scales` (and `zeros`), each `groups` float32 wide, one per `block_width` values; `table`: 256 float32.
  * PROGRAM_NIBBLES (packed/nibble_pairs.h): two 4-bit codes a byte, the values' elements in order from
- * `offset`; `table`: the 512 float32 pairs; a scale per `block_width` elements, `scale_rows` of them: float32
- * `scales`, or with `scale_table` (256 float32) a byte each. */
+ * `offset`; `table`: the 512 float32 pairs; a scale per `block_width` elements, `scale_rows` of them, read from
+ * the same file at `scale_offset` with the codes a read needs (nothing of them is held): SCALE_F32, a
+ * float32 each; SCALE_TABLE, a byte each worth scale_table[byte] (256 float32); SCALE_NESTED, a byte each
+ * worth scale_table[byte] * scales[k / nested_block] + nested_offset in float32, multiply then add
+ * (bitsandbytes' double quantization; `scales`: its `nested_count` float32 second-level scales). */
 enum { PROGRAM_SCALED = 1, PROGRAM_NIBBLES = 2 };
+enum { SCALE_F32 = 1, SCALE_TABLE = 2, SCALE_NESTED = 3 };
 
 struct program {
     int64_t kind;
@@ -95,6 +99,11 @@ struct program {
     int64_t matrix_rows;
     int64_t grid_rows;
     int64_t block_height;
+    int64_t scale_offset;   /* PROGRAM_NIBBLES: the file offset of block 0's scale */
+    int64_t scale_kind;     /* SCALE_F32, SCALE_TABLE, SCALE_NESTED */
+    int64_t nested_block;
+    int64_t nested_count;
+    float nested_offset;
 };
 
 /* Served checksums (sources/served.py): a sum of each SUM_CHUNK-byte chunk of a file, taken when a read first
@@ -272,9 +281,12 @@ struct scratch {
 static pthread_key_t scratch_key;
 static pthread_once_t scratch_once = PTHREAD_ONCE_INIT;
 
+enum { SCRATCHES = 3 };  /* a thread's buffers: codes, stored scales, scales as float32 (or a cut row) */
+
 static void scratch_free(void *p) {
     struct scratch *s = p;
-    free(s->data);
+    for (int i = 0; i < SCRATCHES; i++)
+        free(s[i].data);
     free(s);
 }
 
@@ -284,7 +296,7 @@ static void *scratch_of(int which, size_t size) {
     pthread_once(&scratch_once, scratch_init);
     struct scratch *pair = pthread_getspecific(scratch_key);
     if (pair == NULL) {
-        if ((pair = calloc(2, sizeof *pair)) == NULL || pthread_setspecific(scratch_key, pair) != 0) {
+        if ((pair = calloc(SCRATCHES, sizeof *pair)) == NULL || pthread_setspecific(scratch_key, pair) != 0) {
             free(pair);
             return NULL;
         }
@@ -341,10 +353,27 @@ static int read_nibbles(const struct segment *s, char *buf, size_t n, uint64_t w
     uint8_t *codes = scratch_of(0, (size_t)bytes);
     if (codes == NULL || !read_file(s, (char *)codes, (size_t)bytes, s->offset + first))
         return 0;
-    const struct nibble_scales sc = {
-        p->scale_table ? NULL : (const float *)(uintptr_t)p->scales,
-        p->scale_table ? (const uint8_t *)(uintptr_t)p->scales : NULL,
-        (const float *)(uintptr_t)p->scale_table, p->block_width, 0};
+    /* the scales of the blocks [k0, k1] under the read, as float32 */
+    const int64_t k0 = e0 / p->block_width, k1 = (e1 - 1) / p->block_width, count = k1 - k0 + 1;
+    const int64_t size = p->scale_kind == SCALE_F32 ? 4 : 1;
+    uint8_t *stored = scratch_of(1, (size_t)(count * size));
+    float *scales = scratch_of(2, (size_t)count * sizeof(float));
+    if (stored == NULL || scales == NULL
+        || !read_file(s, (char *)stored, (size_t)(count * size), p->scale_offset + k0 * size))
+        return 0;
+    const float *table = (const float *)(uintptr_t)p->scale_table, *nested = (const float *)(uintptr_t)p->scales;
+    if (p->scale_kind == SCALE_F32) {
+        memcpy(scales, stored, (size_t)count * sizeof(float));
+    } else if (p->scale_kind == SCALE_TABLE) {
+        for (int64_t i = 0; i < count; i++)
+            scales[i] = table[stored[i]];
+    } else {
+        for (int64_t i = 0; i < count; i++) {
+            const float scaled = table[stored[i]] * nested[(k0 + i) / p->nested_block];
+            scales[i] = scaled + p->nested_offset;
+        }
+    }
+    const struct nibble_scales sc = {scales, NULL, NULL, p->block_width, k0};
     const float *pairs = (const float *)(uintptr_t)p->table;
     int64_t w0 = (a + item - 1) / item, w1 = b / item;  /* the elements wholly inside */
     if (w1 < w0)
@@ -372,15 +401,23 @@ static int read_computed(const struct segment *s, char *buf, size_t n, uint64_t 
 static int program_fits(const struct segment *s) {
     const struct program *p = (const struct program *)(uintptr_t)s->program;
     if (p->out_type < ROW_OUT_F32 || p->out_type > ROW_OUT_BF16 || p->rows <= 0 || p->width <= 0 || p->table == 0
-        || p->scales == 0 || p->scale_rows <= 0 || p->groups <= 0 || p->block_width <= 0)
+        || p->scale_rows <= 0 || p->block_width <= 0)
         return 0;
     if (p->width > INT64_MAX / 4 / p->rows || (uint64_t)(p->rows * p->width * item_of(p)) != s->length)
         return 0;
     const int64_t values = p->rows * p->width;
-    if (p->kind == PROGRAM_NIBBLES)  /* a scale for every block of the run, the run's bytes in the file */
-        return p->zeros == 0 && p->groups == 1 && (values + p->block_width - 1) / p->block_width <= p->scale_rows
-               && s->offset + (values + 1) / 2 <= s->st_size;
-    if (p->kind != PROGRAM_SCALED || p->scale_table != 0 || p->matrix_rows <= 0 || p->grid_rows <= 0
+    if (p->kind == PROGRAM_NIBBLES) {  /* a scale for every block of the run; the run and the scales in the file */
+        const int64_t size = p->scale_kind == SCALE_F32 ? 4 : 1;
+        if (p->scale_kind < SCALE_F32 || p->scale_kind > SCALE_NESTED || p->scale_offset < 0
+            || (p->scale_kind != SCALE_F32 && p->scale_table == 0)
+            || (p->scale_kind == SCALE_NESTED && (p->scales == 0 || p->nested_block <= 0
+                || (p->scale_rows - 1) / p->nested_block >= p->nested_count)))
+            return 0;
+        return p->zeros == 0 && (values + p->block_width - 1) / p->block_width <= p->scale_rows
+               && s->offset + (values + 1) / 2 <= s->st_size && p->scale_offset + p->scale_rows * size <= s->st_size;
+    }
+    if (p->kind != PROGRAM_SCALED || p->scales == 0 || p->groups <= 0 || p->scale_table != 0 || p->matrix_rows <= 0
+        || p->grid_rows <= 0
         || p->block_height <= 0 || p->rows % p->matrix_rows != 0)
         return 0;
     if (p->groups * p->block_width < p->width || (p->groups - 1) * p->block_width >= p->width)

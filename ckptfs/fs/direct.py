@@ -82,9 +82,13 @@ ENV = "CKPTFS_C_READS"
 SEGMENT = struct.Struct("<QQqqqqQQQQ")
 #: A computed segment's program as ``_direct.c`` reads it (``struct program``): kind (1: scaled codes, 2: paired
 #: nibbles), output type (0 float32, 1 float16, 2 bfloat16), rows, width, the addresses of the code table (or
-#: pairs), the scales, the zeros (0: none) and the scale table (0: none), the scales' rows, groups, block width,
-#: rows per matrix, grid rows per matrix, block height.
-PROGRAM = struct.Struct("<qqqqQQQQqqqqqq")
+#: pairs), the scales (paired nibbles: the nested second-level scales), the zeros (0: none) and the scale table
+#: (0: none), the scales' rows (paired nibbles: blocks), groups, block width, rows per matrix, grid rows per
+#: matrix, block height; for paired nibbles, the scales' file offset, their kind, the nested block and count and
+#: the nested offset (float32).
+PROGRAM = struct.Struct("<qqqqQQQQqqqqqqqqqqf4x")
+#: how a paired-nibbles program's block scales are stored (``PairedNibbles.scale_kind``)
+SCALE_KINDS = {"f32": 1, "table": 2, "nested": 3}
 OUT_TYPES = {"float32": 0, "float16": 1, "bfloat16": 2}
 
 
@@ -247,14 +251,18 @@ def _program(segment: ComputedSegment, kept: list[object]) -> int:
     out = OUT_TYPES[segment.dtype]
     if isinstance(codes, PairedNibbles):
         pairs = np.ascontiguousarray(codes.pairs, np.float32)
-        table = None if codes.scale_table is None else np.ascontiguousarray(codes.scale_table, np.float32)
-        scales = np.ascontiguousarray(codes.scales, np.float32 if table is None else np.uint8).reshape(-1)
-        if pairs.size != 512 or (table is not None and table.size != 256):
+        table = None if codes.table is None else np.ascontiguousarray(codes.table, np.float32)
+        nested = None if codes.nested is None else np.ascontiguousarray(codes.nested, np.float32).reshape(-1)
+        kind = SCALE_KINDS[codes.scale_kind]
+        if pairs.size != 512 or (table is not None and table.size != 256) or (kind > 1 and table is None) \
+                or (kind == 3 and nested is None):
             raise ValueError("a computed segment's tables do not fit its program")
-        program = PROGRAM.pack(2, out, codes.rows, codes.width, pairs.ctypes.data, scales.ctypes.data, 0,
-                               0 if table is None else table.ctypes.data, scales.size, 1, codes.block, codes.rows,
-                               1, codes.rows)
-        kept += [program, pairs, scales, table]
+        program = PROGRAM.pack(2, out, codes.rows, codes.width, pairs.ctypes.data,
+                               0 if nested is None else nested.ctypes.data, 0,
+                               0 if table is None else table.ctypes.data, codes.blocks, 1, codes.block, 1, 1, 1,
+                               codes.scale_offset, kind, codes.nested_block, 0 if nested is None else nested.size,
+                               codes.nested_offset)
+        kept += [program, pairs, table, nested]
         return _address(program)
     table = np.ascontiguousarray(codes.table, np.float32)
     scales = np.ascontiguousarray(codes.scales, np.float32)
@@ -263,7 +271,7 @@ def _program(segment: ComputedSegment, kept: list[object]) -> int:
         raise ValueError("a computed segment's tables do not fit its program")
     program = PROGRAM.pack(1, out, codes.rows, codes.width, table.ctypes.data, scales.ctypes.data,
                            0 if zeros is None else zeros.ctypes.data, 0, len(scales), scales.size // len(scales),
-                           codes.block_width, codes.matrix_rows, codes.grid_rows, codes.block_height)
+                           codes.block_width, codes.matrix_rows, codes.grid_rows, codes.block_height, 0, 0, 0, 0, 0.0)
     kept += [program, table, scales, zeros]
     return _address(program)
 

@@ -278,17 +278,20 @@ def _build_4bit(prefix: str, parts: Mapping[str, TensorInfo], state_role: str,
                                  0.0)
         return True
 
-    def computed(reader: Parts) -> PairedNibbles:
+    def computed(reader: Parts) -> PairedNibbles | None:
         """The layer for a mount's reads in C: its codes as the flat run they are (blocks may straddle rows),
-        every block's absmax decoded once (``scales``: the nested ones as bitsandbytes combines them)."""
+        each block's absmax read with them (in their file): float32, or with double quantization a byte
+        decoded as bitsandbytes does (``scales``), by the nested code table and second-level scales."""
+        if absmax.source != codes.source:
+            return None
         held = small(reader)
-
-        def build() -> np.ndarray:
-            return scales(reader.read_whole("weight.absmax").reshape(-1), held, 0, blocks)
-
-        absmax_values = reader.derived("bnb:absmax", ("weight.absmax",), (blocks,), build)
-        return PairedNibbles(reader.source_of("weight"), codes.offset, out, in_features, pairs.view(np.float32),
-                             absmax_values, None, blocksize)
+        values = pairs.view(np.float32)
+        if not nested:
+            return PairedNibbles(reader.source_of("weight"), codes.offset, out, in_features, values, blocksize,
+                                 blocks, absmax.offset, "f32")
+        return PairedNibbles(reader.source_of("weight"), codes.offset, out, in_features, values, blocksize,
+                             blocks, absmax.offset, "nested", held[1:257], held[257:], nested_blocksize,
+                             float(offset))
 
     return Layout("bitsandbytes-4bit", parameters, out, in_features, used, "F32", decode,
                   kernel=kernel if _kernel_built() else None, computed_codes=computed)

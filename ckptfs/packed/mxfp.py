@@ -81,12 +81,15 @@ def build(prefix: str, parts: Mapping[str, TensorInfo], settings: Mapping[str, A
             apply_blocks(values, s, None, GROUP)
         return values
 
-    def computed(reader: Parts) -> CodeValues:
+    def computed(reader: Parts) -> CodeValues | None:
         """The layer for a mount's reads in C: MXFP4 as a flat run of nibbles (every row is whole groups of
-        32) with its scale bytes and the E8M0 table; MXFP8 as scaled codes with a scale row per row."""
+        32), its scale bytes read with the codes and valued by the E8M0 table; MXFP8 as scaled codes with a
+        scale row per row."""
         if bits == 4:
-            return PairedNibbles(reader.source_of(codes_role), codes.offset, out, in_features, E2M1_PAIRS,
-                                 reader.whole("weight_scale"), E8M0_POW2, GROUP)
+            if scale.source != codes.source:
+                return None
+            return PairedNibbles(reader.source_of(codes_role), codes.offset, out, in_features, E2M1_PAIRS, GROUP,
+                                 out * in_features // GROUP, scale.offset, "table", E8M0_POW2)
         s = reader.derived("mxfp8:scales", ("weight_scale",), (out, in_features // GROUP),
                            lambda: e8m0_scales(reader.whole("weight_scale")))
         return ScaledCodes(reader.source_of(codes_role), codes.offset, out, in_features, E4M3, s, None, GROUP,

@@ -136,12 +136,14 @@ def _layout(scheme: str, prefix: str, parts: Mapping[str, TensorInfo], codes_rol
         return native.fp4_rows(dest, reader.rows(codes_role, o0, o1), in_features // 2, E2M1_PAIRS,
                                scales(reader, o0, o1), in_features // GROUP, in_features, GROUP, o1 - o0)
 
-    def computed(reader: Parts) -> PairedNibbles:
-        """The layer as a flat run of nibbles (every row is whole groups): a scale byte per group of 16 and
-        the layer's combined table (``combined``), for a mount's reads in C."""
+    def computed(reader: Parts) -> PairedNibbles | None:
+        """The layer as a flat run of nibbles (every row is whole groups) for a mount's reads in C: a scale
+        byte per group of 16 (read with the codes; in their file) valued by the layer's combined table."""
+        if scale.source != codes.source:
+            return None
         table = reader.derived("nvfp4:combined", (global_role,), (256,), lambda: combined(reader))
-        return PairedNibbles(reader.source_of(codes_role), codes.offset, out, in_features, E2M1_PAIRS,
-                             reader.whole("weight_scale"), table, GROUP)
+        return PairedNibbles(reader.source_of(codes_role), codes.offset, out, in_features, E2M1_PAIRS, GROUP,
+                             out * in_features // GROUP, scale.offset, "table", table)
 
     used = {codes_role: codes, "weight_scale": scale, global_role: global_scale}
     order = "e2m1 * (weight_scale / weight_global_scale)" if divide else "e2m1 * (weight_scale * weight_scale_2)"
