@@ -108,8 +108,10 @@ def test_a_sealed_file_that_fails_its_check_drops_that_chunk_and_is_not_served_f
     assert size == len(payload) and os.pread(fd, size, 0) == payload
     assert wait_until(lambda: _gate(copies[content]) == -1, timeout=30)  # failed: C reads of it end
     assert store.sealed_copy(content, len(payload)) is None
-    # the damaged chunk alone is dropped (fetched again), the file unsealed and the rest of it kept
-    assert os.path.exists(path) and store.sealed_path(content) is None
+    # the damaged chunk alone is dropped (fetched again), the file unsealed and the rest of it kept (the check's
+    # thread unseals it right after it marks the gate failed)
+    assert wait_until(lambda: store.sealed_path(content) is None, timeout=30)
+    assert os.path.exists(path)
     assert store.stored_chunks(content, range(4)) == {0, 2, 3}
     assert [store.get(content, i) for i in (0, 2, 3)] == [parts[0], parts[2], parts[3]]
     assert store.put_chunks(content, 1, [parts[1]], len(parts)) and store.sealed_path(content) == path
