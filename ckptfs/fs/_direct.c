@@ -373,7 +373,7 @@ static int read_nibbles(const struct segment *s, char *buf, size_t n, uint64_t w
             scales[i] = scaled + p->nested_offset;
         }
     }
-    const struct nibble_scales sc = {scales, NULL, NULL, p->block_width, k0};
+    const struct nibble_scales sc = {scales, p->block_width, k0};
     const float *pairs = (const float *)(uintptr_t)p->table;
     int64_t w0 = (a + item - 1) / item, w1 = b / item;  /* the elements wholly inside */
     if (w1 < w0)

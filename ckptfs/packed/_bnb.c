@@ -60,7 +60,7 @@ static void run_4bit(const uint8_t *codes, const float *table, const void *absma
         }
         const Py_ssize_t j = k * blocksize > skip ? k * blocksize : skip;
         const Py_ssize_t hi = (k + 1) * blocksize < end ? (k + 1) * blocksize : end;
-        const struct nibble_scales scale = {&a, NULL, NULL, blocksize, k};
+        const struct nibble_scales scale = {&a, blocksize, k};
         paired_nibbles(codes + j / 2, j, hi, pairs, &scale, out + (j - skip), ROW_OUT_F32);
     }
 }

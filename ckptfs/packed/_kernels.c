@@ -391,27 +391,9 @@ ALWAYS_INLINE void fp4_fetch_row(const Fp4Job *job, Py_ssize_t r, Py_ssize_t b0,
 
 /* Values [j0, j1) of row r (0 <= j0 <= j1, the row's own value indices) into dst[0 .. j1 - j0). */
 ALWAYS_INLINE void fp4_span(const Fp4Job *job, Py_ssize_t r, Py_ssize_t j0, Py_ssize_t j1, float *restrict dst) {
-    const uint8_t *restrict row = job->codes + r * job->code_step;
-    const float *restrict t = job->pairs;
-    const float *srow = job->scales + r * job->scale_step;
-    const Py_ssize_t group = job->group;
-    for (Py_ssize_t g0 = j0; g0 < j1;) {
-        const Py_ssize_t end = (g0 / group + 1) * group, g1 = end < j1 ? end : j1;
-        const float sv = srow[g0 / group];
-        Py_ssize_t j = g0;
-        if (j & 1) {  /* a high nibble first: only at the span's start (groups are even) */
-            dst[j - j0] = t[2 * row[j / 2] + 1] * sv;
-            j++;
-        }
-        for (; j + 1 < g1; j += 2) {
-            const unsigned byte = row[j / 2];
-            dst[j - j0] = t[2 * byte] * sv;
-            dst[j - j0 + 1] = t[2 * byte + 1] * sv;
-        }
-        if (j < g1)  /* a low nibble last: only at the span's end */
-            dst[j - j0] = t[2 * row[j / 2]] * sv;
-        g0 = g1;
-    }
+    const uint8_t *row = job->codes + r * job->code_step;
+    const struct nibble_scales scale = {job->scales + r * job->scale_step, job->group, 0};
+    nibble_span(row + j0 / 2, j0, j1, job->pairs, &scale, dst);
 }
 
 /* The stored-row positions [lo, hi) of a band of rb rows whose first value would go to out[base]: those
@@ -557,7 +539,7 @@ static void fp4_run(const Fp4Job *job, void *out, int half, int transpose, Py_ss
             else fp4_columns(&rest, out, 0, offset + done, out_len);
         }
     } else {  /* contiguous rows (fp4_rows checks it): one flat run of nibbles, nibble_pairs.h */
-        const struct nibble_scales scale = {job->scales, NULL, NULL, job->group, 0};
+        const struct nibble_scales scale = {job->scales, job->group, 0};
         paired_nibbles(job->codes, 0, job->n * job->width, job->pairs, &scale, out, half ? ROW_OUT_F16 : ROW_OUT_F32);
     }
 }

@@ -1,14 +1,14 @@
 /* A flat run of 4-bit codes, two a byte, times a scale per block of elements: NVFP4 (compressed-tensors and
  * ModelOpt), compressed-tensors MXFP4 and bitsandbytes NF4/FP4, whose values are the elements of the weight in
  * order whatever its rows (a bitsandbytes block may straddle two). fs/_direct.c computes a mount's .npy reads
- * of such views with it (fs/direct.py), packed/_bnb.c bitsandbytes' 4-bit rows for Python's decode calls.
+ * of such views with it (fs/direct.py), packed/_bnb.c and packed/_kernels.c the rows of Python's decode calls
+ * (gpt-oss' block columns too, a row at a time).
  *
  * Element e lies in byte e / 2; `pairs` holds each byte's two values in element order (pairs[2 * byte +
  * e % 2]: the low nibble first for E2M1, the high first for bitsandbytes), as float32 (twice the value where
  * the scales are halved to stay finite: gpt-oss/MXFP4's E8M0_HALF form). Value e = pairs[...] * scale[e /
- * block] in float32, the scale being scales[k] (float32 per block: bitsandbytes' absmax, its nested form
- * already combined) or scale_table[scale_codes[k]] (a scale byte per block and its 256 combined float32
- * values: NVFP4's E4M3 / global, MXFP4's E8M0). That product is the one multiply of the layers' numpy paths
+ * block] in float32, scales[k] being the block's float32 scale as its caller decoded it (bitsandbytes' absmax,
+ * its nested form combined; NVFP4's E4M3 over the global scale; MXFP4's E8M0). That product is the one multiply of the layers' numpy paths
  * and kernels (packed/nvfp4.py, mxfp.py, bnb.py), so the bits are theirs; stored as float32, or rounded once to
  * float16 or bfloat16 by quant/float_bits.h. */
 #ifndef CKPTFS_NIBBLE_PAIRS_H
@@ -20,11 +20,9 @@
 #include "scaled_rows.h"  /* ROW_OUT_* */
 
 struct nibble_scales {
-    const float *scales;         /* float32 per block, or NULL */
-    const uint8_t *scale_codes;  /* a byte per block (with scale_table), or NULL */
-    const float *scale_table;
+    const float *scales;         /* float32 per block */
     int64_t block;
-    int64_t first_block;         /* the block scales[0] (scale_codes[0]) belongs to */
+    int64_t first_block;         /* the block scales[0] belongs to */
 };
 
 /* Values [e0, e1) as float32 into dst[0 .. e1 - e0); `bytes` points at the byte holding element e0 (byte
@@ -34,8 +32,7 @@ static inline void nibble_span(const uint8_t *restrict bytes, int64_t e0, int64_
     const uint8_t *base = bytes - e0 / 2;  /* base[e / 2] is element e's byte */
     for (int64_t b0 = e0; b0 < e1;) {
         const int64_t k = b0 / sc->block, end = (k + 1) * sc->block, b1 = end < e1 ? end : e1;
-        const float sv = sc->scale_codes ? sc->scale_table[sc->scale_codes[k - sc->first_block]]
-                                         : sc->scales[k - sc->first_block];
+        const float sv = sc->scales[k - sc->first_block];
         int64_t e = b0;
         if (e & 1) {
             dst[e - e0] = pairs[2 * base[e / 2] + 1] * sv;
