@@ -7,7 +7,7 @@ byte by byte. For each one:
 
 - ``ckptfs.open`` raises ``CheckpointError`` whose message names the file and the reason, raised by an
   explicit check (not by the readers' last-resort conversion of an unexpected exception), and it does so
-  under a 10-second hang guard (the measured times, a few milliseconds, are in docs/damage.md);
+  under a 10-second hang guard (the measured times, a few milliseconds, are in docs/performance.md);
 - ``ckptfs info`` and ``ckptfs mount`` print exactly one line on stderr and exit 1 (in-process for the whole
   corpus; in real subprocesses for a sample, which also checks that nothing gets mounted).
 """

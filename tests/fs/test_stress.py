@@ -30,7 +30,7 @@ from mount_expect import npy_bytes
 STRESS_SECONDS = float(os.environ.get("CKPTFS_STRESS_SECONDS", "15"))
 CACHE_BYTES = 2 * 1024 * 1024
 #: What the daemon may use besides its cache: the interpreter, numpy, libfuse and its worker threads, the
-#: decoded group being built for every request in flight, allocator slack. Measured: see docs/damage.md.
+#: decoded group being built for every request in flight, allocator slack. Measured: see docs/performance.md.
 OVERHEAD_BYTES = 150 * 1024 * 1024
 THREADS = 6
 PROCESSES = 3
