@@ -46,8 +46,8 @@ phase() {  # phase NAME PYTHON PYTEST-ARGS...: one pytest run, its JUnit XML rep
 # from_pretrained from four threads at once, which leaves transformers 5.x's process state broken: a later
 # load in the same process can leave a tied weight on the meta device (gemma3's lm_head), and its logits are
 # then garbage (seen as tests/hffolder/test_hf_folder.py's gemma3 logits differing on either side, docs/hf.md). The
-# Redis Cluster tests' lease and dead-node counts failed now and then in whole-suite processes only
-# (docs/caches.md); why is not known yet.
+# Redis Cluster tests' lease and dead-node counts failed now and then in whole-suite processes only;
+# why is not known yet.
 OWN_PROCESS=("$TESTS/clients/test_clients_transformers.py" "$TESTS/cache/test_tiers_redis_cluster.py")
 phase "numpy 2 (all but ${OWN_PROCESS[*]##*/})" .venv/bin/python "$TESTS" "${OWN_PROCESS[@]/#/--ignore=}"
 for module in "${OWN_PROCESS[@]}"; do

@@ -2,7 +2,7 @@
 
 A decoded entry is served as the tensor's values, so whoever can write one decides what a mount returns.
 Two rules keep that to the user running ckptfs (the attack they stop: another local user pre-creates the
-folder a documented recipe names (docs/guide/caches.md), or rewrites entries with a forged payload and recomputed crc32s):
+folder a documented recipe names (docs/caches.md), or rewrites entries with a forged payload and recomputed crc32s):
 
 - **Modes, like ssh's StrictModes.** A cache folder must be owned by this process's user (``geteuid``) and
   not writable by group or others; each folder on the way to it (symbolic links followed, ``walk``) must be

@@ -81,7 +81,6 @@ def test_api_values_exact_keys_on_every_node_and_a_second_open_decodes_nothing(c
         assert ck.cache.decoded_bytes == 0 and stats["misses"] == 0 and stats["hits"] > 0
         # the keys came from more than one node (the "served from at least 2 cluster nodes"); all
         # three is the rule, but one run in five here saw two (with every key a hit): not traced yet
-        # (docs/caches.md, "Known flake")
         assert stats["nodes"] >= 2, stats
 
 
