@@ -61,7 +61,7 @@ from ckptfs.cache import auth, entry
 from ckptfs.cache.breaker import Breaker
 from ckptfs.cache.counters import TierCounters
 from ckptfs.cache.keys import CacheKey
-from ckptfs.readahead import SequentialRun
+from ckptfs.ahead.detect import SequentialRun
 from ckptfs.cache.writer import BackgroundWriter
 
 if TYPE_CHECKING:  # (imported where values are decoded: a remote fetch into the store does not need numpy)
@@ -278,7 +278,7 @@ class RedisTier:
 
     def _continues(self, key: str) -> bool:
         """Whether ``key``'s block range starts where this tensor's previous lookup ended (and remember): the
-        one sequential detector (``ckptfs.readahead``), exact continuation, one stream per tensor."""
+        one sequential detector (``ckptfs.ahead.detect``), exact continuation, one stream per tensor."""
         if not isinstance(key, CacheKey):
             return False
         prefix = key.with_range(0, 0)

@@ -10,13 +10,13 @@ bytes those groups will read (``POSIX_FADV_WILLNEED``; ``SEQUENTIAL`` once per s
 ends the stream: queued work for it is skipped. Read-ahead never holds more than a fraction of the cache:
 at most 1/8 of it ahead of one stream and 1/4 in flight over all streams, so it cannot evict what readers
 are using. Streams are recognized by the one sequential detector and the decoding runs on the process's
-read-ahead scheduler (``ckptfs.readahead``: its ``decode`` pool, within its byte budget).
+worker pools (``ckptfs.workers``: its ``decode`` pool, within its byte budget).
 
 What lies ahead is the view's to say (``View.ahead``): the stored bytes to advise and the decoding jobs
 (block groups) that cover the next bytes of the file, so a new kind of view gets read-ahead by answering it.
 The kernel's side (the mount's readahead, the allocator) is ``ckptfs.fs.kernel``'s.
 
-The handle is where a mount's stream is decided (``ckptfs.readahead.detect``: one decision per stream): its
+The handle is where a mount's stream is decided (``ckptfs.ahead.detect``: one decision per stream): its
 reads (:meth:`DecodeAhead.reading`), its advice and its decoding ahead are made inside ``decided_above``, so
 a remote source under it fetches what the advice names, following its reader, instead of detecting the
 stream again with a rule of its own. A handle whose stream is not tracked (read-ahead off, a view that does
@@ -44,7 +44,8 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from ckptfs.engine.views import View
-from ckptfs.readahead import SCHEDULER, Scheduler, SequentialRun, decided_above
+from ckptfs.ahead.detect import SequentialRun, decided_above
+from ckptfs.workers.scheduler import SCHEDULER, Scheduler
 from ckptfs.sources import ByteSource
 
 log = logging.getLogger(__name__)

@@ -19,7 +19,7 @@ import contextvars
 import threading
 from collections.abc import Callable, Sequence
 
-from ckptfs.readahead import SCHEDULER, Scheduler
+from ckptfs.workers.scheduler import SCHEDULER, Scheduler
 
 
 def spread(tasks: Sequence[Callable[[], None]], scheduler: Scheduler = SCHEDULER, kind: str = "decode") -> None:

@@ -154,7 +154,7 @@ def _source_families(source: dict[str, Any], scheme: str):
 
 
 def _origin_families(origins: dict[str, dict[str, Any]]):
-    """What each remote origin cost its readers (``ckptfs.origins.limit``): none on a local mount."""
+    """What each remote origin cost its readers (``ckptfs.ahead.limits``): none on a local mount."""
     outages = CounterMetricFamily("ckptfs_source_outages", "Outages of the origin: a fetch used its whole "
                                   "--timeout without its bytes.", labels=["origin"])
     deadlines = CounterMetricFamily("ckptfs_source_deadlines_met", "Times readers waited a whole --timeout for "

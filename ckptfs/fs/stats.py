@@ -64,10 +64,10 @@ def source_stats() -> dict[str, Any]:
         from ckptfs.sources.netstats import COUNTERS
     except ImportError:  # an installation without remote sources
         return {**dict.fromkeys(SOURCE_KEYS, 0), "by_scheme": {}, "origins": {}}
-    from ckptfs.origins.limit import origin_stats
+    from ckptfs.ahead.limits import origin_stats
 
     snapshot = COUNTERS.snapshot()
-    # each origin's learnt in-flight limit (ckptfs.origins.limit): what a cold stream's speed comes from
+    # each origin's learnt in-flight limit (ckptfs.ahead.limits): what a cold stream's speed comes from
     return {**dict.fromkeys(SOURCE_KEYS, 0), "by_scheme": {}, **snapshot, "origins": origin_stats()}
 
 

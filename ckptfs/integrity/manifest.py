@@ -8,7 +8,7 @@ counted from the tensor's start, so that a checked read needs only the chunks it
 Building reads each byte once. Per file, a reader hands each buffer to the whole-file sha256 and to the
 tensors it holds (their sha256 and chunk crc32s; the tensor's crc32 is combined from its chunks, not
 computed again), each an ordered stream on the read-ahead scheduler's decode pool; several files are read
-at once on its read pool (``ckptfs.readahead.scheduler``: the process's one set of worker threads). hashlib
+at once on its read pool (``ckptfs.workers.scheduler``: the process's one set of worker threads). hashlib
 and zlib release the GIL on large buffers, so the streams use separate cores.
 
 File names are relative to the checkpoint's root, the longest common folder of its files (a single file:
@@ -32,7 +32,7 @@ from typing import Any
 
 from ckptfs.core.errors import CheckpointError
 from ckptfs.integrity.crc import crc32, crc32_combine
-from ckptfs.readahead.scheduler import SCHEDULER, Ordered
+from ckptfs.workers.scheduler import SCHEDULER, Ordered
 from ckptfs.util.redact import strip_url
 
 log = logging.getLogger(__name__)

@@ -29,7 +29,7 @@ import torch
 from ckptfs.quant import codec_for
 from ckptfs.checkpoint.api import opened
 from ckptfs.engine import batch, decode
-from ckptfs.readahead import SCHEDULER
+from ckptfs.workers.scheduler import SCHEDULER
 from ckptfs.torchio import kernels  # noqa: F401 - registers the "torch" device backend with the decode door
 
 #: Storage types torch holds exactly: ``dtype=None`` keeps them; every other type becomes float32.

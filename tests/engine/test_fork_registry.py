@@ -17,8 +17,8 @@ import select
 import threading
 from pathlib import Path
 
-from ckptfs.origins import limit as origins
-from ckptfs.readahead.scheduler import SCHEDULER
+from ckptfs.ahead import limits as origins
+from ckptfs.workers.scheduler import SCHEDULER
 from ckptfs.util import forks
 
 ROOT = Path(__file__).resolve().parents[2]

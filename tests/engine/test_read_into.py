@@ -18,7 +18,7 @@ import pytest
 import ckptfs
 from ckptfs.core.errors import CheckpointError
 from ckptfs.engine.parallel import spread
-from ckptfs.readahead import Scheduler
+from ckptfs.workers.scheduler import Scheduler
 from ckptfs.tree.mount_tree import MountTree
 
 from fixtures import quantized, write_gguf

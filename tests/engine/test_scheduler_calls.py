@@ -14,7 +14,7 @@ import threading
 
 import pytest
 
-from ckptfs.readahead.scheduler import Ordered, Scheduler
+from ckptfs.workers.scheduler import Ordered, Scheduler
 
 WAIT_S = 10.0
 _var: contextvars.ContextVar[str] = contextvars.ContextVar("test_var", default="unset")

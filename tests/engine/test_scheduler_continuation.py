@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import threading
 
-from ckptfs.readahead.scheduler import Scheduler
+from ckptfs.workers.scheduler import Scheduler
 
 BUDGET = 8 << 20
 WAIT_S = 10.0
@@ -64,7 +64,7 @@ def test_the_continuation_runs_after_the_job_on_its_worker_even_when_the_job_rai
 
 
 def test_a_failing_continuation_leaves_the_pool_serving(caplog):
-    caplog.set_level(logging.DEBUG, logger="ckptfs.readahead.scheduler")
+    caplog.set_level(logging.DEBUG, logger="ckptfs.workers.scheduler")
     scheduler = Scheduler(budget=BUDGET, concurrency={"fetch": 1})
 
     def then() -> None:

@@ -1,4 +1,4 @@
-"""One stream, one read-ahead decision (``ckptfs.readahead.detect``), over loopback nginx.
+"""One stream, one read-ahead decision (``ckptfs.ahead.detect``), over loopback nginx.
 
 A mount's handle that tracks its stream decides it: the remote source below never runs its own sequential
 detection for those reads, yet its bytes arrive ahead of the reader in few large requests (the source
@@ -17,7 +17,7 @@ pytest.importorskip("gguf")
 
 import ckptfs
 from ckptfs.engine.decode_ahead import DecodeAhead
-from ckptfs.readahead import SequentialRun
+from ckptfs.ahead.detect import SequentialRun
 from ckptfs.sources.remote import fetch_ahead as remote_readahead
 from ckptfs.tree.mount_tree import MountTree
 from fixtures import quantized, write_gguf

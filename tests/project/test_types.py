@@ -1,6 +1,6 @@
 """The package type-checks: mypy with the configuration in pyproject.toml ([tool.mypy]) finds no error.
 
-Strict on the layers the rest stands on (util, core, cache, readahead, engine, sources, formats, quant,
+Strict on the layers the rest stands on (util, core, workers, ahead, cache, engine, sources, formats, quant,
 checkpoint), mypy's defaults elsewhere: a caller reaching for an attribute its object's declared type lacks, or
 a None where a value is needed, fails here in CI instead of as an AttributeError in whichever read reaches it.
 It passes twice: in the test venv, where every optional extra is installed and its types are read, and in

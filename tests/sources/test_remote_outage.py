@@ -29,7 +29,7 @@ import pytest
 pytest.importorskip("urllib3")
 
 from ckptfs.engine.parallel import spread
-from ckptfs.readahead import Scheduler
+from ckptfs.workers.scheduler import Scheduler
 from ckptfs.sources.remote.outage import Admission, Outage
 from ckptfs.sources.remote.context import deadline_scope, read_deadline
 from conftest import mount_stats, nginx_origin, pid_alive, wait_until

@@ -18,7 +18,7 @@ import pytest
 
 pytest.importorskip("urllib3")
 
-from ckptfs.origins.limit import REPROBE_EPOCHS, OriginLimit
+from ckptfs.ahead.limits import REPROBE_EPOCHS, OriginLimit
 from ckptfs.sources import Opener
 from ckptfs.core.options import OpenOptions
 from ckptfs.sources.remote.options import RemoteOptions
@@ -115,7 +115,7 @@ def test_slower_requests_without_more_throughput_step_down():
 
 
 def test_a_pinned_limit_is_what_the_environment_says(monkeypatch):
-    from ckptfs.origins.limit import origin_limit
+    from ckptfs.ahead.limits import origin_limit
 
     monkeypatch.setenv("CKPTFS_REMOTE_IN_FLIGHT", "12")
     limit = origin_limit("http://pinned.test:1")

@@ -17,8 +17,8 @@ import threading
 from conftest import wait_until
 
 from ckptfs.cache.chunks import CHUNK
-from ckptfs.origins.limit import OriginLimit
-from ckptfs.readahead import decided_above
+from ckptfs.ahead.limits import OriginLimit
+from ckptfs.ahead.detect import decided_above
 from ckptfs.sources.remote import fetch_ahead
 from ckptfs.sources.remote.context import ReadContext, Slot
 from ckptfs.sources.remote.fetch_ahead import ReadAhead, Run

@@ -67,7 +67,7 @@ def read_deadline(timeout: float) -> float:
 
 
 class Slot(Protocol):
-    """What a fetch ahead holds of its origin's in-flight limit (``ckptfs.origins.limit.HeldSlot``)."""
+    """What a fetch ahead holds of its origin's in-flight limit (``ckptfs.ahead.limits.HeldSlot``)."""
 
     def release(self) -> None: ...
 

@@ -4,10 +4,10 @@ many parallel ranges as the origin rewards.
 Over a network each request costs a round trip, and an object store or CDN caps what one request carries
 (tens of MB/s), so a reader that streams a file (``cat`` of a ``.raw``, ``np.load``, a model loader's 64 MiB
 O_DIRECT reads) is as fast as the number of ranges in flight ahead of it. Each remote source watches its
-own reads with the one sequential detector (``ckptfs.readahead.SequentialRun``): once two reads in a row
+own reads with the one sequential detector (``ckptfs.ahead.detect.SequentialRun``): once two reads in a row
 continue where the previous ones reached, it fetches ahead of the reader in a window that doubles per
 sequential read (1 MiB up to ``FETCH_BUDGET``) as pieces on the process's read-ahead scheduler (its ``fetch`` pool). How many pieces are in flight at once is the origin's
-:class:`~ckptfs.origins.limit.OriginLimit` (grown while throughput grows, halved on 429/503), shared by
+:class:`~ckptfs.ahead.limits.OriginLimit` (grown while throughput grows, halved on 429/503), shared by
 every source on that origin; the piece size shrinks as the limit grows, so the bytes ahead stay within
 ``FETCH_BUDGET`` (``budget / limit``, between ``MIN_PIECE`` and the scheme's ``piece_bytes``). Every piece
 that lands tops the window up again (``pump``), so the pipeline stays full while the reader waits on a
@@ -30,7 +30,7 @@ of it: the rest of the reader's tensor may be advised that far ahead already, an
 the chunk LRU (twice the budget) with bytes not yet read, whose oldest — the ones the reader reached next —
 it then evicted (a ``cp`` of every ``.raw`` fetched bytes more than once and slowed to a fraction of the
 origin's speed: docs/remote.md). A stream that a mount's handle tracks
-is decided there, once (``ckptfs.readahead.detect``): its reads come inside ``decided_above`` and run no
+is decided there, once (``ckptfs.ahead.detect``): its reads come inside ``decided_above`` and run no
 detection here, they only move the reader's position, and the window is what the handle advises (its decode
 window's stored bytes, the rest of the tensor as one unit once it found the stream).
 
@@ -48,8 +48,9 @@ import weakref
 from typing import Protocol
 
 from ckptfs.cache.chunks import CHUNK
-from ckptfs.readahead import SCHEDULER, SequentialRun, is_decided_above
-from ckptfs.origins.limit import OriginLimit
+from ckptfs.ahead.detect import SequentialRun, is_decided_above
+from ckptfs.ahead.limits import OriginLimit
+from ckptfs.workers.scheduler import SCHEDULER
 from ckptfs.sources.remote.context import Slot
 from ckptfs.sources.remote.options import RemoteOptions
 from ckptfs.util.forks import after_fork_in_child
@@ -139,7 +140,7 @@ class ReadAhead:
 
     def observe(self, offset: int, size: int) -> None:
         """Note a read; when it continues a sequential run, fetch ahead of it. A read of a stream decided
-        above (a mount's handle: ``ckptfs.readahead.detect``) is not judged again here: it only moves the
+        above (a mount's handle: ``ckptfs.ahead.detect``) is not judged again here: it only moves the
         reader on, and what is fetched ahead of it is what that handle advises (``follow_advice``)."""
         if not self._source.options.read_ahead:
             return

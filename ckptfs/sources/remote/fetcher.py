@@ -26,7 +26,7 @@ from ckptfs.cache.flight import Flight, SingleFlight, flights_for
 from ckptfs.core.errors import CheckpointError
 from ckptfs.sources.netstats import COUNTERS
 from ckptfs.sources.remote.context import ReadContext, Slot
-from ckptfs.origins.limit import OriginLimit
+from ckptfs.ahead.limits import OriginLimit
 from ckptfs.sources.remote.handoff import hand_out
 from ckptfs.sources.remote.options import RemoteOptions
 from ckptfs.sources.remote.origin import OriginClient
@@ -62,7 +62,7 @@ class ChunkFetcher:
         self.closed = False  # the source was closed: nothing more is fetched ahead (``fetch_ahead``)
 
     def origin_limit(self) -> OriginLimit:
-        """The in-flight limit of the origin these chunks come from (``ckptfs.origins.limit``)."""
+        """The in-flight limit of the origin these chunks come from (``ckptfs.ahead.limits``)."""
         return self.client.origin_limit()
 
     def forget_fetches(self) -> None:

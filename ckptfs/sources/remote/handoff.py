@@ -15,7 +15,7 @@ import logging
 from collections.abc import Callable
 
 from ckptfs.cache.chunks import CHUNK
-from ckptfs.readahead import SCHEDULER
+from ckptfs.workers.scheduler import SCHEDULER
 from ckptfs.sources.remote.fetch_ahead import FETCH_BUDGET
 from ckptfs.util.redact import public_name
 

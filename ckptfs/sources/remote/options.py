@@ -17,7 +17,7 @@ from ckptfs.cache.chunks import ChunkCache, disk_store, shared_tier
 from ckptfs.cache.disk import DEFAULT_CACHE_DIR_SIZE
 from ckptfs.cache.sparse_store import DEFAULT_MIN_FREE
 from ckptfs.core.options import OpenOptions
-from ckptfs.readahead.scheduler import DEFAULT_CONCURRENCY
+from ckptfs.workers.scheduler import DEFAULT_CONCURRENCY
 from ckptfs.sources.remote.outage import Outage
 
 #: Every remote read is answered within this (``--timeout``), failover included, unless the options say.

@@ -32,7 +32,7 @@ from datetime import datetime, timezone
 from typing import TypeVar
 
 from ckptfs.core.errors import CheckpointError, SourceUnavailable
-from ckptfs.origins.limit import OriginLimit, origin_limit
+from ckptfs.ahead.limits import OriginLimit, origin_limit
 from ckptfs.sources.netstats import COUNTERS
 from ckptfs.sources.remote.context import ReadContext
 from ckptfs.sources.remote.options import RemoteOptions
@@ -100,7 +100,7 @@ class OriginClient:
         self._outage: Outage | None = None
 
     def origin_limit(self) -> OriginLimit:
-        """The in-flight limit learnt for this origin (``ckptfs.origins.limit``: one per scheme and host)."""
+        """The in-flight limit learnt for this origin (``ckptfs.ahead.limits``: one per scheme and host)."""
         limit = self._limit
         if limit is None:
             limit = self._limit = origin_limit(self.range.origin())

@@ -23,7 +23,7 @@ the application's read lasted several. So failures are grouped by what fails, th
 So every application read ends within ``--timeout`` + ``PROBE_SECONDS`` of its first request that met the
 outage, whatever its size or shape, and meets one full ``--timeout`` per outage; the first read once the
 origin serves again is answered (docs/remote.md, "Failures"). Each origin's ``outages`` and
-``deadlines_met`` are counted for ``ckptfs stats`` (``ckptfs.origins.limit``).
+``deadlines_met`` are counted for ``ckptfs stats`` (``ckptfs.ahead.limits``).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ import enum
 import threading
 import time
 
-from ckptfs.origins.limit import OriginTally, origin_tally
+from ckptfs.ahead.limits import OriginTally, origin_tally
 
 #: A probe of an origin in an outage is sent at most this often (seconds after the last one ended).
 PROBE_INTERVAL_S = 1.0

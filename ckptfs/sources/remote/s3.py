@@ -47,7 +47,7 @@ from ckptfs.util.forks import after_fork_in_child
 _FILE_SUFFIXES = (".gguf", ".safetensors", ".json")
 _RETRY_CODES = {"SlowDown", "ServiceUnavailable", "InternalError", "RequestTimeout", "ThrottlingException",
                 "TooManyRequests", "RequestTimeTooSkewed"}
-#: The answers that mean "fewer requests at once" (ckptfs.origins.limit halves the in-flight limit).
+#: The answers that mean "fewer requests at once" (ckptfs.ahead.limits halves the in-flight limit).
 _THROTTLE_CODES = {"SlowDown", "ServiceUnavailable", "ThrottlingException", "TooManyRequests"}
 _DENIED_CODES = {"AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "AllAccessDisabled",
                  "ExpiredToken", "InvalidToken", "Forbidden", "403", "401"}

@@ -31,7 +31,7 @@ from typing import Any
 from ckptfs.cache.chunks import CHUNK
 from ckptfs.cache.flight import Flight
 from ckptfs.core.errors import CheckpointError
-from ckptfs.origins.limit import OriginLimit
+from ckptfs.ahead.limits import OriginLimit
 from ckptfs.sources.base import ByteSource
 from ckptfs.sources.remote.context import ReadContext, Slot
 from ckptfs.sources.remote.fetcher import ChunkFetcher, Run
@@ -94,7 +94,7 @@ class RemoteSource(ByteSource):
 
     def origin(self) -> str:
         """Who answers this source's requests (a scheme and host): the unit whose in-flight limit is learnt
-        (``ckptfs.origins.limit``) and whose outage state is kept (``outage``). Schemes say; this default
+        (``ckptfs.ahead.limits``) and whose outage state is kept (``outage``). Schemes say; this default
         is the source's name."""
         return f"{self.scheme}:{self.name}"
 

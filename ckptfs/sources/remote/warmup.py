@@ -8,9 +8,9 @@ How it is built:
 
 - **The one scheduler, the origin's limit.** Pieces of chunks are claimed on the source
   (``RemoteSource.claim``: a reader of a claimed chunk waits for the piece instead of fetching it again)
-  and run as ``fetch`` jobs on the process's read-ahead scheduler (``ckptfs.readahead.SCHEDULER``), exactly
+  and run as ``fetch`` jobs on the process's read-ahead scheduler (``ckptfs.workers.scheduler.SCHEDULER``), exactly
   as read-ahead's are: each piece holds one slot of the origin's adaptive in-flight limit
-  (``RemoteSource.origin_limit``, ``ckptfs.origins.limit``: grown while throughput grows, up to 64,
+  (``RemoteSource.origin_limit``, ``ckptfs.ahead.limits``: grown while throughput grows, up to 64,
   halved on 429/503) and is ``fetch_ahead.piece_bytes(limit)`` long (the fetch budget shared by the requests
   in flight), and all of it counts within read-ahead's ``FETCH_BUDGET``. No thread pool of its own. A
   warm-up always wants more than the limit, so its epochs are the ones the limit learns from: many ranges
@@ -64,8 +64,8 @@ from ckptfs.cache.disk import FULL, NOT_WRITABLE
 from ckptfs.cache.entry import HEADER_SIZE
 from ckptfs.cache.sparse_store import BELOW_FLOOR, DEFAULT_MIN_FREE, NAMESPACE, folder_bytes, free_and_floor
 from ckptfs.core.errors import CheckpointError
-from ckptfs.readahead import SCHEDULER
-from ckptfs.origins.limit import HeldSlot, OriginLimit
+from ckptfs.workers.scheduler import SCHEDULER
+from ckptfs.ahead.limits import HeldSlot, OriginLimit
 from ckptfs.sources.base import ByteSource, Mirrored, WrapsSource
 from ckptfs.sources.pool import SourcePool
 from ckptfs.sources.remote.fetch_ahead import FETCH_BUDGET, MIN_PIECE, piece_bytes

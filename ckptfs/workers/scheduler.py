@@ -39,7 +39,6 @@ from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 
-from ckptfs.origins.limit import CEILING
 from ckptfs.util.forks import after_fork_in_child
 from ckptfs.util.procinfo import cores
 
@@ -49,12 +48,15 @@ T = TypeVar("T")
 #: Bytes fetched or decoded ahead, in flight at once over the whole process (remote read-ahead takes at most
 #: 128 MiB of it: ``ckptfs.sources.remote.fetch_ahead.FETCH_BUDGET``).
 DEFAULT_BUDGET = 192 << 20
+#: The most requests one origin may have in flight (``ckptfs.ahead.limits.CEILING``, the bound of its learnt
+#: limit): the fetch pool is sized by it, so a pool too small is never what holds an origin's limit back.
+ORIGIN_CEILING = 64
 #: Workers per kind of work. Fetch workers wait on the network: as many as the most requests in flight that
-#: origins are allowed (``ckptfs.origins.limit.CEILING``) plus readers' own pieces, started as needed; how
+#: origins are allowed (``ORIGIN_CEILING``) plus readers' own pieces, started as needed; how
 #: many run at once is each origin's adaptive limit, not this. Decode: one per core (a FUSE read that misses
 #: decodes its groups on the calling thread and the idle decode workers at once, ``ckptfs.engine.parallel``).
 #: Read: readers a caller waits on (a few pieces ahead of a torch load, a manifest's files at once).
-DEFAULT_CONCURRENCY = {"fetch": CEILING + 32, "decode": cores(), "read": max(4, cores())}
+DEFAULT_CONCURRENCY = {"fetch": ORIGIN_CEILING + 32, "decode": cores(), "read": max(4, cores())}
 
 
 class Scheduler:

@@ -33,11 +33,12 @@ import threading
 import time
 
 from ckptfs.util.forks import after_fork_in_child
+from ckptfs.workers.scheduler import ORIGIN_CEILING
 
 #: Requests in flight per origin: where a new origin starts, and the bounds of the climb.
 INITIAL = 32
 FLOOR = 1
-CEILING = 64
+CEILING = ORIGIN_CEILING  # the fetch pool is sized by it (ckptfs.workers.scheduler)
 #: Growth factor per step, and the gain in throughput a step must show to be kept.
 STEP = 2.0
 GAIN = 1.10
