@@ -1,6 +1,6 @@
 """Cold starts behind a capped origin: a fresh ckptfs mount against the parallel downloaders users would pick
 instead, in one run (``python -m benchmarks remote --capped``; the figures of docs/performance.md, the method in
-docs/remote.md, "Cold starts behind a capped origin").
+docs/performance.md, "Remote cold starts").
 
 Object stores and CDNs cap what one connection carries, and the tools that load fast open many ranges at
 once. The origin here is Debian's nginx on 127.0.0.1 with ``limit_rate`` per request (``--rate``, default
