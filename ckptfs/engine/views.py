@@ -12,28 +12,15 @@ import functools
 import io
 import threading
 from collections.abc import Callable, Hashable
-from dataclasses import dataclass
 
 import numpy as np
 
+from ckptfs.ahead.decode import NOTHING_AHEAD, Ahead
 from ckptfs.engine.blocks import TensorData
 from ckptfs.engine.values import BytePart, ComputedSegment, TensorValues
 from ckptfs.core.descriptors import TensorInfo
 from ckptfs.core.errors import CheckpointError
 from ckptfs.sources import SourcePool
-
-
-@dataclass(frozen=True)
-class Ahead:
-    """What lies ahead of a sequential reader of a view, as the view knows it (for ``ckptfs.engine.decode_ahead``):
-    stored byte ranges to advise their source about (``(source name, offset, nbytes)``), and decoding jobs
-    that warm the cache (``(view offset the job covers up to, bytes of output, job)``), in file order."""
-
-    advise: tuple[tuple[str, int, int], ...] = ()
-    decode: tuple[tuple[int, int, Callable[[], None]], ...] = ()
-
-
-NOTHING_AHEAD = Ahead()
 
 
 class View:
@@ -46,7 +33,7 @@ class View:
     #: What names this file among the files of its kind (views of the same file have the same slot), or None.
     slot: Hashable | None = None
     #: Whether ``read_into`` decodes what it misses straight into the reply, on every core (a ``.npy``):
-    #: the mount's read-ahead then only advises (``ckptfs.engine.decode_ahead``).
+    #: the mount's read-ahead then only advises (``ckptfs.ahead.decode``).
     decodes_into_reply = False
 
     def read(self, offset: int, size: int) -> bytes:  # pragma: no cover - interface

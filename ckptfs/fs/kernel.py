@@ -19,7 +19,7 @@ import os
 import platform
 from typing import Any
 
-from ckptfs.engine.decode_ahead import enabled_from_env
+from ckptfs.ahead.decode import enabled_from_env
 from ckptfs.fs.mountpoint import mount_entries
 
 log = logging.getLogger(__name__)

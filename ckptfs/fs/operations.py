@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from ckptfs.core.errors import CheckpointError
 from ckptfs.util.oneline import one_line
-from ckptfs.engine.decode_ahead import DecodeAhead
+from ckptfs.ahead.decode import DecodeAhead
 from ckptfs.tree.mount_tree import MountTree
 from ckptfs.tree.ownership import MODES_TTL_S, Ownership
 

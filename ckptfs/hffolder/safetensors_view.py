@@ -30,7 +30,8 @@ from ckptfs.engine.parallel import spread
 from ckptfs.engine.values import ComputedSegment, TensorValues
 from ckptfs.cache.tiered import TieredCache, cache_key
 from ckptfs.sources import ByteSource, SourcePool
-from ckptfs.engine.views import Ahead, HeaderBodyView
+from ckptfs.ahead.decode import Ahead
+from ckptfs.engine.views import HeaderBodyView
 from ckptfs.hffolder.weights import ParamSource
 from ckptfs.quant.native import encode_bf16
 
@@ -233,7 +234,7 @@ class ParamData:
 
     def ahead(self, d0: int, d1: int, at: int) -> tuple[list, list]:
         """(ranges to advise, decoding jobs) for bytes [d0, d1) of this parameter, which starts at view
-        offset ``at`` (see ``ckptfs.engine.views.Ahead``)."""
+        offset ``at`` (see ``ckptfs.ahead.decode.Ahead``)."""
         data = self.data
         e0, e1 = d0 // self.itemsize, min(self.n_elements, -(-d1 // self.itemsize))
         if e1 <= e0:

@@ -298,7 +298,7 @@ class PackedData(TensorValues):
             return False
         return window(self._reader, r0, r1, a // item - r0 * self.row_elements, target.view(self.dtype))
 
-    # read-ahead (ckptfs.engine.decode_ahead) treats tiles as block groups
+    # read-ahead (ckptfs.ahead.decode) treats tiles as block groups
     def group_of_element(self, e: int) -> int:
         return e // self.info.block_elements
 

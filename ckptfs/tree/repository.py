@@ -27,7 +27,8 @@ from collections.abc import Callable, Iterator, Sequence
 
 from ckptfs.checkpoint.api import Checkpoint
 from ckptfs.core.errors import CheckpointError
-from ckptfs.engine.views import Ahead, FileView, View
+from ckptfs.ahead.decode import Ahead
+from ckptfs.engine.views import FileView, View
 from ckptfs.formats.repository import Repository
 from ckptfs.sources import ByteSource, SourcePool
 from ckptfs.tree.mount_tree import DEFAULT_PROVIDERS, RENUMBERED, MountTree, Provider

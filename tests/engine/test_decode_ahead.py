@@ -1,4 +1,4 @@
-"""Read-ahead (ckptfs/engine/decode_ahead.py) without FUSE: the hooks the FUSE operations call, driven by hand.
+"""Read-ahead (ckptfs/ahead/decode.py) without FUSE: the hooks the FUSE operations call, driven by hand.
 
 A sequential reader gets the groups ahead of it decoded into the cache (so its next reads are hits), within
 the cache fraction; random access, a disabled prefetcher and direct types decode nothing ahead; raw streams
@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 
 import ckptfs
-from ckptfs.engine import decode_ahead
+from ckptfs.ahead import decode as decode_ahead
 from ckptfs.fs import kernel
 from ckptfs.fs.mountpoint import unescape
-from ckptfs.engine.decode_ahead import DecodeAhead
+from ckptfs.ahead.decode import DecodeAhead
 from ckptfs.sources import FileSource
 from ckptfs.tree.mount_tree import MountTree
 

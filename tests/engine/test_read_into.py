@@ -251,7 +251,7 @@ def test_the_read_path_is_warmed_once_per_storage_type_and_keeps_nothing(gguf_pa
 
 
 def test_the_mounts_read_ahead_only_advises_views_that_decode_into_the_reply(gguf_path, monkeypatch):
-    from ckptfs.engine.decode_ahead import DecodeAhead
+    from ckptfs.ahead.decode import DecodeAhead
     from ckptfs.sources import FileSource
 
     advised = []

@@ -16,7 +16,7 @@ pytest.importorskip("urllib3")
 pytest.importorskip("gguf")
 
 import ckptfs
-from ckptfs.engine.decode_ahead import DecodeAhead
+from ckptfs.ahead.decode import DecodeAhead
 from ckptfs.ahead.detect import SequentialRun
 from ckptfs.sources.remote import fetch_ahead as remote_readahead
 from ckptfs.tree.mount_tree import MountTree

@@ -12,9 +12,12 @@ at most 1/8 of it ahead of one stream and 1/4 in flight over all streams, so it 
 are using. Streams are recognized by the one sequential detector and the decoding runs on the process's
 worker pools (``ckptfs.workers``: its ``decode`` pool, within its byte budget).
 
-What lies ahead is the view's to say (``View.ahead``): the stored bytes to advise and the decoding jobs
-(block groups) that cover the next bytes of the file, so a new kind of view gets read-ahead by answering it.
-The kernel's side (the mount's readahead, the allocator) is ``ckptfs.fs.kernel``'s.
+What lies ahead is the served file's to say (``Served.ahead``, an :class:`Ahead`): the stored bytes to advise
+and the decoding jobs (block groups) that cover the next bytes of the file, so a new kind of served file gets
+read-ahead by answering it. This module declares what it needs of a served file (:class:`Served`, which
+``ckptfs.engine.views.Served`` implements) and of the sources it advises (:class:`Sources`, a checkpoint's
+``SourcePool``): it is handed them and imports neither the engine nor the sources. The kernel's side (the
+mount's readahead, the allocator) is the FUSE adapter's.
 
 The handle is where a mount's stream is decided (``ckptfs.ahead.detect``: one decision per stream): its
 reads (:meth:`DecodeAhead.reading`), its advice and its decoding ahead are made inside ``decided_above``, so
@@ -25,7 +28,7 @@ not read ahead) leaves the decision to the source.
 ``CKPTFS_DECODE_AHEAD=0`` turns it off (for measuring its gain), ``CKPTFS_DECODE_AHEAD=kernel`` keeps only
 the advice (no background decoding: no worker thread, no decoded data ahead in memory). ``CKPTFS_PREFETCH``
 is the variable's older name, read when the new one is not set. Knows nothing
-of FUSE: it sees file handles, views and byte ranges.
+of FUSE: it sees file handles, served files and byte ranges.
 """
 
 from __future__ import annotations
@@ -43,10 +46,8 @@ from concurrent.futures import wait as wait_for
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from ckptfs.engine.views import View
 from ckptfs.ahead.detect import SequentialRun, decided_above
 from ckptfs.workers.scheduler import SCHEDULER, Scheduler
-from ckptfs.sources import ByteSource
 
 log = logging.getLogger(__name__)
 
@@ -71,10 +72,55 @@ STREAM_SHARE = 8  # ahead of one stream: at most capacity / 8
 TOTAL_SHARE = 4  # in flight over all streams: at most capacity / 4
 
 
+@dataclass(frozen=True)
+class Ahead:
+    """What lies ahead of a sequential reader of a served file, as the file knows it (``Served.ahead``): stored
+    byte ranges to advise their source about (``(source name, offset, nbytes)``), and decoding jobs that warm
+    the cache (``(file offset the job covers up to, bytes of output, job)``), in file order."""
+
+    advise: tuple[tuple[str, int, int], ...] = ()
+    decode: tuple[tuple[int, int, Callable[[], None]], ...] = ()
+
+
+NOTHING_AHEAD = Ahead()
+
+
+class Served(Protocol):
+    """What decode-ahead needs of a served file (``ckptfs.engine.views.Served``): its size, whether a sequential
+    reader of it gains from reading ahead, what lies ahead of such a reader, the file a reader of its end opens
+    next, what names it among the files of its kind, and whether its reads decode into the reply anyway."""
+
+    @property
+    def size(self) -> int: ...
+
+    @property
+    def reads_ahead(self) -> bool: ...
+
+    @property
+    def slot(self) -> Hashable | None: ...
+
+    @property
+    def decodes_into_reply(self) -> bool: ...
+
+    def ahead(self, start: int, stop: int) -> Ahead: ...
+
+    def following(self) -> Served | None: ...
+
+
+class Advised(Protocol):
+    """What decode-ahead asks of a source of stored bytes (``ckptfs.sources.ByteSource``): advice that bytes are
+    wanted soon, and whether such advice makes it fetch ahead (a remote source)."""
+
+    def advise(self, offset: int, size: int, sequential: bool = False) -> None: ...
+
+    @property
+    def fetches_ahead(self) -> bool: ...
+
+
 class Sources(Protocol):
     """Where read-ahead advises the bytes it wants: a checkpoint's ``SourcePool``, or a repository's pools."""
 
-    def get(self, path: str) -> ByteSource: ...
+    def get(self, path: str) -> Advised: ...
 
 
 def _setting() -> str:
@@ -97,12 +143,12 @@ def decode_ahead_from_env() -> bool:
 class _Stream:
     """What one open file handle has read, and how far ahead of it work is scheduled."""
 
-    view: View
+    view: Served
     run: SequentialRun = field(default_factory=SequentialRun)
     ahead_until: int = 0
     generation: int = 0
     advised: bool = False
-    followed: bool = False  # read-ahead has gone on into the next tensor's file (View.following)
+    followed: bool = False  # read-ahead has gone on into the next tensor's file (Served.following)
     chained: bool = False   # the files stored after this one were advised (a reader in file order)
     far: bool = False       # its stored bytes come from a source that fetches what is advised (remote)
     advised_to: int = 0     # the file's bytes up to here were advised as one unit (the rest, in steps)
@@ -116,7 +162,7 @@ class DecodeAhead:
                  scheduler: Scheduler = SCHEDULER, into_reply: bool = False) -> None:
         self.enabled = enabled
         self.decode_ahead = decode_ahead and cache_capacity > 0
-        # into_reply (the mount's): a view whose reads decode straight into the reply (View.decodes_into_reply)
+        # into_reply (the mount's): a view whose reads decode straight into the reply (Served.decodes_into_reply)
         # gets advice only. Decoding its groups ahead into the cache would add a copy per byte and hand-offs
         # between threads on top of the decode the read does anyway (measured: docs/performance.md)
         self.into_reply = into_reply
@@ -134,7 +180,7 @@ class DecodeAhead:
         self._expected: object = None
         self._in_file_order = False
         # the files stored after the one a reader in file order reads whose bytes were advised, in order
-        self._chain: collections.deque[tuple[Hashable, View]] = collections.deque()
+        self._chain: collections.deque[tuple[Hashable, Served]] = collections.deque()
 
     @classmethod
     def from_env(cls, sources: Sources, cache_capacity: int) -> DecodeAhead:
@@ -142,7 +188,7 @@ class DecodeAhead:
         mount daemon's)."""
         return cls(sources, cache_capacity, enabled_from_env(), decode_ahead=decode_ahead_from_env(), into_reply=True)
 
-    def opened(self, fh: int, view: View) -> None:
+    def opened(self, fh: int, view: Served) -> None:
         next_in_order = False
         if self._expected is not None and view.slot is not None:
             next_in_order = self._in_file_order = view.slot == self._expected  # the file stored next, or not
@@ -244,26 +290,26 @@ class DecodeAhead:
                 return  # over budget: try again on a later read
             stream.ahead_until = until
 
-    def _advise_rest(self, view: View, start: int, stop: int) -> bool:
+    def _advise_rest(self, view: Served, start: int, stop: int) -> bool:
         """Tensor-aware read-ahead: a reader found streaming a file has the stored bytes of the rest of it
         advised as one unit (``WHOLE_ADVICE_BYTES`` ahead of the reader; for a source that fetches what is
         advised, extended as the reader moves on) — a remote source fetches them over as many parallel
         ranges as its origin allows instead of growing a window read by read, a local file's kernel reads
         them in. Decoding stays within the window above: it costs cache memory. Whether the sources fetch
-        ahead (``ByteSource.fetches_ahead``)."""
+        ahead (``Advised.fetches_ahead``)."""
         far = False
         for name, offset, nbytes in view.ahead(start, stop).advise:
             self._advise(name, offset, nbytes, False)
             far = far or self._sources.get(name).fetches_ahead
         return far
 
-    def _fetch_ahead(self, view: View) -> bool:
+    def _fetch_ahead(self, view: Served) -> bool:
         """Whether the source of ``view``'s stored bytes fetches what is advised (a remote source)."""
         return any(self._sources.get(name).fetches_ahead for name, _, _ in view.ahead(0, min(view.size, 1)).advise)
 
     def _follow(self, stream: _Stream, nbytes: int) -> None:
         """Tensor-aware read-ahead: a stream reaching its file's end goes on into the file of the tensor stored
-        next (``View.following``), whose first ``nbytes`` are advised and decoded now, before the reader opens
+        next (``Served.following``), whose first ``nbytes`` are advised and decoded now, before the reader opens
         it — once the reader has been seen to go on to the file stored next (a loader reading in file order;
         ``cat *`` reads in name order, where the work would be wasted). That work outlives the handle (the
         reader closes this file to open the next)."""
@@ -281,7 +327,7 @@ class DecodeAhead:
                 if not self._submit(functools.partial(self._unless_closed, job), size):
                     return
 
-    def _chain_after(self, view: View) -> None:
+    def _chain_after(self, view: Served) -> None:
         """For a reader in file order near the end of ``view``: advise the stored bytes of the files stored
         after it until ``FOLLOW_ADVICE_BYTES`` of them are advised ahead (``FOLLOW_FILES`` more at most), as a
         few merged ranges. The files advised and not yet opened are kept in order (``_chain``), so each file
@@ -299,7 +345,7 @@ class DecodeAhead:
             last = self._chain[-1][1] if self._chain else view
             ahead = sum(chained.size for _, chained in self._chain)
         advice: list[tuple[str, int, int]] = []
-        added: list[tuple[Hashable, View]] = []
+        added: list[tuple[Hashable, Served]] = []
         for _ in range(FOLLOW_FILES):
             if ahead >= FOLLOW_ADVICE_BYTES:
                 break
@@ -315,7 +361,7 @@ class DecodeAhead:
         for name, offset, size in _merged(advice):
             self._advise(name, offset, size, False)
 
-    def _decodes_ahead(self, view: View) -> bool:
+    def _decodes_ahead(self, view: Served) -> bool:
         return self.decode_ahead and not (self.into_reply and view.decodes_into_reply)
 
     def _submit(self, job: Callable[[], None], nbytes: int) -> bool:
