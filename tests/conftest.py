@@ -10,6 +10,7 @@
 - ``mount_stats(mnt)`` (the root's ``user.ckptfs.stats`` xattr: cache counters, daemon pid, binding),
   ``is_mounted(path)``, ``force_unmount(path)``, ``wait_until(predicate, timeout)`` (loopback/polling.py),
   ``ckptfs_cli()``, ``cli_env()``.
+- fixture ``libcurl``: the libcurl range client on (its extension built: else a skip, a failure in CI).
 - ``require_nginx()`` and ``nginx_origin(...)``: the remote tests' nginx (loopback/servers.py) as a module's
   origin; a server's program that is not installed (``MissingTool``) skips the test, or fails it under CI.
 - the fixtures of the helper modules ``cli_runs`` (``mountpoint``) and ``model_fixtures`` (``small``,
@@ -62,6 +63,18 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):
             and os.environ.get("CI", "").lower() != "true"):
         report.outcome = "skipped"
         report.longrepr = (str(item.path), item.location[1] or 0, f"Skipped: {call.excinfo.value}")
+
+
+@pytest.fixture
+def libcurl(monkeypatch) -> None:
+    """libcurl carries the remote range GETs (``ckptfs.sources.remote.curl``): the extension is built (else
+    the test skips, or fails under CI=true, where setup.sh installs libcurl4-openssl-dev) and
+    ``CKPTFS_CURL`` does not turn it off."""
+    from ckptfs.sources.remote import curl
+
+    if curl.native is None:
+        skip_or_fail("ckptfs.sources.remote._curl is not built (needs libcurl4-openssl-dev; setup.py build_ext)")
+    monkeypatch.delenv(curl.ENV, raising=False)
 
 
 def require_nginx() -> None:

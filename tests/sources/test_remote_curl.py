@@ -20,7 +20,7 @@ import pytest
 
 pytest.importorskip("urllib3")
 
-from conftest import cli_env, require_nginx, skip_or_fail, wait_until
+from conftest import cli_env, require_nginx, wait_until
 from loopback.faultproxy import FaultProxy
 from loopback.servers import Nginx, Redirector, TestCA
 
@@ -38,10 +38,8 @@ SIZE = 24 * MiB + 12345  # not a whole number of chunks: the last part of a rang
 
 
 @pytest.fixture(autouse=True)
-def native(monkeypatch):
-    if curl.native is None:
-        skip_or_fail("ckptfs.sources.remote._curl is not built (needs libcurl4-openssl-dev; setup.py build_ext)")
-    monkeypatch.delenv(curl.ENV, raising=False)
+def native(libcurl):
+    """Every test here runs with libcurl carrying the range GETs (``conftest.libcurl``)."""
 
 
 @pytest.fixture(scope="module")

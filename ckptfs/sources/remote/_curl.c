@@ -282,7 +282,8 @@ static int poll_python(Transfer *t) {
 }
 
 static int set_options(CURL *easy, Transfer *t, const char *url, struct curl_slist *headers, int fresh,
-                       const char *cainfo, const char *capath, const char *proxy, char *errbuf) {
+                       const char *cainfo, const char *capath, const char *proxy, const char *sigv4,
+                       const char *user, const char *password, char *errbuf) {
     curl_easy_reset(easy); /* keeps the live connections, TLS sessions and DNS cache */
     CURLcode c = CURLE_OK;
 #define SET(opt, value) if (c == CURLE_OK) c = curl_easy_setopt(easy, opt, value)
@@ -314,6 +315,12 @@ static int set_options(CURL *easy, Transfer *t, const char *url, struct curl_sli
     }
     if (capath != NULL)
         SET(CURLOPT_CAPATH, capath);
+    if (sigv4 != NULL) { /* AWS Signature V4 ("aws:amz:REGION:s3") with the key id and secret the caller resolved:
+                            libcurl signs the request line, Host, x-amz-date and the headers given */
+        SET(CURLOPT_AWS_SIGV4, sigv4);
+        SET(CURLOPT_USERNAME, user != NULL ? user : "");
+        SET(CURLOPT_PASSWORD, password != NULL ? password : "");
+    }
 #undef SET
     if (c != CURLE_OK)
         snprintf(errbuf, CURL_ERROR_SIZE, "%s", curl_easy_strerror(c));
@@ -321,19 +328,19 @@ static int set_options(CURL *easy, Transfer *t, const char *url, struct curl_sli
 }
 
 static char *get_kwlist[] = {"url", "headers", "want", "decide", "until", "deadline", "stall", "fresh",
-                             "cainfo", "capath", "proxy", "into", "chunk", NULL};
+                             "cainfo", "capath", "proxy", "into", "chunk", "sigv4", "user", "password", NULL};
 
 /* get(url, headers, want, decide, until, deadline, stall, fresh=False, cainfo=None, capath=None, proxy="",
- *     into=None, chunk=0) -> (code, message, got, parts) -- see _curl.pyi. */
+ *     into=None, chunk=0, sigv4=None, user=None, password=None) -> (code, message, got, parts) -- see _curl.pyi. */
 static PyObject *get(PyObject *self, PyObject *args, PyObject *kwargs) {
-    const char *url, *cainfo = NULL, *capath = NULL, *proxy = "";
+    const char *url, *cainfo = NULL, *capath = NULL, *proxy = "", *sigv4 = NULL, *user = NULL, *password = NULL;
     PyObject *header_seq, *decide, *until, *into = Py_None;
     Py_ssize_t want, chunk = 0;
     double deadline, stall;
     int fresh = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "sOnOOdd|pzzsOn", get_kwlist, &url, &header_seq, &want,
-                                     &decide, &until, &deadline, &stall, &fresh, &cainfo, &capath, &proxy,
-                                     &into, &chunk))
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "sOnOOdd|pzzsOnzzz", get_kwlist, &url, &header_seq,
+                                     &want, &decide, &until, &deadline, &stall, &fresh, &cainfo, &capath, &proxy,
+                                     &into, &chunk, &sigv4, &user, &password))
         return NULL;
     if (want < 0 || !PyCallable_Check(decide) || (until != Py_None && !PyCallable_Check(until))) {
         PyErr_SetString(PyExc_ValueError, "get: want >= 0, decide callable, until callable or None");
@@ -388,7 +395,7 @@ static PyObject *get(PyObject *self, PyObject *args, PyObject *kwargs) {
     char errbuf[CURL_ERROR_SIZE];
     errbuf[0] = 0;
     int code = CURLE_OK;
-    if (!set_options(h->easy, &t, url, headers, fresh, cainfo, capath, proxy, errbuf)) {
+    if (!set_options(h->easy, &t, url, headers, fresh, cainfo, capath, proxy, sigv4, user, password, errbuf)) {
         code = CURLE_FAILED_INIT;
     } else {
         __atomic_add_fetch(&transfers, 1, __ATOMIC_RELAXED);

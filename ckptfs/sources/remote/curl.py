@@ -1,8 +1,9 @@
 """The bulk byte path in C: one range GET through libcurl (``_curl.c``), the GIL released for the transfer.
 
-``http.HttpRange`` sends its range GETs through ``native.get`` when ``enabled`` says so (the extension is
-built, the URL is ``http(s)://``) and reads the answer with ``outcome``; the probe that opens a file, the
-tail sample asked beside it and the Hub's metadata stay on urllib3. The body is copied once,
+``http.HttpRange`` (``http(s)://``, ``hf://``) and ``s3_curl.S3Target`` (``s3://``, signed by libcurl) send their
+range GETs through ``native.get`` when ``enabled`` says so (the extension is built, the URL is
+``http(s)://``) and read the answer with ``outcome``; the probe that opens a file, the tail sample asked
+beside it and the Hub's metadata stay on urllib3, S3's open, HEAD and listing on boto3. The body is copied once,
 from libcurl's receive buffer into the ``CHUNK``-sized bytes objects the chunk cache keeps, with no Python
 between socket reads; Python is entered once per answer, when its status and headers are in (``decide``:
 the range client's checks, which take the body, drop it, or raise, ending the transfer with the body
@@ -12,7 +13,7 @@ the 3xx comes back to ``decide`` and ckptfs follows it by its own rule. Connecti
 are bounded by ``--stall-timeout``, the whole by the read's deadline; a body longer than the range asked
 for is an error (never a truncation), a shorter one a retryable short body.
 
-``CKPTFS_CURL=0`` keeps every range GET on urllib3 (an escape hatch, and the other side of an A/B
+``CKPTFS_CURL=0`` keeps every range GET on urllib3 or boto3 (an escape hatch, and the other side of an A/B
 measurement). ``counters()`` says how many transfers and body bytes went through libcurl in this process.
 """
 

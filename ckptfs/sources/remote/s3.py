@@ -16,6 +16,13 @@ fresh connection, ``odd.asked_twice``); only a second answer wrong the same way 
 is retried like a reset, its connection closed. botocore's own retries are off:
 ``remote.origin.OriginClient`` retries (counted, with the read's deadline), and each socket wait is bounded
 by ``--stall-timeout``. A folder is listed with ``ListObjectsV2`` (one level, hidden names skipped).
+
+The range GETs after the open go through libcurl where its extension is built (``s3_curl``: the URL, region
+and credentials as boto3 resolves them, signed by libcurl, the body written in C with the GIL released);
+their answers are judged by the same method as boto3's (``S3Range._judge``), and an answer boto3 reads an
+error code from (its XML body) or follows (a region's redirect) is asked once more through boto3, whose
+answer decides, so every error reads as it does without libcurl. The open's first GET, ``HeadObject`` and
+the listing stay on boto3, and ``CKPTFS_CURL=0`` keeps the range GETs there too.
 """
 
 from __future__ import annotations
@@ -24,8 +31,8 @@ import ipaddress
 import os
 import threading
 import time
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, Literal
 from urllib.parse import urlsplit
 
 import boto3
@@ -40,7 +47,9 @@ from ckptfs.sources.netstats import COUNTERS
 from ckptfs.sources.remote.context import ReadContext
 from ckptfs.sources.remote.odd import OddAnswer, asked_twice, content_range
 from ckptfs.sources.remote.options import DEFAULT_OPTIONS, POOL_CONNECTIONS, RemoteOptions
+from ckptfs.sources.remote import curl
 from ckptfs.sources.remote.origin import Changed, Retryable, stalled
+from ckptfs.sources.remote.s3_curl import S3Target
 from ckptfs.sources.remote.transport import OPEN_HEAD_BYTES, RemoteSource
 from ckptfs.util.forks import after_fork_in_child
 
@@ -51,6 +60,8 @@ _RETRY_CODES = {"SlowDown", "ServiceUnavailable", "InternalError", "RequestTimeo
 _THROTTLE_CODES = {"SlowDown", "ServiceUnavailable", "ThrottlingException", "TooManyRequests"}
 _DENIED_CODES = {"AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "AllAccessDisabled",
                  "ExpiredToken", "InvalidToken", "Forbidden", "403", "401"}
+_REFUSED = "the object's ETag is not the one it had at open"
+_UNSATISFIABLE = "the byte range is no longer satisfiable"
 _clients: dict[tuple[object, ...], tuple[Any, str]] = {}
 _clients_lock = threading.Lock()
 
@@ -179,11 +190,13 @@ class S3Range:
         self.options = options
         self.size = 0
         self.validator: str | None = None
+        #: where libcurl sends the range GETs (``s3_curl``): None until the first, False where boto3 carries them
+        self.target: S3Target | Literal[False] | None = None
 
     def origin(self) -> str:
         return f"s3://{_endpoint() or 'aws'}/{self.bucket}"  # S3 scales (and throttles) per bucket prefix
 
-    def fetch(self, start: int, end: int, read: ReadContext) -> bytes:
+    def fetch(self, start: int, end: int, read: ReadContext) -> bytes | list[bytes]:
         """One attempt at bytes [start, end); an odd answer asked again at once on a client of its own."""
         return asked_twice(lambda fresh: self._ranged_get(start, end, read, fresh))
 
@@ -195,7 +208,7 @@ class S3Range:
         except botocore.exceptions.ClientError as exc:
             code, status = _error(exc)
             if code in ("PreconditionFailed", "412"):
-                raise Changed("the object's ETag is not the one it had at open") from None
+                raise Changed(_REFUSED) from None
             if code in _RETRY_CODES or status == 429 or status >= 500:
                 raise Retryable(f"S3 {code} (HTTP {status})", throttled=code in _THROTTLE_CODES or status in (429, 503)) from None
             COUNTERS.request(self.scheme, "error")
@@ -204,7 +217,7 @@ class S3Range:
             if code in _DENIED_CODES or status in (401, 403):
                 raise CheckpointError(self.name, offset, f"access denied (S3 {code}; sent {self.credentials})") from None
             if code in ("InvalidRange", "416"):
-                raise Changed("the byte range is no longer satisfiable") from None
+                raise Changed(_UNSATISFIABLE) from None
             raise CheckpointError(self.name, offset, f"S3 {code} (HTTP {status})") from None
         except (botocore.exceptions.ReadTimeoutError, botocore.exceptions.ConnectTimeoutError):
             raise stalled("no answer", self.options) from None
@@ -214,39 +227,82 @@ class S3Range:
                 botocore.exceptions.HTTPClientError) as exc:
             raise Retryable(f"connection failed: {exc}") from None
 
-    def _ranged_get(self, start: int, end: int, read: ReadContext, fresh: bool) -> bytes:
-        """One ranged GetObject (``fresh``: on a client of its own): exactly the bytes asked for, or an
-        OddAnswer for an answer that cannot be them (its body dropped unread, see the module docstring)."""
+    def _ranged_get(self, start: int, end: int, read: ReadContext, fresh: bool) -> bytes | list[bytes]:
+        """One ranged GetObject (``fresh``: on a connection of its own): exactly the bytes asked for, or an
+        OddAnswer for an answer that cannot be them (its body dropped unread, see the module docstring);
+        through libcurl where it carries them (``s3_curl``), else boto3."""
+        extra = {"IfMatch": self.validator} if self.validator else {}
+        if self.target is None:
+            self.target = S3Target.resolve(self._client, self.bucket, self.key) or False
+        if self.target:
+            return self._native(self.target, start, end, read, fresh, extra)
         client = client_for(self.options.stall_timeout, fresh=True)[0] if fresh else None
         try:
-            extra = {"IfMatch": self.validator} if self.validator else {}
             try:
                 resp = self.call("get_object", start, client, Range=f"bytes={start}-{end - 1}", **extra)
             except Changed as exc:  # 412 (If-Match refused) or 416
                 raise OddAnswer(("refused", str(exc)), exc) from None
-            body, got = resp["Body"], content_range(resp.get("ContentRange"))
-            if got is None:
+            body = resp["Body"]
+            try:
+                self._judge(start, end, resp.get("ContentRange"), resp.get("ContentLength"), resp.get("ETag"), read)
+            except OddAnswer:
                 body.close()
-                raise OddAnswer(("whole", resp.get("ContentLength")), CheckpointError(
-                    self.name, start, "the server does not support Range requests (it answered a ranged GetObject "
-                                      "without a usable Content-Range)"))
-            first, last, total = got
-            if total is not None and total != self.size:
-                body.close()
-                raise OddAnswer(("total", total), Changed(f"its size is now {total} bytes, was {self.size}"))
-            etag = resp.get("ETag")
-            if self.validator and etag and etag != self.validator:
-                body.close()
-                raise OddAnswer(("etag", etag), Changed(f"its ETag is now {etag}, was {self.validator}"))
-            read.answered()
-            if (first, last) != (start, end - 1):
-                body.close()
-                raise OddAnswer(("range", first, last), CheckpointError(
-                    self.name, start, f"asked for bytes {start}-{end - 1}, the server sent {first}-{last}"))
+                raise
             return self.read_body(body, end - start, read.until)
         finally:
             if client is not None:
                 client.close()
+
+    def _native(self, target: S3Target, start: int, end: int, read: ReadContext, fresh: bool,
+                extra: dict[str, str]) -> list[bytes]:
+        """``_ranged_get`` through libcurl. An answer boto3 would read an error code from (its XML body), or
+        follow (a region's redirect), is asked once more through boto3, whose answer decides: the same
+        one-line error as without libcurl."""
+        def judge(status: int, reason: str, headers: Mapping[str, str]) -> None:
+            if status in (200, 206):
+                self._judge(start, end, headers.get("content-range"), headers.get("content-length"),
+                            headers.get("etag"), read)
+            elif status == 412:
+                raise OddAnswer(("refused", _REFUSED), Changed(_REFUSED))
+            elif status == 416:
+                raise OddAnswer(("refused", _UNSATISFIABLE), Changed(_UNSATISFIABLE))
+            elif status == 429 or status >= 500:
+                raise Retryable(f"S3 HTTP {status} {reason}".rstrip(), throttled=status in (429, 503))
+            else:
+                raise _AskBoto(status)
+
+        try:
+            return target.get(start, end, {"If-Match": extra["IfMatch"]} if extra else {}, read, fresh, judge,
+                              self.options)
+        except curl.TlsRefused as exc:
+            COUNTERS.request(self.scheme, "error")
+            trusted = target.cainfo or target.capath or "the system's CA store"
+            what = "TLS certificate verify failed" if exc.verify else "cannot load the trusted CA certificates"
+            raise CheckpointError(self.name, start, f"{what}: {exc.detail} (trusted: {trusted})") from None
+        except _AskBoto as answer:
+            resp = self.call("get_object", start, None, Range=f"bytes={start}-{end - 1}", **extra)  # raises its error
+            resp["Body"].close()
+            self.target = None  # resolved again: boto3 may have learnt the bucket's region meanwhile
+            raise Retryable(f"S3 answered HTTP {answer.status} to libcurl, then not to boto3") from None
+
+    def _judge(self, start: int, end: int, content_range_header: str | None, length: object, etag: str | None,
+               read: ReadContext) -> None:
+        """Whether an answer (its ``Content-Range``, length and ``ETag``), whichever client got it, is bytes
+        [start, end) of the object opened: returns when it is, else raises an OddAnswer."""
+        got = content_range(content_range_header)
+        if got is None:
+            raise OddAnswer(("whole", str(length)), CheckpointError(
+                self.name, start, "the server does not support Range requests (it answered a ranged GetObject "
+                                  "without a usable Content-Range)"))
+        first, last, total = got
+        if total is not None and total != self.size:
+            raise OddAnswer(("total", total), Changed(f"its size is now {total} bytes, was {self.size}"))
+        if self.validator and etag and etag != self.validator:
+            raise OddAnswer(("etag", etag), Changed(f"its ETag is now {etag}, was {self.validator}"))
+        read.answered()
+        if (first, last) != (start, end - 1):
+            raise OddAnswer(("range", first, last), CheckpointError(
+                self.name, start, f"asked for bytes {start}-{end - 1}, the server sent {first}-{last}"))
 
     def read_body(self, body: Any, expected: int, until: Callable[[], float]) -> bytes:
         """Exactly ``expected`` bytes of ``body``, by ``until()`` (asked before each piece:
@@ -270,6 +326,14 @@ class S3Range:
             body.close()
             raise
         return bytes(buf)
+
+
+class _AskBoto(Exception):
+    """An answer to a libcurl GET that boto3 reads better (``S3Range._native``)."""
+
+    def __init__(self, status: int):
+        super().__init__(f"HTTP {status}")
+        self.status = status
 
 
 def _total(content_range: str | None, length: int) -> int:
