@@ -221,3 +221,52 @@ def test_every_module_is_on_the_architecture_map():
                                  + ", ".join(sorted(modules - named)))
     assert not named - modules, ("the module map of docs/architecture.md names modules that do not exist: "
                                  + ", ".join(sorted(named - modules)))
+
+
+#: Headings of a lab notebook: test inventories and measurements. Tests document themselves; every measured
+#: figure lives on docs/performance.md, with its command, once.
+LAB_HEADING = re.compile(r"^#{1,6}\s+(?:the\s+)?(?:figures|tests?|how it is tested|measured|measurements?|benchmarks?)\b",
+                         re.IGNORECASE)
+
+
+def doc_pages() -> list[Path]:
+    return sorted((REPO / "docs").rglob("*.md"))
+
+
+def headings(text: str) -> list[str]:
+    """The Markdown headings of ``text``, code blocks left out (a ``# comment`` in a shell example is none)."""
+    found, fence = [], False
+    for line in text.splitlines():
+        if line.lstrip().startswith(("```", "~~~")):
+            fence = not fence
+        elif not fence and re.match(r"^#{1,6}\s", line):
+            found.append(line)
+    return found
+
+
+def test_each_topic_has_one_page():
+    """No two pages share a file name (``docs/caches.md`` beside ``docs/guide/caches.md``): a topic's tasks
+    and its behaviour are one page, so that no fact is written twice."""
+    by_name: dict[str, list[str]] = {}
+    for page in doc_pages():
+        by_name.setdefault(page.name, []).append(page.relative_to(REPO / "docs").as_posix())
+    shared = {name: paths for name, paths in by_name.items() if len(paths) > 1}
+    assert len(by_name) >= 20, sorted(by_name)
+    assert not shared, f"pages that share a topic: {shared}"
+
+
+@pytest.mark.parametrize(("line", "lab"), [
+    ("## Figures", True), ("## Tests", True), ("### The tests", True), ("## How it is tested", True),
+    ("## Measured (2026-11-29, a 2-core VM)", True), ("## Benchmark (CPU)", True),
+    ("# Installation and tests", False), ("## Set-up and tests", False), ("## The figures", True),
+    ("## Performance", False), ("## Testing a mount by hand", False)])
+def test_lab_headings_are_recognised(line, lab):
+    assert bool(LAB_HEADING.match(line)) is lab, line
+
+
+def test_no_page_but_performance_has_a_figures_or_tests_heading():
+    assert headings("## A\n```\n# Tests\n```\n### B") == ["## A", "### B"]
+    offending = [f"{page.relative_to(REPO).as_posix()}: {line}" for page in doc_pages()
+                 if page.name != "performance.md"
+                 for line in headings(page.read_text(encoding="utf-8")) if LAB_HEADING.match(line)]
+    assert not offending, "test inventories or measurements outside docs/performance.md:\n" + "\n".join(offending)
