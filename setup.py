@@ -12,11 +12,11 @@ from setuptools import Extension, setup
 flags = [] if sys.platform == "win32" else ["-O2", "-ffp-contract=off"]
 setup(ext_modules=[Extension("ckptfs.quant._native", ["ckptfs/quant/_native.c"],
                              extra_compile_args=flags, depends=["ckptfs/quant/float_bits.h"], optional=True),
-                   # the mount's folder listings handed to libfuse in one loop (fs/binding.py)
-                   Extension("ckptfs.fs._listing", ["ckptfs/fs/_listing.c"], extra_compile_args=flags,
+                   # the mount's folder listings handed to libfuse in one loop (fuse/binding.py)
+                   Extension("ckptfs.fuse._listing", ["ckptfs/fuse/_listing.c"], extra_compile_args=flags,
                              optional=True),
-                   # reads of stored bytes answered in C, without the GIL (fs/direct.py)
-                   Extension("ckptfs.fs._direct", ["ckptfs/fs/_direct.c"], extra_compile_args=flags,
+                   # reads of stored bytes answered in C, without the GIL (fuse/direct.py)
+                   Extension("ckptfs.fuse._direct", ["ckptfs/fuse/_direct.c"], extra_compile_args=flags,
                              depends=["ckptfs/sources/chunk_sum.h", "ckptfs/packed/scaled_rows.h",
                                       "ckptfs/packed/nibble_pairs.h", "ckptfs/quant/float_bits.h"], optional=True),
                    # the served checksums of Python's reads summed without the GIL (sources/served.py)

@@ -7,14 +7,14 @@ time, the configurations in rotating order over ``--rounds`` rounds (drifting ba
 all of them), each with 1 MiB ``pread`` calls (``cat``'s pattern; the page cache of a fresh mount is empty):
 
   zero-work              libfuse defaults: the figure's reference
-  zero-work+ra1M         the same with the kernel readahead ckptfs sets for its mounts (1 MiB, fs/kernel.py):
+  zero-work+ra1M         the same with the kernel readahead ckptfs sets for its mounts (1 MiB, fuse/kernel.py):
                          what a do-nothing daemon moves with ckptfs's request sizes
   pread+ra1M             a minimal filesystem serving the tensor's real bytes with one ``os.pread`` per request
                          (1 MiB readahead): the least a Python daemon that copies the bytes can cost
   splice+ra1M            the same bytes handed to libfuse as a file descriptor (``read_buf``) with
                          FUSE_CAP_SPLICE_WRITE: no copy in user space at all (what "fewer copies" can gain)
   ckptfs                 NAME.raw of the largest tensor through ``ckptfs mount`` (the real CLI daemon): its
-                         reads answered in C without the GIL (fs/direct.py)
+                         reads answered in C without the GIL (fuse/direct.py)
   ckptfs-c-off           the same with CKPTFS_C_READS=0: every read through mfusepy's Python callback
   ckptfs-ra-default      the C path with CKPTFS_READAHEAD_KB=0 (the kernel's readahead left as it is)
   ckptfs-ra4M            the C path with CKPTFS_READAHEAD_KB=4096 (requests stay 1 MiB: libfuse 3.14's cap)
@@ -89,8 +89,8 @@ class ZeroWork:
     use_ns = True
 
     def init_with_config(self, conn, config) -> None:  # mfusepy's ctypes structures
-        if self.readahead_kib:  # what ckptfs does for its mounts (fs/kernel.py), nothing more
-            from ckptfs.fs.kernel import set_mount_readahead
+        if self.readahead_kib:  # what ckptfs does for its mounts (fuse/kernel.py), nothing more
+            from ckptfs.fuse.kernel import set_mount_readahead
 
             if set_mount_readahead(self.mountpoint, self.readahead_kib) and conn is not None:
                 conn.max_readahead = max(int(conn.max_readahead), self.readahead_kib * 1024)
@@ -161,7 +161,7 @@ def splice_fuse_class(base: type) -> type:
 
 def serve_zero_work(mountpoint: str, size: int, readahead_kib: int, mode: str, source: str, offset: int) -> None:
     """Run the zero-work (or pread / splice) filesystem in the foreground (this process) until unmounted."""
-    from ckptfs.fs.binding import load_binding
+    from ckptfs.fuse.binding import load_binding
 
     load_binding("mfusepy")  # mfusepy pointed at libfuse 3, as ckptfs's daemon has it
     import mfusepy

@@ -30,8 +30,8 @@ import urllib.request
 
 import ckptfs
 from ckptfs.bench import Progress, make_plan, scan
-from ckptfs.fs.mountpoint import unmount
-from ckptfs.fs.operations import STATS_XATTR
+from ckptfs.service.mountpoint import unmount
+from ckptfs.fuse.operations import STATS_XATTR
 from ckptfs.util.sizes import parse_size
 
 
@@ -87,8 +87,8 @@ def per_request_overhead(src: str, repeats: int = 15, calls: int = 5000) -> dict
     decoding runs during the timings."""
     import time
 
-    from ckptfs.fs.counters import MountCounters
-    from ckptfs.fs.operations import CkptOperations
+    from ckptfs.fuse.counters import MountCounters
+    from ckptfs.fuse.operations import CkptOperations
     from ckptfs.tree.mount_tree import MountTree
 
     saved = os.environ.get("CKPTFS_DECODE_AHEAD")

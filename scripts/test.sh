@@ -8,7 +8,7 @@
 # the run after the phase it stopped, with the summary of what ran (pytest's exit 2 alone, which errors while
 # collecting give too, does not).
 #   sudo bash scripts/test.sh
-#   bash scripts/test.sh tests/fs/test_mount.py -k name     # arguments go to pytest on numpy 2.x: only those tests
+#   bash scripts/test.sh tests/fuse/test_mount.py -k name     # arguments go to pytest on numpy 2.x: only those tests
 # CKPTFS_TEST_DIR (default tests) is the folder the phases take their modules from.
 set -uo pipefail
 cd "$(dirname "$0")/.."

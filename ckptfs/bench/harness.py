@@ -15,7 +15,7 @@ from typing import Any
 
 from ckptfs.core.options import OpenOptions
 from ckptfs.util import procinfo
-from ckptfs.fs.operations import STATS_XATTR
+from ckptfs.fuse.operations import STATS_XATTR
 
 RSS_SLACK = 100 << 20
 
@@ -93,7 +93,7 @@ class BenchMount:
 
     def close(self) -> None:
         """Unmount (the daemon then exits by itself) and remove the mountpoint; never raises."""
-        from ckptfs.fs.mountpoint import is_mount_point, unmount
+        from ckptfs.service.mountpoint import is_mount_point, unmount
 
         try:
             if is_mount_point(self.path):

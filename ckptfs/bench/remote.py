@@ -31,7 +31,7 @@ from ckptfs.util.redact import public_name
 
 MiB = 1 << 20
 READ = MiB
-STATS_XATTR = "user.ckptfs.stats"  # as ckptfs.fs.operations serves it (not imported: it pulls in the mount)
+STATS_XATTR = "user.ckptfs.stats"  # as ckptfs.fuse.operations serves it (not imported: it pulls in the mount)
 
 
 class BenchMount:

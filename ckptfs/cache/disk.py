@@ -417,7 +417,7 @@ class PruneHold:
     """Prunes that fall due while a process is about to fork wait here instead of starting their thread.
 
     ``ckptfs mount`` opens the checkpoint before forking its daemon (so a bad source is a one-line error from
-    the command itself), and a process can fork only while it has a single thread (``fs/daemon.py``). Opening
+    the command itself), and a process can fork only while it has a single thread (``service/daemon.py``). Opening
     a remote checkpoint with ``--cache-dir`` writes its header's chunks into the folder, and the first write
     makes a prune due: were its thread started then, it could still be walking the folder at the fork (a
     large or slow folder, a loaded machine), and the mount failed. So the mount calls ``hold()`` before

@@ -422,7 +422,7 @@ class SparseStore(FolderBound):
     def sealed_copy(self, content_id: str, size: int) -> tuple[int, int, int, int] | None:
         """``(descriptor, size, mtime_ns, gate)`` of ``content_id``'s sealed data file, read-only; None for a
         file not sealed, of another size, or one that failed its check. The C read path serves it as a plain
-        local file range (``ckptfs.fs.direct``); a sealed file is never written again, so the size and mtime
+        local file range (``ckptfs.fuse.direct``); a sealed file is never written again, so the size and mtime
         pinned here hold (a chunk dropped later unseals it, and its rewrite changes the mtime).
 
         The first call starts this process's one check of the file (``_check_sealed``: every chunk's MAC, on

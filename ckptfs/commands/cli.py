@@ -93,7 +93,7 @@ def main() -> None:
 def mount(src, mountpoint, foreground, options, open_options, log_file, hf, hf_dtype, log_format, layout, metrics,
           verbose, prefetch, gguf, gguf_type, gguf_fp8_as_q8):
     """Mount checkpoint SRC read-only at MOUNTPOINT."""
-    from ckptfs.fs.mount import MountError, MountRequest, run_mount
+    from ckptfs.service.mount import MountError, MountRequest, run_mount
     from ckptfs.sources import is_url
 
     if prefetch and is_url(src) and not open_options.cache_dir:
@@ -115,7 +115,7 @@ def mount(src, mountpoint, foreground, options, open_options, log_file, hf, hf_d
 @verbose_option
 def umount(mountpoint, verbose):
     """Unmount a ckptfs mount (fusermount3, then fusermount, then lazy)."""
-    from ckptfs.fs.mount import MountError, unmount
+    from ckptfs.service.mount import MountError, unmount
 
     try:
         unmount(mountpoint)
@@ -189,8 +189,8 @@ main.add_command(prefetch)
 @verbose_option
 def stats(mountpoint, as_json, verbose):
     """Show a mount's counters: cache tiers, decoded bytes, source requests (the root xattr)."""
-    from ckptfs.fs.operations import STATS_XATTR
-    from ckptfs.fs.stats import render_table
+    from ckptfs.fuse.operations import STATS_XATTR
+    from ckptfs.fuse.stats import render_table
 
     try:
         data = json.loads(os.getxattr(mountpoint, STATS_XATTR))

@@ -9,7 +9,7 @@ import traceback
 import click
 
 from ckptfs.core.errors import CheckpointError
-from ckptfs.fs.errors import MountError
+from ckptfs.fuse.errors import MountError
 from ckptfs.util.oneline import one_line
 from ckptfs.util.redact import redact
 

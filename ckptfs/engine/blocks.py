@@ -264,7 +264,7 @@ class TensorData(TensorValues):
 
     def prime(self) -> None:
         """Decode the first block into a scratch array, past the cache (no lookup counted, nothing kept): a
-        mount runs each storage type's read path once before its first reader (``fs.operations``)."""
+        mount runs each storage type's read path once before its first reader (``fuse.operations``)."""
         if not self.direct and self.available_blocks():
             self._range_into(0, self.info.block_elements * self.dtype.itemsize,
                              np.empty(self.info.block_elements * self.dtype.itemsize, np.uint8))

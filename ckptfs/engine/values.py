@@ -25,7 +25,7 @@ class ScaledCodes:
     ``offset + r * width`` of ``source``; its scale row is ``(r // matrix_rows) * grid_rows + (r % matrix_rows)
     // block_height`` of ``scales`` (float32, ``groups`` wide, one per ``block_width`` values), likewise of
     ``zeros`` when given; ``table`` holds each code byte's float32 value. A mount computes such values per
-    read in C (``ckptfs.fs.direct``, ``packed/scaled_rows.h``: the same arithmetic as the layer's kernel),
+    read in C (``ckptfs.fuse.direct``, ``packed/scaled_rows.h``: the same arithmetic as the layer's kernel),
     which needs neither the decode engine's cache nor Python per request."""
 
     source: object           # the byte source holding the codes (a pool's source)
@@ -144,4 +144,4 @@ class TensorValues(Protocol):
     @abstractmethod
     def prime(self) -> None:
         """Run the read path once before the first reader, keeping nothing (a mount primes each storage type:
-        ``fs.operations``); an implementation with nothing to prime does nothing."""
+        ``fuse.operations``); an implementation with nothing to prime does nothing."""

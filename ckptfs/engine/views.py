@@ -70,7 +70,7 @@ class View:
         are), a ``bytes`` object (its bytes from ``offset``), None (zeros) or a :class:`ComputedSegment`
         (values computed from its codes' source row by row; ``offset`` where they start). None for a file
         whose bytes are decoded or converted otherwise. The mount answers reads of such files in C
-        (``ckptfs.fs.direct``)."""
+        (``ckptfs.fuse.direct``)."""
         return None
 
     def _clip(self, offset: int, size: int) -> tuple[int, int]:

@@ -1,7 +1,7 @@
 /* A flat run of 4-bit codes, two a byte, times a scale per block of elements: NVFP4 (compressed-tensors and
  * ModelOpt), compressed-tensors MXFP4 and bitsandbytes NF4/FP4, whose values are the elements of the weight in
- * order whatever its rows (a bitsandbytes block may straddle two). fs/_direct.c computes a mount's .npy reads
- * of such views with it (fs/direct.py), packed/_bnb.c and packed/_kernels.c the rows of Python's decode calls
+ * order whatever its rows (a bitsandbytes block may straddle two). fuse/_direct.c computes a mount's .npy reads
+ * of such views with it (fuse/direct.py), packed/_bnb.c and packed/_kernels.c the rows of Python's decode calls
  * (gpt-oss' block columns too, a row at a time).
  *
  * Element e lies in byte e / 2; `pairs` holds each byte's two values in element order (pairs[2 * byte +

@@ -1,7 +1,7 @@
 /* One row of a scaled-codes weight (packed/scaled.py: FP8 block/channel/tensor scales, compressed-tensors'
  * int8 and float schemes, fbgemm, ModelOpt FP8), the one home of that arithmetic for the two C paths that
- * decode it: packed/_kernels.c's scaled_rows (Python's decode calls) and fs/_direct.c (a mount's .npy reads
- * answered in C, fs/direct.py).
+ * decode it: packed/_kernels.c's scaled_rows (Python's decode calls) and fuse/_direct.c (a mount's .npy reads
+ * answered in C, fuse/direct.py).
  *
  * Each byte of the row is a code whose value is table[code] (256 float32: E4M3/E5M2 decoded, or an int8's
  * integer); value j = (table[code_j] - z[j / bw]) * s[j / bw] in float32 with the row's scale row s (and zero

@@ -5,7 +5,7 @@
  * per 8 KiB piece, each a few microseconds of Python around it). Here it is one loop without the GIL. A chunk
  * a read covers only in part is read whole for its sum: `chunk_sum_fd` does that pread into a buffer of its
  * thread and sums it, so the check allocates nothing whatever the read's size. The sum itself is
- * sources/chunk_sum.h, the same as the mount's C read path (fs/_direct.c) records and compares. */
+ * sources/chunk_sum.h, the same as the mount's C read path (fuse/_direct.c) records and compares. */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <errno.h>

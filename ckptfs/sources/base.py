@@ -100,7 +100,7 @@ class Mirrored(Protocol):
 @runtime_checkable
 class HasLocalCopy(Protocol):
     """A source whose bytes may lie complete in a local file (a remote source's checked copy in the
-    ``--cache-dir`` store): a mount then serves it in C like a local file (``ckptfs.fs.direct``)."""
+    ``--cache-dir`` store): a mount then serves it in C like a local file (``ckptfs.fuse.direct``)."""
 
     def local_copy(self) -> tuple[int, int, int, int] | None:
         """``(descriptor, size, mtime_ns, gate)`` of the complete local copy (``ChunkStore.sealed_copy``), or

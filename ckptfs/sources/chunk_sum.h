@@ -1,5 +1,5 @@
 /* The served-checksum sum of a chunk (sources/served.py), in one place for the two C users: the mount's C
- * read path (fs/_direct.c) and the Python reads' helper (sources/_sums.c). Each little-endian 64-bit word,
+ * read path (fuse/_direct.c) and the Python reads' helper (sources/_sums.c). Each little-endian 64-bit word,
  * the last one zero-padded, xored with its index times SUM_K1, times SUM_K2, added up modulo 2^64: a
  * multiply and two adds per 8 bytes. */
 #ifndef CKPTFS_CHUNK_SUM_H

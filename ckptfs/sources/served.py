@@ -11,7 +11,7 @@ a chmod keeps serving, a rewrite of bytes already served is an error (EIO, one l
 bytes. Without a manifest that is all there is to compare with: bytes never read before the change are
 served as they are then (``--manifest`` checks every chunk).
 
-The table lives in one buffer whose address the C read path (fs/_direct.c) is given, so the chunks it serves
+The table lives in one buffer whose address the C read path (fuse/_direct.c) is given, so the chunks it serves
 are recorded and compared the same way: an int64 pinned ctime, an int64 chunk count n, n uint64 sums, n
 "recorded" bytes (set after the sum is written). A chunk costs one sum the first time it is read, nothing
 after while the ctime is unchanged.
@@ -42,7 +42,7 @@ except ImportError:
     _sums = None  # type: ignore[assignment]  # not built: numpy_chunk_sum serves
 
 #: Bytes per checksum: a whole chunk must lie inside a read to be recorded or compared (the kernel asks for
-#: 128 KiB or more per request of a stream; must equal fs/_direct.c's SUM_CHUNK).
+#: 128 KiB or more per request of a stream; must equal fuse/_direct.c's SUM_CHUNK).
 SUM_CHUNK = 64 * 1024
 K1 = 0x9E3779B97F4A7C15
 K2 = 0xC2B2AE3D27D4EB4F

@@ -21,7 +21,7 @@ cleared (``mkdir -m700 p; ckptfs mount p/m M -o allow_other``: others find ``M``
 
 Owner and mode are those of the files as they are now, not as they were at mount: each file's (and each
 folder's above the root) ``stat`` is taken again when the last one is older than ``MODES_TTL_S``, and the
-kernel asks again for a local mount's attributes after ``ATTR_TIMEOUT_S`` (fs/options.py), so a ``chmod``
+kernel asks again for a local mount's attributes after ``ATTR_TIMEOUT_S`` (service/options.py), so a ``chmod``
 after the mount is honoured within the sum of the two.
 
 Remote files have no owner: their files are the mounting user's, 0444, and folders 0555, as before.

@@ -17,7 +17,7 @@ takes its user and password from that split, and everything shown is built from 
   names, a mount's file names, the store's name records), so a URL re-signed later still finds it.
 - :func:`redact` is the same for free text (a log line, a message, an argument): every URL in it is replaced
   by its public name, and every ``/path?query`` (urllib3 logs the request line, not the URL) loses its query.
-  Every log line (``fs.logs``), every command's one-line error and the command line (:func:`hide_in_argv`)
+  Every log line (``service.logs``), every command's one-line error and the command line (:func:`hide_in_argv`)
   go through it.
 
 A password with a raw ``/``, ``?`` or ``#`` (RFC 3986 wants them percent-encoded: ``%2F``) ends the authority

@@ -1,6 +1,6 @@
 """A remote file the ``--cache-dir`` store holds complete (sealed) is served like a local file: once the
 daemon has checked its MACs (in the background, Python serving meanwhile), opens of the checkpoint's own
-file, of its ``.raw`` files and of the ``.npy`` of a type served as stored are registered with the C read path (``ckptfs/fs/direct.py``), which reads
+file, of its ``.raw`` files and of the ``.npy`` of a type served as stored are registered with the C read path (``ckptfs/fuse/direct.py``), which reads
 the store's file at the remote file's own offsets.
 
 Debian's nginx serves a generated GGUF on loopback; ``ckptfs prefetch`` fills the folder, then a real mount
@@ -30,9 +30,9 @@ from mount_expect import read_direct
 from loopback.servers import Nginx, data_ranges
 
 from ckptfs.cache.sparse_store import CHUNK, SparseStore
-from ckptfs.fs import direct
+from ckptfs.fuse import direct
 
-pytestmark = pytest.mark.skipif(direct._direct is None, reason="the C helper ckptfs.fs._direct is not built")
+pytestmark = pytest.mark.skipif(direct._direct is None, reason="the C helper ckptfs.fuse._direct is not built")
 
 
 def _c_served(mnt, kind: str) -> int:

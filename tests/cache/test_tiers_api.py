@@ -30,7 +30,7 @@ import ckptfs
 from ckptfs.cache.tiered import BlockCache, CacheTier, TieredCache
 from ckptfs.checkpoint.api import Checkpoint
 from ckptfs.formats.multi import read_checkpoint
-from ckptfs.fs.operations import CkptOperations
+from ckptfs.fuse.operations import CkptOperations
 from ckptfs.tree.mount_tree import MountTree
 
 

@@ -23,7 +23,7 @@ from multifile_sets import (gguf_reference, gguf_tensors, safetensors_reference,
 import ckptfs
 from ckptfs.core.errors import CheckpointError
 from ckptfs.engine.views import BytesView
-from ckptfs.fs.operations import CkptOperations
+from ckptfs.fuse.operations import CkptOperations
 from ckptfs.tree.mount_tree import Entry, MountTree
 
 

@@ -17,7 +17,7 @@ import pytest
 import ckptfs
 import ckptfs.bench
 import ckptfs.checkpoint.api
-import ckptfs.fs.mount
+import ckptfs.service.mount
 from ckptfs.commands.cli import main
 from ckptfs.commands.fstab import mount_arguments, parse_helper_argv
 from ckptfs.commands.open_flags import open_flags
@@ -74,7 +74,7 @@ class Recorder:
             recorder.options = options
             return 0
 
-        monkeypatch.setattr(ckptfs.fs.mount, "run_mount", run_mount)
+        monkeypatch.setattr(ckptfs.service.mount, "run_mount", run_mount)
         monkeypatch.setattr(ckptfs, "open", opened)  # info
         monkeypatch.setattr(ckptfs.checkpoint.api, "open_with", opened_with)  # prefetch
         monkeypatch.setattr(ckptfs.bench, "run_bench", run_bench)

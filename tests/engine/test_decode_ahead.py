@@ -14,8 +14,8 @@ import pytest
 
 import ckptfs
 from ckptfs.ahead import decode as decode_ahead
-from ckptfs.fs import kernel
-from ckptfs.fs.mountpoint import unescape
+from ckptfs.fuse import kernel
+from ckptfs.fuse.mountinfo import unescape
 from ckptfs.ahead.decode import DecodeAhead
 from ckptfs.sources import FileSource
 from ckptfs.tree.mount_tree import MountTree

@@ -237,8 +237,8 @@ def test_native_bfloat16_encoding_equals_numpy():
 
 
 def test_the_read_path_is_warmed_once_per_storage_type_and_keeps_nothing(gguf_path):
-    from ckptfs.fs.counters import DecodeCounters, instrument_decoding
-    from ckptfs.fs.operations import prime_read_path
+    from ckptfs.fuse.counters import DecodeCounters, instrument_decoding
+    from ckptfs.fuse.operations import prime_read_path
 
     ck = ckptfs.open(gguf_path, cache_size=64 << 20)
     counters = DecodeCounters(None)

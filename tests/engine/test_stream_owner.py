@@ -4,7 +4,7 @@ A mount's handle that tracks its stream decides it: the remote source below neve
 detection for those reads, yet its bytes arrive ahead of the reader in few large requests (the source
 follows the handle's advice and its reader's position). A handle that does not track its stream (read-ahead
 off) leaves the decision to the source, which then detects the stream itself. The FUSE operations are
-driven by hand (``on_read``, then the read inside ``reading``), as ``ckptfs.fs.operations`` calls them.
+driven by hand (``on_read``, then the read inside ``reading``), as ``ckptfs.fuse.operations`` calls them.
 """
 
 from __future__ import annotations

@@ -444,7 +444,7 @@ def check_pages(path: Path, reference: bytes, pages: list[tuple[int, int, bool]]
     """Every page through the page cache (readahead off): present pages exact, missing ones EIO. A missing page
     is first read with O_DIRECT, which reaches the daemon exactly once: exactly one log line naming the tensor
     and the range. Through the page cache the same page then fails twice more (the kernel's readahead, then
-    its own retry) for the same cause: no further line (one line per cause, fs/logs.py).
+    its own retry) for the same cause: no further line (one line per cause, service/logs.py).
     Returns the number of missing pages."""
     fd = os.open(path, os.O_RDONLY)
     direct = os.open(path, os.O_RDONLY | os.O_DIRECT)
@@ -463,7 +463,7 @@ def check_pages(path: Path, reference: bytes, pages: list[tuple[int, int, bool]]
             lines = log.read_bytes()[before:].decode().splitlines()
             assert len(lines) == 1, lines
             line = lines[0]
-            assert f" ERROR ckptfs.fs.operations: EIO: /{path.name} bytes {p}..{p + PAGE}: " in line, line
+            assert f" ERROR ckptfs.fuse.operations: EIO: /{path.name} bytes {p}..{p + PAGE}: " in line, line
             assert f"tensor {name!r}: " in line and re.search(r"bytes \d+\.\.\d+ (are missing|lie past)", line)
             before = log.stat().st_size
             with pytest.raises(OSError) as info:

@@ -72,7 +72,7 @@ def refusal(src) -> str:
 
 def several(src) -> str:
     """The one-line refusal ``ckptfs.open`` raises for a folder of several checkpoints; ``ckptfs info`` lists
-    them instead (exit 0: tests/fs/test_mount_repository.py)."""
+    them instead (exit 0: tests/fuse/test_mount_repository.py)."""
     with pytest.raises(CheckpointError) as info:
         ckptfs.open(src)
     message = str(info.value)

@@ -24,7 +24,7 @@ import atheris
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 #: Modules that need FUSE or serve the command line: not reachable from a reader.
-SKIPPED = ("ckptfs.fs", "ckptfs.commands.cli", "ckptfs.bench")
+SKIPPED = ("ckptfs.fuse", "ckptfs.service", "ckptfs.commands.cli", "ckptfs.bench")
 
 
 def _import_instrumented() -> Callable[[str], str]:

@@ -199,7 +199,7 @@ def test_the_c_read_path_sums_chunks_as_python_does(tmp_path):
     read path's, and ``_sums``' for Python's reads: of a buffer, and of a chunk read from a descriptor) give
     numpy's value for every length (a whole chunk, the shorter last one, lengths that are no multiple of 8);
     a chunk the file does not hold whole is None."""
-    direct = pytest.importorskip("ckptfs.fs._direct")
+    direct = pytest.importorskip("ckptfs.fuse._direct")
     sums = pytest.importorskip("ckptfs.sources._sums")
     from ckptfs.sources import served
     from ckptfs.sources.served import SUM_CHUNK, numpy_chunk_sum

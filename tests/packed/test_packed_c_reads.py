@@ -1,5 +1,5 @@
 """The ``.npy`` of a view whose values are a closed form of its codes, read through a mount, is computed in C
-(``ckptfs/fs/_direct.c`` with ``ckptfs/packed/scaled_rows.h`` and ``nibble_pairs.h``), bit for bit:
+(``ckptfs/fuse/_direct.c`` with ``ckptfs/packed/scaled_rows.h`` and ``nibble_pairs.h``), bit for bit:
 
 - every layer of a DeepSeek-style FP8 folder (128 x 128 blocks, partial edge tiles, F32 scales with a NaN, the
   largest code and a signed zero among the codes) and of a compressed-tensors int8 folder with zero points:
@@ -27,9 +27,9 @@ from conftest import mount_stats
 from fp8_fixtures import block_quantize, expected_blocks, write_model
 from mount_expect import npy_bytes, npy_header_length, odd_ranges, read_direct
 
-from ckptfs.fs import direct
+from ckptfs.fuse import direct
 
-pytestmark = pytest.mark.skipif(direct._direct is None, reason="the C helper ckptfs.fs._direct is not built")
+pytestmark = pytest.mark.skipif(direct._direct is None, reason="the C helper ckptfs.fuse._direct is not built")
 
 BLOCK = (128, 128)
 LAYERS = {"model.layers.0.self_attn.kv_a_proj_with_mqa": (300, 1000),   # 3 x 8 blocks, both edges partial

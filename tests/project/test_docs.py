@@ -156,8 +156,8 @@ def test_every_meta_json_field_is_in_the_layout_reference(small):
 
 
 def test_every_file_the_docs_name_exists():
-    """Paths of the repository named in the README and docs/ (``ckptfs/fs/mount.py``, ``scripts/x.py``, and
-    module paths relative to the package such as ``fs/kernel.py``) name files that exist."""
+    """Paths of the repository named in the README and docs/ (``ckptfs/service/mount.py``, ``scripts/x.py``, and
+    module paths relative to the package such as ``fuse/kernel.py``) name files that exist."""
     texts = [(REPO / "README.md").read_text(encoding="utf-8")]
     texts += [p.read_text(encoding="utf-8") for p in sorted((REPO / "docs").rglob("*.md"))]
     text = "\n".join(texts)
@@ -169,8 +169,8 @@ def test_every_file_the_docs_name_exists():
 
 
 def test_the_metrics_reference_names_exactly_the_metrics_the_code_defines():
-    """docs/reference/metrics.md against ckptfs/fs/metrics.py (counters gain ``_total`` when exported)."""
-    code = set(re.findall(r"\"(ckptfs_[a-z_]+)\"", (REPO / "ckptfs" / "fs" / "metrics.py").read_text()))
+    """docs/reference/metrics.md against ckptfs/service/metrics.py (counters gain ``_total`` when exported)."""
+    code = set(re.findall(r"\"(ckptfs_[a-z_]+)\"", (REPO / "ckptfs" / "service" / "metrics.py").read_text()))
     page = (REPO / "docs" / "reference" / "metrics.md").read_text(encoding="utf-8")
     documented = {name.removesuffix("_total") for name in re.findall(r"`(ckptfs_[a-z_]+)`", page)}
     assert len(code) >= 10, code

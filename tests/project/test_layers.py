@@ -1,5 +1,5 @@
-"""The package's layering holds: import-linter's contracts in pyproject.toml (layers, no cycles, fs importing
-no file view) are kept.
+"""The package's layering holds: import-linter's contracts in pyproject.toml (layers, no cycles, the FUSE
+adapter and the daemon side importing no feature) are kept.
 
 A cycle or an import that points up a layer fails here, in CI, instead of being found by the next reader.
 """

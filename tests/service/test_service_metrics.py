@@ -115,7 +115,7 @@ def test_read_bytes_count_exactly_what_readers_got(mnt, source):
         for key in ("npy", "raw"):
             assert value(b, "ckptfs_read_bytes_total", kind=key) >= value(a, "ckptfs_read_bytes_total", kind=key)
     # every read answered in Python was counted as a read request, and timed; those answered in C (the .raw,
-    # fs/direct.py) are counted apart (of its 20 random reads, those past the end never reach the daemon)
+    # fuse/direct.py) are counted apart (of its 20 random reads, those past the end never reach the daemon)
     reads = value(after, "ckptfs_fuse_requests_total", op="read")
     in_c = sum(v for (name, _), v in after.items() if name == "ckptfs_c_reads_total")
     assert in_c > 0 and reads + in_c >= 60 and value(after, "ckptfs_fuse_request_seconds_count", op="read") == reads
@@ -269,7 +269,7 @@ def test_exporter_is_loopback_and_bad_addresses_are_one_line(tmp_path, source, m
 
 
 def test_a_mount_without_metrics_never_imports_prometheus_client():
-    code = ("import sys, ckptfs, ckptfs.commands.cli, ckptfs.fs.mount, ckptfs.fs.operations; "
+    code = ("import sys, ckptfs, ckptfs.commands.cli, ckptfs.service.mount, ckptfs.fuse.operations; "
             "assert 'prometheus_client' not in sys.modules, 'imported'")
     subprocess.run([os.sys.executable, "-c", code], env=cli_env(), check=True, timeout=60)
 

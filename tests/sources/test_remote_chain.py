@@ -90,7 +90,7 @@ def test_a_fuse_read_of_a_remote_raw_reaches_the_request_down_the_chain(tmp_path
             fh.seek(5 * MiB)  # stored bytes far past what the open fetched: this read asks the origin
             assert len(fh.read(4096)) == 4096
     records = [json.loads(line) for line in stacks.read_text().splitlines()]
-    reads = [_own(r["stack"]) for r in records if any(f.endswith("fs/binding.py") for f, _ in r["stack"])]
+    reads = [_own(r["stack"]) for r in records if any(f.endswith("fuse/binding.py") for f, _ in r["stack"])]
     assert reads, f"no request sent from a FUSE read: {[r['range'] for r in records]}"
     for frames in reads:
         shown = "\n".join(f"  {path} {name}" for path, name in frames)

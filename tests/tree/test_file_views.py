@@ -15,7 +15,7 @@ from fixtures import write_gguf
 
 import ckptfs
 from ckptfs.engine.views import BytesView
-from ckptfs.fs.operations import CkptOperations
+from ckptfs.fuse.operations import CkptOperations
 from ckptfs.tree import registry
 from ckptfs.tree.mount_tree import Entry, MountTree
 
@@ -24,7 +24,7 @@ from ckptfs.tree.mount_tree import Entry, MountTree
 _MOUNT_VIEWS = """
 import json, sys
 import ckptfs
-from ckptfs.fs.mount import MountRequest, _virtual_files
+from ckptfs.service.mount import MountRequest, _virtual_files
 from ckptfs.tree.mount_tree import MountTree
 request = MountRequest(sys.argv[1], "/unused", hf=sys.argv[2] == "hf")
 with ckptfs.open(sys.argv[1]) as ck:

@@ -252,7 +252,7 @@ class RemoteSource(ByteSource):
     def local_copy(self) -> tuple[int, int, int, int] | None:
         """``(descriptor, size, mtime_ns, gate)`` of this file's complete local copy in the ``--cache-dir``
         store (``ChunkCache.local_copy``), else None: the mount's C read path serves a file that has one as a
-        local file, behind its check (``ckptfs.fs.direct``)."""
+        local file, behind its check (``ckptfs.fuse.direct``)."""
         return self.fetcher.cache.local_copy(self.content_id(), self.size)
 
     def store_trouble(self) -> str | None:

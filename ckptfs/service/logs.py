@@ -14,7 +14,8 @@ first asks for it as readahead (``->readahead``), and when that leaves the page 
 page itself (``->read_folio``) before answering EIO. Both requests carry the same range and fail for the
 same reason, so ``EIO`` lines are keyed by their cause (the file in the mount and the error's own message,
 which names the stored file, byte range and tensor) and each cause is logged once; repeats are only
-counted (``ckptfs_fuse_errors_total``). The memory of causes is bounded (the oldest are forgotten).
+counted (``ckptfs_fuse_errors_total``). The memory of causes is bounded (the oldest are forgotten) and
+is the operations' own (``fuse/errors.py``'s ``OncePerCause``).
 
 **No secrets.** Every line is formatted through ``util.redact.redact``: a URL's user info and query (a
 presigned signature) never reach the log, whoever logged it (ckptfs, urllib3's request lines, botocore).
@@ -34,14 +35,11 @@ import signal
 import sys
 import threading
 import time
-from collections import OrderedDict
-from collections.abc import Hashable
 
 from ckptfs.util.redact import redact
 
 TEXT_FORMAT = "%(asctime)s %(process)d %(levelname)s %(name)s: %(message)s"
 FORMATS = ("text", "json")
-CAUSES_REMEMBERED = 4096
 REOPEN_SIGNAL = signal.SIGUSR1
 _STANDARD_ATTRS = set(logging.LogRecord("", 0, "", 0, "", None, None).__dict__) | {"message", "asctime"}
 
@@ -106,25 +104,6 @@ def _install(level: int, stderr_format: logging.Formatter, extra_fd: int | None,
         handler.setFormatter(format_)
         root.addHandler(handler)
     root.setLevel(level)
-
-
-class OncePerCause:
-    """Remembers the causes seen recently: ``first(cause)`` is True only the first time."""
-
-    def __init__(self, limit: int = CAUSES_REMEMBERED):
-        self._seen: OrderedDict[Hashable, None] = OrderedDict()
-        self._limit = limit
-        self._lock = threading.Lock()
-
-    def first(self, cause: Hashable) -> bool:
-        with self._lock:
-            if cause in self._seen:
-                self._seen.move_to_end(cause)
-                return False
-            self._seen[cause] = None
-            if len(self._seen) > self._limit:
-                self._seen.popitem(last=False)
-            return True
 
 
 class LogFile:

@@ -1,4 +1,4 @@
-"""Reads of plain ranges of local files answered in C (``ckptfs/fs/_direct.c``, ``ckptfs/fs/direct.py``).
+"""Reads of plain ranges of local files answered in C (``ckptfs/fuse/_direct.c``, ``ckptfs/fuse/direct.py``).
 
 Real mounts of generated checkpoints, through the real CLI daemon (mfusepy on libfuse 3, ckptfs's choice):
 
@@ -37,10 +37,10 @@ from fixtures import write_gguf, write_mixed_gguf
 from integrity_fixtures import reference_tensors
 from mount_expect import read_direct
 
-from ckptfs.fs import direct
+from ckptfs.fuse import direct
 from metrics_samples import scrape, value
 
-pytestmark = pytest.mark.skipif(direct._direct is None, reason="the C helper ckptfs.fs._direct is not built")
+pytestmark = pytest.mark.skipif(direct._direct is None, reason="the C helper ckptfs.fuse._direct is not built")
 
 
 def c_reads(mnt: Path) -> dict:

@@ -1,5 +1,5 @@
 /* Reads of stored bytes, and of values computed from them row by row, answered in C, on libfuse's own
- * threads, without the GIL (fs/direct.py).
+ * threads, without the GIL (fuse/direct.py).
  *
  * A file whose bytes are ranges of local files, as they are (a tensor's NAME.raw, the checkpoint's own files,
  * a split GGUF set's merged model.gguf: its header held in memory, then each tensor's range of its shard,
@@ -10,7 +10,7 @@
  * starts in the file, its length, and either a source descriptor with the offset there and the source's size
  * and mtime as pinned at open (and, for computed values, the program that computes them), or bytes in memory,
  * or zeros) and unregisters it at release; `direct_read`, installed in libfuse's
- * fuse_operations in place of mfusepy's read callback (fs/binding.py), serves registered handles and hands
+ * fuse_operations in place of mfusepy's read callback (fuse/binding.py), serves registered handles and hands
  * every other read, and any read it cannot finish cleanly, to that Python callback (a ctypes callback: it
  * takes the GIL itself).
  *
@@ -51,7 +51,7 @@ typedef int (*read_fn)(const char *, char *, size_t, off_t, void *);
 #define BUCKETS 4096
 #define KINDS 16
 
-/* One segment as Python packs it (fs/direct.py, SEGMENT = struct "<QQqqqqQQQ"). */
+/* One segment as Python packs it (fuse/direct.py, SEGMENT = struct "<QQqqqqQQQ"). */
 struct segment {
     uint64_t start;    /* where it starts in the mount's file */
     uint64_t length;
@@ -68,7 +68,7 @@ struct segment {
                         * segment's bytes are values computed from codes at `offset` of the file */
 };
 
-/* A segment computed from stored codes (fs/direct.py, PROGRAM = struct "<qqqqQQQQqqqqqqqqqqf4x"): `rows` rows of
+/* A segment computed from stored codes (fuse/direct.py, PROGRAM = struct "<qqqqQQQQqqqqqqqqqqf4x"): `rows` rows of
  * `width` values each, as float32, float16 or bfloat16, computed from codes at `offset` of the segment's file.
  * The tables are Python's, held while registered.
  *

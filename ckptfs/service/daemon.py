@@ -25,7 +25,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from ckptfs.fs.errors import MountError
+from ckptfs.fuse.errors import MountError
 
 READY_TIMEOUT = 60.0
 _OK = b"ok\n"

@@ -16,8 +16,8 @@ import pytest
 from cli_runs import run_cli
 from conftest import mount_stats
 
-from ckptfs.fs.errors import MountError
-from ckptfs.fs.mountpoint import MountGone, check_answers
+from ckptfs.fuse.errors import MountError
+from ckptfs.service.mountpoint import MountGone, check_answers
 
 
 def test_a_mount_that_is_gone_is_not_a_mount_that_answers_wrongly(small, mountpoint, tmp_path):

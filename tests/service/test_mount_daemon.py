@@ -317,7 +317,7 @@ def _python_for_nobody() -> tuple[list[str], dict[str, str]] | None:
     env = cli_env(PYTHONPATH=os.pathsep.join([str(REPO), site]))
     version = f"{sys.version_info.major}.{sys.version_info.minor}"
     for python in (sys.executable, shutil.which(f"python{version}") or "", "/usr/bin/python3"):
-        if python and _as_nobody(python, "-c", "import ckptfs.fs.mount, mfusepy", env=env).returncode == 0:
+        if python and _as_nobody(python, "-c", "import ckptfs.service.mount, mfusepy", env=env).returncode == 0:
             return [python, "-m", "ckptfs.commands.cli"], env
     return None
 
@@ -363,7 +363,7 @@ def test_options_that_break_the_mount_are_refused(small, mountpoint, options, wo
     assert mounts_at(mountpoint) == 0
 
 
-_WITHOUT_REFUSALS = ("import sys, ckptfs.fs.options as o\n"
+_WITHOUT_REFUSALS = ("import sys, ckptfs.service.options as o\n"
                      "for k in ('max_read', 'modules', 'subdir'): o.REFUSED.pop(k)\n"
                      "from ckptfs.commands.cli import main\nmain(sys.argv[1:])\n")
 

@@ -22,7 +22,7 @@ from prometheus_client import start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import CollectorRegistry
 
-from ckptfs.fs.errors import MountError
+from ckptfs.fuse.errors import MountError
 
 DEFAULT_HOST = "127.0.0.1"
 FILE_KINDS = ("npy", "raw", "json", "file", "hf")

@@ -23,10 +23,10 @@ from ctypes.util import find_library
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from ckptfs.fs.errors import MountError
+from ckptfs.fuse.errors import MountError
 
 try:
-    from ckptfs.fs import _listing  # optional C helper (setup.py); without it the loop is Python's
+    from ckptfs.fuse import _listing  # optional C helper (setup.py); without it the loop is Python's
 except ImportError:
     _listing = None  # type: ignore[assignment]  # not built: the Python path serves
 
@@ -40,13 +40,13 @@ LIBFUSE2_HINT = "install libfuse2 (Debian: apt-get install libfuse2 fuse3; Ubunt
 
 
 if TYPE_CHECKING:
-    from ckptfs.fs.direct import DirectReads
+    from ckptfs.fuse.direct import DirectReads
 
 
 class FuseOperations(Protocol):
     """What mfusepy's FUSE classes here call beyond libfuse's operations (``CkptOperations`` has them all)."""
 
-    direct_reads: DirectReads  # reads of plain files served by the C callback (fs/direct.py)
+    direct_reads: DirectReads  # reads of plain files served by the C callback (fuse/direct.py)
 
     def read_into(self, path: str | None, target: memoryview, offset: int, fh: int) -> int:
         """A read written straight into libfuse's reply buffer; the number of bytes written."""
@@ -127,8 +127,8 @@ def _load_mfusepy() -> Binding | None:
 
 
 def _reads_in_c(fuse_class: type, module: Any) -> type:
-    """mfusepy's FUSE class with the C read callback of ``ckptfs.fs.direct`` in libfuse's operations: reads
-    of the handles the operations registered (files read as they are: fs/direct.py) are served on libfuse's threads
+    """mfusepy's FUSE class with the C read callback of ``ckptfs.fuse.direct`` in libfuse's operations: reads
+    of the handles the operations registered (files read as they are: fuse/direct.py) are served on libfuse's threads
     without the GIL; every other read reaches the Python ``read`` as before (the C callback calls it).
 
     mfusepy builds its ``fuse_operations`` inside ``FUSE.__init__`` and hands it straight to

@@ -32,7 +32,7 @@ from fixtures import write_gguf
 from multifile_sets import hf_cache_layout, safetensors_tensors, write_safetensors_set
 from users import public_dir  # noqa: F401 - the fixture: a folder other users can traverse
 
-from ckptfs.fs.options import ATTR_TIMEOUT_S
+from ckptfs.service.options import ATTR_TIMEOUT_S
 from ckptfs.sources.local import LocalFolder
 from ckptfs.tree.ownership import MODES_TTL_S
 

@@ -22,15 +22,15 @@ from ckptfs.formats.repository import SeveralCheckpoints
 from ckptfs.tree.layout import tensor_providers
 from ckptfs.tree.mount_tree import MountTree
 from ckptfs.tree.registry import providers_for
-from ckptfs.fs.binding import Binding, load_binding
-from ckptfs.fs import logs
-from ckptfs.fs.counters import MountCounters
-from ckptfs.fs.daemon import READY_TIMEOUT, ReadinessPipe, StderrCapture, detach
-from ckptfs.fs.errors import MountError
-from ckptfs.fs.mountpoint import (MountGone, MountpointLock, check_answers, check_dev_fuse, check_fusermount,
+from ckptfs.fuse.binding import Binding, load_binding
+from ckptfs.service import logs
+from ckptfs.fuse.counters import MountCounters
+from ckptfs.service.daemon import READY_TIMEOUT, ReadinessPipe, StderrCapture, detach
+from ckptfs.fuse.errors import MountError
+from ckptfs.service.mountpoint import (MountGone, MountpointLock, check_answers, check_dev_fuse, check_fusermount,
                                   check_mountpoint, unmount)
-from ckptfs.fs.operations import CkptOperations
-from ckptfs.fs.options import MountOptions, as_usage_error, parse_options
+from ckptfs.fuse.operations import CkptOperations
+from ckptfs.service.options import MountOptions, as_usage_error, parse_options
 from ckptfs.util.redact import strip_url
 from ckptfs.core.options import absolute
 
@@ -210,7 +210,7 @@ def _metrics_address(spec: str | None) -> tuple[str, int] | None:
     if spec is None:
         return None
     try:
-        from ckptfs.fs.metrics import parse_address
+        from ckptfs.service.metrics import parse_address
     except ImportError:
         raise MountError("--metrics needs prometheus-client: pip install 'ckptfs[metrics]'") from None
     return parse_address(spec)
@@ -251,7 +251,7 @@ def _start_exporter(plan: _Plan, operations: CkptOperations) -> MountError | Non
     """The Prometheus exporter, in the process that serves (after the fork); its address goes into the stats."""
     from ckptfs import __version__
     from ckptfs.sources import scheme_of
-    from ckptfs.fs.metrics import start_exporter
+    from ckptfs.service.metrics import start_exporter
 
     src = plan.request.src
     scheme = scheme_of(src)

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import ckptfs
-from ckptfs.fs.operations import CkptOperations
+from ckptfs.fuse.operations import CkptOperations
 from ckptfs.tree.mount_tree import MountTree
 
 from fixtures import write_gguf

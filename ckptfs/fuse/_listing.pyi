@@ -1,3 +1,3 @@
-"""The offset-mode folder listing (``_listing.c``): what ``ckptfs.fs.binding`` calls."""
+"""The offset-mode folder listing (``_listing.c``): what ``ckptfs.fuse.binding`` calls."""
 
 def fill_from(filler: int, buf: int, names: bytes, libfuse_major: int, offset: int) -> int: ...

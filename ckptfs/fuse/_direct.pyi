@@ -1,4 +1,4 @@
-"""The C read path's table (``_direct.c``): what ``ckptfs.fs.direct`` calls."""
+"""The C read path's table (``_direct.c``): what ``ckptfs.fuse.direct`` calls."""
 
 KINDS: int
 SEGMENT_SIZE: int

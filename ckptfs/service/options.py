@@ -17,7 +17,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from ckptfs.fs.errors import MountError
+from ckptfs.fuse.errors import MountError
 
 CACHE_TIMEOUT = "86400"  # seconds; the tree never changes during a mount
 ATTR_TIMEOUT_S = 1  # seconds; a local mount's owners and modes are those of its files now

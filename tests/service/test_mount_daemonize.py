@@ -1,5 +1,5 @@
 """The mount's fork: the daemon is forked after the checkpoint is opened, and only a process with a single
-thread can fork (``fs/daemon.py``). Opening a remote checkpoint with ``--cache-dir`` writes its header's
+thread can fork (``service/daemon.py``). Opening a remote checkpoint with ``--cache-dir`` writes its header's
 chunks into the folder, which makes a prune of the folder due; its thread must not start before the fork.
 
 The prune is kept alive deterministically: the cache folder holds a folder that is a FUSE mount whose daemon
@@ -110,8 +110,8 @@ def test_a_refused_mount_in_process_leaves_prunes_running(tmp_path):
     from ckptfs.cache import entry
     from ckptfs.cache.disk import DiskStore
     from ckptfs.core.errors import CheckpointError
-    from ckptfs.fs.errors import MountError
-    from ckptfs.fs.mount import MountRequest, run_mount
+    from ckptfs.fuse.errors import MountError
+    from ckptfs.service.mount import MountRequest, run_mount
 
     (tmp_path / "mnt").mkdir()
     with pytest.raises((MountError, CheckpointError, OSError)):

@@ -1,4 +1,4 @@
-"""Reads of stored bytes answered in C, without Python: the table behind ``ckptfs/fs/_direct.c``.
+"""Reads of stored bytes answered in C, without Python: the table behind ``ckptfs/fuse/_direct.c``.
 
 A mount's ``.raw`` files and passed-through files (the checkpoint's own files, a folder's config.json) are
 plain ranges of local files; the ``.npy`` of a type served as stored (F32, F16, ...) is a header held in
@@ -8,7 +8,7 @@ through mfusepy costs a ctypes callback, the GIL and a few Python frames per req
 request is as much as the copy itself. So at ``open`` such a file's handle is registered with the C helper
 (the view's ``plain_segments()``, packed: the sources' pinned descriptors with their pinned size and mtime,
 the memory's address); the mfusepy binding installs the helper's read callback in libfuse's operations
-(fs/binding.py); a read of a registered handle is then served on libfuse's thread without taking the GIL,
+(fuse/binding.py); a read of a registered handle is then served on libfuse's thread without taking the GIL,
 and every other read goes to the Python callback as before. While registered, the handle counts as a user
 of its sources' descriptors (the pool does not close a source in use, so the daemon holds one descriptor per
 file, as before) and holds the memory segments' bytes objects; ``release`` unregisters it, which returns
@@ -68,7 +68,7 @@ from ckptfs.sources.served import SUM_CHUNK
 from ckptfs.sources.base import HasLocalCopy
 
 try:
-    from ckptfs.fs import _direct  # optional C helper (setup.py); without it every read is Python's
+    from ckptfs.fuse import _direct  # optional C helper (setup.py); without it every read is Python's
 except ImportError:
     _direct = None  # type: ignore[assignment]  # not built: the Python path serves
 
@@ -112,11 +112,11 @@ class DirectReads:
         """The C read callback's address, falling back to ``python_read_address`` (mfusepy's read callback)
         for every read it does not serve; ``fh_offset``: where ``fh`` lies in libfuse's fuse_file_info."""
         if SEGMENT.size != _direct.SEGMENT_SIZE:  # a helper built from another version of _direct.c
-            raise RuntimeError(f"ckptfs.fs._direct packs {_direct.SEGMENT_SIZE}-byte segments, not {SEGMENT.size}")
+            raise RuntimeError(f"ckptfs.fuse._direct packs {_direct.SEGMENT_SIZE}-byte segments, not {SEGMENT.size}")
         if PROGRAM.size != _direct.PROGRAM_SIZE:
-            raise RuntimeError(f"ckptfs.fs._direct packs {_direct.PROGRAM_SIZE}-byte programs, not {PROGRAM.size}")
+            raise RuntimeError(f"ckptfs.fuse._direct packs {_direct.PROGRAM_SIZE}-byte programs, not {PROGRAM.size}")
         if SUM_CHUNK != _direct.SUM_CHUNK:
-            raise RuntimeError(f"ckptfs.fs._direct checksums {_direct.SUM_CHUNK}-byte chunks, not {SUM_CHUNK}")
+            raise RuntimeError(f"ckptfs.fuse._direct checksums {_direct.SUM_CHUNK}-byte chunks, not {SUM_CHUNK}")
         address = _direct.install(python_read_address, fh_offset)
         self.active = True
         return address

@@ -196,7 +196,7 @@ def test_every_local_path_of_a_mount_request_is_resolved(tmp_path, monkeypatch):
     paths (mirrors, manifest, cache folder) by OpenOptions; "." components dropped, a ".." kept, URLs as
     they are."""
     from ckptfs.core.options import OpenOptions
-    from ckptfs.fs.mount import MountRequest, _resolved
+    from ckptfs.service.mount import MountRequest, _resolved
 
     monkeypatch.chdir(tmp_path)
     options = OpenOptions.build(cache_dir="c", manifest="x.json", mirrors=("mir.gguf", "https://h/m.gguf?sig=1"))

@@ -21,58 +21,11 @@ import stat
 import subprocess
 import threading
 import time
-from dataclasses import dataclass
 
-from ckptfs.fs.errors import MountError
+from ckptfs.fuse.errors import MountError
+from ckptfs.fuse.mountinfo import MountEntry, mount_entries
 
-MOUNTINFO = "/proc/self/mountinfo"
 STATS_XATTR = "user.ckptfs.stats"  # the root's stats (operations.py serves it): names the daemon's pid
-FSTYPE = "fuse.ckptfs"             # what the kernel records for our mounts (subtype=ckptfs)
-FSNAME_PREFIX = "ckptfs:"          # our mounts' source field (fsname=ckptfs:SRC)
-
-
-def unescape(field: str) -> str:
-    """mountinfo writes space, tab, newline and backslash in a path as octal escapes (\\040 ...)."""
-    out, i = [], 0
-    while i < len(field):
-        if field[i] == "\\" and field[i + 1: i + 4].isdigit() and len(field[i + 1: i + 4]) == 3:
-            out.append(chr(int(field[i + 1: i + 4], 8)))
-            i += 4
-        else:
-            out.append(field[i])
-            i += 1
-    return "".join(out)
-
-
-@dataclass(frozen=True)
-class MountEntry:
-    """One line of mountinfo: where, what filesystem type, and its source field."""
-
-    path: str
-    fstype: str
-    source: str
-    device: str = ""  # major:minor
-
-    @property
-    def is_ckptfs(self) -> bool:
-        return self.fstype == FSTYPE or (self.fstype.startswith("fuse") and self.source.startswith(FSNAME_PREFIX))
-
-
-def mount_entries() -> list[MountEntry]:
-    """The mounts of this process's mount namespace, in mount order (empty where /proc is missing)."""
-    entries = []
-    try:
-        with open(MOUNTINFO, encoding="utf-8", errors="surrogateescape") as fh:
-            for line in fh:
-                fields = line.split()
-                if " - " not in line or len(fields) < 5:
-                    continue
-                after = line.split(" - ", 1)[1].split()
-                fstype, source = (after + ["", ""])[:2]
-                entries.append(MountEntry(unescape(fields[4]), unescape(fstype), unescape(source), fields[2]))
-    except OSError:
-        pass
-    return entries
 
 
 def mount_points() -> set[str]:

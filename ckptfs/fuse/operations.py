@@ -34,11 +34,11 @@ from ckptfs.tree.ownership import MODES_TTL_S, Ownership
 if TYPE_CHECKING:  # imported when a folder of several checkpoints is mounted
     from ckptfs.tree.repository import RepositoryTree
 from ckptfs.engine.views import NpyView, View
-from ckptfs.fs.kernel import tune_connection, use_one_malloc_arena
-from ckptfs.fs.counters import MountCounters, instrument_decoding
-from ckptfs.fs.direct import DirectReads
-from ckptfs.fs.logs import OncePerCause
-from ckptfs.fs.stats import service_stats
+from ckptfs.fuse.kernel import tune_connection, use_one_malloc_arena
+from ckptfs.fuse.counters import MountCounters, instrument_decoding
+from ckptfs.fuse.direct import DirectReads
+from ckptfs.fuse.errors import OncePerCause
+from ckptfs.fuse.stats import service_stats
 
 log = logging.getLogger(__name__)
 _clock = time.perf_counter
@@ -178,11 +178,11 @@ class CkptOperations:
         self._handles: dict[int, View] = {}
         #: handles opened with O_DIRECT: what they read the kernel's page cache does not hold (see _serve)
         self._uncached: set[int] = set()
-        use_one_malloc_arena()  # a memory bound, not a speed-up to switch off (fs/kernel.py)
+        use_one_malloc_arena()  # a memory bound, not a speed-up to switch off (fuse/kernel.py)
         self._decode_ahead = DecodeAhead.from_env(tree.sources, tree.cache.capacity)
         self._next_handle = itertools.count(1)
         self._stored_bytes = tree.stored_bytes()
-        #: plain ranges of local files, read in C without the GIL once the binding installed it (fs/direct.py)
+        #: plain ranges of local files, read in C without the GIL once the binding installed it (fuse/direct.py)
         self.direct_reads = DirectReads()
 
     # -- lookups -----------------------------------------------------------------------------------
@@ -253,7 +253,7 @@ class CkptOperations:
 
     @_guarded
     def readdir(self, path: str | None, fh: int = 0) -> list[str]:
-        # Not kept here: the mfusepy binding keeps each folder's listing once, encoded (fs/binding.py).
+        # Not kept here: the mfusepy binding keeps each folder's listing once, encoded (fuse/binding.py).
         names = self.tree.listdir(path[1:]) if path and path[0] == "/" else None
         if names is None:
             raise FsError(errno.ENOTDIR if path and self.tree.kind(path[1:]) else errno.ENOENT)
@@ -263,7 +263,7 @@ class CkptOperations:
     def listing_blob(self, path: str | None) -> bytes:
         """The folder's names as one NUL-separated bytes object (with ``.`` and ``..``), built name by name: the
         mfusepy binding hands it to libfuse in one C loop and keeps it, so a folder of 282,000 names costs one
-        bytes object instead of a list of strings and a list of their encodings (fs/binding.py)."""
+        bytes object instead of a list of strings and a list of their encodings (fuse/binding.py)."""
         if not path or path[0] != "/" or not self.tree.is_dir(path[1:]):
             raise FsError(errno.ENOTDIR if path and self.tree.kind(path[1:]) else errno.ENOENT)
         blob = bytearray(b".\0..\0")
@@ -299,7 +299,7 @@ class CkptOperations:
 
     _read_into.__name__ = "read"  # the same FUSE operation: metrics and error lines say "read"
     #: ``read`` into a writable buffer (``View.read_into``): the mfusepy binding passes libfuse's own, so the
-    #: bytes are copied there once, not joined into bytes that mfusepy copies again (fs/binding.py).
+    #: bytes are copied there once, not joined into bytes that mfusepy copies again (fuse/binding.py).
     read_into = _guarded(_read_into)
 
     def _serve(self, path: str | None, size: int, offset: int, fh: int,

@@ -20,7 +20,7 @@ import platform
 from typing import Any
 
 from ckptfs.ahead.decode import enabled_from_env
-from ckptfs.fs.mountpoint import mount_entries
+from ckptfs.fuse.mountinfo import mount_entries
 
 log = logging.getLogger(__name__)
 
