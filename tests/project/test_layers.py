@@ -12,6 +12,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+try:
+    import tomllib
+except ImportError:  # Python 3.10: pytest's own dependency
+    import tomli as tomllib
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -22,3 +27,17 @@ def test_import_linter_contracts_are_kept():
     done = subprocess.run([lint, "--no-cache"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
     assert "Contracts: 3 kept, 0 broken." in done.stdout
+
+
+def test_the_mount_names_no_feature():
+    """The forbidden contract of the FUSE adapter and the daemon side lists every feature package: each package
+    of the layers between ``fuse`` and ``tree`` (a new feature added to the layers is forbidden to them too)."""
+    contracts = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
+    layers = next(c for c in contracts if c["type"] == "layers")["layers"]
+    features = {f"ckptfs.{name.strip()}" for layer in layers[layers.index("fuse") + 1:layers.index("tree")]
+                for name in layer.split("|")}
+    assert len(features) >= 6, features  # hffolder, ggufmerge, ggufview, torchio, integrity, packed
+    forbidding = [c for c in contracts if c["type"] == "forbidden"
+                  and {"ckptfs.fuse", "ckptfs.service"} <= set(c["source_modules"])]
+    assert forbidding, "no forbidden contract has ckptfs.fuse and ckptfs.service as its sources"
+    assert features <= set(forbidding[0]["forbidden_modules"]), features - set(forbidding[0]["forbidden_modules"])
