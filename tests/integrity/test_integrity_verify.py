@@ -1,6 +1,6 @@
 """``ckptfs verify``: a flipped byte anywhere in any kind of tensor is named, a same-size same-mtime rewrite is
 caught, a manifest of another checkpoint and a malformed one are told apart, structure checks without a
-manifest; exit codes and ``--json`` as docs/reference/file-formats.md fixes them."""
+manifest; exit codes and ``--json`` as docs/integrity.md fixes them."""
 
 from __future__ import annotations
 
