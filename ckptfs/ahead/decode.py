@@ -56,7 +56,7 @@ DECODE_AHEAD_ENV = "CKPTFS_DECODE_AHEAD"
 PREFETCH_ENV = "CKPTFS_PREFETCH"
 MAX_AHEAD_BYTES = 8 << 20
 #: How much of a streamed file's rest is advised at once when the stream is found (its stored bytes: the
-#: remote read-ahead's budget, ckptfs.sources.remote.fetch_ahead.FETCH_BUDGET).
+#: remote read-ahead's budget, ckptfs.ahead.fetch.FETCH_BUDGET).
 WHOLE_ADVICE_BYTES = 128 << 20
 #: How far a streaming reader moves before the advice ahead of it is extended (to ``WHOLE_ADVICE_BYTES`` ahead).
 ADVICE_STEP = 8 << 20

@@ -7,7 +7,7 @@ stream (it updates more state of its own in the same step).
 
 One stream, one decision. A read of a mount's open file passes through two layers that could each watch
 it: the handle (``ckptfs.ahead.decode``: decode-ahead) and, for a remote file, the byte source below it
-(``ckptfs.sources.remote.fetch_ahead``: fetch-ahead). The layer nearest the reader that watches the stream
+(``ckptfs.ahead.fetch``: fetch-ahead). The layer nearest the reader that watches the stream
 decides: a handle that tracks its stream makes its reads, and the work it schedules ahead, inside
 :func:`decided_above`, and tells the source what comes next by advising those bytes; a source then follows
 that advice and its reader's position instead of detecting on its own (:func:`is_decided_above`). A source

@@ -14,7 +14,7 @@ S3's SlowDown), staying there for a while. An epoch is judged only when readers 
 (``saturated``): a reader slower than the link says nothing about the origin. A plateau is probed again
 every ``REPROBE_EPOCHS`` epochs, since origins change.
 
-The limit gates read-ahead only (``ckptfs.sources.remote.fetch_ahead`` asks ``try_start`` before each piece);
+The limit gates read-ahead only (``ckptfs.ahead.fetch`` asks ``try_start`` before each piece);
 a reader's own request is never held back, but every request, read-ahead or not, is measured (``finished``).
 
 The process keeps one :class:`Origin` per origin, in one registry (``origin_state``): its limit, and what the

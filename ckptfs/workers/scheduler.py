@@ -46,7 +46,7 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 #: Bytes fetched or decoded ahead, in flight at once over the whole process (remote read-ahead takes at most
-#: 128 MiB of it: ``ckptfs.sources.remote.fetch_ahead.FETCH_BUDGET``).
+#: 128 MiB of it: ``ckptfs.ahead.fetch.FETCH_BUDGET``).
 DEFAULT_BUDGET = 192 << 20
 #: The most requests one origin may have in flight (``ckptfs.ahead.limits.CEILING``, the bound of its learnt
 #: limit): the fetch pool is sized by it, so a pool too small is never what holds an origin's limit back.

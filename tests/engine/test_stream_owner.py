@@ -18,7 +18,7 @@ pytest.importorskip("gguf")
 import ckptfs
 from ckptfs.ahead.decode import DecodeAhead
 from ckptfs.ahead.detect import SequentialRun
-from ckptfs.sources.remote import fetch_ahead as remote_readahead
+from ckptfs.ahead import fetch as remote_readahead
 from ckptfs.tree.mount_tree import MountTree
 from fixtures import quantized, write_gguf
 from loopback.servers import Nginx

@@ -135,7 +135,7 @@ KNOWN = {
     "ckptfs.sources.netstats.COUNTERS",
     "ckptfs.sources.registry._openers",
     "ckptfs.sources.registry._lock",
-    "ckptfs.sources.remote.fetch_ahead._readaheads",
+    "ckptfs.ahead.fetch._readaheads",
     "ckptfs.sources.remote.http._pool",
     "ckptfs.sources.remote.http._pool_lock",
     "ckptfs.sources.remote.options.DEFAULT_OPTIONS",

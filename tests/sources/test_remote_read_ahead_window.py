@@ -1,4 +1,4 @@
-"""The remote read-ahead window of a stream a mount's handle decided (``ckptfs.sources.remote.fetch_ahead``),
+"""The remote read-ahead window of a stream a mount's handle decided (``ckptfs.ahead.fetch``),
 driven by hand over a source that records what it is asked to claim (no network: what is under test is which
 chunks are fetched ahead, not how).
 
@@ -19,21 +19,22 @@ from conftest import wait_until
 from ckptfs.cache.chunks import CHUNK
 from ckptfs.ahead.limits import OriginLimit
 from ckptfs.ahead.detect import decided_above
-from ckptfs.sources.remote import fetch_ahead
+from ckptfs.ahead import fetch as fetch_ahead
 from ckptfs.sources.remote.context import ReadContext, Slot
-from ckptfs.sources.remote.fetch_ahead import ReadAhead, Run
+from ckptfs.ahead.fetch import ReadAhead, Run
 from ckptfs.sources.remote.options import RemoteOptions
 
 MiB = 1 << 20
 
 
 class RecordingSource:
-    """What ``ReadAhead`` needs of a source (``fetch_ahead.Fetches``); claims are recorded, fetches land at once."""
+    """What ``ReadAhead`` needs of a source (``ckptfs.ahead.fetch.Fetches``); claims are recorded, fetches land at once."""
 
     def __init__(self, size: int) -> None:
         self.options = RemoteOptions()
         self.size = size
         self.piece_bytes = 4 * MiB
+        self.chunk = CHUNK
         self.limit = OriginLimit(initial=4)
         self.claimed: set[int] = set()
         self.lock = threading.Lock()

@@ -49,6 +49,9 @@ class ChunkFetcher:
     with ``pin`` (``version.VersionPin``, set at open): both below it, nothing above. ``piece_bytes``: the
     scheme's largest request (fetch-ahead's pieces are at most this)."""
 
+    #: The chunk, in bytes: what read-ahead counts in (``ckptfs.ahead.fetch.Fetches``).
+    chunk = CHUNK
+
     def __init__(self, name: str, options: RemoteOptions, client: OriginClient, piece_bytes: int):
         self.name = name
         self.options = options
@@ -59,7 +62,7 @@ class ChunkFetcher:
         self.flights = SingleFlight()  # chunk index -> its fetch under way, shared by content once known
         self.content_id = ""
         self.size = 0
-        self.closed = False  # the source was closed: nothing more is fetched ahead (``fetch_ahead``)
+        self.closed = False  # the source was closed: nothing more is fetched ahead (``ckptfs.ahead.fetch``)
 
     def origin_limit(self) -> OriginLimit:
         """The in-flight limit of the origin these chunks come from (``ckptfs.ahead.limits``)."""

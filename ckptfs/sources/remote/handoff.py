@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 from ckptfs.cache.chunks import CHUNK
 from ckptfs.workers.scheduler import SCHEDULER
-from ckptfs.sources.remote.fetch_ahead import FETCH_BUDGET
+from ckptfs.ahead.fetch import FETCH_BUDGET
 from ckptfs.util.redact import public_name
 
 log = logging.getLogger(__name__)

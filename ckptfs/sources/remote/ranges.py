@@ -3,7 +3,7 @@
 The remote stack is a chain in which each part holds only the part below it and calls only downward::
 
     RemoteSource (what the views read: pread, advise)
-      -> ReadAhead (fetch-ahead: fetch_ahead)
+      -> ReadAhead (fetch-ahead: ckptfs.ahead.fetch)
       -> ChunkFetcher (the chunk cache: single flight, leases, the --cache-dir store: fetcher)
       -> VersionPin (a weak validator's last bytes re-checked: version), where the file needs one
       -> OriginClient (retries, the outage rule, the per-origin limit: origin)

@@ -5,7 +5,7 @@ request for a byte range, ``ranges.RangeClient``) and opens the file (size and v
 ``_set_identity``). The parts below the source each hold only the part below them (``ranges`` draws the
 chain):
 
-- ``fetch_ahead``: fetching ahead of a sequential reader (:class:`ReadAhead`, over the chunks);
+- ``ckptfs.ahead.fetch``: fetching ahead of a sequential reader (:class:`ReadAhead`, over the chunks);
 - ``fetcher``: aligned chunks, single-flight fetches, the fleet's leases and the ``--cache-dir`` store, and
   ``handoff``: a reader's long runs as parallel pieces on the scheduler's workers;
 - ``version``: the version pin of a file whose validator cannot tell versions apart;
@@ -38,7 +38,7 @@ from ckptfs.sources.remote.fetcher import ChunkFetcher, Run
 from ckptfs.sources.remote.options import DEFAULT_OPTIONS, RemoteOptions
 from ckptfs.sources.remote.origin import OriginClient
 from ckptfs.sources.remote.outage import Outage
-from ckptfs.sources.remote.fetch_ahead import ReadAhead, piece_chunks
+from ckptfs.ahead.fetch import ReadAhead, piece_chunks
 from ckptfs.sources.remote.ranges import RangeClient
 from ckptfs.sources.remote.version import VersionPin
 from ckptfs.util.redact import public_name, strip_url
@@ -72,7 +72,7 @@ class RemoteSource(ByteSource):
 
     scheme = "remote"
     initial_read = REMOTE_INITIAL_READ
-    #: The largest request read-ahead makes (``fetch_ahead.piece_bytes`` shrinks it as more are in flight).
+    #: The largest request read-ahead makes (``ckptfs.ahead.fetch.piece_bytes`` shrinks it as more are in flight).
     piece_bytes = 4 << 20
 
     def __init__(self, name: str, options: RemoteOptions | None, range_client: RangeClient):
@@ -202,9 +202,9 @@ class RemoteSource(ByteSource):
     def _span(self, offset: int, size: int) -> tuple[ReadContext, int, int, int, int]:
         """A read entering now: its context, the chunks [c0, c1) holding bytes [offset, offset + size), how
         far to fetch (``upto``: c1, or further for the header's first read) and the pieces a long run of them
-        is cut into for the scheduler (``step`` chunks, ``fetch_ahead.piece_chunks``). The read then asks the
+        is cut into for the scheduler (``step`` chunks, ``ckptfs.ahead.fetch.piece_chunks``). The read then asks the
         chunks itself (``pread``, ``pread_into``), so the walk down to the request is one frame per part."""
-        step = piece_chunks(self.options, self.fetcher.origin_limit().limit, self.piece_bytes)
+        step = piece_chunks(self.options, self.fetcher.origin_limit().limit, self.piece_bytes, CHUNK)
         read = ReadContext.entering(self.options.timeout)
         c0, c1 = offset // CHUNK, (offset + size - 1) // CHUNK + 1
         head = min(self.fetcher.chunks, self.initial_read // CHUNK)
@@ -221,7 +221,7 @@ class RemoteSource(ByteSource):
             if end > offset >= 0:
                 self._readahead.follow_advice(offset // CHUNK, (end - 1) // CHUNK + 1)
 
-    # -- fetching ahead (ckptfs.sources.remote.fetch_ahead, warmup) ---------------------------------------
+    # -- fetching ahead (ckptfs.ahead.fetch, warmup) ---------------------------------------
     def claim(self, c0: int, c1: int) -> list[Run]:
         """``ChunkFetcher.claim``: readers of the chunks claimed wait for :meth:`fetch_claimed`."""
         return self.fetcher.claim(c0, c1)

@@ -11,7 +11,7 @@ How it is built:
   and run as ``fetch`` jobs on the process's read-ahead scheduler (``ckptfs.workers.scheduler.SCHEDULER``), exactly
   as read-ahead's are: each piece holds one slot of the origin's adaptive in-flight limit
   (``RemoteSource.origin_limit``, ``ckptfs.ahead.limits``: grown while throughput grows, up to 64,
-  halved on 429/503) and is ``fetch_ahead.piece_bytes(limit)`` long (the fetch budget shared by the requests
+  halved on 429/503) and is ``ckptfs.ahead.fetch.piece_bytes(limit)`` long (the fetch budget shared by the requests
   in flight), and all of it counts within read-ahead's ``FETCH_BUDGET``. No thread pool of its own. A
   warm-up always wants more than the limit, so its epochs are the ones the limit learns from: many ranges
   in flight, as many as the origin rewards. When no slot or no budget is free, the next piece is started
@@ -68,7 +68,7 @@ from ckptfs.workers.scheduler import SCHEDULER
 from ckptfs.ahead.limits import HeldSlot, OriginLimit
 from ckptfs.sources.base import ByteSource, Mirrored, WrapsSource
 from ckptfs.sources.pool import SourcePool
-from ckptfs.sources.remote.fetch_ahead import FETCH_BUDGET, MIN_PIECE, piece_bytes
+from ckptfs.ahead.fetch import FETCH_BUDGET, MIN_PIECE, piece_bytes
 from ckptfs.sources.remote.transport import RemoteSource
 from ckptfs.util.redact import public_name
 from ckptfs.util.sizes import format_size
@@ -342,7 +342,7 @@ class _Dispatch:
                 self._file, self._k = self._file + 1, 0
                 continue
             limit = f.remote.origin_limit()
-            step = piece_bytes(limit.limit, f.remote.piece_bytes) // CHUNK  # as the limit has grown by now
+            step = piece_bytes(limit.limit, f.remote.piece_bytes, CHUNK) // CHUNK  # as the limit has grown by now
             # the last round spread over the limit's slots (the module docstring), its piece fixed when it
             # begins: sized again at each start (they start one by one, as earlier pieces land), the pieces
             # shrank to MIN_PIECE, twice as many requests as slots (a 242 MiB warm-up ended on 63 requests of

@@ -47,13 +47,10 @@ import threading
 import weakref
 from typing import Protocol
 
-from ckptfs.cache.chunks import CHUNK
 from ckptfs.ahead.detect import SequentialRun, is_decided_above
-from ckptfs.ahead.limits import OriginLimit
-from ckptfs.workers.scheduler import SCHEDULER
-from ckptfs.sources.remote.context import Slot
-from ckptfs.sources.remote.options import RemoteOptions
+from ckptfs.ahead.limits import HeldSlot, OriginLimit
 from ckptfs.util.forks import after_fork_in_child
+from ckptfs.workers.scheduler import SCHEDULER
 
 MIN_WINDOW = 1 << 20
 #: Bytes a source's read-ahead keeps ahead of its reader at most (in flight and landed, not yet read).
@@ -62,20 +59,34 @@ FETCH_BUDGET = 128 << 20
 MIN_PIECE = 1 << 20
 #: A read starting this close to where the previous one ended still counts as sequential, in chunks and in
 #: read sizes (the kernel sends neighbouring requests out of order, and FUSE serves them on several threads).
-SLACK = 2 * CHUNK
+SLACK_CHUNKS = 2
 SLACK_READS = 16
 
 Run = tuple[int, int]
 
 
-class Fetches(Protocol):
-    """What read-ahead needs of the part below it, the file's chunks (``fetcher.ChunkFetcher``): its options,
-    size and largest piece, whether its source is closed, its origin's in-flight limit, and claiming,
-    fetching and abandoning runs of chunks."""
+class AheadOptions(Protocol):
+    """What read-ahead reads of a source's options (``ckptfs.sources.remote.options.RemoteOptions``): whether
+    it may fetch ahead at all (not while a checkpoint's headers are read: no thread may start then)."""
 
-    options: RemoteOptions
+    @property
+    def read_ahead(self) -> bool: ...
+
+
+class Fetches(Protocol):
+    """What read-ahead needs of the part below it, the file's chunks (``ckptfs.sources.remote.fetcher.
+    ChunkFetcher``): its options, size, chunk and largest piece (bytes), whether its source is closed, its
+    origin's in-flight limit, and claiming, fetching and abandoning runs of chunks. Declared here, so that
+    read-ahead is handed the chunks it works on and imports neither the sources nor the cache."""
+
     size: int
     piece_bytes: int
+
+    @property
+    def options(self) -> AheadOptions: ...
+
+    @property
+    def chunk(self) -> int: ...
 
     @property
     def closed(self) -> bool: ...
@@ -84,7 +95,7 @@ class Fetches(Protocol):
 
     def claim(self, c0: int, c1: int) -> list[Run]: ...
 
-    def fetch_claimed(self, runs: list[Run], memory: bool = True, slot: Slot | None = None) -> Exception | None: ...
+    def fetch_claimed(self, runs: list[Run], memory: bool = True, slot: HeldSlot | None = None) -> Exception | None: ...
 
     def abandon(self, runs: list[Run], error: BaseException) -> None: ...
 
@@ -106,18 +117,18 @@ def _after_fork_in_child() -> None:
 after_fork_in_child(_after_fork_in_child)
 
 
-def piece_chunks(options: RemoteOptions, limit: int, largest: int) -> int:
+def piece_chunks(options: AheadOptions, limit: int, largest: int, chunk: int) -> int:
     """Chunks per piece a reader's long run is cut into for the scheduler (``handoff``) at an in-flight limit
     of ``limit``; 0 for a source without read-ahead (reading headers, before a mount forks its daemon: no
     thread may start)."""
-    return piece_bytes(limit, largest) // CHUNK if options.read_ahead else 0
+    return piece_bytes(limit, largest, chunk) // chunk if options.read_ahead else 0
 
 
-def piece_bytes(limit: int, largest: int) -> int:
+def piece_bytes(limit: int, largest: int, chunk: int) -> int:
     """One read-ahead request's size at an in-flight limit of ``limit``: the budget shared by the requests in
-    flight, between ``MIN_PIECE`` and the scheme's ``largest``, in whole chunks."""
+    flight, between ``MIN_PIECE`` and the scheme's ``largest``, in whole chunks of ``chunk`` bytes."""
     share = max(MIN_PIECE, min(largest, FETCH_BUDGET // max(1, limit)))
-    return max(CHUNK, share - share % CHUNK)
+    return max(chunk, share - share % chunk)
 
 
 class ReadAhead:
@@ -125,8 +136,10 @@ class ReadAhead:
 
     def __init__(self, source: Fetches) -> None:
         self._source = source  # the chunks below (``Fetches``): read-ahead holds nothing above it
+        self._chunk = source.chunk
+        self._slack = SLACK_CHUNKS * source.chunk
         self._lock = threading.Lock()
-        self._run = SequentialRun(SLACK)
+        self._run = SequentialRun(self._slack)
         self._window = 0    # bytes wanted ahead of the reader
         self._reader = 0    # the chunk just past the run's furthest read
         self._frontier = 0  # chunks of the run below this are fetched or claimed already
@@ -148,8 +161,8 @@ class ReadAhead:
             self._follow(offset, size)
             return
         with self._lock:
-            streak = self._run.observe(offset, size, max(SLACK, SLACK_READS * size))
-            reader = -(-self._run.end // CHUNK)
+            streak = self._run.observe(offset, size, max(self._slack, SLACK_READS * size))
+            reader = -(-self._run.end // self._chunk)
             if streak == 0:  # a new run: forget the old one's window and frontier
                 self._window = 0
                 self._reader = self._frontier = reader
@@ -167,13 +180,13 @@ class ReadAhead:
         """The reader of a stream decided above moved on: the window follows it (a read outside the window
         drops it, for the handle advises again where it finds a stream) and is topped up."""
         with self._lock:
-            reader = -(-(offset + size) // CHUNK)
+            reader = -(-(offset + size) // self._chunk)
             # the kernel's neighbouring requests of one stream arrive out of order, and one that lands a few
             # reads behind must not drop the window (the handle advises once per stream: a dropped window
             # stays dropped, the stream fetches only what each read asks for). A request is counted as at
             # least 1 MiB (the kernel's largest): the small last request of a kernel read-ahead lands behind too
-            behind = SLACK_READS * max(size, MIN_WINDOW) // CHUNK
-            if self._reader - behind <= offset // CHUNK <= self._reader + self._window // CHUNK:
+            behind = SLACK_READS * max(size, MIN_WINDOW) // self._chunk
+            if self._reader - behind <= offset // self._chunk <= self._reader + self._window // self._chunk:
                 self._reader = max(self._reader, reader)
             else:
                 self._window = 0
@@ -191,23 +204,23 @@ class ReadAhead:
     def _pump_window(self) -> bool:
         """The window's pieces; whether room is left for the advised runs waiting."""
         limit = self._source.origin_limit()
-        chunks = -(-self._source.size // CHUNK)
+        chunks = -(-self._source.size // self._chunk)
         while True:
             with self._lock:
                 frontier = max(self._frontier, self._reader)
                 last = chunks if self._until is None else min(chunks, self._until)
-                end = min(last, self._reader + self._window // CHUNK)
-                piece = piece_bytes(limit.limit, self._source.piece_bytes) // CHUNK
+                end = min(last, self._reader + self._window // self._chunk)
+                piece = piece_bytes(limit.limit, self._source.piece_bytes, self._chunk) // self._chunk
                 take = min(piece, end - frontier)
                 # a whole piece; or what is left of the window's room when that is most of it; or the file's
                 # end; or the end of what a stream's handle advised once its reader is near it (further off,
                 # the handle's next advice usually extends it: a reader in file order is advised the small
                 # files ahead of it one by one, and these bytes then go out as whole pieces, not one each)
-                short_ok = (end == chunks or take >= (self._window // CHUNK) // 2
+                short_ok = (end == chunks or take >= (self._window // self._chunk) // 2
                             or (end == last and frontier - self._reader < piece))
                 if take <= 0 or (take < piece and not short_ok):
                     return True
-                if not SCHEDULER.has_room(take * CHUNK) or not limit.try_start():
+                if not SCHEDULER.has_room(take * self._chunk) or not limit.try_start():
                     return False
                 self._frontier = frontier + take
             if not self._start(frontier, frontier + take, limit):
@@ -227,11 +240,11 @@ class ReadAhead:
                 if not self._wanted:
                     return
                 c0, c1 = self._wanted[0]
-                if c0 >= self._reader + FETCH_BUDGET // CHUNK:
+                if c0 >= self._reader + FETCH_BUDGET // self._chunk:
                     return  # past the budget's reach: started once the reader comes within it (module docstring)
-                step = piece_bytes(limit.limit, self._source.piece_bytes) // CHUNK
+                step = piece_bytes(limit.limit, self._source.piece_bytes, self._chunk) // self._chunk
                 last = min(c1, c0 + step)
-                if not SCHEDULER.has_room((last - c0) * CHUNK) or not limit.try_start():
+                if not SCHEDULER.has_room((last - c0) * self._chunk) or not limit.try_start():
                     return
                 if last < c1:
                     self._wanted[0] = (last, c1)
@@ -253,9 +266,9 @@ class ReadAhead:
             # advice for bytes at or ahead of the run's reader, within the budget's reach (the mount's decode
             # window and the rest of a tensor start a little ahead of where the source has read)
             continues = ((self._run.end >= 0 or is_decided_above())
-                         and reader - SLACK // CHUNK <= c0 <= reader + FETCH_BUDGET // CHUNK)
+                         and reader - SLACK_CHUNKS <= c0 <= reader + FETCH_BUDGET // self._chunk)
             if continues:
-                self._window = max(self._window, min(FETCH_BUDGET, (c1 - reader) * CHUNK))
+                self._window = max(self._window, min(FETCH_BUDGET, (c1 - reader) * self._chunk))
                 if is_decided_above():
                     self._until = c1 if self._until is None else max(self._until, c1)
             else:
@@ -266,7 +279,7 @@ class ReadAhead:
         """Queue an advised run away from the reader's window (called under the lock), within ``FETCH_BUDGET``
         of runs waiting: advice past that is dropped (the handle advises at most that much ahead)."""
         waiting = sum(b - a for a, b in self._wanted)
-        room = FETCH_BUDGET // CHUNK - waiting
+        room = FETCH_BUDGET // self._chunk - waiting
         if room <= 0:
             return
         c1 = min(c1, c0 + room)
@@ -294,7 +307,7 @@ class ReadAhead:
             finally:
                 slot.release()
 
-        nbytes = sum(stop - start for start, stop in runs) * CHUNK
+        nbytes = sum(stop - start for start, stop in runs) * self._chunk
         # the window topped up once the piece's bytes are released: its room is the next piece's
         if SCHEDULER.submit("fetch", job, nbytes, cap=FETCH_BUDGET, then=self.pump) is None:
             limit.done()
