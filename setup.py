@@ -17,8 +17,8 @@ setup(ext_modules=[Extension("ckptfs.quant._native", ["ckptfs/quant/_native.c"],
                              optional=True),
                    # reads of stored bytes answered in C, without the GIL (fuse/direct.py)
                    Extension("ckptfs.fuse._direct", ["ckptfs/fuse/_direct.c"], extra_compile_args=flags,
-                             depends=["ckptfs/sources/chunk_sum.h", "ckptfs/packed/scaled_rows.h",
-                                      "ckptfs/packed/nibble_pairs.h", "ckptfs/quant/float_bits.h"], optional=True),
+                             depends=["ckptfs/sources/chunk_sum.h", "ckptfs/quant/scaled_rows.h",
+                                      "ckptfs/quant/nibble_pairs.h", "ckptfs/quant/float_bits.h"], optional=True),
                    # the served checksums of Python's reads summed without the GIL (sources/served.py)
                    Extension("ckptfs.sources._sums", ["ckptfs/sources/_sums.c"], extra_compile_args=flags,
                              depends=["ckptfs/sources/chunk_sum.h"], optional=True),
@@ -27,11 +27,11 @@ setup(ext_modules=[Extension("ckptfs.quant._native", ["ckptfs/quant/_native.c"],
                              optional=True),
                    # GPTQ / AWQ rows decoded in one pass (packed/native.py)
                    Extension("ckptfs.packed._kernels", ["ckptfs/packed/_kernels.c"], extra_compile_args=flags,
-                             depends=["ckptfs/quant/float_bits.h", "ckptfs/packed/scaled_rows.h",
-                                      "ckptfs/packed/nibble_pairs.h"], optional=True),
+                             depends=["ckptfs/quant/float_bits.h", "ckptfs/quant/scaled_rows.h",
+                                      "ckptfs/quant/nibble_pairs.h"], optional=True),
                    # bitsandbytes NF4/FP4 and LLM.int8 rows decoded in one pass (packed/bnb.py)
                    Extension("ckptfs.packed._bnb", ["ckptfs/packed/_bnb.c"], extra_compile_args=flags,
-                             depends=["ckptfs/packed/nibble_pairs.h", "ckptfs/packed/scaled_rows.h",
+                             depends=["ckptfs/quant/nibble_pairs.h", "ckptfs/quant/scaled_rows.h",
                                       "ckptfs/quant/float_bits.h"], optional=True),
                    # remote range GETs through libcurl without the GIL (sources/remote/curl.py); needs Debian's
                    # libcurl4-openssl-dev, else the range GETs stay on urllib3

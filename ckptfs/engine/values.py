@@ -25,7 +25,7 @@ class ScaledCodes:
     ``offset + r * width`` of ``source``; its scale row is ``(r // matrix_rows) * grid_rows + (r % matrix_rows)
     // block_height`` of ``scales`` (float32, ``groups`` wide, one per ``block_width`` values), likewise of
     ``zeros`` when given; ``table`` holds each code byte's float32 value. A mount computes such values per
-    read in C (``ckptfs.fuse.direct``, ``packed/scaled_rows.h``: the same arithmetic as the layer's kernel),
+    read in C (``ckptfs.fuse.direct``, ``quant/scaled_rows.h``: the same arithmetic as the layer's kernel),
     which needs neither the decode engine's cache nor Python per request."""
 
     source: object           # the byte source holding the codes (a pool's source)
@@ -50,7 +50,7 @@ class PairedNibbles:
     codes that need it (so nothing proportional to the layer is held): ``"f32"`` a float32 each; ``"table"`` a
     byte each, worth ``table[byte]``; ``"nested"`` a byte each, worth ``table[byte] * nested[k //
     nested_block] + nested_offset`` in float32 (bitsandbytes' double quantization). A mount computes them per
-    read in C (``packed/nibble_pairs.h``)."""
+    read in C (``quant/nibble_pairs.h``)."""
 
     source: object
     offset: int

@@ -5,7 +5,7 @@
  * a split GGUF set's merged model.gguf: its header held in memory, then each tensor's range of its shard,
  * zeros between them) needs no Python per request: the answer is a pread or two. Neither does the .npy of a
  * weight whose values are a closed form of its stored codes (FP8 or int8 codes times a scale per block,
- * packed/scaled_rows.h; 4-bit codes two a byte times a scale per block, packed/nibble_pairs.h): the answer is
+ * quant/scaled_rows.h; 4-bit codes two a byte times a scale per block, quant/nibble_pairs.h): the answer is
  * a pread of the codes under the read and one pass over them. Python registers each such open file handle here at open (fh -> its segments: for each, where it
  * starts in the file, its length, and either a source descriptor with the offset there and the source's size
  * and mtime as pinned at open (and, for computed values, the program that computes them), or bytes in memory,
@@ -72,10 +72,10 @@ struct segment {
  * `width` values each, as float32, float16 or bfloat16, computed from codes at `offset` of the segment's file.
  * The tables are Python's, held while registered.
  *
- * PROGRAM_SCALED (packed/scaled_rows.h): a code byte per value; row r's codes are the `width` bytes at
+ * PROGRAM_SCALED (quant/scaled_rows.h): a code byte per value; row r's codes are the `width` bytes at
  * offset + r * width, its scale row (r / matrix_rows) * grid_rows + (r % matrix_rows) / block_height of
  * `scales` (and `zeros`), each `groups` float32 wide, one per `block_width` values; `table`: 256 float32.
- * PROGRAM_NIBBLES (packed/nibble_pairs.h): two 4-bit codes a byte, the values' elements in order from
+ * PROGRAM_NIBBLES (quant/nibble_pairs.h): two 4-bit codes a byte, the values' elements in order from
  * `offset`; `table`: the 512 float32 pairs; a scale per `block_width` elements, `scale_rows` of them, read from
  * the same file at `scale_offset` with the codes a read needs (nothing of them is held): SCALE_F32, a
  * float32 each; SCALE_TABLE, a byte each worth scale_table[byte] (256 float32); SCALE_NESTED, a byte each
@@ -112,8 +112,8 @@ struct program {
  * before it is served, and a mismatch is handed to Python (EIO, its log line). The sum (chunk_sum) is
  * served.py's, defined once for both C users in sources/chunk_sum.h. */
 #include "../sources/chunk_sum.h"
-#include "../packed/nibble_pairs.h"
-#include "../packed/scaled_rows.h"
+#include "../quant/nibble_pairs.h"
+#include "../quant/scaled_rows.h"
 
 struct entry {
     uint64_t fh;

@@ -17,7 +17,7 @@ once no read of the handle is in progress, and only then lets them go.
 The ``.npy`` of a scaled-codes view (FP8 and int8 codes times a scale per block: ``packed/scaled.py``) is a
 header, then values computed from the codes row by row: its data segment is *computed*
 (``engine.values.ComputedSegment``), registered with a program (the code table, the scale grid as float32,
-its geometry, the output type) whose arithmetic is the layer's kernel's (``packed/scaled_rows.h``, included by
+its geometry, the output type) whose arithmetic is the layer's kernel's (``quant/scaled_rows.h``, included by
 both C extensions). A read there preads the codes of the rows it touches, with every check of a plain read,
 and computes them into the reply: no Python, no decode engine, no cache, since computing a row costs less
 than looking one up. Such a handle also holds the program and its arrays. Views that need the decode engine

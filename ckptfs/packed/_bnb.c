@@ -9,7 +9,7 @@
  * - 4-bit: value = table[code] * absmax[block] in float32. With double quantization the block scale is
  *   decoded here as bitsandbytes computes it: absmax = nested_map[absmax_code] * nested_absmax[block /
  *   nested_blocksize], then + offset (two float32 roundings: no fused multiply-add). The codes are read high
- *   nibble first, two a byte, by packed/nibble_pairs.h (the one home of that product, which a mount's reads
+ *   nibble first, two a byte, by quant/nibble_pairs.h (the one home of that product, which a mount's reads
  *   in C compute with too).
  * - LLM.int8: value = ((float)w * scb[row]) * 7.874015718698502e-3f, two float32 multiplies in that order.
  *
@@ -26,7 +26,7 @@
 #include <Python.h>
 #include <stdint.h>
 
-#include "nibble_pairs.h"
+#include "../quant/nibble_pairs.h"
 
 static const float INT8_RECIPROCAL = 7.874015718698502e-3f; /* bitsandbytes' 1/127 constant as float32 */
 

@@ -40,8 +40,8 @@
 #include <string.h>
 
 #include "../quant/float_bits.h"
-#include "nibble_pairs.h"
-#include "scaled_rows.h"
+#include "../quant/nibble_pairs.h"
+#include "../quant/scaled_rows.h"
 
 #if defined(__GNUC__)
 #define ALWAYS_INLINE static inline __attribute__((always_inline))

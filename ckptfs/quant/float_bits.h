@@ -1,5 +1,5 @@
 /* float32 -> 16-bit float conversions on the bits, one home for the C extensions that write float16 or
- * bfloat16 (packed/_kernels.c, packed/scaled_rows.h, quant/_native.c, fuse/_direct.c through scaled_rows.h).
+ * bfloat16 (packed/_kernels.c, quant/scaled_rows.h, quant/_native.c, fuse/_direct.c through scaled_rows.h).
  * Each matches what the Python side's reference does, bit for bit (the tests compare them). */
 #ifndef CKPTFS_FLOAT_BITS_H
 #define CKPTFS_FLOAT_BITS_H

@@ -1,5 +1,5 @@
 """The ``.npy`` of a view whose values are a closed form of its codes, read through a mount, is computed in C
-(``ckptfs/fuse/_direct.c`` with ``ckptfs/packed/scaled_rows.h`` and ``nibble_pairs.h``), bit for bit:
+(``ckptfs/fuse/_direct.c`` with ``ckptfs/quant/scaled_rows.h`` and ``nibble_pairs.h``), bit for bit:
 
 - every layer of a DeepSeek-style FP8 folder (128 x 128 blocks, partial edge tiles, F32 scales with a NaN, the
   largest code and a signed zero among the codes) and of a compressed-tensors int8 folder with zero points:

@@ -7,6 +7,7 @@ A cycle or an import that points up a layer fails here, in CI, instead of being 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -41,3 +42,31 @@ def test_the_mount_names_no_feature():
                   and {"ckptfs.fuse", "ckptfs.service"} <= set(c["source_modules"])]
     assert forbidding, "no forbidden contract has ckptfs.fuse and ckptfs.service as its sources"
     assert features <= set(forbidding[0]["forbidden_modules"]), features - set(forbidding[0]["forbidden_modules"])
+
+
+def _package_of(path: Path) -> str:
+    return path.relative_to(ROOT / "ckptfs").parts[0]
+
+
+def test_c_includes_keep_the_contracts():
+    """import-linter reads Python imports only: a C file's ``#include "../PACKAGE/x.h"`` is held to the same
+    contracts here, so a header a C path needs lives in a layer below it (the arithmetic of the scaled-codes and
+    4-bit views is ``quant/``'s, included by ``packed/`` and by the FUSE adapter's C read path alike)."""
+    contracts = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
+    layers = next(c for c in contracts if c["type"] == "layers")["layers"]
+    rank = {name.strip(): i for i, layer in enumerate(layers) for name in layer.split("|")}
+    forbidden = {(source, target) for c in contracts if c["type"] == "forbidden"
+                 for source in c["source_modules"] for target in c["forbidden_modules"]}
+    include = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
+    wrong, seen = [], 0
+    for path in sorted((ROOT / "ckptfs").rglob("*.[ch]")):
+        package = _package_of(path)
+        for name in include.findall(path.read_text()):
+            target = _package_of((path.parent / name).resolve())
+            seen += 1
+            if target == package:
+                continue
+            if rank[target] <= rank[package] or (f"ckptfs.{package}", f"ckptfs.{target}") in forbidden:
+                wrong.append(f"{path.relative_to(ROOT)} includes {name}")
+    assert seen >= 10, seen  # the C sources' includes were found
+    assert not wrong, wrong

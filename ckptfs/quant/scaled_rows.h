@@ -13,7 +13,7 @@
 
 #include <stdint.h>
 
-#include "../quant/float_bits.h"
+#include "float_bits.h"
 
 enum { ROW_OUT_F32 = 0, ROW_OUT_F16 = 1, ROW_OUT_BF16 = 2 };
 

@@ -16,7 +16,7 @@
 
 #include <stdint.h>
 
-#include "../quant/float_bits.h"
+#include "float_bits.h"
 #include "scaled_rows.h"  /* ROW_OUT_* */
 
 struct nibble_scales {
