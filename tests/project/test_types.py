@@ -15,6 +15,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from conftest import skip_or_fail
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -51,13 +53,15 @@ def test_mypy_finds_no_error_without_the_extras():
     assert "Success: no issues found" in done.stdout
 
 
-def test_util_is_checked_strictly(tmp_path):
-    """ckptfs/util/ under mypy's strict options: an unannotated function there is an error."""
-    planted = tmp_path / "runs.py"
+@pytest.mark.parametrize("module", ["ckptfs/util/runs.py", "ckptfs/fuse/mountinfo.py", "ckptfs/service/options.py"])
+def test_strict_modules_are_checked_strictly(tmp_path, module):
+    """ckptfs/util/ (and the FUSE adapter's and daemon side's annotated modules) under mypy's strict
+    options: an unannotated function there is an error."""
+    planted = tmp_path / "planted.py"
     planted.write_text("def runs(indexes):\n    return [(i, i + 1) for i in indexes]\n")
-    done = _mypy("--shadow-file", "ckptfs/util/runs.py", str(planted), "ckptfs/util/runs.py")
+    done = _mypy("--shadow-file", module, str(planted), module)
     assert done.returncode == 1, done.stdout[-4000:] + done.stderr[-2000:]
-    assert "ckptfs/util/runs.py:1: error: Function is missing a type annotation" in done.stdout
+    assert f"{module}:1: error: Function is missing a type annotation" in done.stdout
 
 
 def test_the_configuration_finds_a_planted_error(tmp_path):
