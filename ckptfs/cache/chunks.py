@@ -35,6 +35,7 @@ from ckptfs.cache.keys import CacheKey
 from ckptfs.cache.lru import BytesLRU
 from ckptfs.cache.redis_tier import Namespace
 from ckptfs.cache.sparse_store import DEFAULT_MIN_FREE, SparseStore
+from ckptfs.core.runtime import Part, runtime
 from ckptfs.util.forks import after_fork_in_child
 
 if TYPE_CHECKING:  # imported when fetched chunks are shared through Redis
@@ -70,8 +71,15 @@ class MemoryChunks(BytesLRU[bytes]):
     def __init__(self, capacity: int = DEFAULT_MEMORY_BYTES) -> None:
         super().__init__(capacity)
 
+    def in_child(self) -> MemoryChunks:
+        """In a forked child: the chunks the parent fetched (a mount's header, read before its daemon forks),
+        under a fresh lock (a parent's read-ahead thread may have held it at fork)."""
+        self.reset_lock()
+        return self
 
-MEMORY = MemoryChunks()
+
+#: A runtime's fetched chunks in memory (``RemoteOptions.chunk_cache``): one LRU for every remote source.
+MEMORY_CHUNKS = Part("fetched chunks in memory", MemoryChunks, MemoryChunks.in_child)
 
 _stores: dict[tuple[str, int, str | None, float], SparseStore | Literal[False]] = {}  # False: cannot open
 _stores_lock = threading.Lock()
@@ -149,7 +157,6 @@ def shared_stats() -> dict[str, dict[str, Any]]:
 def _fresh_locks_in_child() -> None:
     # a read-ahead thread of the parent may have held a lock at fork; in the child nobody would release it
     global _stores_lock
-    MEMORY.reset_lock()
     _stores_lock = threading.Lock()
     for store in _stores.values():
         if store:
@@ -167,9 +174,9 @@ class ChunkCache:
     (when present) the machines of a fleet; what it answers is kept in memory and in the store, and what is
     ``put`` goes to Redis too."""
 
-    def __init__(self, disk: ChunkStore | None = None, memory: MemoryChunks = MEMORY,
+    def __init__(self, disk: ChunkStore | None = None, memory: MemoryChunks | None = None,
                  shared: RedisTier | None = None) -> None:
-        self.memory = memory
+        self.memory = memory if memory is not None else runtime().get(MEMORY_CHUNKS)
         self.disk = disk
         self.redis = shared
         self._redis_waits: set[CacheKey] = set()  # leased in the store, waited for in Redis

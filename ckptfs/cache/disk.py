@@ -47,6 +47,7 @@ from typing import TYPE_CHECKING, Any
 from ckptfs.cache import auth, entry
 from ckptfs.cache.counters import TierCounters
 from ckptfs.cache.writer import BackgroundWriter
+from ckptfs.core.runtime import Part, runtime
 
 if TYPE_CHECKING:  # (imported where values are decoded: a remote fetch into the store does not need numpy)
     import numpy as np
@@ -88,6 +89,7 @@ class FolderBound:
         self._counters = TierCounters(logger, counters)
         self._count, self._warn_once = self._counters.add, self._counters.warn_once
         self._folder_bytes = 0
+        self._prunes = runtime().get(PRUNE_HOLD)  # the process's (a mount holds it across its fork)
 
     def _prune_due(self) -> None:  # pragma: no cover - interface
         """Prune the folder as the bound's schedule found it due (``wait=False``: give up at once when another
@@ -107,7 +109,7 @@ class FolderBound:
             self._pruner_pid = os.getpid()
             self._checked_once = True
             self._written_since_check = 0
-        if not PRUNES.owe(self):
+        if not self._prunes.owe(self):
             self._start_prune()
 
     def _start_prune(self) -> None:
@@ -449,9 +451,14 @@ class PruneHold:
             store._start_prune()
         return len(owed)
 
+    def in_child(self) -> PruneHold:
+        """In a forked child (a mount's daemon): the prunes owed, to start at ``release``; a fresh lock."""
+        self._lock = threading.Lock()
+        return self
 
-#: The process's hold on starting prune threads (see ``PruneHold``).
-PRUNES = PruneHold()
+
+#: A runtime's hold on starting prune threads (see ``PruneHold``).
+PRUNE_HOLD = Part("prune hold", PruneHold, PruneHold.in_child)
 
 
 @contextlib.contextmanager

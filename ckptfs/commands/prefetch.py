@@ -117,9 +117,10 @@ def prefetch(src, names, open_options, decode, include, quiet, verbose):
     stop = threading.Event()  # set on Ctrl-C: queued pieces are dropped, not fetched on the way out
     early = None
     try:
-        from ckptfs.sources.netstats import COUNTERS
+        from ckptfs.core.runtime import runtime
+        from ckptfs.sources.netstats import SOURCE_COUNTERS
 
-        started, before = time.monotonic(), COUNTERS.snapshot()
+        started, before = time.monotonic(), runtime().get(SOURCE_COUNTERS).snapshot()
         bar = ByteBar(enabled=fetch_bytes and not quiet and sys.stderr.isatty())
         plan = None
         if fetch_bytes and not include and options.needs_source_plan(src):  # (a URL always does)
@@ -217,7 +218,8 @@ def _repository(repository, include: tuple[str, ...], options: OpenOptions, fetc
     import fnmatch
 
     from ckptfs.checkpoint.api import open as open_checkpoint
-    from ckptfs.sources.netstats import COUNTERS
+    from ckptfs.core.runtime import runtime
+    from ckptfs.sources.netstats import SOURCE_COUNTERS
     from ckptfs.util.oneline import one_line
 
     if options.mirrors:
@@ -231,7 +233,7 @@ def _repository(repository, include: tuple[str, ...], options: OpenOptions, fetc
     for member in chosen:
         if stop.is_set():
             break
-        started, before = time.monotonic(), COUNTERS.snapshot()
+        started, before = time.monotonic(), runtime().get(SOURCE_COUNTERS).snapshot()
         each = ByteBar(shown, f"prefetch {member.name}")
         try:
             with open_checkpoint(member.src, options=options) as ck:
@@ -253,12 +255,14 @@ def _fetch_bytes(ck, bar: ByteBar, quiet: bool, started: float, before: dict, st
     its summary counts the header bytes the open fetched (``before``: the traffic counters before the open,
     at ``started``) as fetched by this run. ``label`` starts its lines (a repository's checkpoint name)."""
     from ckptfs.cache.chunks import CHUNK
-    from ckptfs.sources.netstats import COUNTERS
+    from ckptfs.core.runtime import runtime
+    from ckptfs.sources.netstats import SOURCE_COUNTERS
     from ckptfs.sources.remote.warmup import checkpoint_sources, stored_in_folder, warm
     from ckptfs.util.oneline import one_line
 
+    counters = runtime().get(SOURCE_COUNTERS)  # the open's sources count in the process's runtime
     cached_before = (early.join() or None) if early is not None else None  # None: it did not get to run
-    opened = COUNTERS.snapshot()["bytes"] - before["bytes"] if cached_before is None else 0
+    opened = counters.snapshot()["bytes"] - before["bytes"] if cached_before is None else 0
     try:
         report = warm(checkpoint_sources(ck), progress=bar, stop=stop, cached_before=cached_before)
     finally:
@@ -267,7 +271,7 @@ def _fetch_bytes(ck, bar: ByteBar, quiet: bool, started: float, before: dict, st
         # the header chunks the open fetched and stored are this run's, not found cached (the open's other
         # bytes, the one-byte probe and a validator's 4 KiB tail check, are less than a chunk)
         report.cached -= min(report.cached, opened // CHUNK * CHUNK)
-    report.fetched = COUNTERS.snapshot()["bytes"] - before["bytes"]  # every byte received, the open's too
+    report.fetched = counters.snapshot()["bytes"] - before["bytes"]  # every byte received, the open's too
     report.seconds = time.monotonic() - started
     if report.errors:
         kept = stored_in_folder(checkpoint_sources(ck))  # measured in the store: a full one keeps less
@@ -278,7 +282,7 @@ def _fetch_bytes(ck, bar: ByteBar, quiet: bool, started: float, before: dict, st
                    err=True)
         return False
     if not quiet:
-        requests = COUNTERS.snapshot()["requests"] - before["requests"]
+        requests = counters.snapshot()["requests"] - before["requests"]
         click.echo(f"prefetch: {label}{report.summary()}; {requests} requests")
     return True
 

@@ -26,6 +26,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ckptfs.core.errors import CheckpointError
+from ckptfs.core.runtime import Runtime, runtime as default_runtime
 from ckptfs.util.oneline import one_line
 from ckptfs.ahead.decode import DecodeAhead
 from ckptfs.tree.mount_tree import MountTree
@@ -159,8 +160,10 @@ class CkptOperations:
     use_ns = True  # times as integer nanoseconds (both bindings)
 
     def __init__(self, tree: MountTree | RepositoryTree, on_ready: Callable[[], None] | None = None,
-                 describe: dict[str, Any] | None = None, counters: MountCounters | None = None):
+                 describe: dict[str, Any] | None = None, counters: MountCounters | None = None,
+                 runtime: Runtime | None = None):
         self.tree = tree
+        self.runtime = runtime if runtime is not None else default_runtime()  # the state its stats report
         self.counters = counters if counters is not None else MountCounters()
         self._causes = OncePerCause()
         self._kinds: dict[str | None, str] = {}
@@ -378,7 +381,7 @@ class CkptOperations:
     def stats(self) -> dict[str, Any]:
         """What ``user.ckptfs.stats`` on the root holds: the tree's counters, the daemon's pid, the binding, and
         ``short_replies`` (replies that would have ended before the end of the file, Python's and C's: 0)."""
-        return {**self.tree.stats(), **service_stats(self.tree, self.counters.decode.total_bytes()),
+        return {**self.tree.stats(), **service_stats(self.tree, self.counters.decode.total_bytes(), self.runtime),
                 "pid": os.getpid(), "open_handles": len(self._handles), "c_reads": self.direct_reads.snapshot(),
                 "short_replies": self.counters.short_replies.total() + self.direct_reads.short_replies(),
                 **{key: value() if callable(value) else value for key, value in self._describe.items()}}

@@ -2,8 +2,8 @@
 
 One builder serves both readers of them, the root xattr ``user.ckptfs.stats`` (``ckptfs stats MNT``) and the
 Prometheus exporter, so the two always agree. It takes what the checkpoint has: the cache's per-tier stats
-(a ``TieredCache`` gives ``{"memory": {...}, "disk": {...}}``), and the process's remote-source counters (all
-zero when every source is local).
+(a ``TieredCache`` gives ``{"memory": {...}, "disk": {...}}``), and the remote-source counters of the runtime
+the mount was handed (``ckptfs.core.runtime``; all zero when every source is local).
 Every tier has at least ``hits``, ``misses`` and ``bytes``; ``source`` always has ``requests``, ``bytes``,
 ``retries`` and ``failovers``.
 """
@@ -11,6 +11,8 @@ Every tier has at least ``hits``, ``misses`` and ``bytes``; ``source`` always ha
 from __future__ import annotations
 
 from typing import Any, Protocol
+
+from ckptfs.core.runtime import Runtime
 
 TIER_KEYS = ("hits", "misses", "bytes")
 SOURCE_KEYS = ("requests", "bytes", "retries", "failovers")  # and shared_bytes where remote chunks are shared
@@ -58,22 +60,22 @@ def chunk_tier_stats() -> dict[str, dict[str, int]]:
     return shared_stats()
 
 
-def source_stats() -> dict[str, Any]:
-    """The process's remote-source counters; zeros (and no schemes) when no remote source was read."""
+def source_stats(runtime: Runtime) -> dict[str, Any]:
+    """``runtime``'s remote-source counters; zeros (and no schemes) when no remote source was read."""
     try:
-        from ckptfs.sources.netstats import COUNTERS
+        from ckptfs.sources.netstats import SOURCE_COUNTERS
     except ImportError:  # an installation without remote sources
         return {**dict.fromkeys(SOURCE_KEYS, 0), "by_scheme": {}, "origins": {}}
     from ckptfs.ahead.limits import origin_stats
 
-    snapshot = COUNTERS.snapshot()
+    snapshot = runtime.get(SOURCE_COUNTERS).snapshot()
     # each origin's learnt in-flight limit (ckptfs.ahead.limits): what a cold stream's speed comes from
     return {**dict.fromkeys(SOURCE_KEYS, 0), "by_scheme": {}, **snapshot, "origins": origin_stats()}
 
 
-def service_stats(tree: CacheOwner, decoded_bytes: int) -> dict[str, Any]:
+def service_stats(tree: CacheOwner, decoded_bytes: int, runtime: Runtime) -> dict[str, Any]:
     return {"decoded_bytes": int(decoded_bytes), "tiers": tier_stats(tree.cache),
-            "source": source_stats()}
+            "source": source_stats(runtime)}
 
 
 def render_table(stats: dict[str, Any]) -> str:

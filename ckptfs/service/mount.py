@@ -16,7 +16,8 @@ import threading
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from ckptfs.cache.disk import PRUNES
+from ckptfs.cache.disk import PRUNE_HOLD
+from ckptfs.core.runtime import runtime
 from ckptfs.checkpoint.api import OpenOptions, open_with, source_plan
 from ckptfs.formats.repository import SeveralCheckpoints
 from ckptfs.tree.layout import tensor_providers
@@ -98,11 +99,12 @@ def run_mount(request: MountRequest) -> int:
     # --cache-dir make a prune due, whose thread the daemon starts instead (``_run_daemon``). This process
     # stops holding whatever happened (a refused source, a failed start, a daemon that is up): a process
     # that goes on after ``run_mount`` (the Python API, a test) would otherwise never prune those stores again.
-    PRUNES.hold()
+    prunes = runtime().get(PRUNE_HOLD)
+    prunes.hold()
     try:
         return _mount(request)
     finally:
-        PRUNES.release()
+        prunes.release()
 
 
 def _mount(request: MountRequest) -> int:
@@ -232,7 +234,7 @@ def _serve(plan: _Plan, on_ready) -> BaseException | None:
         # "prefetch": the key's older name, kept as an alias (docs/guide/remote.md)
         describe["warmup"] = describe["prefetch"] = lambda: _warmup_status(plan)
     operations = CkptOperations(plan.tree, on_ready, describe=describe,
-                                counters=MountCounters(timed=plan.metrics is not None))
+                                counters=MountCounters(timed=plan.metrics is not None), runtime=runtime())
     if plan.log_file is not None:
         plan.log_file.reopen_on_signal()
     if plan.metrics is not None:
@@ -426,7 +428,7 @@ def _run_daemon(plan: _Plan, pipe: ReadinessPipe) -> int:
     after_start = plan.log_fd if plan.log_fd is not None else devnull
     capture = StderrCapture()
     logs.configure(logging.DEBUG if plan.request.verbose else logging.INFO, plan.request.log_format)
-    PRUNES.release()  # the prunes the open made due before the fork (``run_mount``)
+    runtime().get(PRUNE_HOLD).release()  # the prunes the open made due before the fork (``run_mount``)
 
     warmup = []
 

@@ -33,7 +33,7 @@ from typing import Any
 
 from ckptfs.core.errors import CheckpointError, SourceUnavailable, public_name
 from ckptfs.sources.base import ByteSource
-from ckptfs.sources.netstats import COUNTERS
+from ckptfs.sources.netstats import SourceCounters
 from ckptfs.sources.remote.context import deadline_scope, fallback_scope
 from ckptfs.sources.remote.options import DEFAULT_OPTIONS
 from ckptfs.sources.remote.transport import REMOTE_INITIAL_READ, check_range
@@ -48,8 +48,10 @@ PREFER_SECONDS = 30.0
 class MirrorSource(ByteSource):
     """A primary source with byte-identical mirrors (see the module docstring)."""
 
-    def __init__(self, primary: ByteSource, mirrors: list[ByteSource], timeout: float) -> None:
+    def __init__(self, primary: ByteSource, mirrors: list[ByteSource], timeout: float,
+                 counters: SourceCounters | None = None) -> None:
         self.primary = primary
+        self._counters = counters if counters is not None else DEFAULT_OPTIONS.counters  # failovers
         self.mirrors = list(mirrors)
         self.name = primary.name
         self.timeout = timeout
@@ -116,7 +118,7 @@ class MirrorSource(ByteSource):
                 if offset + size > member.size:  # a truncated primary: these bytes are only in the mirrors
                     failures.append(f"{public_name(member.name)}: has only {member.size} bytes")
                     if not last:
-                        COUNTERS.failover()
+                        self._counters.failover()
                     continue
                 try:
                     with fallback_scope(not last):
@@ -124,7 +126,7 @@ class MirrorSource(ByteSource):
                 except CheckpointError as exc:
                     failures.append(str(exc))
                     if not last:
-                        COUNTERS.failover()
+                        self._counters.failover()
                         log.warning("read of %s @ %d failed (%s): trying %s", public_name(member.name), offset,
                                     exc.reason, public_name(members[k + 1].name))
                     continue
@@ -229,7 +231,7 @@ class MirrorSet:
         primary = source
         if self.member_wrapper is not None:
             primary = self.member_wrapper(source, source.name)
-        return MirrorSource(primary, members, self.options.timeout)
+        return MirrorSource(primary, members, self.options.timeout, self.options.counters)
 
 
 class DeferredMirror(ByteSource):

@@ -1,6 +1,7 @@
-"""Process-wide counters of remote-source traffic: what ``user.ckptfs.stats`` shows under ``source``.
+"""Counters of remote-source traffic: what ``user.ckptfs.stats`` shows under ``source``.
 
-One set of counters per process (a mount daemon serves one checkpoint; a library user wants the total), kept
+One set of counters per runtime (``SOURCE_COUNTERS``, a part of ``ckptfs.core.runtime``: a mount daemon serves
+one checkpoint; a library user wants the process's total), kept
 per scheme and per request outcome as well so the Prometheus names ``ckptfs_source_requests_total{scheme,
 outcome}`` and ``ckptfs_source_bytes_total{scheme}`` can be served from the same numbers. Outcomes are
 ``ok`` (an answer used), ``retry`` (a failed attempt that was tried again), ``error`` (a failed attempt that
@@ -13,7 +14,7 @@ from typing import Any
 import threading
 from collections import Counter
 
-from ckptfs.util.forks import after_fork_in_child
+from ckptfs.core.runtime import Part
 
 OUTCOMES = ("ok", "retry", "error", "timeout")
 
@@ -64,11 +65,12 @@ class SourceCounters:
                     "by_scheme": by_scheme}
 
 
-COUNTERS = SourceCounters()
+    def in_child(self) -> SourceCounters:
+        """In a forked child: the same counts (a mount's daemon counts its open's requests too), a fresh lock
+        (a parent's thread may have held it at fork)."""
+        self._lock = threading.Lock()
+        return self
 
 
-def _fresh_lock_in_child() -> None:
-    COUNTERS._lock = threading.Lock()  # a parent's thread may have held it at fork
-
-
-after_fork_in_child(_fresh_lock_in_child)
+#: A runtime's counters (``RemoteOptions.counters`` for a source's own).
+SOURCE_COUNTERS = Part("source counters", SourceCounters, SourceCounters.in_child)

@@ -26,6 +26,7 @@ from tier_models import expected_files, read_all
 
 pytest.importorskip("redis")
 
+from ckptfs.core.runtime import runtime
 from ckptfs.cache import chunks, entry
 from ckptfs.cache.chunks import CHUNK, chunk_key
 from ckptfs.cache.redis_tier import RedisTier
@@ -132,7 +133,7 @@ def sources(origin, redis):
     options = {"redis": redis.url}
 
     def fresh():
-        chunks.MEMORY.clear()
+        runtime().get(chunks.MEMORY_CHUNKS).clear()
         return Opener(RemoteOptions(OpenOptions.build(**options))).source(f"{server.url}/model.gguf")
 
     return server, path.read_bytes(), fresh

@@ -35,7 +35,8 @@ from loopback.servers import Nginx, data_ranges
 from conftest import require_nginx
 
 import ckptfs
-from ckptfs.sources.netstats import COUNTERS
+from ckptfs.core.runtime import runtime
+from ckptfs.sources.netstats import SOURCE_COUNTERS
 
 
 def _write_model(path: Path, seed: int) -> None:
@@ -64,7 +65,7 @@ def _prefetch(url: str, cache: Path) -> None:
 
 
 def _failed_requests() -> int:
-    snap = COUNTERS.snapshot()["by_scheme"]
+    snap = runtime().get(SOURCE_COUNTERS).snapshot()["by_scheme"]
     return sum(n for entry in snap.values() for outcome, n in entry["requests"].items() if outcome != "ok")
 
 

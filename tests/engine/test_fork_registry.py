@@ -13,48 +13,17 @@ from __future__ import annotations
 import ast
 import json
 import os
-import select
 import threading
 from pathlib import Path
 
 from ckptfs.ahead import limits as origins
 from ckptfs.workers.scheduler import SCHEDULER
 from ckptfs.util import forks
+from forking import WAIT_S, in_child
 
 ROOT = Path(__file__).resolve().parents[2]
-WAIT_S = 30.0
 
 _armed = {"on": False}  # the callbacks below act only in the test that registers them (and its children)
-
-
-def _in_child(run) -> bytes:
-    """What ``run()`` returns (bytes) in a forked child, read back over a pipe; b"" when the child wrote
-    nothing in time (it hung, or died)."""
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child: never returns into pytest
-        code = 1
-        try:
-            os.close(r)
-            os.write(w, run())
-            code = 0
-        finally:
-            os._exit(code)
-    os.close(w)
-    got, ended = b"", False
-    try:
-        while select.select([r], [], [], WAIT_S)[0]:
-            part = os.read(r, 4096)
-            if not part:
-                ended = True
-                break
-            got += part
-    finally:
-        os.close(r)
-        if not ended:
-            os.kill(pid, 9)
-        os.waitpid(pid, 0)
-    return got
 
 
 def test_callbacks_run_in_the_child_in_order_past_one_that_raises():
@@ -77,7 +46,7 @@ def test_callbacks_run_in_the_child_in_order_past_one_that_raises():
     assert forks.registered()[-3:] == (first, broken, last)
     _armed["on"] = True
     try:
-        assert _in_child(lambda: ",".join(seen).encode()) == b"first,last"
+        assert in_child(lambda: ",".join(seen).encode()) == b"first,last"
     finally:
         _armed["on"] = False
     assert seen == []  # the parent ran none of them
@@ -96,7 +65,7 @@ def test_the_scheduler_serves_a_child_forked_while_its_workers_run():
             future = SCHEDULER.submit("decode", done.set, 1)
             return b"ran" if future is not None and done.wait(WAIT_S) else b"stuck"
 
-        assert _in_child(child) == b"ran"
+        assert in_child(child) == b"ran"
     finally:
         release.set()
 
@@ -124,7 +93,7 @@ def test_the_origin_registry_serves_a_child_forked_while_its_locks_are_held():
             again.tally.outage()
             return json.dumps([again is state, origins.origin_stats()[origin]]).encode()
 
-        got = _in_child(child)
+        got = in_child(child)
     finally:
         release.set()
         holder.join(WAIT_S)

@@ -19,7 +19,8 @@ pytest.importorskip("urllib3")
 
 from ckptfs.core.errors import CheckpointError
 from ckptfs.sources import Opener
-from ckptfs.sources.netstats import COUNTERS
+from ckptfs.core.runtime import runtime
+from ckptfs.sources.netstats import SOURCE_COUNTERS
 from ckptfs.core.options import OpenOptions
 from ckptfs.sources.remote.options import RemoteOptions
 from loopback.faultproxy import FaultProxy
@@ -64,13 +65,13 @@ OFFSET, LENGTH = 3 * 1024 * 1024 + 777, 600_000
 def test_transient_fault_then_right_bytes(upstream, proxy, fault):
     _, data = upstream
     src = _open(proxy)
-    retries_before = COUNTERS.snapshot()["retries"]
+    retries_before = runtime().get(SOURCE_COUNTERS).snapshot()["retries"]
     proxy.plan(fault)
     got = src.pread(OFFSET, LENGTH)
     assert got == data[OFFSET:OFFSET + LENGTH]
     assert proxy.pending() == 0
     if not fault.startswith("slow"):  # a slow body is no failure: nothing to retry
-        assert COUNTERS.snapshot()["retries"] > retries_before
+        assert runtime().get(SOURCE_COUNTERS).snapshot()["retries"] > retries_before
 
 
 def test_retry_after_is_honoured(upstream, proxy):

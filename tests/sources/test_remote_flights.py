@@ -22,7 +22,8 @@ import pytest
 pytest.importorskip("urllib3")
 
 from ckptfs.cache.names import name_path
-from ckptfs.cache.chunks import CHUNK, MEMORY, chunk_key
+from ckptfs.cache.chunks import CHUNK, MEMORY_CHUNKS, chunk_key
+from ckptfs.core.runtime import runtime
 from ckptfs.sources import Opener
 from ckptfs.core.options import OpenOptions
 from ckptfs.sources.remote.options import RemoteOptions
@@ -75,7 +76,7 @@ def test_a_warm_up_stores_its_chunks_without_filling_the_memory_cache(origin, tm
     report = warm([source])
     assert report.ok and report.fetched == len(data), report.summary()
     keys = [chunk_key(source.content_id(), i) for i in range(chunks)]
-    assert not any(key in MEMORY for key in keys)  # the readers' LRU holds none of the warm-up's chunks
+    assert not any(key in runtime().get(MEMORY_CHUNKS) for key in keys)  # the readers' LRU holds none of the warm-up's chunks
     assert source.unstored_chunks() == []  # every one is in the store ...
     sealed = source.fetcher.cache.disk.sealed_path(source.content_id())  # ... as one sealed file, not 48 entries
     assert sealed is not None and Path(sealed).read_bytes() == data

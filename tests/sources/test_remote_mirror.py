@@ -17,7 +17,8 @@ pytest.importorskip("urllib3")
 
 import ckptfs
 from ckptfs.core.errors import CheckpointError
-from ckptfs.sources.netstats import COUNTERS
+from ckptfs.core.runtime import runtime
+from ckptfs.sources.netstats import SOURCE_COUNTERS
 from loopback.faultproxy import FaultProxy
 from fixtures import quantized, write_gguf
 from multifile_sets import safetensors_tensors, write_safetensors_set
@@ -54,13 +55,13 @@ def test_truncated_local_primary_is_completed_from_a_mirror(site, tmp_path):
     part.write_bytes(full[: len(full) * 6 // 10])  # an interrupted download
     with ckptfs.open(part) as alone:
         assert alone.damaged()  # without a mirror, the missing tensors are damaged
-    before = COUNTERS.snapshot()["failovers"]
+    before = runtime().get(SOURCE_COUNTERS).snapshot()["failovers"]
     with ckptfs.open(part, mirrors=[server.url + "/model.gguf"], timeout=5, stall_timeout=1) as ck:
         assert not ck.damaged()
         want = _reference(root / "model.gguf")
         for name, values in want.items():
             np.testing.assert_array_equal(np.asarray(ck[name]), values)
-    assert COUNTERS.snapshot()["failovers"] > before
+    assert runtime().get(SOURCE_COUNTERS).snapshot()["failovers"] > before
 
 
 @pytest.mark.parametrize("fault", ["503", "stall:30"])
@@ -71,12 +72,12 @@ def test_a_failing_or_stalled_primary_fails_over_within_the_timeout(site, fault)
         ck = ckptfs.open(proxy.url + "/model.gguf", mirrors=[server.url + "/model.gguf"], timeout=6,
                          stall_timeout=1)
         proxy.always(fault)
-        before = COUNTERS.snapshot()["failovers"]
+        before = runtime().get(SOURCE_COUNTERS).snapshot()["failovers"]
         start = time.monotonic()
         got = np.asarray(ck["w.q8"][1000:1024])  # past the 2 MiB fetched at open
         assert time.monotonic() - start < 6 + 6  # answered by the timeout; never a hang
         np.testing.assert_array_equal(got, _reference(root / "model.gguf")["w.q8"][1000:1024])
-        assert COUNTERS.snapshot()["failovers"] > before
+        assert runtime().get(SOURCE_COUNTERS).snapshot()["failovers"] > before
         proxy.always(None)
         ck.close()
 

@@ -15,7 +15,8 @@ pytest.importorskip("moto")
 
 import ckptfs  # noqa: E402
 from ckptfs.core.errors import CheckpointError  # noqa: E402
-from ckptfs.sources.netstats import COUNTERS  # noqa: E402
+from ckptfs.core.runtime import runtime  # noqa: E402
+from ckptfs.sources.netstats import SOURCE_COUNTERS  # noqa: E402
 from fixtures import write_mixed_gguf  # noqa: E402
 from multifile_sets import MODEL_FILES, safetensors_tensors, write_model_files, write_safetensors_set  # noqa: E402
 from safetensors.numpy import load_file  # noqa: E402
@@ -51,7 +52,7 @@ def test_s3_gguf_equals_the_written_file(s3):
             if t.decodable:
                 np.testing.assert_array_equal(np.asarray(t), np.asarray(local[t.name]))
         assert ck.tensors[0].meta["source"] == f"s3://{BUCKET}/gguf/mixed.gguf"
-    assert COUNTERS.snapshot()["by_scheme"]["s3"]["bytes"] > 0
+    assert runtime().get(SOURCE_COUNTERS).snapshot()["by_scheme"]["s3"]["bytes"] > 0
 
 
 def test_s3_folder_serves_shards_index_and_files(s3):

@@ -24,7 +24,8 @@ from ckptfs.cache import chunks  # noqa: E402
 from ckptfs.cache.chunks import CHUNK  # noqa: E402
 from ckptfs.core.errors import CheckpointError  # noqa: E402
 from ckptfs.core.options import OpenOptions  # noqa: E402
-from ckptfs.sources.netstats import COUNTERS  # noqa: E402
+from ckptfs.core.runtime import runtime  # noqa: E402
+from ckptfs.sources.netstats import SOURCE_COUNTERS  # noqa: E402
 from ckptfs.sources.remote import curl  # noqa: E402
 from ckptfs.sources.remote.context import ReadContext  # noqa: E402
 from ckptfs.sources.remote.options import RemoteOptions  # noqa: E402
@@ -172,7 +173,7 @@ def test_credentials_refreshed_by_botocore_sign_the_next_request(moto, monkeypat
     assert src.pread(2 * MiB, MiB) == data[2 * MiB:3 * MiB]
     issue()
     iam.delete_access_key(UserName="rotating", AccessKeyId=first)
-    before, retries = curl.counters(), COUNTERS.snapshot()["retries"]
+    before, retries = curl.counters(), runtime().get(SOURCE_COUNTERS).snapshot()["retries"]
     assert src.pread(12 * MiB, MiB) == data[12 * MiB:13 * MiB]
     assert curl.counters()[0] > before[0]
-    assert COUNTERS.snapshot()["retries"] == retries  # signed with the new key at once, not after a refusal
+    assert runtime().get(SOURCE_COUNTERS).snapshot()["retries"] == retries  # signed with the new key at once, not after a refusal

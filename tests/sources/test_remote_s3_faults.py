@@ -12,6 +12,7 @@ import pytest
 boto3 = pytest.importorskip("boto3")
 pytest.importorskip("moto")
 
+from ckptfs.core.runtime import runtime  # noqa: E402
 from ckptfs.cache import chunks  # noqa: E402
 from ckptfs.core.errors import CheckpointError  # noqa: E402
 from ckptfs.core.options import OpenOptions  # noqa: E402
@@ -48,7 +49,7 @@ def proxy(served):
 
 def _open():
     """A fresh source of the object (this process's chunk memory emptied: every read asks the origin)."""
-    chunks.MEMORY.clear()
+    runtime().get(chunks.MEMORY_CHUNKS).clear()
     return Opener(RemoteOptions(OpenOptions.build(timeout=10.0, stall_timeout=2.0))).source(f"s3://{BUCKET}/{KEY}")
 
 

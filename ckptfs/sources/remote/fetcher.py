@@ -24,7 +24,6 @@ from ckptfs.cache.chunks import CHUNK, CHUNK_LEASE_MS, CHUNK_WAIT_S, ChunkCache,
 from ckptfs.cache.keys import CacheKey
 from ckptfs.cache.flight import Flight, SingleFlight, flights_for
 from ckptfs.core.errors import CheckpointError
-from ckptfs.sources.netstats import COUNTERS
 from ckptfs.sources.remote.context import ReadContext, Slot
 from ckptfs.ahead.limits import OriginLimit
 from ckptfs.sources.remote.handoff import hand_out
@@ -77,7 +76,7 @@ class ChunkFetcher:
         this open (cache, other sources' fetches of the same content); else nothing is kept past memory."""
         self.content_id, self.size = content_id, size
         if not shared:
-            self.cache = ChunkCache(None)
+            self.cache = ChunkCache(None, self.cache.memory)
             return
         # every reader of these bytes in this process (another source of the URL, a warm-up of the file
         # started before the checkpoint's open) joins the same fetches
@@ -260,7 +259,7 @@ class ChunkFetcher:
         if data is None or len(data) != min(CHUNK, self.size - i * CHUNK):
             return False
         out[i] = data
-        COUNTERS.shared(len(data))
+        self.options.counters.shared(len(data))
         self.finish(i, data, None)
         return True
 

@@ -58,8 +58,9 @@ from urllib3 import BaseHTTPResponse
 
 from ckptfs.cache.chunks import CHUNK
 from ckptfs.core.errors import CheckpointError
+from ckptfs.core.runtime import Part
 from ckptfs.sources.registry import register_scheme
-from ckptfs.sources.netstats import COUNTERS
+from ckptfs.sources.netstats import SourceCounters
 from ckptfs.sources.remote import curl
 from ckptfs.sources.remote.context import ReadContext
 from ckptfs.sources.remote.odd import OddAnswer, asked_again, content_range
@@ -67,7 +68,6 @@ from ckptfs.sources.remote.options import DEFAULT_OPTIONS, POOL_CONNECTIONS, Rem
 from ckptfs.sources.remote.origin import Changed, Retryable, stalled, wait_bound
 from ckptfs.sources.remote.transport import OPEN_HEAD_BYTES, RemoteSource, joined
 from ckptfs.sources.remote.version import SAMPLE_BYTES
-from ckptfs.util.forks import after_fork_in_child
 from ckptfs.util.redact import public_name, redact, split_source
 
 log = logging.getLogger(__name__)
@@ -80,9 +80,6 @@ TAIL_AHEAD_WAIT_S = 0.05
 _REDIRECTS = (301, 302, 303, 307, 308)
 _UNSATISFIED_RANGE = re.compile(r"^\s*bytes\s+\*/(\d+)\s*$", re.IGNORECASE)
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
-
-_pool: urllib3.PoolManager | None = None
-_pool_lock = threading.Lock()
 
 
 def trusted_cas() -> tuple[dict[str, Any], str]:
@@ -105,22 +102,14 @@ def trusted_cas() -> tuple[dict[str, Any], str]:
 
 
 def connection_pool() -> urllib3.PoolManager:
-    """One pool manager per process: keep-alive connections reused by every HTTP source."""
-    global _pool
-    with _pool_lock:
-        if _pool is None:
-            _pool = urllib3.PoolManager(num_pools=64, maxsize=POOL_CONNECTIONS, block=False, retries=False,
-                                        **trusted_cas()[0])
-        return _pool
+    """A pool manager of keep-alive connections, reused by every HTTP source of a runtime (``HTTP_POOL``)."""
+    return urllib3.PoolManager(num_pools=64, maxsize=POOL_CONNECTIONS, block=False, retries=False,
+                               **trusted_cas()[0])
 
 
-def _forget_pool_in_child() -> None:
-    # The parent's keep-alive sockets must not be shared with a forked child: each process talks on its own.
-    global _pool, _pool_lock
-    _pool, _pool_lock = None, threading.Lock()
-
-
-after_fork_in_child(_forget_pool_in_child)
+#: A runtime's HTTP connections; a forked child makes its own (the parent's keep-alive sockets must not be
+#: shared: each process talks on its own).
+HTTP_POOL = Part("HTTP connection pool", connection_pool)
 
 
 @dataclass(frozen=True)
@@ -211,7 +200,7 @@ class HttpClient:
                 raise Retryable("had no time left to ask", deadline=True)
             all_headers = {**sent, **dict(self.credentials.headers)} if walk.send_auth else sent
             try:
-                resp = (pool or connection_pool()).request(method, url, headers=all_headers, preload_content=False,
+                resp = (pool or self.options.runtime.get(HTTP_POOL)).request(method, url, headers=all_headers, preload_content=False,
                                                  decode_content=False, redirect=False, retries=False,
                                                  timeout=urllib3.Timeout(connect=wait, read=wait))
             except urllib3.exceptions.NewConnectionError as exc:  # a subclass of the timeout error, but refused
@@ -224,14 +213,14 @@ class HttpClient:
                 refused = _tls_refusal(exc)
                 if refused is None:  # a handshake cut short: the next connection may succeed
                     raise Retryable(f"connection failed: {_reason(exc)}") from None
-                COUNTERS.request(self.scheme, "error")
+                self.options.counters.request(self.scheme, "error")
                 raise CheckpointError(url, None, refused) from None
             except (urllib3.exceptions.HTTPError, OSError) as exc:
                 raise Retryable(f"connection failed: {_reason(exc)}") from None
             if not redirected(resp.status, resp.headers):
                 return Answer(resp, url, walk.hops)
             _finish_small(resp)
-            COUNTERS.request(self.scheme, "ok")
+            self.options.counters.request(self.scheme, "ok")
             walk.follow(resp.status, resp.headers)
 
 
@@ -313,13 +302,13 @@ def basic_auth(url: str) -> tuple[str, Credentials]:
 
 
 def status_error(name: str, offset: int | None, status: int, reason: str, credentials: Credentials,
-                 headers: Mapping[str, str], scheme: str = "http") -> Exception:
+                 headers: Mapping[str, str], counters: SourceCounters, scheme: str = "http") -> Exception:
     """The exception for a non-success status: Retryable for 5xx and 429, else a one-line CheckpointError
     (counted here: the retry loop counts only what it retries)."""
     if status == 429 or status >= 500:
         return Retryable(f"HTTP {status} {reason}".rstrip(), retry_after=_retry_after(headers.get("retry-after")),
                          throttled=status in (429, 503))
-    COUNTERS.request(scheme, "error")
+    counters.request(scheme, "error")
     if status in (404, 410):
         return CheckpointError(name, offset, f"not found (HTTP {status})")
     if status in (401, 403):
@@ -398,7 +387,7 @@ class HttpSource(RemoteSource):
                 read = ReadContext.entering(self.options.timeout, self.options.open_once)
                 probe.tail = joined(self.client.retrying(functools.partial(self.range.fetch, probe.size - n,
                                                                            probe.size), read, None, "cannot open: "))
-                COUNTERS.request(self.scheme, "ok", len(probe.tail))
+                self.options.counters.request(self.scheme, "ok", len(probe.tail))
         return probe.tail
 
     def _probe_once(self, read: ReadContext) -> Probe:
@@ -414,7 +403,7 @@ class HttpSource(RemoteSource):
             match = _UNSATISFIED_RANGE.match(headers.get("content-range", ""))
             _finish_small(resp)
             if match and int(match[1]) == 0:
-                COUNTERS.request(self.scheme, "ok")
+                self.options.counters.request(self.scheme, "ok")
                 return Probe(0, _validator(headers), answer.url, linked, b"", time.monotonic(), _mtime_ns(headers))
             raise CheckpointError(self.name, 0, "the server refused the first byte range (HTTP 416)")
         if resp.status == 206:
@@ -433,10 +422,10 @@ class HttpSource(RemoteSource):
             head = self.range.read_body(resp, total, deadline)
         else:
             error = status_error(self.name, None, resp.status, resp.reason or "", self.credentials, headers,
-                                 self.scheme)
+                                 self.options.counters, self.scheme)
             _finish_small(resp)
             raise error
-        COUNTERS.request(self.scheme, "ok", len(head))
+        self.options.counters.request(self.scheme, "ok", len(head))
         commit = next((h.get("x-repo-commit") for h in [*answer.hops, headers] if h.get("x-repo-commit")), None)
         return Probe(total, _validator(headers), answer.url, linked, head, time.monotonic(), _mtime_ns(headers),
                      commit=commit)
@@ -532,7 +521,7 @@ class HttpRange:
                 parts = curl.outcome(walk.url, code, message, got, parts, answered, bool(hop), end - start, read,
                                      self.options)
             except curl.TlsRefused as exc:
-                COUNTERS.request(self.scheme, "error")
+                self.options.counters.request(self.scheme, "error")
                 raise CheckpointError(walk.url, None, tls_refusal(exc.verify, exc.detail, exc.other_host)) from None
             if parts is not None:
                 if walk.url != url:
@@ -540,7 +529,7 @@ class HttpRange:
                 return parts
             if not hop:
                 raise Retryable("the answer's body was dropped")  # not reached: decide takes or raises
-            COUNTERS.request(self.scheme, "ok")
+            self.options.counters.request(self.scheme, "ok")
             walk.follow(*hop[0])
 
     def _answered(self, answer: Answer, url: str, start: int, end: int, read: ReadContext) -> list[bytes]:
@@ -591,7 +580,8 @@ class HttpRange:
         elif status == 416:
             raise OddAnswer(("416",), Changed("the byte range is no longer satisfiable (HTTP 416)"))
         else:
-            raise status_error(self.name, start, status, reason, self.credentials, headers, self.scheme)
+            raise status_error(self.name, start, status, reason, self.credentials, headers, self.options.counters,
+                               self.scheme)
 
     def _check_validator(self, headers: Mapping[str, str], hops: list[Mapping[str, str]]) -> None:
         now = _validator(headers)
@@ -681,7 +671,7 @@ class _TailAhead:
         except (CheckpointError, Retryable) as exc:
             log.debug("%s: the tail sample beside the probe: %s", public_name(source.name), exc)
             return
-        COUNTERS.request(source.scheme, "ok", len(body))
+        source.options.counters.request(source.scheme, "ok", len(body))
         self._answer = (got[2], _validator(resp.headers), body)
 
     def take(self, probe: Probe, wait: float) -> bytes | None:

@@ -32,8 +32,7 @@ from ckptfs.core.errors import CheckpointError, SourceUnavailable
 from ckptfs.sources.registry import register_scheme
 from ckptfs.sources.base import Folder
 from ckptfs.sources.remote.http import Credentials, HttpSource
-from ckptfs.sources.netstats import COUNTERS
-from ckptfs.sources.remote.options import DEFAULT_TIMEOUT, RemoteOptions
+from ckptfs.sources.remote.options import DEFAULT_OPTIONS, DEFAULT_TIMEOUT, RemoteOptions
 from ckptfs.util.names import file_name, numbered_name
 from ckptfs.util.jsonutil import JsonRefused, loads
 from ckptfs.util.redact import public_name
@@ -114,6 +113,7 @@ class HfFolder(Folder):
         self.name = src.rstrip("/")
         self.path = path
         self.timeout = options.timeout if options is not None else DEFAULT_TIMEOUT
+        self.counters = (options or DEFAULT_OPTIONS).counters
         self.sha256: dict[str, str] = {}
         self._paths: dict[str, str] = {}  # listed name -> the file's path in the repository
 
@@ -148,17 +148,17 @@ class HfFolder(Folder):
                 entries += page
                 url, params = response.links.get("next", {}).get("url"), None
         except JsonRefused as exc:  # an answer, but no listing: as a refusal
-            COUNTERS.request("hf", "error")
+            self.counters.request("hf", "error")
             raise CheckpointError(self.name, None, f"cannot list the repository: {exc}") from None
         except RepositoryNotFoundError:
-            COUNTERS.request("hf", "error")
+            self.counters.request("hf", "error")
             raise CheckpointError(self.name, None, f"repository not found or not accessible (sent "
                                                    f"{creds.description})") from None
         except RevisionNotFoundError:
-            COUNTERS.request("hf", "error")
+            self.counters.request("hf", "error")
             raise CheckpointError(self.name, None, f"revision {self.path.rev!r} not found") from None
         except HfHubHTTPError as exc:
-            COUNTERS.request("hf", "error")
+            self.counters.request("hf", "error")
             status = getattr(getattr(exc, "response", None), "status_code", None)  # probe: third-party (Hub)
             what = f"HTTP {status}" if status else str(exc).splitlines()[0]
             raise CheckpointError(self.name, None, f"cannot list the repository: {what} (sent "
@@ -166,10 +166,10 @@ class HfFolder(Folder):
         except Exception as exc:
             if not isinstance(exc, OSError) and not _transport_error(exc):
                 raise
-            COUNTERS.request("hf", "error")  # no answer: it may answer later (a stored listing may serve)
+            self.counters.request("hf", "error")  # no answer: it may answer later (a stored listing may serve)
             raise SourceUnavailable(self.name, None, f"cannot list the repository: {endpoint()} gave no listing "
                                                      f"within {self.timeout:g} s (--timeout)") from None
-        COUNTERS.request("hf", "ok")
+        self.counters.request("hf", "ok")
         return self._named(entries)
 
     def _tree_url(self) -> str:

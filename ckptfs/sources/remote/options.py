@@ -2,10 +2,12 @@
 
 It holds the checkpoint's ``OpenOptions`` whole (timeouts, the cache folder and its bounds, the fleet's
 Redis: the settings as the user gave them, ``None`` where they took the default) and what belongs to the
-remote layer alone: whether sources may read ahead (not while headers are read, before a mount forks its
-daemon), and what is learnt per open (``probes``: opens memoized, ``outages``: each origin's outage state,
-``mirrors_down``: the mirrors that could not be reached when a file was first opened), so a later open of the same origin starts afresh. A default stands in for an unset option here, each taken
-from its one home: the timeouts' below, the store's bounds from ``ckptfs.cache``.
+remote layer alone: the runtime whose state the sources share (``ckptfs.core.runtime``), whether sources may
+read ahead (not while headers are read, before a mount forks its daemon), and what is learnt per open
+(``probes``: opens memoized, ``outages``: each origin's outage state, ``mirrors_down``: the mirrors that could
+not be reached when a file was first opened), so a later open of the same origin starts afresh. A default
+stands in for an unset option here, each taken from its one home: the timeouts' below, the store's bounds
+from ``ckptfs.cache``.
 """
 
 from __future__ import annotations
@@ -13,10 +15,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ckptfs.cache.chunks import ChunkCache, disk_store, shared_tier
+from ckptfs.cache.chunks import MEMORY_CHUNKS, ChunkCache, disk_store, shared_tier
 from ckptfs.cache.disk import DEFAULT_CACHE_DIR_SIZE
 from ckptfs.cache.sparse_store import DEFAULT_MIN_FREE
 from ckptfs.core.options import OpenOptions
+from ckptfs.core.runtime import Runtime, runtime
+from ckptfs.sources.netstats import SOURCE_COUNTERS, SourceCounters
 from ckptfs.workers.scheduler import DEFAULT_CONCURRENCY
 from ckptfs.sources.remote.outage import Outage
 
@@ -42,6 +46,9 @@ class RemoteOptions:
     probes: dict[Any, Any] = field(default_factory=dict, repr=False, compare=False)  # a scheme's opens
     outages: dict[str, Outage] = field(default_factory=dict, repr=False, compare=False)  # origin -> its Outage (outage.py)
     mirrors_down: set[str] = field(default_factory=set, repr=False, compare=False)  # unreachable at open (mirror.py)
+    #: the process state the sources share (their counters, the connection pool, the chunks in memory): the
+    #: runtime the checkpoint was opened with, else the process's
+    runtime: Runtime = field(default_factory=runtime, repr=False, compare=False)
 
     @property
     def timeout(self) -> float:
@@ -62,6 +69,11 @@ class RemoteOptions:
         given = self.open_options.cache_dir_size
         return int(given) if given is not None else DEFAULT_CACHE_DIR_SIZE
 
+    @property
+    def counters(self) -> SourceCounters:
+        """The counters the sources opened with these options count their requests in."""
+        return self.runtime.get(SOURCE_COUNTERS)
+
     def chunk_cache(self) -> ChunkCache:
         """The chunk cache of a source opened with these options; the shared level only for one that reads
         ahead (a header read, before a mount forks its daemon, opens no connection)."""
@@ -69,7 +81,7 @@ class RemoteOptions:
         min_free = float(given.cache_dir_min_free) if given.cache_dir_min_free is not None else DEFAULT_MIN_FREE
         shared = shared_tier(given.redis, given.redis_cluster, given.cache_key_file) if self.read_ahead else None
         store = disk_store(given.cache_dir, self.cache_dir_size, given.cache_key_file, min_free)
-        return ChunkCache(store, shared=shared)
+        return ChunkCache(store, self.runtime.get(MEMORY_CHUNKS), shared=shared)
 
 
 #: What a remote source opened without options gets.

@@ -33,7 +33,6 @@ from typing import TypeVar
 
 from ckptfs.core.errors import CheckpointError, SourceUnavailable
 from ckptfs.ahead.limits import OriginLimit, origin_limit
-from ckptfs.sources.netstats import COUNTERS
 from ckptfs.sources.remote.context import ReadContext
 from ckptfs.sources.remote.options import RemoteOptions
 from ckptfs.sources.remote.outage import PROBE_BYTES, PROBE_SECONDS, Admission, Outage, outage_for
@@ -137,7 +136,7 @@ class OriginClient:
         self.origin_limit().finished(got, done - sent)
         if got != end - start:
             raise CheckpointError(self.range.name, start, f"got {got} bytes for a {end - start}-byte range")
-        COUNTERS.request(self.range.scheme, "ok", got)
+        self.range.options.counters.request(self.range.scheme, "ok", got)
         return parts
 
     def retrying(self, attempt: Callable[[ReadContext], T], read: ReadContext, offset: int | None,
@@ -185,9 +184,9 @@ class OriginClient:
             finally:
                 outage.probed(answered)
             if answered:
-                COUNTERS.request(source.scheme, "ok")
+                source.options.counters.request(source.scheme, "ok")
                 return
-        COUNTERS.request(source.scheme, "timeout")
+        source.options.counters.request(source.scheme, "timeout")
         raise self.outage_error(what)
 
     def outage_error(self, what: str = "") -> SourceUnavailable:
@@ -234,7 +233,7 @@ class OriginClient:
                     too_late = left <= MIN_ATTEMPT_SECONDS
                 give_up = (exc.deadline or too_late or (max_retries is not None and tries > max_retries)
                            or (read.fallback and exc.timeout))
-                COUNTERS.request(source.scheme, "timeout" if exc.timeout else ("error" if give_up else "retry"),
+                source.options.counters.request(source.scheme, "timeout" if exc.timeout else ("error" if give_up else "retry"),
                                  retried=not give_up)
                 if give_up:
                     raise self._given_up(exc, before, offset, what, tries, started, too_late) from None
@@ -242,7 +241,7 @@ class OriginClient:
                 before = exc
                 time.sleep(delay)
             except Changed as exc:
-                COUNTERS.request(source.scheme, "error")
+                source.options.counters.request(source.scheme, "error")
                 raise CheckpointError(source.name, offset, f"changed since it was opened: {exc}") from None
 
     def _given_up(self, exc: Retryable, before: Retryable | None, offset: int | None, what: str, tries: int,
@@ -269,7 +268,7 @@ class OriginClient:
         """The read's deadline (``--timeout``) passed: say so, with the number, and what the last attempt
         was doing (counted here unless ``last`` was counted by the retry loop)."""
         if last is None:
-            COUNTERS.request(self.range.scheme, "timeout")
+            self.range.options.counters.request(self.range.scheme, "timeout")
         detail = f" after {tries} attempt{'s' if tries > 1 else ''}" if tries else ""
         if last is not None:
             detail += f"; the last {last}"

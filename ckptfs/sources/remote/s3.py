@@ -41,9 +41,9 @@ from botocore import UNSIGNED
 from botocore.config import Config
 
 from ckptfs.core.errors import CheckpointError, SourceUnavailable
+from ckptfs.core.runtime import Part
 from ckptfs.sources.registry import register_scheme
 from ckptfs.sources.base import Folder
-from ckptfs.sources.netstats import COUNTERS
 from ckptfs.sources.remote.context import ReadContext
 from ckptfs.sources.remote.odd import OddAnswer, asked_twice, content_range
 from ckptfs.sources.remote.options import DEFAULT_OPTIONS, POOL_CONNECTIONS, RemoteOptions
@@ -51,7 +51,6 @@ from ckptfs.sources.remote import curl
 from ckptfs.sources.remote.origin import Changed, Retryable, stalled
 from ckptfs.sources.remote.s3_curl import S3Target
 from ckptfs.sources.remote.transport import OPEN_HEAD_BYTES, RemoteSource
-from ckptfs.util.forks import after_fork_in_child
 
 _FILE_SUFFIXES = (".gguf", ".safetensors", ".json")
 _RETRY_CODES = {"SlowDown", "ServiceUnavailable", "InternalError", "RequestTimeout", "ThrottlingException",
@@ -62,17 +61,26 @@ _DENIED_CODES = {"AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", 
                  "ExpiredToken", "InvalidToken", "Forbidden", "403", "401"}
 _REFUSED = "the object's ETag is not the one it had at open"
 _UNSATISFIABLE = "the byte range is no longer satisfiable"
-_clients: dict[tuple[object, ...], tuple[Any, str]] = {}
-_clients_lock = threading.Lock()
 
 
-def _forget_clients_in_child() -> None:
-    global _clients_lock
-    _clients.clear()
-    _clients_lock = threading.Lock()
+class S3Clients:
+    """A runtime's pooled boto3 clients, one per AWS environment and stall timeout (``client_for``)."""
+
+    def __init__(self) -> None:
+        self._clients: dict[tuple[object, ...], tuple[Any, str]] = {}
+        self._lock = threading.Lock()
+
+    def get(self, key: tuple[object, ...], make: Callable[[], tuple[Any, str]]) -> tuple[Any, str]:
+        """The client kept for ``key``, made by ``make()`` on first use."""
+        with self._lock:
+            found = self._clients.get(key)
+            if found is None:
+                found = self._clients[key] = make()
+            return found
 
 
-after_fork_in_child(_forget_clients_in_child)
+#: A runtime's S3 clients; a forked child makes its own (the parent's keep-alive sockets are not shared).
+S3_CLIENTS = Part("S3 clients", S3Clients)
 
 
 def split_url(url: str) -> tuple[str, str]:
@@ -99,23 +107,21 @@ def _by_address(endpoint: str | None) -> bool:
         return False
 
 
-def client_for(stall_timeout: float, fresh: bool = False) -> tuple[Any, str]:
-    """A boto3 S3 client for the current AWS environment and how its credentials are described: the process's
-    pooled one, or with ``fresh`` one of its own with one connection (the re-ask after an odd answer: not on
+def client_for(options: RemoteOptions, fresh: bool = False) -> tuple[Any, str]:
+    """A boto3 S3 client for the current AWS environment and how its credentials are described: the runtime's
+    pooled one (``options.runtime``), or with ``fresh`` one of its own with one connection (the re-ask after an odd answer: not on
     a kept-alive connection to the node that gave it; the caller closes it)."""
     endpoint = _endpoint()
     session = boto3.session.Session()
     credentials = session.get_credentials()
     key_id = credentials.access_key if credentials is not None else None
     method = getattr(credentials, "method", None)  # probe: third-party (botocore's credentials)
+    stall_timeout = options.stall_timeout
     cache_key = (endpoint, session.region_name, key_id, method, stall_timeout)
     if fresh:
         return _new_client(session, endpoint, credentials, stall_timeout, 1)
-    with _clients_lock:
-        found = _clients.get(cache_key)
-        if found is None:
-            found = _clients[cache_key] = _new_client(session, endpoint, credentials, stall_timeout, POOL_CONNECTIONS)
-        return found
+    return options.runtime.get(S3_CLIENTS).get(
+        cache_key, lambda: _new_client(session, endpoint, credentials, stall_timeout, POOL_CONNECTIONS))
 
 
 def _new_client(session: Any, endpoint: str | None, credentials: Any, stall_timeout: float,
@@ -152,7 +158,7 @@ class S3Source(RemoteSource):
         self.bucket, self.key = split_url(url)
         if not self.key:
             raise CheckpointError(url, None, "names a bucket, not an object (a folder is s3://BUCKET/PREFIX/)")
-        client, self.credentials = client_for(options.stall_timeout)
+        client, self.credentials = client_for(options)
         super().__init__(url, options, S3Range(url, self.bucket, self.key, client, self.credentials, options))
         read = ReadContext.entering(self.options.timeout, self.options.open_once)
         size, etag, head = self.client.retrying(self._probe, read, None, "cannot open: ")
@@ -169,11 +175,11 @@ class S3Source(RemoteSource):
             resp = self.range.call("get_object", None, Range=f"bytes=0-{first - 1}")
         except Changed:  # InvalidRange on the first byte: an empty object
             head = self.range.call("head_object", None)
-            COUNTERS.request(self.scheme, "ok")
+            self.options.counters.request(self.scheme, "ok")
             return int(head["ContentLength"]), head.get("ETag"), b""
         total = _total(resp.get("ContentRange"), int(resp["ContentLength"]))
         data = self.range.read_body(resp["Body"], int(resp["ContentLength"]), lambda: read.deadline)
-        COUNTERS.request(self.scheme, "ok", len(data))
+        self.options.counters.request(self.scheme, "ok", len(data))
         return total, resp.get("ETag"), data
 
 class S3Range:
@@ -211,7 +217,7 @@ class S3Range:
                 raise Changed(_REFUSED) from None
             if code in _RETRY_CODES or status == 429 or status >= 500:
                 raise Retryable(f"S3 {code} (HTTP {status})", throttled=code in _THROTTLE_CODES or status in (429, 503)) from None
-            COUNTERS.request(self.scheme, "error")
+            self.options.counters.request(self.scheme, "error")
             if code in ("NoSuchKey", "NoSuchBucket", "404", "NotFound"):
                 raise CheckpointError(self.name, offset, f"not found (S3 {code})") from None
             if code in _DENIED_CODES or status in (401, 403):
@@ -236,7 +242,7 @@ class S3Range:
             self.target = S3Target.resolve(self._client, self.bucket, self.key) or False
         if self.target:
             return self._native(self.target, start, end, read, fresh, extra)
-        client = client_for(self.options.stall_timeout, fresh=True)[0] if fresh else None
+        client = client_for(self.options, fresh=True)[0] if fresh else None
         try:
             try:
                 resp = self.call("get_object", start, client, Range=f"bytes={start}-{end - 1}", **extra)
@@ -275,7 +281,7 @@ class S3Range:
             return target.get(start, end, {"If-Match": extra["IfMatch"]} if extra else {}, read, fresh, judge,
                               self.options)
         except curl.TlsRefused as exc:
-            COUNTERS.request(self.scheme, "error")
+            self.options.counters.request(self.scheme, "error")
             trusted = target.cainfo or target.capath or "the system's CA store"
             what = "TLS certificate verify failed" if exc.verify else "cannot load the trusted CA certificates"
             raise CheckpointError(self.name, start, f"{what}: {exc.detail} (trusted: {trusted})") from None
@@ -352,21 +358,22 @@ class S3Folder(Folder):
         self.name = url
         self.bucket = bucket
         self.prefix = prefix
-        self._client, self.credentials = client_for((options or DEFAULT_OPTIONS).stall_timeout)
+        self._client, self.credentials = client_for(options or DEFAULT_OPTIONS)
+        self._counters = (options or DEFAULT_OPTIONS).counters
 
     def list(self) -> dict[str, int]:
         files: dict[str, int] = {}
         try:
             for page in self._client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=self.prefix,
                                                                                 Delimiter="/"):
-                COUNTERS.request("s3", "ok")
+                self._counters.request("s3", "ok")
                 for item in page.get("Contents", []):
                     name = item["Key"][len(self.prefix):]
                     if name and not name.startswith(".") and "/" not in name:
                         files[name] = int(item["Size"])
         except botocore.exceptions.ClientError as exc:
             code, status = _error(exc)
-            COUNTERS.request("s3", "error")
+            self._counters.request("s3", "error")
             if code in _DENIED_CODES or status in (401, 403):
                 raise CheckpointError(self.name, None, f"cannot list: access denied (S3 {code}; sent "
                                                        f"{self.credentials})") from None
@@ -376,10 +383,10 @@ class S3Folder(Folder):
         except (botocore.exceptions.ConnectionError, botocore.exceptions.HTTPClientError) as exc:
             # no connection (endpoint, connect timeout) or a broken one (read timeout): not reached, so a
             # stored listing may stand in (sources/remote/stored.py)
-            COUNTERS.request("s3", "error")
+            self._counters.request("s3", "error")
             raise SourceUnavailable(self.name, None, f"cannot list: {exc}") from None
         except botocore.exceptions.BotoCoreError as exc:
-            COUNTERS.request("s3", "error")
+            self._counters.request("s3", "error")
             raise CheckpointError(self.name, None, f"cannot list: {exc}") from None
         return files
 

@@ -30,7 +30,6 @@ import weakref
 from collections.abc import Iterator
 
 from ckptfs.core.errors import CheckpointError
-from ckptfs.sources.netstats import COUNTERS
 from ckptfs.sources.remote.context import ReadContext
 from ckptfs.sources.remote.origin import OriginClient, Retryable
 from ckptfs.sources.remote.ranges import RangeClient
@@ -201,9 +200,9 @@ class VersionPin:
             body = self.client.retrying(functools.partial(self.source.fetch, start, end), check, offset,
                                         "re-checking the file's last bytes: ")
         data = body if isinstance(body, bytes) else b"".join(body)
-        COUNTERS.request(self.source.scheme, "ok", len(data))
+        self.source.options.counters.request(self.source.scheme, "ok", len(data))
         if sample_digest(data) != digest:
-            COUNTERS.request(self.source.scheme, "error")
+            self.source.options.counters.request(self.source.scheme, "error")
             raise CheckpointError(self.source.name, offset,
                                   f"changed since it was opened: its last {end - start} bytes differ "
                                   f"(replaced by a file of the same size within the validator's one-second "
