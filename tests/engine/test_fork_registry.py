@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import ast
 import json
-import os
 import threading
 from pathlib import Path
 

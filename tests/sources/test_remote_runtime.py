@@ -19,17 +19,17 @@ import pytest
 
 pytest.importorskip("urllib3")
 
-from conftest import require_nginx  # noqa: E402
-from forking import WAIT_S, in_child  # noqa: E402
-from loopback.servers import Nginx, requests_since  # noqa: E402
+from conftest import require_nginx
+from forking import WAIT_S, in_child
+from loopback.servers import Nginx, requests_since
 
-from ckptfs.cache.chunks import CHUNK, MEMORY_CHUNKS  # noqa: E402
-from ckptfs.core.options import OpenOptions  # noqa: E402
-from ckptfs.core.runtime import Part, Runtime, runtime  # noqa: E402
-from ckptfs.sources import Opener  # noqa: E402
-from ckptfs.sources.netstats import SOURCE_COUNTERS  # noqa: E402
-from ckptfs.sources.remote.http import HTTP_POOL  # noqa: E402
-from ckptfs.sources.remote.options import RemoteOptions  # noqa: E402
+from ckptfs.cache.chunks import CHUNK, MEMORY_CHUNKS
+from ckptfs.core.options import OpenOptions
+from ckptfs.core.runtime import Part, Runtime, runtime
+from ckptfs.sources import Opener
+from ckptfs.sources.netstats import SOURCE_COUNTERS
+from ckptfs.sources.remote.http import HTTP_POOL
+from ckptfs.sources.remote.options import RemoteOptions
 
 
 @pytest.fixture(scope="module")

@@ -75,7 +75,7 @@ def _admin(moto, service: str):
 
 
 def _open() -> S3Source:
-    chunks.MEMORY.clear()  # this process's chunk memory emptied: every read asks the origin
+    runtime().get(chunks.MEMORY_CHUNKS).clear()  # this process's chunk memory emptied: every read asks the origin
     return S3Source(f"s3://{BUCKET}/{KEY}", RemoteOptions(OpenOptions.build(timeout=20.0, stall_timeout=5.0)))
 
 
