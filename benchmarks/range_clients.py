@@ -25,7 +25,8 @@ Beside the figures, what the bulk path needs of a client, checked here where loo
   per request.
 
 ``--s3`` adds the S3 column through moto's S3 server (a Python server: reported, never a bound):
-ckptfs's boto3 range client, obstore's S3Store, and libcurl signing SigV4 itself.
+ckptfs's range client through libcurl and through boto3 (``CKPTFS_CURL=0``), obstore's S3Store, and pycurl signing
+SigV4 itself.
 
 ``--tls`` serves ``https://`` with a throwaway CA instead, handed to each client as ckptfs would hand it (a
 file: ``CAINFO``, ``ca_certs``, obstore's ``root_certificate``; ckptfs's own path reads
@@ -537,16 +538,24 @@ def s3_clients(moto: MotoS3, bucket: str, key: str) -> list[Client]:
     from ckptfs.sources.remote.s3 import S3Source
 
     env = moto.env()
-    s3 = S3Source(f"s3://{bucket}/{key}").range
 
     class CkptfsS3(Client):
-        name = "ckptfs boto3"
+        """ckptfs's ``S3Range.fetch``: through libcurl (``s3_curl``) where it carries them, else boto3."""
+
+        def __init__(self, native: bool):
+            self.name = "ckptfs libcurl" if native else "ckptfs boto3"
+            self.range = S3Source(f"s3://{bucket}/{key}").range
+            if not native:
+                self.range.target = False  # what CKPTFS_CURL=0 gives: boto3 carries its range GETs
 
         def get(self, start: int, end: int, out: memoryview, deadline: float | None = None) -> None:
             from ckptfs.sources.remote.context import ReadContext
 
-            data = s3.fetch(start, end, ReadContext(deadline or time.monotonic() + 120))
-            out[:] = data
+            data = self.range.fetch(start, end, ReadContext(deadline or time.monotonic() + 120))
+            at = 0
+            for part in [data] if isinstance(data, bytes) else data:  # chunk-sized parts from libcurl
+                out[at:at + len(part)] = part
+                at += len(part)
 
     def sign(c) -> None:
         c.setopt(pycurl.AWS_SIGV4, f"aws:amz:{env['AWS_DEFAULT_REGION']}:s3")
@@ -557,7 +566,7 @@ def s3_clients(moto: MotoS3, bucket: str, key: str) -> list[Client]:
                     virtual_hosted_style_request=False, client_options={"allow_http": True})
     url = f"{moto.endpoint}/{bucket}/{key}"
     easy, multi = CurlEasy(url, sign), CurlMulti(url, sign)
-    return [CkptfsS3(), easy, multi, Obstore(store, key)]
+    return [CkptfsS3(True), CkptfsS3(False), easy, multi, Obstore(store, key)]
 
 
 def s3_column(data: bytes, args) -> dict:

@@ -35,7 +35,7 @@ def test_the_range_client_bench_times_every_client_and_checks_them(tmp_path):
         assert set(per) == CLIENTS
         assert all(fig["mbps"] > 0 and fig["cpu_s_per_gb"] >= 0 for fig in per.values())
     assert set(results["s3"]) == PATTERNS
-    assert set(results["s3"]["stream"]) == {"ckptfs boto3", "pycurl easy", "pycurl multi", "obstore"}
+    assert set(results["s3"]["stream"]) == {"ckptfs libcurl", "ckptfs boto3", "pycurl easy", "pycurl multi", "obstore"}
     checks = results["checks"]
     assert set(checks) == CLIENTS
     # 12 MiB behind a 2 MB/s cap takes 6 s: every candidate ends the range on its 0.5 s deadline instead
