@@ -17,6 +17,7 @@ import ckptfs  # noqa: E402
 from ckptfs.core.errors import CheckpointError  # noqa: E402
 from ckptfs.core.runtime import runtime  # noqa: E402
 from ckptfs.sources.netstats import SOURCE_COUNTERS  # noqa: E402
+from ckptfs.sources.remote.context import ReadContext  # noqa: E402
 from fixtures import write_mixed_gguf  # noqa: E402
 from multifile_sets import MODEL_FILES, safetensors_tensors, write_model_files, write_safetensors_set  # noqa: E402
 from safetensors.numpy import load_file  # noqa: E402
@@ -125,3 +126,26 @@ def test_s3_folder_mount(s3, mounted):
         assert (mnt / path.name).read_bytes() == path.read_bytes()  # the shards pass through
         for name, values in load_file(str(path)).items():
             np.testing.assert_array_equal(np.load(mnt / f"{name}.npy"), values)
+
+
+def test_s3_without_credentials_reads_unsigned_through_libcurl(s3, monkeypatch, tmp_path, libcurl):
+    """No credentials anywhere (a public bucket): the open and the range GETs go unsigned, the latter through
+    libcurl, with the object's bytes."""
+    from ckptfs.sources.remote import curl
+    from ckptfs.sources.remote.s3 import S3Source
+
+    server, _, _ = s3
+    data = os.urandom(5 << 20)
+    boto3.client("s3", endpoint_url=server.endpoint).put_object(Bucket=BUCKET, Key="public/blob.bin", Body=data,
+                                                                ACL="public-read")
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    src = S3Source(f"s3://{BUCKET}/public/blob.bin")
+    assert src.credentials == "no credentials (unsigned requests)"
+    before = curl.counters()
+    start, end = len(data) // 3, len(data) - 5
+    assert b"".join(src.range.fetch(start, end, ReadContext.entering(20))) == data[start:end]
+    assert curl.counters()[0] > before[0]
