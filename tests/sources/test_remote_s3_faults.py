@@ -113,3 +113,29 @@ def test_many_bad_answers_in_a_row_never_give_wrong_bytes(served, proxy):
         proxy.plan(fault)
         offset = 2 * 1024 * 1024 + i * chunks.CHUNK + 1000  # a chunk not fetched before: one request each
         assert src.pread(offset, 80_000) == data[offset:offset + 80_000], fault
+
+
+def test_a_trickling_body_ends_on_the_reads_deadline_and_a_silent_one_on_the_stall_timeout(served, proxy, libcurl):
+    """Through libcurl: an answer whose body comes a byte a second ends when the read's deadline does (on
+    boto3 it ran on for as long as the bytes kept coming: its reads wait for 64 KiB each), one that sends
+    nothing after its headers on the stall timeout; the next request is served."""
+    import time
+
+    from ckptfs.sources.remote.context import ReadContext
+    from ckptfs.sources.remote.origin import Retryable
+
+    _, data = served
+    src = _open()
+    proxy.plan("trickle:30")
+    t0 = time.monotonic()
+    with pytest.raises(Retryable) as caught:
+        src.range.fetch(OFFSET, OFFSET + LENGTH, ReadContext(time.monotonic() + 1.0))
+    assert caught.value.deadline and time.monotonic() - t0 < 6
+    proxy.plan("headers:30")
+    t0 = time.monotonic()
+    with pytest.raises(Retryable) as caught:
+        src.range.fetch(OFFSET, OFFSET + LENGTH, ReadContext(time.monotonic() + 30))
+    assert caught.value.timeout and not caught.value.deadline and time.monotonic() - t0 < 10
+    assert b"".join(src.range.fetch(OFFSET, OFFSET + LENGTH, ReadContext(time.monotonic() + 30))) == \
+        data[OFFSET:OFFSET + LENGTH]
+    assert src.range.target
