@@ -123,13 +123,13 @@ def test_a_sessions_token_is_signed_and_sent(moto):
         assert curl.counters()[0] > before[0]
 
 
-@pytest.mark.parametrize("libcurl", ["1", "0"])
-def test_a_key_withdrawn_after_open_fails_the_read_with_the_same_line_either_way(moto, monkeypatch, libcurl):
+@pytest.mark.parametrize("curl_env", ["1", "0"])
+def test_a_key_withdrawn_after_open_fails_the_read_with_the_same_line_either_way(moto, monkeypatch, curl_env):
     """The reader's key deleted once the object is open: the next read fails with boto3's one line (the S3
     error code, the credentials named, never the secret), whichever client carries the range GETs."""
-    monkeypatch.setenv(curl.ENV, libcurl)
+    monkeypatch.setenv(curl.ENV, curl_env)
     iam = _admin(moto, "iam")
-    user = f"leaving{libcurl}"
+    user = f"leaving{curl_env}"
     iam.create_user(UserName=user)
     iam.put_user_policy(UserName=user, PolicyName="all", PolicyDocument=ALLOW_ALL)
     key = iam.create_access_key(UserName=user)["AccessKey"]
@@ -142,7 +142,7 @@ def test_a_key_withdrawn_after_open_fails_the_read_with_the_same_line_either_way
     assert str(info.value) == (f"s3://{BUCKET}/{KEY} @ byte {9 * MiB}: access denied (S3 InvalidAccessKeyId; sent AWS "
                                f"credentials from env (access key {key['AccessKeyId'][:4]}…))")
     assert key["SecretAccessKey"] not in str(info.value)
-    assert (curl.counters()[0] > before[0]) == (libcurl == "1")
+    assert (curl.counters()[0] > before[0]) == (curl_env == "1")
 
 
 def test_credentials_refreshed_by_botocore_sign_the_next_request(moto, monkeypatch, tmp_path):
