@@ -8,7 +8,7 @@ each of them in turn, or those ``--include GLOB`` matches by name, a summary lin
   so that a later mount or open with the same ``--cache-dir`` sends no request for bytes. ``--cache-dir`` is
   required: without a store the bytes would be lost at exit. Resumable: what the store holds is skipped.
 - **Decoded groups** (a local SRC, NAMES, ``--redis``/``--redis-cluster``, or ``--decode``): tensors decoded
-  into the shared tiers under the keys a mount with the same ``--dtype`` looks up (``ckptfs.checkpoint.warm``).
+  into the shared tiers under the keys a mount with the same ``--dtype`` looks up (``ckptfs.ahead.warm``).
   A remote SRC with ``--decode`` gets its bytes first, then is decoded from them.
 
 A progress line on stderr when it is a terminal (``--quiet``: none, and no summary); one summary line at
@@ -32,6 +32,9 @@ from ckptfs.core.options import OpenOptions
 from ckptfs.util.sizes import format_size
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from ckptfs.checkpoint.api import Checkpoint
     from ckptfs.sources.plan import SourcePlan
 
 #: The memory cache of the checkpoint a prefetch opens: decoded groups go on to the shared tiers.
@@ -287,8 +290,8 @@ def _fetch_bytes(ck, bar: ByteBar, quiet: bool, started: float, before: dict, st
     return True
 
 
-def _decode(ck, src: str, names, quiet: bool) -> bool:
-    from ckptfs.checkpoint.warm import warm
+def _decode(ck: Checkpoint, src: str, names: Sequence[str], quiet: bool) -> bool:
+    from ckptfs.ahead.warm import warm
 
     try:
         tensors = [ck[name] for name in names] if names else list(ck.tensors)

@@ -81,7 +81,7 @@ class ComputedSegment:
 
 
 class TensorValues(Protocol):
-    """What the views, the API, read-ahead, ``ckptfs prefetch`` (``checkpoint.warm``) and ``Tensor.shared()``
+    """What the views, the API, read-ahead, ``ckptfs prefetch`` (``ckptfs.ahead.warm``) and ``Tensor.shared()``
     (``checkpoint.shared``) read a tensor's values through: :class:`TensorData` for stored tensors,
     ``ckptfs.packed.views.PackedData`` for the views of packed layers (whose "blocks" and "groups" are tiles
     of rows). Every method is abstract, so an implementation that lacks one cannot be made at all (rather

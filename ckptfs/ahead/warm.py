@@ -1,11 +1,15 @@
-"""``ckptfs prefetch``: walk tensors group by group through the tiered cache so that the shared tiers hold
-them before the first mount asks.
+"""The tensor warm-up (``ckptfs prefetch``): walk tensors group by group through the tiered cache so that the
+shared tiers hold them before the first mount asks.
 
 Each decoded group goes through the same ``TieredCache.get_or_load`` a mount uses, so the entries land
 under the same keys (content identity, storage type, output dtype, block range) a mount with the same
 ``--dtype`` looks up. A group a lower tier already holds is found there and not decoded again. Tensors whose
 stored bytes are the served values (F32 served as F32) have no decoded groups; their bytes are read once,
 which warms the remote byte cache (``--cache-dir``) for remote sources and the page cache for local files.
+
+The walk is handed the checkpoint and its tensors: what it needs of them is declared here (:class:`Warmed`,
+:class:`WarmTensor`, :class:`WarmValues`, which ``ckptfs.checkpoint.api.Checkpoint``, ``Tensor`` and
+``ckptfs.engine.values.TensorValues`` answer), so it imports neither the checkpoint nor the engine.
 """
 
 from __future__ import annotations
@@ -13,14 +17,79 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
-from ckptfs.checkpoint.api import Checkpoint, Tensor
+import numpy as np
+
+from ckptfs.core.descriptors import TensorInfo
 from ckptfs.core.errors import CheckpointError
-from ckptfs.engine.values import TensorValues
 from ckptfs.util.sizes import format_size
 
 READ_STEP_BYTES = 16 << 20
+
+
+class WarmValues(Protocol):
+    """What the walk asks of a tensor's values (``ckptfs.engine.values.TensorValues``): their geometry, whether
+    they are the stored bytes, how many leading blocks are there, and reading or decoding a group of them."""
+
+    @property
+    def info(self) -> TensorInfo: ...
+
+    @property
+    def dtype(self) -> np.dtype[Any]: ...
+
+    @property
+    def direct(self) -> bool: ...
+
+    @property
+    def group_blocks(self) -> int: ...
+
+    @property
+    def n_blocks(self) -> int: ...
+
+    @property
+    def n_elements(self) -> int: ...
+
+    def available_blocks(self) -> int: ...
+
+    def read(self, e0: int, e1: int) -> object: ...
+
+    def decode_group(self, g: int) -> None: ...
+
+
+class WarmTensor(Protocol):
+    """What the walk asks of a tensor (``ckptfs.checkpoint.api.Tensor``)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def decodable(self) -> bool: ...
+
+    @property
+    def nbytes(self) -> int | None: ...
+
+    @property
+    def data(self) -> WarmValues: ...
+
+
+class WarmCache(Protocol):
+    """What the walk asks of a checkpoint's tiered cache (``ckptfs.cache.tiered.TieredCache``): its decoded
+    bytes so far, its background writers flushed, its tiers' counters."""
+
+    @property
+    def decoded_bytes(self) -> int: ...
+
+    def flush(self) -> None: ...
+
+    def tier_stats(self) -> dict[str, dict[str, Any]]: ...
+
+
+class Warmed(Protocol):
+    """What the walk asks of the checkpoint (``ckptfs.checkpoint.api.Checkpoint``): its cache."""
+
+    @property
+    def cache(self) -> WarmCache: ...
 
 
 @dataclass
@@ -57,7 +126,7 @@ class WarmReport:
         return "; ".join(parts)
 
 
-def warm(checkpoint: Checkpoint, tensors: Sequence[Tensor], progress: bool = False) -> WarmReport:
+def warm(checkpoint: Warmed, tensors: Sequence[WarmTensor], progress: bool = False) -> WarmReport:
     """Decode ``tensors`` of ``checkpoint`` group by group into its cache tiers (their values, or for a type
     served as stored, their bytes read once); what was done, and what failed, in the report."""
     report = WarmReport()
@@ -83,7 +152,7 @@ def warm(checkpoint: Checkpoint, tensors: Sequence[Tensor], progress: bool = Fal
     return report
 
 
-def _warm_tensor(data: TensorValues, bar: Any) -> int:
+def _warm_tensor(data: WarmValues, bar: Any) -> int:
     item = data.dtype.itemsize
     if data.direct:
         step = max(1, READ_STEP_BYTES // item)
