@@ -274,15 +274,15 @@ def _start_warmup(plan: _Plan) -> list:
     it ends; a checkpoint not opened yet is opened by its warm-up."""
     if not plan.request.prefetch:
         return []
-    from ckptfs.sources.remote.warmup import BackgroundWarmup
+    from ckptfs.sources.remote.warmup import background, for_checkpoint
 
     tree = plan.tree
     if isinstance(tree, MountTree):
-        plan.warmups.append(BackgroundWarmup.for_checkpoint(tree.checkpoint, _mount_name(plan.request.src)))
+        plan.warmups.append(for_checkpoint(tree.checkpoint, _mount_name(plan.request.src)))
     else:  # a RepositoryTree
         for index, member in enumerate(tree.repository.members):
             member_sources = functools.partial(_member_sources, tree, index)
-            plan.warmups.append(BackgroundWarmup(member_sources, member.name))
+            plan.warmups.append(background(member_sources, member.name))
     before = None
     for warmup in plan.warmups:
         before = warmup.start(after=before)
@@ -303,7 +303,7 @@ def _warmup_status(plan: _Plan) -> dict:
         return {"state": "starting"}
     if isinstance(plan.tree, MountTree):
         return plan.warmups[0].status()
-    from ckptfs.sources.remote.warmup import combined_status
+    from ckptfs.ahead.warmup import combined_status
 
     return combined_status({warmup.name: warmup for warmup in plan.warmups})
 
