@@ -1,4 +1,4 @@
-"""The process's read-ahead work: one byte budget over everything in flight, a worker pool per kind of work.
+"""The process's worker pools: one byte budget over everything in flight, a worker pool per kind of work.
 
 Work ahead of readers is of two kinds: *decode* (block groups decoded into the cache before a reader of the
 ``.npy`` asks: the C kernels release the GIL, so it overlaps the FUSE thread's copying) and *fetch* (remote
