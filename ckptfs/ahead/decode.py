@@ -47,7 +47,8 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from ckptfs.ahead.detect import SequentialRun, decided_above
-from ckptfs.workers.scheduler import SCHEDULER, Scheduler
+from ckptfs.core.runtime import runtime
+from ckptfs.workers.scheduler import WORKERS, Scheduler
 
 log = logging.getLogger(__name__)
 
@@ -159,7 +160,7 @@ class DecodeAhead:
     """Per-handle sequential detection and bounded background decoding (see the module docstring)."""
 
     def __init__(self, sources: Sources, cache_capacity: int, enabled: bool = True, decode_ahead: bool = True,
-                 scheduler: Scheduler = SCHEDULER, into_reply: bool = False) -> None:
+                 scheduler: Scheduler | None = None, into_reply: bool = False) -> None:
         self.enabled = enabled
         self.decode_ahead = decode_ahead and cache_capacity > 0
         # into_reply (the mount's): a view whose reads decode straight into the reply (Served.decodes_into_reply)
@@ -170,7 +171,7 @@ class DecodeAhead:
         # decoded data ahead must fit the cache; advice alone costs no memory of ours
         self._ahead = min(MAX_AHEAD_BYTES, cache_capacity // STREAM_SHARE) if self.decode_ahead else MAX_AHEAD_BYTES
         self._share = cache_capacity // TOTAL_SHARE  # this cache's cap on decoded bytes in flight
-        self._scheduler = scheduler
+        self._scheduler = scheduler if scheduler is not None else runtime().get(WORKERS)  # the mount hands its own
         self._streams: dict[int, _Stream] = {}
         self._lock = threading.Lock()
         self._pending: set[Future[None]] = set()
@@ -183,10 +184,11 @@ class DecodeAhead:
         self._chain: collections.deque[tuple[Hashable, Served]] = collections.deque()
 
     @classmethod
-    def from_env(cls, sources: Sources, cache_capacity: int) -> DecodeAhead:
+    def from_env(cls, sources: Sources, cache_capacity: int, scheduler: Scheduler | None = None) -> DecodeAhead:
         """A decode-ahead configured by ``CKPTFS_DECODE_AHEAD`` (its older name ``CKPTFS_PREFETCH`` too: the
-        mount daemon's)."""
-        return cls(sources, cache_capacity, enabled_from_env(), decode_ahead=decode_ahead_from_env(), into_reply=True)
+        mount daemon's), on ``scheduler``'s pools."""
+        return cls(sources, cache_capacity, enabled_from_env(), decode_ahead=decode_ahead_from_env(),
+                   scheduler=scheduler, into_reply=True)
 
     def opened(self, fh: int, view: Served) -> None:
         next_in_order = False

@@ -50,7 +50,8 @@ from typing import Protocol
 from ckptfs.ahead.detect import SequentialRun, is_decided_above
 from ckptfs.ahead.limits import HeldSlot, OriginLimit
 from ckptfs.util.forks import after_fork_in_child
-from ckptfs.workers.scheduler import SCHEDULER
+from ckptfs.core.runtime import Runtime
+from ckptfs.workers.scheduler import WORKERS
 
 MIN_WINDOW = 1 << 20
 #: Bytes a source's read-ahead keeps ahead of its reader at most (in flight and landed, not yet read).
@@ -67,10 +68,14 @@ Run = tuple[int, int]
 
 class AheadOptions(Protocol):
     """What read-ahead reads of a source's options (``ckptfs.sources.remote.options.RemoteOptions``): whether
-    it may fetch ahead at all (not while a checkpoint's headers are read: no thread may start then)."""
+    it may fetch ahead at all (not while a checkpoint's headers are read: no thread may start then), and the
+    runtime whose worker pools it fetches on."""
 
     @property
     def read_ahead(self) -> bool: ...
+
+    @property
+    def runtime(self) -> Runtime: ...
 
 
 class Fetches(Protocol):
@@ -136,6 +141,7 @@ class ReadAhead:
 
     def __init__(self, source: Fetches) -> None:
         self._source = source  # the chunks below (``Fetches``): read-ahead holds nothing above it
+        self._workers = source.options.runtime.get(WORKERS)
         self._chunk = source.chunk
         self._slack = SLACK_CHUNKS * source.chunk
         self._lock = threading.Lock()
@@ -220,7 +226,7 @@ class ReadAhead:
                             or (end == last and frontier - self._reader < piece))
                 if take <= 0 or (take < piece and not short_ok):
                     return True
-                if not SCHEDULER.has_room(take * self._chunk) or not limit.try_start():
+                if not self._workers.has_room(take * self._chunk) or not limit.try_start():
                     return False
                 self._frontier = frontier + take
             if not self._start(frontier, frontier + take, limit):
@@ -244,7 +250,7 @@ class ReadAhead:
                     return  # past the budget's reach: started once the reader comes within it (module docstring)
                 step = piece_bytes(limit.limit, self._source.piece_bytes, self._chunk) // self._chunk
                 last = min(c1, c0 + step)
-                if not SCHEDULER.has_room((last - c0) * self._chunk) or not limit.try_start():
+                if not self._workers.has_room((last - c0) * self._chunk) or not limit.try_start():
                     return
                 if last < c1:
                     self._wanted[0] = (last, c1)
@@ -309,7 +315,7 @@ class ReadAhead:
 
         nbytes = sum(stop - start for start, stop in runs) * self._chunk
         # the window topped up once the piece's bytes are released: its room is the next piece's
-        if SCHEDULER.submit("fetch", job, nbytes, cap=FETCH_BUDGET, then=self.pump) is None:
+        if self._workers.submit("fetch", job, nbytes, cap=FETCH_BUDGET, then=self.pump) is None:
             limit.done()
             self._source.abandon(runs, RuntimeError("read-ahead over budget"))
             return False

@@ -1,4 +1,4 @@
-"""What the process keeps per origin: how many requests it gets in flight at once (found by measuring, not
+"""What a runtime keeps per origin: how many requests it gets in flight at once (found by measuring, not
 assumed), and what it cost its readers.
 
 Object stores and CDNs cap what one connection carries (a few tens of MB/s a request is common), so a cold
@@ -17,9 +17,9 @@ every ``REPROBE_EPOCHS`` epochs, since origins change.
 The limit gates read-ahead only (``ckptfs.ahead.fetch`` asks ``try_start`` before each piece);
 a reader's own request is never held back, but every request, read-ahead or not, is measured (``finished``).
 
-The process keeps one :class:`Origin` per origin, in one registry (``origin_state``): its limit, and what the
-origin cost its readers (:class:`OriginTally`: its outages and the full deadlines they met, counted by
-``ckptfs.sources.remote.outage``). ``origin_stats`` shows both, under ``source.origins`` in ``ckptfs stats``
+A runtime keeps one :class:`Origin` per origin, in one registry (:class:`Origins`, the part ``ORIGINS`` of
+``ckptfs.core.runtime``): its limit, and what the origin cost its readers (:class:`OriginTally`: its outages
+and the full deadlines they met, counted by ``ckptfs.sources.remote.outage``). ``Origins.stats`` shows both, under ``source.origins`` in ``ckptfs stats``
 and as the ``ckptfs_source_*`` per-origin families of ``--metrics``.
 """
 
@@ -32,7 +32,7 @@ import os
 import threading
 import time
 
-from ckptfs.util.forks import after_fork_in_child
+from ckptfs.core.runtime import Part
 from ckptfs.workers.scheduler import ORIGIN_CEILING
 
 #: Requests in flight per origin: where a new origin starts, and the bounds of the climb.
@@ -222,44 +222,44 @@ class Origin:
         self.tally._lock = threading.Lock()
 
 
-_origins: dict[str, Origin] = {}
-_origins_lock = threading.Lock()
+class Origins:
+    """A runtime's :class:`Origin` of each origin it reads from, made on first use."""
+
+    def __init__(self) -> None:
+        self._origins: dict[str, Origin] = {}
+        self._lock = threading.Lock()
+
+    def state(self, origin: str) -> Origin:
+        with self._lock:
+            found = self._origins.get(origin)
+            if found is None:
+                found = self._origins[origin] = Origin()
+            return found
+
+    def limit(self, origin: str) -> OriginLimit:
+        """The limit of ``origin`` (every source on it shares what it learns)."""
+        return self.state(origin).limit
+
+    def tally(self, origin: str) -> OriginTally:
+        """The counters of ``origin`` (every open of it adds to the same)."""
+        return self.state(origin).tally
+
+    def stats(self) -> dict[str, dict[str, Any]]:
+        """Each origin's learnt limit and what it cost its readers (its outages and deadlines met)."""
+        with self._lock:
+            found = list(self._origins.items())
+        return {origin: state.stats() for origin, state in found}
+
+    def in_child(self) -> Origins:
+        """In a forked child: the same origins, each forgetting the parent's requests in flight."""
+        self._lock = threading.Lock()
+        for state in self._origins.values():
+            state.forget_in_child()
+        return self
 
 
-def origin_state(origin: str) -> Origin:
-    """The process's :class:`Origin` for ``origin``, made on first use."""
-    with _origins_lock:
-        found = _origins.get(origin)
-        if found is None:
-            found = _origins[origin] = Origin()
-        return found
-
-
-def origin_limit(origin: str) -> OriginLimit:
-    """The process's limit for ``origin`` (every source on it shares what it learns)."""
-    return origin_state(origin).limit
-
-
-def origin_tally(origin: str) -> OriginTally:
-    """The process's counters of ``origin`` (every open of it adds to the same)."""
-    return origin_state(origin).tally
-
-
-def origin_stats() -> dict[str, dict[str, Any]]:
-    """Each origin's learnt limit and what it cost its readers (its outages and deadlines met)."""
-    with _origins_lock:
-        found = list(_origins.items())
-    return {origin: state.stats() for origin, state in found}
-
-
-def _forget_in_child() -> None:
-    global _origins_lock
-    _origins_lock = threading.Lock()
-    for state in _origins.values():
-        state.forget_in_child()
-
-
-after_fork_in_child(_forget_in_child)
+#: A runtime's origins (``RemoteOptions.runtime``: what every source of the same origin learns and counts).
+ORIGINS = Part("per-origin limits", Origins, Origins.in_child)
 
 
 class HeldSlot:

@@ -11,7 +11,7 @@ How it is built:
 
 - **The worker pools, the origin's limit.** Pieces of chunks are claimed on the file (``WarmFile.claim``: a
   reader of a claimed chunk waits for the piece instead of fetching it again) and run as ``fetch`` jobs on
-  the process's worker pools (``ckptfs.workers.scheduler.SCHEDULER``), exactly as read-ahead's are: each
+  the worker pools of the files' runtime (``ckptfs.workers.scheduler.WORKERS``), exactly as read-ahead's are: each
   piece holds one slot of the origin's adaptive in-flight limit (``ckptfs.ahead.limits``: grown while
   throughput grows, up to 64, halved on 429/503) and is ``ckptfs.ahead.fetch.piece_bytes(limit)`` long (the
   fetch budget shared by the requests in flight), and all of it counts within read-ahead's
@@ -54,7 +54,7 @@ from ckptfs.ahead.fetch import FETCH_BUDGET, MIN_PIECE, piece_bytes
 from ckptfs.ahead.limits import HeldSlot, OriginLimit
 from ckptfs.core.errors import CheckpointError
 from ckptfs.util.sizes import format_size
-from ckptfs.workers.scheduler import SCHEDULER
+from ckptfs.workers.scheduler import Scheduler
 
 log = logging.getLogger(__name__)
 
@@ -109,6 +109,10 @@ class WarmFile(Protocol):
     def timeout(self) -> float: ...
 
     def origin_limit(self) -> OriginLimit: ...
+
+    def workers(self) -> Scheduler:
+        """The worker pools its pieces run on (its runtime's)."""
+        ...
 
     def unstored_chunks(self) -> list[int]: ...
 
@@ -321,7 +325,8 @@ class _Dispatch:
             return None  # a mount's warm-up leaves its readers' read-ahead the other slots
         if self._running >= 2 * limit.limit:
             return None  # a round of pieces past their bodies (waiting for a check or the store): no more yet
-        if not SCHEDULER.has_room(nbytes) or not limit.try_start():
+        workers = f.file.workers()
+        if not workers.has_room(nbytes) or not limit.try_start():
             return None
         runs = f.file.claim(first, last)
         if not runs:
@@ -332,7 +337,7 @@ class _Dispatch:
         piece = _Piece(f.file, runs, limit.held(then=self.refill), self.landed, self.errors, self.stop)
         with self._lock:
             self._running += 1
-        if SCHEDULER.submit("fetch", piece, nbytes, cap=self.cap, then=self._landed) is None:
+        if workers.submit("fetch", piece, nbytes, cap=self.cap, then=self._landed) is None:
             with self._lock:
                 self._running -= 1
             limit.done()

@@ -19,12 +19,14 @@ import contextvars
 import threading
 from collections.abc import Callable, Sequence
 
-from ckptfs.workers.scheduler import SCHEDULER, Scheduler
+from ckptfs.core.runtime import runtime
+from ckptfs.workers.scheduler import WORKERS, Scheduler
 
 
-def spread(tasks: Sequence[Callable[[], None]], scheduler: Scheduler = SCHEDULER, kind: str = "decode") -> None:
-    """Run every task once, here and on idle ``kind`` workers; return when all are done. The first task's
-    exception is raised (after every started task has ended: none outlives the call)."""
+def spread(tasks: Sequence[Callable[[], None]], scheduler: Scheduler | None = None, kind: str = "decode") -> None:
+    """Run every task once, here and on idle ``kind`` workers (``scheduler``'s, else the process runtime's);
+    return when all are done. The first task's exception is raised (after every started task has ended: none
+    outlives the call)."""
     if len(tasks) <= 1:
         for task in tasks:
             task()
@@ -51,8 +53,9 @@ def spread(tasks: Sequence[Callable[[], None]], scheduler: Scheduler = SCHEDULER
                     if state["left"] == 0:
                         done.set()
 
-    for _ in range(min(len(tasks), scheduler.concurrency.get(kind, 1)) - 1):  # the caller is one of them
-        if scheduler.submit(kind, _in_caller_context(drain), 0) is None:
+    workers = scheduler if scheduler is not None else runtime().get(WORKERS)
+    for _ in range(min(len(tasks), workers.concurrency.get(kind, 1)) - 1):  # the caller is one of them
+        if workers.submit(kind, _in_caller_context(drain), 0) is None:
             break
     drain()
     done.wait()

@@ -29,6 +29,7 @@ from ckptfs.core.errors import CheckpointError
 from ckptfs.core.runtime import Runtime, runtime as default_runtime
 from ckptfs.util.oneline import one_line
 from ckptfs.ahead.decode import DecodeAhead
+from ckptfs.workers.scheduler import WORKERS
 from ckptfs.tree.mount_tree import MountTree
 from ckptfs.tree.ownership import MODES_TTL_S, Ownership
 
@@ -182,7 +183,7 @@ class CkptOperations:
         #: handles opened with O_DIRECT: what they read the kernel's page cache does not hold (see _serve)
         self._uncached: set[int] = set()
         use_one_malloc_arena()  # a memory bound, not a speed-up to switch off (fuse/kernel.py)
-        self._decode_ahead = DecodeAhead.from_env(tree.sources, tree.cache.capacity)
+        self._decode_ahead = DecodeAhead.from_env(tree.sources, tree.cache.capacity, self.runtime.get(WORKERS))
         self._next_handle = itertools.count(1)
         self._stored_bytes = tree.stored_bytes()
         #: plain ranges of local files, read in C without the GIL once the binding installed it (fuse/direct.py)

@@ -66,11 +66,11 @@ def source_stats(runtime: Runtime) -> dict[str, Any]:
         from ckptfs.sources.netstats import SOURCE_COUNTERS
     except ImportError:  # an installation without remote sources
         return {**dict.fromkeys(SOURCE_KEYS, 0), "by_scheme": {}, "origins": {}}
-    from ckptfs.ahead.limits import origin_stats
+    from ckptfs.ahead.limits import ORIGINS
 
     snapshot = runtime.get(SOURCE_COUNTERS).snapshot()
     # each origin's learnt in-flight limit (ckptfs.ahead.limits): what a cold stream's speed comes from
-    return {**dict.fromkeys(SOURCE_KEYS, 0), "by_scheme": {}, **snapshot, "origins": origin_stats()}
+    return {**dict.fromkeys(SOURCE_KEYS, 0), "by_scheme": {}, **snapshot, "origins": runtime.get(ORIGINS).stats()}
 
 
 def service_stats(tree: CacheOwner, decoded_bytes: int, runtime: Runtime) -> dict[str, Any]:

@@ -32,7 +32,8 @@ from typing import Any
 
 from ckptfs.core.errors import CheckpointError
 from ckptfs.integrity.crc import crc32, crc32_combine
-from ckptfs.workers.scheduler import SCHEDULER, Ordered
+from ckptfs.core.runtime import runtime
+from ckptfs.workers.scheduler import WORKERS, Ordered
 from ckptfs.util.redact import strip_url
 
 log = logging.getLogger(__name__)
@@ -263,7 +264,7 @@ def _hash_file(job: FileJob, chunk_size: int, progress: Progress | None,
     pending = sorted((h for h in hashers if h.end > h.start), key=lambda h: h.start, reverse=True)
     active: list[_TensorHasher] = []
     file_sha = hashlib.sha256()
-    streams = [Ordered(SCHEDULER, "decode") for _ in range(3)]
+    streams = [Ordered(runtime().get(WORKERS), "decode") for _ in range(3)]
     try:
         for pos in range(0, size, READ_SIZE):
             buffer = memoryview(job.source.pread(pos, min(READ_SIZE, size - pos)))
@@ -317,8 +318,9 @@ def _each(jobs: Sequence[FileJob], hash_one: Callable[[FileJob], tuple[FileEntry
     results: list[tuple[FileEntry, list[TensorEntry]] | None] = [None] * len(jobs)
     running: list[tuple[int, Future[tuple[FileEntry, list[TensorEntry]]]]] = []
     error: BaseException | None = None
+    workers_pool = runtime().get(WORKERS)
     for i, job in enumerate(jobs):
-        future = SCHEDULER.call("read", functools.partial(hash_one, job), 0) if workers > 1 else None
+        future = workers_pool.call("read", functools.partial(hash_one, job), 0) if workers > 1 else None
         if future is None:  # one at a time asked, or the pool refused: here
             try:
                 results[i] = hash_one(job)

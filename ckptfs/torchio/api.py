@@ -29,7 +29,8 @@ import torch
 from ckptfs.quant import codec_for
 from ckptfs.checkpoint.api import opened
 from ckptfs.engine import batch, decode
-from ckptfs.workers.scheduler import SCHEDULER
+from ckptfs.core.runtime import runtime
+from ckptfs.workers.scheduler import WORKERS
 from ckptfs.torchio import kernels  # noqa: F401 - registers the "torch" device backend with the decode door
 
 #: Storage types torch holds exactly: ``dtype=None`` keeps them; every other type becomes float32.
@@ -308,7 +309,7 @@ def _decode_on_device(pieces: Sequence[batch.Piece], sources, device: torch.devi
 def _read_ahead(piece: batch.Piece, sources) -> Future | None:
     """``piece``'s stored bytes read on the scheduler's read pool (counted in its budget until read); None
     when the budget is full: the loop reads it itself when it gets there."""
-    return SCHEDULER.call("read", functools.partial(batch.read_piece, piece, sources), piece.size)
+    return runtime().get(WORKERS).call("read", functools.partial(batch.read_piece, piece, sources), piece.size)
 
 
 def _device_decodable(run: batch.Run) -> bool:

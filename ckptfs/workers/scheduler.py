@@ -39,7 +39,7 @@ from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 
-from ckptfs.util.forks import after_fork_in_child
+from ckptfs.core.runtime import Part
 from ckptfs.util.procinfo import cores
 
 log = logging.getLogger(__name__)
@@ -137,11 +137,13 @@ class Scheduler:
         with self._lock:
             self._in_flight[kind] = max(0, self._in_flight.get(kind, 0) - nbytes)
 
-    def after_fork_in_child(self) -> None:
-        """The parent's workers are gone in the child: forget them and what they had in flight."""
+    def in_child(self) -> Scheduler:
+        """In a forked child: the same scheduler (what holds it goes on using it), the parent's workers
+        forgotten, and what they had in flight; pools start afresh on first use."""
         self._lock = threading.Lock()
         self._pools = {}
         self._in_flight = {}
+        return self
 
 
 class Ordered:
@@ -198,7 +200,6 @@ class Ordered:
                 self._cond.notify_all()
 
 
-#: The process's scheduler.
-SCHEDULER = Scheduler()
-
-after_fork_in_child(SCHEDULER.after_fork_in_child)
+#: A runtime's worker pools (taken where their users are built: a source's read-ahead from its options'
+#: runtime, a decode-ahead from the mount's).
+WORKERS = Part("worker pools", Scheduler, Scheduler.in_child)

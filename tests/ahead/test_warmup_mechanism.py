@@ -1,6 +1,6 @@
 """The byte warm-up's mechanism (``ckptfs.ahead.warmup``) handed files it knows only by its ``WarmFile``
 protocol: an in-memory file and store that record what is claimed, fetched and stored, on the process's real
-worker pools and a real origin limit. The remote adapter over real servers is tests/commands/
+worker pools (its runtime's) and a real origin limit. The remote adapter over real servers is tests/commands/
 test_prefetch_command.py's; here the mechanism's own rules: every missing chunk once, within the origin's
 limit and the share; a failed piece or a full store ends it with its line; chunks still missing after the
 passes are fetched once more, then reported; a background warm-up's status."""
@@ -12,6 +12,8 @@ import time
 
 from ckptfs.ahead.limits import HeldSlot, OriginLimit
 from ckptfs.ahead.warmup import BackgroundWarmup, Progress, StopSignal, WarmupReport, fetch_missing
+from ckptfs.core.runtime import runtime
+from ckptfs.workers.scheduler import WORKERS, Scheduler
 from conftest import wait_until
 
 CHUNK = 64 << 10
@@ -50,6 +52,9 @@ class MemoryFile:
 
     def origin_limit(self) -> OriginLimit:
         return self.limit
+
+    def workers(self) -> Scheduler:
+        return runtime().get(WORKERS)
 
     def unstored_chunks(self) -> list[int]:
         with self._lock:

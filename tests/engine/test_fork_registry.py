@@ -2,8 +2,8 @@
 
 - the callbacks run in a forked child, in the order registered, and one that raises does not keep the next
   from running;
-- the scheduler's pools work in a child forked while the parent's workers run (its reset is registered);
-- the per-origin registry works in a child forked while a parent's thread holds its locks: the child has no
+- the runtime's worker pools work in a child forked while the parent's workers run;
+- the runtime's per-origin registry works in a child forked while a parent's thread holds its locks: the child has no
   request in flight and counts on from the parent's outages and deadlines met;
 - no module of ckptfs calls ``os.register_at_fork`` but the registry.
 """
@@ -15,8 +15,9 @@ import json
 import threading
 from pathlib import Path
 
-from ckptfs.ahead import limits as origins
-from ckptfs.workers.scheduler import SCHEDULER
+from ckptfs.ahead.limits import ORIGINS
+from ckptfs.core.runtime import runtime
+from ckptfs.workers.scheduler import WORKERS
 from ckptfs.util import forks
 from forking import WAIT_S, in_child
 
@@ -52,16 +53,17 @@ def test_callbacks_run_in_the_child_in_order_past_one_that_raises():
 
 
 def test_the_scheduler_serves_a_child_forked_while_its_workers_run():
-    workers = SCHEDULER.concurrency["decode"]
+    scheduler = runtime().get(WORKERS)
+    workers = scheduler.concurrency["decode"]
     started, release = threading.Semaphore(0), threading.Event()
     for _ in range(workers):
-        assert SCHEDULER.submit("decode", lambda: (started.release(), release.wait(WAIT_S)), 1) is not None
+        assert scheduler.submit("decode", lambda: (started.release(), release.wait(WAIT_S)), 1) is not None
     for _ in range(workers):
         assert started.acquire(timeout=WAIT_S)  # every worker of the parent's pool is busy at the fork
     try:
         def child() -> bytes:
             done = threading.Event()
-            future = SCHEDULER.submit("decode", done.set, 1)
+            future = scheduler.submit("decode", done.set, 1)
             return b"ran" if future is not None and done.wait(WAIT_S) else b"stuck"
 
         assert in_child(child) == b"ran"
@@ -71,14 +73,15 @@ def test_the_scheduler_serves_a_child_forked_while_its_workers_run():
 
 def test_the_origin_registry_serves_a_child_forked_while_its_locks_are_held():
     origin = "http://forked.test:1"
-    state = origins.origin_state(origin)
+    origins = runtime().get(ORIGINS)
+    state = origins.state(origin)
     assert state.limit.try_start()  # a request of the parent's in flight at the fork
     state.tally.outage()
     state.tally.deadline_met(0.0, 5.0)
     holding, release = threading.Event(), threading.Event()
 
     def hold() -> None:
-        with origins._origins_lock, state.limit._lock, state.tally._lock:
+        with origins._lock, state.limit._lock, state.tally._lock:
             holding.set()
             release.wait(WAIT_S)
 
@@ -87,10 +90,10 @@ def test_the_origin_registry_serves_a_child_forked_while_its_locks_are_held():
     assert holding.wait(WAIT_S)
     try:
         def child() -> bytes:
-            again = origins.origin_state(origin)
+            again = runtime().get(ORIGINS).state(origin)
             assert again.limit.try_start()
             again.tally.outage()
-            return json.dumps([again is state, origins.origin_stats()[origin]]).encode()
+            return json.dumps([again is state, runtime().get(ORIGINS).stats()[origin]]).encode()
 
         got = in_child(child)
     finally:

@@ -1,12 +1,12 @@
 """The package's module-level mutable state, listed: a new process-wide singleton is a decision, not an accident.
 
 State held by a module (a registry, a pool, a lock, counters, a cache of clients) is shared by every checkpoint
-and mount of the process, must be reset in a forked child (``util/forks.py``), and is a hidden input to every
-function that reads it. The design moves it into a per-process runtime object built once and passed down
-(docs/architecture.md, "The runtime"), keeping module-level state only where the platform demands it. Until
-then this test is the count: the source is read (not imported), every module-level name bound to state found
-as below is listed in ``KNOWN``, and the test fails when one is added (say why, or pass it down instead) or
-when one is gone (take it off the list, so the count stays true).
+and mount of the process, must be reset in a forked child, and is a hidden input to every function that reads
+it. What components share is a part of the process's runtime instead (``ckptfs.core.runtime``, handed down;
+docs/architecture.md, "The runtime"), and module-level state stays only where the runtime is no better home.
+This test is the count: the source is read (not imported), every module-level name bound to state found as
+below is listed in ``KNOWN`` with why it stays, and the test fails when one is added (say why, or make it a
+part of the runtime) or when one is gone (take it off the list, so the count stays true).
 
 Found as state: a name a function rebinds (``global``); a lock, event, thread-local, weak set or mapping,
 ordered/default dict, deque or counter; an instance of a class of the package that is not immutable (a frozen
@@ -96,58 +96,67 @@ def module_state(root: Path) -> list[str]:
     return found
 
 
-#: The module-level state of the package as it stands (50 names, locks included).
+#: The module-level state that remains, each name with why it is not a part of the runtime
+#: (``ckptfs.core.runtime``: what a process's components share is handed down there).
+CODE_REGISTRY = "a table of code (codecs, openers, views, features) filled as its modules are imported, " \
+                "like sys.modules: the same for every runtime of the process, and valid in a forked child"
 KNOWN = {
-    "ckptfs.cache.auth._keys",
-    "ckptfs.cache.auth._keys_lock",
-    "ckptfs.cache.chunks._stores",
-    "ckptfs.cache.chunks._stores_lock",
-    "ckptfs.cache.chunks._shared_tiers",
-    "ckptfs.cache.flight._named",
-    "ckptfs.cache.flight._named_lock",
-    "ckptfs.checkpoint.api._reopened",
-    "ckptfs.checkpoint.api._reopen_lock",
-    "ckptfs.checkpoint.shared._stores",
-    "ckptfs.commands.open_flags.SIZE",
-    "ckptfs.core.features._registered",
-    "ckptfs.core.runtime._default",
-    "ckptfs.core.features._lock",
-    "ckptfs.engine.decode._lock",
-    "ckptfs.engine.decode._device",
-    "ckptfs.engine.decode._parts",
-    "ckptfs.ggufview.files._lock",
-    "ckptfs.ggufview.files._parsed",
-    "ckptfs.ggufview.files._builds",
-    "ckptfs.ggufview.liblog._lock",
-    "ckptfs.ggufview.liblog._active",
-    "ckptfs.integrity.checked._warned_unlisted",
-    "ckptfs.integrity.manifest._warned",
-    "ckptfs.ahead.limits._origins",
-    "ckptfs.ahead.limits._origins_lock",
-    "ckptfs.packed.bits._scratch",
-    "ckptfs.packed.detect._registry",
-    "ckptfs.quant._registry",
-    "ckptfs.quant._lock",
-    "ckptfs.quant._builtins_loaded",
-    "ckptfs.quant._plugins_loaded",
-    "ckptfs.workers.scheduler.SCHEDULER",
-    "ckptfs.sources.registry._openers",
-    "ckptfs.sources.registry._lock",
-    "ckptfs.ahead.fetch._readaheads",
-    "ckptfs.sources.remote.options.DEFAULT_OPTIONS",
-    "ckptfs.sources.remote.outage._registry_lock",
-    "ckptfs.sources.remote.version._pins",
-    "ckptfs.torchio.kernels._tables",
-    "ckptfs.tree.registry._registered",
-    "ckptfs.tree.registry._lock",
-    "ckptfs.util.forks._callbacks",
-    "ckptfs.util.forks._lock",
+    "ckptfs.core.runtime._default": "the default runtime itself: one per process, renewed in a forked child",
+    "ckptfs.util.forks._callbacks": "the process's one os.register_at_fork hook and what it runs",
+    "ckptfs.util.forks._lock": "guards the fork hook's callbacks",
+    "ckptfs.core.features._registered": CODE_REGISTRY,
+    "ckptfs.core.features._lock": "guards the feature registry",
+    "ckptfs.quant._registry": CODE_REGISTRY,
+    "ckptfs.quant._lock": "guards the codec registry",
+    "ckptfs.quant._builtins_loaded": "the codec registry's one-time import of the built-in codecs",
+    "ckptfs.quant._plugins_loaded": "the codec registry's one-time import of the installed plug-ins",
+    "ckptfs.sources.registry._openers": CODE_REGISTRY,
+    "ckptfs.sources.registry._lock": "guards the scheme registry",
+    "ckptfs.tree.registry._registered": CODE_REGISTRY,
+    "ckptfs.tree.registry._lock": "guards the file-view registry",
+    "ckptfs.packed.detect._registry": CODE_REGISTRY,
+    "ckptfs.engine.decode._device": CODE_REGISTRY,
+    "ckptfs.engine.decode._parts": CODE_REGISTRY,
+    "ckptfs.engine.decode._lock": "guards the decode back-ends' registries",
+    "ckptfs.torchio.kernels._tables": "torch's lookup tables of the quantized kernels per device, built once: "
+                                      "a cache of immutable values",
+    "ckptfs.packed.bits._scratch": "a thread-local scratch buffer of the C kernels (per thread, not shared)",
+    "ckptfs.ggufview.liblog._active": "how many threads have gguf-py's logger quieted: the logging module's "
+                                      "own state is per process",
+    "ckptfs.ggufview.liblog._lock": "guards that count",
+    "ckptfs.ggufview.files._parsed": "parsed library files, keyed by path, size and mtime: a cache of immutable "
+                                     "values",
+    "ckptfs.ggufview.files._builds": "how many times that cache was filled (for a test of its reuse)",
+    "ckptfs.ggufview.files._lock": "guards that cache",
+    "ckptfs.cache.auth._keys": "the --cache-key-file keys read, by path: a cache of immutable values",
+    "ckptfs.cache.auth._keys_lock": "guards that cache",
+    "ckptfs.cache.chunks._stores": "the --cache-dir stores of fetched bytes, one per folder and process: each "
+                                   "holds byte-range locks (fcntl) that are the process's",
+    "ckptfs.cache.chunks._stores_lock": "guards the stores and the shared tiers",
+    "ckptfs.cache.chunks._shared_tiers": "the Redis tiers of fetched chunks, one per server and key",
+    "ckptfs.cache.flight._named": "the single flights of each remote file's content, held weakly by its readers",
+    "ckptfs.cache.flight._named_lock": "guards them",
+    "ckptfs.checkpoint.shared._stores": "the --cache-dir stores of decoded groups, one per folder and process "
+                                        "(byte-range locks, like the fetched bytes' stores)",
+    "ckptfs.checkpoint.api._reopened": "checkpoints reopened by unpickled tensors in a worker process, "
+                                       "shared by the tensors of one checkpoint there",
+    "ckptfs.checkpoint.api._reopen_lock": "guards them",
+    "ckptfs.ahead.fetch._readaheads": "every live read-ahead, held weakly, so that a forked child ends the "
+                                      "parent's fetches (nothing else holds them all)",
+    "ckptfs.sources.remote.version._pins": "every live version pin, held weakly, so that a forked child frees "
+                                           "their locks (nothing else holds them all)",
+    "ckptfs.sources.remote.outage._registry_lock": "guards the outage states of an open's options",
+    "ckptfs.sources.remote.options.DEFAULT_OPTIONS": "the options of a source opened without any: its "
+                                                     "runtime is the default one",
+    "ckptfs.integrity.checked._warned_unlisted": "manifests already warned about (one warning per process)",
+    "ckptfs.integrity.manifest._warned": "manifests already warned about (one warning per process)",
+    "ckptfs.commands.open_flags.SIZE": "click's parameter type for sizes (a stateless converter)",
 }
 
 
 def test_the_module_level_state_is_the_listed_state():
     found = set(module_state(ROOT / "ckptfs"))
-    added, gone = sorted(found - KNOWN), sorted(KNOWN - found)
+    added, gone = sorted(found - KNOWN.keys()), sorted(KNOWN.keys() - found)
     assert not added, "new module-level state (pass it down, or list it with a reason): " + ", ".join(added)
     assert not gone, "listed but no longer module-level state (take it off KNOWN): " + ", ".join(gone)
 

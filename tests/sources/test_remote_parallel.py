@@ -115,10 +115,10 @@ def test_slower_requests_without_more_throughput_step_down():
 
 
 def test_a_pinned_limit_is_what_the_environment_says(monkeypatch):
-    from ckptfs.ahead.limits import origin_limit
+    from ckptfs.ahead.limits import Origins
 
     monkeypatch.setenv("CKPTFS_REMOTE_IN_FLIGHT", "12")
-    limit = origin_limit("http://pinned.test:1")
+    limit = Origins().limit("http://pinned.test:1")
     limit.throttled()
     assert limit.stats()["limit"] == 12
 

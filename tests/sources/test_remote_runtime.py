@@ -1,8 +1,8 @@
 """The state remote sources share lives in the runtime they are handed (``ckptfs.core.runtime``), from a real
 nginx on loopback:
 
-- a source opened with a runtime of its own counts its requests and keeps its connections there, not in the
-  process's default runtime;
+- a source opened with a runtime of its own counts its requests, keeps its connections and chunks, learns its
+  origin's limit and hands work to worker pools there, not in the process's default runtime;
 - a child forked while a parent's threads hold the runtime's locks reads on: its own connections (a new
   pool), the parent's counters and fetched chunks kept (a chunk the parent fetched is served from memory,
   asked of nginx by nobody), each under a fresh lock;
@@ -23,6 +23,7 @@ from conftest import require_nginx
 from forking import WAIT_S, in_child
 from loopback.servers import Nginx, requests_since
 
+from ckptfs.ahead.limits import ORIGINS
 from ckptfs.cache.chunks import CHUNK, MEMORY_CHUNKS
 from ckptfs.core.options import OpenOptions
 from ckptfs.core.runtime import Part, Runtime, runtime
@@ -30,6 +31,7 @@ from ckptfs.sources import Opener
 from ckptfs.sources.netstats import SOURCE_COUNTERS
 from ckptfs.sources.remote.http import HTTP_POOL
 from ckptfs.sources.remote.options import RemoteOptions
+from ckptfs.workers.scheduler import WORKERS
 
 
 @pytest.fixture(scope="module")
@@ -62,6 +64,9 @@ def test_a_source_counts_and_connects_in_the_runtime_it_is_handed(site):
     assert port in _ports(mine.get(HTTP_POOL))
     assert port not in _ports(runtime().get(HTTP_POOL))  # the process's runtime never talked to this server
     assert source.fetcher.cache.memory is mine.get(MEMORY_CHUNKS) is not runtime().get(MEMORY_CHUNKS)
+    learnt = mine.get(ORIGINS).stats()[source.origin()]  # the origin's limit learnt from these requests
+    assert learnt["in_flight"] == 0 and source.origin() not in runtime().get(ORIGINS).stats()
+    assert source.fetcher.workers is mine.get(WORKERS) is not runtime().get(WORKERS)
 
 
 def test_a_child_forked_while_the_runtime_is_in_use_connects_afresh_and_keeps_what_was_fetched(site):

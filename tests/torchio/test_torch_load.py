@@ -136,9 +136,10 @@ def test_an_open_checkpoint_is_accepted_and_left_open(mixed):
 def test_bfloat16_load_keeps_no_whole_tensor_float32_copy(big_q8, monkeypatch):
     """numpy and bytes allocations are traced; torch's destination is not. A whole-tensor float32
     intermediate of the big matrix would be 32 MiB; runs of 1 MiB on 4 workers stay far below that."""
-    from ckptfs.workers.scheduler import SCHEDULER
+    from ckptfs.core.runtime import runtime
+    from ckptfs.workers.scheduler import WORKERS
 
-    monkeypatch.setitem(SCHEDULER.concurrency, "decode", 4)  # the caller and 3 decode workers (engine/parallel.py)
+    monkeypatch.setitem(runtime().get(WORKERS).concurrency, "decode", 4)  # the caller and 3 decode workers (engine/parallel.py)
     monkeypatch.setattr(batch, "RUN_ELEMENTS", 1 << 18)
     monkeypatch.setattr(batch, "RUN_STORED_BYTES", 1 << 20)
     monkeypatch.setattr(batch, "PIECE_BYTES", 1 << 20)

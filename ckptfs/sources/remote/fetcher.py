@@ -32,6 +32,7 @@ from ckptfs.sources.remote.origin import OriginClient
 from ckptfs.sources.remote.version import Unpinned, VersionPin
 from ckptfs.util.redact import public_name
 from ckptfs.util.runs import runs
+from ckptfs.workers.scheduler import WORKERS
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +56,7 @@ class ChunkFetcher:
         self.name = name
         self.options = options
         self.client = client
+        self.workers = options.runtime.get(WORKERS)  # the pools a reader's long runs are handed to
         self.piece_bytes = piece_bytes
         self.pin: Unpinned | VersionPin = Unpinned()
         self.cache = options.chunk_cache()
@@ -118,7 +120,8 @@ class ChunkFetcher:
         try:
             own = runs(mine)
             if step:
-                own, handed = hand_out(self.name, own, step, lambda a, b: self.fetch_chunks(a, b, read))
+                own, handed = hand_out(self.name, own, step, lambda a, b: self.fetch_chunks(a, b, read),
+                                       self.workers)
             for start, stop in own:
                 found.update(self.fetch_chunks(start, stop, read))
         except BaseException as exc:  # the runs not tried yet: their waiters must not wait for us

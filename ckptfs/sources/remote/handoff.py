@@ -15,17 +15,17 @@ import logging
 from collections.abc import Callable
 
 from ckptfs.cache.chunks import CHUNK
-from ckptfs.workers.scheduler import SCHEDULER
+from ckptfs.workers.scheduler import Scheduler
 from ckptfs.ahead.fetch import FETCH_BUDGET
 from ckptfs.util.redact import public_name
 
 log = logging.getLogger(__name__)
 
 
-def hand_out(name: str, runs: list[tuple[int, int]], step: int,
-             fetch: Callable[[int, int], object]) -> tuple[list[tuple[int, int]], list[int]]:
+def hand_out(name: str, runs: list[tuple[int, int]], step: int, fetch: Callable[[int, int], object],
+             workers: Scheduler) -> tuple[list[tuple[int, int]], list[int]]:
     """Cut ``runs`` (of chunks) into pieces of ``step`` chunks and submit all but each run's first as
-    ``fetch(c0, c1)`` on the scheduler's fetch workers. Returns (the pieces the caller fetches itself: each
+    ``fetch(c0, c1)`` on the fetch pool of ``workers``. Returns (the pieces the caller fetches itself: each
     run's first and any the scheduler refused, the chunks handed out: the caller waits for them)."""
     mine: list[tuple[int, int]] = []
     handed: list[int] = []
@@ -34,7 +34,7 @@ def hand_out(name: str, runs: list[tuple[int, int]], step: int,
         for first in range(start + step, stop, step):
             last = min(stop, first + step)
             job = functools.partial(_fetch_handed, name, fetch, first, last)
-            if SCHEDULER.submit("fetch", job, (last - first) * CHUNK, cap=FETCH_BUDGET) is None:
+            if workers.submit("fetch", job, (last - first) * CHUNK, cap=FETCH_BUDGET) is None:
                 mine.append((first, last))
             else:
                 handed.extend(range(first, last))

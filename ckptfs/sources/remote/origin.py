@@ -32,7 +32,7 @@ from datetime import datetime, timezone
 from typing import TypeVar
 
 from ckptfs.core.errors import CheckpointError, SourceUnavailable
-from ckptfs.ahead.limits import OriginLimit, origin_limit
+from ckptfs.ahead.limits import ORIGINS, OriginLimit
 from ckptfs.sources.remote.context import ReadContext
 from ckptfs.sources.remote.options import RemoteOptions
 from ckptfs.sources.remote.outage import PROBE_BYTES, PROBE_SECONDS, Admission, Outage, outage_for
@@ -102,14 +102,15 @@ class OriginClient:
         """The in-flight limit learnt for this origin (``ckptfs.ahead.limits``: one per scheme and host)."""
         limit = self._limit
         if limit is None:
-            limit = self._limit = origin_limit(self.range.origin())
+            limit = self._limit = self.range.options.runtime.get(ORIGINS).limit(self.range.origin())
         return limit
 
     def outage(self) -> Outage:
         """This origin's outage state (``outage``: shared by every source of the origin in one open)."""
         outage = self._outage
         if outage is None:
-            outage = self._outage = outage_for(self.range.options.outages, self.range.origin())
+            options = self.range.options
+            outage = self._outage = outage_for(options.outages, self.range.origin(), options.runtime.get(ORIGINS))
         return outage
 
     def moved(self) -> None:

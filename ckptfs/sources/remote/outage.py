@@ -32,7 +32,7 @@ import enum
 import threading
 import time
 
-from ckptfs.ahead.limits import OriginTally, origin_tally
+from ckptfs.ahead.limits import Origins, OriginTally
 
 #: A probe of an origin in an outage is sent at most this often (seconds after the last one ended).
 PROBE_INTERVAL_S = 1.0
@@ -129,11 +129,11 @@ class Outage:
 _registry_lock = threading.Lock()
 
 
-def outage_for(registry: dict[str, Outage], origin: str) -> Outage:
+def outage_for(registry: dict[str, Outage], origin: str, origins: Origins) -> Outage:
     """The state of ``origin`` in ``registry`` (one per ``ckptfs.open`` or mount: ``RemoteOptions.outages``),
-    shared by every source it serves there."""
+    shared by every source it serves there; it counts in the origin's tally in ``origins`` (the runtime's)."""
     found = registry.get(origin)
     if found is None:
         with _registry_lock:
-            found = registry.setdefault(origin, Outage(tally=origin_tally(origin)))
+            found = registry.setdefault(origin, Outage(tally=origins.tally(origin)))
     return found

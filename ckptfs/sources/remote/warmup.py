@@ -55,6 +55,7 @@ from ckptfs.sources.pool import SourcePool
 from ckptfs.sources.remote.transport import RemoteSource
 from ckptfs.util.redact import public_name
 from ckptfs.util.sizes import format_size
+from ckptfs.workers.scheduler import WORKERS, Scheduler
 
 log = logging.getLogger(__name__)
 
@@ -128,6 +129,9 @@ class _RemoteFile:
 
     def origin_limit(self) -> OriginLimit:
         return self.remote.origin_limit()
+
+    def workers(self) -> Scheduler:
+        return self.remote.options.runtime.get(WORKERS)  # the pools of the runtime the source was opened in
 
     def unstored_chunks(self) -> list[int]:
         return self.remote.unstored_chunks()
