@@ -20,6 +20,7 @@ Why it is built this way:
   least recently used entries down to 90 % of the bound. The folder may exceed the bound by what the
   writing processes wrote between two checks. The prune runs on a thread of its own, except in a process
   about to fork (``PruneHold``: ``ckptfs mount`` before its daemon), which starts it after the fork.
+  This schedule, the pauses and the lock are the folder's (``folder.py``), shared with the fetched bytes' store.
 - **Only this user's entries.** The folder is checked and its key read when the store is made
   (``auth.py``: owned by this user, not writable by others, else refused with one line); every entry
   carries a MAC under that key, and one that fails it counts as ``forged`` (deleted, a miss). Folders
@@ -32,7 +33,6 @@ Why it is built this way:
 from __future__ import annotations
 
 import contextlib
-import errno
 import fcntl
 import logging
 import mmap
@@ -45,9 +45,8 @@ from typing import TYPE_CHECKING, Any
 
 
 from ckptfs.cache import auth, entry
-from ckptfs.cache.counters import TierCounters
+from ckptfs.cache.folder import FolderBound, folder_lock, open_private, scandir, unlink
 from ckptfs.cache.writer import BackgroundWriter
-from ckptfs.core.runtime import Part, runtime
 
 if TYPE_CHECKING:  # (imported where values are decoded: a remote fetch into the store does not need numpy)
     import numpy as np
@@ -58,123 +57,9 @@ NAMESPACES = ("blocks", "bytes", "tensors")
 DEFAULT_CACHE_DIR_SIZE = 10 << 30  # --cache-dir-size
 TOUCH_AFTER_S = 60.0          # a hit refreshes the mtime (the LRU clock) when it is older than this
 STALE_TMP_S = 3600.0          # a temporary file this old belongs to a killed writer
-PAUSE_S = {"full": 30.0, "read-only": 60.0, "error": 30.0}
 LOW_WATER = 0.9               # a prune deletes down to this fraction of the bound
 DISK_WRITE_WAIT_S = 10.0      # a reader waits this long for room in a full write queue (then drops)
 _SUFFIX = ".e"
-#: Why writing pauses (``DiskStore.writes_paused``), for callers that advise on it.
-FULL = "the file system is full"
-NOT_WRITABLE = "the folder is not writable"
-
-
-class FolderBound:
-    """What the two stores of a ``--cache-dir`` folder share (the decoded groups' :class:`DiskStore` and the
-    fetched bytes' ``sparse_store.SparseStore``): the schedule of the folder's size bound — a check every
-    ``max_bytes / 64`` written, its prune on a thread of its own (a read never walks the folder), held back
-    while a process is about to fork (:class:`PruneHold`) — and trouble: a full, read-only or vanished folder
-    pauses writing for ``PAUSE_S`` and is logged once. A store says how it prunes (``_prune_due``)."""
-
-    def __init__(self, root: str | os.PathLike[str], max_bytes: int, counters: tuple[str, ...],
-                 logger: logging.Logger) -> None:
-        self.root = Path(root)
-        self.max_bytes = int(max_bytes)
-        self._check_every = max(4 << 20, self.max_bytes // 64)
-        self._lock = threading.Lock()
-        self._written_since_check = 0
-        self._checked_once = False
-        self._pruning = False
-        self._pruner_pid = os.getpid()  # a child forked during a prune has no pruning thread
-        self._paused_until = 0.0
-        self._paused_why = ""  # what paused writing (``writes_paused``)
-        self._counters = TierCounters(logger, counters)
-        self._count, self._warn_once = self._counters.add, self._counters.warn_once
-        self._folder_bytes = 0
-        self._prunes = runtime().get(PRUNE_HOLD)  # the process's (a mount holds it across its fork)
-
-    def _prune_due(self) -> None:  # pragma: no cover - interface
-        """Prune the folder as the bound's schedule found it due (``wait=False``: give up at once when another
-        process is pruning)."""
-        raise NotImplementedError
-
-    def _after_write(self, size: int) -> None:
-        with self._lock:
-            self._written_since_check += size
-            self._folder_bytes += size
-            due = not self._checked_once or self._written_since_check >= self._check_every
-            if self._pruning and self._pruner_pid != os.getpid():
-                self._pruning = False
-            if not due or self._pruning:
-                return
-            self._pruning = True
-            self._pruner_pid = os.getpid()
-            self._checked_once = True
-            self._written_since_check = 0
-        if not self._prunes.owe(self):
-            self._start_prune()
-
-    def _start_prune(self) -> None:
-        """The prune that fell due, on a thread of its own (a read never walks the folder)."""
-        with self._lock:  # also after a fork: the thread runs in this process
-            self._pruning = True
-            self._pruner_pid = os.getpid()
-        threading.Thread(target=self._background_prune, name="ckptfs-cache-prune", daemon=True).start()
-
-    def _background_prune(self) -> None:
-        """Prune until no prune is owed: writes made while one walks the folder can make the next one due,
-        and ``_after_write`` does not start a second thread beside this one, so this one runs again (a burst
-        of writes ending during a prune would otherwise leave the folder over its bound until the next write)."""
-        while True:
-            try:
-                self._prune_due()
-            except Exception as exc:  # noqa: BLE001 - a failed prune must not kill the process or a read
-                self._warn_once("prune", "cache dir %s: prune failed: %s", self.root, exc)
-                with self._lock:
-                    self._pruning = False
-                return
-            with self._lock:
-                if self._written_since_check < self._check_every:
-                    self._pruning = False
-                    return
-                self._written_since_check = 0
-
-    # -- trouble and counters ------------------------------------------------------------------------
-
-    def _trouble(self, op: str, exc: OSError) -> None:
-        code = exc.errno
-        if code in (errno.ENOSPC, errno.EDQUOT):
-            kind, what = "full", FULL
-        elif code in (errno.EROFS, errno.EACCES, errno.EPERM):
-            kind, what = "read-only", NOT_WRITABLE
-        elif code == errno.ENOENT:
-            kind, what = "error", "the folder is gone"
-        else:
-            kind, what = "error", errno.errorcode.get(code, str(code)) if code is not None else str(exc)
-        self._count(errors=1)
-        if op != "read":
-            self._paused_until = time.monotonic() + PAUSE_S[kind]
-            self._paused_why = what
-            self._warn_once(kind, "cache dir %s: %s (%s: %s): not storing for %.0f s, decoding instead",
-                            self.root, what, op, exc.strerror or exc, PAUSE_S[kind])
-            if kind == "full":
-                with self._lock:
-                    self._checked_once = False  # the next successful write checks the bound again
-        else:
-            self._warn_once(f"read-{kind}", "cache dir %s: cannot read an entry (%s): decoding instead",
-                            self.root, exc.strerror or exc)
-
-    def writes_paused(self) -> str | None:
-        """Why this process stores nothing now (``"the file system is full"``, ...: the last write failed
-        and writing pauses for ``PAUSE_S``), or None while writes go. A warm-up stops fetching on it: every
-        byte it fetched would be thrown away."""
-        return self._paused_why if time.monotonic() < self._paused_until else None
-
-    def stats(self) -> dict[str, Any]:
-        """This process's counters (``forged``: entries that failed the MAC, ``corrupt``: damaged ones); ``folder_bytes`` is the folder's size as last measured plus what this
-        process wrote since (the whole folder, every namespace)."""
-        counts = self._counters.snapshot()
-        with self._lock:
-            return {**counts, "bytes": counts["hit_bytes"], "folder_bytes": self._folder_bytes,
-                    "max_bytes": self.max_bytes}
 
 
 class DiskStore(FolderBound):
@@ -342,7 +227,7 @@ class DiskStore(FolderBound):
         return True
 
     def _create(self, tmp: str) -> int:
-        return _open_private(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC)
+        return open_private(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC)
 
     @contextlib.contextmanager
     def key_lock(self, key: str) -> Iterator[None]:
@@ -350,7 +235,7 @@ class DiskStore(FolderBound):
         process fills an expensive entry while the others wait for it. Unlocked if the folder is unusable."""
         path = self.path_for(key).with_suffix(".lock")
         try:
-            fd = _open_private(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC)
+            fd = open_private(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC)
         except OSError as exc:
             self._trouble("lock", exc)
             yield
@@ -372,14 +257,14 @@ class DiskStore(FolderBound):
         another process is pruning. Returns {"files", "bytes"} removed and "total" left."""
         bound = self.max_bytes if max_bytes is None else int(max_bytes)
         removed = {"files": 0, "bytes": 0, "total": 0}
-        with _folder_lock(self.root, wait) as locked:
+        with folder_lock(self.root, wait) as locked:
             if not locked:
                 return removed
             now = time.time()
             entries = []
             for _, item, st in _walk(self.root):
                 if item.name.startswith(".tmp."):
-                    if now - st.st_mtime > STALE_TMP_S and _unlink(item.path):
+                    if now - st.st_mtime > STALE_TMP_S and unlink(item.path):
                         removed["files"] += 1
                         removed["bytes"] += st.st_size
                     continue
@@ -391,7 +276,7 @@ class DiskStore(FolderBound):
                 for _, size, path in entries:
                     if total <= bound * LOW_WATER:
                         break
-                    if _unlink(path):
+                    if unlink(path):
                         total -= size
                         removed["files"] += 1
                         removed["bytes"] += size
@@ -415,119 +300,22 @@ class DiskStore(FolderBound):
         return found
 
 
-class PruneHold:
-    """Prunes that fall due while a process is about to fork wait here instead of starting their thread.
-
-    ``ckptfs mount`` opens the checkpoint before forking its daemon (so a bad source is a one-line error from
-    the command itself), and a process can fork only while it has a single thread (``service/daemon.py``). Opening
-    a remote checkpoint with ``--cache-dir`` writes its header's chunks into the folder, and the first write
-    makes a prune due: were its thread started then, it could still be walking the folder at the fork (a
-    large or slow folder, a loaded machine), and the mount failed. So the mount calls ``hold()`` before
-    opening, and the daemon ``release()`` once forked, which starts the prunes owed meanwhile there, in the
-    process that keeps the stores. Holding changes nothing else: entries are written as always.
-    """
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._held = False
-        self._owed: list[FolderBound] = []
-
-    def hold(self) -> None:
-        with self._lock:
-            self._held = True
-
-    def owe(self, store: FolderBound) -> bool:
-        """True when prunes are held: ``store``'s prune is started by ``release`` instead of now."""
-        with self._lock:
-            if self._held and store not in self._owed:
-                self._owed.append(store)
-            return self._held
-
-    def release(self) -> int:
-        """Stop holding and start the prunes owed (in this process); how many were started."""
-        with self._lock:
-            owed, self._owed, self._held = self._owed, [], False
-        for store in owed:
-            store._start_prune()
-        return len(owed)
-
-    def in_child(self) -> PruneHold:
-        """In a forked child (a mount's daemon): the prunes owed, to start at ``release``; a fresh lock."""
-        self._lock = threading.Lock()
-        return self
-
-
-#: A runtime's hold on starting prune threads (see ``PruneHold``).
-PRUNE_HOLD = Part("prune hold", PruneHold, PruneHold.in_child)
-
-
-@contextlib.contextmanager
-def _folder_lock(root: Path, wait: bool) -> Iterator[bool]:
-    try:
-        fd = _open_private(root / ".lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC)
-    except OSError:
-        yield True  # a read-only folder: nothing can be deleted anyway, but scanning is harmless
-        return
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
-        except BlockingIOError:
-            yield False
-            return
-        yield True
-    finally:
-        os.close(fd)
-
-
-def _open_private(path: str | os.PathLike[str], flags: int) -> int:
-    """``os.open(path, flags)`` of a file only this user can read, 0600 whatever the umask; missing folders
-    (the first write there, or the folder was deleted under us) are made again, 0700."""
-    try:
-        fd = os.open(path, flags, auth.FILE_MODE)
-    except FileNotFoundError:
-        auth.make_dirs(os.path.dirname(os.fspath(path)))
-        fd = os.open(path, flags, auth.FILE_MODE)
-    if flags & os.O_EXCL:
-        try:
-            os.fchmod(fd, auth.FILE_MODE)  # the umask may have taken bits this user needs (0600 exactly)
-        except OSError:
-            os.close(fd)
-            raise
-    return fd
-
-
 def _walk(root: Path) -> Iterator[tuple[str, os.DirEntry[str], os.stat_result]]:
     """(namespace, entry, stat) of every file two levels under each namespace folder; vanishing files are
     skipped. No ``Path`` per file: a prune walks every entry of the folder (tens of thousands), during a
     warm-up every ``max_bytes / 64`` written."""
-    for ns in _scandir(root):
+    for ns in scandir(root):
         if not ns.is_dir(follow_symlinks=False) or ns.name.startswith("."):
             continue
-        for sub in _scandir(ns.path):
+        for sub in scandir(ns.path):
             if not sub.is_dir(follow_symlinks=False):
                 continue
-            for item in _scandir(sub.path):
+            for item in scandir(sub.path):
                 try:
                     st = item.stat(follow_symlinks=False)
                 except OSError:
                     continue
                 yield ns.name, item, st
-
-
-def _scandir(path: str | os.PathLike[str]) -> list[os.DirEntry[str]]:
-    try:
-        with os.scandir(path) as it:
-            return list(it)
-    except OSError:
-        return []
-
-
-def _unlink(path: str) -> bool:
-    try:
-        os.unlink(path)
-        return True
-    except OSError:
-        return False
 
 
 def _pread_all(fd: int, size: int) -> bytes:

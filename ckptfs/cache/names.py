@@ -30,7 +30,7 @@ import threading
 from typing import Any
 
 from ckptfs.cache import entry
-from ckptfs.cache.disk import _open_private, _unlink
+from ckptfs.cache.folder import open_private, unlink
 
 log = logging.getLogger(__name__)
 
@@ -83,7 +83,7 @@ class NameRecords:
         payload = json.dumps({**record, "name": name}, sort_keys=True, separators=(",", ":")).encode()
         path = name_path(self.directory, name)
         temp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"  # (threads of a process write it at once)
-        fd = _open_private(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC)
+        fd = open_private(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC)
         try:
             os.write(fd, payload + self._mac(payload))
             os.fsync(fd)
@@ -92,6 +92,6 @@ class NameRecords:
         try:
             os.rename(temp, path)
         except OSError:
-            _unlink(temp)
+            unlink(temp)
             raise
 

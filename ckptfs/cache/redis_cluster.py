@@ -31,7 +31,7 @@ from typing import Any
 
 from ckptfs.cache.breaker import Breaker
 from ckptfs.cache.redis_tier import (
-    _FAILED,
+    FAILED,
     BACKOFF_S,
     CONNECT_TIMEOUT_S,
     GROUPS,
@@ -121,12 +121,12 @@ class RedisClusterTier(RedisTier):
     def _read(self, names: list[str]) -> list[bytes | None]:
         """GETs of ``names`` grouped by node, one pipeline (one round trip) per node; a node that is down or
         fails answers None for its own keys only."""
-        return [None if value is _FAILED else value for value in self._batch(names, lambda pipe, name: pipe.get(name))]
+        return [None if value is FAILED else value for value in self._batch(names, lambda pipe, name: pipe.get(name))]
 
     def _batch(self, names: list[str], add: Callable[[Any, str], None], counted: bool = True) -> list[Any]:
         """One command per name (``add(pipeline, name)``), grouped by the node holding each: one pipeline (one
         round trip, counted unless ``counted`` is False) per node; a node that is down or fails answers
-        ``_FAILED`` for its own keys only."""
+        ``FAILED`` for its own keys only."""
         by_node: dict[str, list[int]] = {}
         nodes = {}
         for i, name in enumerate(names):
@@ -134,7 +134,7 @@ class RedisClusterTier(RedisTier):
             if node is not None:
                 by_node.setdefault(node.name, []).append(i)
                 nodes[node.name] = node
-        replies: list[Any] = [_FAILED] * len(names)
+        replies: list[Any] = [FAILED] * len(names)
         for node_name, positions in by_node.items():
             def batch(client: Any, positions: list[int] = positions) -> Any:
                 pipe = client.pipeline()
@@ -143,7 +143,7 @@ class RedisClusterTier(RedisTier):
                 return pipe.execute()
 
             got = self._command(names[positions[0]], batch, self._node_breaker(nodes[node_name]))
-            if got is _FAILED:
+            if got is FAILED:
                 continue
             self._count(round_trips=int(counted))
             for i, value in zip(positions, got):

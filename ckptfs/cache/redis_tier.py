@@ -126,7 +126,7 @@ class Namespace:
 GROUPS = Namespace(KEY_PREFIX, LEASE_PREFIX, LEASE_MS, LEASE_WAIT_S)
 
 
-_FAILED = object()  # what ``_command`` returns when the endpoint was down or the command failed
+FAILED = object()  # what ``_command`` returns when the endpoint was down or the command failed
 
 
 class RedisTier:
@@ -209,7 +209,7 @@ class RedisTier:
     def _read(self, names: list[str]) -> list[bytes | None]:
         """The raw values of ``names`` (None: missing or unreachable), one MGET round trip."""
         raw: list[bytes | None] = self._command(names[0], lambda r: r.mget(names))
-        if raw is _FAILED:
+        if raw is FAILED:
             return [None] * len(names)
         self._count(round_trips=1)
         return raw
@@ -217,7 +217,7 @@ class RedisTier:
     def _batch(self, names: list[str], add: Callable[[Any, str], None], counted: bool = True) -> list[Any]:
         """The replies of one command per Redis key of ``names`` (``add(pipeline, name)`` queues it), sent as
         one pipeline: one round trip (counted in ``round_trips`` unless it is a write, ``counted`` False);
-        ``_FAILED`` in place of each reply when the endpoint is down or failed."""
+        ``FAILED`` in place of each reply when the endpoint is down or failed."""
         def run(client: Any) -> Any:
             pipe = client.pipeline(transaction=False)
             for name in names:
@@ -225,23 +225,23 @@ class RedisTier:
             return pipe.execute()
 
         replies: list[Any] = self._command(names[0], run)
-        if replies is _FAILED:
-            return [_FAILED] * len(names)
+        if replies is FAILED:
+            return [FAILED] * len(names)
         self._count(round_trips=int(counted))
         return replies
 
     def _command(self, name: str, command: Callable[[Any], Any], breaker: Breaker | None = None) -> Any:
-        """``command(client)``'s result under the breaker of ``name``'s endpoint; _FAILED if it is down or
+        """``command(client)``'s result under the breaker of ``name``'s endpoint; FAILED if it is down or
         the command failed (counted, the breaker told)."""
         breaker = breaker or self._route(name)
         if self._closed or breaker is None or not breaker.available():
             self._count(skipped=1)
-            return _FAILED
+            return FAILED
         try:
             result = command(self._redis())
         except Exception as exc:  # noqa: BLE001 - any client or server failure is a miss, never an error
             self._failed(exc, breaker)
-            return _FAILED
+            return FAILED
         breaker.succeeded()
         return result
 
@@ -324,7 +324,7 @@ class RedisTier:
     def contains(self, key: str) -> bool:
         name = self.namespace.key(key)
         found = self._command(name, lambda r: r.exists(name))
-        return found is not _FAILED and bool(found)
+        return found is not FAILED and bool(found)
 
     # -- single flight across processes (TieredCache asks tiers that have ``lease``) ---------------------
 
@@ -343,8 +343,8 @@ class RedisTier:
         ms = int(ms) if ms is not None else self.namespace.lease_ms
         replies = self._batch([self.namespace.lease(k) for k in keys],
                               lambda pipe, name: pipe.set(name, self._token, nx=True, px=ms))
-        won = [reply is _FAILED or bool(reply) for reply in replies]
-        taken = [key for key, reply in zip(keys, replies) if reply is not _FAILED and reply]
+        won = [reply is FAILED or bool(reply) for reply in replies]
+        taken = [key for key, reply in zip(keys, replies) if reply is not FAILED and reply]
         if taken:
             with self._lock:
                 self._leased.update(taken)
@@ -379,7 +379,7 @@ class RedisTier:
             if not still or time.monotonic() + delay > deadline:
                 break
             held = self._batch([self.namespace.lease(keys[i]) for i in still], lambda pipe, name: pipe.exists(name))
-            pending = [i for i, h in zip(still, held) if h is not _FAILED and h]
+            pending = [i for i, h in zip(still, held) if h is not FAILED and h]
             if pending:
                 time.sleep(delay)
                 delay = min(delay * 2, 0.05)
@@ -429,8 +429,8 @@ class RedisTier:
             replies = [self._command(name, lambda r: r.set(name, values[name][1]))]
         else:
             replies = self._batch(names, lambda pipe, name: pipe.set(name, values[name][1]), counted=False)
-        stored = [values[name] for name, reply in zip(names, replies) if reply is not _FAILED]
-        self.release_many([values[name][0] for name, reply in zip(names, replies) if reply is _FAILED])
+        stored = [values[name] for name, reply in zip(names, replies) if reply is not FAILED]
+        self.release_many([values[name][0] for name, reply in zip(names, replies) if reply is FAILED])
         with self._lock:
             self._leased.difference_update(key for key, _, _ in stored)  # waiters find the values; the
             # leases lapse by themselves

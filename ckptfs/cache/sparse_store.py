@@ -65,7 +65,7 @@ from typing import Any
 
 from ckptfs.cache import auth, entry, range_lease
 from ckptfs.cache.keys import CacheKey
-from ckptfs.cache.disk import PAUSE_S, FolderBound, _folder_lock, _open_private, _scandir, _unlink
+from ckptfs.cache.folder import FolderBound, folder_lock, open_private, scandir, unlink
 from ckptfs.cache.names import NameRecords
 from ckptfs.util.runs import runs as _runs
 from ckptfs.util.sizes import format_size
@@ -180,9 +180,9 @@ class StoredFile:
     def __init__(self, data_path: str, index_path: str, digest: bytes) -> None:
         self.digest = digest
         self.data_path, self.index_path = data_path, index_path
-        self.index = _open_private(index_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC)
+        self.index = open_private(index_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC)
         try:
-            self.data = _open_private(data_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC)
+            self.data = open_private(data_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC)
         except OSError:
             os.close(self.index)
             raise
@@ -321,7 +321,7 @@ class SparseStore(FolderBound):
 
     def _note_old_format(self) -> None:
         old = self.root / OLD_NAMESPACE
-        if any(True for sub in _scandir(old) for item in _scandir(sub.path) if item.name.endswith(".e")):
+        if any(True for sub in scandir(old) for item in scandir(sub.path) if item.name.endswith(".e")):
             log.warning("cache dir %s: fetched chunks stored in the older format (%s/) are ignored and will be "
                         "pruned (ckptfs cache clear removes them now)", self.root, OLD_NAMESPACE)
 
@@ -350,8 +350,8 @@ class SparseStore(FolderBound):
             self._warn_once("corrupt", "cache dir %s: index %s (%s): deleted (further ones are counted, not "
                             "logged)", self.root, os.path.basename(index_path), exc)
             self._count(corrupt=1)
-            _unlink(index_path)
-            _unlink(data_path)
+            unlink(index_path)
+            unlink(data_path)
             return None
         with self._lock:
             old = self._files.get(content_id)
@@ -716,7 +716,7 @@ class SparseStore(FolderBound):
     # -- the size bound ------------------------------------------------------------------------------
 
     # the bound's schedule (a check every ``max_bytes / 64`` written, on a thread of its own, held back while a
-    # process is about to fork) is the folder's, shared with the decoded groups' store (``disk.FolderBound``)
+    # process is about to fork) is the folder's, shared with the decoded groups' store (``folder.FolderBound``)
     def _prune_due(self) -> None:
         self.prune(wait=False)
 
@@ -737,11 +737,10 @@ class SparseStore(FolderBound):
         short = self._short_of_floor(nbytes)
         if short <= 0:
             return True
-        self._paused_until = time.monotonic() + PAUSE_S["full"]
-        self._paused_why = BELOW_FLOOR
+        pause = self._pause("full", BELOW_FLOOR)
         self._warn_once("floor", "cache dir %s: %s more would leave less than --cache-dir-min-free %g%% of its "
                         "file system free: not storing for %.0f s, serving from the origin", self.root,
-                        format_size(nbytes), self.min_free, PAUSE_S["full"])
+                        format_size(nbytes), self.min_free, pause)
         return False
 
     def _short_of_floor(self, nbytes: int) -> int:
@@ -770,7 +769,7 @@ class SparseStore(FolderBound):
         (default: ``excess()``) are freed, none of the file whose path stem is ``keep``. Returns {"chunks",
         "files", "bytes"} evicted."""
         removed = {"chunks": 0, "files": 0, "bytes": 0}
-        with _folder_lock(self.root, wait) as locked:
+        with folder_lock(self.root, wait) as locked:
             if not locked:
                 return removed
             need = self.excess() if need is None else need
@@ -798,8 +797,8 @@ class SparseStore(FolderBound):
     def _candidates(self) -> Iterator[tuple[Any, ...]]:
         """(last use, "file"|"chunk", path stem, chunk, bytes freed) of every sealed file and every present
         chunk of an unsealed one."""
-        for sub in _scandir(self.dir):
-            for item in _scandir(sub.path):
+        for sub in scandir(self.dir):
+            for item in scandir(sub.path):
                 if not item.name.endswith(".idx"):
                     continue
                 stem = item.path[:-4]
@@ -868,8 +867,8 @@ class SparseStore(FolderBound):
     def usage(self) -> dict[str, int]:
         """{"files": remote files stored, "bytes": what their data and indexes take on disk}."""
         found = {"files": 0, "bytes": 0}
-        for sub in _scandir(self.dir):
-            for item in _scandir(sub.path):
+        for sub in scandir(self.dir):
+            for item in scandir(sub.path):
                 with contextlib.suppress(OSError):
                     found["bytes"] += item.stat(follow_symlinks=False).st_blocks * 512
                     found["files"] += item.name.endswith(".data")
@@ -878,9 +877,9 @@ class SparseStore(FolderBound):
     def clear(self) -> dict[str, int]:
         """Delete every stored file (``ckptfs cache clear``)."""
         removed = {"files": 0, "bytes": 0}
-        with _folder_lock(self.root, True):
-            for sub in _scandir(self.dir):
-                for item in _scandir(sub.path):
+        with folder_lock(self.root, True):
+            for sub in scandir(self.dir):
+                for item in scandir(sub.path):
                     with contextlib.suppress(OSError):
                         size = item.stat(follow_symlinks=False).st_blocks * 512
                         os.unlink(item.path)
@@ -918,8 +917,8 @@ def folder_bytes(root: Path) -> int:
 
 def _remove(stem: str) -> None:
     """A stored file's index, then its data: nothing claims the bytes once the index is gone."""
-    _unlink(stem + ".idx")
-    _unlink(stem + ".data")
+    unlink(stem + ".idx")
+    unlink(stem + ".data")
 
 
 def _write_all(fd: int, views: list[memoryview], offset: int) -> int:

@@ -16,7 +16,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from ckptfs.cache.disk import PRUNE_HOLD
+from ckptfs.cache.folder import PRUNE_HOLD
 from ckptfs.core.runtime import runtime
 from ckptfs.checkpoint.api import OpenOptions, open_with, source_plan
 from ckptfs.formats.repository import SeveralCheckpoints

@@ -45,7 +45,7 @@ from typing import Protocol
 from ckptfs.ahead.limits import HeldSlot, OriginLimit
 from ckptfs.ahead.warmup import BackgroundWarmup, Progress, StopSignal, WarmupReport, fetch_missing
 from ckptfs.cache.chunks import CHUNK, STORED_RUN
-from ckptfs.cache.disk import FULL, NOT_WRITABLE
+from ckptfs.cache.folder import FULL, NOT_WRITABLE
 from ckptfs.cache.entry import HEADER_SIZE
 from ckptfs.cache.flight import Flight
 from ckptfs.cache.sparse_store import BELOW_FLOOR, DEFAULT_MIN_FREE, NAMESPACE, folder_bytes, free_and_floor
