@@ -21,6 +21,7 @@ from ckptfs.core.errors import CheckpointError
 from ckptfs.sources.identity import sample_digest
 from ckptfs.sources.remote import version
 from ckptfs.sources.remote.context import ReadContext
+from ckptfs.sources.remote.options import RemoteOptions
 from ckptfs.sources.remote.version import VersionPin
 
 TAIL = b"the file's last bytes" * 100
@@ -35,7 +36,7 @@ class TailSource:
     def __init__(self, read_ahead: bool = True) -> None:
         self.tail = TAIL
         self.asked = 0
-        self.options = types.SimpleNamespace(read_ahead=read_ahead)  # False: a checkpoint's headers being read
+        self.options = RemoteOptions(read_ahead=read_ahead)  # False: a checkpoint's headers being read
 
     def fetch(self, start: int, end: int, read: ReadContext) -> bytes:
         self.asked += 1
