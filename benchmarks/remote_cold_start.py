@@ -383,7 +383,7 @@ def capped_section(root: Path, model: Path, args, notes: list[str]) -> dict:
                                   for name in out["summary"] if "proxy_cpu_s" in rounds[0].get(name, {})}
     out["first_byte_s"] = [r["first_byte"]["seconds"] for r in rounds]
     out["fastest_download_s"] = fastest
-    from ckptfs.cache.chunks import DEFAULT_MEMORY_BYTES
+    from ckptfs.sources.remote.store.chunks import DEFAULT_MEMORY_BYTES
     from ckptfs.ahead.fetch import FETCH_BUDGET
 
     out["rss_budget_MiB"] = {"cache_size": DEFAULT_CACHE_SIZE // MiB, "chunk_lru": DEFAULT_MEMORY_BYTES // MiB,

@@ -25,8 +25,8 @@ import shutil
 import time
 from pathlib import Path
 
-from ckptfs.cache.chunks import CHUNK, STORED_RUN
-from ckptfs.cache.sparse_store import SparseStore
+from ckptfs.sources.remote.store.chunks import CHUNK, STORED_RUN
+from ckptfs.sources.remote.store.sparse_store import SparseStore
 
 
 def _leave_deleted(folder: Path, count: int) -> None:

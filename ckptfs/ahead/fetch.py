@@ -17,7 +17,7 @@ A read elsewhere starts a new run and resets the window, so a random reader fetc
 its reads. Concurrent readers of one stream (the kernel's async direct-I/O requests, several FUSE threads)
 arrive slightly out of order: a read within ``SLACK_READS`` read sizes of the run's end still continues it.
 Memory stays bounded: the window never reaches past ``FETCH_BUDGET`` bytes ahead of the reader, fetched
-chunks go into the shared chunk LRU (``ckptfs.cache.chunks``, twice the budget), and the scheduler counts
+chunks go into the shared chunk LRU (``ckptfs.sources.remote.store.chunks``, twice the budget), and the scheduler counts
 everything in flight. The chunks are claimed, fetched and abandoned through the source's public ``claim`` /
 ``fetch_claimed`` / ``abandon``: a reader arriving at a chunk on its way waits for that fetch.
 

@@ -1,5 +1,5 @@
 """The one bytes-bounded LRU of the package: decoded groups (the memory tier) and fetched remote chunks
-(``ckptfs.cache.chunks``) are each one instance of it.
+(``ckptfs.sources.remote.store.chunks``) are each one instance of it.
 
 Values are buffers (numpy arrays, bytes); the bound is the sum of their sizes. A value larger than the whole
 capacity is not kept (it would evict everything for one entry). Thread-safe; counters are exact.

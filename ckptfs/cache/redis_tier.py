@@ -33,7 +33,7 @@ A Redis that is slow, dead, full or holding garbage must cost a decode, never a 
 
 - **Namespaces.** A tier serves one :class:`Namespace`: its key prefixes and lease timings. Decoded groups
   are ``GROUPS`` (``ckptfs:e1:``/``ckptfs:l1:``); the remote sources' fetched chunks are another
-  (``ckptfs.cache.chunks.BYTES``), held by a tier of their own, so their counters are their own too.
+  (``ckptfs.sources.remote.store.chunks.BYTES``), held by a tier of their own, so their counters are their own too.
 
 - **Writes off the read path.** ``put`` queues the group for a background writer (``writer.py``); a full
   queue holds the reader back for at most the command timeout, then drops the group.

@@ -14,7 +14,7 @@ import click
 
 from ckptfs.cache.auth import CacheRefused
 from ckptfs.cache.disk import DEFAULT_CACHE_DIR_SIZE, DiskStore
-from ckptfs.cache.sparse_store import DEFAULT_MIN_FREE, NAMESPACE, SparseStore, folder_bytes
+from ckptfs.sources.remote.store.sparse_store import DEFAULT_MIN_FREE, NAMESPACE, SparseStore, folder_bytes
 from ckptfs.commands.open_flags import flag
 from ckptfs.core.options import env_of
 from ckptfs.util.sizes import format_size

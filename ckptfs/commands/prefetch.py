@@ -257,7 +257,7 @@ def _fetch_bytes(ck, bar: ByteBar, quiet: bool, started: float, before: dict, st
     """The stored-bytes warm-up of an opened checkpoint (after ``early``'s, when one ran during the open);
     its summary counts the header bytes the open fetched (``before``: the traffic counters before the open,
     at ``started``) as fetched by this run. ``label`` starts its lines (a repository's checkpoint name)."""
-    from ckptfs.cache.chunks import CHUNK
+    from ckptfs.sources.remote.store.chunks import CHUNK
     from ckptfs.core.runtime import runtime
     from ckptfs.sources.netstats import SOURCE_COUNTERS
     from ckptfs.sources.remote.warmup import checkpoint_sources, stored_in_folder, warm

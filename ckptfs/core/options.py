@@ -123,7 +123,8 @@ class OpenOptions:
         None, flag="--cache-dir-size", kind="size", default_at="ckptfs.cache.disk:DEFAULT_CACHE_DIR_SIZE",
         help="Bound of the --cache-dir folder (all processes together; LRU).")
     cache_dir_min_free: float | None = option(
-        None, flag="--cache-dir-min-free", kind="percent", default_at="ckptfs.cache.sparse_store:DEFAULT_MIN_FREE",
+        None, flag="--cache-dir-min-free", kind="percent",
+        default_at="ckptfs.sources.remote.store.sparse_store:DEFAULT_MIN_FREE",
         help="Percent of the --cache-dir file system the fetched-bytes store keeps free (evicting least recently "
              "used chunks).")
     redis: str | None = option(

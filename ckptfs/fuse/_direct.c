@@ -24,7 +24,7 @@
  * mtime, a short read or an error sends the read to Python, which answers it (EIO, with its log line and
  * error counter); the chunks it touches are recorded in, or once the ctime moved compared with, the file's
  * served checksums (sources/served.py), and a chunk other than served before goes to Python too. A segment may be gated (a sealed file of the --cache-dir store whose MAC check is under way,
- * run ahead of the readers chunk by chunk: cache/sparse_store.py): its bytes are read once the check has
+ * run ahead of the readers chunk by chunk: sources/remote/store/sparse_store.py): its bytes are read once the check has
  * passed them, and a read the check has not reached soon, or one of a file that failed it, goes to Python,
  * which checks each chunk it reads. Descriptors, memory and gates are Python's, held by it while the handle is
  * registered: each read holds a reference on its entry, and `unregister` returns only once no read uses the

@@ -54,7 +54,7 @@ def chunk_tier_stats() -> dict[str, dict[str, int]]:
     ``chunk_leases``: chunks this process fetched under its lease, ``chunk_waited``/``chunk_waited_hits``:
     chunks it waited for another's fetch of, and got)."""
     try:
-        from ckptfs.cache.chunks import shared_stats
+        from ckptfs.sources.remote.store.chunks import shared_stats
     except ImportError:  # an installation without remote sources
         return {}
     return shared_stats()

@@ -16,7 +16,7 @@ import threading
 
 from conftest import wait_until
 
-from ckptfs.cache.chunks import CHUNK
+from ckptfs.sources.remote.store.chunks import CHUNK
 from ckptfs.ahead.limits import OriginLimit
 from ckptfs.ahead.detect import decided_above
 from ckptfs.ahead import fetch as fetch_ahead

@@ -14,7 +14,7 @@ fetched per range), and a safetensors folder's own
 throughout and must stay within the cache plus :data:`DAEMON_SLACK` of its value before the run — the local
 files are several times that, so a daemon that kept what it served would fail. A remote mount also keeps
 fetched bytes in the process's chunk LRU and has read-ahead in flight, each bounded by its own constant
-(cache/chunks.py, workers/scheduler.py); its bound adds those (larger than this file, so there it
+(sources/remote/store/chunks.py, workers/scheduler.py); its bound adds those (larger than this file, so there it
 checks that the daemon stays within its documented bounds, not that it keeps nothing).
 """
 
@@ -29,7 +29,7 @@ import pytest
 from client_patterns import RssSampler, run_workers, summary
 from conftest import REPO, mount_stats, require_nginx
 
-from ckptfs.cache.chunks import DEFAULT_MEMORY_BYTES as REMOTE_CHUNKS
+from ckptfs.sources.remote.store.chunks import DEFAULT_MEMORY_BYTES as REMOTE_CHUNKS
 from ckptfs.workers.scheduler import DEFAULT_BUDGET as READ_AHEAD_BUDGET
 from loopback.servers import Nginx
 

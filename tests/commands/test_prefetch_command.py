@@ -38,9 +38,9 @@ from fixtures import quantized, write_gguf
 from multifile_sets import gguf_reference, gguf_tensors, write_split_gguf
 from loopback.servers import Nginx, OPEN_HEAD, WEAK_ETAG_TAIL, data_ranges, free_port
 
-from ckptfs.cache.chunks import CHUNK
+from ckptfs.sources.remote.store.chunks import CHUNK
 from ckptfs.cache.disk import DiskStore
-from ckptfs.cache.sparse_store import HEADER_SIZE as SPARSE_HEADER, RECORD
+from ckptfs.sources.remote.store.sparse_store import HEADER_SIZE as SPARSE_HEADER, RECORD
 
 MiB = 1 << 20
 

@@ -30,8 +30,8 @@ from multifile_sets import gguf_reference
 from hub_origin import hub_origin
 from loopback.servers import MotoS3, environment
 
-from ckptfs.cache.chunks import CHUNK
-from ckptfs.cache.sparse_store import HEADER_SIZE as SPARSE_HEADER, RECORD
+from ckptfs.sources.remote.store.chunks import CHUNK
+from ckptfs.sources.remote.store.sparse_store import HEADER_SIZE as SPARSE_HEADER, RECORD
 
 MEMBERS = ("model-Q8_0", "model-F32")
 

@@ -130,10 +130,10 @@ KNOWN = {
     "ckptfs.ggufview.files._lock": "guards that cache",
     "ckptfs.cache.auth._keys": "the --cache-key-file keys read, by path: a cache of immutable values",
     "ckptfs.cache.auth._keys_lock": "guards that cache",
-    "ckptfs.cache.chunks._stores": "the --cache-dir stores of fetched bytes, one per folder and process: each "
+    "ckptfs.sources.remote.store.chunks._stores": "the --cache-dir stores of fetched bytes, one per folder and process: each "
                                    "holds byte-range locks (fcntl) that are the process's",
-    "ckptfs.cache.chunks._stores_lock": "guards the stores and the shared tiers",
-    "ckptfs.cache.chunks._shared_tiers": "the Redis tiers of fetched chunks, one per server and key",
+    "ckptfs.sources.remote.store.chunks._stores_lock": "guards the stores and the shared tiers",
+    "ckptfs.sources.remote.store.chunks._shared_tiers": "the Redis tiers of fetched chunks, one per server and key",
     "ckptfs.cache.flight._named": "the single flights of each remote file's content, held weakly by its readers",
     "ckptfs.cache.flight._named_lock": "guards them",
     "ckptfs.checkpoint.shared._stores": "the --cache-dir stores of decoded groups, one per folder and process "

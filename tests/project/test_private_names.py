@@ -1,4 +1,5 @@
-"""The cache's modules share what they share by public names: none imports another module's private name.
+"""The cache's and the fetched-bytes store's modules share what they share by public names: none imports
+another module's private name.
 
 A name with a leading underscore is its module's own business: it may change with no caller to update. The
 two stores of a ``--cache-dir`` folder (decoded groups, fetched remote bytes) share the folder's mechanics
@@ -17,7 +18,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 #: The packages held to it: the decoded groups' tiers and the fetched remote bytes' store.
-PACKAGES = ("ckptfs/cache",)
+PACKAGES = ("ckptfs/cache", "ckptfs/sources/remote/store")
 
 
 def _is_module(package: str, name: str) -> bool:

@@ -29,7 +29,7 @@ from loopback.servers import HubStandIn, MotoS3, Nginx, environment
 from conftest import require_nginx
 
 import ckptfs
-from ckptfs.cache.chunks import CHUNK
+from ckptfs.sources.remote.store.chunks import CHUNK
 from ckptfs.core.errors import CheckpointError
 from ckptfs.formats.multi import read_checkpoint
 from ckptfs.integrity.checked import ManifestCheck

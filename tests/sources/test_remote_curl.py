@@ -24,7 +24,7 @@ from conftest import cli_env, require_nginx, wait_until
 from loopback.faultproxy import FaultProxy
 from loopback.servers import Nginx, Redirector, TestCA
 
-from ckptfs.cache.chunks import CHUNK
+from ckptfs.sources.remote.store.chunks import CHUNK
 from ckptfs.core.errors import CheckpointError
 from ckptfs.core.options import OpenOptions
 from ckptfs.sources.remote import curl

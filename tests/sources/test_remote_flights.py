@@ -21,8 +21,8 @@ import pytest
 
 pytest.importorskip("urllib3")
 
-from ckptfs.cache.names import name_path
-from ckptfs.cache.chunks import CHUNK, MEMORY_CHUNKS, chunk_key
+from ckptfs.sources.remote.store.names import name_path
+from ckptfs.sources.remote.store.chunks import CHUNK, MEMORY_CHUNKS, chunk_key
 from ckptfs.core.runtime import runtime
 from ckptfs.sources import Opener
 from ckptfs.core.options import OpenOptions

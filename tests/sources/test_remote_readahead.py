@@ -13,7 +13,7 @@ import pytest
 pytest.importorskip("urllib3")
 
 from ckptfs.sources import Opener
-from ckptfs.cache.chunks import CHUNK
+from ckptfs.sources.remote.store.chunks import CHUNK
 from ckptfs.core.options import OpenOptions
 from ckptfs.sources.remote.options import RemoteOptions
 from loopback.servers import Nginx

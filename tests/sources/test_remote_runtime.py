@@ -24,7 +24,7 @@ from forking import WAIT_S, in_child
 from loopback.servers import Nginx, requests_since
 
 from ckptfs.ahead.limits import ORIGINS
-from ckptfs.cache.chunks import CHUNK, MEMORY_CHUNKS
+from ckptfs.sources.remote.store.chunks import CHUNK, MEMORY_CHUNKS
 from ckptfs.core.options import OpenOptions
 from ckptfs.core.runtime import Part, Runtime, runtime
 from ckptfs.sources import Opener

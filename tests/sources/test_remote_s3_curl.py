@@ -20,8 +20,8 @@ pytest.importorskip("moto")
 
 from loopback.servers import MotoS3, environment  # noqa: E402
 
-from ckptfs.cache import chunks  # noqa: E402
-from ckptfs.cache.chunks import CHUNK  # noqa: E402
+from ckptfs.sources.remote.store import chunks  # noqa: E402
+from ckptfs.sources.remote.store.chunks import CHUNK  # noqa: E402
 from ckptfs.core.errors import CheckpointError  # noqa: E402
 from ckptfs.core.options import OpenOptions  # noqa: E402
 from ckptfs.core.runtime import runtime  # noqa: E402

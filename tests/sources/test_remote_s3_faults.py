@@ -13,7 +13,7 @@ boto3 = pytest.importorskip("boto3")
 pytest.importorskip("moto")
 
 from ckptfs.core.runtime import runtime  # noqa: E402
-from ckptfs.cache import chunks  # noqa: E402
+from ckptfs.sources.remote.store import chunks  # noqa: E402
 from ckptfs.core.errors import CheckpointError  # noqa: E402
 from ckptfs.core.options import OpenOptions  # noqa: E402
 from ckptfs.sources import Opener  # noqa: E402

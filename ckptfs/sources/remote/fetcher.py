@@ -1,6 +1,6 @@
 """The chunk fetcher: a remote file's bytes as aligned cache chunks, each fetched once however many want it.
 
-A read is mapped to aligned chunks (``ckptfs.cache.chunks.CHUNK``); chunks in memory or in the
+A read is mapped to aligned chunks (``ckptfs.sources.remote.store.chunks.CHUNK``); chunks in memory or in the
 ``--cache-dir`` store cost nothing, the missing ones are fetched as contiguous runs, one request per run (at
 most ``MAX_REQUEST_BYTES``). Concurrent readers of a chunk wait for one fetch (its flight,
 ``ckptfs.cache.flight``), so the kernel's parallel requests, read-ahead and a warm-up never fetch the same
@@ -20,7 +20,7 @@ import logging
 import time
 from typing import cast
 
-from ckptfs.cache.chunks import CHUNK, CHUNK_LEASE_MS, CHUNK_WAIT_S, ChunkCache, chunk_key
+from ckptfs.sources.remote.store.chunks import CHUNK, CHUNK_LEASE_MS, CHUNK_WAIT_S, ChunkCache, chunk_key
 from ckptfs.cache.keys import CacheKey
 from ckptfs.cache.flight import Flight, SingleFlight, flights_for
 from ckptfs.core.errors import CheckpointError
@@ -173,7 +173,7 @@ class ChunkFetcher:
     # -- fetching --------------------------------------------------------------------------------------
     def fetch_chunks(self, c0: int, c1: int, read: ReadContext, memory: bool = True) -> dict[int, bytes]:
         """Fetch chunks [c0, c1) (flights registered by the caller), cache them, wake waiters. With a shared
-        tier (``--redis``/``--redis-cluster``, ``ckptfs.cache.chunks``): the chunks it holds are taken from
+        tier (``--redis``/``--redis-cluster``, ``ckptfs.sources.remote.store.chunks``): the chunks it holds are taken from
         it (one round trip), the rest leased (one more); only the chunks whose lease this process won are
         fetched from the origin (contiguous ones as one request) and stored there, then the ones another
         process is fetching are waited for (``_wait_shared``)."""

@@ -14,7 +14,7 @@ import functools
 import logging
 from collections.abc import Callable
 
-from ckptfs.cache.chunks import CHUNK
+from ckptfs.sources.remote.store.chunks import CHUNK
 from ckptfs.workers.scheduler import Scheduler
 from ckptfs.ahead.fetch import FETCH_BUDGET
 from ckptfs.util.redact import public_name

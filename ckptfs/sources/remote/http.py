@@ -56,7 +56,7 @@ from urllib.parse import urljoin, urlsplit
 import urllib3
 from urllib3 import BaseHTTPResponse
 
-from ckptfs.cache.chunks import CHUNK
+from ckptfs.sources.remote.store.chunks import CHUNK
 from ckptfs.core.errors import CheckpointError
 from ckptfs.core.runtime import Part
 from ckptfs.sources.registry import register_scheme

@@ -15,9 +15,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ckptfs.cache.chunks import MEMORY_CHUNKS, ChunkCache, disk_store, shared_tier
+from ckptfs.sources.remote.store.chunks import MEMORY_CHUNKS, ChunkCache, disk_store, shared_tier
 from ckptfs.cache.disk import DEFAULT_CACHE_DIR_SIZE
-from ckptfs.cache.sparse_store import DEFAULT_MIN_FREE
+from ckptfs.sources.remote.store.sparse_store import DEFAULT_MIN_FREE
 from ckptfs.core.options import OpenOptions
 from ckptfs.core.runtime import Runtime, runtime
 from ckptfs.sources.netstats import SOURCE_COUNTERS, SourceCounters

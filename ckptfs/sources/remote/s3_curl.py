@@ -27,7 +27,7 @@ from typing import Any, Protocol
 
 from botocore.utils import get_environ_proxies
 
-from ckptfs.cache.chunks import CHUNK
+from ckptfs.sources.remote.store.chunks import CHUNK
 from ckptfs.sources.remote import curl
 from ckptfs.sources.remote.context import ReadContext
 from ckptfs.sources.remote.http import ASKED_HEADERS

@@ -2,7 +2,7 @@
 (``--offline``).
 
 The store keeps, beside each remote file's bytes, what its name stood for when they were fetched (a *name
-record*, ``ckptfs.cache.names``: content identity, size, validator, the LFS oid or a weak validator's tail
+record*, ``ckptfs.sources.remote.store.names``: content identity, size, validator, the LFS oid or a weak validator's tail
 digest, the revision's commit, when it was fetched) and, for a repository folder, its listing. Opening goes:
 
 - **Online, with a record** (the file's bytes were stored before): the origin is asked once — the open's
@@ -29,7 +29,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ckptfs.cache.chunk_store import ChunkStore
+from ckptfs.sources.remote.store.chunk_store import ChunkStore
 from ckptfs.core.errors import CheckpointError, SourceUnavailable
 from ckptfs.sources.base import ByteSource, Folder
 from ckptfs.sources.remote.context import ReadContext

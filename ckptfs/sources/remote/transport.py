@@ -28,7 +28,7 @@ import logging
 import time
 from typing import Any
 
-from ckptfs.cache.chunks import CHUNK
+from ckptfs.sources.remote.store.chunks import CHUNK
 from ckptfs.cache.flight import Flight
 from ckptfs.core.errors import CheckpointError
 from ckptfs.ahead.limits import OriginLimit

@@ -44,11 +44,12 @@ from typing import Protocol
 
 from ckptfs.ahead.limits import HeldSlot, OriginLimit
 from ckptfs.ahead.warmup import BackgroundWarmup, Progress, StopSignal, WarmupReport, fetch_missing
-from ckptfs.cache.chunks import CHUNK, STORED_RUN
+from ckptfs.sources.remote.store.chunks import CHUNK, STORED_RUN
 from ckptfs.cache.folder import FULL, NOT_WRITABLE
 from ckptfs.cache.entry import HEADER_SIZE
 from ckptfs.cache.flight import Flight
-from ckptfs.cache.sparse_store import BELOW_FLOOR, DEFAULT_MIN_FREE, NAMESPACE, folder_bytes, free_and_floor
+from ckptfs.sources.remote.store.sparse_store import (BELOW_FLOOR, DEFAULT_MIN_FREE, NAMESPACE, folder_bytes,
+                                                      free_and_floor)
 from ckptfs.core.errors import CheckpointError
 from ckptfs.sources.base import ByteSource, Mirrored, WrapsSource
 from ckptfs.sources.pool import SourcePool

@@ -29,13 +29,13 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
-from ckptfs.cache import sparse_store
-from ckptfs.cache.chunk_store import ChunkStore
 from ckptfs.cache.keys import CacheKey
 from ckptfs.cache.lru import BytesLRU
 from ckptfs.cache.redis_tier import Namespace
-from ckptfs.cache.sparse_store import DEFAULT_MIN_FREE, SparseStore
 from ckptfs.core.runtime import Part, runtime
+from ckptfs.sources.remote.store import sparse_store
+from ckptfs.sources.remote.store.chunk_store import ChunkStore
+from ckptfs.sources.remote.store.sparse_store import DEFAULT_MIN_FREE, SparseStore
 from ckptfs.util.forks import after_fork_in_child
 
 if TYPE_CHECKING:  # imported when fetched chunks are shared through Redis

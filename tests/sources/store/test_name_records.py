@@ -1,4 +1,5 @@
-"""The store's name records (``ckptfs/cache/names.py``): what a remote name stood for, kept with its bytes.
+"""The store's name records (``ckptfs/sources/remote/store/names.py``): what a remote name stood for, kept
+with its bytes.
 
 Real files in a temporary folder, read back by the store and by hand. What is proved: a file's record is
 written only once bytes of it are stored (never a record before its bytes), at once when some are there
@@ -11,8 +12,8 @@ from __future__ import annotations
 
 import os
 
-from ckptfs.cache.names import name_path
-from ckptfs.cache.sparse_store import CHUNK, SparseStore
+from ckptfs.sources.remote.store.names import name_path
+from ckptfs.sources.remote.store.sparse_store import CHUNK, SparseStore
 
 URL = "http://origin.example/model.gguf"
 V1 = 'etag:"1"' + f":{3 * CHUNK}:{URL}"

@@ -20,9 +20,10 @@ import pytest
 
 from conftest import tmpfs
 
-from ckptfs.cache import entry, range_lease, sparse_store
-from ckptfs.cache.chunks import ChunkCache, MemoryChunks, chunk_key
-from ckptfs.cache.sparse_store import CHUNK, HEADER_SIZE, RECORD, SparseStore
+from ckptfs.cache import entry
+from ckptfs.sources.remote.store import range_lease, sparse_store
+from ckptfs.sources.remote.store.chunks import ChunkCache, MemoryChunks, chunk_key
+from ckptfs.sources.remote.store.sparse_store import CHUNK, HEADER_SIZE, RECORD, SparseStore
 
 CONTENT = "test:sparse-store:" + os.urandom(8).hex()
 N = 10  # chunks of the test file; its last one is shorter
@@ -103,7 +104,7 @@ def test_forged_or_damaged_chunks_are_misses_and_fetched_again(tmp_path, damage,
             record = fh.read(RECORD)
             fh.seek(HEADER_SIZE)
             fh.write(record)
-    with caplog.at_level(logging.WARNING, logger="ckptfs.cache.sparse_store"):
+    with caplog.at_level(logging.WARNING, logger="ckptfs.sources.remote.store.sparse_store"):
         assert s.get(CONTENT, 0) is None
     assert s.stats()["forged"] == 1
     assert s.stored_chunks(CONTENT, range(N)) == {1}  # dropped: fetched and stored again
@@ -199,7 +200,7 @@ def test_the_bound_and_the_free_space_floor_are_measured_in_blocks(tmp_path):
 def test_a_full_file_system_costs_storage_never_a_read(tmp_path, caplog):
     with tmpfs(tmp_path / "small", "1m") as root:
         s = SparseStore(root, 1 << 30, min_free=0.0)  # no floor: the writes find the file system full
-        with caplog.at_level(logging.WARNING, logger="ckptfs.cache.sparse_store"):
+        with caplog.at_level(logging.WARNING, logger="ckptfs.sources.remote.store.sparse_store"):
             stored = [i for i in range(N) if s.put_chunks(CONTENT, i, [chunk(i)], N) or
                       setattr(s, "_paused_until", 0.0)]
         assert 0 < len(stored) < N
@@ -212,7 +213,7 @@ def test_chunks_of_the_older_format_are_ignored_with_one_line(tmp_path, caplog):
     old = tmp_path / "cache" / "bytes" / "ab"
     old.mkdir(parents=True)
     (old / ("ab" * 16 + ".e")).write_bytes(b"an old entry")
-    with caplog.at_level(logging.WARNING, logger="ckptfs.cache.sparse_store"):
+    with caplog.at_level(logging.WARNING, logger="ckptfs.sources.remote.store.sparse_store"):
         s = store(tmp_path)
     assert [r.getMessage() for r in caplog.records if "older format" in r.getMessage()] != []
     assert len(caplog.records) == 1
@@ -221,7 +222,7 @@ def test_chunks_of_the_older_format_are_ignored_with_one_line(tmp_path, caplog):
 
 HOLDER = textwrap.dedent("""
     import os, sys
-    from ckptfs.cache.sparse_store import SparseStore
+    from ckptfs.sources.remote.store.sparse_store import SparseStore
     s = SparseStore(sys.argv[1], 1 << 30)
     print(s.lease(sys.argv[2], [1, 2]), flush=True)
     sys.stdin.readline()
@@ -396,7 +397,7 @@ def test_a_damaged_index_header_drops_the_file_with_one_line_and_leaks_no_descri
     fresh = SparseStore(tmp_path / "cache", 1 << 30)
     held = _descriptors_of(data_path, index_path)  # (the first store's: the files it wrote)
     assert held == 2
-    with caplog.at_level(logging.WARNING, logger="ckptfs.cache.sparse_store"):
+    with caplog.at_level(logging.WARNING, logger="ckptfs.sources.remote.store.sparse_store"):
         assert fresh.get(CONTENT, 0) is None and fresh.get(CONTENT, 0) is None
     assert _descriptors_of(data_path, index_path) == held
     assert not os.path.exists(index_path) and not os.path.exists(data_path)

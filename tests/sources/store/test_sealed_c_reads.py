@@ -29,7 +29,7 @@ from fixtures import write_gguf, write_mixed_gguf
 from mount_expect import read_direct
 from loopback.servers import Nginx, data_ranges
 
-from ckptfs.cache.sparse_store import CHUNK, SparseStore
+from ckptfs.sources.remote.store.sparse_store import CHUNK, SparseStore
 from ckptfs.fuse import direct
 
 pytestmark = pytest.mark.skipif(direct._direct is None, reason="the C helper ckptfs.fuse._direct is not built")

@@ -63,10 +63,11 @@ from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from ckptfs.cache import auth, entry, range_lease
-from ckptfs.cache.keys import CacheKey
+from ckptfs.cache import auth, entry
 from ckptfs.cache.folder import FolderBound, folder_lock, open_private, scandir, unlink
-from ckptfs.cache.names import NameRecords
+from ckptfs.cache.keys import CacheKey
+from ckptfs.sources.remote.store import range_lease
+from ckptfs.sources.remote.store.names import NameRecords
 from ckptfs.util.runs import runs as _runs
 from ckptfs.util.sizes import format_size
 

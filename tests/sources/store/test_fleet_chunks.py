@@ -1,5 +1,5 @@
 """A fleet fetches once: daemons mounting one http origin with one Redis (or Redis Cluster) share the stored
-bytes they fetch (``ckptfs.cache.chunks``' shared tier), checked against a real nginx's access log.
+bytes they fetch (``ckptfs.sources.remote.store.chunks``' shared tier), checked against a real nginx's access log.
 
 Every byte is compared with the reference (gguf-py's values and stored bytes, the file itself); the origin's
 bytes are counted from nginx's own log. A stopped Redis and a lease whose holder never stores must cost
@@ -27,8 +27,9 @@ from tier_models import expected_files, read_all
 pytest.importorskip("redis")
 
 from ckptfs.core.runtime import runtime
-from ckptfs.cache import chunks, entry
-from ckptfs.cache.chunks import CHUNK, chunk_key
+from ckptfs.cache import entry
+from ckptfs.sources.remote.store import chunks
+from ckptfs.sources.remote.store.chunks import CHUNK, chunk_key
 from ckptfs.cache.redis_tier import RedisTier
 from ckptfs.sources.registry import Opener
 from ckptfs.core.options import OpenOptions

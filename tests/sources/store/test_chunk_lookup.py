@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 
-from ckptfs.cache.chunks import CHUNK, ChunkCache, MemoryChunks, chunk_key, disk_store
+from ckptfs.sources.remote.store.chunks import CHUNK, ChunkCache, MemoryChunks, chunk_key, disk_store
 
 CONTENT = "test:chunk-lookup:" + os.urandom(8).hex()
 
