@@ -32,6 +32,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -268,6 +269,17 @@ def tmpfs(path: Path, size: str) -> Iterator[Path]:
 
 
 HANG_GUARD_S = 60.0  # a call that has not returned by then is taken as hung
+
+
+def remount_read_only(path: Path, *stores) -> None:
+    """Make the tmpfs at ``path`` read-only, once the background prune of each ``--cache-dir`` store in
+    ``stores`` has ended: a prune holds the folder's lock file open for writing while it walks the folder
+    (the first write makes one due), and the kernel refuses (EBUSY) to remount a file system read-only while
+    a file on it is open for writing, so on a loaded machine the remount failed now and then."""
+    deadline = time.monotonic() + HANG_GUARD_S
+    while any(store._pruning for store in stores) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    subprocess.run(["mount", "-o", "remount,ro", str(path)], check=True)
 
 
 def bounded(call, *args, guard: float = HANG_GUARD_S):

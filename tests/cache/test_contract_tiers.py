@@ -17,12 +17,11 @@ from __future__ import annotations
 import concurrent.futures
 import os
 import shutil
-import subprocess
 import uuid
 
 import numpy as np
 import pytest
-from conftest import tmpfs
+from conftest import remount_read_only, tmpfs
 from loopback.redis_cluster_server import RedisClusterServers
 from redis_fixtures import require_redis_cluster, require_redis_server
 from loopback.redis_server import RedisServer
@@ -238,7 +237,7 @@ def down(request, tmp_path):
     else:
         with tmpfs(tmp_path / "ro", "8m") as root:
             made = DiskTier(root, 1 << 30)
-            yield how, made, lambda: subprocess.run(["mount", "-o", "remount,ro", str(root)], check=True)
+            yield how, made, lambda: remount_read_only(root, made.store)
             made.close()
 
 

@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 from cli_runs import one_error_line, run_cli
-from conftest import skip_or_fail, tmpfs
+from conftest import remount_read_only, skip_or_fail, tmpfs
 from tier_models import FORGED_VALUE, forge, write_model
 
 from ckptfs.cache import entry
@@ -210,7 +210,7 @@ def test_a_read_only_folder_serves_what_it_has(tmp_path, caplog):
         tier = DiskTier(root, 1 << 30)
         tier.put("kept", values(3))
         tier.flush()
-        subprocess.run(["mount", "-o", "remount,ro", str(root)], check=True)
+        remount_read_only(root, tier.store)
         with caplog.at_level(logging.WARNING, logger="ckptfs.cache.disk"):
             tier.put("new", values(4))
             tier.put("new2", values(5))
