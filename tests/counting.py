@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ckptfs.core.reads import NOTHING_SAID, ReadScope
 from ckptfs.sources.base import ByteSource
 
 
@@ -15,6 +16,6 @@ class Counting(ByteSource):
     def content_id(self) -> str:
         return self.inner.content_id()
 
-    def pread(self, offset: int, size: int) -> bytes:
+    def pread(self, offset: int, size: int, *, scope: ReadScope = NOTHING_SAID) -> bytes:
         self.calls.append((offset, size))
-        return self.inner.pread(offset, size)
+        return self.inner.pread(offset, size, scope=scope)

@@ -16,6 +16,7 @@ import os
 import sys
 
 from ckptfs.core.errors import CheckpointError
+from ckptfs.core.reads import NOTHING_SAID, ReadScope
 from ckptfs.sources import ByteSource, Folder, register_scheme, sha256_content_id
 
 STORE: dict[str, bytes] = {}
@@ -33,7 +34,7 @@ class MemSource(ByteSource):
         self.identity = (self.size, id(self._data))
         self.reads: list[tuple[int, int]] = []
 
-    def pread(self, offset: int, size: int) -> bytes:
+    def pread(self, offset: int, size: int, *, scope: ReadScope = NOTHING_SAID) -> bytes:
         if size <= 0:
             return b""
         if offset < 0 or offset + size > self.size:

@@ -10,5 +10,6 @@ requests a remote read-ahead or warm-up sends are bounded by each origin's learn
 A low layer: a mechanism here is handed what it works on through a protocol it declares (the way
 Mountpoint-S3's ``prefetch/`` is handed its client), so it imports neither the sources nor the engine it
 serves. One stream's read-ahead is decided once, by the layer nearest its reader that watches it
-(:func:`ckptfs.ahead.detect.decided_above`).
+(:mod:`ckptfs.ahead.detect`), which says so in the scope of the reads it passes down
+(``ckptfs.core.reads.ReadScope.decided``).
 """

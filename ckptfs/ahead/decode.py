@@ -20,9 +20,9 @@ read-ahead by answering it. This module declares what it needs of a served file 
 mount's readahead, the allocator) is the FUSE adapter's.
 
 The handle is where a mount's stream is decided (``ckptfs.ahead.detect``: one decision per stream): its
-reads (:meth:`DecodeAhead.reading`), its advice and its decoding ahead are made inside ``decided_above``, so
-a remote source under it fetches what the advice names, following its reader, instead of detecting the
-stream again with a rule of its own. A handle whose stream is not tracked (read-ahead off, a view that does
+reads (:meth:`DecodeAhead.scope`), its advice and its decoding ahead say so to the source in the scope they
+pass down (``ckptfs.core.reads.ReadScope.decided``), so a remote source under it fetches what the advice
+names, following its reader, instead of detecting the stream again with a rule of its own. A handle whose stream is not tracked (read-ahead off, a view that does
 not read ahead) leaves the decision to the source.
 
 ``CKPTFS_DECODE_AHEAD=0`` turns it off (for measuring its gain), ``CKPTFS_DECODE_AHEAD=kernel`` keeps only
@@ -34,19 +34,18 @@ of FUSE: it sees file handles, served files and byte ranges.
 from __future__ import annotations
 
 import collections
-import contextlib
 import functools
 import logging
 import os
 import threading
 from collections.abc import Callable, Hashable
-from contextlib import AbstractContextManager
 from concurrent.futures import Future
 from concurrent.futures import wait as wait_for
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from ckptfs.ahead.detect import SequentialRun, decided_above
+from ckptfs.ahead.detect import SequentialRun
+from ckptfs.core.reads import DECIDED, NOTHING_SAID, ReadScope
 from ckptfs.core.runtime import runtime
 from ckptfs.workers.scheduler import WORKERS, Scheduler
 
@@ -77,10 +76,11 @@ TOTAL_SHARE = 4  # in flight over all streams: at most capacity / 4
 class Ahead:
     """What lies ahead of a sequential reader of a served file, as the file knows it (``Served.ahead``): stored
     byte ranges to advise their source about (``(source name, offset, nbytes)``), and decoding jobs that warm
-    the cache (``(file offset the job covers up to, bytes of output, job)``), in file order."""
+    the cache (``(file offset the job covers up to, bytes of output, job)``; ``job(scope)`` reads under the
+    scope it is given), in file order."""
 
     advise: tuple[tuple[str, int, int], ...] = ()
-    decode: tuple[tuple[int, int, Callable[[], None]], ...] = ()
+    decode: tuple[tuple[int, int, Callable[[ReadScope], None]], ...] = ()
 
 
 NOTHING_AHEAD = Ahead()
@@ -112,7 +112,7 @@ class Advised(Protocol):
     """What decode-ahead asks of a source of stored bytes (``ckptfs.sources.ByteSource``): advice that bytes are
     wanted soon, and whether such advice makes it fetch ahead (a remote source)."""
 
-    def advise(self, offset: int, size: int, sequential: bool = False) -> None: ...
+    def advise(self, offset: int, size: int, sequential: bool = False, *, scope: ReadScope = NOTHING_SAID) -> None: ...
 
     @property
     def fetches_ahead(self) -> bool: ...
@@ -216,10 +216,10 @@ class DecodeAhead:
             if stream is not None:
                 stream.closed = True
 
-    def reading(self, fh: int) -> AbstractContextManager[None]:
-        """The scope of a read of handle ``fh``: decided here when the handle's stream is tracked (the source
-        below follows this decode-ahead's advice), else left to the source."""
-        return decided_above() if fh in self._streams else contextlib.nullcontext()
+    def scope(self, fh: int, scope: ReadScope) -> ReadScope:
+        """The scope a read of handle ``fh`` passes down: ``scope``, decided here when the handle's stream is
+        tracked (the source below follows this decode-ahead's advice), else left to the source."""
+        return scope.streaming() if fh in self._streams else scope
 
     def on_read(self, fh: int, offset: int, size: int) -> bool:
         """Note a read about to be served; schedule what a sequential reader will ask for next. Whether the
@@ -265,15 +265,15 @@ class DecodeAhead:
             rest_to = stream.advised_to
             generation = stream.generation
         try:
-            with decided_above():  # what is advised and decoded here continues this handle's stream
-                if stop > start:
-                    self._schedule(stream, start, stop, generation, first)
-                if rest and rest_to > rest_from:
-                    stream.far = self._advise_rest(stream.view, rest_from, rest_to) or stream.far
-                if chain and stream.far:
-                    self._chain_after(stream.view)
-                if beyond:
-                    self._follow(stream, beyond)
+            # what is advised and decoded here continues this handle's stream: said so (DECIDED) to the sources
+            if stop > start:
+                self._schedule(stream, start, stop, generation, first)
+            if rest and rest_to > rest_from:
+                stream.far = self._advise_rest(stream.view, rest_from, rest_to) or stream.far
+            if chain and stream.far:
+                self._chain_after(stream.view)
+            if beyond:
+                self._follow(stream, beyond)
         except Exception:  # read-ahead is an optimization; the read itself reports errors
             log.debug("read-ahead of %d..%d failed", start, stop, exc_info=True)
         return True
@@ -376,25 +376,23 @@ class DecodeAhead:
         future.add_done_callback(self._done)
         return True
 
-    def _unless_closed(self, job: Callable[[], None]) -> None:
+    def _unless_closed(self, job: Callable[[ReadScope], None]) -> None:
         if not self._closed:
-            with decided_above():
-                job()
+            job(DECIDED)
 
     def _done(self, future: Future[None]) -> None:
         with self._lock:
             self._pending.discard(future)
 
-    def _run(self, stream: _Stream, generation: int, job: Callable[[], None]) -> None:
+    def _run(self, stream: _Stream, generation: int, job: Callable[[ReadScope], None]) -> None:
         """A decode job, unless its stream ended, turned random or this decode-ahead closed since it was queued
         (a failing group fails the read that needs it, with its own error: the scheduler logs it)."""
         if not self._closed and not stream.closed and stream.generation == generation:
-            with decided_above():
-                job()
+            job(DECIDED)
 
     def _advise(self, path: str, offset: int, nbytes: int, sequential: bool) -> None:
         if nbytes > 0:
-            self._sources.get(path).advise(offset, nbytes, sequential=sequential)
+            self._sources.get(path).advise(offset, nbytes, sequential=sequential, scope=DECIDED)
 
     def close(self, wait: bool = False) -> None:
         """Stop: queued work of this decode-ahead is skipped, or with ``wait`` finished first (the scheduler's

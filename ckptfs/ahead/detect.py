@@ -8,37 +8,14 @@ stream (it updates more state of its own in the same step).
 One stream, one decision. A read of a mount's open file passes through two layers that could each watch
 it: the handle (``ckptfs.ahead.decode``: decode-ahead) and, for a remote file, the byte source below it
 (``ckptfs.ahead.fetch``: fetch-ahead). The layer nearest the reader that watches the stream
-decides: a handle that tracks its stream makes its reads, and the work it schedules ahead, inside
-:func:`decided_above`, and tells the source what comes next by advising those bytes; a source then follows
-that advice and its reader's position instead of detecting on its own (:func:`is_decided_above`). A source
-read by no such handle (the library API, a view that does not read ahead, read-ahead turned off) decides
-for itself. The scope crosses ``ByteSource.pread`` implicitly, as a read's deadline does: one
-ContextVar, copied to the decode workers that run a read's groups.
+decides: a handle that tracks its stream says so in the scope its reads, its advice and the work it
+schedules ahead pass down (``ckptfs.core.reads.ReadScope.decided``), and tells the source what comes next by
+advising those bytes; a source then follows that advice and its reader's position instead of detecting on
+its own. A source read by no such handle (the library API, a view that does not read ahead, read-ahead
+turned off) is told nothing and decides for itself.
 """
 
 from __future__ import annotations
-
-import contextvars
-
-_decided: contextvars.ContextVar[bool] = contextvars.ContextVar("ckptfs_stream_decided_above", default=False)
-
-
-class decided_above:  # used as a function: ``with decided_above():``
-    """Reads inside belong to a stream whose read-ahead a layer above the byte source decides (and advises).
-    A class, not a generator: it wraps every read of a mount's tracked handle, and costs half as much."""
-
-    __slots__ = ("_token",)
-
-    def __enter__(self) -> None:
-        self._token = _decided.set(True)
-
-    def __exit__(self, *exc: object) -> None:
-        _decided.reset(self._token)
-
-
-def is_decided_above() -> bool:
-    """Whether the read being made belongs to a stream decided above (see the module docstring)."""
-    return _decided.get()
 
 
 class SequentialRun:

@@ -30,8 +30,8 @@ of it: the rest of the reader's tensor may be advised that far ahead already, an
 the chunk LRU (twice the budget) with bytes not yet read, whose oldest — the ones the reader reached next —
 it then evicted (a ``cp`` of every ``.raw`` fetched bytes more than once and slowed to a fraction of the
 origin's speed: docs/remote.md). A stream that a mount's handle tracks
-is decided there, once (``ckptfs.ahead.detect``): its reads come inside ``decided_above`` and run no
-detection here, they only move the reader's position, and the window is what the handle advises (its decode
+is decided there, once (``ckptfs.ahead.detect``): its reads and advice come with ``decided`` set in
+their scope (``ckptfs.core.reads.ReadScope``) and run no detection here, they only move the reader's position, and the window is what the handle advises (its decode
 window's stored bytes, the rest of the tensor as one unit once it found the stream).
 
 Threads are started only by reads ahead, never while a checkpoint's headers are read (its sources are opened
@@ -47,7 +47,7 @@ import threading
 import weakref
 from typing import Protocol
 
-from ckptfs.ahead.detect import SequentialRun, is_decided_above
+from ckptfs.ahead.detect import SequentialRun
 from ckptfs.ahead.limits import HeldSlot, OriginLimit
 from ckptfs.util.forks import after_fork_in_child
 from ckptfs.core.runtime import Runtime
@@ -157,13 +157,13 @@ class ReadAhead:
         self._wanted: collections.deque[Run] = collections.deque()
         _readaheads.add(self)
 
-    def observe(self, offset: int, size: int) -> None:
-        """Note a read; when it continues a sequential run, fetch ahead of it. A read of a stream decided
+    def observe(self, offset: int, size: int, decided: bool = False) -> None:
+        """Note a read; when it continues a sequential run, fetch ahead of it. A read of a stream ``decided``
         above (a mount's handle: ``ckptfs.ahead.detect``) is not judged again here: it only moves the
         reader on, and what is fetched ahead of it is what that handle advises (``follow_advice``)."""
         if not self._source.options.read_ahead:
             return
-        if is_decided_above():
+        if decided:
             self._follow(offset, size)
             return
         with self._lock:
@@ -261,21 +261,22 @@ class ReadAhead:
                     self._wanted.appendleft((c0, last))
                 return
 
-    def follow_advice(self, c0: int, c1: int) -> None:
+    def follow_advice(self, c0: int, c1: int, decided: bool = False) -> None:
         """Fetch chunks [c0, c1) in the background, as pieces under the origin's limit (best effort). Bytes
         that continue the reader's run (a tensor's rest, advised as one unit when its stream is found) widen
-        the run's window to cover them, so ``pump`` keeps fetching them as pieces land."""
+        the run's window to cover them, so ``pump`` keeps fetching them as pieces land; ``decided``: advised by
+        the layer that decides the stream (its window ends where this advice does)."""
         if not self._source.options.read_ahead or self._source.closed:
             return
         with self._lock:
             reader = self._reader
             # advice for bytes at or ahead of the run's reader, within the budget's reach (the mount's decode
             # window and the rest of a tensor start a little ahead of where the source has read)
-            continues = ((self._run.end >= 0 or is_decided_above())
+            continues = ((self._run.end >= 0 or decided)
                          and reader - SLACK_CHUNKS <= c0 <= reader + FETCH_BUDGET // self._chunk)
             if continues:
                 self._window = max(self._window, min(FETCH_BUDGET, (c1 - reader) * self._chunk))
-                if is_decided_above():
+                if decided:
                     self._until = c1 if self._until is None else max(self._until, c1)
             else:
                 self._want(c0, c1)

@@ -22,6 +22,7 @@ from ckptfs.core.descriptors import ParsedCheckpoint, TensorInfo, TensorTable, t
 from ckptfs.core.errors import CheckpointError
 from ckptfs.core.features import feature
 from ckptfs.core.options import DEFAULT_CACHE_BYTES, OpenOptions, absolute, spelled_fields
+from ckptfs.core.reads import ReadScope
 from ckptfs.engine.blocks import UNCACHED_STEP_BYTES, TensorData
 from ckptfs.engine.values import TensorValues
 from ckptfs.core.options import DTYPE_MODES
@@ -411,12 +412,12 @@ class Checkpoint(Mapping[str, Tensor]):
                  cache: TieredCache | None = None,
                  source_wrapper: Callable[[ByteSource], ByteSource] | None = None,
                  source_opener: Callable[[str, str | None], ByteSource] | None = None,
-                 read_scope: Callable[[], contextlib.AbstractContextManager[Any]] | None = None):
+                 read_scope: Callable[[], ReadScope] | None = None):
         """``options``: how it was opened (kept whole, and carried by pickled tensors); ``cache``: the tiers
         decoded groups go to (default: a memory tier of ``options.cache_size``); ``source_wrapper``: applied
         to every byte source as it is opened (checked reads, mirrors); ``source_opener``: opens them (default
-        ``ckptfs.sources.open_source``; remote options); ``read_scope``: a context a mount enters around each
-        read (a remote checkpoint's deadline), or None."""
+        ``ckptfs.sources.open_source``; remote options); ``read_scope``: the scope a mount passes down with each
+        read (``ckptfs.core.reads``: a remote checkpoint's deadline), or None."""
         options = options if options is not None else OpenOptions()
         if options.dtype not in DTYPE_MODES:
             raise ValueError(f"dtype must be one of {', '.join(DTYPE_MODES)}, not {options.dtype!r}")

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 
 from ckptfs.core.errors import CheckpointError
+from ckptfs.core.reads import NOTHING_SAID, ReadScope
 from ckptfs.engine.decode import decode_blocks
 from ckptfs.engine.parallel import spread
 
@@ -198,26 +199,27 @@ def decode_run(run: Run, raw: memoryview | bytes) -> None:
     req.dest.put(e0 - req.e0, values)
 
 
-def read_piece(piece: Piece, sources: SourcePool) -> memoryview:
+def read_piece(piece: Piece, sources: SourcePool, scope: ReadScope = NOTHING_SAID) -> memoryview:
     """The stored bytes of ``piece``; a source error (file changed, bytes missing, bytes that differ from a
     manifest) names a tensor in it."""
     try:
-        return memoryview(sources.get(piece.source).pread(piece.offset, piece.size))
+        return memoryview(sources.get(piece.source).pread(piece.offset, piece.size, scope=scope))
     except CheckpointError as exc:  # the same class (an IntegrityError stays one), the tensor it hit named
         hit = [r for r in piece.runs if exc.offset is not None and r.offset <= exc.offset < r.offset + r.size]
         raise exc.about_tensor(min(r.info.name for r in (hit or piece.runs))) from None
 
 
-def run(pieces: Sequence[Piece], sources: SourcePool) -> None:
-    """Read and decode every piece, here and on the idle decode workers (``spread``); the first error is
-    raised once the pieces already started have ended (the ones not started yet are skipped)."""
+def run(pieces: Sequence[Piece], sources: SourcePool, scope: ReadScope = NOTHING_SAID) -> None:
+    """Read and decode every piece, here and on the idle decode workers (``spread``), under the caller's
+    ``scope``; the first error is raised once the pieces already started have ended (the ones not started yet
+    are skipped)."""
     failed: list[bool] = []
 
     def work(piece: Piece) -> None:
         if failed:
             return
         try:
-            raw = read_piece(piece, sources)
+            raw = read_piece(piece, sources, scope)
             for r in piece.runs:
                 start = r.offset - piece.offset
                 decode_run(r, raw[start:start + r.size])

@@ -23,6 +23,7 @@ import numpy as np
 from ckptfs.cache.tiered import TieredCache, cache_key
 from ckptfs.core.descriptors import TensorInfo
 from ckptfs.core.errors import CheckpointError
+from ckptfs.core.reads import NOTHING_SAID, ReadScope
 from ckptfs.engine import batch
 from ckptfs.engine.decode import decode_blocks
 from ckptfs.engine.parallel import spread
@@ -162,7 +163,7 @@ class TensorData(TensorValues):
             raise self._missing(max(b0, self.available_blocks()), b1)
         return b0, b1
 
-    def read(self, e0: int, e1: int, use_cache: bool = True) -> np.ndarray:
+    def read(self, e0: int, e1: int, use_cache: bool = True, *, scope: ReadScope = NOTHING_SAID) -> np.ndarray:
         """Elements [e0, e1) of the flattened (C-order) tensor as a 1-D array of ``self.dtype``.
 
         ``use_cache=False`` is for whole-tensor reads (``np.asarray``): they decode straight into the
@@ -174,14 +175,14 @@ class TensorData(TensorValues):
         be = self.info.block_elements
         b0, b1 = self.present_blocks(e0, e1)
         if self.direct:
-            raw = self._pread_blocks(b0, b1)
+            raw = self._pread_blocks(b0, b1, scope)
             return np.frombuffer(raw, self.dtype)[e0 - b0 * be: e1 - b0 * be]
         if not use_cache:
-            return self._decode_uncached(b0, b1)[e0 - b0 * be: e1 - b0 * be]
-        segments = self._group_segments(e0, e1)
+            return self._decode_uncached(b0, b1, scope)[e0 - b0 * be: e1 - b0 * be]
+        segments = self._group_segments(e0, e1, scope)
         return segments[0] if len(segments) == 1 else np.concatenate(segments)
 
-    def byte_segments(self, d0: int, d1: int) -> list[BytePart]:
+    def byte_segments(self, d0: int, d1: int, *, scope: ReadScope = NOTHING_SAID) -> list[BytePart]:
         """Bytes [d0, d1) of the served values (C order, ``self.dtype``) as buffers whose concatenation is
         the range, without copying: slices of cached groups, or for a direct type the source bytes
         themselves. A FUSE read joins them once (``b"".join``) instead of concatenating the values and then
@@ -193,12 +194,12 @@ class TensorData(TensorValues):
         be = self.info.block_elements
         b0, b1 = self.present_blocks(e0, e1)
         if self.direct:
-            raw = self._pread_blocks(b0, b1)
+            raw = self._pread_blocks(b0, b1, scope)
             skip = d0 - b0 * be * item
             return [raw] if skip == 0 and len(raw) == d1 - d0 else [memoryview(raw)[skip: skip + d1 - d0]]
-        return byte_views(self._group_segments(e0, e1), item, e0, e1, d0, d1)
+        return byte_views(self._group_segments(e0, e1, scope), item, e0, e1, d0, d1)
 
-    def bytes_into(self, d0: int, target: np.ndarray, keep: bool = True) -> None:
+    def bytes_into(self, d0: int, target: np.ndarray, keep: bool = True, *, scope: ReadScope = NOTHING_SAID) -> None:
         """Bytes [d0, d0 + len(target)) of the served values (within the tensor) written into ``target`` (a
         writable uint8 array: a mount's reply buffer), each byte once: a direct type is ``pread`` there; the
         block groups the range covers whole are decoded straight into their places, at once on every core
@@ -212,7 +213,7 @@ class TensorData(TensorValues):
         self.present_blocks(e0, e1)  # CheckpointError if blocks are missing
         if self.direct:
             try:
-                self.source.pread_into(self.info.offset + d0, target.data)
+                self.source.pread_into(self.info.offset + d0, target.data, scope=scope)
             except CheckpointError as exc:
                 raise exc.about_tensor(self.info.name) from None
             return
@@ -223,7 +224,7 @@ class TensorData(TensorValues):
             cut = sorted(cut + [(g, g * group_bytes, min((g + 1) * group_bytes, end)) for g in whole])
             whole = []
         for g, a, b in cut:
-            self._part_into(g, a, b, target[a - d0:])
+            self._part_into(g, a, b, target[a - d0:], scope)
         if not whole:
             return
 
@@ -233,10 +234,10 @@ class TensorData(TensorValues):
             return target[g0 * group_bytes - d0: stop - d0].view(self.dtype)
 
         self._cache.fill_into([(self._key(g), out(g)) for g in whole],
-                              lambda picked: self._decode_groups_into([whole[i] for i in picked], out),
-                              lambda i: self._decode_group(whole[i]), keep)
+                              lambda picked: self._decode_groups_into([whole[i] for i in picked], out, scope),
+                              lambda i: self._decode_group(whole[i], scope), keep)
 
-    def _part_into(self, g: int, a: int, b: int, target: np.ndarray) -> None:
+    def _part_into(self, g: int, a: int, b: int, target: np.ndarray, scope: ReadScope) -> None:
         """Bytes [a, b) of the values, all in group ``g`` but not the whole of it, written at ``target[0]``:
         from the cache when the group is there (or being decoded: waited for), else only the blocks under
         them decoded straight into place (a 4 KiB first read decodes 4 KiB, not the group's 256 KiB; a
@@ -246,17 +247,18 @@ class TensorData(TensorValues):
         values = self._cache.memory.get(key)
         if values is None and (self.codec.dtype != self.dtype or self._cache.shared_tiers
                                or self._cache.pending(key)):
-            values = self._group(g)
+            values = self._group(g, scope)
         if values is not None:
             lo = g * self.group_blocks * self.info.block_elements * self.dtype.itemsize
             target[: b - a] = values.view(np.uint8)[a - lo: b - lo]
             return
-        self._range_into(a, b, target)
+        self._range_into(a, b, target, scope)
 
-    def _range_into(self, a: int, b: int, target: np.ndarray) -> None:
+    def _range_into(self, a: int, b: int, target: np.ndarray, scope: ReadScope = NOTHING_SAID) -> None:
         """Bytes [a, b) of the values (present blocks) decoded into ``target[: b - a]`` without the cache: the
         blocks wholly inside straight there, the (at most two) blocks the ends cut through a scratch array."""
-        range_into(a, b, target, self.info.block_elements * self.dtype.itemsize, self.dtype, self._decode_blocks)
+        range_into(a, b, target, self.info.block_elements * self.dtype.itemsize, self.dtype,
+                   functools.partial(self._decode_blocks, scope=scope))
 
     def computed_codes(self) -> None:
         """None: a stored tensor's decoded types go through the decode engine (its cache, its read-ahead)."""
@@ -269,19 +271,20 @@ class TensorData(TensorValues):
             self._range_into(0, self.info.block_elements * self.dtype.itemsize,
                              np.empty(self.info.block_elements * self.dtype.itemsize, np.uint8))
 
-    def _decode_groups_into(self, groups: list[int], out: Callable[..., np.ndarray]) -> None:
+    def _decode_groups_into(self, groups: list[int], out: Callable[..., np.ndarray], scope: ReadScope) -> None:
         """Groups ``groups`` (ascending) decoded into their places ``out(g0, g1)``: each run of consecutive
         groups cut into at most ``DECODE_TASKS`` parts, one ``pread`` and one decode each, spread over the
         cores."""
-        spread_runs(groups, functools.partial(self._decode_run_into, out=out))
+        spread_runs(groups, functools.partial(self._decode_run_into, out=out, scope=scope))
 
-    def _decode_run_into(self, g0: int, g1: int, *, out: Callable[..., np.ndarray]) -> None:
+    def _decode_run_into(self, g0: int, g1: int, *, out: Callable[..., np.ndarray], scope: ReadScope) -> None:
         b0 = g0 * self.group_blocks
-        self._decode_blocks(b0, min((g1 + 1) * self.group_blocks, self.available_blocks()), out(g0, g1))
+        self._decode_blocks(b0, min((g1 + 1) * self.group_blocks, self.available_blocks()), out(g0, g1), scope=scope)
 
-    def _group_segments(self, e0: int, e1: int) -> list[np.ndarray]:
+    def _group_segments(self, e0: int, e1: int, scope: ReadScope) -> list[np.ndarray]:
         """Elements [e0, e1) (present, non-direct) as read-only slices of the cached groups covering them."""
-        return group_slices(self._group, self.group_blocks * self.info.block_elements, e0, e1)
+        return group_slices(functools.partial(self._group, scope=scope), self.group_blocks * self.info.block_elements,
+                            e0, e1)
 
     def content_id(self) -> str:
         """The content identity of the file the tensor is stored in (asked once)."""
@@ -294,56 +297,57 @@ class TensorData(TensorValues):
         b1 = min(b0 + self.group_blocks, self.available_blocks())
         return cache_key(self.content_id(), self.info.offset, self.info.storage_type, self.dtype.str, b0, b1)
 
-    def _group(self, g: int) -> np.ndarray:
-        return self._cache.get_or_load(self._key(g), lambda: self._decode_group(g))
+    def _group(self, g: int, scope: ReadScope = NOTHING_SAID) -> np.ndarray:
+        return self._cache.get_or_load(self._key(g), lambda: self._decode_group(g, scope))
 
-    def _decode_group(self, g: int) -> np.ndarray:
+    def _decode_group(self, g: int, scope: ReadScope = NOTHING_SAID) -> np.ndarray:
         b0 = g * self.group_blocks
-        return self._decode_blocks(b0, min(b0 + self.group_blocks, self.available_blocks()))
+        return self._decode_blocks(b0, min(b0 + self.group_blocks, self.available_blocks()), scope=scope)
 
-    def _decode_uncached(self, b0: int, b1: int) -> np.ndarray:
+    def _decode_uncached(self, b0: int, b1: int, scope: ReadScope = NOTHING_SAID) -> np.ndarray:
         """Blocks [b0, b1) decoded into a new array past the memory tier: a batch of one request
         (``ckptfs.engine.batch``: bounded runs, one ``pread`` per piece, spread over the cores), or with
         disk/Redis tiers group by group through them."""
         if self._cache.shared_tiers:
-            return self._from_shared_tiers(b0, b1)
+            return self._from_shared_tiers(b0, b1, scope)
         be = self.info.block_elements
         out = np.empty((b1 - b0) * be, self.dtype)
         request = batch.Request(self, b0 * be, b1 * be, batch.ArrayDestination(out), self.codec)
-        batch.run(batch.plan([request]), self._sources)
+        batch.run(batch.plan([request]), self._sources, scope)
         return out
 
-    def _from_shared_tiers(self, b0: int, b1: int) -> np.ndarray:
+    def _from_shared_tiers(self, b0: int, b1: int, scope: ReadScope) -> np.ndarray:
         """Blocks [b0, b1) group by group through the disk/Redis tiers (what another process decoded is not
         decoded again; what is decoded here is stored there), not kept in the memory LRU. The groups at
         both ends are decoded whole, at most two groups more than asked."""
         be, gsize = self.info.block_elements, self.group_blocks
         out = np.empty((b1 - b0) * be, self.dtype)
         for g in range(b0 // gsize, (b1 - 1) // gsize + 1):
-            values = self._cache.get_or_load(self._key(g), functools.partial(self._decode_group, g), memory=False)
+            values = self._cache.get_or_load(self._key(g), functools.partial(self._decode_group, g, scope),
+                                             memory=False)
             first = g * gsize
             lo, hi = max(b0, first), min(b1, first + gsize)
             out[(lo - b0) * be:(hi - b0) * be] = values[(lo - first) * be:(hi - first) * be]
         return out
 
-    def _decode_blocks(self, b0: int, b1: int, out: np.ndarray | None = None) -> np.ndarray:
+    def _decode_blocks(self, b0: int, b1: int, out: np.ndarray | None = None, *, scope: ReadScope = NOTHING_SAID) -> np.ndarray:
         """Blocks [b0, b1) decoded into ``out`` (a new array when None). Where the codec's output already is
         the served dtype, the decoder writes into ``out`` itself (no intermediate array, no copy)."""
-        return decode_blocks(self.codec, self.info, self._pread_blocks(b0, b1), self.dtype, out)
+        return decode_blocks(self.codec, self.info, self._pread_blocks(b0, b1, scope), self.dtype, out)
 
-    def _pread_blocks(self, b0: int, b1: int) -> bytes:
+    def _pread_blocks(self, b0: int, b1: int, scope: ReadScope = NOTHING_SAID) -> bytes:
         """The stored bytes of blocks [b0, b1); a source error (the file changed) says which tensor it hit."""
         bb = self.info.block_bytes
         try:
-            return self.source.pread(self.info.offset + b0 * bb, (b1 - b0) * bb)
+            return self.source.pread(self.info.offset + b0 * bb, (b1 - b0) * bb, scope=scope)
         except CheckpointError as exc:
             raise exc.about_tensor(self.info.name) from None
 
-    def decode_group(self, g: int) -> None:
+    def decode_group(self, g: int, scope: ReadScope = NOTHING_SAID) -> None:
         """Decode group ``g`` into the cache if it is not there (for background read-ahead). A group already
         cached is left alone without a lookup, so read-ahead does not count as cache hits."""
         if not self.direct and g * self.group_blocks < self.available_blocks() and self._key(g) not in self._cache:
-            self._group(g)
+            self._group(g, scope)
 
     def stored_range(self, e0: int, e1: int) -> tuple[int, int]:
         """(file offset, size) of the stored blocks behind elements [e0, e1), clipped to the tensor (for

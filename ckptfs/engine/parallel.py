@@ -8,14 +8,13 @@ threads than cores would only pass the GIL around more often). The tasks are tak
 a worker that starts late (busy with read-ahead) finds the list empty and returns at once, and the caller
 never waits for a task nobody started — it runs whatever is left itself and waits only for tasks already
 running elsewhere. The helpers reserve no bytes of the scheduler's budget: what they write is the caller's
-own buffer. A worker runs the tasks in a copy of the caller's context (``contextvars``): what the caller's
-read carries there — a remote read's deadline, the mount's ``--timeout`` for the whole request — holds for
-the tasks run elsewhere too, instead of each worker's task starting a deadline of its own.
+own buffer. What the caller's read carries — a remote read's deadline, the mount's ``--timeout`` for the
+whole request (``ckptfs.core.reads.ReadScope``) — is in each task's arguments, so it holds for the tasks run
+elsewhere too, instead of each worker's task starting a deadline of its own.
 """
 
 from __future__ import annotations
 
-import contextvars
 import threading
 from collections.abc import Callable, Sequence
 
@@ -55,16 +54,9 @@ def spread(tasks: Sequence[Callable[[], None]], scheduler: Scheduler | None = No
 
     workers = scheduler if scheduler is not None else runtime().get(WORKERS)
     for _ in range(min(len(tasks), workers.concurrency.get(kind, 1)) - 1):  # the caller is one of them
-        if workers.submit(kind, _in_caller_context(drain), 0) is None:
+        if workers.submit(kind, drain, 0) is None:
             break
     drain()
     done.wait()
     if errors:
         raise errors[0]
-
-
-def _in_caller_context(work: Callable[[], None]) -> Callable[[], None]:
-    """``work`` to run on another thread in a copy of this thread's context (one copy per run: a context
-    cannot be entered by two threads at once)."""
-    context = contextvars.copy_context()
-    return lambda: context.run(work)

@@ -13,6 +13,7 @@ from typing import Protocol
 import numpy as np
 
 from ckptfs.core.descriptors import TensorInfo
+from ckptfs.core.reads import NOTHING_SAID, ReadScope
 
 #: A piece of a file's bytes as the views hand them out (a FUSE read joins them once).
 BytePart = bytes | bytearray | memoryview
@@ -84,7 +85,8 @@ class TensorValues(Protocol):
     """What the views, the API, read-ahead, ``ckptfs prefetch`` (``ckptfs.ahead.warm``) and ``Tensor.shared()``
     (``checkpoint.shared``) read a tensor's values through: :class:`TensorData` for stored tensors,
     ``ckptfs.packed.views.PackedData`` for the views of packed layers (whose "blocks" and "groups" are tiles
-    of rows). Every method is abstract, so an implementation that lacks one cannot be made at all (rather
+    of rows). A method that reads stored bytes takes the caller's ``scope`` (``ckptfs.core.reads``) and hands
+    it to the byte sources. Every method is abstract, so an implementation that lacks one cannot be made at all (rather
     than failing with an AttributeError in whichever caller reaches it first)."""
 
     info: TensorInfo       # block_elements: elements per block (a packed view's: per tile)
@@ -98,15 +100,15 @@ class TensorValues(Protocol):
     decodes_into_reply: bool
 
     @abstractmethod
-    def read(self, e0: int, e1: int, use_cache: bool = True) -> np.ndarray:
+    def read(self, e0: int, e1: int, use_cache: bool = True, *, scope: ReadScope = NOTHING_SAID) -> np.ndarray:
         """Elements [e0, e1) of the flattened values; ``use_cache=False`` for whole-tensor reads."""
 
     @abstractmethod
-    def byte_segments(self, d0: int, d1: int) -> list[BytePart]:
+    def byte_segments(self, d0: int, d1: int, *, scope: ReadScope = NOTHING_SAID) -> list[BytePart]:
         """Bytes [d0, d1) of the values as buffers (zero-copy slices of cached groups)."""
 
     @abstractmethod
-    def bytes_into(self, d0: int, target: np.ndarray, keep: bool = True) -> None:
+    def bytes_into(self, d0: int, target: np.ndarray, keep: bool = True, *, scope: ReadScope = NOTHING_SAID) -> None:
         """Bytes [d0, d0 + len(target)) of the values written into ``target`` (a writable uint8 array: a
         mount's reply buffer), each byte once: the groups the range covers whole decoded straight there
         (``TieredCache.fill_into``; with ``keep`` a copy of each is cached), the parts of the groups its ends
@@ -116,7 +118,7 @@ class TensorValues(Protocol):
     def group_of_element(self, e: int) -> int: ...
 
     @abstractmethod
-    def decode_group(self, g: int) -> None:
+    def decode_group(self, g: int, scope: ReadScope = NOTHING_SAID) -> None:
         """Decode group ``g`` into the cache unless it is there (decode-ahead's jobs, a warm-up's walk)."""
 
     @abstractmethod

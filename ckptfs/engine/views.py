@@ -3,7 +3,8 @@
 ``read(offset, size)`` returns exactly ``min(size, self.size - offset)`` bytes (short only at end of file:
 in cached FUSE mode a short read is taken as end-of-file and would shrink the file), or raises
 ``CheckpointError`` when the bytes it needs are missing. Views know nothing of FUSE; the same objects back
-the Python API's tests and the mount.
+the Python API's tests and the mount. Every read takes the caller's ``scope`` (``ckptfs.core.reads``: a
+mount's deadline, a stream its decode-ahead decides) and hands it to the byte sources it reads.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from ckptfs.engine.blocks import TensorData
 from ckptfs.engine.values import BytePart, ComputedSegment, TensorValues
 from ckptfs.core.descriptors import TensorInfo
 from ckptfs.core.errors import CheckpointError
+from ckptfs.core.reads import NOTHING_SAID, ReadScope
 from ckptfs.sources import SourcePool
 
 
@@ -36,23 +38,23 @@ class View:
     #: the mount's read-ahead then only advises (``ckptfs.ahead.decode``).
     decodes_into_reply = False
 
-    def read(self, offset: int, size: int) -> bytes:  # pragma: no cover - interface
+    def read(self, offset: int, size: int, *, scope: ReadScope = NOTHING_SAID) -> bytes:  # pragma: no cover - interface
         raise NotImplementedError
 
-    def read_parts(self, offset: int, size: int) -> list[BytePart]:
+    def read_parts(self, offset: int, size: int, *, scope: ReadScope = NOTHING_SAID) -> list[BytePart]:
         """What ``read`` returns, as a list of buffers whose concatenation it is. A consumer that copies the
         bytes somewhere anyway (the FUSE binding, into libfuse's buffer) copies the parts there and saves
         the join; views whose bytes come in pieces (``.npy``: header and cached groups) override it."""
-        data = self.read(offset, size)
+        data = self.read(offset, size, scope=scope)
         return [data] if data else []
 
-    def read_into(self, offset: int, target: memoryview, keep: bool = True) -> int:
+    def read_into(self, offset: int, target: memoryview, keep: bool = True, *, scope: ReadScope = NOTHING_SAID) -> int:
         """What ``read(offset, len(target))`` returns, written into ``target`` (a writable byte buffer: the
         mount's reads fill libfuse's own buffer); the number of bytes written. Each part is copied once.
         ``keep=False``: what is decoded for this read need not stay in the block cache (a sequential
         stream's bytes stay in the kernel's page cache; the groups its next read shares are kept anyway)."""
         done = 0
-        for part in self.read_parts(offset, len(target)):
+        for part in self.read_parts(offset, len(target), scope=scope):
             if not isinstance(part, bytes):
                 part = memoryview(part).cast("B")
             n = len(part)
@@ -112,7 +114,7 @@ class BytesView(View):
     def size(self) -> int:  # type: ignore[override]  # View.size is set at construction; here: once built
         return len(self.data)
 
-    def read(self, offset: int, size: int) -> bytes:
+    def read(self, offset: int, size: int, *, scope: ReadScope = NOTHING_SAID) -> bytes:
         offset, size = self._clip(offset, size)
         return self.data[offset: offset + size]
 
@@ -133,21 +135,21 @@ class RawView(View):
     def plain_segments(self) -> list[tuple[int, int, object, int]] | None:
         return [(0, self.size, self._sources.get(self.info.source), self.info.offset)]
 
-    def read(self, offset: int, size: int) -> bytes:
+    def read(self, offset: int, size: int, *, scope: ReadScope = NOTHING_SAID) -> bytes:
         offset, size = self._clip(offset, size)
         if size == 0:
             return b""
         try:
-            return self._sources.get(self.info.source).pread(self.info.offset + offset, size)
+            return self._sources.get(self.info.source).pread(self.info.offset + offset, size, scope=scope)
         except CheckpointError as exc:
             # the source only knows byte ranges; the one log line of a failed read must say which tensor
             raise exc.about_tensor(self.info.name) from None
 
-    def read_into(self, offset: int, target: memoryview, keep: bool = True) -> int:
+    def read_into(self, offset: int, target: memoryview, keep: bool = True, *, scope: ReadScope = NOTHING_SAID) -> int:
         offset, size = self._clip(offset, len(target))
         if size:
             try:
-                self._sources.get(self.info.source).pread_into(self.info.offset + offset, target[:size])
+                self._sources.get(self.info.source).pread_into(self.info.offset + offset, target[:size], scope=scope)
             except CheckpointError as exc:
                 raise exc.about_tensor(self.info.name) from None
         return size
@@ -170,36 +172,38 @@ class FileView(View):
     def plain_segments(self) -> list[tuple[int, int, object, int]] | None:
         return [(0, self.size, self._sources.get(self.path), 0)]
 
-    def read(self, offset: int, size: int) -> bytes:
+    def read(self, offset: int, size: int, *, scope: ReadScope = NOTHING_SAID) -> bytes:
         offset, size = self._clip(offset, size)
-        return self._sources.get(self.path).pread(offset, size) if size else b""
+        return self._sources.get(self.path).pread(offset, size, scope=scope) if size else b""
 
-    def read_into(self, offset: int, target: memoryview, keep: bool = True) -> int:
+    def read_into(self, offset: int, target: memoryview, keep: bool = True, *, scope: ReadScope = NOTHING_SAID) -> int:
         offset, size = self._clip(offset, len(target))
         if size:
-            self._sources.get(self.path).pread_into(offset, target[:size])
+            self._sources.get(self.path).pread_into(offset, target[:size], scope=scope)
         return size
 
 
 class HeaderBodyView(View):
     """A file made of a header held in memory and a body produced on demand as buffers: ``body_segments(d0,
-    d1)`` gives the body's bytes [d0, d1) without copying them (a .npy, a virtual safetensors or GGUF file).
-    A read joins them once; a mount read copies them into libfuse's buffer (``read_parts``)."""
+    d1, scope)`` gives the body's bytes [d0, d1) without copying them (a .npy, a virtual safetensors or GGUF
+    file). A read joins them once; a mount read copies them into libfuse's buffer (``read_parts``)."""
 
     header: bytes
 
-    def body_segments(self, d0: int, d1: int) -> list[BytePart]:  # pragma: no cover - interface
+    def body_segments(self, d0: int, d1: int, scope: ReadScope = NOTHING_SAID) -> list[BytePart]:  # pragma: no cover
         raise NotImplementedError
 
-    def read(self, offset: int, size: int) -> bytes:
+    def read(self, offset: int, size: int, *, scope: ReadScope = NOTHING_SAID) -> bytes:
         offset, size = self._clip(offset, size)
-        return header_and_body(self.header, offset, offset + size, self.body_segments) if size else b""
+        body = functools.partial(self.body_segments, scope=scope)
+        return header_and_body(self.header, offset, offset + size, body) if size else b""
 
-    def read_parts(self, offset: int, size: int) -> list[BytePart]:
+    def read_parts(self, offset: int, size: int, *, scope: ReadScope = NOTHING_SAID) -> list[BytePart]:
         offset, size = self._clip(offset, size)
-        return header_and_parts(self.header, offset, offset + size, self.body_segments) if size else []
+        body = functools.partial(self.body_segments, scope=scope)
+        return header_and_parts(self.header, offset, offset + size, body) if size else []
 
-    def read_into(self, offset: int, target: memoryview, keep: bool = True) -> int:
+    def read_into(self, offset: int, target: memoryview, keep: bool = True, *, scope: ReadScope = NOTHING_SAID) -> int:
         """The header's part copied, the body's written by ``body_into`` (each byte once)."""
         offset, size = self._clip(offset, len(target))
         hlen, done = len(self.header), 0
@@ -207,15 +211,15 @@ class HeaderBodyView(View):
             done = min(size, hlen - offset)
             target[:done] = self.header[offset: offset + done]
         if size > done:
-            self.body_into(offset + done - hlen, np.frombuffer(target, np.uint8, size - done, done), keep)
+            self.body_into(offset + done - hlen, np.frombuffer(target, np.uint8, size - done, done), keep, scope)
         return size
 
-    def body_into(self, d0: int, target: np.ndarray, keep: bool = True) -> None:
+    def body_into(self, d0: int, target: np.ndarray, keep: bool = True, scope: ReadScope = NOTHING_SAID) -> None:
         """Body bytes [d0, d0 + len(target)) written into ``target`` (uint8); this default copies the parts
         of ``body_segments``; a view that can decode straight into place overrides it (``keep``: see
         ``View.read_into``)."""
         done = 0
-        for part in self.body_segments(d0, d0 + len(target)):
+        for part in self.body_segments(d0, d0 + len(target), scope):
             values = np.frombuffer(part, np.uint8)
             target[done: done + len(values)] = values
             done += len(values)
@@ -255,8 +259,8 @@ class NpyView(HeaderBodyView):
                      for g in range(data.group_of_element(e0), data.group_of_element(e1 - 1) + 1))
         return Ahead(advise, jobs)
 
-    def body_segments(self, d0: int, d1: int) -> list[BytePart]:
-        return self.data.byte_segments(d0, d1)
+    def body_segments(self, d0: int, d1: int, scope: ReadScope = NOTHING_SAID) -> list[BytePart]:
+        return self.data.byte_segments(d0, d1, scope=scope)
 
     def plain_segments(self) -> list[tuple[int, int, object, int]] | None:
         """A type served as its stored bytes (``direct``: F32, F16, ... little-endian): the header, then the
@@ -270,10 +274,10 @@ class NpyView(HeaderBodyView):
             return None
         return [(0, hlen, self.header, 0), (hlen, self.size - hlen, ComputedSegment(codes, data.dtype.name), codes.offset)]
 
-    def body_into(self, d0: int, target: np.ndarray, keep: bool = True) -> None:
+    def body_into(self, d0: int, target: np.ndarray, keep: bool = True, scope: ReadScope = NOTHING_SAID) -> None:
         """The values decoded straight into the reply (``TensorValues.bytes_into``: a stored tensor's block
         groups, a packed view's tiles of rows)."""
-        self.data.bytes_into(d0, target, keep)
+        self.data.bytes_into(d0, target, keep, scope=scope)
 
 
 def header_and_parts(header: bytes, offset: int, end: int,

@@ -26,6 +26,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ckptfs.core.errors import CheckpointError
+from ckptfs.core.reads import NOTHING_SAID
 from ckptfs.core.runtime import Runtime, runtime as default_runtime
 from ckptfs.util.oneline import one_line
 from ckptfs.ahead.decode import DecodeAhead
@@ -318,12 +319,11 @@ class CkptOperations:
         # request (a sizeable part of an mmap fault's read-around). A sequential
         # stream keeps nothing either way: it will not come back.
         keep = fh in self._uncached and not streaming
-        data: bytes | int
-        if self._read_scope is None:  # local sources: nothing below reads a stream decision or a deadline
-            data = view.read(offset, size) if target is None else view.read_into(offset, target, keep)
-        else:  # the handle decides its stream's read-ahead, not the remote source below; the read's deadline
-            with self._decode_ahead.reading(fh), self._read_scope():
-                data = view.read(offset, size) if target is None else view.read_into(offset, target, keep)
+        # remote checkpoints: the read's deadline, and whether the handle decides its stream's read-ahead
+        # (not the remote source below); local sources have no use for either
+        scope = NOTHING_SAID if self._read_scope is None else self._decode_ahead.scope(fh, self._read_scope())
+        data = view.read(offset, size, scope=scope) if target is None else view.read_into(offset, target, keep,
+                                                                                            scope=scope)
         served = len(data) if isinstance(data, bytes) else data
         if served != size and served != max(0, min(size, view.size - offset)):
             self._short_reply(path, view, offset, size, served)

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from ckptfs.checkpoint.api import Checkpoint
 from ckptfs.core.descriptors import TensorInfo
+from ckptfs.core.reads import NOTHING_SAID, ReadScope
 from ckptfs.formats._prefix import FilePrefix
 from ckptfs.formats.gguf import ALIGNMENT_KEY, DEFAULT_ALIGNMENT, GGML_TYPE_NAMES, MAGIC
 from ckptfs.formats.gguf_values import ValueWalker
@@ -121,7 +122,7 @@ class MergedGgufView(HeaderBodyView):
             segments.append((pos, self.size - pos, None, 0))
         return segments
 
-    def body_segments(self, d0: int, d1: int) -> list[BytePart]:
+    def body_segments(self, d0: int, d1: int, scope: ReadScope = NOTHING_SAID) -> list[BytePart]:
         """Bytes [d0, d1) after the header: each tensor's stored bytes, zeros between them."""
         hlen = len(self.header)
         pos, end = d0 + hlen, d1 + hlen
@@ -138,7 +139,8 @@ class MergedGgufView(HeaderBodyView):
             data_end = piece.start + info.stored_nbytes
             if pos < data_end:
                 stop = min(end, data_end)
-                parts.append(self._sources.get(info.source).pread(info.offset + pos - piece.start, stop - pos))
+                parts.append(self._sources.get(info.source).pread(info.offset + pos - piece.start, stop - pos,
+                                                                  scope=scope))
                 pos = stop
             i += 1
         return parts

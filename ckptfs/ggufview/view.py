@@ -16,6 +16,7 @@ import numpy as np
 
 from ckptfs.checkpoint.api import Checkpoint
 from ckptfs.core.descriptors import TensorInfo
+from ckptfs.core.reads import NOTHING_SAID, ReadScope
 from ckptfs.engine.values import BytePart
 from ckptfs.engine.views import HeaderBodyView
 from ckptfs.ggufview import Unsupported
@@ -94,7 +95,7 @@ class VirtualGgufView(HeaderBodyView):
                 return plan, start
         raise KeyError(name)
 
-    def body_segments(self, d0: int, d1: int) -> list[BytePart]:
+    def body_segments(self, d0: int, d1: int, scope: ReadScope = NOTHING_SAID) -> list[BytePart]:
         """Bytes [d0, d1) after the header: each tensor's rows converted, zeros between tensors."""
         hlen = len(self.header)
         pos, end = d0 + hlen, d1 + hlen
@@ -109,12 +110,12 @@ class VirtualGgufView(HeaderBodyView):
             plan, start = self.plans[i], self._starts[i]
             if pos < start + plan.nbytes:
                 stop = min(end, start + plan.nbytes)
-                parts.append(self._tensor_bytes(plan, pos - start, stop - start))
+                parts.append(self._tensor_bytes(plan, pos - start, stop - start, scope))
                 pos = stop
             i += 1
         return parts
 
-    def _tensor_bytes(self, plan: TensorPlan, b0: int, b1: int) -> bytes:
+    def _tensor_bytes(self, plan: TensorPlan, b0: int, b1: int, scope: ReadScope) -> bytes:
         """Bytes [b0, b1) of one converted tensor."""
         if plan.constant is not None:
             return plan.constant[b0:b1]
@@ -125,7 +126,7 @@ class VirtualGgufView(HeaderBodyView):
         skip = b0 - r0 * plan.row_bytes
         if plan.quantized is not None:
             return convert_quantized(plan, plan.quantized, rows)[skip: skip + b1 - b0]
-        data = read_rows(self._sources.get(plan.info.source), plan.info, plan.stored_row_bytes, rows)
+        data = read_rows(self._sources.get(plan.info.source), plan.info, plan.stored_row_bytes, rows, scope)
         out = convert_stored(plan, data, len(rows))
         return out[skip: skip + b1 - b0]
 
@@ -143,16 +144,16 @@ def _repetition_penalty(meta, folder: Path) -> None:
         meta.sampling_penalty_repeat = generation["repetition_penalty"]
 
 
-def read_rows(source, info: TensorInfo, size: int, rows: np.ndarray) -> bytes:
+def read_rows(source, info: TensorInfo, size: int, rows: np.ndarray, scope: ReadScope = NOTHING_SAID) -> bytes:
     """The stored bytes of ``rows`` (``size`` bytes each) in that order, each run of adjacent rows read at
-    once."""
+    once (under the caller's ``scope``)."""
     if len(rows) == 0:
         return b""
     if len(rows) == 1 or bool((np.diff(rows) == 1).all()):
-        return source.pread(info.offset + int(rows[0]) * size, len(rows) * size)
+        return source.pread(info.offset + int(rows[0]) * size, len(rows) * size, scope=scope)
     wanted = np.unique(rows)
     runs = np.split(wanted, np.flatnonzero(np.diff(wanted) != 1) + 1)
-    data = b"".join(source.pread(info.offset + int(run[0]) * size, len(run) * size) for run in runs)
+    data = b"".join(source.pread(info.offset + int(run[0]) * size, len(run) * size, scope=scope) for run in runs)
     block = np.frombuffer(data, np.uint8).reshape(len(wanted), size)
     return block[np.searchsorted(wanted, rows)].tobytes()
 

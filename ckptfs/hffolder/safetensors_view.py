@@ -25,6 +25,7 @@ import struct
 
 import numpy as np
 
+from ckptfs.core.reads import NOTHING_SAID, ReadScope
 from ckptfs.engine.blocks import GROUP_TARGET_BYTES, TensorData
 from ckptfs.engine.parallel import spread
 from ckptfs.engine.values import ComputedSegment, TensorValues
@@ -128,16 +129,17 @@ class ParamData:
         assert self._sources is not None  # self.stored says so
         return self._sources.get(self._source)
 
-    def rows_f32(self, r0: int, r1: int) -> np.ndarray:
+    def rows_f32(self, r0: int, r1: int, *, scope: ReadScope = NOTHING_SAID) -> np.ndarray:
         """Output rows [r0, r1) in float32, flat, transforms applied."""
         c = self.row_elements
         order = self.param.row_order
         if order is None:
-            values = self.data.read(r0 * c, r1 * c, use_cache=False)
+            values = self.data.read(r0 * c, r1 * c, use_cache=False, scope=scope)
         else:
             src = order[r0:r1]
             lo, hi = int(src.min()), int(src.max()) + 1
-            values = self.data.read(lo * c, hi * c, use_cache=False).reshape(hi - lo, c)[src - lo].reshape(-1)
+            values = self.data.read(lo * c, hi * c, use_cache=False, scope=scope).reshape(hi - lo, c)[src - lo]
+            values = values.reshape(-1)
         if self.param.value_map is not None:
             values = self.param.value_map(values.reshape(r1 - r0, c) if len(self.param.shape) > 1 else values)
             values = np.asarray(values, np.float32).reshape(-1)
@@ -165,39 +167,39 @@ class ParamData:
         r0 = g * self.group_rows
         return cache_key(*self._key_prefix, r0, min(self.rows, r0 + self.group_rows))
 
-    def _served_group(self, g: int) -> np.ndarray:
-        return self._cache.get_or_load(self._key(g), lambda: self._built(g))
+    def _served_group(self, g: int, scope: ReadScope = NOTHING_SAID) -> np.ndarray:
+        return self._cache.get_or_load(self._key(g), lambda: self._built(g, scope))
 
-    def decode_group(self, g: int) -> None:
+    def decode_group(self, g: int, scope: ReadScope = NOTHING_SAID) -> None:
         """Build served group ``g`` into the cache unless it is there (read-ahead)."""
         if self._key(g) not in self._cache:
-            self._served_group(g)
+            self._served_group(g, scope)
 
-    def segments(self, b0: int, b1: int) -> list:
+    def segments(self, b0: int, b1: int, *, scope: ReadScope = NOTHING_SAID) -> list:
         """Bytes [b0, b1) of the served values, as buffers to join (slices of cached groups)."""
         b0, b1 = max(0, b0), min(b1, self.nbytes)
         if b1 <= b0:
             return []
         if self.stored:
-            return [self._stored_source().pread(self._offset + b0, b1 - b0)]
+            return [self._stored_source().pread(self._offset + b0, b1 - b0, scope=scope)]
         if self.passthrough:
-            return self.data.byte_segments(b0, b1)
+            return self.data.byte_segments(b0, b1, scope=scope)
         parts = []
         for g in range(b0 // self.group_bytes, (b1 - 1) // self.group_bytes + 1):
             base = g * self.group_bytes
-            parts.append(self._served_group(g).data[max(b0 - base, 0): b1 - base])
+            parts.append(self._served_group(g, scope).data[max(b0 - base, 0): b1 - base])
         return parts
 
-    def bytes_into(self, b0: int, target: np.ndarray, keep: bool = True) -> None:
+    def bytes_into(self, b0: int, target: np.ndarray, keep: bool = True, *, scope: ReadScope = NOTHING_SAID) -> None:
         """Bytes [b0, b0 + len(target)) of the served values written into ``target`` (uint8; a mount's reply
         buffer): served groups the range covers whole are built straight there, spread over the cores (with
         ``keep`` a copy is cached), the groups its ends cut come from the cache (``segments``)."""
         b1 = b0 + len(target)
         if self.stored:
-            self._stored_source().pread_into(self._offset + b0, target.data)
+            self._stored_source().pread_into(self._offset + b0, target.data, scope=scope)
             return
         if self.passthrough:
-            self.data.bytes_into(b0, target, keep)
+            self.data.bytes_into(b0, target, keep, scope=scope)
             return
         whole = []
         for g in range(b0 // self.group_bytes, (b1 - 1) // self.group_bytes + 1):
@@ -206,7 +208,7 @@ class ParamData:
                 whole.append(g)
             else:
                 a, b = max(b0, lo), min(b1, hi)
-                target[a - b0: b - b0] = np.frombuffer(self._served_group(g), np.uint8)[a - lo: b - lo]
+                target[a - b0: b - b0] = np.frombuffer(self._served_group(g, scope), np.uint8)[a - lo: b - lo]
         if not whole:
             return
 
@@ -214,19 +216,20 @@ class ParamData:
             return target[g * self.group_bytes - b0: min((g + 1) * self.group_bytes, self.nbytes) - b0]
 
         def build(picked: list[int]) -> None:
-            spread([functools.partial(self._build_into, whole[i], out(whole[i])) for i in picked])
+            spread([functools.partial(self._build_into, whole[i], out(whole[i]), scope) for i in picked])
 
         self._cache.fill_into([(self._key(g), out(g)) for g in whole], build,
-                              lambda i: self._built(whole[i]), keep)
+                              lambda i: self._built(whole[i], scope), keep)
 
-    def _built(self, g: int) -> np.ndarray:
+    def _built(self, g: int, scope: ReadScope = NOTHING_SAID) -> np.ndarray:
         r0 = g * self.group_rows
-        return convert(self.rows_f32(r0, min(self.rows, r0 + self.group_rows)), self.dtype).view(np.uint8)
+        return convert(self.rows_f32(r0, min(self.rows, r0 + self.group_rows), scope=scope),
+                       self.dtype).view(np.uint8)
 
-    def _build_into(self, g: int, out: np.ndarray) -> None:
+    def _build_into(self, g: int, out: np.ndarray, scope: ReadScope) -> None:
         """Served group ``g`` built into ``out`` (uint8, its size): bfloat16 encoded straight there."""
         r0 = g * self.group_rows
-        values = self.rows_f32(r0, min(self.rows, r0 + self.group_rows))
+        values = self.rows_f32(r0, min(self.rows, r0 + self.group_rows), scope=scope)
         if self.dtype == "bfloat16":
             bfloat16_bits(values, out.view(np.uint16))
         else:
@@ -290,10 +293,10 @@ class SafetensorsView(HeaderBodyView):
             yield self.starts[i], self.params[i]
             i += 1
 
-    def body_segments(self, d0: int, d1: int) -> list:
+    def body_segments(self, d0: int, d1: int, scope: ReadScope = NOTHING_SAID) -> list:
         parts: list = []
         for start, p in self._covering(d0, d1):
-            parts += p.segments(max(d0, start) - start, min(d1, start + p.nbytes) - start)
+            parts += p.segments(max(d0, start) - start, min(d1, start + p.nbytes) - start, scope=scope)
         return parts
 
     def plain_segments(self) -> list[tuple[int, int, object, int]] | None:
@@ -310,11 +313,11 @@ class SafetensorsView(HeaderBodyView):
             segments.append((hlen + start, p.nbytes, *piece))
         return segments
 
-    def body_into(self, d0: int, target: np.ndarray, keep: bool = True) -> None:
+    def body_into(self, d0: int, target: np.ndarray, keep: bool = True, scope: ReadScope = NOTHING_SAID) -> None:
         d1 = d0 + len(target)
         for start, p in self._covering(d0, d1):
             lo, hi = max(d0, start), min(d1, start + p.nbytes)
-            p.bytes_into(lo - start, target[lo - d0: hi - d0], keep)
+            p.bytes_into(lo - start, target[lo - d0: hi - d0], keep, scope=scope)
 
 
     def ahead(self, start: int, stop: int) -> Ahead:

@@ -41,6 +41,7 @@ from collections.abc import Set as AbstractSet
 
 from ckptfs.core.descriptors import ParsedCheckpoint
 from ckptfs.core.errors import CheckpointError, IntegrityError
+from ckptfs.core.reads import NOTHING_SAID, ReadScope
 from ckptfs.sources.base import ByteSource
 from ckptfs.integrity.crc import crc32
 from ckptfs.integrity.manifest import (Manifest, TensorEntry, file_names, header_end, header_sha256, load_manifest,
@@ -207,14 +208,14 @@ class CheckedSource(ByteSource):
                     todo.append((j, k, start, min(start + cs, t.end)))
         return todo
 
-    def pread(self, offset: int, size: int) -> bytes:
+    def pread(self, offset: int, size: int, *, scope: ReadScope = NOTHING_SAID) -> bytes:
         if size <= 0:
             return b""
         for _ in range(RECHECKS):
             seen = self.inner.changes
             if seen != self._seen:
                 self._forget(seen)
-            data = self._checked_read(offset, size)
+            data = self._checked_read(offset, size, scope)
             if self.inner.changes == seen:
                 return data
         raise IntegrityError(self.name, offset, "its status keeps changing while it is read (ctime): not served")
@@ -230,16 +231,16 @@ class CheckedSource(ByteSource):
         if self._header is not None:
             self._header.ok = False
 
-    def _checked_read(self, offset: int, size: int) -> bytes:
+    def _checked_read(self, offset: int, size: int, scope: ReadScope) -> bytes:
         header = self._header
         if header is not None and not header.ok and offset < header.end:
             header.check(self.inner)
         todo = self._unchecked(offset, offset + size)
         if not todo:
-            return self.inner.pread(offset, size)
+            return self.inner.pread(offset, size, scope=scope)
         lo = min(offset, min(c[2] for c in todo))
         hi = max(offset + size, max(c[3] for c in todo))
-        data = self.inner.pread(lo, hi - lo)
+        data = self.inner.pread(lo, hi - lo, scope=scope)
         view = memoryview(data)
         for j, k, start, end in todo:
             t = self._index.entries[j]
@@ -260,8 +261,8 @@ class CheckedSource(ByteSource):
     def content_id(self) -> str:
         return self.inner.content_id()
 
-    def advise(self, offset: int, size: int, sequential: bool = False) -> None:
-        self.inner.advise(offset, size, sequential)
+    def advise(self, offset: int, size: int, sequential: bool = False, *, scope: ReadScope = NOTHING_SAID) -> None:
+        self.inner.advise(offset, size, sequential, scope=scope)
 
     @property
     def is_open(self) -> bool:

@@ -16,6 +16,7 @@ row range by row range instead.
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Callable
 from typing import Any
@@ -26,6 +27,7 @@ from ckptfs.cache.keys import CacheKey
 from ckptfs.checkpoint.api import Tensor
 from ckptfs.core.descriptors import TensorInfo
 from ckptfs.core.errors import CheckpointError
+from ckptfs.core.reads import NOTHING_SAID, ReadScope
 from ckptfs.engine.blocks import byte_views, covering_groups, group_slices, range_into, spread_runs
 from ckptfs.engine.decode import decode_parts
 from ckptfs.engine.values import CodeValues, TensorValues
@@ -44,13 +46,24 @@ PART_DTYPES = {"I8": "i1", "U8": "u1", "I16": "<i2", "U16": "<u2", "I32": "<i4",
 
 
 class PartReader:
-    """Reads one layer's stored parts: whole (cached), by row range (not cached), and derived arrays."""
+    """Reads one layer's stored parts: whole (cached), by row range (not cached), and derived arrays; every
+    read under one caller's scope (``under``: a mount's read's deadline, a stream decided above)."""
 
     def __init__(self, checkpoint, layout: Layout, name: str):
         self._ck = checkpoint
         self._layout = layout
         self._name = name
         self._ids: dict[str, str] = {}
+        self._scope = NOTHING_SAID
+
+    def under(self, scope: ReadScope) -> PartReader:
+        """This reader for the reads of one caller who said ``scope`` (the layouts read their parts through
+        the reader they are handed; the identities learnt are shared)."""
+        if scope is self._scope:
+            return self
+        scoped = copy.copy(self)
+        scoped._scope = scope
+        return scoped
 
     def ident(self, roles) -> str:
         """The content identity of the parts ``roles`` (file identity and offset of each)."""
@@ -70,7 +83,7 @@ class PartReader:
 
     def _pread(self, info: TensorInfo, offset: int, size: int) -> bytes:
         try:
-            return self._ck.sources.get(info.source).pread(info.offset + offset, size)
+            return self._ck.sources.get(info.source).pread(info.offset + offset, size, scope=self._scope)
         except CheckpointError as exc:
             raise exc.about_tensor(f"{self._name} (part {info.name})") from None
 
@@ -146,13 +159,13 @@ class PackedData(TensorValues):
         """The identities of every part the values are computed from (files, offsets, sizes, types)."""
         return self._reader.ident(tuple(self.layout.parts))
 
-    def _decode(self, o0: int, o1: int, out: np.ndarray | None = None) -> np.ndarray:
+    def _decode(self, o0: int, o1: int, out: np.ndarray | None = None, *, scope: ReadScope = NOTHING_SAID) -> np.ndarray:
         """Rows [o0, o1) as flat ``self.dtype`` values, into ``out`` when given (a float16 view gets its
         buffer here, so that the C kernel writes float16 straight into it)."""
         if out is None and self.dtype != np.float32:
             out = np.empty((o1 - o0) * self.row_elements, self.dtype)
         try:
-            values = decode_parts("packed", self.layout, self._reader, o0, o1, out, self.backend)
+            values = decode_parts("packed", self.layout, self._reader.under(scope), o0, o1, out, self.backend)
         except Absent as exc:  # a fact only the stored values reveal (a g_idx out of range)
             marker = next(iter(self.layout.parts.values()))
             raise CheckpointError(marker.source, marker.offset, f"tensor {self.info.name!r}: {exc}") from None
@@ -165,24 +178,24 @@ class PackedData(TensorValues):
         o0 = t * self.rows_per_tile
         return self._key_prefix.with_range(o0, min(o0 + self.rows_per_tile, self.layout.out_features))
 
-    def _tile(self, t: int) -> np.ndarray:
-        return self._cache.get_or_load(self._key(t), lambda: self._decode_tile(t))
+    def _tile(self, t: int, scope: ReadScope = NOTHING_SAID) -> np.ndarray:
+        return self._cache.get_or_load(self._key(t), lambda: self._decode_tile(t, scope))
 
-    def _decode_tile(self, t: int) -> np.ndarray:
+    def _decode_tile(self, t: int, scope: ReadScope = NOTHING_SAID) -> np.ndarray:
         o0 = t * self.rows_per_tile
-        return self._decode(o0, min(o0 + self.rows_per_tile, self.layout.out_features))
+        return self._decode(o0, min(o0 + self.rows_per_tile, self.layout.out_features), scope=scope)
 
-    def _segments(self, e0: int, e1: int) -> list[np.ndarray]:
-        return group_slices(self._tile, self.info.block_elements, e0, e1)
+    def _segments(self, e0: int, e1: int, scope: ReadScope) -> list[np.ndarray]:
+        return group_slices(lambda t: self._tile(t, scope), self.info.block_elements, e0, e1)
 
-    def read(self, e0: int, e1: int, use_cache: bool = True) -> np.ndarray:
+    def read(self, e0: int, e1: int, use_cache: bool = True, *, scope: ReadScope = NOTHING_SAID) -> np.ndarray:
         """Elements [e0, e1) of the flattened weight; ``use_cache=False`` (whole-tensor reads) decodes in
         large aligned steps straight into the result instead of filling the cache with tiles."""
         e0, e1 = max(0, e0), min(e1, self.n_elements)
         if e1 <= e0:
             return np.empty(0, self.dtype)
         if use_cache:
-            segments = self._segments(e0, e1)
+            segments = self._segments(e0, e1, scope)
             return segments[0] if len(segments) == 1 else np.concatenate(segments)
         row, align = self.row_elements, self.layout.row_align
         r0, r1 = e0 // row // align * align, -(-e1 // row)
@@ -190,18 +203,18 @@ class PackedData(TensorValues):
         out = np.empty((r1 - r0) * row, self.dtype)
         for start in range(r0, r1, step):
             stop = min(start + step, r1)
-            self._decode(start, stop, out=out[(start - r0) * row:(stop - r0) * row])
+            self._decode(start, stop, out=out[(start - r0) * row:(stop - r0) * row], scope=scope)
         return out[e0 - r0 * row: e1 - r0 * row]
 
-    def byte_segments(self, d0: int, d1: int) -> list:
+    def byte_segments(self, d0: int, d1: int, *, scope: ReadScope = NOTHING_SAID) -> list:
         """Bytes [d0, d1) of the values as zero-copy slices of the cached tiles (see ``TensorData``)."""
         item = self.dtype.itemsize
         e0, e1 = max(0, d0) // item, min(-(-d1 // item), self.n_elements)
         if e1 <= e0:
             return []
-        return byte_views(self._segments(e0, e1), item, e0, e1, d0, d1)
+        return byte_views(self._segments(e0, e1, scope), item, e0, e1, d0, d1)
 
-    def bytes_into(self, d0: int, target: np.ndarray, keep: bool = True) -> None:
+    def bytes_into(self, d0: int, target: np.ndarray, keep: bool = True, *, scope: ReadScope = NOTHING_SAID) -> None:
         """Bytes [d0, d0 + len(target)) of the values written into ``target`` (a mount's reply buffer): the
         tiles the range covers whole decoded straight there by the layout (``decode_rows(..., out=)``), runs
         of them spread over the cores, a copy of each cached only with ``keep``; of a tile the range's ends
@@ -216,12 +229,12 @@ class PackedData(TensorValues):
             # a stream's request: nothing to copy from the cache and nothing to keep, so its rows are decoded
             # into the reply in as few calls as the layout allows, not tile by tile (a 1 MiB request cuts a
             # tile at each end: two calls each, and the whole tiles between them two more)
-            self._rows_into(d0, d1, target[:d1 - d0], spread=True)
+            self._rows_into(d0, d1, target[:d1 - d0], scope, spread=True)
             self._cache.count_decoded(d1 - d0)
             return
         whole, cut = covering_groups(d0, d1, tile_bytes, end)
         for t, a, b in cut:
-            self._part_into(t, a, b, target[a - d0: b - d0])
+            self._part_into(t, a, b, target[a - d0: b - d0], scope)
         if not whole:
             return
         rows, out_rows = self.rows_per_tile, self.layout.out_features
@@ -232,25 +245,25 @@ class PackedData(TensorValues):
             return target[t0 * tile_bytes - d0: stop - d0].view(self.dtype)
 
         def run_into(t0: int, t1: int) -> None:
-            self._decode(t0 * rows, min((t1 + 1) * rows, out_rows), out(t0, t1))
+            self._decode(t0 * rows, min((t1 + 1) * rows, out_rows), out(t0, t1), scope=scope)
 
         self._cache.fill_into([(self._key(t), out(t)) for t in whole],
                               lambda picked: spread_runs([whole[i] for i in picked], run_into),
-                              lambda i: self._decode_tile(whole[i]), keep)
+                              lambda i: self._decode_tile(whole[i], scope), keep)
 
-    def _part_into(self, t: int, a: int, b: int, target: np.ndarray) -> None:
+    def _part_into(self, t: int, a: int, b: int, target: np.ndarray, scope: ReadScope) -> None:
         """Bytes [a, b) of the values, all in tile ``t`` but not the whole of it, written into ``target``. The
         tile is looked up once; with disk/Redis tiers it goes through them (what another process decoded is
         not decoded again)."""
         key = self._key(t)
         values = self._cache.memory.get(key)
         if values is None and (self._cache.shared_tiers or self._cache.pending(key)):
-            values = self._tile(t)
+            values = self._tile(t, scope)
         if values is not None:
             lo = t * self.info.block_elements * self.dtype.itemsize
             target[:] = values.view(np.uint8)[a - lo: b - lo]
             return
-        self._rows_into(a, b, target)
+        self._rows_into(a, b, target, scope)
 
     def _none_at_hand(self, t0: int, t1: int) -> bool:
         """Whether none of tiles [t0, t1) is in the memory cache or being decoded by another reader, and there
@@ -259,7 +272,7 @@ class PackedData(TensorValues):
         return not cache.shared_tiers and not any(
             self._key(t) in cache or cache.pending(self._key(t)) for t in range(t0, t1))
 
-    def _rows_into(self, a: int, b: int, target: np.ndarray, spread: bool = False) -> None:
+    def _rows_into(self, a: int, b: int, target: np.ndarray, scope: ReadScope, spread: bool = False) -> None:
         """Bytes [a, b) decoded without the cache: the runs of ``row_align`` rows wholly inside straight into
         ``target`` (``spread``: cut in parts decoded on every core, ``spread_runs``), the (at most two) the
         ends cut through a scratch array (``range_into``); with the layout's ``cut_in_one_call``, every row
@@ -271,40 +284,41 @@ class PackedData(TensorValues):
             row_bytes = self.row_elements * self.dtype.itemsize
             r0, r1 = a // row_bytes, -(-b // row_bytes)
             if a == r0 * row_bytes and b == min(r1, out_rows) * row_bytes:
-                self._decode(r0, r1, target.view(self.dtype))
-            elif not self._window_into(a, r0, r1, target):
-                target[:] = self._decode(r0, r1).view(np.uint8)[a - r0 * row_bytes: b - r0 * row_bytes]
+                self._decode(r0, r1, target.view(self.dtype), scope=scope)
+            elif not self._window_into(a, r0, r1, target, scope):
+                target[:] = self._decode(r0, r1, scope=scope).view(np.uint8)[a - r0 * row_bytes: b - r0 * row_bytes]
             return
 
         def decode(u0: int, u1: int, out: np.ndarray | None = None) -> np.ndarray:
             if out is None or not spread or u1 - u0 < 2:
-                return self._decode(u0 * align, min(u1 * align, out_rows), out)
+                return self._decode(u0 * align, min(u1 * align, out_rows), out, scope=scope)
 
             def run_into(g0: int, g1: int) -> None:  # units g0..g1 (inclusive) into their place in ``out``
                 assert out is not None
-                self._decode(g0 * align, min((g1 + 1) * align, out_rows), out[(g0 - u0) * unit:(g1 + 1 - u0) * unit])
+                self._decode(g0 * align, min((g1 + 1) * align, out_rows), out[(g0 - u0) * unit:(g1 + 1 - u0) * unit],
+                             scope=scope)
 
             spread_runs(list(range(u0, u1)), run_into)
             return out
 
         range_into(a, b, target, unit * self.dtype.itemsize, self.dtype, decode)
 
-    def _window_into(self, a: int, r0: int, r1: int, target: np.ndarray) -> bool:
+    def _window_into(self, a: int, r0: int, r1: int, target: np.ndarray, scope: ReadScope) -> bool:
         """Bytes [a, a + len(target)) of rows [r0, r1) written in place by the layout's ``window`` kernel,
         when the range is whole values: no scratch rows and no copy. False when it cannot (no window
         kernel, the numpy backend, a range cut inside a value): the caller decodes the rows whole."""
         item, window = self.dtype.itemsize, self.layout.window
         if window is None or a % item or len(target) % item or not use_kernel(self.backend, True):
             return False
-        return window(self._reader, r0, r1, a // item - r0 * self.row_elements, target.view(self.dtype))
+        return window(self._reader.under(scope), r0, r1, a // item - r0 * self.row_elements, target.view(self.dtype))
 
     # read-ahead (ckptfs.ahead.decode) treats tiles as block groups
     def group_of_element(self, e: int) -> int:
         return e // self.info.block_elements
 
-    def decode_group(self, g: int) -> None:
+    def decode_group(self, g: int, scope: ReadScope = NOTHING_SAID) -> None:
         if 0 <= g < self.n_tiles and self._key(g) not in self._cache:
-            self._tile(g)
+            self._tile(g, scope)
 
     def prime(self) -> None:
         """Nothing: a view's decode runs through the layout's kernels, primed by the first tile it decodes."""

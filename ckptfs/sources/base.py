@@ -14,12 +14,17 @@ The contract every implementation keeps:
 - ``content_id()`` is what caches shared between processes and pickles key on (see ``identity``).
 - ``advise`` is a hint and never fails; ``close`` releases what the source holds (a later read may reopen,
   identity-checked).
+- ``scope`` (keyword-only, on ``pread``, ``pread_into`` and ``advise``) is what the caller says about the read
+  (``ckptfs.core.reads.ReadScope``: a deadline, a copy behind it, a stream decided above); a wrapper hands it
+  on to what it wraps (narrowed, if it knows more), a source that has no use for it ignores it.
 """
 
 from __future__ import annotations
 
 import builtins
 from typing import Any, Protocol, runtime_checkable
+
+from ckptfs.core.reads import NOTHING_SAID, ReadScope
 
 
 class ByteSource:
@@ -38,20 +43,21 @@ class ByteSource:
     #: back). It never fails a read; a reader that checks bytes (``integrity.checked``) checks them again.
     changes: int = 0
 
-    def pread(self, offset: int, size: int) -> bytes:  # pragma: no cover - interface
+    def pread(self, offset: int, size: int, *, scope: ReadScope = NOTHING_SAID) -> bytes:  # pragma: no cover
         raise NotImplementedError
 
-    def pread_into(self, offset: int, target: memoryview) -> None:
+    def pread_into(self, offset: int, target: memoryview, *, scope: ReadScope = NOTHING_SAID) -> None:
         """``pread`` of ``len(target)`` bytes into a writable byte buffer (the mount's reads fill libfuse's
         buffer). This default copies ``pread``'s answer, so wrappers (checked, mirrored) keep their checks;
         a source that can fill the buffer itself (a local file) overrides it, one copy fewer."""
-        target[:] = self.pread(offset, len(target))
+        target[:] = self.pread(offset, len(target), scope=scope)
 
     def content_id(self) -> str:  # pragma: no cover - interface
         raise NotImplementedError
 
-    def advise(self, offset: int, size: int, sequential: bool = False) -> None:
-        """Say these bytes are wanted soon (best effort)."""
+    def advise(self, offset: int, size: int, sequential: bool = False, *, scope: ReadScope = NOTHING_SAID) -> None:
+        """Say these bytes are wanted soon (best effort); ``scope.decided``: by the layer that watches the
+        reader's stream (the source then follows this advice rather than judging the stream itself)."""
 
     @property
     def fetches_ahead(self) -> bool:

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from ckptfs.core.errors import CheckpointError
+from ckptfs.core.reads import NOTHING_SAID, ReadScope
 from ckptfs.sources.base import ByteSource, Folder
 from ckptfs.sources.identity import local_content_id
 from ckptfs.sources.served import ServedSums, chunk_sum_fd
@@ -170,8 +171,9 @@ class FileSource(ByteSource):
                 self._close_locked()
             return self._fd is None
 
-    def pread(self, offset: int, size: int) -> bytes:
-        """Exactly ``size`` bytes at ``offset``, as the file was at open, or CheckpointError."""
+    def pread(self, offset: int, size: int, *, scope: ReadScope = NOTHING_SAID) -> bytes:
+        """Exactly ``size`` bytes at ``offset``, as the file was at open, or CheckpointError (``scope``: a local
+        read has no use for it)."""
         if size <= 0:
             return b""
         chunks = []
@@ -186,7 +188,7 @@ class FileSource(ByteSource):
         self._check_served(offset, data, ctime_ns)
         return data
 
-    def pread_into(self, offset: int, target: memoryview) -> None:
+    def pread_into(self, offset: int, target: memoryview, *, scope: ReadScope = NOTHING_SAID) -> None:
         """``pread`` straight into ``target`` (a writable byte buffer): no intermediate bytes object."""
         if not isinstance(target, memoryview):
             target = memoryview(target)  # slicing a bytearray would copy it: the read would fill the copy
@@ -251,7 +253,7 @@ class FileSource(ByteSource):
         self._saw(st.st_ctime_ns)
         return st.st_ctime_ns
 
-    def advise(self, offset: int, size: int, sequential: bool = False) -> None:
+    def advise(self, offset: int, size: int, sequential: bool = False, *, scope: ReadScope = NOTHING_SAID) -> None:
         """Tell the kernel these bytes are wanted soon (best effort; never fails, never reopens)."""
         if not hasattr(os, "posix_fadvise"):  # probe: platform
             return

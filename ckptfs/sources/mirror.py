@@ -23,7 +23,7 @@ a dead primary does not cost every read a timeout.
 
 from __future__ import annotations
 
-import contextlib
+import dataclasses
 import logging
 import os
 import threading
@@ -32,9 +32,9 @@ from collections.abc import Callable
 from typing import Any
 
 from ckptfs.core.errors import CheckpointError, SourceUnavailable, public_name
+from ckptfs.core.reads import NOTHING_SAID, ReadScope
 from ckptfs.sources.base import ByteSource
 from ckptfs.sources.netstats import SourceCounters
-from ckptfs.sources.remote.context import deadline_scope, fallback_scope
 from ckptfs.sources.remote.options import DEFAULT_OPTIONS
 from ckptfs.sources.remote.transport import REMOTE_INITIAL_READ, check_range
 
@@ -43,6 +43,8 @@ log = logging.getLogger(__name__)
 #: How many leading bytes must be equal for a mirror to count as the same file (the header, or its start).
 CHECK_BYTES = REMOTE_INITIAL_READ
 PREFER_SECONDS = 30.0
+#: How a mirror is opened at the checkpoint's open: as a read with a fallback (the primary is served anyway).
+AT_OPEN = ReadScope(fallback=True)
 
 
 class MirrorSource(ByteSource):
@@ -107,39 +109,40 @@ class MirrorSource(ByteSource):
             members.insert(0, preferred)
         return members
 
-    def pread(self, offset: int, size: int) -> bytes:
+    def pread(self, offset: int, size: int, *, scope: ReadScope = NOTHING_SAID) -> bytes:
+        """The bytes from the first copy that has them: one deadline (``--timeout``, or the caller's if sooner)
+        for every copy tried, and each copy but the last asked as one with a fallback behind it."""
         if not check_range(self, offset, size):
             return b""
         members = self._order()
         failures: list[str] = []
-        with deadline_scope(self.timeout):
-            for k, member in enumerate(members):
-                last = k + 1 == len(members)
-                if offset + size > member.size:  # a truncated primary: these bytes are only in the mirrors
-                    failures.append(f"{public_name(member.name)}: has only {member.size} bytes")
-                    if not last:
-                        self._counters.failover()
-                    continue
-                try:
-                    with fallback_scope(not last):
-                        data = member.pread(offset, size)
-                except CheckpointError as exc:
-                    failures.append(str(exc))
-                    if not last:
-                        self._counters.failover()
-                        log.warning("read of %s @ %d failed (%s): trying %s", public_name(member.name), offset,
-                                    exc.reason, public_name(members[k + 1].name))
-                    continue
-                if k:
-                    with self._lock:
-                        self._preferred, self._preferred_until = member, time.monotonic() + PREFER_SECONDS
-                return data
+        scope = scope.within(self.timeout)
+        for k, member in enumerate(members):
+            last = k + 1 == len(members)
+            if offset + size > member.size:  # a truncated primary: these bytes are only in the mirrors
+                failures.append(f"{public_name(member.name)}: has only {member.size} bytes")
+                if not last:
+                    self._counters.failover()
+                continue
+            try:
+                data = member.pread(offset, size, scope=scope.backed(not last))
+            except CheckpointError as exc:
+                failures.append(str(exc))
+                if not last:
+                    self._counters.failover()
+                    log.warning("read of %s @ %d failed (%s): trying %s", public_name(member.name), offset,
+                                exc.reason, public_name(members[k + 1].name))
+                continue
+            if k:
+                with self._lock:
+                    self._preferred, self._preferred_until = member, time.monotonic() + PREFER_SECONDS
+            return data
         raise CheckpointError(self.name, offset, "every copy failed: " + "; ".join(failures))
 
-    def advise(self, offset: int, size: int, sequential: bool = False) -> None:
+    def advise(self, offset: int, size: int, sequential: bool = False, *, scope: ReadScope = NOTHING_SAID) -> None:
         member = self._order()[0]
         if offset + size <= member.size:
-            member.advise(offset, size, sequential)
+            member.advise(offset, size, sequential, scope=scope)
 
     @property
     def is_open(self) -> bool:
@@ -196,15 +199,14 @@ class MirrorSet:
             rel = os.path.relpath(name, base or ".")
         return _join(mirror_base, rel)
 
-    def open_mirror(self, name: str, primary_name: str, *, at_open: bool = True) -> ByteSource:
-        """The mirror ``name`` of ``primary_name``, opened (and wrapped). At open a mirror that cannot be
-        reached costs one attempt (``fallback_scope``: no retries spent on it), not the deadline."""
+    def open_mirror(self, name: str, primary_name: str, scope: ReadScope = AT_OPEN) -> ByteSource:
+        """The mirror ``name`` of ``primary_name``, opened (and wrapped) under ``scope``
+        (``RemoteOptions.open_scope``): at open, one with a fallback (a mirror that cannot be reached costs a
+        stalled attempt and one retry, not the deadline); later, the failing-over read's own."""
         from ckptfs.sources.registry import Opener
 
         try:
-            # at open, fallback_scope: one attempt, no retries; later, the failing-over read's own scope
-            with fallback_scope() if at_open else contextlib.nullcontext():
-                opened = Opener(self.options).source(name)
+            opened = Opener(dataclasses.replace(self.options, open_scope=scope)).source(name)
         except SourceUnavailable:
             raise
         except CheckpointError as exc:
@@ -249,17 +251,18 @@ class DeferredMirror(ByteSource):
         self._opened: ByteSource | None = None
         self._lock = threading.Lock()
 
-    def _source(self) -> ByteSource:
+    def _source(self, scope: ReadScope = NOTHING_SAID) -> ByteSource:
+        """The mirror, opened now (under ``scope``: the read failing over to it) unless it was already."""
         with self._lock:
             if self._opened is None:
-                opened = self.mirror_set.open_mirror(self.name, self.primary_name, at_open=False)
+                opened = self.mirror_set.open_mirror(self.name, self.primary_name, scope)
                 if self.owner is not None:
                     self.owner.check_same(opened)
                 self._opened = opened
             return self._opened
 
-    def pread(self, offset: int, size: int) -> bytes:
-        return self._source().pread(offset, size)
+    def pread(self, offset: int, size: int, *, scope: ReadScope = NOTHING_SAID) -> bytes:
+        return self._source(scope).pread(offset, size, scope=scope)
 
     def content_id(self) -> str:
         return self._source().content_id()

@@ -10,17 +10,16 @@ the same options and mirrors hold for every read of the checkpoint, in the mount
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
 from ckptfs.core.options import OpenOptions
+from ckptfs.core.reads import NOTHING_SAID, ReadScope
 from ckptfs.sources.base import ByteSource, Folder
 from ckptfs.sources.registry import Opener, is_url
 from ckptfs.sources.remote import stored
-from ckptfs.sources.remote.context import deadline_scope
 from ckptfs.sources.remote.options import RemoteOptions
 
 if TYPE_CHECKING:  # imported when there are mirrors
@@ -92,9 +91,10 @@ class SourcePlan:
         quiet = dataclasses.replace(self.options, read_ahead=False)
         return StoredOpener(quiet, self._mirror_set(options=quiet))
 
-    def read_scope(self) -> contextlib.AbstractContextManager[None]:
-        """A context in which every remote read ends by the timeout (a mount wraps each FUSE read in one)."""
-        return deadline_scope(self.options.timeout)
+    def read_scope(self) -> ReadScope:
+        """The scope of an application read entering now (a mount makes one per FUSE read and passes it down):
+        every source read it makes ends by ``--timeout`` from now."""
+        return NOTHING_SAID.within(self.options.timeout)
 
     def opener(self, name: str, base_dir: str | None = None) -> ByteSource:
         """The pool's opener: sources under these options (the pool applies the wrapper itself)."""

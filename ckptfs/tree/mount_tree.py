@@ -442,7 +442,7 @@ class MountTree:
 
     @property
     def read_scope(self):
-        """A context bounding each FUSE read by ``--timeout`` (remote checkpoints), or None."""
+        """Makes the scope each FUSE read passes down (``--timeout``: remote checkpoints), or None."""
         return self.checkpoint.read_scope
 
     def each_checkpoint(self, hook: Callable[[Checkpoint], None]) -> None:

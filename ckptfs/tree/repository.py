@@ -27,6 +27,7 @@ from collections.abc import Callable, Iterator, Sequence
 
 from ckptfs.checkpoint.api import Checkpoint
 from ckptfs.core.errors import CheckpointError
+from ckptfs.core.reads import NOTHING_SAID, ReadScope
 from ckptfs.ahead.decode import Ahead
 from ckptfs.engine.views import FileView, View
 from ckptfs.formats.repository import Repository
@@ -69,11 +70,11 @@ class ListedFileView(View):
                     self._view = view
         return self._view
 
-    def read(self, offset: int, size: int) -> bytes:
-        return self._opened().read(offset, size)
+    def read(self, offset: int, size: int, *, scope: ReadScope = NOTHING_SAID) -> bytes:
+        return self._opened().read(offset, size, scope=scope)
 
-    def read_into(self, offset: int, target: memoryview, keep: bool = True) -> int:
-        return self._opened().read_into(offset, target, keep)
+    def read_into(self, offset: int, target: memoryview, keep: bool = True, *, scope: ReadScope = NOTHING_SAID) -> int:
+        return self._opened().read_into(offset, target, keep, scope=scope)
 
     def ahead(self, start: int, stop: int) -> Ahead:
         return self._opened().ahead(start, stop)

@@ -32,7 +32,6 @@ open), and a forked child starts with fresh pools: threads do not survive ``fork
 from __future__ import annotations
 
 from typing import Any, TypeVar
-import contextvars
 import logging
 import threading
 from collections import deque
@@ -102,17 +101,16 @@ class Scheduler:
             return None
 
     def call(self, kind: str, fn: Callable[[], T], nbytes: int) -> Future[T] | None:
-        """Run ``fn`` on the ``kind`` pool for a caller that waits on it, in a copy of the caller's context (a
-        remote read's deadline holds there too): the future carries ``fn``'s result or its exception. None
-        when ``nbytes`` more would pass the budget: the caller runs ``fn`` itself."""
+        """Run ``fn`` on the ``kind`` pool for a caller that waits on it (what it reads under is in its
+        arguments: ``ckptfs.core.reads``): the future carries ``fn``'s result or its exception. None when
+        ``nbytes`` more would pass the budget: the caller runs ``fn`` itself."""
         result: Future[T] = Future()
-        context = contextvars.copy_context()
 
         def job() -> None:
             if not result.set_running_or_notify_cancel():
                 return
             try:
-                value = context.run(fn)
+                value = fn()
             except BaseException as exc:  # noqa: BLE001 - handed to the caller waiting on the future
                 result.set_exception(exc)
             else:

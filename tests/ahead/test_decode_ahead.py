@@ -101,7 +101,7 @@ def test_released_handle_is_forgotten(gguf_path):
 
 def test_streams_are_advised_to_the_kernel(gguf_path, monkeypatch):
     calls = []
-    monkeypatch.setattr(FileSource, "advise", lambda self, offset, size, sequential=False:
+    monkeypatch.setattr(FileSource, "advise", lambda self, offset, size, sequential=False, **kw:
                         calls.append((offset, size, sequential)))
     ck, tree, pf = setup(gguf_path)
     raw = tree.view("f.raw")
@@ -190,7 +190,7 @@ def test_mount_device_of_root_matches_stat():
 
 def test_kernel_only_mode_advises_without_decoding(gguf_path, monkeypatch):
     calls = []
-    monkeypatch.setattr(FileSource, "advise", lambda self, offset, size, sequential=False:
+    monkeypatch.setattr(FileSource, "advise", lambda self, offset, size, sequential=False, **kw:
                         calls.append((offset, size)))
     ck = ckptfs.open(gguf_path, cache_size=32 << 20)
     pf = DecodeAhead(ck.sources, ck.cache.capacity, decode_ahead=False)
@@ -223,7 +223,7 @@ def test_a_found_stream_has_the_rest_of_its_file_advised_as_one_unit(gguf_path, 
     """Tensor-aware read-ahead: once a reader is seen streaming a .raw, the stored bytes of the rest of the
     tensor are advised at once (a remote source then fetches them over parallel ranges), not window by window."""
     calls = []
-    monkeypatch.setattr(FileSource, "advise", lambda self, offset, size, sequential=False:
+    monkeypatch.setattr(FileSource, "advise", lambda self, offset, size, sequential=False, **kw:
                         calls.append((offset, size, sequential)))
     monkeypatch.setattr(decode_ahead, "MAX_AHEAD_BYTES", 65536)  # the decode window: far short of the file's end
     ck, tree, pf = setup(gguf_path)
@@ -242,7 +242,7 @@ def test_a_long_file_has_its_rest_advised_in_steps_to_its_end(gguf_path, monkeyp
     remote source's window then stays full to the end of a large tensor instead of falling back to the decode
     window's few MiB after the first advice."""
     calls = []
-    monkeypatch.setattr(FileSource, "advise", lambda self, offset, size, sequential=False:
+    monkeypatch.setattr(FileSource, "advise", lambda self, offset, size, sequential=False, **kw:
                         calls.append((offset, size)))
     monkeypatch.setattr(FileSource, "fetches_ahead", property(lambda self: True))  # as a remote source's
     monkeypatch.setattr(decode_ahead, "MAX_AHEAD_BYTES", 16384)
@@ -282,7 +282,7 @@ def test_a_reader_in_file_order_has_the_small_files_ahead_advised_as_merged_rang
     ahead of it (fetched as whole pieces, not one request per file), and each file read extends that chain
     from its end instead of walking it again."""
     calls = []
-    monkeypatch.setattr(FileSource, "advise", lambda self, offset, size, sequential=False:
+    monkeypatch.setattr(FileSource, "advise", lambda self, offset, size, sequential=False, **kw:
                         calls.append((offset, size)))
     monkeypatch.setattr(FileSource, "fetches_ahead", property(lambda self: True))  # as a remote source's
     ck, tree, pf = setup(small_tensors)
@@ -309,7 +309,7 @@ def test_a_local_file_read_in_file_order_gets_no_advice_past_the_file_read(small
     """A local file's kernel reads ahead on its own: advising it far ahead only adds work to the reader's
     path, so a local reader in file order gets no advice of the files after the one it reads."""
     calls = []
-    monkeypatch.setattr(FileSource, "advise", lambda self, offset, size, sequential=False:
+    monkeypatch.setattr(FileSource, "advise", lambda self, offset, size, sequential=False, **kw:
                         calls.append((offset, size)))
     ck, tree, pf = setup(small_tensors)
     order = sorted(ck.tensors, key=lambda t: t.info.offset)

@@ -18,7 +18,6 @@ from conftest import wait_until
 
 from ckptfs.sources.remote.store.chunks import CHUNK
 from ckptfs.ahead.limits import OriginLimit
-from ckptfs.ahead.detect import decided_above
 from ckptfs.ahead import fetch as fetch_ahead
 from ckptfs.sources.remote.context import ReadContext, Slot
 from ckptfs.ahead.fetch import ReadAhead, Run
@@ -67,9 +66,9 @@ class RecordingSource:
 
 
 def _start_stream(ahead: ReadAhead) -> None:
-    """The first two 1 MiB reads of a stream a mount's handle decided (inside ``decided_above``)."""
-    ahead.observe(0, MiB)
-    ahead.observe(MiB, MiB)
+    """The first two 1 MiB reads of a stream a mount's handle decided (``decided``, as their scope says)."""
+    ahead.observe(0, MiB, decided=True)
+    ahead.observe(MiB, MiB, decided=True)
 
 
 def _settled(source: RecordingSource) -> None:
@@ -80,16 +79,15 @@ def test_a_read_behind_the_reader_keeps_the_window_of_a_decided_stream(monkeypat
     monkeypatch.setattr(fetch_ahead, "FETCH_BUDGET", 8 * MiB)  # the window: 8 MiB ahead of the reader
     source = RecordingSource(64 * MiB)
     ahead = ReadAhead(source)
-    with decided_above():
-        _start_stream(ahead)
-        ahead.follow_advice(2 * MiB // CHUNK, 64 * MiB // CHUNK)  # the handle advises the rest, once
+    _start_stream(ahead)
+    ahead.follow_advice(2 * MiB // CHUNK, 64 * MiB // CHUNK, decided=True)  # the handle advises the rest, once
+    _settled(source)
+    assert source.furthest() * CHUNK == 10 * MiB  # 8 MiB ahead of the reader
+    ahead.observe(3 * MiB, MiB, decided=True)
+    ahead.observe(2 * MiB, MiB, decided=True)  # arrived after its neighbour
+    for offset in range(4 * MiB, 20 * MiB, MiB):
+        ahead.observe(offset, MiB, decided=True)
         _settled(source)
-        assert source.furthest() * CHUNK == 10 * MiB  # 8 MiB ahead of the reader
-        ahead.observe(3 * MiB, MiB)
-        ahead.observe(2 * MiB, MiB)  # arrived after its neighbour
-        for offset in range(4 * MiB, 20 * MiB, MiB):
-            ahead.observe(offset, MiB)
-            _settled(source)
     assert source.furthest() * CHUNK == 28 * MiB  # still 8 MiB ahead of the reader at 20 MiB
 
 
@@ -97,12 +95,11 @@ def test_the_window_of_a_decided_stream_stops_where_its_advice_ends(monkeypatch)
     monkeypatch.setattr(fetch_ahead, "FETCH_BUDGET", 8 * MiB)
     source = RecordingSource(64 * MiB)
     ahead = ReadAhead(source)
-    with decided_above():
-        _start_stream(ahead)
-        ahead.follow_advice(2 * MiB // CHUNK, 12 * MiB // CHUNK)  # a tensor's rest: 10 MiB
-        for offset in range(2 * MiB, 12 * MiB, MiB):
-            ahead.observe(offset, MiB)
-            _settled(source)
+    _start_stream(ahead)
+    ahead.follow_advice(2 * MiB // CHUNK, 12 * MiB // CHUNK, decided=True)  # a tensor's rest: 10 MiB
+    for offset in range(2 * MiB, 12 * MiB, MiB):
+        ahead.observe(offset, MiB, decided=True)
+        _settled(source)
     assert source.furthest() * CHUNK == 12 * MiB  # nothing of what lies after the advised bytes
 
 
@@ -139,16 +136,15 @@ def test_advice_away_from_the_reader_waits_for_a_slot_instead_of_being_dropped(m
     source = HeldSource(256 * MiB)
     ahead = ReadAhead(source)
     advised = range(100 * MiB // CHUNK, 108 * MiB // CHUNK)
-    with decided_above():
-        _start_stream(ahead)
-        ahead.follow_advice(2 * MiB // CHUNK, 18 * MiB // CHUNK)  # the stream's rest: the limit's 4 slots taken
-        assert wait_until(lambda: source.limit.in_flight == source.limit.limit, timeout=10)
-        ahead.follow_advice(advised.start, advised.stop)  # the files after it: no slot free now
-        assert not any(c in source.claimed for c in advised)
-        source.gate.set()  # the stream's pieces land
-        for offset in range(2 * MiB, 90 * MiB, MiB):  # and the reader comes within the budget of the advice
-            ahead.observe(offset, MiB)
-        assert wait_until(lambda: all(c in source.claimed for c in advised), timeout=10)
+    _start_stream(ahead)
+    ahead.follow_advice(2 * MiB // CHUNK, 18 * MiB // CHUNK, decided=True)  # the stream's rest: the limit's 4 slots taken
+    assert wait_until(lambda: source.limit.in_flight == source.limit.limit, timeout=10)
+    ahead.follow_advice(advised.start, advised.stop, decided=True)  # the files after it: no slot free now
+    assert not any(c in source.claimed for c in advised)
+    source.gate.set()  # the stream's pieces land
+    for offset in range(2 * MiB, 90 * MiB, MiB):  # and the reader comes within the budget of the advice
+        ahead.observe(offset, MiB, decided=True)
+    assert wait_until(lambda: all(c in source.claimed for c in advised), timeout=10)
     _settled(source)
 
 
@@ -160,13 +156,12 @@ def test_advice_further_ahead_than_the_budget_waits_for_the_reader_to_come_near(
     source = RecordingSource(256 * MiB)
     ahead = ReadAhead(source)
     far = range(100 * MiB // CHUNK, 108 * MiB // CHUNK)
-    with decided_above():
-        _start_stream(ahead)
-        ahead.follow_advice(far.start, far.stop)  # the files stored after the reader's, advised once
+    _start_stream(ahead)
+    ahead.follow_advice(far.start, far.stop, decided=True)  # the files stored after the reader's, advised once
+    _settled(source)
+    assert not any(c in source.claimed for c in far)
+    for offset in range(2 * MiB, 90 * MiB, MiB):  # the reader goes on (its own bytes advised as it goes)
+        ahead.follow_advice(offset // CHUNK, (offset + MiB) // CHUNK, decided=True)
+        ahead.observe(offset, MiB, decided=True)
         _settled(source)
-        assert not any(c in source.claimed for c in far)
-        for offset in range(2 * MiB, 90 * MiB, MiB):  # the reader goes on (its own bytes advised as it goes)
-            ahead.follow_advice(offset // CHUNK, (offset + MiB) // CHUNK)
-            ahead.observe(offset, MiB)
-            _settled(source)
-        assert all(c in source.claimed for c in far)
+    assert all(c in source.claimed for c in far)

@@ -4,7 +4,8 @@ A mount's handle that tracks its stream decides it: the remote source below neve
 detection for those reads, yet its bytes arrive ahead of the reader in few large requests (the source
 follows the handle's advice and its reader's position). A handle that does not track its stream (read-ahead
 off) leaves the decision to the source, which then detects the stream itself. The FUSE operations are
-driven by hand (``on_read``, then the read inside ``reading``), as ``ckptfs.fuse.operations`` calls them.
+driven by hand (``on_read``, then the read with the scope ``scope`` gives it), as ``ckptfs.fuse.operations`` calls
+them.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ pytest.importorskip("urllib3")
 pytest.importorskip("gguf")
 
 import ckptfs
+from ckptfs.core.reads import NOTHING_SAID
 from ckptfs.ahead.decode import DecodeAhead
 from ckptfs.ahead.detect import SequentialRun
 from ckptfs.ahead import fetch as remote_readahead
@@ -70,8 +72,7 @@ def _stream(origin, name: str, tracked: bool) -> tuple[int, int]:
         reads = 0
         for offset in range(0, view.size, STEP):
             prefetcher.on_read(1, offset, STEP)
-            with prefetcher.reading(1):
-                got += view.read(offset, STEP)
+            got += view.read(offset, STEP, scope=prefetcher.scope(1, NOTHING_SAID))
             reads += 1
         prefetcher.close(wait=True)
     assert bytes(got) == expected

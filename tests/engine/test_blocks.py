@@ -21,6 +21,7 @@ from ckptfs.engine.blocks import TensorData
 from ckptfs.cache.tiered import BlockCache, TieredCache
 from ckptfs.core.descriptors import TensorInfo
 from ckptfs.core.errors import CheckpointError
+from ckptfs.core.reads import NOTHING_SAID
 from ckptfs.quant import codec_for, known_types, output_dtype
 from ckptfs.sources import FileSource, SourcePool
 
@@ -41,9 +42,9 @@ class CountingPool(SourcePool):
 
 
 class _Counting(FileSource):
-    def pread(self, offset, size):
+    def pread(self, offset, size, *, scope=NOTHING_SAID):
         self.log.append((offset, size))
-        return super().pread(offset, size)
+        return super().pread(offset, size, scope=scope)
 
 
 def make_tensor(tmp_path, type_name, n_blocks, prefix=16, truncate_to=None, seed=0):

@@ -110,7 +110,7 @@ def test_a_small_first_read_decodes_only_its_blocks(gguf_path):
     seen = []
     data = view.data
     decode = data._decode_blocks
-    data._decode_blocks = lambda b0, b1, out=None: (seen.append((b0, b1)), decode(b0, b1, out))[1]
+    data._decode_blocks = lambda b0, b1, out=None, **kw: (seen.append((b0, b1)), decode(b0, b1, out, **kw))[1]
     buf = bytearray(4096)
     view.read_into(0, memoryview(buf))
     assert seen == [(0, 3), (3, 4)]  # body bytes 0..3968: three whole blocks, then the one the end cuts
@@ -255,7 +255,7 @@ def test_the_mounts_read_ahead_only_advises_views_that_decode_into_the_reply(ggu
     from ckptfs.sources import FileSource
 
     advised = []
-    monkeypatch.setattr(FileSource, "advise", lambda self, offset, size, sequential=False:
+    monkeypatch.setattr(FileSource, "advise", lambda self, offset, size, sequential=False, **kw:
                         advised.append((offset, size)))
     for dtype, decodes_ahead in (("float32", False), ("float16", True)):  # float16: a cast, through the cache
         ck = ckptfs.open(gguf_path, dtype=dtype, cache_size=64 << 20)

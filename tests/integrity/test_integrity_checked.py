@@ -23,6 +23,7 @@ from integrity_fixtures import big_safetensors, flip, reference_tensors
 
 import ckptfs
 from ckptfs.core.errors import CheckpointError, IntegrityError
+from ckptfs.core.reads import NOTHING_SAID, ReadScope
 from ckptfs.formats.multi import read_checkpoint
 from ckptfs.integrity.checked import ManifestCheck
 from ckptfs.integrity.manifest import build_manifest, load_manifest
@@ -39,9 +40,9 @@ class Counting(ByteSource):
         self.inner, self.name, self.size, self.identity = inner, inner.name, inner.size, inner.identity
         self.calls: list[tuple[int, int]] = []
 
-    def pread(self, offset: int, size: int) -> bytes:
+    def pread(self, offset: int, size: int, *, scope: ReadScope = NOTHING_SAID) -> bytes:
         self.calls.append((offset, offset + size))
-        return self.inner.pread(offset, size)
+        return self.inner.pread(offset, size, scope=scope)
 
 
 @pytest.fixture

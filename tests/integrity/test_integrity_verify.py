@@ -19,6 +19,7 @@ from integrity_fixtures import big_safetensors, file_sha256, flip, point_gguf_te
 import ckptfs
 from ckptfs.checkpoint.api import Checkpoint
 from ckptfs.core.errors import CheckpointError, IntegrityError
+from ckptfs.core.reads import NOTHING_SAID, ReadScope
 from ckptfs.formats.multi import read_checkpoint
 from ckptfs.integrity.manifest import build_manifest, load_manifest
 from ckptfs.integrity.verify import verify
@@ -209,8 +210,8 @@ class KnownHash(ByteSource):
         self.inner, self.name, self.size, self.identity = inner, inner.name, inner.size, inner.identity
         self._sha256 = sha256
 
-    def pread(self, offset: int, size: int) -> bytes:
-        return self.inner.pread(offset, size)
+    def pread(self, offset: int, size: int, *, scope: ReadScope = NOTHING_SAID) -> bytes:
+        return self.inner.pread(offset, size, scope=scope)
 
     def content_id(self) -> str:
         return f"sha256:{self._sha256}"

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import io
 import mmap
 import os
@@ -28,10 +29,16 @@ import pytest
 
 pytest.importorskip("urllib3")
 
+from ckptfs.cache.tiered import BlockCache, TieredCache
+from ckptfs.core.descriptors import TensorInfo
+from ckptfs.core.reads import NOTHING_SAID, ReadScope
+from ckptfs.engine import blocks
+from ckptfs.engine.blocks import TensorData
 from ckptfs.engine.parallel import spread
+from ckptfs.quant import codec_for
 from ckptfs.workers.scheduler import Scheduler
+from ckptfs.sources import FileSource, SourcePool
 from ckptfs.sources.remote.outage import Admission, Outage
-from ckptfs.sources.remote.context import deadline_scope, read_deadline
 from conftest import mount_stats, nginx_origin, pid_alive, wait_until
 from fixtures import quantized, write_gguf
 from loopback.servers import Nginx
@@ -205,26 +212,48 @@ def test_only_a_success_ends_an_outage():
     assert outage.tally.stats() == {"outages": 2, "deadlines_met": 2}
 
 
-def test_decode_workers_carry_the_readers_deadline():
+class _ScopeSeen(FileSource):
+    """A local file recording the thread and the deadline of every read asked of it; the first read waits until a
+    read has come from another thread (so one of a request's tasks surely ran on a decode worker)."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__(path)
+        self.seen: list[tuple[int, float | None]] = []
+        self.elsewhere = threading.Event()
+
+    def pread(self, offset: int, size: int, *, scope: ReadScope = NOTHING_SAID) -> bytes:
+        me = threading.get_ident()
+        self.seen.append((me, scope.deadline))
+        if any(thread != me for thread, _ in self.seen):
+            self.elsewhere.set()
+        if len(self.seen) == 1:
+            assert self.elsewhere.wait(10), "no decode worker took a task"
+        return super().pread(offset, size, scope=scope)
+
+
+def test_decode_workers_carry_the_readers_deadline(tmp_path, monkeypatch):
     """A .npy read's block groups decoded on the decode pool's workers read their bytes under the reader's
-    deadline, not one each worker's task starts afresh (that made one FUSE read last several --timeouts)."""
-    scheduler = Scheduler(concurrency={"decode": 2})
-    second_started = threading.Event()
-    seen: list[tuple[int, float]] = []
-
-    def first() -> None:  # holds the caller until the other task has started elsewhere
-        assert second_started.wait(10), "no worker took a task"
-        seen.append((threading.get_ident(), read_deadline(1000)))
-
-    def second() -> None:
-        second_started.set()
-        seen.append((threading.get_ident(), read_deadline(1000)))
-
-    with deadline_scope(5):
-        end = read_deadline(1000)
-        spread([first, second], scheduler)
-    assert len({thread for thread, _ in seen}) == 2  # one task ran on a worker
-    assert all(deadline <= end for _, deadline in seen), (end, seen)
+    deadline, not one each worker's task starts afresh (that made one FUSE read last several --timeouts): the
+    scope a mount's read passes to ``bytes_into`` reaches every source read, on whichever thread it runs."""
+    monkeypatch.setattr(blocks, "spread", functools.partial(spread, scheduler=Scheduler(concurrency={"decode": 2})))
+    monkeypatch.setattr(blocks, "DECODE_TASKS", 2)
+    codec = codec_for("Q8_0")
+    stored = quantized("Q8_0", (64 * codec.block_elements,), np.random.default_rng(3)).tobytes()
+    path = tmp_path / "q8.bin"
+    path.write_bytes(stored)
+    source = _ScopeSeen(str(path))
+    info = TensorInfo(name="t", storage_type="Q8_0", shape=(64 * codec.block_elements,), source=str(path), offset=0,
+                      stored_nbytes=len(stored), block_elements=codec.block_elements, block_bytes=codec.block_bytes)
+    data = TensorData(info, codec, np.dtype(np.float32), SourcePool(opener=lambda name, base: source),
+                      TieredCache([BlockCache(1 << 20)]))
+    data.group_blocks = 8  # eight groups: two runs of groups decoded at once
+    target = np.empty(data.n_elements * 4, np.uint8)
+    scope = NOTHING_SAID.within(5)
+    data.bytes_into(0, target, keep=False, scope=scope)
+    assert len({thread for thread, _ in source.seen}) == 2  # one task ran on a worker
+    assert {deadline for _, deadline in source.seen} == {scope.deadline}, source.seen
+    expected = codec.dequantize(np.frombuffer(stored, np.uint8).reshape(64, codec.block_bytes)).reshape(-1)
+    assert target.view(np.float32).tobytes() == expected.astype(np.float32).tobytes()
 
 
 @pytest.mark.parametrize("read", [_stream, _direct_read], ids=["buffered-1MiB-reads", "one-64MiB-O_DIRECT-read"])

@@ -21,6 +21,7 @@ from quant_checks import assert_same_floats  # noqa: E402
 
 import ckptfs  # noqa: E402
 from ckptfs.engine import batch  # noqa: E402
+from ckptfs.core.reads import NOTHING_SAID  # noqa: E402
 from ckptfs.torchio import api  # noqa: E402
 
 STORAGE_TORCH = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16, "F64": torch.float64,
@@ -161,9 +162,9 @@ def _record_reads(ck, monkeypatch) -> list[tuple[int, int]]:
         source = ck.sources.get(path)
         original = source.pread
 
-        def pread(offset, size, _original=original):
+        def pread(offset, size, *, scope=NOTHING_SAID, _original=original):
             reads.append((offset, size))
-            return _original(offset, size)
+            return _original(offset, size, scope=scope)
 
         monkeypatch.setattr(source, "pread", pread)
     return reads

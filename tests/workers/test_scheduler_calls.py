@@ -1,15 +1,13 @@
 """Work a caller waits on, on the read-ahead scheduler's pools (``Scheduler.call``, ``Ordered``): what the
 torch loader's pieces read ahead and the manifest's hashing rely on.
 
-- ``call`` hands back the function's result or its exception, runs it in the caller's context, and is
-  refused (nothing run) over budget;
+- ``call`` hands back the function's result or its exception, and is refused (nothing run) over budget;
 - ``Ordered`` runs its jobs one at a time in the order put, on a pool of several workers, ``wait(most)``
   bounds what is queued, and ``wait`` raises a job's exception (nothing after it runs).
 """
 
 from __future__ import annotations
 
-import contextvars
 import threading
 
 import pytest
@@ -17,7 +15,6 @@ import pytest
 from ckptfs.workers.scheduler import Ordered, Scheduler
 
 WAIT_S = 10.0
-_var: contextvars.ContextVar[str] = contextvars.ContextVar("test_var", default="unset")
 
 
 def test_call_hands_back_the_result_and_the_exception():
@@ -33,16 +30,6 @@ def test_call_hands_back_the_result_and_the_exception():
     with pytest.raises(ValueError, match="the source said no"):
         bad.result(WAIT_S)
     assert scheduler.in_flight() == 0
-
-
-def test_call_runs_in_the_callers_context():
-    scheduler = Scheduler(concurrency={"read": 1})
-    token = _var.set("the caller's")
-    try:
-        future = scheduler.call("read", _var.get, 0)
-    finally:
-        _var.reset(token)
-    assert future is not None and future.result(WAIT_S) == "the caller's"
 
 
 def test_call_over_budget_is_refused_and_runs_nothing():

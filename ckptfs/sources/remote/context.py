@@ -10,60 +10,20 @@ the answer's bytes). A :class:`ReadContext` carries exactly that, handed from ca
 worker that fetches a handed-out piece), so nothing depends on which thread or ``contextvars`` context a
 piece of work happens to run in.
 
-Only where a read crosses the public ``ByteSource.pread`` boundary — which plug-in sources implement and a
-mirror wrapper or a mount calls without knowing what lies below — does the read's scope travel implicitly:
-one ContextVar (:func:`deadline_scope`, :func:`fallback_scope`), read once as a read enters a remote source
-(:meth:`ReadContext.entering`).
+It is built, as a read enters a remote source (:meth:`ReadContext.entering`), from what the caller said
+about the read above ``ByteSource.pread`` (``ckptfs.core.reads.ReadScope``: its deadline, a mirror behind it),
+handed down as an argument like everything else here.
 """
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import dataclasses
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-
-@dataclass(frozen=True)
-class _Scope:
-    """What a caller above ``ByteSource.pread`` says about the reads it makes (see the module docstring)."""
-
-    deadline: float | None = None  # monotonic seconds; None: each read's own --timeout
-    fallback: bool = False         # another copy is tried when this read fails
-
-
-_scope: contextvars.ContextVar[_Scope] = contextvars.ContextVar("ckptfs_read_scope", default=_Scope())  # noqa: B039 - frozen
-
-
-@contextlib.contextmanager
-def deadline_scope(timeout: float) -> Iterator[None]:
-    """Every remote read inside ends by ``timeout`` seconds from now (or an enclosing scope's end)."""
-    outer = _scope.get()
-    end = time.monotonic() + timeout
-    token = _scope.set(dataclasses.replace(outer, deadline=end if outer.deadline is None else min(outer.deadline, end)))
-    try:
-        yield
-    finally:
-        _scope.reset(token)
-
-
-@contextlib.contextmanager
-def fallback_scope(has_fallback: bool = True) -> Iterator[None]:
-    """Reads inside have another copy to turn to (a mirror): a stalled attempt gives up at once and other
-    failures are retried once, so the deadline is left for the next copy."""
-    token = _scope.set(dataclasses.replace(_scope.get(), fallback=has_fallback))
-    try:
-        yield
-    finally:
-        _scope.reset(token)
-
-
-def read_deadline(timeout: float) -> float:
-    """The deadline of a read entering now: ``timeout`` from now, or the enclosing scope's end if sooner."""
-    return ReadContext.entering(timeout).deadline
+from ckptfs.core.reads import NOTHING_SAID, ReadScope
 
 
 class Slot(Protocol):
@@ -88,12 +48,11 @@ class ReadContext:
     cut: Callable[[float], float] | None = None  # an attempt's deadline as the origin's outage cuts it (``until``)
 
     @classmethod
-    def entering(cls, timeout: float, once: bool = False) -> ReadContext:
-        """The context of a read that enters a remote source now, under the caller's scope; ``once``: one
-        attempt (an open whose options say so: ``RemoteOptions.open_once``)."""
-        scope = _scope.get()
-        end = time.monotonic() + timeout
-        return cls(end if scope.deadline is None else min(scope.deadline, end), scope.fallback, once=once)
+    def entering(cls, timeout: float, scope: ReadScope = NOTHING_SAID, once: bool = False) -> ReadContext:
+        """The context of a read that enters a remote source now, as its caller scoped it (``scope``: a
+        deadline, a mirror behind it); ``once``: one attempt (an open whose options say so:
+        ``RemoteOptions.open_once``)."""
+        return cls(scope.end(timeout), scope.fallback, once=once)
 
     @classmethod
     def fetching_ahead(cls, timeout: float, slot: Slot | None = None) -> ReadContext:

@@ -364,7 +364,7 @@ class HttpSource(RemoteSource):
         found = memo.get(key)
         if isinstance(found, Probe) and time.monotonic() - found.at < PROBE_MEMO_SECONDS:
             return found
-        read = ReadContext.entering(self.options.timeout, self.options.open_once)
+        read = self.options.opening()
         # with a --cache-dir the content identity names the store's file, and every fetch waits for it: a weak
         # validator's tail sample is asked beside the probe, not a round trip after it (the Hub names its
         # files by their sha256: never needed there)
@@ -384,7 +384,7 @@ class HttpSource(RemoteSource):
             if len(probe.head) == probe.size:
                 probe.tail = bytes(probe.head[probe.size - n:])
             else:
-                read = ReadContext.entering(self.options.timeout, self.options.open_once)
+                read = self.options.opening()
                 probe.tail = joined(self.client.retrying(functools.partial(self.range.fetch, probe.size - n,
                                                                            probe.size), read, None, "cannot open: "))
                 self.options.counters.request(self.scheme, "ok", len(probe.tail))

@@ -19,9 +19,11 @@ from ckptfs.sources.remote.store.chunks import MEMORY_CHUNKS, ChunkCache, disk_s
 from ckptfs.cache.disk import DEFAULT_CACHE_DIR_SIZE
 from ckptfs.sources.remote.store.sparse_store import DEFAULT_MIN_FREE
 from ckptfs.core.options import OpenOptions
+from ckptfs.core.reads import NOTHING_SAID, ReadScope
 from ckptfs.core.runtime import Runtime, runtime
 from ckptfs.sources.netstats import SOURCE_COUNTERS, SourceCounters
 from ckptfs.workers.scheduler import DEFAULT_CONCURRENCY
+from ckptfs.sources.remote.context import ReadContext
 from ckptfs.sources.remote.outage import Outage
 
 #: Every remote read is answered within this (``--timeout``), failover included, unless the options say.
@@ -43,12 +45,20 @@ class RemoteOptions:
     max_retries: int | None = None  # None: as many as the deadline allows
     #: an open sends one attempt, no retries: a stored copy is served when it fails (``stored.open_file``)
     open_once: bool = False
+    #: what the opener says about a source's open reads (``ckptfs.core.reads``): a mirror opened with the
+    #: checkpoint has a fallback (the primary), one opened when a read fails over to it that read's deadline
+    open_scope: ReadScope = NOTHING_SAID
     probes: dict[Any, Any] = field(default_factory=dict, repr=False, compare=False)  # a scheme's opens
     outages: dict[str, Outage] = field(default_factory=dict, repr=False, compare=False)  # origin -> its Outage (outage.py)
     mirrors_down: set[str] = field(default_factory=set, repr=False, compare=False)  # unreachable at open (mirror.py)
     #: the process state the sources share (their counters, the connection pool, the chunks in memory): the
     #: runtime the checkpoint was opened with, else the process's
     runtime: Runtime = field(default_factory=runtime, repr=False, compare=False)
+
+    def opening(self) -> ReadContext:
+        """The context of a source's read at open (its probe, its tail sample): ``--timeout`` from now, or the
+        opener's scope's end if sooner, one attempt with ``open_once``."""
+        return ReadContext.entering(self.timeout, self.open_scope, self.open_once)
 
     @property
     def timeout(self) -> float:

@@ -160,7 +160,7 @@ class S3Source(RemoteSource):
             raise CheckpointError(url, None, "names a bucket, not an object (a folder is s3://BUCKET/PREFIX/)")
         client, self.credentials = client_for(options)
         super().__init__(url, options, S3Range(url, self.bucket, self.key, client, self.credentials, options))
-        read = ReadContext.entering(self.options.timeout, self.options.open_once)
+        read = self.options.opening()
         size, etag, head = self.client.retrying(self._probe, read, None, "cannot open: ")
         self.range.size, self.range.validator = size, etag
         self._set_identity(size, etag, url)

@@ -14,9 +14,9 @@ chain):
 - the scheme's range client.
 
 A read's state (deadline, a mirror behind it, whether it fetches ahead, when its answer began) is one
-``context.ReadContext``, made here as the read enters and passed down to each attempt; entering from
-``ByteSource.pread`` it takes the caller's scope (``deadline_scope``, ``fallback_scope``: a mirror wrapper, a
-mount's FUSE read).
+``context.ReadContext``, made here as the read enters and passed down to each attempt, from what the caller
+of ``ByteSource.pread`` said about it (its ``scope``: a mount's FUSE read's deadline, a mirror wrapper's
+fallback).
 
 Options (timeouts, cache directory, read-ahead) are a ``RemoteOptions`` (``options``) handed to each source
 when it is opened.
@@ -31,6 +31,7 @@ from typing import Any
 from ckptfs.sources.remote.store.chunks import CHUNK
 from ckptfs.cache.flight import Flight
 from ckptfs.core.errors import CheckpointError
+from ckptfs.core.reads import NOTHING_SAID, ReadScope
 from ckptfs.ahead.limits import OriginLimit
 from ckptfs.sources.base import ByteSource
 from ckptfs.sources.remote.context import ReadContext, Slot
@@ -167,22 +168,22 @@ class RemoteSource(ByteSource):
         self.fetcher.keep(c0, data)
 
     # -- reading ---------------------------------------------------------------------------------------
-    def pread(self, offset: int, size: int) -> bytes:
+    def pread(self, offset: int, size: int, *, scope: ReadScope = NOTHING_SAID) -> bytes:
         """Exactly ``size`` bytes at ``offset`` (as the object was at open), or CheckpointError."""
         if not check_range(self, offset, size):
             return b""
         if offset + size <= len(self._head):
             return self._head[offset: offset + size]
-        read, c0, c1, upto, step = self._span(offset, size)
+        read, c0, c1, upto, step = self._span(offset, size, scope)
         chunks = self.fetcher.get_chunks(c0, upto, read, step)[: c1 - c0]
-        self._readahead.observe(offset, size)
+        self._readahead.observe(offset, size, scope.decided)
         parts = _covering(chunks, offset - c0 * CHUNK, offset + size - (c1 - 1) * CHUNK)
         whole = parts[0].obj if len(parts) == 1 else None
         if isinstance(whole, bytes) and len(parts[0]) == len(whole):
             return whole  # a whole chunk: no copy
         return b"".join(parts)  # one copy
 
-    def pread_into(self, offset: int, target: memoryview) -> None:
+    def pread_into(self, offset: int, target: memoryview, *, scope: ReadScope = NOTHING_SAID) -> None:
         """``pread`` straight into ``target`` (libfuse's buffer): the chunks' covering slices are copied there
         once, instead of joined and copied again."""
         size = len(target)
@@ -191,21 +192,21 @@ class RemoteSource(ByteSource):
         if offset + size <= len(self._head):
             target[:] = self._head[offset: offset + size]
             return
-        read, c0, c1, upto, step = self._span(offset, size)
+        read, c0, c1, upto, step = self._span(offset, size, scope)
         chunks = self.fetcher.get_chunks(c0, upto, read, step)[: c1 - c0]
-        self._readahead.observe(offset, size)
+        self._readahead.observe(offset, size, scope.decided)
         at = 0
         for part in _covering(chunks, offset - c0 * CHUNK, offset + size - (c1 - 1) * CHUNK):
             target[at: at + len(part)] = part
             at += len(part)
 
-    def _span(self, offset: int, size: int) -> tuple[ReadContext, int, int, int, int]:
-        """A read entering now: its context, the chunks [c0, c1) holding bytes [offset, offset + size), how
+    def _span(self, offset: int, size: int, scope: ReadScope) -> tuple[ReadContext, int, int, int, int]:
+        """A read entering now: its context (as ``scope`` says), the chunks [c0, c1) holding bytes [offset, offset + size), how
         far to fetch (``upto``: c1, or further for the header's first read) and the pieces a long run of them
         is cut into for the scheduler (``step`` chunks, ``ckptfs.ahead.fetch.piece_chunks``). The read then asks the
         chunks itself (``pread``, ``pread_into``), so the walk down to the request is one frame per part."""
         step = piece_chunks(self.options, self.fetcher.origin_limit().limit, self.piece_bytes, CHUNK)
-        read = ReadContext.entering(self.options.timeout)
+        read = ReadContext.entering(self.options.timeout, scope)
         c0, c1 = offset // CHUNK, (offset + size - 1) // CHUNK + 1
         head = min(self.fetcher.chunks, self.initial_read // CHUNK)
         if c0 == 0 and c1 < head and not self.fetcher.cache.has(self.fetcher.key(0)):
@@ -214,12 +215,12 @@ class RemoteSource(ByteSource):
             return read, 0, c1, head, step
         return read, c0, c1, c1, step
 
-    def advise(self, offset: int, size: int, sequential: bool = False) -> None:
+    def advise(self, offset: int, size: int, sequential: bool = False, *, scope: ReadScope = NOTHING_SAID) -> None:
         """Fetch the chunks covering these bytes in the background (best effort)."""
         if size > 0 and not self.closed:
             end = min(self.size, offset + size)
             if end > offset >= 0:
-                self._readahead.follow_advice(offset // CHUNK, (end - 1) // CHUNK + 1)
+                self._readahead.follow_advice(offset // CHUNK, (end - 1) // CHUNK + 1, scope.decided)
 
     # -- fetching ahead (ckptfs.ahead.fetch, warmup) ---------------------------------------
     def claim(self, c0: int, c1: int) -> list[Run]:
