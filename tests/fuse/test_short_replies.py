@@ -38,8 +38,8 @@ def _cut_short(ops: CkptOperations, fh: int, by: int) -> None:
     """Make the view behind ``fh`` answer ``by`` bytes fewer than it should, as a faulty view would."""
     view = ops._handles[fh]
     read, read_into = view.read, view.read_into
-    view.read = lambda offset, size: read(offset, size)[:-by]
-    view.read_into = lambda offset, target, keep=True: read_into(offset, target, keep) - by
+    view.read = lambda offset, size, **kw: read(offset, size, **kw)[:-by]
+    view.read_into = lambda offset, target, keep=True, **kw: read_into(offset, target, keep, **kw) - by
 
 
 def test_a_short_answer_mid_file_is_eio_and_counted(operations):
