@@ -62,45 +62,40 @@ class FsError(OSError):
         super().__init__(code, os.strerror(code))
 
 
-def _guarded(method: Callable) -> Callable:
-    """Map every failure of a callback to an errno (see the module docstring); time it under --metrics."""
-    op = method.__name__
+def _guarded(method: Callable, op: str | None = None) -> Callable:
+    """Map every failure of a callback to an errno (see the module docstring): each counted per errno, an EIO
+    logged once per cause (logs.py); time it under --metrics. ``op``: the FUSE operation's name (default: the
+    method's). The callback calls the method itself: a read's walk down to its source is a frame shorter."""
+    name = op or method.__name__
 
     @functools.wraps(method)
     def callback(self: CkptOperations, path: str | None, *args: Any) -> Any:
         timer = self.counters.request_seconds
-        if timer is None:
-            return _answer(self, method, op, path, args)
-        start = _clock()
+        start = _clock() if timer is not None else 0.0
         try:
-            return _answer(self, method, op, path, args)
+            return method(self, path, *args)
+        except FsError as exc:
+            self.counters.errors.add((name, exc.errno))
+            raise
+        except CheckpointError as exc:
+            self.counters.errors.add((name, errno.EIO))
+            if self._causes.first((path, str(exc))):
+                # one line whatever the names hold: a tensor or file name may contain a newline
+                log.error("EIO: %s%s: %s", one_line(path), _describe_range(name, args), one_line(exc),
+                          extra={"op": name, "path": path, "errno": "EIO"})
+            raise FsError(errno.EIO) from None
+        except Exception as exc:  # a bug must not become EINVAL or kill the daemon
+            self.counters.errors.add((name, errno.EIO))
+            if self._causes.first((name, path, type(exc).__name__, str(exc))):
+                log.debug("unexpected failure in %s(%r, %r)", name, path, args, exc_info=True)
+                log.error("EIO: %s(%s): unexpected %s: %s", name, one_line(path), type(exc).__name__,
+                          one_line(exc), extra={"op": name, "path": path, "errno": "EIO"})
+            raise FsError(errno.EIO) from None
         finally:
-            timer.observe(op, _clock() - start)
+            if timer is not None:
+                timer.observe(name, _clock() - start)
 
     return callback
-
-
-def _answer(self: CkptOperations, method: Callable, op: str, path: str | None, args: tuple) -> Any:
-    """The callback's answer; every failure counted per errno, and an EIO logged once per cause (logs.py)."""
-    try:
-        return method(self, path, *args)
-    except FsError as exc:
-        self.counters.errors.add((op, exc.errno))
-        raise
-    except CheckpointError as exc:
-        self.counters.errors.add((op, errno.EIO))
-        if self._causes.first((path, str(exc))):
-            # one line whatever the names hold: a tensor or file name may contain a newline
-            log.error("EIO: %s%s: %s", one_line(path), _describe_range(op, args), one_line(exc),
-                      extra={"op": op, "path": path, "errno": "EIO"})
-        raise FsError(errno.EIO) from None
-    except Exception as exc:  # a bug must not become EINVAL or kill the daemon
-        self.counters.errors.add((op, errno.EIO))
-        if self._causes.first((op, path, type(exc).__name__, str(exc))):
-            log.debug("unexpected failure in %s(%r, %r)", op, path, args, exc_info=True)
-            log.error("EIO: %s(%s): unexpected %s: %s", op, one_line(path), type(exc).__name__, one_line(exc),
-                      extra={"op": op, "path": path, "errno": "EIO"})
-        raise FsError(errno.EIO) from None
 
 
 def _describe_range(name: str, args: tuple) -> str:
@@ -293,22 +288,15 @@ class CkptOperations:
 
     @_guarded
     def read(self, path: str | None, size: int, offset: int, fh: int) -> bytes:
-        data = self._serve(path, size, offset, fh, None)
+        data = self._serve(path, size, offset, fh)
         assert isinstance(data, bytes)  # no target: the bytes themselves
         return data
 
-    def _read_into(self, path: str | None, target: memoryview, offset: int, fh: int) -> int:
-        done = self._serve(path, len(target), offset, fh, target)
-        assert isinstance(done, int)  # a target: how many bytes went into it
-        return done
-
-    _read_into.__name__ = "read"  # the same FUSE operation: metrics and error lines say "read"
-    #: ``read`` into a writable buffer (``View.read_into``): the mfusepy binding passes libfuse's own, so the
-    #: bytes are copied there once, not joined into bytes that mfusepy copies again (fuse/binding.py).
-    read_into = _guarded(_read_into)
-
-    def _serve(self, path: str | None, size: int, offset: int, fh: int,
-               target: memoryview | None) -> bytes | int:
+    def _serve(self, path: str | None, want: int | memoryview, offset: int, fh: int) -> bytes | int:
+        """A read of ``want`` bytes (returned as bytes), or into ``want``, a writable buffer (the number of
+        bytes written into it)."""
+        target: memoryview | None
+        target, size = (None, want) if isinstance(want, int) else (want, len(want))
         view = self._handles.get(fh)
         if view is None:
             view = self._view(path)
@@ -330,6 +318,11 @@ class CkptOperations:
         if self.counters.timed:
             self.counters.read_bytes.add(self._kind(path), served)
         return data
+
+    #: ``read`` into a writable buffer (``View.read_into``): the mfusepy binding passes libfuse's own, so the
+    #: bytes are copied there once, not joined into bytes that mfusepy copies again (fuse/binding.py). The
+    #: guarded ``_serve`` itself, the same FUSE operation (metrics and error lines say "read").
+    read_into = _guarded(_serve, "read")
 
     def _short_reply(self, path: str | None, view: View, offset: int, size: int, served: int) -> None:
         """A reply with fewer bytes than asked before the end of the file is never sent: the kernel would

@@ -1,5 +1,6 @@
-"""The remote stack calls only downward: a FUSE read of a remote ``.raw`` walks from the source the views read
-to the HTTP request through one frame per part of the chain, and never returns into a module above it.
+"""The remote stack calls only downward: a FUSE read of a remote ``.raw`` walks from the FUSE callback to the
+HTTP request in a bounded number of frames — from the source the views read, one frame per part of the chain —
+and never returns into a module above it.
 
 Debian's nginx on loopback serves a GGUF; a real mount reads 4 KiB of a tensor's ``.raw`` far past what its open
 fetched. Inside the mount daemon, a ``sitecustomize`` module (on the daemon's ``PYTHONPATH``, written here)
@@ -26,6 +27,9 @@ from loopback.servers import Nginx
 MiB = 1 << 20
 #: At most this many of ckptfs's frames from the source the views read to the HTTP request.
 MAX_FRAMES = 8
+#: At most this many from the FUSE callback (the operations' ``read``, below the binding) to the HTTP request:
+#: the callback, the read it guards, the ``.raw`` view, then the source's chain.
+MAX_FROM_CALLBACK = 11
 
 _HOOK = '''
 import json, os, threading, traceback
@@ -96,6 +100,9 @@ def test_a_fuse_read_of_a_remote_raw_reaches_the_request_down_the_chain(tmp_path
         shown = "\n".join(f"  {path} {name}" for path, name in frames)
         below = next(i for i, (path, _) in enumerate(frames) if path.startswith("ckptfs/sources/"))
         assert len(frames) - below <= MAX_FRAMES, f"{len(frames) - below} frames from the source down:\n{shown}"
+        callback = next(i for i, (path, _) in enumerate(frames) if path == "ckptfs/fuse/operations.py")
+        assert len(frames) - callback <= MAX_FROM_CALLBACK, \
+            f"{len(frames) - callback} frames from the FUSE callback down:\n{shown}"
         modules = [path for k, (path, _) in enumerate(frames) if k == 0 or frames[k - 1][0] != path]
         again = sorted({m for m in modules if modules.count(m) > 1})
         assert not again, f"the walk returns into {again}, a caller above:\n{shown}"
