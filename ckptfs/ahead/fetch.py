@@ -44,13 +44,11 @@ from __future__ import annotations
 
 import collections
 import threading
-import weakref
 from typing import Protocol
 
 from ckptfs.ahead.detect import SequentialRun
 from ckptfs.ahead.limits import HeldSlot, OriginLimit
-from ckptfs.util.forks import after_fork_in_child
-from ckptfs.core.runtime import Runtime
+from ckptfs.core.runtime import LIVE, Runtime
 from ckptfs.workers.scheduler import WORKERS
 
 MIN_WINDOW = 1 << 20
@@ -107,19 +105,6 @@ class Fetches(Protocol):
     def forget_fetches(self) -> None: ...
 
 
-_readaheads: weakref.WeakSet[ReadAhead] = weakref.WeakSet()
-
-
-def _after_fork_in_child() -> None:
-    """The parent's fetches are gone in the child: their readers fetch those chunks themselves instead of
-    waiting (the scheduler forgets its own workers itself)."""
-    for readahead in list(_readaheads):
-        readahead._source.forget_fetches()
-        readahead._lock = threading.Lock()
-        readahead._wanted.clear()  # the parent's advice: its readers are not the child's
-
-
-after_fork_in_child(_after_fork_in_child)
 
 
 def piece_chunks(options: AheadOptions, limit: int, largest: int, chunk: int) -> int:
@@ -155,7 +140,14 @@ class ReadAhead:
         # advised runs of chunks away from the run (the files a reader in file order reaches next) that had no
         # slot or room when advised: started as slots free up, so advice given once is never lost
         self._wanted: collections.deque[Run] = collections.deque()
-        _readaheads.add(self)
+        source.options.runtime.get(LIVE).add(self)  # reset in a forked child (``in_child``)
+
+    def in_child(self) -> None:
+        """In a forked child: the parent's fetches are gone, so their readers fetch those chunks themselves
+        instead of waiting (the worker pools forget their own workers themselves)."""
+        self._source.forget_fetches()
+        self._lock = threading.Lock()
+        self._wanted.clear()  # the parent's advice: its readers are not the child's
 
     def observe(self, offset: int, size: int, decided: bool = False) -> None:
         """Note a read; when it continues a sequential run, fetch ahead of it. A read of a stream ``decided``

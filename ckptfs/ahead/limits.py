@@ -33,6 +33,7 @@ import threading
 import time
 
 from ckptfs.core.runtime import Part
+from ckptfs.util.keyed import MadeOnce
 from ckptfs.workers.scheduler import ORIGIN_CEILING
 
 #: Requests in flight per origin: where a new origin starts, and the bounds of the climb.
@@ -226,15 +227,10 @@ class Origins:
     """A runtime's :class:`Origin` of each origin it reads from, made on first use."""
 
     def __init__(self) -> None:
-        self._origins: dict[str, Origin] = {}
-        self._lock = threading.Lock()
+        self._origins: MadeOnce[str, Origin] = MadeOnce()
 
     def state(self, origin: str) -> Origin:
-        with self._lock:
-            found = self._origins.get(origin)
-            if found is None:
-                found = self._origins[origin] = Origin()
-            return found
+        return self._origins.get(origin, Origin)
 
     def limit(self, origin: str) -> OriginLimit:
         """The limit of ``origin`` (every source on it shares what it learns)."""
@@ -246,14 +242,12 @@ class Origins:
 
     def stats(self) -> dict[str, dict[str, Any]]:
         """Each origin's learnt limit and what it cost its readers (its outages and deadlines met)."""
-        with self._lock:
-            found = list(self._origins.items())
-        return {origin: state.stats() for origin, state in found}
+        return {origin: state.stats() for origin, state in self._origins.items()}
 
     def in_child(self) -> Origins:
         """In a forked child: the same origins, each forgetting the parent's requests in flight."""
-        self._lock = threading.Lock()
-        for state in self._origins.values():
+        self._origins.in_child()
+        for _, state in self._origins.items():
             state.forget_in_child()
         return self
 

@@ -9,7 +9,8 @@ Two ways to use it: :meth:`SingleFlight.run` computes one key (the tiered cache'
 piece of work arrives (a remote source fetching a run of chunks in one request, readers of single chunks
 waiting on it).
 
-:func:`flights_for` gives every reader of one remote file's content in a process the same SingleFlight, so
+:class:`NamedFlights` (a runtime's part ``FLIGHTS``) gives every reader of one remote file's content the same
+SingleFlight (``FLIGHTS.named``), so
 two objects reading the same bytes (the header reader of an open and a warm-up of that file started before
 it, two sources of one URL) wait for each other's fetches instead of fetching the bytes twice.
 """
@@ -21,7 +22,8 @@ import weakref
 from collections.abc import Callable, Hashable, Iterable
 from typing import Any, TypeVar, cast
 
-from ckptfs.util.forks import after_fork_in_child
+from ckptfs.core.runtime import Part
+from ckptfs.util.keyed import MadeOnce
 
 T = TypeVar("T")
 
@@ -113,23 +115,22 @@ class SingleFlight:
             self.finish(key, error=error)
 
 
-_named: weakref.WeakValueDictionary[str, SingleFlight] = weakref.WeakValueDictionary()
-_named_lock = threading.Lock()
+class NamedFlights:
+    """A runtime's SingleFlight of each name (a remote file's content identity: the same name is the same
+    bytes), held weakly by the readers of the name."""
+
+    def __init__(self) -> None:
+        self._named: MadeOnce[str, SingleFlight] = MadeOnce(weakref.WeakValueDictionary())
+
+    def named(self, name: str) -> SingleFlight:
+        """The SingleFlight of ``name``, shared by every caller that holds it; a fresh one once none does."""
+        return self._named.get(name, SingleFlight)
+
+    def in_child(self) -> NamedFlights:
+        """In a forked child: a fresh lock (each holder's flights are failed by its read-ahead's reset)."""
+        self._named.in_child()
+        return self
 
 
-def flights_for(name: str) -> SingleFlight:
-    """The process's SingleFlight for ``name`` (a remote file's content identity: the same name is the same
-    bytes), shared by every caller that holds it; a fresh one once none does."""
-    with _named_lock:
-        flights = _named.get(name)
-        if flights is None:
-            flights = _named[name] = SingleFlight()
-        return flights
-
-
-def _fresh_lock_in_child() -> None:
-    global _named_lock
-    _named_lock = threading.Lock()
-
-
-after_fork_in_child(_fresh_lock_in_child)
+#: A runtime's flights by content (``RemoteOptions.runtime``: every source of the same bytes shares them).
+FLIGHTS = Part("flights by content", NamedFlights, NamedFlights.in_child)

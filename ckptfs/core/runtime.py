@@ -8,10 +8,10 @@ is declared by the module that owns its type, as a ``Part`` naming how to build 
 forked child keeps of it, so this module, at the bottom of the layers, imports none of them.
 
 One runtime per process is the default (:func:`runtime`); library use gets it implicitly, a mount's daemon
-passes it down. A forked child renews it in place (from ``ckptfs.util.forks``, the process's one
-``os.register_at_fork`` hook): objects
-built before the fork (a mount opens its checkpoint, then forks its daemon) hold the same runtime and find
-the child's parts in it. Threads do not survive ``fork``: a lock a parent's thread held stays held for ever,
+passes it down, and a library user may build one of their own. A forked child renews every runtime in place
+(from ``ckptfs.util.forks``, the process's one ``os.register_at_fork`` hook): objects built before the fork
+(a mount opens its checkpoint, then forks its daemon; a DataLoader forks its workers) hold the same runtime
+and find the child's parts in it. Threads do not survive ``fork``: a lock a parent's thread held stays held for ever,
 a keep-alive socket would be shared by two processes. So a part is dropped in the child (built afresh on first
 use there) unless its ``in_child`` says what the child keeps (memory it may serve from, with a fresh lock).
 """
@@ -20,9 +20,10 @@ from __future__ import annotations
 
 import logging
 import threading
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Generic, TypeVar, cast
+from typing import Any, Generic, Protocol, TypeVar, cast
 
 from ckptfs.util.forks import after_fork_in_child
 
@@ -53,6 +54,7 @@ class Runtime:
     def __init__(self) -> None:
         self._parts: dict[Part[Any], Any] = {}
         self._lock = threading.Lock()
+        _runtimes.add(self)  # renewed in a forked child, like the default one
 
     def get(self, part: Part[T]) -> T:
         """This runtime's ``part``, built now if it is the first use."""
@@ -86,6 +88,42 @@ class Runtime:
         self._parts = kept
 
 
+class ForkReset(Protocol):
+    """An object whose threads' state a forked child must reset (``Live``)."""
+
+    def in_child(self) -> None: ...
+
+
+class Live:
+    """The objects of a runtime that a forked child must reset, held weakly (a read-ahead whose fetches were
+    the parent's threads, a version pin whose checks were): each's ``in_child`` runs in the child. One that
+    raises is logged; the others are still reset."""
+
+    def __init__(self) -> None:
+        self._objects: weakref.WeakSet[ForkReset] = weakref.WeakSet()
+        self._lock = threading.Lock()
+
+    def add(self, obj: ForkReset) -> None:
+        with self._lock:
+            self._objects.add(obj)
+
+    def in_child(self) -> Live:
+        self._lock = threading.Lock()
+        for obj in list(self._objects):
+            try:
+                obj.in_child()
+            except Exception:  # the others are still reset; this one's own work reports its errors
+                log.warning("after fork: %r not reset", obj, exc_info=True)
+        return self
+
+
+#: A runtime's objects to reset in a forked child (``Live``).
+LIVE = Part("objects reset in a forked child", Live, Live.in_child)
+
+#: Every runtime of the process, held weakly: each is renewed in a forked child (platform-bound: the fork hook
+#: must reach the runtimes that objects built before the fork hold).
+_runtimes: weakref.WeakSet[Runtime] = weakref.WeakSet()
+
 #: The process's runtime (platform-bound: one per process, renewed in place in a forked child).
 _default = Runtime()
 
@@ -95,4 +133,7 @@ def runtime() -> Runtime:
     return _default
 
 
-after_fork_in_child(_default.renew_in_child)
+@after_fork_in_child
+def _renew_in_child() -> None:
+    for each in list(_runtimes):
+        each.renew_in_child()

@@ -81,7 +81,7 @@ def test_the_origin_registry_serves_a_child_forked_while_its_locks_are_held():
     holding, release = threading.Event(), threading.Event()
 
     def hold() -> None:
-        with origins._lock, state.limit._lock, state.tally._lock:
+        with origins._origins._lock, state.limit._lock, state.tally._lock:
             holding.set()
             release.wait(WAIT_S)
 

@@ -102,6 +102,7 @@ CODE_REGISTRY = "a table of code (codecs, openers, views, features) filled as it
                 "like sys.modules: the same for every runtime of the process, and valid in a forked child"
 KNOWN = {
     "ckptfs.core.runtime._default": "the default runtime itself: one per process, renewed in a forked child",
+    "ckptfs.core.runtime._runtimes": "every runtime, held weakly, so that a forked child renews each",
     "ckptfs.util.forks._callbacks": "the process's one os.register_at_fork hook and what it runs",
     "ckptfs.util.forks._lock": "guards the fork hook's callbacks",
     "ckptfs.core.features._registered": CODE_REGISTRY,
@@ -134,17 +135,11 @@ KNOWN = {
                                    "holds byte-range locks (fcntl) that are the process's",
     "ckptfs.sources.remote.store.chunks._stores_lock": "guards the stores and the shared tiers",
     "ckptfs.sources.remote.store.chunks._shared_tiers": "the Redis tiers of fetched chunks, one per server and key",
-    "ckptfs.cache.flight._named": "the single flights of each remote file's content, held weakly by its readers",
-    "ckptfs.cache.flight._named_lock": "guards them",
     "ckptfs.checkpoint.shared._stores": "the --cache-dir stores of decoded groups, one per folder and process "
                                         "(byte-range locks, like the fetched bytes' stores)",
     "ckptfs.checkpoint.api._reopened": "checkpoints reopened by unpickled tensors in a worker process, "
                                        "shared by the tensors of one checkpoint there",
     "ckptfs.checkpoint.api._reopen_lock": "guards them",
-    "ckptfs.ahead.fetch._readaheads": "every live read-ahead, held weakly, so that a forked child ends the "
-                                      "parent's fetches (nothing else holds them all)",
-    "ckptfs.sources.remote.version._pins": "every live version pin, held weakly, so that a forked child frees "
-                                           "their locks (nothing else holds them all)",
     "ckptfs.sources.remote.outage._registry_lock": "guards the outage states of an open's options",
     "ckptfs.sources.remote.options.DEFAULT_OPTIONS": "the options of a source opened without any: its "
                                                      "runtime is the default one",

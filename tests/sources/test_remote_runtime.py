@@ -6,7 +6,11 @@ nginx on loopback:
 - a child forked while a parent's threads hold the runtime's locks reads on: its own connections (a new
   pool), the parent's counters and fetched chunks kept (a chunk the parent fetched is served from memory,
   asked of nginx by nobody), each under a fresh lock;
-- a part's ``in_child`` that fails costs that part only: the child builds it afresh.
+- a runtime of the caller's own is renewed in a forked child as the default one is, and each object it
+  keeps for the child (``LIVE``) is reset there, past one whose reset fails;
+- a part's ``in_child`` that fails costs that part only: the child builds it afresh;
+- a child forked while the parent's read-ahead fetches are under way reads the chunks they were fetching
+  (the parent's fetches are failed over to the child's readers, not waited for).
 """
 
 from __future__ import annotations
@@ -19,14 +23,14 @@ import pytest
 
 pytest.importorskip("urllib3")
 
-from conftest import require_nginx
+from conftest import require_nginx, wait_until
 from forking import WAIT_S, in_child
 from loopback.servers import Nginx, requests_since
 
 from ckptfs.ahead.limits import ORIGINS
 from ckptfs.sources.remote.store.chunks import CHUNK, MEMORY_CHUNKS
 from ckptfs.core.options import OpenOptions
-from ckptfs.core.runtime import Part, Runtime, runtime
+from ckptfs.core.runtime import LIVE, Part, Runtime, runtime
 from ckptfs.sources import Opener
 from ckptfs.sources.netstats import SOURCE_COUNTERS
 from ckptfs.sources.remote.http import HTTP_POOL
@@ -34,14 +38,19 @@ from ckptfs.sources.remote.options import RemoteOptions
 from ckptfs.workers.scheduler import WORKERS
 
 
+def _blob_served(tmp_path_factory, seed: int, limit_rate: str | None = None):
+    """(nginx serving ``/blob.bin``, its 64 chunks of random bytes)."""
+    require_nginx()
+    root = tmp_path_factory.mktemp(f"www{seed}")
+    data = np.random.default_rng(seed).integers(0, 256, 64 * CHUNK, dtype=np.uint8).tobytes()
+    (root / "blob.bin").write_bytes(data)
+    with Nginx(root, limit_rate=limit_rate) as server:
+        yield server, data
+
+
 @pytest.fixture(scope="module")
 def site(tmp_path_factory):
-    require_nginx()
-    root = tmp_path_factory.mktemp("www")
-    data = np.random.default_rng(50).integers(0, 256, 64 * CHUNK, dtype=np.uint8).tobytes()
-    (root / "blob.bin").write_bytes(data)
-    with Nginx(root) as server:
-        yield server, data
+    yield from _blob_served(tmp_path_factory, 50)
 
 
 def _ports(pool) -> set[int]:
@@ -121,3 +130,48 @@ def test_a_part_the_child_cannot_keep_is_built_afresh():
 
     assert json.loads(in_child(child)) == [[1, 10], [2], ["kept", "lost"]]
     assert mine.get(lost) == [2, 20]  # the parent's own, untouched
+
+
+def test_a_runtime_of_its_own_is_renewed_in_a_child_and_its_live_objects_reset():
+    class Resets:
+        def __init__(self, fails: bool = False) -> None:
+            self.fails, self.reset = fails, False
+
+        def in_child(self) -> None:
+            if self.fails:
+                raise RuntimeError("cannot reset")
+            self.reset = True
+
+    mine = Runtime()
+    broken, kept = Resets(fails=True), Resets()
+    mine.get(LIVE).add(broken)
+    mine.get(LIVE).add(kept)
+    counters = mine.get(SOURCE_COUNTERS)
+    with counters._lock:  # held by the parent at the fork: the child's renewal gives a fresh one
+        got = in_child(lambda: json.dumps([kept.reset, broken.reset, mine.get(SOURCE_COUNTERS) is counters,
+                                           counters._lock.acquire(timeout=WAIT_S)]).encode())
+    assert json.loads(got) == [True, False, True, True]
+    assert not kept.reset  # the parent's untouched
+
+
+@pytest.fixture(scope="module")
+def slow_site(tmp_path_factory):
+    yield from _blob_served(tmp_path_factory, 51, limit_rate="512k")  # a chunk's fetch lasts half a second at least
+
+
+def test_a_child_forked_while_read_ahead_fetches_reads_what_they_were_fetching(slow_site):
+    server, data = slow_site
+    source = Opener(RemoteOptions(OpenOptions(), runtime=Runtime())).source(f"{server.url}/blob.bin")
+    for i in range(4):  # a sequential reader: read-ahead fetches the chunks after these
+        assert source.pread(i * CHUNK, CHUNK) == data[i * CHUNK: (i + 1) * CHUNK]
+    flights = source.fetcher.flights
+    assert wait_until(lambda: len(flights) > 0, WAIT_S), "read-ahead fetched nothing ahead of the reader"
+    ahead = max(flights._flights)  # a chunk whose fetch is under way at the fork (the last one asked)
+
+    def child() -> bytes:
+        waited_for = flights.pending(ahead)  # the parent's fetch, whose thread the child does not have
+        got = source.pread(ahead * CHUNK, CHUNK) == data[ahead * CHUNK: (ahead + 1) * CHUNK]
+        return json.dumps([waited_for, got]).encode()
+
+    assert flights.pending(ahead)
+    assert json.loads(in_child(child)) == [False, True]

@@ -22,7 +22,7 @@ from typing import cast
 
 from ckptfs.sources.remote.store.chunks import CHUNK, CHUNK_LEASE_MS, CHUNK_WAIT_S, ChunkCache, chunk_key
 from ckptfs.cache.keys import CacheKey
-from ckptfs.cache.flight import Flight, SingleFlight, flights_for
+from ckptfs.cache.flight import FLIGHTS, Flight, SingleFlight
 from ckptfs.core.errors import CheckpointError
 from ckptfs.sources.remote.context import ReadContext, Slot
 from ckptfs.ahead.limits import OriginLimit
@@ -82,7 +82,7 @@ class ChunkFetcher:
             return
         # every reader of these bytes in this process (another source of the URL, a warm-up of the file
         # started before the checkpoint's open) joins the same fetches
-        self.flights = flights_for(content_id)
+        self.flights = self.options.runtime.get(FLIGHTS).named(content_id)
 
     def key(self, i: int) -> CacheKey:
         """The cache key of chunk ``i`` of this file."""

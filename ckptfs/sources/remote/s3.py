@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import ipaddress
 import os
-import threading
 import time
 from collections.abc import Callable, Mapping
 from typing import Any, Literal
@@ -42,6 +41,7 @@ from botocore.config import Config
 
 from ckptfs.core.errors import CheckpointError, SourceUnavailable
 from ckptfs.core.runtime import Part
+from ckptfs.util.keyed import MadeOnce
 from ckptfs.sources.registry import register_scheme
 from ckptfs.sources.base import Folder
 from ckptfs.sources.remote.context import ReadContext
@@ -67,16 +67,11 @@ class S3Clients:
     """A runtime's pooled boto3 clients, one per AWS environment and stall timeout (``client_for``)."""
 
     def __init__(self) -> None:
-        self._clients: dict[tuple[object, ...], tuple[Any, str]] = {}
-        self._lock = threading.Lock()
+        self._clients: MadeOnce[tuple[object, ...], tuple[Any, str]] = MadeOnce()
 
     def get(self, key: tuple[object, ...], make: Callable[[], tuple[Any, str]]) -> tuple[Any, str]:
         """The client kept for ``key``, made by ``make()`` on first use."""
-        with self._lock:
-            found = self._clients.get(key)
-            if found is None:
-                found = self._clients[key] = make()
-            return found
+        return self._clients.get(key, make)
 
 
 #: A runtime's S3 clients; a forked child makes its own (the parent's keep-alive sockets are not shared).

@@ -26,14 +26,13 @@ import functools
 import logging
 import threading
 import time
-import weakref
 from collections.abc import Iterator
 
 from ckptfs.core.errors import CheckpointError
+from ckptfs.core.runtime import LIVE
 from ckptfs.sources.remote.context import ReadContext
 from ckptfs.sources.remote.origin import OriginClient, Retryable
 from ckptfs.sources.remote.ranges import RangeClient
-from ckptfs.util.forks import after_fork_in_child
 
 log = logging.getLogger(__name__)
 
@@ -46,19 +45,6 @@ SAMPLE_BYTES = 4096
 CHECK_SPACING_S = 0.05
 
 
-_pins: weakref.WeakSet[VersionPin] = weakref.WeakSet()
-
-
-def _after_fork_in_child() -> None:
-    """The parent's fetches and checks are gone in the child (threads do not survive ``fork``): a lock one of
-    them held is free, and none is under way."""
-    for pin in list(_pins):
-        pin._lock, pin._count = threading.Lock(), threading.Lock()
-        pin._under_way = pin._unanswered = 0
-        pin._early = None
-
-
-after_fork_in_child(_after_fork_in_child)
 
 
 class _EarlyCheck:
@@ -99,7 +85,14 @@ class VersionPin:
         self._unanswered = 0  # of those, the ones whose answer has not begun
         self._last_answer = float("-inf")  # when the latest answer began
         self._early: _EarlyCheck | None = None  # the early check on its way, if any
-        _pins.add(self)
+        source.options.runtime.get(LIVE).add(self)  # reset in a forked child (``in_child``)
+
+    def in_child(self) -> None:
+        """In a forked child: the parent's fetches and checks are gone (threads do not survive ``fork``): a
+        lock one of them held is free, and none is under way."""
+        self._lock, self._count = threading.Lock(), threading.Lock()
+        self._under_way = self._unanswered = 0
+        self._early = None
 
     @contextlib.contextmanager
     def fetching(self, read: ReadContext) -> Iterator[ReadContext]:

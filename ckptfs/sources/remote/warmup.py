@@ -271,7 +271,7 @@ class EarlyWarmup:
     """The warm-up of one remote file, started before its checkpoint is opened (``ckptfs prefetch`` of a
     single file): the open's probes, header reads and parsing, most of a cold warm-up of a small model,
     overlap the fetching of the rest instead of coming first. The open's header reads join the warm-up's
-    fetches of the same chunks (``ckptfs.cache.flight.flights_for``: one flight per content in a process), so
+    fetches of the same chunks (``ckptfs.cache.flight.FLIGHTS``: one flight per content in a runtime), so
     no byte is fetched twice.
 
     The caller makes (probes) the source; ``start`` measures what the store holds of it on the caller's thread
