@@ -47,9 +47,9 @@ def counted(data) -> list[tuple[int, int, bool]]:
     calls: list[tuple[int, int, bool]] = []
     decode = data._decode
 
-    def spy(o0, o1, out=None):
+    def spy(o0, o1, out=None, **kw):  # kw: the read's scope
         calls.append((o0, o1, out is not None))
-        return decode(o0, o1, out)
+        return decode(o0, o1, out, **kw)
 
     data._decode = spy
     return calls
