@@ -9,7 +9,10 @@ processes and vanish with a killed holder.
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import logging
+import mmap
 import os
 import struct
 import subprocess
@@ -23,6 +26,7 @@ from conftest import tmpfs
 from ckptfs.cache import entry
 from ckptfs.sources.remote.store import range_lease, sparse_store
 from ckptfs.sources.remote.store.chunks import ChunkCache, MemoryChunks, chunk_key
+from ckptfs.sources.remote.store.direct_write import DirectWriter
 from ckptfs.sources.remote.store.sparse_store import CHUNK, HEADER_SIZE, RECORD, SparseStore
 
 CONTENT = "test:sparse-store:" + os.urandom(8).hex()
@@ -197,11 +201,12 @@ def test_the_bound_and_the_free_space_floor_are_measured_in_blocks(tmp_path):
     assert roomy.excess() > 0
 
 
-def test_a_full_file_system_costs_storage_never_a_read(tmp_path, caplog):
+@pytest.mark.parametrize("direct", [False, True], ids=["buffered", "direct"])
+def test_a_full_file_system_costs_storage_never_a_read(tmp_path, caplog, direct):
     with tmpfs(tmp_path / "small", "1m") as root:
         s = SparseStore(root, 1 << 30, min_free=0.0)  # no floor: the writes find the file system full
         with caplog.at_level(logging.WARNING, logger="ckptfs.sources.remote.store.sparse_store"):
-            stored = [i for i in range(N) if s.put_chunks(CONTENT, i, [chunk(i)], N) or
+            stored = [i for i in range(N) if s.put_chunks(CONTENT, i, [chunk(i)], N, direct=direct) or
                       setattr(s, "_paused_until", 0.0)]
         assert 0 < len(stored) < N
         for i in range(N):
@@ -412,3 +417,85 @@ def test_a_store_that_pauses_writing_gives_up_the_leases_of_what_it_did_not_stor
     s._paused_until = float("inf")  # the file system was full a moment ago
     assert not s.put_chunks(CONTENT, 0, [chunk(0)], N)
     assert other.lease(CONTENT, [0]) == [True]  # not stored, and the lease given up: the other fetches it
+
+
+def resident_pages(path) -> tuple[int, int]:
+    """(pages of ``path`` in the page cache, pages of it): ``mincore`` over a read-only mapping of it."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype, libc.mmap.argtypes = ctypes.c_void_p, [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int,
+                                                              ctypes.c_int, ctypes.c_int, ctypes.c_long]
+    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p]
+    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    size = os.path.getsize(path)
+    pages = -(-size // mmap.PAGESIZE)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        addr = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+        assert addr not in (None, ctypes.c_void_p(-1).value), os.strerror(ctypes.get_errno())
+        try:
+            vec = ctypes.create_string_buffer(pages)
+            assert libc.mincore(addr, size, vec) == 0, os.strerror(ctypes.get_errno())
+            return sum(b & 1 for b in vec.raw), pages
+        finally:
+            libc.munmap(addr, size)
+    finally:
+        os.close(fd)
+
+
+def takes_direct_writes(folder) -> bool:
+    """Whether the file system of ``folder`` takes ``O_DIRECT`` writes of whole pages."""
+    probe = folder / "direct-probe"
+    try:
+        fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_DIRECT, 0o600)
+    except OSError:
+        return False
+    try:
+        os.pwrite(fd, mmap.mmap(-1, mmap.PAGESIZE), 0)
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+        probe.unlink()
+
+
+@pytest.mark.parametrize("direct", [False, True], ids=["buffered", "direct"])
+def test_a_warm_ups_chunks_are_written_past_the_page_cache(tmp_path, direct):
+    """Chunks no reader waits for (``direct``: a warm-up's) go to the device without filling the page cache:
+    the file's whole chunks are not resident once written, the same bytes read back checked, and the
+    file's short last chunk is written too. A reader's chunks (buffered) stay in the page cache."""
+    if not takes_direct_writes(tmp_path):
+        pytest.skip("this file system takes no O_DIRECT writes")
+    s = store(tmp_path)
+    assert s.put_chunks(CONTENT, 0, [chunk(i) for i in range(5)], N, direct=direct)
+    assert s.put_chunks(CONTENT, 5, [chunk(i) for i in range(5, N)], N, direct=direct)
+    data_path, _ = s.paths_for(CONTENT)
+    resident, pages = resident_pages(data_path)
+    whole = (N - 1) * CHUNK // mmap.PAGESIZE
+    if direct:
+        assert resident <= pages - whole, (resident, pages)  # at most the short last chunk's pages
+    else:
+        assert resident == pages
+    assert s.sealed_path(CONTENT) == data_path
+    fresh = store(tmp_path)
+    assert [fresh.get(CONTENT, i) for i in range(N)] == [chunk(i) for i in range(N)]
+    with open(data_path, "rb") as fh:
+        assert fh.read() == DATA
+
+
+def test_a_direct_write_the_file_system_refuses_is_written_buffered(tmp_path):
+    """``O_DIRECT`` refuses what is not aligned (``EINVAL``): those bytes are written buffered, and so is every
+    later write of that file; the bytes land either way."""
+    path = tmp_path / "data"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        writer = DirectWriter(fd)
+        buffered = functools.partial(sparse_store._write_all, fd)
+        odd = memoryview(b"x" * 1000)  # not a multiple of a page: O_DIRECT refuses it where it is taken at all
+        assert writer.write([odd], 0, buffered) == 1000
+        assert not writer.usable
+        assert writer.write([memoryview(b"y" * mmap.PAGESIZE)], mmap.PAGESIZE, buffered) == mmap.PAGESIZE
+        writer.close()
+    finally:
+        os.close(fd)
+    assert path.read_bytes() == b"x" * 1000 + bytes(mmap.PAGESIZE - 1000) + b"y" * mmap.PAGESIZE

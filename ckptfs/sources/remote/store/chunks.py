@@ -219,11 +219,12 @@ class ChunkCache:
 
     def put_run(self, keys: list[CacheKey], parts: list[bytes], chunks: int, memory: bool = True) -> None:
         """``put`` of consecutive chunks fetched together (``parts[k]`` for ``keys[k]``) of a file of
-        ``chunks`` chunks: one write to the store."""
+        ``chunks`` chunks: one write to the store (past the page cache without ``memory``: a warm-up's bytes,
+        which no reader waits for)."""
         if not keys:
             return
         if self.disk is not None:
-            self._store(self.disk.put_chunks, False, keys[0].content_id, keys[0].start, parts, chunks)
+            self._store(self.disk.put_chunks, False, keys[0].content_id, keys[0].start, parts, chunks, not memory)
         for key, data in zip(keys, parts):
             if memory or self.disk is None:
                 self.memory.put(key, data)

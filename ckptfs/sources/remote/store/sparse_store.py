@@ -10,7 +10,9 @@ length (0: absent) and when it was last used (minutes, the eviction clock).
 Why it is built this way:
 
 - **A chunk is a ``pwritev`` at its offset**, no temporary file, MAC'd entry and rename per chunk: a
-  warm-up writes a checkpoint as a downloader writes one file.
+  warm-up writes a checkpoint as a downloader writes one file. A warm-up's chunks, which no reader waits
+  for, are written past the page cache (``direct_write``: the page-cache copy of fresh pages was the
+  largest CPU cost of a ``ckptfs prefetch``).
 - **A crash never marks absent bytes present.** A run of chunks is written to the data file and put on the
   device (``sync_file_range``, waited for: the data pages, without the journal commit an ``fdatasync`` of a
   filling sparse file costs), and only then are the chunks' records written; eviction clears a record (and
@@ -67,6 +69,7 @@ from ckptfs.cache import auth, entry
 from ckptfs.cache.folder import FolderBound, folder_lock, open_private, scandir, unlink
 from ckptfs.cache.keys import CacheKey
 from ckptfs.sources.remote.store import range_lease
+from ckptfs.sources.remote.store.direct_write import ALIGN, DirectWriter
 from ckptfs.sources.remote.store.names import NameRecords
 from ckptfs.util.runs import runs as _runs
 from ckptfs.util.sizes import format_size
@@ -192,6 +195,7 @@ class StoredFile:
         # buffered write anyway, and fetch threads waiting on it there spin on the CPU (writing 240 MiB in 4 MiB
         # pieces from 32 threads: twice the system time of one writer), where a waiter on this lock sleeps
         self.writing = threading.Lock()
+        self._direct: DirectWriter | None = None  # a warm-up's writes past the page cache (made on first use)
         self.leases = 0  # leases this process holds on ``data`` (it is not closed while any are held)
         self._first_absent = 0  # ``complete``'s hint: every chunk before it was present when last looked at
         self.stamp = bytes(entry.MAC_SIZE)  # the header's check stamp (``entry.sealed_stamp``) when sealed
@@ -291,7 +295,20 @@ class StoredFile:
         except OSError:
             return True
 
+    def write(self, views: list[memoryview], offset: int, direct: bool) -> int:
+        """``views`` one after the other at ``offset`` (the caller holds ``writing``): with ``direct``, the
+        whole chunks past the page cache (``direct_write``), else buffered."""
+        whole = len(views) - (views[-1].nbytes % ALIGN != 0)  # (the file's last chunk may end anywhere)
+        if not direct or offset % ALIGN or not whole:
+            return _write_all(self.data, views, offset)
+        if self._direct is None:
+            self._direct = DirectWriter(self.data)
+        done = self._direct.write(views[:whole], offset, functools.partial(_write_all, self.data))
+        return done + (_write_all(self.data, views[whole:], offset + done) if whole < len(views) else 0)
+
     def close(self) -> None:
+        if self._direct is not None:
+            self._direct.close()
         os.close(self.data)
         os.close(self.index)
 
@@ -555,9 +572,11 @@ class SparseStore(FolderBound):
 
     # -- writes --------------------------------------------------------------------------------------
 
-    def put_chunks(self, content_id: str, first: int, parts: Sequence[bytes], chunks: int | None) -> bool:
+    def put_chunks(self, content_id: str, first: int, parts: Sequence[bytes], chunks: int | None,
+                   direct: bool = False) -> bool:
         """See ``chunk_store.ChunkStore``. The data is on the device before the records that make it present
-        (see the module docstring); the leases of these chunks are given up whatever happens."""
+        (see the module docstring); the leases of these chunks are given up whatever happens. ``direct``:
+        bytes no reader waits for (a warm-up's), written past the page cache (``direct_write``)."""
         views = [memoryview(part).cast("B") for part in parts]
         f = None
         try:
@@ -582,7 +601,7 @@ class SparseStore(FolderBound):
             try:
                 with f.writing:
                     for k0, k1 in _runs(absent):
-                        written += _write_all(f.data, views[k0:k1], (first + k0) * CHUNK)
+                        written += f.write(views[k0:k1], (first + k0) * CHUNK, direct)
                 for k0, k1 in _runs(absent):
                     write_out(f.data, (first + k0) * CHUNK, sum(view.nbytes for view in views[k0:k1]))
             except OSError:
