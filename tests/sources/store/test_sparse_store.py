@@ -26,7 +26,7 @@ from conftest import tmpfs
 from ckptfs.cache import entry
 from ckptfs.sources.remote.store import range_lease, sparse_store
 from ckptfs.sources.remote.store.chunks import ChunkCache, MemoryChunks, chunk_key
-from ckptfs.sources.remote.store.direct_write import DirectWriter
+from ckptfs.sources.remote.store.direct_write import KEPT_BUFFERS, BouncePool, DirectWriter
 from ckptfs.sources.remote.store.sparse_store import CHUNK, HEADER_SIZE, RECORD, SparseStore
 
 CONTENT = "test:sparse-store:" + os.urandom(8).hex()
@@ -489,7 +489,7 @@ def test_a_direct_write_the_file_system_refuses_is_written_buffered(tmp_path):
     path = tmp_path / "data"
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
     try:
-        writer = DirectWriter(fd)
+        writer = DirectWriter(fd, BouncePool())
         buffered = functools.partial(sparse_store._write_all, fd)
         odd = memoryview(b"x" * 1000)  # not a multiple of a page: O_DIRECT refuses it where it is taken at all
         assert writer.write([odd], 0, buffered) == 1000
@@ -499,3 +499,18 @@ def test_a_direct_write_the_file_system_refuses_is_written_buffered(tmp_path):
     finally:
         os.close(fd)
     assert path.read_bytes() == b"x" * 1000 + bytes(mmap.PAGESIZE - 1000) + b"y" * mmap.PAGESIZE
+
+
+def test_the_direct_writes_of_many_files_share_a_few_buffers():
+    """A warm-up writing many files holds a few aligned buffers in all, not one per file: a buffer given back
+    is the next one taken, and at most ``KEPT_BUFFERS`` are kept between writes."""
+    pool = BouncePool()
+    first = pool.take()
+    pool.give(first)
+    assert pool.take() is first
+    taken = [first] + [pool.take() for _ in range(KEPT_BUFFERS + 3)]
+    assert len({id(b) for b in taken}) == len(taken)  # writes at once each get their own
+    for b in taken:
+        pool.give(b)
+    again = [pool.take() for _ in range(KEPT_BUFFERS + 1)]
+    assert sum(any(b is t for t in taken) for b in again) == KEPT_BUFFERS

@@ -69,7 +69,7 @@ from ckptfs.cache import auth, entry
 from ckptfs.cache.folder import FolderBound, folder_lock, open_private, scandir, unlink
 from ckptfs.cache.keys import CacheKey
 from ckptfs.sources.remote.store import range_lease
-from ckptfs.sources.remote.store.direct_write import ALIGN, DirectWriter
+from ckptfs.sources.remote.store.direct_write import ALIGN, BouncePool, DirectWriter
 from ckptfs.sources.remote.store.names import NameRecords
 from ckptfs.util.runs import runs as _runs
 from ckptfs.util.sizes import format_size
@@ -295,14 +295,14 @@ class StoredFile:
         except OSError:
             return True
 
-    def write(self, views: list[memoryview], offset: int, direct: bool) -> int:
-        """``views`` one after the other at ``offset`` (the caller holds ``writing``): with ``direct``, the
-        whole chunks past the page cache (``direct_write``), else buffered."""
+    def write(self, views: list[memoryview], offset: int, direct: BouncePool | None) -> int:
+        """``views`` one after the other at ``offset`` (the caller holds ``writing``): with ``direct`` (the
+        store's buffers), the whole chunks past the page cache (``direct_write``), else buffered."""
         whole = len(views) - (views[-1].nbytes % ALIGN != 0)  # (the file's last chunk may end anywhere)
-        if not direct or offset % ALIGN or not whole:
+        if direct is None or offset % ALIGN or not whole:
             return _write_all(self.data, views, offset)
         if self._direct is None:
-            self._direct = DirectWriter(self.data)
+            self._direct = DirectWriter(self.data, direct)
         done = self._direct.write(views[:whole], offset, functools.partial(_write_all, self.data))
         return done + (_write_all(self.data, views[whole:], offset + done) if whole < len(views) else 0)
 
@@ -328,6 +328,7 @@ class SparseStore(FolderBound):
         self._dir = os.fspath(self.dir) + os.sep
         self.min_free = float(min_free)
         self._files: dict[str, StoredFile] = {}
+        self._bounce = BouncePool()  # the buffers of the direct writes (``direct_write``), shared by the files
         self._retired: list[StoredFile] = []  # files evicted by another process while open here
         #: content id -> its sealed copy under or past its check (``sealed_copy``), or "bad"
         self._copies: dict[str, SealedCopy | str] = {}
@@ -601,7 +602,7 @@ class SparseStore(FolderBound):
             try:
                 with f.writing:
                     for k0, k1 in _runs(absent):
-                        written += f.write(views[k0:k1], (first + k0) * CHUNK, direct)
+                        written += f.write(views[k0:k1], (first + k0) * CHUNK, self._bounce if direct else None)
                 for k0, k1 in _runs(absent):
                     write_out(f.data, (first + k0) * CHUNK, sum(view.nbytes for view in views[k0:k1]))
             except OSError:
