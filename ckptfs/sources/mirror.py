@@ -72,9 +72,11 @@ class MirrorSource(ByteSource):
         self._preferred_until = 0.0
         self._lock = threading.Lock()
 
-    def check_same(self, mirror: ByteSource, ready: list[ByteSource] | None = None) -> None:
+    def check_same(self, mirror: ByteSource, ready: list[ByteSource] | None = None,
+                   scope: ReadScope = NOTHING_SAID) -> None:
         """CheckpointError unless ``mirror`` can be the same file: no smaller than the primary, the size of
-        the first mirror opened, the same first bytes (``ready``: the mirrors opened; default: all)."""
+        the first mirror opened, the same first bytes (``ready``: the mirrors opened; default: all; ``scope``:
+        the read failing over to it, when it is checked then)."""
         ready = [m for m in self.mirrors if not isinstance(m, DeferredMirror)] if ready is None else ready
         reference = ready[0] if ready and mirror is not ready[0] else None
         refused = f"refused as a mirror of {public_name(self.primary.name)}"
@@ -85,7 +87,7 @@ class MirrorSource(ByteSource):
             raise CheckpointError(mirror.name, None, f"{refused}: it has {mirror.size} bytes, mirror "
                                                      f"{public_name(reference.name)} {reference.size}")
         n = min(CHECK_BYTES, self.primary.size, mirror.size)
-        if n and self.primary.pread(0, n) != mirror.pread(0, n):
+        if n and self.primary.pread(0, n, scope=scope) != mirror.pread(0, n, scope=scope):
             raise CheckpointError(mirror.name, None, f"{refused}: its first {n} bytes (the header) differ")
 
     @property
@@ -257,7 +259,7 @@ class DeferredMirror(ByteSource):
             if self._opened is None:
                 opened = self.mirror_set.open_mirror(self.name, self.primary_name, scope)
                 if self.owner is not None:
-                    self.owner.check_same(opened)
+                    self.owner.check_same(opened, scope=scope)
                 self._opened = opened
             return self._opened
 
