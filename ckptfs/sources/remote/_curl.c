@@ -442,6 +442,11 @@ static PyObject *get(PyObject *self, PyObject *args, PyObject *kwargs) {
         PyEval_RestoreThread(t.save);
         __atomic_add_fetch(&transferred, t.got, __ATOMIC_RELAXED);
     }
+    /* the handle outlives this call (its connections are kept): it must not point at this call's stack or
+       at the header list freed below, which libcurl would write to (an error met while a kept connection is
+       closed, at the next call or when the thread ends) */
+    curl_easy_setopt(h->easy, CURLOPT_ERRORBUFFER, (char *)NULL);
+    curl_easy_setopt(h->easy, CURLOPT_HTTPHEADER, (struct curl_slist *)NULL);
     curl_slist_free_all(headers);
     free(t.headers);
     if (have_view)
