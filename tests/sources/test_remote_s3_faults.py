@@ -53,6 +53,20 @@ def _open():
     return Opener(RemoteOptions(OpenOptions.build(timeout=10.0, stall_timeout=2.0))).source(f"s3://{BUCKET}/{KEY}")
 
 
+def _settled(proxy, quiet: float = 0.5, bound: float = 15.0) -> None:
+    """Wait (at most ``bound`` seconds) until the proxy has been asked nothing for ``quiet`` seconds."""
+    import time
+
+    end = time.monotonic() + bound
+    seen = sum(proxy.requests.values())
+    while time.monotonic() < end:
+        time.sleep(quiet)
+        now = sum(proxy.requests.values())
+        if now == seen:
+            return
+        seen = now
+
+
 def _read_with(served, proxy, fault: str) -> tuple[int, int, list[int]]:
     """Read bytes OFFSET.. of a fresh source with ``fault`` met by its one request and check them: (the port of
     the connection that met the fault, the port of the one asked again, the ports seen before the fault)."""
@@ -126,6 +140,7 @@ def test_a_trickling_body_ends_on_the_reads_deadline_and_a_silent_one_on_the_sta
 
     _, data = served
     src = _open()
+    _settled(proxy)  # a request still under way from an earlier read (its read-ahead) would meet the fault
     proxy.plan("trickle:30")
     t0 = time.monotonic()
     with pytest.raises(Retryable) as caught:
