@@ -231,7 +231,7 @@ def _serve(plan: _Plan, on_ready) -> BaseException | None:
     """Run FUSE until unmounted; the exception it ended with, if any."""
     describe = {"binding": plan.binding.name, "libfuse": plan.binding.libfuse_major, "mountpoint": plan.mountpoint}
     if plan.request.prefetch:
-        # "prefetch": the key's older name, kept as an alias (docs/guide/remote.md)
+        # "prefetch": the key's older name, kept as an alias (docs/remote.md)
         describe["warmup"] = describe["prefetch"] = lambda: _warmup_status(plan)
     operations = CkptOperations(plan.tree, on_ready, describe=describe,
                                 counters=MountCounters(timed=plan.metrics is not None), runtime=runtime())
