@@ -46,10 +46,10 @@ class _PerThread:
     single writer, and their number stays bounded by the threads alive at once (libfuse's pool)."""
 
     def __init__(self) -> None:
-        self.stores: dict[int, dict] = {}
+        self.stores: dict[int, dict[Any, Any]] = {}
         self._lock = threading.Lock()
 
-    def mine(self) -> dict:
+    def mine(self) -> dict[Any, Any]:
         """This thread's store (callers on the hot path look it up in ``stores`` themselves first)."""
         store = self.stores.get(_get_ident())
         if store is None:
@@ -57,7 +57,7 @@ class _PerThread:
                 store = self.stores.setdefault(_get_ident(), {})
         return store
 
-    def all_items(self) -> list[list[tuple]]:
+    def all_items(self) -> list[list[tuple[Any, Any]]]:
         with self._lock:
             stores = list(self.stores.values())
         return [list(store.items()) for store in stores]
@@ -81,7 +81,7 @@ class Histogram:
 
     def snapshot(self) -> dict[str, tuple[list[int], float]]:
         """label -> (cumulative counts per bucket, +Inf last; sum): Prometheus' histogram shape."""
-        merged: dict[str, list] = {}
+        merged: dict[str, list[Any]] = {}
         for items in self._threads.all_items():
             for label, series in items:
                 series = list(series)

@@ -10,6 +10,7 @@ Every tier has at least ``hits``, ``misses`` and ``bytes``; ``source`` always ha
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from ckptfs.core.runtime import Runtime
@@ -21,7 +22,7 @@ SOURCE_KEYS = ("requests", "bytes", "retries", "failovers")  # and shared_bytes 
 class TierStatsSource(Protocol):
     """A cache that reports per tier: a ``TieredCache``, or a repository's member caches summed."""
 
-    def tier_stats(self) -> dict[str, dict]: ...
+    def tier_stats(self) -> dict[str, dict[str, Any]]: ...
 
 
 class CacheOwner(Protocol):
@@ -105,7 +106,7 @@ def render_table(stats: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _warmup_line(warmup: dict[str, Any], format_size) -> str:
+def _warmup_line(warmup: dict[str, Any], format_size: Callable[[float], str]) -> str:
     """``warm-up: running, 120.0 MiB of 241.6 MiB in the cache folder`` (``failed: why`` after it)."""
     line = f"warm-up: {warmup.get('state', '?')}"
     total = int(warmup.get("total_bytes", 0))

@@ -16,10 +16,12 @@ from __future__ import annotations
 
 import errno as errno_module
 import resource
+from collections.abc import Iterator
 from typing import Any
 
 from prometheus_client import start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import CollectorRegistry
 
 from ckptfs.fuse.errors import MountError
@@ -45,7 +47,8 @@ def parse_address(spec: str) -> tuple[str, int]:
     return host, int(port)
 
 
-def _histogram(name: str, doc: str, label: str, snapshot: dict, bounds: tuple[float, ...]) -> HistogramMetricFamily:
+def _histogram(name: str, doc: str, label: str, snapshot: dict[str, tuple[list[int], float]],
+               bounds: tuple[float, ...]) -> HistogramMetricFamily:
     family = HistogramMetricFamily(name, doc, labels=[label])
     for value, (cumulative, total) in sorted(snapshot.items()):
         buckets = [(repr(float(b)), cumulative[i]) for i, b in enumerate(bounds)]
@@ -61,10 +64,10 @@ class CkptfsCollector:
         self._ops = operations
         self._info = info
 
-    def describe(self):
+    def describe(self) -> list[Metric]:
         return []  # no sample at registration: the counters are read only when scraped
 
-    def collect(self):
+    def collect(self) -> Iterator[Metric]:
         ops = self._ops
         stats = ops.stats()
         counters = ops.counters
@@ -133,7 +136,7 @@ class CkptfsCollector:
         yield faults
 
 
-def _source_families(source: dict[str, Any], scheme: str):
+def _source_families(source: dict[str, Any], scheme: str) -> tuple[CounterMetricFamily, ...]:
     """Per scheme and outcome where the source counters keep them; a local mount shows its scheme at 0."""
     by_scheme = source.get("by_scheme") or {scheme: {"requests": {}, "bytes": 0}}
     requests = CounterMetricFamily("ckptfs_source_requests", "Requests to the checkpoint's sources, by outcome.",
@@ -153,7 +156,7 @@ def _source_families(source: dict[str, Any], scheme: str):
     return requests, fetched, failovers, shared, *_origin_families(source.get("origins") or {})
 
 
-def _origin_families(origins: dict[str, dict[str, Any]]):
+def _origin_families(origins: dict[str, dict[str, Any]]) -> tuple[CounterMetricFamily, CounterMetricFamily]:
     """What each remote origin cost its readers (``ckptfs.ahead.limits``): none on a local mount."""
     outages = CounterMetricFamily("ckptfs_source_outages", "Outages of the origin: a fetch used its whole "
                                   "--timeout without its bytes.", labels=["origin"])
