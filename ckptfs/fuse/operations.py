@@ -35,6 +35,7 @@ from ckptfs.tree.mount_tree import MountTree
 from ckptfs.tree.ownership import MODES_TTL_S, Ownership
 
 if TYPE_CHECKING:  # imported when a folder of several checkpoints is mounted
+    from ckptfs.checkpoint.api import Checkpoint
     from ckptfs.tree.repository import RepositoryTree
 from ckptfs.engine.views import NpyView, View
 from ckptfs.fuse.kernel import tune_connection, use_one_malloc_arena
@@ -62,7 +63,7 @@ class FsError(OSError):
         super().__init__(code, os.strerror(code))
 
 
-def _guarded(method: Callable, op: str | None = None) -> Callable:
+def _guarded(method: Callable[..., Any], op: str | None = None) -> Callable[..., Any]:
     """Map every failure of a callback to an errno (see the module docstring): each counted per errno, an EIO
     logged once per cause (logs.py); time it under --metrics. ``op``: the FUSE operation's name (default: the
     method's). The callback calls the method itself: a read's walk down to its source is a frame shorter."""
@@ -98,7 +99,7 @@ def _guarded(method: Callable, op: str | None = None) -> Callable:
     return callback
 
 
-def _describe_range(name: str, args: tuple) -> str:
+def _describe_range(name: str, args: tuple[Any, ...]) -> str:
     if name == "read" and len(args) >= 2:
         size, offset = args[0], args[1]
         if not isinstance(size, int):  # read_into: a buffer of the size asked for
@@ -107,7 +108,7 @@ def _describe_range(name: str, args: tuple) -> str:
     return ""
 
 
-def _read_only(method: Callable) -> Callable:
+def _read_only(method: Callable[..., Any]) -> Callable[..., Any]:
     """A write operation: always EROFS, whatever its arguments."""
 
     @functools.wraps(method)
@@ -129,7 +130,7 @@ def prime_read_path(tree: MountTree | RepositoryTree) -> None:
     if tree.read_scope is not None:
         return
 
-    def prime(ck) -> None:
+    def prime(ck: Checkpoint) -> None:
         seen: set[str] = set()
         for index in range(min(len(ck.tensors), PRIME_SCAN)):  # not every Tensor of 94,000: a bounded look
             storage_type = ck.tensors.info(index).storage_type
@@ -390,46 +391,46 @@ class CkptOperations:
     # -- every write operation: EROFS ---------------------------------------------------------------
 
     @_read_only
-    def write(self, path, data, offset, fh): ...
+    def write(self, path: str, data: bytes, offset: int, fh: int) -> None: ...
 
     @_read_only
-    def create(self, path, mode, flags=0): ...
+    def create(self, path: str, mode: int, flags: int = 0) -> None: ...
 
     @_read_only
-    def mkdir(self, path, mode): ...
+    def mkdir(self, path: str, mode: int) -> None: ...
 
     @_read_only
-    def mknod(self, path, mode, dev): ...
+    def mknod(self, path: str, mode: int, dev: int) -> None: ...
 
     @_read_only
-    def rmdir(self, path): ...
+    def rmdir(self, path: str) -> None: ...
 
     @_read_only
-    def unlink(self, path): ...
+    def unlink(self, path: str) -> None: ...
 
     @_read_only
-    def rename(self, old, new): ...
+    def rename(self, old: str, new: str) -> None: ...
 
     @_read_only
-    def link(self, target, source): ...
+    def link(self, target: str, source: str) -> None: ...
 
     @_read_only
-    def symlink(self, target, source): ...
+    def symlink(self, target: str, source: str) -> None: ...
 
     @_read_only
-    def chmod(self, path, mode): ...
+    def chmod(self, path: str, mode: int) -> None: ...
 
     @_read_only
-    def chown(self, path, uid, gid): ...
+    def chown(self, path: str, uid: int, gid: int) -> None: ...
 
     @_read_only
-    def truncate(self, path, length, fh=None): ...
+    def truncate(self, path: str, length: int, fh: int | None = None) -> None: ...
 
     @_read_only
-    def utimens(self, path, times=None): ...
+    def utimens(self, path: str, times: tuple[float, float] | None = None) -> None: ...
 
     @_read_only
-    def setxattr(self, path, name, value, options, position=0): ...
+    def setxattr(self, path: str, name: str, value: bytes, options: int, position: int = 0) -> None: ...
 
     @_read_only
-    def removexattr(self, path, name): ...
+    def removexattr(self, path: str, name: str) -> None: ...
