@@ -14,7 +14,8 @@ import logging
 import os
 import threading
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from ckptfs.cache.folder import PRUNE_HOLD
 from ckptfs.core.runtime import runtime
@@ -36,7 +37,11 @@ from ckptfs.util.redact import strip_url
 from ckptfs.core.options import absolute
 
 if TYPE_CHECKING:  # imported when a folder of several checkpoints is mounted
+    from ckptfs.ahead.warmup import BackgroundWarmup
+    from ckptfs.checkpoint.api import Checkpoint
+    from ckptfs.formats.repository import Member, Repository
     from ckptfs.sources import ByteSource
+    from ckptfs.tree.mount_tree import Provider
     from ckptfs.tree.repository import RepositoryTree
 
 __all__ = ["MountRequest", "MountError", "run_mount", "unmount"]
@@ -78,7 +83,7 @@ class _Plan:
     log_file: logs.LogFile | None
     metrics: tuple[str, int] | None
     #: the background warm-up once ``--prefetch`` started it (``ckptfs stats`` shows its progress)
-    warmups: list = field(default_factory=list, compare=False)
+    warmups: list[BackgroundWarmup] = field(default_factory=list, compare=False)
 
     @property
     def log_fd(self) -> int | None:
@@ -132,6 +137,7 @@ def _prepare(request: MountRequest) -> _Plan:
     metrics = _metrics_address(request.metrics)
     log_file = _open_log(request.log_file)
     logs.configure_startup(request.log_format, None if log_file is None else log_file.fd)
+    tree: MountTree | RepositoryTree
     try:
         checkpoint = open_with(request.src, request.open_options)
     except SeveralCheckpoints as several:  # a folder of several checkpoints: mounted whole
@@ -146,7 +152,7 @@ def _prepare(request: MountRequest) -> _Plan:
     return _Plan(request, mountpoint, options, binding, tree, log_file, metrics)
 
 
-def _repository_tree(request: MountRequest, repository):
+def _repository_tree(request: MountRequest, repository: Repository) -> RepositoryTree:
     """The tree of a repository folder (ckptfs.tree.repository): its files through a pool with the request's
     remote options and mirrors, each checkpoint opened with the request's options on first access (a folder
     mirror gives each member file its own mirror, the file of the same name there)."""
@@ -168,7 +174,7 @@ def _repository_tree(request: MountRequest, repository):
 
         mirror_set = MirrorSet(repository.folder, list(options.mirrors), is_folder=True)
 
-    def open_member(member):
+    def open_member(member: Member) -> Checkpoint:
         mirrors = tuple(mirror_set.mirror_name(member.src, m) for m in options.mirrors) if mirror_set else ()
         return open_with(member.src, OpenOptions.build(options, mirrors=mirrors))
 
@@ -184,17 +190,16 @@ def _resolved(request: MountRequest) -> MountRequest:
     """The request with SRC and the log file named absolutely (``~`` expanded, links kept; the open options'
     paths are absolute already, ``OpenOptions.build``): the daemon runs in ``/`` and opens files long after
     this (the shards behind model.gguf, the log file when reopened), and logs SRC by this name."""
-    def local(path):
-        if path is None:
-            return None
+    def local(path: str) -> str:
         path = absolute(os.fspath(path))
         # "." components and doubled slashes go (safe after a link too); a name with ".." stays as given
         return path if "://" in path or ".." in path.split("/") else os.path.normpath(path)
 
-    return dataclasses.replace(request, src=local(request.src), log_file=local(request.log_file))
+    log_file = None if request.log_file is None else local(request.log_file)
+    return dataclasses.replace(request, src=local(request.src), log_file=log_file)
 
 
-def _virtual_files(request: MountRequest, required: bool = False) -> list:
+def _virtual_files(request: MountRequest, required: bool = False) -> list[Provider]:
     """The file views' providers after the defaults (``tree.registry``): those of every mount (model.gguf of
     a split GGUF set), hf/ and gguf/ when asked for (``required``: of the one checkpoint mounted, whose view
     not built fails the mount; a repository's members are served without theirs, with one line:
@@ -227,7 +232,7 @@ def _open_log(path: str | None) -> logs.LogFile | None:
         raise MountError(f"cannot open log file {path}: {exc.strerror}") from None
 
 
-def _serve(plan: _Plan, on_ready) -> BaseException | None:
+def _serve(plan: _Plan, on_ready: Callable[[], None]) -> BaseException | None:
     """Run FUSE until unmounted; the exception it ended with, if any."""
     describe = {"binding": plan.binding.name, "libfuse": plan.binding.libfuse_major, "mountpoint": plan.mountpoint}
     if plan.request.prefetch:
@@ -268,7 +273,7 @@ def _start_exporter(plan: _Plan, operations: CkptOperations) -> MountError | Non
     return None
 
 
-def _start_warmup(plan: _Plan) -> list:
+def _start_warmup(plan: _Plan) -> list[BackgroundWarmup]:
     """``--prefetch``: the background warm-up of the mounted checkpoint's stored bytes, started (none when not
     asked for). A folder of several checkpoints has one per checkpoint, each started when the one before
     it ends; a checkpoint not opened yet is opened by its warm-up."""
@@ -296,7 +301,7 @@ def _member_sources(tree: RepositoryTree, index: int) -> list[ByteSource]:
     return checkpoint_sources(tree.member_tree(index).checkpoint)
 
 
-def _warmup_status(plan: _Plan) -> dict:
+def _warmup_status(plan: _Plan) -> dict[str, Any]:
     """``--prefetch``'s entry in the mount's stats: the warm-up's state and progress, read when asked (a
     repository's: each checkpoint's under ``checkpoints``, and their sums)."""
     if not plan.warmups:
@@ -335,7 +340,7 @@ class _StartupCheck:
     the session has ended with the check still waiting for its answer, ``"moot"`` (``settle``).
     """
 
-    def __init__(self, plan: _Plan, capture: StderrCapture, lock: MountpointLock | None, warmup: list):
+    def __init__(self, plan: _Plan, capture: StderrCapture, lock: MountpointLock | None, warmup: list[BackgroundWarmup]):
         self._plan, self._capture, self._lock, self._warmup = plan, capture, lock, warmup
         self._state = threading.Lock()
         self.outcome: str | None = None
@@ -389,7 +394,7 @@ def _run_foreground(plan: _Plan, lock: MountpointLock | None = None) -> int:
     logs.configure(logging.DEBUG if request.verbose else logging.WARNING, request.log_format, plan.log_fd)
     capture = StderrCapture()
     mounted = threading.Event()
-    warmup: list = []
+    warmup: list[BackgroundWarmup] = []
     check = _StartupCheck(plan, capture, lock, warmup)
 
     def on_ready() -> None:
