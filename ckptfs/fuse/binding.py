@@ -21,6 +21,7 @@ import sys
 from collections.abc import Callable
 from ctypes.util import find_library
 from dataclasses import dataclass
+from types import ModuleType
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ckptfs.fuse.errors import MountError
@@ -56,7 +57,7 @@ class FuseOperations(Protocol):
         """A folder's names encoded once, for the C helper's offset-mode listing."""
         ...
 
-    def readdir(self, path: str | None, fh: int) -> list: ...
+    def readdir(self, path: str | None, fh: int) -> list[Any]: ...
 
 
 @dataclass(frozen=True)
@@ -100,7 +101,7 @@ class _FusepyAdapter:
         return getattr(self._operations, op)(*args)
 
 
-def _import_mfusepy():
+def _import_mfusepy() -> ModuleType:
     if "mfusepy" in sys.modules or os.environ.get("FUSE_LIBRARY_PATH") or os.environ.get("FUSE_LIBRARY_NAME"):
         return importlib.import_module("mfusepy")
     prefer3 = find_library("fuse3") is not None
@@ -137,8 +138,8 @@ def _reads_in_c(fuse_class: type, module: Any) -> type:
     unmount): one mount per process, as the daemon is. The Python callback the C one falls back to is made
     here, as mfusepy makes its own, and kept for as long as the mount runs."""
 
-    class CReadFUSE(fuse_class):
-        def __init__(self, operations: FuseOperations, mountpoint, *args, **kwargs):  # mfusepy's
+    class CReadFUSE(fuse_class):  # type: ignore[misc]  # the binding's class, known only once loaded
+        def __init__(self, operations: FuseOperations, mountpoint: str, *args: Any, **kwargs: Any) -> None:
             direct = operations.direct_reads
             if not direct.enabled:
                 super().__init__(operations, mountpoint, *args, **kwargs)
@@ -146,15 +147,18 @@ def _reads_in_c(fuse_class: type, module: Any) -> type:
             real_main = module.fuse_main_real
             prototype = dict((f[0], f[1]) for f in module.fuse_operations._fields_)["read"]
             fh_offset = module.fuse_file_info.fh.offset
-            kept: list = []
+            kept: list[Any] = []
 
-            def fuse_main_real(argc, argv, ops_pointer, size, user_data):  # ctypes arguments
+            def fuse_main_real(argc: Any, argv: Any, ops_pointer: Any, size: Any, user_data: Any) -> Any:  # ctypes
                 ops = ops_pointer.contents
                 if ctypes.cast(ops.read, ctypes.c_void_p).value:  # mfusepy registered our read
                     try:
                         fallback = prototype(functools.partial(self._wrapper, self.read))
                         kept.append(fallback)
-                        address = direct.install(ctypes.cast(fallback, ctypes.c_void_p).value, fh_offset)
+                        python_read = ctypes.cast(fallback, ctypes.c_void_p).value
+                        if python_read is None:  # a null callback: nothing the C helper could fall back to
+                            raise ValueError("the Python read callback has no address")
+                        address = direct.install(python_read, fh_offset)
                     except Exception:  # a helper or an mfusepy that does not fit: reads stay Python's
                         log.warning("reads stay in Python: the C read helper could not be installed", exc_info=True)
                     else:
@@ -177,9 +181,10 @@ def _reads_into_buffer(fuse_class: type) -> type:
     preads there, instead of our ``read`` building bytes that mfusepy then copies: one copy of every byte
     fewer (the operations are ``FuseOperations``)."""
 
-    class BufferReadFUSE(fuse_class):
-        def read(self, path, buf, size, offset, fip):  # mfusepy's ctypes arguments
-            read_into = self.operations.read_into
+    class BufferReadFUSE(fuse_class):  # type: ignore[misc]  # the binding's class, known only once loaded
+        def read(self, path: bytes | None, buf: Any, size: int, offset: int, fip: Any) -> int:  # mfusepy's ctypes
+            operations: FuseOperations = self.operations
+            read_into = operations.read_into
             fh = fip.contents if self.raw_fi else fip.contents.fh
             # addressof, not ctypes.cast: cast is a foreign call that lets go of the GIL and, under load,
             # waits to get it back (5% of a loaded daemon's samples)
@@ -204,8 +209,8 @@ def _fast_listings(fuse_class: type, libfuse_major: int) -> type:
     altogether, but libfuse's high-level API, which mfusepy wraps, does not pass that flag on.)
     """
 
-    class FastListingsFUSE(fuse_class):
-        def _readdir(self, path, buf, filler, offset, fip):  # mfusepy's ctypes arguments
+    class FastListingsFUSE(fuse_class):  # type: ignore[misc]  # the binding's class, known only once loaded
+        def _readdir(self, path: bytes | None, buf: Any, filler: Any, offset: int, fip: Any) -> int:  # mfusepy's ctypes
             decoded = None if path is None else path.decode(self.encoding, self.errors)
             cache = self.__dict__.setdefault("_ckptfs_listings", {})
             names = cache.get(decoded)
@@ -214,7 +219,8 @@ def _fast_listings(fuse_class: type, libfuse_major: int) -> type:
             if names is None:
                 listing = self.operations.readdir(decoded, fip.contents.fh)
                 if any(not isinstance(item, str) for item in listing):
-                    return super()._readdir(path, buf, filler, offset, fip)
+                    generic: int = super()._readdir(path, buf, filler, offset, fip)
+                    return generic
                 encoded = [name.encode(self.encoding, self.errors) for name in listing]
                 # with the C helper, one NUL-separated blob (about 40 bytes a name) is all that is kept
                 names = cache[decoded] = b"\0".join(encoded) + b"\0" if _listing is not None else encoded
