@@ -23,6 +23,8 @@ from ckptfs.core.errors import CheckpointError
 from ckptfs.core.features import feature
 from ckptfs.core.options import DEFAULT_CACHE_BYTES, OpenOptions, absolute, spelled_fields
 from ckptfs.core.reads import ReadScope
+from ckptfs.core.runtime import Part
+from ckptfs.core.runtime import runtime as default_runtime
 from ckptfs.engine.blocks import UNCACHED_STEP_BYTES, TensorData
 from ckptfs.engine.values import TensorValues
 from ckptfs.core.options import DTYPE_MODES
@@ -631,8 +633,22 @@ def _release(sources: SourcePool, cache: TieredCache) -> None:
     cache.close()
 
 
-_reopened: dict[str, list[Checkpoint]] = {}
-_reopen_lock = threading.Lock()
+class Reopened:
+    """The checkpoints unpickled tensors reopened in a process (a DataLoader worker unpickles many), by
+    source: a runtime's part, shared by the tensors of one checkpoint there."""
+
+    def __init__(self) -> None:
+        self.by_source: dict[str, list[Checkpoint]] = {}
+        self.lock = threading.Lock()
+
+    def in_child(self) -> Reopened:
+        """In a forked child: the same checkpoints (their sources renew themselves), under a fresh lock."""
+        self.lock = threading.Lock()
+        return self
+
+
+#: The default runtime's reopened checkpoints (an unpickled tensor names no runtime).
+REOPENED = Part("checkpoints reopened by unpickled tensors", Reopened, Reopened.in_child)
 
 
 def _reopen_tensor(src: str, options: OpenOptions, index: int, content_id: str | None = None) -> Tensor:
@@ -643,8 +659,9 @@ def _reopen_tensor(src: str, options: OpenOptions, index: int, content_id: str |
     updated under a running DataLoader) is an error, never another tensor served silently under the old
     index. A checkpoint this process reopened earlier is reopened again if its identity no longer matches.
     """
-    with _reopen_lock:
-        known = _reopened.setdefault(src, [])
+    reopened = default_runtime().get(REOPENED)
+    with reopened.lock:
+        known = reopened.by_source.setdefault(src, [])
         ck = next((c for c in known if c.options == options and not c.closed), None)
         if ck is None or (content_id is not None and ck.content_id != content_id):
             if ck is not None:

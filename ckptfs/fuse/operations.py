@@ -66,7 +66,7 @@ class FsError(OSError):
 def _guarded(method: Callable[..., Any], op: str | None = None) -> Callable[..., Any]:
     """Map every failure of a callback to an errno (see the module docstring): each counted per errno, an EIO
     logged once per cause (logs.py); time it under --metrics. ``op``: the FUSE operation's name (default: the
-    method's). The callback calls the method itself: a read's walk down to its source is a frame shorter."""
+    method's). The answer to a failure is ``CkptOperations.refusal``'s."""
     name = op or method.__name__
 
     @functools.wraps(method)
@@ -75,23 +75,8 @@ def _guarded(method: Callable[..., Any], op: str | None = None) -> Callable[...,
         start = _clock() if timer is not None else 0.0
         try:
             return method(self, path, *args)
-        except FsError as exc:
-            self.counters.errors.add((name, exc.errno))
-            raise
-        except CheckpointError as exc:
-            self.counters.errors.add((name, errno.EIO))
-            if self._causes.first((path, str(exc))):
-                # one line whatever the names hold: a tensor or file name may contain a newline
-                log.error("EIO: %s%s: %s", one_line(path), _describe_range(name, args), one_line(exc),
-                          extra={"op": name, "path": path, "errno": "EIO"})
-            raise FsError(errno.EIO) from None
-        except Exception as exc:  # a bug must not become EINVAL or kill the daemon
-            self.counters.errors.add((name, errno.EIO))
-            if self._causes.first((name, path, type(exc).__name__, str(exc))):
-                log.debug("unexpected failure in %s(%r, %r)", name, path, args, exc_info=True)
-                log.error("EIO: %s(%s): unexpected %s: %s", name, one_line(path), type(exc).__name__,
-                          one_line(exc), extra={"op": name, "path": path, "errno": "EIO"})
-            raise FsError(errno.EIO) from None
+        except Exception as exc:  # noqa: BLE001 - every failure is answered with an errno (refusal)
+            raise self.refusal(name, path, args, exc) from None
         finally:
             if timer is not None:
                 timer.observe(name, _clock() - start)
@@ -177,7 +162,7 @@ class CkptOperations:
         #: as it is now, so they are taken again once older than MODES_TTL_S (tree.ownership)
         self._file_attrs: dict[str | None, tuple[float, dict[str, int]]] = {}
         self._handles: dict[int, View] = {}
-        #: handles opened with O_DIRECT: what they read the kernel's page cache does not hold (see _serve)
+        #: handles opened with O_DIRECT: what they read the kernel's page cache does not hold (see read_into)
         self._uncached: set[int] = set()
         use_one_malloc_arena()  # a memory bound, not a speed-up to switch off (fuse/kernel.py)
         self._decode_ahead = DecodeAhead.from_env(tree.sources, tree.cache.capacity, self.runtime.get(WORKERS))
@@ -287,43 +272,66 @@ class CkptOperations:
             self.direct_reads.register(handle, view, self._kind(path))
         return handle
 
-    @_guarded
     def read(self, path: str | None, size: int, offset: int, fh: int) -> bytes:
-        data = self._serve(path, size, offset, fh)
-        assert isinstance(data, bytes)  # no target: the bytes themselves
-        return data
+        """``read_into`` a buffer of its own, for a caller that wants the bytes (the mfusepy binding hands
+        libfuse's buffer to ``read_into`` itself: fuse/binding.py)."""
+        buf = bytearray(size)
+        served = self.read_into(path, memoryview(buf), offset, fh)
+        return bytes(memoryview(buf)[:served])
 
-    def _serve(self, path: str | None, want: int | memoryview, offset: int, fh: int) -> bytes | int:
-        """A read of ``want`` bytes (returned as bytes), or into ``want``, a writable buffer (the number of
-        bytes written into it)."""
-        target: memoryview | None
-        target, size = (None, want) if isinstance(want, int) else (want, len(want))
-        view = self._handles.get(fh)
-        if view is None:
-            view = self._view(path)
-        streaming = self._decode_ahead.on_read(fh, offset, size)
-        # What a read decodes into its reply is kept in the block cache only for a reader the kernel's page
-        # cache does not serve (O_DIRECT): the mount is kernel_cache, so everything else it serves stays in
-        # the page cache, and a copy here would be the same bytes twice in memory and one more copy per
-        # request (a sizeable part of an mmap fault's read-around). A sequential
-        # stream keeps nothing either way: it will not come back.
-        keep = fh in self._uncached and not streaming
-        # remote checkpoints: the read's deadline, and whether the handle decides its stream's read-ahead
-        # (not the remote source below); local sources have no use for either
-        scope = NOTHING_SAID if self._read_scope is None else self._decode_ahead.scope(fh, self._read_scope())
-        data = view.read(offset, size, scope=scope) if target is None else view.read_into(offset, target, keep,
-                                                                                            scope=scope)
-        served = len(data) if isinstance(data, bytes) else data
-        if served != size and served != max(0, min(size, view.size - offset)):
-            self._short_reply(path, view, offset, size, served)
-        if self.counters.timed:
-            self.counters.read_bytes.add(self._kind(path), served)
-        return data
+    def read_into(self, path: str | None, target: memoryview, offset: int, fh: int) -> int:
+        """The FUSE ``read``: ``len(target)`` bytes at ``offset`` written into ``target`` (``View.read_into``;
+        the mfusepy binding passes libfuse's own buffer, so the bytes are copied there once, not joined into
+        bytes that mfusepy copies again); the number written. Guarded as every callback (``_guarded``, under
+        the name "read"), with the guard written out here: a read's walk down to its source is a frame
+        shorter."""
+        timer = self.counters.request_seconds
+        start = _clock() if timer is not None else 0.0
+        try:
+            size = len(target)
+            view = self._handles.get(fh)
+            if view is None:
+                view = self._view(path)
+            streaming = self._decode_ahead.on_read(fh, offset, size)
+            # What a read decodes into its reply is kept in the block cache only for a reader the kernel's page
+            # cache does not serve (O_DIRECT): the mount is kernel_cache, so everything else it serves stays in
+            # the page cache, and a copy here would be the same bytes twice in memory and one more copy per
+            # request (a sizeable part of an mmap fault's read-around). A sequential stream keeps nothing
+            # either way: it will not come back.
+            keep = fh in self._uncached and not streaming
+            # remote checkpoints: the read's deadline, and whether the handle decides its stream's read-ahead
+            # (not the remote source below); local sources have no use for either
+            scope = NOTHING_SAID if self._read_scope is None else self._decode_ahead.scope(fh, self._read_scope())
+            served = view.read_into(offset, target, keep, scope=scope)
+            if served != size and served != max(0, min(size, view.size - offset)):
+                self._short_reply(path, view, offset, size, served)
+            if self.counters.timed:
+                self.counters.read_bytes.add(self._kind(path), served)
+            return served
+        except Exception as exc:  # noqa: BLE001 - every failure is answered with an errno (refusal)
+            raise self.refusal("read", path, (target, offset, fh), exc) from None
+        finally:
+            if timer is not None:
+                timer.observe("read", _clock() - start)
 
-    #: ``read`` into a writable buffer (``View.read_into``): the mfusepy binding passes libfuse's own, so the
-    #: bytes are copied there once, not joined into bytes that mfusepy copies again (fuse/binding.py). The
-    #: guarded ``_serve`` itself, the same FUSE operation (metrics and error lines say "read").
-    read_into = _guarded(_serve, "read")
+    def refusal(self, name: str, path: str | None, args: tuple[Any, ...], exc: Exception) -> FsError:
+        """The answer to the FUSE operation ``name``'s failure ``exc`` (see the module docstring): an FsError
+        as it is, any other failure EIO (a bug must not become EINVAL or kill the daemon); each counted per
+        errno, an EIO logged once per cause (logs.py), on one line whatever the names hold (a tensor or file
+        name may contain a newline)."""
+        if isinstance(exc, FsError):
+            self.counters.errors.add((name, exc.errno))
+            return exc
+        self.counters.errors.add((name, errno.EIO))
+        if isinstance(exc, CheckpointError):
+            if self._causes.first((path, str(exc))):
+                log.error("EIO: %s%s: %s", one_line(path), _describe_range(name, args), one_line(exc),
+                          extra={"op": name, "path": path, "errno": "EIO"})
+        elif self._causes.first((name, path, type(exc).__name__, str(exc))):
+            log.debug("unexpected failure in %s(%r, %r)", name, path, args, exc_info=exc)
+            log.error("EIO: %s(%s): unexpected %s: %s", name, one_line(path), type(exc).__name__,
+                      one_line(exc), extra={"op": name, "path": path, "errno": "EIO"})
+        return FsError(errno.EIO)
 
     def _short_reply(self, path: str | None, view: View, offset: int, size: int, served: int) -> None:
         """A reply with fewer bytes than asked before the end of the file is never sent: the kernel would

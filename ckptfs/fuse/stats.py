@@ -32,8 +32,9 @@ class CacheOwner(Protocol):
     def cache(self) -> TierStatsSource: ...
 
 
-def tier_stats(cache: TierStatsSource | None) -> dict[str, dict[str, int]]:
-    """``{"memory": {"hits", "misses", "bytes", ...}, ...}`` from the cache that serves the blocks."""
+def tier_stats(cache: TierStatsSource | None, runtime: Runtime) -> dict[str, dict[str, int]]:
+    """``{"memory": {"hits", "misses", "bytes", ...}, ...}`` from the cache that serves the blocks, with the
+    counters of ``runtime``'s shared tiers of fetched chunks."""
     if cache is None:
         return {"memory": dict.fromkeys(TIER_KEYS, 0)}
     # a TieredCache's stats() is its memory tier's (the "cache" key); tier_stats() has every configured tier
@@ -43,22 +44,22 @@ def tier_stats(cache: TierStatsSource | None) -> dict[str, dict[str, int]]:
         if isinstance(values, dict):
             tiers[name] = {**dict.fromkeys(TIER_KEYS, 0), **values}
     tiers.setdefault("memory", dict.fromkeys(TIER_KEYS, 0))
-    for name, values in chunk_tier_stats().items():
+    for name, values in chunk_tier_stats(runtime).items():
         tier = tiers.setdefault(name, dict.fromkeys(TIER_KEYS, 0))
         tier.update({f"chunk_{key}": value for key, value in values.items()})
     return tiers
 
 
-def chunk_tier_stats() -> dict[str, dict[str, int]]:
-    """The process's shared tiers of fetched chunks (``--redis`` with a remote source): their counters, shown
+def chunk_tier_stats(runtime: Runtime) -> dict[str, dict[str, int]]:
+    """``runtime``'s shared tiers of fetched chunks (``--redis`` with a remote source): their counters, shown
     in the tier of the same name as ``chunk_<counter>`` (``chunk_hit_bytes``: chunk bytes it served,
     ``chunk_leases``: chunks this process fetched under its lease, ``chunk_waited``/``chunk_waited_hits``:
     chunks it waited for another's fetch of, and got)."""
     try:
-        from ckptfs.sources.remote.store.chunks import shared_stats
+        from ckptfs.sources.remote.store.chunks import SHARED_CHUNK_TIERS
     except ImportError:  # an installation without remote sources
         return {}
-    return shared_stats()
+    return runtime.get(SHARED_CHUNK_TIERS).stats()
 
 
 def source_stats(runtime: Runtime) -> dict[str, Any]:
@@ -75,7 +76,7 @@ def source_stats(runtime: Runtime) -> dict[str, Any]:
 
 
 def service_stats(tree: CacheOwner, decoded_bytes: int, runtime: Runtime) -> dict[str, Any]:
-    return {"decoded_bytes": int(decoded_bytes), "tiers": tier_stats(tree.cache),
+    return {"decoded_bytes": int(decoded_bytes), "tiers": tier_stats(tree.cache, runtime),
             "source": source_stats(runtime)}
 
 

@@ -127,20 +127,15 @@ KNOWN = {
     "ckptfs.ggufview.liblog._lock": "guards that count",
     "ckptfs.ggufview.files._parsed": "parsed library files, keyed by path, size and mtime: a cache of immutable "
                                      "values",
-    "ckptfs.ggufview.files._builds": "how many times that cache was filled (for a test of its reuse)",
+    "ckptfs.ggufview.files._builds": "how many builds run now: the parses are kept while one does",
     "ckptfs.ggufview.files._lock": "guards that cache",
     "ckptfs.cache.auth._keys": "the --cache-key-file keys read, by path: a cache of immutable values",
     "ckptfs.cache.auth._keys_lock": "guards that cache",
     "ckptfs.sources.remote.store.chunks._stores": "the --cache-dir stores of fetched bytes, one per folder and process: each "
                                    "holds byte-range locks (fcntl) that are the process's",
-    "ckptfs.sources.remote.store.chunks._stores_lock": "guards the stores and the shared tiers",
-    "ckptfs.sources.remote.store.chunks._shared_tiers": "the Redis tiers of fetched chunks, one per server and key",
+    "ckptfs.sources.remote.store.chunks._stores_lock": "guards the stores",
     "ckptfs.checkpoint.shared._stores": "the --cache-dir stores of decoded groups, one per folder and process "
                                         "(byte-range locks, like the fetched bytes' stores)",
-    "ckptfs.checkpoint.api._reopened": "checkpoints reopened by unpickled tensors in a worker process, "
-                                       "shared by the tensors of one checkpoint there",
-    "ckptfs.checkpoint.api._reopen_lock": "guards them",
-    "ckptfs.sources.remote.outage._registry_lock": "guards the outage states of an open's options",
     "ckptfs.sources.remote.options.DEFAULT_OPTIONS": "the options of a source opened without any: its "
                                                      "runtime is the default one",
     "ckptfs.integrity.checked._warned_unlisted": "manifests already warned about (one warning per process)",

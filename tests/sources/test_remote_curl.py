@@ -31,6 +31,7 @@ from ckptfs.sources.remote import curl
 from ckptfs.sources.remote.context import ReadContext
 from ckptfs.sources.remote.http import HttpSource
 from ckptfs.sources.remote.options import RemoteOptions
+from ckptfs.sources.remote.odd import OddAnswer
 from ckptfs.sources.remote.origin import Retryable
 
 MiB = 1 << 20
@@ -110,9 +111,13 @@ def test_a_short_body_or_another_range_is_never_served(site):
         proxy.plan("short")  # the full Content-Length announced, half of it sent
         with pytest.raises(Retryable, match=r"after \d+ of 2097152 bytes|short body"):
             src.range.fetch(MiB, 3 * MiB, _in(30))
-        proxy.plan("range", "range")  # another range, asked twice: an error, its bytes never returned
-        with pytest.raises(CheckpointError, match="asked for bytes 1048576-3145727"):
+        proxy.plan("range")  # another range: an odd answer, its bytes never returned
+        with pytest.raises(OddAnswer, match="asked for bytes 1048576-3145727"):
             src.range.fetch(MiB, 3 * MiB, _in(30))
+        proxy.plan("range", "range")  # asked again at once by the retry rule, wrong the same way: an error
+        with pytest.raises(CheckpointError, match="asked for bytes 1048576-3145727"):
+            src.client.fetch(MiB, 3 * MiB, _in(30))
+        assert proxy.faults_used[-3:] == ["range", "range", "range"]
         assert b"".join(src.range.fetch(MiB, 3 * MiB, _in(30))) == data[MiB:3 * MiB]
 
 

@@ -42,6 +42,7 @@ class ReadContext:
     fallback: bool = False           # a mirror waits behind this read
     ahead: bool = False              # fetched ahead of readers (read-ahead, a warm-up)
     once: bool = False               # one attempt, no retry (an open with a stored copy behind it)
+    fresh: bool = False              # this attempt on a connection of its own (the last answer was odd)
     answered_at: float | None = None  # when the answer to this attempt's ranged request began (None: unsaid)
     slot: Slot | None = None          # the origin slot a fetch ahead holds: given back once its body is in
     on_answer: Callable[[], None] | None = None  # told when the answer begins (``version.VersionPin.fetching``)
@@ -63,7 +64,7 @@ class ReadContext:
     def bounded(self, deadline: float, cut: Callable[[float], float] | None = None) -> ReadContext:
         """This read's context for one attempt that must end by ``deadline`` (no answer heard yet); ``cut``: how
         an outage of its origin found meanwhile cuts that deadline (``outage.Outage.bound``)."""
-        return dataclasses.replace(self, deadline=deadline, answered_at=None, cut=cut)
+        return dataclasses.replace(self, deadline=deadline, answered_at=None, cut=cut, fresh=False)
 
     def until(self) -> float:
         """When this attempt must end, asked at each of its waits: its deadline, or sooner once its origin is

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Iterable, Iterator
+from itertools import chain
 from typing import cast
 
 from ckptfs.sources.remote.store.chunks import CHUNK, CHUNK_LEASE_MS, CHUNK_WAIT_S, ChunkCache, chunk_key
@@ -172,43 +174,27 @@ class ChunkFetcher:
 
     # -- fetching --------------------------------------------------------------------------------------
     def fetch_chunks(self, c0: int, c1: int, read: ReadContext, memory: bool = True) -> dict[int, bytes]:
-        """Fetch chunks [c0, c1) (flights registered by the caller), cache them, wake waiters. With a shared
-        tier (``--redis``/``--redis-cluster``, ``ckptfs.sources.remote.store.chunks``): the chunks it holds are taken from
-        it (one round trip), the rest leased (one more); only the chunks whose lease this process won are
-        fetched from the origin (contiguous ones as one request) and stored there, then the ones another
-        process is fetching are waited for (``_wait_shared``)."""
+        """Fetch chunks [c0, c1) (flights registered by the caller), cache them (in memory too unless
+        ``memory`` is False), wake waiters. With a shared tier (``--redis``/``--redis-cluster``,
+        ``ckptfs.sources.remote.store.chunks``): the chunks it holds are taken from it (one round trip), the
+        rest leased (one more); only the chunks whose lease this process won are fetched from the origin and
+        stored there, then the ones another process is fetching are waited for (``_shared_batches``). The
+        origin is asked here, each contiguous run as requests of at most ``MAX_REQUEST_BYTES`` (``_requests``), each with its
+        own context (its ``answered_at``: the read's may fan out to workers), confirmed by the version pin
+        where the file has one."""
         out: dict[int, bytes] = {}
         leased: list[int] = []
         try:
-            fetch, held = list(range(c0, c1)), list[int]()
+            mine, held = list(range(c0, c1)), list[int]()
             if self.cache.shared is not None:
-                fetch, held = self._from_shared(fetch, read, out)
-                leased = list(fetch)
-            self._fetch_runs(fetch, read, out, memory)
-            if held:
-                leased += self._wait_shared(held, read, out)
-        except BaseException as exc:
-            for i in range(c0, c1):
-                if i not in out:
-                    self.finish(i, None, exc)
-            self.cache.release([self.key(i) for i in leased if i not in out])
-            raise
-        return out
-
-    def _fetch_runs(self, indexes: list[int], read: ReadContext, out: dict[int, bytes], memory: bool = True) -> None:
-        """Fetch the chunks ``indexes`` from the origin, each contiguous run as requests of at most
-        ``MAX_REQUEST_BYTES``; each chunk is cached (in memory too unless ``memory`` is False), added to
-        ``out`` and its flight finished."""
-        step = max(1, MAX_REQUEST_BYTES // CHUNK)
-        for c0, c1 in runs(indexes):
-            for first in range(c0, c1, step):
-                last = min(c1, first + step)
+                mine, held = self._from_shared(mine, read, out)
+                leased = list(mine)
+            batches = chain([mine], self._shared_batches(held, read, out, leased)) if held else [mine]
+            for first, last in _requests(batches):
                 start, end = first * CHUNK, min(self.size, last * CHUNK)
-                # this fetch's own context (its answered_at: the read's may fan out to workers), confirmed by
-                # the version pin where the file has one; the origin asked directly (one frame per part)
-                with self.pin.fetching(read.bounded(read.deadline)) as fetch:
-                    parts = self.client.fetch(start, end, fetch)
-                    self.pin.landed(fetch, start)
+                with self.pin.fetching(read.bounded(read.deadline)) as one:
+                    parts = self.client.fetch(start, end, one)
+                    self.pin.landed(one, start)
                 if len(parts) != last - first or any(len(p) != CHUNK for p in parts[:-1]):
                     data = b"".join(parts)  # a scheme that answers in other pieces: cut it into chunks
                     parts = [data[k * CHUNK: (k + 1) * CHUNK] for k in range(last - first)]
@@ -216,6 +202,13 @@ class ChunkFetcher:
                 for i, piece in zip(range(first, last), parts):
                     out[i] = piece
                     self.finish(i, piece, None)
+        except BaseException as exc:
+            for i in range(c0, c1):
+                if i not in out:
+                    self.finish(i, None, exc)
+            self.cache.release([self.key(i) for i in leased if i not in out])
+            raise
+        return out
 
     def _from_shared(self, indexes: list[int], read: ReadContext, out: dict[int, bytes]) -> tuple[list[int], list[int]]:
         """The shared tier's part of fetching ``indexes``: the chunks it holds go to ``out`` (flights
@@ -235,14 +228,14 @@ class ChunkFetcher:
         won = self.cache.lease([self.key(i) for i in indexes], ms)
         return [i for i, w in zip(indexes, won) if w], [i for i, w in zip(indexes, won) if not w]
 
-    def _wait_shared(self, indexes: list[int], read: ReadContext, out: dict[int, bytes]) -> list[int]:
-        """Chunks other processes are fetching under their leases: wait for them (``CHUNK_WAIT_S`` in all,
-        and at most half of what is left of the read's deadline: the rest is for fetching them here). A
-        lease that ended without a value (its holder died) is taken over: the first waiter to lease the
-        chunk again fetches it, the others go on waiting for that one. What is still missing at the end is
-        fetched here. Returns the chunks this process took the lease of."""
+    def _shared_batches(self, indexes: list[int], read: ReadContext, out: dict[int, bytes],
+                        leased: list[int]) -> Iterator[list[int]]:
+        """Chunks other processes are fetching under their leases: waited for (``CHUNK_WAIT_S`` in all, and at
+        most half of what is left of the read's deadline: the rest is for fetching them here). Yields the
+        chunks ``fetch_chunks`` is to fetch here: a lease that ended without a value (its holder died) is
+        taken over (added to ``leased``), the first waiter to lease the chunk again fetching it while the
+        others go on waiting for that one; then what is still missing at the end."""
         until = time.monotonic() + min(CHUNK_WAIT_S, max(0.0, (read.deadline - time.monotonic()) / 2))
-        taken: list[int] = []
         for attempt in range(2):
             keys = [self.key(i) for i in indexes]
             for i, data in zip(indexes, self.cache.wait(keys, max(0.0, until - time.monotonic()))):
@@ -251,10 +244,9 @@ class ChunkFetcher:
             if not indexes or attempt or time.monotonic() >= until:
                 break
             won, indexes = self._lease(indexes, read)
-            taken += won
-            self._fetch_runs(won, read, out)
-        self._fetch_runs(indexes, read, out)
-        return taken
+            leased += won
+            yield won
+        yield indexes
 
     def _shared_chunk(self, i: int, data: bytes | None, out: dict[int, bytes]) -> bool:
         """Take chunk ``i`` from the shared tier into ``out`` (its flight finished); False when the tier had
@@ -307,3 +299,13 @@ class ChunkFetcher:
         for start, stop in claimed:
             for i in range(start, stop):
                 self.flights.finish(i, error=error)
+
+
+def _requests(batches: Iterable[list[int]]) -> Iterator[tuple[int, int]]:
+    """The requests that fetch the chunks of ``batches``: each contiguous run of a batch as spans of at most
+    ``MAX_REQUEST_BYTES`` (first chunk, end chunk)."""
+    step = max(1, MAX_REQUEST_BYTES // CHUNK)
+    for batch in batches:
+        for r0, r1 in runs(batch):
+            for first in range(r0, r1, step):
+                yield first, min(r1, first + step)

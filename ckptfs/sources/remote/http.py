@@ -63,9 +63,9 @@ from ckptfs.sources.registry import register_scheme
 from ckptfs.sources.netstats import SourceCounters
 from ckptfs.sources.remote import curl
 from ckptfs.sources.remote.context import ReadContext
-from ckptfs.sources.remote.odd import OddAnswer, asked_again, content_range
+from ckptfs.sources.remote.odd import OddAnswer, content_range
 from ckptfs.sources.remote.options import DEFAULT_OPTIONS, POOL_CONNECTIONS, RemoteOptions
-from ckptfs.sources.remote.origin import Changed, Retryable, stalled, wait_bound
+from ckptfs.sources.remote.origin import Changed, Relocated, Retryable, stalled, wait_bound
 from ckptfs.sources.remote.transport import OPEN_HEAD_BYTES, RemoteSource, joined
 from ckptfs.sources.remote.version import SAMPLE_BYTES
 from ckptfs.util.redact import public_name, redact, split_source
@@ -461,76 +461,70 @@ class HttpRange:
         return self._origin
 
     def fetch(self, start: int, end: int, read: ReadContext) -> list[bytes]:
-        """One attempt at bytes [start, end): a GET at the remembered location, through libcurl when it carries
-        this file's range GETs (``curl``), else urllib3; an odd answer asked again at once on a fresh
-        connection (``odd``); a remembered redirect target that refuses (an expired signed CDN URL) resolved
-        again through the original URL. The request is sent from here or the one method below (no helper
-        between): a read's walk down the chain stays one frame per part."""
-        url, odd = self.location, None
-        while True:
-            try:
+        """One attempt at bytes [start, end): a GET at the remembered location (``read.fresh``: on a connection
+        of its own), through libcurl when it carries this file's range GETs (``curl``: redirects followed here
+        by ``Redirects``' rule, the answer judged by ``_judge`` as its headers arrive, its body written into
+        chunk-sized parts in C), else urllib3 (``_asked``). A remembered redirect target that refuses (an
+        expired signed CDN URL) is forgotten: ``Relocated``, and the retry rule asks the URL again at once.
+        The request is sent from here (no helper between): a read's walk down the chain stays one frame per
+        part."""
+        url = self.location
+        try:
+            if not self.native:
+                return self._asked(url, start, end, read)
+            walk = Redirects(url, self.url)
+            sent = [f"{k}: {v}" for k, v in ASKED_HEADERS.items()] + [f"Range: bytes={start}-{end - 1}"]
+            sent += ["Connection: close"] if read.fresh else []
+            cas = curl.ca_locations(trusted_cas()[0])
+            while True:
+                hop: list[tuple[int, dict[str, str]]] = []  # a redirect's status and headers
+                answered: list[int] = []
+
+                def decide(status: int, reason: str, lines: list[tuple[str, str]]) -> int:
+                    answered.append(status)
+                    headers = dict(lines)
+                    if redirected(status, headers):
+                        hop.append((status, headers))
+                        length = headers.get("content-length")
+                        return curl.DRAIN if length is not None and length.isdigit() and \
+                            int(length) <= curl.DRAIN_BYTES else curl.ABORT
+                    self._judge(status, reason, headers, walk.hops, start, end, read)
+                    return curl.TAKE
+
+                auth = [f"{k}: {v}" for k, v in self.credentials.headers] if walk.send_auth else []
+                assert curl.native is not None  # self.native: the extension is built
+                code, message, got, parts = curl.native.get(
+                    walk.url, sent + auth, end - start, decide, read.until, read.until(), self.options.stall_timeout,
+                    read.fresh, cas[0], cas[1], "", None, CHUNK)
                 try:
-                    if self.native:
-                        return self._native(url, start, end, read, odd is not None)
-                    answer = self.http.send("GET", url, {"Range": f"bytes={start}-{end - 1}"}, read.deadline,
-                                            self.url, odd is not None)
-                    return self._answered(answer, url, start, end, read)
-                except OddAnswer as exc:
-                    if odd is None:
-                        odd = exc
-                        continue
-                    raise asked_again(odd, exc) from None
-            except Retryable:
-                self.location = self.url  # a remembered CDN host that fails: the retry resolves the URL again
+                    parts = curl.outcome(walk.url, code, message, got, parts, answered, bool(hop), end - start, read,
+                                         self.options)
+                except curl.TlsRefused as exc:
+                    self.options.counters.request(self.scheme, "error")
+                    raise CheckpointError(walk.url, None, tls_refusal(exc.verify, exc.detail, exc.other_host)) \
+                        from None
+                if parts is not None:
+                    if walk.url != url:
+                        self.location = walk.url
+                    return parts
+                if not hop:
+                    raise Retryable("the answer's body was dropped")  # not reached: decide takes or raises
+                self.options.counters.request(self.scheme, "ok")
+                walk.follow(*hop[0])
+        except Retryable:
+            self.location = self.url  # a remembered CDN host that fails: the retry resolves the URL again
+            raise
+        except CheckpointError as exc:
+            if url == self.url:
                 raise
-            except CheckpointError:
-                if url == self.url:
-                    raise
-            # a remembered redirect target refused (an expired signed CDN URL): resolve the original URL again
-            url = self.location = self.url
-            odd = None
+            self.location = self.url
+            raise Relocated(exc) from None
 
-    def _native(self, url: str, start: int, end: int, read: ReadContext, fresh: bool) -> list[bytes]:
-        """``fetch``'s GET through libcurl (``curl.get``): redirects followed here by ``Redirects``' rule, the
-        answer judged by ``_judge`` as its headers arrive, its body written into chunk-sized parts in C."""
-        walk = Redirects(url, self.url)
-        sent = [f"{k}: {v}" for k, v in ASKED_HEADERS.items()] + [f"Range: bytes={start}-{end - 1}"]
-        sent += ["Connection: close"] if fresh else []
-        cas = curl.ca_locations(trusted_cas()[0])
-        while True:
-            hop: list[tuple[int, dict[str, str]]] = []  # a redirect's status and headers
-            answered: list[int] = []
-
-            def decide(status: int, reason: str, lines: list[tuple[str, str]]) -> int:
-                answered.append(status)
-                headers = dict(lines)
-                if redirected(status, headers):
-                    hop.append((status, headers))
-                    length = headers.get("content-length")
-                    return curl.DRAIN if length is not None and length.isdigit() and int(length) <= curl.DRAIN_BYTES \
-                        else curl.ABORT
-                self._judge(status, reason, headers, walk.hops, start, end, read)
-                return curl.TAKE
-
-            auth = [f"{k}: {v}" for k, v in self.credentials.headers] if walk.send_auth else []
-            assert curl.native is not None  # self.native: the extension is built
-            code, message, got, parts = curl.native.get(
-                walk.url, sent + auth, end - start, decide, read.until, read.until(), self.options.stall_timeout,
-                fresh, cas[0], cas[1], "", None, CHUNK)
-            try:
-                parts = curl.outcome(walk.url, code, message, got, parts, answered, bool(hop), end - start, read,
-                                     self.options)
-            except curl.TlsRefused as exc:
-                self.options.counters.request(self.scheme, "error")
-                raise CheckpointError(walk.url, None, tls_refusal(exc.verify, exc.detail, exc.other_host)) from None
-            if parts is not None:
-                if walk.url != url:
-                    self.location = walk.url
-                return parts
-            if not hop:
-                raise Retryable("the answer's body was dropped")  # not reached: decide takes or raises
-            self.options.counters.request(self.scheme, "ok")
-            walk.follow(*hop[0])
+    def _asked(self, url: str, start: int, end: int, read: ReadContext) -> list[bytes]:
+        """``fetch``'s GET through urllib3, where libcurl does not carry it."""
+        answer = self.http.send("GET", url, {"Range": f"bytes={start}-{end - 1}"}, read.deadline, self.url,
+                                read.fresh)
+        return self._answered(answer, url, start, end, read)
 
     def _answered(self, answer: Answer, url: str, start: int, end: int, read: ReadContext) -> list[bytes]:
         """The bytes of ``answer`` to the GET of [start, end) at ``url`` (urllib3's), or an OddAnswer /

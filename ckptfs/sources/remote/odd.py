@@ -3,21 +3,16 @@
 One backend behind a load balancer, or a proxy, may answer wrongly while the origin is not wrong: a 200
 with the whole file to a Range request, another range or total in ``Content-Range``, another validator
 (HTTP's ``ETag``/``Last-Modified``, S3's ``ETag`` or its refused ``If-Match``), a 416. Such an answer's
-body is dropped unread and the range asked again at once on a fresh connection (:func:`asked_twice`); only
-a second answer wrong the same way decides (the file was replaced, or the server cannot serve ranges), and
-two different wrong answers are retried like a reset, within the read's deadline. The odd answer's bytes
+body is dropped unread and the range asked again at once on a fresh connection (by the retry rule,
+``origin.Attempts``); only a second answer wrong the same way decides (the file was replaced, or the server
+cannot serve ranges), and two different wrong answers are retried like a reset, within the read's deadline
+(``origin.asked_again``). The odd answer's bytes
 are never served, nor mixed with the second answer's.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
-from typing import TypeVar
-
-from ckptfs.sources.remote.origin import Retryable
-
-T = TypeVar("T")
 
 _CONTENT_RANGE = re.compile(r"^\s*bytes\s+(\d+)-(\d+)/(\d+|\*)\s*$", re.IGNORECASE)
 
@@ -39,23 +34,3 @@ class OddAnswer(Exception):
         super().__init__(str(final))
         self.signature = signature
         self.final = final
-
-
-def asked_twice(ask: Callable[[bool], T]) -> T:
-    """``ask(fresh=False)``, and after an odd answer ``ask(fresh=True)`` (on a new connection of its own): the
-    second answer's bytes, its error when it is wrong the same way as the first, else a Retryable."""
-    try:
-        return ask(False)
-    except OddAnswer as first:
-        try:
-            return ask(True)
-        except OddAnswer as second:
-            raise asked_again(first, second) from None
-
-
-def asked_again(first: OddAnswer, second: OddAnswer) -> Exception:
-    """What two odd answers to one request mean: the second's error when it is wrong the same way as the
-    first (the file was replaced, the server cannot serve ranges), else a Retryable."""
-    if second.signature == first.signature:
-        return second.final
-    return Retryable(f"two different wrong answers: {first}; then {second}")

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ckptfs.sources.remote.store.chunks import MEMORY_CHUNKS, ChunkCache, disk_store, shared_tier
+from ckptfs.sources.remote.store.chunks import MEMORY_CHUNKS, SHARED_CHUNK_TIERS, ChunkCache, disk_store
 from ckptfs.cache.disk import DEFAULT_CACHE_DIR_SIZE
 from ckptfs.sources.remote.store.sparse_store import DEFAULT_MIN_FREE
 from ckptfs.core.options import OpenOptions
@@ -89,7 +89,8 @@ class RemoteOptions:
         ahead (a header read, before a mount forks its daemon, opens no connection)."""
         given = self.open_options
         min_free = float(given.cache_dir_min_free) if given.cache_dir_min_free is not None else DEFAULT_MIN_FREE
-        shared = shared_tier(given.redis, given.redis_cluster, given.cache_key_file) if self.read_ahead else None
+        shared = self.runtime.get(SHARED_CHUNK_TIERS).tier(given.redis, given.redis_cluster, given.cache_key_file) \
+            if self.read_ahead else None
         store = disk_store(given.cache_dir, self.cache_dir_size, given.cache_key_file, min_free)
         return ChunkCache(store, self.runtime.get(MEMORY_CHUNKS), shared=shared)
 

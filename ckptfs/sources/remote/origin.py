@@ -19,11 +19,19 @@ failed: a :class:`Retryable` (connection errors, stalls, 5xx, 429, short bodies:
   outage, and the first read once the origin serves again is answered.
 - Timeouts are reported as what they are: a wait cut short by the read's deadline says ``--timeout`` and
   its number; a server silent for ``--stall-timeout`` seconds, with time left, is a stall (and retried).
+- Two answers are asked again at once, not retried: an odd answer (``odd.OddAnswer``: one that cannot be
+  the bytes asked for) on a connection of its own (``ReadContext.fresh``), decided by the second answer
+  (``asked_again``); and a refusal at the location the URL last redirected to (:class:`Relocated`: an
+  expired signed CDN URL), at the URL itself, once.
+
+The rule lives in :class:`Attempts`, the state of one request's attempts; the loops that drive it
+(``OriginClient.fetch`` for bytes, ``OriginClient.retrying`` for any other request) call the range client
+themselves, so a read's walk down the chain is one frame per part.
 """
 
 from __future__ import annotations
 
-import functools
+import dataclasses
 import logging
 import random
 import time
@@ -34,6 +42,7 @@ from typing import TypeVar
 from ckptfs.core.errors import CheckpointError, SourceUnavailable
 from ckptfs.ahead.limits import ORIGINS, OriginLimit
 from ckptfs.sources.remote.context import ReadContext
+from ckptfs.sources.remote.odd import OddAnswer
 from ckptfs.sources.remote.options import RemoteOptions
 from ckptfs.sources.remote.outage import PROBE_BYTES, PROBE_SECONDS, Admission, Outage, outage_for
 from ckptfs.sources.remote.ranges import RangeClient
@@ -69,6 +78,29 @@ class TimedOut(SourceUnavailable):
 
 class Changed(Exception):
     """The medium answered with another identity than the one fixed at open."""
+
+
+class Relocated(Exception):
+    """An attempt sent to the location the URL last redirected to was refused there (``cause``: an expired
+    signed CDN URL answers 403 or 404): the range client has gone back to the URL itself, and the request
+    is asked again at once, which resolves the redirect anew."""
+
+    def __init__(self, cause: CheckpointError):
+        super().__init__(str(cause))
+        self.cause = cause
+
+
+#: What an attempt may fail with that the retry rule decides on (``Attempts.failed``); anything else ends the
+#: request as it is.
+DECIDED = (Retryable, OddAnswer, Relocated, Changed)
+
+
+def asked_again(first: OddAnswer, second: OddAnswer) -> Exception:
+    """What two odd answers to one request mean: the second's error when it is wrong the same way as the
+    first (the file was replaced, the server cannot serve ranges), else a Retryable."""
+    if second.signature == first.signature:
+        return second.final
+    return Retryable(f"two different wrong answers: {first}; then {second}")
 
 
 def wait_bound(options: RemoteOptions, deadline: float) -> tuple[float, bool]:
@@ -118,17 +150,21 @@ class OriginClient:
         self._limit = self._outage = None
 
     def fetch(self, start: int, end: int, read: ReadContext) -> list[bytes]:
-        """Bytes [start, end) as the range client read them (consecutive parts), retried (``retrying``);
-        counted, heard by the outage state and timed for the in-flight limit. ``read.answered_at`` is the
-        successful attempt's. A short answer is never served (a range client must check; this is the last
-        line). The retry loop is entered directly, not through ``retrying``: a read's walk down the chain
-        stays one frame per part."""
+        """Bytes [start, end) as the range client read them (consecutive parts), asked under the retry rule
+        (``Attempts``); counted, heard by the outage state and timed for the in-flight limit.
+        ``read.answered_at`` is the successful attempt's. A short answer is never served (a range client must
+        check; this is the last line)."""
         sent = time.monotonic()
         self._admit(start)
-        try:
-            body = self._retrying(functools.partial(self.range.fetch, start, end), read, start, "", self.outage())
-        except TimedOut as exc:
-            raise self.ran_out(read, exc.reason) from None
+        attempts = Attempts(self, read, start)
+        while True:
+            one = attempts.next()
+            try:
+                body = self.range.fetch(start, end, one)
+                break
+            except DECIDED as exc:
+                attempts.failed(exc)
+        read.answered_at = one.answered_at
         read.body_in()
         parts = body if isinstance(body, list) else [body]
         got = sum(len(p) for p in parts)
@@ -142,16 +178,19 @@ class OriginClient:
 
     def retrying(self, attempt: Callable[[ReadContext], T], read: ReadContext, offset: int | None,
                  what: str = "") -> T:
-        """``attempt(context)`` until it succeeds, retrying Retryable failures with backoff (counted here) for as
-        long as ``read.deadline`` allows; each attempt's context is bounded by the deadline or, while the
-        origin is in an outage, the outage's end of patience (``outage``), and a deadline that runs out
-        starts one. A request that finds the origin in an outage fails at once, or sends the probe that is
-        due, or waits for the one in flight (``_admit``). ``what`` prefixes the final error's reason."""
+        """``attempt(context)`` under the retry rule (``Attempts``) until it succeeds or the rule gives up. A
+        request that finds the origin in an outage fails at once, or sends the probe that is due, or waits
+        for the one in flight (``_admit``). ``what`` prefixes the final error's reason."""
         self._admit(offset, what)
-        try:
-            return self._retrying(attempt, read, offset, what, self.outage())
-        except TimedOut as exc:
-            raise self.ran_out(read, exc.reason.removeprefix(what), what) from None
+        attempts = Attempts(self, read, offset, what)
+        while True:
+            one = attempts.next()
+            try:
+                result = attempt(one)
+                read.answered_at = one.answered_at
+                return result
+            except DECIDED as exc:
+                attempts.failed(exc)
 
     def ran_out(self, read: ReadContext, reason: str, what: str = "") -> SourceUnavailable:
         """A request (or a reader waiting for another's fetch of its bytes) reached its deadline without its
@@ -202,68 +241,6 @@ class OriginClient:
                                  f"came from it for --timeout {timeout:g} s, since {found} UTC): its reads fail at "
                                  f"once until it answers again")
 
-    def _retrying(self, attempt: Callable[[ReadContext], T], read: ReadContext, offset: int | None, what: str,
-                  outage: Outage) -> T:
-        source, options = self.range, self.range.options
-        tries = 0
-        started = time.monotonic()
-        before: Retryable | None = None  # the failure before the last, for the final message
-        max_retries = options.max_retries
-        if read.fallback:
-            max_retries = 1 if max_retries is None else min(1, max_retries)
-        if read.once:  # a stored copy waits behind this request (``RemoteOptions.open_once``)
-            max_retries = 0
-        while True:
-            bound = outage.bound(read.deadline, options.timeout)
-            if time.monotonic() >= bound:
-                raise self.timeout_error(offset, what, tries)
-            try:
-                one = read.bounded(bound, lambda deadline: outage.bound(deadline, options.timeout))
-                result = attempt(one)
-                read.answered_at = one.answered_at
-                return result
-            except Retryable as exc:
-                tries += 1
-                if exc.throttled:
-                    self.origin_limit().throttled()
-                left = bound - time.monotonic()
-                if exc.retry_after is not None:
-                    delay, too_late = exc.retry_after, exc.retry_after >= left  # not before the server's time
-                else:
-                    delay = min(backoff_delay(tries), max(0.0, left - MIN_ATTEMPT_SECONDS))
-                    too_late = left <= MIN_ATTEMPT_SECONDS
-                give_up = (exc.deadline or too_late or (max_retries is not None and tries > max_retries)
-                           or (read.fallback and exc.timeout))
-                source.options.counters.request(source.scheme, "timeout" if exc.timeout else ("error" if give_up else "retry"),
-                                 retried=not give_up)
-                if give_up:
-                    raise self._given_up(exc, before, offset, what, tries, started, too_late) from None
-                log.debug("%s @ %s: %s; retrying in %.2f s", source.name, offset, exc, delay)
-                before = exc
-                time.sleep(delay)
-            except Changed as exc:
-                source.options.counters.request(source.scheme, "error")
-                raise CheckpointError(source.name, offset, f"changed since it was opened: {exc}") from None
-
-    def _given_up(self, exc: Retryable, before: Retryable | None, offset: int | None, what: str, tries: int,
-                  started: float, too_late: bool) -> SourceUnavailable:
-        """The error of a request given up after ``tries`` attempts, the last failing with ``exc``;
-        ``too_late``: no time was left in the deadline for another."""
-        timeout = self.range.options.timeout
-        count = f"{tries} attempt{'s' if tries > 1 else ''}"
-        if exc.deadline:  # the last attempt itself was cut short by the deadline
-            return self.timeout_error(offset, what, tries, exc, before)
-        spent = time.monotonic() - started
-        if too_late and exc.retry_after is not None:  # no use waiting for the server's time
-            why = (f"; the server asks to retry in {exc.retry_after:g} s, past the read's deadline "
-                   f"(--timeout {timeout:g} s)")
-        elif too_late:
-            why = f" ({count} in {spent:.1f} s, until the read's deadline: --timeout {timeout:g} s)"
-            return TimedOut(self.range.name, offset, f"{what}{exc}{why}")
-        else:
-            why = f" (gave up after {count} in {spent:.1f} s)"
-        return SourceUnavailable(self.range.name, offset, f"{what}{exc}{why}")
-
     def timeout_error(self, offset: int | None, what: str = "", tries: int = 0, last: Retryable | None = None,
                       before: Retryable | None = None) -> TimedOut:
         """The read's deadline (``--timeout``) passed: say so, with the number, and what the last attempt
@@ -277,3 +254,99 @@ class OriginClient:
             detail += f"; the one before: {before}"
         return TimedOut(self.range.name, offset, f"{what}read timed out (--timeout {self.range.options.timeout:g} s"
                                                   f"{detail})")
+
+
+class Attempts:
+    """The retry rule of one request (see the module docstring) as the state of its loop: ``next()`` is the
+    next attempt's context, ``failed(exc)`` decides after an attempt failed with one of ``DECIDED``: it
+    returns when another attempt is due (having waited the backoff, if any) and raises what the request ends
+    with otherwise. Each attempt is bounded by the read's deadline or, while the origin is in an outage, the
+    outage's end of patience; a deadline that runs out starts an outage (``OriginClient.ran_out``)."""
+
+    def __init__(self, client: OriginClient, read: ReadContext, offset: int | None, what: str = ""):
+        self.client, self.read, self.offset, self.what = client, read, offset, what
+        self.outage = client.outage()
+        self.options = client.range.options
+        self.tries = 0
+        self.started = time.monotonic()
+        self.before: Retryable | None = None  # the failure before the last, for the final message
+        self.odd: OddAnswer | None = None     # a first odd answer, asked again on a fresh connection
+        self.relocated = False
+        self.bound = read.deadline
+        max_retries = self.options.max_retries
+        if read.fallback:
+            max_retries = 1 if max_retries is None else min(1, max_retries)
+        if read.once:  # a stored copy waits behind this request (``RemoteOptions.open_once``)
+            max_retries = 0
+        self.max_retries = max_retries
+
+    def next(self) -> ReadContext:
+        """The next attempt's context: on a connection of its own after an odd answer."""
+        timeout = self.options.timeout
+        self.bound = self.outage.bound(self.read.deadline, timeout)
+        if time.monotonic() >= self.bound:
+            raise self._ran_out(self.client.timeout_error(self.offset, self.what, self.tries))
+        one = self.read.bounded(self.bound, lambda deadline: self.outage.bound(deadline, timeout))
+        return dataclasses.replace(one, fresh=True) if self.odd is not None else one
+
+    def failed(self, exc: Exception) -> None:
+        """After an attempt failed with ``exc`` (one of ``DECIDED``): return to ask again, or raise."""
+        source = self.client.range
+        if isinstance(exc, OddAnswer):
+            if self.odd is None:  # asked again at once, on a fresh connection
+                self.odd = exc
+                return
+            first, self.odd = self.odd, None
+            exc = asked_again(first, exc)
+            if not isinstance(exc, (Retryable, Changed)):
+                raise exc
+        if isinstance(exc, Relocated):  # asked again at once at the URL itself, once
+            if self.relocated:
+                raise exc.cause
+            self.relocated, self.odd = True, None
+            return
+        if isinstance(exc, Changed):
+            source.options.counters.request(source.scheme, "error")
+            raise CheckpointError(source.name, self.offset, f"changed since it was opened: {exc}") from None
+        assert isinstance(exc, Retryable)
+        self.odd = None
+        self.tries += 1
+        if exc.throttled:
+            self.client.origin_limit().throttled()
+        left = self.bound - time.monotonic()
+        if exc.retry_after is not None:
+            delay, too_late = exc.retry_after, exc.retry_after >= left  # not before the server's time
+        else:
+            delay = min(backoff_delay(self.tries), max(0.0, left - MIN_ATTEMPT_SECONDS))
+            too_late = left <= MIN_ATTEMPT_SECONDS
+        give_up = (exc.deadline or too_late or (self.max_retries is not None and self.tries > self.max_retries)
+                   or (self.read.fallback and exc.timeout))
+        source.options.counters.request(source.scheme, "timeout" if exc.timeout else ("error" if give_up else "retry"),
+                                        retried=not give_up)
+        if give_up:
+            raise self._given_up(exc, too_late) from None
+        log.debug("%s @ %s: %s; retrying in %.2f s", source.name, self.offset, exc, delay)
+        self.before = exc
+        time.sleep(delay)
+
+    def _given_up(self, exc: Retryable, too_late: bool) -> SourceUnavailable:
+        """The error of a request given up after ``tries`` attempts, the last failing with ``exc``;
+        ``too_late``: no time was left in the deadline for another."""
+        what, tries, timeout = self.what, self.tries, self.options.timeout
+        count = f"{tries} attempt{'s' if tries > 1 else ''}"
+        if exc.deadline:  # the last attempt itself was cut short by the deadline
+            return self._ran_out(self.client.timeout_error(self.offset, what, tries, exc, self.before))
+        spent = time.monotonic() - self.started
+        if too_late and exc.retry_after is not None:  # no use waiting for the server's time
+            why = (f"; the server asks to retry in {exc.retry_after:g} s, past the read's deadline "
+                   f"(--timeout {timeout:g} s)")
+        elif too_late:
+            why = f" ({count} in {spent:.1f} s, until the read's deadline: --timeout {timeout:g} s)"
+            return self._ran_out(TimedOut(self.client.range.name, self.offset, f"{what}{exc}{why}"))
+        else:
+            why = f" (gave up after {count} in {spent:.1f} s)"
+        return SourceUnavailable(self.client.range.name, self.offset, f"{what}{exc}{why}")
+
+    def _ran_out(self, exc: TimedOut) -> SourceUnavailable:
+        """The read's deadline ran out: the outage rule's error (``OriginClient.ran_out``)."""
+        return self.client.ran_out(self.read, exc.reason.removeprefix(self.what), self.what)

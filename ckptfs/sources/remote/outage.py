@@ -126,14 +126,10 @@ class Outage:
             probe.set()
 
 
-_registry_lock = threading.Lock()
-
-
 def outage_for(registry: dict[str, Outage], origin: str, origins: Origins) -> Outage:
     """The state of ``origin`` in ``registry`` (one per ``ckptfs.open`` or mount: ``RemoteOptions.outages``),
     shared by every source it serves there; it counts in the origin's tally in ``origins`` (the runtime's)."""
     found = registry.get(origin)
-    if found is None:
-        with _registry_lock:
-            found = registry.setdefault(origin, Outage(tally=origins.tally(origin)))
+    if found is None:  # two first uses at once: setdefault keeps one (a dict's own operation is atomic)
+        found = registry.setdefault(origin, Outage(tally=origins.tally(origin)))
     return found

@@ -12,7 +12,7 @@ against what was asked: its ``Content-Range`` (the range, the object's size) and
 that cannot be the bytes asked for (a 412, another size, range or ETag, a whole object to a ranged GET) is
 not believed at once: one node behind the endpoint's load balancer, or a proxy, may be wrong while the
 object is not. Its body is dropped unread and the range asked again at once on a client of its own (a
-fresh connection, ``odd.asked_twice``); only a second answer wrong the same way decides. A body cut short
+fresh connection, by the retry rule, ``origin.Attempts``); only a second answer wrong the same way decides. A body cut short
 is retried like a reset, its connection closed. botocore's own retries are off:
 ``remote.origin.OriginClient`` retries (counted, with the read's deadline), and each socket wait is bounded
 by ``--stall-timeout``. A folder is listed with ``ListObjectsV2`` (one level, hidden names skipped).
@@ -45,7 +45,7 @@ from ckptfs.util.keyed import MadeOnce
 from ckptfs.sources.registry import register_scheme
 from ckptfs.sources.base import Folder
 from ckptfs.sources.remote.context import ReadContext
-from ckptfs.sources.remote.odd import OddAnswer, asked_twice, content_range
+from ckptfs.sources.remote.odd import OddAnswer, content_range
 from ckptfs.sources.remote.options import DEFAULT_OPTIONS, POOL_CONNECTIONS, RemoteOptions
 from ckptfs.sources.remote import curl
 from ckptfs.sources.remote.origin import Changed, Retryable, stalled
@@ -197,10 +197,6 @@ class S3Range:
     def origin(self) -> str:
         return f"s3://{_endpoint() or 'aws'}/{self.bucket}"  # S3 scales (and throttles) per bucket prefix
 
-    def fetch(self, start: int, end: int, read: ReadContext) -> bytes | list[bytes]:
-        """One attempt at bytes [start, end); an odd answer asked again at once on a client of its own."""
-        return asked_twice(lambda fresh: self._ranged_get(start, end, read, fresh))
-
     def call(self, what: str, offset: int | None, client: Any = None, **kwargs: Any) -> Any:
         """One GetObject/HeadObject (on ``client``, default the pooled one); failures mapped to Retryable /
         Changed / one-line CheckpointError."""
@@ -228,10 +224,12 @@ class S3Range:
                 botocore.exceptions.HTTPClientError) as exc:
             raise Retryable(f"connection failed: {exc}") from None
 
-    def _ranged_get(self, start: int, end: int, read: ReadContext, fresh: bool) -> bytes | list[bytes]:
-        """One ranged GetObject (``fresh``: on a connection of its own): exactly the bytes asked for, or an
-        OddAnswer for an answer that cannot be them (its body dropped unread, see the module docstring);
-        through libcurl where it carries them (``s3_curl``), else boto3."""
+    def fetch(self, start: int, end: int, read: ReadContext) -> bytes | list[bytes]:
+        """One attempt at bytes [start, end), a ranged GetObject (``read.fresh``: on a connection of its own,
+        after an odd answer): exactly the bytes asked for, or an OddAnswer for an answer that cannot be them
+        (its body dropped unread, see the module docstring); through libcurl where it carries them
+        (``s3_curl``), else boto3."""
+        fresh = read.fresh
         extra = {"IfMatch": self.validator} if self.validator else {}
         if self.target is None:
             self.target = S3Target.resolve(self._client, self.bucket, self.key) or False
@@ -256,7 +254,7 @@ class S3Range:
 
     def _native(self, target: S3Target, start: int, end: int, read: ReadContext, fresh: bool,
                 extra: dict[str, str]) -> list[bytes]:
-        """``_ranged_get`` through libcurl. An answer boto3 would read an error code from (its XML body), or
+        """``fetch``'s GetObject through libcurl. An answer boto3 would read an error code from (its XML body), or
         follow (a region's redirect), is asked once more through boto3, whose answer decides: the same
         one-line error as without libcurl."""
         def judge(status: int, reason: str, headers: Mapping[str, str]) -> None:

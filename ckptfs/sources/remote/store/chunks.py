@@ -115,43 +115,56 @@ CHUNK_WAIT_S = 8.0
 #: The shared tier's namespace of fetched chunks (the decoded groups' is ``redis_tier.GROUPS``).
 BYTES = Namespace("ckptfs:b1:", "ckptfs:bl1:", CHUNK_LEASE_MS, CHUNK_WAIT_S)
 
-_shared_tiers: dict[tuple[str, object, str | None], RedisTier | Literal[False]] = {}  # False: cannot be made
+class SharedChunkTiers:
+    """A runtime's Redis tiers of fetched chunks, one per server (or cluster) and key: the connections and
+    counters every remote source of the runtime that names that Redis shares."""
+
+    def __init__(self) -> None:
+        self._tiers: dict[tuple[str, object, str | None], RedisTier | Literal[False]] = {}  # False: cannot be made
+        self._lock = threading.Lock()
+
+    def tier(self, redis: str | None, redis_cluster: tuple[str, ...] = (),
+             key_file: str | None = None) -> RedisTier | None:
+        """The tier of fetched chunks for this Redis (or cluster) and key (see the module docstring), or None
+        when none is given or it cannot be made (logged once; the chunks are then fetched as without it)."""
+        if not redis and not redis_cluster:
+            return None
+        spec = ("cluster", tuple(redis_cluster), key_file) if redis_cluster else ("redis", redis, key_file)
+        with self._lock:
+            tier = self._tiers.get(spec)
+            if tier is None:
+                try:
+                    if redis_cluster:
+                        from ckptfs.cache.redis_cluster import RedisClusterTier
+
+                        tier = RedisClusterTier(tuple(redis_cluster), key_file=key_file, namespace=BYTES)
+                    else:
+                        from ckptfs.cache.redis_tier import RedisTier
+
+                        assert redis is not None  # one of the two is given
+                        tier = RedisTier(redis, key_file=key_file, namespace=BYTES)
+                except Exception as exc:  # noqa: BLE001 - a tier that cannot be made costs speed, not the read
+                    log.warning("fetched chunks not shared through %s: %s", "the Redis Cluster" if redis_cluster
+                                else "Redis", exc)
+                    tier = False
+                self._tiers[spec] = tier
+        return tier or None
+
+    def stats(self) -> dict[str, dict[str, Any]]:
+        """``{tier name: counters}`` of these tiers (``ckptfs stats``: ``chunk_*``)."""
+        with self._lock:
+            tiers = [tier for tier in self._tiers.values() if tier]
+        return {tier.name: tier.stats() for tier in tiers}
+
+    def in_child(self) -> SharedChunkTiers:
+        """In a forked child: the same tiers under a fresh lock (redis-py's connection pools make new
+        connections in a process other than the one that made theirs)."""
+        self._lock = threading.Lock()
+        return self
 
 
-def shared_tier(redis: str | None, redis_cluster: tuple[str, ...] = (),
-                key_file: str | None = None) -> RedisTier | None:
-    """The process's Redis tier of fetched chunks for this Redis (or cluster) and key (see the module
-    docstring), or None when none is given or it cannot be made (logged once; the chunks are then fetched
-    as without it)."""
-    if not redis and not redis_cluster:
-        return None
-    spec = ("cluster", tuple(redis_cluster), key_file) if redis_cluster else ("redis", redis, key_file)
-    with _stores_lock:
-        tier = _shared_tiers.get(spec)
-        if tier is None:
-            try:
-                if redis_cluster:
-                    from ckptfs.cache.redis_cluster import RedisClusterTier
-
-                    tier = RedisClusterTier(tuple(redis_cluster), key_file=key_file, namespace=BYTES)
-                else:
-                    from ckptfs.cache.redis_tier import RedisTier
-
-                    assert redis is not None  # one of the two is given
-                    tier = RedisTier(redis, key_file=key_file, namespace=BYTES)
-            except Exception as exc:  # noqa: BLE001 - a tier that cannot be made costs speed, not the read
-                log.warning("fetched chunks not shared through %s: %s", "the Redis Cluster" if redis_cluster
-                            else "Redis", exc)
-                tier = False
-            _shared_tiers[spec] = tier
-    return tier or None
-
-
-def shared_stats() -> dict[str, dict[str, Any]]:
-    """``{tier name: counters}`` of this process's shared chunk tiers (``ckptfs stats``: ``chunk_*``)."""
-    with _stores_lock:
-        tiers = [tier for tier in _shared_tiers.values() if tier]
-    return {tier.name: tier.stats() for tier in tiers}
+#: A runtime's Redis tiers of fetched chunks (``RemoteOptions.chunk_cache``, ``ckptfs stats``).
+SHARED_CHUNK_TIERS = Part("shared tiers of fetched chunks", SharedChunkTiers, SharedChunkTiers.in_child)
 
 
 def _fresh_locks_in_child() -> None:
