@@ -27,7 +27,7 @@ from ckptfs.core.reads import NOTHING_SAID, ReadScope
 from ckptfs.engine import batch
 from ckptfs.engine.decode import decode_blocks
 from ckptfs.engine.parallel import spread
-from ckptfs.engine.values import BytePart, TensorValues
+from ckptfs.engine.values import TensorValues
 from ckptfs.util.procinfo import cores
 from ckptfs.quant import Codec
 from ckptfs.sources import ByteSource, SourcePool
@@ -57,15 +57,6 @@ def group_slices(group: Callable[[int], np.ndarray], group_elements: int, e0: in
     shorter) covering them, ``group(g)`` giving group ``g``'s values."""
     return [group(g)[max(e0 - g * group_elements, 0): e1 - g * group_elements]
             for g in range(e0 // group_elements, (e1 - 1) // group_elements + 1)]
-
-
-def byte_views(segments: list[np.ndarray], itemsize: int, e0: int, e1: int, d0: int, d1: int) -> list[BytePart]:
-    """Bytes [d0, d1) of values whose elements [e0, e1) are ``segments`` (in order), as memoryviews."""
-    views: list[BytePart] = [segment.view(np.uint8).data for segment in segments]
-    skip, tail = d0 - e0 * itemsize, e1 * itemsize - d1
-    views[0] = views[0][skip:]
-    views[-1] = views[-1][:len(views[-1]) - tail]
-    return views
 
 
 def covering_groups(d0: int, d1: int, group_bytes: int, end: int) -> tuple[list[int], list[tuple[int, int, int]]]:
@@ -181,23 +172,6 @@ class TensorData(TensorValues):
             return self._decode_uncached(b0, b1, scope)[e0 - b0 * be: e1 - b0 * be]
         segments = self._group_segments(e0, e1, scope)
         return segments[0] if len(segments) == 1 else np.concatenate(segments)
-
-    def byte_segments(self, d0: int, d1: int, *, scope: ReadScope = NOTHING_SAID) -> list[BytePart]:
-        """Bytes [d0, d1) of the served values (C order, ``self.dtype``) as buffers whose concatenation is
-        the range, without copying: slices of cached groups, or for a direct type the source bytes
-        themselves. A FUSE read joins them once (``b"".join``) instead of concatenating the values and then
-        copying them out again (``.npy`` streams spend a third of their time in such copies)."""
-        item = self.dtype.itemsize
-        e0, e1 = max(0, d0) // item, min(-(-d1 // item), self.n_elements)
-        if e1 <= e0:
-            return []
-        be = self.info.block_elements
-        b0, b1 = self.present_blocks(e0, e1)
-        if self.direct:
-            raw = self._pread_blocks(b0, b1, scope)
-            skip = d0 - b0 * be * item
-            return [raw] if skip == 0 and len(raw) == d1 - d0 else [memoryview(raw)[skip: skip + d1 - d0]]
-        return byte_views(self._group_segments(e0, e1, scope), item, e0, e1, d0, d1)
 
     def bytes_into(self, d0: int, target: np.ndarray, keep: bool = True, *, scope: ReadScope = NOTHING_SAID) -> None:
         """Bytes [d0, d0 + len(target)) of the served values (within the tensor) written into ``target`` (a

@@ -104,13 +104,10 @@ class TensorValues(Protocol):
         """Elements [e0, e1) of the flattened values; ``use_cache=False`` for whole-tensor reads."""
 
     @abstractmethod
-    def byte_segments(self, d0: int, d1: int, *, scope: ReadScope = NOTHING_SAID) -> list[BytePart]:
-        """Bytes [d0, d1) of the values as buffers (zero-copy slices of cached groups)."""
-
-    @abstractmethod
     def bytes_into(self, d0: int, target: np.ndarray, keep: bool = True, *, scope: ReadScope = NOTHING_SAID) -> None:
         """Bytes [d0, d0 + len(target)) of the values written into ``target`` (a writable uint8 array: a
-        mount's reply buffer), each byte once: the groups the range covers whole decoded straight there
+        mount's reply buffer), each byte once: the one way to fill a range of the served bytes (a view's
+        reads, whatever their caller, come here); the groups the range covers whole decoded straight there
         (``TieredCache.fill_into``; with ``keep`` a copy of each is cached), the parts of the groups its ends
         cut sliced from the cache or decoded there without it."""
 

@@ -1,10 +1,12 @@
-"""Files as byte ranges: every file a mount serves is a View with an exact ``size`` and ``read``.
+"""Files as byte ranges: every file a mount serves is a View with an exact ``size`` and one way to fill a
+range of it, ``read_into``.
 
-``read(offset, size)`` returns exactly ``min(size, self.size - offset)`` bytes (short only at end of file:
-in cached FUSE mode a short read is taken as end-of-file and would shrink the file), or raises
-``CheckpointError`` when the bytes it needs are missing. Views know nothing of FUSE; the same objects back
-the Python API's tests and the mount. Every read takes the caller's ``scope`` (``ckptfs.core.reads``: a
-mount's deadline, a stream its decode-ahead decides) and hands it to the byte sources it reads.
+``read_into(offset, target)`` writes exactly ``min(len(target), self.size - offset)`` bytes into ``target``
+(short only at end of file: in cached FUSE mode a short read is taken as end-of-file and would shrink the
+file) and returns that number, or raises ``CheckpointError`` when the bytes it needs are missing; ``read``
+is the same into a buffer of its own. Views know nothing of FUSE; the same objects back the Python API's
+tests and the mount. Every read takes the caller's ``scope`` (``ckptfs.core.reads``: a mount's deadline, a
+stream its decode-ahead decides) and hands it to the byte sources it reads.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import numpy as np
 
 from ckptfs.ahead.decode import NOTHING_AHEAD, Ahead
 from ckptfs.engine.blocks import TensorData
-from ckptfs.engine.values import BytePart, ComputedSegment, TensorValues
+from ckptfs.engine.values import ComputedSegment, TensorValues
 from ckptfs.core.descriptors import TensorInfo
 from ckptfs.core.errors import CheckpointError
 from ckptfs.core.reads import NOTHING_SAID, ReadScope
@@ -38,29 +40,21 @@ class View:
     #: the mount's read-ahead then only advises (``ckptfs.ahead.decode``).
     decodes_into_reply = False
 
-    def read(self, offset: int, size: int, *, scope: ReadScope = NOTHING_SAID) -> bytes:  # pragma: no cover - interface
+    def read(self, offset: int, size: int, *, scope: ReadScope = NOTHING_SAID) -> bytes:
+        """Bytes [offset, offset + size) (fewer only at the end of the file): ``read_into`` a buffer of its
+        own, for a caller that wants the bytes (copying a file out, a library read)."""
+        offset, size = self._clip(offset, size)
+        buf = bytearray(size)
+        done = self.read_into(offset, memoryview(buf), scope=scope) if size else 0
+        return bytes(memoryview(buf)[:done])
+
+    def read_into(self, offset: int, target: memoryview, keep: bool = True, *,
+                  scope: ReadScope = NOTHING_SAID) -> int:  # pragma: no cover - interface
+        """Bytes [offset, offset + len(target)) written into ``target`` (a writable byte buffer: the mount's
+        reads fill libfuse's own buffer), each byte once; the number written. ``keep=False``: what is decoded
+        for this read need not stay in the block cache (a sequential stream's bytes stay in the kernel's page
+        cache; the groups its next read shares are kept anyway)."""
         raise NotImplementedError
-
-    def read_parts(self, offset: int, size: int, *, scope: ReadScope = NOTHING_SAID) -> list[BytePart]:
-        """What ``read`` returns, as a list of buffers whose concatenation it is. A consumer that copies the
-        bytes somewhere anyway (the FUSE binding, into libfuse's buffer) copies the parts there and saves
-        the join; views whose bytes come in pieces (``.npy``: header and cached groups) override it."""
-        data = self.read(offset, size, scope=scope)
-        return [data] if data else []
-
-    def read_into(self, offset: int, target: memoryview, keep: bool = True, *, scope: ReadScope = NOTHING_SAID) -> int:
-        """What ``read(offset, len(target))`` returns, written into ``target`` (a writable byte buffer: the
-        mount's reads fill libfuse's own buffer); the number of bytes written. Each part is copied once.
-        ``keep=False``: what is decoded for this read need not stay in the block cache (a sequential
-        stream's bytes stay in the kernel's page cache; the groups its next read shares are kept anyway)."""
-        done = 0
-        for part in self.read_parts(offset, len(target), scope=scope):
-            if not isinstance(part, bytes):
-                part = memoryview(part).cast("B")
-            n = len(part)
-            target[done:done + n] = part
-            done += n
-        return done
 
     def ahead(self, start: int, stop: int) -> Ahead:
         """What bytes [start, stop) of this file will need: see :class:`Ahead`."""
@@ -114,9 +108,10 @@ class BytesView(View):
     def size(self) -> int:  # type: ignore[override]  # View.size is set at construction; here: once built
         return len(self.data)
 
-    def read(self, offset: int, size: int, *, scope: ReadScope = NOTHING_SAID) -> bytes:
-        offset, size = self._clip(offset, size)
-        return self.data[offset: offset + size]
+    def read_into(self, offset: int, target: memoryview, keep: bool = True, *, scope: ReadScope = NOTHING_SAID) -> int:
+        offset, size = self._clip(offset, len(target))
+        target[:size] = self.data[offset: offset + size]
+        return size
 
 
 class RawView(View):
@@ -135,22 +130,13 @@ class RawView(View):
     def plain_segments(self) -> list[tuple[int, int, object, int]] | None:
         return [(0, self.size, self._sources.get(self.info.source), self.info.offset)]
 
-    def read(self, offset: int, size: int, *, scope: ReadScope = NOTHING_SAID) -> bytes:
-        offset, size = self._clip(offset, size)
-        if size == 0:
-            return b""
-        try:
-            return self._sources.get(self.info.source).pread(self.info.offset + offset, size, scope=scope)
-        except CheckpointError as exc:
-            # the source only knows byte ranges; the one log line of a failed read must say which tensor
-            raise exc.about_tensor(self.info.name) from None
-
     def read_into(self, offset: int, target: memoryview, keep: bool = True, *, scope: ReadScope = NOTHING_SAID) -> int:
         offset, size = self._clip(offset, len(target))
         if size:
             try:
                 self._sources.get(self.info.source).pread_into(self.info.offset + offset, target[:size], scope=scope)
             except CheckpointError as exc:
+                # the source only knows byte ranges; the one log line of a failed read must say which tensor
                 raise exc.about_tensor(self.info.name) from None
         return size
 
@@ -172,10 +158,6 @@ class FileView(View):
     def plain_segments(self) -> list[tuple[int, int, object, int]] | None:
         return [(0, self.size, self._sources.get(self.path), 0)]
 
-    def read(self, offset: int, size: int, *, scope: ReadScope = NOTHING_SAID) -> bytes:
-        offset, size = self._clip(offset, size)
-        return self._sources.get(self.path).pread(offset, size, scope=scope) if size else b""
-
     def read_into(self, offset: int, target: memoryview, keep: bool = True, *, scope: ReadScope = NOTHING_SAID) -> int:
         offset, size = self._clip(offset, len(target))
         if size:
@@ -184,24 +166,10 @@ class FileView(View):
 
 
 class HeaderBodyView(View):
-    """A file made of a header held in memory and a body produced on demand as buffers: ``body_segments(d0,
-    d1, scope)`` gives the body's bytes [d0, d1) without copying them (a .npy, a virtual safetensors or GGUF
-    file). A read joins them once; a mount read copies them into libfuse's buffer (``read_parts``)."""
+    """A file made of a header held in memory and a body whose bytes ``body_into`` writes where they are asked
+    for (a .npy, a virtual safetensors or GGUF file)."""
 
     header: bytes
-
-    def body_segments(self, d0: int, d1: int, scope: ReadScope = NOTHING_SAID) -> list[BytePart]:  # pragma: no cover
-        raise NotImplementedError
-
-    def read(self, offset: int, size: int, *, scope: ReadScope = NOTHING_SAID) -> bytes:
-        offset, size = self._clip(offset, size)
-        body = functools.partial(self.body_segments, scope=scope)
-        return header_and_body(self.header, offset, offset + size, body) if size else b""
-
-    def read_parts(self, offset: int, size: int, *, scope: ReadScope = NOTHING_SAID) -> list[BytePart]:
-        offset, size = self._clip(offset, size)
-        body = functools.partial(self.body_segments, scope=scope)
-        return header_and_parts(self.header, offset, offset + size, body) if size else []
 
     def read_into(self, offset: int, target: memoryview, keep: bool = True, *, scope: ReadScope = NOTHING_SAID) -> int:
         """The header's part copied, the body's written by ``body_into`` (each byte once)."""
@@ -214,15 +182,11 @@ class HeaderBodyView(View):
             self.body_into(offset + done - hlen, np.frombuffer(target, np.uint8, size - done, done), keep, scope)
         return size
 
-    def body_into(self, d0: int, target: np.ndarray, keep: bool = True, scope: ReadScope = NOTHING_SAID) -> None:
-        """Body bytes [d0, d0 + len(target)) written into ``target`` (uint8); this default copies the parts
-        of ``body_segments``; a view that can decode straight into place overrides it (``keep``: see
+    def body_into(self, d0: int, target: np.ndarray, keep: bool = True,
+                  scope: ReadScope = NOTHING_SAID) -> None:  # pragma: no cover - interface
+        """Body bytes [d0, d0 + len(target)) written into ``target`` (uint8; ``keep``: see
         ``View.read_into``)."""
-        done = 0
-        for part in self.body_segments(d0, d0 + len(target), scope):
-            values = np.frombuffer(part, np.uint8)
-            target[done: done + len(values)] = values
-            done += len(values)
+        raise NotImplementedError
 
 
 class NpyView(HeaderBodyView):
@@ -259,9 +223,6 @@ class NpyView(HeaderBodyView):
                      for g in range(data.group_of_element(e0), data.group_of_element(e1 - 1) + 1))
         return Ahead(advise, jobs)
 
-    def body_segments(self, d0: int, d1: int, scope: ReadScope = NOTHING_SAID) -> list[BytePart]:
-        return self.data.byte_segments(d0, d1, scope=scope)
-
     def plain_segments(self) -> list[tuple[int, int, object, int]] | None:
         """A type served as its stored bytes (``direct``: F32, F16, ... little-endian): the header, then the
         tensor's bytes in its source, as they are; values computed from codes (``computed_codes``): the
@@ -278,23 +239,3 @@ class NpyView(HeaderBodyView):
         """The values decoded straight into the reply (``TensorValues.bytes_into``: a stored tensor's block
         groups, a packed view's tiles of rows)."""
         self.data.bytes_into(d0, target, keep, scope=scope)
-
-
-def header_and_parts(header: bytes, offset: int, end: int,
-                     body: Callable[[int, int], list[BytePart]]) -> list[BytePart]:
-    """Bytes [offset, end) of a file that is ``header`` then a body whose bytes [d0, d1) ``body(d0, d1)`` gives
-    as buffers (a .npy, a virtual safetensors file), as those buffers: no copy."""
-    hlen = len(header)
-    parts: list[BytePart] = []
-    if offset < hlen:
-        parts.append(header[offset: min(end, hlen)])
-    if end > hlen:
-        parts += body(max(offset, hlen) - hlen, end - hlen)
-    return parts
-
-
-def header_and_body(header: bytes, offset: int, end: int, body: Callable[[int, int], list[BytePart]]) -> bytes:
-    """The same bytes (see :func:`header_and_parts`) joined: one copy into the answer; none when the answer
-    already is one bytes object (a type served as its stored bytes)."""
-    parts = header_and_parts(header, offset, end, body)
-    return parts[0] if len(parts) == 1 and isinstance(parts[0], bytes) else b"".join(parts)

@@ -16,6 +16,8 @@ import bisect
 import struct
 from dataclasses import dataclass
 
+import numpy as np
+
 from ckptfs.checkpoint.api import Checkpoint
 from ckptfs.core.descriptors import TensorInfo
 from ckptfs.core.reads import NOTHING_SAID, ReadScope
@@ -23,7 +25,6 @@ from ckptfs.formats._prefix import FilePrefix
 from ckptfs.formats.gguf import ALIGNMENT_KEY, DEFAULT_ALIGNMENT, GGML_TYPE_NAMES, MAGIC
 from ckptfs.formats.gguf_values import ValueWalker
 from ckptfs.engine.views import HeaderBodyView
-from ckptfs.engine.values import BytePart
 from ckptfs.sources import ByteSource
 
 SPLIT_PREFIX = "split."
@@ -122,26 +123,24 @@ class MergedGgufView(HeaderBodyView):
             segments.append((pos, self.size - pos, None, 0))
         return segments
 
-    def body_segments(self, d0: int, d1: int, scope: ReadScope = NOTHING_SAID) -> list[BytePart]:
-        """Bytes [d0, d1) after the header: each tensor's stored bytes, zeros between them."""
+    def body_into(self, d0: int, target: np.ndarray, keep: bool = True, scope: ReadScope = NOTHING_SAID) -> None:
+        """Bytes [d0, d0 + len(target)) after the header: each tensor's stored bytes, zeros between them."""
         hlen = len(self.header)
-        pos, end = d0 + hlen, d1 + hlen
-        parts: list[BytePart] = []
+        pos, end = d0 + hlen, d0 + len(target) + hlen
         i = max(0, bisect.bisect_right(self._starts, pos) - 1)
         while pos < end:
             piece = self.pieces[i] if i < len(self.pieces) else None
             if piece is None or pos < piece.start:  # padding before the next tensor (or after the last)
                 stop = min(end, piece.start if piece is not None else end)
-                parts.append(bytes(stop - pos))
+                target[pos - hlen - d0: stop - hlen - d0] = 0
                 pos = stop
                 continue
             info = piece.info
             data_end = piece.start + info.stored_nbytes
             if pos < data_end:
                 stop = min(end, data_end)
-                parts.append(self._sources.get(info.source).pread(info.offset + pos - piece.start, stop - pos,
-                                                                  scope=scope))
+                self._sources.get(info.source).pread_into(info.offset + pos - piece.start,
+                                                          target[pos - hlen - d0: stop - hlen - d0].data, scope=scope)
                 pos = stop
             i += 1
-        return parts
 

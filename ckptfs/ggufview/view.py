@@ -17,7 +17,6 @@ import numpy as np
 from ckptfs.checkpoint.api import Checkpoint
 from ckptfs.core.descriptors import TensorInfo
 from ckptfs.core.reads import NOTHING_SAID, ReadScope
-from ckptfs.engine.values import BytePart
 from ckptfs.engine.views import HeaderBodyView
 from ckptfs.ggufview import Unsupported
 from ckptfs.ggufview.archs import architecture_of
@@ -95,25 +94,24 @@ class VirtualGgufView(HeaderBodyView):
                 return plan, start
         raise KeyError(name)
 
-    def body_segments(self, d0: int, d1: int, scope: ReadScope = NOTHING_SAID) -> list[BytePart]:
-        """Bytes [d0, d1) after the header: each tensor's rows converted, zeros between tensors."""
+    def body_into(self, d0: int, target: np.ndarray, keep: bool = True, scope: ReadScope = NOTHING_SAID) -> None:
+        """Bytes [d0, d0 + len(target)) after the header: each tensor's rows converted, zeros between tensors."""
         hlen = len(self.header)
-        pos, end = d0 + hlen, d1 + hlen
-        parts: list[BytePart] = []
+        pos, end = d0 + hlen, d0 + len(target) + hlen
         i = max(0, bisect.bisect_right(self._starts, pos) - 1)
         while pos < end:
             if i >= len(self.plans) or pos < self._starts[i]:
                 stop = min(end, self._starts[i] if i < len(self.plans) else end)
-                parts.append(bytes(stop - pos))
+                target[pos - hlen - d0: stop - hlen - d0] = 0
                 pos = stop
                 continue
             plan, start = self.plans[i], self._starts[i]
             if pos < start + plan.nbytes:
                 stop = min(end, start + plan.nbytes)
-                parts.append(self._tensor_bytes(plan, pos - start, stop - start, scope))
+                target[pos - hlen - d0: stop - hlen - d0] = np.frombuffer(
+                    self._tensor_bytes(plan, pos - start, stop - start, scope), np.uint8)
                 pos = stop
             i += 1
-        return parts
 
     def _tensor_bytes(self, plan: TensorPlan, b0: int, b1: int, scope: ReadScope) -> bytes:
         """Bytes [b0, b1) of one converted tensor."""

@@ -175,25 +175,10 @@ class ParamData:
         if self._key(g) not in self._cache:
             self._served_group(g, scope)
 
-    def segments(self, b0: int, b1: int, *, scope: ReadScope = NOTHING_SAID) -> list:
-        """Bytes [b0, b1) of the served values, as buffers to join (slices of cached groups)."""
-        b0, b1 = max(0, b0), min(b1, self.nbytes)
-        if b1 <= b0:
-            return []
-        if self.stored:
-            return [self._stored_source().pread(self._offset + b0, b1 - b0, scope=scope)]
-        if self.passthrough:
-            return self.data.byte_segments(b0, b1, scope=scope)
-        parts = []
-        for g in range(b0 // self.group_bytes, (b1 - 1) // self.group_bytes + 1):
-            base = g * self.group_bytes
-            parts.append(self._served_group(g, scope).data[max(b0 - base, 0): b1 - base])
-        return parts
-
     def bytes_into(self, b0: int, target: np.ndarray, keep: bool = True, *, scope: ReadScope = NOTHING_SAID) -> None:
         """Bytes [b0, b0 + len(target)) of the served values written into ``target`` (uint8; a mount's reply
         buffer): served groups the range covers whole are built straight there, spread over the cores (with
-        ``keep`` a copy is cached), the groups its ends cut come from the cache (``segments``)."""
+        ``keep`` a copy is cached), the groups its ends cut come from the cache."""
         b1 = b0 + len(target)
         if self.stored:
             self._stored_source().pread_into(self._offset + b0, target.data, scope=scope)
@@ -292,12 +277,6 @@ class SafetensorsView(HeaderBodyView):
         while i < len(self.params) and self.starts[i] < d1:
             yield self.starts[i], self.params[i]
             i += 1
-
-    def body_segments(self, d0: int, d1: int, scope: ReadScope = NOTHING_SAID) -> list:
-        parts: list = []
-        for start, p in self._covering(d0, d1):
-            parts += p.segments(max(d0, start) - start, min(d1, start + p.nbytes) - start, scope=scope)
-        return parts
 
     def plain_segments(self) -> list[tuple[int, int, object, int]] | None:
         """The header, then each parameter's piece (``ParamData.plain_segment``), when every one has one: such

@@ -3,8 +3,8 @@
 :class:`PackedTensor` is what ``checkpoint.tensors`` and ``checkpoint[PREFIX + ".weight"]`` hold for a view:
 a ``ckptfs.Tensor`` (indexing, ``numpy()``, pickling, ``to_torch``) marked ``virtual`` (the mount gives it
 ``.npy`` and ``.meta.json``, no ``.raw``). Its :class:`PackedData` offers what ``NpyView`` and the read-ahead
-use from a ``TensorData``: ``read``, ``byte_segments``, ``bytes_into`` (a mount's reads: decoded straight
-into the reply), and groups (here: tiles of rows) to decode ahead.
+use from a ``TensorData``: ``read`` (values) and ``bytes_into`` (a range of the served bytes: a mount's reads,
+decoded straight into the reply), and groups (here: tiles of rows) to decode ahead.
 
 A tile is ``rows_per_tile`` whole rows of the weight (about ``TILE_TARGET_BYTES`` of output), so a read
 decodes only the tiles its bytes cover. Tiles go to the checkpoint's cache like GGUF block groups; so do the
@@ -28,7 +28,7 @@ from ckptfs.checkpoint.api import Tensor
 from ckptfs.core.descriptors import TensorInfo
 from ckptfs.core.errors import CheckpointError
 from ckptfs.core.reads import NOTHING_SAID, ReadScope
-from ckptfs.engine.blocks import byte_views, covering_groups, group_slices, range_into, spread_runs
+from ckptfs.engine.blocks import covering_groups, group_slices, range_into, spread_runs
 from ckptfs.engine.decode import decode_parts
 from ckptfs.engine.values import CodeValues, TensorValues
 from ckptfs.engine.views import npy_header
@@ -205,14 +205,6 @@ class PackedData(TensorValues):
             stop = min(start + step, r1)
             self._decode(start, stop, out=out[(start - r0) * row:(stop - r0) * row], scope=scope)
         return out[e0 - r0 * row: e1 - r0 * row]
-
-    def byte_segments(self, d0: int, d1: int, *, scope: ReadScope = NOTHING_SAID) -> list:
-        """Bytes [d0, d1) of the values as zero-copy slices of the cached tiles (see ``TensorData``)."""
-        item = self.dtype.itemsize
-        e0, e1 = max(0, d0) // item, min(-(-d1 // item), self.n_elements)
-        if e1 <= e0:
-            return []
-        return byte_views(self._segments(e0, e1, scope), item, e0, e1, d0, d1)
 
     def bytes_into(self, d0: int, target: np.ndarray, keep: bool = True, *, scope: ReadScope = NOTHING_SAID) -> None:
         """Bytes [d0, d0 + len(target)) of the values written into ``target`` (a mount's reply buffer): the

@@ -70,9 +70,6 @@ class ListedFileView(View):
                     self._view = view
         return self._view
 
-    def read(self, offset: int, size: int, *, scope: ReadScope = NOTHING_SAID) -> bytes:
-        return self._opened().read(offset, size, scope=scope)
-
     def read_into(self, offset: int, target: memoryview, keep: bool = True, *, scope: ReadScope = NOTHING_SAID) -> int:
         return self._opened().read_into(offset, target, keep, scope=scope)
 
