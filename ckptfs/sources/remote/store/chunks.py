@@ -10,7 +10,7 @@ the bytes without a request, and its byte-range leases make the processes of one
 once. A store that fails costs speed, never a read: its errors are swallowed here (the store itself logs
 and counts them).
 
-The shared level (``shared_tier``): a Redis tier of the namespace ``BYTES`` (``ckptfs:b1:<digest>``, leases
+The shared level (``SharedChunkTiers.tier``): a Redis tier of the namespace ``BYTES`` (``ckptfs:b1:<digest>``, leases
 ``ckptfs:bl1:<digest>``; the decoded groups' entry format, checks and key, ``entry.py``, ``auth.py``), so a
 fleet mounting one remote checkpoint fetches each chunk from the origin once: a source asks it for a piece's
 chunks in one round trip, leases the missing ones in another, fetches only those it won and waits for the
@@ -181,7 +181,7 @@ after_fork_in_child(_fresh_locks_in_child)
 
 class ChunkCache:
     """Memory first, then the chunk store (``disk``, a ``ChunkStore`` when given); what is found in the store
-    is promoted to memory. ``redis`` (a ``shared_tier``, when given) is the level below both. The source
+    is promoted to memory. ``redis`` (a ``SharedChunkTiers.tier``, when given) is the level below both. The source
     asks the coordination level in batches (``lookup``, ``lease``, ``wait``, ``release``): the store's
     byte-range leases keep the processes of one machine to one fetch per chunk, the Redis tier's leases
     (when present) the machines of a fleet; what it answers is kept in memory and in the store, and what is
