@@ -30,7 +30,7 @@ import stat
 import threading
 from pathlib import Path
 
-from ckptfs.util.forks import after_fork_in_child
+from ckptfs.core.runtime import Part, runtime
 
 KEY_NAME = ".key"          # a cache folder's own key file
 KEY_BYTES = 32             # of a key ckptfs makes
@@ -39,8 +39,23 @@ MAX_KEY_BYTES = 4096
 DIR_MODE = 0o700
 FILE_MODE = 0o600
 
-_keys: dict[tuple[str, str | None], bytes] = {}
-_keys_lock = threading.Lock()
+
+class KeysRead:
+    """The cache keys a runtime has read, by folder and key file: each read (and its folder and file checked)
+    once per process."""
+
+    def __init__(self) -> None:
+        self.by_folder: dict[tuple[str, str | None], bytes] = {}
+        self.lock = threading.Lock()
+
+    def in_child(self) -> KeysRead:
+        """In a forked child: the same keys, under a fresh lock (a parent's thread may have held it)."""
+        self.lock = threading.Lock()
+        return self
+
+
+#: A runtime's cache keys read (``folder_key``).
+KEYS_READ = Part("cache keys read", KeysRead, KeysRead.in_child)
 
 
 class CacheRefused(ValueError):
@@ -221,8 +236,9 @@ def folder_key(root: str | os.PathLike[str], key_file: str | os.PathLike[str] | 
     Read once per process; CacheRefused with one line when the folder or the key must not be trusted."""
     root = Path(os.path.abspath(root))
     name = (str(root), os.fspath(key_file) if key_file else None)
-    with _keys_lock:
-        key = _keys.get(name)
+    keys = runtime().get(KEYS_READ)
+    with keys.lock:
+        key = keys.by_folder.get(name)
         if key is not None:
             return key
         try:
@@ -238,13 +254,5 @@ def folder_key(root: str | os.PathLike[str], key_file: str | os.PathLike[str] | 
                 raise CacheRefused(f"cache dir {root} has no key file and cannot make one ({exc.strerror or exc}): "
                                    f"give --cache-key-file FILE, or a writable folder") from None
         key = read_key(key_file)
-        _keys[name] = key
+        keys.by_folder[name] = key
         return key
-
-
-def _fresh_lock_in_child() -> None:
-    global _keys_lock
-    _keys_lock = threading.Lock()
-
-
-after_fork_in_child(_fresh_lock_in_child)

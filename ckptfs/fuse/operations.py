@@ -41,7 +41,7 @@ from ckptfs.engine.views import NpyView, View
 from ckptfs.fuse.kernel import tune_connection, use_one_malloc_arena
 from ckptfs.fuse.counters import MountCounters, instrument_decoding
 from ckptfs.fuse.direct import DirectReads
-from ckptfs.fuse.errors import OncePerCause
+from ckptfs.util.once import OncePerCause
 from ckptfs.fuse.stats import service_stats
 
 log = logging.getLogger(__name__)

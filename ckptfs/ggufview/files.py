@@ -21,6 +21,7 @@ from contextlib import contextmanager
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from ckptfs.core.runtime import Part, runtime
 from ckptfs.ggufview import Unsupported
 from ckptfs.sources.local import link_roots, within
 from ckptfs.util.jsonutil import MAX_FILE_BYTES, JsonRefused, load_file
@@ -28,9 +29,24 @@ from ckptfs.util.jsonutil import MAX_FILE_BYTES, JsonRefused, load_file
 #: The files the tokenizer and metadata libraries read from a folder by path (by suffix).
 LIBRARY_SUFFIXES = (".json", ".model", ".txt", ".md", ".jinja")
 
-_lock = threading.Lock()
-_parsed: dict[tuple[str, int, int], Any] = {}
-_builds = 0
+class ParsedFiles:
+    """The library files a runtime has parsed, keyed by path, mtime and size (the values are shared: never
+    changed), kept while at least one build runs (``one_build``) and dropped when the last one ends."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.parsed: dict[tuple[str, int, int], Any] = {}
+        self.builds = 0
+
+    def in_child(self) -> ParsedFiles:
+        """In a forked child: the same, under a fresh lock (a fork from inside a build, as a mount forks its
+        daemon, ends that build in the child)."""
+        self.lock = threading.Lock()
+        return self
+
+
+#: A runtime's parsed library files (``read_json``).
+PARSED_FILES = Part("parsed library files", ParsedFiles, ParsedFiles.in_child)
 
 
 def read_json(path: Path, shown: str | None = None) -> Any:
@@ -44,32 +60,33 @@ def read_json(path: Path, shown: str | None = None) -> Any:
     if stat.S_ISDIR(st.st_mode):
         return None
     key = (str(path), st.st_mtime_ns, st.st_size)
-    with _lock:
-        if key in _parsed:
-            return _parsed[key]
+    files = runtime().get(PARSED_FILES)
+    with files.lock:
+        if key in files.parsed:
+            return files.parsed[key]
     try:
         value = load_file(path)
     except JsonRefused as exc:
         raise Unsupported(str(exc).replace(str(path), shown or path.name, 1)) from None
-    with _lock:
-        if _builds:
-            _parsed[key] = value
+    with files.lock:
+        if files.builds:
+            files.parsed[key] = value
     return value
 
 
 @contextmanager
 def one_build() -> Iterator[None]:
     """Parses are kept while at least one build runs, dropped when the last one ends."""
-    global _builds
-    with _lock:
-        _builds += 1
+    files = runtime().get(PARSED_FILES)
+    with files.lock:
+        files.builds += 1
     try:
         yield
     finally:
-        with _lock:
-            _builds -= 1
-            if not _builds:
-                _parsed.clear()
+        with files.lock:
+            files.builds -= 1
+            if not files.builds:
+                files.parsed.clear()
 
 
 def inside(folder: Path, relative: object) -> Path:

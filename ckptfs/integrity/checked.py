@@ -44,15 +44,14 @@ from ckptfs.core.errors import CheckpointError, IntegrityError
 from ckptfs.core.reads import NOTHING_SAID, ReadScope
 from ckptfs.sources.base import ByteSource
 from ckptfs.integrity.crc import crc32
-from ckptfs.integrity.manifest import (Manifest, TensorEntry, file_names, header_end, header_sha256, load_manifest,
-                                       warn_without_header_hashes)
+from ckptfs.core.runtime import runtime
+from ckptfs.integrity.manifest import (MANIFEST_WARNINGS, Manifest, TensorEntry, file_names, header_end, header_sha256,
+                                       load_manifest, warn_without_header_hashes)
 
 log = logging.getLogger(__name__)
 
 #: Reads of one request when the file's ctime keeps changing while it is read, before it is an error.
 RECHECKS = 3
-#: The manifests already said to leave a folder's other files unchecked (one warning per manifest and process).
-_warned_unlisted: set[str] = set()
 
 
 class ManifestCheck:
@@ -297,8 +296,7 @@ def _other_files(parsed: ParsedCheckpoint, manifest: Manifest, where: str) -> di
     names = file_names([*parsed.files, *others])
     listed = {f.name for f in manifest.files}
     unlisted = [names[path] for path in others if names[path] not in listed]
-    if unlisted and where not in _warned_unlisted:
-        _warned_unlisted.add(where)
+    if unlisted and runtime().get(MANIFEST_WARNINGS).first(("unlisted", where)):
         shown = unlisted[0] if len(unlisted) == 1 else f"{unlisted[0]} and {len(unlisted) - 1} more"
         log.warning("manifest %s does not list %s (written before manifests covered a folder's other files, or "
                     "added since): served unchecked; write it again with `ckptfs manifest` to check them",

@@ -32,8 +32,9 @@ from typing import Any
 
 from ckptfs.core.errors import CheckpointError
 from ckptfs.integrity.crc import crc32, crc32_combine
-from ckptfs.core.runtime import runtime
+from ckptfs.core.runtime import Part, runtime
 from ckptfs.workers.scheduler import WORKERS, Ordered
+from ckptfs.util.once import OncePerCause
 from ckptfs.util.redact import strip_url
 
 log = logging.getLogger(__name__)
@@ -131,16 +132,16 @@ def _file_json(f: FileEntry) -> dict[str, Any]:
     return item
 
 
-#: The manifests already said to lack header hashes (one warning per manifest and process).
-_warned: set[str] = set()
+#: A runtime's manifest warnings already said (one per manifest, kind and process): lacking header hashes
+#: here, leaving a folder's other files unchecked (``checked.py``).
+MANIFEST_WARNINGS = Part("manifest warnings said", OncePerCause, OncePerCause.in_child)
 
 
 def warn_without_header_hashes(manifest: Manifest, where: str) -> None:
     """Say once (per manifest and process) that ``manifest`` predates ``header_sha256``: the headers of its
     files (metadata, tensor places) are not compared, so a changed header goes unnoticed until ``verify``."""
     lacking = manifest.lacks_header_hashes()
-    if lacking and where not in _warned:
-        _warned.add(where)
+    if lacking and runtime().get(MANIFEST_WARNINGS).first(("no header hashes", where)):
         log.warning("manifest %s has no header_sha256 for %s (written by an older ckptfs): headers are not "
                     "checked; write it again with `ckptfs manifest` to check them", where,
                     lacking[0] if len(lacking) == 1 else f"{len(lacking)} files")

@@ -15,7 +15,7 @@ page itself (``->read_folio``) before answering EIO. Both requests carry the sam
 same reason, so ``EIO`` lines are keyed by their cause (the file in the mount and the error's own message,
 which names the stored file, byte range and tensor) and each cause is logged once; repeats are only
 counted (``ckptfs_fuse_errors_total``). The memory of causes is bounded (the oldest are forgotten) and
-is the operations' own (``fuse/errors.py``'s ``OncePerCause``).
+is the operations' own (``util/once.py``'s ``OncePerCause``).
 
 **No secrets.** Every line is formatted through ``util.redact.redact``: a URL's user info and query (a
 presigned signature) never reach the log, whoever logged it (ckptfs, urllib3's request lines, botocore).

@@ -25,6 +25,7 @@ from tier_models import expected_files, read_all, settled
 from tier_models import forge, write_model
 
 import ckptfs
+from ckptfs.core.runtime import runtime
 from ckptfs.cache import auth
 from ckptfs.cache.auth import CacheRefused
 
@@ -137,7 +138,7 @@ def test_the_folder_key_is_made_once_and_kept(model, tmp_path):
     with ckptfs.open(path, cache_dir=str(cache)):
         pass
     first = (cache / ".key").read_bytes()
-    auth._keys.clear()  # as a new process would
+    runtime().get(auth.KEYS_READ).by_folder.clear()  # as a new process would
     with ckptfs.open(path, cache_dir=str(cache)):
         pass
     assert (cache / ".key").read_bytes() == first

@@ -25,7 +25,6 @@ from fixtures import write_gguf, write_safetensors
 
 import ckptfs
 from ckptfs.core.errors import CheckpointError, IntegrityError
-from ckptfs.integrity import manifest as manifest_module
 from ckptfs.integrity.manifest import load_manifest
 
 GREETING = "Hello from the header"
@@ -149,10 +148,9 @@ def test_verify_says_the_header_differs(case):
     assert "sha256" in line and "its header (metadata, tensor infos) differs" in line, line
 
 
-def test_an_old_manifest_checks_no_header_and_warns_once(case, tmp_path, caplog, monkeypatch):
+def test_an_old_manifest_checks_no_header_and_warns_once(case, tmp_path, caplog):
     path, tampered, manifest = case
     old = _old_manifest(manifest, tmp_path / "old.manifest.json")
-    monkeypatch.setattr(manifest_module, "_warned", set())
     with caplog.at_level(logging.WARNING, logger="ckptfs"):
         for _ in range(2):
             with ckptfs.open(tampered, manifest=str(old)) as ck:

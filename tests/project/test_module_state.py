@@ -125,12 +125,6 @@ KNOWN = {
     "ckptfs.ggufview.liblog._active": "how many threads have gguf-py's logger quieted: the logging module's "
                                       "own state is per process",
     "ckptfs.ggufview.liblog._lock": "guards that count",
-    "ckptfs.ggufview.files._parsed": "parsed library files, keyed by path, size and mtime: a cache of immutable "
-                                     "values",
-    "ckptfs.ggufview.files._builds": "how many builds run now: the parses are kept while one does",
-    "ckptfs.ggufview.files._lock": "guards that cache",
-    "ckptfs.cache.auth._keys": "the --cache-key-file keys read, by path: a cache of immutable values",
-    "ckptfs.cache.auth._keys_lock": "guards that cache",
     "ckptfs.sources.remote.store.chunks._stores": "the --cache-dir stores of fetched bytes, one per folder and process: each "
                                    "holds byte-range locks (fcntl) that are the process's",
     "ckptfs.sources.remote.store.chunks._stores_lock": "guards the stores",
@@ -138,8 +132,6 @@ KNOWN = {
                                         "(byte-range locks, like the fetched bytes' stores)",
     "ckptfs.sources.remote.options.DEFAULT_OPTIONS": "the options of a source opened without any: its "
                                                      "runtime is the default one",
-    "ckptfs.integrity.checked._warned_unlisted": "manifests already warned about (one warning per process)",
-    "ckptfs.integrity.manifest._warned": "manifests already warned about (one warning per process)",
     "ckptfs.commands.open_flags.SIZE": "click's parameter type for sizes (a stateless converter)",
 }
 
