@@ -35,7 +35,7 @@ from ckptfs.core.errors import CheckpointError, SourceUnavailable, public_name
 from ckptfs.core.reads import NOTHING_SAID, ReadScope
 from ckptfs.sources.base import ByteSource
 from ckptfs.sources.netstats import SourceCounters
-from ckptfs.sources.remote.options import DEFAULT_OPTIONS
+from ckptfs.sources.remote.options import default_options
 from ckptfs.sources.remote.transport import REMOTE_INITIAL_READ, check_range
 
 log = logging.getLogger(__name__)
@@ -53,7 +53,7 @@ class MirrorSource(ByteSource):
     def __init__(self, primary: ByteSource, mirrors: list[ByteSource], timeout: float,
                  counters: SourceCounters | None = None) -> None:
         self.primary = primary
-        self._counters = counters if counters is not None else DEFAULT_OPTIONS.counters  # failovers
+        self._counters = counters if counters is not None else default_options().counters  # failovers
         self.mirrors = list(mirrors)
         self.name = primary.name
         self.timeout = timeout
@@ -187,7 +187,7 @@ class MirrorSet:
         self.mirrors = [str(m) for m in mirrors]
         self.is_folder = is_folder
         self.member_wrapper = member_wrapper
-        self.options = options if options is not None else DEFAULT_OPTIONS
+        self.options = options if options is not None else default_options()
 
     def mirror_name(self, name: str, mirror: str) -> str:
         """The name in ``mirror`` of the checkpoint file ``name``."""

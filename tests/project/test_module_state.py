@@ -130,8 +130,6 @@ KNOWN = {
     "ckptfs.sources.remote.store.chunks._stores_lock": "guards the stores",
     "ckptfs.checkpoint.shared._stores": "the --cache-dir stores of decoded groups, one per folder and process "
                                         "(byte-range locks, like the fetched bytes' stores)",
-    "ckptfs.sources.remote.options.DEFAULT_OPTIONS": "the options of a source opened without any: its "
-                                                     "runtime is the default one",
     "ckptfs.commands.open_flags.SIZE": "click's parameter type for sizes (a stateless converter)",
 }
 

@@ -64,7 +64,7 @@ from ckptfs.sources.netstats import SourceCounters
 from ckptfs.sources.remote import curl
 from ckptfs.sources.remote.context import ReadContext
 from ckptfs.sources.remote.odd import OddAnswer, content_range
-from ckptfs.sources.remote.options import DEFAULT_OPTIONS, POOL_CONNECTIONS, RemoteOptions
+from ckptfs.sources.remote.options import POOL_CONNECTIONS, RemoteOptions, default_options
 from ckptfs.sources.remote.origin import Changed, Relocated, Retryable, stalled, wait_bound
 from ckptfs.sources.remote.transport import OPEN_HEAD_BYTES, RemoteSource, joined
 from ckptfs.sources.remote.version import SAMPLE_BYTES
@@ -342,7 +342,7 @@ class HttpSource(RemoteSource):
         self.url = url
         self.scheme = scheme or urlsplit(url).scheme.lower() or "http"  # the counters' label
         self.credentials = credentials
-        options = options if options is not None else DEFAULT_OPTIONS
+        options = options if options is not None else default_options()
         super().__init__(name or url, options, HttpRange(name or url, url, self.scheme, credentials, options))
         probe = self._probe()
         self.range.opened(probe)

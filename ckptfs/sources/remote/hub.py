@@ -32,7 +32,7 @@ from ckptfs.core.errors import CheckpointError, SourceUnavailable
 from ckptfs.sources.registry import register_scheme
 from ckptfs.sources.base import Folder
 from ckptfs.sources.remote.http import Credentials, HttpSource
-from ckptfs.sources.remote.options import DEFAULT_OPTIONS, DEFAULT_TIMEOUT, RemoteOptions
+from ckptfs.sources.remote.options import DEFAULT_TIMEOUT, RemoteOptions, default_options
 from ckptfs.util.names import file_name, numbered_name
 from ckptfs.util.jsonutil import JsonRefused, loads
 from ckptfs.util.redact import public_name
@@ -113,7 +113,7 @@ class HfFolder(Folder):
         self.name = src.rstrip("/")
         self.path = path
         self.timeout = options.timeout if options is not None else DEFAULT_TIMEOUT
-        self.counters = (options or DEFAULT_OPTIONS).counters
+        self.counters = (options or default_options()).counters
         self.sha256: dict[str, str] = {}
         self._paths: dict[str, str] = {}  # listed name -> the file's path in the repository
 

@@ -20,7 +20,7 @@ from ckptfs.cache.disk import DEFAULT_CACHE_DIR_SIZE
 from ckptfs.sources.remote.store.sparse_store import DEFAULT_MIN_FREE
 from ckptfs.core.options import OpenOptions
 from ckptfs.core.reads import NOTHING_SAID, ReadScope
-from ckptfs.core.runtime import Runtime, runtime
+from ckptfs.core.runtime import Part, Runtime, runtime
 from ckptfs.sources.netstats import SOURCE_COUNTERS, SourceCounters
 from ckptfs.workers.scheduler import DEFAULT_CONCURRENCY
 from ckptfs.sources.remote.context import ReadContext
@@ -95,5 +95,11 @@ class RemoteOptions:
         return ChunkCache(store, self.runtime.get(MEMORY_CHUNKS), shared=shared)
 
 
-#: What a remote source opened without options gets.
-DEFAULT_OPTIONS = RemoteOptions()
+#: A runtime's options for the remote sources opened without any (their opens' memo, outage states and
+#: mirrors found down are shared as those of one open); in the default runtime.
+UNSAID_OPTIONS = Part("options of remote sources opened without any", RemoteOptions)
+
+
+def default_options() -> RemoteOptions:
+    """What a remote source opened without options gets: the process's (``UNSAID_OPTIONS``)."""
+    return runtime().get(UNSAID_OPTIONS)

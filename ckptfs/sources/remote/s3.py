@@ -46,7 +46,7 @@ from ckptfs.sources.registry import register_scheme
 from ckptfs.sources.base import Folder
 from ckptfs.sources.remote.context import ReadContext
 from ckptfs.sources.remote.odd import OddAnswer, content_range
-from ckptfs.sources.remote.options import DEFAULT_OPTIONS, POOL_CONNECTIONS, RemoteOptions
+from ckptfs.sources.remote.options import POOL_CONNECTIONS, RemoteOptions, default_options
 from ckptfs.sources.remote import curl
 from ckptfs.sources.remote.origin import Changed, Retryable, stalled
 from ckptfs.sources.remote.s3_curl import S3Target
@@ -149,7 +149,7 @@ class S3Source(RemoteSource):
     range: S3Range
 
     def __init__(self, url: str, options: RemoteOptions | None = None):
-        options = options if options is not None else DEFAULT_OPTIONS
+        options = options if options is not None else default_options()
         self.bucket, self.key = split_url(url)
         if not self.key:
             raise CheckpointError(url, None, "names a bucket, not an object (a folder is s3://BUCKET/PREFIX/)")
@@ -351,8 +351,8 @@ class S3Folder(Folder):
         self.name = url
         self.bucket = bucket
         self.prefix = prefix
-        self._client, self.credentials = client_for(options or DEFAULT_OPTIONS)
-        self._counters = (options or DEFAULT_OPTIONS).counters
+        self._client, self.credentials = client_for(options or default_options())
+        self._counters = (options or default_options()).counters
 
     def list(self) -> dict[str, int]:
         files: dict[str, int] = {}

@@ -36,7 +36,7 @@ from ckptfs.ahead.limits import OriginLimit
 from ckptfs.sources.base import ByteSource
 from ckptfs.sources.remote.context import ReadContext, Slot
 from ckptfs.sources.remote.fetcher import ChunkFetcher, Run
-from ckptfs.sources.remote.options import DEFAULT_OPTIONS, RemoteOptions
+from ckptfs.sources.remote.options import RemoteOptions, default_options
 from ckptfs.sources.remote.origin import OriginClient
 from ckptfs.sources.remote.outage import Outage
 from ckptfs.ahead.fetch import ReadAhead, piece_chunks
@@ -78,7 +78,7 @@ class RemoteSource(ByteSource):
 
     def __init__(self, name: str, options: RemoteOptions | None, range_client: RangeClient):
         self.name = name
-        self.options = options if options is not None else DEFAULT_OPTIONS
+        self.options = options if options is not None else default_options()
         self.size = 0
         self.identity: tuple[object, ...] = ()
         self.validator: str | None = None
