@@ -31,6 +31,7 @@ import threading
 from pathlib import Path
 
 from ckptfs.core.runtime import Part, runtime
+from ckptfs.util.keyed import MadeOnce
 
 KEY_NAME = ".key"          # a cache folder's own key file
 KEY_BYTES = 32             # of a key ckptfs makes
@@ -40,22 +41,9 @@ DIR_MODE = 0o700
 FILE_MODE = 0o600
 
 
-class KeysRead:
-    """The cache keys a runtime has read, by folder and key file: each read (and its folder and file checked)
-    once per process."""
-
-    def __init__(self) -> None:
-        self.by_folder: dict[tuple[str, str | None], bytes] = {}
-        self.lock = threading.Lock()
-
-    def in_child(self) -> KeysRead:
-        """In a forked child: the same keys, under a fresh lock (a parent's thread may have held it)."""
-        self.lock = threading.Lock()
-        return self
-
-
-#: A runtime's cache keys read (``folder_key``).
-KEYS_READ = Part("cache keys read", KeysRead, KeysRead.in_child)
+#: A runtime's cache keys read, by folder and key file (``folder_key``): each read, its folder and file
+#: checked, once per process.
+KEYS_READ = Part("cache keys read", MadeOnce[tuple[str, str | None], bytes], MadeOnce.in_child)
 
 
 class CacheRefused(ValueError):
@@ -236,23 +224,21 @@ def folder_key(root: str | os.PathLike[str], key_file: str | os.PathLike[str] | 
     Read once per process; CacheRefused with one line when the folder or the key must not be trusted."""
     root = Path(os.path.abspath(root))
     name = (str(root), os.fspath(key_file) if key_file else None)
-    keys = runtime().get(KEYS_READ)
-    with keys.lock:
-        key = keys.by_folder.get(name)
-        if key is not None:
-            return key
+    return runtime().get(KEYS_READ).get(name, lambda: _read_folder_key(root, key_file))
+
+
+def _read_folder_key(root: Path, key_file: str | os.PathLike[str] | None) -> bytes:
+    """``folder_key``'s reading: the folder prepared, its key file made if it has none."""
+    try:
+        prepare_dir(root)
+    except FileNotFoundError:
+        raise CacheRefused(f"cache dir {root}: a folder above it was deleted while it was made") from None
+    except OSError as exc:
+        raise CacheRefused(f"cache dir {root} cannot be made: {exc.strerror or exc}") from None
+    if not key_file:
         try:
-            prepare_dir(root)
-        except FileNotFoundError:
-            raise CacheRefused(f"cache dir {root}: a folder above it was deleted while it was made") from None
+            key_file = _folder_key_file(root)
         except OSError as exc:
-            raise CacheRefused(f"cache dir {root} cannot be made: {exc.strerror or exc}") from None
-        if not key_file:
-            try:
-                key_file = _folder_key_file(root)
-            except OSError as exc:
-                raise CacheRefused(f"cache dir {root} has no key file and cannot make one ({exc.strerror or exc}): "
-                                   f"give --cache-key-file FILE, or a writable folder") from None
-        key = read_key(key_file)
-        keys.by_folder[name] = key
-        return key
+            raise CacheRefused(f"cache dir {root} has no key file and cannot make one ({exc.strerror or exc}): "
+                               f"give --cache-key-file FILE, or a writable folder") from None
+    return read_key(key_file)

@@ -35,6 +35,8 @@ class MadeOnce(Generic[K, V]):
         with self._lock:
             return list(self._store.items())
 
-    def in_child(self) -> None:
-        """In a forked child: a fresh lock."""
+    def in_child(self) -> MadeOnce[K, V]:
+        """In a forked child: the same values under a fresh lock (itself, so that a runtime part kept whole in
+        the child can name this as its ``in_child``)."""
         self._lock = threading.Lock()
+        return self

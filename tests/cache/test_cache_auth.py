@@ -11,12 +11,13 @@ from __future__ import annotations
 import os
 import stat
 import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 from cli_runs import one_error_line, run_cli
-from conftest import force_unmount, mount_stats
+from conftest import REPO, force_unmount, mount_stats
 from loopback.redis_server import RedisServer
 from redis_fixtures import require_redis_server
 from users import AS_NOBODY, NOBODY
@@ -25,8 +26,6 @@ from tier_models import expected_files, read_all, settled
 from tier_models import forge, write_model
 
 import ckptfs
-from ckptfs.core.runtime import runtime
-from ckptfs.cache import auth
 from ckptfs.cache.auth import CacheRefused
 
 
@@ -138,9 +137,10 @@ def test_the_folder_key_is_made_once_and_kept(model, tmp_path):
     with ckptfs.open(path, cache_dir=str(cache)):
         pass
     first = (cache / ".key").read_bytes()
-    runtime().get(auth.KEYS_READ).by_folder.clear()  # as a new process would
-    with ckptfs.open(path, cache_dir=str(cache)):
-        pass
+    reopen = "import sys, ckptfs; ckptfs.open(sys.argv[1], cache_dir=sys.argv[2]).close()"
+    opened = subprocess.run([sys.executable, "-c", reopen, str(path), str(cache)], capture_output=True, text=True,
+                            timeout=120, env={**os.environ, "PYTHONPATH": str(REPO)})  # a new process: key read again
+    assert opened.returncode == 0, opened.stderr
     assert (cache / ".key").read_bytes() == first
 
 

@@ -179,9 +179,9 @@ class ChunkFetcher:
         ``ckptfs.sources.remote.store.chunks``): the chunks it holds are taken from it (one round trip), the
         rest leased (one more); only the chunks whose lease this process won are fetched from the origin and
         stored there, then the ones another process is fetching are waited for (``_shared_batches``). The
-        origin is asked here, each contiguous run as requests of at most ``MAX_REQUEST_BYTES`` (``_requests``), each with its
-        own context (its ``answered_at``: the read's may fan out to workers), confirmed by the version pin
-        where the file has one."""
+        origin is asked here, each contiguous run as requests of at most ``MAX_REQUEST_BYTES``
+        (``_requests``), each with its own context (its ``answered_at``: the read's may fan out to workers),
+        confirmed by the version pin where the file has one."""
         out: dict[int, bytes] = {}
         leased: list[int] = []
         try:

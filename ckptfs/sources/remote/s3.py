@@ -12,8 +12,8 @@ against what was asked: its ``Content-Range`` (the range, the object's size) and
 that cannot be the bytes asked for (a 412, another size, range or ETag, a whole object to a ranged GET) is
 not believed at once: one node behind the endpoint's load balancer, or a proxy, may be wrong while the
 object is not. Its body is dropped unread and the range asked again at once on a client of its own (a
-fresh connection, by the retry rule, ``origin.Attempts``); only a second answer wrong the same way decides. A body cut short
-is retried like a reset, its connection closed. botocore's own retries are off:
+fresh connection, by the retry rule, ``origin.Attempts``); only a second answer wrong the same way decides.
+A body cut short is retried like a reset, its connection closed. botocore's own retries are off:
 ``remote.origin.OriginClient`` retries (counted, with the read's deadline), and each socket wait is bounded
 by ``--stall-timeout``. A folder is listed with ``ListObjectsV2`` (one level, hidden names skipped).
 
@@ -351,8 +351,9 @@ class S3Folder(Folder):
         self.name = url
         self.bucket = bucket
         self.prefix = prefix
-        self._client, self.credentials = client_for(options or default_options())
-        self._counters = (options or default_options()).counters
+        options = options or default_options()
+        self._client, self.credentials = client_for(options)
+        self._counters = options.counters
 
     def list(self) -> dict[str, int]:
         files: dict[str, int] = {}

@@ -37,6 +37,7 @@ from ckptfs.sources.remote.store import sparse_store
 from ckptfs.sources.remote.store.chunk_store import ChunkStore
 from ckptfs.sources.remote.store.sparse_store import DEFAULT_MIN_FREE, SparseStore
 from ckptfs.util.forks import after_fork_in_child
+from ckptfs.util.keyed import MadeOnce
 
 if TYPE_CHECKING:  # imported when fetched chunks are shared through Redis
     import numpy as np
@@ -120,8 +121,8 @@ class SharedChunkTiers:
     counters every remote source of the runtime that names that Redis shares."""
 
     def __init__(self) -> None:
-        self._tiers: dict[tuple[str, object, str | None], RedisTier | Literal[False]] = {}  # False: cannot be made
-        self._lock = threading.Lock()
+        #: False: a tier that cannot be made (said once)
+        self._tiers: MadeOnce[tuple[str, object, str | None], RedisTier | Literal[False]] = MadeOnce()
 
     def tier(self, redis: str | None, redis_cluster: tuple[str, ...] = (),
              key_file: str | None = None) -> RedisTier | None:
@@ -130,37 +131,34 @@ class SharedChunkTiers:
         if not redis and not redis_cluster:
             return None
         spec = ("cluster", tuple(redis_cluster), key_file) if redis_cluster else ("redis", redis, key_file)
-        with self._lock:
-            tier = self._tiers.get(spec)
-            if tier is None:
-                try:
-                    if redis_cluster:
-                        from ckptfs.cache.redis_cluster import RedisClusterTier
-
-                        tier = RedisClusterTier(tuple(redis_cluster), key_file=key_file, namespace=BYTES)
-                    else:
-                        from ckptfs.cache.redis_tier import RedisTier
-
-                        assert redis is not None  # one of the two is given
-                        tier = RedisTier(redis, key_file=key_file, namespace=BYTES)
-                except Exception as exc:  # noqa: BLE001 - a tier that cannot be made costs speed, not the read
-                    log.warning("fetched chunks not shared through %s: %s", "the Redis Cluster" if redis_cluster
-                                else "Redis", exc)
-                    tier = False
-                self._tiers[spec] = tier
-        return tier or None
+        return self._tiers.get(spec, lambda: _made_tier(redis, tuple(redis_cluster), key_file)) or None
 
     def stats(self) -> dict[str, dict[str, Any]]:
         """``{tier name: counters}`` of these tiers (``ckptfs stats``: ``chunk_*``)."""
-        with self._lock:
-            tiers = [tier for tier in self._tiers.values() if tier]
-        return {tier.name: tier.stats() for tier in tiers}
+        return {tier.name: tier.stats() for _, tier in self._tiers.items() if tier}
 
     def in_child(self) -> SharedChunkTiers:
         """In a forked child: the same tiers under a fresh lock (redis-py's connection pools make new
         connections in a process other than the one that made theirs)."""
-        self._lock = threading.Lock()
+        self._tiers.in_child()
         return self
+
+
+def _made_tier(redis: str | None, redis_cluster: tuple[str, ...], key_file: str | None) -> RedisTier | Literal[False]:
+    """A Redis tier of fetched chunks, or False when it cannot be made (said in one log line)."""
+    try:
+        if redis_cluster:
+            from ckptfs.cache.redis_cluster import RedisClusterTier
+
+            return RedisClusterTier(redis_cluster, key_file=key_file, namespace=BYTES)
+        from ckptfs.cache.redis_tier import RedisTier
+
+        assert redis is not None  # one of the two is given
+        return RedisTier(redis, key_file=key_file, namespace=BYTES)
+    except Exception as exc:  # noqa: BLE001 - a tier that cannot be made costs speed, not the read
+        log.warning("fetched chunks not shared through %s: %s", "the Redis Cluster" if redis_cluster else "Redis",
+                    exc)
+        return False
 
 
 #: A runtime's Redis tiers of fetched chunks (``RemoteOptions.chunk_cache``, ``ckptfs stats``).
