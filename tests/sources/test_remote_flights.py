@@ -21,6 +21,8 @@ import pytest
 
 pytest.importorskip("urllib3")
 
+from ckptfs.sources.remote import curl
+from ckptfs.sources.remote.store.direct_write import AlignedBuffer
 from ckptfs.sources.remote.store.names import name_path
 from ckptfs.sources.remote.store.chunks import CHUNK, MEMORY_CHUNKS, chunk_key
 from ckptfs.core.runtime import runtime
@@ -37,7 +39,7 @@ MiB = 1 << 20
 
 @pytest.fixture(scope="module")
 def origin(tmp_path_factory):
-    with nginx_origin(tmp_path_factory, lambda root: same_bytes(root, ("shared.bin", "warm.bin"), 12 * MiB)) \
+    with nginx_origin(tmp_path_factory, lambda root: same_bytes(root, ("shared.bin", "warm.bin", "landed.bin"), 12 * MiB)) \
             as (server, _, data):  # each test its own file: its own log lines
         yield server, data
 
@@ -86,3 +88,38 @@ def test_a_warm_up_stores_its_chunks_without_filling_the_memory_cache(origin, tm
     at = 5 * MiB + 12345  # a read inside a run: its chunk from the store
     assert source.pread(at, 4096) == data[at:at + 4096]
     assert source.pread(0, len(data)) == data  # and each reads back as the file's bytes, from the store
+
+
+def test_a_warm_ups_body_lands_in_the_stores_buffer_and_its_waiters_read_the_store(origin, tmp_path):
+    """Through libcurl a warm-up's body is written straight into a buffer the store lends and stored from
+    there: the store is handed views of that buffer, not ``bytes`` (no copy, no fresh pages per piece). Its
+    chunks' flights end with no bytes in hand, since the buffer is lent again: a reader that was waiting for
+    them reads them from the store, and gets the file's bytes, with no request of its own."""
+    if not curl.enabled(origin[0].url):
+        pytest.skip("the libcurl extension is not built here (CKPTFS_CURL=0 or no libcurl4-openssl-dev)")
+    server, data = origin
+    url = f"{server.url}/landed.bin"
+    source = _source(url, cache_dir=str(tmp_path / "cache"))
+    reader = _source(url, cache_dir=str(tmp_path / "cache"), read_ahead=False)
+    store = source.fetcher.cache.disk
+    handed: list = []
+    put_chunks = store.put_chunks
+
+    def spying(content_id, first, parts, *args):
+        handed.append([type(getattr(part, "obj", part)) for part in parts])
+        return put_chunks(content_id, first, parts, *args)
+
+    store.put_chunks = spying
+    before = len(server.access_log())
+    runs = source.claim(16, 32)  # bytes 4..8 MiB, on their way from now on
+    got: dict = {}
+    waiting = threading.Thread(target=lambda: got.update(body=reader.pread(5 * MiB, 2 * MiB)))
+    waiting.start()
+    time.sleep(0.3)
+    assert source.fetch_claimed(runs, memory=False) is None
+    waiting.join(20)
+    assert got["body"] == data[5 * MiB:7 * MiB]
+    assert handed and all(kinds == [AlignedBuffer] * len(kinds) for kinds in handed), handed
+    time.sleep(0.2)  # nginx logs a request once its answer is sent
+    assert data_ranges(server.ranges("landed.bin", before), len(data)) == [(4 * MiB, 8 * MiB)]
+    assert source.pread(4 * MiB, 4 * MiB) == data[4 * MiB:8 * MiB]

@@ -47,6 +47,7 @@ class ReadContext:
     slot: Slot | None = None          # the origin slot a fetch ahead holds: given back once its body is in
     on_answer: Callable[[], None] | None = None  # told when the answer begins (``version.VersionPin.fetching``)
     cut: Callable[[float], float] | None = None  # an attempt's deadline as the origin's outage cuts it (``until``)
+    into: memoryview | None = None   # where the body may be written (a warm-up's landing buffer): ``landing_in``
 
     @classmethod
     def entering(cls, timeout: float, scope: ReadScope = NOTHING_SAID, once: bool = False) -> ReadContext:
@@ -65,6 +66,12 @@ class ReadContext:
         """This read's context for one attempt that must end by ``deadline`` (no answer heard yet); ``cut``: how
         an outage of its origin found meanwhile cuts that deadline (``outage.Outage.bound``)."""
         return dataclasses.replace(self, deadline=deadline, answered_at=None, cut=cut, fresh=False)
+
+    def landing_in(self, into: memoryview | None) -> ReadContext:
+        """This context for a request whose body may be written into ``into`` (exactly the range's length: a
+        buffer the ``--cache-dir`` store lent, ``ChunkCache.landing``). A range client that can write there
+        does, and answers ``[into]`` itself; one that cannot answers its parts as ever."""
+        return self if into is None else dataclasses.replace(self, into=into)
 
     def until(self) -> float:
         """When this attempt must end, asked at each of its waits: its deadline, or sooner once its origin is

@@ -16,6 +16,7 @@ entries of the right length, and its breaker answers "missing" at once while it 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Iterable, Iterator
@@ -154,6 +155,8 @@ class ChunkFetcher:
         patience = min(bound, time.monotonic() + self.options.stall_timeout) - time.monotonic()
         done = flight.done.wait(max(0.0, patience))
         value: bytes | None = flight.value if done else None
+        if value is None and done and flight.error is None:
+            value = self.cache.get(self.key(i))  # a warm-up's chunk, stored from where it landed (``fetch_chunks``)
         if value is not None:
             return value
         if done and read.fallback:
@@ -183,6 +186,7 @@ class ChunkFetcher:
         (``_requests``), each with its own context (its ``answered_at``: the read's may fan out to workers),
         confirmed by the version pin where the file has one."""
         out: dict[int, bytes] = {}
+        stored: set[int] = set()  # a warm-up's, landed and stored: not in hand
         leased: list[int] = []
         try:
             mine, held = list(range(c0, c1)), list[int]()
@@ -192,21 +196,35 @@ class ChunkFetcher:
             batches = chain([mine], self._shared_batches(held, read, out, leased)) if held else [mine]
             for first, last in _requests(batches):
                 start, end = first * CHUNK, min(self.size, last * CHUNK)
-                with self.pin.fetching(read.bounded(read.deadline)) as one:
-                    parts = self.client.fetch(start, end, one)
-                    self.pin.landed(one, start)
+                # a warm-up's body lands in a buffer the store lends (``ChunkCache.landing``) and is stored from
+                # there; its chunks' flights end with no bytes in hand (the buffer is lent again next), and
+                # their waiters read them from the store (``_waited``)
+                landing = None if memory else self.cache.landing(end - start)
+                with landing if landing is not None else contextlib.nullcontext() as into:
+                    with self.pin.fetching(read.bounded(read.deadline).landing_in(into)) as one:
+                        body = self.client.fetch(start, end, one)
+                        self.pin.landed(one, start)
+                    keys = [self.key(i) for i in range(first, last)]
+                    if into is not None and len(body) == 1 and body[0] is into:
+                        self.cache.store_landed(keys, [into[k * CHUNK: (k + 1) * CHUNK] for k in range(last - first)],
+                                                self.chunks)
+                        for i in range(first, last):
+                            stored.add(i)
+                            self.finish(i, None, None)
+                        continue
+                parts = [p if isinstance(p, bytes) else bytes(p) for p in body]  # (views only of a buffer lent)
                 if len(parts) != last - first or any(len(p) != CHUNK for p in parts[:-1]):
                     data = b"".join(parts)  # a scheme that answers in other pieces: cut it into chunks
                     parts = [data[k * CHUNK: (k + 1) * CHUNK] for k in range(last - first)]
-                self.cache.put_run([self.key(i) for i in range(first, last)], parts, self.chunks, memory=memory)
+                self.cache.put_run(keys, parts, self.chunks, memory=memory)
                 for i, piece in zip(range(first, last), parts):
                     out[i] = piece
                     self.finish(i, piece, None)
         except BaseException as exc:
             for i in range(c0, c1):
-                if i not in out:
+                if i not in out and i not in stored:
                     self.finish(i, None, exc)
-            self.cache.release([self.key(i) for i in leased if i not in out])
+            self.cache.release([self.key(i) for i in leased if i not in out and i not in stored])
             raise
         return out
 

@@ -460,11 +460,11 @@ class HttpRange:
     def origin(self) -> str:
         return self._origin
 
-    def fetch(self, start: int, end: int, read: ReadContext) -> list[bytes]:
+    def fetch(self, start: int, end: int, read: ReadContext) -> list[bytes] | list[memoryview]:
         """One attempt at bytes [start, end): a GET at the remembered location (``read.fresh``: on a connection
         of its own), through libcurl when it carries this file's range GETs (``curl``: redirects followed here
-        by ``Redirects``' rule, the answer judged by ``_judge`` as its headers arrive, its body written into
-        chunk-sized parts in C), else urllib3 (``_asked``). A remembered redirect target that refuses (an
+        by ``Redirects``' rule, the answer judged by ``_judge`` as its headers arrive, its body written in C into
+        chunk-sized parts, or into ``read.into``: then the answer is ``[read.into]``), else urllib3 (``_asked``). A remembered redirect target that refuses (an
         expired signed CDN URL) is forgotten: ``Relocated``, and the retry rule asks the URL again at once.
         The request is sent from here (no helper between): a read's walk down the chain stays one frame per
         part."""
@@ -476,6 +476,7 @@ class HttpRange:
             sent = [f"{k}: {v}" for k, v in ASKED_HEADERS.items()] + [f"Range: bytes={start}-{end - 1}"]
             sent += ["Connection: close"] if read.fresh else []
             cas = curl.ca_locations(trusted_cas()[0])
+            into = read.into if read.into is not None and read.into.nbytes == end - start else None
             while True:
                 hop: list[tuple[int, dict[str, str]]] = []  # a redirect's status and headers
                 answered: list[int] = []
@@ -495,7 +496,7 @@ class HttpRange:
                 assert curl.native is not None  # self.native: the extension is built
                 code, message, got, parts = curl.native.get(
                     walk.url, sent + auth, end - start, decide, read.until, read.until(), self.options.stall_timeout,
-                    read.fresh, cas[0], cas[1], "", None, CHUNK)
+                    read.fresh, cas[0], cas[1], "", into, CHUNK)
                 try:
                     parts = curl.outcome(walk.url, code, message, got, parts, answered, bool(hop), end - start, read,
                                          self.options)
@@ -503,10 +504,13 @@ class HttpRange:
                     self.options.counters.request(self.scheme, "error")
                     raise CheckpointError(walk.url, None, tls_refusal(exc.verify, exc.detail, exc.other_host)) \
                         from None
-                if parts is not None:
+                if parts is not None or (into is not None and not hop):
                     if walk.url != url:
                         self.location = walk.url
-                    return parts
+                    if parts is not None:
+                        return parts
+                    assert into is not None
+                    return [into]  # (the body was written into the buffer lent)
                 if not hop:
                     raise Retryable("the answer's body was dropped")  # not reached: decide takes or raises
                 self.options.counters.request(self.scheme, "ok")

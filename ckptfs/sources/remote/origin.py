@@ -149,7 +149,7 @@ class OriginClient:
         """The source's origin changed (a redirect to a CDN host): its own limit and outage state from now."""
         self._limit = self._outage = None
 
-    def fetch(self, start: int, end: int, read: ReadContext) -> list[bytes]:
+    def fetch(self, start: int, end: int, read: ReadContext) -> list[bytes] | list[memoryview]:
         """Bytes [start, end) as the range client read them (consecutive parts), asked under the retry rule
         (``Attempts``); counted, heard by the outage state and timed for the in-flight limit.
         ``read.answered_at`` is the successful attempt's. A short answer is never served (a range client must

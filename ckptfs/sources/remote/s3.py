@@ -224,7 +224,7 @@ class S3Range:
                 botocore.exceptions.HTTPClientError) as exc:
             raise Retryable(f"connection failed: {exc}") from None
 
-    def fetch(self, start: int, end: int, read: ReadContext) -> bytes | list[bytes]:
+    def fetch(self, start: int, end: int, read: ReadContext) -> bytes | list[bytes] | list[memoryview]:
         """One attempt at bytes [start, end), a ranged GetObject (``read.fresh``: on a connection of its own,
         after an odd answer): exactly the bytes asked for, or an OddAnswer for an answer that cannot be them
         (its body dropped unread, see the module docstring); through libcurl where it carries them
@@ -253,7 +253,7 @@ class S3Range:
                 client.close()
 
     def _native(self, target: S3Target, start: int, end: int, read: ReadContext, fresh: bool,
-                extra: dict[str, str]) -> list[bytes]:
+                extra: dict[str, str]) -> list[bytes] | list[memoryview]:
         """``fetch``'s GetObject through libcurl. An answer boto3 would read an error code from (its XML body), or
         follow (a region's redirect), is asked once more through boto3, whose answer decides: the same
         one-line error as without libcurl."""

@@ -82,8 +82,8 @@ class S3Target:
         return cls(url, client.meta.region_name or "us-east-1", credentials, cainfo, capath, proxy)
 
     def get(self, start: int, end: int, headers: Mapping[str, str], read: ReadContext, fresh: bool,
-            judge: Callable[[int, str, Mapping[str, str]], None], options: RemoteOptions) -> list[bytes]:
-        """Bytes [start, end) as chunk-sized parts: one signed GET with ``headers`` besides the range;
+            judge: Callable[[int, str, Mapping[str, str]], None], options: RemoteOptions) -> list[bytes] | list[memoryview]:
+        """Bytes [start, end) as chunk-sized parts (or ``[read.into]``, written there): one signed GET with ``headers`` besides the range;
         ``judge(status, reason, headers)`` returns for an answer whose body is wanted and raises otherwise
         (the transfer then ends with its body unread and its connection closed). Failures of the transfer
         are ``curl.outcome``'s."""
@@ -104,9 +104,12 @@ class S3Target:
             return curl.TAKE
 
         assert curl.native is not None  # resolve() found the extension
+        into = read.into if read.into is not None and read.into.nbytes == end - start else None
         code, message, got, parts = curl.native.get(
             self.url, sent, end - start, decide, read.until, read.until(), options.stall_timeout, fresh,
-            self.cainfo, self.capath, self.proxy, None, CHUNK, sigv4, user, password)
+            self.cainfo, self.capath, self.proxy, into, CHUNK, sigv4, user, password)
         taken = curl.outcome(self.url, code, message, got, parts, answered, False, end - start, read, options)
+        if taken is None and into is not None:
+            return [into]  # (the body went into the landing buffer: ``ReadContext.landing_in``)
         assert taken is not None  # decide takes every body it does not refuse by raising
         return taken

@@ -307,9 +307,10 @@ def record_name(src: str) -> str:
     return content_url(src)
 
 
-def joined(parts: list[bytes]) -> bytes:
-    """A body read in parts, as one ``bytes`` (no copy when it came in one)."""
-    return parts[0] if len(parts) == 1 else b"".join(parts)
+def joined(parts: list[bytes] | list[memoryview]) -> bytes:
+    """A body read in parts, as one ``bytes`` (no copy when it came in one ``bytes``)."""
+    first = parts[0] if len(parts) == 1 else None
+    return first if isinstance(first, bytes) else b"".join(parts)
 
 
 def _covering(chunks: list[bytes], skip: int, tail: int) -> list[memoryview]:

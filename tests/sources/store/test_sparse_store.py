@@ -26,7 +26,8 @@ from conftest import tmpfs
 from ckptfs.cache import entry
 from ckptfs.sources.remote.store import range_lease, sparse_store
 from ckptfs.sources.remote.store.chunks import ChunkCache, MemoryChunks, chunk_key
-from ckptfs.sources.remote.store.direct_write import KEPT_BUFFERS, BouncePool, DirectWriter
+from ckptfs.sources.remote.store import direct_write
+from ckptfs.sources.remote.store.direct_write import BUFFER_BYTES, KEPT_BYTES, BouncePool, DirectWriter
 from ckptfs.sources.remote.store.sparse_store import CHUNK, HEADER_SIZE, RECORD, SparseStore
 
 CONTENT = "test:sparse-store:" + os.urandom(8).hex()
@@ -507,14 +508,53 @@ def test_a_direct_write_the_file_system_refuses_is_written_buffered(tmp_path):
 
 def test_the_direct_writes_of_many_files_share_a_few_buffers():
     """A warm-up writing many files holds a few aligned buffers in all, not one per file: a buffer given back
-    is the next one taken, and at most ``KEPT_BUFFERS`` are kept between writes."""
+    is the next one taken (for any size up to its own), and at most ``KEPT_BYTES`` of them are kept between
+    writes."""
     pool = BouncePool()
     first = pool.take()
+    assert len(first) == BUFFER_BYTES
     pool.give(first)
-    assert pool.take() is first
-    taken = [first] + [pool.take() for _ in range(KEPT_BUFFERS + 3)]
+    assert pool.take(BUFFER_BYTES) is first
+    kept = KEPT_BYTES // BUFFER_BYTES
+    taken = [first] + [pool.take() for _ in range(kept + 3)]
     assert len({id(b) for b in taken}) == len(taken)  # writes at once each get their own
     for b in taken:
         pool.give(b)
-    again = [pool.take() for _ in range(KEPT_BUFFERS + 1)]
-    assert sum(any(b is t for t in taken) for b in again) == KEPT_BUFFERS
+    again = [pool.take() for _ in range(kept + 1)]
+    assert sum(any(b is t for t in taken) for b in again) == kept
+    assert len(pool.take(BUFFER_BYTES + 1)) == BUFFER_BYTES + direct_write.BOUNCE_BYTES  # (larger: whole MiB)
+
+
+def test_a_landing_buffer_is_written_from_where_it_is_and_lent_again(tmp_path):
+    """Chunks that landed in a buffer the pool lent (``landing``) go to the file in one write from that
+    buffer, not copied into a bounce buffer first; the same bytes land as through a copy, and the buffer is
+    lent again once the block ends."""
+    pool = BouncePool()
+    path = tmp_path / "data"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    data = bytes(range(256)) * (4 * CHUNK // 256)
+    copied = []
+    try:
+        writer = DirectWriter(fd, pool)
+        buffered = functools.partial(sparse_store._write_all, fd)
+        with pool.landing(len(data)) as into:
+            into[:] = data
+            lent = into.obj
+            taken = pool.take
+
+            def counting(nbytes=direct_write.BOUNCE_BYTES):
+                copied.append(nbytes)
+                return taken(nbytes)
+
+            pool.take = counting  # the bounce buffers a copy would take
+            views = [into[k * CHUNK: (k + 1) * CHUNK] for k in range(4)]
+            assert writer.write(views, 0, buffered) == len(data)
+            del views
+            pool.take = taken
+        writer.close()
+    finally:
+        os.close(fd)
+    assert path.read_bytes() == data
+    assert copied == [] or not direct_write_probe(tmp_path, mmap.PAGESIZE)[0]  # no bounce where O_DIRECT works
+    with pool.landing(CHUNK) as again:
+        assert again.obj is lent

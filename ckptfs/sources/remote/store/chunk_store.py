@@ -9,6 +9,7 @@ read, and ``ChunkCache`` swallows its errors).
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from typing import Any, Protocol
 
@@ -17,11 +18,16 @@ class ChunkStore(Protocol):
     def get(self, content_id: str, index: int) -> bytes | None:
         """Chunk ``index`` of the file, checked; None when absent or bad (a miss)."""
 
-    def put_chunks(self, content_id: str, first: int, parts: Sequence[bytes], chunks: int | None,
+    def put_chunks(self, content_id: str, first: int, parts: Sequence[bytes] | Sequence[memoryview], chunks: int | None,
                    direct: bool = False) -> bool:
         """Store consecutive chunks ``first, first + 1, ...`` (``parts``) of a file of ``chunks`` chunks (None:
         not known here); True when they are all stored. Gives up this process's leases of them. ``direct``:
         no reader waits for these bytes (a warm-up's): the store may write them past the page cache."""
+
+    def landing(self, nbytes: int) -> contextlib.AbstractContextManager[memoryview]:
+        """A writable buffer of ``nbytes``, lent for a ``with`` block, for a warm-up's body to be fetched
+        straight into and stored from: ``put_chunks(..., direct=True)`` of its views at multiples of ``CHUNK``
+        writes them from there (no copy). Whoever fills it holds no view of it past the block."""
 
     def stored_chunks(self, content_id: str, indexes: Sequence[int]) -> set[int]:
         """Of the chunks ``indexes``, those the store holds (not checked against their MACs here)."""

@@ -23,6 +23,7 @@ it is guarded: a tier that fails (or a bug in it) is a miss, never a failed read
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 
@@ -240,6 +241,20 @@ class ChunkCache:
             if memory or self.disk is None:
                 self.memory.put(key, data)
             self._share(key, data)
+
+    def landing(self, nbytes: int) -> contextlib.AbstractContextManager[memoryview] | None:
+        """Where a warm-up's body of ``nbytes`` may land to be stored from (``ChunkStore.landing``: no copy,
+        no fresh pages), or None where its chunks go beyond the store too (a shared Redis tier is handed
+        them) or there is no store."""
+        if self.disk is None or self.redis is not None:
+            return None
+        return self._store(self.disk.landing, None, nbytes)
+
+    def store_landed(self, keys: list[CacheKey], views: list[memoryview], chunks: int) -> None:
+        """``put_run`` of a warm-up's chunks that landed in a ``landing`` buffer (``views`` of it, one per key):
+        to the store only, written from where they are."""
+        if keys and self.disk is not None:
+            self._store(self.disk.put_chunks, False, keys[0].content_id, keys[0].start, views, chunks, True)
 
     def put(self, key: CacheKey, data: bytes, persist: bool = True, memory: bool = True) -> None:
         """Keep ``data`` (fetched from the origin) in memory, in the store with ``persist``, and in the shared

@@ -14,41 +14,93 @@ A write ``O_DIRECT`` cannot do (a file system without it, ``EINVAL``) is done bu
 one of that file; a short write's rest is written buffered. Nothing else changes: the same bytes land at the
 same offsets, the caller's MACs, room check, full-disk handling and ``sync_file_range`` stay as they are (a
 direct write is on the device when it returns; the sync finds nothing left to write).
+
+**Landing buffers.** A warm-up's body need not be copied at all: the store lends the fetch an
+:class:`AlignedBuffer` of the piece's size (``BouncePool.landing``), the range client writes the body
+straight into it (``ckptfs.sources.remote.curl``), and the chunks, views of it at multiples of ``CHUNK``,
+are written from there with one ``pwritev``. The buffers are kept between pieces (up to ``KEPT_BYTES``), so
+their pages are faulted in once per process instead of once per piece: fresh memory for every fetched byte
+(a page fault, a zeroed page and a memory-cgroup charge every 4 KiB) was the largest part of a warm-up's
+system time after the socket reads.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import mmap
 import os
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 #: The aligned buffer's size: whole chunks are copied into it and written a buffer at a time.
 BOUNCE_BYTES = 1 << 20
 #: What ``O_DIRECT`` asks of the buffer, the offset and the length (a page: every device's block or less).
 ALIGN = mmap.PAGESIZE
-#: Buffers a pool keeps between writes (more are made while more writes run at once, then let go).
-KEPT_BUFFERS = 4
+#: The smallest buffer made: a read-ahead's largest piece (``ckptfs.sources.remote.transport``'s ``piece_bytes``).
+BUFFER_BYTES = 4 << 20
+#: Bytes of buffers a pool keeps between writes (more are made while more writes run at once, then let go):
+#: a warm-up's pieces in flight at once (32 of 4 MiB at the origin's first limit) land in buffers kept.
+KEPT_BYTES = 128 << 20
+
+
+def views_after(views: Sequence[memoryview], skip: int) -> list[memoryview]:
+    """What is left of ``views`` (one after the other) past their first ``skip`` bytes: what a short write
+    left to write."""
+    rest = []
+    for view in views:
+        if skip >= view.nbytes:
+            skip -= view.nbytes
+            continue
+        rest.append(view[skip:])
+        skip = 0
+    return rest
+
+
+class AlignedBuffer(mmap.mmap):
+    """Anonymous memory of a whole number of pages, starting on a page (an ``mmap`` does): a view of it that
+    starts at a multiple of ``ALIGN`` and is a multiple of it long is aligned for ``O_DIRECT``. Private to
+    the process (``mmap``'s default for anonymous memory is shared, whose pages cost more to fault in)."""
+
+    @classmethod
+    def of(cls, size: int) -> AlignedBuffer:
+        return cls(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
 
 
 class BouncePool:
-    """The page-aligned buffers of one store's direct writes, reused: each is faulted in once, not per write."""
+    """The page-aligned buffers of one store's direct writes and landings, reused: each is faulted in once,
+    not per write (see the module docstring). A buffer is at least ``BUFFER_BYTES`` (a read-ahead's largest
+    piece), so the pieces of every size a warm-up asks for share the same few."""
 
     def __init__(self) -> None:
-        self._free: list[mmap.mmap] = []
+        self._free: list[AlignedBuffer] = []
+        self._kept = 0
         self._lock = threading.Lock()
 
-    def take(self) -> mmap.mmap:
+    def take(self, nbytes: int = BOUNCE_BYTES) -> AlignedBuffer:
         with self._lock:
-            if self._free:
-                return self._free.pop()
-        return mmap.mmap(-1, BOUNCE_BYTES)
+            for k, buffer in enumerate(self._free):
+                if len(buffer) >= nbytes:
+                    del self._free[k]
+                    self._kept -= len(buffer)
+                    return buffer
+        return AlignedBuffer.of(max(BUFFER_BYTES, -(-nbytes // BOUNCE_BYTES) * BOUNCE_BYTES))
 
-    def give(self, buffer: mmap.mmap) -> None:
+    def give(self, buffer: AlignedBuffer) -> None:
         with self._lock:
-            if len(self._free) < KEPT_BUFFERS:
+            if self._kept + len(buffer) <= KEPT_BYTES:
                 self._free.append(buffer)
+                self._kept += len(buffer)
+
+    @contextlib.contextmanager
+    def landing(self, nbytes: int) -> Iterator[memoryview]:
+        """A writable view of ``nbytes`` at the start of a buffer of the pool, lent for the ``with`` block:
+        whoever fills it must hold no view of it past the block (the buffer is lent again)."""
+        buffer = self.take(nbytes)
+        try:
+            yield memoryview(buffer)[:nbytes]
+        finally:
+            self.give(buffer)
 
 
 class DirectWriter:
@@ -74,6 +126,10 @@ class DirectWriter:
         buffered write raises it."""
         if self._fd is None:
             return buffered(list(views), offset)
+        if all(isinstance(view.obj, AlignedBuffer) for view in views):
+            landed = self._write_landed(views, offset, buffered)
+            if landed is not None:
+                return landed
         bounce = self._pool.take()
         try:
             return self._write(views, offset, buffered, bounce)
@@ -107,6 +163,22 @@ class DirectWriter:
                     wrote += buffered([part[wrote:]], offset + done + wrote)
             done += wrote
         return done
+
+    def _write_landed(self, views: Sequence[memoryview], offset: int,
+                      buffered: Callable[[list[memoryview], int], int]) -> int | None:
+        """``views`` of landing buffers (``AlignedBuffer``) written from where they are, in one ``pwritev``;
+        None when the kernel refuses them as unaligned (``EINVAL``: a view that does not start on a block),
+        for the caller's copy through a bounce buffer."""
+        assert self._fd is not None
+        try:
+            wrote = os.pwritev(self._fd, views, offset)
+        except OSError as exc:
+            if exc.errno != errno.EINVAL:
+                raise
+            return None
+        if wrote < sum(view.nbytes for view in views):  # (a short write: the device ran out of room)
+            wrote += buffered(views_after(views, wrote), offset + wrote)
+        return wrote
 
     def close(self) -> None:
         if self._fd is not None:

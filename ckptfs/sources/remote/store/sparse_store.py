@@ -69,7 +69,7 @@ from ckptfs.cache import auth, entry
 from ckptfs.cache.folder import FolderBound, folder_lock, open_private, scandir, unlink
 from ckptfs.cache.keys import CacheKey
 from ckptfs.sources.remote.store import range_lease
-from ckptfs.sources.remote.store.direct_write import ALIGN, BouncePool, DirectWriter
+from ckptfs.sources.remote.store.direct_write import ALIGN, BouncePool, DirectWriter, views_after
 from ckptfs.sources.remote.store.names import NameRecords
 from ckptfs.util.runs import runs as _runs
 from ckptfs.util.sizes import format_size
@@ -573,7 +573,11 @@ class SparseStore(FolderBound):
 
     # -- writes --------------------------------------------------------------------------------------
 
-    def put_chunks(self, content_id: str, first: int, parts: Sequence[bytes], chunks: int | None,
+    def landing(self, nbytes: int) -> contextlib.AbstractContextManager[memoryview]:
+        """See ``chunk_store.ChunkStore``: one of the direct writes' buffers (``direct_write.BouncePool``)."""
+        return self._bounce.landing(nbytes)
+
+    def put_chunks(self, content_id: str, first: int, parts: Sequence[bytes] | Sequence[memoryview], chunks: int | None,
                    direct: bool = False) -> bool:
         """See ``chunk_store.ChunkStore``. The data is on the device before the records that make it present
         (see the module docstring); the leases of these chunks are given up whatever happens. ``direct``:
@@ -947,13 +951,6 @@ def _write_all(fd: int, views: list[memoryview], offset: int) -> int:
     total = sum(view.nbytes for view in views)
     done = 0
     while done < total:
-        at, rest = done, []
-        for view in views:
-            if at >= view.nbytes:
-                at -= view.nbytes
-                continue
-            rest.append(view[at:])
-            at = 0
-        done += os.pwritev(fd, rest[:1024], offset + done)
+        done += os.pwritev(fd, views_after(views, done)[:1024], offset + done)
     return total
 
