@@ -244,3 +244,31 @@ def test_ctrl_c_ends_a_transfer_mid_body(site):
         finally:
             child.kill()
     assert child.returncode == 3 and "interrupted" in out, (child.returncode, out, err[-2000:])
+
+
+_OPENED_WITHOUT_URLLIB3 = """
+import sys
+from ckptfs.core.options import OpenOptions
+from ckptfs.sources.remote import curl
+from ckptfs.sources.remote.http import HttpSource
+from ckptfs.sources.remote.options import RemoteOptions
+options = RemoteOptions(OpenOptions(timeout=30, cache_dir=sys.argv[2]), read_ahead=False)
+src = HttpSource(sys.argv[1], options=options)
+head = src.pread(0, 4096)
+tail = src.pread(src.size - 4096, 4096)
+print(src.size, curl.counters()[0], "urllib3" in sys.modules, head.hex(), tail.hex())
+"""
+
+
+def test_an_open_asks_through_libcurl_too_and_urllib3_is_never_imported(site, tmp_path):
+    """The open's probe and the tail sample asked beside it (nginx's ETag is weak for ckptfs: its identity
+    takes the file's last bytes) are range GETs like any other: through libcurl, where it is built, so a
+    process that reads ``http(s)://`` files never imports urllib3 (its import alone is about 0.05 CPU-s)."""
+    server, _, data = site
+    done = subprocess.run([sys.executable, "-c", _OPENED_WITHOUT_URLLIB3, f"{server.url}/blob.bin",
+                           str(tmp_path / "cache")], capture_output=True, text=True, timeout=120, env=cli_env())
+    assert done.returncode == 0, done.stderr[-2000:]
+    size, transfers, imported, head, tail = done.stdout.split()
+    assert int(size) == SIZE and bytes.fromhex(head) == data[:4096] and bytes.fromhex(tail) == data[-4096:]
+    assert int(transfers) >= 2  # the probe and the tail sample at least
+    assert imported == "False"

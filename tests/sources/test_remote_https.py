@@ -25,6 +25,7 @@ pytest.importorskip("urllib3")
 import ckptfs
 from conftest import ckptfs_cli, cli_env, is_mounted, require_fuse, require_nginx
 from fixtures import write_mixed_gguf
+from ckptfs.sources.remote import curl
 from loopback.servers import Nginx, TestCA
 
 TLS_VARIABLES = ("SSL_CERT_FILE", "SSL_CERT_DIR", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE")
@@ -101,11 +102,20 @@ def test_an_untrusted_certificate_fails_the_mount_in_one_line(site, tmp_path):
     assert f"trusted: SSL_CERT_FILE={site['other']}" in line
 
 
+@pytest.mark.parametrize("client", ["libcurl", "urllib3"])
 @pytest.mark.parametrize("host, words", [("127.0.0.1", "IP address mismatch"), ("localhost", "Hostname mismatch")])
-def test_a_certificate_for_another_host_fails_the_mount_in_one_line(site, tmp_path, host, words):
+def test_a_certificate_for_another_host_fails_the_mount_in_one_line(site, tmp_path, host, words, client):
+    """The open's GET goes through libcurl where it is built, through urllib3 with ``CKPTFS_CURL=0``: either
+    refuses in one line that names the host and says the certificate names another (in its TLS library's
+    words: OpenSSL's through libcurl, Python's ``ssl`` through urllib3)."""
+    if client == "libcurl" and not curl.enabled(site["misnamed"].url):
+        pytest.skip("the libcurl extension is not built here")
     url = f"https://{host}:{site['misnamed'].port}/mixed.gguf"
-    line = failed_mount(site, url, tmp_path, SSL_CERT_FILE=str(site["ca"]))
-    assert f"certificate verify failed: {words}, certificate is not valid for '{host}'" in line
+    line = failed_mount(site, url, tmp_path, SSL_CERT_FILE=str(site["ca"]),
+                        **({"CKPTFS_CURL": "0"} if client == "urllib3" else {}))
+    assert "TLS certificate verify failed: " in line and f"'{host}'" in line
+    if client == "urllib3":
+        assert f"certificate verify failed: {words}, certificate is not valid for '{host}'" in line
     assert "names another host" in line
 
 

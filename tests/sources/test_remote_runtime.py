@@ -33,6 +33,7 @@ from ckptfs.core.options import OpenOptions
 from ckptfs.core.runtime import LIVE, Part, Runtime, runtime
 from ckptfs.sources import Opener
 from ckptfs.sources.netstats import SOURCE_COUNTERS
+from ckptfs.sources.remote import curl
 from ckptfs.sources.remote.http import HTTP_POOL
 from ckptfs.sources.remote.options import RemoteOptions
 from ckptfs.workers.scheduler import WORKERS
@@ -58,7 +59,15 @@ def _ports(pool) -> set[int]:
     return {key.key_port for key in pool.pools.keys()}
 
 
-def test_a_source_counts_and_connects_in_the_runtime_it_is_handed(site):
+@pytest.mark.parametrize("client", ["libcurl", "urllib3"])
+def test_a_source_counts_and_connects_in_the_runtime_it_is_handed(site, client, monkeypatch):
+    """Counters, caches, limits and workers are the handed runtime's; so are urllib3's connections where it
+    carries the requests (``CKPTFS_CURL=0``). libcurl keeps its connections per thread, beside any runtime:
+    through it, no urllib3 pool is touched at all (the open's GET included)."""
+    if client == "urllib3":
+        monkeypatch.setenv("CKPTFS_CURL", "0")
+    elif not curl.enabled("http://127.0.0.1/"):
+        pytest.skip("the libcurl extension is not built here")
     server, data = site
     port = server.port
     mine = Runtime()
@@ -70,7 +79,7 @@ def test_a_source_counts_and_connects_in_the_runtime_it_is_handed(site):
     counted = mine.get(SOURCE_COUNTERS).snapshot()
     assert counted["requests"] == len(answered) and counted["by_scheme"]["http"]["requests"]["ok"] == len(answered)
     assert counted["bytes"] == sum(nbytes for _, _, nbytes in answered) >= 2 * CHUNK
-    assert port in _ports(mine.get(HTTP_POOL))
+    assert (port in _ports(mine.get(HTTP_POOL))) == (client == "urllib3")
     assert port not in _ports(runtime().get(HTTP_POOL))  # the process's runtime never talked to this server
     assert source.fetcher.cache.memory is mine.get(MEMORY_CHUNKS) is not runtime().get(MEMORY_CHUNKS)
     learnt = mine.get(ORIGINS).stats()[source.origin()]  # the origin's limit learnt from these requests

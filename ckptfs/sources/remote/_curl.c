@@ -5,7 +5,8 @@
  * record, 16 KiB, over https://) and hands each piece over as a bytes object that is copied again. Here the
  * whole transfer runs in C: libcurl's receive buffer is copied once, by the write callback, into the bytes
  * objects the chain keeps (or a writable buffer the caller hands in), and Python is entered only for what
- * it decides: once when the answer's status and headers are in (`decide`: take the body, drop it, or raise
+ * it decides: once when the answer's status and headers are in (`decide`: take the body (or, as (TAKE, n), a
+ * body of n bytes, fewer than asked for: what an answer's headers say it holds), drop it, or raise
  * the answer's error, which ends the transfer with its body unread and its connection closed), and every
  * POLL_S while the transfer runs (`until`: the read's deadline, which an outage found meanwhile may cut;
  * Ctrl-C is seen there too).
@@ -151,7 +152,25 @@ static int decide_body(Transfer *t) {
     int mode = ABORT;
     PyObject *headers = header_list(t);
     PyObject *got = headers ? PyObject_CallFunction(t->decide, "isO", t->status, t->reason, headers) : NULL;
-    if (got != NULL) {
+    if (got != NULL && PyTuple_Check(got)) {
+        /* (TAKE, n): a body of exactly n bytes, fewer than asked for (an answer whose length only its
+           headers say: an open's first range, cut short by a smaller file) */
+        long m = -1;
+        Py_ssize_t n = -1;
+        if (PyTuple_GET_SIZE(got) == 2) {
+            m = PyLong_AsLong(PyTuple_GET_ITEM(got, 0));
+            n = PyLong_AsSsize_t(PyTuple_GET_ITEM(got, 1));
+        }
+        if (PyErr_Occurred())
+            keep_exception(t);
+        else if (m != TAKE || n < 0 || (size_t)n > t->want) {
+            PyErr_SetString(PyExc_ValueError, "decide: (TAKE, n) with 0 <= n <= the bytes asked for");
+            keep_exception(t);
+        } else {
+            mode = TAKE;
+            t->want = (size_t)n;
+        }
+    } else if (got != NULL) {
         long m = PyLong_AsLong(got);
         if (m == -1 && PyErr_Occurred())
             keep_exception(t);

@@ -15,7 +15,7 @@ E_HEADERS: int
 E_TLS_VERIFY: int
 E_TLS_CACERT: int
 
-def get(url: str, headers: Sequence[str], want: int, decide: Callable[[int, str, list[tuple[str, str]]], int],
+def get(url: str, headers: Sequence[str], want: int, decide: Callable[[int, str, list[tuple[str, str]]], int | tuple[int, int]],
         until: Callable[[], float] | None, deadline: float, stall: float, fresh: bool = False,
         cainfo: str | None = None, capath: str | None = None, proxy: str = "",
         into: WriteableBuffer | None = None, chunk: int = 0, sigv4: str | None = None, user: str | None = None,

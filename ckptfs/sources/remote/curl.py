@@ -2,8 +2,9 @@
 
 ``http.HttpRange`` (``http(s)://``, ``hf://``) and ``s3_curl.S3Target`` (``s3://``, signed by libcurl) send their
 range GETs through ``native.get`` when ``enabled`` says so (the extension is built, the URL is
-``http(s)://``) and read the answer with ``outcome``; the probe that opens a file, the tail sample asked
-beside it and the Hub's metadata stay on urllib3, S3's open, HEAD and listing on boto3. The body is copied once,
+``http(s)://``) and read the answer with ``outcome``; so do an ``http(s)://`` file's open (its probe, and
+the tail sample asked beside it: an answer whose length only its headers say is taken as ``(TAKE, n)``).
+The Hub's API calls stay on urllib3, S3's open, HEAD and listing on boto3. The body is copied once,
 from libcurl's receive buffer into the ``CHUNK``-sized bytes objects the chunk cache keeps, with no Python
 between socket reads; Python is entered once per answer, when its status and headers are in (``decide``:
 the range client's checks, which take the body, drop it, or raise, ending the transfer with the body
@@ -22,6 +23,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Mapping
 from urllib.parse import urlsplit
 
 from ckptfs.sources.remote.context import ReadContext
@@ -53,6 +55,8 @@ class TlsRefused(Exception):
     no retry can mend it. ``detail`` is libcurl's own words."""
 
     def __init__(self, verify: bool, detail: str):
+        # libcurl's words after its own prefix: OpenSSL's reason, as Python's ssl gives it too
+        detail = detail.removeprefix("SSL certificate problem: ")
         super().__init__(detail)
         self.verify = verify
         self.detail = detail
@@ -69,6 +73,13 @@ def enabled(url: str) -> bool:
     if native is None or os.environ.get(ENV, "1").strip().lower() in ("0", "false", "no", "off"):
         return False
     return urlsplit(url).scheme.lower() in ("http", "https")
+
+
+def redirect_body(headers: Mapping[str, str]) -> int:
+    """What ``decide`` answers for a redirect's body: read and dropped when it is small (``DRAIN_BYTES``: its
+    connection is kept for the next request), else dropped unread (``ABORT``: the connection closes)."""
+    length = headers.get("content-length")
+    return DRAIN if length is not None and length.isdigit() and int(length) <= DRAIN_BYTES else ABORT
 
 
 def counters() -> tuple[int, int]:

@@ -1,7 +1,9 @@
-"""``http://`` and ``https://`` sources: range GETs over pooled keep-alive connections, through libcurl from C
-where the extension is built (``curl``: the transfer without the GIL, the body written into the chunks'
-bytes), else urllib3, which also sends the open's probe. Both clients' answers are judged by one method
-(``HttpRange._judge``) and their redirects followed by one rule (``Redirects``).
+"""``http://`` and ``https://`` sources: range GETs over kept-alive connections, through libcurl from C where
+the extension is built (``curl``: the transfer without the GIL, the body written into the chunks' bytes) —
+the open's probe and the tail sample beside it included, so urllib3 is not even imported then — else
+urllib3 (``CKPTFS_CURL=0``, no extension; the Hub's API calls always). Both clients' answers are judged by
+the same rules (``HttpRange._judge``; the probe's in ``HttpSource``) and their redirects followed by one rule
+(``Redirects``).
 
 Opening sends one GET for the first ``REMOTE_INITIAL_READ`` bytes (``Range: bytes=0-...``), not a HEAD: the
 answer fixes size (``Content-Range``) and identity (``ETag``, else ``Last-Modified``), and its bytes are the
@@ -50,11 +52,12 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urljoin, urlsplit
 
-import urllib3
-from urllib3 import BaseHTTPResponse
+if TYPE_CHECKING:  # imported where urllib3 carries a request (no libcurl, CKPTFS_CURL=0, the Hub's API calls)
+    import urllib3
+    from urllib3 import BaseHTTPResponse
 
 from ckptfs.sources.remote.store.chunks import CHUNK
 from ckptfs.core.errors import CheckpointError
@@ -103,6 +106,8 @@ def trusted_cas() -> tuple[dict[str, Any], str]:
 
 def connection_pool() -> urllib3.PoolManager:
     """A pool manager of keep-alive connections, reused by every HTTP source of a runtime (``HTTP_POOL``)."""
+    import urllib3
+
     return urllib3.PoolManager(num_pools=64, maxsize=POOL_CONNECTIONS, block=False, retries=False,
                                **trusted_cas()[0])
 
@@ -175,6 +180,8 @@ class Answer:
 def fresh_pool() -> urllib3.PoolManager:
     """A pool for one request on a connection of its own (the re-ask after an odd answer: not on a kept-alive
     connection to the backend that gave it)."""
+    import urllib3
+
     return urllib3.PoolManager(num_pools=1, maxsize=1, block=False, retries=False, **trusted_cas()[0])
 
 
@@ -189,6 +196,8 @@ class HttpClient:
     def send(self, method: str, url: str, headers: Mapping[str, str], deadline: float, auth_origin: str,
              fresh: bool = False) -> Answer:
         """``fresh``: on a new connection, closed after the answer, instead of a kept-alive one."""
+        import urllib3
+
         walk = Redirects(url, auth_origin)
         pool = fresh_pool() if fresh else None
         sent = {**ASKED_HEADERS, **headers, **({"Connection": "close"} if fresh else {})}
@@ -395,6 +404,8 @@ class HttpSource(RemoteSource):
         # the size and identity and judge the format (a remount then sends no request for bytes it fetched
         # before).
         first = OPEN_HEAD_BYTES if self.options.cache_dir else self.initial_read
+        if self.range.native:
+            return self._probe_curl(read, first)
         deadline = read.deadline
         answer = self.range.http.send("GET", self.url, {"Range": f"bytes=0-{first - 1}"}, deadline, self.url)
         resp, headers = answer.resp, answer.resp.headers
@@ -429,6 +440,82 @@ class HttpSource(RemoteSource):
         commit = next((h.get("x-repo-commit") for h in [*answer.hops, headers] if h.get("x-repo-commit")), None)
         return Probe(total, _validator(headers), answer.url, linked, head, time.monotonic(), _mtime_ns(headers),
                      commit=commit)
+
+
+    def _probe_curl(self, read: ReadContext, first: int) -> Probe:
+        """``_probe_once``'s GET through libcurl, the client of every range GET where it is built: redirects
+        followed here by ``Redirects``' rule, the answer judged as its headers arrive (the same rules as
+        through urllib3: a 206 from byte 0 with its total, a 200 no longer than asked for, a 416 of an empty
+        file, else the status's error), the body as long as the answer's headers say (``(TAKE, n)``)."""
+        walk = Redirects(self.url, self.url)
+        sent = [f"{k}: {v}" for k, v in ASKED_HEADERS.items()] + [f"Range: bytes=0-{first - 1}"]
+        sent += ["Connection: close"] if read.fresh else []
+        cas = curl.ca_locations(trusted_cas()[0])
+        while True:
+            answered: list[int] = []
+            final: list[dict[str, str]] = []
+            taken: list[int] = []  # the body's length, as the answer's headers say
+            hop: list[tuple[int, dict[str, str]]] = []
+
+            def decide(status: int, reason: str, lines: list[tuple[str, str]]) -> int | tuple[int, int]:
+                answered.append(status)
+                headers = dict(lines)
+                if redirected(status, headers):
+                    hop.append((status, headers))
+                    return curl.redirect_body(headers)
+                final.append(headers)
+                if status == 416:
+                    return curl.ABORT  # (its headers say all: an empty file, or a refusal)
+                if status == 206:
+                    start, end, total = _content_range(headers, self.name)
+                    if start != 0 or total is None or end + 1 > first:
+                        raise CheckpointError(self.name, 0,
+                                              f"unusable Content-Range {headers.get('content-range')!r}")
+                    taken.append(end + 1)
+                    return curl.TAKE, end + 1
+                if status == 200:
+                    length = headers.get("content-length")
+                    if length is None or not length.isdigit() or int(length) > first:
+                        raise CheckpointError(self.name, None, "the server does not support Range requests (it "
+                                                               "answered 200 with the whole file to a Range request)")
+                    taken.append(int(length))  # a file smaller than the first read: the whole body
+                    return curl.TAKE, int(length)
+                raise status_error(self.name, None, status, reason, self.credentials, headers,
+                                   self.options.counters, self.scheme)
+
+            auth = [f"{k}: {v}" for k, v in self.credentials.headers] if walk.send_auth else []
+            assert curl.native is not None  # self.range.native: the extension is built
+            code, message, got, parts = curl.native.get(
+                walk.url, sent + auth, first, decide, read.until, read.until(), self.options.stall_timeout,
+                read.fresh, cas[0], cas[1], "", None, CHUNK)
+            status = answered[-1] if answered else 0  # (none: the transfer failed before an answer)
+            try:
+                parts = curl.outcome(walk.url, code, message, got, parts, answered, bool(hop) or status == 416,
+                                     taken[0] if taken else first, read, self.options)
+            except curl.TlsRefused as exc:
+                self.options.counters.request(self.scheme, "error")
+                raise CheckpointError(walk.url, None, tls_refusal(exc.verify, exc.detail, exc.other_host)) \
+                    from None
+            if hop:
+                self.options.counters.request(self.scheme, "ok")
+                walk.follow(*hop[0])
+                continue
+            headers = final[0]
+            linked = _linked_sha256(walk.hops) or _linked_sha256([headers])
+            if status == 416:
+                match = _UNSATISFIED_RANGE.match(headers.get("content-range", ""))
+                if match and int(match[1]) == 0:
+                    self.options.counters.request(self.scheme, "ok")
+                    return Probe(0, _validator(headers), walk.url, linked, b"", time.monotonic(),
+                                 _mtime_ns(headers))
+                raise CheckpointError(self.name, 0, "the server refused the first byte range (HTTP 416)")
+            head = joined(parts) if parts else b""
+            total = _content_range(headers, self.name)[2] if status == 206 else len(head)
+            assert total is not None  # (decide refused a 206 without one)
+            self.options.counters.request(self.scheme, "ok", len(head))
+            commit = next((h.get("x-repo-commit") for h in [*walk.hops, headers] if h.get("x-repo-commit")), None)
+            return Probe(total, _validator(headers), walk.url, linked, head, time.monotonic(), _mtime_ns(headers),
+                         commit=commit)
 
 
 class HttpRange:
@@ -486,9 +573,7 @@ class HttpRange:
                     headers = dict(lines)
                     if redirected(status, headers):
                         hop.append((status, headers))
-                        length = headers.get("content-length")
-                        return curl.DRAIN if length is not None and length.isdigit() and \
-                            int(length) <= curl.DRAIN_BYTES else curl.ABORT
+                        return curl.redirect_body(headers)
                     self._judge(status, reason, headers, walk.hops, start, end, read)
                     return curl.TAKE
 
@@ -604,6 +689,8 @@ class HttpRange:
         every byte, a quarter of a cold stream's CPU). Each socket wait is bounded by the stall timeout and
         the whole by ``until()``, asked at every wait (``ReadContext.until``: an outage found meanwhile ends
         the body's wait too)."""
+        import urllib3
+
         parts: list[bytes] = []
         pending: list[bytes] = []  # the pieces of the chunk being read
         filled = got = 0
@@ -642,6 +729,15 @@ class HttpRange:
         return parts
 
 
+def _tail_range(headers: Mapping[str, str]) -> tuple[int, int] | None:
+    """(its length, the file's size) of a 206 answer's ``Content-Range`` that is a file's last bytes, at most
+    ``SAMPLE_BYTES`` of them; None for any other."""
+    got = content_range(headers.get("content-range"))
+    if got is None or got[2] is None or got[1] != got[2] - 1 or got[1] + 1 - got[0] > SAMPLE_BYTES:
+        return None
+    return got[1] + 1 - got[0], got[2]
+
+
 class _TailAhead:
     """A file's last ``SAMPLE_BYTES`` asked as a suffix range (``bytes=-4096``) on a thread, beside the probe that
     learns the file's size: the sample a weak validator needs (``weak_validator``) then costs an open no round
@@ -659,18 +755,58 @@ class _TailAhead:
     def _ask(self, deadline: float) -> None:
         source = self._source
         try:
-            answer = source.http.send("GET", source.url, {"Range": f"bytes=-{SAMPLE_BYTES}"}, deadline, source.url)
-            resp = answer.resp
-            got = content_range(resp.headers.get("content-range")) if resp.status == 206 else None
-            if got is None or got[2] is None or got[1] != got[2] - 1 or got[1] + 1 - got[0] > SAMPLE_BYTES:
-                _finish_small(resp)  # (a 200 of the whole file has no small length: its connection is closed)
-                return
-            body = source.read_body(resp, got[1] + 1 - got[0], deadline)
+            answer = self._asked_curl(deadline) if source.native else self._asked(deadline)
         except (CheckpointError, Retryable) as exc:
             log.debug("%s: the tail sample beside the probe: %s", public_name(source.name), exc)
             return
-        source.options.counters.request(source.scheme, "ok", len(body))
-        self._answer = (got[2], _validator(resp.headers), body)
+        if answer is not None:
+            source.options.counters.request(source.scheme, "ok", len(answer[2]))
+            self._answer = answer
+
+    def _asked(self, deadline: float) -> tuple[int, str | None, bytes] | None:
+        """The suffix range through urllib3: (the file's size, its validator, the bytes), or None."""
+        source = self._source
+        answer = source.http.send("GET", source.url, {"Range": f"bytes=-{SAMPLE_BYTES}"}, deadline, source.url)
+        resp = answer.resp
+        got = _tail_range(resp.headers) if resp.status == 206 else None
+        if got is None:
+            _finish_small(resp)  # (a 200 of the whole file has no small length: its connection is closed)
+            return None
+        return got[1], _validator(resp.headers), source.read_body(resp, got[0], deadline)
+
+    def _asked_curl(self, deadline: float) -> tuple[int, str | None, bytes] | None:
+        """The suffix range through libcurl (as every range GET where it is built), redirects followed by
+        ``Redirects``' rule: (the file's size, its validator, the bytes), or None (anything but a tail)."""
+        source = self._source
+        walk = Redirects(source.url, source.url)
+        sent = [f"{k}: {v}" for k, v in ASKED_HEADERS.items()] + [f"Range: bytes=-{SAMPLE_BYTES}"]
+        cas = curl.ca_locations(trusted_cas()[0])
+        while True:
+            hop: list[tuple[int, dict[str, str]]] = []
+            tail: list[tuple[int, str | None]] = []
+
+            def decide(status: int, reason: str, lines: list[tuple[str, str]]) -> int | tuple[int, int]:
+                headers = dict(lines)
+                if redirected(status, headers):
+                    hop.append((status, headers))
+                    return curl.redirect_body(headers)
+                got = _tail_range(headers) if status == 206 else None
+                if got is None:
+                    return curl.ABORT
+                tail.append((got[1], _validator(headers)))
+                return curl.TAKE, got[0]
+
+            auth = [f"{k}: {v}" for k, v in source.credentials.headers] if walk.send_auth else []
+            assert curl.native is not None  # source.native: the extension is built
+            code, _, _, parts = curl.native.get(walk.url, sent + auth, SAMPLE_BYTES, decide, lambda: deadline,
+                                                deadline, source.options.stall_timeout, False, cas[0], cas[1], "",
+                                                None, CHUNK)
+            if hop:
+                walk.follow(*hop[0])
+                continue
+            if code != 0 or not tail or parts is None:
+                return None
+            return tail[0][0], tail[0][1], joined(parts) if parts else b""
 
     def take(self, probe: Probe, wait: float) -> bytes | None:
         """The sample, when its answer came within ``wait`` seconds more and is the probed file's."""
