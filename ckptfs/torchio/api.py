@@ -18,6 +18,7 @@ running out of device memory raises one MemoryError naming the tensor, after fre
 from __future__ import annotations
 
 import functools
+import itertools
 import traceback
 from collections import deque
 from collections.abc import Sequence
@@ -283,7 +284,9 @@ def _decode_on_device(pieces: Sequence[batch.Piece], sources, device: torch.devi
     them on the device; the rest decode on the host into their destination."""
     uploader = _Uploader(device)
     todo = iter(pieces)
-    pending = deque((p, _read_ahead(p, sources)) for p, _ in zip(todo, range(READ_AHEAD)))
+    # (islice, not zip with a range: zip takes one more piece off ``todo`` before it sees the range end, and
+    # that piece would never be decoded)
+    pending = deque((p, _read_ahead(p, sources)) for p in itertools.islice(todo, READ_AHEAD))
     try:
         while pending:
             piece, future = pending.popleft()

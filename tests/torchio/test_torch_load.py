@@ -80,6 +80,30 @@ def test_load_gives_gguf_py_values_in_the_storage_dtype_where_torch_holds_it(mix
             np.testing.assert_array_equal(got.numpy(), ref.array)
 
 
+def test_the_device_path_decodes_every_piece_however_many(mixed, monkeypatch):
+    """The device path reads a few pieces ahead of the one it uploads (``READ_AHEAD``); with many more
+    pieces than that (here: every run a piece of its own), every piece is still read and decoded, each
+    tensor gguf-py's values. (A piece taken off the queue while it was filled was once never decoded: its
+    tensors were left as the device allocator found them, seen on a GPU.)"""
+    monkeypatch.setattr(batch, "PIECE_BYTES", 1)
+    with ckptfs.open(mixed.path) as ck:
+        tensors = batch.tensors_named(ck, list(mixed.tensors))
+        pieces = batch.plan(batch.decode_virtual(
+            [batch.Request.of(t, 0, t.size, api.TorchDestination(torch.empty(t.size))) for t in tensors]))
+    assert len(pieces) > api.READ_AHEAD + 2
+    loaded = api.load(mixed.path, use_kernels=True)
+    for name, ref in mixed.tensors.items():
+        got = loaded[name]
+        if ref.array is None:
+            continue
+        if got.dtype == torch.bfloat16:
+            assert_same_floats(got.float().numpy(), ref.array)
+        elif got.dtype == torch.float32:
+            assert_same_floats(got.numpy(), ref.array)
+        else:
+            np.testing.assert_array_equal(got.numpy(), ref.array)
+
+
 @pytest.mark.parametrize("dtype", [None, torch.float32, "float16", "bfloat16", torch.float64])
 def test_device_path_equals_host_path_bit_for_bit(mixed, dtype):
     host = api.load(mixed.path, device="cpu", dtype=dtype)
