@@ -268,7 +268,10 @@ def test_the_warm_ups_last_round_is_spread_over_the_origins_slots(origin, tmp_pa
     assert sum(b - a for a, b in fetched) == size and all(a == b for (_, a), (b, _) in pairwise(fetched))
     sizes = [b - a for a, b in fetched]
     assert max(sizes) == 4 * MiB and sizes[-1] < 4 * MiB and sizes[-2] < 4 * MiB, sizes
-    assert len([n for n in sizes if n < 4 * MiB]) == 2, sizes  # the last round: one piece per slot
+    # the last round: one piece per slot. (The first 4 MiB may come in smaller requests too: the open reads
+    # the header's first 2 MiB beside the warm-up, and on a loaded machine it can ask before the warm-up has
+    # claimed them; the warm-up then fetches the rest of that piece.)
+    assert len([b - a for a, b in fetched if b - a < 4 * MiB and a >= 4 * MiB]) == 2, fetched
 
 
 def test_a_file_that_is_no_checkpoint_is_refused_after_its_first_read_not_fetched_whole(origin, tmp_path):
