@@ -441,7 +441,6 @@ class HttpSource(RemoteSource):
         return Probe(total, _validator(headers), answer.url, linked, head, time.monotonic(), _mtime_ns(headers),
                      commit=commit)
 
-
     def _probe_curl(self, read: ReadContext, first: int) -> Probe:
         """``_probe_once``'s GET through libcurl, the client of every range GET where it is built: redirects
         followed here by ``Redirects``' rule, the answer judged as its headers arrive (the same rules as
@@ -550,9 +549,10 @@ class HttpRange:
     def fetch(self, start: int, end: int, read: ReadContext) -> list[bytes] | list[memoryview]:
         """One attempt at bytes [start, end): a GET at the remembered location (``read.fresh``: on a connection
         of its own), through libcurl when it carries this file's range GETs (``curl``: redirects followed here
-        by ``Redirects``' rule, the answer judged by ``_judge`` as its headers arrive, its body written in C into
-        chunk-sized parts, or into ``read.into``: then the answer is ``[read.into]``), else urllib3 (``_asked``). A remembered redirect target that refuses (an
-        expired signed CDN URL) is forgotten: ``Relocated``, and the retry rule asks the URL again at once.
+        by ``Redirects``' rule, the answer judged by ``_judge`` as its headers arrive, its body written in C
+        into chunk-sized parts, or into ``read.into``: then the answer is ``[read.into]``), else urllib3
+        (``_asked``). A remembered redirect target that refuses (an expired signed CDN URL) is forgotten:
+        ``Relocated``, and the retry rule asks the URL again at once.
         The request is sent from here (no helper between): a read's walk down the chain stays one frame per
         part."""
         url = self.location

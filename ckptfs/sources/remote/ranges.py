@@ -26,11 +26,12 @@ class RangeClient(Protocol):
     """One scheme's requests for one file: ``fetch(start, end, read)`` is one attempt at bytes [start, end)
     within ``read.deadline`` (``read.until()`` asked at each wait): exactly those bytes, as one ``bytes`` or
     as consecutive parts of ``CHUNK`` bytes but the last (no join, no cutting), or ``[read.into]`` when it
-    wrote the body into the buffer the read lent it (``ReadContext.landing_in``; a client that cannot ignores it), or ``origin.Retryable`` /
-    ``origin.Changed`` / ``odd.OddAnswer`` / ``origin.Relocated`` / ``CheckpointError`` for the retry rule
-    (``origin.Attempts``) to decide on; ``read.fresh`` asks for a connection of its own (the last answer was
-    odd); ``read.answered()`` once the answer's headers are in, where known. ``name`` and ``scheme`` label its errors and counters, ``size`` is the file's as opened (0 before),
-    ``origin()`` who answers (whose outage state and in-flight limit are kept)."""
+    wrote the body into the buffer the read lent it (``ReadContext.landing_in``; a client that cannot
+    ignores it), or ``origin.Retryable`` / ``origin.Changed`` / ``odd.OddAnswer`` / ``origin.Relocated`` /
+    ``CheckpointError`` for the retry rule (``origin.Attempts``) to decide on; ``read.fresh`` asks for a
+    connection of its own (the last answer was odd); ``read.answered()`` once the answer's headers are in,
+    where known. ``name`` and ``scheme`` label its errors and counters, ``size`` is the file's as opened (0
+    before), ``origin()`` who answers (whose outage state and in-flight limit are kept)."""
 
     name: str
     scheme: str

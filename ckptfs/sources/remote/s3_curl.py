@@ -82,11 +82,12 @@ class S3Target:
         return cls(url, client.meta.region_name or "us-east-1", credentials, cainfo, capath, proxy)
 
     def get(self, start: int, end: int, headers: Mapping[str, str], read: ReadContext, fresh: bool,
-            judge: Callable[[int, str, Mapping[str, str]], None], options: RemoteOptions) -> list[bytes] | list[memoryview]:
-        """Bytes [start, end) as chunk-sized parts (or ``[read.into]``, written there): one signed GET with ``headers`` besides the range;
-        ``judge(status, reason, headers)`` returns for an answer whose body is wanted and raises otherwise
-        (the transfer then ends with its body unread and its connection closed). Failures of the transfer
-        are ``curl.outcome``'s."""
+            judge: Callable[[int, str, Mapping[str, str]], None],
+            options: RemoteOptions) -> list[bytes] | list[memoryview]:
+        """Bytes [start, end) as chunk-sized parts (or ``[read.into]``, written there): one signed GET with
+        ``headers`` besides the range; ``judge(status, reason, headers)`` returns for an answer whose body is
+        wanted and raises otherwise (the transfer then ends with its body unread and its connection closed).
+        Failures of the transfer are ``curl.outcome``'s."""
         sent = [f"{k}: {v}" for k, v in {**ASKED_HEADERS, **headers}.items() if k != "User-Agent"]
         sent += [f"Range: bytes={start}-{end - 1}", f"x-amz-content-sha256: {EMPTY_SHA256}"]
         sent += ["Connection: close"] if fresh else []

@@ -18,8 +18,8 @@ class ChunkStore(Protocol):
     def get(self, content_id: str, index: int) -> bytes | None:
         """Chunk ``index`` of the file, checked; None when absent or bad (a miss)."""
 
-    def put_chunks(self, content_id: str, first: int, parts: Sequence[bytes] | Sequence[memoryview], chunks: int | None,
-                   direct: bool = False) -> bool:
+    def put_chunks(self, content_id: str, first: int, parts: Sequence[bytes] | Sequence[memoryview],
+                   chunks: int | None, direct: bool = False) -> bool:
         """Store consecutive chunks ``first, first + 1, ...`` (``parts``) of a file of ``chunks`` chunks (None:
         not known here); True when they are all stored. Gives up this process's leases of them. ``direct``:
         no reader waits for these bytes (a warm-up's): the store may write them past the page cache."""

@@ -577,8 +577,8 @@ class SparseStore(FolderBound):
         """See ``chunk_store.ChunkStore``: one of the direct writes' buffers (``direct_write.BouncePool``)."""
         return self._bounce.landing(nbytes)
 
-    def put_chunks(self, content_id: str, first: int, parts: Sequence[bytes] | Sequence[memoryview], chunks: int | None,
-                   direct: bool = False) -> bool:
+    def put_chunks(self, content_id: str, first: int, parts: Sequence[bytes] | Sequence[memoryview],
+                   chunks: int | None, direct: bool = False) -> bool:
         """See ``chunk_store.ChunkStore``. The data is on the device before the records that make it present
         (see the module docstring); the leases of these chunks are given up whatever happens. ``direct``:
         bytes no reader waits for (a warm-up's), written past the page cache (``direct_write``)."""
