@@ -39,7 +39,7 @@ MiB = 1 << 20
 
 @pytest.fixture(scope="module")
 def origin(tmp_path_factory):
-    with nginx_origin(tmp_path_factory, lambda root: same_bytes(root, ("shared.bin", "warm.bin", "landed.bin"), 12 * MiB)) \
+    with nginx_origin(tmp_path_factory, lambda root: same_bytes(root, ("shared.bin", "warm.bin", "landed.bin", "kept.bin"), 12 * MiB)) \
             as (server, _, data):  # each test its own file: its own log lines
         yield server, data
 
@@ -123,3 +123,22 @@ def test_a_warm_ups_body_lands_in_the_stores_buffer_and_its_waiters_read_the_sto
     time.sleep(0.2)  # nginx logs a request once its answer is sent
     assert data_ranges(server.ranges("landed.bin", before), len(data)) == [(4 * MiB, 8 * MiB)]
     assert source.pread(4 * MiB, 4 * MiB) == data[4 * MiB:8 * MiB]
+
+
+def test_a_warm_up_lets_go_of_its_landing_buffers_when_it_ends(origin, tmp_path):
+    """The buffers a warm-up's pieces landed in are kept for its next pieces, and let go once it ends: a
+    mount's daemon that warmed its checkpoint up does not keep them for the rest of its life."""
+    server, data = origin
+    source = _source(f"{server.url}/kept.bin", cache_dir=str(tmp_path / "cache"))
+    pool = source.fetcher.cache.disk._bounce  # probe: the store's pool (how many buffers it keeps)
+    let_go, kept_then = pool.let_go, []
+
+    def letting_go():
+        kept_then.append(pool._kept)
+        let_go()
+
+    pool.let_go = letting_go
+    report = warm([source])
+    assert report.ok and report.fetched == len(data), report.summary()
+    assert kept_then and kept_then[0] > 0  # kept while the warm-up ran (its pieces landed in them) ...
+    assert pool._kept == 0 and pool._free == []  # ... and let go when it ended

@@ -235,7 +235,11 @@ def warm(sources: Iterable[ByteSource], *, stop: StopSignal | None = None,
             report.errors.append(trouble)
             report.seconds = time.monotonic() - started
             return report
-    fetch_missing(list(zip(files, missing)), report, stop=stop, progress=progress, share=share)
+    try:
+        fetch_missing(list(zip(files, missing)), report, stop=stop, progress=progress, share=share)
+    finally:  # the buffers its pieces landed in are let go: a mount's warm-up ends, its daemon goes on
+        for f in files[:1]:
+            f.remote.fetcher.cache.let_go_of_landings()
     report.seconds = time.monotonic() - started
     return report
 

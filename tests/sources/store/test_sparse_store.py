@@ -523,6 +523,10 @@ def test_the_direct_writes_of_many_files_share_a_few_buffers():
     again = [pool.take() for _ in range(kept + 1)]
     assert sum(any(b is t for t in taken) for b in again) == kept
     assert len(pool.take(BUFFER_BYTES + 1)) == BUFFER_BYTES + direct_write.BOUNCE_BYTES  # (larger: whole MiB)
+    kept = pool.take()
+    pool.give(kept)
+    pool.let_go()  # (a warm-up ended): none kept, the next one is made anew
+    assert pool.take() is not kept
 
 
 def test_a_landing_buffer_is_written_from_where_it_is_and_lent_again(tmp_path):

@@ -29,6 +29,10 @@ class ChunkStore(Protocol):
         straight into and stored from: ``put_chunks(..., direct=True)`` of its views at multiples of ``CHUNK``
         writes them from there (no copy). Whoever fills it holds no view of it past the block."""
 
+    def let_go_of_landings(self) -> None:
+        """The landing buffers kept for reuse and not lent now are given back to the system: a warm-up ended
+        (a mount's daemon goes on without it)."""
+
     def stored_chunks(self, content_id: str, indexes: Sequence[int]) -> set[int]:
         """Of the chunks ``indexes``, those the store holds (not checked against their MACs here)."""
 

@@ -250,6 +250,11 @@ class ChunkCache:
             return None
         return self._store(self.disk.landing, None, nbytes)
 
+    def let_go_of_landings(self) -> None:
+        """The store's landing buffers not lent now are given back to the system (a warm-up has ended)."""
+        if self.disk is not None:
+            self._store(self.disk.let_go_of_landings, None)
+
     def store_landed(self, keys: list[CacheKey], views: list[memoryview], chunks: int) -> None:
         """``put_run`` of a warm-up's chunks that landed in a ``landing`` buffer (``views`` of it, one per key):
         to the store only, written from where they are."""

@@ -18,8 +18,8 @@ direct write is on the device when it returns; the sync finds nothing left to wr
 **Landing buffers.** A warm-up's body need not be copied at all: the store lends the fetch an
 :class:`AlignedBuffer` of the piece's size (``BouncePool.landing``), the range client writes the body
 straight into it (``ckptfs.sources.remote.curl``), and the chunks, views of it at multiples of ``CHUNK``,
-are written from there with one ``pwritev``. The buffers are kept between pieces (up to ``KEPT_BYTES``), so
-their pages are faulted in once per process instead of once per piece: fresh memory for every fetched byte
+are written from there with one ``pwritev``. The buffers are kept between pieces (up to ``KEPT_BYTES``) and let
+go when the warm-up ends (``let_go``), so their pages are faulted in once per warm-up instead of once per piece: fresh memory for every fetched byte
 (a page fault, a zeroed page and a memory-cgroup charge every 4 KiB) was the largest part of a warm-up's
 system time after the socket reads.
 """
@@ -91,6 +91,12 @@ class BouncePool:
             if self._kept + len(buffer) <= KEPT_BYTES:
                 self._free.append(buffer)
                 self._kept += len(buffer)
+
+    def let_go(self) -> None:
+        """Let the buffers kept (not those lent now) go: unmapped once nothing holds a view of them (the
+        writes that used them ended)."""
+        with self._lock:
+            self._free, self._kept = [], 0
 
     @contextlib.contextmanager
     def landing(self, nbytes: int) -> Iterator[memoryview]:

@@ -577,6 +577,10 @@ class SparseStore(FolderBound):
         """See ``chunk_store.ChunkStore``: one of the direct writes' buffers (``direct_write.BouncePool``)."""
         return self._bounce.landing(nbytes)
 
+    def let_go_of_landings(self) -> None:
+        """See ``chunk_store.ChunkStore``."""
+        self._bounce.let_go()
+
     def put_chunks(self, content_id: str, first: int, parts: Sequence[bytes] | Sequence[memoryview],
                    chunks: int | None, direct: bool = False) -> bool:
         """See ``chunk_store.ChunkStore``. The data is on the device before the records that make it present
