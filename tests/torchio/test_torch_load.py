@@ -70,14 +70,19 @@ def test_load_gives_gguf_py_values_in_the_storage_dtype_where_torch_holds_it(mix
         got = loaded[name]
         assert tuple(got.shape) == ref.shape, name
         assert got.dtype == STORAGE_TORCH.get(ref.storage_type, torch.float32), name
-        if ref.array is None:
-            continue
-        if got.dtype == torch.bfloat16:
-            assert_same_floats(got.float().numpy(), ref.array)
-        elif got.dtype == torch.float32:
-            assert_same_floats(got.numpy(), ref.array)
-        else:
-            np.testing.assert_array_equal(got.numpy(), ref.array)
+        assert_gguf_py_values(got, ref)
+
+
+def assert_gguf_py_values(got: torch.Tensor, ref) -> None:
+    """``got`` holds gguf-py's values of ``ref`` (where gguf-py decodes it), bit for bit."""
+    if ref.array is None:
+        return
+    if got.dtype == torch.bfloat16:
+        assert_same_floats(got.float().numpy(), ref.array)
+    elif got.dtype == torch.float32:
+        assert_same_floats(got.numpy(), ref.array)
+    else:
+        np.testing.assert_array_equal(got.numpy(), ref.array)
 
 
 def test_the_device_path_decodes_every_piece_however_many(mixed, monkeypatch):
@@ -93,15 +98,7 @@ def test_the_device_path_decodes_every_piece_however_many(mixed, monkeypatch):
     assert len(pieces) > api.READ_AHEAD + 2
     loaded = api.load(mixed.path, use_kernels=True)
     for name, ref in mixed.tensors.items():
-        got = loaded[name]
-        if ref.array is None:
-            continue
-        if got.dtype == torch.bfloat16:
-            assert_same_floats(got.float().numpy(), ref.array)
-        elif got.dtype == torch.float32:
-            assert_same_floats(got.numpy(), ref.array)
-        else:
-            np.testing.assert_array_equal(got.numpy(), ref.array)
+        assert_gguf_py_values(loaded[name], ref)
 
 
 @pytest.mark.parametrize("dtype", [None, torch.float32, "float16", "bfloat16", torch.float64])

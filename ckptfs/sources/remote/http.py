@@ -406,46 +406,62 @@ class HttpSource(RemoteSource):
         first = OPEN_HEAD_BYTES if self.options.cache_dir else self.initial_read
         if self.range.native:
             return self._probe_curl(read, first)
-        deadline = read.deadline
-        answer = self.range.http.send("GET", self.url, {"Range": f"bytes=0-{first - 1}"}, deadline, self.url)
-        resp, headers = answer.resp, answer.resp.headers
-        linked = _linked_sha256(answer.hops) or _linked_sha256([headers])
-        if resp.status == 416:
-            match = _UNSATISFIED_RANGE.match(headers.get("content-range", ""))
+        answer = self.range.http.send("GET", self.url, {"Range": f"bytes=0-{first - 1}"}, read.deadline, self.url)
+        resp = answer.resp
+        try:
+            length = self._probe_length(resp.status, resp.reason or "", resp.headers, first)
+        except BaseException:
+            (_discard if resp.status in (200, 206) else _finish_small)(resp)
+            raise
+        if length is None:
             _finish_small(resp)
-            if match and int(match[1]) == 0:
-                self.options.counters.request(self.scheme, "ok")
-                return Probe(0, _validator(headers), answer.url, linked, b"", time.monotonic(), _mtime_ns(headers))
-            raise CheckpointError(self.name, 0, "the server refused the first byte range (HTTP 416)")
-        if resp.status == 206:
+        head = b"" if length is None else self.range.read_body(resp, length, read.deadline)
+        return self._probed(resp.status, resp.headers, answer.hops, answer.url, head)
+
+    def _probe_length(self, status: int, reason: str, headers: Mapping[str, str], first: int) -> int | None:
+        """The body an answer to the open's first GET (of bytes 0..``first``) holds, to be read whole: a 206
+        from byte 0 that says the file's total, or a 200 no longer than asked for (the whole of a smaller
+        file); None for a 416, whose headers say all (``_probed``). Any other answer raises its error, which
+        either client raises as it is (its body then dropped)."""
+        if status == 416:
+            return None
+        if status == 206:
             start, end, total = _content_range(headers, self.name)
-            if start != 0 or total is None:
-                _discard(resp)
+            if start != 0 or total is None or end + 1 > first:
                 raise CheckpointError(self.name, 0, f"unusable Content-Range {headers.get('content-range')!r}")
-            head = self.range.read_body(resp, end + 1 - start, deadline)
-        elif resp.status == 200:
+            return end + 1
+        if status == 200:
             length = headers.get("content-length")
             if length is None or not length.isdigit() or int(length) > first:
-                _discard(resp)
                 raise CheckpointError(self.name, None, "the server does not support Range requests (it answered "
                                                        "200 with the whole file to a Range request)")
-            total = int(length)  # a file smaller than the first read: the whole body is the range
-            head = self.range.read_body(resp, total, deadline)
-        else:
-            error = status_error(self.name, None, resp.status, resp.reason or "", self.credentials, headers,
-                                 self.options.counters, self.scheme)
-            _finish_small(resp)
-            raise error
+            return int(length)  # a file smaller than the first read: the whole body is the range
+        raise status_error(self.name, None, status, reason, self.credentials, headers, self.options.counters,
+                           self.scheme)
+
+    def _probed(self, status: int, headers: Mapping[str, str], hops: list[Mapping[str, str]], url: str,
+                head: bytes) -> Probe:
+        """What the open learnt from the answer ``_probe_length`` judged (its ``status`` and ``headers``, the
+        redirects' ``hops`` before it, where it came from, its body ``head``), counted: an empty file's 416,
+        or the size and identity of a file and its first bytes."""
+        linked = _linked_sha256(hops) or _linked_sha256([headers])
+        if status == 416:
+            match = _UNSATISFIED_RANGE.match(headers.get("content-range", ""))
+            if match and int(match[1]) == 0:
+                self.options.counters.request(self.scheme, "ok")
+                return Probe(0, _validator(headers), url, linked, b"", time.monotonic(), _mtime_ns(headers))
+            raise CheckpointError(self.name, 0, "the server refused the first byte range (HTTP 416)")
+        total = _content_range(headers, self.name)[2] if status == 206 else len(head)
+        assert total is not None  # (_probe_length refused a 206 without one)
         self.options.counters.request(self.scheme, "ok", len(head))
-        commit = next((h.get("x-repo-commit") for h in [*answer.hops, headers] if h.get("x-repo-commit")), None)
-        return Probe(total, _validator(headers), answer.url, linked, head, time.monotonic(), _mtime_ns(headers),
+        commit = next((h.get("x-repo-commit") for h in [*hops, headers] if h.get("x-repo-commit")), None)
+        return Probe(total, _validator(headers), url, linked, head, time.monotonic(), _mtime_ns(headers),
                      commit=commit)
 
     def _probe_curl(self, read: ReadContext, first: int) -> Probe:
         """``_probe_once``'s GET through libcurl, the client of every range GET where it is built: redirects
-        followed here by ``Redirects``' rule, the answer judged as its headers arrive (the same rules as
-        through urllib3: a 206 from byte 0 with its total, a 200 no longer than asked for, a 416 of an empty
-        file, else the status's error), the body as long as the answer's headers say (``(TAKE, n)``)."""
+        followed here by ``Redirects``' rule, the answer judged by ``_probe_length`` as its headers arrive,
+        the body as long as they say (``(TAKE, n)``)."""
         walk = Redirects(self.url, self.url)
         sent = [f"{k}: {v}" for k, v in ASKED_HEADERS.items()] + [f"Range: bytes=0-{first - 1}"]
         sent += ["Connection: close"] if read.fresh else []
@@ -463,24 +479,11 @@ class HttpSource(RemoteSource):
                     hop.append((status, headers))
                     return curl.redirect_body(headers)
                 final.append(headers)
-                if status == 416:
-                    return curl.ABORT  # (its headers say all: an empty file, or a refusal)
-                if status == 206:
-                    start, end, total = _content_range(headers, self.name)
-                    if start != 0 or total is None or end + 1 > first:
-                        raise CheckpointError(self.name, 0,
-                                              f"unusable Content-Range {headers.get('content-range')!r}")
-                    taken.append(end + 1)
-                    return curl.TAKE, end + 1
-                if status == 200:
-                    length = headers.get("content-length")
-                    if length is None or not length.isdigit() or int(length) > first:
-                        raise CheckpointError(self.name, None, "the server does not support Range requests (it "
-                                                               "answered 200 with the whole file to a Range request)")
-                    taken.append(int(length))  # a file smaller than the first read: the whole body
-                    return curl.TAKE, int(length)
-                raise status_error(self.name, None, status, reason, self.credentials, headers,
-                                   self.options.counters, self.scheme)
+                length = self._probe_length(status, reason, headers, first)
+                if length is None:
+                    return curl.ABORT  # (its headers say all)
+                taken.append(length)
+                return curl.TAKE, length
 
             auth = [f"{k}: {v}" for k, v in self.credentials.headers] if walk.send_auth else []
             assert curl.native is not None  # self.range.native: the extension is built
@@ -499,22 +502,7 @@ class HttpSource(RemoteSource):
                 self.options.counters.request(self.scheme, "ok")
                 walk.follow(*hop[0])
                 continue
-            headers = final[0]
-            linked = _linked_sha256(walk.hops) or _linked_sha256([headers])
-            if status == 416:
-                match = _UNSATISFIED_RANGE.match(headers.get("content-range", ""))
-                if match and int(match[1]) == 0:
-                    self.options.counters.request(self.scheme, "ok")
-                    return Probe(0, _validator(headers), walk.url, linked, b"", time.monotonic(),
-                                 _mtime_ns(headers))
-                raise CheckpointError(self.name, 0, "the server refused the first byte range (HTTP 416)")
-            head = joined(parts) if parts else b""
-            total = _content_range(headers, self.name)[2] if status == 206 else len(head)
-            assert total is not None  # (decide refused a 206 without one)
-            self.options.counters.request(self.scheme, "ok", len(head))
-            commit = next((h.get("x-repo-commit") for h in [*walk.hops, headers] if h.get("x-repo-commit")), None)
-            return Probe(total, _validator(headers), walk.url, linked, head, time.monotonic(), _mtime_ns(headers),
-                         commit=commit)
+            return self._probed(status, final[0], walk.hops, walk.url, joined(parts) if parts else b"")
 
 
 class HttpRange:

@@ -237,9 +237,9 @@ def warm(sources: Iterable[ByteSource], *, stop: StopSignal | None = None,
             return report
     try:
         fetch_missing(list(zip(files, missing)), report, stop=stop, progress=progress, share=share)
-    finally:  # the buffers its pieces landed in are let go: a mount's warm-up ends, its daemon goes on
-        for f in files[:1]:
-            f.remote.fetcher.cache.let_go_of_landings()
+    finally:  # the buffers its pieces landed in are let go (one store holds the files of a warm-up): a
+        if files:  # mount's warm-up ends, its daemon goes on
+            files[0].remote.fetcher.cache.let_go_of_landings()
     report.seconds = time.monotonic() - started
     return report
 
