@@ -88,8 +88,7 @@ def assert_gguf_py_values(got: torch.Tensor, ref) -> None:
 def test_the_device_path_decodes_every_piece_however_many(mixed, monkeypatch):
     """The device path reads a few pieces ahead of the one it uploads (``READ_AHEAD``); with many more
     pieces than that (here: every run a piece of its own), every piece is still read and decoded, each
-    tensor gguf-py's values. (A piece taken off the queue while it was filled was once never decoded: its
-    tensors were left as the device allocator found them, seen on a GPU.)"""
+    tensor gguf-py's values (a piece the read-ahead skipped would leave its tensors as the allocator had them)."""
     monkeypatch.setattr(batch, "PIECE_BYTES", 1)
     with ckptfs.open(mixed.path) as ck:
         tensors = batch.tensors_named(ck, list(mixed.tensors))
