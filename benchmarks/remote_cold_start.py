@@ -217,17 +217,27 @@ def ckptfs_cases(raw_order: list[str], largest: str, gguf: str) -> list[tuple[st
 
 def run_mount_case(src: str, fn, origin: Origin) -> dict:
     """One read on a fresh mount of ``src``: MB/s and the requests of the read (the mount's apart), the
-    daemon's peak RSS."""
+    daemon's peak RSS, the whole machine's CPU-seconds over the read (every process: the reader, the daemon,
+    nginx)."""
     t0 = time.time()
     with BenchMount(src) as m:
-        r0 = time.time()
+        r0, busy = time.time(), machine_busy_seconds()
         n, secs = fn(m)
+        busy = machine_busy_seconds() - busy
         r1 = time.time()
         rss = daemon_peak_rss(m.mnt)
     spans = origin.spans()
     return {"bytes": n, "seconds": round(secs, 3), "MBps": round(n / secs / 1e6, 1), "mount_s": round(m.seconds, 3),
             "mount_requests": in_flight(spans, t0, r0)["requests"], "peak_rss_MiB": round(rss / MiB),
-            **in_flight(spans, r0, r1)}
+            "machine_cpu_s": round(busy, 3), **in_flight(spans, r0, r1)}
+
+
+def machine_busy_seconds() -> float:
+    """CPU-seconds the whole machine has spent busy since boot (``/proc/stat``: every state but idle and
+    iowait, summed over the CPUs)."""
+    with open("/proc/stat") as fh:
+        ticks = [int(x) for x in fh.readline().split()[1:]]
+    return (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")
 
 
 def first_byte(src: str, largest: str) -> dict:
@@ -393,28 +403,72 @@ def capped_section(root: Path, model: Path, args, notes: list[str]) -> dict:
 
 
 def uncapped_section(root: Path, model: Path, args) -> dict:
+    """A fresh remote mount's stream against a fresh mount of the local file, uncapped, in alternating rounds;
+    and beside them what this machine allows at all (``receive_floor``)."""
     raw_order, largest, _ = layout(model)
     reads = ckptfs_cases(raw_order, largest, model.name)[:2]
+    spans = dict(zip((name for name, _ in reads), raw_spans(model, largest)))
     rows = []
     with Nginx(root) as server:
         origin = Origin(server.url, lambda: server.request_spans())
+        url = f"{server.url}/{model.name}"
         for _ in range(args.rounds):
-            for kind, src in (("local", str(model)), ("remote", f"{server.url}/{model.name}")):
+            for kind, src in (("local", str(model)), ("remote", url)):
                 for name, fn in reads:
                     rows.append({"kind": kind, "case": name, **run_mount_case(src, fn, origin)})
                     print(f"uncapped {kind} {name}: {rows[-1]['MBps']} MB/s", file=sys.stderr)
-    out: dict = {"rounds": rows}
+            for name, _ in reads:
+                rows.append({"kind": "receive", "case": name, **receive_floor(url, *spans[name])})
+    out: dict = {"rounds": rows, "cpus": os.cpu_count()}
     for name, _ in reads:
-        best = {k: max(r["MBps"] for r in rows if r["kind"] == k and r["case"] == name) for k in ("local", "remote")}
-        pairs = [rows[i + len(reads)]["MBps"] / rows[i]["MBps"] for i in range(len(rows))
-                 if rows[i]["kind"] == "local" and rows[i]["case"] == name]
-        remote = [r for r in rows if r["kind"] == "remote" and r["case"] == name]
+        of = {k: [r for r in rows if r["kind"] == k and r["case"] == name] for k in ("local", "remote", "receive")}
+        best = {k: max(r["MBps"] for r in of[k]) for k in ("local", "remote")}
+        pairs = [remote["MBps"] / local["MBps"] for local, remote in zip(of["local"], of["remote"])]
+        # the least time a remote stream could take here: it receives the bytes and serves them as a local
+        # mount does, so no less than either alone, nor than their CPU-seconds spread over every core
+        ceilings = [local["seconds"] / max(local["seconds"], got["seconds"],
+                                           (got["machine_cpu_s"] + local["machine_cpu_s"]) / (os.cpu_count() or 1))
+                    for local, got in zip(of["local"], of["receive"])]
         out[name] = {"best_MBps": best, "ratio_of_best": round(best["remote"] / best["local"], 3),
                      "median_round_ratio": round(statistics.median(pairs), 3),
-                     "peak_in_flight": max(r["peak_in_flight"] for r in remote),
-                     **{k: statistics.median(r[k] for r in remote)
+                     "ceiling_ratio": round(statistics.median(ceilings), 3),
+                     "machine_cpu_s": {k: statistics.median(r["machine_cpu_s"] for r in of[k]) for k in of},
+                     "receive_MBps": statistics.median(r["MBps"] for r in of["receive"]),
+                     "peak_in_flight": max(r["peak_in_flight"] for r in of["remote"]),
+                     **{k: statistics.median(r[k] for r in of["remote"])
                         for k in ("requests", "small_requests", "median_request_MiB", "mean_in_flight")}}
     return out
+
+
+def raw_spans(model: Path, largest: str) -> tuple[tuple[int, int], tuple[int, int]]:
+    """The file's bytes behind the largest ``.raw``, and behind every ``.raw`` (first tensor to last), as
+    (start, end)."""
+    from ckptfs import open as open_checkpoint
+
+    with open_checkpoint(str(model)) as ck:
+        tensors = [(t.info.offset, t.info.offset + t.info.stored_nbytes, f"{t.name}.raw") for t in ck.tensors]
+    one = next((a, b) for a, b, name in tensors if name == largest)
+    return one, (min(a for a, _, _ in tensors), max(b for _, b, _ in tensors))
+
+
+def receive_floor(url: str, start: int, end: int) -> dict:
+    """The bytes [start, end) of ``url`` only received: one range GET through ckptfs's libcurl extension
+    into one buffer faulted in beforehand (no mount, no copy, no chunk, no Python while the body comes), with
+    the machine's CPU-seconds over it: what receiving them costs on this machine before anything serves
+    them."""
+    from benchmarks.range_clients import CurlInto
+
+    flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | getattr(mmap, "MAP_POPULATE", 0)
+    buf = mmap.mmap(-1, end - start, flags=flags)
+    try:
+        client = CurlInto(url)
+        busy, t0 = machine_busy_seconds(), time.perf_counter()
+        client.get(start, end, memoryview(buf))
+        secs, busy = time.perf_counter() - t0, machine_busy_seconds() - busy
+    finally:
+        buf.close()
+    return {"bytes": end - start, "seconds": round(secs, 3), "MBps": round((end - start) / secs / 1e6, 1),
+            "machine_cpu_s": round(busy, 3)}
 
 
 RANDOM_READS = 200
@@ -709,6 +763,8 @@ def render(results: dict) -> str:
              f"{m['load_average_after'][0]:.1f} after"]
     if "capped" in results:
         lines += _render_capped(results)
+    if "uncapped" in results:
+        lines += _render_uncapped(results["uncapped"])
     if "warm" in results:
         lines += _render_warm(results["warm"])
     if "s3" in results:
@@ -747,14 +803,24 @@ def _render_capped(results: dict) -> list[str]:
     lines.append(f"daemon peak RSS limit (--cache-size {budget['cache_size']} MiB + the {budget['chunk_lru']} MiB "
                  f"chunk LRU + {budget['read_ahead']} MiB read ahead + {budget['slack']} MiB): "
                  f"{c['rss_limit_MiB']} MiB")
-    u = results.get("uncapped", {})
-    for name in [k for k in u if k != "rounds"]:
+    return lines
+
+
+def _render_uncapped(u: dict) -> list[str]:
+    lines = [""]
+    for name in [k for k in u if isinstance(u[k], dict)]:
         x = u[name]
+        cpu = x["machine_cpu_s"]
         lines.append(f"uncapped {name}: best remote {x['best_MBps']['remote']} MB/s, best local "
                      f"{x['best_MBps']['local']} MB/s (ratio {x['ratio_of_best']}; median of the rounds' ratios "
                      f"{x['median_round_ratio']}); remote: {x['requests']:g} requests ({x['small_requests']:g} of "
                      f"≤ 4 KiB; the others {x['median_request_MiB']:g} MiB, median), {x['mean_in_flight']:g} in "
                      f"flight on average, {x['peak_in_flight']} at most")
+        lines.append(f"  machine CPU-s over the read (medians): local mount {cpu['local']:.3f}, remote mount "
+                     f"{cpu['remote']:.3f}, the bytes only received (one GET into a ready buffer, "
+                     f"{x['receive_MBps']} MB/s) {cpu['receive']:.3f}; so on {u['cpus']} CPUs a remote stream "
+                     f"can reach at most {x['ceiling_ratio']}x the local one (the median round's bound: received "
+                     f"plus served as locally, with nothing else)")
     return lines
 
 
