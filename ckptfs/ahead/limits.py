@@ -50,6 +50,15 @@ EPOCH_SECONDS = 0.1
 LATENCY_CLIMB = 3.0
 #: Epochs without growth after a throttle or a plateau before growth is tried again.
 REPROBE_EPOCHS = 8
+#: A request this long is timed for ``OriginLimit.reach``: long enough to show what the origin gives one request,
+#: past what its buffers and the kernel's let out at once (a capped server sends its first few MB unpaced).
+TIMED_BYTES = 4 << 20
+#: The fastest one reader takes in a stream (bytes a second: a FUSE reader of a page-cache file on a fast
+#: machine): what the bytes kept ahead of it are sized for (``OriginLimit.reach``).
+READER_RATE = 4e9
+#: A stream keeps at least this many pieces ahead of its reader, however fast the origin answers one: a few
+#: requests at once keep both ends of a fast link busy while one piece's body is handed over.
+MIN_PIECES_AHEAD = 8
 
 
 class OriginLimit:
@@ -69,6 +78,7 @@ class OriginLimit:
         self._saturated = False
         self._previous: tuple[int, float] | None = None  # (limit, bytes/s) of the last judged epoch
         self._fastest_per_byte = math.inf
+        self._fastest_piece_per_byte = math.inf  # of requests of TIMED_BYTES or more (``reach``)
         self._hold = 0  # epochs left without growth
         self.throttles = 0
         self.peak = self.limit
@@ -89,6 +99,23 @@ class OriginLimit:
         with self._lock:
             self.in_flight = max(0, self.in_flight - 1)
 
+    def reach(self, piece: int, budget: int) -> int:
+        """The bytes worth keeping ahead of one reader of this origin, in pieces of ``piece`` bytes (Little's
+        law): what ``READER_RATE`` takes in while one piece comes at the best speed a request of ``TIMED_BYTES``
+        or more has had, between ``MIN_PIECES_AHEAD`` pieces and ``budget`` (the budget until such a request
+        has been timed).
+
+        Behind a capped or distant origin a piece takes long and this is the budget: many requests at once
+        are what makes it fast. From a fast one (a LAN or loopback server: a piece in a few milliseconds)
+        more bytes ahead only cost. Their pieces share the link, so the reader's next piece lands only about
+        when all of them do, and each is fresh memory where a stream's few pieces reuse what its reader has
+        read past (``ckptfs.ahead.fetch``)."""
+        with self._lock:
+            per_byte = self._fastest_piece_per_byte
+        if per_byte == math.inf:
+            return budget
+        return int(max(MIN_PIECES_AHEAD * piece, min(budget, READER_RATE * piece * per_byte)))
+
     def held(self, then: Callable[[], None] | None = None) -> HeldSlot:
         """The slot just taken by ``try_start``, to be given back once (see :class:`HeldSlot`)."""
         return HeldSlot(self, then)
@@ -103,6 +130,8 @@ class OriginLimit:
                 per_byte = max(seconds, 1e-6) / nbytes
                 self._epoch_seconds_per_byte.append(per_byte)
                 self._fastest_per_byte = min(self._fastest_per_byte, per_byte)
+                if nbytes >= TIMED_BYTES:
+                    self._fastest_piece_per_byte = min(self._fastest_piece_per_byte, per_byte)
             now = self._clock()
             if now - self._epoch_start >= EPOCH_SECONDS and self._epoch_done >= self.limit:
                 self._judge(now)

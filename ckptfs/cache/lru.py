@@ -76,6 +76,13 @@ class BytesLRU(Generic[V]):
             self._entries[key] = value
             self._bytes += size
 
+    def discard(self, key: Hashable) -> None:
+        """Forget ``key`` now, whether or not it is there (not counted as an eviction: nobody needed the room)."""
+        with self._lock:
+            old = self._entries.pop(key, None)
+            if old is not None:
+                self._bytes -= size_of(old)
+
     def peek(self, key: Hashable) -> V | None:
         """The value of ``key`` or None, without counting a lookup or refreshing it (a caller that already
         counted its lookup checks again after claiming the key: another may have stored it meanwhile)."""

@@ -7,7 +7,9 @@ neighbouring requests of one stream reach the daemon's threads out of order, so 
 the reader is part of the stream: it must not drop the window (nothing would advise it again, and every
 later read would fetch only its own bytes). The window stops where the advice ends: what comes after the
 advised bytes (the next tensor's file, or nothing) is the handle's to say. A fetch ahead gives its origin
-slot back once, when its body is in or when it ends.
+slot back once, when its body is in or when it ends. A stream's chunks its reader has read past are dropped
+from memory, never one a late neighbouring request may still ask for. From a fast origin the window is what
+the origin's measured speed asks for (``OriginLimit.reach``), not the whole budget.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ class RecordingSource:
         self.chunk = CHUNK
         self.limit = OriginLimit(initial=4)
         self.claimed: set[int] = set()
+        self.forgotten: set[int] = set()  # chunks read-ahead dropped from memory (``forget``)
         self.lock = threading.Lock()
 
     @property
@@ -56,6 +59,10 @@ class RecordingSource:
 
     def abandon(self, runs: list[Run], error: BaseException) -> None:
         pass
+
+    def forget(self, c0: int, c1: int) -> None:
+        with self.lock:
+            self.forgotten.update(range(c0, c1))
 
     def forget_fetches(self) -> None:
         pass
@@ -165,3 +172,66 @@ def test_advice_further_ahead_than_the_budget_waits_for_the_reader_to_come_near(
         ahead.observe(offset, MiB, decided=True)
         _settled(source)
     assert all(c in source.claimed for c in far)
+
+
+def test_a_stream_drops_the_chunks_its_reader_read_past_and_none_it_may_still_ask_for(monkeypatch):
+    monkeypatch.setattr(fetch_ahead, "FETCH_BUDGET", 8 * MiB)
+    source = RecordingSource(64 * MiB)
+    ahead = ReadAhead(source)
+    _start_stream(ahead)
+    ahead.follow_advice(2 * MiB // CHUNK, 64 * MiB // CHUNK, decided=True)
+    for offset in range(2 * MiB, 40 * MiB, MiB):
+        ahead.observe(offset, MiB, decided=True)
+    # the reader has read 40 MiB; a request up to SLACK_READS reads behind it still belongs to the stream
+    slack = fetch_ahead.SLACK_READS * MiB // CHUNK
+    assert source.forgotten == set(range(0, 40 * MiB // CHUNK - slack))
+    ahead.observe(40 * MiB - slack * CHUNK, MiB, decided=True)  # a late neighbour: its chunks are still there
+    assert not source.forgotten & set(range(40 * MiB // CHUNK - slack, 40 * MiB // CHUNK))
+
+
+def test_a_read_elsewhere_drops_nothing_of_what_it_has_not_read(monkeypatch):
+    """A new run starts where its first read is: the chunks before it (another reader's, the header) are not
+    the new stream's to drop."""
+    monkeypatch.setattr(fetch_ahead, "FETCH_BUDGET", 8 * MiB)
+    source = RecordingSource(256 * MiB)
+    ahead = ReadAhead(source)
+    for offset in range(100 * MiB, 140 * MiB, MiB):  # a stream found here (no handle: sequential reads)
+        ahead.observe(offset, MiB)
+    assert min(source.forgotten) >= 100 * MiB // CHUNK  # nothing before where the stream began
+    assert max(source.forgotten) < 140 * MiB // CHUNK
+    source.forgotten.clear()
+    for offset in range(10 * MiB, 20 * MiB, MiB):  # another stream, earlier in the file
+        ahead.observe(offset, MiB)
+    assert not source.forgotten  # not yet SLACK_READS reads past its start
+    _settled(source)
+
+
+def test_the_bytes_ahead_of_a_reader_are_what_the_origins_speed_asks_for():
+    piece, budget = 4 * MiB, 128 * MiB
+    limit = OriginLimit()
+    assert limit.reach(piece, budget) == budget  # nothing timed yet
+    limit.finished(4 * MiB, 4 * MiB / 20e6)  # 20 MB/s a request (a capped origin)
+    assert limit.reach(piece, budget) == budget
+    fast = OriginLimit()
+    fast.finished(4 * MiB, 4 * MiB / 1.5e9)  # 1.5 GB/s a request (loopback)
+    assert fast.reach(piece, budget) == fast_ahead(piece)
+    fast.finished(4 * MiB, 4 * MiB / 100e6)  # a slower request later: the best one seen still says it
+    assert fast.reach(piece, budget) == fast_ahead(piece)
+
+
+def fast_ahead(piece: int) -> int:
+    from ckptfs.ahead.limits import MIN_PIECES_AHEAD
+
+    return MIN_PIECES_AHEAD * piece
+
+
+def test_a_stream_from_a_fast_origin_keeps_fewer_bytes_ahead_than_the_budget(monkeypatch):
+    monkeypatch.setattr(fetch_ahead, "FETCH_BUDGET", 128 * MiB)
+    source = RecordingSource(512 * MiB)
+    source.limit.finished(4 * MiB, 4 * MiB / 1.5e9)  # the origin answers a piece in under 3 ms
+    ahead = ReadAhead(source)
+    _start_stream(ahead)
+    ahead.follow_advice(2 * MiB // CHUNK, 512 * MiB // CHUNK, decided=True)
+    _settled(source)
+    piece = fetch_ahead.piece_bytes(source.limit.limit, source.piece_bytes, CHUNK)
+    assert source.furthest() * CHUNK == 2 * MiB + fast_ahead(piece)

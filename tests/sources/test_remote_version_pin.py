@@ -4,15 +4,15 @@ goes out, not how).
 
 A fetch ahead of readers waits for a check sent ``CHECK_SPACING_S`` after the one before, so that the pieces
 landing meanwhile share one check. That wait is worth it only while other fetches are under way: the last
-piece of a stream or of a warm-up has nothing to share it with, and is checked at once. And once every fetch
-under way has its answer, a check goes out then, beside their bodies, and their confirms find it done.
+piece of a stream or of a warm-up has nothing to share it with, and is checked at once; and a reader waiting
+for bytes under way cuts it short (its wait would be the reader's). And once every fetch under way has its
+answer, a check goes out then, beside their bodies, and their confirms find it done.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-import types
 
 import pytest
 from conftest import wait_until
@@ -55,9 +55,9 @@ class Client:
 
 @pytest.fixture
 def pauses(monkeypatch):
-    """The pauses the pin takes (its module's ``time.sleep``), recorded instead of slept."""
+    """The pauses the pin takes (``VersionPin._pause``), recorded instead of waited."""
     taken: list[float] = []
-    monkeypatch.setattr(version, "time", types.SimpleNamespace(monotonic=time.monotonic, sleep=taken.append))
+    monkeypatch.setattr(VersionPin, "_pause", lambda pin, seconds: taken.append(seconds))
     monkeypatch.setattr(version, "CHECK_SPACING_S", 5.0)
     return taken
 
@@ -88,6 +88,29 @@ def test_a_fetch_ahead_among_others_waits_to_share_a_check(pauses):
         pin.confirm(time.monotonic(), fetch, 0)
     assert source.asked == 2
     assert len(pauses) == 1 and 0 < pauses[0] <= version.CHECK_SPACING_S
+
+
+def test_a_reader_waiting_for_bytes_under_way_cuts_the_wait_for_a_shared_check_short(monkeypatch):
+    monkeypatch.setattr(version, "CHECK_SPACING_S", 5.0)
+    source = TailSource()
+    pin = _pin(source)
+    with pin.fetching(_ahead()) as fetch:
+        pin.confirm(time.monotonic(), fetch, 0)  # the first check
+    done = threading.Event()
+    with pin.fetching(_ahead()) as fetch, pin.fetching(_ahead()):  # another fetch under way beside this one
+
+        def confirm() -> None:
+            pin.confirm(time.monotonic(), fetch, 0)
+            done.set()
+
+        waiting = threading.Thread(target=confirm, daemon=True)
+        started = time.monotonic()
+        waiting.start()
+        assert not done.wait(0.3)  # waiting for others to share its check
+        pin.awaited()  # a reader now waits for bytes under way
+        assert done.wait(10.0)
+        waiting.join(10.0)
+    assert time.monotonic() - started < version.CHECK_SPACING_S and source.asked == 2
 
 
 def test_a_changed_tail_is_refused_when_checked_alone(pauses):

@@ -153,6 +153,8 @@ class ChunkFetcher:
         outage = self.client.outage()
         bound = outage.bound(read.deadline, self.options.timeout)
         patience = min(bound, time.monotonic() + self.options.stall_timeout) - time.monotonic()
+        if not flight.done.is_set():
+            self.pin.awaited()  # a fetch ahead that waits to share its version check: this reader waits for it
         done = flight.done.wait(max(0.0, patience))
         value: bytes | None = flight.value if done else None
         if value is None and done and flight.error is None:
@@ -278,6 +280,13 @@ class ChunkFetcher:
 
     def finish(self, i: int, data: bytes | None, error: BaseException | None) -> None:
         self.flights.finish(i, data, error)
+
+    def forget(self, c0: int, c1: int) -> None:
+        """Drop chunks [c0, c1) from memory: a stream's reader has read past them (``ckptfs.ahead.fetch``). The
+        kernel's page cache keeps what it read, and the ``--cache-dir`` store its copy; the memory goes to the
+        stream's next pieces instead of fresh pages."""
+        for i in range(c0, c1):
+            self.cache.memory.discard(self.key(i))
 
     # -- fetching ahead of readers (read-ahead, a warm-up) -------------------------------------------------
     def claim(self, c0: int, c1: int) -> list[Run]:

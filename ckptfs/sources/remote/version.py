@@ -8,8 +8,9 @@ file the open keeps a digest of its last ``SAMPLE_BYTES`` (it joins the content 
 replacement with the new version, so a check sent after a fetch that still finds the old last bytes proves
 the fetch old too. Concurrent fetches share one check; a fetch ahead of readers (read-ahead, a warm-up)
 waits for one sent at least ``CHECK_SPACING_S`` after the one before it while other fetches are under way
-to share it. Alone (the last piece of a stream or of a warm-up), it is checked at once: nothing would land
-meanwhile to share the wait.
+to share it, unless a reader waits for bytes under way (a stream's reader waiting for its next piece: the
+pause would be its wait too). Alone (the last piece of a stream or of a warm-up), it is checked at once:
+nothing would land meanwhile to share the wait.
 
 A check covers an answer from the moment its headers are in (the server opened the file then), so it need
 not wait for the body: once every fetch under way has its answer (the last pieces of a warm-up or of a
@@ -66,6 +67,9 @@ class Unpinned:
     def landed(self, read: ReadContext, offset: int) -> None:
         return None
 
+    def awaited(self) -> None:
+        return None
+
 
 class VersionPin:
     """One file's pinned last bytes (``(start, end, digest)``), re-checked after each fetch (see the module
@@ -85,6 +89,7 @@ class VersionPin:
         self._unanswered = 0  # of those, the ones whose answer has not begun
         self._last_answer = float("-inf")  # when the latest answer began
         self._early: _EarlyCheck | None = None  # the early check on its way, if any
+        self._awaited = threading.Event()  # a reader waits for bytes a fetch ahead brings: checks share no more
         source.options.runtime.get(LIVE).add(self)  # reset in a forked child (``in_child``)
 
     def in_child(self) -> None:
@@ -93,6 +98,7 @@ class VersionPin:
         self._lock, self._count = threading.Lock(), threading.Lock()
         self._under_way = self._unanswered = 0
         self._early = None
+        self._awaited = threading.Event()
 
     @contextlib.contextmanager
     def fetching(self, read: ReadContext) -> Iterator[ReadContext]:
@@ -149,7 +155,7 @@ class VersionPin:
             now = time.monotonic()  # (never more than half the time left: the check itself needs the rest)
             pause = min(self._check_sent + CHECK_SPACING_S - now, (read.deadline - now) / 2)
             if pause > 0 and self._checked_at <= fetched_at:
-                time.sleep(pause)  # (without the lock: a reader's own fetch is checked meanwhile, at once)
+                self._pause(pause)  # (without the lock: a reader's own fetch is checked meanwhile, at once)
         if not self._lock.acquire(timeout=max(0.0, read.deadline - time.monotonic())):
             raise self.client.timeout_error(offset)
         try:
@@ -158,6 +164,16 @@ class VersionPin:
             self._check(read, offset)
         finally:
             self._lock.release()
+
+    def _pause(self, seconds: float) -> None:
+        """A confirm's wait for others to share its check: cut short by a reader that waits for bytes under
+        way (``awaited``), since the reader would wait for the pause too."""
+        self._awaited.wait(seconds)
+
+    def awaited(self) -> None:
+        """A reader waits for bytes a fetch brings: the confirms waiting to share a check send it now (a
+        stream's reader waits for the next piece; the spacing is for fetches nobody waits for yet)."""
+        self._awaited.set()
 
     def _check_early(self, early: _EarlyCheck, deadline: float) -> None:
         """The early check (see the module docstring), on a thread of its own, at once: nothing else is to be
@@ -186,6 +202,7 @@ class VersionPin:
         start, end, digest = self.sample
         sent = early.sent if early is not None else time.monotonic()
         self._check_sent = max(self._check_sent, sent)
+        self._awaited.clear()  # this check serves the readers waiting now; one waiting later says so again
         check = dataclasses.replace(read, on_answer=None)  # (its own answer is no fetch's)
         if early is not None:
             body = self.source.fetch(start, end, check)
