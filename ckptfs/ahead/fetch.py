@@ -18,7 +18,11 @@ its reads. Concurrent readers of one stream (the kernel's async direct-I/O reque
 arrive slightly out of order: a read within ``SLACK_READS`` read sizes of the run's end still continues it.
 Memory stays bounded: the window never reaches past ``FETCH_BUDGET`` bytes ahead of the reader, fetched
 chunks go into the shared chunk LRU (``ckptfs.sources.remote.store.chunks``, twice the budget), and the scheduler counts
-everything in flight. The chunks are claimed, fetched and abandoned through the source's public ``claim`` /
+everything in flight. From a fast origin the window is shorter: what the origin's measured speed asks for
+(``OriginLimit.reach``), a few pieces where a piece takes milliseconds. And the chunks a stream's reader
+has read past (by more than a late neighbouring request could be behind) leave the LRU at once: the reader
+has them in the kernel's page cache, the ``--cache-dir`` store keeps its copy, and the pieces ahead reuse
+their memory instead of faulting fresh pages in. The chunks are claimed, fetched and abandoned through the source's public ``claim`` /
 ``fetch_claimed`` / ``abandon``: a reader arriving at a chunk on its way waits for that fetch.
 
 The block engine's own read-ahead calls ``advise`` on the stored bytes of the groups it will decode next;
@@ -136,7 +140,7 @@ class ReadAhead:
         self._window = 0    # bytes wanted ahead of the reader
         self._reader = 0    # the chunk just past the run's furthest read
         self._frontier = 0  # chunks of the run below this are fetched or claimed already
-        self._behind = 0    # chunks of the run below this are dropped from memory (``_drop_behind``)
+        self._behind = 0    # chunks of the run below this are dropped from memory (``_passed``)
         # where the window stops: the file's end for a run detected here; for a stream decided above, the end
         # of what its handle advised (it decides what comes after: the next tensor's file, or nothing)
         self._until: int | None = None
@@ -166,7 +170,8 @@ class ReadAhead:
             reader = -(-self._run.end // self._chunk)
             if streak == 0:  # a new run: forget the old one's window and frontier
                 self._window = 0
-                self._reader = self._frontier = self._behind = reader
+                self._reader = self._frontier = reader
+                self._behind = offset // self._chunk  # (the run's own chunks only: those of its first read on)
                 return
             self._reader = max(self._reader, reader)
             if streak < 2:
@@ -193,7 +198,8 @@ class ReadAhead:
                 self._reader = max(self._reader, reader)
             else:
                 self._window = 0
-                self._reader = self._frontier = self._until = self._behind = reader
+                self._reader = self._frontier = self._until = reader
+                self._behind = offset // self._chunk
             dropped = self._passed(behind)
         self._drop(dropped)
         self.pump()
@@ -208,7 +214,8 @@ class ReadAhead:
     def _drop(self, run: Run) -> None:
         """Drop a stream's chunks its reader has read past from memory (``Fetches.forget``): they were fetched
         for that reader, which has them in the kernel's page cache now, so the memory goes to the pieces
-        ahead of it instead of fresh pages (a page fault each 4 KiB, a quarter of a fast stream's CPU)."""
+        ahead of it instead of fresh pages (a page fault each 4 KiB: a quarter of the daemon's CPU in a fast
+        stream that kept every chunk, docs/performance.md)."""
         if run[1] > run[0]:
             self._source.forget(*run)
 

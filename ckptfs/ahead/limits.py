@@ -58,7 +58,7 @@ TIMED_BYTES = 4 << 20
 READER_RATE = 4e9
 #: A stream keeps at least this many pieces ahead of its reader, however fast the origin answers one: a few
 #: requests at once keep both ends of a fast link busy while one piece's body is handed over.
-MIN_PIECES_AHEAD = 8
+MIN_PIECES_AHEAD = 4
 
 
 class OriginLimit:

@@ -1,6 +1,7 @@
 """Remote read-ahead over loopback nginx: a sequential reader's bytes arrive in few, large range requests
-fetched ahead of it; a random reader fetches only the 256 KiB chunks covering its reads. Counts come from
-nginx's access log (with the Range header of each request)."""
+fetched ahead of it, and leave the process's memory once it has read past them; a random reader fetches only
+the 256 KiB chunks covering its reads. Counts come from nginx's access log (with the Range header of each
+request)."""
 
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ def blob(tmp_path_factory):
     data = os.urandom(48 * MiB)
     (root / "blob.bin").write_bytes(data)
     (root / "random.bin").write_bytes(data)  # its own file: no other test's read-ahead in its log lines
+    (root / "passed.bin").write_bytes(data)
     with Nginx(root) as server:
         yield server, data
 
@@ -63,6 +65,22 @@ def test_sequential_reads_are_fetched_ahead_in_large_requests(blob):
     assert max(end - begin for begin, end in ranges) >= 2 * MiB
     covered = sorted(ranges)
     assert covered[0][0] <= start and max(end for _, end in covered) >= start + reads * step
+
+
+def test_a_stream_keeps_in_memory_only_the_chunks_its_reader_has_not_read_past(blob):
+    server, data = blob
+    source = _open(server, "passed.bin")
+    for offset in range(0, len(data), MiB):
+        assert source.pread(offset, MiB) == data[offset:offset + MiB]
+    fetcher = source.fetcher
+    held = [i for i in range(fetcher.chunks) if fetcher.cache.memory.contains(fetcher.key(i))]
+    # what a late neighbouring request of the stream may still ask for stays (SLACK_READS reads of 1 MiB)
+    from ckptfs.ahead.fetch import SLACK_READS
+
+    assert held and len(held) * CHUNK <= (SLACK_READS + 1) * MiB, len(held)
+    assert min(held) * CHUNK >= len(data) - (SLACK_READS + 1) * MiB  # the ones left are the stream's last
+    again = 20 * MiB  # read again, long past: fetched again, the same bytes
+    assert source.pread(again, MiB) == data[again:again + MiB]
 
 
 def test_random_reads_fetch_only_their_chunks(blob):
