@@ -180,7 +180,7 @@ class ReadAhead:
             # the window grows to the whole budget, so the origin's limit, not the window, is what binds
             # (and a limit that binds is one that learns: limit.py judges only epochs that wanted more)
             self._window = min(FETCH_BUDGET, max(MIN_WINDOW, self._window * 2))
-            dropped = self._passed(SLACK_READS * max(size, MIN_WINDOW) // self._chunk)
+            dropped = self._passed(self._late(size))
         self._drop(dropped)
         self.pump()
 
@@ -191,9 +191,8 @@ class ReadAhead:
             reader = -(-(offset + size) // self._chunk)
             # the kernel's neighbouring requests of one stream arrive out of order, and one that lands a few
             # reads behind must not drop the window (the handle advises once per stream: a dropped window
-            # stays dropped, the stream fetches only what each read asks for). A request is counted as at
-            # least 1 MiB (the kernel's largest): the small last request of a kernel read-ahead lands behind too
-            behind = SLACK_READS * max(size, MIN_WINDOW) // self._chunk
+            # stays dropped, the stream fetches only what each read asks for)
+            behind = self._late(size)
             if self._reader - behind <= offset // self._chunk <= self._reader + self._window // self._chunk:
                 self._reader = max(self._reader, reader)
             else:
@@ -203,6 +202,12 @@ class ReadAhead:
             dropped = self._passed(behind)
         self._drop(dropped)
         self.pump()
+
+    def _late(self, size: int) -> int:
+        """How many chunks behind its reader a late request of a stream of ``size``-byte reads may land:
+        ``SLACK_READS`` reads, a request counted as at least 1 MiB (the kernel's largest: the small last request
+        of a kernel read-ahead lands behind too)."""
+        return SLACK_READS * max(size, MIN_WINDOW) // self._chunk
 
     def _passed(self, behind: int) -> Run:
         """The run's chunks its reader is more than ``behind`` chunks past and that are still in memory (called
