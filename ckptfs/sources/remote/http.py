@@ -104,6 +104,22 @@ def trusted_cas() -> tuple[dict[str, Any], str]:
     return {}, "the system's CA store"
 
 
+#: The variables ``trusted_cas`` reads.
+TLS_VARIABLES = ("SSL_CERT_FILE", "SSL_CERT_DIR", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE")
+
+
+def curl_cas() -> tuple[str | None, str | None]:
+    """The CA file and folder libcurl is handed (``curl.ca_locations`` of ``trusted_cas``), resolved once for
+    each value of the variables: resolving them stats files, and every range GET asks (a FUSE read that
+    waits for its piece would wait for that too, the GIL handed back and forth around each stat)."""
+    return _curl_cas(tuple(os.environ.get(k) for k in TLS_VARIABLES))
+
+
+@functools.lru_cache(maxsize=4)
+def _curl_cas(values: tuple[str | None, ...]) -> tuple[str | None, str | None]:
+    return curl.ca_locations(trusted_cas()[0])  # (``values``: the cache's key, read again by trusted_cas)
+
+
 def connection_pool() -> urllib3.PoolManager:
     """A pool manager of keep-alive connections, reused by every HTTP source of a runtime (``HTTP_POOL``)."""
     import urllib3
@@ -465,7 +481,7 @@ class HttpSource(RemoteSource):
         walk = Redirects(self.url, self.url)
         sent = [f"{k}: {v}" for k, v in ASKED_HEADERS.items()] + [f"Range: bytes=0-{first - 1}"]
         sent += ["Connection: close"] if read.fresh else []
-        cas = curl.ca_locations(trusted_cas()[0])
+        cas = curl_cas()
         while True:
             answered: list[int] = []
             final: list[dict[str, str]] = []
@@ -550,7 +566,7 @@ class HttpRange:
             walk = Redirects(url, self.url)
             sent = [f"{k}: {v}" for k, v in ASKED_HEADERS.items()] + [f"Range: bytes={start}-{end - 1}"]
             sent += ["Connection: close"] if read.fresh else []
-            cas = curl.ca_locations(trusted_cas()[0])
+            cas = curl_cas()
             into = read.into if read.into is not None and read.into.nbytes == end - start else None
             while True:
                 hop: list[tuple[int, dict[str, str]]] = []  # a redirect's status and headers
@@ -768,7 +784,7 @@ class _TailAhead:
         source = self._source
         walk = Redirects(source.url, source.url)
         sent = [f"{k}: {v}" for k, v in ASKED_HEADERS.items()] + [f"Range: bytes=-{SAMPLE_BYTES}"]
-        cas = curl.ca_locations(trusted_cas()[0])
+        cas = curl_cas()
         while True:
             hop: list[tuple[int, dict[str, str]]] = []
             tail: list[tuple[int, str | None]] = []
