@@ -194,6 +194,37 @@ def test_https_with_a_private_ca_and_a_refused_certificate(tmp_path, site, monke
     assert "\n" not in message
 
 
+def test_the_ca_locations_are_resolved_once_for_each_value_of_the_variables(tmp_path, monkeypatch):
+    """Resolving them looks at the files (``http.trusted_cas``): done per range GET, a FUSE read waiting for its
+    piece paid for it each time. Once per value of the variables, and again when one changes."""
+    from ckptfs.sources.remote import http
+
+    resolved: list[dict] = []
+    real = http.trusted_cas
+
+    def counted():
+        resolved.append(dict(real()[0]))
+        return real()
+
+    monkeypatch.setattr(http, "trusted_cas", counted)
+    http._curl_cas.cache_clear()
+    for key in ("SSL_CERT_FILE", "SSL_CERT_DIR", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE"):
+        monkeypatch.delenv(key, raising=False)
+    bundle, other = tmp_path / "bundle.pem", tmp_path / "other.pem"
+    bundle.write_text("x")
+    other.write_text("y")
+    monkeypatch.setenv("REQUESTS_CA_BUNDLE", str(bundle))
+    try:
+        assert [http.curl_cas() for _ in range(3)] == [(str(bundle), None)] * 3
+        assert len(resolved) == 1
+        monkeypatch.setenv("REQUESTS_CA_BUNDLE", str(other))
+        assert http.curl_cas() == (str(other), None) and len(resolved) == 2
+        monkeypatch.setenv("SSL_CERT_DIR", str(tmp_path))
+        assert http.curl_cas() == (None, str(tmp_path)) and len(resolved) == 3
+    finally:
+        http._curl_cas.cache_clear()
+
+
 def test_the_switch_reads_the_environment(monkeypatch):
     for off in ("0", "off", "false"):
         monkeypatch.setenv(curl.ENV, off)
